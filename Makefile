@@ -1,0 +1,41 @@
+# Two entry points that work on a fresh machine: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSTEM_TOOLS := softhsm2-util:softhsm2 nft:nftables openssl:openssl initdb:postgresql ip:iproute2
+
+.PHONY: run test lint bench system-deps clean
+
+$(STAMP): pyproject.toml requirements.lock requirements-regorus.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r requirements-regorus.txt
+	$(BIN)/python -m pip install -q -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/trustfabric serve
+
+# Installs the Debian packages the tests use when running as root and one is missing.
+system-deps:
+	@missing=""; for pair in $(SYSTEM_TOOLS); do cmd=$${pair%%:*}; pkg=$${pair##*:}; \
+	  if ! command -v $$cmd >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/$$cmd >/dev/null 2>&1; then missing="$$missing $$pkg"; fi; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "not root, cannot install:$$missing (tests needing them will skip and say why)"; fi; fi
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: system-deps $(STAMP) lint
+	$(BIN)/pytest -n 2 --dist loadgroup
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

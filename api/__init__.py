@@ -1,0 +1,1 @@
+"""FastAPI app and CLI: composes the domain packages; the only place HTTP, env and config live."""

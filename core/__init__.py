@@ -1,0 +1,1 @@
+"""Small pieces every domain package shares: time, canonical JSON, slugs, the error base."""

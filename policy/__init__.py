@@ -1,0 +1,1 @@
+"""Rego decisions on identities: engines, policy versions, impact reports, explanations."""
