@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, DateTime, Integer, MetaData, String, Table, select
 from sqlalchemy import Column as SAColumn
+from sqlalchemy import Connection, DateTime, Integer, MetaData, String, Table, select
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 

@@ -1,0 +1,219 @@
+"""Inventory changes. Each takes the caller's session and records its audit event in it."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from audit import Actor, record
+from core.clock import Clock, system_clock
+from core.slugs import require_slug
+from inventory.errors import (
+    AlreadyExists,
+    GroupNotFound,
+    InvalidInventory,
+    TenantNotFound,
+    WorkloadNotFound,
+)
+from inventory.models import Tenant, Workload, WorkloadGroup
+
+PROTOCOLS = ("tcp", "udp")
+SENSITIVITIES = ("normal", "sensitive")
+MAX_LABELS = 32
+
+
+def normalize_ports(ports: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Sorted, de-duplicated [{"proto", "port"}]; rejects wildcards and out-of-range ports."""
+    seen: set[tuple[str, int]] = set()
+    for entry in ports:
+        proto, port = entry.get("proto"), entry.get("port")
+        if proto not in PROTOCOLS:
+            raise InvalidInventory(f"port protocol must be one of {', '.join(PROTOCOLS)}, got {proto!r}")
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise InvalidInventory(f"port must be an integer in 1..65535, got {port!r}")
+        seen.add((str(proto), port))
+    return [{"proto": p, "port": n} for p, n in sorted(seen)]
+
+
+def _labels(labels: Mapping[str, str]) -> dict[str, str]:
+    if len(labels) > MAX_LABELS:
+        raise InvalidInventory(f"at most {MAX_LABELS} labels")
+    for k, v in labels.items():
+        if not (isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 63 and len(v) <= 253):
+            raise InvalidInventory("labels are string keys (1-63 chars) to string values (<= 253 chars)")
+    return dict(sorted(labels.items()))
+
+
+def get_tenant(session: Session, slug: str) -> Tenant:
+    tenant = session.get(Tenant, slug)
+    if tenant is None:
+        raise TenantNotFound(f"tenant {slug!r} not found")
+    return tenant
+
+
+def get_group(session: Session, tenant: str, name: str) -> WorkloadGroup:
+    group = session.exec(
+        select(WorkloadGroup).where(WorkloadGroup.tenant == tenant, WorkloadGroup.name == name)
+    ).first()
+    if group is None:
+        raise GroupNotFound(f"group {name!r} not found in tenant {tenant!r}")
+    return group
+
+
+def get_workload(session: Session, tenant: str, group: str, name: str) -> Workload:
+    workload = session.exec(
+        select(Workload).where(Workload.tenant == tenant, Workload.group == group, Workload.name == name)
+    ).first()
+    if workload is None:
+        raise WorkloadNotFound(f"workload {name!r} not registered in {tenant}/{group}")
+    return workload
+
+
+def create_tenant(
+    session: Session,
+    *,
+    slug: str,
+    display_name: str,
+    actor: Actor,
+    l3vni: int | None = None,
+    prefix: str | None = None,
+    clock: Clock = system_clock,
+    request_id: str | None = None,
+) -> Tenant:
+    require_slug(slug, "tenant")
+    if not display_name or len(display_name) > 200:
+        raise InvalidInventory("display name must be 1-200 characters")
+    if l3vni is not None and not 1 <= l3vni <= 16_777_215:
+        raise InvalidInventory("l3vni must be in 1..16777215 (24-bit VXLAN network identifier)")
+    if prefix is not None:
+        try:
+            prefix = str(ipaddress.ip_network(prefix, strict=True))
+        except ValueError as exc:
+            raise InvalidInventory(f"prefix {prefix!r} is not a CIDR network: {exc}") from None
+    if session.get(Tenant, slug) is not None:
+        raise AlreadyExists(f"tenant {slug!r} already exists")
+    if l3vni is not None and session.exec(select(Tenant).where(Tenant.l3vni == l3vni)).first():
+        raise AlreadyExists(f"l3vni {l3vni} is already allocated to another tenant")
+    tenant = Tenant(slug=slug, display_name=display_name, l3vni=l3vni, prefix=prefix, created_at=clock())
+    session.add(tenant)
+    session.flush()
+    record(
+        session, actor=actor, action="tenant.create", object_type="tenant", object_id=slug, tenant=slug,
+        summary={"display_name": display_name, "l3vni": l3vni, "prefix": prefix}, request_id=request_id,
+    )
+    return tenant
+
+
+def create_group(
+    session: Session,
+    *,
+    tenant: str,
+    name: str,
+    actor: Actor,
+    labels: Mapping[str, str] | None = None,
+    ports: Sequence[Mapping[str, Any]] = (),
+    sensitivity: str = "normal",
+    clock: Clock = system_clock,
+    request_id: str | None = None,
+) -> WorkloadGroup:
+    require_slug(name, "group")
+    get_tenant(session, tenant)
+    if sensitivity not in SENSITIVITIES:
+        raise InvalidInventory(f"sensitivity must be one of {', '.join(SENSITIVITIES)}")
+    clean_ports = normalize_ports(ports)
+    clean_labels = _labels(labels or {})
+    if session.exec(
+        select(WorkloadGroup).where(WorkloadGroup.tenant == tenant, WorkloadGroup.name == name)
+    ).first():
+        raise AlreadyExists(f"group {name!r} already exists in tenant {tenant!r}")
+    group = WorkloadGroup(
+        tenant=tenant, name=name, labels=clean_labels, ports=clean_ports, sensitivity=sensitivity,
+        created_at=clock(),
+    )
+    session.add(group)
+    session.flush()
+    record(
+        session, actor=actor, action="group.create", object_type="group", object_id=f"{tenant}/{name}",
+        tenant=tenant, summary={"labels": clean_labels, "ports": clean_ports, "sensitivity": sensitivity},
+        request_id=request_id,
+    )
+    return group
+
+
+def register_workload(
+    session: Session,
+    *,
+    trust_domain: str,
+    tenant: str,
+    group: str,
+    name: str,
+    actor: Actor,
+    clock: Clock = system_clock,
+    request_id: str | None = None,
+) -> Workload:
+    """The SPIFFE ID is derived here, from tenant/group/name: nothing the caller sends can choose it."""
+    require_slug(name, "workload")
+    get_group(session, tenant, group)
+    spiffe_id = f"spiffe://{trust_domain}/tenant/{tenant}/group/{group}/{name}"
+    if session.exec(select(Workload).where(Workload.spiffe_id == spiffe_id)).first():
+        raise AlreadyExists(f"workload {spiffe_id} is already registered")
+    workload = Workload(tenant=tenant, group=group, name=name, spiffe_id=spiffe_id, created_at=clock())
+    session.add(workload)
+    session.flush()
+    record(
+        session, actor=actor, action="workload.register", object_type="workload", object_id=spiffe_id,
+        tenant=tenant, summary={"group": group, "name": name}, request_id=request_id,
+    )
+    return workload
+
+
+def set_quarantine(
+    session: Session,
+    *,
+    tenant: str,
+    group: str | None,
+    quarantined: bool,
+    actor: Actor,
+    reason: str,
+    request_id: str | None = None,
+) -> Tenant | WorkloadGroup:
+    """Quarantine overrides every grant; the reason is mandatory because someone will ask later."""
+    if not reason.strip():
+        raise InvalidInventory("a quarantine change needs a reason")
+    target: Tenant | WorkloadGroup = get_tenant(session, tenant) if group is None else get_group(
+        session, tenant, group
+    )
+    before = target.quarantined
+    target.quarantined = quarantined
+    session.add(target)
+    session.flush()
+    object_type = "tenant" if group is None else "group"
+    record(
+        session, actor=actor, action=f"{object_type}.{'quarantine' if quarantined else 'unquarantine'}",
+        object_type=object_type, object_id=tenant if group is None else f"{tenant}/{group}", tenant=tenant,
+        summary={"before": {"quarantined": before}, "after": {"quarantined": quarantined}}, reason=reason,
+        request_id=request_id,
+    )
+    return target
+
+
+def list_tenants(session: Session, *, after: str | None = None, limit: int = 100) -> list[Tenant]:
+    query = select(Tenant).order_by(col(Tenant.slug)).limit(limit)
+    if after is not None:
+        query = query.where(col(Tenant.slug) > after)
+    return list(session.exec(query).all())
+
+
+def list_groups(session: Session, tenant: str) -> list[WorkloadGroup]:
+    query = select(WorkloadGroup).where(WorkloadGroup.tenant == tenant)
+    return list(session.exec(query.order_by(col(WorkloadGroup.name))))
+
+
+def list_workloads(session: Session, tenant: str, group: str | None = None) -> list[Workload]:
+    query = select(Workload).where(Workload.tenant == tenant)
+    if group is not None:
+        query = query.where(Workload.group == group)
+    return list(session.exec(query.order_by(col(Workload.group), col(Workload.name))))
