@@ -1,0 +1,48 @@
+"""What every CLI command shares: opening the context, printing for people or --json, failing in one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from api.config import Settings
+from api.context import AppContext
+
+console = Console()
+err_console = Console(stderr=True)
+
+JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
+
+
+@contextmanager
+def open_context(*, create: bool = False) -> Iterator[AppContext]:
+    ctx = AppContext.open(Settings.from_env(), create=create)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*[("" if v is None else str(v)) for v in row])
+    console.print(table)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err_console.print(f"error: {message}", highlight=False, markup=False)
+    raise typer.Exit(code)

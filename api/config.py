@@ -1,0 +1,58 @@
+"""Settings from the environment: the one place configuration is read."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from store.db import sqlite_url
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = field(default_factory=lambda: Path(".trustfabric"))
+    database_url: str | None = None
+    trust_domain: str = "trustfabric.local"
+    keystore: str = "file"  # file | pkcs11
+    key_file: Path | None = None
+    passphrase: str | None = None
+    pkcs11_module: str | None = None
+    pkcs11_token: str | None = None
+    pkcs11_pin: str | None = None
+    max_svid_ttl: timedelta = timedelta(hours=24)
+    audit_checkpoint_every: int = 1000
+    audit_checkpoint_seconds: int = 60
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = dict(os.environ if env is None else env)
+        home = Path(e.get("TRUSTFABRIC_HOME", ".trustfabric"))
+        key_file = e.get("TRUSTFABRIC_KEY_FILE")
+        return cls(
+            home=home,
+            database_url=e.get("TRUSTFABRIC_DATABASE_URL") or None,
+            trust_domain=e.get("TRUSTFABRIC_TRUST_DOMAIN", "trustfabric.local"),
+            keystore=e.get("TRUSTFABRIC_KEYSTORE", "file"),
+            key_file=Path(key_file) if key_file else None,
+            passphrase=e.get("TRUSTFABRIC_PASSPHRASE") or None,
+            pkcs11_module=e.get("TRUSTFABRIC_PKCS11_MODULE") or None,
+            pkcs11_token=e.get("TRUSTFABRIC_PKCS11_TOKEN") or None,
+            pkcs11_pin=e.get("TRUSTFABRIC_PKCS11_PIN") or None,
+            max_svid_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_SVID_TTL_SECONDS", str(24 * 3600)))),
+            audit_checkpoint_every=int(e.get("TRUSTFABRIC_AUDIT_CHECKPOINT_EVERY", "1000")),
+            audit_checkpoint_seconds=int(e.get("TRUSTFABRIC_AUDIT_CHECKPOINT_SECONDS", "60")),
+        )
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or sqlite_url(self.home)
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.home / "keys"
+
+    @property
+    def default_key_file(self) -> Path:
+        return self.key_file or self.home / "master.key"

@@ -1,0 +1,64 @@
+"""What the API and CLI share at run time: settings, database, key store, clock."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from api.config import Settings
+from core.clock import Clock, system_clock
+from core.errors import InvalidInput
+from store.db import Database
+from store.migrations import migrate
+
+if TYPE_CHECKING:
+    from pki.keystore import KeyStore
+
+
+def open_keystore(settings: Settings, *, create: bool) -> KeyStore:
+    """The configured KeyStore; with create=True a missing key file is made (mode 0600)."""
+    if settings.keystore == "pkcs11":
+        from pki.keystore_pkcs11 import Pkcs11KeyStore
+
+        if not (settings.pkcs11_module and settings.pkcs11_token and settings.pkcs11_pin):
+            raise InvalidInput(
+                "pkcs11 key store needs TRUSTFABRIC_PKCS11_MODULE, TRUSTFABRIC_PKCS11_TOKEN "
+                "and TRUSTFABRIC_PKCS11_PIN"
+            )
+        return Pkcs11KeyStore(settings.pkcs11_module, settings.pkcs11_token, settings.pkcs11_pin)
+    if settings.keystore != "file":
+        raise InvalidInput(f"unknown key store {settings.keystore!r} (use file or pkcs11)")
+    from pki.keystore_file import FileKeyStore
+
+    settings.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if settings.passphrase:
+        return FileKeyStore.open(settings.keys_dir, passphrase=settings.passphrase)
+    key_file = settings.default_key_file
+    if create and not key_file.exists():
+        FileKeyStore.create_key_file(key_file)
+    return FileKeyStore.open(settings.keys_dir, key_file=key_file)
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    db: Database
+    keystore: KeyStore
+    clock: Clock = field(default=system_clock)
+
+    @classmethod
+    def open(cls, settings: Settings, *, create: bool = False, clock: Clock = system_clock) -> AppContext:
+        """Open (and with create=True, make) the data directory, database schema and key store."""
+        if settings.database_url is None:
+            if create:
+                settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+                os.chmod(settings.home, 0o700)
+            elif not settings.home.exists():
+                raise InvalidInput(f"{settings.home} does not exist: run `trustfabric init` first")
+        db = Database(settings.db_url)
+        migrate(db.engine)
+        return cls(settings=settings, db=db, keystore=open_keystore(settings, create=create), clock=clock)
+
+    def close(self) -> None:
+        self.db.dispose()

@@ -1,0 +1,72 @@
+"""FastAPI dependencies: the app context and the authenticated principal.
+
+Authentication is a list of authenticators tried in order (opaque token, JWT, mTLS, ...); each returns
+None when its kind of credential is absent and raises Unauthenticated when it is present but bad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from api.context import AppContext
+from api.principal import Principal
+from api.tokens import TOKEN_PREFIX, authenticate_opaque
+from core.errors import Forbidden, Unauthenticated
+
+Authenticator = Callable[[AppContext, Request], Principal | None]
+
+
+def get_ctx(request: Request) -> AppContext:
+    ctx: AppContext = request.app.state.ctx
+    return ctx
+
+
+def bearer_token(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise Unauthenticated("Authorization header must be 'Bearer <token>'")
+    return value.strip()
+
+
+def opaque_token_authenticator(ctx: AppContext, request: Request) -> Principal | None:
+    token = bearer_token(request)
+    if token is None or not token.startswith(TOKEN_PREFIX):
+        return None
+    with ctx.db.read_session() as session:
+        return authenticate_opaque(session, token, ctx.clock)
+
+
+def current_principal(request: Request, ctx: Annotated[AppContext, Depends(get_ctx)]) -> Principal:
+    cached: Principal | None = getattr(request.state, "principal", None)
+    if cached is not None:
+        return cached
+    authenticators: list[Authenticator] = request.app.state.authenticators
+    for authenticate in authenticators:
+        principal = authenticate(ctx, request)
+        if principal is not None:
+            request.state.principal = principal
+            return principal
+    if request.headers.get("authorization"):
+        raise Unauthenticated("invalid bearer token")
+    raise Unauthenticated("authentication required: send 'Authorization: Bearer <token>'")
+
+
+def require_roles(*roles: str) -> Callable[..., Principal]:
+    """A dependency that admits only the given roles (403 otherwise)."""
+
+    def _dep(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+        if principal.role not in roles:
+            raise Forbidden(f"role {principal.role!r} may not do this (needs one of: {', '.join(roles)})")
+        return principal
+
+    return _dep
+
+
+CtxDep = Annotated[AppContext, Depends(get_ctx)]
+PrincipalDep = Annotated[Principal, Depends(current_principal)]
