@@ -11,7 +11,16 @@ from api.context import AppContext
 from api.deps import Authenticator, opaque_token_authenticator
 from api.errors import install_error_handlers
 
-ROUTERS = ("api.routes.health", "api.routes.pki", "api.routes.audit", "api.routes.policy")
+ROUTERS = (
+    "api.routes.health",
+    "api.routes.pki",
+    "api.routes.audit",
+    "api.routes.policy",
+    "api.routes.inventory",
+    "api.routes.grants",
+    "api.routes.security",
+    "api.routes.tokens",
+)
 
 
 def _router_modules() -> list[Any]:

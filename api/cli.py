@@ -19,7 +19,14 @@ app = typer.Typer(
     add_completion=False,
 )
 
-SUBCOMMANDS = ("api.cli_pki", "api.cli_audit", "api.cli_policy", "api.cli_inventory")
+SUBCOMMANDS = (
+    "api.cli_pki",
+    "api.cli_audit",
+    "api.cli_policy",
+    "api.cli_inventory",
+    "api.cli_grants",
+    "api.cli_tokens",
+)
 
 
 def initialize(trust_domain: str, key_kind: str) -> dict[str, object]:
