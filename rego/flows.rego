@@ -1,0 +1,207 @@
+# Which flows between workload groups are allowed, and why.
+#
+# Decides on identities (tenant, group, SPIFFE ID), never on addresses.
+# Data (built by policy/data.py), all under data.tf:
+#   tenants[t] = {"quarantined": bool, "groups": {g: {"labels", "ports": [{"proto","port"}],
+#                 "exposed": {proto: [sorted ports]}, "sensitivity", "quarantined"}}}
+#   grants[src_tenant][dst_tenant][id] = {"src_group", "dst_group", "proto", "ports": [int], "expires_at_ns"}
+#   revoked[spiffe_id] = true
+#   now_ns = when the document was built (input.now_ns overrides it)
+# Default deny. Quarantine and revoked identities override every allow.
+package flows
+
+platform_tenant := "platform"
+
+tenants := object.get(data, ["tf", "tenants"], {})
+
+grants := object.get(data, ["tf", "grants"], {})
+
+revoked := object.get(data, ["tf", "revoked"], {})
+
+now_ns := input.now_ns if {
+	is_number(input.now_ns)
+} else := object.get(data, ["tf", "now_ns"], 0)
+
+# ---------------------------------------------------------------- whole set, for the compiler
+# One element per (destination group, proto, reason): the sorted ports and every source group
+# ([tenant, group]) allowed to reach them. Compact on purpose: 1,000 tenants give ~10k elements,
+# not ~100k; policy.flows.expand_allowed() turns it into (src, dst, proto, port, reason) tuples.
+
+usable(t, g) if {
+	not tenants[t].quarantined
+	not tenants[t].groups[g].quarantined
+}
+
+usable_groups(t) := [g | some g, grp in tenants[t].groups; not grp.quarantined]
+
+every_tenant_source := [[t, g] |
+	some t, tenant in tenants
+	t != platform_tenant
+	not tenant.quarantined
+	some g, grp in tenant.groups
+	not grp.quarantined
+]
+
+allowed_flows contains flow if {
+	some t, tenant in tenants
+	not tenant.quarantined
+	srcs := usable_groups(t)
+	some dg, dgroup in tenant.groups
+	not dgroup.quarantined
+	sources := [[t, sg] | some sg in srcs; sg != dg]
+	count(sources) > 0
+	some proto, ports in dgroup.exposed
+	count(ports) > 0
+	flow := {
+		"dst_tenant": t, "dst_group": dg, "proto": proto, "ports": ports,
+		"reason": "intra-tenant", "sources": sources,
+	}
+}
+
+allowed_flows contains flow if {
+	platform := tenants[platform_tenant]
+	not platform.quarantined
+	count(every_tenant_source) > 0
+	some dg, dgroup in platform.groups
+	not dgroup.quarantined
+	some proto, ports in dgroup.exposed
+	count(ports) > 0
+	flow := {
+		"dst_tenant": platform_tenant, "dst_group": dg, "proto": proto, "ports": ports,
+		"reason": "platform-service", "sources": every_tenant_source,
+	}
+}
+
+allowed_flows contains flow if {
+	some st, by_dst in grants
+	some dt, by_id in by_dst
+	st != dt
+	some id, g in by_id
+	g.expires_at_ns > now_ns
+	usable(st, g.src_group)
+	usable(dt, g.dst_group)
+	flow := {
+		"dst_tenant": dt, "dst_group": g.dst_group, "proto": g.proto, "ports": sort(g.ports),
+		"reason": sprintf("grant:%s", [id]), "sources": [[st, g.src_group]],
+	}
+}
+
+# Workload identities the compiler must drop from every flow above.
+revoked_identities := {id | some id, v in revoked; v == true}
+
+# ---------------------------------------------------------------- one flow, with reasons
+# input: {"src": {"tenant", "group", "spiffe_id"?}, "dst": {...}, "proto": "tcp"|"udp", "port": int, "now_ns"?}
+
+src := input.src
+
+dst := input.dst
+
+label(side) := sprintf("%s/%s", [side.tenant, side.group])
+
+well_formed if {
+	is_string(src.tenant)
+	is_string(src.group)
+	is_string(dst.tenant)
+	is_string(dst.group)
+	input.proto in {"tcp", "udp"}
+	is_number(input.port)
+}
+
+known(side) if tenants[side.tenant].groups[side.group]
+
+exposed if input.port in tenants[dst.tenant].groups[dst.group].exposed[input.proto]
+
+spiffe_mismatch(side) if {
+	is_string(side.spiffe_id)
+	not contains(side.spiffe_id, sprintf("/tenant/%s/group/%s/", [side.tenant, side.group]))
+}
+
+# Overrides: any of these denies whatever else allows.
+override contains "malformed: input needs src/dst tenant and group, proto tcp|udp and a numeric port" if not well_formed
+
+override contains sprintf("unknown-identity: %s/%s is not in the inventory", [side.tenant, side.group]) if {
+	well_formed
+	some side in [src, dst]
+	not known(side)
+}
+
+override contains sprintf("identity-mismatch: %s is not in %s", [side.spiffe_id, label(side)]) if {
+	well_formed
+	some side in [src, dst]
+	spiffe_mismatch(side)
+}
+
+override contains sprintf("revoked-identity: %s is revoked", [side.spiffe_id]) if {
+	some side in [src, dst]
+	revoked[side.spiffe_id] == true
+}
+
+override contains sprintf("quarantined: tenant %s is quarantined", [t]) if {
+	well_formed
+	some t in {src.tenant, dst.tenant}
+	tenants[t].quarantined == true
+}
+
+override contains sprintf("quarantined: group %s is quarantined", [label(side)]) if {
+	well_formed
+	some side in [src, dst]
+	tenants[side.tenant].groups[side.group].quarantined == true
+}
+
+allow_reasons contains sprintf("intra-tenant: %s exposes %s/%d to its own tenant", [label(dst), input.proto, input.port]) if {
+	src.tenant == dst.tenant
+	src.group != dst.group
+	exposed
+}
+
+allow_reasons contains sprintf("platform-service: %s exposes %s/%d to every tenant", [label(dst), input.proto, input.port]) if {
+	dst.tenant == platform_tenant
+	src.tenant != platform_tenant
+	exposed
+}
+
+allow_reasons contains sprintf("grant:%s allows %s -> %s on %s/%d", [id, label(src), label(dst), input.proto, input.port]) if {
+	src.tenant != dst.tenant
+	some id, g in grants[src.tenant][dst.tenant]
+	g.src_group == src.group
+	g.dst_group == dst.group
+	g.proto == input.proto
+	input.port in g.ports
+	g.expires_at_ns > now_ns
+}
+
+# Why nothing allowed it (only reported when no override and no allow applies).
+no_match contains sprintf("port-not-exposed: %s does not expose %s/%d", [label(dst), input.proto, input.port]) if {
+	well_formed
+	known(dst)
+	not exposed
+	count(allow_reasons) == 0
+}
+
+no_match contains sprintf("no-grant: no active grant from %s to %s on %s/%d", [label(src), label(dst), input.proto, input.port]) if {
+	well_formed
+	src.tenant != dst.tenant
+	dst.tenant != platform_tenant
+	count(allow_reasons) == 0
+}
+
+no_match contains sprintf("same-group: %s to itself is not a group flow", [label(src)]) if {
+	well_formed
+	src.tenant == dst.tenant
+	src.group == dst.group
+}
+
+default decision := {"allow": false, "reasons": ["default-deny: no rule allows this flow"]}
+
+decision := {"allow": false, "reasons": sort(override)} if count(override) > 0
+
+decision := {"allow": true, "reasons": sort(allow_reasons)} if {
+	count(override) == 0
+	count(allow_reasons) > 0
+}
+
+decision := {"allow": false, "reasons": sort(no_match)} if {
+	count(override) == 0
+	count(allow_reasons) == 0
+	count(no_match) > 0
+}
