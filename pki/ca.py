@@ -1,0 +1,201 @@
+"""CA generations: building root and issuing certificates, loading settings and the active CA.
+
+Certificates follow the X509-SVID spec for signing certificates: CA=true (critical), keyCertSign +
+cRLSign (critical), the trust domain ID as URI SAN, SKI/AKI so chain builders find the issuer.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
+from sqlmodel import Session, col, select
+
+from core.clock import as_utc
+from pki.errors import CAUnavailable, NotInitialized
+from pki.keystore import KeyKind, KeyStore, PublicKey, Signer, hash_for
+from pki.models import CertificateAuthority, TrustDomainSettings
+from pki.spiffe_id import SpiffeId
+
+# SPIRE backdates NotBefore a little so that peers with slightly slow clocks accept new certs.
+BACKDATE = timedelta(seconds=10)
+PUBLISHED_STATES = ("prepared", "active", "retiring")
+
+_cert_cache: dict[tuple[str, str], x509.Certificate] = {}
+_cache_lock = threading.Lock()
+
+
+def truncate(ts: datetime) -> datetime:
+    """X.509 times have second precision; store exactly what the certificate says."""
+    return ts.replace(microsecond=0)
+
+
+def load_settings(session: Session) -> TrustDomainSettings:
+    """The trust domain settings, or NotInitialized."""
+    row = session.get(TrustDomainSettings, 1)
+    if row is None:
+        raise NotInitialized("the trust domain is not initialised: run `trustfabric init --trust-domain <td>`")
+    return row
+
+
+def certificate(ca: CertificateAuthority) -> x509.Certificate:
+    """The CA's parsed certificate (cached: a CA row's certificate never changes)."""
+    key = (ca.id, ca.key_id)
+    with _cache_lock:
+        cert = _cert_cache.get(key)
+    if cert is None:
+        cert = x509.load_pem_x509_certificate(ca.cert_pem.encode())
+        with _cache_lock:
+            _cert_cache[key] = cert
+    return cert
+
+
+def _ca_name(td: str, role: str, generation: int) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "trustfabric"),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, td[:64]),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"trustfabric {role} CA g{generation}"),
+        ]
+    )
+
+
+def _ca_extensions(
+    builder: x509.CertificateBuilder, *, public: PublicKey, td: str, path_length: int | None
+) -> x509.CertificateBuilder:
+    return (
+        builder.add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(str(SpiffeId(td, "")))]),
+            critical=False,
+        )
+    )
+
+
+def sign_certificate(builder: x509.CertificateBuilder, signer: Signer) -> x509.Certificate:
+    """Sign with a key store key (the private key never leaves the store: PKCS#11 keys sign in the token)."""
+    return builder.sign(signer.private_key(), hash_for(signer.kind))  # type: ignore[arg-type]
+
+
+def create_generation(
+    session: Session,
+    keystore: KeyStore,
+    settings: TrustDomainSettings,
+    *,
+    state: str,
+    now: datetime,
+    kind: KeyKind | None = None,
+) -> tuple[CertificateAuthority, CertificateAuthority]:
+    """Generate keys and certificates for the next root + issuing CA pair and add their rows."""
+    latest = session.exec(select(CertificateAuthority.generation).order_by(
+        col(CertificateAuthority.generation).desc()).limit(1)).first()
+    generation = 1 if latest is None else latest + 1
+    kind = KeyKind(kind or settings.key_kind)
+    td = settings.trust_domain
+    not_before = truncate(now) - BACKDATE
+    not_after = truncate(now) + timedelta(seconds=settings.ca_ttl_seconds)
+    suffix = secrets.token_hex(4)  # a rolled-back attempt's orphan key never collides with a retry
+    root_key = keystore.generate(f"ca-g{generation}-root-{suffix}", kind)
+    issuing_key = keystore.generate(f"ca-g{generation}-issuing-{suffix}", kind)
+    jwt_key = keystore.generate(f"jwt-g{generation}-{suffix}", KeyKind.EC_P256)
+
+    root_name = _ca_name(td, "root", generation)
+    root_builder = (
+        x509.CertificateBuilder()
+        .subject_name(root_name)
+        .issuer_name(root_name)
+        .public_key(root_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+    )
+    root_cert = sign_certificate(
+        _ca_extensions(root_builder, public=root_key.public_key(), td=td, path_length=1), root_key
+    )
+    root_ski = root_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    issuing_builder = (
+        x509.CertificateBuilder()
+        .subject_name(_ca_name(td, "issuing", generation))
+        .issuer_name(root_name)
+        .public_key(issuing_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(root_ski), critical=False)
+    )
+    issuing_cert = sign_certificate(
+        _ca_extensions(issuing_builder, public=issuing_key.public_key(), td=td, path_length=0), root_key
+    )
+    common = {"generation": generation, "state": state, "key_kind": kind.value, "not_before": not_before,
+              "not_after": not_after, "created_at": now}
+    root = CertificateAuthority(
+        id=f"g{generation}-root", role="root", key_id=root_key.key_id,
+        cert_pem=root_cert.public_bytes(serialization.Encoding.PEM).decode(), **common,  # type: ignore[arg-type]
+    )
+    issuing = CertificateAuthority(
+        id=f"g{generation}-issuing", role="issuing", parent_id=root.id, key_id=issuing_key.key_id,
+        jwt_key_id=jwt_key.key_id, jwt_kid=secrets.token_urlsafe(16),
+        jwt_public_pem=jwt_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode(),
+        cert_pem=issuing_cert.public_bytes(serialization.Encoding.PEM).decode(), **common,  # type: ignore[arg-type]
+    )
+    if state == "active":
+        root.activated_at = issuing.activated_at = now
+    session.add(root)
+    session.add(issuing)
+    session.flush()
+    return root, issuing
+
+
+def generation_cas(session: Session, states: Sequence[str]) -> list[CertificateAuthority]:
+    """CA rows in the given states, oldest generation first, root before issuing."""
+    rows = session.exec(
+        select(CertificateAuthority)
+        .where(col(CertificateAuthority.state).in_(list(states)))
+        .order_by(col(CertificateAuthority.generation), col(CertificateAuthority.role).desc())
+    ).all()
+    return list(rows)
+
+
+def active_issuing(session: Session, now: datetime, *, lock: bool = True) -> CertificateAuthority:
+    """The issuing CA that signs now (row-locked on PostgreSQL so rotation cannot race), or CAUnavailable."""
+    stmt = select(CertificateAuthority).where(
+        CertificateAuthority.state == "active", CertificateAuthority.role == "issuing"
+    )
+    if lock:
+        stmt = stmt.with_for_update()
+    ca = session.exec(stmt).first()
+    if ca is None:
+        load_settings(session)
+        raise CAUnavailable("no active issuing CA: run `trustfabric ca rotate`")
+    if as_utc(ca.not_after) <= now:
+        raise CAUnavailable(f"the active issuing CA {ca.id} expired at {ca.not_after.isoformat()}: "
+                            "run `trustfabric ca rotate --force`")
+    return ca
+
+
+def root_of(session: Session, issuing: CertificateAuthority) -> CertificateAuthority:
+    root = session.get(CertificateAuthority, issuing.parent_id)
+    if root is None:
+        raise CAUnavailable(f"issuing CA {issuing.id} has no root row")
+    return root
+
+
+def extend_signed_until(ca: CertificateAuthority, expiry: datetime) -> None:
+    """Keep the CA published at least until `expiry` (the latest thing it signed)."""
+    if ca.signed_until is None or as_utc(ca.signed_until) < expiry:
+        ca.signed_until = expiry

@@ -1,0 +1,69 @@
+"""Typed PKI errors: each names what is wrong and what to do; api/ maps the core bases to HTTP codes."""
+
+from __future__ import annotations
+
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound, TrustfabricError, Unauthenticated
+
+
+class InvalidSpiffeId(InvalidInput):
+    """A string that is not a valid SPIFFE ID (or trust domain) per the SPIFFE ID specification."""
+
+
+class InvalidCSR(InvalidInput):
+    """The CSR is not parseable PEM, its signature does not verify, or its key type is not accepted."""
+
+
+class TTLTooLong(InvalidInput):
+    """The requested lifetime is above the configured maximum."""
+
+
+class InvalidTTL(InvalidInput):
+    """The requested lifetime is zero or negative."""
+
+
+class IdentityOutOfScope(Forbidden):
+    """A tenant principal asked for (or about) an identity outside its /tenant/<id>/ namespace."""
+
+
+class IdentityRevoked(Forbidden):
+    """The identity was revoked by security; nothing more is issued to it."""
+
+
+class UnknownWorkload(NotFound):
+    """No registered workload for this tenant/group/name: SVIDs go to registered workloads only."""
+
+
+class SvidNotFound(NotFound):
+    """No SVID with this serial (or the caller may not see it)."""
+
+
+class AlreadyRevoked(Conflict):
+    """The SVID was revoked before."""
+
+
+class NotInitialized(Conflict):
+    """The trust domain has no CA yet: run `trustfabric init --trust-domain <td>`."""
+
+
+class TrustDomainMismatch(Conflict):
+    """init was asked for a different trust domain than the one already created."""
+
+
+class CAUnavailable(Conflict):
+    """No active issuing CA that can still sign (expired, or none): run `trustfabric ca rotate`."""
+
+
+class TokenInvalid(Unauthenticated):
+    """The join token is unknown, expired or already used."""
+
+
+class KeyNotFound(NotFound):
+    """The key store holds no key with this id."""
+
+
+class KeyExists(Conflict):
+    """A key with this id exists already; keys are never overwritten."""
+
+
+class KeyStoreError(TrustfabricError):
+    """The key store cannot be opened or used (wrong passphrase, unsafe key file, token missing)."""

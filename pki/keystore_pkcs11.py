@@ -1,0 +1,277 @@
+"""PKCS#11 key store: keys are generated inside the token (sensitive, non-extractable) and every
+signature is computed by the token. Tested against SoftHSM2.
+
+`private_key()` returns a subclass of cryptography's private-key ABCs whose `sign` calls the token,
+so `x509.CertificateBuilder.sign`, CRL builders and pyjwt work unchanged (checked with cryptography 50).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any
+
+import pkcs11
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, utils
+from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
+from pkcs11.util.ec import encode_named_curve_parameters
+
+from pki.errors import KeyExists, KeyNotFound, KeyStoreError
+from pki.keystore import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
+
+_CURVE_NAMES = {KeyKind.EC_P256: "secp256r1", KeyKind.EC_P384: "secp384r1"}
+_ED25519_OID = "1.3.101.112"
+
+
+def _der_octet_string(der: bytes) -> bytes:
+    """The content of a DER OCTET STRING (how tokens return CKA_EC_POINT)."""
+    if len(der) < 2 or der[0] != 0x04:
+        raise KeyStoreError("token returned an EC point that is not a DER OCTET STRING")
+    length, offset = der[1], 2
+    if length & 0x80:
+        n = length & 0x7F
+        length, offset = int.from_bytes(der[2:2 + n], "big"), 2 + n
+    if offset + length != len(der):
+        raise KeyStoreError("token returned a malformed EC point")
+    return der[offset:]
+
+
+def _ec_params(kind: KeyKind) -> bytes:
+    return bytes(encode_named_curve_parameters(_CURVE_NAMES[kind]))
+
+
+class _TokenEcKey(ec.EllipticCurvePrivateKey):
+    """An EC private key whose `sign` runs in the token; it cannot be serialised or exchanged."""
+
+    def __init__(self, signer: Pkcs11Signer, public: ec.EllipticCurvePublicKey) -> None:
+        self._signer = signer
+        self._public = public
+
+    def sign(self, data: Any, signature_algorithm: ec.EllipticCurveSignatureAlgorithm) -> bytes:
+        if not isinstance(signature_algorithm, ec.ECDSA):
+            raise TypeError("only ECDSA signatures are supported by token keys")
+        algo = signature_algorithm.algorithm
+        if isinstance(algo, utils.Prehashed):
+            digest = bytes(data)
+        else:
+            h = hashes.Hash(algo)
+            h.update(bytes(data))
+            digest = h.finalize()
+        return self._signer.sign_digest(digest)
+
+    def public_key(self) -> ec.EllipticCurvePublicKey:
+        return self._public
+
+    @property
+    def curve(self) -> ec.EllipticCurve:
+        return self._public.curve
+
+    @property
+    def key_size(self) -> int:
+        return self._public.key_size
+
+    def exchange(self, algorithm: ec.ECDH, peer_public_key: ec.EllipticCurvePublicKey) -> bytes:
+        raise TypeError("ECDH is not offered by token signing keys")
+
+    def private_numbers(self) -> ec.EllipticCurvePrivateNumbers:
+        raise TypeError("token keys are non-extractable")
+
+    def private_bytes(self, *args: Any, **kwargs: Any) -> bytes:
+        raise TypeError("token keys are non-extractable")
+
+    def __copy__(self) -> _TokenEcKey:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _TokenEcKey:
+        return self
+
+
+class _TokenEd25519Key(ed25519.Ed25519PrivateKey):
+    """An Ed25519 private key whose `sign` runs in the token."""
+
+    def __init__(self, signer: Pkcs11Signer, public: ed25519.Ed25519PublicKey) -> None:
+        self._signer = signer
+        self._public = public
+
+    def sign(self, data: bytes | bytearray | memoryview) -> bytes:
+        return self._signer.sign(bytes(data))
+
+    def public_key(self) -> ed25519.Ed25519PublicKey:
+        return self._public
+
+    def private_bytes(self, *args: Any, **kwargs: Any) -> bytes:
+        raise TypeError("token keys are non-extractable")
+
+    def private_bytes_raw(self) -> bytes:
+        raise TypeError("token keys are non-extractable")
+
+    def __copy__(self) -> _TokenEd25519Key:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _TokenEd25519Key:
+        return self
+
+
+class Pkcs11Signer:
+    """A token-resident key pair; the private object never leaves the token."""
+
+    def __init__(self, store: Pkcs11KeyStore, key_id: str, kind: KeyKind, handle: Any, public: PublicKey):
+        self._store = store
+        self._key_id = key_id
+        self._kind = kind
+        self._handle = handle
+        self._public = public
+
+    @property
+    def key_id(self) -> str:
+        return self._key_id
+
+    @property
+    def kind(self) -> KeyKind:
+        return self._kind
+
+    @property
+    def handle(self) -> Any:
+        """The PKCS#11 private-key object (for attribute checks in tests)."""
+        return self._handle
+
+    def public_key(self) -> PublicKey:
+        return self._public
+
+    def sign_digest(self, digest: bytes) -> bytes:
+        """ECDSA over a digest computed here (SoftHSM lacks CKM_ECDSA_SHA*); returns DER."""
+        with self._store.lock:
+            raw = bytes(self._handle.sign(digest, mechanism=Mechanism.ECDSA))
+        half = len(raw) // 2
+        return utils.encode_dss_signature(int.from_bytes(raw[:half], "big"), int.from_bytes(raw[half:], "big"))
+
+    def sign(self, data: bytes) -> bytes:
+        if self._kind is KeyKind.ED25519:
+            with self._store.lock:
+                return bytes(self._handle.sign(data, mechanism=Mechanism.EDDSA))
+        algo = hash_for(self._kind)
+        assert algo is not None
+        digest = hashlib.new(algo.name, data).digest()
+        return self.sign_digest(digest)
+
+    def private_key(self) -> PrivateKey:
+        if isinstance(self._public, ed25519.Ed25519PublicKey):
+            return _TokenEd25519Key(self, self._public)
+        return _TokenEcKey(self, self._public)
+
+    def __repr__(self) -> str:
+        return f"Pkcs11Signer(key_id={self._key_id!r}, kind={self._kind.value})"
+
+
+class Pkcs11KeyStore:
+    """Keys in one PKCS#11 token, found by label (= key id); one logged-in session, serialised by a lock."""
+
+    def __init__(self, module_path: str, token_label: str, pin: str) -> None:
+        try:
+            lib = pkcs11.lib(module_path)
+            token = lib.get_token(token_label=token_label)
+            self._session = token.open(user_pin=pin, rw=True)
+        except pkcs11.exceptions.NoSuchToken:
+            raise KeyStoreError(f"no PKCS#11 token labelled {token_label!r} in {module_path}") from None
+        except pkcs11.exceptions.PinIncorrect:
+            raise KeyStoreError(f"wrong PIN for PKCS#11 token {token_label!r}") from None
+        except (OSError, RuntimeError, pkcs11.exceptions.PKCS11Error) as exc:
+            raise KeyStoreError(f"cannot open PKCS#11 token {token_label!r} via {module_path}: {exc!r}") from None
+        self.token_label = token_label
+        self.lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"Pkcs11KeyStore(token={self.token_label!r})"
+
+    def close(self) -> None:
+        """Log out and close the session."""
+        with self.lock:
+            self._session.close()
+
+    def _find(self, key_id: str, cls: ObjectClass) -> Any | None:
+        found = list(self._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: cls}))
+        if len(found) > 1:
+            raise KeyStoreError(f"token holds {len(found)} objects labelled {key_id!r}; expected one")
+        return found[0] if found else None
+
+    def generate(self, key_id: str, kind: KeyKind) -> Signer:
+        """Create a key inside the token; an existing key_id is KeyExists, never overwritten silently."""
+        check_key_id(key_id)
+        kind = KeyKind(kind)
+        with self.lock:
+            if self._find(key_id, ObjectClass.PRIVATE_KEY) is not None:
+                raise KeyExists(f"key {key_id!r} exists already in token {self.token_label!r}")
+            private_template = {
+                Attribute.TOKEN: True,
+                Attribute.PRIVATE: True,
+                Attribute.SENSITIVE: True,
+                Attribute.EXTRACTABLE: False,
+                Attribute.SIGN: True,
+            }
+            public_template = {Attribute.TOKEN: True, Attribute.VERIFY: True}
+            if kind is KeyKind.ED25519:
+                params = self._session.create_domain_parameters(
+                    KeyType.EC_EDWARDS,
+                    {Attribute.EC_PARAMS: bytes(encode_named_curve_parameters(_ED25519_OID))},
+                    local=True,
+                )
+                mech = Mechanism.EC_EDWARDS_KEY_PAIR_GEN
+            else:
+                params = self._session.create_domain_parameters(
+                    KeyType.EC, {Attribute.EC_PARAMS: _ec_params(kind)}, local=True
+                )
+                mech = Mechanism.EC_KEY_PAIR_GEN
+            pub, priv = params.generate_keypair(
+                store=True,
+                label=key_id,
+                mechanism=mech,
+                public_template=public_template,
+                private_template=private_template,
+            )
+            return Pkcs11Signer(self, key_id, kind, priv, self._public_from(pub, kind))
+
+    @staticmethod
+    def _public_from(pub: Any, kind: KeyKind) -> PublicKey:
+        point = _der_octet_string(bytes(pub[Attribute.EC_POINT]))
+        if kind is KeyKind.ED25519:
+            return ed25519.Ed25519PublicKey.from_public_bytes(point)
+        return ec.EllipticCurvePublicKey.from_encoded_point(curve_for(kind), point)
+
+    def _kind_of(self, pub: Any) -> KeyKind:
+        key_type = pub[Attribute.KEY_TYPE]
+        if key_type == KeyType.EC_EDWARDS:
+            return KeyKind.ED25519
+        if key_type == KeyType.EC:
+            params = bytes(pub[Attribute.EC_PARAMS])
+            for kind in (KeyKind.EC_P256, KeyKind.EC_P384):
+                if params == _ec_params(kind):
+                    return kind
+        raise KeyStoreError(f"token key has a type this project does not use ({key_type!r})")
+
+    def get(self, key_id: str) -> Signer:
+        """The key, or KeyNotFound."""
+        check_key_id(key_id)
+        with self.lock:
+            priv = self._find(key_id, ObjectClass.PRIVATE_KEY)
+            pub = self._find(key_id, ObjectClass.PUBLIC_KEY)
+            if priv is None or pub is None:
+                raise KeyNotFound(f"no key {key_id!r} in PKCS#11 token {self.token_label!r}")
+            kind = self._kind_of(pub)
+            return Pkcs11Signer(self, key_id, kind, priv, self._public_from(pub, kind))
+
+    def exists(self, key_id: str) -> bool:
+        """Whether a key with this id is held."""
+        check_key_id(key_id)
+        with self.lock:
+            return self._find(key_id, ObjectClass.PRIVATE_KEY) is not None
+
+    def delete(self, key_id: str) -> None:
+        """Destroy the key pair; KeyNotFound when there is none."""
+        check_key_id(key_id)
+        with self.lock:
+            objs = list(self._session.get_objects({Attribute.LABEL: key_id}))
+            if not any(o.object_class == ObjectClass.PRIVATE_KEY for o in objs):
+                raise KeyNotFound(f"no key {key_id!r} in PKCS#11 token {self.token_label!r}")
+            for obj in objs:
+                obj.destroy()

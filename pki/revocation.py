@@ -1,0 +1,185 @@
+"""Revocation: one SVID by serial, or every SVID of a workload, group or tenant (the identity itself is
+then revoked: no new SVIDs, and the enforcer withdraws its flows). CRLs are signed per issuing CA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from sqlmodel import Session, col, select
+
+from audit import Actor, record
+from core.clock import Clock, as_utc
+from core.errors import InvalidInput
+from core.slugs import require_slug
+from pki.ca import PUBLISHED_STATES, certificate, generation_cas, load_settings, truncate
+from pki.errors import AlreadyRevoked, IdentityOutOfScope, SvidNotFound
+from pki.keystore import KeyStore, hash_for
+from pki.models import IssuedSvid, RevokedIdentity
+from pki.spiffe_id import SpiffeId, identity_prefix, parse_spiffe_id
+
+MAX_REASON = 500
+CRL_VALIDITY = timedelta(hours=1)
+_SERIAL_CHARS = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class RevokedIdentityInfo:
+    spiffe_id_prefix: str
+    tenant: str
+    group: str | None
+    workload: str | None
+    reason: str
+    revoked_at: datetime
+
+
+def _check_reason(reason: str) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("a revocation needs a reason (it goes to the audit log)")
+    if len(reason) > MAX_REASON:
+        raise InvalidInput(f"reason is longer than {MAX_REASON} characters")
+    return reason.strip()
+
+
+def revoke(
+    session: Session,
+    *,
+    serial: str | None = None,
+    tenant: str | None = None,
+    group: str | None = None,
+    workload: str | None = None,
+    reason: str,
+    actor: Actor,
+    scope_tenant: str | None,
+    clock: Clock,
+) -> list[str]:
+    """Revoke one SVID (serial) or an identity (tenant[/group[/workload]]); returns the serials revoked."""
+    reason = _check_reason(reason)
+    now = clock()
+    if serial is not None:
+        if tenant is not None or group is not None or workload is not None:
+            raise InvalidInput("revoke either by serial or by tenant/group/workload, not both")
+        return [_revoke_serial(session, serial, reason, actor, scope_tenant, now)]
+    if tenant is None:
+        raise InvalidInput("name what to revoke: a serial, or a tenant (optionally with group and workload)")
+    require_slug(tenant, "tenant")
+    if group is not None:
+        require_slug(group, "group")
+    if workload is not None and group is None:
+        raise InvalidInput("a workload is named within a group: give the group too")
+    if scope_tenant is not None and tenant != scope_tenant:
+        raise IdentityOutOfScope(f"tenant {scope_tenant!r} may only revoke identities under /tenant/{scope_tenant}/")
+    settings = load_settings(session)
+    prefix = identity_prefix(settings.trust_domain, tenant, group, workload)
+    stmt = select(IssuedSvid).where(IssuedSvid.tenant == tenant, col(IssuedSvid.revoked_at).is_(None))
+    if group is not None:
+        stmt = stmt.where(IssuedSvid.group == group)
+    if workload is not None:
+        stmt = stmt.where(IssuedSvid.workload == workload)
+    serials: list[str] = []
+    for svid in session.exec(stmt).all():
+        svid.revoked_at = now
+        svid.revocation_reason = reason
+        session.add(svid)
+        serials.append(svid.serial)
+    if session.exec(select(RevokedIdentity).where(RevokedIdentity.spiffe_id_prefix == str(prefix))).first() is None:
+        session.add(RevokedIdentity(spiffe_id_prefix=str(prefix), tenant=tenant, group=group, workload=workload,
+                                    reason=reason, revoked_at=now, revoked_by=f"{actor.kind}:{actor.id}"))
+    record(session, actor=actor, action="identity.revoke", object_type="spiffe_id", object_id=str(prefix),
+           tenant=tenant, summary={"prefix": str(prefix), "serials": sorted(serials), "count": len(serials)},
+           reason=reason, at=now)
+    return sorted(serials)
+
+
+def _revoke_serial(
+    session: Session, serial: str, reason: str, actor: Actor, scope_tenant: str | None, now: datetime
+) -> str:
+    norm = serial.strip().lower().removeprefix("0x").replace(":", "")
+    if not norm or len(norm) > 40 or set(norm) - _SERIAL_CHARS:
+        raise InvalidInput("serial must be the certificate serial number in hex (up to 40 hex digits)")
+    norm = norm.lstrip("0") or "0"
+    svid = session.get(IssuedSvid, norm)
+    if svid is None or (scope_tenant is not None and svid.tenant != scope_tenant):
+        raise SvidNotFound(f"no SVID with serial {norm}")
+    if svid.revoked_at is not None:
+        raise AlreadyRevoked(f"SVID {norm} was revoked at {as_utc(svid.revoked_at).isoformat()}")
+    svid.revoked_at = now
+    svid.revocation_reason = reason
+    session.add(svid)
+    record(session, actor=actor, action="svid.revoke", object_type="svid", object_id=norm, tenant=svid.tenant,
+           summary={"serial": norm, "spiffe_id": svid.spiffe_id}, reason=reason, at=now)
+    return norm
+
+
+def revoked_serials(session: Session) -> list[str]:
+    """Every revoked serial (hex), for CRLs and the enforcer's deny list."""
+    rows = session.exec(select(IssuedSvid.serial).where(col(IssuedSvid.revoked_at).is_not(None))).all()
+    return sorted(rows)
+
+
+def revoked_identities(session: Session) -> list[RevokedIdentityInfo]:
+    """Revoked identity prefixes (tenant, group or workload IDs) whose flows must be withdrawn."""
+    rows = session.exec(select(RevokedIdentity).order_by(col(RevokedIdentity.id))).all()
+    return [RevokedIdentityInfo(r.spiffe_id_prefix, r.tenant, r.group, r.workload, r.reason, as_utc(r.revoked_at))
+            for r in rows]
+
+
+def identity_revoked(session: Session, spiffe_id: SpiffeId, tenant: str) -> RevokedIdentity | None:
+    """The revocation covering this ID, if any."""
+    for row in session.exec(select(RevokedIdentity).where(RevokedIdentity.tenant == tenant)).all():
+        if spiffe_id.is_under(parse_spiffe_id(row.spiffe_id_prefix)):
+            return row
+    return None
+
+
+def crls(session: Session, keystore: KeyStore, clock: Clock) -> list[x509.CertificateRevocationList]:
+    """One CRL per published issuing CA (active first), signed by that CA, listing its unexpired revocations."""
+    load_settings(session)
+    now = clock()
+    out: list[tuple[int, x509.CertificateRevocationList]] = []
+    for ca in generation_cas(session, PUBLISHED_STATES):
+        if ca.role != "issuing" or ca.state == "prepared":
+            continue
+        cert = certificate(ca)
+        signer = keystore.get(ca.key_id)
+        ski = cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        builder = (
+            x509.CertificateRevocationListBuilder()
+            .issuer_name(cert.subject)
+            .last_update(truncate(now))
+            .next_update(truncate(now + CRL_VALIDITY))
+            .add_extension(x509.CRLNumber(int(now.timestamp() * 1000)), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
+        )
+        rows = session.exec(
+            select(IssuedSvid).where(IssuedSvid.issuer_ca_id == ca.id, col(IssuedSvid.revoked_at).is_not(None))
+        ).all()
+        for svid in rows:
+            if as_utc(svid.not_after) <= now:
+                continue
+            revoked_at = as_utc(svid.revoked_at) if svid.revoked_at else now
+            builder = builder.add_revoked_certificate(
+                x509.RevokedCertificateBuilder().serial_number(int(svid.serial, 16))
+                .revocation_date(truncate(revoked_at)).build()
+            )
+        crl = builder.sign(signer.private_key(), hash_for(signer.kind))  # type: ignore[arg-type]
+        out.append((0 if ca.state == "active" else 1, crl))
+    out.sort(key=lambda item: item[0])
+    return [crl for _, crl in out]
+
+
+def crl_der(session: Session, keystore: KeyStore, clock: Clock) -> bytes:
+    """The active issuing CA's CRL, DER."""
+    found = crls(session, keystore, clock)
+    if not found:
+        from pki.errors import CAUnavailable
+
+        raise CAUnavailable("no active issuing CA to sign a CRL")
+    return found[0].public_bytes(serialization.Encoding.DER)
+
+
+def crl_pem(session: Session, keystore: KeyStore, clock: Clock) -> bytes:
+    """The CRLs of every published issuing CA (active first), PEM, concatenated."""
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in crls(session, keystore, clock))

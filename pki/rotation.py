@@ -1,0 +1,161 @@
+"""CA rotation on SPIRE's schedule.
+
+For the active generation with lifetime L: prepare the next generation at not_before + L/2 (it is
+published in the bundle at once, so peers trust it before it signs anything), activate it at
+not_after - L/6. The previous generation then *retires*: it stays published (state `retiring`) until
+the last SVID or JWT it signed expires, then leaves the bundle (state `retired`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlmodel import Session, select
+
+from audit import Actor, record
+from core.clock import Clock, as_utc
+from pki.ca import create_generation, generation_cas, load_settings
+from pki.keystore import KeyStore
+from pki.models import CertificateAuthority, TrustDomainSettings
+
+
+@dataclass(frozen=True)
+class CAInfo:
+    id: str
+    generation: int
+    role: str
+    state: str
+    key_kind: str
+    not_before: datetime
+    not_after: datetime
+    signed_until: datetime | None
+
+
+@dataclass(frozen=True)
+class RotationStatus:
+    """What rotate() did (prepared/activated/retired generation numbers) and where things stand."""
+
+    prepared: int | None
+    activated: int | None
+    retired: list[int]
+    active_generation: int | None
+    next_prepare_at: datetime | None
+    next_activate_at: datetime | None
+    cas: list[CAInfo]
+
+
+def prepare_at(ca: CertificateAuthority) -> datetime:
+    nb, na = as_utc(ca.not_before), as_utc(ca.not_after)
+    return nb + (na - nb) / 2
+
+
+def activate_at(ca: CertificateAuthority) -> datetime:
+    nb, na = as_utc(ca.not_before), as_utc(ca.not_after)
+    return na - (na - nb) / 6
+
+
+def _set_state(rows: list[CertificateAuthority], state: str, now: datetime, session: Session) -> None:
+    for row in rows:
+        row.state = state
+        if state == "active":
+            row.activated_at = now
+        if state == "retired":
+            row.retired_at = now
+        session.add(row)
+
+
+def _by_generation(session: Session) -> dict[int, list[CertificateAuthority]]:
+    out: dict[int, list[CertificateAuthority]] = {}
+    for ca in generation_cas(session, ("prepared", "active", "retiring")):
+        out.setdefault(ca.generation, []).append(ca)
+    return out
+
+
+def _issuing(rows: list[CertificateAuthority]) -> CertificateAuthority:
+    return next(r for r in rows if r.role == "issuing")
+
+
+def _status(session: Session, prepared: int | None, activated: int | None, retired: list[int]) -> RotationStatus:
+    gens = _by_generation(session)
+    active = next((g for g, rows in gens.items() if rows[0].state == "active"), None)
+    nxt_prepare = nxt_activate = None
+    if active is not None:
+        issuing = _issuing(gens[active])
+        nxt_activate = activate_at(issuing)
+        if not any(rows[0].state == "prepared" for rows in gens.values()):
+            nxt_prepare = prepare_at(issuing)
+    cas = [
+        CAInfo(id=ca.id, generation=ca.generation, role=ca.role, state=ca.state, key_kind=ca.key_kind,
+               not_before=as_utc(ca.not_before), not_after=as_utc(ca.not_after),
+               signed_until=as_utc(ca.signed_until) if ca.signed_until else None)
+        for ca in session.exec(select(CertificateAuthority)).all()
+    ]
+    cas.sort(key=lambda c: (c.generation, c.role != "root"))
+    return RotationStatus(prepared=prepared, activated=activated, retired=retired, active_generation=active,
+                          next_prepare_at=nxt_prepare, next_activate_at=nxt_activate, cas=cas)
+
+
+def ca_status(session: Session, clock: Clock) -> RotationStatus:
+    """Where the CA generations stand and when the next step is due; changes nothing."""
+    load_settings(session)
+    return _status(session, None, None, [])
+
+
+def rotate(session: Session, keystore: KeyStore, *, force: bool, actor: Actor, clock: Clock) -> RotationStatus:
+    """Run the schedule once (call it periodically); force=True prepares (if needed) and activates now."""
+    now = clock()
+    settings = session.exec(
+        select(TrustDomainSettings).where(TrustDomainSettings.id == 1).with_for_update()
+    ).first()
+    if settings is None:
+        load_settings(session)  # raises NotInitialized
+        raise AssertionError("unreachable")
+    gens = _by_generation(session)
+    active_gen = next((g for g, rows in gens.items() if rows[0].state == "active"), None)
+    prepared_gen = next((g for g, rows in gens.items() if rows[0].state == "prepared"), None)
+    active_issuing = _issuing(gens[active_gen]) if active_gen is not None else None
+    did_prepare: int | None = None
+    did_activate: int | None = None
+
+    need_prepare = force or active_issuing is None or now >= prepare_at(active_issuing)
+    if prepared_gen is None and need_prepare:
+        root, issuing = create_generation(session, keystore, settings, state="prepared", now=now)
+        prepared_gen = did_prepare = issuing.generation
+        gens[prepared_gen] = [root, issuing]
+        settings.bundle_sequence += 1
+        record(session, actor=actor, action="ca.prepare", object_type="ca_generation",
+               object_id=f"g{prepared_gen}", summary={
+                   "generation": prepared_gen, "key_kind": issuing.key_kind, "forced": force,
+                   "not_before": as_utc(issuing.not_before).isoformat(),
+                   "not_after": as_utc(issuing.not_after).isoformat()}, at=now)
+
+    need_activate = (
+        force or active_issuing is None or now >= activate_at(active_issuing)
+        or now >= as_utc(active_issuing.not_after)
+    )
+    if prepared_gen is not None and need_activate:
+        if active_gen is not None:
+            _set_state(gens[active_gen], "retiring", now, session)
+        _set_state(gens[prepared_gen], "active", now, session)
+        did_activate = prepared_gen
+        record(session, actor=actor, action="ca.activate", object_type="ca_generation",
+               object_id=f"g{prepared_gen}", summary={
+                   "generation": prepared_gen, "previous": active_gen, "forced": force}, at=now)
+
+    retired: list[int] = []
+    for gen, rows in sorted(gens.items()):
+        if rows[0].state != "retiring":
+            continue
+        issuing = _issuing(rows)
+        last = as_utc(issuing.signed_until) if issuing.signed_until else None
+        if last is None or last <= now or as_utc(issuing.not_after) <= now:
+            _set_state(rows, "retired", now, session)
+            retired.append(gen)
+            settings.bundle_sequence += 1
+            record(session, actor=actor, action="ca.retire", object_type="ca_generation",
+                   object_id=f"g{gen}", summary={
+                       "generation": gen, "signed_until": last.isoformat() if last else None}, at=now)
+    session.add(settings)
+    session.flush()
+    return _status(session, did_prepare, did_activate, retired)

@@ -1,0 +1,299 @@
+"""PKI façade: the functions api/ calls. Each takes the session (one transaction: the change and its
+audit event commit together or not at all), the key store and the clock explicitly."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlmodel import Session, select
+
+from audit import Actor, record
+from core.clock import Clock, as_utc, system_clock
+from core.errors import InvalidInput
+from core.slugs import require_slug
+from inventory.models import Workload
+from pki import attestation, revocation, rotation
+from pki.bundle import bundle_document, bundle_roots_pem
+from pki.ca import active_issuing, create_generation, extend_signed_until, load_settings, truncate
+from pki.errors import (
+    CAUnavailable,
+    IdentityOutOfScope,
+    IdentityRevoked,
+    InvalidSpiffeId,
+    TrustDomainMismatch,
+    UnknownWorkload,
+)
+from pki.issuance import IssuedJWT, IssuedX509, issue_certificate, resolve_ttl
+from pki.jwtsvid import check_audience, mint
+from pki.keystore import KeyKind, KeyStore
+from pki.models import TrustDomainSettings
+from pki.revocation import RevokedIdentityInfo
+from pki.rotation import RotationStatus
+from pki.spiffe_id import SpiffeId, parse_spiffe_id, server_id, tenant_namespace, validate_trust_domain
+from pki.x509svid import parse_csr
+
+__all__ = [
+    "DEFAULT_CA_TTL", "DEFAULT_JWT_TTL", "DEFAULT_SVID_TTL", "MAX_JWT_TTL", "MAX_SVID_TTL", "IssuedJWT",
+    "IssuedX509", "RevokedIdentityInfo", "RotationStatus", "attest_node", "bundle_jwks", "bundle_pem",
+    "ca_status", "create_join_token", "crl_der", "crl_pem", "init_trust_domain", "issue_jwt_svid",
+    "issue_server_svid", "issue_x509_svid", "revoke", "revoked_identities", "revoked_serials", "rotate",
+    "trust_domain",
+]
+
+DEFAULT_CA_TTL = timedelta(days=7)
+DEFAULT_SVID_TTL = timedelta(hours=1)
+MAX_SVID_TTL = timedelta(hours=24)
+DEFAULT_JWT_TTL = timedelta(minutes=5)
+MAX_JWT_TTL = timedelta(hours=1)
+
+
+def init_trust_domain(
+    session: Session,
+    keystore: KeyStore,
+    *,
+    trust_domain: str,
+    key_kind: KeyKind = KeyKind.EC_P256,
+    clock: Clock = system_clock,
+    ca_ttl: timedelta = DEFAULT_CA_TTL,
+    svid_max_ttl: timedelta = MAX_SVID_TTL,
+    jwt_max_ttl: timedelta = MAX_JWT_TTL,
+    actor: Actor | None = None,
+) -> bool:
+    """Create the trust domain with its first root + issuing CA; True if created, False if it existed
+    (a different trust domain is TrustDomainMismatch: a trust domain is never renamed in place)."""
+    validate_trust_domain(trust_domain)
+    key_kind = KeyKind(key_kind)
+    if key_kind is KeyKind.ED25519:
+        raise InvalidInput("CA keys are ECDSA P-256 (default) or P-384; Ed25519 is not accepted by TLS stacks")
+    existing = session.get(TrustDomainSettings, 1)
+    if existing is not None:
+        if existing.trust_domain != trust_domain:
+            raise TrustDomainMismatch(
+                f"trust domain {existing.trust_domain!r} exists already; it cannot become {trust_domain!r}"
+            )
+        return False
+    if ca_ttl < timedelta(hours=1):
+        raise InvalidInput("CA TTL must be at least 1 hour")
+    if svid_max_ttl <= timedelta(0) or svid_max_ttl > ca_ttl / 2:
+        raise InvalidInput("the SVID max TTL must be positive and at most half the CA TTL")
+    if jwt_max_ttl <= timedelta(0) or jwt_max_ttl > ca_ttl / 2:
+        raise InvalidInput("the JWT-SVID max TTL must be positive and at most half the CA TTL")
+    now = clock()
+    settings = TrustDomainSettings(
+        id=1, trust_domain=trust_domain, key_kind=key_kind.value,
+        ca_ttl_seconds=int(ca_ttl.total_seconds()),
+        svid_default_ttl_seconds=int(min(DEFAULT_SVID_TTL, svid_max_ttl).total_seconds()),
+        svid_max_ttl_seconds=int(svid_max_ttl.total_seconds()),
+        jwt_default_ttl_seconds=int(min(DEFAULT_JWT_TTL, jwt_max_ttl).total_seconds()),
+        jwt_max_ttl_seconds=int(jwt_max_ttl.total_seconds()),
+        bundle_sequence=1, created_at=now,
+    )
+    session.add(settings)
+    session.flush()
+    _root, issuing = create_generation(session, keystore, settings, state="active", now=now)
+    record(session, actor=actor or Actor.system(), action="ca.init", object_type="trust_domain",
+           object_id=trust_domain, summary={
+               "trust_domain": trust_domain, "key_kind": key_kind.value, "generation": issuing.generation,
+               "not_after": as_utc(issuing.not_after).isoformat()}, at=now)
+    return True
+
+
+def trust_domain(session: Session) -> str | None:
+    """The trust domain name, or None before init."""
+    row = session.get(TrustDomainSettings, 1)
+    return row.trust_domain if row else None
+
+
+def _registered_identity(
+    session: Session, *, tenant: str, group: str, workload: str, scope_tenant: str | None
+) -> tuple[TrustDomainSettings, SpiffeId]:
+    """The registered workload's SPIFFE ID, after scope, registration and revocation checks."""
+    require_slug(tenant, "tenant")
+    require_slug(group, "group")
+    if not isinstance(workload, str) or not workload or len(workload) > 63:
+        raise InvalidInput("workload must be a name of 1-63 characters")
+    if scope_tenant is not None and tenant != scope_tenant:
+        raise IdentityOutOfScope(
+            f"tenant {scope_tenant!r} may only obtain identities under /tenant/{scope_tenant}/, "
+            f"not under /tenant/{tenant}/"
+        )
+    settings = load_settings(session)
+    row = session.exec(
+        select(Workload).where(Workload.tenant == tenant, Workload.group == group, Workload.name == workload)
+    ).first()
+    if row is None:
+        raise UnknownWorkload(f"workload {tenant}/{group}/{workload} is not registered; register it first")
+    try:
+        sid = parse_spiffe_id(row.spiffe_id)
+    except InvalidSpiffeId as exc:
+        raise CAUnavailable(f"registered SPIFFE ID of {tenant}/{group}/{workload} is invalid: {exc}") from None
+    namespace = tenant_namespace(settings.trust_domain, tenant)
+    if sid.trust_domain != settings.trust_domain or not sid.is_under(namespace) or sid == namespace:
+        raise IdentityOutOfScope(f"registered ID {row.spiffe_id} lies outside {namespace}/")
+    if scope_tenant is not None and not sid.is_under(tenant_namespace(settings.trust_domain, scope_tenant)):
+        raise IdentityOutOfScope(f"{sid} lies outside /tenant/{scope_tenant}/")
+    if row.revoked:
+        raise IdentityRevoked(f"identity {sid} was revoked; no SVIDs are issued to it")
+    hit = revocation.identity_revoked(session, sid, tenant)
+    if hit is not None:
+        raise IdentityRevoked(f"identity {sid} was revoked ({hit.spiffe_id_prefix}: {hit.reason})")
+    return settings, sid
+
+
+def issue_x509_svid(
+    session: Session,
+    keystore: KeyStore,
+    *,
+    csr_pem: bytes,
+    tenant: str,
+    group: str,
+    workload: str,
+    ttl: timedelta | None,
+    actor: Actor,
+    scope_tenant: str | None,
+    clock: Clock = system_clock,
+) -> IssuedX509:
+    """An X.509-SVID for a registered workload; only the CSR's (signature-checked) public key is used."""
+    public_key = parse_csr(csr_pem)
+    settings, sid = _registered_identity(
+        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant
+    )
+    ttl_resolved = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
+                               max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID")
+    return issue_certificate(
+        session, keystore, public_key=public_key, spiffe_id=sid, ttl=ttl_resolved, kind="workload",
+        actor=actor, clock=clock, action="svid.issue", tenant=tenant, group=group, workload=workload,
+    )
+
+
+def issue_jwt_svid(
+    session: Session,
+    keystore: KeyStore,
+    *,
+    tenant: str,
+    group: str,
+    workload: str,
+    audience: list[str],
+    ttl: timedelta | None,
+    actor: Actor,
+    scope_tenant: str | None,
+    clock: Clock = system_clock,
+) -> IssuedJWT:
+    """A JWT-SVID (ES256, kid, sub, aud, exp, iat) signed by the active generation's JWT key."""
+    audience = check_audience(audience)
+    settings, sid = _registered_identity(
+        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant
+    )
+    ttl_resolved = resolve_ttl(ttl, default_seconds=settings.jwt_default_ttl_seconds,
+                               max_seconds=settings.jwt_max_ttl_seconds, what="JWT-SVID")
+    now = clock()
+    issuer = active_issuing(session, now)
+    issued_at = truncate(now)
+    expires_at = min(truncate(now + ttl_resolved), as_utc(issuer.not_after))
+    if expires_at <= now or issuer.jwt_key_id is None or issuer.jwt_kid is None:
+        raise CAUnavailable(f"issuing CA {issuer.id} cannot sign JWT-SVIDs now; run `trustfabric ca rotate`")
+    token = mint(keystore.get(issuer.jwt_key_id), kid=issuer.jwt_kid, spiffe_id=sid, audience=audience,
+                 issued_at=issued_at, expires_at=expires_at)
+    extend_signed_until(issuer, expires_at)
+    session.add(issuer)
+    record(session, actor=actor, action="svid.jwt.issue", object_type="jwt_svid", object_id=str(sid),
+           tenant=tenant, summary={"spiffe_id": str(sid), "audience": audience, "kid": issuer.jwt_kid,
+                                   "exp": expires_at.isoformat()}, at=now)
+    return IssuedJWT(token=token, spiffe_id=str(sid), audience=audience, expires_at=expires_at,
+                     kid=issuer.jwt_kid, issued_at=issued_at)
+
+
+def issue_server_svid(
+    session: Session,
+    keystore: KeyStore,
+    *,
+    csr_pem: bytes,
+    dns_names: tuple[str, ...] = ("localhost",),
+    ip_addresses: tuple[str, ...] = ("127.0.0.1",),
+    ttl: timedelta | None = None,
+    actor: Actor | None = None,
+    clock: Clock = system_clock,
+) -> IssuedX509:
+    """The API server's own TLS certificate: spiffe://<td>/trustfabric/server plus DNS/IP SANs."""
+    public_key = parse_csr(csr_pem)
+    settings = load_settings(session)
+    ttl_resolved = resolve_ttl(ttl, default_seconds=settings.svid_max_ttl_seconds,
+                               max_seconds=settings.svid_max_ttl_seconds, what="server SVID")
+    return issue_certificate(
+        session, keystore, public_key=public_key, spiffe_id=server_id(settings.trust_domain),
+        ttl=ttl_resolved, kind="server", actor=actor or Actor.system(), clock=clock, action="svid.issue",
+        dns_names=dns_names, ip_addresses=ip_addresses,
+    )
+
+
+def bundle_jwks(session: Session, clock: Clock = system_clock) -> dict[str, Any]:
+    """The SPIFFE bundle (JWKS): x509-svid roots and jwt-svid keys of every published generation."""
+    return bundle_document(session)
+
+
+def bundle_pem(session: Session, clock: Clock = system_clock) -> bytes:
+    """The X.509 trust anchors (published roots) as PEM."""
+    return bundle_roots_pem(session)
+
+
+def rotate(session: Session, keystore: KeyStore, *, force: bool, actor: Actor, clock: Clock = system_clock
+           ) -> RotationStatus:
+    """Advance the CA schedule (prepare at 1/2 life, activate at 1/6 before expiry, retire when drained)."""
+    return rotation.rotate(session, keystore, force=force, actor=actor, clock=clock)
+
+
+def ca_status(session: Session, clock: Clock = system_clock) -> RotationStatus:
+    """The CA generations and the next scheduled steps; read-only."""
+    return rotation.ca_status(session, clock)
+
+
+def revoke(
+    session: Session,
+    *,
+    serial: str | None = None,
+    tenant: str | None = None,
+    group: str | None = None,
+    workload: str | None = None,
+    reason: str,
+    actor: Actor,
+    scope_tenant: str | None,
+    clock: Clock = system_clock,
+) -> list[str]:
+    """Revoke one SVID by serial, or an identity (tenant[/group[/workload]]) and all its SVIDs."""
+    return revocation.revoke(session, serial=serial, tenant=tenant, group=group, workload=workload,
+                             reason=reason, actor=actor, scope_tenant=scope_tenant, clock=clock)
+
+
+def crl_der(session: Session, keystore: KeyStore, clock: Clock = system_clock) -> bytes:
+    """The active issuing CA's CRL (DER)."""
+    return revocation.crl_der(session, keystore, clock)
+
+
+def crl_pem(session: Session, keystore: KeyStore, clock: Clock = system_clock) -> bytes:
+    """CRLs of all published issuing CAs (PEM)."""
+    return revocation.crl_pem(session, keystore, clock)
+
+
+def revoked_serials(session: Session) -> list[str]:
+    """Revoked serials (hex) for deny lists."""
+    return revocation.revoked_serials(session)
+
+
+def revoked_identities(session: Session) -> list[RevokedIdentityInfo]:
+    """Revoked identity prefixes: the enforcer withdraws their flows."""
+    return revocation.revoked_identities(session)
+
+
+def create_join_token(
+    session: Session, *, node_name: str, ttl: timedelta | None = None, actor: Actor, clock: Clock = system_clock
+) -> str:
+    """A one-time node join token (returned once; stored hashed)."""
+    return attestation.create_join_token(session, node_name=node_name, ttl=ttl, actor=actor, clock=clock)
+
+
+def attest_node(
+    session: Session, keystore: KeyStore, *, token: str, csr_pem: bytes, clock: Clock = system_clock
+) -> IssuedX509:
+    """Exchange a join token and a CSR for the node's SVID spiffe://<td>/node/<name>."""
+    return attestation.attest_node(session, keystore, token=token, csr_pem=csr_pem, clock=clock)

@@ -1,0 +1,102 @@
+"""X.509-SVID construction: CSR checks and the leaf certificate profile.
+
+Only the CSR's public key is used. Whatever else the CSR asks for (subject, SANs, CA=true, key usages)
+never reaches the certificate: the SPIFFE ID comes from the registration.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from datetime import datetime
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from pki.ca import sign_certificate
+from pki.errors import InvalidCSR
+from pki.keystore import Signer
+from pki.spiffe_id import SpiffeId
+
+MAX_CSR_BYTES = 16 * 1024
+LeafPublicKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | rsa.RSAPublicKey
+
+
+def parse_csr(csr_pem: bytes | str) -> LeafPublicKey:
+    """The CSR's public key after checking its self-signature; InvalidCSR saying why otherwise."""
+    data = csr_pem.encode() if isinstance(csr_pem, str) else bytes(csr_pem)
+    if len(data) > MAX_CSR_BYTES:
+        raise InvalidCSR(f"CSR is larger than {MAX_CSR_BYTES} bytes")
+    try:
+        csr = x509.load_pem_x509_csr(data)
+    except ValueError:
+        raise InvalidCSR("CSR is not a PEM-encoded PKCS#10 request (-----BEGIN CERTIFICATE REQUEST-----)") from None
+    try:
+        valid = csr.is_signature_valid
+        key = csr.public_key()
+    except (ValueError, TypeError, x509.UnsupportedGeneralNameType) as exc:
+        raise InvalidCSR(f"CSR cannot be checked: {exc}") from None
+    if not valid:
+        raise InvalidCSR("CSR signature does not verify: the request was not signed by the key it carries")
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        if not isinstance(key.curve, ec.SECP256R1 | ec.SECP384R1):
+            raise InvalidCSR(f"CSR key curve {key.curve.name} is not accepted (use P-256 or P-384)")
+        return key
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return key
+    if isinstance(key, rsa.RSAPublicKey):
+        if key.key_size < 2048:
+            raise InvalidCSR(f"CSR RSA key of {key.key_size} bits is too small (minimum 2048)")
+        return key
+    raise InvalidCSR(f"CSR key type {type(key).__name__} is not accepted (use ECDSA P-256/P-384, Ed25519 or RSA)")
+
+
+def build_leaf(
+    *,
+    public_key: LeafPublicKey,
+    spiffe_id: SpiffeId,
+    issuer_cert: x509.Certificate,
+    issuer_key: Signer,
+    serial: int,
+    not_before: datetime,
+    not_after: datetime,
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+) -> x509.Certificate:
+    """The leaf: exactly one URI SAN (the SPIFFE ID), CA=false and digitalSignature (both critical),
+    EKU serverAuth + clientAuth, AKI pointing at the issuing CA."""
+    issuer_ski = issuer_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(str(spiffe_id))]
+    sans += [x509.DNSName(name) for name in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    cn = spiffe_id.segments[-1] if spiffe_id.segments else spiffe_id.trust_domain
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "trustfabric"),
+            x509.NameAttribute(NameOID.COMMON_NAME, cn[:64]),
+        ]))
+        .issuer_name(issuer_cert.subject)
+        .public_key(public_key)
+        .serial_number(serial)
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_ski), critical=False)
+    )
+    return sign_certificate(builder, issuer_key)
