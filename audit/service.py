@@ -1,27 +1,66 @@
-"""Appending to the log. Callers pass their own session: the event commits with the change or not at all."""
+"""Appending to the log and reading its Merkle tree. Callers pass their own session: the event commits
+with the change it describes, or not at all.
+
+Concurrency: an append locks the single `audit_head` row for the rest of the transaction
+(`SELECT ... FOR UPDATE` on PostgreSQL; on SQLite the write transaction already began with
+BEGIN IMMEDIATE and holds the database writer lock), so two transactions never read the same head
+and sequence numbers stay contiguous. Within one transaction the head is cached on the session, so a
+batch of appends costs one head read; the cache is dropped whenever any transaction of that session
+ends (commit, rollback, savepoint release or rollback).
+"""
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping
-from datetime import datetime
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlmodel import Session, col, select
+import rfc8785
+from sqlalchemy import bindparam, event, insert, select, update
+from sqlalchemy.orm import Session as OrmSession
+from sqlalchemy.orm import SessionTransaction
+from sqlmodel import Session
 
+from audit import merkle
 from audit.actor import ACTOR_KINDS, Actor
-from audit.models import AuditEvent
-from core.canonical import canonical_json
+from audit.errors import InvalidAuditEvent, ProofError
+from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditEvent, AuditHead, AuditNode, node_key
 from core.clock import system_clock
+from core.slugs import is_slug
 
 GENESIS_HASH = "0" * 64
+DOCUMENT_VERSION = 1
+ACTION_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$")
+_HEAD_CACHE = "tf_audit_head"
+_IN_CHUNK = 500
+
+_events = AuditEvent.__table__  # type: ignore[attr-defined]
+_nodes = AuditNode.__table__  # type: ignore[attr-defined]
+_head = AuditHead.__table__  # type: ignore[attr-defined]
+# Built once: constructing SQLAlchemy statements per append costs more than executing them.
+_INSERT_EVENT = insert(_events)
+_INSERT_NODE = insert(_nodes)
+_UPDATE_HEAD = (
+    update(_head)
+    .where(_head.c.id == HEAD_ID)
+    .values(size=bindparam("h_size"), last_leaf=bindparam("h_last"), frontier=bindparam("h_frontier"))
+)
+
+
+def format_ts(ts: datetime) -> str:
+    """The one textual form of an event time: UTC, microseconds, 'Z'."""
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def event_document(event: AuditEvent) -> dict[str, Any]:
     """The hashed content of an event: every field except its own leaf hash."""
     return {
+        "v": DOCUMENT_VERSION,
         "seq": event.seq,
-        "ts": event.ts.isoformat().replace("+00:00", "Z"),
+        "ts": format_ts(event.ts),
         "actor": {"id": event.actor_id, "kind": event.actor_kind},
         "tenant": event.tenant,
         "action": event.action,
@@ -34,8 +73,64 @@ def event_document(event: AuditEvent) -> dict[str, Any]:
 
 
 def leaf_hash(document: Mapping[str, Any]) -> str:
-    """RFC 6962 leaf hash: SHA-256(0x00 || canonical JSON)."""
-    return hashlib.sha256(b"\x00" + canonical_json(dict(document))).hexdigest()
+    """RFC 6962 leaf hash, hex: SHA-256(0x00 || RFC 8785 canonical JSON)."""
+    return merkle.hash_leaf(bytes(rfc8785.dumps(dict(document)))).hex()
+
+
+@dataclass
+class _HeadState:
+    size: int
+    last_leaf: bytes
+    frontier: list[bytes] = field(default_factory=list)  # one hash per set bit of size, high to low
+
+
+@event.listens_for(OrmSession, "after_transaction_end")
+def _drop_head_cache(session: OrmSession, _transaction: SessionTransaction) -> None:
+    session.info.pop(_HEAD_CACHE, None)
+
+
+def _locked_head(session: Session) -> _HeadState:
+    cached = session.info.get(_HEAD_CACHE)
+    if isinstance(cached, _HeadState):
+        return cached
+    conn = session.connection()
+    row = conn.execute(
+        select(_head.c.size, _head.c.last_leaf, _head.c.frontier).where(_head.c.id == HEAD_ID).with_for_update()
+    ).one_or_none()
+    if row is None:
+        raise InvalidAuditEvent("the audit log head row is missing: the database was not migrated")
+    state = _HeadState(int(row.size), bytes.fromhex(row.last_leaf), [bytes.fromhex(h) for h in row.frontier])
+    session.info[_HEAD_CACHE] = state
+    return state
+
+
+def _text(value: str | None, what: str, max_len: int, *, required: bool) -> str | None:
+    if value is None or value == "":
+        if required:
+            raise InvalidAuditEvent(f"audit event {what} is required")
+        return None
+    if not isinstance(value, str):
+        raise InvalidAuditEvent(f"audit event {what} must be a string, not {type(value).__name__}")
+    if len(value) > max_len:
+        raise InvalidAuditEvent(f"audit event {what} is {len(value)} characters; the limit is {max_len}")
+    if "\x00" in value:
+        raise InvalidAuditEvent(f"audit event {what} contains a NUL character")
+    return value
+
+
+def _canonical_summary(summary: Mapping[str, Any] | None) -> dict[str, Any]:
+    if summary is None:
+        return {}
+    if not isinstance(summary, Mapping):
+        raise InvalidAuditEvent("audit event summary must be a JSON object")
+    try:
+        data = bytes(rfc8785.dumps(dict(summary)))
+    except Exception as exc:  # rfc8785 raises several unrelated types for unrepresentable values
+        raise InvalidAuditEvent(f"audit event summary is not representable as canonical JSON: {exc}") from exc
+    if len(data) > 16_384:
+        raise InvalidAuditEvent(f"audit event summary is {len(data)} bytes; the limit is 16384")
+    parsed: dict[str, Any] = json.loads(data)
+    return parsed
 
 
 def record(
@@ -51,28 +146,140 @@ def record(
     request_id: str | None = None,
     at: datetime | None = None,
 ) -> AuditEvent:
-    """Append one event inside the caller's transaction; it commits or rolls back with the change."""
-    if actor.kind not in ACTOR_KINDS:
-        raise ValueError(f"unknown actor kind {actor.kind!r}")
-    head = session.exec(select(AuditEvent).order_by(col(AuditEvent.seq).desc()).limit(1)).first()
-    seq = 0 if head is None else head.seq + 1
-    prev = GENESIS_HASH if head is None else head.leaf_hash
-    event = AuditEvent(
-        seq=seq,
-        ts=at or system_clock(),
-        actor_id=actor.id,
-        actor_kind=actor.kind,
-        tenant=tenant,
-        action=action,
-        object_type=object_type,
-        object_id=object_id,
-        summary=dict(summary or {}),
-        reason=reason,
-        request_id=request_id,
-        prev_hash=prev,
-        leaf_hash="",
+    """Append one event inside the caller's transaction; it commits or rolls back with the change.
+
+    Bad input raises InvalidAuditEvent (an InvalidInput) before anything is written.
+    """
+    if not isinstance(actor, Actor) or actor.kind not in ACTOR_KINDS:
+        raise InvalidAuditEvent(f"unknown actor kind {getattr(actor, 'kind', actor)!r}")
+    actor_id = _text(actor.id, "actor id", 512, required=True)
+    if not isinstance(action, str) or len(action) > 64 or not ACTION_RE.fullmatch(action):
+        raise InvalidAuditEvent(
+            f"audit action {action!r} must look like 'noun.verb' (lowercase, dot-separated, <= 64 chars)"
+        )
+    otype = _text(object_type, "object type", 64, required=True)
+    oid = _text(object_id, "object id", 512, required=True)
+    if tenant is not None and (not isinstance(tenant, str) or not is_slug(tenant)):
+        raise InvalidAuditEvent(f"audit event tenant {tenant!r} is not a DNS-label slug")
+    why = _text(reason, "reason", 2000, required=False)
+    rid = _text(request_id, "request id", 128, required=False)
+    if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
+        raise InvalidAuditEvent("audit event time must be a timezone-aware datetime")
+    ts = (at or system_clock()).astimezone(UTC)
+    body = _canonical_summary(summary)
+
+    current = _locked_head(session)
+    head = _HeadState(current.size, current.last_leaf, list(current.frontier))
+    seq = head.size
+    prev = head.last_leaf.hex() if seq else GENESIS_HASH
+    fields: dict[str, Any] = {
+        "seq": seq, "ts": ts, "actor_id": actor_id, "actor_kind": actor.kind, "tenant": tenant,
+        "action": action, "object_type": otype, "object_id": oid, "summary": body, "reason": why,
+        "request_id": rid, "prev_hash": prev,
+    }
+    document = {
+        "v": DOCUMENT_VERSION, "seq": seq, "ts": format_ts(ts), "actor": {"id": actor_id, "kind": actor.kind},
+        "tenant": tenant, "action": action, "object": {"type": otype, "id": oid}, "summary": body,
+        "reason": why, "request_id": rid, "prev_hash": prev,
+    }
+    data = bytes(rfc8785.dumps(document))
+    leaf = merkle.hash_leaf(data)
+    fields["leaf_hash"] = leaf.hex()
+    fields["data"] = data.decode()
+
+    new_nodes = _push_leaf(head, leaf)
+    conn = session.connection()
+    conn.execute(_INSERT_EVENT, fields)
+    if new_nodes:
+        conn.execute(_INSERT_NODE, [{"key": k, "hash": h} for k, h in new_nodes])
+    conn.execute(
+        _UPDATE_HEAD,
+        {"h_size": head.size, "h_last": head.last_leaf.hex(), "h_frontier": [h.hex() for h in head.frontier]},
     )
-    event.leaf_hash = leaf_hash(event_document(event))
-    session.add(event)
-    session.flush()
-    return event
+    session.info[_HEAD_CACHE] = head  # only once every write went through
+    return AuditEvent.model_construct(**fields)
+
+
+def _push_leaf(head: _HeadState, leaf: bytes) -> list[tuple[int, bytes]]:
+    """Add a leaf to the cached right edge; returns the completed subtrees (node key, hash) to store."""
+    index = head.size
+    created: list[tuple[int, bytes]] = []
+    node, level = leaf, 0
+    while (index >> level) & 1:  # the subtree at this level completes a pair with its left sibling
+        node = merkle.hash_children(head.frontier.pop(), node)
+        level += 1
+        created.append((node_key(level, index >> level), node))
+    head.frontier.append(node)
+    head.size = index + 1
+    head.last_leaf = leaf
+    return created
+
+
+# --- reading the tree -------------------------------------------------------------------------------
+
+
+def tree_size(session: Session) -> int:
+    """The number of committed events (visible to this session)."""
+    row = session.connection().execute(select(_head.c.size).where(_head.c.id == HEAD_ID)).one_or_none()
+    return int(row.size) if row is not None else 0
+
+
+def node_hashes(session: Session, nodes: Iterable[merkle.Node]) -> dict[merkle.Node, bytes]:
+    """Hashes of complete subtrees: level 0 from the events, higher levels from audit_nodes."""
+    wanted = set(nodes)
+    leaves = sorted(i for lv, i in wanted if lv == 0)
+    keys = sorted(node_key(lv, i) for lv, i in wanted if lv > 0)
+    out: dict[merkle.Node, bytes] = {}
+    conn = session.connection()
+    for start in range(0, len(leaves), _IN_CHUNK):
+        chunk = leaves[start : start + _IN_CHUNK]
+        for seq, h in conn.execute(select(_events.c.seq, _events.c.leaf_hash).where(_events.c.seq.in_(chunk))):
+            out[(0, int(seq))] = bytes.fromhex(h)
+    mask = (1 << NODE_LEVEL_SHIFT) - 1
+    for start in range(0, len(keys), _IN_CHUNK):
+        chunk = keys[start : start + _IN_CHUNK]
+        for key, h in conn.execute(select(_nodes.c.key, _nodes.c.hash).where(_nodes.c.key.in_(chunk))):
+            out[(int(key) >> NODE_LEVEL_SHIFT, int(key) & mask)] = bytes(h)
+    missing = wanted - out.keys()
+    if missing:
+        raise ProofError(f"the audit tree is missing {len(missing)} node(s), e.g. {sorted(missing)[0]}")
+    return out
+
+
+def _check_size(session: Session, size: int) -> None:
+    current = tree_size(session)
+    if not 0 <= size <= current:
+        raise ProofError(f"tree size {size} is out of range: the log holds {current} events")
+
+
+def _range_hashes(session: Session, ranges: list[tuple[int, int]]) -> list[bytes]:
+    found = node_hashes(session, merkle.nodes_for_ranges(ranges))
+    return [merkle.fold([found[n] for n in merkle.range_nodes(a, b)]) for a, b in ranges]
+
+
+def root_at(session: Session, size: int) -> bytes:
+    """The RFC 6962 root of the first `size` events."""
+    _check_size(session, size)
+    if size == 0:
+        return merkle.EMPTY_ROOT
+    return _range_hashes(session, [(0, size)])[0]
+
+
+def inclusion_proof(session: Session, index: int, size: int) -> list[bytes]:
+    """Audit path of event `index` in the tree of `size` events (leaf to root)."""
+    _check_size(session, size)
+    return _range_hashes(session, merkle.inclusion_ranges(index, size))
+
+
+def consistency_proof(session: Session, size1: int, size2: int) -> list[bytes]:
+    """RFC 6962 proof that the tree of size1 is a prefix of the tree of size2."""
+    _check_size(session, size2)
+    return _range_hashes(session, merkle.consistency_ranges(size1, size2))
+
+
+def head_root(session: Session) -> tuple[int, bytes]:
+    """(size, root) of the whole log from the head row alone."""
+    row = session.connection().execute(
+        select(_head.c.size, _head.c.frontier).where(_head.c.id == HEAD_ID)
+    ).one()
+    return int(row.size), merkle.fold([bytes.fromhex(h) for h in row.frontier])
