@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 GRANT_STATES = ("pending", "active", "expired", "revoked", "rejected", "denied")
@@ -40,5 +40,50 @@ class Grant(SQLModel, table=True):
     version: int = Field(default=1)  # optimistic concurrency: approvals compare-and-set on it
 
 
-# The policy work adds its tables (policy versions, decision log) to this list before it lands.
-TABLES_V1: list[type[SQLModel]] = [Grant]
+
+
+POLICY_STATES = ("candidate", "active", "retired")
+
+
+class PolicyVersion(SQLModel, table=True):
+    """A set of Rego modules (with their *_test.rego) identified by the canonical hash of its content.
+
+    Lifecycle: candidate (uploaded, compiled, tests run) -> active -> retired (when another version is
+    activated); a retired version can be activated again (rollback). Exactly one version is active."""
+
+    __tablename__ = "policy_versions"
+
+    number: int | None = Field(default=None, primary_key=True)
+    content_hash: str = Field(max_length=64, unique=True)
+    modules: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    # [{"name": "flows_test.test_x", "passed": true, "duration_ms": 0.4, "error": null}, ...]
+    tests: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    tests_passed: bool = Field(default=False)
+    state: str = Field(default="candidate", max_length=16, index=True)
+    uploaded_by: str = Field(max_length=512)
+    note: str = Field(default="", max_length=2000)
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    activated_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    signature: str | None = Field(default=None, max_length=512)  # base64, over the content hash
+    signed_by: str | None = Field(default=None, max_length=128)  # fingerprint of the verifying key
+
+
+class DecisionRecord(SQLModel, table=True):
+    """One sampled decision: what was asked, what was answered, why, and under which policy version."""
+
+    __tablename__ = "policy_decisions"
+    __table_args__ = (Index("ix_policy_decisions_kind_ts", "kind", "ts"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    ts: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False, index=True))
+    kind: str = Field(max_length=16)  # flow | grant | authz
+    tenant: str | None = Field(default=None, max_length=63, index=True)
+    allowed: bool
+    outcome: str = Field(max_length=16)  # allow | deny | approve | pending
+    input: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    result: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    reasons: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    policy_hash: str | None = Field(default=None, max_length=64)
+
+
+TABLES_V1: list[type[SQLModel]] = [Grant, PolicyVersion, DecisionRecord]

@@ -75,3 +75,5 @@ reasons contains sprintf("out-of-scope: %s is scoped to tenant %v, resource is i
 	role in tenant_roles
 	not in_scope
 }
+
+decision := {"allow": allow, "reasons": sort(reasons)}

@@ -64,3 +64,8 @@ test_quarantine_needs_security_or_admin if {
 	not ask("tenant-admin", "acme", "tenant.quarantine", "acme").allow
 	ask("security", null, "tenant.quarantine", "acme").allow
 }
+
+test_decision_bundles_allow_and_reasons if {
+	d := api_authz.decision with input as {"principal": {"id": "p", "role": "auditor"}, "action": "audit.read", "resource": {}}
+	d == {"allow": true, "reasons": ["role auditor may audit.read"]}
+}

@@ -1,0 +1,105 @@
+"""The data document the Rego policies read, built from the inventory and the grants.
+
+Shape (all under `data.tf`; see rego/flows.rego):
+  tenants[t]  = {"quarantined", "groups": {g: {"labels", "ports", "exposed": {proto: [ports]}, "sensitivity",
+                 "quarantined"}}}
+  grants[src_tenant][dst_tenant][grant_id] = {"src_group", "dst_group", "proto", "ports", "expires_at_ns"}
+  revoked[spiffe_id] = true
+  now_ns      = the `now` the document was built at
+
+Only grants that are active AND unexpired at `now` are in it: a grant whose expires_at <= now is never
+active, whatever its state column says; an active grant without expires_at is left out (fail closed).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from core.clock import as_utc
+from core.errors import InvalidInput
+from inventory.models import Tenant, Workload, WorkloadGroup
+from policy.models import Grant
+
+log = logging.getLogger(__name__)
+
+DATA_KEY = "tf"
+PROTOS = ("tcp", "udp")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_ns(when: datetime) -> int:
+    if when.tzinfo is None:
+        raise InvalidInput("times must be timezone-aware UTC")
+    return ((as_utc(when) - _EPOCH) // timedelta(microseconds=1)) * 1000
+
+
+def exposed_ports(ports: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """{"tcp": [443, 8443]} from [{"proto": "tcp", "port": 443}, ...]; malformed entries are skipped."""
+    out: dict[str, set[int]] = {}
+    for entry in ports:
+        proto = entry.get("proto") if isinstance(entry, dict) else None
+        port = entry.get("port") if isinstance(entry, dict) else None
+        if proto not in PROTOS or not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            log.warning("ignoring malformed exposed port %r", entry)
+            continue
+        out.setdefault(str(proto), set()).add(port)
+    return {proto: sorted(ps) for proto, ps in sorted(out.items())}
+
+
+def group_entry(group: WorkloadGroup) -> dict[str, Any]:
+    return {
+        "labels": dict(group.labels or {}),
+        "ports": [dict(p) for p in group.ports or []],
+        "exposed": exposed_ports(list(group.ports or [])),
+        "sensitivity": group.sensitivity,
+        "quarantined": bool(group.quarantined),
+    }
+
+
+def grant_is_live(grant: Grant, now: datetime) -> bool:
+    """Active and unexpired at `now` (expires_at is authoritative over the state column)."""
+    if grant.state != "active" or grant.expires_at is None:
+        return False
+    return as_utc(grant.expires_at) > as_utc(now)
+
+
+def grant_entry(grant: Grant) -> dict[str, Any]:
+    assert grant.expires_at is not None
+    return {
+        "src_group": grant.src_group,
+        "dst_group": grant.dst_group,
+        "proto": grant.proto,
+        "ports": sorted({int(p) for p in grant.ports}),
+        "expires_at_ns": to_ns(grant.expires_at),
+    }
+
+
+def build_data(session: Session, now: datetime) -> dict[str, Any]:
+    """The whole data document at `now` (timezone-aware); read-only on the session."""
+    if now.tzinfo is None:
+        raise InvalidInput("build_data needs a timezone-aware `now`")
+    tenants: dict[str, Any] = {}
+    for tenant in session.exec(select(Tenant).order_by(col(Tenant.slug))).all():
+        tenants[tenant.slug] = {"quarantined": bool(tenant.quarantined), "groups": {}}
+    for group in session.exec(
+        select(WorkloadGroup).order_by(col(WorkloadGroup.tenant), col(WorkloadGroup.name))
+    ).all():
+        if group.tenant in tenants:
+            tenants[group.tenant]["groups"][group.name] = group_entry(group)
+    revoked = {
+        w.spiffe_id: True
+        for w in session.exec(
+            select(Workload).where(col(Workload.revoked).is_(True)).order_by(col(Workload.spiffe_id))
+        ).all()
+    }
+    grants: dict[str, dict[str, dict[str, Any]]] = {}
+    for grant in session.exec(
+        select(Grant).where(col(Grant.state) == "active").order_by(col(Grant.id))
+    ).all():
+        if grant_is_live(grant, now):
+            grants.setdefault(grant.src_tenant, {}).setdefault(grant.dst_tenant, {})[grant.id] = grant_entry(grant)
+    return {DATA_KEY: {"tenants": tenants, "grants": grants, "revoked": revoked, "now_ns": to_ns(now)}}

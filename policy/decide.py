@@ -1,0 +1,199 @@
+"""Decisions with their reasons, failing closed.
+
+No policy loaded, an engine error, a malformed answer or an unknown identity -> deny, with the reason
+in the answer and in the log (logger `policy.decide`). Callers never see an exception from here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from core.errors import InvalidInput
+from core.slugs import is_slug
+from policy.engine import PolicyEngine, diff_documents
+
+log = logging.getLogger(__name__)
+
+FLOW_QUERY = "data.flows.decision"
+ALLOWED_FLOWS_QUERY = "data.flows.allowed_flows"
+GRANT_QUERY = "data.grants.decision"
+AUTHZ_QUERY = "data.api_authz.decision"
+
+GrantOutcome = Literal["approve", "pending", "deny"]
+
+
+@dataclass(frozen=True)
+class FlowDecision:
+    allow: bool
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GrantDecision:
+    outcome: GrantOutcome
+    approvers: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AuthzDecision:
+    allow: bool
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Flow(NamedTuple):
+    """One allowed (src group -> dst group, proto, port); what impact reports and the compiler compare."""
+
+    src_tenant: str
+    src_group: str
+    dst_tenant: str
+    dst_group: str
+    proto: str
+    port: int
+
+
+def sync_data(engine: PolicyEngine, data: Mapping[str, Any]) -> None:
+    """Make the engine's data equal to `data`, sending only the difference (incremental reload)."""
+    current = engine.data()
+    if current is data:
+        return
+    if not current:
+        engine.set_data(data)
+        return
+    ops = diff_documents(current, data)
+    if ops:
+        engine.patch_data(ops)
+
+
+def _ask(engine: PolicyEngine, query: str, input: Mapping[str, Any], data: Mapping[str, Any] | None) -> Any:
+    """The raw answer, or raises with a reason ready for the caller's deny."""
+    if not engine.modules():
+        raise _Deny("no-policy: no policy version is loaded")
+    if data is not None:
+        sync_data(engine, data)
+    value = engine.evaluate(query, dict(input))
+    if value is None:
+        raise _Deny(f"no-policy: {query} is undefined in the loaded policy")
+    return value
+
+
+class _Deny(Exception):
+    pass
+
+
+def _fail_closed(kind: str, exc: BaseException, input: Mapping[str, Any]) -> str:
+    reason = str(exc) if isinstance(exc, _Deny) else f"engine-error: {exc}"
+    log.warning("%s decision denied (fail closed): %s; input=%s", kind, reason, dict(input))
+    return reason
+
+
+def decide_flow(engine: PolicyEngine, flow: Mapping[str, Any], data: Mapping[str, Any] | None = None) -> FlowDecision:
+    """Allow or deny one flow (see rego/flows.rego for the input), with the reasons."""
+    try:
+        value = _ask(engine, FLOW_QUERY, flow, data)
+        allow, reasons = value["allow"], value["reasons"]
+        if not isinstance(allow, bool) or not isinstance(reasons, list):
+            raise _Deny(f"engine-error: malformed flow decision {value!r}")
+    except Exception as exc:
+        return FlowDecision(False, [_fail_closed("flow", exc, flow)])
+    if not allow:
+        log.info("flow denied: %s; input=%s", "; ".join(map(str, reasons)), dict(flow))
+    return FlowDecision(allow, [str(r) for r in reasons])
+
+
+def decide_grant_request(
+    engine: PolicyEngine, data: Mapping[str, Any] | None, request: Mapping[str, Any]
+) -> GrantDecision:
+    """approve | pending (with approvers) | deny (with reasons) for a grant request (see rego/grants.rego).
+
+    `data` is the document from `build_data`; the engine is brought up to it incrementally first
+    (pass None to decide on the engine's current data)."""
+    try:
+        value = _ask(engine, GRANT_QUERY, request, data)
+        outcome, approvers, reasons = value["outcome"], value["approvers"], value["reasons"]
+        if outcome not in ("approve", "pending", "deny") or not isinstance(approvers, list):
+            raise _Deny(f"engine-error: malformed grant decision {value!r}")
+        if not isinstance(reasons, list):
+            raise _Deny(f"engine-error: malformed grant decision {value!r}")
+        if outcome == "pending" and not approvers:
+            raise _Deny("engine-error: a pending grant decision named no approver")
+    except Exception as exc:
+        return GrantDecision("deny", [], [_fail_closed("grant", exc, request)])
+    if outcome == "deny":
+        log.info("grant request denied: %s", "; ".join(map(str, reasons)))
+    return GrantDecision(outcome, [str(a) for a in approvers], [str(r) for r in reasons])
+
+
+def authorize(
+    engine: PolicyEngine, principal: Mapping[str, Any], action: str, resource: Mapping[str, Any] | None = None
+) -> AuthzDecision:
+    """May `principal` ({"id", "role", "tenant"}) perform `action` on `resource` ({"tenant"})?"""
+    request = {"principal": dict(principal), "action": action, "resource": dict(resource or {})}
+    try:
+        value = _ask(engine, AUTHZ_QUERY, request, None)
+        allow, reasons = value["allow"], value["reasons"]
+        if not isinstance(allow, bool) or not isinstance(reasons, list):
+            raise _Deny(f"engine-error: malformed authorization decision {value!r}")
+    except Exception as exc:
+        return AuthzDecision(False, [_fail_closed("authz", exc, request)])
+    if not allow:
+        log.info("authorization denied: %s", "; ".join(map(str, reasons)))
+    return AuthzDecision(allow, [str(r) for r in reasons])
+
+
+# ---------------------------------------------------------------- identities and flow sets
+
+
+def parse_identity(text: str) -> dict[str, str]:
+    """'spiffe://td/tenant/<t>/group/<g>/<w>' or '<t>/<g>' -> {"tenant", "group"[, "spiffe_id"]}."""
+    if text.startswith("spiffe://"):
+        parts = text[len("spiffe://") :].split("/")
+        if len(parts) >= 5 and parts[1] == "tenant" and parts[3] == "group" and is_slug(parts[2]) and is_slug(parts[4]):
+            return {"tenant": parts[2], "group": parts[4], "spiffe_id": text}
+        raise InvalidInput(f"{text!r} is not a trustfabric SPIFFE ID (spiffe://<td>/tenant/<t>/group/<g>/<w>)")
+    parts = text.split("/")
+    if len(parts) == 2 and all(is_slug(p) for p in parts):
+        return {"tenant": parts[0], "group": parts[1]}
+    raise InvalidInput(f"{text!r} is neither a SPIFFE ID nor <tenant>/<group>")
+
+
+def flow_input(src: str, dst: str, port: int, proto: str = "tcp", now_ns: int | None = None) -> dict[str, Any]:
+    """The flows.rego input for an explain request; InvalidInput for malformed identities or ports."""
+    if proto not in ("tcp", "udp"):
+        raise InvalidInput(f"proto {proto!r} must be tcp or udp")
+    if not 1 <= port <= 65535:
+        raise InvalidInput(f"port {port} must be 1-65535")
+    out: dict[str, Any] = {"src": parse_identity(src), "dst": parse_identity(dst), "proto": proto, "port": port}
+    if now_ns is not None:
+        out["now_ns"] = now_ns
+    return out
+
+
+def expand_allowed(raw: Any) -> dict[Flow, list[str]]:
+    """The compact allowed_flows set -> every (src, dst, proto, port) flow and the reasons allowing it."""
+    if not isinstance(raw, list):
+        raise InvalidInput("allowed_flows must be a set of flow entries")
+    out: dict[Flow, list[str]] = {}
+    for entry in raw:
+        dt, dg, proto, reason = entry["dst_tenant"], entry["dst_group"], entry["proto"], entry["reason"]
+        for st, sg in entry["sources"]:
+            for port in entry["ports"]:
+                out.setdefault(Flow(st, sg, dt, dg, proto, int(port)), []).append(reason)
+    return out
+
+
+def allowed_flow_set(engine: PolicyEngine) -> dict[Flow, list[str]]:
+    """Every allowed flow under the engine's policy and data; PolicyEngineError if it cannot say."""
+    return expand_allowed(engine.evaluate(ALLOWED_FLOWS_QUERY, {}))

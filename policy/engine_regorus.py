@@ -1,0 +1,245 @@
+"""The embedded engine: regorus (PyPI gordon-to-regorus), the default.
+
+A regorus `Engine` is bound to the thread that created it (using it from another thread panics), so
+each thread gets its own, built lazily from the shared state: modules + data document + generation
+counters. A thread whose engine is older than the shared state reloads before it answers.
+
+Data reloads are incremental where it counts: the document is kept as Python objects and patched
+(RFC 6902), and its JSON text is cached per shard (`tf/<section>/<tenant>`), so one grant change
+re-serialises one tenant's shard and joins the rest; each thread engine then swaps in the new text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import regorus
+
+from core.errors import InvalidInput
+from policy.engine import PatchOp, apply_patch, pointer_parts, split_rule_path
+from policy.errors import PolicyCompileError, PolicyEngineError, SourceLocation, parse_regorus_error
+
+log = logging.getLogger(__name__)
+
+_UNDEFINED = '"<undefined>"'
+SHARD_DEPTH = 3  # tf / tenants|grants / <tenant>
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    return isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit)
+
+
+def new_engine(modules: Mapping[str, str]) -> regorus.Engine:
+    """A fresh regorus engine with `modules` parsed; PolicyCompileError listing every module that fails."""
+    engine = regorus.Engine()
+    issues: list[SourceLocation] = []
+    for path in sorted(modules):
+        try:
+            engine.add_policy(path, modules[path])
+        except BaseException as exc:
+            if _is_fatal(exc):
+                raise
+            issues.append(parse_regorus_error(str(exc), default_file=path))
+    if issues:
+        raise PolicyCompileError(issues)
+    return engine
+
+
+def compile_modules(modules: Mapping[str, str]) -> None:
+    """Parse every module; raises PolicyCompileError (file:line:col) for each one that does not."""
+    new_engine(modules)
+
+
+class ShardedJson:
+    """JSON text of a document, cached per shard so a small patch re-serialises only what changed."""
+
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        self.doc: Mapping[str, Any] = doc
+        self._shards: dict[tuple[str, ...], str] = {}
+        self._text: str | None = None
+
+    def patched(self, doc: Mapping[str, Any], ops: Sequence[PatchOp]) -> ShardedJson:
+        """A cache for `doc` (= this document with `ops` applied) that keeps every untouched shard."""
+        out = ShardedJson(doc)
+        dirty: list[tuple[str, ...]] = []
+        for op in ops:
+            parts = tuple(pointer_parts(str(op["path"])))
+            if not parts:
+                return out  # whole document replaced: nothing to keep
+            dirty.append(parts[:SHARD_DEPTH])
+        for key, text in self._shards.items():
+            if not any(key[: len(d)] == d for d in dirty):
+                out._shards[key] = text
+        return out
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self._dump(self.doc, ())
+        return self._text
+
+    def _dump(self, value: Any, path: tuple[str, ...]) -> str:
+        if len(path) == SHARD_DEPTH or not isinstance(value, Mapping):
+            if len(path) == SHARD_DEPTH:
+                cached = self._shards.get(path)
+                if cached is None:
+                    cached = json.dumps(value, separators=(",", ":"))
+                    self._shards[path] = cached
+                return cached
+            return json.dumps(value, separators=(",", ":"))
+        items = [json.dumps(str(k)) + ":" + self._dump(v, (*path, str(k))) for k, v in value.items()]
+        return "{" + ",".join(items) + "}"
+
+
+@dataclass
+class _Shared:
+    modules: dict[str, str] = field(default_factory=dict)
+    modules_gen: int = 0
+    data: ShardedJson = field(default_factory=lambda: ShardedJson({}))
+    data_gen: int = 0
+
+
+class _ThreadEngine:
+    def __init__(self, engine: regorus.Engine, modules_gen: int, data_gen: int) -> None:
+        self.engine = engine
+        self.modules_gen = modules_gen
+        self.data_gen = data_gen
+
+
+class RegorusEngine:
+    """PolicyEngine over regorus; one regorus Engine per thread, all answering from the same state."""
+
+    def __init__(self, modules: Mapping[str, str] | None = None, data: Mapping[str, Any] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._shared = _Shared()
+        self._local = threading.local()
+        self._closed = False
+        if modules is not None or data is not None:
+            self.load(modules or {}, data)
+
+    # ---- state changes (any thread)
+
+    def load(self, modules: Mapping[str, str], data: Mapping[str, Any] | None = None) -> None:
+        mods = {str(k): str(v) for k, v in modules.items()}
+        compile_modules(mods)
+        with self._lock:
+            self._shared.modules = mods
+            self._shared.modules_gen += 1
+            if data is not None:
+                self._shared.data = ShardedJson(dict(data))
+                self._shared.data_gen += 1
+
+    def set_data(self, data: Mapping[str, Any]) -> None:
+        if not isinstance(data, Mapping):
+            raise InvalidInput("the data document must be an object")
+        with self._lock:
+            self._shared.data = ShardedJson(dict(data))
+            self._shared.data_gen += 1
+
+    def patch_data(self, ops: Sequence[PatchOp]) -> None:
+        if not ops:
+            return
+        with self._lock:
+            current = self._shared.data
+            doc = apply_patch(current.doc, ops)  # raises before anything changes
+            self._shared.data = current.patched(doc, ops)
+            self._shared.data_gen += 1
+
+    def data(self) -> Mapping[str, Any]:
+        return self._shared.data.doc
+
+    def modules(self) -> dict[str, str]:
+        return dict(self._shared.modules)
+
+    def close(self) -> None:
+        self._closed = True
+
+    # ---- evaluation (each thread its own regorus Engine)
+
+    def _thread_engine(self) -> regorus.Engine:
+        if self._closed:
+            raise PolicyEngineError("policy engine is closed")
+        shared = self._shared
+        mine: _ThreadEngine | None = getattr(self._local, "engine", None)
+        if mine is not None and mine.modules_gen == shared.modules_gen and mine.data_gen == shared.data_gen:
+            return mine.engine
+        with self._lock:
+            shared = self._shared
+            modules, modules_gen = shared.modules, shared.modules_gen
+            data, data_gen = shared.data, shared.data_gen
+            text = data.text()  # serialised once per generation, under the lock
+        if mine is None or mine.modules_gen != modules_gen:
+            engine = new_engine(modules)
+            engine.add_data_json(text)
+            mine = _ThreadEngine(engine, modules_gen, data_gen)
+            self._local.engine = mine
+        else:
+            mine.engine.clear_data()
+            mine.engine.add_data_json(text)
+            mine.data_gen = data_gen
+        return mine.engine
+
+    def warm(self) -> None:
+        """Bring this thread's engine up to date now (so the next evaluation pays no reload)."""
+        try:
+            self._thread_engine()
+        except BaseException as exc:
+            if _is_fatal(exc):
+                raise
+            raise PolicyEngineError(f"policy engine failed to load: {exc}") from exc
+
+    def evaluate(self, query: str, input: Any = None) -> Any:
+        try:
+            engine = self._thread_engine()
+            engine.set_input_json(json.dumps(input if input is not None else {}))
+            return _eval(engine, query)
+        except PolicyEngineError:
+            raise
+        except BaseException as exc:
+            if _is_fatal(exc):
+                raise
+            loc = parse_regorus_error(str(exc))
+            raise PolicyEngineError(f"evaluating {query}: {loc}") from exc
+
+    def evaluate_many(self, query: str, inputs: Sequence[Any]) -> list[Any]:
+        return [self.evaluate(query, i) for i in inputs]
+
+    def query(self, query: str, input: Any = None) -> list[dict[str, Any]]:
+        """OPA-style ad-hoc query: one dict of variable bindings per result (empty list when undefined)."""
+        try:
+            engine = self._thread_engine()
+            engine.set_input_json(json.dumps(input if input is not None else {}))
+            out = json.loads(engine.eval_query_as_json(query))
+        except BaseException as exc:
+            if _is_fatal(exc):
+                raise
+            loc = parse_regorus_error(str(exc))
+            raise PolicyEngineError(f"evaluating {query}: {loc}") from exc
+        rows: list[dict[str, Any]] = []
+        for result in out.get("result", []):
+            exprs = result.get("expressions", [])
+            if any(e.get("value") is False for e in exprs):
+                continue
+            rows.append(dict(result.get("bindings") or {}))
+        return rows
+
+
+def _eval(engine: regorus.Engine, query: str) -> Any:
+    if split_rule_path(query) is not None:
+        try:
+            text = engine.eval_rule_as_json(query)
+        except RuntimeError as exc:
+            if "not a valid rule path" not in str(exc):
+                raise
+        else:
+            return None if text == _UNDEFINED else json.loads(text)
+    out = json.loads(engine.eval_query_as_json(query))
+    results = out.get("result") or []
+    if not results:
+        return None
+    exprs = results[0].get("expressions") or []
+    return exprs[0].get("value") if exprs else None

@@ -1,0 +1,67 @@
+"""The policy package's errors; api/ maps them to HTTP status codes in one place."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from core.errors import Conflict, Forbidden, InvalidInput, TrustfabricError
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """One problem in one Rego module, located to the character."""
+
+    file: str
+    line: int
+    col: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}: {self.message}"
+
+
+class PolicyCompileError(InvalidInput):
+    """A module does not parse or compile; every problem carries file:line:col."""
+
+    def __init__(self, issues: list[SourceLocation]) -> None:
+        self.issues = issues
+        shown = "; ".join(str(i) for i in issues[:5])
+        more = f" (+{len(issues) - 5} more)" if len(issues) > 5 else ""
+        super().__init__(f"policy does not compile: {shown}{more}")
+
+
+class PolicyEngineError(TrustfabricError):
+    """The engine could not answer (evaluation error, server unreachable, timeout): callers deny."""
+
+
+class PolicyTestsFailed(Conflict):
+    """A version whose Rego unit tests fail cannot be activated; names the failing tests."""
+
+    def __init__(self, failing: list[str]) -> None:
+        self.failing = failing
+        super().__init__("Rego unit tests failed: " + ", ".join(failing))
+
+
+class SignatureRequired(Forbidden):
+    """Activation needs a valid security-team signature over the version's content hash."""
+
+
+_LOC_RE = re.compile(r"-->\s*(?P<file>[^\n]+?):(?P<line>\d+):(?P<col>\d+)")
+_MSG_RE = re.compile(r"^error:\s*(?P<msg>.+)$", re.MULTILINE)
+
+
+def strip_backtrace(text: str) -> str:
+    """Regorus appends a Rust stack backtrace to its messages; people need only the first part."""
+    return text.split("Stack backtrace:")[0].strip()
+
+
+def parse_regorus_error(text: str, default_file: str = "<query>") -> SourceLocation:
+    """file:line:col and the message from a regorus error text (falls back to 1:1 when it names none)."""
+    text = strip_backtrace(text)
+    loc = _LOC_RE.search(text)
+    msg = _MSG_RE.search(text)
+    message = msg.group("msg").strip() if msg else (text.splitlines()[-1] if text else "unknown error")
+    if loc:
+        return SourceLocation(loc.group("file").strip(), int(loc.group("line")), int(loc.group("col")), message)
+    return SourceLocation(default_file, 1, 1, message)

@@ -1,0 +1,394 @@
+"""Grant lifecycle: request -> policy decision -> (approve | reject) -> active -> expired | revoked.
+
+States: pending -> active -> expired | revoked, or pending -> rejected | expired (approval timed out),
+or denied at request time. `expires_at` / `pending_until` are authoritative: `effective_state` reports
+a grant past them as expired on every read, before the sweeper persists it. Every change writes its
+audit event in the caller's session, and every state change is a compare-and-set on `Grant.version`,
+so of two concurrent approvals exactly one wins and the other gets Conflict.
+
+The decision itself comes from `rego/grants.rego` through a `GrantDecider` the caller supplies (the
+API composes it from the policy engine); a decider that raises denies the request (fail closed).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, update
+from sqlmodel import Session, col, select
+
+from audit import Actor, record
+from core.clock import Clock, as_utc, system_clock
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from policy.models import Grant
+
+log = logging.getLogger("trustfabric.policy.grants")
+
+OUTCOMES = ("approve", "pending", "deny")
+FINAL_STATES = ("expired", "revoked", "rejected", "denied")
+DEFAULT_PENDING_TTL = timedelta(days=3)
+MAX_PAGE = 200
+
+
+class GrantNotFound(NotFound):
+    pass
+
+
+class GrantConflict(Conflict):
+    pass
+
+
+@dataclass(frozen=True)
+class GrantRequest:
+    src_tenant: str
+    src_group: str
+    dst_tenant: str
+    dst_group: str
+    proto: str
+    ports: Sequence[int]
+    ttl_seconds: int
+    justification: str = ""
+
+    def policy_input(self, requester_tenant: str) -> dict[str, Any]:
+        return {
+            "requester": {"tenant": requester_tenant},
+            "src": {"tenant": self.src_tenant, "group": self.src_group},
+            "dst": {"tenant": self.dst_tenant, "group": self.dst_group},
+            "proto": self.proto,
+            "ports": list(self.ports),
+            "ttl_seconds": self.ttl_seconds,
+        }
+
+    def same_as(self, grant: Grant) -> bool:
+        return (
+            grant.src_tenant == self.src_tenant and grant.src_group == self.src_group
+            and grant.dst_tenant == self.dst_tenant and grant.dst_group == self.dst_group
+            and grant.proto == self.proto and list(grant.ports) == list(self.ports)
+            and grant.ttl_seconds == self.ttl_seconds and grant.justification == self.justification
+        )
+
+
+@dataclass(frozen=True)
+class GrantDecision:
+    outcome: str  # approve | pending | deny
+    approvers: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_document(cls, doc: Any) -> GrantDecision:
+        """A decision document from grants.rego; anything malformed is a deny (fail closed)."""
+        if not isinstance(doc, dict) or doc.get("outcome") not in OUTCOMES:
+            return cls("deny", [], [f"engine-error: malformed decision {doc!r:.200}"])
+        approvers = [str(a) for a in doc.get("approvers") or []]
+        reasons = [str(r) for r in doc.get("reasons") or []]
+        if doc["outcome"] == "pending" and not approvers:
+            return cls("deny", [], ["engine-error: pending decision without approvers", *reasons])
+        return cls(str(doc["outcome"]), approvers, reasons)
+
+
+# (session, now, policy input) -> decision; the API builds it from the policy engine.
+GrantDecider = Callable[[Session, datetime, dict[str, Any]], GrantDecision]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who acts on a grant: id, role and (for tenant roles) tenant, all from the authenticated principal."""
+
+    id: str
+    role: str
+    tenant: str | None
+    actor: Actor
+
+    @property
+    def approver_names(self) -> set[str]:
+        if self.role == "security":
+            return {"security"}
+        if self.role == "tenant-admin" and self.tenant:
+            return {f"tenant-admin:{self.tenant}"}
+        return set()
+
+
+def new_grant_id(now: datetime) -> str:
+    """Time-ordered id (so cursor paging by id is chronological): g-<ms hex>-<random hex>."""
+    return f"g-{int(now.timestamp() * 1000):012x}-{secrets.token_hex(8)}"
+
+
+def effective_state(grant: Grant, now: datetime) -> str:
+    """The state at `now`, to the second: an active grant past expires_at is expired, as is a pending
+    grant past pending_until, whatever the stored state says."""
+    if grant.state == "active" and grant.expires_at is not None and as_utc(grant.expires_at) <= now:
+        return "expired"
+    if grant.state == "pending" and grant.pending_until is not None and as_utc(grant.pending_until) <= now:
+        return "expired"
+    return grant.state
+
+
+def is_active(grant: Grant, now: datetime) -> bool:
+    return effective_state(grant, now) == "active"
+
+
+def _cas(session: Session, grant: Grant, **values: Any) -> Grant:
+    """Compare-and-set on version: the update applies only if nobody changed the grant since we read it."""
+    result = session.execute(
+        update(Grant)
+        .where(col(Grant.id) == grant.id, col(Grant.version) == grant.version)
+        .values(version=grant.version + 1, **values)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise GrantConflict(f"grant {grant.id} was changed concurrently; read it again and retry")
+    session.expire(grant)
+    fresh = session.get(Grant, grant.id)
+    assert fresh is not None
+    return fresh
+
+
+def request_grant(
+    session: Session,
+    request: GrantRequest,
+    *,
+    caller: Caller,
+    decide: GrantDecider,
+    idempotency_key: str | None = None,
+    pending_ttl: timedelta = DEFAULT_PENDING_TTL,
+    clock: Clock = system_clock,
+    request_id: str | None = None,
+) -> tuple[Grant, bool]:
+    """Record a request and its decision; returns (grant, created). A retry with the same Idempotency-Key
+    and the same request returns the first grant unchanged; the same key with a different request is
+    a Conflict."""
+    if idempotency_key is not None:
+        previous = session.exec(
+            select(Grant).where(Grant.requested_by == caller.id, Grant.idempotency_key == idempotency_key)
+        ).first()
+        if previous is not None:
+            if not request.same_as(previous):
+                raise GrantConflict("Idempotency-Key was already used for a different grant request")
+            return previous, False
+    if caller.tenant is not None and request.src_tenant != caller.tenant:
+        raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
+    now = clock()
+    requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
+    try:
+        decision = decide(session, now, request.policy_input(requester_tenant))
+    except Exception as exc:  # fail closed, and say why
+        log.exception("grant decision failed")
+        decision = GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
+    state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
+    grant = Grant(
+        id=new_grant_id(now),
+        src_tenant=request.src_tenant, src_group=request.src_group,
+        dst_tenant=request.dst_tenant, dst_group=request.dst_group,
+        proto=request.proto, ports=list(request.ports), justification=request.justification,
+        ttl_seconds=request.ttl_seconds, state=state, requested_by=caller.id,
+        idempotency_key=idempotency_key,
+        required_approvers=sorted(set(decision.approvers)) if state == "pending" else [],
+        approvals=[], reasons=list(decision.reasons), created_at=now,
+        decided_at=now if state != "pending" else None,
+        expires_at=now + timedelta(seconds=request.ttl_seconds) if state == "active" else None,
+        pending_until=now + pending_ttl if state == "pending" else None,
+    )
+    session.add(grant)
+    session.flush()
+    record(
+        session, actor=caller.actor, action="grant.request", object_type="grant", object_id=grant.id,
+        tenant=request.src_tenant,
+        summary={
+            "src": f"{request.src_tenant}/{request.src_group}", "dst": f"{request.dst_tenant}/{request.dst_group}",
+            "proto": request.proto, "ports": list(request.ports), "ttl_seconds": request.ttl_seconds,
+            "outcome": decision.outcome, "state": state, "approvers": grant.required_approvers,
+        },
+        reason="; ".join(decision.reasons)[:2000] or None, request_id=request_id, at=now,
+    )
+    return grant, True
+
+
+def get_grant(session: Session, grant_id: str, *, viewer_tenant: str | None) -> Grant:
+    """The grant, or GrantNotFound; a tenant sees only grants where it is source or destination."""
+    grant = session.get(Grant, grant_id) if len(grant_id) <= 36 else None
+    if grant is None or (viewer_tenant is not None and viewer_tenant not in (grant.src_tenant, grant.dst_tenant)):
+        raise GrantNotFound(f"grant {grant_id!r} not found")
+    return grant
+
+
+def _usable(grant: Grant, now: datetime, action: str) -> None:
+    state = effective_state(grant, now)
+    if state != "pending":
+        raise GrantConflict(f"grant {grant.id} is {state}; only a pending grant can be {action}")
+
+
+def approve_grant(
+    session: Session, grant_id: str, *, caller: Caller, clock: Clock = system_clock,
+    request_id: str | None = None, comment: str = "",
+) -> Grant:
+    """Add the caller's approval; when every named approver has approved, the grant becomes active."""
+    now = clock()
+    grant = get_grant(session, grant_id, viewer_tenant=caller.tenant)
+    if caller.tenant is not None and caller.tenant == grant.src_tenant:
+        raise Forbidden("a tenant cannot approve its own grant request")
+    _usable(grant, now, "approved")
+    names = caller.approver_names & set(grant.required_approvers)
+    if not names:
+        raise Forbidden(
+            f"{caller.role} {caller.id} is not a named approver of grant {grant.id} "
+            f"(needs: {', '.join(grant.required_approvers)})"
+        )
+    done = {a["as"] for a in grant.approvals}
+    todo = names - done
+    if not todo:
+        raise GrantConflict(f"grant {grant.id} already carries the approval of {', '.join(sorted(names))}")
+    approvals = [*grant.approvals, *({"as": n, "by": caller.id, "at": now.isoformat(), "comment": comment}
+                                     for n in sorted(todo))]
+    complete = set(grant.required_approvers) <= {a["as"] for a in approvals}
+    values: dict[str, Any] = {"approvals": approvals}
+    if complete:
+        values.update(state="active", decided_at=now, expires_at=now + timedelta(seconds=grant.ttl_seconds))
+    grant = _cas(session, grant, **values)
+    record(
+        session, actor=caller.actor, action="grant.approve", object_type="grant", object_id=grant.id,
+        tenant=grant.src_tenant,
+        summary={"as": sorted(todo), "state": grant.state, "approvals": len(approvals)},
+        reason=comment or None, request_id=request_id, at=now,
+    )
+    return grant
+
+
+def reject_grant(
+    session: Session, grant_id: str, *, caller: Caller, reason: str, clock: Clock = system_clock,
+    request_id: str | None = None,
+) -> Grant:
+    now = clock()
+    grant = get_grant(session, grant_id, viewer_tenant=caller.tenant)
+    if caller.tenant is not None and caller.tenant == grant.src_tenant:
+        raise Forbidden("a tenant cannot reject (or approve) its own grant request; revoke it instead")
+    _usable(grant, now, "rejected")
+    if not caller.approver_names & set(grant.required_approvers):
+        raise Forbidden(
+            f"{caller.role} {caller.id} is not a named approver of grant {grant.id} "
+            f"(needs: {', '.join(grant.required_approvers)})"
+        )
+    if not reason.strip():
+        raise InvalidInput("a rejection needs a reason")
+    grant = _cas(session, grant, state="rejected", decided_at=now, reasons=[*grant.reasons, f"rejected: {reason}"])
+    record(
+        session, actor=caller.actor, action="grant.reject", object_type="grant", object_id=grant.id,
+        tenant=grant.src_tenant, summary={"state": "rejected"}, reason=reason, request_id=request_id, at=now,
+    )
+    return grant
+
+
+def revoke_grant(
+    session: Session, grant_id: str, *, caller: Caller, reason: str, clock: Clock = system_clock,
+    request_id: str | None = None,
+) -> Grant:
+    """Withdraw a pending or active grant: its source or destination tenant, security, or admin."""
+    now = clock()
+    grant = get_grant(session, grant_id, viewer_tenant=caller.tenant)
+    state = effective_state(grant, now)
+    if state not in ("pending", "active"):
+        raise GrantConflict(f"grant {grant.id} is {state}; only a pending or active grant can be revoked")
+    if caller.role not in ("admin", "security", "tenant-admin"):
+        raise Forbidden(f"role {caller.role} may not revoke grants")
+    if not reason.strip():
+        raise InvalidInput("a revocation needs a reason")
+    grant = _cas(session, grant, state="revoked", decided_at=now, reasons=[*grant.reasons, f"revoked: {reason}"])
+    record(
+        session, actor=caller.actor, action="grant.revoke", object_type="grant", object_id=grant.id,
+        tenant=grant.src_tenant, summary={"state": "revoked", "was": state}, reason=reason,
+        request_id=request_id, at=now,
+    )
+    return grant
+
+
+def _state_filter(state: str, now: datetime) -> Any:
+    active_now = and_(col(Grant.state) == "active", or_(col(Grant.expires_at).is_(None), col(Grant.expires_at) > now))
+    pending_now = and_(
+        col(Grant.state) == "pending", or_(col(Grant.pending_until).is_(None), col(Grant.pending_until) > now)
+    )
+    if state == "active":
+        return active_now
+    if state == "pending":
+        return pending_now
+    if state == "expired":
+        return or_(
+            col(Grant.state) == "expired",
+            and_(col(Grant.state) == "active", col(Grant.expires_at) <= now),
+            and_(col(Grant.state) == "pending", col(Grant.pending_until) <= now),
+        )
+    return col(Grant.state) == state
+
+
+def list_grants(
+    session: Session,
+    *,
+    viewer_tenant: str | None,
+    now: datetime,
+    state: str | None = None,
+    src_tenant: str | None = None,
+    dst_tenant: str | None = None,
+    after: str | None = None,
+    limit: int = 50,
+) -> list[Grant]:
+    """Grants in id (time) order after the cursor; a tenant sees those where it is source or destination."""
+    query = select(Grant)
+    if viewer_tenant is not None:
+        query = query.where(or_(col(Grant.src_tenant) == viewer_tenant, col(Grant.dst_tenant) == viewer_tenant))
+    if state is not None:
+        query = query.where(_state_filter(state, now))
+    if src_tenant is not None:
+        query = query.where(col(Grant.src_tenant) == src_tenant)
+    if dst_tenant is not None:
+        query = query.where(col(Grant.dst_tenant) == dst_tenant)
+    if after is not None:
+        query = query.where(col(Grant.id) > after)
+    query = query.order_by(col(Grant.id)).limit(max(1, min(limit, MAX_PAGE)))
+    return list(session.exec(query).all())
+
+
+def sweep(session: Session, *, clock: Clock = system_clock, limit: int = 500) -> list[str]:
+    """Persist expiry of grants past expires_at / pending_until; returns the ids changed."""
+    now = clock()
+    due = session.exec(
+        select(Grant)
+        .where(or_(
+            and_(col(Grant.state) == "active", col(Grant.expires_at) <= now),
+            and_(col(Grant.state) == "pending", col(Grant.pending_until) <= now),
+        ))
+        .order_by(col(Grant.id))
+        .limit(limit)
+    ).all()
+    changed: list[str] = []
+    for grant in due:
+        was = grant.state
+        reason = "approval timed out" if was == "pending" else "ttl elapsed"
+        try:
+            with session.begin_nested():
+                fresh = _cas(session, grant, state="expired", reasons=[*grant.reasons, f"expired: {reason}"])
+                record(
+                    session, actor=Actor.system("grant-sweeper"), action="grant.expire", object_type="grant",
+                    object_id=fresh.id, tenant=fresh.src_tenant, summary={"was": was, "state": "expired"},
+                    reason=reason, at=now,
+                )
+        except GrantConflict:
+            continue
+        changed.append(grant.id)
+    return changed
+
+
+def encode_cursor(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    try:
+        value = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidInput("cursor is not one this API returned") from None
+    if not value or len(value) > 128:
+        raise InvalidInput("cursor is not one this API returned")
+    return value

@@ -1,0 +1,241 @@
+"""Policy versions: upload -> compile -> Rego unit tests -> impact report -> activate -> rollback.
+
+Every state change appends its audit event through `audit.record` in the caller's transaction, so the
+change and its event commit together or not at all. Nothing is stored for a version that does not compile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from sqlmodel import Session, col, select
+
+from audit import Actor, record
+from core.errors import Conflict, InvalidInput, NotFound
+from policy.data import build_data
+from policy.decide import FlowDecision, decide_flow, flow_input
+from policy.engine import PolicyEngine
+from policy.engine_regorus import RegorusEngine, compile_modules
+from policy.errors import PolicyTestsFailed
+from policy.impact import ImpactReport, impact_of
+from policy.models import PolicyVersion
+from policy.testing import TestReport, run_tests
+from policy.versions import VerifyKey, check_modules, verify_signature, version_hash
+
+log = logging.getLogger(__name__)
+
+OBJECT_TYPE = "policy_version"
+
+
+def validate(modules: Mapping[str, str]) -> str:
+    """Compile every module; the content hash, or PolicyCompileError with file:line:col."""
+    mods = check_modules(modules)
+    compile_modules(mods)
+    return version_hash(mods)
+
+
+def test(modules: Mapping[str, str]) -> TestReport:
+    """Compile, then run every `test_*` rule."""
+    mods = check_modules(modules)
+    compile_modules(mods)
+    return run_tests(mods)
+
+
+def upload(
+    session: Session, modules: Mapping[str, str], actor: Actor, *, now: datetime, note: str = ""
+) -> tuple[PolicyVersion, bool]:
+    """Store a candidate version with its test results; (version, created). Uploading content that is
+    already stored returns that version unchanged (created False, no audit event)."""
+    mods = check_modules(modules)
+    compile_modules(mods)  # PolicyCompileError: nothing stored
+    digest = version_hash(mods)
+    existing = session.exec(select(PolicyVersion).where(col(PolicyVersion.content_hash) == digest)).first()
+    if existing is not None:
+        return existing, False
+    report = run_tests(mods)
+    version = PolicyVersion(
+        content_hash=digest,
+        modules=mods,
+        tests=[r.to_dict() for r in report.results],
+        tests_passed=report.passed,
+        state="candidate",
+        uploaded_by=actor.id,
+        note=note[:2000],
+        created_at=now,
+    )
+    session.add(version)
+    session.flush()
+    record(
+        session,
+        actor=actor,
+        action="policy.upload",
+        object_type=OBJECT_TYPE,
+        object_id=str(version.number),
+        summary={
+            "number": version.number,
+            "content_hash": digest,
+            "modules": sorted(mods),
+            "tests_total": len(report.results),
+            "tests_failing": report.failing,
+        },
+        at=now,
+    )
+    return version, True
+
+
+def list_versions(session: Session) -> list[PolicyVersion]:
+    return list(session.exec(select(PolicyVersion).order_by(col(PolicyVersion.number))).all())
+
+
+def get_version(session: Session, ref: str | int) -> PolicyVersion:
+    """By number ('3') or by content-hash prefix (at least 8 hex characters); NotFound otherwise."""
+    text = str(ref).strip()
+    if text.isdigit():
+        found = session.get(PolicyVersion, int(text))
+        if found is None:
+            raise NotFound(f"policy version {text} does not exist")
+        return found
+    if len(text) >= 8 and all(c in "0123456789abcdef" for c in text.lower()):
+        rows = session.exec(
+            select(PolicyVersion).where(col(PolicyVersion.content_hash).startswith(text.lower()))
+        ).all()
+        if len(rows) == 1:
+            return rows[0]
+        if len(rows) > 1:
+            raise InvalidInput(f"hash prefix {text} is ambiguous: give more characters")
+        raise NotFound(f"no policy version has a content hash starting with {text}")
+    raise InvalidInput(f"{text!r} is neither a version number nor a content-hash prefix (8+ hex characters)")
+
+
+def active_version(session: Session) -> PolicyVersion | None:
+    return session.exec(select(PolicyVersion).where(col(PolicyVersion.state) == "active")).first()
+
+
+def impact(session: Session, ref: str | int, *, now: datetime) -> ImpactReport:
+    """Flows the version would open and close against the active one, on the current inventory."""
+    candidate = get_version(session, ref)
+    current = active_version(session)
+    data = build_data(session, now)
+    return impact_of(
+        candidate.modules,
+        candidate.content_hash,
+        current.modules if current is not None else None,
+        current.content_hash if current is not None else None,
+        data,
+    )
+
+
+def _switch(
+    session: Session,
+    target: PolicyVersion,
+    actor: Actor,
+    action: str,
+    *,
+    now: datetime,
+    signature: str | None,
+    verify_keys: Sequence[VerifyKey],
+    reason: str | None,
+) -> PolicyVersion:
+    if not target.tests_passed:
+        failing = [str(t["name"]) for t in target.tests if not t.get("passed")]
+        raise PolicyTestsFailed(failing or ["(unknown)"])
+    signed_by = verify_signature(target.content_hash, signature or target.signature, verify_keys)
+    previous = session.exec(
+        select(PolicyVersion).where(col(PolicyVersion.state) == "active").with_for_update()
+    ).all()
+    if any(p.number == target.number for p in previous):
+        raise Conflict(f"policy version {target.number} is already active")
+    for p in previous:
+        p.state = "retired"
+        session.add(p)
+    target.state = "active"
+    target.activated_at = now
+    if signed_by is not None:
+        target.signature = signature or target.signature
+        target.signed_by = signed_by
+    session.add(target)
+    session.flush()
+    record(
+        session,
+        actor=actor,
+        action=action,
+        object_type=OBJECT_TYPE,
+        object_id=str(target.number),
+        summary={
+            "number": target.number,
+            "content_hash": target.content_hash,
+            "previous": [p.number for p in previous],
+            "previous_hash": previous[0].content_hash if previous else None,
+            "signed_by": signed_by,
+        },
+        reason=reason,
+        at=now,
+    )
+    return target
+
+
+def activate(
+    session: Session,
+    ref: str | int,
+    actor: Actor,
+    *,
+    now: datetime,
+    signature: str | None = None,
+    verify_keys: Sequence[VerifyKey] = (),
+    reason: str | None = None,
+) -> PolicyVersion:
+    """Make a version the one in force. Its tests must pass; with verify keys configured, a valid
+    signature over its content hash is required (SignatureRequired otherwise)."""
+    return _switch(
+        session, get_version(session, ref), actor, "policy.activate",
+        now=now, signature=signature, verify_keys=verify_keys, reason=reason,
+    )
+
+
+def rollback(
+    session: Session,
+    ref: str | int,
+    actor: Actor,
+    *,
+    now: datetime,
+    signature: str | None = None,
+    verify_keys: Sequence[VerifyKey] = (),
+    reason: str | None = None,
+) -> PolicyVersion:
+    """Go back to an earlier version (lower number than the active one); same checks as activate."""
+    target = get_version(session, ref)
+    current = active_version(session)
+    if current is None:
+        raise Conflict("no policy version is active: activate one instead of rolling back")
+    assert target.number is not None and current.number is not None
+    if target.number >= current.number:
+        raise Conflict(
+            f"rollback goes to an earlier version: {target.number} is not older than the active {current.number}"
+        )
+    return _switch(
+        session, target, actor, "policy.rollback",
+        now=now, signature=signature, verify_keys=verify_keys, reason=reason,
+    )
+
+
+def engine_for_active(session: Session, now: datetime) -> tuple[PolicyEngine, str | None]:
+    """An embedded engine loaded with the active version and the current data (no policy: empty engine)."""
+    current = active_version(session)
+    data = build_data(session, now)
+    if current is None:
+        return RegorusEngine({}, data), None
+    return RegorusEngine(current.modules, data), current.content_hash
+
+
+def explain(
+    session: Session, src: str, dst: str, port: int, *, proto: str = "tcp", now: datetime
+) -> tuple[FlowDecision, str | None]:
+    """The decision on one flow under the active version, with the reasons; and that version's hash."""
+    request = flow_input(src, dst, port, proto)
+    engine, digest = engine_for_active(session, now)
+    try:
+        return decide_flow(engine, request), digest
+    finally:
+        engine.close()
