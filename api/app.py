@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import importlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 
+from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.context import AppContext
 from api.deps import Authenticator, opaque_token_authenticator
 from api.errors import install_error_handlers
+from api.limits import BodySizeLimit, TokenBucket
+
+log = logging.getLogger("trustfabric.api")
 
 ROUTERS = (
     "api.routes.health",
@@ -34,15 +42,100 @@ def _router_modules() -> list[Any]:
     return modules
 
 
-def create_app(ctx: AppContext, *, authenticators: list[Authenticator] | None = None) -> FastAPI:
+def default_authenticators(ctx: AppContext) -> list[Authenticator]:
+    """Client certificate (mTLS), then opaque admin tokens, then JWTs (ours, OIDC, JWT-SVIDs)."""
+    from api.auth_jwt import JwtAuthenticator
+    from api.auth_mtls import MtlsAuthenticator
+
+    return [MtlsAuthenticator(ctx), opaque_token_authenticator, JwtAuthenticator(ctx)]
+
+
+class GrantSweeper:
+    """Persists grant expiry in the background; reads are exact without it (effective state)."""
+
+    def __init__(self, ctx: AppContext, interval: float) -> None:
+        self.ctx = ctx
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> list[str]:
+        from policy.grants import sweep
+
+        with self.ctx.db.session() as session:
+            return sweep(session, clock=self.ctx.clock)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                changed = self.run_once()
+                if changed:
+                    log.info("grant sweeper expired %d grant(s)", len(changed))
+            except Exception:
+                log.exception("grant sweeper failed; retrying in %.0fs", self.interval)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="grant-sweeper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def create_app(
+    ctx: AppContext,
+    *,
+    authenticators: list[Authenticator] | None = None,
+    authz_engine_factory: Any = default_engine_factory,
+    grant_decider: Any = None,
+    sweeper: bool = False,
+) -> FastAPI:
+    """The API over `ctx`. `authz_engine_factory` returns the engine api_authz.rego is loaded in (None:
+    every request is denied); `sweeper` runs the grant sweeper thread for the app's lifetime."""
+    from api.grant_policy import RegoGrantDecider
+
+    sweeper_obj = GrantSweeper(ctx, ctx.settings.sweep_interval_seconds) if sweeper else None
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if sweeper_obj is not None:
+            sweeper_obj.start()
+        try:
+            yield
+        finally:
+            if sweeper_obj is not None:
+                sweeper_obj.stop()
+
     app = FastAPI(
         title="trustfabric",
         version="0.1.0",
         description="Zero-trust identity, policy and audit for a multi-tenant AI cloud.",
+        lifespan=lifespan,
     )
     app.state.ctx = ctx
-    app.state.authenticators = authenticators or [opaque_token_authenticator]
+    app.state.authenticators = (
+        authenticators if authenticators is not None else default_authenticators(ctx)
+    )
+    factory: Any = authz_engine_factory
+    app.state.authorizer = Authorizer(factory if factory is not None else None)
+    app.state.grant_decider = grant_decider if grant_decider is not None else RegoGrantDecider()
+    app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
+    app.state.sweeper = sweeper_obj
     install_error_handlers(app)
     for module in _router_modules():
         app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
     return app
+
+
+def app_from_env() -> FastAPI:
+    """Factory for `uvicorn --factory` (used by `trustfabric serve --workers N`)."""
+    from api.config import Settings
+
+    ctx = AppContext.open(Settings.from_env())
+    return create_app(ctx, sweeper=True)
+
+
+__all__ = ["Evaluator", "GrantSweeper", "create_app", "default_authenticators"]

@@ -40,6 +40,9 @@ def initialize(trust_domain: str, key_kind: str) -> dict[str, object]:
         ensure_audit_key = getattr(audit, "ensure_audit_key", None)
         if ensure_audit_key is not None:
             ensure_audit_key(ctx.keystore)
+        from api.auth_jwt import ensure_issuer_key
+
+        ensure_issuer_key(ctx.keystore)
         with ctx.db.session() as session:
             created = init_trust_domain(
                 session, ctx.keystore, trust_domain=trust_domain, key_kind=KeyKind(key_kind), clock=ctx.clock
@@ -78,11 +81,16 @@ def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8443, "--port"),
     trust_domain: str = typer.Option(None, "--trust-domain", help="used when init has not run yet"),
+    tls: bool = typer.Option(False, "--tls", help="HTTPS with the server's own SVID; accepts client SVIDs (mTLS)"),
+    workers: int = typer.Option(1, "--workers", min=1, max=64, help="uvicorn worker processes"),
+    log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the API (runs init first when the trust domain does not exist yet)."""
+    import ssl
+
     import uvicorn
 
-    from api.app import create_app
+    from api.auth_mtls import PeerCertH11Protocol
     from api.config import Settings
     from api.context import AppContext
 
@@ -91,11 +99,32 @@ def serve_cmd(
     if result["admin_token"]:
         print("admin API token (shown once, store it now):")
         print(result["admin_token"], flush=True)
-    ctx = AppContext.open(settings)
+    server_tls = None
+    options: dict[str, object] = {}
+    if tls:
+        from api.tls import prepare_server_tls
+
+        ctx = AppContext.open(settings)
+        try:
+            local = host in ("127.0.0.1", "::1", "localhost", "0.0.0.0")  # noqa: S104
+            hosts = ("localhost",) if local else (host, "localhost")
+            server_tls = prepare_server_tls(ctx, hosts=hosts)
+        finally:
+            ctx.close()
+        options = {
+            "ssl_certfile": str(server_tls.certfile), "ssl_keyfile": str(server_tls.keyfile),
+            "ssl_keyfile_password": server_tls.password, "ssl_ca_certs": str(server_tls.ca_file),
+            "ssl_cert_reqs": ssl.CERT_OPTIONAL,
+        }
+        print(f"serving HTTPS as {server_tls.spiffe_id}", flush=True)
     try:
-        uvicorn.run(create_app(ctx), host=host, port=port, log_level="info")
+        uvicorn.run(
+            "api.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level=log_level,
+            http=PeerCertH11Protocol, **options,  # type: ignore[arg-type]
+        )
     finally:
-        ctx.close()
+        if server_tls is not None:
+            server_tls.cleanup()
 
 
 for _name in SUBCOMMANDS:
@@ -112,6 +141,12 @@ def main() -> None:
         app(standalone_mode=True)
     except TrustfabricError as exc:
         err_console.print(f"error: {exc}", highlight=False, markup=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # one readable line, never a traceback
+        logging.getLogger("trustfabric.cli").debug("unexpected error", exc_info=True)
+        err_console.print(f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False)
         sys.exit(1)
 
 

@@ -24,6 +24,23 @@ class Settings:
     max_svid_ttl: timedelta = timedelta(hours=24)
     audit_checkpoint_every: int = 1000
     audit_checkpoint_seconds: int = 60
+    # API bearer tokens (JWT, ES256, minted by `trustfabric token create`)
+    api_issuer: str = "trustfabric"
+    api_audience: str = "trustfabric-api"
+    max_token_ttl: timedelta = timedelta(days=30)
+    # Optional external OIDC issuer: issuer URL + JWKS (file path or URL); role/tenant from claims
+    oidc_issuer: str | None = None
+    oidc_jwks: str | None = None
+    oidc_audience: str = "trustfabric-api"
+    oidc_role_claim: str = "trustfabric_role"
+    oidc_tenant_claim: str = "trustfabric_tenant"
+    # Limits
+    max_body_bytes: int = 64 * 1024
+    rate_limit_per_second: float = 50.0  # per principal; 0 disables
+    rate_limit_burst: int = 100
+    # Grants
+    grant_pending_ttl: timedelta = timedelta(days=3)
+    sweep_interval_seconds: float = 5.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -43,6 +60,19 @@ class Settings:
             max_svid_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_SVID_TTL_SECONDS", str(24 * 3600)))),
             audit_checkpoint_every=int(e.get("TRUSTFABRIC_AUDIT_CHECKPOINT_EVERY", "1000")),
             audit_checkpoint_seconds=int(e.get("TRUSTFABRIC_AUDIT_CHECKPOINT_SECONDS", "60")),
+            api_issuer=e.get("TRUSTFABRIC_API_ISSUER", "trustfabric"),
+            api_audience=e.get("TRUSTFABRIC_API_AUDIENCE", "trustfabric-api"),
+            max_token_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_TOKEN_TTL_SECONDS", str(30 * 86400)))),
+            oidc_issuer=e.get("TRUSTFABRIC_OIDC_ISSUER") or None,
+            oidc_jwks=e.get("TRUSTFABRIC_OIDC_JWKS") or None,
+            oidc_audience=e.get("TRUSTFABRIC_OIDC_AUDIENCE", "trustfabric-api"),
+            oidc_role_claim=e.get("TRUSTFABRIC_OIDC_ROLE_CLAIM", "trustfabric_role"),
+            oidc_tenant_claim=e.get("TRUSTFABRIC_OIDC_TENANT_CLAIM", "trustfabric_tenant"),
+            max_body_bytes=int(e.get("TRUSTFABRIC_MAX_BODY_BYTES", str(64 * 1024))),
+            rate_limit_per_second=float(e.get("TRUSTFABRIC_RATE_LIMIT_PER_SECOND", "50")),
+            rate_limit_burst=int(e.get("TRUSTFABRIC_RATE_LIMIT_BURST", "100")),
+            grant_pending_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_GRANT_PENDING_TTL_SECONDS", str(3 * 86400)))),
+            sweep_interval_seconds=float(e.get("TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "5")),
         )
 
     @property

@@ -50,6 +50,9 @@ def current_principal(request: Request, ctx: Annotated[AppContext, Depends(get_c
     for authenticate in authenticators:
         principal = authenticate(ctx, request)
         if principal is not None:
+            limiter = getattr(request.app.state, "rate_limiter", None)
+            if limiter is not None:
+                limiter.check(f"{principal.role}:{principal.id}")
             request.state.principal = principal
             return principal
     if request.headers.get("authorization"):

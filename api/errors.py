@@ -10,11 +10,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.limits import PayloadTooLarge, RateLimited
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound, TrustfabricError, Unauthenticated
 
 log = logging.getLogger("trustfabric.api")
 
 STATUS_BY_ERROR: list[tuple[type[TrustfabricError], int]] = [
+    (RateLimited, 429),
+    (PayloadTooLarge, 413),
     (Unauthenticated, 401),
     (Forbidden, 403),
     (NotFound, 404),
@@ -43,6 +46,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _domain(_request: Request, exc: TrustfabricError) -> JSONResponse:
         status = status_for(exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(exc, RateLimited):
+            headers = {"Retry-After": str(exc.retry_after)}
         return JSONResponse(error_body(_code(exc), str(exc)), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -1,0 +1,27 @@
+"""What the control-plane routes share: request ids, cursors, the caller for services."""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from fastapi import Request
+
+from api.principal import Principal
+from policy.grants import Caller, decode_cursor, encode_cursor
+
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+__all__ = ["caller_of", "decode_cursor", "encode_cursor", "request_id"]
+
+
+def request_id(request: Request) -> str:
+    """The caller's X-Request-ID when it is sane, else a fresh one; it is written into audit events."""
+    given = request.headers.get("x-request-id")
+    if given and _REQUEST_ID_RE.fullmatch(given):
+        return given
+    return secrets.token_hex(8)
+
+
+def caller_of(principal: Principal) -> Caller:
+    return Caller(id=principal.id, role=principal.role, tenant=principal.scope_tenant, actor=principal.actor())

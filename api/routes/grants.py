@@ -1,0 +1,192 @@
+"""Access grants: request (decided by grants.rego), approve / reject by the named approvers, revoke, list.
+
+A tenant principal requests for its own tenant only and sees grants where it is source or destination;
+the state in every response is the effective state at the request time (expiry exact to the second).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import select
+
+from api.authz import authorize
+from api.deps import CtxDep, PrincipalDep
+from api.principal import Principal
+from api.routes.common import caller_of, decode_cursor, encode_cursor, request_id
+from api.schemas import (
+    COMMON_ERRORS,
+    ApproveBody,
+    CursorQuery,
+    GrantCreate,
+    GrantOut,
+    LimitQuery,
+    Page,
+    ReasonBody,
+    error_responses,
+)
+from core.clock import as_utc
+from core.errors import Forbidden, InvalidInput
+from policy import grants as svc
+from policy.models import Grant
+
+router = APIRouter(prefix="/v1", tags=["grants"])
+
+READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
+WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
+GrantId = Annotated[str, Path(min_length=1, max_length=64, description="grant id")]
+IDEMPOTENCY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+STATE_PATTERN = "^(pending|active|expired|revoked|rejected|denied)$"
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return as_utc(value) if value is not None else None
+
+
+def grant_out(grant: Grant, now: datetime) -> GrantOut:
+    state = svc.effective_state(grant, now)
+    done = {a.get("as") for a in grant.approvals}
+    pending = [a for a in grant.required_approvers if a not in done] if state == "pending" else []
+    reasons = list(grant.reasons)
+    if state == "expired" and grant.state != "expired":
+        reasons.append("expired: approval timed out" if grant.state == "pending" else "expired: ttl elapsed")
+    return GrantOut(
+        id=grant.id, src_tenant=grant.src_tenant, src_group=grant.src_group, dst_tenant=grant.dst_tenant,
+        dst_group=grant.dst_group, proto=grant.proto, ports=list(grant.ports), ttl_seconds=grant.ttl_seconds,
+        justification=grant.justification, state=state,
+        requested_by=grant.requested_by, required_approvers=list(grant.required_approvers),
+        pending_approvers=pending, approvals=list(grant.approvals), reasons=reasons,
+        created_at=as_utc(grant.created_at), decided_at=_utc(grant.decided_at), expires_at=_utc(grant.expires_at),
+        pending_until=_utc(grant.pending_until), version=grant.version,
+    )
+
+
+def _decider(request: Request) -> svc.GrantDecider:
+    decider: svc.GrantDecider | None = getattr(request.app.state, "grant_decider", None)
+    if decider is None:
+        def _deny(*_args: object) -> svc.GrantDecision:
+            raise RuntimeError("no grant policy configured")
+
+        return _deny
+    return decider
+
+
+def _src_tenant(principal: Principal, body: GrantCreate) -> str:
+    scope = principal.scope_tenant
+    if scope is not None:
+        if body.src_tenant is not None and body.src_tenant != scope:
+            raise Forbidden(f"tenant {scope} may only request grants for its own groups, not {body.src_tenant}")
+        return scope
+    if body.src_tenant is None:
+        raise InvalidInput("src_tenant is required when a platform principal requests a grant")
+    return body.src_tenant
+
+
+@router.post(
+    "/grants", status_code=201, response_model=GrantOut, responses={**WRITE_ERRORS, 200: {
+        "model": GrantOut, "description": "a retry with the same Idempotency-Key: the original grant"}},
+    summary="Request a grant: active now, pending with named approvers, or denied with reasons",
+)
+def request_grant(
+    body: GrantCreate, request: Request, response: Response, ctx: CtxDep, principal: PrincipalDep,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_PATTERN)] = None,
+) -> GrantOut:
+    src_tenant = _src_tenant(principal, body)
+    authorize(request, principal, "grant.create", src_tenant)
+    req = svc.GrantRequest(
+        src_tenant=src_tenant, src_group=body.src_group, dst_tenant=body.dst_tenant, dst_group=body.dst_group,
+        proto=body.proto, ports=list(body.ports), ttl_seconds=body.ttl_seconds, justification=body.justification,
+    )
+    caller = caller_of(principal)
+    settings = ctx.settings
+    try:
+        with ctx.db.session() as session:
+            grant, created = svc.request_grant(
+                session, req, caller=caller, decide=_decider(request), idempotency_key=idempotency_key,
+                pending_ttl=settings.grant_pending_ttl, clock=ctx.clock, request_id=request_id(request),
+            )
+    except IntegrityError:
+        # A concurrent retry with the same Idempotency-Key won the insert: answer with its grant.
+        if idempotency_key is None:
+            raise
+        with ctx.db.read_session() as session:
+            existing = session.exec(
+                select(Grant).where(Grant.requested_by == caller.id, Grant.idempotency_key == idempotency_key)
+            ).first()
+        if existing is None:
+            raise
+        if not req.same_as(existing):
+            raise svc.GrantConflict("Idempotency-Key was already used for a different grant request") from None
+        grant, created = existing, False
+    if not created:
+        response.status_code = 200
+    return grant_out(grant, ctx.clock())
+
+
+@router.get("/grants", response_model=Page[GrantOut], responses=READ_ERRORS,
+            summary="List grants (a tenant sees those where it is source or destination)")
+def list_grants(
+    request: Request, ctx: CtxDep, principal: PrincipalDep,
+    cursor: CursorQuery = None, limit: LimitQuery = 50,
+    state: Annotated[str | None, Query(pattern=STATE_PATTERN)] = None,
+    src_tenant: Annotated[str | None, Query(min_length=1, max_length=63)] = None,
+    dst_tenant: Annotated[str | None, Query(min_length=1, max_length=63)] = None,
+) -> Page[GrantOut]:
+    scope = principal.scope_tenant
+    authorize(request, principal, "grant.read", scope)
+    now = ctx.clock()
+    with ctx.db.read_session() as session:
+        rows = svc.list_grants(
+            session, viewer_tenant=scope, now=now, state=state, src_tenant=src_tenant, dst_tenant=dst_tenant,
+            after=decode_cursor(cursor) if cursor is not None else None, limit=limit + 1,
+        )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page[GrantOut](items=[grant_out(g, now) for g in rows],
+                          next_cursor=encode_cursor(rows[-1].id) if more else None)
+
+
+@router.get("/grants/{grant_id}", response_model=GrantOut, responses=READ_ERRORS, summary="One grant")
+def get_grant(grant_id: GrantId, request: Request, ctx: CtxDep, principal: PrincipalDep) -> GrantOut:
+    authorize(request, principal, "grant.read", principal.scope_tenant)
+    with ctx.db.read_session() as session:
+        grant = svc.get_grant(session, grant_id, viewer_tenant=principal.scope_tenant)
+    return grant_out(grant, ctx.clock())
+
+
+@router.post("/grants/{grant_id}/approve", response_model=GrantOut, responses=WRITE_ERRORS,
+             summary="Approve as a named approver (destination tenant admin; security for sensitive groups)")
+def approve_grant(grant_id: GrantId, request: Request, ctx: CtxDep, principal: PrincipalDep,
+                  body: ApproveBody | None = None) -> GrantOut:
+    authorize(request, principal, "grant.approve", principal.scope_tenant)
+    with ctx.db.session() as session:
+        grant = svc.approve_grant(session, grant_id, caller=caller_of(principal), clock=ctx.clock,
+                                  request_id=request_id(request), comment=body.comment if body else "")
+    return grant_out(grant, ctx.clock())
+
+
+@router.post("/grants/{grant_id}/reject", response_model=GrantOut, responses=WRITE_ERRORS,
+             summary="Reject a pending grant as a named approver")
+def reject_grant(
+    grant_id: GrantId, body: ReasonBody, request: Request, ctx: CtxDep, principal: PrincipalDep
+) -> GrantOut:
+    authorize(request, principal, "grant.reject", principal.scope_tenant)
+    with ctx.db.session() as session:
+        grant = svc.reject_grant(session, grant_id, caller=caller_of(principal), reason=body.reason,
+                                 clock=ctx.clock, request_id=request_id(request))
+    return grant_out(grant, ctx.clock())
+
+
+@router.post("/grants/{grant_id}/revoke", response_model=GrantOut, responses=WRITE_ERRORS,
+             summary="Revoke a pending or active grant")
+def revoke_grant(
+    grant_id: GrantId, body: ReasonBody, request: Request, ctx: CtxDep, principal: PrincipalDep
+) -> GrantOut:
+    authorize(request, principal, "grant.revoke", principal.scope_tenant)
+    with ctx.db.session() as session:
+        grant = svc.revoke_grant(session, grant_id, caller=caller_of(principal), reason=body.reason,
+                                 clock=ctx.clock, request_id=request_id(request))
+    return grant_out(grant, ctx.clock())

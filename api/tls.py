@@ -1,0 +1,64 @@
+"""TLS material for `trustfabric serve --tls`: the server's own SVID (issued by pki at start-up, key kept
+only in memory and, for uvicorn, in a private file encrypted under a random one-time password) and the
+trust domain's roots as the client-certificate trust anchors."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from api.context import AppContext
+from audit import Actor
+
+
+@dataclass
+class ServerTls:
+    directory: Path
+    certfile: Path
+    keyfile: Path
+    password: str
+    ca_file: Path
+    spiffe_id: str
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def prepare_server_tls(ctx: AppContext, *, hosts: tuple[str, ...] = ("localhost",),
+                       ips: tuple[str, ...] = ("127.0.0.1",)) -> ServerTls:
+    from pki.service import bundle_pem, issue_server_svid
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trustfabric-api")]))
+        .sign(key, hashes.SHA256())
+    )
+    with ctx.db.session() as session:
+        issued = issue_server_svid(
+            session, ctx.keystore, csr_pem=csr.public_bytes(serialization.Encoding.PEM), dns_names=hosts,
+            ip_addresses=ips, actor=Actor.system("api-server"), clock=ctx.clock,
+        )
+        roots = bundle_pem(session, clock=ctx.clock)
+    directory = Path(tempfile.mkdtemp(prefix="tf-tls-"))
+    directory.chmod(0o700)
+    password = secrets.token_urlsafe(32)
+    keyfile = directory / "server.key"
+    keyfile.touch(mode=0o600)
+    keyfile.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(password.encode()),
+    ))
+    certfile = directory / "server.pem"
+    certfile.write_bytes(issued.full_chain_pem)
+    ca_file = directory / "roots.pem"
+    ca_file.write_bytes(roots)
+    return ServerTls(directory, certfile, keyfile, password, ca_file, issued.spiffe_id)

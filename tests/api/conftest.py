@@ -1,0 +1,127 @@
+"""API test harness: a real data directory, real database (SQLite file, or the session's PostgreSQL),
+real file key store and trust domain, the real app, and principals with real tokens of every role."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.auth_jwt import ensure_issuer_key, mint_token
+from api.config import Settings
+from api.context import AppContext
+from api.tokens import create_opaque_token
+from audit import Actor
+from core.clock import FrozenClock
+from inventory import service as inv
+from pki.keystore import KeyKind
+from pki.service import init_trust_domain
+
+TD = "example.org"
+
+
+class MovableClock(FrozenClock):
+    """A frozen clock that starts at the real now (tokens and certificates stay plausible)."""
+
+
+@dataclass
+class Env:
+    ctx: AppContext
+    app: FastAPI
+    client: TestClient
+    clock: MovableClock
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def token(self, role: str, tenant: str | None = None, ttl: timedelta = timedelta(hours=1),
+              subject: str | None = None) -> str:
+        with self.ctx.db.session() as session:
+            token, _row = mint_token(
+                session, self.ctx.keystore, role=role, tenant=tenant, ttl=ttl, actor=Actor.system("test"),
+                issuer=self.ctx.settings.api_issuer, audience=self.ctx.settings.api_audience,
+                max_ttl=self.ctx.settings.max_token_ttl, subject=subject, clock=self.clock,
+            )
+        return token
+
+    def headers(self, role: str, tenant: str | None = None) -> dict[str, str]:
+        key = f"{role}:{tenant}"
+        if key not in self.tokens:
+            self.tokens[key] = self.token(role, tenant, ttl=timedelta(days=1))
+        return {"Authorization": f"Bearer {self.tokens[key]}"}
+
+    def call(self, method: str, path: str, role: str, tenant: str | None = None, **kw: Any) -> Any:
+        headers = {**self.headers(role, tenant), **kw.pop("headers", {})}
+        return self.client.request(method, path, headers=headers, **kw)
+
+
+def make_settings(home: Path, database_url: str | None = None, **overrides: Any) -> Settings:
+    base = Settings(home=home, database_url=database_url, trust_domain=TD, rate_limit_per_second=0)
+    return replace(base, **overrides)
+
+
+def open_env(settings: Settings, *, sweeper: bool = False) -> Env:
+    clock = MovableClock(datetime.now(UTC).replace(microsecond=0))
+    ctx = AppContext.open(settings, create=True, clock=clock)
+    with ctx.db.session() as session:
+        init_trust_domain(session, ctx.keystore, trust_domain=TD, key_kind=KeyKind.EC_P256, clock=clock)
+    ensure_issuer_key(ctx.keystore)
+    app = create_app(ctx, sweeper=sweeper)
+    return Env(ctx=ctx, app=app, client=TestClient(app, raise_server_exceptions=False), clock=clock)
+
+
+def seed(env: Env) -> None:
+    """Two tenants with groups: acme/web (tcp 443), acme/db; globex/api (tcp 443, 8443), globex/vault
+    (sensitive, tcp 8200); a workload in each tenant."""
+    with env.ctx.db.session() as s:
+        actor = Actor.system("seed")
+        for slug, vni, prefix in (("acme", 1001, "10.1.0.0/16"), ("globex", 1002, "10.2.0.0/16")):
+            inv.create_tenant(s, slug=slug, display_name=slug.title(), l3vni=vni, prefix=prefix, actor=actor,
+                              clock=env.clock)
+        inv.create_group(s, tenant="acme", name="web", ports=[{"proto": "tcp", "port": 443}], actor=actor,
+                         clock=env.clock)
+        inv.create_group(s, tenant="acme", name="db", ports=[{"proto": "tcp", "port": 5432}], actor=actor,
+                         clock=env.clock)
+        inv.create_group(s, tenant="globex", name="api",
+                         ports=[{"proto": "tcp", "port": 443}, {"proto": "tcp", "port": 8443}], actor=actor,
+                         clock=env.clock)
+        inv.create_group(s, tenant="globex", name="vault", ports=[{"proto": "tcp", "port": 8200}],
+                         sensitivity="sensitive", actor=actor, clock=env.clock)
+        inv.create_group(s, tenant="globex", name="public", ports=[{"proto": "tcp", "port": 80}],
+                         labels={"grants.trustfabric.io/auto-approve": "true"}, actor=actor, clock=env.clock)
+        inv.register_workload(s, trust_domain=TD, tenant="acme", group="web", name="web-1", actor=actor,
+                              clock=env.clock)
+        inv.register_workload(s, trust_domain=TD, tenant="globex", group="api", name="api-1", actor=actor,
+                              clock=env.clock)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    e = open_env(make_settings(tmp_path / "home"))
+    seed(e)
+    yield e
+    e.client.close()
+    e.ctx.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def env_both(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    """The same environment on both real databases."""
+    url = None
+    if request.param == "postgres":
+        url = request.getfixturevalue("postgres_server").create_database()
+    e = open_env(make_settings(tmp_path / "home", url))
+    seed(e)
+    yield e
+    e.client.close()
+    e.ctx.close()
+
+
+def admin_opaque(env: Env) -> str:
+    with env.ctx.db.session() as session:
+        return create_opaque_token(session, role="admin", subject="admin", actor=Actor.system("test"))
