@@ -1,0 +1,187 @@
+"""The KeyStore contract, run against both real implementations (encrypted files and SoftHSM2)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import jwt
+import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.x509.oid import NameOID
+
+from pki.errors import KeyExists, KeyNotFound, KeyStoreError
+from pki.keystore import KeyKind, KeyStore, Signer, hash_for, jwt_alg
+from pki.keystore_file import FileKeyStore
+from pki.keystore_pkcs11 import Pkcs11KeyStore
+from tests.pki.keystores import PIN, softhsm_token
+
+
+@pytest.fixture(params=["file", pytest.param("pkcs11", marks=pytest.mark.hsm)])
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyStore]:
+    if request.param == "file":
+        yield FileKeyStore.open(tmp_path / "keys", key_file=FileKeyStore.create_key_file(tmp_path / "k"))
+        return
+    module, label = softhsm_token(tmp_path, monkeypatch)
+    ks = Pkcs11KeyStore(module, label, PIN)
+    yield ks
+    ks.close()
+
+
+def _verify(signer: Signer, data: bytes, sig: bytes) -> None:
+    pub = signer.public_key()
+    if isinstance(pub, ed25519.Ed25519PublicKey):
+        assert len(sig) == 64
+        pub.verify(sig, data)
+    else:
+        algo = hash_for(signer.kind)
+        assert algo is not None
+        pub.verify(sig, data, ec.ECDSA(algo))
+
+
+@pytest.mark.parametrize("kind", list(KeyKind))
+def test_generate_sign_verify_get(store: KeyStore, kind: KeyKind) -> None:
+    signer = store.generate(f"k-{kind.value}", kind)
+    assert signer.kind is kind and signer.key_id == f"k-{kind.value}"
+    _verify(signer, b"payload", signer.sign(b"payload"))
+    again = store.get(f"k-{kind.value}")
+    assert again.kind is kind
+    _verify(again, b"other", again.sign(b"other"))
+    assert again.public_key() == signer.public_key()
+    with pytest.raises(InvalidSignature):
+        _verify(again, b"tampered", again.sign(b"other"))
+
+
+@pytest.mark.parametrize("kind", list(KeyKind))
+def test_private_key_object_signs_certificates_and_jwts(store: KeyStore, kind: KeyKind) -> None:
+    signer = store.generate("ca", kind)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(signer.public_key())
+        .serial_number(1).not_valid_before(now).not_valid_after(now + timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(signer.private_key(), hash_for(kind))  # type: ignore[arg-type]
+    )
+    cert.verify_directly_issued_by(cert)
+    token = jwt.encode({"sub": "x"}, signer.private_key(), algorithm=jwt_alg(kind))
+    assert jwt.decode(token, signer.public_key(), algorithms=[jwt_alg(kind)]) == {"sub": "x"}
+
+
+def test_contract_errors(store: KeyStore) -> None:
+    store.generate("a", KeyKind.EC_P256)
+    with pytest.raises(KeyExists):
+        store.generate("a", KeyKind.ED25519)
+    assert store.exists("a") and not store.exists("b")
+    with pytest.raises(KeyNotFound):
+        store.get("b")
+    store.delete("a")
+    assert not store.exists("a")
+    with pytest.raises(KeyNotFound):
+        store.get("a")
+    with pytest.raises(KeyNotFound):
+        store.delete("a")
+    with pytest.raises(KeyStoreError):
+        store.generate("../escape", KeyKind.EC_P256)
+
+
+# --- file store specifics -------------------------------------------------------------------------
+
+
+def test_file_store_never_writes_private_bytes_in_clear(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    ks = FileKeyStore.open(tmp_path / "keys", passphrase="correct horse battery")
+    signer = ks.generate("ca", KeyKind.EC_P256)
+    key = signer.private_key()
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    scalar = key.private_numbers().private_value.to_bytes(32, "big")
+    for path in (tmp_path / "keys").iterdir():
+        data = path.read_bytes()
+        assert der not in data and scalar not in data, path
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
+    # a new process with the same passphrase reads it; a wrong one is refused at open
+    again = FileKeyStore.open(tmp_path / "keys", passphrase="correct horse battery").get("ca")
+    assert again.public_key() == signer.public_key()
+    with pytest.raises(KeyStoreError, match="wrong passphrase"):
+        FileKeyStore.open(tmp_path / "keys", passphrase="wrong horse battery")
+
+
+def test_file_store_binds_key_id_swapped_files_fail(tmp_path: Path) -> None:
+    kf = FileKeyStore.create_key_file(tmp_path / "k")
+    ks = FileKeyStore.open(tmp_path / "keys", key_file=kf)
+    ks.generate("a", KeyKind.EC_P256)
+    ks.generate("b", KeyKind.EC_P256)
+    a, b = tmp_path / "keys" / "a.key", tmp_path / "keys" / "b.key"
+    a.write_bytes(b.read_bytes().replace(b'"key_id": "b"', b'"key_id": "a"'))
+    with pytest.raises(KeyStoreError, match="does not decrypt"):
+        FileKeyStore.open(tmp_path / "keys", key_file=kf).get("a")
+
+
+def test_key_file_rules(tmp_path: Path) -> None:
+    kf = FileKeyStore.create_key_file(tmp_path / "k")
+    assert stat.S_IMODE(kf.stat().st_mode) == 0o600 and len(kf.read_bytes()) == 32
+    with pytest.raises(KeyStoreError, match="exists already"):
+        FileKeyStore.create_key_file(kf)
+    os.chmod(kf, 0o644)
+    with pytest.raises(KeyStoreError, match="chmod 600"):
+        FileKeyStore.open(tmp_path / "keys", key_file=kf)
+    with pytest.raises(KeyStoreError, match="does not exist"):
+        FileKeyStore.open(tmp_path / "keys", key_file=tmp_path / "missing")
+    with pytest.raises(KeyStoreError, match="exactly one"):
+        FileKeyStore.open(tmp_path / "keys")
+    with pytest.raises(KeyStoreError, match="exactly one"):
+        FileKeyStore.open(tmp_path / "keys", passphrase="long enough", key_file=kf)
+    os.chmod(kf, 0o600)
+    FileKeyStore.open(tmp_path / "keys", key_file=kf)
+    other = FileKeyStore.create_key_file(tmp_path / "k2")
+    with pytest.raises(KeyStoreError, match="wrong passphrase or key file"):
+        FileKeyStore.open(tmp_path / "keys", key_file=other)
+
+
+def test_repr_never_shows_key_material(tmp_path: Path) -> None:
+    ks = FileKeyStore.open(tmp_path / "keys", key_file=FileKeyStore.create_key_file(tmp_path / "k"))
+    signer = ks.generate("a", KeyKind.ED25519)
+    raw = signer.private_key()
+    assert isinstance(raw, ed25519.Ed25519PrivateKey)
+    assert raw.private_bytes_raw().hex() not in repr(signer) + repr(ks)
+
+
+# --- PKCS#11 specifics ------------------------------------------------------------------------------
+
+
+@pytest.mark.hsm
+def test_token_key_is_sensitive_and_not_extractable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pkcs11
+    from pkcs11 import Attribute
+
+    from pki.keystore_pkcs11 import Pkcs11Signer
+
+    module, label = softhsm_token(tmp_path, monkeypatch)
+    ks = Pkcs11KeyStore(module, label, PIN)
+    try:
+        signer = ks.generate("ca", KeyKind.EC_P256)
+        assert isinstance(signer, Pkcs11Signer)
+        handle = signer.handle
+        assert handle[Attribute.SENSITIVE] is True
+        assert handle[Attribute.EXTRACTABLE] is False
+        assert handle[Attribute.NEVER_EXTRACTABLE] is True
+        assert handle[Attribute.LOCAL] is True  # generated inside the token
+        with pytest.raises(pkcs11.exceptions.AttributeSensitive):
+            handle[Attribute.VALUE]
+        with pytest.raises(TypeError, match="non-extractable"):
+            signer.private_key().private_bytes()  # type: ignore[call-arg]
+    finally:
+        ks.close()
+    with pytest.raises(KeyStoreError, match="wrong PIN"):
+        Pkcs11KeyStore(module, label, "not-the-pin")
+    with pytest.raises(KeyStoreError, match="no PKCS#11 token"):
+        Pkcs11KeyStore(module, "no-such-token", PIN)
