@@ -1,6 +1,33 @@
-"""Append-only, tamper-evident audit log. `record` is the only way to append."""
+"""Append-only, tamper-evident audit log. `record` is the only way to append.
+
+Events are leaves of an RFC 6962 Merkle tree; signed checkpoints (C2SP signed notes, Ed25519 audit
+key from the KeyStore) anchor it; exports carry what an auditor needs to verify them offline.
+"""
 
 from audit.actor import Actor
-from audit.service import record
+from audit.checkpoint import (
+    AUDIT_KEY_ID,
+    DEFAULT_ORIGIN,
+    CheckpointWriter,
+    audit_signer,
+    ensure_audit_key,
+    public_key_pem,
+    write_checkpoint,
+)
+from audit.service import consistency_proof, inclusion_proof, record, root_at, tree_size
 
-__all__ = ["Actor", "record"]
+__all__ = [
+    "AUDIT_KEY_ID",
+    "DEFAULT_ORIGIN",
+    "Actor",
+    "CheckpointWriter",
+    "audit_signer",
+    "consistency_proof",
+    "ensure_audit_key",
+    "inclusion_proof",
+    "public_key_pem",
+    "record",
+    "root_at",
+    "tree_size",
+    "write_checkpoint",
+]

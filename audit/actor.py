@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 ActorKind = Literal["admin", "security", "tenant", "auditor", "node", "workload", "system"]
-ACTOR_KINDS: frozenset[str] = frozenset(
-    ["admin", "security", "tenant", "auditor", "node", "workload", "system"]
-)
+ACTOR_KINDS: frozenset[str] = frozenset(["admin", "security", "tenant", "auditor", "node", "workload", "system"])
 
 
 @dataclass(frozen=True)

@@ -173,14 +173,31 @@ def record(
     seq = head.size
     prev = head.last_leaf.hex() if seq else GENESIS_HASH
     fields: dict[str, Any] = {
-        "seq": seq, "ts": ts, "actor_id": actor_id, "actor_kind": actor.kind, "tenant": tenant,
-        "action": action, "object_type": otype, "object_id": oid, "summary": body, "reason": why,
-        "request_id": rid, "prev_hash": prev,
+        "seq": seq,
+        "ts": ts,
+        "actor_id": actor_id,
+        "actor_kind": actor.kind,
+        "tenant": tenant,
+        "action": action,
+        "object_type": otype,
+        "object_id": oid,
+        "summary": body,
+        "reason": why,
+        "request_id": rid,
+        "prev_hash": prev,
     }
-    document = {
-        "v": DOCUMENT_VERSION, "seq": seq, "ts": format_ts(ts), "actor": {"id": actor_id, "kind": actor.kind},
-        "tenant": tenant, "action": action, "object": {"type": otype, "id": oid}, "summary": body,
-        "reason": why, "request_id": rid, "prev_hash": prev,
+    document: dict[str, Any] = {
+        "v": DOCUMENT_VERSION,
+        "seq": seq,
+        "ts": format_ts(ts),
+        "actor": {"id": actor_id, "kind": actor.kind},
+        "tenant": tenant,
+        "action": action,
+        "object": {"type": otype, "id": oid},
+        "summary": body,
+        "reason": why,
+        "request_id": rid,
+        "prev_hash": prev,
     }
     data = bytes(rfc8785.dumps(document))
     leaf = merkle.hash_leaf(data)
@@ -279,7 +296,5 @@ def consistency_proof(session: Session, size1: int, size2: int) -> list[bytes]:
 
 def head_root(session: Session) -> tuple[int, bytes]:
     """(size, root) of the whole log from the head row alone."""
-    row = session.connection().execute(
-        select(_head.c.size, _head.c.frontier).where(_head.c.id == HEAD_ID)
-    ).one()
+    row = session.connection().execute(select(_head.c.size, _head.c.frontier).where(_head.c.id == HEAD_ID)).one()
     return int(row.size), merkle.fold([bytes.fromhex(h) for h in row.frontier])

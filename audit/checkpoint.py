@@ -1,0 +1,315 @@
+"""Signed checkpoints: the external anchor of the log, in the C2SP tlog-checkpoint / signed-note format.
+
+    <origin>\\n<tree size>\\n<base64 root hash>\\n\\n— <key name> <base64(key hash[4] || signature)>\\n
+
+The signature is Ed25519 over the note body (the three lines with their newlines); the key hash is the
+first 4 bytes of SHA-256(key name || "\\n" || 0x01 || raw public key) (note key type 0x01 = Ed25519).
+The audit key lives in the KeyStore under its own id, apart from the CA keys; audit does not import
+pki: it needs only the structural protocols below.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from sqlmodel import Session, col, func, select
+
+from audit import merkle
+from audit.errors import AuditKeyMissing, CheckpointError
+from audit.models import HEAD_ID, AuditCheckpoint, AuditHead
+from core.clock import Clock, as_utc, system_clock
+from store.db import Database
+
+_log = logging.getLogger(__name__)
+AUDIT_KEY_ID = "audit-checkpoint"
+DEFAULT_ORIGIN = "trustfabric/audit"
+SIG_PREFIX = "\u2014 "  # em dash, space
+ED25519_NOTE_KEY_TYPE = b"\x01"
+
+
+class CheckpointSigner(Protocol):
+    """What checkpoint signing needs from a KeyStore key (pki's Signer satisfies it)."""
+
+    def sign(self, data: bytes) -> bytes:
+        """Raw 64-byte Ed25519 signature over data."""
+        ...
+
+    def public_key(self) -> Any:
+        """The public half (an Ed25519PublicKey for the audit key)."""
+        ...
+
+
+class AuditKeyStore(Protocol):
+    """The part of pki's KeyStore that audit uses."""
+
+    def generate(self, key_id: str, kind: Any) -> Any:
+        """Create a key; an existing key_id is an error."""
+        ...
+
+    def get(self, key_id: str) -> Any:
+        """The key, or a not-found error."""
+        ...
+
+    def exists(self, key_id: str) -> bool:
+        """Whether a key with this id is held."""
+        ...
+
+
+def ensure_audit_key(keystore: AuditKeyStore) -> None:
+    """Create the Ed25519 audit key under AUDIT_KEY_ID unless it exists; an existing key is kept."""
+    if not keystore.exists(AUDIT_KEY_ID):
+        from pki.keystore import KeyKind  # runtime only: audit must not depend on pki at import
+
+        try:
+            keystore.generate(AUDIT_KEY_ID, KeyKind.ED25519)
+        except Exception:
+            if not keystore.exists(AUDIT_KEY_ID):  # lost a race to another process: fine
+                raise
+    ed25519_public_key(audit_signer(keystore))
+
+
+def audit_signer(keystore: AuditKeyStore) -> CheckpointSigner:
+    """The audit key, or AuditKeyMissing."""
+    if not keystore.exists(AUDIT_KEY_ID):
+        raise AuditKeyMissing(f"no audit key {AUDIT_KEY_ID!r} in the key store; run `trustfabric init` first")
+    signer: CheckpointSigner = keystore.get(AUDIT_KEY_ID)
+    return signer
+
+
+def ed25519_public_key(signer: CheckpointSigner) -> Ed25519PublicKey:
+    key = signer.public_key()
+    if not isinstance(key, Ed25519PublicKey):
+        raise CheckpointError(f"the audit key must be Ed25519, not {type(key).__name__}")
+    return key
+
+
+def public_key_pem(signer: CheckpointSigner) -> str:
+    """The audit public key as PEM (SubjectPublicKeyInfo), for auditors to keep outside the system."""
+    return (
+        ed25519_public_key(signer)
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+
+
+def load_public_key(data: bytes | str) -> Ed25519PublicKey:
+    """An Ed25519 public key from PEM, or from a signed-note verifier key `<name>+<hash>+<base64>`."""
+    raw = data.encode() if isinstance(data, str) else data
+    text = raw.strip()
+    if text.startswith(b"-----BEGIN"):
+        try:
+            key = serialization.load_pem_public_key(text)
+        except ValueError as exc:
+            raise CheckpointError(f"the public key is not valid PEM: {exc}") from exc
+        if not isinstance(key, Ed25519PublicKey):
+            raise CheckpointError(f"the audit public key must be Ed25519, not {type(key).__name__}")
+        return key
+    parts = text.decode(errors="replace").split("+")
+    if len(parts) == 3:
+        try:
+            blob = base64.b64decode(parts[2], validate=True)
+        except binascii.Error as exc:
+            raise CheckpointError("the verifier key's key material is not base64") from exc
+        if len(blob) == 33 and blob[:1] == ED25519_NOTE_KEY_TYPE:
+            key = Ed25519PublicKey.from_public_bytes(blob[1:])
+            if key_hash(parts[0], key).hex() != parts[1]:
+                raise CheckpointError("the verifier key's hash does not match its name and key")
+            return key
+    raise CheckpointError("the public key is neither a PEM Ed25519 key nor a signed-note verifier key")
+
+
+def _raw(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_hash(name: str, key: Ed25519PublicKey) -> bytes:
+    """The signed-note key id: SHA-256(name || '\\n' || 0x01 || key)[:4]."""
+    return hashlib.sha256(name.encode() + b"\n" + ED25519_NOTE_KEY_TYPE + _raw(key)).digest()[:4]
+
+
+def verifier_key(name: str, key: Ed25519PublicKey) -> str:
+    """The signed-note verifier key string `<name>+<hex key hash>+<base64(0x01 || key)>`."""
+    blob = base64.b64encode(ED25519_NOTE_KEY_TYPE + _raw(key)).decode()
+    return f"{name}+{key_hash(name, key).hex()}+{blob}"
+
+
+def _check_origin(origin: str) -> None:
+    if not origin or any(c.isspace() for c in origin) or "+" in origin or not origin.isprintable():
+        raise CheckpointError(f"checkpoint origin {origin!r} must be printable, without spaces or '+'")
+
+
+def checkpoint_body(origin: str, size: int, root: bytes) -> bytes:
+    _check_origin(origin)
+    if size < 0 or len(root) != merkle.HASH_SIZE:
+        raise CheckpointError("checkpoint needs a non-negative size and a 32-byte root")
+    return f"{origin}\n{size}\n{base64.b64encode(root).decode()}\n".encode()
+
+
+def sign_checkpoint(signer: CheckpointSigner, origin: str, size: int, root: bytes) -> str:
+    """The signed note text; the key name is the origin (the C2SP convention)."""
+    body = checkpoint_body(origin, size, root)
+    key = ed25519_public_key(signer)
+    sig = signer.sign(body)
+    if len(sig) != 64:
+        raise CheckpointError(f"the audit key returned a {len(sig)}-byte signature; Ed25519 gives 64")
+    line = SIG_PREFIX + origin + " " + base64.b64encode(key_hash(origin, key) + sig).decode()
+    return body.decode() + "\n" + line + "\n"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    origin: str
+    size: int
+    root: bytes
+    note: str
+
+
+def verify_checkpoint(note: str, public_key: Ed25519PublicKey, *, origin: str | None = None) -> Checkpoint:
+    """Parse a signed checkpoint and check its signature by `public_key`; CheckpointError otherwise."""
+    if not note.endswith("\n") or "\n\n" not in note:
+        raise CheckpointError("checkpoint is not a signed note (no blank line before the signatures)")
+    body, sigs = note.split("\n\n", 1)
+    body += "\n"
+    lines = body.split("\n")[:-1]
+    if len(lines) < 3:
+        raise CheckpointError("checkpoint body needs origin, tree size and root hash lines")
+    cp_origin, size_text, root_text = lines[0], lines[1], lines[2]
+    if origin is not None and cp_origin != origin:
+        raise CheckpointError(f"checkpoint origin is {cp_origin!r}, expected {origin!r}")
+    if not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")) or not size_text.isascii():
+        raise CheckpointError(f"checkpoint tree size {size_text!r} is not a decimal number")
+    try:
+        root = base64.b64decode(root_text, validate=True)
+    except binascii.Error as exc:
+        raise CheckpointError("checkpoint root hash is not base64") from exc
+    if len(root) != merkle.HASH_SIZE:
+        raise CheckpointError(f"checkpoint root hash is {len(root)} bytes, want 32")
+    want = key_hash(cp_origin, public_key)
+    seen_names: list[str] = []
+    for line in sigs.split("\n")[:-1]:
+        if not line.startswith(SIG_PREFIX):
+            raise CheckpointError(f"malformed signature line {line[:60]!r}")
+        name, _, b64 = line[len(SIG_PREFIX) :].rpartition(" ")
+        try:
+            blob = base64.b64decode(b64, validate=True)
+        except binascii.Error as exc:
+            raise CheckpointError("checkpoint signature is not base64") from exc
+        seen_names.append(name)
+        if name != cp_origin or blob[:4] != want:
+            continue
+        try:
+            public_key.verify(blob[4:], body.encode())
+        except InvalidSignature as exc:
+            raise CheckpointError(
+                "checkpoint signature does not verify with the audit public key: the checkpoint was altered"
+            ) from exc
+        return Checkpoint(cp_origin, int(size_text), root, note)
+    raise CheckpointError(
+        "checkpoint is not signed by the given audit public key"
+        + (f" (signed by other key(s) named {', '.join(sorted(set(seen_names)))})" if seen_names else "")
+    )
+
+
+# --- stored checkpoints ------------------------------------------------------------------------------
+
+
+def latest_checkpoint(session: Session) -> AuditCheckpoint | None:
+    return session.exec(select(AuditCheckpoint).order_by(col(AuditCheckpoint.size).desc()).limit(1)).first()
+
+
+def write_checkpoint(
+    db: Database, signer: CheckpointSigner, *, origin: str = DEFAULT_ORIGIN, clock: Clock = system_clock
+) -> AuditCheckpoint:
+    """Sign and store a checkpoint of the log as it is now (or return the stored one of that size)."""
+    with db.session() as session:
+        head = session.exec(select(AuditHead).where(AuditHead.id == HEAD_ID).with_for_update()).one()
+        size = head.size
+        root = merkle.fold([bytes.fromhex(h) for h in head.frontier])
+        existing = session.exec(select(AuditCheckpoint).where(AuditCheckpoint.size == size)).first()
+        if existing is not None:
+            if existing.origin == origin:
+                return existing
+            raise CheckpointError(f"a checkpoint of size {size} exists under origin {existing.origin!r}")
+        cp = AuditCheckpoint(
+            size=size,
+            root_hash=root.hex(),
+            origin=origin,
+            key_name=origin,
+            note=sign_checkpoint(signer, origin, size, root),
+            created_at=clock(),
+        )
+        session.add(cp)
+    return cp
+
+
+class CheckpointWriter:
+    """Writes a checkpoint once `every_events` new events exist, or `every_seconds` after the last one
+    when anything was appended since. Call `maybe_write()` after commits, or `start()` a thread."""
+
+    def __init__(
+        self,
+        db: Database,
+        signer: CheckpointSigner,
+        *,
+        origin: str = DEFAULT_ORIGIN,
+        every_events: int = 1000,
+        every_seconds: float = 60.0,
+        clock: Clock = system_clock,
+    ) -> None:
+        if every_events < 1 or every_seconds <= 0:
+            raise CheckpointError("checkpoint interval must be at least 1 event and more than 0 seconds")
+        _check_origin(origin)
+        self.db, self.signer, self.origin, self.clock = db, signer, origin, clock
+        self.every_events, self.every_seconds = every_events, every_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def due(self) -> bool:
+        with self.db.read_session() as session:
+            size = session.exec(select(AuditHead.size).where(AuditHead.id == HEAD_ID)).one()
+            last = session.exec(
+                select(AuditCheckpoint.size, AuditCheckpoint.created_at)
+                .order_by(col(AuditCheckpoint.size).desc())
+                .limit(1)
+            ).first()
+        if last is None:
+            return size > 0
+        last_size, last_at = last
+        if size <= last_size:
+            return False
+        return size - last_size >= self.every_events or self.clock() - as_utc(last_at) >= timedelta(
+            seconds=self.every_seconds
+        )
+
+    def maybe_write(self) -> AuditCheckpoint | None:
+        return write_checkpoint(self.db, self.signer, origin=self.origin, clock=self.clock) if self.due() else None
+
+    def start(self, poll_seconds: float = 1.0) -> None:
+        def _loop() -> None:
+            while not self._stop.wait(poll_seconds):
+                try:
+                    self.maybe_write()
+                except Exception:  # keep writing later; the next export writes one anyway
+                    _log.exception("audit checkpoint write failed")
+
+        self._thread = threading.Thread(target=_loop, name="audit-checkpoints", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def checkpoint_count(session: Session) -> int:
+    return int(session.exec(select(func.count()).select_from(AuditCheckpoint)).one())

@@ -1,0 +1,324 @@
+"""Compliance exports (JSONL, CSV, OCSF), streamed with constant memory, each verifiable offline.
+
+What an export carries so that an auditor needs nothing but the file and the audit public key:
+
+1. a header with the signed checkpoint (tree size n, root) written at the start of the export;
+2. every selected event, as the exact bytes that were hashed (JSONL) or fields that rebuild them;
+3. for every position of the tree [0, n) not covered by a selected event, the hashes of the complete
+   aligned subtrees that cover the gap ("gap" records, O(log n) per gap, from `audit_nodes`).
+
+The verifier rebuilds the root of size n from events and gap hashes in order (a compact range,
+O(log n) memory) and compares it with the signed checkpoint. Why this rather than one inclusion proof
+per event: it costs nothing for a full export (no gaps at all), O(log n) for a time range, and for a
+tenant or action filter at most O(log n) per run of excluded events -- never more than per-event
+proofs (O(log n) each) -- and it also proves the *order* and *contiguity* of what is shown: an event
+cannot be dropped from an unfiltered export, moved, or duplicated without the root changing. The
+limit, shared with inclusion proofs: for a tenant/action filter the verifier cannot look inside the
+opaque gap hashes, so it relies on the exporter having selected every matching event (the API runs
+the filter server-side under the caller's authority).
+
+A time filter selects the contiguous sequence range from the first event at or after `since` to the
+last event before `until`, so the result of a time-only export has no gaps inside its range.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import IO, Any, Literal
+
+from sqlalchemy import and_, func, select
+from sqlmodel import Session
+
+from audit import merkle
+from audit.checkpoint import DEFAULT_ORIGIN, CheckpointSigner, write_checkpoint
+from audit.errors import InvalidAuditEvent
+from audit.models import AuditCheckpoint, AuditEvent
+from audit.ocsf import to_ocsf
+from audit.service import ACTION_RE, format_ts, node_hashes
+from core.clock import Clock, system_clock
+from core.slugs import is_slug
+from store.db import Database
+
+ExportFormat = Literal["jsonl", "csv", "ocsf"]
+FORMATS: tuple[str, ...] = ("jsonl", "csv", "ocsf")
+EXPORT_FORMAT = "trustfabric-audit-export"
+EXPORT_VERSION = 1
+CSV_COLUMNS = (
+    "record",
+    "seq",
+    "ts",
+    "actor_id",
+    "actor_kind",
+    "tenant",
+    "action",
+    "object_type",
+    "object_id",
+    "summary",
+    "reason",
+    "request_id",
+    "prev_hash",
+    "leaf_hash",
+    "level",
+    "hash",
+    "data",
+)
+EVENT_PREFIX = b'{"event":'
+LEAF_INFIX = b',"leaf_hash":"'
+EVENT_SUFFIX = b'"}\n'
+
+_events = AuditEvent.__table__  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class ExportFilter:
+    since: datetime | None = None
+    until: datetime | None = None
+    tenant: str | None = None
+    action: str | None = None
+
+    def check(self) -> None:
+        """InvalidAuditEvent naming the bad filter; nothing is written for a bad filter."""
+        for name, value in (("since", self.since), ("until", self.until)):
+            if value is not None and value.tzinfo is None:
+                raise InvalidAuditEvent(f"export --{name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
+        if self.since and self.until and self.since >= self.until:
+            raise InvalidAuditEvent("export --since must be before --until")
+        if self.tenant is not None and not is_slug(self.tenant):
+            raise InvalidAuditEvent(f"export --tenant {self.tenant!r} is not a DNS-label slug")
+        if self.action is not None and not ACTION_RE.fullmatch(self.action):
+            raise InvalidAuditEvent(f"export --action {self.action!r} is not an action like 'svid.issue'")
+
+    @property
+    def narrows(self) -> bool:
+        """Whether events inside the sequence range may be left out (tenant or action filter)."""
+        return self.tenant is not None or self.action is not None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "since": format_ts(self.since) if self.since else None,
+            "until": format_ts(self.until) if self.until else None,
+            "tenant": self.tenant,
+            "action": self.action,
+        }
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    checkpoint: AuditCheckpoint
+    tree_size: int
+    start: int
+    end: int
+    events: int
+    gaps: int
+
+
+def seq_range(session: Session, size: int, filters: ExportFilter) -> tuple[int, int]:
+    """[start, end) of sequence numbers covered by the time filter within the first `size` events."""
+    conn = session.connection()
+    start, end = 0, size
+    if filters.since is not None:
+        first = conn.execute(
+            select(func.min(_events.c.seq)).where(and_(_events.c.ts >= filters.since, _events.c.seq < size))
+        ).scalar()
+        start = size if first is None else int(first)
+    if filters.until is not None:
+        last = conn.execute(
+            select(func.max(_events.c.seq)).where(and_(_events.c.ts < filters.until, _events.c.seq < size))
+        ).scalar()
+        end = 0 if last is None else int(last) + 1
+    if end < start:
+        end = start
+    return start, end
+
+
+class _GapBuilder:
+    """Collects excluded leaves into maximal aligned complete subtrees (O(log n) memory)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[int, int, bytes]] = []  # (level, start, hash)
+
+    def push(self, seq: int, leaf: bytes) -> None:
+        pieces = self.pieces
+        pieces.append((0, seq, leaf))
+        while len(pieces) >= 2:
+            lv2, st2, h2 = pieces[-1]
+            lv1, st1, h1 = pieces[-2]
+            if lv1 != lv2 or (st1 >> lv1) & 1 or st1 + (1 << lv1) != st2:
+                break
+            pieces[-2:] = [(lv1 + 1, st1, merkle.hash_children(h1, h2))]
+
+    def drain(self) -> list[tuple[int, int, bytes]]:
+        out, self.pieces = self.pieces, []
+        return out
+
+
+class _Writer:
+    def __init__(self, out: IO[bytes], origin: str) -> None:
+        self.out = out
+        self.origin = origin
+
+    def header(self, header: dict[str, Any]) -> None:
+        self.out.write(b'{"header":' + _compact(header) + b"}\n")
+
+    def event(self, data: str, leaf_hash: str) -> None:
+        self.out.write(EVENT_PREFIX + data.encode() + LEAF_INFIX + leaf_hash.encode() + EVENT_SUFFIX)
+
+    def gap(self, level: int, start: int, node: bytes) -> None:
+        self.out.write(b'{"gap":' + _compact({"hash": node.hex(), "level": level, "start": start}) + b"}\n")
+
+    def close(self) -> None:
+        self.out.flush()
+
+
+class _OcsfWriter(_Writer):
+    def event(self, data: str, leaf_hash: str) -> None:
+        self.out.write(_compact(to_ocsf(json.loads(data), leaf_hash, origin=self.origin)) + b"\n")
+
+
+class _CsvWriter(_Writer):
+    def __init__(self, out: IO[bytes], origin: str) -> None:
+        super().__init__(out, origin)
+        self.text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
+        self.csv = csv.writer(self.text, lineterminator="\n")
+        self.csv.writerow(CSV_COLUMNS)
+
+    def _row(self, **cells: Any) -> None:
+        self.csv.writerow(["" if cells.get(c) is None else cells[c] for c in CSV_COLUMNS])
+
+    def header(self, header: dict[str, Any]) -> None:
+        self._row(record="header", data=_compact(header).decode())
+
+    def event(self, data: str, leaf_hash: str) -> None:
+        doc = json.loads(data)
+        self._row(
+            record="event",
+            seq=doc["seq"],
+            ts=doc["ts"],
+            actor_id=doc["actor"]["id"],
+            actor_kind=doc["actor"]["kind"],
+            tenant=doc["tenant"],
+            action=doc["action"],
+            object_type=doc["object"]["type"],
+            object_id=doc["object"]["id"],
+            summary=_compact(doc["summary"]).decode(),
+            reason=doc["reason"],
+            request_id=doc["request_id"],
+            prev_hash=doc["prev_hash"],
+            leaf_hash=leaf_hash,
+        )
+
+    def gap(self, level: int, start: int, node: bytes) -> None:
+        self._row(record="gap", seq=start, level=level, hash=node.hex())
+
+    def close(self) -> None:
+        self.text.flush()
+        self.text.detach()
+        self.out.flush()
+
+
+_WRITERS: dict[str, type[_Writer]] = {"jsonl": _Writer, "ocsf": _OcsfWriter, "csv": _CsvWriter}
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _matches(filters: ExportFilter, tenant: str | None, action: str) -> bool:
+    return (filters.tenant is None or tenant == filters.tenant) and (filters.action is None or action == filters.action)
+
+
+def export_events(
+    db: Database,
+    signer: CheckpointSigner,
+    out: IO[bytes],
+    *,
+    fmt: str = "jsonl",
+    filters: ExportFilter | None = None,
+    origin: str = DEFAULT_ORIGIN,
+    clock: Clock = system_clock,
+    progress: Callable[[int, int], None] | None = None,
+    batch: int = 5000,
+) -> ExportResult:
+    """Write a verifiable export to `out`; signs (or reuses) a checkpoint of the log as it is now.
+
+    `progress(done, total)` is called every `batch` rows of the scanned sequence range.
+    """
+    filters = filters or ExportFilter()
+    filters.check()
+    if fmt not in _WRITERS:
+        raise InvalidAuditEvent(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
+    cp = write_checkpoint(db, signer, origin=origin, clock=clock)
+    n = cp.size
+    writer = _WRITERS[fmt](out, origin)
+    events = gaps = 0
+    with db.read_session() as session:
+        start, end = seq_range(session, n, filters)
+        writer.header(
+            {
+                "format": EXPORT_FORMAT,
+                "version": EXPORT_VERSION,
+                "origin": origin,
+                "checkpoint": cp.note,
+                "tree_size": n,
+                "range": {"start": start, "end": end},
+                "filter": filters.as_json(),
+                "exported_at": format_ts(clock().astimezone(UTC)),
+                "output": fmt,
+                "hashing": "RFC 6962: leaf = SHA-256(0x00 || event bytes), node = SHA-256(0x01 || l || r)",
+            }
+        )
+        for level, st, node in _stored_gap(session, 0, start):
+            writer.gap(level, st, node)
+            gaps += 1
+        builder = _GapBuilder()
+        total = end - start
+        done = 0
+        for rows in _stream(session, start, end, batch):
+            for seq, tenant, action, data, leaf in rows:
+                if _matches(filters, tenant, action):
+                    for level, st, node in builder.drain():
+                        writer.gap(level, st, node)
+                        gaps += 1
+                    writer.event(data, leaf)
+                    events += 1
+                else:
+                    builder.push(int(seq), bytes.fromhex(leaf))
+            done += len(rows)
+            if progress is not None:
+                progress(done, total)
+        for level, st, node in builder.drain():
+            writer.gap(level, st, node)
+            gaps += 1
+        for level, st, node in _stored_gap(session, end, n):
+            writer.gap(level, st, node)
+            gaps += 1
+    writer.close()
+    return ExportResult(checkpoint=cp, tree_size=n, start=start, end=end, events=events, gaps=gaps)
+
+
+def _stored_gap(session: Session, start: int, end: int) -> list[tuple[int, int, bytes]]:
+    nodes = merkle.range_nodes(start, end)
+    found = node_hashes(session, nodes)
+    return [(lv, i << lv, found[(lv, i)]) for lv, i in nodes]
+
+
+def _stream(session: Session, start: int, end: int, batch: int) -> Iterator[list[Any]]:
+    """Rows (seq, tenant, action, data, leaf_hash) in order, through a server-side cursor on PostgreSQL."""
+    if start >= end:
+        return
+    conn = session.connection().execution_options(yield_per=batch)
+    result = conn.execute(
+        select(_events.c.seq, _events.c.tenant, _events.c.action, _events.c.data, _events.c.leaf_hash)
+        .where(and_(_events.c.seq >= start, _events.c.seq < end))
+        .order_by(_events.c.seq)
+    )
+    try:
+        for part in result.partitions():
+            yield list(part)
+    finally:
+        result.close()

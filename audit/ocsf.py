@@ -1,0 +1,190 @@
+"""Audit events as OCSF (1.5.0) events: a pure, deterministic mapping from the signed event document.
+
+| actions                                                      | OCSF class (uid)          |
+|--------------------------------------------------------------|---------------------------|
+| `flow.*`, `connection.*`, `decision.*`, `policy.decision`    | Network Activity (4001), disposition Allowed/Blocked |
+| `svid.issue`, `jwtsvid.issue`, `node.attest`, `token.issue`, `session.*` ... | Authorize Session (3003) |
+| `api.*`, `audit.*`, `export.*`                               | API Activity (6003)       |
+| anything else: `tenant.create`, `policy.activate`, `grant.approve`, `ruleset.apply`... | Entity Mgmt (3004) |
+
+The signed document and its leaf hash ride along in `unmapped.trustfabric`, so an OCSF export verifies
+offline like the others (the verifier re-derives the OCSF fields and rejects any difference).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+OCSF_VERSION = "1.5.0"
+PRODUCT = {"name": "trustfabric", "vendor_name": "trustfabric", "feature": {"name": "audit"}}
+
+ENTITY_MANAGEMENT = (3004, "Entity Management", 3, "Identity & Access Management")
+AUTHORIZE_SESSION = (3003, "Authorize Session", 3, "Identity & Access Management")
+NETWORK_ACTIVITY = (4001, "Network Activity", 4, "Network Activity")
+API_ACTIVITY = (6003, "API Activity", 6, "Application Activity")
+
+_CRUD = {
+    1: ("Create", {"create", "issue", "upload", "register", "add", "generate", "import", "prepare", "request"}),
+    2: ("Read", {"read", "export", "view", "list", "get", "download"}),
+    3: (
+        "Update",
+        {
+            "update",
+            "activate",
+            "rotate",
+            "approve",
+            "apply",
+            "rollback",
+            "retire",
+            "enable",
+            "disable",
+            "set",
+            "reject",
+            "deny",
+            "reconcile",
+            "plan",
+            "stage",
+            "renew",
+        },
+    ),
+    4: ("Delete", {"delete", "revoke", "remove", "expire", "destroy", "purge"}),
+}
+_ALLOW = {"allow", "allowed", "accept", "permit", "open"}
+_DENY = {"deny", "denied", "drop", "block", "blocked", "reject", "refuse"}
+_NETWORK_NOUNS = {"flow", "connection", "decision"}
+_AUTHZ_ACTIONS = {
+    "svid.issue",
+    "svid.renew",
+    "x509svid.issue",
+    "jwtsvid.issue",
+    "jwt.issue",
+    "node.attest",
+    "token.issue",
+    "session.authorize",
+    "session.assign",
+}
+_API_NOUNS = {"api", "audit", "export"}
+_USER_TYPE = {
+    "admin": (2, "Admin"),
+    "system": (3, "System"),
+    "tenant": (1, "User"),
+    "auditor": (1, "User"),
+    "security": (1, "User"),
+}
+
+
+def _crud(verb: str) -> tuple[int, str]:
+    for activity_id, (name, verbs) in _CRUD.items():
+        if verb in verbs:
+            return activity_id, name
+    return 99, "Other"
+
+
+def _disposition(verb: str, summary: dict[str, Any]) -> tuple[int, str] | None:
+    decision = summary.get("decision", summary.get("disposition", verb))
+    decision = str(decision).lower()
+    if decision in _ALLOW:
+        return 1, "Allowed"
+    if decision in _DENY:
+        return 2, "Blocked"
+    return None
+
+
+def classify(action: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """The OCSF class, category and activity (and disposition for network events) of an action."""
+    _noun, _, verb = action.rpartition(".")
+    first = action.split(".", 1)[0]
+    out: dict[str, Any] = {}
+    if first in _NETWORK_NOUNS or action == "policy.decision":
+        cls = NETWORK_ACTIVITY
+        disp = _disposition(verb, summary)
+        if disp is None:
+            activity = (99, "Other")
+        else:
+            activity = (1, "Open") if disp[0] == 1 else (5, "Refuse")
+            out.update(
+                disposition_id=disp[0],
+                disposition=disp[1],
+                action_id=disp[0],
+                action="Allowed" if disp[0] == 1 else "Denied",
+            )
+    elif action in _AUTHZ_ACTIONS or first == "session":
+        cls, activity = AUTHORIZE_SESSION, (1, "Assign Privileges")
+    elif first in _API_NOUNS:
+        cls, activity = API_ACTIVITY, _crud(verb)
+    else:
+        cls, activity = ENTITY_MANAGEMENT, _crud(verb)
+    class_uid, class_name, category_uid, category_name = cls
+    out.update(
+        class_uid=class_uid,
+        class_name=class_name,
+        category_uid=category_uid,
+        category_name=category_name,
+        activity_id=activity[0],
+        activity_name=activity[1],
+        type_uid=class_uid * 100 + activity[0],
+        type_name=f"{class_name}: {activity[1]}",
+    )
+    return out
+
+
+def _endpoint(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if k in {"name", "uid", "ip", "port", "hostname"}}
+    return {"name": str(value)} if value is not None else {"name": "unknown"}
+
+
+def to_ocsf(document: dict[str, Any], leaf_hash: str, *, origin: str) -> dict[str, Any]:
+    """One OCSF event for one signed audit event document."""
+    action: str = document["action"]
+    summary: dict[str, Any] = document.get("summary") or {}
+    actor = document["actor"]
+    obj = document["object"]
+    ts = datetime.fromisoformat(document["ts"].replace("Z", "+00:00"))
+    type_id, type_name = _USER_TYPE.get(actor["kind"], (99, "Other"))
+    event: dict[str, Any] = classify(action, summary)
+    event.update(
+        time=int(ts.timestamp() * 1000),
+        severity_id=1,
+        severity="Informational",
+        status_id=1,
+        status="Success",
+        message=f"{action} {obj['type']}/{obj['id']}" + (f": {document['reason']}" if document.get("reason") else ""),
+        metadata={
+            "version": OCSF_VERSION,
+            "product": PRODUCT,
+            "uid": f"{origin}/{document['seq']}",
+            "sequence": document["seq"],
+            "log_name": "audit",
+            "log_provider": origin,
+            "original_time": document["ts"],
+            **({"tenant_uid": document["tenant"]} if document.get("tenant") else {}),
+            **({"correlation_uid": document["request_id"]} if document.get("request_id") else {}),
+        },
+        actor={
+            "user": {
+                "uid": actor["id"],
+                "name": actor["id"],
+                "type": actor["kind"],
+                "type_id": type_id,
+                "account": {"uid": actor["id"], "name": actor["id"], "type_id": 0, "type": type_name},
+            }
+        },
+        unmapped={"trustfabric": {"event": document, "leaf_hash": leaf_hash}},
+    )
+    cls = event["class_uid"]
+    if cls == ENTITY_MANAGEMENT[0]:
+        event["entity"] = {"type": obj["type"], "uid": obj["id"], "name": obj["id"]}
+    elif cls == AUTHORIZE_SESSION[0]:
+        event["user"] = {"uid": obj["id"], "name": obj["id"], "type": obj["type"]}
+        event["privileges"] = [action]
+    elif cls == API_ACTIVITY[0]:
+        event["api"] = {"operation": action, "service": {"name": "trustfabric"}}
+        event["src_endpoint"] = {"name": actor["id"]}
+        if document.get("request_id"):
+            event["api"]["request"] = {"uid": document["request_id"]}
+    else:
+        event["src_endpoint"] = _endpoint(summary.get("src", summary.get("source")))
+        event["dst_endpoint"] = _endpoint(summary.get("dst", summary.get("destination", obj["id"])))
+    return event

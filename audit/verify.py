@@ -1,0 +1,396 @@
+"""Offline verification of an export: needs only the file and the audit public key.
+
+Checks, in order: the signed checkpoint (Ed25519 by the audit key, C2SP signed note); the header
+agrees with it; then every record in order -- each event's bytes hash to its stated leaf hash, it
+matches the export's filter, it sits at its own sequence position, its prev_hash is the hash of the
+event before it -- and gap hashes cover exactly the positions not shown; finally the rebuilt RFC 6962
+root equals the checkpoint root and the tree size is reached. The first failure raises a
+VerificationError naming the event (its sequence number) and the kind of problem:
+
+    modified, removed, reordered, inserted, truncated, chain_broken, outside_filter, malformed,
+    checkpoint, header, root_mismatch
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import rfc8785
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from audit import merkle
+from audit.checkpoint import verify_checkpoint
+from audit.errors import CheckpointError, ProofError, VerificationError
+from audit.export import CSV_COLUMNS, EVENT_PREFIX, EXPORT_FORMAT, EXPORT_VERSION, LEAF_INFIX
+from audit.ocsf import to_ocsf
+from audit.service import DOCUMENT_VERSION, GENESIS_HASH
+
+_SUFFIX_LEN = len(LEAF_INFIX) + 64 + 2  # ,"leaf_hash":"<64 hex>"}
+
+
+@dataclass
+class _Event:
+    line: int
+    data: bytes  # the exact leaf input
+    stated_leaf: str
+    doc: dict[str, Any] | None  # parsed lazily for JSONL
+    ocsf: dict[str, Any] | None = None
+
+
+@dataclass
+class _Gap:
+    line: int
+    level: int
+    start: int
+    hash: bytes
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    origin: str
+    tree_size: int
+    root: bytes
+    events: int
+    gaps: int
+    range: tuple[int, int]
+    filter: dict[str, Any]
+
+
+def _malformed(line: int, message: str, index: int | None = None) -> VerificationError:
+    return VerificationError("malformed", f"line {line}: {message}", index=index, line=line)
+
+
+def _is_hex64(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _gap_from(obj: Any, line: int) -> _Gap:
+    if not isinstance(obj, dict) or set(obj) != {"hash", "level", "start"}:
+        raise _malformed(line, "gap record needs exactly hash, level and start")
+    level, start, h = obj["level"], obj["start"], obj["hash"]
+    if type(level) is not int or type(start) is not int or not 0 <= level < 63 or start < 0 or not _is_hex64(h):
+        raise _malformed(line, "gap record has a bad level, start or hash")
+    return _Gap(line, level, start, bytes.fromhex(h))
+
+
+# --- readers: each yields the header dict first, then _Event / _Gap records ---------------------------
+
+
+def _read_jsonl(stream: IO[bytes]) -> Iterator[Any]:
+    origin = ""
+    for lineno, raw in enumerate(stream, start=1):
+        if not raw.endswith(b"\n"):
+            raise VerificationError("truncated", f"line {lineno} is cut off: the file ends mid-record", line=lineno)
+        line = raw[:-1]
+        if line.startswith(EVENT_PREFIX):
+            if (
+                len(line) < len(EVENT_PREFIX) + _SUFFIX_LEN
+                or line[-_SUFFIX_LEN:-66] != LEAF_INFIX
+                or not line.endswith(b'"}')
+            ):
+                raise _malformed(lineno, "event record is not in the export's exact form")
+            leaf = line[-66:-2].decode("ascii", errors="replace")
+            if not _is_hex64(leaf):
+                raise _malformed(lineno, "event leaf_hash is not 64 lowercase hex digits")
+            yield _Event(lineno, line[len(EVENT_PREFIX) : -_SUFFIX_LEN], leaf, None)
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise _malformed(lineno, f"not JSON ({exc})") from exc
+        if not isinstance(obj, dict):
+            raise _malformed(lineno, "record is not a JSON object")
+        if "class_uid" in obj:  # an OCSF event
+            tf = (obj.get("unmapped") or {}).get("trustfabric") if isinstance(obj.get("unmapped"), dict) else None
+            if not isinstance(tf, dict) or not isinstance(tf.get("event"), dict) or not _is_hex64(tf.get("leaf_hash")):
+                raise _malformed(lineno, "OCSF event lacks unmapped.trustfabric.event / leaf_hash")
+            doc = tf["event"]
+            try:
+                data = bytes(rfc8785.dumps(doc))
+            except Exception as exc:
+                raise _malformed(lineno, f"OCSF event document is not canonicalizable: {exc}") from exc
+            try:
+                expected = to_ocsf(doc, tf["leaf_hash"], origin=origin)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                expected = None
+            yield _Event(lineno, data, tf["leaf_hash"], doc, ocsf=obj if expected != obj else None)
+        elif set(obj) == {"gap"}:
+            yield _gap_from(obj["gap"], lineno)
+        elif set(obj) == {"header"} and isinstance(obj["header"], dict):
+            origin = str(obj["header"].get("origin", ""))
+            yield obj["header"]
+        else:
+            raise _malformed(lineno, "unknown record")
+
+
+def _read_csv(stream: IO[bytes]) -> Iterator[Any]:
+    text = io.TextIOWrapper(stream, encoding="utf-8", newline="")
+    reader = csv.reader(text)
+    first = next(reader, None)
+    if first is None or tuple(first) != CSV_COLUMNS:
+        raise _malformed(1, "CSV header row does not name the export's columns")
+    for row in reader:
+        lineno = reader.line_num
+        if len(row) != len(CSV_COLUMNS):
+            raise VerificationError(
+                "truncated" if len(row) < len(CSV_COLUMNS) else "malformed",
+                f"line {lineno}: CSV row has {len(row)} cells, want {len(CSV_COLUMNS)}",
+                line=lineno,
+            )
+        cell = dict(zip(CSV_COLUMNS, row, strict=True))
+        kind = cell["record"]
+        if kind == "header":
+            try:
+                yield json.loads(cell["data"])
+            except ValueError as exc:
+                raise _malformed(lineno, "header data is not JSON") from exc
+        elif kind == "gap":
+            try:
+                yield _gap_from({"hash": cell["hash"], "level": int(cell["level"]), "start": int(cell["seq"])}, lineno)
+            except ValueError as exc:
+                raise _malformed(lineno, "gap level/start is not a number") from exc
+        elif kind == "event":
+            try:
+                doc = {
+                    "v": DOCUMENT_VERSION,
+                    "seq": int(cell["seq"]),
+                    "ts": cell["ts"],
+                    "actor": {"id": cell["actor_id"], "kind": cell["actor_kind"]},
+                    "tenant": cell["tenant"] or None,
+                    "action": cell["action"],
+                    "object": {"type": cell["object_type"], "id": cell["object_id"]},
+                    "summary": json.loads(cell["summary"]),
+                    "reason": cell["reason"] or None,
+                    "request_id": cell["request_id"] or None,
+                    "prev_hash": cell["prev_hash"],
+                }
+                data = bytes(rfc8785.dumps(doc))
+            except Exception as exc:
+                raise _malformed(lineno, f"event row cannot be rebuilt: {exc}") from exc
+            yield _Event(lineno, data, cell["leaf_hash"], doc)
+        else:
+            raise _malformed(lineno, f"unknown record type {kind!r}")
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream with some already-read bytes put back in front (format sniffing without seek)."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self._head = head
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._rest.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class _Peekable:
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+        self._buf: list[Any] = []
+
+    def __iter__(self) -> _Peekable:
+        return self
+
+    def __next__(self) -> Any:
+        if self._buf:
+            return self._buf.pop()
+        return next(self._it)
+
+    def peek(self) -> Any:
+        if not self._buf:
+            try:
+                self._buf.append(next(self._it))
+            except (StopIteration, VerificationError):
+                return None
+        return self._buf[-1]
+
+
+def _parse_doc(ev: _Event, pos: int) -> dict[str, Any]:
+    if ev.doc is None:
+        try:
+            ev.doc = json.loads(ev.data)
+        except ValueError as exc:
+            raise _malformed(ev.line, f"event is not JSON ({exc})", index=pos) from exc
+    doc = ev.doc
+    if (
+        not isinstance(doc, dict)
+        or type(doc.get("seq")) is not int
+        or not isinstance(doc.get("prev_hash"), str)
+        or not isinstance(doc.get("action"), str)
+        or not (doc.get("tenant") is None or isinstance(doc.get("tenant"), str))
+    ):
+        raise _malformed(ev.line, "event lacks seq, prev_hash, action or tenant", index=pos)
+    return doc
+
+
+def verify_export(source: str | Path | IO[bytes], public_key: Ed25519PublicKey) -> VerifyReport:
+    """Verify an export file (JSONL, CSV or OCSF, detected); VerificationError at the first problem."""
+    if isinstance(source, (str, Path)):
+        with open(source, "rb") as fh:
+            return verify_export(fh, public_key)
+    head = source.read(7)
+    is_csv = head == b"record,"
+    stream = _Prefixed(head, source)
+    buffered = io.BufferedReader(stream, buffer_size=1 << 20)
+    records = _Peekable(_read_csv(buffered) if is_csv else _read_jsonl(buffered))
+    return _verify_records(records, public_key)
+
+
+def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyReport:
+    header = next(records, None)
+    if not isinstance(header, dict):
+        raise VerificationError("header", "the export does not start with a header record")
+    if header.get("format") != EXPORT_FORMAT or header.get("version") != EXPORT_VERSION:
+        raise VerificationError("header", f"not a {EXPORT_FORMAT} version {EXPORT_VERSION} file")
+    note = header.get("checkpoint")
+    if not isinstance(note, str):
+        raise VerificationError("header", "the header carries no checkpoint")
+    try:
+        cp = verify_checkpoint(note, public_key)
+    except CheckpointError as exc:
+        raise VerificationError("checkpoint", str(exc)) from exc
+    n = cp.size
+    if header.get("tree_size") != n or header.get("origin") != cp.origin:
+        raise VerificationError("header", "header tree size or origin differ from the signed checkpoint")
+    rng, flt = header.get("range"), header.get("filter")
+    if not isinstance(rng, dict) or not isinstance(flt, dict):
+        raise VerificationError("header", "header lacks range or filter")
+    lo, hi = rng.get("start"), rng.get("end")
+    if type(lo) is not int or type(hi) is not int or not 0 <= lo <= hi <= n:
+        raise VerificationError("header", f"header range {rng} is not within the tree of size {n}")
+    tenant, action = flt.get("tenant"), flt.get("action")
+    narrows = tenant is not None or action is not None
+
+    cr = merkle.CompactRange()
+    pos = 0
+    prev_leaf: bytes | None = None  # hash of the event at pos-1 when that record was an event
+    events = gaps = 0
+    for rec in records:
+        if isinstance(rec, _Gap):
+            if rec.start != pos:
+                if rec.start > pos:
+                    raise VerificationError(
+                        "removed",
+                        f"event {pos} is missing (the next record starts at {rec.start})",
+                        index=pos,
+                        line=rec.line,
+                    )
+                raise VerificationError(
+                    "inserted",
+                    f"a gap record at line {rec.line} repeats position {rec.start}",
+                    index=rec.start,
+                    line=rec.line,
+                )
+            width = 1 << rec.level
+            if rec.start % width or rec.start + width > n:
+                raise _malformed(rec.line, f"gap of level {rec.level} at {rec.start} is not an aligned subtree of {n}")
+            if not narrows and rec.start < hi and rec.start + width > lo:
+                first = max(rec.start, lo)
+                raise VerificationError(
+                    "removed",
+                    f"event {first} is in the export's range but hidden behind a gap hash",
+                    index=first,
+                    line=rec.line,
+                )
+            try:
+                cr.append_node(rec.level, rec.hash)
+            except ProofError as exc:
+                raise _malformed(rec.line, str(exc)) from exc
+            pos += width
+            prev_leaf = None
+            gaps += 1
+            continue
+        if not isinstance(rec, _Event):
+            raise _malformed(getattr(rec, "line", 0), "a second header in the middle of the export")
+        leaf = merkle.hash_leaf(rec.data)
+        doc = _parse_doc(rec, pos)
+        seq = doc["seq"]
+        if leaf.hex() != rec.stated_leaf:
+            raise VerificationError(
+                "modified",
+                "its content does not hash to its recorded leaf hash (a field was changed)",
+                index=seq,
+                line=rec.line,
+            )
+        if rec.ocsf is not None:
+            raise VerificationError(
+                "modified", "its OCSF fields differ from the signed event they carry", index=seq, line=rec.line
+            )
+        if tenant is not None and doc["tenant"] != tenant:
+            raise VerificationError(
+                "outside_filter",
+                f"it belongs to tenant {doc['tenant']!r} but the export is for tenant {tenant!r}",
+                index=seq,
+                line=rec.line,
+            )
+        if action is not None and doc["action"] != action:
+            raise VerificationError(
+                "outside_filter",
+                f"its action {doc['action']!r} is not the export's {action!r}",
+                index=seq,
+                line=rec.line,
+            )
+        if not lo <= seq < hi:
+            raise VerificationError(
+                "outside_filter", f"it lies outside the export's range [{lo}, {hi})", index=seq, line=rec.line
+            )
+        if pos >= n:
+            raise VerificationError(
+                "inserted", f"it lies beyond the checkpoint's tree size {n}", index=seq, line=rec.line
+            )
+        if seq != pos:
+            if seq > pos:
+                nxt = records.peek()
+                if isinstance(nxt, _Event):
+                    try:
+                        nseq = _parse_doc(nxt, pos + 1)["seq"]
+                    except VerificationError:
+                        nseq = None
+                    if nseq == pos:
+                        raise VerificationError(
+                            "reordered", f"events {pos} and {seq} are out of order (swapped)", index=pos, line=rec.line
+                        )
+                raise VerificationError(
+                    "removed", f"event {pos} is missing (the next event is {seq})", index=pos, line=rec.line
+                )
+            raise VerificationError(
+                "inserted",
+                f"a second event claims sequence number {seq} (at position {pos})",
+                index=seq if seq == pos - 1 else pos,
+                line=rec.line,
+            )
+        expected_prev = GENESIS_HASH if pos == 0 else (prev_leaf.hex() if prev_leaf is not None else None)
+        if expected_prev is not None and doc["prev_hash"] != expected_prev:
+            raise VerificationError(
+                "chain_broken", "its prev_hash is not the hash of the event before it", index=seq, line=rec.line
+            )
+        cr.append_leaf_hash(leaf)
+        prev_leaf = leaf
+        pos += 1
+        events += 1
+    if pos < n:
+        raise VerificationError(
+            "truncated", f"the export stops at event {pos} but the checkpoint covers {n} events", index=pos
+        )
+    if cr.root() != cp.root:
+        raise VerificationError(
+            "root_mismatch",
+            "the events do not rebuild the signed checkpoint root: events were altered and their hashes recomputed",
+        )
+    return VerifyReport(cp.origin, n, cp.root, events, gaps, (lo, hi), dict(flt))
