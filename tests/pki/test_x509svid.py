@@ -175,7 +175,9 @@ def test_registration_outside_its_tenant_namespace_is_refused(
     assert counts(sqlite_pki) == before
 
 
-def test_revoked_workload_flag_blocks_issuance(sqlite_pki: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:
+def test_revoked_workload_flag_blocks_issuance(
+    sqlite_pki: Database, keystore: FileKeyStore, clock: FrozenClock
+) -> None:
     with sqlite_pki.session() as s:
         row = s.exec(select(Workload).where(Workload.name == "frontend")).one()
         row.revoked = True
