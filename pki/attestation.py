@@ -32,7 +32,8 @@ def token_hash(token: str) -> str:
 
 
 def create_join_token(
-    session: Session, *, node_name: str, ttl: timedelta | None = None, actor: Actor, clock: Clock
+    session: Session, *, node_name: str, ttl: timedelta | None = None, actor: Actor, clock: Clock,
+    request_id: str | None = None,
 ) -> str:
     """A new join token for `node_name`; the caller shows it once, only its hash is kept."""
     require_slug(node_name, "node name")
@@ -48,12 +49,14 @@ def create_join_token(
     session.add(JoinToken(token_hash=digest, node_name=node_name, created_at=now, expires_at=now + ttl,
                           created_by=f"{actor.kind}:{actor.id}"))
     record(session, actor=actor, action="node.token.create", object_type="join_token", object_id=digest,
-           summary={"node": node_name, "expires_at": (now + ttl).isoformat()}, at=now)
+           summary={"node": node_name, "expires_at": (now + ttl).isoformat()}, at=now,
+           request_id=request_id)
     return token
 
 
 def attest_node(
-    session: Session, keystore: KeyStore, *, token: str, csr_pem: bytes, clock: Clock, ttl: timedelta | None = None
+    session: Session, keystore: KeyStore, *, token: str, csr_pem: bytes, clock: Clock, ttl: timedelta | None = None,
+    max_ttl: timedelta | None = None, request_id: str | None = None,
 ) -> IssuedX509:
     """Exchange a valid, unused join token and a CSR for spiffe://<td>/node/<name>; TokenInvalid otherwise."""
     if not isinstance(token, str) or not token or len(token) > 256:
@@ -79,7 +82,7 @@ def attest_node(
         raise TokenInvalid("join token was already used")
     name = row.node_name
     ttl_resolved = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
-                               max_seconds=settings.svid_max_ttl_seconds, what="node SVID")
+                               max_seconds=settings.svid_max_ttl_seconds, what="node SVID", cap=max_ttl)
     try:
         sid = node_id(settings.trust_domain, name)
     except InvalidInput:
@@ -87,5 +90,5 @@ def attest_node(
     return issue_certificate(
         session, keystore, public_key=public_key, spiffe_id=sid, ttl=ttl_resolved, kind="node",
         actor=Actor(id=f"node:{name}", kind="node"), clock=clock, action="node.attest", node=name,
-        extra_summary={"join_token": digest},
+        extra_summary={"join_token": digest}, request_id=request_id,
     )

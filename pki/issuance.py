@@ -49,8 +49,14 @@ class IssuedJWT:
     issued_at: datetime
 
 
-def resolve_ttl(ttl: timedelta | None, *, default_seconds: int, max_seconds: int, what: str) -> timedelta:
-    """The requested TTL (or the default); InvalidTTL when not positive, TTLTooLong above the maximum."""
+def resolve_ttl(
+    ttl: timedelta | None, *, default_seconds: int, max_seconds: int, what: str, cap: timedelta | None = None
+) -> timedelta:
+    """The requested TTL (or the default); InvalidTTL when not positive, TTLTooLong above the maximum
+    (the trust domain's, tightened by `cap` when the deployment configures a lower one)."""
+    if cap is not None:
+        max_seconds = min(max_seconds, int(cap.total_seconds()))
+        default_seconds = min(default_seconds, max_seconds)
     if ttl is None:
         return timedelta(seconds=default_seconds)
     if not isinstance(ttl, timedelta):
@@ -82,6 +88,7 @@ def issue_certificate(
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
     extra_summary: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
 ) -> IssuedX509:
     """Sign with the active issuing CA (never beyond its expiry), persist the SVID, record the event."""
     now = clock()
@@ -111,7 +118,7 @@ def issue_certificate(
         session, actor=actor, action=action, object_type="svid", object_id=serial_hex, tenant=tenant,
         summary={"serial": serial_hex, "spiffe_id": str(spiffe_id), "kind": kind, "issuer": issuer.id,
                  "not_after": not_after.isoformat(), **(extra_summary or {})},
-        at=now,
+        at=now, request_id=request_id,
     )
     return IssuedX509(
         cert_pem=cert.public_bytes(serialization.Encoding.PEM),

@@ -54,6 +54,7 @@ def revoke(
     actor: Actor,
     scope_tenant: str | None,
     clock: Clock,
+    request_id: str | None = None,
 ) -> list[str]:
     """Revoke one SVID (serial) or an identity (tenant[/group[/workload]]); returns the serials revoked."""
     reason = _check_reason(reason)
@@ -61,7 +62,7 @@ def revoke(
     if serial is not None:
         if tenant is not None or group is not None or workload is not None:
             raise InvalidInput("revoke either by serial or by tenant/group/workload, not both")
-        return [_revoke_serial(session, serial, reason, actor, scope_tenant, now)]
+        return [_revoke_serial(session, serial, reason, actor, scope_tenant, now, request_id)]
     if tenant is None:
         raise InvalidInput("name what to revoke: a serial, or a tenant (optionally with group and workload)")
     require_slug(tenant, "tenant")
@@ -89,12 +90,13 @@ def revoke(
                                     reason=reason, revoked_at=now, revoked_by=f"{actor.kind}:{actor.id}"))
     record(session, actor=actor, action="identity.revoke", object_type="spiffe_id", object_id=str(prefix),
            tenant=tenant, summary={"prefix": str(prefix), "serials": sorted(serials), "count": len(serials)},
-           reason=reason, at=now)
+           reason=reason, at=now, request_id=request_id)
     return sorted(serials)
 
 
 def _revoke_serial(
-    session: Session, serial: str, reason: str, actor: Actor, scope_tenant: str | None, now: datetime
+    session: Session, serial: str, reason: str, actor: Actor, scope_tenant: str | None, now: datetime,
+    request_id: str | None,
 ) -> str:
     norm = serial.strip().lower().removeprefix("0x").replace(":", "")
     if not norm or len(norm) > 40 or set(norm) - _SERIAL_CHARS:
@@ -109,7 +111,8 @@ def _revoke_serial(
     svid.revocation_reason = reason
     session.add(svid)
     record(session, actor=actor, action="svid.revoke", object_type="svid", object_id=norm, tenant=svid.tenant,
-           summary={"serial": norm, "spiffe_id": svid.spiffe_id}, reason=reason, at=now)
+           summary={"serial": norm, "spiffe_id": svid.spiffe_id}, reason=reason, at=now,
+           request_id=request_id)
     return norm
 
 

@@ -102,7 +102,9 @@ def ca_status(session: Session, clock: Clock) -> RotationStatus:
     return _status(session, None, None, [])
 
 
-def rotate(session: Session, keystore: KeyStore, *, force: bool, actor: Actor, clock: Clock) -> RotationStatus:
+def rotate(
+    session: Session, keystore: KeyStore, *, force: bool, actor: Actor, clock: Clock, request_id: str | None = None
+) -> RotationStatus:
     """Run the schedule once (call it periodically); force=True prepares (if needed) and activates now."""
     now = clock()
     settings = session.exec(
@@ -128,7 +130,7 @@ def rotate(session: Session, keystore: KeyStore, *, force: bool, actor: Actor, c
                object_id=f"g{prepared_gen}", summary={
                    "generation": prepared_gen, "key_kind": issuing.key_kind, "forced": force,
                    "not_before": as_utc(issuing.not_before).isoformat(),
-                   "not_after": as_utc(issuing.not_after).isoformat()}, at=now)
+                   "not_after": as_utc(issuing.not_after).isoformat()}, at=now, request_id=request_id)
 
     need_activate = (
         force or active_issuing is None or now >= activate_at(active_issuing)
@@ -141,7 +143,7 @@ def rotate(session: Session, keystore: KeyStore, *, force: bool, actor: Actor, c
         did_activate = prepared_gen
         record(session, actor=actor, action="ca.activate", object_type="ca_generation",
                object_id=f"g{prepared_gen}", summary={
-                   "generation": prepared_gen, "previous": active_gen, "forced": force}, at=now)
+                   "generation": prepared_gen, "previous": active_gen, "forced": force}, at=now, request_id=request_id)
 
     retired: list[int] = []
     for gen, rows in sorted(gens.items()):
@@ -155,7 +157,8 @@ def rotate(session: Session, keystore: KeyStore, *, force: bool, actor: Actor, c
             settings.bundle_sequence += 1
             record(session, actor=actor, action="ca.retire", object_type="ca_generation",
                    object_id=f"g{gen}", summary={
-                       "generation": gen, "signed_until": last.isoformat() if last else None}, at=now)
+                       "generation": gen, "signed_until": last.isoformat() if last else None},
+                   at=now, request_id=request_id)
     session.add(settings)
     session.flush()
     return _status(session, did_prepare, did_activate, retired)

@@ -153,17 +153,21 @@ def issue_x509_svid(
     actor: Actor,
     scope_tenant: str | None,
     clock: Clock = system_clock,
+    max_ttl: timedelta | None = None,
+    request_id: str | None = None,
 ) -> IssuedX509:
-    """An X.509-SVID for a registered workload; only the CSR's (signature-checked) public key is used."""
+    """An X.509-SVID for a registered workload; only the CSR's (signature-checked) public key is used.
+    `max_ttl` tightens the trust domain's maximum (deployment setting)."""
     public_key = parse_csr(csr_pem)
     settings, sid = _registered_identity(
         session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant
     )
     ttl_resolved = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
-                               max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID")
+                               max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID", cap=max_ttl)
     return issue_certificate(
         session, keystore, public_key=public_key, spiffe_id=sid, ttl=ttl_resolved, kind="workload",
         actor=actor, clock=clock, action="svid.issue", tenant=tenant, group=group, workload=workload,
+        request_id=request_id,
     )
 
 
@@ -179,6 +183,7 @@ def issue_jwt_svid(
     actor: Actor,
     scope_tenant: str | None,
     clock: Clock = system_clock,
+    request_id: str | None = None,
 ) -> IssuedJWT:
     """A JWT-SVID (ES256, kid, sub, aud, exp, iat) signed by the active generation's JWT key."""
     audience = check_audience(audience)
@@ -199,7 +204,7 @@ def issue_jwt_svid(
     session.add(issuer)
     record(session, actor=actor, action="svid.jwt.issue", object_type="jwt_svid", object_id=str(sid),
            tenant=tenant, summary={"spiffe_id": str(sid), "audience": audience, "kid": issuer.jwt_kid,
-                                   "exp": expires_at.isoformat()}, at=now)
+                                   "exp": expires_at.isoformat()}, at=now, request_id=request_id)
     return IssuedJWT(token=token, spiffe_id=str(sid), audience=audience, expires_at=expires_at,
                      kid=issuer.jwt_kid, issued_at=issued_at)
 
@@ -237,10 +242,12 @@ def bundle_pem(session: Session, clock: Clock = system_clock) -> bytes:
     return bundle_roots_pem(session)
 
 
-def rotate(session: Session, keystore: KeyStore, *, force: bool, actor: Actor, clock: Clock = system_clock
-           ) -> RotationStatus:
+def rotate(
+    session: Session, keystore: KeyStore, *, force: bool, actor: Actor, clock: Clock = system_clock,
+    request_id: str | None = None,
+) -> RotationStatus:
     """Advance the CA schedule (prepare at 1/2 life, activate at 1/6 before expiry, retire when drained)."""
-    return rotation.rotate(session, keystore, force=force, actor=actor, clock=clock)
+    return rotation.rotate(session, keystore, force=force, actor=actor, clock=clock, request_id=request_id)
 
 
 def ca_status(session: Session, clock: Clock = system_clock) -> RotationStatus:
@@ -259,10 +266,12 @@ def revoke(
     actor: Actor,
     scope_tenant: str | None,
     clock: Clock = system_clock,
+    request_id: str | None = None,
 ) -> list[str]:
     """Revoke one SVID by serial, or an identity (tenant[/group[/workload]]) and all its SVIDs."""
     return revocation.revoke(session, serial=serial, tenant=tenant, group=group, workload=workload,
-                             reason=reason, actor=actor, scope_tenant=scope_tenant, clock=clock)
+                             reason=reason, actor=actor, scope_tenant=scope_tenant, clock=clock,
+                             request_id=request_id)
 
 
 def crl_der(session: Session, keystore: KeyStore, clock: Clock = system_clock) -> bytes:
@@ -286,14 +295,18 @@ def revoked_identities(session: Session) -> list[RevokedIdentityInfo]:
 
 
 def create_join_token(
-    session: Session, *, node_name: str, ttl: timedelta | None = None, actor: Actor, clock: Clock = system_clock
+    session: Session, *, node_name: str, ttl: timedelta | None = None, actor: Actor, clock: Clock = system_clock,
+    request_id: str | None = None,
 ) -> str:
     """A one-time node join token (returned once; stored hashed)."""
-    return attestation.create_join_token(session, node_name=node_name, ttl=ttl, actor=actor, clock=clock)
+    return attestation.create_join_token(session, node_name=node_name, ttl=ttl, actor=actor, clock=clock,
+                                         request_id=request_id)
 
 
 def attest_node(
-    session: Session, keystore: KeyStore, *, token: str, csr_pem: bytes, clock: Clock = system_clock
+    session: Session, keystore: KeyStore, *, token: str, csr_pem: bytes, clock: Clock = system_clock,
+    max_ttl: timedelta | None = None, request_id: str | None = None,
 ) -> IssuedX509:
     """Exchange a join token and a CSR for the node's SVID spiffe://<td>/node/<name>."""
-    return attestation.attest_node(session, keystore, token=token, csr_pem=csr_pem, clock=clock)
+    return attestation.attest_node(session, keystore, token=token, csr_pem=csr_pem, clock=clock, max_ttl=max_ttl,
+                                   request_id=request_id)
