@@ -11,9 +11,11 @@ re-serialises one tenant's shard and joins the rest; each thread engine then swa
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +24,13 @@ import regorus
 
 from core.errors import InvalidInput
 from policy.engine import PatchOp, apply_patch, pointer_parts, split_rule_path
-from policy.errors import PolicyCompileError, PolicyEngineError, SourceLocation, parse_regorus_error
+from policy.errors import (
+    PolicyCompileError,
+    PolicyEngineError,
+    SourceLocation,
+    parse_regorus_error,
+    strip_backtrace,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +42,22 @@ def _is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit)
 
 
+# Per-thread regorus engines live in the thread's own storage (never in an object another thread
+# may garbage-collect): dropping a regorus Engine on a foreign thread panics.
+_TLS = threading.local()
+_KEYS = itertools.count(1)
+MAX_QUERY_CHARS = 200
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_QUERY_CHARS else text[:MAX_QUERY_CHARS] + "..."
+
+
 def new_engine(modules: Mapping[str, str]) -> regorus.Engine:
     """A fresh regorus engine with `modules` parsed; PolicyCompileError listing every module that fails."""
     engine = regorus.Engine()
+    # batched queries (`r0 := ... with input as {...}; r1 := ...`) are one long line
+    engine.set_policy_length_config(max_col=64_000_000, max_file_bytes=64_000_000, max_lines=10_000_000)
     issues: list[SourceLocation] = []
     for path in sorted(modules):
         try:
@@ -46,6 +67,7 @@ def new_engine(modules: Mapping[str, str]) -> regorus.Engine:
                 raise
             issues.append(parse_regorus_error(str(exc), default_file=path))
     if issues:
+        del engine  # no traceback frame may keep a regorus Engine alive (see RegorusEngine.evaluate)
         raise PolicyCompileError(issues)
     return engine
 
@@ -116,7 +138,7 @@ class RegorusEngine:
     def __init__(self, modules: Mapping[str, str] | None = None, data: Mapping[str, Any] | None = None) -> None:
         self._lock = threading.Lock()
         self._shared = _Shared()
-        self._local = threading.local()
+        self._key = next(_KEYS)
         self._closed = False
         if modules is not None or data is not None:
             self.load(modules or {}, data)
@@ -156,7 +178,9 @@ class RegorusEngine:
         return dict(self._shared.modules)
 
     def close(self) -> None:
+        """Unusable afterwards; this thread's engine goes now, other threads' when they next look or exit."""
         self._closed = True
+        _engines().pop(self._key, None)
 
     # ---- evaluation (each thread its own regorus Engine)
 
@@ -164,7 +188,9 @@ class RegorusEngine:
         if self._closed:
             raise PolicyEngineError("policy engine is closed")
         shared = self._shared
-        mine: _ThreadEngine | None = getattr(self._local, "engine", None)
+        registry = _engines()
+        entry = registry.get(self._key)
+        mine = entry[1] if entry is not None else None
         if mine is not None and mine.modules_gen == shared.modules_gen and mine.data_gen == shared.data_gen:
             return mine.engine
         with self._lock:
@@ -176,7 +202,8 @@ class RegorusEngine:
             engine = new_engine(modules)
             engine.add_data_json(text)
             mine = _ThreadEngine(engine, modules_gen, data_gen)
-            self._local.engine = mine
+            _purge_dead(registry)
+            registry[self._key] = (weakref.ref(self), mine)
         else:
             mine.engine.clear_data()
             mine.engine.add_data_json(text)
@@ -185,31 +212,41 @@ class RegorusEngine:
 
     def warm(self) -> None:
         """Bring this thread's engine up to date now (so the next evaluation pays no reload)."""
+        error: str | None = None
         try:
             self._thread_engine()
         except BaseException as exc:
             if _is_fatal(exc):
                 raise
-            raise PolicyEngineError(f"policy engine failed to load: {exc}") from exc
+            error = f"policy engine failed to load: {strip_backtrace(str(exc))}"
+        if error is not None:
+            raise PolicyEngineError(error)
 
     def evaluate(self, query: str, input: Any = None) -> Any:
+        # The error is raised outside the `except` block so no traceback (whose frames reference a
+        # regorus Engine) outlives this call: a cycle collected on another thread would drop it there.
+        error: str | None = None
         try:
             engine = self._thread_engine()
             engine.set_input_json(json.dumps(input if input is not None else {}))
             return _eval(engine, query)
-        except PolicyEngineError:
-            raise
+        except PolicyEngineError as exc:
+            error = str(exc)
         except BaseException as exc:
             if _is_fatal(exc):
                 raise
-            loc = parse_regorus_error(str(exc))
-            raise PolicyEngineError(f"evaluating {query}: {loc}") from exc
+            error = f"evaluating {_short(query)}: {parse_regorus_error(str(exc))}"
+        finally:
+            engine = None
+        raise PolicyEngineError(error)
 
     def evaluate_many(self, query: str, inputs: Sequence[Any]) -> list[Any]:
         return [self.evaluate(query, i) for i in inputs]
 
     def query(self, query: str, input: Any = None) -> list[dict[str, Any]]:
         """OPA-style ad-hoc query: one dict of variable bindings per result (empty list when undefined)."""
+        error: str | None = None
+        out: dict[str, Any] = {}
         try:
             engine = self._thread_engine()
             engine.set_input_json(json.dumps(input if input is not None else {}))
@@ -217,8 +254,11 @@ class RegorusEngine:
         except BaseException as exc:
             if _is_fatal(exc):
                 raise
-            loc = parse_regorus_error(str(exc))
-            raise PolicyEngineError(f"evaluating {query}: {loc}") from exc
+            error = f"evaluating {_short(query)}: {parse_regorus_error(str(exc))}"
+        finally:
+            engine = None
+        if error is not None:
+            raise PolicyEngineError(error)
         rows: list[dict[str, Any]] = []
         for result in out.get("result", []):
             exprs = result.get("expressions", [])
@@ -226,6 +266,20 @@ class RegorusEngine:
                 continue
             rows.append(dict(result.get("bindings") or {}))
         return rows
+
+
+def _engines() -> dict[int, tuple[weakref.ref[RegorusEngine], _ThreadEngine]]:
+    registry: dict[int, tuple[weakref.ref[RegorusEngine], _ThreadEngine]] | None = getattr(_TLS, "engines", None)
+    if registry is None:
+        registry = {}
+        _TLS.engines = registry
+    return registry
+
+
+def _purge_dead(registry: dict[int, tuple[weakref.ref[RegorusEngine], _ThreadEngine]]) -> None:
+    """Drop (on their own thread) the engines of RegorusEngine objects that are gone or closed."""
+    for key in [k for k, (ref, _) in registry.items() if ref() is None or ref()._closed]:  # type: ignore[union-attr]
+        del registry[key]
 
 
 def _eval(engine: regorus.Engine, query: str) -> Any:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, update
+from sqlalchemy import and_, event, or_, update
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
@@ -34,6 +35,19 @@ OUTCOMES = ("approve", "pending", "deny")
 FINAL_STATES = ("expired", "revoked", "rejected", "denied")
 DEFAULT_PENDING_TTL = timedelta(days=3)
 MAX_PAGE = 200
+
+
+_TIME_FIELDS = ("created_at", "decided_at", "expires_at", "pending_until")
+
+
+@event.listens_for(Grant, "load")
+@event.listens_for(Grant, "refresh")
+def _aware_times(target: Grant, *_args: Any) -> None:
+    """SQLite hands back naive datetimes; a Grant always carries timezone-aware UTC ones."""
+    for name in _TIME_FIELDS:
+        value = target.__dict__.get(name)
+        if isinstance(value, datetime) and value.tzinfo is None:
+            set_committed_value(target, name, as_utc(value))
 
 
 class GrantNotFound(NotFound):

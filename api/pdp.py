@@ -1,0 +1,244 @@
+"""`trustfabric pdp`: the OPA REST API subset opa-python-client uses, served over the embedded engine.
+
+Node agents and other services ask decisions locally; and the OPA-server engine is tested over real
+HTTP against it. Endpoints: /health; /v1/policies (GET), /v1/policies/{id} (GET, PUT, DELETE);
+/v1/data/{path} (GET, PUT, PATCH, POST, DELETE); /v1/query (POST). Answers follow OPA's shapes:
+`{"result": ...}` (no `result` key when undefined), errors `{"code", "message"[, "errors"]}`.
+With a token configured every /v1 request needs `Authorization: Bearer <token>`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from core.clock import Clock, system_clock
+from core.errors import InvalidInput
+from policy.decide import sync_data
+from policy.engine_regorus import RegorusEngine
+from policy.errors import PolicyCompileError, PolicyEngineError
+from store.db import Database
+
+log = logging.getLogger("trustfabric.pdp")
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _error(status: int, code: str, message: str, errors: list[dict[str, Any]] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if errors is not None:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status)
+
+
+def _segments(path: str) -> list[str]:
+    return [s for s in path.strip("/").split("/") if s]
+
+
+def data_query(path: str) -> str:
+    """'a/b-c/d' -> 'data.a["b-c"].d'."""
+    out = "data"
+    for seg in _segments(path):
+        out += f".{seg}" if _IDENT.match(seg) else f"[{json.dumps(seg)}]"
+    return out
+
+
+def _pointer(path: str) -> str:
+    return "".join("/" + s.replace("~", "~0").replace("/", "~1") for s in _segments(path))
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"request body is not JSON: {exc}") from exc
+
+
+def create_pdp_app(engine: RegorusEngine | None = None, *, token: str | None = None) -> FastAPI:
+    """The PDP over `engine` (a fresh, empty embedded engine when None)."""
+    eng = engine if engine is not None else RegorusEngine()
+    app = FastAPI(title="trustfabric pdp", version="0.1.0", docs_url=None, redoc_url=None)
+    app.state.engine = eng
+
+    @app.middleware("http")
+    async def _auth_and_errors(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if token is not None and request.url.path.startswith("/v1"):
+            header = request.headers.get("authorization", "")
+            scheme, _, value = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+                return _error(401, "unauthorized", "missing or invalid bearer token")
+        try:
+            return await call_next(request)
+        except PolicyCompileError as exc:
+            errors = [
+                {
+                    "code": "rego_parse_error",
+                    "message": i.message,
+                    "location": {"file": i.file, "row": i.line, "col": i.col},
+                }
+                for i in exc.issues
+            ]
+            return _error(400, "invalid_parameter", "error(s) occurred while compiling module(s)", errors)
+        except InvalidInput as exc:
+            return _error(400, "invalid_parameter", str(exc))
+        except PolicyEngineError as exc:
+            log.warning("pdp evaluation failed: %s", exc)
+            return _error(500, "internal_error", str(exc))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {}
+
+    @app.get("/v1/policies")
+    @app.get("/v1/policies/")
+    async def list_policies() -> dict[str, Any]:
+        return {"result": [{"id": pid, "raw": raw} for pid, raw in sorted(eng.modules().items())]}
+
+    @app.get("/v1/policies/{policy_id:path}")
+    async def get_policy(policy_id: str) -> Response:
+        modules = eng.modules()
+        if policy_id not in modules:
+            return _error(404, "resource_not_found", f"storage_not_found_error: policy id {policy_id!r}")
+        return JSONResponse({"result": {"id": policy_id, "raw": modules[policy_id]}})
+
+    @app.put("/v1/policies/{policy_id:path}")
+    async def put_policy(policy_id: str, request: Request) -> Response:
+        text = (await request.body()).decode("utf-8", errors="replace")
+        if not text.strip():
+            return _error(400, "invalid_parameter", "empty module")
+        modules = eng.modules()
+        modules[policy_id] = text
+        eng.load(modules)
+        return JSONResponse({})
+
+    @app.delete("/v1/policies/{policy_id:path}")
+    async def delete_policy(policy_id: str) -> Response:
+        modules = eng.modules()
+        if policy_id not in modules:
+            return _error(404, "resource_not_found", f"storage_not_found_error: policy id {policy_id!r}")
+        del modules[policy_id]
+        eng.load(modules)
+        return JSONResponse({})
+
+    def _value(path: str, input: Any) -> Response:
+        value = eng.evaluate(data_query(path), input)
+        return JSONResponse({} if value is None else {"result": value})
+
+    @app.get("/v1/data")
+    @app.get("/v1/data/{path:path}")
+    async def get_data(path: str = "") -> Response:
+        return _value(path, None)
+
+    @app.post("/v1/data")
+    @app.post("/v1/data/{path:path}")
+    async def post_data(request: Request, path: str = "") -> Response:
+        body = await _json_body(request)
+        input = body.get("input") if isinstance(body, dict) else None
+        return _value(path, input)
+
+    @app.put("/v1/data")
+    @app.put("/v1/data/{path:path}")
+    async def put_data(request: Request, path: str = "") -> Response:
+        value = await _json_body(request)
+        pointer = _pointer(path)
+        if not pointer:
+            if not isinstance(value, dict):
+                raise InvalidInput("the root document must be an object")
+            eng.set_data(value)
+        else:
+            eng.patch_data([{"op": "add", "path": pointer, "value": value}])
+        return Response(status_code=204)
+
+    @app.patch("/v1/data")
+    @app.patch("/v1/data/{path:path}")
+    async def patch_data(request: Request, path: str = "") -> Response:
+        ops = await _json_body(request)
+        if not isinstance(ops, list):
+            raise InvalidInput("PATCH body must be a JSON Patch array")
+        base = _pointer(path)
+        rebased = []
+        for op in ops:
+            if not isinstance(op, dict) or not isinstance(op.get("path"), str):
+                raise InvalidInput("each patch operation needs a path")
+            sub = op["path"] if op["path"] in ("", "/") or op["path"].startswith("/") else "/" + op["path"]
+            rebased.append({**op, "path": base + ("" if sub == "/" else sub)})
+        eng.patch_data(rebased)
+        return Response(status_code=204)
+
+    @app.delete("/v1/data/{path:path}")
+    async def delete_data(path: str) -> Response:
+        try:
+            eng.patch_data([{"op": "remove", "path": _pointer(path)}])
+        except InvalidInput as exc:
+            return _error(404, "resource_not_found", str(exc))
+        return Response(status_code=204)
+
+    @app.post("/v1/query")
+    async def query(request: Request) -> Response:
+        body = await _json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+            raise InvalidInput('body must be {"query": "...", "input": ...}')
+        rows = eng.query(body["query"], body.get("input"))
+        return JSONResponse({"result": rows})
+
+    return app
+
+
+class PdpSync:
+    """Keeps a PDP's engine on the active policy version and the current data, polling the database."""
+
+    def __init__(
+        self, db: Database, engine: RegorusEngine, *, interval: float = 2.0, clock: Clock = system_clock
+    ) -> None:
+        self.db = db
+        self.engine = engine
+        self.interval = interval
+        self.clock = clock
+        self.active_hash: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> None:
+        from policy.data import build_data
+        from policy.service import active_version
+
+        with self.db.read_session() as session:
+            current = active_version(session)
+            data = build_data(session, self.clock())
+        if current is None:
+            if self.active_hash is not None or self.engine.modules():
+                log.warning("no active policy version: the PDP denies everything")
+            self.engine.load({})
+            self.active_hash = None
+        elif current.content_hash != self.active_hash:
+            self.engine.load(current.modules)
+            self.active_hash = current.content_hash
+        sync_data(self.engine, data)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("pdp refresh failed; keeping the last good policy and data")
+
+    def start(self) -> None:
+        self.run_once()
+        self._thread = threading.Thread(target=self._loop, name="pdp-sync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
