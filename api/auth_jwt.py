@@ -376,8 +376,26 @@ class JwtAuthenticator:
                 raise Unauthenticated(f"token algorithm {alg!r} is not accepted for JWT-SVIDs")
             claims = _decode(token, key, [str(alg)], audience=JWT_SVID_AUDIENCE, issuer=None)
             _check_times(claims, now)
-            return principal_from_spiffe_id(str(claims["sub"]), s.trust_domain, "jwt-svid")
+            return self._svid_principal(str(claims["sub"]))
         raise Unauthenticated("token issuer is not trusted")
+
+    def _svid_principal(self, spiffe_id: str) -> Principal:
+        from sqlmodel import select
+
+        from api.trust import trust_domain
+        from inventory.models import Workload
+        from pki.revocation import identity_revoked
+        from pki.spiffe_id import parse_spiffe_id
+
+        with self.ctx.db.read_session() as session:
+            principal = principal_from_spiffe_id(spiffe_id, trust_domain(self.ctx, session), "jwt-svid")
+            if principal.tenant is not None:
+                row = session.exec(select(Workload).where(Workload.spiffe_id == spiffe_id)).first()
+                if row is None or row.revoked:
+                    raise Unauthenticated(f"workload {spiffe_id} is not registered or is revoked")
+                if identity_revoked(session, parse_spiffe_id(spiffe_id), principal.tenant) is not None:
+                    raise Unauthenticated(f"identity {spiffe_id} is revoked")
+        return principal
 
     def _api_principal(self, claims: dict[str, Any], now: datetime) -> Principal:
         jti = claims.get("jti")

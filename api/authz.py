@@ -23,8 +23,6 @@ log = logging.getLogger("trustfabric.api.authz")
 
 REGO_DIR = Path(__file__).resolve().parent.parent / "rego"
 AUTHZ_MODULE = "api_authz.rego"
-ALLOW_QUERY = "data.api_authz.allow"
-REASONS_QUERY = "data.api_authz.reasons"
 
 
 class Evaluator(Protocol):
@@ -54,28 +52,21 @@ class Authorizer:
             return self._engine
 
     def decide(self, principal: Principal, action: str, tenant: str | None) -> tuple[bool, list[str]]:
-        document = {
-            "principal": {"id": principal.id, "role": principal.role, "tenant": principal.tenant},
-            "action": action,
-            "resource": {"tenant": tenant} if tenant is not None else {},
-        }
+        """(allowed, reasons) from api_authz.rego via policy.decide.authorize (which never raises)."""
+        from policy.decide import authorize as policy_authorize
+
         engine = self._get_engine()
         if engine is None:
             return False, [f"authorization policy unavailable ({self._error or 'no engine configured'})"]
-        try:
-            allowed = engine.evaluate(ALLOW_QUERY, document)
-        except Exception as exc:
-            log.warning("authorization engine error, denying %s for %s: %s", action, principal.id, exc)
-            return False, [f"authorization engine error: {type(exc).__name__}"]
-        if allowed is True:
-            return True, []
-        try:
-            reasons = engine.evaluate(REASONS_QUERY, document)
-        except Exception:
-            reasons = None
-        if isinstance(reasons, list | set | tuple) and reasons:
-            return False, sorted(str(r) for r in reasons)
-        return False, ["default-deny: no rule allows this"]
+        decision = policy_authorize(
+            engine,  # type: ignore[arg-type]
+            {"id": principal.id, "role": principal.role, "tenant": principal.tenant},
+            action,
+            {"tenant": tenant} if tenant is not None else {},
+        )
+        if decision.allow:
+            return True, decision.reasons
+        return False, decision.reasons or ["default-deny: no rule allows this"]
 
     def require(self, principal: Principal, action: str, tenant: str | None) -> None:
         allowed, reasons = self.decide(principal, action, tenant)

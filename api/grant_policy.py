@@ -13,7 +13,6 @@ from api.authz import REGO_DIR
 from policy.grants import GrantDecision
 
 GRANTS_MODULE = "grants.rego"
-DECISION_QUERY = "data.grants.decision"
 
 
 class RegoGrantDecider:
@@ -34,10 +33,9 @@ class RegoGrantDecider:
 
     def __call__(self, session: Session, now: datetime, request: dict[str, Any]) -> GrantDecision:
         from policy.data import build_data
+        from policy.decide import decide_grant_request
 
         data = build_data(session, now)
-        with self._lock:
-            engine = self._get()
-            engine.set_data(data)
-            doc = engine.evaluate(DECISION_QUERY, request)
-        return GrantDecision.from_document(doc)
+        with self._lock:  # the engine's data must be this request's data while it decides
+            decision = decide_grant_request(self._get(), data, request)
+        return GrantDecision(decision.outcome, list(decision.approvers), list(decision.reasons))

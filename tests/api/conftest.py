@@ -52,7 +52,7 @@ class Env:
     def headers(self, role: str, tenant: str | None = None) -> dict[str, str]:
         key = f"{role}:{tenant}"
         if key not in self.tokens:
-            self.tokens[key] = self.token(role, tenant, ttl=timedelta(days=1))
+            self.tokens[key] = self.token(role, tenant, ttl=timedelta(days=29))
         return {"Authorization": f"Bearer {self.tokens[key]}"}
 
     def call(self, method: str, path: str, role: str, tenant: str | None = None, **kw: Any) -> Any:

@@ -1,0 +1,288 @@
+"""Grant lifecycle end to end over HTTP: decisions from grants.rego, approval rules, expiry to the second
+with an injectable clock, idempotent retries, concurrent approvals (exactly one wins)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import func, select
+
+from api.app import GrantSweeper
+from audit.models import AuditEvent
+from policy import grants as svc
+from policy.data import build_data
+from policy.models import Grant
+from tests.api.conftest import Env
+
+REQ = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
+       "ttl_seconds": 3600, "justification": "call the globex API"}
+
+
+def request(env: Env, body: dict[str, Any] | None = None, *, role: str = "tenant-admin", tenant: str = "acme",
+            key: str | None = None) -> Any:
+    headers = {"Idempotency-Key": key} if key else {}
+    return env.call("POST", "/v1/grants", role, tenant, json=body or REQ, headers=headers)
+
+
+def events(env: Env, action: str | None = None) -> int:
+    with env.ctx.db.read_session() as s:
+        q = select(func.count()).select_from(AuditEvent)
+        if action:
+            q = q.where(AuditEvent.action == action)
+        return int(s.exec(q).one())
+
+
+def live_in_policy_data(env: Env, grant_id: str) -> bool:
+    with env.ctx.db.read_session() as s:
+        data = build_data(s, env.clock())
+    return grant_id in data["tf"]["grants"].get("acme", {}).get("globex", {})
+
+
+def test_pending_then_approved_by_destination_then_expires_to_the_second(env_both: Env) -> None:
+    env = env_both
+    r = request(env)
+    assert r.status_code == 201, r.text
+    g = r.json()
+    assert g["state"] == "pending"
+    assert g["pending_approvers"] == ["tenant-admin:globex"]
+    assert g["reasons"] == ["approval-needed: tenant-admin:globex"]
+    assert events(env, "grant.request") == 1
+
+    # the requesting tenant cannot approve its own request; a member cannot approve at all
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-admin", "acme")
+    assert r.status_code == 403 and "own grant request" in r.json()["reason"]
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-member", "globex")
+    assert r.status_code == 403 and "not-permitted" in r.json()["reason"]
+    # security is not a named approver of a normal group
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "security")
+    assert r.status_code == 403 and "not a named approver" in r.json()["reason"]
+    assert env.call("GET", f"/v1/grants/{g['id']}", "tenant-member", "acme").json()["state"] == "pending"
+
+    env.clock.advance(timedelta(seconds=10))
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-admin", "globex", json={"comment": "ok"})
+    assert r.status_code == 200, r.text
+    active = r.json()
+    assert active["state"] == "active" and active["pending_approvers"] == []
+    assert active["approvals"][0]["as"] == "tenant-admin:globex"
+    assert live_in_policy_data(env, g["id"])
+    # approving twice is a conflict, and says why
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-admin", "globex")
+    assert r.status_code == 409 and "only a pending grant" in r.json()["reason"]
+
+    env.clock.advance(timedelta(seconds=3599))
+    assert env.call("GET", f"/v1/grants/{g['id']}", "tenant-admin", "acme").json()["state"] == "active"
+    env.clock.advance(timedelta(seconds=1))  # exactly ttl after activation
+    got = env.call("GET", f"/v1/grants/{g['id']}", "tenant-admin", "acme").json()
+    assert got["state"] == "expired" and "expired: ttl elapsed" in got["reasons"]
+    assert not live_in_policy_data(env, g["id"])
+    listed = env.call("GET", "/v1/grants?state=active", "tenant-admin", "acme").json()["items"]
+    assert listed == []
+    listed = env.call("GET", "/v1/grants?state=expired", "tenant-admin", "globex").json()["items"]
+    assert [x["id"] for x in listed] == [g["id"]]
+
+    # the sweeper persists it, once, with its audit event
+    sweeper = GrantSweeper(env.ctx, 1.0)
+    assert sweeper.run_once() == [g["id"]]
+    assert sweeper.run_once() == []
+    assert events(env, "grant.expire") == 1
+    with env.ctx.db.read_session() as s:
+        row = s.get(Grant, g["id"])
+        assert row is not None and row.state == "expired"
+    r = env.call("POST", f"/v1/grants/{g['id']}/revoke", "tenant-admin", "acme", json={"reason": "done"})
+    assert r.status_code == 409
+
+
+def test_sensitive_destination_needs_security_too(env: Env) -> None:
+    g = request(env, {**REQ, "dst_group": "vault", "ports": [8200]}).json()
+    assert g["state"] == "pending"
+    assert g["required_approvers"] == ["security", "tenant-admin:globex"]
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-admin", "globex")
+    assert r.status_code == 200 and r.json()["state"] == "pending"
+    assert r.json()["pending_approvers"] == ["security"]
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "security")
+    assert r.status_code == 200 and r.json()["state"] == "active"
+
+
+def test_auto_approved_and_denied_requests(env: Env) -> None:
+    g = request(env, {**REQ, "dst_group": "public", "ports": [80]}).json()
+    assert g["state"] == "active" and g["expires_at"] is not None
+    assert g["reasons"][0].startswith("auto-approve")
+
+    cases = [
+        ({**REQ, "ports": [22]}, "port-not-exposed"),
+        ({**REQ, "ports": [0]}, "wildcard-ports"),
+        ({**REQ, "ports": []}, "wildcard-ports"),
+        ({**REQ, "ttl_seconds": 8 * 86400}, "ttl-too-long"),
+        ({**REQ, "dst_group": "nope"}, "unknown-group"),
+        ({**REQ, "dst_tenant": "acme", "dst_group": "db"}, "same-tenant"),
+    ]
+    for body, reason in cases:
+        r = request(env, body)
+        assert r.status_code == 201, r.text
+        assert r.json()["state"] == "denied", (body, r.json())
+        assert any(x.startswith(reason) for x in r.json()["reasons"]), (reason, r.json()["reasons"])
+    # quarantine of the destination denies new requests
+    r = env.call("POST", "/v1/tenants/globex/quarantine", "security", json={"reason": "incident"})
+    assert r.status_code == 200 and r.json()["quarantined"] is True
+    d = request(env).json()
+    assert d["state"] == "denied" and any(x.startswith("quarantined") for x in d["reasons"])
+
+
+def test_scope_comes_from_the_principal(env: Env) -> None:
+    r = request(env, {**REQ, "src_tenant": "globex"})
+    assert r.status_code == 403 and "own groups" in r.json()["reason"]
+    r = request(env, {**REQ, "src_tenant": "acme"})
+    assert r.status_code == 201
+    r = request(env, {**REQ, "src_group": "api"})  # a group of another tenant as source: not in acme
+    assert r.json()["state"] == "denied"
+    r = request(env, {**REQ, "surprise": 1})
+    assert r.status_code == 422 and "extra" in r.json()["reason"].lower()
+    r = env.call("POST", "/v1/grants", "security", json={**REQ, "src_tenant": "acme"})
+    assert r.status_code == 403  # security approves, it does not request
+    r = env.call("POST", "/v1/grants", "admin", json=REQ)
+    assert r.status_code == 400 and "src_tenant" in r.json()["reason"]
+
+
+def test_reject_revoke_and_visibility(env: Env) -> None:
+    g1 = request(env).json()
+    r = env.call("POST", f"/v1/grants/{g1['id']}/reject", "tenant-admin", "globex", json={"reason": "no"})
+    assert r.status_code == 200 and r.json()["state"] == "rejected"
+    assert "rejected: no" in r.json()["reasons"]
+    g2 = request(env, {**REQ, "dst_group": "public", "ports": [80]}).json()
+    # a third tenant sees neither, and cannot act on them
+    with env.ctx.db.session() as s:
+        from audit import Actor
+        from inventory.service import create_tenant
+
+        create_tenant(s, slug="initech", display_name="Initech", actor=Actor.system("t"))
+    for gid in (g1["id"], g2["id"]):
+        assert env.call("GET", f"/v1/grants/{gid}", "tenant-admin", "initech").status_code == 404
+        r = env.call("POST", f"/v1/grants/{gid}/revoke", "tenant-admin", "initech", json={"reason": "x"})
+        assert r.status_code == 404
+    assert env.call("GET", "/v1/grants", "tenant-admin", "initech").json()["items"] == []
+    # the destination sees both; the auditor sees everything; nobody else's grants leak
+    assert len(env.call("GET", "/v1/grants", "tenant-member", "globex").json()["items"]) == 2
+    assert len(env.call("GET", "/v1/grants", "auditor").json()["items"]) == 2
+    r = env.call("POST", f"/v1/grants/{g2['id']}/revoke", "tenant-admin", "acme", json={"reason": "done"})
+    assert r.status_code == 200 and r.json()["state"] == "revoked"
+    assert not live_in_policy_data(env, g2["id"])
+    r = env.call("POST", f"/v1/grants/{g2['id']}/revoke", "auditor", json={"reason": "x"})
+    assert r.status_code == 403
+
+
+def test_pending_times_out(env: Env) -> None:
+    g = request(env).json()
+    env.clock.advance(env.ctx.settings.grant_pending_ttl)
+    got = env.call("GET", f"/v1/grants/{g['id']}", "tenant-admin", "acme").json()
+    assert got["state"] == "expired" and "expired: approval timed out" in got["reasons"]
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-admin", "globex")
+    assert r.status_code == 409 and "expired" in r.json()["reason"]
+
+
+def test_idempotent_retries(env: Env) -> None:
+    first = request(env, key="req-42")
+    assert first.status_code == 201
+    n = events(env)
+    again = request(env, key="req-42")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert events(env) == n  # a replay writes nothing
+    r = request(env, {**REQ, "ports": [8443]}, key="req-42")
+    assert r.status_code == 409 and "Idempotency-Key" in r.json()["reason"]
+    # the key is per requester: another principal's identical key is a new request
+    other = env.token("tenant-admin", "acme", subject="other-admin")
+    r = env.client.post("/v1/grants", json=REQ, headers={"Authorization": f"Bearer {other}", "Idempotency-Key": "req-42"})
+    assert r.status_code == 201 and r.json()["id"] != first.json()["id"]
+    r = request(env, key="bad key with spaces")
+    assert r.status_code == 422
+
+
+def test_concurrent_retries_with_one_key_create_one_grant(env_both: Env) -> None:
+    env = env_both
+    env.headers("tenant-admin", "acme")
+    results: list[int] = []
+    ids: set[str] = set()
+    lock = threading.Lock()
+    barrier = threading.Barrier(6)
+
+    def worker() -> None:
+        with TestClient(env.app, raise_server_exceptions=False) as client:
+            barrier.wait()
+            r = client.post("/v1/grants", json=REQ, headers={**env.headers("tenant-admin", "acme"),
+                                                              "Idempotency-Key": "same"})
+            with lock:
+                results.append(r.status_code)
+                ids.add(r.json().get("id", ""))
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [200] * 5 + [201], results
+    assert len(ids) == 1
+    assert events(env, "grant.request") == 1
+
+
+def test_concurrent_approvals_exactly_one_wins(env_both: Env) -> None:
+    env = env_both
+    gid = request(env).json()["id"]
+    headers = env.headers("tenant-admin", "globex")
+    results: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        with TestClient(env.app, raise_server_exceptions=False) as client:
+            barrier.wait()
+            r = client.post(f"/v1/grants/{gid}/approve", headers=headers)
+            with lock:
+                results.append(r.status_code)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [200] + [409] * 7, results
+    assert events(env, "grant.approve") == 1
+    with env.ctx.db.read_session() as s:
+        row = s.get(Grant, gid)
+        assert row is not None and row.version == 2 and len(row.approvals) == 1
+
+
+def test_compare_and_set_refuses_a_stale_version(env_both: Env) -> None:
+    """The CAS itself, deterministically: a change based on a version someone else moved past fails."""
+    env = env_both
+    gid = request(env).json()["id"]
+    with env.ctx.db.read_session() as s:
+        stale = s.get(Grant, gid)
+        assert stale is not None
+    assert env.call("POST", f"/v1/grants/{gid}/approve", "tenant-admin", "globex").status_code == 200
+    with pytest.raises(svc.GrantConflict), env.ctx.db.session() as s:
+        merged = s.merge(stale, load=False)
+        svc._cas(s, merged, state="revoked")
+    with env.ctx.db.read_session() as s:
+        row = s.get(Grant, gid)
+        assert row is not None and row.state == "active"
+
+
+def test_paging_and_filters(env: Env) -> None:
+    ids = [request(env, key=f"k{i}").json()["id"] for i in range(5)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        url = "/v1/grants?limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = env.call("GET", url, "tenant-admin", "acme").json()
+        seen += [g["id"] for g in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(ids)  # id order (time-ordered; ties within a millisecond by random suffix)
+    assert env.call("GET", "/v1/grants?limit=201", "admin").status_code == 422
+    assert env.call("GET", "/v1/grants?cursor=%%%", "admin").status_code == 400
+    assert env.call("GET", "/v1/grants?state=bogus", "admin").status_code == 422
+    assert len(env.call("GET", "/v1/grants?dst_tenant=globex&state=pending", "admin").json()["items"]) == 5
