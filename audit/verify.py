@@ -346,13 +346,13 @@ def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyR
                 index=seq,
                 line=rec.line,
             )
-        if not lo <= seq < hi:
-            raise VerificationError(
-                "outside_filter", f"it lies outside the export's range [{lo}, {hi})", index=seq, line=rec.line
-            )
         if pos >= n:
             raise VerificationError(
                 "inserted", f"it lies beyond the checkpoint's tree size {n}", index=seq, line=rec.line
+            )
+        if not lo <= seq < hi:
+            raise VerificationError(
+                "outside_filter", f"it lies outside the export's range [{lo}, {hi})", index=seq, line=rec.line
             )
         if seq != pos:
             if seq > pos:
@@ -377,8 +377,17 @@ def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyR
             )
         expected_prev = GENESIS_HASH if pos == 0 else (prev_leaf.hex() if prev_leaf is not None else None)
         if expected_prev is not None and doc["prev_hash"] != expected_prev:
+            if pos == 0:
+                raise VerificationError(
+                    "chain_broken", "the first event does not start the chain", index=0, line=rec.line
+                )
+            # This event is self-consistent (its bytes match its leaf hash), so the prev_hash it commits
+            # to is what was recorded: the event before it is the one whose bytes changed.
             raise VerificationError(
-                "chain_broken", "its prev_hash is not the hash of the event before it", index=seq, line=rec.line
+                "modified",
+                f"it no longer hashes to the prev_hash recorded by event {pos} (altered, leaf hash rewritten)",
+                index=pos - 1,
+                line=rec.line,
             )
         cr.append_leaf_hash(leaf)
         prev_leaf = leaf

@@ -1,0 +1,155 @@
+"""Signed checkpoints: the C2SP signed-note format, the audit key in the KeyStore, the writer policy."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from sqlmodel import select
+
+from audit import checkpoint as cpm
+from audit import merkle, service
+from audit.errors import AuditKeyMissing, CheckpointError
+from audit.models import AuditCheckpoint
+from core.clock import FrozenClock
+from store.db import Database
+from tests.audit.conftest import T0, KeySigner, fill
+
+
+def test_note_format_and_signature(signer: KeySigner) -> None:
+    root = hashlib.sha256(b"root").digest()
+    note = cpm.sign_checkpoint(signer, "example.com/audit", 42, root)
+    body, sig_line = note.split("\n\n")
+    assert body == f"example.com/audit\n42\n{base64.b64encode(root).decode()}"
+    assert sig_line.startswith("\u2014 example.com/audit ") and sig_line.endswith("\n")
+    blob = base64.b64decode(sig_line.rsplit(" ", 1)[1])
+    raw = signer.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    assert blob[:4] == hashlib.sha256(b"example.com/audit\n\x01" + raw).digest()[:4]
+    signer.public_key().verify(blob[4:], (body + "\n").encode())
+    cp = cpm.verify_checkpoint(note, signer.public_key())
+    assert (cp.origin, cp.size, cp.root) == ("example.com/audit", 42, root)
+    vkey = cpm.verifier_key("example.com/audit", signer.public_key())
+    assert cpm.load_public_key(vkey).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw) == raw
+
+
+def test_go_signed_note_known_answer() -> None:
+    """A note signed by golang.org/x/mod/sumdb/note (its documented example key) verifies here."""
+    vkey = "PeterNeumann+c74f20a3+ARpc2QcUPDhMQegwxbzhKqiBfsVkmqq/LDE4izWy10TW"
+    note = (
+        "If you think cryptography is the answer to your problem,\n"
+        "then you don't know what your problem is.\n\n"
+        "\u2014 PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6KE6RyyBwJnAM=\n"
+    )
+    key = cpm.load_public_key(vkey)
+    body, line = note.split("\n\n")
+    blob = base64.b64decode(line.rsplit(" ", 1)[1])
+    assert blob[:4].hex() == "c74f20a3"
+    key.verify(blob[4:], (body + "\n").encode())
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda n: n.replace("\n42\n", "\n43\n"),  # forged size
+        lambda n: n.replace("trustfabric/audit\n", "evil/audit\n", 1),  # forged origin
+    ],
+)
+def test_forged_checkpoint_is_rejected(signer: KeySigner, mutate: object) -> None:
+    note = cpm.sign_checkpoint(signer, "trustfabric/audit", 42, hashlib.sha256(b"r").digest())
+    with pytest.raises(CheckpointError):
+        cpm.verify_checkpoint(mutate(note), signer.public_key())  # type: ignore[operator]
+
+
+def test_resigned_checkpoint_is_rejected(signer: KeySigner) -> None:
+    note = cpm.sign_checkpoint(KeySigner(), "trustfabric/audit", 42, hashlib.sha256(b"r").digest())
+    with pytest.raises(CheckpointError, match="not signed by the given audit public key"):
+        cpm.verify_checkpoint(note, signer.public_key())
+
+
+def test_write_checkpoint_signs_the_head(db: Database, signer: KeySigner) -> None:
+    empty = cpm.write_checkpoint(db, signer)
+    assert empty.size == 0 and empty.root_hash == merkle.EMPTY_ROOT.hex()
+    fill(db, 13)
+    cp = cpm.write_checkpoint(db, signer)
+    again = cpm.write_checkpoint(db, signer)
+    assert again.id == cp.id  # same size: the stored checkpoint is reused
+    parsed = cpm.verify_checkpoint(cp.note, signer.public_key())
+    with db.read_session() as s:
+        assert parsed.size == 13 and parsed.root == service.root_at(s, 13)
+        assert len(s.exec(select(AuditCheckpoint)).all()) == 2
+
+
+def test_writer_every_n_events_or_t_seconds(sqlite_db: Database, signer: KeySigner) -> None:
+    clock = FrozenClock(T0)
+    writer = cpm.CheckpointWriter(sqlite_db, signer, every_events=10, every_seconds=60, clock=clock)
+    assert writer.maybe_write() is None  # nothing to sign yet
+    fill(sqlite_db, 3)
+    first = writer.maybe_write()
+    assert first is not None and first.size == 3  # the first events get a checkpoint
+    fill(sqlite_db, 5, start=3)
+    assert writer.maybe_write() is None  # 5 < 10 events and no time passed
+    clock.advance(timedelta(seconds=61))
+    assert (cp := writer.maybe_write()) is not None and cp.size == 8
+    fill(sqlite_db, 10, start=8)
+    assert (cp := writer.maybe_write()) is not None and cp.size == 18
+    clock.advance(timedelta(seconds=600))
+    assert writer.maybe_write() is None  # time passed but nothing new
+
+
+def test_writer_thread(sqlite_db: Database, signer: KeySigner) -> None:
+    writer = cpm.CheckpointWriter(sqlite_db, signer, every_events=1, every_seconds=3600)
+    fill(sqlite_db, 2)
+    writer.start(poll_seconds=0.01)
+    try:
+        import time
+
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with sqlite_db.read_session() as s:
+                if cpm.latest_checkpoint(s) is not None:
+                    break
+            time.sleep(0.02)
+    finally:
+        writer.stop()
+    with sqlite_db.read_session() as s:
+        latest = cpm.latest_checkpoint(s)
+    assert latest is not None and latest.size == 2
+
+
+def test_bad_writer_settings() -> None:
+    with pytest.raises(CheckpointError):
+        cpm.CheckpointWriter(None, KeySigner(), every_events=0)  # type: ignore[arg-type]
+    with pytest.raises(CheckpointError):
+        cpm.CheckpointWriter(None, KeySigner(), origin="has space")  # type: ignore[arg-type]
+
+
+def test_ensure_audit_key_with_the_file_keystore(tmp_path: Path) -> None:
+    keystore_file = pytest.importorskip("pki.keystore_file")
+    from pki.keystore import KeyKind
+
+    ks = keystore_file.FileKeyStore.open(tmp_path / "keys", passphrase="correct horse battery staple")
+    with pytest.raises(AuditKeyMissing):
+        cpm.audit_signer(ks)
+    cpm.ensure_audit_key(ks)
+    first = cpm.public_key_pem(cpm.audit_signer(ks))
+    cpm.ensure_audit_key(ks)  # idempotent: the key is kept
+    assert cpm.public_key_pem(cpm.audit_signer(ks)) == first
+    assert ks.get(cpm.AUDIT_KEY_ID).kind is KeyKind.ED25519
+    note = cpm.sign_checkpoint(cpm.audit_signer(ks), "trustfabric/audit", 1, hashlib.sha256(b"x").digest())
+    cpm.verify_checkpoint(note, cpm.load_public_key(first))
+    ks.generate("ca-root", KeyKind.EC_P256)
+    assert ks.exists("ca-root") and cpm.AUDIT_KEY_ID != "ca-root"
+
+
+def test_a_non_ed25519_audit_key_is_refused(tmp_path: Path) -> None:
+    keystore_file = pytest.importorskip("pki.keystore_file")
+    from pki.keystore import KeyKind
+
+    ks = keystore_file.FileKeyStore.open(tmp_path / "keys", passphrase="correct horse battery staple")
+    ks.generate(cpm.AUDIT_KEY_ID, KeyKind.EC_P256)
+    with pytest.raises(CheckpointError, match="Ed25519"):
+        cpm.ensure_audit_key(ks)

@@ -1,0 +1,273 @@
+"""The offline verifier names the first bad event and what is wrong, for every tamper case."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from audit import merkle
+from audit.checkpoint import sign_checkpoint
+from audit.errors import VerificationError
+from audit.export import ExportFilter, export_events
+from audit.verify import verify_export
+from store.db import Database
+from tests.audit.conftest import KeySigner, fill
+
+N = 100
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes | KeySigner]:
+    from store.db import sqlite_url
+    from store.migrations import migrate
+
+    db = Database(sqlite_url(tmp_path_factory.mktemp("verify")))
+    migrate(db.engine)
+    fill(db, N)
+    signer = KeySigner()
+    out: dict[str, bytes | KeySigner] = {"signer": signer}
+    for name, fmt, flt in [
+        ("jsonl", "jsonl", ExportFilter()),
+        ("acme", "jsonl", ExportFilter(tenant="acme")),
+        ("csv", "csv", ExportFilter()),
+        ("ocsf", "ocsf", ExportFilter()),
+    ]:
+        buf = io.BytesIO()
+        export_events(db, signer, buf, fmt=fmt, filters=flt)
+        out[name] = buf.getvalue()
+    db.dispose()
+    return out
+
+
+def _lines(data: bytes) -> list[bytes]:
+    return data.splitlines(keepends=True)
+
+
+def _event_line(lines: list[bytes], seq: int) -> int:
+    for i, line in enumerate(lines):
+        if line.startswith(b'{"event":') and json.loads(line)["event"]["seq"] == seq:
+            return i
+    raise AssertionError(f"no event {seq}")
+
+
+def _rehash(doc: dict[str, object]) -> bytes:
+    import rfc8785
+
+    data = bytes(rfc8785.dumps(doc))
+    return b'{"event":' + data + b',"leaf_hash":"' + merkle.hash_leaf(data).hex().encode() + b'"}\n'
+
+
+def _verify(data: bytes, signer: KeySigner) -> VerificationError:
+    with pytest.raises(VerificationError) as info:
+        verify_export(io.BytesIO(data), signer.public_key())
+    return info.value
+
+
+def _case(exported: dict[str, bytes | KeySigner], name: str, edit: Callable[[list[bytes]], None]) -> VerificationError:
+    lines = _lines(exported[name])  # type: ignore[arg-type]
+    edit(lines)
+    return _verify(b"".join(lines), exported["signer"])  # type: ignore[arg-type]
+
+
+def test_untouched_exports_verify(exported: dict[str, bytes | KeySigner], tmp_path: Path) -> None:
+    signer = exported["signer"]
+    assert isinstance(signer, KeySigner)
+    for name in ("jsonl", "acme", "csv", "ocsf"):
+        path = tmp_path / name
+        path.write_bytes(exported[name])  # type: ignore[arg-type]
+        report = verify_export(path, signer.public_key())
+        assert report.tree_size == N
+        assert report.events == (N if name != "acme" else sum(1 for i in range(N) if i % 5 and i % 3 == 0))
+
+
+def test_modified_field(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        i = _event_line(lines, 37)
+        lines[i] = lines[i].replace(b'"id":"obj-37"', b'"id":"obj-73"')
+
+    err = _case(exported, "jsonl", edit)
+    assert (err.kind, err.index) == ("modified", 37)
+
+
+def test_modified_field_with_its_leaf_hash_rewritten(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        i = _event_line(lines, 37)
+        doc = json.loads(lines[i])["event"]
+        doc["reason"] = "nothing to see here"
+        lines[i] = _rehash(doc)
+
+    err = _case(exported, "jsonl", edit)
+    assert (err.kind, err.index) == ("modified", 37)
+
+
+def test_whole_chain_rewritten_after_a_change_fails_the_signed_root(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        prev = None
+        for i in range(_event_line(lines, 37), len(lines)):
+            doc = json.loads(lines[i])["event"]
+            if doc["seq"] == 37:
+                doc["tenant"] = "umbrella"
+            if prev is not None:
+                doc["prev_hash"] = prev
+            lines[i] = _rehash(doc)
+            prev = json.loads(lines[i])["leaf_hash"]
+
+    err = _case(exported, "jsonl", edit)
+    assert (err.kind, err.index) == ("root_mismatch", None)
+
+
+def test_removed_event(exported: dict[str, bytes | KeySigner]) -> None:
+    err = _case(exported, "jsonl", lambda lines: lines.pop(_event_line(lines, 50)))
+    assert (err.kind, err.index) == ("removed", 50)
+
+
+def test_removed_event_hidden_behind_a_gap_hash(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        i = _event_line(lines, 30)
+        leaf = json.loads(lines[i])["leaf_hash"]
+        lines[i] = json.dumps({"gap": {"hash": leaf, "level": 0, "start": 30}}).encode() + b"\n"
+
+    err = _case(exported, "jsonl", edit)
+    assert (err.kind, err.index) == ("removed", 30)
+
+
+def test_two_events_swapped(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        i = _event_line(lines, 20)
+        lines[i], lines[i + 1] = lines[i + 1], lines[i]
+
+    err = _case(exported, "jsonl", edit)
+    assert (err.kind, err.index) == ("reordered", 20)
+
+
+def test_inserted_event(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        i = _event_line(lines, 60)
+        forged = json.loads(lines[i])["event"]
+        forged["object"]["id"] = "backdoor"  # well formed: right seq, right prev_hash, right leaf hash
+        lines.insert(i, _rehash(forged))
+
+    err = _case(exported, "jsonl", edit)
+    assert (err.kind, err.index) == ("inserted", 60)
+
+
+def test_event_appended_after_the_checkpoint(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        last = json.loads(lines[-1])
+        doc = last["event"]
+        doc["seq"], doc["prev_hash"] = N, last["leaf_hash"]
+        lines.append(_rehash(doc))
+
+    err = _case(exported, "jsonl", edit)
+    assert (err.kind, err.index) == ("inserted", N)
+
+
+def test_truncated_tail(exported: dict[str, bytes | KeySigner]) -> None:
+    err = _case(exported, "jsonl", lambda lines: lines.__delitem__(slice(-5, None)))
+    assert (err.kind, err.index) == ("truncated", N - 5)
+
+
+def test_file_cut_mid_record(exported: dict[str, bytes | KeySigner]) -> None:
+    data = exported["jsonl"]
+    assert isinstance(data, bytes)
+    err = _verify(data[:-40], exported["signer"])  # type: ignore[arg-type]
+    assert err.kind == "truncated"
+
+
+def _swap_checkpoint(lines: list[bytes], change: Callable[[str], str]) -> None:
+    header = json.loads(lines[0])
+    header["header"]["checkpoint"] = change(header["header"]["checkpoint"])
+    lines[0] = json.dumps(header).encode() + b"\n"
+
+
+def test_forged_checkpoint(exported: dict[str, bytes | KeySigner]) -> None:
+    def forge(note: str) -> str:
+        origin, size, root, rest = note.split("\n", 3)
+        return "\n".join([origin, size, base64.b64encode(hashlib.sha256(b"forged").digest()).decode(), rest])
+
+    err = _case(exported, "jsonl", lambda lines: _swap_checkpoint(lines, forge))
+    assert (err.kind, err.index) == ("checkpoint", None)
+    assert "altered" in str(err)
+
+
+def test_resigned_checkpoint(exported: dict[str, bytes | KeySigner]) -> None:
+    """An attacker with database access rebuilds everything and signs with a key of their own."""
+
+    def resign(note: str) -> str:
+        origin, size, root = note.split("\n")[:3]
+        return sign_checkpoint(KeySigner(), origin, int(size), base64.b64decode(root))
+
+    err = _case(exported, "jsonl", lambda lines: _swap_checkpoint(lines, resign))
+    assert (err.kind, err.index) == ("checkpoint", None)
+    assert "not signed by the given audit public key" in str(err)
+
+
+def test_tenant_export_with_another_tenants_event_slipped_in(exported: dict[str, bytes | KeySigner]) -> None:
+    full = _lines(exported["jsonl"])  # type: ignore[arg-type]
+    foreign = full[_event_line(full, 4)]  # event 4 belongs to globex
+    assert json.loads(foreign)["event"]["tenant"] == "globex"
+
+    def edit(lines: list[bytes]) -> None:
+        at = next(i for i, line in enumerate(lines) if b'"start":4' in line or b'"seq":6,' in line)
+        lines.insert(at, foreign)
+
+    err = _case(exported, "acme", edit)
+    assert (err.kind, err.index) == ("outside_filter", 4)
+
+
+def test_tenant_export_with_the_filter_widened_in_the_header(exported: dict[str, bytes | KeySigner]) -> None:
+    """Claiming the tenant export is unfiltered exposes its gaps as hidden events."""
+
+    def edit(lines: list[bytes]) -> None:
+        header = json.loads(lines[0])
+        header["header"]["filter"]["tenant"] = None
+        lines[0] = json.dumps(header).encode() + b"\n"
+
+    err = _case(exported, "acme", edit)
+    assert (err.kind, err.index) == ("removed", 0)
+
+
+def test_csv_modified_cell(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        i = next(i for i, line in enumerate(lines) if line.startswith(b"event,12,"))
+        lines[i] = lines[i].replace(b",user-5,", b",user-6,")
+
+    err = _case(exported, "csv", edit)
+    assert (err.kind, err.index) == ("modified", 12)
+
+
+def test_csv_removed_row(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        lines.pop(next(i for i, line in enumerate(lines) if line.startswith(b"event,12,")))
+
+    err = _case(exported, "csv", edit)
+    assert (err.kind, err.index) == ("removed", 12)
+
+
+def test_ocsf_mapped_field_changed(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        i = next(i for i, line in enumerate(lines) if b'"sequence":44,' in line)
+        ev = json.loads(lines[i])
+        ev["actor"]["user"]["name"] = "somebody-else"
+        lines[i] = json.dumps(ev).encode() + b"\n"
+
+    err = _case(exported, "ocsf", edit)
+    assert (err.kind, err.index) == ("modified", 44)
+
+
+def test_wrong_public_key(exported: dict[str, bytes | KeySigner]) -> None:
+    err = _verify(exported["jsonl"], KeySigner())  # type: ignore[arg-type]
+    assert err.kind == "checkpoint"
+
+
+def test_not_an_export() -> None:
+    err = _verify(b'{"hello":1}\n', KeySigner())
+    assert err.kind == "malformed"
+    err = _verify(b"", KeySigner())
+    assert err.kind == "header"
