@@ -194,7 +194,8 @@ def test_idempotent_retries(env: Env) -> None:
     assert r.status_code == 409 and "Idempotency-Key" in r.json()["reason"]
     # the key is per requester: another principal's identical key is a new request
     other = env.token("tenant-admin", "acme", subject="other-admin")
-    r = env.client.post("/v1/grants", json=REQ, headers={"Authorization": f"Bearer {other}", "Idempotency-Key": "req-42"})
+    r = env.client.post("/v1/grants", json=REQ,
+                        headers={"Authorization": f"Bearer {other}", "Idempotency-Key": "req-42"})
     assert r.status_code == 201 and r.json()["id"] != first.json()["id"]
     r = request(env, key="bad key with spaces")
     assert r.status_code == 422
