@@ -1,0 +1,267 @@
+"""PKI routes: bundle and CRL (public), SVID issuance and revocation, node join tokens and attestation.
+Thin: parse, authorize (api_authz.rego), call pki.service, shape the answer."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from sqlmodel import Session
+
+from api.authz import authorize
+from api.deps import CtxDep, PrincipalDep
+from api.routes.common import request_id
+from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
+from core.clock import as_utc
+from pki import service
+from pki.attestation import token_hash
+from pki.errors import SvidNotFound
+from pki.models import IssuedSvid, JoinToken
+
+router = APIRouter(prefix="/v1", tags=["pki"])
+
+MAX_TTL_SECONDS = 30 * 86400
+Csr = Annotated[str, Field(min_length=1, max_length=16384, description="PKCS#10 CSR, PEM",
+                           examples=["-----BEGIN CERTIFICATE REQUEST-----\n...\n-----END CERTIFICATE REQUEST-----\n"])]
+TtlSeconds = Annotated[int | None, Field(default=None, ge=1, le=MAX_TTL_SECONDS,
+                                         description="lifetime; the trust domain's maximum applies")]
+Audience = Annotated[str, Field(min_length=1, max_length=512)]
+
+
+class X509SvidRequest(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"csr": "-----BEGIN CERTIFICATE REQUEST-----\n...", "tenant": "acme", "group": "web",
+         "workload": "web-1", "ttl_seconds": 3600}]})
+    csr: Csr
+    tenant: Slug
+    group: Slug
+    workload: Slug
+    ttl_seconds: TtlSeconds = None
+
+
+class JwtSvidRequest(Strict):
+    tenant: Slug
+    group: Slug
+    workload: Slug
+    audience: list[Audience] = Field(min_length=1, max_length=16)
+    ttl_seconds: TtlSeconds = None
+
+
+class RevokeRequest(Strict):
+    """Either `serial`, or `tenant` (optionally with `group`, and `workload` within a group)."""
+
+    serial: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^(0x)?[0-9A-Fa-f:]+$")
+    tenant: Slug | None = None
+    group: Slug | None = None
+    workload: Slug | None = None
+    reason: Reason
+
+    @model_validator(mode="after")
+    def _one_target(self) -> RevokeRequest:
+        if (self.serial is None) == (self.tenant is None):
+            raise ValueError("give either serial, or tenant (with optional group and workload)")
+        if self.workload is not None and self.group is None:
+            raise ValueError("a workload is named within a group: give the group too")
+        if self.serial is not None and (self.group is not None or self.workload is not None):
+            raise ValueError("group and workload go with tenant, not with serial")
+        return self
+
+
+class JoinTokenRequest(Strict):
+    node_name: Slug
+    ttl_seconds: int | None = Field(default=None, ge=1, le=7 * 86400)
+
+
+class AttestRequest(Strict):
+    token: str = Field(min_length=1, max_length=256)
+    csr: Csr
+
+
+class RotateRequest(Strict):
+    force: bool = False
+
+
+class X509SvidOut(BaseModel):
+    spiffe_id: str
+    serial: str
+    certificate: str = Field(description="the leaf, PEM")
+    chain: list[str] = Field(description="issuing CA certificate(s), PEM; the root is in the bundle")
+    expires_at: datetime
+
+
+class JwtSvidOut(BaseModel):
+    token: str
+    spiffe_id: str
+    audience: list[str]
+    expires_at: datetime
+    kid: str
+
+
+class RevokeOut(BaseModel):
+    revoked: list[str]
+
+
+class JoinTokenOut(BaseModel):
+    token: str = Field(description="shown once; only its hash is stored")
+    node_name: str
+    spiffe_id: str
+    expires_at: datetime
+
+
+class RevocationsOut(BaseModel):
+    serials: list[str]
+    identities: list[dict[str, Any]]
+
+
+def _ttl(seconds: int | None) -> timedelta | None:
+    return None if seconds is None else timedelta(seconds=seconds)
+
+
+def _x509_out(issued: service.IssuedX509) -> X509SvidOut:
+    return X509SvidOut(spiffe_id=issued.spiffe_id, serial=issued.serial, certificate=issued.cert_pem.decode(),
+                       chain=[c.decode() for c in issued.chain_pem], expires_at=issued.expires_at)
+
+
+@router.get("/bundle", responses=error_responses(400, 409, 422),
+            summary="The trust bundle (public): SPIFFE JWKS, or ?format=pem for the X.509 roots")
+def get_bundle(ctx: CtxDep, format: Annotated[Literal["jwks", "pem"], Query()] = "jwks") -> Any:
+    with ctx.db.read_session() as session:
+        if format == "pem":
+            return Response(service.bundle_pem(session, ctx.clock), media_type="application/x-pem-file")
+        return service.bundle_jwks(session, ctx.clock)
+
+
+@router.get("/crl", responses=error_responses(400, 409, 422),
+            summary="Certificate revocation list of the active issuing CA (public); ?format=pem for all")
+def get_crl(ctx: CtxDep, format: Annotated[Literal["der", "pem"], Query()] = "der") -> Response:
+    with ctx.db.read_session() as session:
+        if format == "pem":
+            return Response(service.crl_pem(session, ctx.keystore, ctx.clock), media_type="application/x-pem-file")
+        return Response(service.crl_der(session, ctx.keystore, ctx.clock), media_type="application/pkix-crl")
+
+
+@router.post("/svids/x509", status_code=201, response_model=X509SvidOut,
+             responses=error_responses(*COMMON_ERRORS, 404, 409),
+             summary="Issue an X.509-SVID to a registered workload from a CSR")
+def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> X509SvidOut:
+    authorize(request, principal, "svid.issue", body.tenant)
+    with ctx.db.session() as session:
+        issued = service.issue_x509_svid(
+            session, ctx.keystore, csr_pem=body.csr.encode(), tenant=body.tenant, group=body.group,
+            workload=body.workload, ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
+            scope_tenant=principal.scope_tenant, clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
+            request_id=request_id(request),
+        )
+    return _x509_out(issued)
+
+
+@router.post("/svids/jwt", status_code=201, response_model=JwtSvidOut,
+             responses=error_responses(*COMMON_ERRORS, 404, 409), summary="Issue a JWT-SVID to a registered workload")
+def issue_jwt(body: JwtSvidRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> JwtSvidOut:
+    authorize(request, principal, "svid.issue", body.tenant)
+    with ctx.db.session() as session:
+        issued = service.issue_jwt_svid(
+            session, ctx.keystore, tenant=body.tenant, group=body.group, workload=body.workload,
+            audience=list(body.audience), ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
+            scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=request_id(request),
+        )
+    return JwtSvidOut(token=issued.token, spiffe_id=issued.spiffe_id, audience=issued.audience,
+                      expires_at=issued.expires_at, kid=issued.kid)
+
+
+def _serial_tenant(session: Session, serial: str) -> str | None:
+    norm = serial.strip().lower().removeprefix("0x").replace(":", "").lstrip("0") or "0"
+    row = session.get(IssuedSvid, norm)
+    if row is None:
+        raise SvidNotFound(f"no SVID with serial {norm}")
+    return row.tenant
+
+
+@router.post("/svids/revoke", response_model=RevokeOut, responses=error_responses(*COMMON_ERRORS, 404, 409),
+             summary="Revoke one SVID by serial, or every SVID of a tenant / group / workload")
+def revoke(body: RevokeRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> RevokeOut:
+    with ctx.db.session() as session:
+        tenant = _serial_tenant(session, body.serial) if body.serial is not None else body.tenant
+        if body.serial is not None and principal.scope_tenant is not None and tenant != principal.scope_tenant:
+            raise SvidNotFound(f"no SVID with serial {body.serial}")  # do not reveal other tenants' serials
+        authorize(request, principal, "svid.revoke", tenant)
+        serials = service.revoke(
+            session, serial=body.serial, tenant=body.tenant, group=body.group, workload=body.workload,
+            reason=body.reason, actor=principal.actor(), scope_tenant=principal.scope_tenant, clock=ctx.clock,
+            request_id=request_id(request),
+        )
+    return RevokeOut(revoked=serials)
+
+
+@router.get("/revocations", response_model=RevocationsOut, responses=error_responses(*COMMON_ERRORS),
+            summary="Revoked serials and identities (deny list for enforcers)")
+def revocations(request: Request, ctx: CtxDep, principal: PrincipalDep) -> RevocationsOut:
+    authorize(request, principal, "revocation.read", None)
+    with ctx.db.read_session() as session:
+        serials = service.revoked_serials(session)
+        identities = [
+            {"spiffe_id_prefix": i.spiffe_id_prefix, "tenant": i.tenant, "group": i.group, "workload": i.workload,
+             "reason": i.reason, "revoked_at": i.revoked_at.isoformat()}
+            for i in service.revoked_identities(session)
+        ]
+    return RevocationsOut(serials=serials, identities=identities)
+
+
+@router.post("/nodes/tokens", status_code=201, response_model=JoinTokenOut,
+             responses=error_responses(*COMMON_ERRORS, 409), summary="Create a one-time node join token (admin)")
+def create_node_token(body: JoinTokenRequest, request: Request, ctx: CtxDep, principal: PrincipalDep
+                      ) -> JoinTokenOut:
+    authorize(request, principal, "node.token.create", None)
+    with ctx.db.session() as session:
+        token = service.create_join_token(session, node_name=body.node_name, ttl=_ttl(body.ttl_seconds),
+                                          actor=principal.actor(), clock=ctx.clock, request_id=request_id(request))
+        td = service.trust_domain(session)
+        row = session.get(JoinToken, token_hash(token))
+        assert row is not None
+        expires_at = as_utc(row.expires_at)
+    return JoinTokenOut(token=token, node_name=body.node_name, spiffe_id=f"spiffe://{td}/node/{body.node_name}",
+                        expires_at=expires_at)
+
+
+@router.post("/nodes/attest", status_code=201, response_model=X509SvidOut,
+             responses=error_responses(400, 401, 409, 413, 422),
+             summary="Exchange a join token and a CSR for the node's SVID (the token is the credential)")
+def attest(body: AttestRequest, request: Request, ctx: CtxDep) -> X509SvidOut:
+    with ctx.db.session() as session:
+        issued = service.attest_node(session, ctx.keystore, token=body.token, csr_pem=body.csr.encode(),
+                                     clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
+                                     request_id=request_id(request))
+    return _x509_out(issued)
+
+
+def status_dict(status: service.RotationStatus) -> dict[str, Any]:
+    """RotationStatus as JSON-friendly data (shared with the CLI)."""
+    def ts(value: datetime | None) -> str | None:
+        return value.isoformat() if value else None
+
+    return {
+        "prepared": status.prepared, "activated": status.activated, "retired": status.retired,
+        "active_generation": status.active_generation, "next_prepare_at": ts(status.next_prepare_at),
+        "next_activate_at": ts(status.next_activate_at),
+        "cas": [{"id": c.id, "generation": c.generation, "role": c.role, "state": c.state, "key_kind": c.key_kind,
+                 "not_before": ts(c.not_before), "not_after": ts(c.not_after), "signed_until": ts(c.signed_until)}
+                for c in status.cas],
+    }
+
+
+@router.get("/ca/status", responses=error_responses(*COMMON_ERRORS, 409), summary="CA generations and schedule")
+def ca_status(request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
+    authorize(request, principal, "ca.read", None)
+    with ctx.db.read_session() as session:
+        return status_dict(service.ca_status(session, ctx.clock))
+
+
+@router.post("/ca/rotate", responses=error_responses(*COMMON_ERRORS, 409),
+             summary="Run the CA rotation schedule now; force=true rotates immediately (admin)")
+def ca_rotate(body: RotateRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
+    authorize(request, principal, "ca.rotate", None)
+    with ctx.db.session() as session:
+        return status_dict(service.rotate(session, ctx.keystore, force=body.force, actor=principal.actor(),
+                                          clock=ctx.clock, request_id=request_id(request)))
