@@ -180,7 +180,10 @@ def to_ocsf(document: dict[str, Any], leaf_hash: str, *, origin: str) -> dict[st
         event["user"] = {"uid": obj["id"], "name": obj["id"], "type": obj["type"]}
         event["privileges"] = [action]
     elif cls == API_ACTIVITY[0]:
-        event["api"] = {"operation": action, "service": {"name": "trustfabric"}}
+        event["api"] = {
+            "operation": action,
+            "service": {"name": "trustfabric", "uid": "trustfabric-api", "version": "v1"},
+        }
         event["src_endpoint"] = {"name": actor["id"]}
         if document.get("request_id"):
             event["api"]["request"] = {"uid": document["request_id"]}

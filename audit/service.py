@@ -21,7 +21,7 @@ from typing import Any
 import rfc8785
 from sqlalchemy import bindparam, event, insert, select, update
 from sqlalchemy.orm import Session as OrmSession
-from sqlalchemy.orm import SessionTransaction
+from sqlalchemy.orm import SessionTransaction, configure_mappers
 from sqlmodel import Session
 
 from audit import merkle
@@ -214,6 +214,7 @@ def record(
         {"h_size": head.size, "h_last": head.last_leaf.hex(), "h_frontier": [h.hex() for h in head.frontier]},
     )
     session.info[_HEAD_CACHE] = head  # only once every write went through
+    configure_mappers()  # no-op once done; model_construct skips the step that would trigger it
     return AuditEvent.model_construct(**fields)
 
 

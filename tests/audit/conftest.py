@@ -49,10 +49,16 @@ def fill(db: Database, count: int, *, start: int = 0, per_tx: int = 50) -> list[
                     summary = {"src": "spiffe://td/tenant/acme/group/a/w", "dst": "spiffe://td/tenant/globex/group/b/w"}
                 out.append(
                     record(
-                        s, actor=Actor(f"user-{i % 7}", "admin" if i % 2 else "tenant"),
-                        action=ACTIONS[i % len(ACTIONS)], object_type="thing", object_id=f"obj-{i}",
-                        tenant=tenant, summary=summary, reason="because" if i % 4 == 0 else None,
-                        request_id=f"req-{i}" if i % 3 == 0 else None, at=T0 + timedelta(seconds=i),
+                        s,
+                        actor=Actor(f"user-{i % 7}", "admin" if i % 2 else "tenant"),
+                        action=ACTIONS[i % len(ACTIONS)],
+                        object_type="thing",
+                        object_id=f"obj-{i}",
+                        tenant=tenant,
+                        summary=summary,
+                        reason="because" if i % 4 == 0 else None,
+                        request_id=f"req-{i}" if i % 3 == 0 else None,
+                        at=T0 + timedelta(seconds=i),
                     )
                 )
                 i += 1

@@ -42,7 +42,8 @@ def test_go_signed_note_known_answer() -> None:
     note = (
         "If you think cryptography is the answer to your problem,\n"
         "then you don't know what your problem is.\n\n"
-        "\u2014 PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6KE6RyyBwJnAM=\n"
+        "\u2014 PeterNeumann "
+        "x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6KE6RyyBwJnAM=\n"
     )
     key = cpm.load_public_key(vkey)
     body, line = note.split("\n\n")

@@ -24,8 +24,14 @@ def _append(url: str, worker: int, barrier: mp.synchronize.Barrier) -> None:  # 
             for _ in range(1 + (i % 3)):  # transactions of 1..3 events
                 if i >= PER_WORKER:
                     break
-                record(s, actor=Actor(f"w{worker}", "system"), action="ruleset.apply", object_type="ruleset",
-                       object_id=f"{worker}-{i}", summary={"worker": worker, "i": i})
+                record(
+                    s,
+                    actor=Actor(f"w{worker}", "system"),
+                    action="ruleset.apply",
+                    object_type="ruleset",
+                    object_id=f"{worker}-{i}",
+                    summary={"worker": worker, "i": i},
+                )
                 i += 1
     db.dispose()
 

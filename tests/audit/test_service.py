@@ -146,8 +146,14 @@ def test_times_are_utc_and_round_trip_exactly(db: Database) -> None:
 
     paris = timezone(timedelta(hours=1))
     with db.session() as s:
-        ev = record(s, actor=ADMIN, action="tenant.create", object_type="tenant", object_id="a",
-                    at=datetime(2026, 3, 1, 13, 0, 0, 123456, tzinfo=paris))
+        ev = record(
+            s,
+            actor=ADMIN,
+            action="tenant.create",
+            object_type="tenant",
+            object_id="a",
+            at=datetime(2026, 3, 1, 13, 0, 0, 123456, tzinfo=paris),
+        )
     assert ev.ts == datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
     with db.read_session() as s:
         row = s.exec(select(AuditEvent)).one()
@@ -157,8 +163,15 @@ def test_times_are_utc_and_round_trip_exactly(db: Database) -> None:
 
 def test_summary_is_stored_as_it_was_hashed(sqlite_db: Database) -> None:
     with sqlite_db.session() as s:
-        ev = record(s, actor=ADMIN, action="policy.activate", object_type="policy", object_id="p1",
-                    summary={"b": (1, 2), "a": {"z": None, "é": "ü"}}, at=T0)
+        ev = record(
+            s,
+            actor=ADMIN,
+            action="policy.activate",
+            object_type="policy",
+            object_id="p1",
+            summary={"b": (1, 2), "a": {"z": None, "é": "ü"}},
+            at=T0,
+        )
     assert ev.summary == {"a": {"z": None, "é": "ü"}, "b": [1, 2]}
     with sqlite_db.read_session() as s:
         row = s.exec(select(AuditEvent)).one()

@@ -188,7 +188,7 @@ def _swap_checkpoint(lines: list[bytes], change: Callable[[str], str]) -> None:
 
 def test_forged_checkpoint(exported: dict[str, bytes | KeySigner]) -> None:
     def forge(note: str) -> str:
-        origin, size, root, rest = note.split("\n", 3)
+        origin, size, _root, rest = note.split("\n", 3)
         return "\n".join([origin, size, base64.b64encode(hashlib.sha256(b"forged").digest()).decode(), rest])
 
     err = _case(exported, "jsonl", lambda lines: _swap_checkpoint(lines, forge))
