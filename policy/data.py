@@ -74,7 +74,7 @@ def grant_entry(grant: Grant) -> dict[str, Any]:
         "dst_group": grant.dst_group,
         "proto": grant.proto,
         "ports": sorted({int(p) for p in grant.ports}),
-        "expires_at_ns": to_ns(grant.expires_at),
+        "expires_at_ns": to_ns(as_utc(grant.expires_at)),  # SQLite hands back naive UTC
     }
 
 
