@@ -65,17 +65,17 @@ def make_settings(home: Path, database_url: str | None = None, **overrides: Any)
     return replace(base, **overrides)
 
 
-def open_env(settings: Settings, *, sweeper: bool = False) -> Env:
+def open_env(settings: Settings, *, sweeper: bool = False, td: str = TD) -> Env:
     clock = MovableClock(datetime.now(UTC).replace(microsecond=0))
     ctx = AppContext.open(settings, create=True, clock=clock)
     with ctx.db.session() as session:
-        init_trust_domain(session, ctx.keystore, trust_domain=TD, key_kind=KeyKind.EC_P256, clock=clock)
+        init_trust_domain(session, ctx.keystore, trust_domain=td, key_kind=KeyKind.EC_P256, clock=clock)
     ensure_issuer_key(ctx.keystore)
     app = create_app(ctx, sweeper=sweeper)
     return Env(ctx=ctx, app=app, client=TestClient(app, raise_server_exceptions=False), clock=clock)
 
 
-def seed(env: Env) -> None:
+def seed(env: Env, td: str = TD) -> None:
     """Two tenants with groups: acme/web (tcp 443), acme/db; globex/api (tcp 443, 8443), globex/vault
     (sensitive, tcp 8200); a workload in each tenant."""
     with env.ctx.db.session() as s:
@@ -94,9 +94,9 @@ def seed(env: Env) -> None:
                          sensitivity="sensitive", actor=actor, clock=env.clock)
         inv.create_group(s, tenant="globex", name="public", ports=[{"proto": "tcp", "port": 80}],
                          labels={"grants.trustfabric.io/auto-approve": "true"}, actor=actor, clock=env.clock)
-        inv.register_workload(s, trust_domain=TD, tenant="acme", group="web", name="web-1", actor=actor,
+        inv.register_workload(s, trust_domain=td, tenant="acme", group="web", name="web-1", actor=actor,
                               clock=env.clock)
-        inv.register_workload(s, trust_domain=TD, tenant="globex", group="api", name="api-1", actor=actor,
+        inv.register_workload(s, trust_domain=td, tenant="globex", group="api", name="api-1", actor=actor,
                               clock=env.clock)
 
 
