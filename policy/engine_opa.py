@@ -70,6 +70,10 @@ class OpaServerEngine:
                 timeout=self.settings.timeout,
                 retries=self.settings.retries,
             )
+            if self.settings.ca_bundle:
+                # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override the session's CA file;
+                # the configured CA must win (and no proxy from the environment sits in between)
+                client._session.trust_env = False
             self._local.client = client
             with self._lock:
                 self._clients.append(client)

@@ -116,7 +116,9 @@ def reference_allows(data: Mapping[str, Any], flow: Mapping[str, Any]) -> bool:
     tf = data["tf"]
     for side in (flow["src"], flow["dst"]):
         sid = side.get("spiffe_id")
-        if sid is not None and (tf["revoked"].get(sid) or f"/tenant/{side['tenant']}/group/{side['group']}/" not in sid):
+        if sid is None:
+            continue
+        if tf["revoked"].get(sid) or f"/tenant/{side['tenant']}/group/{side['group']}/" not in sid:
             return False
     f = Flow(flow["src"]["tenant"], flow["src"]["group"], flow["dst"]["tenant"], flow["dst"]["group"],
              flow["proto"], flow["port"])

@@ -89,8 +89,10 @@ def test_sharded_serialisation_equals_a_fresh_one_after_patches() -> None:
     patched = cache.patched(new, ops)
     assert patched.text() != first
     assert patched.text() == ShardedJson(new).text()
-    ops2 = [{"op": "remove", "path": "/tf/tenants/evil"}, {"op": "add", "path": "/tf/tenants/acme/groups/new",
-                                                           "value": group([("tcp", 1)])}]
+    ops2: list[dict[str, Any]] = [
+        {"op": "remove", "path": "/tf/tenants/evil"},
+        {"op": "add", "path": "/tf/tenants/acme/groups/new", "value": group([("tcp", 1)])},
+    ]
     newer = apply_patch(new, ops2)
     assert patched.patched(newer, ops2).text() == ShardedJson(newer).text()
     assert '"evil":{"quarantined"' not in patched.patched(newer, ops2).text()
@@ -101,7 +103,8 @@ def test_patch_is_all_or_nothing_and_never_mutates_its_input() -> None:
     data = small_doc()
     before = repr(data)
     with pytest.raises(InvalidInput):
-        apply_patch(data, [{"op": "add", "path": "/tf/x", "value": 1}, {"op": "replace", "path": "/tf/nope", "value": 2}])
+        apply_patch(data, [{"op": "add", "path": "/tf/x", "value": 1},
+                           {"op": "replace", "path": "/tf/nope", "value": 2}])
     with pytest.raises(InvalidInput):
         apply_patch(data, [{"op": "move", "path": "/tf"}])
     out = apply_patch(data, [{"op": "add", "path": "/tf/grants/a/b/c", "value": {"x": 1}},

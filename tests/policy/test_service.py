@@ -114,16 +114,14 @@ def test_activate_rollback_lifecycle(db: Database) -> None:
 
 @pytest.mark.parametrize("kind", ["ed25519", "ecdsa"])
 def test_signed_activation(db: Database, kind: str) -> None:
-    if kind == "ed25519":
-        key = ed25519.Ed25519PrivateKey.generate()
-        sign = key.sign
-    else:
-        eckey = ec.generate_private_key(ec.SECP256R1())
-        key = eckey  # type: ignore[assignment]
+    edkey = ed25519.Ed25519PrivateKey.generate()
+    eckey = ec.generate_private_key(ec.SECP256R1())
 
-        def sign(m: bytes) -> bytes:
-            return eckey.sign(m, ec.ECDSA(hashes.SHA256()))
-    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    def sign(m: bytes) -> bytes:
+        return edkey.sign(m) if kind == "ed25519" else eckey.sign(m, ec.ECDSA(hashes.SHA256()))
+
+    public = edkey.public_key() if kind == "ed25519" else eckey.public_key()
+    pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     keys = [load_verify_key(pem)]
     other = ed25519.Ed25519PrivateKey.generate()
     with db.session() as s:
