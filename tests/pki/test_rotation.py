@@ -103,7 +103,7 @@ def test_forced_rotation_keeps_old_svids_and_jwts_valid_until_they_expire(
     new = _issue(pki_db, keystore, clock)
     roots, doc = _bundle(pki_db)
     assert _verifies(old, roots, clock()) and _verifies(new, roots, clock())
-    jwt_keys = [k for k in doc["keys"] if k["use"] == "jwt-svid"]  # type: ignore[attr-defined, index]
+    jwt_keys = [k for k in doc["keys"] if k["use"] == "jwt-svid"]  # type: ignore[attr-defined]
     assert len(jwt_keys) == 2
     bundle = JwtBundle.parse(TrustDomain(TD), json.dumps({"keys": jwt_keys}).encode())
     JwtSvid.parse_and_validate(old_jwt.token, bundle, {"a"})
