@@ -1,0 +1,266 @@
+"""`trustfabric policy validate|test|upload|impact|activate|rollback|list|show|explain` and `trustfabric pdp`.
+
+validate and test work on a directory alone; the others open the local data directory (run them on the
+server host). Exit 0 ok, 1 failure (one readable line), 2 usage.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+
+from api.cli_common import JsonOpt, console, emit_json, emit_table, fail, open_context
+from api.routes.policy import verify_keys, version_out
+from audit import Actor
+from core.errors import TrustfabricError
+from policy import service
+from policy.versions import load_dir
+
+T = TypeVar("T")
+
+
+def _actor() -> Actor:
+    """The local operator (whoever can read the data directory) acts for the security team."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return Actor(id=f"cli:{user}", kind="security")
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    try:
+        yield
+    except TrustfabricError as exc:
+        fail(str(exc), 1)
+    except OSError as exc:
+        fail(f"{type(exc).__name__}: {exc}", 1)
+
+
+def _guard(fn: Callable[[], T]) -> T:
+    with _one_line_errors():
+        return fn()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _signature(signature: str | None, signature_file: Path | None) -> str | None:
+    if signature_file is not None:
+        return signature_file.read_text(encoding="ascii").strip()
+    return signature
+
+
+def _version_dict(v: Any) -> dict[str, Any]:
+    return version_out(v).model_dump(mode="json")
+
+
+def register(app: typer.Typer) -> None:
+    policy = typer.Typer(help="Rego policy versions: validate, test, upload, impact, activate, rollback.",
+                         no_args_is_help=True)
+    app.add_typer(policy, name="policy")
+
+    @policy.command("validate")
+    def validate_cmd(directory: Path, json_out: bool = JsonOpt) -> None:
+        """Compile every .rego under DIRECTORY; errors carry file:line:col."""
+        def run() -> tuple[str, list[str]]:
+            modules = load_dir(directory)
+            return service.validate(modules), sorted(modules)
+        digest, names = _guard(run)
+        if json_out:
+            emit_json({"content_hash": digest, "modules": names})
+        else:
+            console.print(f"ok: {len(names)} modules compile, content hash {digest}", highlight=False)
+
+    @policy.command("test")
+    def test_cmd(directory: Path, json_out: bool = JsonOpt) -> None:
+        """Run every test_* rule under DIRECTORY; exit 1 naming the failing tests."""
+        report = _guard(lambda: service.test(load_dir(directory)))
+        if json_out:
+            emit_json(report.to_dict())
+        else:
+            emit_table("Rego tests", ("test", "result", "ms", "error"),
+                       [(r.name, "pass" if r.passed else "FAIL", f"{r.duration_ms:.2f}", r.error or "")
+                        for r in report.results])
+        if not report.passed:
+            fail(f"{len(report.failing)} of {len(report.results)} tests failed: {', '.join(report.failing)}", 1)
+
+    @policy.command("upload")
+    def upload_cmd(directory: Path, note: str = typer.Option("", "--note", help="why this version"),
+                   json_out: bool = JsonOpt) -> None:
+        """Upload DIRECTORY as a candidate version (compiled, tests run; nothing stored on a compile error)."""
+        def run() -> tuple[dict[str, Any], bool]:
+            modules = load_dir(directory)
+            with open_context() as ctx, ctx.db.session() as session:
+                v, created = service.upload(session, modules, _actor(), now=ctx.clock(), note=note)
+                return _version_dict(v), created
+        out, created = _guard(run)
+        if json_out:
+            emit_json({**out, "created": created})
+            return
+        state = "uploaded" if created else "already stored"
+        tests = "tests pass" if out["tests_passed"] else f"TESTS FAIL: {', '.join(out['tests_failing'])}"
+        console.print(f"version {out['number']} {state} ({out['content_hash'][:16]}), {tests}", highlight=False)
+
+    @policy.command("list")
+    def list_cmd(json_out: bool = JsonOpt) -> None:
+        """Every version and its state."""
+        def run() -> list[dict[str, Any]]:
+            with open_context() as ctx, ctx.db.read_session() as session:
+                return [_version_dict(v) for v in service.list_versions(session)]
+        rows = _guard(run)
+        if json_out:
+            emit_json(rows)
+            return
+        emit_table("policy versions", ("#", "state", "hash", "tests", "uploaded by", "created", "note"),
+                   [(r["number"], r["state"], r["content_hash"][:16],
+                     "pass" if r["tests_passed"] else f"{len(r['tests_failing'])} failing",
+                     r["uploaded_by"], r["created_at"], r["note"]) for r in rows])
+
+    @policy.command("show")
+    def show_cmd(version: str = typer.Argument(None, help="number or hash prefix; the active one by default"),
+                 json_out: bool = JsonOpt) -> None:
+        """One version: state, modules, test results."""
+        def run() -> dict[str, Any]:
+            with open_context() as ctx, ctx.db.read_session() as session:
+                v = service.get_version(session, version) if version else service.active_version(session)
+                if v is None:
+                    from core.errors import NotFound
+
+                    raise NotFound("no policy version is active")
+                return version_out(v, detail=True).model_dump(mode="json")
+        out = _guard(run)
+        if json_out:
+            emit_json(out)
+            return
+        for key in ("number", "state", "content_hash", "tests_passed", "tests_total", "tests_failing", "modules",
+                    "uploaded_by", "created_at", "activated_at", "signed_by", "note"):
+            console.print(f"{key}: {out[key]}", highlight=False)
+
+    @policy.command("impact")
+    def impact_cmd(version: str, limit: int = typer.Option(50, "--limit", min=0, help="flows listed per side"),
+                   json_out: bool = JsonOpt) -> None:
+        """Flows VERSION would open and close against the active version, on the current inventory."""
+        def run() -> dict[str, Any]:
+            with open_context() as ctx, ctx.db.read_session() as session:
+                return service.impact(session, version, now=ctx.clock()).to_dict(limit=limit)
+        out = _guard(run)
+        if json_out:
+            emit_json(out)
+            return
+        console.print(f"opened {out['opened_count']}, closed {out['closed_count']}, unchanged {out['unchanged']} "
+                      f"(candidate {out['candidate_hash'][:16]} vs active {str(out['baseline_hash'])[:16]})",
+                      highlight=False)
+        for side in ("opened", "closed"):
+            if out[side]:
+                emit_table(f"flows {side}", ("src", "dst", "proto", "port"),
+                           [(f"{f['src_tenant']}/{f['src_group']}", f"{f['dst_tenant']}/{f['dst_group']}",
+                             f["proto"], f["port"]) for f in out[side]])
+        if out["by_tenant"]:
+            emit_table("by tenant", ("tenant", "opened", "closed"),
+                       [(t, c["opened"], c["closed"]) for t, c in out["by_tenant"].items()])
+
+    def _switch(kind: str, version: str, signature: str | None, signature_file: Path | None,
+                reason: str | None, json_out: bool) -> None:
+        def run() -> dict[str, Any]:
+            sig = _signature(signature, signature_file)
+            with open_context() as ctx, ctx.db.session() as session:
+                fn = service.activate if kind == "activate" else service.rollback
+                v = fn(session, version, _actor(), now=ctx.clock(), signature=sig,
+                       verify_keys=verify_keys(ctx.settings), reason=reason)
+                return _version_dict(v)
+        out = _guard(run)
+        if json_out:
+            emit_json(out)
+        else:
+            console.print(f"version {out['number']} ({out['content_hash'][:16]}) is active", highlight=False)
+
+    @policy.command("activate")
+    def activate_cmd(version: str, signature: str = typer.Option(None, "--signature", help="base64"),
+                     signature_file: Path = typer.Option(None, "--signature-file"),
+                     reason: str = typer.Option(None, "--reason"), json_out: bool = JsonOpt) -> None:
+        """Put VERSION in force (tests must pass; a signature when policy keys are configured)."""
+        _switch("activate", version, signature, signature_file, reason, json_out)
+
+    @policy.command("rollback")
+    def rollback_cmd(version: str, signature: str = typer.Option(None, "--signature", help="base64"),
+                     signature_file: Path = typer.Option(None, "--signature-file"),
+                     reason: str = typer.Option(None, "--reason"), json_out: bool = JsonOpt) -> None:
+        """Go back to an earlier VERSION."""
+        _switch("rollback", version, signature, signature_file, reason, json_out)
+
+    @policy.command("explain")
+    def explain_cmd(src: str = typer.Option(..., "--src", help="SPIFFE ID or tenant/group"),
+                    dst: str = typer.Option(..., "--dst", help="SPIFFE ID or tenant/group"),
+                    port: int = typer.Option(..., "--port", min=1, max=65535),
+                    proto: str = typer.Option("tcp", "--proto"), json_out: bool = JsonOpt) -> None:
+        """The decision on one flow under the active version, and why. Exit 0 whatever the decision."""
+        def run() -> dict[str, Any]:
+            with open_context() as ctx, ctx.db.read_session() as session:
+                d, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock())
+                return {**d.to_dict(), "policy_hash": digest}
+        out = _guard(run)
+        if json_out:
+            emit_json(out)
+            return
+        console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {proto}/{port}", highlight=False)
+        for reason in out["reasons"]:
+            console.print(f"  {reason}", highlight=False)
+
+    @app.command("pdp")
+    def pdp_cmd(
+        host: str = typer.Option("127.0.0.1", "--host"),
+        port: int = typer.Option(8181, "--port", min=1, max=65535),
+        rego: Path = typer.Option(None, "--rego", help="serve these modules (default: the active version, "
+                                  "with data from the database, refreshed)"),
+        refresh: float = typer.Option(2.0, "--refresh", min=0.1, help="seconds between database refreshes"),
+        tls_cert: Path = typer.Option(None, "--tls-cert"),
+        tls_key: Path = typer.Option(None, "--tls-key"),
+        json_out: bool = JsonOpt,
+    ) -> None:
+        """Serve the OPA REST API subset (health, policies, data, query) over the embedded engine.
+        Bearer token from TRUSTFABRIC_PDP_TOKEN (required when binding beyond loopback)."""
+        import uvicorn
+
+        from api.pdp import PdpSync, create_pdp_app
+        from policy.engine_regorus import RegorusEngine
+
+        token = os.environ.get("TRUSTFABRIC_PDP_TOKEN") or None
+        if token is None and host not in ("127.0.0.1", "::1", "localhost"):
+            fail("set TRUSTFABRIC_PDP_TOKEN to serve beyond loopback", 2)
+        if (tls_cert is None) != (tls_key is None):
+            fail("--tls-cert and --tls-key go together", 2)
+        engine = RegorusEngine()
+        sync: PdpSync | None = None
+        ctx_cm: Any = None
+        with _one_line_errors():
+            if rego is not None:
+                engine.load(load_dir(rego))
+            else:
+                ctx_cm = open_context()
+                ctx = ctx_cm.__enter__()
+                sync = PdpSync(ctx.db, engine, interval=refresh, clock=ctx.clock)
+                sync.start()
+        app_ = create_pdp_app(engine, token=token)
+        modules = sorted(engine.modules())
+        info: dict[str, Any] = {"url": f"{'https' if tls_cert else 'http'}://{host}:{port}", "modules": modules,
+                "active_hash": sync.active_hash if sync else None, "token_required": token is not None}
+        if json_out:
+            emit_json(info)
+        else:
+            console.print(f"pdp serving {info['url']} ({len(modules)} modules)", highlight=False)
+        options: dict[str, Any] = {}
+        if tls_cert is not None:
+            options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
+        try:
+            uvicorn.run(app_, host=host, port=port, log_level="warning", **options)
+        finally:
+            if sync is not None:
+                sync.stop()
+            if ctx_cm is not None:
+                ctx_cm.__exit__(None, None, None)

@@ -1,0 +1,234 @@
+"""Policy versions, impact, explain and the decision log. Thin: parse, authorize (api_authz.rego),
+call policy.service, let api/errors.py map the domain errors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.authz import authorize
+from api.deps import CtxDep, PrincipalDep
+from api.schemas import COMMON_ERRORS, error_responses
+from core.clock import as_utc
+from core.errors import Forbidden
+from policy import service
+from policy.decide import parse_identity
+from policy.decisionlog import query_decisions
+from policy.models import DecisionRecord, PolicyVersion
+from policy.versions import MAX_MODULES, VerifyKey, load_verify_key
+
+router = APIRouter(prefix="/v1/policy", tags=["policy"])
+
+READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
+WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
+VersionRef = Annotated[str, PathParam(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$",
+                                      description="version number or content-hash prefix (8+ hex)")]
+
+
+class ModulesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    modules: dict[str, Annotated[str, Field(max_length=1_000_000)]] = Field(
+        max_length=MAX_MODULES, description="path (ending .rego) -> Rego text; *_test.rego included")
+    note: str = Field(default="", max_length=2000)
+
+
+class ActivateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    signature: str | None = Field(default=None, max_length=512,
+                                  description="base64 signature over the content hash (ASCII hex)")
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class VersionOut(BaseModel):
+    number: int
+    content_hash: str
+    state: str
+    tests_passed: bool
+    tests_total: int
+    tests_failing: list[str]
+    modules: list[str]
+    uploaded_by: str
+    note: str
+    created_at: datetime
+    activated_at: datetime | None
+    signed_by: str | None
+
+
+class VersionDetail(VersionOut):
+    sources: dict[str, str]
+    tests: list[dict[str, Any]]
+
+
+class ValidateOut(BaseModel):
+    content_hash: str
+    modules: list[str]
+
+
+class ExplainOut(BaseModel):
+    allow: bool
+    reasons: list[str]
+    policy_hash: str | None
+    input: dict[str, Any]
+
+
+class DecisionOut(BaseModel):
+    id: int
+    ts: datetime
+    kind: str
+    tenant: str | None
+    allowed: bool
+    outcome: str
+    input: dict[str, Any]
+    result: dict[str, Any]
+    reasons: list[str]
+    policy_hash: str | None
+
+
+def version_out(v: PolicyVersion, detail: bool = False) -> VersionOut:
+    fields: dict[str, Any] = dict(
+        number=v.number or 0, content_hash=v.content_hash, state=v.state, tests_passed=v.tests_passed,
+        tests_total=len(v.tests), tests_failing=[str(t["name"]) for t in v.tests if not t.get("passed")],
+        modules=sorted(v.modules), uploaded_by=v.uploaded_by, note=v.note, created_at=as_utc(v.created_at),
+        activated_at=as_utc(v.activated_at) if v.activated_at else None, signed_by=v.signed_by,
+    )
+    if detail:
+        return VersionDetail(**fields, sources=dict(v.modules), tests=list(v.tests))
+    return VersionOut(**fields)
+
+
+def decision_out(r: DecisionRecord) -> DecisionOut:
+    return DecisionOut(id=r.id or 0, ts=as_utc(r.ts), kind=r.kind, tenant=r.tenant, allowed=r.allowed,
+                       outcome=r.outcome, input=r.input, result=r.result, reasons=r.reasons, policy_hash=r.policy_hash)
+
+
+def verify_keys(settings: Any) -> Sequence[VerifyKey]:
+    """Policy signing keys: settings.policy_verify_keys (PEM file paths) or TRUSTFABRIC_POLICY_VERIFY_KEYS
+    (comma-separated PEM file paths). None configured: signatures are not required."""
+    paths = getattr(settings, "policy_verify_keys", None) or [
+        p for p in os.environ.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
+    ]
+    return [load_verify_key(Path(p.strip()).read_bytes()) for p in paths]
+
+
+@router.post("/validate", response_model=ValidateOut, responses=error_responses(*COMMON_ERRORS),
+             summary="Compile modules (errors carry file:line:col); nothing is stored")
+def validate(body: ModulesBody, request: Request, principal: PrincipalDep) -> ValidateOut:
+    authorize(request, principal, "policy.validate", None)
+    return ValidateOut(content_hash=service.validate(body.modules), modules=sorted(body.modules))
+
+
+@router.post("/test", responses=error_responses(*COMMON_ERRORS),
+             summary="Compile and run every test_* rule; per-test pass/fail and time")
+def run_tests(body: ModulesBody, request: Request, principal: PrincipalDep) -> dict[str, Any]:
+    authorize(request, principal, "policy.test", None)
+    return service.test(body.modules).to_dict()
+
+
+@router.post("/versions", status_code=201, response_model=VersionOut, responses=WRITE_ERRORS,
+             summary="Upload a version: compiled, its Rego tests run; identical content returns the stored one")
+def upload(body: ModulesBody, request: Request, ctx: CtxDep, principal: PrincipalDep) -> VersionOut:
+    authorize(request, principal, "policy.upload", None)
+    with ctx.db.session() as session:
+        version, _created = service.upload(session, body.modules, principal.actor(), now=ctx.clock(),
+                                           note=body.note)
+        return version_out(version)
+
+
+@router.get("/versions", response_model=list[VersionOut], responses=READ_ERRORS, summary="Every version")
+def list_versions(request: Request, ctx: CtxDep, principal: PrincipalDep) -> list[VersionOut]:
+    authorize(request, principal, "policy.read", None)
+    with ctx.db.read_session() as session:
+        return [version_out(v) for v in service.list_versions(session)]
+
+
+@router.get("/active", response_model=VersionDetail, responses=READ_ERRORS, summary="The version in force")
+def show_active(request: Request, ctx: CtxDep, principal: PrincipalDep) -> VersionOut:
+    authorize(request, principal, "policy.read", None)
+    with ctx.db.read_session() as session:
+        current = service.active_version(session)
+        if current is None:
+            from core.errors import NotFound
+
+            raise NotFound("no policy version is active")
+        return version_out(current, detail=True)
+
+
+@router.get("/versions/{ref}", response_model=VersionDetail, responses=READ_ERRORS,
+            summary="One version with its sources and test results")
+def show(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep) -> VersionOut:
+    authorize(request, principal, "policy.read", None)
+    with ctx.db.read_session() as session:
+        return version_out(service.get_version(session, ref), detail=True)
+
+
+@router.get("/versions/{ref}/impact", responses=READ_ERRORS,
+            summary="Flows the version opens and closes against the active one, on the current inventory")
+def impact(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep,
+           limit: Annotated[int, Query(ge=0, le=100_000)] = 1000) -> dict[str, Any]:
+    authorize(request, principal, "policy.impact", None)
+    with ctx.db.read_session() as session:
+        return service.impact(session, ref, now=ctx.clock()).to_dict(limit=limit)
+
+
+@router.post("/versions/{ref}/activate", response_model=VersionOut, responses=WRITE_ERRORS,
+             summary="Put a version in force (tests must pass; signature when keys are configured)")
+def activate(ref: VersionRef, body: ActivateBody, request: Request, ctx: CtxDep,
+             principal: PrincipalDep) -> VersionOut:
+    authorize(request, principal, "policy.activate", None)
+    with ctx.db.session() as session:
+        v = service.activate(session, ref, principal.actor(), now=ctx.clock(), signature=body.signature,
+                             verify_keys=verify_keys(ctx.settings), reason=body.reason)
+        return version_out(v)
+
+
+@router.post("/versions/{ref}/rollback", response_model=VersionOut, responses=WRITE_ERRORS,
+             summary="Go back to an earlier version")
+def rollback(ref: VersionRef, body: ActivateBody, request: Request, ctx: CtxDep,
+             principal: PrincipalDep) -> VersionOut:
+    authorize(request, principal, "policy.rollback", None)
+    with ctx.db.session() as session:
+        v = service.rollback(session, ref, principal.actor(), now=ctx.clock(), signature=body.signature,
+                             verify_keys=verify_keys(ctx.settings), reason=body.reason)
+        return version_out(v)
+
+
+@router.get("/explain", response_model=ExplainOut, responses=READ_ERRORS,
+            summary="The decision on one flow under the active version, with the reasons")
+def explain(
+    request: Request, ctx: CtxDep, principal: PrincipalDep,
+    src: Annotated[str, Query(min_length=3, max_length=2048, description="SPIFFE ID or tenant/group")],
+    dst: Annotated[str, Query(min_length=3, max_length=2048, description="SPIFFE ID or tenant/group")],
+    port: Annotated[int, Query(ge=1, le=65535)],
+    proto: Annotated[Literal["tcp", "udp"], Query()] = "tcp",
+) -> ExplainOut:
+    scope = principal.scope_tenant
+    authorize(request, principal, "policy.explain", scope)
+    src_id, dst_id = parse_identity(src), parse_identity(dst)
+    if scope is not None and scope not in (src_id["tenant"], dst_id["tenant"]):
+        raise Forbidden(f"tenant {scope} may only explain flows from or to its own groups")
+    with ctx.db.read_session() as session:
+        decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock())
+    return ExplainOut(allow=decision.allow, reasons=decision.reasons, policy_hash=digest,
+                      input={"src": src_id, "dst": dst_id, "proto": proto, "port": port})
+
+
+@router.get("/decisions", response_model=list[DecisionOut], responses=READ_ERRORS,
+            summary="Sampled decision records, newest first")
+def decisions(
+    request: Request, ctx: CtxDep, principal: PrincipalDep,
+    kind: Annotated[Literal["flow", "grant", "authz"] | None, Query()] = None,
+    tenant: Annotated[str | None, Query(max_length=63)] = None,
+    allowed: Annotated[bool | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[DecisionOut]:
+    authorize(request, principal, "decision.read", principal.scope_tenant)
+    with ctx.db.read_session() as session:
+        return [decision_out(r) for r in query_decisions(session, kind=kind, tenant=tenant, allowed=allowed,
+                                                         limit=limit)]
