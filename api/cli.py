@@ -29,12 +29,13 @@ SUBCOMMANDS = (
 )
 
 
-def initialize(trust_domain: str, key_kind: str) -> dict[str, object]:
+def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
     """Create the trust domain, audit key and admin token when missing; a second run changes nothing."""
     import audit
     from api.tokens import create_opaque_token, has_admin_token
     from pki.keystore import KeyKind
     from pki.service import init_trust_domain
+    from pki.service import trust_domain as existing_trust_domain
 
     with open_context(create=True) as ctx:
         ensure_audit_key = getattr(audit, "ensure_audit_key", None)
@@ -44,6 +45,8 @@ def initialize(trust_domain: str, key_kind: str) -> dict[str, object]:
 
         ensure_issuer_key(ctx.keystore)
         with ctx.db.session() as session:
+            # serve without --trust-domain keeps whatever init created
+            trust_domain = trust_domain or existing_trust_domain(session) or ctx.settings.trust_domain
             created = init_trust_domain(
                 session, ctx.keystore, trust_domain=trust_domain, key_kind=KeyKind(key_kind), clock=ctx.clock
             )
@@ -95,7 +98,7 @@ def serve_cmd(
     from api.context import AppContext
 
     settings = Settings.from_env()
-    result = initialize(trust_domain or settings.trust_domain, "ec-p256")
+    result = initialize(trust_domain, "ec-p256")
     if result["admin_token"]:
         print("admin API token (shown once, store it now):")
         print(result["admin_token"], flush=True)

@@ -16,7 +16,7 @@ from api.config import Settings
 from api.context import AppContext
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
 
