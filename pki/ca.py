@@ -179,6 +179,10 @@ def active_issuing(session: Session, now: datetime, *, lock: bool = True) -> Cer
     if lock:
         stmt = stmt.with_for_update()
     ca = session.exec(stmt).first()
+    if ca is None and lock:
+        # PostgreSQL, READ COMMITTED: a rotation that committed while we waited for the row lock
+        # hides both rows from this statement's snapshot; the next statement sees the new active CA.
+        ca = session.exec(stmt).first()
     if ca is None:
         load_settings(session)
         raise CAUnavailable("no active issuing CA: run `trustfabric ca rotate`")

@@ -131,6 +131,7 @@ class FileKeyStore:
             raise KeyStoreError("give exactly one of passphrase or key_file to open the key store")
         directory = Path(directory)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)  # mkdir's mode is filtered by umask and ignored for existing dirs
         if key_file is not None:
             master = cls._read_key_file(Path(key_file))
         else:
