@@ -185,3 +185,33 @@ def test_token_key_is_sensitive_and_not_extractable(tmp_path: Path, monkeypatch:
         Pkcs11KeyStore(module, label, "not-the-pin")
     with pytest.raises(KeyStoreError, match="no PKCS#11 token"):
         Pkcs11KeyStore(module, "no-such-token", PIN)
+
+
+def test_racing_generates_of_one_id_leave_exactly_one_key(tmp_path: Path) -> None:
+    import threading
+
+    ks = FileKeyStore.open(tmp_path / "keys", key_file=FileKeyStore.create_key_file(tmp_path / "k"))
+    barrier = threading.Barrier(6)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def attempt() -> None:
+        barrier.wait()
+        try:
+            ks.generate("same", KeyKind.EC_P256)
+            outcome = "created"
+        except KeyExists:
+            outcome = "exists"
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=attempt) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["created"] + ["exists"] * 5
+    names = sorted(p.name for p in (tmp_path / "keys").iterdir())
+    assert names == ["master.check", "same.key"]  # no temporary file left behind
+    fresh = FileKeyStore.open(tmp_path / "keys", key_file=tmp_path / "k")
+    assert fresh.get("same").public_key() == ks.get("same").public_key()  # the winner's key is the one on disk
