@@ -1,0 +1,78 @@
+"""schemathesis over the whole OpenAPI document, as authenticated principals (a platform admin and a
+tenant admin): no 5xx, and every response matches the schema (status, content type, body)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.api.conftest import Env, make_settings, open_env, seed
+
+pytestmark = pytest.mark.xdist_group("schemathesis")
+
+MAX_EXAMPLES = 30
+# Defects in routes this file's owner does not own, reported to their owner; narrowly matched (this
+# operation, this one failure kind and nothing else) and turned into warnings until they are fixed.
+KNOWN_ELSEWHERE = {
+    "GET /v1/bundle": "Undocumented Content-Type",  # pki: PEM answer not declared in the OpenAPI document
+    "GET /v1/crl": "Undocumented Content-Type",  # pki: DER/PEM CRL not declared in the OpenAPI document
+}
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+
+
+@pytest.fixture(scope="module")
+def fuzz_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    env = open_env(make_settings(Path(tmp_path_factory.mktemp("fuzz")) / "home"))
+    seed(env)
+    yield env
+    env.client.close()
+    env.ctx.close()
+
+
+def fuzz(env: Env, headers: dict[str, str]) -> list[str]:
+    """Every operation of the live OpenAPI document, MAX_EXAMPLES generated cases each; fails with the
+    list of every operation that produced a 5xx or a response outside its schema."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", env.app)
+    done: list[str] = []
+    failures: list[str] = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def run(case: schemathesis.Case) -> None:
+            case.call_and_validate(headers=headers, checks=CHECKS)
+
+        try:
+            run()
+        except (Exception, BaseExceptionGroup) as exc:  # schemathesis raises a FailureGroup
+            text = str(exc)
+            known = KNOWN_ELSEWHERE.get(operation.label)
+            if known and known in text and "1 distinct failure" in text:
+                warnings.warn(f"known defect in {operation.label}: {known}", stacklevel=1)
+            else:
+                failures.append(f"{operation.label}: {text[:1500]}")
+        done.append(operation.label)
+    assert not failures, "\n\n".join(failures)
+    return done
+
+
+def test_as_admin(fuzz_env: Env) -> None:
+    done = fuzz(fuzz_env, fuzz_env.headers("admin"))
+    assert "POST /v1/grants" in done and len(done) >= 30
+
+
+def test_as_tenant_admin(fuzz_env: Env) -> None:
+    done = fuzz(fuzz_env, fuzz_env.headers("tenant-admin", "acme"))
+    assert "GET /v1/tenants/{tenant}/groups" in done
