@@ -130,10 +130,13 @@ def revoked_identities(session: Session) -> list[RevokedIdentityInfo]:
 
 
 def identity_revoked(session: Session, spiffe_id: SpiffeId, tenant: str) -> RevokedIdentity | None:
-    """The revocation covering this ID, if any."""
-    for row in session.exec(select(RevokedIdentity).where(RevokedIdentity.tenant == tenant)).all():
-        if spiffe_id.is_under(parse_spiffe_id(row.spiffe_id_prefix)):
-            return row
+    """The revocation covering this ID, if any (on the hot issuance path: prefixes first, row only on a hit)."""
+    prefixes = session.exec(
+        select(RevokedIdentity.id, RevokedIdentity.spiffe_id_prefix).where(RevokedIdentity.tenant == tenant)
+    ).all()
+    for row_id, prefix in prefixes:
+        if spiffe_id.is_under(parse_spiffe_id(prefix)):
+            return session.get(RevokedIdentity, row_id)
     return None
 
 
