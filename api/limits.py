@@ -84,27 +84,34 @@ class BodySizeLimit:
                     return
         received = 0
         started = False
+        refused = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, refused, started
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise PayloadTooLarge(self._reason())
+                    # Answer 413 now and make the app see a disconnect: nothing downstream runs on a
+                    # truncated body, and whatever it tries to send afterwards is dropped.
+                    refused = True
+                    if not started:
+                        started = True
+                        await _reject(send, 413, "payload_too_large", self._reason())
+                    return {"type": "http.disconnect"}
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
+            if refused:
+                return
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except PayloadTooLarge:
-            if not started:
-                await _reject(send, 413, "payload_too_large", self._reason())
+        await self.app(scope, limited_receive, tracking_send)
 
     def _reason(self) -> str:
         return f"request body larger than {self.max_bytes} bytes"
