@@ -188,7 +188,8 @@ def expand_allowed(raw: Any) -> dict[Flow, list[str]]:
     out: dict[Flow, list[str]] = {}
     for entry in raw:
         dt, dg, proto, reason = entry["dst_tenant"], entry["dst_group"], entry["proto"], entry["reason"]
-        for st, sg in entry["sources"]:
+        for source in entry["sources"]:
+            st, sg = str(source).split("/", 1)
             for port in entry["ports"]:
                 out.setdefault(Flow(st, sg, dt, dg, proto, int(port)), []).append(reason)
     return out
