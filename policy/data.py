@@ -5,7 +5,10 @@ Shape (all under `data.tf`; see rego/flows.rego):
                  "quarantined"}}}
   grants[src_tenant][dst_tenant][grant_id] = {"src_group", "dst_group", "proto", "ports", "expires_at_ns"}
   revoked[spiffe_id] = true
-  now_ns      = the `now` the document was built at
+
+There is no `now` in it, so rebuilding it at another instant changes nothing unless the inventory or the
+grants did (and an engine reloads incrementally). Expiry is checked again at decision time against
+input.now_ns (explain, impact) or the engine's clock.
 
 Only grants that are active AND unexpired at `now` are in it: a grant whose expires_at <= now is never
 active, whatever its state column says; an active grant without expires_at is left out (fail closed).
@@ -102,4 +105,4 @@ def build_data(session: Session, now: datetime) -> dict[str, Any]:
     ).all():
         if grant_is_live(grant, now):
             grants.setdefault(grant.src_tenant, {}).setdefault(grant.dst_tenant, {})[grant.id] = grant_entry(grant)
-    return {DATA_KEY: {"tenants": tenants, "grants": grants, "revoked": revoked, "now_ns": to_ns(now)}}
+    return {DATA_KEY: {"tenants": tenants, "grants": grants, "revoked": revoked}}

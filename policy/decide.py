@@ -195,6 +195,7 @@ def expand_allowed(raw: Any) -> dict[Flow, list[str]]:
     return out
 
 
-def allowed_flow_set(engine: PolicyEngine) -> dict[Flow, list[str]]:
-    """Every allowed flow under the engine's policy and data; PolicyEngineError if it cannot say."""
-    return expand_allowed(engine.evaluate(ALLOWED_FLOWS_QUERY, {}))
+def allowed_flow_set(engine: PolicyEngine, now_ns: int | None = None) -> dict[Flow, list[str]]:
+    """Every allowed flow under the engine's policy and data (grant expiry judged at `now_ns`, else the
+    document's pinned now, else the engine's clock); PolicyEngineError if it cannot say."""
+    return expand_allowed(engine.evaluate(ALLOWED_FLOWS_QUERY, {} if now_ns is None else {"now_ns": now_ns}))

@@ -49,11 +49,11 @@ def diff_flow_sets(
     return opened, closed, len(a & b), dict(sorted(by_tenant.items()))
 
 
-def flows_under(modules: Mapping[str, str], data: Mapping[str, Any]) -> set[Flow]:
+def flows_under(modules: Mapping[str, str], data: Mapping[str, Any], now_ns: int | None = None) -> set[Flow]:
     """The allowed flow set of `modules` on `data`, computed on a private embedded engine."""
     engine = RegorusEngine(modules, data)
     try:
-        return set(allowed_flow_set(engine))
+        return set(allowed_flow_set(engine, now_ns))
     except (PolicyEngineError, KeyError, TypeError) as exc:
         raise PolicyEngineError(f"cannot compute data.flows.allowed_flows: {exc}") from exc
     finally:
@@ -66,8 +66,9 @@ def impact_of(
     baseline: Mapping[str, str] | None,
     baseline_hash: str | None,
     data: Mapping[str, Any],
+    now_ns: int | None = None,
 ) -> ImpactReport:
-    after = flows_under(candidate, data)
-    before = flows_under(baseline, data) if baseline is not None else set()
+    after = flows_under(candidate, data, now_ns)
+    before = flows_under(baseline, data, now_ns) if baseline is not None else set()
     opened, closed, unchanged, by_tenant = diff_flow_sets(before, after)
     return ImpactReport(candidate_hash, baseline_hash, opened, closed, unchanged, by_tenant)

@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from core.errors import Conflict, InvalidInput, NotFound
-from policy.data import build_data
+from policy.data import build_data, to_ns
 from policy.decide import FlowDecision, decide_flow, flow_input
 from policy.engine import PolicyEngine
 from policy.engine_regorus import RegorusEngine, compile_modules
@@ -124,6 +124,7 @@ def impact(session: Session, ref: str | int, *, now: datetime) -> ImpactReport:
         current.modules if current is not None else None,
         current.content_hash if current is not None else None,
         data,
+        to_ns(now),
     )
 
 
@@ -233,7 +234,7 @@ def explain(
     session: Session, src: str, dst: str, port: int, *, proto: str = "tcp", now: datetime
 ) -> tuple[FlowDecision, str | None]:
     """The decision on one flow under the active version, with the reasons; and that version's hash."""
-    request = flow_input(src, dst, port, proto)
+    request = flow_input(src, dst, port, proto, now_ns=to_ns(now))
     engine, digest = engine_for_active(session, now)
     try:
         return decide_flow(engine, request), digest

@@ -6,7 +6,7 @@
 #                 "exposed": {proto: [sorted ports]}, "sensitivity", "quarantined"}}}
 #   grants[src_tenant][dst_tenant][id] = {"src_group", "dst_group", "proto", "ports": [int], "expires_at_ns"}
 #   revoked[spiffe_id] = true
-#   now_ns = when the document was built (input.now_ns overrides it)
+#   now_ns = optional: a pinned "now" (tests, replays); input.now_ns overrides it; neither: the engine's clock
 # Default deny. Quarantine and revoked identities override every allow.
 package flows
 
@@ -20,7 +20,9 @@ revoked := object.get(data, ["tf", "revoked"], {})
 
 now_ns := input.now_ns if {
 	is_number(input.now_ns)
-} else := object.get(data, ["tf", "now_ns"], 0)
+} else := data.tf.now_ns if {
+	is_number(data.tf.now_ns)
+} else := time.now_ns()
 
 # ---------------------------------------------------------------- whole set, for the compiler
 # One element per (destination group, proto, reason): the sorted ports and every source group
