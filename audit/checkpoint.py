@@ -65,6 +65,13 @@ class AuditKeyStore(Protocol):
         ...
 
 
+def log_origin(trust_domain: str) -> str:
+    """The checkpoint origin of a trust domain's audit log (C2SP: a schema-less URL naming the log)."""
+    origin = f"{trust_domain}/audit"
+    _check_origin(origin)
+    return origin
+
+
 def ensure_audit_key(keystore: AuditKeyStore) -> None:
     """Create the Ed25519 audit key under AUDIT_KEY_ID unless it exists; an existing key is kept."""
     if not keystore.exists(AUDIT_KEY_ID):
@@ -236,10 +243,8 @@ def write_checkpoint(
         size = head.size
         root = merkle.fold([bytes.fromhex(h) for h in head.frontier])
         existing = session.exec(select(AuditCheckpoint).where(AuditCheckpoint.size == size)).first()
-        if existing is not None:
-            if existing.origin == origin:
-                return existing
-            raise CheckpointError(f"a checkpoint of size {size} exists under origin {existing.origin!r}")
+        if existing is not None:  # one checkpoint per tree size: the first one signed stands
+            return existing
         cp = AuditCheckpoint(
             size=size,
             root_hash=root.hex(),

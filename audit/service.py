@@ -22,7 +22,8 @@ import rfc8785
 from sqlalchemy import bindparam, event, insert, select, update
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import SessionTransaction, configure_mappers
-from sqlmodel import Session
+from sqlmodel import Session, col
+from sqlmodel import select as sm_select
 
 from audit import merkle
 from audit.actor import ACTOR_KINDS, Actor
@@ -299,3 +300,40 @@ def head_root(session: Session) -> tuple[int, bytes]:
     """(size, root) of the whole log from the head row alone."""
     row = session.connection().execute(select(_head.c.size, _head.c.frontier).where(_head.c.id == HEAD_ID)).one()
     return int(row.size), merkle.fold([bytes.fromhex(h) for h in row.frontier])
+
+
+# --- reading events ---------------------------------------------------------------------------------
+
+
+def list_events(
+    session: Session,
+    *,
+    tenant: str | None = None,
+    action: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    after: int | None = None,
+    limit: int = 100,
+) -> list[AuditEvent]:
+    """Events in sequence order, filtered; `after` is the last sequence number of the previous page."""
+    for name, value in (("since", since), ("until", until)):
+        if value is not None and value.tzinfo is None:
+            raise InvalidAuditEvent(f"{name} must carry a timezone")
+    if not 1 <= limit <= 10_000:
+        raise InvalidAuditEvent("limit must be between 1 and 10000")
+    stmt = sm_select(AuditEvent).order_by(col(AuditEvent.seq)).limit(limit)
+    if tenant is not None:
+        stmt = stmt.where(col(AuditEvent.tenant) == tenant)
+    if action is not None:
+        stmt = stmt.where(col(AuditEvent.action) == action)
+    if since is not None:
+        stmt = stmt.where(col(AuditEvent.ts) >= since)
+    if until is not None:
+        stmt = stmt.where(col(AuditEvent.ts) < until)
+    if after is not None:
+        stmt = stmt.where(col(AuditEvent.seq) > after)
+    return list(session.exec(stmt).all())
+
+
+def get_event(session: Session, seq: int) -> AuditEvent | None:
+    return session.get(AuditEvent, seq)

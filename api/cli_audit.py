@@ -1,0 +1,178 @@
+"""`trustfabric audit export | verify | public-key`.
+
+`verify` works offline: it opens no database and no key store, only the export file and the public key.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import typer
+
+from api.cli_common import JsonOpt, emit_json, err_console, fail, open_context
+from core.errors import InvalidInput, TrustfabricError
+
+
+def _when(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    except ValueError:
+        raise InvalidInput(f"--{name} {value!r} is not an ISO 8601 time (e.g. 2026-01-01T00:00:00Z)") from None
+    if parsed.tzinfo is None:
+        raise InvalidInput(f"--{name} {value!r} needs a timezone (e.g. 2026-01-01T00:00:00Z)")
+    return parsed.astimezone(UTC)
+
+
+def export_cmd(
+    out: Path = typer.Option(..., "--out", help="file to write (replaced only when the export succeeds)"),
+    fmt: str = typer.Option("jsonl", "--format", help="jsonl | csv | ocsf"),
+    since: str | None = typer.Option(None, "--since", help="ISO 8601 with timezone, inclusive"),
+    until: str | None = typer.Option(None, "--until", help="ISO 8601 with timezone, exclusive"),
+    tenant: str | None = typer.Option(None, "--tenant", help="only this tenant's events"),
+    action: str | None = typer.Option(None, "--action", help="only this action, e.g. svid.issue"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
+    import audit
+    from audit.checkpoint import audit_signer, log_origin
+    from audit.export import FORMATS, ExportFilter, export_events
+
+    if fmt not in FORMATS:
+        fail(f"--format must be one of {', '.join(FORMATS)}", code=2)
+    filters = ExportFilter(since=_when(since, "since"), until=_when(until, "until"), tenant=tenant, action=action)
+    filters.check()
+    tmp = out.with_name(out.name + ".part")
+    with open_context() as ctx:
+        signer = audit_signer(ctx.keystore)
+        with ctx.db.session() as session:
+            audit.record(
+                session,
+                actor=audit.Actor.system("cli"),
+                action="audit.export",
+                object_type="export",
+                object_id=fmt,
+                tenant=tenant,
+                summary={"filter": filters.as_json(), "out": out.name},
+            )
+        show = sys.stderr.isatty() and not json_out
+        try:
+            with open(tmp, "wb") as fh:
+                if show:
+                    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+                    with Progress(
+                        "exporting",
+                        BarColumn(),
+                        MofNCompleteColumn(),
+                        TimeRemainingColumn(),
+                        console=err_console,
+                        transient=True,
+                    ) as bar:
+                        task = bar.add_task("export", total=None)
+                        result = export_events(
+                            ctx.db,
+                            signer,
+                            fh,
+                            fmt=fmt,
+                            filters=filters,
+                            origin=log_origin(ctx.settings.trust_domain),
+                            clock=ctx.clock,
+                            progress=lambda done, total: bar.update(task, completed=done, total=total),
+                        )
+                else:
+                    result = export_events(
+                        ctx.db,
+                        signer,
+                        fh,
+                        fmt=fmt,
+                        filters=filters,
+                        origin=log_origin(ctx.settings.trust_domain),
+                        clock=ctx.clock,
+                    )
+            tmp.replace(out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    summary = {
+        "out": str(out),
+        "format": fmt,
+        "events": result.events,
+        "tree_size": result.tree_size,
+        "range": [result.start, result.end],
+        "gaps": result.gaps,
+        "checkpoint": result.checkpoint.note,
+    }
+    if json_out:
+        emit_json(summary)
+    else:
+        print(
+            f"exported {result.events} event(s) of {result.tree_size} to {out} ({fmt}); checkpoint "
+            f"size {result.tree_size} root {result.checkpoint.root_hash}"
+        )
+
+
+def verify_cmd(
+    file: Path = typer.Argument(..., help="an export written by `trustfabric audit export`"),
+    public_key: Path = typer.Option(..., "--public-key", help="the audit public key (PEM from `audit public-key`)"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Verify an export offline; exit 0 when intact, 1 naming the first bad event."""
+    from audit.checkpoint import load_public_key
+    from audit.errors import VerificationError
+    from audit.verify import verify_export
+
+    try:
+        key = load_public_key(public_key.read_bytes())
+        report = verify_export(file, key)
+    except VerificationError as exc:
+        if json_out:
+            emit_json({"ok": False, "kind": exc.kind, "index": exc.index, "line": exc.line, "reason": str(exc)})
+            raise typer.Exit(1) from None
+        fail(f"FAILED ({exc.kind}): {exc}")
+    except (OSError, TrustfabricError) as exc:
+        if json_out:
+            emit_json({"ok": False, "kind": "unreadable", "index": None, "line": None, "reason": str(exc)})
+            raise typer.Exit(1) from None
+        fail(f"cannot verify: {exc}")
+    if json_out:
+        emit_json(
+            {
+                "ok": True,
+                "origin": report.origin,
+                "tree_size": report.tree_size,
+                "events": report.events,
+                "root": report.root.hex(),
+                "range": list(report.range),
+                "filter": report.filter,
+            }
+        )
+        return
+    print(
+        f"OK: {report.events} event(s) verified against the signed checkpoint of {report.origin} "
+        f"(tree size {report.tree_size}, root {report.root.hex()})"
+    )
+
+
+def public_key_cmd(
+    note: bool = typer.Option(False, "--note", help="print the signed-note verifier key instead of PEM"),
+) -> None:
+    """Print the audit public key, for auditors to keep outside the system."""
+    from audit.checkpoint import audit_signer, ed25519_public_key, log_origin, public_key_pem, verifier_key
+
+    with open_context() as ctx:
+        signer = audit_signer(ctx.keystore)
+        if note:
+            print(verifier_key(log_origin(ctx.settings.trust_domain), ed25519_public_key(signer)))
+        else:
+            sys.stdout.write(public_key_pem(signer))
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Tamper-evident audit log: export, verify offline, public key.", no_args_is_help=True)
+    group.command("export")(export_cmd)
+    group.command("verify")(verify_cmd)
+    group.command("public-key")(public_key_cmd)
+    app.add_typer(group, name="audit")

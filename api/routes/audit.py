@@ -1,0 +1,328 @@
+"""Audit routes: events (paged, filtered), the signed checkpoint, Merkle proofs, exports.
+
+Platform roles the policy lets read the audit log (admin, security, auditor) see every event; a tenant
+principal sees only its own tenant's events, whatever the query says (its tenant comes from its token).
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.authz import authorize
+from api.deps import CtxDep, PrincipalDep
+from api.principal import Principal
+from api.routes.common import decode_cursor, encode_cursor, request_id
+from api.schemas import COMMON_ERRORS, CursorQuery, error_responses
+from audit import checkpoint as cp
+from audit import record, service
+from audit.export import ExportFilter, export_events
+from audit.models import AuditEvent
+from core.errors import Forbidden, InvalidInput, NotFound
+
+router = APIRouter(prefix="/v1/audit", tags=["audit"])
+ERRORS = error_responses(*COMMON_ERRORS)
+ERRORS_404 = error_responses(*COMMON_ERRORS, 404)
+
+SLUG = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+ACTION = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$"
+TenantQuery = Annotated[str | None, Query(min_length=1, max_length=63, pattern=SLUG)]
+ActionQuery = Annotated[str | None, Query(min_length=3, max_length=64, pattern=ACTION)]
+MAX_INDEX = 2**53
+
+
+class ActorOut(BaseModel):
+    id: str
+    kind: str
+
+
+class ObjectOut(BaseModel):
+    type: str
+    id: str
+
+
+class EventOut(BaseModel):
+    seq: int
+    ts: str = Field(description="UTC, RFC 3339 with microseconds")
+    actor: ActorOut
+    tenant: str | None
+    action: str
+    object: ObjectOut
+    summary: dict[str, Any]
+    reason: str | None
+    request_id: str | None
+    prev_hash: str
+    leaf_hash: str
+
+
+class EventPage(BaseModel):
+    items: list[EventOut]
+    next_cursor: str | None = None
+
+
+class CheckpointOut(BaseModel):
+    origin: str
+    size: int
+    root_hash: str = Field(description="base64, as in the signed note")
+    note: str = Field(description="C2SP signed note (tlog-checkpoint), Ed25519")
+    created_at: datetime
+    public_key: str = Field(description="the audit public key, PEM")
+
+
+class InclusionOut(BaseModel):
+    index: int
+    tree_size: int
+    leaf_hash: str
+    proof: list[str] = Field(description="base64 hashes, leaf to root (RFC 6962 audit path)")
+    root_hash: str
+    checkpoint: str | None = Field(None, description="the signed checkpoint of this tree size, when one exists")
+
+
+class ConsistencyOut(BaseModel):
+    first: int
+    second: int
+    first_root: str
+    second_root: str
+    proof: list[str]
+
+
+class ExportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["jsonl", "csv", "ocsf"] = "jsonl"
+    since: datetime | None = None
+    until: datetime | None = None
+    tenant: str | None = Field(None, min_length=1, max_length=63, pattern=SLUG)
+    action: str | None = Field(None, min_length=3, max_length=64, pattern=ACTION)
+
+
+def event_out(e: AuditEvent) -> EventOut:
+    return EventOut(
+        seq=e.seq,
+        ts=service.format_ts(e.ts),
+        actor=ActorOut(id=e.actor_id, kind=e.actor_kind),
+        tenant=e.tenant,
+        action=e.action,
+        object=ObjectOut(type=e.object_type, id=e.object_id),
+        summary=e.summary,
+        reason=e.reason,
+        request_id=e.request_id,
+        prev_hash=e.prev_hash,
+        leaf_hash=e.leaf_hash,
+    )
+
+
+def _b64(h: bytes) -> str:
+    return base64.b64encode(h).decode()
+
+
+def _scope(request: Request, principal: Principal, action: str, tenant: str | None) -> str | None:
+    """The tenant filter to apply: a tenant principal is confined to its own tenant."""
+    own = principal.scope_tenant
+    if own is not None:
+        if tenant is not None and tenant != own:
+            raise Forbidden(f"{principal.id} may only read audit events of tenant {own!r}")
+        tenant = own
+    authorize(request, principal, action, own)
+    return tenant
+
+
+def _aware(value: datetime | None, name: str) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise InvalidInput(f"{name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
+    return value
+
+
+@router.get("/events", response_model=EventPage, responses=ERRORS, summary="Audit events, oldest first")
+def list_events(
+    request: Request,
+    ctx: CtxDep,
+    principal: PrincipalDep,
+    tenant: TenantQuery = None,
+    action: ActionQuery = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    cursor: CursorQuery = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> EventPage:
+    scoped = _scope(request, principal, "audit.read", tenant)
+    after = None
+    if cursor is not None:
+        raw = decode_cursor(cursor)
+        if not raw.isdigit() or int(raw) > MAX_INDEX:
+            raise InvalidInput("cursor is not one this API returned")
+        after = int(raw)
+    with ctx.db.read_session() as session:
+        rows = service.list_events(
+            session,
+            tenant=scoped,
+            action=action,
+            since=_aware(since, "since"),
+            until=_aware(until, "until"),
+            after=after,
+            limit=limit,
+        )
+    nxt = encode_cursor(str(rows[-1].seq)) if len(rows) == limit else None
+    return EventPage(items=[event_out(e) for e in rows], next_cursor=nxt)
+
+
+def _signer(ctx: CtxDep) -> cp.CheckpointSigner:
+    return cp.audit_signer(ctx.keystore)
+
+
+def _origin(ctx: CtxDep) -> str:
+    return cp.log_origin(ctx.settings.trust_domain)
+
+
+@router.get("/checkpoint", response_model=CheckpointOut, responses=ERRORS, summary="The latest signed checkpoint")
+def get_checkpoint(request: Request, ctx: CtxDep, principal: PrincipalDep) -> CheckpointOut:
+    _scope(request, principal, "audit.read", None)
+    signer = _signer(ctx)
+    writer = cp.CheckpointWriter(
+        ctx.db,
+        signer,
+        origin=_origin(ctx),
+        every_events=max(1, ctx.settings.audit_checkpoint_every),
+        every_seconds=max(1, ctx.settings.audit_checkpoint_seconds),
+        clock=ctx.clock,
+    )
+    writer.maybe_write()
+    with ctx.db.read_session() as session:
+        latest = cp.latest_checkpoint(session)
+    if latest is None:  # an empty log still has a (size 0) checkpoint to anchor to
+        latest = cp.write_checkpoint(ctx.db, signer, origin=_origin(ctx), clock=ctx.clock)
+    return CheckpointOut(
+        origin=latest.origin,
+        size=latest.size,
+        root_hash=_b64(bytes.fromhex(latest.root_hash)),
+        note=latest.note,
+        created_at=latest.created_at,
+        public_key=cp.public_key_pem(signer),
+    )
+
+
+@router.get(
+    "/proof/inclusion",
+    response_model=InclusionOut,
+    responses=ERRORS_404,
+    summary="RFC 6962 inclusion proof of one event in a tree size (default: the latest checkpoint)",
+)
+def inclusion(
+    request: Request,
+    ctx: CtxDep,
+    principal: PrincipalDep,
+    index: Annotated[int, Query(ge=0, le=MAX_INDEX)],
+    tree_size: Annotated[int | None, Query(ge=1, le=MAX_INDEX)] = None,
+) -> InclusionOut:
+    own = _scope(request, principal, "audit.read", None)
+    with ctx.db.read_session() as session:
+        event = service.get_event(session, index)
+        if event is None or (own is not None and event.tenant != own):
+            raise NotFound(f"audit event {index} not found")
+        note = None
+        if tree_size is None:
+            latest = cp.latest_checkpoint(session)
+            if latest is None or latest.size <= index:
+                raise NotFound(f"no signed checkpoint covers event {index} yet; retry shortly")
+            tree_size, note = latest.size, latest.note
+        if index >= tree_size:
+            raise InvalidInput(f"event {index} is not in a tree of size {tree_size}")
+        proof = service.inclusion_proof(session, index, tree_size)
+        root = service.root_at(session, tree_size)
+        if note is None:
+            from sqlmodel import select
+
+            from audit.models import AuditCheckpoint
+
+            stored = session.exec(select(AuditCheckpoint).where(AuditCheckpoint.size == tree_size)).first()
+            note = stored.note if stored is not None else None
+    return InclusionOut(
+        index=index,
+        tree_size=tree_size,
+        leaf_hash=_b64(bytes.fromhex(event.leaf_hash)),
+        proof=[_b64(h) for h in proof],
+        root_hash=_b64(root),
+        checkpoint=note,
+    )
+
+
+@router.get(
+    "/proof/consistency",
+    response_model=ConsistencyOut,
+    responses=ERRORS,
+    summary="RFC 6962 proof that the tree of size `first` is a prefix of the tree of size `second`",
+)
+def consistency(
+    request: Request,
+    ctx: CtxDep,
+    principal: PrincipalDep,
+    first: Annotated[int, Query(ge=1, le=MAX_INDEX)],
+    second: Annotated[int, Query(ge=1, le=MAX_INDEX)],
+) -> ConsistencyOut:
+    _scope(request, principal, "audit.read", None)
+    if first > second:
+        raise InvalidInput("first must not be larger than second")
+    with ctx.db.read_session() as session:
+        proof = service.consistency_proof(session, first, second)
+        r1, r2 = service.root_at(session, first), service.root_at(session, second)
+    return ConsistencyOut(
+        first=first, second=second, first_root=_b64(r1), second_root=_b64(r2), proof=[_b64(h) for h in proof]
+    )
+
+
+@router.post(
+    "/exports",
+    responses=ERRORS,
+    response_class=StreamingResponse,
+    summary="A verifiable export (JSONL, CSV or OCSF) with the signed checkpoint; streamed back",
+)
+def create_export(body: ExportRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> StreamingResponse:
+    own = principal.scope_tenant
+    if own is not None:  # a tenant exports (reads) its own events only
+        tenant = _scope(request, principal, "audit.read", body.tenant)
+    else:
+        authorize(request, principal, "audit.export", None)
+        tenant = body.tenant
+    filters = ExportFilter(
+        since=_aware(body.since, "since"), until=_aware(body.until, "until"), tenant=tenant, action=body.action
+    )
+    filters.check()
+    signer = _signer(ctx)
+    with ctx.db.session() as session:  # who exported what is itself audited
+        record(
+            session,
+            actor=principal.actor(),
+            action="audit.export",
+            object_type="export",
+            object_id=body.format,
+            tenant=tenant,
+            summary={"filter": filters.as_json()},
+            request_id=request_id(request),
+        )
+    spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed by the stream)
+    try:
+        export_events(ctx.db, signer, spool, fmt=body.format, filters=filters, origin=_origin(ctx), clock=ctx.clock)
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+
+    def stream() -> Iterator[bytes]:
+        try:
+            while chunk := spool.read(1 << 16):
+                yield chunk
+        finally:
+            spool.close()
+
+    media = {"jsonl": "application/x-ndjson", "ocsf": "application/x-ndjson", "csv": "text/csv"}[body.format]
+    ext = {"jsonl": "jsonl", "ocsf": "ocsf.jsonl", "csv": "csv"}[body.format]
+    return StreamingResponse(
+        stream(), media_type=media, headers={"Content-Disposition": f'attachment; filename="audit-export.{ext}"'}
+    )
