@@ -1,7 +1,7 @@
 """The data document the Rego policies read, built from the inventory and the grants.
 
 Shape (all under `data.tf`; see rego/flows.rego):
-  tenants[t]  = {"quarantined", "groups": {g: {"labels", "ports", "exposed": {proto: [ports]}, "sensitivity",
+  tenants[t]  = {"quarantined", "groups": {g: {"labels", "exposed": {proto: [sorted ports]}, "sensitivity",
                  "quarantined"}}}
   grants[src_tenant][dst_tenant][grant_id] = {"src_group", "dst_group", "proto", "ports", "expires_at_ns"}
   revoked[spiffe_id] = true
@@ -56,7 +56,6 @@ def exposed_ports(ports: list[dict[str, Any]]) -> dict[str, list[int]]:
 def group_entry(group: WorkloadGroup) -> dict[str, Any]:
     return {
         "labels": dict(group.labels or {}),
-        "ports": [dict(p) for p in group.ports or []],
         "exposed": exposed_ports(list(group.ports or [])),
         "sensitivity": group.sensitivity,
         "quarantined": bool(group.quarantined),

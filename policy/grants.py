@@ -337,6 +337,32 @@ def _state_filter(state: str, now: datetime) -> Any:
     return col(Grant.state) == state
 
 
+def grants_query(
+    *,
+    viewer_tenant: str | None,
+    now: datetime,
+    state: str | None = None,
+    src_tenant: str | None = None,
+    dst_tenant: str | None = None,
+    after: str | None = None,
+    limit: int = 50,
+) -> Any:
+    """The listing as one SELECT over the grants table (ORM entities or plain rows, as the caller runs it):
+    id (time) order after the cursor; a tenant sees grants where it is source or destination."""
+    query = select(Grant)
+    if viewer_tenant is not None:
+        query = query.where(or_(col(Grant.src_tenant) == viewer_tenant, col(Grant.dst_tenant) == viewer_tenant))
+    if state is not None:
+        query = query.where(_state_filter(state, now))
+    if src_tenant is not None:
+        query = query.where(col(Grant.src_tenant) == src_tenant)
+    if dst_tenant is not None:
+        query = query.where(col(Grant.dst_tenant) == dst_tenant)
+    if after is not None:
+        query = query.where(col(Grant.id) > after)
+    return query.order_by(col(Grant.id)).limit(max(1, min(limit, MAX_PAGE + 1)))
+
+
 def list_grants(
     session: Session,
     *,
@@ -349,18 +375,8 @@ def list_grants(
     limit: int = 50,
 ) -> list[Grant]:
     """Grants in id (time) order after the cursor; a tenant sees those where it is source or destination."""
-    query = select(Grant)
-    if viewer_tenant is not None:
-        query = query.where(or_(col(Grant.src_tenant) == viewer_tenant, col(Grant.dst_tenant) == viewer_tenant))
-    if state is not None:
-        query = query.where(_state_filter(state, now))
-    if src_tenant is not None:
-        query = query.where(col(Grant.src_tenant) == src_tenant)
-    if dst_tenant is not None:
-        query = query.where(col(Grant.dst_tenant) == dst_tenant)
-    if after is not None:
-        query = query.where(col(Grant.id) > after)
-    query = query.order_by(col(Grant.id)).limit(max(1, min(limit, MAX_PAGE)))
+    query = grants_query(viewer_tenant=viewer_tenant, now=now, state=state, src_tenant=src_tenant,
+                         dst_tenant=dst_tenant, after=after, limit=limit)
     return list(session.exec(query).all())
 
 

@@ -2,8 +2,8 @@
 #
 # Decides on identities (tenant, group, SPIFFE ID), never on addresses.
 # Data (built by policy/data.py), all under data.tf:
-#   tenants[t] = {"quarantined": bool, "groups": {g: {"labels", "ports": [{"proto","port"}],
-#                 "exposed": {proto: [sorted ports]}, "sensitivity", "quarantined"}}}
+#   tenants[t] = {"quarantined": bool, "groups": {g: {"labels", "exposed": {proto: [sorted ports]},
+#                 "sensitivity", "quarantined"}}}   (exposed: the group's service ports, by protocol)
 #   grants[src_tenant][dst_tenant][id] = {"src_group", "dst_group", "proto", "ports": [int], "expires_at_ns"}
 #   revoked[spiffe_id] = true
 #   now_ns = optional: a pinned "now" (tests, replays); input.now_ns overrides it; neither: the engine's clock

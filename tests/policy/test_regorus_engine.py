@@ -154,3 +154,49 @@ def test_closed_engine_fails_closed() -> None:
     assert engine.evaluate(FLOW_QUERY, flow("acme", "web", "acme", "batch", "tcp", 8080))["allow"] is True
     engine.close()
     assert not decide_flow(engine, flow("acme", "web", "acme", "batch", "tcp", 8080)).allow
+
+
+def test_additive_patches_merge_and_others_reload() -> None:
+    from policy.engine_regorus import additive_fragment
+
+    data = small_doc()
+    assert additive_fragment(data, [{"op": "add", "path": "/tf/grants/acme/platform/gz", "value": {"a": 1}}]) == {
+        "tf": {"grants": {"acme": {"platform": {"gz": {"a": 1}}}}}}
+    assert additive_fragment(data, [{"op": "add", "path": "/tf/grants/acme/globex/g1", "value": {}}]) is None
+    assert additive_fragment(data, [{"op": "remove", "path": "/tf/grants/acme"}]) is None
+    assert additive_fragment(data, [{"op": "add", "path": "/tf/tenants/acme/groups/web/ports/0", "value": 1}]) is None
+    assert additive_fragment({"a": None}, [{"op": "add", "path": "/a", "value": 1}]) is None
+
+    engine = RegorusEngine(shipped(), data)
+    f = flow("globex", "api", "acme", "web", "tcp", 443)
+    grant = {"src_group": "api", "dst_group": "web", "proto": "tcp", "ports": [443], "expires_at_ns": NOW_NS * 2}
+    assert not decide_flow(engine, f).allow
+    engine.patch_data([{"op": "add", "path": "/tf/grants/globex", "value": {"acme": {"ga": grant}}}])  # merged
+    assert decide_flow(engine, f).reasons[0].startswith("grant:ga")
+    engine.patch_data([{"op": "add", "path": "/tf/grants/globex/acme/gb", "value": grant}])  # merged
+    assert len(decide_flow(engine, f).reasons) == 2
+    engine.patch_data([{"op": "remove", "path": "/tf/grants/globex/acme/ga"}])  # full reload
+    assert [r.split(" ")[0] for r in decide_flow(engine, f).reasons] == ["grant:gb"]
+    engine.patch_data([{"op": "replace", "path": "/tf/tenants/globex/quarantined", "value": True}])
+    assert decide_flow(engine, f).reasons == ["quarantined: tenant globex is quarantined"]
+    engine.patch_data([{"op": "replace", "path": "/tf/tenants/globex/quarantined", "value": False}])
+    # a thread that lagged behind several additive generations catches up by merging them all
+    lagging: list[bool] = []
+    started, go = threading.Event(), threading.Event()
+
+    def lag() -> None:
+        lagging.append(decide_flow(engine, flow("acme", "web", "globex", "api", "tcp", 9443)).allow)
+        started.set()
+        go.wait()
+        lagging.append(decide_flow(engine, flow("acme", "web", "globex", "api", "tcp", 9443)).allow)
+
+    t = threading.Thread(target=lag)
+    t.start()
+    started.wait()
+    for n in range(3):
+        engine.patch_data([{"op": "add", "path": f"/tf/grants/acme/globex/n{n}", "value": {
+            "src_group": "web", "dst_group": "api", "proto": "tcp", "ports": [9443 if n == 2 else 1], "expires_at_ns":
+            NOW_NS * 2}}])
+    go.set()
+    t.join()
+    assert lagging == [False, True]

@@ -1,0 +1,231 @@
+"""Policy engine benchmark at 1,000 tenants x 10 groups x 5,000 grants.
+
+Figures (medians of several runs), each beside a baseline measured in the same run:
+  - one flow decision through PolicyEngine vs raw regorus evaluation of the same query (p50, p99, rate)
+  - the full allowed_flows set through PolicyEngine vs raw regorus
+  - the same through `trustfabric pdp` over HTTP (OPA engine) vs embedded
+  - data reload after one grant change (incremental) vs a full reload
+
+Run: .venv/bin/python bench/policy.py [--tenants 1000 --groups 10 --grants 5000 --runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import regorus  # noqa: E402
+import uvicorn  # noqa: E402
+
+from api.pdp import create_pdp_app  # noqa: E402
+from policy.decide import ALLOWED_FLOWS_QUERY, FLOW_QUERY, sync_data  # noqa: E402
+from policy.engine import diff_documents  # noqa: E402
+from policy.engine_opa import OpaServerEngine, OpaSettings  # noqa: E402
+from policy.engine_regorus import RegorusEngine, new_engine  # noqa: E402
+from policy.versions import load_dir  # noqa: E402
+
+FAR_NS = 9_999_999_999 * 10**9
+
+
+def build_doc(tenants: int, groups: int, grants: int, seed: int = 1) -> dict[str, Any]:
+    rng = random.Random(seed)
+    ts: dict[str, Any] = {}
+    for i in range(tenants):
+        name = "platform" if i == 0 else f"t{i:04d}"
+        n = 3 if i == 0 else groups
+        ts[name] = {"quarantined": i % 97 == 5, "groups": {}}
+        for j in range(n):
+            ts[name]["groups"][f"g{j}"] = {
+                "labels": {"app": f"app{j}"}, "exposed": {"tcp": sorted({443, 8000 + j})},
+                "sensitivity": "sensitive" if j == 9 else "normal", "quarantined": j == 7 and i % 13 == 0,
+            }
+    names = [n for n in ts if n != "platform"]
+    nested: dict[str, Any] = {}
+    for k in range(grants):
+        src, dst = rng.sample(names, 2)
+        nested.setdefault(src, {}).setdefault(dst, {})[f"gr{k:05d}"] = {
+            "src_group": f"g{rng.randrange(groups)}", "dst_group": f"g{rng.randrange(groups)}", "proto": "tcp",
+            "ports": [443], "expires_at_ns": FAR_NS,
+        }
+    return {"tf": {"tenants": ts, "grants": nested, "revoked": {}, "now_ns": 1_800_000_000 * 10**9}}
+
+
+def inputs(doc: dict[str, Any], n: int, seed: int = 2) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    tf = doc["tf"]
+    names = [t for t in tf["tenants"] if t != "platform"]
+    grant_list = [(s, d, g) for s, by in tf["grants"].items() for d, ids in by.items() for g in ids.values()]
+    out = []
+    for k in range(n):
+        kind = k % 4
+        if kind == 0:  # intra-tenant
+            t = rng.choice(names)
+            out.append({"src": {"tenant": t, "group": "g1"}, "dst": {"tenant": t, "group": "g2"},
+                        "proto": "tcp", "port": 443})
+        elif kind == 1:  # granted
+            s, d, g = rng.choice(grant_list)
+            out.append({"src": {"tenant": s, "group": g["src_group"]}, "dst": {"tenant": d, "group": g["dst_group"]},
+                        "proto": "tcp", "port": 443})
+        elif kind == 2:  # cross-tenant, no grant
+            s, d = rng.sample(names, 2)
+            out.append({"src": {"tenant": s, "group": "g3"}, "dst": {"tenant": d, "group": "g4"},
+                        "proto": "tcp", "port": 8004})
+        else:  # platform
+            out.append({"src": {"tenant": rng.choice(names), "group": "g0"}, "dst": {"tenant": "platform",
+                        "group": "g1"}, "proto": "tcp", "port": 443})
+    return out
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    s = sorted(samples)
+    return s[len(s) // 2], s[min(len(s) - 1, int(len(s) * 0.99))]
+
+
+def line(figure: str, value: float, unit: str, base: float, base_unit: str | None = None) -> None:
+    ratio = value / base if base else float("inf")
+    print(f"{figure}: {value:.4g} {unit} (baseline {base:.4g} {base_unit or unit}, ratio {ratio:.2f})", flush=True)
+
+
+def serve(engine: RegorusEngine) -> tuple[str, uvicorn.Server, threading.Thread]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(create_pdp_app(engine), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tenants", type=int, default=1000)
+    ap.add_argument("--groups", type=int, default=10)
+    ap.add_argument("--grants", type=int, default=5000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--decisions", type=int, default=2000)
+    args = ap.parse_args()
+    modules = load_dir(ROOT / "rego")
+    doc = build_doc(args.tenants, args.groups, args.grants)
+    print(f"scale: {args.tenants} tenants x {args.groups} groups, {args.grants} grants, runs {args.runs}", flush=True)
+
+    engine = RegorusEngine(modules, doc)
+    raw = new_engine(modules)
+    raw.add_data_json(json.dumps(doc))
+    batch = inputs(doc, args.decisions)
+    texts = [json.dumps(i) for i in batch]
+    engine.evaluate(FLOW_QUERY, batch[0])  # warm this thread's engine
+
+    ours_p50, ours_p99, raw_p50, raw_p99, ours_rate, raw_rate = [], [], [], [], [], []
+    for _ in range(args.runs):
+        t_ours: list[float] = []
+        t_raw: list[float] = []
+        for i, text in zip(batch, texts, strict=True):
+            t0 = time.perf_counter()
+            engine.evaluate(FLOW_QUERY, i)
+            t1 = time.perf_counter()
+            raw.set_input_json(text)
+            raw.eval_rule(FLOW_QUERY)
+            t2 = time.perf_counter()
+            t_ours.append(t1 - t0)
+            t_raw.append(t2 - t1)
+        p50, p99 = percentiles(t_ours)
+        r50, r99 = percentiles(t_raw)
+        ours_p50.append(p50)
+        ours_p99.append(p99)
+        raw_p50.append(r50)
+        raw_p99.append(r99)
+        ours_rate.append(len(t_ours) / sum(t_ours))
+        raw_rate.append(len(t_raw) / sum(t_raw))
+    med = statistics.median
+    line("decision p50 (PolicyEngine vs raw regorus)", med(ours_p50) * 1e6, "us", med(raw_p50) * 1e6)
+    line("decision p99 (PolicyEngine vs raw regorus)", med(ours_p99) * 1e6, "us", med(raw_p99) * 1e6)
+    line("decisions/s (PolicyEngine vs raw regorus)", med(ours_rate), "1/s", med(raw_rate))
+
+    full_ours = [timed(lambda: engine.evaluate(ALLOWED_FLOWS_QUERY, {})) for _ in range(args.runs)]
+    raw.set_input_json("{}")
+    full_raw = [timed(lambda: raw.eval_rule_as_json(ALLOWED_FLOWS_QUERY)) for _ in range(args.runs)]
+    n_entries = len(engine.evaluate(ALLOWED_FLOWS_QUERY, {}))
+    line(f"allowed_flows full set, {n_entries} entries (PolicyEngine vs raw regorus)", med(full_ours), "s",
+         med(full_raw))
+    line("allowed_flows full set vs goal", med(full_ours), "s", 0.25)
+
+    # one grant change, the way the grants service sees it: a freshly built document (distinct objects),
+    # then sync_data (diff -> patch) and the next decision. Added grant: merged into the engine; revoked
+    # grant: full reload from the per-shard JSON cache. Baseline: set_data of the whole document.
+    probe = {"src": {"tenant": "t0001", "group": "g1"}, "dst": {"tenant": "t0002", "group": "g2"},
+             "proto": "tcp", "port": 9999}
+    grant = {"src_group": "g1", "dst_group": "g2", "proto": "tcp", "ports": [9999], "expires_at_ns": FAR_NS}
+    text = json.dumps(doc)
+    added, removed, full, diffs = [], [], [], []
+    for k in range(args.runs):
+        with_grant = json.loads(text)
+        with_grant["tf"]["grants"].setdefault("t0001", {}).setdefault("t0002", {})[f"new{k}"] = grant
+        without = json.loads(text)
+        added.append(timed(lambda d=with_grant: (sync_data(engine, d), engine.evaluate(FLOW_QUERY, probe))))
+        assert engine.evaluate(FLOW_QUERY, probe)["allow"] is True
+        diffs.append(timed(lambda d=without: diff_documents(engine.data(), d)))
+        removed.append(timed(lambda d=without: (sync_data(engine, d), engine.evaluate(FLOW_QUERY, probe))))
+        assert engine.evaluate(FLOW_QUERY, probe)["allow"] is False
+        fresh = json.loads(text)
+        full.append(timed(lambda d=fresh: (engine.set_data(d), engine.evaluate(FLOW_QUERY, probe))))
+    line("data reload after one grant added (incremental vs full)", med(added) * 1e3, "ms", med(full) * 1e3)
+    line("data reload after one grant revoked (incremental vs full)", med(removed) * 1e3, "ms", med(full) * 1e3)
+    line("data reload after one grant added vs goal", med(added) * 1e3, "ms", 50.0)
+    line("data reload after one grant revoked vs goal", med(removed) * 1e3, "ms", 50.0)
+    line("of which diffing two 1,000-tenant documents", med(diffs) * 1e3, "ms", med(removed) * 1e3)
+
+    # the same through trustfabric pdp over HTTP, answered by the OPA engine
+    pdp_engine = RegorusEngine(modules, doc)
+    url, server, thread = serve(pdp_engine)
+    try:
+        opa = OpaServerEngine(OpaSettings(url=url, timeout=30.0))
+        opa._modules = modules
+        opa._data = doc
+        opa.evaluate(FLOW_QUERY, batch[0])
+        h50, h99, hrate = [], [], []
+        for _ in range(args.runs):
+            t_http = []
+            for i in batch[:500]:
+                t_http.append(timed(lambda i=i: opa.evaluate(FLOW_QUERY, i)))
+            a, b = percentiles(t_http)
+            h50.append(a)
+            h99.append(b)
+            hrate.append(len(t_http) / sum(t_http))
+        line("decision p50 over HTTP (pdp vs embedded)", med(h50) * 1e6, "us", med(ours_p50) * 1e6)
+        line("decision p99 over HTTP (pdp vs embedded)", med(h99) * 1e6, "us", med(ours_p99) * 1e6)
+        line("decisions/s over HTTP (pdp vs embedded)", med(hrate), "1/s", med(ours_rate))
+        bulk = [timed(lambda: opa.evaluate_many(FLOW_QUERY, batch[:500])) for _ in range(args.runs)]
+        line("500 decisions in one bulk HTTP query (pdp vs embedded one by one)", med(bulk), "s",
+             500 / med(ours_rate))
+        full_http = [timed(lambda: opa.evaluate(ALLOWED_FLOWS_QUERY, {})) for _ in range(args.runs)]
+        line("allowed_flows full set over HTTP (pdp vs embedded)", med(full_http), "s", med(full_ours))
+        opa.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    _ = regorus
+
+
+if __name__ == "__main__":
+    main()
