@@ -38,7 +38,8 @@ def export_cmd(
 ) -> None:
     """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
     import audit
-    from audit.checkpoint import audit_signer, log_origin
+    from api.routes.audit import log_origin
+    from audit.checkpoint import audit_signer
     from audit.export import FORMATS, ExportFilter, export_events
 
     if fmt not in FORMATS:
@@ -79,7 +80,7 @@ def export_cmd(
                             fh,
                             fmt=fmt,
                             filters=filters,
-                            origin=log_origin(ctx.settings.trust_domain),
+                            origin=log_origin(ctx),
                             clock=ctx.clock,
                             progress=lambda done, total: bar.update(task, completed=done, total=total),
                         )
@@ -90,7 +91,7 @@ def export_cmd(
                         fh,
                         fmt=fmt,
                         filters=filters,
-                        origin=log_origin(ctx.settings.trust_domain),
+                        origin=log_origin(ctx),
                         clock=ctx.clock,
                     )
             tmp.replace(out)
@@ -160,12 +161,13 @@ def public_key_cmd(
     note: bool = typer.Option(False, "--note", help="print the signed-note verifier key instead of PEM"),
 ) -> None:
     """Print the audit public key, for auditors to keep outside the system."""
-    from audit.checkpoint import audit_signer, ed25519_public_key, log_origin, public_key_pem, verifier_key
+    from api.routes.audit import log_origin
+    from audit.checkpoint import audit_signer, ed25519_public_key, public_key_pem, verifier_key
 
     with open_context() as ctx:
         signer = audit_signer(ctx.keystore)
         if note:
-            print(verifier_key(log_origin(ctx.settings.trust_domain), ed25519_public_key(signer)))
+            print(verifier_key(log_origin(ctx), ed25519_public_key(signer)))
         else:
             sys.stdout.write(public_key_pem(signer))
 

@@ -121,7 +121,7 @@ def load_public_key(data: bytes | str) -> Ed25519PublicKey:
         if not isinstance(key, Ed25519PublicKey):
             raise CheckpointError(f"the audit public key must be Ed25519, not {type(key).__name__}")
         return key
-    parts = text.decode(errors="replace").split("+")
+    parts = text.decode(errors="replace").split("+", 2)
     if len(parts) == 3:
         try:
             blob = base64.b64decode(parts[2], validate=True)

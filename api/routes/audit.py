@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
+from api.context import AppContext
 from api.deps import CtxDep, PrincipalDep
 from api.principal import Principal
 from api.routes.common import decode_cursor, encode_cursor, request_id
@@ -177,11 +178,19 @@ def _signer(ctx: CtxDep) -> cp.CheckpointSigner:
     return cp.audit_signer(ctx.keystore)
 
 
+def log_origin(ctx: AppContext) -> str:
+    """The checkpoint origin: the initialised trust domain's (settings only before init)."""
+    from pki.service import trust_domain
+
+    with ctx.db.read_session() as session:
+        return cp.log_origin(trust_domain(session) or ctx.settings.trust_domain)
+
+
 def _origin(ctx: CtxDep) -> str:
-    return cp.log_origin(ctx.settings.trust_domain)
+    return log_origin(ctx)
 
 
-@router.get("/checkpoint", response_model=CheckpointOut, responses=ERRORS, summary="The latest signed checkpoint")
+@router.get("/checkpoint", response_model=CheckpointOut, responses=ERRORS_404, summary="The latest signed checkpoint")
 def get_checkpoint(request: Request, ctx: CtxDep, principal: PrincipalDep) -> CheckpointOut:
     _scope(request, principal, "audit.read", None)
     signer = _signer(ctx)
@@ -279,7 +288,13 @@ def consistency(
 
 @router.post(
     "/exports",
-    responses=ERRORS,
+    responses={
+        200: {
+            "description": "the export file (JSONL, CSV or OCSF JSON lines)",
+            "content": {"application/x-ndjson": {}, "text/csv": {}},
+        },
+        **ERRORS_404,
+    },
     response_class=StreamingResponse,
     summary="A verifiable export (JSONL, CSV or OCSF) with the signed checkpoint; streamed back",
 )

@@ -32,6 +32,12 @@ def test_note_format_and_signature(signer: KeySigner) -> None:
     signer.public_key().verify(blob[4:], (body + "\n").encode())
     cp = cpm.verify_checkpoint(note, signer.public_key())
     assert (cp.origin, cp.size, cp.root) == ("example.com/audit", 42, root)
+    for _ in range(20):  # base64 key material often holds '+', the field separator
+        other = KeySigner()
+        vk = cpm.verifier_key("example.com/audit", other.public_key())
+        assert cpm.load_public_key(vk).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw) == (
+            other.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        )
     vkey = cpm.verifier_key("example.com/audit", signer.public_key())
     assert cpm.load_public_key(vkey).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw) == raw
 
