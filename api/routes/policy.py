@@ -20,7 +20,7 @@ from core.clock import as_utc
 from core.errors import Forbidden
 from policy import service
 from policy.decide import parse_identity
-from policy.decisionlog import query_decisions
+from policy.decisionlog import DecisionLog, query_decisions
 from policy.models import DecisionRecord, PolicyVersion
 from policy.versions import MAX_MODULES, VerifyKey, load_verify_key
 
@@ -215,8 +215,9 @@ def explain(
         raise Forbidden(f"tenant {scope} may only explain flows from or to its own groups")
     with ctx.db.read_session() as session:
         decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock())
-    return ExplainOut(allow=decision.allow, reasons=decision.reasons, policy_hash=digest,
-                      input={"src": src_id, "dst": dst_id, "proto": proto, "port": port})
+    asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}
+    DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, decision, digest)
+    return ExplainOut(allow=decision.allow, reasons=decision.reasons, policy_hash=digest, input=asked)
 
 
 @router.get("/decisions", response_model=list[DecisionOut], responses=READ_ERRORS,

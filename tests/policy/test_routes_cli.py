@@ -63,7 +63,9 @@ def test_policy_lifecycle_over_http(env: Env) -> None:
     assert env.call("GET", f"/v1/policy/versions/{number}", "auditor").json()["sources"] == mods
     assert env.call("POST", f"/v1/policy/versions/{number}/rollback", "security", json={}).status_code == 409
     assert env.call("GET", "/v1/policy/versions/999", "security").status_code == 404
-    assert env.call("GET", "/v1/policy/decisions", "auditor").status_code == 200
+    logged = env.call("GET", "/v1/policy/decisions", "auditor", params={"kind": "flow"}).json()
+    assert [d["allowed"] for d in logged] == [True, False]  # the explains above, newest first
+    assert logged[0]["policy_hash"] == act.json()["content_hash"] and logged[1]["policy_hash"] is None
     assert env.call("GET", "/v1/policy/explain", "security",
                     params={"src": "acme", "dst": "acme/db", "port": 1}).status_code == 400
 
