@@ -66,6 +66,9 @@ def _rehash(doc: dict[str, object]) -> bytes:
 def _verify(data: bytes, signer: KeySigner) -> VerificationError:
     with pytest.raises(VerificationError) as info:
         verify_export(io.BytesIO(data), signer.public_key())
+    with pytest.raises(VerificationError) as slow:  # the detailed pass alone reaches the same verdict
+        verify_export(io.BytesIO(data), signer.public_key(), fast=False)
+    assert (slow.value.kind, slow.value.index) == (info.value.kind, info.value.index)
     return info.value
 
 
@@ -82,6 +85,7 @@ def test_untouched_exports_verify(exported: dict[str, bytes | KeySigner], tmp_pa
         path = tmp_path / name
         path.write_bytes(exported[name])  # type: ignore[arg-type]
         report = verify_export(path, signer.public_key())
+        assert report == verify_export(path, signer.public_key(), fast=False)  # both passes agree
         assert report.tree_size == N
         assert report.events == (N if name != "acme" else sum(1 for i in range(N) if i % 5 and i % 3 == 0))
 
@@ -271,3 +275,20 @@ def test_not_an_export() -> None:
     assert err.kind == "malformed"
     err = _verify(b"", KeySigner())
     assert err.kind == "header"
+
+
+def test_fast_path_accepts_only_an_intact_unfiltered_jsonl_export(exported: dict[str, bytes | KeySigner]) -> None:
+    from audit.verify import _fast_jsonl
+
+    signer = exported["signer"]
+    assert isinstance(signer, KeySigner)
+    full = exported["jsonl"]
+    assert isinstance(full, bytes)
+    report = _fast_jsonl(io.BytesIO(full), signer.public_key())
+    assert report is not None and report.events == N
+    assert _fast_jsonl(io.BytesIO(full.replace(b'"id":"obj-37"', b'"id":"obj-38"')), signer.public_key()) is None
+    assert _fast_jsonl(io.BytesIO(full[:-10]), signer.public_key()) is None
+    assert _fast_jsonl(io.BytesIO(exported["acme"]), signer.public_key()) is None  # type: ignore[arg-type]
+    lines = _lines(full)
+    lines[3], lines[4] = lines[4], lines[3]
+    assert _fast_jsonl(io.BytesIO(b"".join(lines)), signer.public_key()) is None
