@@ -17,6 +17,7 @@ active, whatever its state column says; an active grant without expires_at is le
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -105,3 +106,30 @@ def build_data(session: Session, now: datetime) -> dict[str, Any]:
         if grant_is_live(grant, now):
             grants.setdefault(grant.src_tenant, {}).setdefault(grant.dst_tenant, {})[grant.id] = grant_entry(grant)
     return {DATA_KEY: {"tenants": tenants, "grants": grants, "revoked": revoked}}
+
+
+def grant_ops(current: Mapping[str, Any], grant: Grant, now: datetime) -> list[dict[str, Any]]:
+    """The patch that brings `current` (a document from build_data) up to date for one grant: add or
+    replace it when it is live at `now`, remove it otherwise. For callers that know which grant changed
+    (the grants service): cheaper than rebuilding and diffing the whole document."""
+    path = f"/{DATA_KEY}/grants/{_esc(grant.src_tenant)}/{_esc(grant.dst_tenant)}/{_esc(grant.id)}"
+    by_id = current.get(DATA_KEY, {}).get("grants", {}).get(grant.src_tenant, {}).get(grant.dst_tenant, {})
+    present = grant.id in by_id
+    if grant_is_live(grant, now):
+        entry = grant_entry(grant)
+        if present and by_id[grant.id] == entry:
+            return []
+        return [{"op": "replace" if present else "add", "path": path, "value": entry}]
+    if not present:
+        return []
+    # prune emptied parents, so the document stays equal to a rebuild
+    by_dst = current[DATA_KEY]["grants"][grant.src_tenant]
+    if len(by_id) > 1:
+        return [{"op": "remove", "path": path}]
+    if len(by_dst) > 1:
+        return [{"op": "remove", "path": path.rsplit("/", 1)[0]}]
+    return [{"op": "remove", "path": path.rsplit("/", 2)[0]}]
+
+
+def _esc(part: str) -> str:
+    return part.replace("~", "~0").replace("/", "~1")

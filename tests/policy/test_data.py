@@ -78,3 +78,36 @@ def test_bad_ports_and_protos_are_rejected() -> None:
     for port, proto in [(0, "tcp"), (65536, "tcp"), (443, "icmp")]:
         with pytest.raises(InvalidInput):
             flow_input("acme/web", "globex/api", port, proto)
+
+
+def test_grant_ops_patch_one_grant_without_a_rebuild(db: Database) -> None:
+    from policy.data import grant_ops
+    from policy.decide import sync_data
+    from policy.models import Grant
+
+    with db.session() as s:
+        populate(s, NOW)
+    with db.read_session() as s:
+        data = build_data(s, NOW)
+        live = s.get(Grant, "live")
+        pending = s.get(Grant, "pending")
+    assert live is not None and pending is not None
+    engine = RegorusEngine(shipped(), data)
+    assert grant_ops(engine.data(), live, NOW) == []  # unchanged
+    assert grant_ops(engine.data(), pending, NOW) == []  # not live, not present
+    pending.state = "active"
+    ops = grant_ops(engine.data(), pending, NOW)
+    assert [o["op"] for o in ops] == ["add"]
+    engine.patch_data(ops)
+    assert decide_flow(engine, flow_input("globex/api", "acme/web", 443)).allow
+    live.state = "revoked"
+    engine.patch_data(grant_ops(engine.data(), live, NOW))
+    assert not decide_flow(engine, flow_input("acme/web", "globex/api", 8443)).allow
+    # the patched document equals a rebuild from the database with the same changes
+    with db.session() as s:
+        for g in (live, pending):
+            s.merge(g)
+    with db.read_session() as s:
+        assert build_data(s, NOW) == engine.data()
+    sync_data(engine, data)  # and back again by diff
+    assert decide_flow(engine, flow_input("acme/web", "globex/api", 8443)).allow
