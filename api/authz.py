@@ -23,6 +23,7 @@ log = logging.getLogger("trustfabric.api.authz")
 
 REGO_DIR = Path(__file__).resolve().parent.parent / "rego"
 AUTHZ_MODULE = "api_authz.rego"
+AUTHZ_CACHE_SIZE = 4096
 
 
 class Evaluator(Protocol):
@@ -37,6 +38,7 @@ class Authorizer:
         self._engine: Evaluator | None = None
         self._lock = threading.Lock()
         self._error: str | None = None
+        self._cache: dict[tuple[str, str, str | None, str | None], tuple[bool, list[str]]] = {}
 
     def _get_engine(self) -> Evaluator | None:
         if self._engine is not None:
@@ -55,6 +57,10 @@ class Authorizer:
         """(allowed, reasons) from api_authz.rego via policy.decide.authorize (which never raises)."""
         from policy.decide import authorize as policy_authorize
 
+        key = (principal.role, action, principal.tenant, tenant)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
         engine = self._get_engine()
         if engine is None:
             return False, [f"authorization policy unavailable ({self._error or 'no engine configured'})"]
@@ -64,9 +70,15 @@ class Authorizer:
             action,
             {"tenant": tenant} if tenant is not None else {},
         )
-        if decision.allow:
-            return True, decision.reasons
-        return False, decision.reasons or ["default-deny: no rule allows this"]
+        result = (True, decision.reasons) if decision.allow else (
+            False, decision.reasons or ["default-deny: no rule allows this"])
+        if not any(r.startswith(("engine-error", "no-policy")) for r in decision.reasons):
+            # The answer depends only on (role, action, principal tenant, resource tenant) and the
+            # shipped policy, which does not change while the process runs; errors are never cached.
+            if len(self._cache) >= AUTHZ_CACHE_SIZE:
+                self._cache.clear()
+            self._cache[key] = result
+        return result
 
     def require(self, principal: Principal, action: str, tenant: str | None) -> None:
         allowed, reasons = self.decide(principal, action, tenant)

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sqlalchemy.engine import Engine
+
 from api.config import Settings
 from core.clock import Clock, system_clock
 from core.errors import InvalidInput
@@ -59,6 +61,15 @@ class AppContext:
         db = Database(settings.db_url)
         migrate(db.engine)
         return cls(settings=settings, db=db, keystore=open_keystore(settings, create=create), clock=clock)
+
+    @property
+    def reader(self) -> Engine:
+        """The engine for read-only Core queries (on SQLite: a plain BEGIN, never the writer lock)."""
+        engine: Engine | None = self.__dict__.get("_reader")
+        if engine is None:
+            engine = self.db.engine.execution_options(tf_write=False)
+            self.__dict__["_reader"] = engine
+        return engine
 
     def close(self) -> None:
         self.db.dispose()

@@ -6,8 +6,10 @@ the state in every response is the effective state at the request time (expiry e
 
 from __future__ import annotations
 
+import json
+import threading
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from sqlalchemy.exc import IntegrityError
@@ -38,6 +40,9 @@ router = APIRouter(prefix="/v1", tags=["grants"])
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
 GrantId = Annotated[str, Path(min_length=1, max_length=64, description="grant id")]
+# Grant requests of one process queue here rather than in SQLite's busy handler, whose growing sleeps
+# (up to 100 ms a try) are what made the tail latency under concurrent writers.
+_WRITERS = threading.Lock()
 IDEMPOTENCY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 STATE_PATTERN = "^(pending|active|expired|revoked|rejected|denied)$"
 
@@ -103,7 +108,7 @@ def request_grant(
     caller = caller_of(principal)
     settings = ctx.settings
     try:
-        with ctx.db.session() as session:
+        with _WRITERS, ctx.db.session() as session:
             grant, created = svc.request_grant(
                 session, req, caller=caller, decide=_decider(request), idempotency_key=idempotency_key,
                 pending_ttl=settings.grant_pending_ttl, clock=ctx.clock, request_id=request_id(request),
@@ -128,25 +133,54 @@ def request_grant(
 
 @router.get("/grants", response_model=Page[GrantOut], responses=READ_ERRORS,
             summary="List grants (a tenant sees those where it is source or destination)")
-def list_grants(
+async def list_grants(
     request: Request, ctx: CtxDep, principal: PrincipalDep,
     cursor: CursorQuery = None, limit: LimitQuery = 50,
     state: Annotated[str | None, Query(pattern=STATE_PATTERN)] = None,
     src_tenant: Annotated[str | None, Query(min_length=1, max_length=63)] = None,
     dst_tenant: Annotated[str | None, Query(min_length=1, max_length=63)] = None,
-) -> Page[GrantOut]:
+) -> Response:
+    # The hot read path: one Core SELECT (read-only, WAL readers never wait) run on the event loop, rows
+    # shaped straight into the documented GrantOut JSON (the schemathesis test holds it to the schema).
     scope = principal.scope_tenant
     authorize(request, principal, "grant.read", scope)
     now = ctx.clock()
-    with ctx.db.read_session() as session:
-        rows = svc.list_grants(
-            session, viewer_tenant=scope, now=now, state=state, src_tenant=src_tenant, dst_tenant=dst_tenant,
-            after=decode_cursor(cursor) if cursor is not None else None, limit=limit + 1,
-        )
+    query = svc.grants_query(
+        viewer_tenant=scope, now=now, state=state, src_tenant=src_tenant, dst_tenant=dst_tenant,
+        after=decode_cursor(cursor) if cursor is not None else None, limit=limit + 1,
+    )
+    with ctx.reader.connect() as conn:
+        rows = conn.execute(query).all()
     more = len(rows) > limit
     rows = rows[:limit]
-    return Page[GrantOut](items=[grant_out(g, now) for g in rows],
-                          next_cursor=encode_cursor(rows[-1].id) if more else None)
+    page = {"items": [grant_view(g, now) for g in rows],
+            "next_cursor": encode_cursor(rows[-1].id) if more else None}
+    return Response(json.dumps(page, separators=(",", ":")), media_type="application/json")
+
+
+def _iso(value: datetime | None) -> str | None:
+    return as_utc(value).isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+def grant_view(grant: Any, now: datetime) -> dict[str, Any]:
+    """GrantOut as a JSON-ready dict, from an ORM Grant or a plain row (the same attribute names)."""
+    state = svc.effective_state(grant, now)
+    approvals = list(grant.approvals or [])
+    done = {a.get("as") for a in approvals}
+    required = list(grant.required_approvers or [])
+    reasons = list(grant.reasons or [])
+    if state == "expired" and grant.state != "expired":
+        reasons.append("expired: approval timed out" if grant.state == "pending" else "expired: ttl elapsed")
+    return {
+        "id": grant.id, "src_tenant": grant.src_tenant, "src_group": grant.src_group,
+        "dst_tenant": grant.dst_tenant, "dst_group": grant.dst_group, "proto": grant.proto,
+        "ports": list(grant.ports or []), "ttl_seconds": grant.ttl_seconds, "justification": grant.justification,
+        "state": state, "requested_by": grant.requested_by, "required_approvers": required,
+        "pending_approvers": [a for a in required if a not in done] if state == "pending" else [],
+        "approvals": approvals, "reasons": reasons, "created_at": _iso(grant.created_at),
+        "decided_at": _iso(grant.decided_at), "expires_at": _iso(grant.expires_at),
+        "pending_until": _iso(grant.pending_until), "version": grant.version,
+    }
 
 
 @router.get("/grants/{grant_id}", response_model=GrantOut, responses=READ_ERRORS, summary="One grant")

@@ -4,7 +4,9 @@ with an injectable clock, idempotent retries, concurrent approvals (exactly one 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from audit.models import AuditEvent
 from policy import grants as svc
 from policy.data import build_data
 from policy.models import Grant
-from tests.api.conftest import Env
+from tests.api.conftest import Env, make_settings, open_env, seed
 
 REQ = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
        "ttl_seconds": 3600, "justification": "call the globex API"}
@@ -287,3 +289,26 @@ def test_paging_and_filters(env: Env) -> None:
     assert env.call("GET", "/v1/grants?cursor=%%%", "admin").status_code == 400
     assert env.call("GET", "/v1/grants?state=bogus", "admin").status_code == 422
     assert len(env.call("GET", "/v1/grants?dst_tenant=globex&state=pending", "admin").json()["items"]) == 5
+
+
+def test_background_sweeper_runs_in_the_server_process(tmp_path: Path) -> None:
+    env = open_env(make_settings(tmp_path / "home", sweep_interval_seconds=0.05), sweeper=True)
+    try:
+        seed(env)
+        with TestClient(env.app) as client:  # the lifespan starts and stops the sweeper thread
+            g = client.post("/v1/grants", json={**REQ, "dst_group": "public", "ports": [80]},
+                            headers=env.headers("tenant-admin", "acme")).json()
+            assert g["state"] == "active"
+            env.clock.advance(timedelta(seconds=REQ["ttl_seconds"]))  # type: ignore[arg-type]
+            deadline = time.monotonic() + 10
+            while events(env, "grant.expire") == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert events(env, "grant.expire") == 1
+        with env.ctx.db.read_session() as s:
+            row = s.get(Grant, g["id"])
+            assert row is not None and row.state == "expired"
+        sweeper = env.app.state.sweeper
+        assert sweeper is not None and sweeper._thread is not None and not sweeper._thread.is_alive()
+    finally:
+        env.client.close()
+        env.ctx.close()

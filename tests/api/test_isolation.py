@@ -38,7 +38,7 @@ def csr_pem() -> str:
 
 @dataclass(frozen=True)
 class Case:
-    kind: str  # public | platform | on_b | own_scope | credential
+    kind: str  # public | global (no tenant data) | platform | on_b | own_scope | credential
     path: str = ""
     body: Callable[[dict[str, str]], Any] | None = None
     expect: frozenset[int] = FORBIDDEN
@@ -54,6 +54,10 @@ def platform(path: str, body: Callable[[dict[str, str]], Any] | None = None) -> 
 
 PUBLIC = Case("public")
 REASON = {"reason": "isolation test"}
+MODULES = {"modules": {"x.rego": "package x\n\ndefault allow := false\n"}}
+# Tables a tenant's read may legitimately append to: signed checkpoints of the audit log (system state,
+# no tenant data) are written on demand by GET /v1/audit/checkpoint.
+SYSTEM_TABLES = {"audit_checkpoints"}
 
 # "METHOD /path" -> how tenant A attacks tenant B through it. {grant}: a grant between B and a third
 # tenant; {serial}: an SVID of B; {token}: an API token id of B.
@@ -102,6 +106,24 @@ CASES: dict[str, Case] = {
     "POST /v1/grants/{grant_id}/approve": on_b("/v1/grants/{grant}/approve"),
     "POST /v1/grants/{grant_id}/reject": on_b("/v1/grants/{grant}/reject", lambda o: REASON),
     "POST /v1/grants/{grant_id}/revoke": on_b("/v1/grants/{grant}/revoke", lambda o: REASON),
+    # audit: B's events by filter, by index, by export; proofs and checkpoints carry hashes only
+    "GET /v1/audit/events": on_b(f"/v1/audit/events?tenant={B}"),
+    "GET /v1/audit/proof/inclusion": on_b("/v1/audit/proof/inclusion?index={b_event}"),
+    "GET /v1/audit/proof/consistency": Case("global", "/v1/audit/proof/consistency?first=1&second=2"),
+    "GET /v1/audit/checkpoint": Case("global"),
+    "POST /v1/audit/exports": on_b("/v1/audit/exports", lambda o: {"format": "jsonl", "tenant": B}),
+    # policy: platform-wide except explain (own flows only) and decisions
+    "POST /v1/policy/validate": platform("/v1/policy/validate", lambda o: MODULES),
+    "POST /v1/policy/test": platform("/v1/policy/test", lambda o: MODULES),
+    "POST /v1/policy/versions": platform("/v1/policy/versions", lambda o: MODULES),
+    "GET /v1/policy/versions": platform("/v1/policy/versions"),
+    "GET /v1/policy/active": platform("/v1/policy/active"),
+    "GET /v1/policy/versions/{ref}": platform("/v1/policy/versions/1"),
+    "GET /v1/policy/versions/{ref}/impact": platform("/v1/policy/versions/1/impact"),
+    "POST /v1/policy/versions/{ref}/activate": platform("/v1/policy/versions/1/activate", lambda o: {}),
+    "POST /v1/policy/versions/{ref}/rollback": platform("/v1/policy/versions/1/rollback", lambda o: {}),
+    "GET /v1/policy/explain": on_b(f"/v1/policy/explain?src={B}/api&dst=initech/svc&port=443"),
+    "GET /v1/policy/decisions": on_b(f"/v1/policy/decisions?tenant={B}"),
     # principals
     "GET /v1/whoami": Case("own_scope", "/v1/whoami"),
     "POST /v1/tokens": platform("/v1/tokens", lambda o: {"role": "tenant-admin", "tenant": B, "ttl_seconds": 60}),
@@ -120,7 +142,7 @@ def snapshot(env: Env) -> dict[str, int]:
     """Row counts of every table plus the audit head: any write shows up here."""
     counts: dict[str, int] = {}
     with env.ctx.db.read_session() as s:
-        for table in sorted(inspect(env.ctx.db.engine).get_table_names()):
+        for table in sorted(set(inspect(env.ctx.db.engine).get_table_names()) - SYSTEM_TABLES):
             counts[table] = int(s.connection().execute(text(f'SELECT count(*) FROM "{table}"')).scalar_one())
         rows = s.connection().execute(text("SELECT state, version FROM grants ORDER BY id")).all()
         counts["grant-states"] = hash(tuple(rows))
@@ -145,7 +167,11 @@ def objects(env: Env) -> dict[str, str]:
     assert r.status_code == 201 and r.json()["state"] == "pending", r.text
     tok = env.call("POST", "/v1/tokens", "admin", json={"role": "tenant-member", "tenant": B, "ttl_seconds": 600})
     assert tok.status_code == 201, tok.text
-    return {"grant": r.json()["id"], "serial": issued.serial, "token": tok.json()["info"]["id"], "csr": csr_pem()}
+    with env.ctx.db.read_session() as s:
+        b_event = s.connection().execute(
+            text("SELECT max(seq) FROM audit_events WHERE tenant = :t"), {"t": B}).scalar_one()
+    return {"grant": r.json()["id"], "serial": issued.serial, "token": tok.json()["info"]["id"], "csr": csr_pem(),
+            "b_event": str(b_event)}
 
 
 def test_every_operation_is_classified(env: Env) -> None:
@@ -173,7 +199,7 @@ def test_tenant_a_cannot_reach_tenant_b(env: Env, objects: dict[str, str], role:
         r = env.call(method, path, role, A, json=body)
         if r.status_code >= 500:
             failures.append(f"{op}: {r.status_code} {r.text[:200]}")
-        elif case.kind == "public":
+        elif case.kind in ("public", "global"):
             continue
         elif case.kind == "own_scope":
             if r.status_code == 200 and (B in r.text or "initech" in r.text):

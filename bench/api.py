@@ -1,0 +1,253 @@
+"""API throughput and latency: authorized GET /v1/grants and POST /v1/grants against `trustfabric serve`
+(uvicorn, loopback, 2 workers), beside a bare FastAPI endpoint (same uvicorn, 2 workers) returning the
+same JSON, measured in the same run by a load generator in separate processes.
+
+Prints `<figure>: <value> <unit> (baseline <value> <unit>, ratio <r>)`, medians of RUNS runs.
+Goals: authorized reads >= 50% of the bare endpoint's throughput; p99 <= 25 ms at the measured rate.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = str(Path(sys.executable).parent / "trustfabric")
+WORKERS = 2
+CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "8"))
+LOAD_PROCESSES = 2
+DURATION = float(os.environ.get("BENCH_SECONDS", "3"))
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+SEED_GRANTS = 20
+
+BARE_APP = textwrap.dedent('''
+    import json, os, socket
+    from fastapi import FastAPI, Request
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class NoDelayH11(H11Protocol):
+        """The same socket option trustfabric serve sets (uvicorn --workers skips TCP_NODELAY)."""
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    app = FastAPI()
+    with open(os.environ["BENCH_GET_JSON"]) as fh:
+        GET_BODY = json.load(fh)
+    with open(os.environ["BENCH_POST_JSON"]) as fh:
+        POST_BODY = json.load(fh)
+
+    @app.get("/v1/grants")
+    def grants() -> dict:
+        return GET_BODY
+
+    @app.post("/v1/grants", status_code=201)
+    async def request_grant(request: Request) -> dict:
+        await request.json()
+        return POST_BODY
+''')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(port: int, path: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server on port {port} exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", path)
+            if conn.getresponse().status < 500:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} did not start")
+
+
+def call(port: int, method: str, path: str, token: str | None = None, body: Any = None,
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    h = {"Content-Type": "application/json", **(headers or {})}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    conn.request(method, path, body=json.dumps(body) if body is not None else None, headers=h)
+    r = conn.getresponse()
+    data = r.read()
+    return r.status, json.loads(data) if data else None
+
+
+def _load_worker(port: int, method: str, path: str, token: str, body: Any, deadline: float,
+                 out: Any, threads: int) -> None:
+    """Closed-loop load: `threads` keep-alive connections, each sending back-to-back until the deadline."""
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+
+    def loop() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        mine: list[float] = []
+        bad = 0
+        while time.monotonic() < deadline:
+            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+            payload = None
+            if body is not None:
+                headers["Idempotency-Key"] = uuid.uuid4().hex
+                payload = json.dumps(body)
+            t0 = time.perf_counter()
+            try:
+                conn.request(method, path, body=payload, headers=headers)
+                r = conn.getresponse()
+                r.read()
+                ok = r.status < 400
+            except OSError:
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                ok = False
+            mine.append(time.perf_counter() - t0)
+            if not ok:
+                bad += 1
+        with lock:
+            latencies.extend(mine)
+            errors[0] += bad
+
+    ts = [threading.Thread(target=loop) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    out.put((latencies, errors[0]))
+
+
+def measure(port: int, method: str, path: str, token: str, body: Any = None) -> dict[str, float]:
+    """Throughput (req/s) and p50/p99 (ms) over DURATION seconds from LOAD_PROCESSES processes."""
+    q: Any = mp.get_context("fork").Queue()
+    start = time.monotonic() + 0.3
+    deadline = start + DURATION
+    per_proc = max(1, CONNECTIONS // LOAD_PROCESSES)
+    procs = [mp.get_context("fork").Process(target=_load_worker, args=(port, method, path, token, body, deadline,
+                                                                       q, per_proc)) for _ in range(LOAD_PROCESSES)]
+    for p in procs:
+        p.start()
+    lat: list[float] = []
+    errors = 0
+    for _ in procs:
+        got, bad = q.get()
+        lat.extend(got)
+        errors += bad
+    for p in procs:
+        p.join()
+    if errors:
+        raise RuntimeError(f"{errors} of {len(lat)} {method} {path} requests failed")
+    lat.sort()
+    return {"rps": len(lat) / DURATION, "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000}
+
+
+def median_runs(fn: Any) -> dict[str, float]:
+    runs = [fn() for _ in range(RUNS)]
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def line(figure: str, value: float, base: float, unit: str) -> str:
+    return f"{figure}: {value:.1f} {unit} (baseline {base:.1f} {unit}, ratio {value / base:.2f})"
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="tf-bench-api-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
+    env.update({"TRUSTFABRIC_HOME": str(work / "home"), "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0",
+                "TRUSTFABRIC_SWEEP_INTERVAL_SECONDS": "30"})
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        subprocess.run([BIN, "init", "--trust-domain", "bench.example"], env=env, cwd=work, check=True,
+                       capture_output=True)
+
+        def token(*args: str) -> str:
+            out = subprocess.run([BIN, "token", "create", *args, "--ttl", "1h"], env=env, cwd=work, check=True,
+                                 capture_output=True, text=True)
+            return out.stdout.strip().splitlines()[-1]
+
+        port = free_port()
+        procs.append(subprocess.Popen([BIN, "serve", "--port", str(port), "--workers", str(WORKERS),
+                                       "--log-level", "warning"], env=env, cwd=work, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        wait_healthy(port, "/healthz", procs[-1])
+        admin = token("--role", "admin")
+        for slug in ("acme", "globex"):
+            assert call(port, "POST", "/v1/tenants", admin, {"slug": slug, "display_name": slug})[0] == 201
+        assert call(port, "POST", "/v1/tenants/acme/groups", admin,
+                    {"name": "web", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
+        assert call(port, "POST", "/v1/tenants/globex/groups", admin,
+                    {"name": "api", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
+        acme = token("--role", "tenant-admin", "--tenant", "acme")
+        grant = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
+                 "ttl_seconds": 3600, "justification": "bench"}
+        post_body: Any = None
+        for _ in range(SEED_GRANTS):
+            status, post_body = call(port, "POST", "/v1/grants", acme, grant)
+            assert status == 201, post_body
+        status, get_body = call(port, "GET", "/v1/grants", acme)
+        assert status == 200 and len(get_body["items"]) == SEED_GRANTS
+
+        (work / "get.json").write_text(json.dumps(get_body))
+        (work / "post.json").write_text(json.dumps(post_body))
+        (work / "tf_bare_app.py").write_text(BARE_APP)
+        bare_port = free_port()
+        bare_env = dict(env, BENCH_GET_JSON=str(work / "get.json"), BENCH_POST_JSON=str(work / "post.json"))
+        procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "tf_bare_app:app", "--app-dir", str(work),
+                                       "--host", "127.0.0.1", "--port", str(bare_port), "--workers", str(WORKERS),
+                                       "--log-level", "warning", "--http", "tf_bare_app:NoDelayH11"],
+                                      env=bare_env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_healthy(bare_port, "/v1/grants", procs[-1])
+
+        get_tf = median_runs(lambda: measure(port, "GET", "/v1/grants", acme))
+        get_bare = median_runs(lambda: measure(bare_port, "GET", "/v1/grants", acme))
+        post_tf = median_runs(lambda: measure(port, "POST", "/v1/grants", acme, grant))
+        post_bare = median_runs(lambda: measure(bare_port, "POST", "/v1/grants", acme, grant))
+
+        print(f"scale: uvicorn {WORKERS} workers on loopback, {CONNECTIONS} keep-alive connections from "
+              f"{LOAD_PROCESSES} load processes, {SEED_GRANTS} grants listed per GET, SQLite, "
+              f"median of {RUNS} runs x {DURATION:g} s")
+        print(line("get_grants_throughput", get_tf["rps"], get_bare["rps"], "req/s"))
+        print(line("get_grants_p50", get_tf["p50"], get_bare["p50"], "ms"))
+        print(line("get_grants_p99", get_tf["p99"], get_bare["p99"], "ms"))
+        print(line("post_grants_throughput", post_tf["rps"], post_bare["rps"], "req/s"))
+        print(line("post_grants_p50", post_tf["p50"], post_bare["p50"], "ms"))
+        print(line("post_grants_p99", post_tf["p99"], post_bare["p99"], "ms"))
+        read_ok = get_tf["rps"] >= 0.5 * get_bare["rps"]
+        print(f"goals: reads >= 50% of bare: {'met' if read_ok else 'NOT met'}; "
+              f"GET p99 <= 25 ms: {'met' if get_tf['p99'] <= 25 else 'NOT met'}; "
+              f"POST p99 <= 25 ms: {'met' if post_tf['p99'] <= 25 else 'NOT met'}")
+        return 0
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
