@@ -134,6 +134,67 @@ def _canonical_summary(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     return parsed
 
 
+_COLUMNS = (
+    "seq",
+    "ts",
+    "actor_id",
+    "actor_kind",
+    "tenant",
+    "action",
+    "object_type",
+    "object_id",
+    "summary",
+    "reason",
+    "request_id",
+    "prev_hash",
+    "leaf_hash",
+    "data",
+)
+# Appends go straight to the driver: SQLAlchemy's per-statement machinery costs more than the statements.
+_DRIVER_SQL = {
+    "sqlite": (
+        "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
+        "summary, reason, request_id, prev_hash, leaf_hash, data) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO audit_nodes (key, hash) VALUES (?, ?)",
+        "UPDATE audit_head SET size = ?, last_leaf = ?, frontier = ? WHERE id = 1",
+    ),
+    "postgresql": (
+        "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
+        "summary, reason, request_id, prev_hash, leaf_hash, data) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s)",
+        "INSERT INTO audit_nodes (key, hash) VALUES (%s, %s)",
+        "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json WHERE id = 1",
+    ),
+}
+assert HEAD_ID == 1
+
+
+def _write(session: Session, fields: dict[str, Any], nodes: list[tuple[int, bytes]], head: _HeadState) -> None:
+    conn = session.connection()
+    dialect = conn.dialect.name
+    frontier = [h.hex() for h in head.frontier]
+    sql = _DRIVER_SQL.get(dialect if dialect == "sqlite" or conn.dialect.driver == "psycopg" else "")
+    if sql is None:  # any other backend: the portable (slower) path
+        conn.execute(_INSERT_EVENT, fields)
+        if nodes:
+            conn.execute(_INSERT_NODE, [{"key": k, "hash": h} for k, h in nodes])
+        conn.execute(_UPDATE_HEAD, {"h_size": head.size, "h_last": head.last_leaf.hex(), "h_frontier": frontier})
+        return
+    values = [fields[c] for c in _COLUMNS]
+    values[8] = json.dumps(fields["summary"], ensure_ascii=False)
+    if dialect == "sqlite":  # SQLAlchemy's SQLite DateTime text form; the value is UTC
+        values[1] = fields["ts"].strftime("%Y-%m-%d %H:%M:%S.%f")
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cur.execute(sql[0], values)
+        if nodes:
+            cur.executemany(sql[1], nodes)
+        cur.execute(sql[2], (head.size, head.last_leaf.hex(), json.dumps(frontier)))
+    finally:
+        cur.close()
+
+
 def record(
     session: Session,
     *,
@@ -206,14 +267,7 @@ def record(
     fields["data"] = data.decode()
 
     new_nodes = _push_leaf(head, leaf)
-    conn = session.connection()
-    conn.execute(_INSERT_EVENT, fields)
-    if new_nodes:
-        conn.execute(_INSERT_NODE, [{"key": k, "hash": h} for k, h in new_nodes])
-    conn.execute(
-        _UPDATE_HEAD,
-        {"h_size": head.size, "h_last": head.last_leaf.hex(), "h_frontier": [h.hex() for h in head.frontier]},
-    )
+    _write(session, fields, new_nodes, head)
     session.info[_HEAD_CACHE] = head  # only once every write went through
     configure_mappers()  # no-op once done; model_construct skips the step that would trigger it
     return AuditEvent.model_construct(**fields)
