@@ -190,3 +190,11 @@ def test_embedded_and_server_engines_agree_on_a_generated_corpus(pdp: object, op
         for q, batch in [(FLOW_QUERY, flows_in), (GRANT_QUERY, grants_in), ("data.api_authz.decision", authz_in)]:
             assert server.evaluate_many(q, batch) == expected[q], q
         server.close()
+
+
+def test_unknown_identity_is_denied_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    engine = RegorusEngine(shipped(), small_doc())
+    with caplog.at_level(logging.INFO, logger="policy.decide"):
+        d = decide_flow(engine, flow("ghost", "x", "acme", "web", "tcp", 443))
+    assert not d.allow and d.reasons == ["unknown-identity: ghost/x is not in the inventory"]
+    assert "flow denied: unknown-identity: ghost/x" in caplog.text

@@ -67,3 +67,22 @@ def test_diff_flow_sets_counts_each_tenant(a: dict[str, Any], b: dict[str, Any])
     for tenant, counts in by_tenant.items():
         assert counts["opened"] == sum(1 for f in opened if tenant in (f.src_tenant, f.dst_tenant))
         assert counts["closed"] == sum(1 for f in closed if tenant in (f.src_tenant, f.dst_tenant))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+@given(inventories())
+def test_embedded_and_pdp_agree_on_generated_inventories(pdp: Any, data: dict[str, Any]) -> None:
+    from policy.decide import ALLOWED_FLOWS_QUERY, FLOW_QUERY
+    from policy.engine_opa import OpaServerEngine, OpaSettings
+    from policy.engine_regorus import RegorusEngine
+    from tests.policy.helpers import corpus
+
+    embedded = RegorusEngine(CANDIDATE, data)
+    server = OpaServerEngine(OpaSettings(url=pdp.url, token=pdp.token))
+    server.load(CANDIDATE, data)
+    batch = corpus(data)
+    assert server.evaluate_many(FLOW_QUERY, batch) == embedded.evaluate_many(FLOW_QUERY, batch)
+    assert server.evaluate(ALLOWED_FLOWS_QUERY) == embedded.evaluate(ALLOWED_FLOWS_QUERY)
+    server.close()
+    embedded.close()
