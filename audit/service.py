@@ -159,14 +159,15 @@ _DRIVER_SQL = {
         "INSERT INTO audit_nodes (key, hash) VALUES (?, ?)",
         "UPDATE audit_head SET size = ?, last_leaf = ?, frontier = ? WHERE id = 1",
     ),
-    "postgresql": (
-        "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
-        "summary, reason, request_id, prev_hash, leaf_hash, data) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s)",
-        "INSERT INTO audit_nodes (key, hash) VALUES (%s, %s)",
-        "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json WHERE id = 1",
-    ),
 }
+# PostgreSQL: the event, its completed subtrees and the new head in one round trip.
+_PG_APPEND = (
+    "WITH ev AS (INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
+    "summary, reason, request_id, prev_hash, leaf_hash, data) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s)), "
+    "nd AS (INSERT INTO audit_nodes (key, hash) SELECT * FROM unnest(%s::bigint[], %s::bytea[])) "
+    "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json WHERE id = 1"
+)
 assert HEAD_ID == 1
 
 
@@ -174,8 +175,9 @@ def _write(session: Session, fields: dict[str, Any], nodes: list[tuple[int, byte
     conn = session.connection()
     dialect = conn.dialect.name
     frontier = [h.hex() for h in head.frontier]
-    sql = _DRIVER_SQL.get(dialect if dialect == "sqlite" or conn.dialect.driver == "psycopg" else "")
-    if sql is None:  # any other backend: the portable (slower) path
+    pg = dialect == "postgresql" and conn.dialect.driver == "psycopg"
+    sql = _DRIVER_SQL.get(dialect)
+    if sql is None and not pg:  # any other backend: the portable (slower) path
         conn.execute(_INSERT_EVENT, fields)
         if nodes:
             conn.execute(_INSERT_NODE, [{"key": k, "hash": h} for k, h in nodes])
@@ -187,6 +189,11 @@ def _write(session: Session, fields: dict[str, Any], nodes: list[tuple[int, byte
         values[1] = fields["ts"].strftime("%Y-%m-%d %H:%M:%S.%f")
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
+        if pg:
+            keys, hashes = [k for k, _ in nodes], [h for _, h in nodes]
+            cur.execute(_PG_APPEND, [*values, keys, hashes, head.size, head.last_leaf.hex(), json.dumps(frontier)])
+            return
+        assert sql is not None
         cur.execute(sql[0], values)
         if nodes:
             cur.executemany(sql[1], nodes)
