@@ -95,9 +95,9 @@ def register(app: typer.Typer) -> None:
                    json_out: bool = JsonOpt) -> None:
         """Upload DIRECTORY as a candidate version (compiled, tests run; nothing stored on a compile error)."""
         def run() -> tuple[dict[str, Any], bool]:
-            modules = load_dir(directory)
+            prepared = service.prepare(load_dir(directory))
             with open_context() as ctx, ctx.db.session() as session:
-                v, created = service.upload(session, modules, _actor(), now=ctx.clock(), note=note)
+                v, created = service.upload(session, prepared, _actor(), now=ctx.clock(), note=note)
                 return _version_dict(v), created
         out, created = _guard(run)
         if json_out:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlmodel import Session, col, select
@@ -43,18 +44,39 @@ def test(modules: Mapping[str, str]) -> TestReport:
     return run_tests(mods)
 
 
+@dataclass(frozen=True)
+class PreparedVersion:
+    """Modules compiled and tested, ready to store: prepare outside the write transaction (the Rego
+    tests take a while and SQLite holds its writer lock for the whole transaction)."""
+
+    modules: dict[str, str]
+    content_hash: str
+    report: TestReport
+
+
+def prepare(modules: Mapping[str, str]) -> PreparedVersion:
+    """Check, compile (PolicyCompileError with file:line:col) and run the Rego tests."""
+    mods = check_modules(modules)
+    compile_modules(mods)
+    return PreparedVersion(mods, version_hash(mods), run_tests(mods))
+
+
 def upload(
-    session: Session, modules: Mapping[str, str], actor: Actor, *, now: datetime, note: str = ""
+    session: Session,
+    modules: Mapping[str, str] | PreparedVersion,
+    actor: Actor,
+    *,
+    now: datetime,
+    note: str = "",
 ) -> tuple[PolicyVersion, bool]:
     """Store a candidate version with its test results; (version, created). Uploading content that is
-    already stored returns that version unchanged (created False, no audit event)."""
-    mods = check_modules(modules)
-    compile_modules(mods)  # PolicyCompileError: nothing stored
-    digest = version_hash(mods)
+    already stored returns that version unchanged (created False, no audit event). Nothing is stored
+    for modules that do not compile."""
+    prepared = modules if isinstance(modules, PreparedVersion) else prepare(modules)
+    mods, digest, report = prepared.modules, prepared.content_hash, prepared.report
     existing = session.exec(select(PolicyVersion).where(col(PolicyVersion.content_hash) == digest)).first()
     if existing is not None:
         return existing, False
-    report = run_tests(mods)
     version = PolicyVersion(
         content_hash=digest,
         modules=mods,

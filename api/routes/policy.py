@@ -135,8 +135,9 @@ def run_tests(body: ModulesBody, request: Request, principal: PrincipalDep) -> d
              summary="Upload a version: compiled, its Rego tests run; identical content returns the stored one")
 def upload(body: ModulesBody, request: Request, ctx: CtxDep, principal: PrincipalDep) -> VersionOut:
     authorize(request, principal, "policy.upload", None)
+    prepared = service.prepare(body.modules)  # compile + Rego tests before the write transaction
     with ctx.db.session() as session:
-        version, _created = service.upload(session, body.modules, principal.actor(), now=ctx.clock(),
+        version, _created = service.upload(session, prepared, principal.actor(), now=ctx.clock(),
                                            note=body.note)
         return version_out(version)
 
