@@ -36,10 +36,11 @@ allowed_flows := array.concat(array.concat(intra_tenant_flows, platform_flows), 
 intra_tenant_flows := [flow |
 	some t, tenant in tenants
 	not tenant.quarantined
-	srcs := [g | some g, grp in tenant.groups; not grp.quarantined]
+	srcs := [concat("/", [t, g]) | some g, grp in tenant.groups; not grp.quarantined]
 	some dg, dgroup in tenant.groups
 	not dgroup.quarantined
-	sources := [concat("/", [t, sg]) | some sg in srcs; sg != dg]
+	own := concat("/", [t, dg])
+	sources := [s | some s in srcs; s != own]
 	count(sources) > 0
 	some proto, ports in dgroup.exposed
 	count(ports) > 0
