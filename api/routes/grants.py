@@ -7,7 +7,6 @@ the state in every response is the effective state at the request time (expiry e
 from __future__ import annotations
 
 import json
-import threading
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -30,6 +29,7 @@ from api.schemas import (
     ReasonBody,
     error_responses,
 )
+from api.writelock import grant_writer
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
 from policy import grants as svc
@@ -40,9 +40,6 @@ router = APIRouter(prefix="/v1", tags=["grants"])
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
 GrantId = Annotated[str, Path(min_length=1, max_length=64, description="grant id")]
-# Grant requests of one process queue here rather than in SQLite's busy handler, whose growing sleeps
-# (up to 100 ms a try) are what made the tail latency under concurrent writers.
-_WRITERS = threading.Lock()
 IDEMPOTENCY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 STATE_PATTERN = "^(pending|active|expired|revoked|rejected|denied)$"
 
@@ -108,7 +105,7 @@ def request_grant(
     caller = caller_of(principal)
     settings = ctx.settings
     try:
-        with _WRITERS, ctx.db.session() as session:
+        with grant_writer(ctx), ctx.db.session() as session:
             grant, created = svc.request_grant(
                 session, req, caller=caller, decide=_decider(request), idempotency_key=idempotency_key,
                 pending_ttl=settings.grant_pending_ttl, clock=ctx.clock, request_id=request_id(request),
@@ -196,7 +193,7 @@ def get_grant(grant_id: GrantId, request: Request, ctx: CtxDep, principal: Princ
 def approve_grant(grant_id: GrantId, request: Request, ctx: CtxDep, principal: PrincipalDep,
                   body: ApproveBody | None = None) -> GrantOut:
     authorize(request, principal, "grant.approve", principal.scope_tenant)
-    with ctx.db.session() as session:
+    with grant_writer(ctx), ctx.db.session() as session:
         grant = svc.approve_grant(session, grant_id, caller=caller_of(principal), clock=ctx.clock,
                                   request_id=request_id(request), comment=body.comment if body else "")
     return grant_out(grant, ctx.clock())
@@ -208,7 +205,7 @@ def reject_grant(
     grant_id: GrantId, body: ReasonBody, request: Request, ctx: CtxDep, principal: PrincipalDep
 ) -> GrantOut:
     authorize(request, principal, "grant.reject", principal.scope_tenant)
-    with ctx.db.session() as session:
+    with grant_writer(ctx), ctx.db.session() as session:
         grant = svc.reject_grant(session, grant_id, caller=caller_of(principal), reason=body.reason,
                                  clock=ctx.clock, request_id=request_id(request))
     return grant_out(grant, ctx.clock())
@@ -220,7 +217,7 @@ def revoke_grant(
     grant_id: GrantId, body: ReasonBody, request: Request, ctx: CtxDep, principal: PrincipalDep
 ) -> GrantOut:
     authorize(request, principal, "grant.revoke", principal.scope_tenant)
-    with ctx.db.session() as session:
+    with grant_writer(ctx), ctx.db.session() as session:
         grant = svc.revoke_grant(session, grant_id, caller=caller_of(principal), reason=body.reason,
                                  clock=ctx.clock, request_id=request_id(request))
     return grant_out(grant, ctx.clock())
