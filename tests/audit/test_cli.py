@@ -29,8 +29,14 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     try:
         with ctx.db.session() as s:
             for i in range(25):
-                record(s, actor=Actor("op", "admin"), action="grant.approve", object_type="grant",
-                       object_id=f"g-{i}", tenant=("acme", "globex")[i % 2])
+                record(
+                    s,
+                    actor=Actor("op", "admin"),
+                    action="grant.approve",
+                    object_type="grant",
+                    object_id=f"g-{i}",
+                    tenant=("acme", "globex")[i % 2],
+                )
     finally:
         ctx.close()
     return env
@@ -89,8 +95,9 @@ def test_bad_input_fails_in_one_line_without_traceback(home: dict[str, str], tmp
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}, **home}
     out = tmp_path / "never"
     for args in (["--since", "yesterday"], ["--tenant", "Not_A_Slug"], ["--since", "2026-01-01T00:00:00"]):
-        proc = subprocess.run([BIN, "audit", "export", "--out", str(out), *args], env=env, capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            [BIN, "audit", "export", "--out", str(out), *args], env=env, capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
         assert not out.exists()

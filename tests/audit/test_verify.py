@@ -292,3 +292,25 @@ def test_fast_path_accepts_only_an_intact_unfiltered_jsonl_export(exported: dict
     lines = _lines(full)
     lines[3], lines[4] = lines[4], lines[3]
     assert _fast_jsonl(io.BytesIO(b"".join(lines)), signer.public_key()) is None
+
+
+def test_fast_path_in_several_processes_matches_one_process(
+    exported: dict[str, bytes | KeySigner], tmp_path: Path
+) -> None:
+    from audit.verify import _fast_jsonl
+
+    signer = exported["signer"]
+    assert isinstance(signer, KeySigner)
+    path = tmp_path / "export.jsonl"
+    path.write_bytes(exported["jsonl"])  # type: ignore[arg-type]
+    with open(path, "rb") as fh:
+        one = _fast_jsonl(fh, signer.public_key(), parallel_min_bytes=1 << 40, chunk=4096)
+    with open(path, "rb") as fh:
+        many = _fast_jsonl(fh, signer.public_key(), parallel_min_bytes=1, chunk=4096)  # ~10 blocks, forked workers
+    assert one is not None and one == many
+    path.write_bytes(exported["jsonl"].replace(b'"id":"obj-77"', b'"id":"obj-78"'))  # type: ignore[union-attr]
+    with open(path, "rb") as fh:
+        assert _fast_jsonl(fh, signer.public_key(), parallel_min_bytes=1, chunk=4096) is None
+    path.write_bytes(exported["jsonl"][:-5])  # type: ignore[index]
+    with open(path, "rb") as fh:
+        assert _fast_jsonl(fh, signer.public_key(), parallel_min_bytes=1, chunk=4096) is None
