@@ -184,3 +184,24 @@ def test_other_trust_domain_and_self_signed_refused(
     assert refused(server, client_ctx(tls, scert, skeyf))
     # and the server is still fine for a good client afterwards
     assert get(server, client_ctx(tls), "/healthz").status_code == 200
+
+
+def test_node_svid_is_a_node_principal(served: tuple[Env, TlsServer, ServerTls], tmp_path: Path) -> None:
+    from pki.service import attest_node, create_join_token
+
+    env, server, tls = served
+    key, csr = new_csr()
+    with env.ctx.db.session() as s:
+        join = create_join_token(s, node_name="gpu-01", actor=Actor.system("t"), clock=env.clock)
+    with env.ctx.db.session() as s:
+        issued = attest_node(s, env.ctx.keystore, token=join, csr_pem=csr, clock=env.clock)
+    cert, kfile = tmp_path / "node.pem", tmp_path / "node.key"
+    cert.write_bytes(issued.full_chain_pem)
+    kfile.write_bytes(key_pem(key))
+    r = get(server, client_ctx(tls, cert, kfile))
+    assert r.status_code == 200, r.text
+    assert r.json() == {"id": "spiffe://example.org/node/gpu-01", "role": "node", "tenant": None, "auth": "mtls"}
+    # a node reads the revocation deny list, and nothing of the tenants' grants
+    ctx = client_ctx(tls, cert, kfile)
+    assert get(server, ctx, "/v1/revocations").status_code == 200
+    assert get(server, ctx, "/v1/grants").status_code == 403
