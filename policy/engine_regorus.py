@@ -79,13 +79,20 @@ def compile_modules(modules: Mapping[str, str]) -> None:
     new_engine(modules)
 
 
+HOT = ("tf", "grants")  # the subtree that changes often: reloaded on its own over a shared base
+
+
 class ShardedJson:
-    """JSON text of a document, cached per shard so a small patch re-serialises only what changed."""
+    """JSON text of a document, cached per shard so a small patch re-serialises only what changed.
+
+    Two texts: `base_text` (everything but the HOT subtree) and `hot_text` (only it, as
+    {"tf": {"grants": ...}}); merged, they are the whole document."""
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         self.doc: Mapping[str, Any] = doc
         self._shards: dict[tuple[str, ...], str] = {}
-        self._text: str | None = None
+        self._base: str | None = None
+        self._hot: str | None = None
 
     def patched(self, doc: Mapping[str, Any], ops: Sequence[PatchOp]) -> ShardedJson:
         """A cache for `doc` (= this document with `ops` applied) that keeps every untouched shard."""
@@ -99,14 +106,36 @@ class ShardedJson:
         for key, text in self._shards.items():
             if not any(key[: len(d)] == d for d in dirty):
                 out._shards[key] = text
+        if all(touches_only_hot(d) for d in dirty):
+            out._base = self._base
+        if not any(_overlaps(d, HOT) for d in dirty):
+            out._hot = self._hot
         return out
 
-    def text(self) -> str:
-        if self._text is None:
-            self._text = self._dump(self.doc, ())
-        return self._text
+    def base_text(self) -> str:
+        if self._base is None:
+            self._base = self._dump(self.doc, (), skip=HOT)
+        return self._base
 
-    def _dump(self, value: Any, path: tuple[str, ...]) -> str:
+    def hot_text(self) -> str:
+        if self._hot is None:
+            node: Any = self.doc
+            for key in HOT:
+                node = node.get(key) if isinstance(node, Mapping) else None
+            if node is None:
+                self._hot = "{}"
+            else:
+                inner = self._dump(node, HOT)
+                for key in reversed(HOT):
+                    inner = "{" + json.dumps(key) + ":" + inner + "}"
+                self._hot = inner
+        return self._hot
+
+    def text(self) -> str:
+        """The whole document (base and hot together)."""
+        return self._dump(self.doc, ())
+
+    def _dump(self, value: Any, path: tuple[str, ...], skip: tuple[str, ...] | None = None) -> str:
         if len(path) == SHARD_DEPTH or not isinstance(value, Mapping):
             if len(path) == SHARD_DEPTH:
                 cached = self._shards.get(path)
@@ -115,8 +144,22 @@ class ShardedJson:
                     self._shards[path] = cached
                 return cached
             return json.dumps(value, separators=(",", ":"))
-        items = [json.dumps(str(k)) + ":" + self._dump(v, (*path, str(k))) for k, v in value.items()]
+        items = [
+            json.dumps(str(k)) + ":" + self._dump(v, (*path, str(k)), skip)
+            for k, v in value.items()
+            if skip is None or (*path, str(k)) != skip
+        ]
         return "{" + ",".join(items) + "}"
+
+
+def _overlaps(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def touches_only_hot(path: tuple[str, ...]) -> bool:
+    """True when a change at `path` stays inside the HOT subtree."""
+    return len(path) >= len(HOT) and path[: len(HOT)] == HOT
 
 
 PATCH_LOG = 256  # additive fragments kept so lagging thread engines can catch up without a full reload
@@ -160,14 +203,21 @@ class _Shared:
     modules_gen: int = 0
     data: ShardedJson = field(default_factory=lambda: ShardedJson({}))
     data_gen: int = 0
-    # data_gen -> JSON of the fragment that generation merged in (absent: a full reload is needed)
+    base_gen: int = 0  # bumped by any change outside the HOT subtree
+    # data_gen -> JSON of the fragment that generation merged in (absent: a reload is needed)
     fragments: dict[int, str] = field(default_factory=dict)
 
 
 class _ThreadEngine:
-    def __init__(self, engine: regorus.Engine, modules_gen: int, data_gen: int) -> None:
+    """`base` holds the modules and the data without the HOT subtree; `engine` is a clone of it (regorus
+    clones share data) with the HOT subtree and any merged fragments added."""
+
+    def __init__(self, base: regorus.Engine, engine: regorus.Engine, modules_gen: int, base_gen: int,
+                 data_gen: int) -> None:
+        self.base = base
         self.engine = engine
         self.modules_gen = modules_gen
+        self.base_gen = base_gen
         self.data_gen = data_gen
 
 
@@ -202,6 +252,7 @@ class RegorusEngine:
             if data is not None:
                 self._shared.data = ShardedJson(dict(data))
                 self._shared.data_gen += 1
+                self._shared.base_gen += 1
                 self._shared.fragments.clear()
 
     def set_data(self, data: Mapping[str, Any]) -> None:
@@ -210,6 +261,7 @@ class RegorusEngine:
         with self._lock:
             self._shared.data = ShardedJson(dict(data))
             self._shared.data_gen += 1
+            self._shared.base_gen += 1
             self._shared.fragments.clear()
 
     def patch_data(self, ops: Sequence[PatchOp]) -> None:
@@ -222,6 +274,8 @@ class RegorusEngine:
             shared = self._shared
             shared.data = current.patched(doc, ops)
             shared.data_gen += 1
+            if not all(touches_only_hot(tuple(pointer_parts(str(op["path"])))) for op in ops):
+                shared.base_gen += 1
             if fragment is None:
                 shared.fragments.clear()
             else:
@@ -254,27 +308,41 @@ class RegorusEngine:
         with self._lock:
             shared = self._shared
             modules, modules_gen = shared.modules, shared.modules_gen
-            data, data_gen = shared.data, shared.data_gen
+            data, data_gen, base_gen = shared.data, shared.data_gen, shared.base_gen
+            fresh = mine is None or mine.modules_gen != modules_gen
             catch_up: list[str] | None = None
-            if mine is not None and mine.modules_gen == modules_gen:
+            if not fresh:
+                assert mine is not None
                 needed = range(mine.data_gen + 1, data_gen + 1)
                 if all(g in shared.fragments for g in needed):
                     catch_up = [shared.fragments[g] for g in needed]
-            text = data.text() if catch_up is None else ""  # serialised once per generation, under the lock
-        if mine is None or mine.modules_gen != modules_gen:
-            engine = new_engine(modules)
-            engine.add_data_json(text)
-            mine = _ThreadEngine(engine, modules_gen, data_gen)
+            # serialised once per generation, under the lock (cached in the ShardedJson)
+            rebuild_base = fresh or (catch_up is None and mine is not None and mine.base_gen != base_gen)
+            base_text = data.base_text() if rebuild_base else ""
+            hot_text = data.hot_text() if catch_up is None else ""
+        if fresh:
+            base = new_engine(modules)
+            base.add_data_json(base_text)
+            engine = base.clone()
+            engine.add_data_json(hot_text)
+            mine = _ThreadEngine(base, engine, modules_gen, base_gen, data_gen)
             _purge_dead(registry)
             registry[self._key] = (weakref.ref(self), mine)
-        elif catch_up is not None:
+            return mine.engine
+        assert mine is not None
+        if catch_up is not None:
             for fragment in catch_up:  # additions only: merged, nothing reloaded
                 mine.engine.add_data_json(fragment)
-            mine.data_gen = data_gen
+            # a fragment outside HOT is not in `base`: the next clone must rebuild it (base_gen stays old)
         else:
-            mine.engine.clear_data()
-            mine.engine.add_data_json(text)
-            mine.data_gen = data_gen
+            if rebuild_base:
+                mine.base.clear_data()
+                mine.base.add_data_json(base_text)
+                mine.base_gen = base_gen
+            engine = mine.base.clone()  # shares the base data; only HOT is parsed
+            engine.add_data_json(hot_text)
+            mine.engine = engine
+        mine.data_gen = data_gen
         return mine.engine
 
     def warm(self) -> None:

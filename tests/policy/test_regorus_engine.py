@@ -200,3 +200,44 @@ def test_additive_patches_merge_and_others_reload() -> None:
     go.set()
     t.join()
     assert lagging == [False, True]
+
+
+def test_base_and_hot_texts_make_the_whole_document() -> None:
+    import json
+
+    data = small_doc()
+    cache = ShardedJson(data)
+    base, hot = json.loads(cache.base_text()), json.loads(cache.hot_text())
+    assert "grants" not in base["tf"] and hot == {"tf": {"grants": data["tf"]["grants"]}}
+    assert {**base, "tf": {**base["tf"], **hot["tf"]}} == data
+    ops: list[dict[str, Any]] = [{"op": "remove", "path": "/tf/grants/acme"}]
+    new = apply_patch(data, ops)
+    after = cache.patched(new, ops)
+    assert after.base_text() is cache.base_text()  # a grants-only change keeps the base text
+    assert json.loads(after.hot_text()) == {"tf": {"grants": new["tf"]["grants"]}}
+    ops2: list[dict[str, Any]] = [{"op": "replace", "path": "/tf/tenants/acme/quarantined", "value": True}]
+    newer = apply_patch(new, ops2)
+    again = after.patched(newer, ops2)
+    assert again.hot_text() is after.hot_text()  # and an inventory change keeps the grants text
+    assert json.loads(again.base_text())["tf"]["tenants"]["acme"]["quarantined"] is True
+    assert ShardedJson({"other": 1}).hot_text() == "{}"
+
+
+def test_grant_removal_reloads_only_grants_and_inventory_changes_rebuild_the_base() -> None:
+    data = small_doc()
+    engine = RegorusEngine(shipped(), data)
+    web_to_api = flow("acme", "web", "globex", "api", "tcp", 8443)
+    assert decide_flow(engine, web_to_api).allow
+    engine.patch_data([{"op": "remove", "path": "/tf/grants/acme"}])  # hot only: base kept, grants re-parsed
+    assert not decide_flow(engine, web_to_api).allow
+    engine.patch_data([{"op": "add", "path": "/tf/tenants/acme/groups/new", "value": group([("tcp", 7)])}])
+    assert decide_flow(engine, flow("acme", "web", "acme", "new", "tcp", 7)).allow  # merged fragment
+    engine.patch_data([{"op": "add", "path": "/tf/grants/acme", "value": {"globex": {"g1": {
+        "src_group": "web", "dst_group": "api", "proto": "tcp", "ports": [8443], "expires_at_ns": NOW_NS * 2}}}}])
+    engine.patch_data([{"op": "replace", "path": "/tf/grants/acme/globex/g1/ports", "value": [9443]}])
+    # the base was rebuilt (it missed the merged group), so the new group is still there
+    assert decide_flow(engine, flow("acme", "web", "acme", "new", "tcp", 7)).allow
+    assert not decide_flow(engine, web_to_api).allow
+    assert decide_flow(engine, flow("acme", "web", "globex", "api", "tcp", 9443)).allow
+    engine.patch_data([{"op": "replace", "path": "/tf/tenants/acme/quarantined", "value": True}])
+    assert not decide_flow(engine, flow("acme", "web", "acme", "new", "tcp", 7)).allow
