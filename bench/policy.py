@@ -187,7 +187,7 @@ def main() -> None:
         apply(engine, new)
         engine.evaluate(FLOW_QUERY, probe)
 
-    for k in range(args.runs):
+    for k in range(max(5, args.runs)):
         with_grant = json.loads(text)
         with_grant["tf"]["grants"].setdefault("t0001", {}).setdefault("t0002", {})[f"new{k}"] = grant
         without = json.loads(text)
@@ -214,8 +214,9 @@ def main() -> None:
     row = Grant(id="bench-grant", src_tenant="t0001", src_group="g1", dst_tenant="t0002", dst_group="g2",
                 proto="tcp", ports=[9999], ttl_seconds=3600, state="active", requested_by="bench", created_at=now,
                 expires_at=now + timedelta(hours=1))
-    op_add, op_remove = [], []
-    for _ in range(args.runs):
+    op_add: list[float] = []
+    op_remove: list[float] = []
+    for _ in range(max(5, args.runs)):
         row.state = "active"
         op_add.append(timed(lambda: reload(lambda e, _d: e.patch_data(grant_ops(e.data(), row, now)), {})))
         row.state = "revoked"
