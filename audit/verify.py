@@ -14,6 +14,7 @@ VerificationError naming the event (its sequence number) and the kind of problem
 from __future__ import annotations
 
 import csv
+import gc
 import hashlib
 import io
 import itertools
@@ -387,8 +388,12 @@ def _hashed_blocks(fh: IO[bytes], body: int, parallel_min_bytes: int, chunk_size
             fh.readline()
             bounds.append(min(fh.tell(), size))
         jobs = [(name, a, b) for a, b in itertools.pairwise(bounds) if b > a]
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            yield from pool.imap(_hash_range, jobs)
+        gc.freeze()  # children would otherwise touch (and copy) every page of the parent's heap in GC
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                yield from pool.imap(_hash_range, jobs)
+        finally:
+            gc.unfreeze()
         return
     rest = b""
     while chunk := fh.read(chunk_size):
