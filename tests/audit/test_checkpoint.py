@@ -160,3 +160,22 @@ def test_a_non_ed25519_audit_key_is_refused(tmp_path: Path) -> None:
     ks.generate(cpm.AUDIT_KEY_ID, KeyKind.EC_P256)
     with pytest.raises(CheckpointError, match="Ed25519"):
         cpm.ensure_audit_key(ks)
+
+
+@pytest.mark.hsm
+def test_audit_key_in_a_pkcs11_token_signs_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_db: Database
+) -> None:
+    from tests.pki.keystores import PIN, softhsm_token
+
+    module, label = softhsm_token(tmp_path, monkeypatch)
+    from pki.keystore_pkcs11 import Pkcs11KeyStore
+
+    ks = Pkcs11KeyStore(module, label, PIN)
+    cpm.ensure_audit_key(ks)
+    cpm.ensure_audit_key(ks)  # idempotent
+    signer = cpm.audit_signer(ks)
+    fill(sqlite_db, 9)
+    cp = cpm.write_checkpoint(sqlite_db, signer)
+    parsed = cpm.verify_checkpoint(cp.note, cpm.load_public_key(cpm.public_key_pem(signer)))
+    assert parsed.size == 9
