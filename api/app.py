@@ -16,6 +16,7 @@ from api.context import AppContext
 from api.deps import Authenticator, opaque_token_authenticator
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit, TokenBucket
+from api.readcache import ChangeWatch, ReadCache
 
 log = logging.getLogger("trustfabric.api")
 
@@ -123,6 +124,7 @@ def create_app(
     app.state.grant_decider = grant_decider if grant_decider is not None else RegoGrantDecider()
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
     app.state.sweeper = sweeper_obj
+    app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=ctx.settings.read_cache))
     install_error_handlers(app)
     for module in _router_modules():
         app.include_router(module.router)

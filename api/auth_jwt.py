@@ -336,6 +336,9 @@ class JwtAuthenticator:
         # the same way every time); times, revocation and the issued row are checked on every request.
         self._verified: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._verified_lock = threading.Lock()
+        from api.readcache import ChangeWatch, ReadCache
+
+        self._rows: ReadCache[Any] = ReadCache(ChangeWatch(ctx.db.engine, enabled=s.read_cache))
 
     def issuer_key(self) -> IssuerKey | None:
         if self._issuer_key is None:
@@ -424,8 +427,12 @@ class JwtAuthenticator:
         if not isinstance(jti, str) or len(jti) > 64:
             raise Unauthenticated("token has no valid jti")
         # One indexed lookup through SQLAlchemy Core (an ORM session costs several times more per request).
-        with self.ctx.reader.connect() as conn:
-            row = conn.execute(_TOKEN_ROW, {"id": jti}).first()
+        row, version = self._rows.get(jti, now)
+        if row is None:
+            with self.ctx.reader.connect() as conn:
+                row = conn.execute(_TOKEN_ROW, {"id": jti}).first()
+            if row is not None:
+                self._rows.put(jti, version, row)  # exact: any commit anywhere invalidates it
         if row is None or row.token_hash is not None:
             raise Unauthenticated("token unknown to this server")
         if row.revoked_at is not None:

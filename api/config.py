@@ -38,6 +38,7 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     rate_limit_per_second: float = 50.0  # per principal; 0 disables
     rate_limit_burst: int = 100
+    read_cache: bool = True  # exact caches of hot reads (SQLite; see api/readcache.py)
     # Grants
     grant_pending_ttl: timedelta = timedelta(days=3)
     sweep_interval_seconds: float = 5.0
@@ -73,6 +74,7 @@ class Settings:
             rate_limit_burst=int(e.get("TRUSTFABRIC_RATE_LIMIT_BURST", "100")),
             grant_pending_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_GRANT_PENDING_TTL_SECONDS", str(3 * 86400)))),
             sweep_interval_seconds=float(e.get("TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "5")),
+            read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
         )
 
     @property

@@ -219,7 +219,15 @@ def main() -> int:
                                       env=bare_env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_healthy(bare_port, "/v1/grants", procs[-1])
 
+        # the same data served with the read caches off: every request queries the database
+        cold_port = free_port()
+        procs.append(subprocess.Popen([BIN, "serve", "--port", str(cold_port), "--workers", str(WORKERS),
+                                       "--log-level", "warning"], env=dict(env, TRUSTFABRIC_READ_CACHE="0"),
+                                      cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_healthy(cold_port, "/healthz", procs[-1])
+
         get_tf = median_runs(lambda: measure(port, "GET", "/v1/grants", acme))
+        get_cold = median_runs(lambda: measure(cold_port, "GET", "/v1/grants", acme))
         get_bare = median_runs(lambda: measure(bare_port, "GET", "/v1/grants", acme))
         post_tf = median_runs(lambda: measure(port, "POST", "/v1/grants", acme, grant))
         post_bare = median_runs(lambda: measure(bare_port, "POST", "/v1/grants", acme, grant))
@@ -230,6 +238,8 @@ def main() -> int:
         print(line("get_grants_throughput", get_tf["rps"], get_bare["rps"], "req/s"))
         print(line("get_grants_p50", get_tf["p50"], get_bare["p50"], "ms"))
         print(line("get_grants_p99", get_tf["p99"], get_bare["p99"], "ms"))
+        print(line("get_grants_uncached_throughput", get_cold["rps"], get_bare["rps"], "req/s"))
+        print(line("get_grants_uncached_p99", get_cold["p99"], get_bare["p99"], "ms"))
         print(line("post_grants_throughput", post_tf["rps"], post_bare["rps"], "req/s"))
         print(line("post_grants_p50", post_tf["p50"], post_bare["p50"], "ms"))
         print(line("post_grants_p99", post_tf["p99"], post_bare["p99"], "ms"))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, event, or_, update
+from sqlalchemy import and_, event, func, or_, update
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
@@ -361,6 +361,14 @@ def grants_query(
     if after is not None:
         query = query.where(col(Grant.id) > after)
     return query.order_by(col(Grant.id)).limit(max(1, min(limit, MAX_PAGE + 1)))
+
+
+def next_transition_query() -> Any:
+    """(earliest expires_at of an active grant, earliest pending_until of a pending one): the next instant
+    at which some grant's effective state changes without a write."""
+    active = select(func.min(col(Grant.expires_at))).where(col(Grant.state) == "active").scalar_subquery()
+    pending = select(func.min(col(Grant.pending_until))).where(col(Grant.state) == "pending").scalar_subquery()
+    return select(active.label("active"), pending.label("pending"))
 
 
 def list_grants(

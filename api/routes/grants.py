@@ -17,6 +17,7 @@ from sqlmodel import select
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.principal import Principal
+from api.readcache import ReadCache
 from api.routes.common import caller_of, decode_cursor, encode_cursor, request_id
 from api.schemas import (
     COMMON_ERRORS,
@@ -142,17 +143,31 @@ async def list_grants(
     scope = principal.scope_tenant
     authorize(request, principal, "grant.read", scope)
     now = ctx.clock()
+    cache: ReadCache[bytes] | None = getattr(request.app.state, "grant_pages", None)
+    key = (scope, state, src_tenant, dst_tenant, cursor, limit)
+    version = None
+    if cache is not None:
+        body, version = cache.get(key, now)
+        if body is not None:
+            return Response(body, media_type="application/json")
     query = svc.grants_query(
         viewer_tenant=scope, now=now, state=state, src_tenant=src_tenant, dst_tenant=dst_tenant,
         after=decode_cursor(cursor) if cursor is not None else None, limit=limit + 1,
     )
     with ctx.reader.connect() as conn:
         rows = conn.execute(query).all()
+        # Effective states (and so this page, under any filter) change at the next expiry of any grant.
+        turn = conn.execute(svc.next_transition_query()).first() if version is not None else None
     more = len(rows) > limit
     rows = rows[:limit]
     page = {"items": [grant_view(g, now) for g in rows],
             "next_cursor": encode_cursor(rows[-1].id) if more else None}
-    return Response(json.dumps(page, separators=(",", ":")), media_type="application/json")
+    body = json.dumps(page, separators=(",", ":")).encode()
+    if cache is not None and turn is not None:
+        until = min((as_utc(t) for t in turn if t is not None), default=None)
+        if until is None or until > now:
+            cache.put(key, version, body, until)
+    return Response(body, media_type="application/json")
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -312,3 +312,34 @@ def test_background_sweeper_runs_in_the_server_process(tmp_path: Path) -> None:
     finally:
         env.client.close()
         env.ctx.close()
+
+
+def test_cached_reads_see_every_commit_from_any_connection(env_both: Env) -> None:
+    """The hot reads (token rows, grant pages) are cached only while the database is unchanged: a write
+    by another connection (another worker process, a CLI) is visible on the very next request."""
+    from api.auth_jwt import revoke_token
+    from audit import Actor
+    from store.db import Database
+
+    env = env_both
+    g = request(env).json()
+    for _ in range(2):  # fill, then hit the cache
+        items = env.call("GET", "/v1/grants", "tenant-member", "globex").json()["items"]
+        assert [x["state"] for x in items] == ["pending"]
+    other = Database(env.ctx.db.url)  # a second engine, like a second worker or the CLI
+    try:
+        with other.session() as s:
+            svc.revoke_grant(s, g["id"], caller=svc.Caller("sec", "security", None, Actor("sec", "security")),
+                             reason="elsewhere", clock=env.clock)
+        items = env.call("GET", "/v1/grants", "tenant-member", "globex").json()["items"]
+        assert [x["state"] for x in items] == ["revoked"]
+        token = env.token("auditor")
+        jti = __import__("jwt").decode(token, options={"verify_signature": False})["jti"]
+        auth = {"Authorization": f"Bearer {token}"}
+        assert env.client.get("/v1/grants", headers=auth).status_code == 200
+        assert env.client.get("/v1/grants", headers=auth).status_code == 200
+        with other.session() as s:
+            revoke_token(s, jti, actor=Actor.system("t"), reason="elsewhere", clock=env.clock)
+        assert env.client.get("/v1/grants", headers=auth).status_code == 401
+    finally:
+        other.dispose()

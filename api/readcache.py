@@ -1,0 +1,84 @@
+"""Exact read caches for the hot authorized reads, validated on every request (SQLite only).
+
+SQLite's `PRAGMA data_version` changes whenever any other connection (in this process or another one)
+commits to the database file. A private connection that never writes therefore tells, in one cheap
+call, whether anything at all changed since a value was cached: if the version is the same, every table
+is as it was, so the cached token row or grant page is exactly what a fresh query would return. Values
+that also depend on time carry a `valid_until` and are refused from then on. On PostgreSQL nothing is
+cached (every read goes to the database).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy.engine import Engine
+
+V = TypeVar("V")
+
+
+class ChangeWatch:
+    """The database's change counter, read on a private read-only connection; None when unsupported."""
+
+    def __init__(self, engine: Engine, *, enabled: bool = True) -> None:
+        self._path = engine.url.database if engine.dialect.name == "sqlite" and enabled else None
+        if self._path in (None, "", ":memory:"):
+            self._path = None
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def version(self) -> int | None:
+        if self._path is None:
+            return None
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True, check_same_thread=False,
+                                                 isolation_level=None)
+                row = self._conn.execute("PRAGMA data_version").fetchone()
+            except sqlite3.Error:
+                self._conn = None
+                return None
+        return int(row[0])
+
+
+@dataclass(frozen=True)
+class _Entry(Generic[V]):
+    version: int
+    valid_until: datetime | None
+    value: V
+
+
+class ReadCache(Generic[V]):
+    """key -> value, trusted only while the database version is unchanged and before valid_until."""
+
+    def __init__(self, watch: ChangeWatch, size: int = 4096) -> None:
+        self.watch = watch
+        self.size = size
+        self._entries: OrderedDict[Any, _Entry[V]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, now: datetime) -> tuple[V | None, int | None]:
+        """(value or None, the current version to store a fresh value under)."""
+        version = self.watch.version()
+        if version is None:
+            return None, None
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is None or entry.version != version or (entry.valid_until is not None and now >= entry.valid_until):
+            return None, version
+        return entry.value, version
+
+    def put(self, key: Any, version: int | None, value: V, valid_until: datetime | None = None) -> None:
+        if version is None:
+            return
+        with self._lock:
+            self._entries[key] = _Entry(version, valid_until, value)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
