@@ -267,7 +267,10 @@ def verify_export(source: str | Path | IO[bytes], public_key: Ed25519PublicKey, 
     stream = _Prefixed(head, source)
     buffered = io.BufferedReader(stream, buffer_size=1 << 20)
     records = _Peekable(_read_csv(buffered) if is_csv else _read_jsonl(buffered))
-    return _verify_records(records, public_key)
+    try:
+        return _verify_records(records, public_key)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise VerificationError("malformed", f"the file is not a well-formed export: {exc}") from exc
 
 
 _EVENT_END = b'"}'
@@ -345,23 +348,34 @@ _Items = list[tuple[str, bytes]]
 
 def _hash_block(data: bytes) -> _Items | None:
     """Whole lines -> ("E", concatenated leaf hashes of a run of events) / ("G", a gap line); None if a
-    line is neither."""
+    line is neither, or an event's stated leaf_hash is not the hash of its bytes."""
     sha = hashlib.sha256
     prefix_len, suffix_len = len(EVENT_PREFIX), _SUFFIX_LEN
     items: _Items = []
     run: list[bytes] = []
+    stated: list[bytes] = []
+
+    def close() -> bool:
+        blob = b"".join(run)
+        if blob.hex().encode() != b"".join(stated):  # one comparison for the whole run
+            return False
+        items.append(("E", blob))
+        run.clear()
+        stated.clear()
+        return True
+
     for line in data.split(b"\n"):
-        if line.startswith(EVENT_PREFIX) and line.endswith(_EVENT_END):
+        if line.startswith(EVENT_PREFIX) and line.endswith(_EVENT_END) and line[-suffix_len:-66] == LEAF_INFIX:
             run.append(sha(b"\x00" + line[prefix_len:-suffix_len]).digest())
+            stated.append(line[-66:-2])
         elif line.startswith(b'{"gap":'):
-            if run:
-                items.append(("E", b"".join(run)))
-                run = []
+            if run and not close():
+                return None
             items.append(("G", line))
         else:
             return None
-    if run:
-        items.append(("E", b"".join(run)))
+    if run and not close():
+        return None
     return items
 
 
