@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,8 +39,8 @@ class ChangeWatch:
         with self._lock:
             try:
                 if self._conn is None:
-                    self._conn = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True, check_same_thread=False,
-                                                 isolation_level=None)
+                    uri = f"file:{urllib.parse.quote(self._path)}?mode=ro"
+                    self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
                 row = self._conn.execute("PRAGMA data_version").fetchone()
             except sqlite3.Error:
                 self._conn = None

@@ -116,6 +116,13 @@ def test_grant_flow_through_the_cli(cli: Cli, tmp_path: Path) -> None:
 
     r = cli.run("tenant", "quarantine", "globex", "--reason", "incident", token=acme)
     assert r.returncode == 1 and "HTTP 403" in r.stderr
+    security = cli.token("--role", "security", "--ttl", "1h")
+    assert cli.json("tenant", "quarantine", "globex", "--reason", "incident", token=security)[
+        "quarantined"] is True  # type: ignore[index]
+    assert cli.json("workload", "register", "acme", "web", "web-1", token=acme)[  # type: ignore[index]
+        "spiffe_id"] == "spiffe://example.org/tenant/acme/group/web/web-1"
+    revoked = cli.json("workload", "revoke", "acme", "web", "web-1", "--reason", "compromised", token=security)
+    assert revoked["workload"]["revoked"] is True  # type: ignore[index]
     # a usage error is exit 2
     assert cli.run("grant", "request", "--dst", "globex", token=acme).returncode == 2
 
