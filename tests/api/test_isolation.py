@@ -152,8 +152,9 @@ def snapshot(env: Env) -> dict[str, int]:
 
 
 @pytest.fixture
-def objects(env: Env) -> dict[str, str]:
+def objects(env_both: Env) -> dict[str, str]:
     """B's objects: a grant between globex and initech, an SVID of globex/api/api-1, a token of globex."""
+    env = env_both
     with env.ctx.db.session() as s:
         create_tenant(s, slug="initech", display_name="Initech", actor=Actor.system("t"))
         create_group(s, tenant="initech", name="svc", ports=[{"proto": "tcp", "port": 443}],
@@ -183,7 +184,9 @@ def test_every_operation_is_classified(env: Env) -> None:
 
 
 @pytest.mark.parametrize("role", ["tenant-admin", "tenant-member"])
-def test_tenant_a_cannot_reach_tenant_b(env: Env, objects: dict[str, str], role: str) -> None:
+def test_tenant_a_cannot_reach_tenant_b(env_both: Env, objects: dict[str, str], role: str) -> None:
+    """On both databases: every operation, both tenant roles."""
+    env = env_both
     ops = operations(env)
     env.headers(role, A)  # mint A's token before taking the snapshot
     before = snapshot(env)
@@ -212,8 +215,9 @@ def test_tenant_a_cannot_reach_tenant_b(env: Env, objects: dict[str, str], role:
     assert snapshot(env) == before, "a request by tenant A changed something"
 
 
-def test_tenant_b_itself_is_allowed_where_a_is_not(env: Env, objects: dict[str, str]) -> None:
+def test_tenant_b_itself_is_allowed_where_a_is_not(env_both: Env, objects: dict[str, str]) -> None:
     """The denials above are about scope, not broken routes: B's own admin gets through on B's objects."""
+    env = env_both
     for path in (f"/v1/tenants/{B}", f"/v1/tenants/{B}/groups", f"/v1/tenants/{B}/groups/api",
                  f"/v1/tenants/{B}/workloads", f"/v1/grants/{objects['grant']}"):
         assert env.call("GET", path, "tenant-admin", B).status_code == 200, path
