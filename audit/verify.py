@@ -276,13 +276,13 @@ def verify_export(source: str | Path | IO[bytes], public_key: Ed25519PublicKey, 
 _EVENT_END = b'"}'
 
 
-def _perfect_root(hashes: list[bytes]) -> bytes:
-    """Root of a complete subtree from its 2**k leaf hashes, a level at a time."""
+def _perfect_root(blob: bytes) -> bytes:
+    """Root of a complete subtree from its 2**k leaf hashes concatenated, a level at a time (each node
+    hashes 0x01 and a 64-byte slice: no per-hash list or concatenation of two children)."""
     sha = hashlib.sha256
-    while len(hashes) > 1:
-        it = iter(hashes)
-        hashes = [sha(b"\x01" + a + b).digest() for a, b in zip(it, it, strict=True)]
-    return hashes[0]
+    while len(blob) > 32:
+        blob = b"".join([sha(b"\x01" + blob[k : k + 64]).digest() for k in range(0, len(blob), 64)])
+    return blob
 
 
 def _fast_jsonl(
@@ -321,10 +321,9 @@ def _fast_jsonl(
             return None
         for kind, payload in items:
             if kind == "E":
-                leaves = [payload[k : k + 32] for k in range(0, len(payload), 32)]
-                if not _flush(cr, leaves, lo, hi, n):
+                if not _flush(cr, payload, lo, hi, n):
                     return None
-                counts[0] += len(leaves)
+                counts[0] += len(payload) // 32
                 continue
             try:
                 gap = _gap_from(json.loads(payload)["gap"], 0)
@@ -426,17 +425,19 @@ def _can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _flush(cr: merkle.CompactRange, leaves: list[bytes], lo: int, hi: int, n: int) -> bool:
-    """Append consecutive event leaves in aligned blocks; False if they fall outside [lo, hi)."""
-    if not leaves:
+def _flush(cr: merkle.CompactRange, blob: bytes, lo: int, hi: int, n: int) -> bool:
+    """Append a run of consecutive event leaf hashes (concatenated) in aligned blocks; False if the run
+    falls outside [lo, hi)."""
+    count = len(blob) // 32
+    if not count:
         return True
     start = cr.size
-    if start < lo or start + len(leaves) > min(hi, n):
+    if start < lo or start + count > min(hi, n):
         return False
     offset = 0
-    for level, _index in merkle.range_nodes(start, start + len(leaves)):
-        width = 1 << level
-        cr.append_node(level, _perfect_root(leaves[offset : offset + width]))
+    for level, _index in merkle.range_nodes(start, start + count):
+        width = 32 << level
+        cr.append_node(level, _perfect_root(blob[offset : offset + width]))
         offset += width
     return True
 
