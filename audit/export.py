@@ -121,14 +121,17 @@ def seq_range(session: Session, size: int, filters: ExportFilter) -> tuple[int, 
     """[start, end) of sequence numbers covered by the time filter within the first `size` events."""
     conn = session.connection()
     start, end = 0, size
+    # SQLite keeps times as UTC text without an offset: compare in UTC whatever zone the caller used.
     if filters.since is not None:
+        since = filters.since.astimezone(UTC)
         first = conn.execute(
-            select(func.min(_events.c.seq)).where(and_(_events.c.ts >= filters.since, _events.c.seq < size))
+            select(func.min(_events.c.seq)).where(and_(_events.c.ts >= since, _events.c.seq < size))
         ).scalar()
         start = size if first is None else int(first)
     if filters.until is not None:
+        until = filters.until.astimezone(UTC)
         last = conn.execute(
-            select(func.max(_events.c.seq)).where(and_(_events.c.ts < filters.until, _events.c.seq < size))
+            select(func.max(_events.c.seq)).where(and_(_events.c.ts < until, _events.c.seq < size))
         ).scalar()
         end = 0 if last is None else int(last) + 1
     if end < start:

@@ -387,10 +387,10 @@ def list_events(
         stmt = stmt.where(col(AuditEvent.tenant) == tenant)
     if action is not None:
         stmt = stmt.where(col(AuditEvent.action) == action)
-    if since is not None:
-        stmt = stmt.where(col(AuditEvent.ts) >= since)
+    if since is not None:  # in UTC: SQLite keeps times as UTC text without an offset
+        stmt = stmt.where(col(AuditEvent.ts) >= since.astimezone(UTC))
     if until is not None:
-        stmt = stmt.where(col(AuditEvent.ts) < until)
+        stmt = stmt.where(col(AuditEvent.ts) < until.astimezone(UTC))
     if after is not None:
         stmt = stmt.where(col(AuditEvent.seq) > after)
     return list(session.exec(stmt).all())

@@ -200,3 +200,23 @@ def test_ocsf_validation_catches_a_broken_event() -> None:
     broken = {**good, "severity_id": 42}
     with pytest.raises(Exception):
         _validate_ocsf(broken)
+
+
+def test_time_filters_mean_the_same_instant_in_any_zone(db: Database, signer: KeySigner) -> None:
+    from datetime import timezone
+
+    from audit import service
+
+    fill(db, 40)
+    plus2 = timezone(timedelta(hours=2))
+    utc_f = ExportFilter(since=T0 + timedelta(seconds=10), until=T0 + timedelta(seconds=20))
+    zoned = ExportFilter(
+        since=(T0 + timedelta(seconds=10)).astimezone(plus2), until=(T0 + timedelta(seconds=20)).astimezone(plus2)
+    )
+    a, b = io.BytesIO(), io.BytesIO()
+    ra = export_events(db, signer, a, filters=utc_f)
+    rb = export_events(db, signer, b, filters=zoned)
+    assert (ra.start, ra.end, ra.events) == (rb.start, rb.end, rb.events) == (10, 20, 10)
+    with db.read_session() as s:
+        listed = service.list_events(s, since=zoned.since, until=zoned.until)
+    assert [e.seq for e in listed] == list(range(10, 20))
