@@ -25,7 +25,7 @@ NETWORK_ACTIVITY = (4001, "Network Activity", 4, "Network Activity")
 API_ACTIVITY = (6003, "API Activity", 6, "Application Activity")
 
 _CRUD = {
-    1: ("Create", {"create", "issue", "upload", "register", "add", "generate", "import", "prepare", "request"}),
+    1: ("Create", {"create", "issue", "upload", "register", "add", "generate", "import", "prepare", "request", "init"}),
     2: ("Read", {"read", "export", "view", "list", "get", "download"}),
     3: (
         "Update",

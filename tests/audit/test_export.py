@@ -144,6 +144,9 @@ def test_ocsf_events_validate_and_map_to_their_classes(sqlite_db: Database, sign
             ("jwtsvid.issue", {}),
             ("tenant.delete", {}),
             ("widget.frobnicate", {}),
+            ("svid.jwt.issue", {}),
+            ("ca.init", {}),
+            ("tenant.quarantine", {}),
         ]:
             record(
                 s,
@@ -170,6 +173,9 @@ def test_ocsf_events_validate_and_map_to_their_classes(sqlite_db: Database, sign
     assert by_action["tenant.delete"]["activity_name"] == "Delete"
     assert by_action["policy.activate"]["activity_id"] == 3
     assert by_action["widget.frobnicate"]["activity_id"] == 99
+    assert by_action["svid.jwt.issue"]["class_uid"] == 3003
+    assert by_action["ca.init"]["activity_name"] == "Create"
+    assert by_action["tenant.quarantine"]["activity_name"] == "Update"
     assert by_action["audit.export"]["metadata"]["correlation_uid"] == "r-1"
     assert by_action["svid.issue"]["metadata"]["tenant_uid"] == "acme"
 
