@@ -46,6 +46,8 @@ _CRUD = {
             "plan",
             "stage",
             "renew",
+            "quarantine",
+            "unquarantine",
         },
     ),
     4: ("Delete", {"delete", "revoke", "remove", "expire", "destroy", "purge"}),
@@ -56,6 +58,7 @@ _NETWORK_NOUNS = {"flow", "connection", "decision"}
 _AUTHZ_ACTIONS = {
     "svid.issue",
     "svid.renew",
+    "svid.jwt.issue",
     "x509svid.issue",
     "jwtsvid.issue",
     "jwt.issue",
