@@ -49,16 +49,6 @@ def export_cmd(
     tmp = out.with_name(out.name + ".part")
     with open_context() as ctx:
         signer = audit_signer(ctx.keystore)
-        with ctx.db.session() as session:
-            audit.record(
-                session,
-                actor=audit.Actor.system("cli"),
-                action="audit.export",
-                object_type="export",
-                object_id=fmt,
-                tenant=tenant,
-                summary={"filter": filters.as_json(), "out": out.name},
-            )
         show = sys.stderr.isatty() and not json_out
         try:
             with open(tmp, "wb") as fh:
@@ -94,6 +84,16 @@ def export_cmd(
                         origin=log_origin(ctx),
                         clock=ctx.clock,
                     )
+            with ctx.db.session() as session:  # audited once the export exists: a failed one leaves no event
+                audit.record(
+                    session,
+                    actor=audit.Actor.system("cli"),
+                    action="audit.export",
+                    object_type="export",
+                    object_id=fmt,
+                    tenant=tenant,
+                    summary={"filter": filters.as_json(), "out": out.name, "tree_size": result.tree_size},
+                )
             tmp.replace(out)
         finally:
             tmp.unlink(missing_ok=True)

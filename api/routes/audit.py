@@ -310,20 +310,23 @@ def create_export(body: ExportRequest, request: Request, ctx: CtxDep, principal:
     )
     filters.check()
     signer = _signer(ctx)
-    with ctx.db.session() as session:  # who exported what is itself audited
-        record(
-            session,
-            actor=principal.actor(),
-            action="audit.export",
-            object_type="export",
-            object_id=body.format,
-            tenant=tenant,
-            summary={"filter": filters.as_json()},
-            request_id=request_id(request),
-        )
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed by the stream)
     try:
-        export_events(ctx.db, signer, spool, fmt=body.format, filters=filters, origin=_origin(ctx), clock=ctx.clock)
+        result = export_events(
+            ctx.db, signer, spool, fmt=body.format, filters=filters, origin=_origin(ctx), clock=ctx.clock
+        )
+        # Who exported what is itself audited -- once the export exists, so a failed one leaves no event.
+        with ctx.db.session() as session:
+            record(
+                session,
+                actor=principal.actor(),
+                action="audit.export",
+                object_type="export",
+                object_id=body.format,
+                tenant=tenant,
+                summary={"filter": filters.as_json(), "tree_size": result.tree_size, "events": result.events},
+                request_id=request_id(request),
+            )
     except BaseException:
         spool.close()
         raise

@@ -1,0 +1,113 @@
+"""No change without its audit event, no audit event without its change -- over every mutating route.
+
+schemathesis generates requests for every POST/PUT/PATCH/DELETE operation of the live OpenAPI document
+(as a platform admin and as a tenant admin). Each request carries its own X-Request-ID. Afterwards:
+a 2xx answer wrote at least one audit event and every event it wrote names that request id; any other
+answer wrote no audit event at all.
+"""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from sqlmodel import func, select
+
+from audit import checkpoint as cpm
+from audit.models import AuditEvent
+from tests.api.conftest import Env, make_settings, open_env, seed
+
+pytestmark = pytest.mark.xdist_group("audit-mutations")
+MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
+MAX_EXAMPLES = 12
+# 2xx without a change is right for these: reads in POST clothing, and schedules that may find nothing due.
+NO_CHANGE_OK = {
+    "POST /v1/policy/validate",
+    "POST /v1/policy/test",
+    "POST /v1/policy/impact",
+    "POST /v1/policy/explain",
+    "POST /v1/decisions",
+    "POST /v1/policy/query",
+    "POST /v1/ca/rotate",  # runs the rotation schedule; with nothing due it changes nothing
+}
+# Defects in routes audit does not own, reported to their owners; matched narrowly and turned into
+# warnings until fixed: their events do not carry the request's id.
+KNOWN_ELSEWHERE = {
+    "POST /v1/tokens -> 201 wrote events without its request id: ['token.create']",
+    "POST /v1/tenants/{tenant}/groups/{group}/workloads/{name}/revoke -> 200 wrote events without its request id: "
+    "['identity.revoke']",
+}
+
+
+@pytest.fixture(scope="module")
+def mut_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    env = open_env(make_settings(Path(tmp_path_factory.mktemp("mutations")) / "home"))
+    cpm.ensure_audit_key(env.ctx.keystore)
+    seed(env)
+    yield env
+    env.client.close()
+    env.ctx.close()
+
+
+def _events_since(env: Env, seq: int) -> list[AuditEvent]:
+    with env.ctx.db.read_session() as s:
+        return list(s.exec(select(AuditEvent).where(AuditEvent.seq >= seq).order_by(AuditEvent.seq)).all())
+
+
+def _size(env: Env) -> int:
+    with env.ctx.db.read_session() as s:
+        return int(s.exec(select(func.count()).select_from(AuditEvent)).one())
+
+
+def _runner(env: Env, headers: dict[str, str], operation: Any, problems: list[str]) -> Callable[[], None]:
+    label = operation.label
+
+    @given(case=operation.as_strategy())
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def run(case: schemathesis.Case) -> None:
+        rid = "mut-" + uuid.uuid4().hex[:16]
+        before = _size(env)
+        response = case.call(headers={**headers, "X-Request-ID": rid})
+        written = _events_since(env, before)
+        status = response.status_code
+        if 200 <= status < 300:
+            if label not in NO_CHANGE_OK and not written:
+                problems.append(f"{label} -> {status} but wrote no audit event")
+            stray = [e.action for e in written if e.request_id != rid]
+            if stray:
+                problems.append(f"{label} -> {status} wrote events without its request id: {stray}")
+        elif written:
+            problems.append(f"{label} -> {status} (failed) but wrote {[e.action for e in written]}")
+
+    return run  # type: ignore[no-any-return]
+
+
+def _walk(env: Env, headers: dict[str, str]) -> tuple[list[str], list[str]]:
+    schema = schemathesis.openapi.from_asgi("/openapi.json", env.app)
+    walked: list[str] = []
+    problems: list[str] = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if operation.method.upper() in MUTATING:
+            _runner(env, headers, operation, problems)()
+            walked.append(operation.label)
+    return walked, problems
+
+
+def test_every_mutating_route_writes_exactly_its_events(mut_env: Env) -> None:
+    admin = mut_env.headers("admin")
+    tenant = mut_env.headers("tenant-admin", "acme")
+    walked, problems = _walk(mut_env, admin)
+    _walked_t, problems_t = _walk(mut_env, tenant)
+    assert "POST /v1/audit/exports" in walked and len(walked) >= 10
+    found = sorted(set(problems + problems_t))
+    for known in KNOWN_ELSEWHERE & set(found):
+        warnings.warn(f"known defect elsewhere: {known}", stacklevel=1)
+    new = [p for p in found if p not in KNOWN_ELSEWHERE]
+    assert not new, "\n".join(new)
