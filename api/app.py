@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from api.authz import Authorizer, Evaluator, default_engine_factory
+from api.background import server_jobs
 from api.context import AppContext
 from api.deps import Authenticator, opaque_token_authenticator
 from api.errors import install_error_handlers
@@ -51,63 +51,30 @@ def default_authenticators(ctx: AppContext) -> list[Authenticator]:
     return [MtlsAuthenticator(ctx), opaque_token_authenticator, JwtAuthenticator(ctx)]
 
 
-class GrantSweeper:
-    """Persists grant expiry in the background; reads are exact without it (effective state)."""
-
-    def __init__(self, ctx: AppContext, interval: float) -> None:
-        self.ctx = ctx
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def run_once(self) -> list[str]:
-        from policy.grants import sweep
-
-        with self.ctx.db.session() as session:
-            return sweep(session, clock=self.ctx.clock)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                changed = self.run_once()
-                if changed:
-                    log.info("grant sweeper expired %d grant(s)", len(changed))
-            except Exception:
-                log.exception("grant sweeper failed; retrying in %.0fs", self.interval)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="grant-sweeper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-
 def create_app(
     ctx: AppContext,
     *,
     authenticators: list[Authenticator] | None = None,
     authz_engine_factory: Any = default_engine_factory,
     grant_decider: Any = None,
-    sweeper: bool = False,
+    background: bool = False,
 ) -> FastAPI:
     """The API over `ctx`. `authz_engine_factory` returns the engine api_authz.rego is loaded in (None:
-    every request is denied); `sweeper` runs the grant sweeper thread for the app's lifetime."""
+    every request is denied); `background` runs the periodic jobs (grant expiry, CA rotation, audit
+    checkpoints) for the app's lifetime."""
     from api.grant_policy import RegoGrantDecider
 
-    sweeper_obj = GrantSweeper(ctx, ctx.settings.sweep_interval_seconds) if sweeper else None
+    jobs = server_jobs(ctx) if background else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        if sweeper_obj is not None:
-            sweeper_obj.start()
+        if jobs is not None:
+            jobs.start()
         try:
             yield
         finally:
-            if sweeper_obj is not None:
-                sweeper_obj.stop()
+            if jobs is not None:
+                jobs.stop()
 
     app = FastAPI(
         title="trustfabric",
@@ -123,7 +90,7 @@ def create_app(
     app.state.authorizer = Authorizer(factory if factory is not None else None)
     app.state.grant_decider = grant_decider if grant_decider is not None else RegoGrantDecider()
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
-    app.state.sweeper = sweeper_obj
+    app.state.background = jobs
     app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=ctx.settings.read_cache))
     install_error_handlers(app)
     for module in _router_modules():
@@ -137,7 +104,7 @@ def app_from_env() -> FastAPI:
     from api.config import Settings
 
     ctx = AppContext.open(Settings.from_env())
-    return create_app(ctx, sweeper=True)
+    return create_app(ctx, background=True)
 
 
-__all__ = ["Evaluator", "GrantSweeper", "create_app", "default_authenticators"]
+__all__ = ["Evaluator", "create_app", "default_authenticators"]

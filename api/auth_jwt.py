@@ -122,6 +122,7 @@ def mint_token(
     subject: str | None = None,
     description: str = "",
     clock: Clock = system_clock,
+    request_id: str | None = None,
 ) -> tuple[str, ApiToken]:
     """Sign an API token and store its jti (revocable); returns the token (shown once) and its row."""
     if role not in MINTABLE_ROLES:
@@ -171,7 +172,7 @@ def mint_token(
     record(
         session, actor=actor, action="token.create", object_type="api_token", object_id=jti, tenant=tenant,
         summary={"role": role, "subject": subject, "kind": "jwt", "expires_at": (now + ttl).isoformat()},
-        at=now,
+        at=now, request_id=request_id,
     )
     return token, row
 

@@ -42,6 +42,8 @@ class Settings:
     # Grants
     grant_pending_ttl: timedelta = timedelta(days=3)
     sweep_interval_seconds: float = 5.0
+    ca_rotation_check_seconds: float = 60.0
+    policy_verify_keys: tuple[Path, ...] = ()  # PEM public keys; when set, activation needs a signature
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -74,6 +76,10 @@ class Settings:
             rate_limit_burst=int(e.get("TRUSTFABRIC_RATE_LIMIT_BURST", "100")),
             grant_pending_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_GRANT_PENDING_TTL_SECONDS", str(3 * 86400)))),
             sweep_interval_seconds=float(e.get("TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "5")),
+            ca_rotation_check_seconds=float(e.get("TRUSTFABRIC_CA_ROTATION_CHECK_SECONDS", "60")),
+            policy_verify_keys=tuple(
+                Path(p.strip()) for p in e.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
+            ),
             read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
         )
 

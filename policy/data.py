@@ -36,8 +36,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def to_ns(when: datetime) -> int:
-    if when.tzinfo is None:
-        raise InvalidInput("times must be timezone-aware UTC")
+    """Nanoseconds since the epoch; a naive value is a database read (SQLite keeps UTC without an offset)."""
     return ((as_utc(when) - _EPOCH) // timedelta(microseconds=1)) * 1000
 
 
@@ -77,7 +76,7 @@ def grant_entry(grant: Grant) -> dict[str, Any]:
         "dst_group": grant.dst_group,
         "proto": grant.proto,
         "ports": sorted({int(p) for p in grant.ports}),
-        "expires_at_ns": to_ns(as_utc(grant.expires_at)),  # SQLite hands back naive UTC
+        "expires_at_ns": to_ns(grant.expires_at),
     }
 
 

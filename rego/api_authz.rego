@@ -14,7 +14,7 @@ permissions := {
 		"policy.read", "policy.validate", "policy.test", "policy.upload", "policy.impact",
 		"policy.activate", "policy.rollback", "policy.explain", "decision.read",
 		"grant.read", "grant.approve", "grant.reject", "grant.revoke",
-		"tenant.read", "tenant.quarantine", "tenant.unquarantine", "group.quarantine",
+		"tenant.read", "tenant.quarantine", "tenant.unquarantine", "group.quarantine", "group.unquarantine",
 		"inventory.read", "svid.read", "svid.revoke", "audit.read",
 	},
 	"tenant-admin": {

@@ -63,6 +63,9 @@ test_no_principal_denied if {
 test_quarantine_needs_security_or_admin if {
 	not ask("tenant-admin", "acme", "tenant.quarantine", "acme").allow
 	ask("security", null, "tenant.quarantine", "acme").allow
+	ask("security", null, "group.unquarantine", "acme").allow
+	not ask("tenant-admin", "acme", "group.unquarantine", "acme").allow
+	not ask("auditor", null, "group.unquarantine", "acme").allow
 }
 
 test_decision_bundles_allow_and_reasons if {

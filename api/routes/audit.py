@@ -26,6 +26,7 @@ from audit import checkpoint as cp
 from audit import record, service
 from audit.export import ExportFilter, export_events
 from audit.models import AuditEvent
+from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput, NotFound
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
@@ -212,7 +213,7 @@ def get_checkpoint(request: Request, ctx: CtxDep, principal: PrincipalDep) -> Ch
         size=latest.size,
         root_hash=_b64(bytes.fromhex(latest.root_hash)),
         note=latest.note,
-        created_at=latest.created_at,
+        created_at=as_utc(latest.created_at),
         public_key=cp.public_key_pem(signer),
     )
 

@@ -124,7 +124,19 @@ def _x509_out(issued: service.IssuedX509) -> X509SvidOut:
                        chain=[c.decode() for c in issued.chain_pem], expires_at=issued.expires_at)
 
 
-@router.get("/bundle", responses=error_responses(400, 409, 422),
+_PEM = {"schema": {"type": "string"}, "example": "-----BEGIN CERTIFICATE-----\n..."}
+_BUNDLE_200: dict[int | str, dict[str, Any]] = {200: {
+    "description": "SPIFFE bundle (JWKS) or the roots as PEM",
+    "content": {"application/json": {"schema": {"type": "object"}}, "application/x-pem-file": _PEM},
+}}
+_CRL_200: dict[int | str, dict[str, Any]] = {200: {
+    "description": "CRL, DER (default) or PEM",
+    "content": {"application/pkix-crl": {"schema": {"type": "string", "format": "binary"}},
+                "application/x-pem-file": _PEM},
+}}
+
+
+@router.get("/bundle", responses={**_BUNDLE_200, **error_responses(400, 409, 422)},
             summary="The trust bundle (public): SPIFFE JWKS, or ?format=pem for the X.509 roots")
 def get_bundle(ctx: CtxDep, format: Annotated[Literal["jwks", "pem"], Query()] = "jwks") -> Any:
     with ctx.db.read_session() as session:
@@ -133,7 +145,7 @@ def get_bundle(ctx: CtxDep, format: Annotated[Literal["jwks", "pem"], Query()] =
         return service.bundle_jwks(session, ctx.clock)
 
 
-@router.get("/crl", responses=error_responses(400, 409, 422),
+@router.get("/crl", responses={**_CRL_200, **error_responses(400, 409, 422)},
             summary="Certificate revocation list of the active issuing CA (public); ?format=pem for all")
 def get_crl(ctx: CtxDep, format: Annotated[Literal["der", "pem"], Query()] = "der") -> Response:
     with ctx.db.read_session() as session:

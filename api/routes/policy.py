@@ -3,7 +3,6 @@ call policy.service, let api/errors.py map the domain errors."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -109,12 +108,8 @@ def decision_out(r: DecisionRecord) -> DecisionOut:
 
 
 def verify_keys(settings: Any) -> Sequence[VerifyKey]:
-    """Policy signing keys: settings.policy_verify_keys (PEM file paths) or TRUSTFABRIC_POLICY_VERIFY_KEYS
-    (comma-separated PEM file paths). None configured: signatures are not required."""
-    paths = getattr(settings, "policy_verify_keys", None) or [
-        p for p in os.environ.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
-    ]
-    return [load_verify_key(Path(p.strip()).read_bytes()) for p in paths]
+    """Policy signing keys (settings.policy_verify_keys, PEM files). None configured: no signature needed."""
+    return [load_verify_key(Path(p).read_bytes()) for p in settings.policy_verify_keys]
 
 
 @router.post("/validate", response_model=ValidateOut, responses=error_responses(*COMMON_ERRORS),

@@ -42,8 +42,7 @@ def _set_tenant(ctx: CtxDep, request: Request, principal: PrincipalDep, tenant: 
 
 def _set_group(ctx: CtxDep, request: Request, principal: PrincipalDep, tenant: str, group: str, reason: str,
                quarantined: bool) -> GroupOut:
-    # api_authz.rego names one action for both directions of a group quarantine.
-    authorize(request, principal, "group.quarantine", tenant)
+    authorize(request, principal, "group.quarantine" if quarantined else "group.unquarantine", tenant)
     with ctx.db.session() as session:
         target = service.set_quarantine(
             session, tenant=tenant, group=group, quarantined=quarantined, actor=principal.actor(), reason=reason,
@@ -95,7 +94,7 @@ def revoke_workload(tenant: SlugPath, group: SlugPath, name: SlugPath, body: Qua
             raise Conflict(f"workload {workload.spiffe_id} is already revoked")
         serials = revoke(
             session, tenant=tenant, group=group, workload=name, reason=body.reason, actor=principal.actor(),
-            scope_tenant=principal.scope_tenant, clock=ctx.clock,
+            scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=rid,
         )
         workload.revoked = True
         session.add(workload)

@@ -11,7 +11,7 @@ from api.auth_jwt import mint_token, revoke_token
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.models import ApiToken
-from api.routes.common import decode_cursor, encode_cursor
+from api.routes.common import decode_cursor, encode_cursor, request_id
 from api.schemas import (
     COMMON_ERRORS,
     CursorQuery,
@@ -55,7 +55,7 @@ def create_token(body: TokenCreate, request: Request, ctx: CtxDep, principal: Pr
             session, ctx.keystore, role=body.role, tenant=body.tenant, ttl=timedelta(seconds=body.ttl_seconds),
             actor=principal.actor(), issuer=ctx.settings.api_issuer, audience=ctx.settings.api_audience,
             max_ttl=ctx.settings.max_token_ttl, subject=body.subject, description=body.description,
-            clock=ctx.clock,
+            clock=ctx.clock, request_id=request_id(request),
         )
         return TokenCreated(token=token, info=token_out(row))
 

@@ -19,6 +19,7 @@ from api.config import Settings
 from api.context import AppContext
 from api.tokens import create_opaque_token
 from audit import Actor
+from audit.checkpoint import ensure_audit_key
 from core.clock import FrozenClock
 from inventory import service as inv
 from pki.keystore import KeyKind
@@ -65,13 +66,14 @@ def make_settings(home: Path, database_url: str | None = None, **overrides: Any)
     return replace(base, **overrides)
 
 
-def open_env(settings: Settings, *, sweeper: bool = False, td: str = TD) -> Env:
+def open_env(settings: Settings, *, background: bool = False, td: str = TD) -> Env:
     clock = MovableClock(datetime.now(UTC).replace(microsecond=0))
     ctx = AppContext.open(settings, create=True, clock=clock)
     with ctx.db.session() as session:
         init_trust_domain(session, ctx.keystore, trust_domain=td, key_kind=KeyKind.EC_P256, clock=clock)
     ensure_issuer_key(ctx.keystore)
-    app = create_app(ctx, sweeper=sweeper)
+    ensure_audit_key(ctx.keystore)
+    app = create_app(ctx, background=background)
     return Env(ctx=ctx, app=app, client=TestClient(app, raise_server_exceptions=False), clock=clock)
 
 

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import func, select
 
-from api.app import GrantSweeper
+from api.background import sweep_grants
 from audit.models import AuditEvent
 from policy import grants as svc
 from policy.data import build_data
@@ -87,9 +87,8 @@ def test_pending_then_approved_by_destination_then_expires_to_the_second(env_bot
     assert [x["id"] for x in listed] == [g["id"]]
 
     # the sweeper persists it, once, with its audit event
-    sweeper = GrantSweeper(env.ctx, 1.0)
-    assert sweeper.run_once() == [g["id"]]
-    assert sweeper.run_once() == []
+    assert sweep_grants(env.ctx) == [g["id"]]
+    assert sweep_grants(env.ctx) == []
     assert events(env, "grant.expire") == 1
     with env.ctx.db.read_session() as s:
         row = s.get(Grant, g["id"])
@@ -292,7 +291,7 @@ def test_paging_and_filters(env: Env) -> None:
 
 
 def test_background_sweeper_runs_in_the_server_process(tmp_path: Path) -> None:
-    env = open_env(make_settings(tmp_path / "home", sweep_interval_seconds=0.05), sweeper=True)
+    env = open_env(make_settings(tmp_path / "home", sweep_interval_seconds=0.05), background=True)
     try:
         seed(env)
         with TestClient(env.app) as client:  # the lifespan starts and stops the sweeper thread
@@ -307,8 +306,8 @@ def test_background_sweeper_runs_in_the_server_process(tmp_path: Path) -> None:
         with env.ctx.db.read_session() as s:
             row = s.get(Grant, g["id"])
             assert row is not None and row.state == "expired"
-        sweeper = env.app.state.sweeper
-        assert sweeper is not None and sweeper._thread is not None and not sweeper._thread.is_alive()
+        jobs = env.app.state.background
+        assert jobs is not None and jobs._thread is not None and not jobs.is_alive()
     finally:
         env.client.close()
         env.ctx.close()

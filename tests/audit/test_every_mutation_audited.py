@@ -9,7 +9,6 @@ answer wrote no audit event at all.
 from __future__ import annotations
 
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,6 @@ NO_CHANGE_OK = {
 }
 # (operation, status) answers that mean "nothing changed": a retry with a used Idempotency-Key.
 NO_CHANGE_STATUS = {("POST /v1/grants", 200)}
-# Defects in routes audit does not own, reported to their owners; matched narrowly and turned into
-# warnings until fixed: their events do not carry the request's id.
-KNOWN_ELSEWHERE = {
-    "POST /v1/tokens -> 201 wrote events without its request id: ['token.create']",
-    "POST /v1/tenants/{tenant}/groups/{group}/workloads/{name}/revoke -> 200 wrote events without its request id: "
-    "['identity.revoke']",
-}
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +101,4 @@ def test_every_mutating_route_writes_exactly_its_events(mut_env: Env) -> None:
     _walked_t, problems_t = _walk(mut_env, tenant)
     assert "POST /v1/audit/exports" in walked and len(walked) >= 10
     found = sorted(set(problems + problems_t))
-    for known in KNOWN_ELSEWHERE & set(found):
-        warnings.warn(f"known defect elsewhere: {known}", stacklevel=1)
-    new = [p for p in found if p not in KNOWN_ELSEWHERE]
-    assert not new, "\n".join(new)
+    assert not found, "\n".join(found)

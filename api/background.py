@@ -1,0 +1,108 @@
+"""Periodic work of the server process: grant expiry, CA rotation, audit checkpoints.
+
+One thread runs every job on its own interval. Each job is safe to run in several worker processes at
+once (each takes its own row lock), so no leader election is needed; a failing job is logged and
+retried on its next tick, never allowed to stop the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from api.context import AppContext
+from audit import Actor
+
+log = logging.getLogger("trustfabric.background")
+
+
+@dataclass
+class Job:
+    name: str
+    interval: float
+    run: Callable[[], object]
+    next_at: float = field(default=0.0)
+
+
+class BackgroundJobs:
+    def __init__(self, jobs: list[Job]) -> None:
+        self.jobs = jobs
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_due(self, now: float | None = None) -> list[str]:
+        """Run every job whose time has come; returns the names run (for tests and logs)."""
+        now = time.monotonic() if now is None else now
+        ran = []
+        for job in self.jobs:
+            if now < job.next_at:
+                continue
+            job.next_at = now + job.interval
+            try:
+                result = job.run()
+                if result:
+                    log.info("%s: %s", job.name, result)
+            except Exception:
+                log.exception("background job %s failed; retrying in %.0fs", job.name, job.interval)
+            ran.append(job.name)
+        return ran
+
+    def _loop(self) -> None:
+        tick = min((j.interval for j in self.jobs), default=1.0)
+        while not self._stop.wait(tick):
+            self.run_due()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="trustfabric-background", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+def sweep_grants(ctx: AppContext) -> list[str]:
+    from policy.grants import sweep
+
+    with ctx.db.session() as session:
+        return sweep(session, clock=ctx.clock)
+
+
+def rotate_cas(ctx: AppContext) -> None:
+    """SPIRE's schedule: prepare at half life, activate at 1/6 before expiry; nothing due, nothing written."""
+    from pki.service import rotate, trust_domain
+
+    with ctx.db.session() as session:
+        if trust_domain(session) is not None:
+            rotate(session, ctx.keystore, force=False, actor=Actor.system("ca-rotator"), clock=ctx.clock)
+
+
+def write_audit_checkpoint(ctx: AppContext) -> int | None:
+    from audit.checkpoint import CheckpointWriter, audit_signer, log_origin
+    from pki.service import trust_domain
+
+    with ctx.db.read_session() as session:
+        td = trust_domain(session) or ctx.settings.trust_domain
+    writer = CheckpointWriter(
+        ctx.db, audit_signer(ctx.keystore), origin=log_origin(td),
+        every_events=ctx.settings.audit_checkpoint_every,
+        every_seconds=ctx.settings.audit_checkpoint_seconds, clock=ctx.clock,
+    )
+    cp = writer.maybe_write()
+    return None if cp is None else cp.size
+
+
+def server_jobs(ctx: AppContext) -> BackgroundJobs:
+    s = ctx.settings
+    return BackgroundJobs([
+        Job("grant-sweeper", s.sweep_interval_seconds, lambda: sweep_grants(ctx)),
+        Job("ca-rotator", s.ca_rotation_check_seconds, lambda: rotate_cas(ctx)),
+        Job("audit-checkpoints", min(5.0, float(s.audit_checkpoint_seconds)), lambda: write_audit_checkpoint(ctx)),
+    ])

@@ -1,0 +1,57 @@
+"""The server's periodic jobs do real work on the real store: CA rotation on SPIRE's schedule and
+signed audit checkpoints, each job independent of the others' failures."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from sqlmodel import select
+
+from api.background import BackgroundJobs, Job, server_jobs
+from audit.models import AuditEvent
+from tests.api.conftest import make_settings, open_env
+
+
+def _actions(env_ctx: object) -> list[str]:
+    with env_ctx.db.read_session() as s:  # type: ignore[attr-defined]
+        return [e.action for e in s.exec(select(AuditEvent).order_by(AuditEvent.seq))]
+
+
+def test_jobs_rotate_the_ca_at_half_life_and_checkpoint_the_log(tmp_path: Path) -> None:
+    env = open_env(make_settings(tmp_path / "home", audit_checkpoint_every=1, audit_checkpoint_seconds=3600))
+    try:
+        jobs = server_jobs(env.ctx)
+        assert jobs.run_due(now=0.0) == ["grant-sweeper", "ca-rotator", "audit-checkpoints"]
+        assert "ca.prepare" not in _actions(env.ctx)  # nothing due at the start of the CA's life
+        from audit.checkpoint import latest_checkpoint
+
+        with env.ctx.db.read_session() as s:
+            first = latest_checkpoint(s)
+        assert first is not None and first.size == len(_actions(env.ctx))
+
+        env.clock.advance(timedelta(days=3, hours=13))  # past half of the default 7-day CA life
+        jobs.run_due(now=10_000.0)
+        actions = _actions(env.ctx)
+        assert actions.count("ca.prepare") == 1
+        jobs.run_due(now=20_000.0)  # nothing more due: no new event, no duplicate preparation
+        assert _actions(env.ctx).count("ca.prepare") == 1
+        with env.ctx.db.read_session() as s:
+            latest = latest_checkpoint(s)
+        assert latest is not None and latest.size > first.size
+    finally:
+        env.client.close()
+        env.ctx.close()
+
+
+def test_a_failing_job_does_not_stop_the_others() -> None:
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("broken")
+
+    jobs = BackgroundJobs([Job("bad", 1.0, boom), Job("good", 1.0, lambda: ran.append("good"))])
+    assert jobs.run_due(now=0.0) == ["bad", "good"]
+    assert jobs.run_due(now=0.5) == []  # not due yet
+    assert jobs.run_due(now=1.0) == ["bad", "good"]
+    assert ran == ["good", "good"]
