@@ -9,6 +9,7 @@ import sys
 import typer
 
 from api.cli_common import JsonOpt, emit_json, err_console, open_context
+from api.context import AppContext
 from core.errors import TrustfabricError
 
 app = typer.Typer(
@@ -32,17 +33,14 @@ SUBCOMMANDS = (
 def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
     """Create the trust domain, audit key and admin token when missing; a second run changes nothing."""
     import audit
+    from api.auth_jwt import ensure_issuer_key
     from api.tokens import create_opaque_token, has_admin_token
     from pki.keystore import KeyKind
     from pki.service import init_trust_domain
     from pki.service import trust_domain as existing_trust_domain
 
     with open_context(create=True) as ctx:
-        ensure_audit_key = getattr(audit, "ensure_audit_key", None)
-        if ensure_audit_key is not None:
-            ensure_audit_key(ctx.keystore)
-        from api.auth_jwt import ensure_issuer_key
-
+        audit.ensure_audit_key(ctx.keystore)
         ensure_issuer_key(ctx.keystore)
         with ctx.db.session() as session:
             # serve without --trust-domain keeps whatever init created
@@ -56,7 +54,32 @@ def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
                     session, role="admin", subject="admin", actor=audit.Actor.system("init"),
                     description="bootstrap admin token created by init",
                 )
-    return {"created": created, "trust_domain": trust_domain, "admin_token": token}
+        policy_version = seed_shipped_policy(ctx)
+    return {"created": created, "trust_domain": trust_domain, "admin_token": token, "policy_version": policy_version}
+
+
+def seed_shipped_policy(ctx: AppContext) -> int | None:
+    """With no policy version at all, the shipped rego/ becomes version 1 and is activated, so a fresh
+    install decides flows instead of denying everything for want of a policy. Skipped (None) when
+    versions exist, or when activation needs a signature (the security team activates it then)."""
+    from api.authz import REGO_DIR
+    from audit import Actor
+    from policy import service as policy_service
+    from policy.versions import load_dir
+
+    actor = Actor.system("init")
+    with ctx.db.session() as session:
+        if policy_service.list_versions(session):
+            return None
+    prepared = policy_service.prepare(load_dir(REGO_DIR))
+    with ctx.db.session() as session:
+        version, _created = policy_service.upload(
+            session, prepared, actor, now=ctx.clock(), note="shipped policies, seeded by init"
+        )
+        if ctx.settings.policy_verify_keys:
+            return None
+        policy_service.activate(session, version.number or 0, actor, now=ctx.clock(), reason="initial policy")
+        return version.number
 
 
 @app.command("init")
@@ -74,6 +97,8 @@ def init_cmd(
         print(f"initialised trust domain spiffe://{trust_domain}")
     else:
         print("trust domain already initialised; nothing changed")
+    if result["policy_version"]:
+        print(f"activated the shipped policies (rego/) as policy version {result['policy_version']}")
     if result["admin_token"]:
         print("admin API token (shown once, store it now):")
         print(result["admin_token"])

@@ -80,6 +80,14 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
             proc.kill()
 
 
+def test_init_activates_the_shipped_policy_once(cli: Cli) -> None:
+    versions = cli.json("policy", "list")
+    assert [(v["number"], v["state"]) for v in versions] == [(1, "active")]  # type: ignore[index,union-attr]
+    again = cli.run("init", "--trust-domain", "example.org")
+    assert again.returncode == 0 and "nothing changed" in again.stdout and "policy version" not in again.stdout
+    assert len(cli.json("policy", "list")) == 1  # type: ignore[arg-type]
+
+
 def test_token_create_prints_the_token_last_and_whoami(cli: Cli) -> None:
     admin = cli.token("--role", "admin", "--ttl", "1h")
     assert admin.count(".") == 2
@@ -108,6 +116,9 @@ def test_grant_flow_through_the_cli(cli: Cli, tmp_path: Path) -> None:
     own = cli.run("grant", "approve", gid, token=acme)
     assert own.returncode == 1 and "own grant request" in own.stderr and "Traceback" not in own.stderr
     assert cli.json("grant", "approve", gid, token=globex)["state"] == "active"  # type: ignore[index]
+    # the shipped policy (activated by init) now lets the flow through, and says why
+    flow = cli.json("policy", "explain", "--src", "acme/web", "--dst", "globex/api", "--port", "443")
+    assert flow["allow"] is True and any("grant" in r for r in flow["reasons"]), flow  # type: ignore[index]
     listed = cli.json("grant", "list", "--state", "active", token=globex)
     assert [x["id"] for x in listed] == [gid]  # type: ignore[union-attr,index]
     assert cli.json("grant", "revoke", gid, "--reason", "done", token=acme)["state"] == "revoked"  # type: ignore[index]
