@@ -308,6 +308,7 @@ def _fast_jsonl(
             or flt.get("tenant") is not None
             or flt.get("action") is not None
             or not 0 <= lo <= hi <= cp.size
+            or _range_hides_events(flt, lo, hi, cp.size) is not None
         ):
             return None
     except (ValueError, KeyError, TypeError, AttributeError, CheckpointError):
@@ -442,6 +443,24 @@ def _flush(cr: merkle.CompactRange, blob: bytes, lo: int, hi: int, n: int) -> bo
     return True
 
 
+def _range_hides_events(flt: dict[str, Any], lo: int, hi: int, n: int) -> VerificationError | None:
+    """The header's range and filter are not signed: an export without --since must start at event 0 and
+    one without --until must reach the checkpoint's size, or whoever edited the header hid events behind
+    gap hashes (a cut tail, a cut head) while the root still matches."""
+    if flt.get("since") is None and lo != 0:
+        return VerificationError(
+            "removed", f"the export has no --since, yet its range starts at event {lo}: events before it are hidden",
+            index=0,
+        )
+    if flt.get("until") is None and hi != n:
+        return VerificationError(
+            "truncated",
+            f"the export has no --until, yet its range stops at event {hi} of the checkpoint's {n}: the tail is hidden",
+            index=hi,
+        )
+    return None
+
+
 def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyReport:
     header = next(records, None)
     if not isinstance(header, dict):
@@ -464,6 +483,9 @@ def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyR
     lo, hi = rng.get("start"), rng.get("end")
     if type(lo) is not int or type(hi) is not int or not 0 <= lo <= hi <= n:
         raise VerificationError("header", f"header range {rng} is not within the tree of size {n}")
+    hidden = _range_hides_events(flt, lo, hi, n)
+    if hidden is not None:
+        raise hidden
     tenant, action = flt.get("tenant"), flt.get("action")
     narrows = tenant is not None or action is not None
 

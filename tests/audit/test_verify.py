@@ -186,6 +186,30 @@ def test_file_cut_mid_record(exported: dict[str, bytes | KeySigner]) -> None:
     assert err.kind == "truncated"
 
 
+def _hide_behind_gaps(lines: list[bytes], keep: Callable[[int], bool], start: int, end: int) -> None:
+    """Replace the events that `keep` rejects by gap records of their (true) leaf hashes and shrink the
+    header's range to [start, end): the root still matches the signed checkpoint."""
+    header = json.loads(lines[0])
+    header["header"]["range"] = {"start": start, "end": end}
+    lines[0] = json.dumps(header).encode() + b"\n"
+    for i in range(1, len(lines)):
+        rec = json.loads(lines[i])
+        if not keep(rec["event"]["seq"]):
+            gap = {"hash": rec["leaf_hash"], "level": 0, "start": rec["event"]["seq"]}
+            lines[i] = json.dumps({"gap": gap}).encode() + b"\n"
+
+
+def test_tail_hidden_behind_gaps_with_the_header_range_shrunk(exported: dict[str, bytes | KeySigner]) -> None:
+    """The header is not signed: cutting the range short must not turn a truncated tail into a valid export."""
+    err = _case(exported, "jsonl", lambda lines: _hide_behind_gaps(lines, lambda seq: seq < N - 5, 0, N - 5))
+    assert (err.kind, err.index) == ("truncated", N - 5)
+
+
+def test_head_hidden_behind_gaps_with_the_header_range_shrunk(exported: dict[str, bytes | KeySigner]) -> None:
+    err = _case(exported, "jsonl", lambda lines: _hide_behind_gaps(lines, lambda seq: seq >= 3, 3, N))
+    assert (err.kind, err.index) == ("removed", 0)
+
+
 def _swap_checkpoint(lines: list[bytes], change: Callable[[str], str]) -> None:
     header = json.loads(lines[0])
     header["header"]["checkpoint"] = change(header["header"]["checkpoint"])
