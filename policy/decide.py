@@ -184,14 +184,24 @@ def flow_input(src: str, dst: str, port: int, proto: str = "tcp", now_ns: int | 
 def expand_allowed(raw: Any) -> dict[Flow, list[str]]:
     """The compact allowed_flows set -> every (src, dst, proto, port) flow and the reasons allowing it."""
     if not isinstance(raw, list):
-        raise InvalidInput("allowed_flows must be a set of flow entries")
+        raise InvalidInput("data.flows.allowed_flows is undefined or not a set of flow entries")
     out: dict[Flow, list[str]] = {}
     for entry in raw:
-        dt, dg, proto, reason = entry["dst_tenant"], entry["dst_group"], entry["proto"], entry["reason"]
-        for source in entry["sources"]:
-            st, sg = str(source).split("/", 1)
-            for port in entry["ports"]:
-                out.setdefault(Flow(st, sg, dt, dg, proto, int(port)), []).append(reason)
+        try:
+            dt, dg, proto, reason = entry["dst_tenant"], entry["dst_group"], entry["proto"], entry["reason"]
+            sources, ports = entry["sources"], entry["ports"]
+            if not isinstance(sources, list) or not isinstance(ports, list):
+                raise TypeError("sources and ports must be arrays")
+            for source in sources:
+                st, sg = str(source).split("/", 1)
+                for port in ports:
+                    if isinstance(port, bool) or not isinstance(port, int | float) or port != int(port):
+                        raise ValueError(f"port {port!r} is not an integer")
+                    out.setdefault(Flow(str(st), str(sg), str(dt), str(dg), str(proto), int(port)), []).append(
+                        str(reason))
+        except (KeyError, TypeError, ValueError) as exc:
+            # a candidate policy is user input: a malformed answer is a 400 with the reason, never a 500
+            raise InvalidInput(f"data.flows.allowed_flows has a malformed entry {entry!r:.200}: {exc}") from None
     return out
 
 

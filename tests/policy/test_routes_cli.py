@@ -166,3 +166,20 @@ def test_pdp_from_database_follows_the_active_version(tmp_path: Path) -> None:
         assert decide_flow(engine, flow("acme", "web", "globex", "api", "tcp", 8443)).allow  # grant `live`
     finally:
         ctx.close()
+
+
+@pytest.mark.parametrize("allowed", [
+    '[{"dst_tenant": "acme", "dst_group": "db", "proto": "tcp", "reason": "r", "sources": ["noslash"], "ports": [1]}]',
+    '[{"dst_tenant": "acme", "dst_group": "db", "proto": "tcp", "reason": "r", "sources": ["a/b"], "ports": ["x"]}]',
+    '[{"dst_tenant": "acme"}]',
+    '[1]',
+    '5',
+])
+def test_impact_of_a_malformed_candidate_is_a_400_with_the_reason(env: Env, allowed: str) -> None:
+    """A candidate version is user input: whatever its allowed_flows looks like, impact answers 4xx, not 500."""
+    mods = {"flows.rego": f"package flows\n\nallowed_flows := {allowed}\n"}
+    r = env.call("POST", "/v1/policy/versions", "security", json={"modules": mods})
+    assert r.status_code == 201, r.text
+    imp = env.call("GET", f"/v1/policy/versions/{r.json()['number']}/impact", "security")
+    assert imp.status_code == 400, imp.text
+    assert "allowed_flows" in imp.json()["reason"]
