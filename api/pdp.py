@@ -5,6 +5,10 @@ HTTP against it. Endpoints: /health; /v1/policies (GET), /v1/policies/{id} (GET,
 /v1/data/{path} (GET, PUT, PATCH, POST, DELETE); /v1/query (POST). Answers follow OPA's shapes:
 `{"result": ...}` (no `result` key when undefined), errors `{"code", "message"[, "errors"]}`.
 With a token configured every /v1 request needs `Authorization: Bearer <token>`.
+
+When the PDP follows the database (`PdpSync`: the active policy version and the current inventory and
+grants), it is read-only: policy and data writes are refused with 403, so no local client can swap a
+module or add a grant behind the control plane's back (and its audit log).
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class _Unauthorized(Exception):
+    pass
+
+
+class _ReadOnly(Exception):
     pass
 
 
@@ -68,9 +76,16 @@ async def _json_body(request: Request) -> Any:
         raise InvalidInput(f"request body is not JSON: {exc}") from exc
 
 
-def create_pdp_app(engine: RegorusEngine | None = None, *, token: str | None = None) -> FastAPI:
-    """The PDP over `engine` (a fresh, empty embedded engine when None)."""
+def create_pdp_app(
+    engine: RegorusEngine | None = None, *, token: str | None = None, read_only: bool = False
+) -> FastAPI:
+    """The PDP over `engine` (a fresh, empty embedded engine when None); `read_only`: policies and data
+    come from elsewhere (the database), every write is refused with 403."""
     eng = engine if engine is not None else RegorusEngine()
+
+    async def check_writable() -> None:
+        if read_only:
+            raise _ReadOnly
 
     async def check_token(request: Request) -> None:
         if token is None:
@@ -87,6 +102,11 @@ def create_pdp_app(engine: RegorusEngine | None = None, *, token: str | None = N
     @app.exception_handler(_Unauthorized)
     async def _unauthorized(_r: Request, _e: _Unauthorized) -> JSONResponse:
         return _error(401, "unauthorized", "missing or invalid bearer token")
+
+    @app.exception_handler(_ReadOnly)
+    async def _read_only(_r: Request, _e: _ReadOnly) -> JSONResponse:
+        return _error(403, "forbidden", "this PDP serves the control plane's active policy version and data: "
+                      "change them through the trustfabric API, not here")
 
     @app.exception_handler(PolicyCompileError)
     async def _compile(_r: Request, exc: PolicyCompileError) -> JSONResponse:
@@ -122,7 +142,7 @@ def create_pdp_app(engine: RegorusEngine | None = None, *, token: str | None = N
             return _error(404, "resource_not_found", f"storage_not_found_error: policy id {policy_id!r}")
         return JSONResponse({"result": {"id": policy_id, "raw": modules[policy_id]}})
 
-    @v1.put("/v1/policies/{policy_id:path}")
+    @v1.put("/v1/policies/{policy_id:path}", dependencies=[Depends(check_writable)])
     async def put_policy(policy_id: str, request: Request) -> Response:
         text = (await request.body()).decode("utf-8", errors="replace")
         if not text.strip():
@@ -132,7 +152,7 @@ def create_pdp_app(engine: RegorusEngine | None = None, *, token: str | None = N
         eng.load(modules)
         return JSONResponse({})
 
-    @v1.delete("/v1/policies/{policy_id:path}")
+    @v1.delete("/v1/policies/{policy_id:path}", dependencies=[Depends(check_writable)])
     async def delete_policy(policy_id: str) -> Response:
         modules = eng.modules()
         if policy_id not in modules:
@@ -157,8 +177,8 @@ def create_pdp_app(engine: RegorusEngine | None = None, *, token: str | None = N
         input = body.get("input") if isinstance(body, dict) else None
         return _value(path, input)
 
-    @v1.put("/v1/data")
-    @v1.put("/v1/data/{path:path}")
+    @v1.put("/v1/data", dependencies=[Depends(check_writable)])
+    @v1.put("/v1/data/{path:path}", dependencies=[Depends(check_writable)])
     async def put_data(request: Request, path: str = "") -> Response:
         value = await _json_body(request)
         pointer = _pointer(path)
@@ -170,8 +190,8 @@ def create_pdp_app(engine: RegorusEngine | None = None, *, token: str | None = N
             eng.patch_data([{"op": "add", "path": pointer, "value": value}])
         return Response(status_code=204)
 
-    @v1.patch("/v1/data")
-    @v1.patch("/v1/data/{path:path}")
+    @v1.patch("/v1/data", dependencies=[Depends(check_writable)])
+    @v1.patch("/v1/data/{path:path}", dependencies=[Depends(check_writable)])
     async def patch_data(request: Request, path: str = "") -> Response:
         ops = await _json_body(request)
         if not isinstance(ops, list):
@@ -186,7 +206,7 @@ def create_pdp_app(engine: RegorusEngine | None = None, *, token: str | None = N
         eng.patch_data(rebased)
         return Response(status_code=204)
 
-    @v1.delete("/v1/data/{path:path}")
+    @v1.delete("/v1/data/{path:path}", dependencies=[Depends(check_writable)])
     async def delete_data(path: str) -> Response:
         try:
             eng.patch_data([{"op": "remove", "path": _pointer(path)}])
@@ -232,8 +252,8 @@ class PdpSync:
                 log.warning("no active policy version: the PDP denies everything")
             self.engine.load({})
             self.active_hash = None
-        elif current.content_hash != self.active_hash:
-            self.engine.load(current.modules)
+        elif current.content_hash != self.active_hash or self.engine.modules() != current.modules:
+            self.engine.load(current.modules)  # also undoes any module loaded by other means
             self.active_hash = current.content_hash
         sync_data(self.engine, data)
 

@@ -183,3 +183,45 @@ def test_impact_of_a_malformed_candidate_is_a_400_with_the_reason(env: Env, allo
     imp = env.call("GET", f"/v1/policy/versions/{r.json()['number']}/impact", "security")
     assert imp.status_code == 400, imp.text
     assert "allowed_flows" in imp.json()["reason"]
+
+
+def test_pdp_following_the_database_refuses_writes(tmp_path: Path) -> None:
+    """A PDP that serves the active version is read-only: no local client swaps a module or adds a grant;
+    and a module changed by any other means is put back on the next refresh."""
+    from fastapi.testclient import TestClient
+
+    from api.pdp import PdpSync, create_pdp_app
+    from audit import Actor
+    from policy import service
+    from policy.engine_regorus import RegorusEngine
+    from tests.policy.dbutil import populate
+
+    ctx = AppContext.open(make_settings(tmp_path / "home"), create=True)
+    try:
+        with ctx.db.session() as s:
+            populate(s, ctx.clock())
+            service.upload(s, shipped(), Actor("sec", "security"), now=ctx.clock())
+            service.activate(s, 1, Actor("sec", "security"), now=ctx.clock())
+        engine = RegorusEngine()
+        sync = PdpSync(ctx.db, engine, interval=60)
+        sync.run_once()
+        denied = flow("acme", "web", "globex", "api", "tcp", 9443)
+        assert not decide_flow(engine, denied).allow
+        allow_all = 'package flows\n\ndecision := {"allow": true, "reasons": ["pwned"]}\n'
+        with TestClient(create_pdp_app(engine, read_only=True)) as c:
+            r = c.put("/v1/policies/flows.rego", content=allow_all, headers={"Content-Type": "text/plain"})
+            assert r.status_code == 403 and r.json()["code"] == "forbidden"
+            assert c.delete("/v1/policies/flows.rego").status_code == 403
+            grant = {"src_group": "web", "dst_group": "api", "proto": "tcp", "ports": [9443],
+                     "expires_at_ns": 9 * 10**18}
+            assert c.put("/v1/data/tf/grants/acme/globex/evil", json=grant).status_code == 403
+            assert c.patch("/v1/data/tf", json=[{"op": "add", "path": "/revoked/x", "value": True}]).status_code == 403
+            assert c.put("/v1/data", json={}).status_code == 403
+            assert c.delete("/v1/data/tf").status_code == 403
+            assert c.post("/v1/data/flows/decision", json={"input": denied}).json()["result"]["allow"] is False
+        assert not decide_flow(engine, denied).allow
+        engine.load({**shipped(), "flows.rego": allow_all})  # changed behind the sync's back
+        sync.run_once()
+        assert engine.modules() == shipped() and not decide_flow(engine, denied).allow
+    finally:
+        ctx.close()
