@@ -18,7 +18,13 @@ opaque gap hashes, so it relies on the exporter having selected every matching e
 the filter server-side under the caller's authority).
 
 A time filter selects the contiguous sequence range from the first event at or after `since` to the
-last event before `until`, so the result of a time-only export has no gaps inside its range.
+last event before `until`, so the result of a time-only export has no gaps inside its range. Because the
+header (range and filter) is not signed, a time-window export that does not narrow also carries the
+two *context* events just outside its range: the one before it (time < since) and the one after it
+(time >= until), when they exist. They lie outside `range` (consumers skip them) and prove to the
+verifier that the window was not cut short: whoever shrinks the range must show, as context, an event
+whose time lies inside the window. (A tenant/action export shows no other tenant's event, so it carries
+no context events; there the verifier trusts the exporter's selection, as above.)
 """
 
 from __future__ import annotations
@@ -275,9 +281,14 @@ def export_events(
                 "hashing": "RFC 6962: leaf = SHA-256(0x00 || event bytes), node = SHA-256(0x01 || l || r)",
             }
         )
-        for level, st, node in _stored_gap(session, 0, start):
+        before, after = context_positions(filters.as_json(), start, end, n)
+        for level, st, node in _stored_gap(session, 0, start if before is None else before):
             writer.gap(level, st, node)
             gaps += 1
+        if before is not None:
+            for rows in _stream(session, before, before + 1, 1):
+                for _seq, _tenant, _action, data, leaf in rows:
+                    writer.event(data, leaf)
         builder = _GapBuilder()
         total = end - start
         done = 0
@@ -297,11 +308,26 @@ def export_events(
         for level, st, node in builder.drain():
             writer.gap(level, st, node)
             gaps += 1
-        for level, st, node in _stored_gap(session, end, n):
+        if after is not None:
+            for rows in _stream(session, after, after + 1, 1):
+                for _seq, _tenant, _action, data, leaf in rows:
+                    writer.event(data, leaf)
+        for level, st, node in _stored_gap(session, end if after is None else after + 1, n):
             writer.gap(level, st, node)
             gaps += 1
     writer.close()
     return ExportResult(checkpoint=cp, tree_size=n, start=start, end=end, events=events, gaps=gaps)
+
+
+def context_positions(flt: dict[str, Any], start: int, end: int, size: int) -> tuple[int | None, int | None]:
+    """Sequence numbers of the context events an export of [start, end) carries: the event before the
+    range when --since cut it, the event after it when --until did; None where there is none. Only for
+    exports that do not narrow by tenant or action. Shared with the verifier."""
+    if flt.get("tenant") is not None or flt.get("action") is not None:
+        return None, None
+    before = start - 1 if flt.get("since") is not None and start > 0 else None
+    after = end if flt.get("until") is not None and end < size else None
+    return before, after
 
 
 def _stored_gap(session: Session, start: int, end: int) -> list[tuple[int, int, bytes]]:

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from audit import merkle
 from audit.checkpoint import verify_checkpoint
 from audit.errors import CheckpointError, ProofError, VerificationError
-from audit.export import CSV_COLUMNS, EVENT_PREFIX, EXPORT_FORMAT, EXPORT_VERSION, LEAF_INFIX
+from audit.export import CSV_COLUMNS, EVENT_PREFIX, EXPORT_FORMAT, EXPORT_VERSION, LEAF_INFIX, context_positions
 from audit.ocsf import to_ocsf
 from audit.service import DOCUMENT_VERSION, GENESIS_HASH
 
@@ -309,6 +310,7 @@ def _fast_jsonl(
             or flt.get("action") is not None
             or not 0 <= lo <= hi <= cp.size
             or _range_hides_events(flt, lo, hi, cp.size) is not None
+            or context_positions(flt, lo, hi, cp.size) != (None, None)  # the detailed pass checks them
         ):
             return None
     except (ValueError, KeyError, TypeError, AttributeError, CheckpointError):
@@ -461,6 +463,45 @@ def _range_hides_events(flt: dict[str, Any], lo: int, hi: int, n: int) -> Verifi
     return None
 
 
+def _window_bound(flt: dict[str, Any], name: str) -> datetime | None:
+    value = flt.get(name)
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise VerificationError("header", f"the header's filter {name} {str(value)[:40]!r} is not a UTC time")
+    return parsed
+
+
+def _check_context(
+    doc: dict[str, Any], seq: int, before: int | None, since: datetime | None, until: datetime | None, line: int
+) -> None:
+    """A context event must lie outside the time window, or the range was cut short."""
+    try:
+        ts = datetime.fromisoformat(str(doc.get("ts")).replace("Z", "+00:00"))
+    except ValueError:
+        raise _malformed(line, "event ts is not a time", index=seq) from None
+    if seq == before and since is not None and not ts < since:
+        raise VerificationError(
+            "removed",
+            f"it stands just before the range as context, yet its time {doc.get('ts')} is inside the window: "
+            "the range was cut short",
+            index=seq,
+            line=line,
+        )
+    if seq != before and until is not None and not ts >= until:
+        raise VerificationError(
+            "truncated",
+            f"it stands just after the range as context, yet its time {doc.get('ts')} is inside the window: "
+            "the range was cut short",
+            index=seq,
+            line=line,
+        )
+
+
 def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyReport:
     header = next(records, None)
     if not isinstance(header, dict):
@@ -488,6 +529,10 @@ def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyR
         raise hidden
     tenant, action = flt.get("tenant"), flt.get("action")
     narrows = tenant is not None or action is not None
+    since, until = _window_bound(flt, "since"), _window_bound(flt, "until")
+    before, after = context_positions(flt, lo, hi, n)
+    show_lo = lo if before is None else before  # positions [show_lo, show_hi) must be shown as events
+    show_hi = hi if after is None else after + 1
 
     cr = merkle.CompactRange()
     pos = 0
@@ -512,11 +557,12 @@ def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyR
             width = 1 << rec.level
             if rec.start % width or rec.start + width > n:
                 raise _malformed(rec.line, f"gap of level {rec.level} at {rec.start} is not an aligned subtree of {n}")
-            if not narrows and rec.start < hi and rec.start + width > lo:
-                first = max(rec.start, lo)
+            if not narrows and rec.start < show_hi and rec.start + width > show_lo:
+                first = max(rec.start, show_lo)
+                what = "a context event of the time window" if first in (before, after) else "in the export's range"
                 raise VerificationError(
                     "removed",
-                    f"event {first} is in the export's range but hidden behind a gap hash",
+                    f"event {first} is {what} but hidden behind a gap hash",
                     index=first,
                     line=rec.line,
                 )
@@ -562,7 +608,10 @@ def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyR
             raise VerificationError(
                 "inserted", f"it lies beyond the checkpoint's tree size {n}", index=seq, line=rec.line
             )
-        if not lo <= seq < hi:
+        is_context = seq in (before, after)  # (a context event out of place fails the position checks below)
+        if is_context and seq == pos:
+            _check_context(doc, seq, before, since, until, rec.line)
+        elif not is_context and not lo <= seq < hi:
             raise VerificationError(
                 "outside_filter", f"it lies outside the export's range [{lo}, {hi})", index=seq, line=rec.line
             )
@@ -604,7 +653,7 @@ def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyR
         cr.append_leaf_hash(leaf)
         prev_leaf = leaf
         pos += 1
-        events += 1
+        events += 0 if is_context else 1
     if pos < n:
         raise VerificationError(
             "truncated", f"the export stops at event {pos} but the checkpoint covers {n} events", index=pos

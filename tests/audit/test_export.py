@@ -58,10 +58,15 @@ def test_every_filter_exports_exactly_its_events_and_verifies(db: Database, sign
         assert result.events == report.events == len(want), f
         assert report.tree_size == 90
         if fmt == "jsonl":
-            got = [
+            shown = [
                 json.loads(line)["event"]["seq"] for line in buf.getvalue().splitlines() if line.startswith(b'{"event"')
             ]
-            assert got == want
+            assert [seq for seq in shown if result.start <= seq < result.end] == want
+            # a time window that does not narrow also shows the event just outside each cut bound (context)
+            context = [seq for seq in shown if not result.start <= seq < result.end]
+            expect = [result.start - 1] if not f.narrows and f.since and result.start > 0 else []
+            expect += [result.end] if not f.narrows and f.until and result.end < 90 else []
+            assert context == expect, f
         if not f.narrows:
             assert result.gaps <= 2 * 8  # a time range costs O(log n) gap hashes, an unfiltered export none
     with db.read_session() as s:

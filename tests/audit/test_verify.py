@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from audit.errors import VerificationError
 from audit.export import ExportFilter, export_events
 from audit.verify import verify_export
 from store.db import Database
-from tests.audit.conftest import KeySigner, fill
+from tests.audit.conftest import T0, KeySigner, fill
 
 N = 100
 
@@ -39,6 +40,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes | KeyS
         ("acme", "jsonl", ExportFilter(tenant="acme")),
         ("csv", "csv", ExportFilter()),
         ("ocsf", "ocsf", ExportFilter()),
+        ("window", "jsonl", ExportFilter(since=T0 + timedelta(seconds=30), until=T0 + timedelta(seconds=60))),
     ]:
         buf = io.BytesIO()
         export_events(db, signer, buf, fmt=fmt, filters=flt)
@@ -83,13 +85,14 @@ def _case(exported: dict[str, bytes | KeySigner], name: str, edit: Callable[[lis
 def test_untouched_exports_verify(exported: dict[str, bytes | KeySigner], tmp_path: Path) -> None:
     signer = exported["signer"]
     assert isinstance(signer, KeySigner)
-    for name in ("jsonl", "acme", "csv", "ocsf"):
+    want = {"acme": sum(1 for i in range(N) if i % 5 and i % 3 == 0), "window": 30}
+    for name in ("jsonl", "acme", "csv", "ocsf", "window"):
         path = tmp_path / name
         path.write_bytes(exported[name])  # type: ignore[arg-type]
         report = verify_export(path, signer.public_key())
         assert report == verify_export(path, signer.public_key(), fast=False)  # both passes agree
         assert report.tree_size == N
-        assert report.events == (N if name != "acme" else sum(1 for i in range(N) if i % 5 and i % 3 == 0))
+        assert report.events == want.get(name, N)
 
 
 def test_modified_field(exported: dict[str, bytes | KeySigner]) -> None:
@@ -208,6 +211,57 @@ def test_tail_hidden_behind_gaps_with_the_header_range_shrunk(exported: dict[str
 def test_head_hidden_behind_gaps_with_the_header_range_shrunk(exported: dict[str, bytes | KeySigner]) -> None:
     err = _case(exported, "jsonl", lambda lines: _hide_behind_gaps(lines, lambda seq: seq >= 3, 3, N))
     assert (err.kind, err.index) == ("removed", 0)
+
+
+def _to_gap(line: bytes) -> bytes:
+    rec = json.loads(line)
+    return json.dumps({"gap": {"hash": rec["leaf_hash"], "level": 0, "start": rec["event"]["seq"]}}).encode() + b"\n"
+
+
+def _set_range(lines: list[bytes], start: int, end: int) -> None:
+    header = json.loads(lines[0])
+    header["header"]["range"] = {"start": start, "end": end}
+    lines[0] = json.dumps(header).encode() + b"\n"
+
+
+def test_time_window_export_carries_its_context_events(exported: dict[str, bytes | KeySigner]) -> None:
+    lines = _lines(exported["window"])  # type: ignore[arg-type]
+    assert json.loads(lines[0])["header"]["range"] == {"start": 30, "end": 60}
+    shown = [json.loads(line)["event"]["seq"] for line in lines if line.startswith(b'{"event":')]
+    assert shown == list(range(29, 61))  # 29 and 60 lie outside the window: they prove where it ends
+
+
+def test_time_window_cut_short_at_its_start(exported: dict[str, bytes | KeySigner]) -> None:
+    """Events 30-32 hidden behind gaps and the (unsigned) range moved to start at 33."""
+
+    def edit(lines: list[bytes]) -> None:
+        _set_range(lines, 33, 60)
+        for seq in (29, 30, 31):
+            i = _event_line(lines, seq)
+            lines[i] = _to_gap(lines[i])
+
+    err = _case(exported, "window", edit)
+    assert (err.kind, err.index) == ("removed", 32)  # event 32 is no context: its time is inside the window
+
+
+def test_time_window_cut_short_at_its_end(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        _set_range(lines, 30, 57)
+        for seq in (58, 59, 60):
+            i = _event_line(lines, seq)
+            lines[i] = _to_gap(lines[i])
+
+    err = _case(exported, "window", edit)
+    assert (err.kind, err.index) == ("truncated", 57)
+
+
+def test_time_window_context_event_hidden(exported: dict[str, bytes | KeySigner]) -> None:
+    def edit(lines: list[bytes]) -> None:
+        i = _event_line(lines, 60)
+        lines[i] = _to_gap(lines[i])
+
+    err = _case(exported, "window", edit)
+    assert (err.kind, err.index) == ("removed", 60)
 
 
 def _swap_checkpoint(lines: list[bytes], change: Callable[[str], str]) -> None:
@@ -350,7 +404,7 @@ def test_any_byte_changed_after_the_header_is_detected(
     """Every byte of an event or gap record is covered: the fast and the detailed pass both reject."""
     signer = exported["signer"]
     assert isinstance(signer, KeySigner)
-    name = data.draw(st.sampled_from(["jsonl", "acme", "csv", "ocsf"]))
+    name = data.draw(st.sampled_from(["jsonl", "acme", "csv", "ocsf", "window"]))
     raw = exported[name]
     assert isinstance(raw, bytes)
     body = raw.index(b"\n", 0 if name != "csv" else raw.index(b"\n") + 1) + 1
