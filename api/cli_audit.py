@@ -151,9 +151,12 @@ def verify_cmd(
             }
         )
         return
+    # what was proven: the export's selection (from its header) as well as the checkpoint it matches
+    chosen = ", ".join(f"{k} {v}" for k, v in sorted(report.filter.items()) if v is not None) or "no filter"
     print(
         f"OK: {report.events} event(s) verified against the signed checkpoint of {report.origin} "
-        f"(tree size {report.tree_size}, root {report.root.hex()})"
+        f"(tree size {report.tree_size}, root {report.root.hex()}); selection: {chosen}, "
+        f"sequence range [{report.range[0]}, {report.range[1]})"
     )
 
 

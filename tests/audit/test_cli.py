@@ -61,6 +61,7 @@ def test_export_then_verify_offline(home: dict[str, str], tmp_path: Path) -> Non
         # offline: no TRUSTFABRIC_HOME at all, only the file and the key
         code, text = _run({}, "audit", "verify", str(out), "--public-key", str(key))
         assert code == 0 and text.startswith("OK:"), text
+        assert "selection: tenant acme" in text, text  # the auditor sees what the export claims to hold
 
 
 def test_verify_names_the_first_bad_event_in_one_line(home: dict[str, str], tmp_path: Path) -> None:
