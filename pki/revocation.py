@@ -85,7 +85,10 @@ def revoke(
         svid.revocation_reason = reason
         session.add(svid)
         serials.append(svid.serial)
-    if session.exec(select(RevokedIdentity).where(RevokedIdentity.spiffe_id_prefix == str(prefix))).first() is None:
+    existing = session.exec(select(RevokedIdentity).where(RevokedIdentity.spiffe_id_prefix == str(prefix))).first()
+    if existing is not None and not serials:  # nothing would change: no event without its change
+        raise AlreadyRevoked(f"identity {prefix} was revoked at {as_utc(existing.revoked_at).isoformat()}")
+    if existing is None:
         session.add(RevokedIdentity(spiffe_id_prefix=str(prefix), tenant=tenant, group=group, workload=workload,
                                     reason=reason, revoked_at=now, revoked_by=f"{actor.kind}:{actor.id}"))
     record(session, actor=actor, action="identity.revoke", object_type="spiffe_id", object_id=str(prefix),

@@ -90,6 +90,11 @@ def test_revoke_identity_blocks_new_svids(pki_db: Database, keystore: FileKeySto
     with pki_db.read_session() as s:
         assert other.serial not in service.revoked_serials(s)
     assert actions(pki_db)[-2:] == ["identity.revoke", "identity.revoke"]
+    # the same identity again changes nothing, so it records nothing: a clear conflict instead
+    before = counts(pki_db)
+    with pytest.raises(AlreadyRevoked, match="was revoked"):
+        _revoke(pki_db, clock, tenant="acme", group="web")
+    assert counts(pki_db) == before and actions(pki_db)[-1] == "identity.revoke"
 
 
 def test_tenant_scope_on_revocation(pki_db: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:
