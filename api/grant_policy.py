@@ -1,5 +1,11 @@
-"""The grant decider the API hands to policy.grants: grants.rego through the embedded policy engine,
-on the data document built from the same session (so the decision sees exactly what will be written)."""
+"""The grant decider the API hands to policy.grants: `data.grants.decision` of the ACTIVE policy version
+(what the security team uploaded, tested, reviewed the impact of and activated), through the embedded
+policy engine, on the data document built from the same session (so the decision sees exactly what
+will be written).
+
+Fail closed: no active version, or an active version without `data.grants.decision`, denies the
+request with a `no-policy:` reason (policy.decide logs it).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,10 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
-from api.authz import REGO_DIR
 from policy.grants import GrantDecision
-
-GRANTS_MODULE = "grants.rego"
+from policy.models import PolicyVersion
 
 
 class RegoGrantDecider:
@@ -21,14 +25,26 @@ class RegoGrantDecider:
 
     def __init__(self) -> None:
         self._engine: Any = None
+        self._hash: str | None = None
         self._lock = threading.Lock()
 
-    def _get(self) -> Any:
-        if self._engine is None:
-            from policy.engine_regorus import RegorusEngine
+    def _engine_for(self, session: Session) -> Any:
+        """The engine loaded with the active version's modules (reloaded when another version is activated);
+        an empty engine (every decision: no-policy) when none is active. Call with the lock held."""
+        from policy.engine_regorus import RegorusEngine
 
-            text = (REGO_DIR / GRANTS_MODULE).read_text(encoding="utf-8")
-            self._engine = RegorusEngine({GRANTS_MODULE: text})
+        digest = session.exec(
+            select(PolicyVersion.content_hash).where(col(PolicyVersion.state) == "active")
+        ).first()
+        if self._engine is None:
+            self._engine = RegorusEngine()
+        if digest != self._hash:
+            modules: dict[str, str] = {}
+            if digest is not None:
+                row = session.exec(select(PolicyVersion).where(col(PolicyVersion.content_hash) == digest)).one()
+                modules = dict(row.modules)
+            self._engine.load(modules)
+            self._hash = digest
         return self._engine
 
     def __call__(self, session: Session, now: datetime, request: dict[str, Any]) -> GrantDecision:
@@ -36,6 +52,6 @@ class RegoGrantDecider:
         from policy.decide import decide_grant_request
 
         data = build_data(session, now)
-        with self._lock:  # the engine's data must be this request's data while it decides
-            decision = decide_grant_request(self._get(), data, request)
+        with self._lock:  # the engine's modules and data must be this request's while it decides
+            decision = decide_grant_request(self._engine_for(session), data, request)
         return GrantDecision(decision.outcome, list(decision.approvers), list(decision.reasons))

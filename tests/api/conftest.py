@@ -77,9 +77,10 @@ def open_env(settings: Settings, *, background: bool = False, td: str = TD) -> E
     return Env(ctx=ctx, app=app, client=TestClient(app, raise_server_exceptions=False), clock=clock)
 
 
-def seed(env: Env, td: str = TD) -> None:
+def seed(env: Env, td: str = TD, *, policy: bool = True) -> None:
     """Two tenants with groups: acme/web (tcp 443), acme/db; globex/api (tcp 443, 8443), globex/vault
-    (sensitive, tcp 8200); a workload in each tenant."""
+    (sensitive, tcp 8200); a workload in each tenant; and (`policy`) the shipped rego/ as the active
+    policy version, as `trustfabric init` leaves it."""
     with env.ctx.db.session() as s:
         actor = Actor.system("seed")
         for slug, vni, prefix in (("acme", 1001, "10.1.0.0/16"), ("globex", 1002, "10.2.0.0/16")):
@@ -100,6 +101,22 @@ def seed(env: Env, td: str = TD) -> None:
                               clock=env.clock)
         inv.register_workload(s, trust_domain=td, tenant="globex", group="api", name="api-1", actor=actor,
                               clock=env.clock)
+    if policy:
+        activate_shipped_policy(env)
+
+
+def activate_shipped_policy(env: Env) -> int:
+    """What `trustfabric init` does: the shipped rego/ uploaded and activated as the policy in force."""
+    from api.authz import REGO_DIR
+    from policy import service as policy_service
+    from policy.versions import load_dir
+
+    actor = Actor.system("seed")
+    with env.ctx.db.session() as s:
+        version, _ = policy_service.upload(s, policy_service.prepare(load_dir(REGO_DIR)), actor, now=env.clock())
+        if version.state != "active":
+            policy_service.activate(s, version.number or 0, actor, now=env.clock())
+        return version.number or 0
 
 
 @pytest.fixture

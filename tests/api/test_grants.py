@@ -342,3 +342,32 @@ def test_cached_reads_see_every_commit_from_any_connection(env_both: Env) -> Non
         assert env.client.get("/v1/grants", headers=auth).status_code == 401
     finally:
         other.dispose()
+
+
+def test_grant_decisions_come_from_the_active_policy_version(env: Env) -> None:
+    """Activating a version with a stricter grants.rego changes the next decision; rolling back restores
+    the earlier one; with no version in force every request is denied, saying why (fail closed)."""
+    from api.authz import REGO_DIR
+    from policy.versions import load_dir
+
+    two_hours = {**REQ, "ttl_seconds": 7200}
+    assert request(env, two_hours).json()["state"] == "pending"  # shipped policy: 7 days maximum
+    strict = load_dir(REGO_DIR)
+    strict["grants.rego"] = strict["grants.rego"].replace("max_ttl_seconds := 604800", "max_ttl_seconds := 3600")
+    strict["grants_test.rego"] = strict["grants_test.rego"].replace("604800", "3600")
+    v = env.call("POST", "/v1/policy/versions", "security", json={"modules": strict})
+    assert v.status_code == 201, v.text
+    r = env.call("POST", f"/v1/policy/versions/{v.json()['number']}/activate", "security", json={})
+    assert r.status_code == 200, r.text
+    d = request(env, two_hours).json()
+    assert d["state"] == "denied" and any(x.startswith("ttl-too-long: 7200 s") for x in d["reasons"]), d
+    assert request(env).json()["state"] == "pending"  # one hour is still fine
+    r = env.call("POST", "/v1/policy/versions/1/rollback", "security", json={"reason": "too strict"})
+    assert r.status_code == 200, r.text
+    assert request(env, two_hours).json()["state"] == "pending"
+    with env.ctx.db.session() as s:  # nothing in force (as after a failed bootstrap)
+        from sqlalchemy import text
+
+        s.connection().execute(text("UPDATE policy_versions SET state = 'retired'"))
+    d = request(env).json()
+    assert d["state"] == "denied" and d["reasons"][0].startswith("no-policy:"), d
