@@ -54,4 +54,5 @@ class RegoGrantDecider:
         data = build_data(session, now)
         with self._lock:  # the engine's modules and data must be this request's while it decides
             decision = decide_grant_request(self._engine_for(session), data, request)
-        return GrantDecision(decision.outcome, list(decision.approvers), list(decision.reasons))
+            digest = self._hash
+        return GrantDecision(decision.outcome, list(decision.approvers), list(decision.reasons), digest)

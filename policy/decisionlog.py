@@ -65,12 +65,28 @@ class DecisionLog:
 
     def record(self, kind: str, input: Mapping[str, Any], decision: Decision, policy_hash: str | None) -> bool:
         """True when the decision was written; a logging failure is logged, never raised."""
+        row = self.row(kind, input, decision, policy_hash)
+        if row is None:
+            return False
+        try:
+            with self.db.session() as session:
+                session.add(row)
+        except Exception:
+            log.exception("could not write the decision log record")
+            return False
+        return True
+
+    def row(
+        self, kind: str, input: Mapping[str, Any], decision: Decision, policy_hash: str | None
+    ) -> DecisionRecord | None:
+        """The record to write when this decision is sampled (None otherwise), for a caller that adds it
+        to its own transaction (the decision commits with what it decided)."""
         if kind not in KINDS:
             raise InvalidInput(f"decision kind {kind!r} is not one of {', '.join(KINDS)}")
         allowed, outcome = _outcome(decision)
         if not self.sampled(allowed):
-            return False
-        row = DecisionRecord(
+            return None
+        return DecisionRecord(
             ts=self.clock(),
             kind=kind,
             tenant=_tenant_of(kind, input),
@@ -81,13 +97,6 @@ class DecisionLog:
             reasons=list(decision.reasons),
             policy_hash=policy_hash,
         )
-        try:
-            with self.db.session() as session:
-                session.add(row)
-        except Exception:
-            log.exception("could not write the decision log record")
-            return False
-        return True
 
 
 def query_decisions(

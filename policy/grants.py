@@ -93,6 +93,7 @@ class GrantDecision:
     outcome: str  # approve | pending | deny
     approvers: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    policy_hash: str | None = None  # the policy version that decided (for the decision log)
 
     @classmethod
     def from_document(cls, doc: Any) -> GrantDecision:

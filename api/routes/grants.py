@@ -77,6 +77,39 @@ def _decider(request: Request) -> svc.GrantDecider:
     return decider
 
 
+class _Recording:
+    """Wraps the decider and keeps what it was asked and answered, for the decision log."""
+
+    def __init__(self, decide: svc.GrantDecider) -> None:
+        self.decide = decide
+        self.input: dict[str, Any] | None = None
+        self.decision: svc.GrantDecision | None = None
+
+    def __call__(self, session: Any, now: datetime, policy_input: dict[str, Any]) -> svc.GrantDecision:
+        self.input = policy_input
+        self.decision = self.decide(session, now, policy_input)
+        return self.decision
+
+
+def _log_decision(ctx: Any, session: Any, recorded: _Recording, grant: Grant) -> None:
+    """Every grant decision goes to the decision log (input, outcome, reasons, policy version hash), in the
+    grant's own transaction; a decider that failed is logged as the denial the grant service made of it."""
+    from policy.decide import GrantDecision as LoggedDecision
+    from policy.decisionlog import DecisionLog
+
+    d = recorded.decision
+    if d is None:
+        logged = LoggedDecision("deny", [], list(grant.reasons))
+        digest = None
+    else:
+        logged = LoggedDecision(d.outcome, list(d.approvers), list(d.reasons))  # type: ignore[arg-type]
+        digest = d.policy_hash
+    policy_input = recorded.input or {"requester": {"tenant": grant.src_tenant}}
+    row = DecisionLog(ctx.db, clock=ctx.clock).row("grant", policy_input, logged, digest)
+    if row is not None:
+        session.add(row)
+
+
 def _src_tenant(principal: Principal, body: GrantCreate) -> str:
     scope = principal.scope_tenant
     if scope is not None:
@@ -105,12 +138,15 @@ def request_grant(
     )
     caller = caller_of(principal)
     settings = ctx.settings
+    recorded = _Recording(_decider(request))
     try:
         with grant_writer(ctx), ctx.db.session() as session:
             grant, created = svc.request_grant(
-                session, req, caller=caller, decide=_decider(request), idempotency_key=idempotency_key,
+                session, req, caller=caller, decide=recorded, idempotency_key=idempotency_key,
                 pending_ttl=settings.grant_pending_ttl, clock=ctx.clock, request_id=request_id(request),
             )
+            if created:
+                _log_decision(ctx, session, recorded, grant)
     except IntegrityError:
         # A concurrent retry with the same Idempotency-Key won the insert: answer with its grant.
         if idempotency_key is None:

@@ -371,3 +371,17 @@ def test_grant_decisions_come_from_the_active_policy_version(env: Env) -> None:
         s.connection().execute(text("UPDATE policy_versions SET state = 'retired'"))
     d = request(env).json()
     assert d["state"] == "denied" and d["reasons"][0].startswith("no-policy:"), d
+
+
+def test_every_grant_decision_is_in_the_decision_log(env: Env) -> None:
+    """Input, outcome, reasons and the deciding policy version's hash; a replay adds nothing."""
+    active = env.call("GET", "/v1/policy/active", "auditor").json()["content_hash"]
+    pending = request(env, key="log-1").json()
+    assert request(env, key="log-1").status_code == 200  # idempotent replay: no second decision
+    denied = request(env, {**REQ, "ports": [22]}).json()
+    logged = env.call("GET", "/v1/policy/decisions", "auditor", params={"kind": "grant"}).json()
+    assert [(d["outcome"], d["allowed"]) for d in logged] == [("deny", False), ("pending", True)]
+    assert [d["reasons"] for d in logged] == [denied["reasons"], pending["reasons"]]
+    assert all(d["policy_hash"] == active and d["tenant"] == "acme" for d in logged)
+    assert logged[1]["input"]["dst"] == {"tenant": "globex", "group": "api"} and logged[1]["input"]["ports"] == [443]
+    assert logged[1]["result"]["approvers"] == ["tenant-admin:globex"]
