@@ -95,6 +95,13 @@ def test_each_mutating_cli_command_writes_exactly_its_events(home: Path) -> None
     assert _actions_after(_run("ca", "rotate")) == (0, [])  # nothing due
     assert _actions_after(_run("ca", "rotate", "--force")) == (0, ["ca.prepare", "ca.activate"])
     assert _actions_after(_run("audit", "export", "--out", str(home / "e.jsonl"))) == (0, ["audit.export"])
+    ctx = AppContext.open(Settings.from_env())
+    try:
+        with ctx.db.read_session() as s:
+            last = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq).desc())).first()
+    finally:
+        ctx.close()
+    assert last is not None and last.actor_kind == "admin" and last.actor_id.startswith("cli:")  # who exported
     assert _actions_after(_run("svid", "revoke", "--tenant", "acme", "--reason", "incident")) == (
         0, ["identity.revoke"])
     # init a second time changes nothing, and says so
