@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from opa_client.errors import QueryExecuteError, RegoParseError
+from opa_client.errors import PolicyNotFoundError, QueryExecuteError, RegoParseError
 from opa_client.opa import OpaClient
 
 from core.errors import InvalidInput
@@ -87,11 +87,17 @@ class OpaServerEngine:
     def load(self, modules: Mapping[str, str], data: Mapping[str, Any] | None = None) -> None:
         client = self._client()
         mods = {str(k): str(v) for k, v in modules.items()}
+        previous: dict[str, str] = {}  # what the server held for each module this load writes
+        written: list[str] = []  # modules changed on the server so far, put back if the load fails
         try:
             issues: list[SourceLocation] = []
             for path in sorted(mods):
+                prior = self._server_module(client, path)
+                if prior is not None:
+                    previous[path] = prior
                 try:
                     client.update_policy_from_string(mods[path], self._id(path), rego_compat=False)
+                    written.append(path)
                 except Exception as exc:
                     found = _compile_issues(exc, path, self.settings.prefix)
                     if found is None:
@@ -104,12 +110,37 @@ class OpaServerEngine:
                 if pid.startswith(self.settings.prefix + "/") and pid not in keep:
                     client.delete_policy(pid)
         except PolicyCompileError:
+            self._restore(client, previous, written)
             raise
         except Exception as exc:
+            self._restore(client, previous, written)
             raise PolicyEngineError(f"OPA server at {self.settings.url}: loading policies failed: {_msg(exc)}") from exc
         self._modules = mods
         if data is not None:
             self.set_data(data)
+
+    def _server_module(self, client: OpaClient, path: str) -> str | None:
+        """The module's text on the server now; None when it has none under that id."""
+        try:
+            answer = client.get_policy(self._id(path))
+        except PolicyNotFoundError:
+            return None
+        raw = (answer.get("result") or {}).get("raw") if isinstance(answer, dict) else None
+        return raw if isinstance(raw, str) else None
+
+    def _restore(self, client: OpaClient, previous: Mapping[str, str], written: Sequence[str]) -> None:
+        """Undo a failed load: every module it wrote goes back to what it was (or away), so the server
+        keeps answering with the modules in force before; a failure here is logged (the server is then
+        in an unknown state and the caller's decisions fail closed on the next error)."""
+        for path in reversed(written):
+            try:
+                if path in previous:
+                    client.update_policy_from_string(previous[path], self._id(path), rego_compat=False)
+                else:
+                    client.delete_policy(self._id(path))
+            except Exception as exc:
+                log.error("OPA server at %s: could not restore module %s after a failed load: %s",
+                          self.settings.url, path, _msg(exc))
 
     def set_data(self, data: Mapping[str, Any]) -> None:
         if not isinstance(data, Mapping):

@@ -198,3 +198,23 @@ def test_unknown_identity_is_denied_and_logged(caplog: pytest.LogCaptureFixture)
         d = decide_flow(engine, flow("ghost", "x", "acme", "web", "tcp", 443))
     assert not d.allow and d.reasons == ["unknown-identity: ghost/x is not in the inventory"]
     assert "flow denied: unknown-identity: ghost/x" in caplog.text
+
+
+def test_a_load_that_fails_part_way_changes_nothing(make_engine: Factory) -> None:
+    """A version whose flows.rego changes and whose grants.rego is broken: rejected with file:line:col, and
+    the engine (for a server: every module on it) still answers with the previous policy."""
+    engine = make_engine()
+    engine.load(shipped(), small_doc())
+    platform = flow("globex", "api", "platform", "dns", "udp", 53)
+    assert decide_flow(engine, platform).allow
+    candidate = dict(shipped())
+    candidate["flows.rego"] = candidate["flows.rego"].replace(
+        'platform_tenant := "platform"', 'platform_tenant := "nowhere"', 1)
+    candidate["grants.rego"] = candidate["grants.rego"].replace("max_ttl_seconds := 604800", "max_ttl_seconds := ", 1)
+    candidate["extra.rego"] = "package extra\n\nx := 1\n"
+    with pytest.raises(PolicyCompileError) as info:
+        engine.load(candidate)
+    assert info.value.issues[0].file == "grants.rego"
+    assert engine.modules() == shipped()
+    assert decide_flow(engine, platform).allow  # the new flows.rego never went live
+    assert engine.evaluate("data.extra.x") is None
