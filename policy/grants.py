@@ -237,11 +237,34 @@ def _usable(grant: Grant, now: datetime, action: str) -> None:
         raise GrantConflict(f"grant {grant.id} is {state}; only a pending grant can be {action}")
 
 
+def request_of(grant: Grant) -> GrantRequest:
+    return GrantRequest(
+        src_tenant=grant.src_tenant, src_group=grant.src_group, dst_tenant=grant.dst_tenant,
+        dst_group=grant.dst_group, proto=grant.proto, ports=list(grant.ports), ttl_seconds=grant.ttl_seconds,
+        justification=grant.justification,
+    )
+
+
+def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: datetime) -> GrantDecision:
+    """The policy in force, asked again about a pending request (fail closed: an error denies)."""
+    try:
+        return decide(session, now, request_of(grant).policy_input(grant.src_tenant))
+    except Exception as exc:
+        log.exception("grant decision failed")
+        return GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
+
+
 def approve_grant(
     session: Session, grant_id: str, *, caller: Caller, clock: Clock = system_clock,
-    request_id: str | None = None, comment: str = "",
+    request_id: str | None = None, comment: str = "", decide: GrantDecider | None = None,
 ) -> Grant:
-    """Add the caller's approval; when every named approver has approved, the grant becomes active."""
+    """Add the caller's approval; when every named approver has approved, the grant becomes active.
+
+    With `decide`, the approval that would activate the grant first asks the policy in force again:
+    what happened since the request (a quarantine, a port no longer exposed, a stricter version) is
+    not waved through. A deny refuses the approval (GrantConflict with the reasons, nothing written);
+    approvers the policy now names on top of the original ones (the destination became sensitive) are
+    added, and the grant stays pending until they approve too."""
     now = clock()
     grant = get_grant(session, grant_id, viewer_tenant=caller.tenant)
     if caller.tenant is not None and caller.tenant == grant.src_tenant:
@@ -259,15 +282,28 @@ def approve_grant(
         raise GrantConflict(f"grant {grant.id} already carries the approval of {', '.join(sorted(names))}")
     approvals = [*grant.approvals, *({"as": n, "by": caller.id, "at": now.isoformat(), "comment": comment}
                                      for n in sorted(todo))]
-    complete = set(grant.required_approvers) <= {a["as"] for a in approvals}
+    required = set(grant.required_approvers)
+    approved = {a["as"] for a in approvals}
     values: dict[str, Any] = {"approvals": approvals}
+    if required <= approved and decide is not None:
+        again = _decide_again(session, grant, decide, now)
+        if again.outcome == "deny":
+            raise GrantConflict(
+                f"grant {grant.id} cannot become active: the policy in force now denies it: "
+                + "; ".join(again.reasons)
+            )
+        if again.outcome == "pending" and not set(again.approvers) <= required:
+            required |= set(again.approvers)
+            values["required_approvers"] = sorted(required)
+    complete = required <= approved
     if complete:
         values.update(state="active", decided_at=now, expires_at=now + timedelta(seconds=grant.ttl_seconds))
     grant = _cas(session, grant, **values)
     record(
         session, actor=caller.actor, action="grant.approve", object_type="grant", object_id=grant.id,
         tenant=grant.src_tenant,
-        summary={"as": sorted(todo), "state": grant.state, "approvals": len(approvals)},
+        summary={"as": sorted(todo), "state": grant.state, "approvals": len(approvals),
+                 "required_approvers": list(grant.required_approvers)},
         reason=comment or None, request_id=request_id, at=now,
     )
     return grant

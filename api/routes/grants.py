@@ -246,7 +246,8 @@ def approve_grant(grant_id: GrantId, request: Request, ctx: CtxDep, principal: P
     authorize(request, principal, "grant.approve", principal.scope_tenant)
     with grant_writer(ctx), ctx.db.session() as session:
         grant = svc.approve_grant(session, grant_id, caller=caller_of(principal), clock=ctx.clock,
-                                  request_id=request_id(request), comment=body.comment if body else "")
+                                  request_id=request_id(request), comment=body.comment if body else "",
+                                  decide=_decider(request))
     return grant_out(grant, ctx.clock())
 
 

@@ -385,3 +385,35 @@ def test_every_grant_decision_is_in_the_decision_log(env: Env) -> None:
     assert all(d["policy_hash"] == active and d["tenant"] == "acme" for d in logged)
     assert logged[1]["input"]["dst"] == {"tenant": "globex", "group": "api"} and logged[1]["input"]["ports"] == [443]
     assert logged[1]["result"]["approvers"] == ["tenant-admin:globex"]
+
+
+def test_the_activating_approval_asks_the_policy_in_force_again(env: Env) -> None:
+    """What changed since the request is not waved through: a quarantine refuses the approval (nothing
+    written, the reasons given); a destination that became sensitive now needs security too."""
+    from inventory.models import WorkloadGroup
+
+    g = request(env).json()
+    r = env.call("POST", "/v1/tenants/acme/quarantine", "security", json={"reason": "incident"})
+    assert r.status_code == 200
+    env.headers("tenant-admin", "globex")  # its token minted (and audited) before counting
+    n = events(env)
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-admin", "globex")
+    assert r.status_code == 409, r.text
+    assert "policy in force now denies" in r.json()["reason"] and "quarantined" in r.json()["reason"]
+    assert events(env) == n
+    got = env.call("GET", f"/v1/grants/{g['id']}", "tenant-admin", "globex").json()
+    assert got["state"] == "pending" and got["approvals"] == [] and got["version"] == 1
+    r = env.call("POST", "/v1/tenants/acme/unquarantine", "security", json={"reason": "resolved"})
+    assert r.status_code == 200
+    with env.ctx.db.session() as s:  # the destination group is reclassified while the request waits
+        grp = s.exec(select(WorkloadGroup).where(WorkloadGroup.tenant == "globex",
+                                                 WorkloadGroup.name == "api")).one()
+        grp.sensitivity = "sensitive"
+        s.add(grp)
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-admin", "globex")
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "pending" and r.json()["pending_approvers"] == ["security"]
+    assert r.json()["required_approvers"] == ["security", "tenant-admin:globex"]
+    r = env.call("POST", f"/v1/grants/{g['id']}/approve", "security")
+    assert r.status_code == 200 and r.json()["state"] == "active", r.text
+    assert live_in_policy_data(env, g["id"])
