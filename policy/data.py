@@ -4,7 +4,9 @@ Shape (all under `data.tf`; see rego/flows.rego):
   tenants[t]  = {"quarantined", "groups": {g: {"labels", "exposed": {proto: [sorted ports]}, "sensitivity",
                  "quarantined"}}}
   grants[src_tenant][dst_tenant][grant_id] = {"src_group", "dst_group", "proto", "ports", "expires_at_ns"}
-  revoked[spiffe_id] = true
+  revoked[spiffe_id] = true   (a workload's identity: Workload.revoked, or revoked through pki)
+  tenants[t]["revoked"] / tenants[t]["groups"][g]["revoked"] = true when every identity of the tenant /
+  group was revoked through pki (absent otherwise)
 
 There is no `now` in it, so rebuilding it at another instant changes nothing unless the inventory or the
 grants did (and an engine reloads incrementally). Expiry is checked again at decision time against
@@ -26,6 +28,7 @@ from sqlmodel import Session, col, select
 from core.clock import as_utc
 from core.errors import InvalidInput
 from inventory.models import Tenant, Workload, WorkloadGroup
+from pki.models import RevokedIdentity
 from policy.models import Grant
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,19 @@ def build_data(session: Session, now: datetime) -> dict[str, Any]:
             select(Workload).where(col(Workload.revoked).is_(True)).order_by(col(Workload.spiffe_id))
         ).all()
     }
+    for row in session.exec(select(RevokedIdentity).order_by(col(RevokedIdentity.id))).all():
+        # pki's identity revocations (POST /v1/svids/revoke by tenant / group / workload) withdraw flows too
+        if row.workload is not None:
+            revoked[row.spiffe_id_prefix] = True
+            continue
+        tenant_entry = tenants.get(row.tenant)
+        if tenant_entry is None:
+            continue
+        if row.group is None:
+            tenant_entry["revoked"] = True
+        elif row.group in tenant_entry["groups"]:
+            tenant_entry["groups"][row.group]["revoked"] = True
+    revoked = dict(sorted(revoked.items()))
     grants: dict[str, dict[str, dict[str, Any]]] = {}
     for grant in session.exec(
         select(Grant).where(col(Grant.state) == "active").order_by(col(Grant.id))

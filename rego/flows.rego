@@ -6,6 +6,8 @@
 #                 "sensitivity", "quarantined"}}}   (exposed: the group's service ports, by protocol)
 #   grants[src_tenant][dst_tenant][id] = {"src_group", "dst_group", "proto", "ports": [int], "expires_at_ns"}
 #   revoked[spiffe_id] = true
+#   tenants[t].revoked / tenants[t].groups[g].revoked = true: every identity of the tenant / group revoked
+#   (through pki): withdrawn from every flow, like a quarantine (absent: not revoked)
 #   now_ns = optional: a pinned "now" (tests, replays); input.now_ns overrides it; neither: the engine's clock
 # Default deny. Quarantine and revoked identities override every allow.
 package flows
@@ -17,6 +19,11 @@ tenants := object.get(data, ["tf", "tenants"], {})
 grants := object.get(data, ["tf", "grants"], {})
 
 revoked := object.get(data, ["tf", "revoked"], {})
+
+# Every identity of the tenant or of the group is revoked.
+group_revoked(t, _) if tenants[t].revoked == true
+
+group_revoked(t, g) if tenants[t].groups[g].revoked == true
 
 now_ns := input.now_ns if {
 	is_number(input.now_ns)
@@ -36,9 +43,11 @@ allowed_flows := array.concat(array.concat(intra_tenant_flows, platform_flows), 
 intra_tenant_flows := [flow |
 	some t, tenant in tenants
 	not tenant.quarantined
-	srcs := [concat("/", [t, g]) | some g, grp in tenant.groups; not grp.quarantined]
+	not tenant.revoked
+	srcs := [concat("/", [t, g]) | some g, grp in tenant.groups; not grp.quarantined; not grp.revoked]
 	some dg, dgroup in tenant.groups
 	not dgroup.quarantined
+	not dgroup.revoked
 	own := concat("/", [t, dg])
 	sources := [s | some s in srcs; s != own]
 	count(sources) > 0
@@ -54,16 +63,20 @@ every_tenant_source := [concat("/", [t, g]) |
 	some t, tenant in tenants
 	t != platform_tenant
 	not tenant.quarantined
+	not tenant.revoked
 	some g, grp in tenant.groups
 	not grp.quarantined
+	not grp.revoked
 ]
 
 platform_flows := [flow |
 	platform := tenants[platform_tenant]
 	not platform.quarantined
 	count(every_tenant_source) > 0
+	not platform.revoked
 	some dg, dgroup in platform.groups
 	not dgroup.quarantined
+	not dgroup.revoked
 	some proto, ports in dgroup.exposed
 	count(ports) > 0
 	flow := {
@@ -86,6 +99,10 @@ granted_flows := [flow |
 	src_group.quarantined == false
 	dst_group := dst_tenant.groups[g.dst_group]
 	dst_group.quarantined == false
+	not src_tenant.revoked
+	not dst_tenant.revoked
+	not src_group.revoked
+	not dst_group.revoked
 	flow := {
 		"dst_tenant": dt, "dst_group": g.dst_group, "proto": g.proto, "ports": sort(g.ports),
 		"reason": concat("", ["grant:", id]), "sources": [concat("/", [st, g.src_group])],
@@ -140,6 +157,12 @@ override contains sprintf("identity-mismatch: %s is not in %s", [side.spiffe_id,
 override contains sprintf("revoked-identity: %s is revoked", [side.spiffe_id]) if {
 	some side in [src, dst]
 	revoked[side.spiffe_id] == true
+}
+
+override contains sprintf("revoked-identity: every identity of %s is revoked", [label(side)]) if {
+	well_formed
+	some side in [src, dst]
+	group_revoked(side.tenant, side.group)
 }
 
 override contains sprintf("quarantined: tenant %s is quarantined", [t]) if {

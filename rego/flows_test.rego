@@ -157,3 +157,32 @@ test_revoked_identities_listed if {
 	ids := flows.revoked_identities with data.tf as inventory
 	ids == {"spiffe://td/tenant/acme/group/web/w-bad"}
 }
+
+# Identities revoked wholesale (a tenant or a group, through pki) withdraw the group from every flow.
+revoked_inventory := object.union(inventory, {"tenants": {"acme": {"groups": {"web": {"revoked": true}}}, "globex": {"revoked": true}}})
+
+test_revoked_group_denied_both_ways if {
+	d := flows.decision with data.tf as revoked_inventory with input as flow("acme", "web", "acme", "db", "tcp", 5432)
+	not d.allow
+	has_reason_prefix(d, "revoked-identity: every identity of acme/web is revoked")
+	e := flows.decision with data.tf as revoked_inventory with input as flow("acme", "db", "acme", "web", "tcp", 443)
+	not e.allow
+}
+
+test_revoked_tenant_overrides_its_grants if {
+	d := flows.decision with data.tf as revoked_inventory with input as flow("acme", "db", "globex", "api", "tcp", 8443)
+	not d.allow
+	has_reason_prefix(d, "revoked-identity: every identity of globex/api is revoked")
+}
+
+test_revoked_groups_leave_allowed_flows if {
+	fs := flows.allowed_flows with data.tf as revoked_inventory
+	count([f | some f in fs; f.reason == "grant:g-live"]) == 0
+	count([f | some f in fs; f.dst_group == "web"]) == 0
+	count([f | some f in fs; f.dst_tenant == "globex"]) == 0
+	count([f | some f in fs; "acme/web" in f.sources]) == 0
+	count([f | some f in fs; "globex/api" in f.sources]) == 0
+	some p in fs
+	p.dst_tenant == "platform"
+	p.sources == ["acme/db"]
+}

@@ -89,6 +89,15 @@ deny contains sprintf("quarantined: %s tenant %s is quarantined", [role, t]) if 
 	tenants[t].quarantined == true
 }
 
+deny contains sprintf("revoked-identity: every identity of %s is revoked", [label(side)]) if {
+	some side in [input.src, input.dst]
+	group_revoked(side.tenant, side.group)
+}
+
+group_revoked(t, _) if tenants[t].revoked == true
+
+group_revoked(t, g) if tenants[t].groups[g].revoked == true
+
 deny contains sprintf("quarantined: group %s is quarantined", [label(side)]) if {
 	some side in [input.src, input.dst]
 	tenants[side.tenant].groups[side.group].quarantined == true

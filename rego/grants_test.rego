@@ -142,3 +142,14 @@ test_many_reasons_reported_together if {
 	d := decide(req("api", [22], 999999999))
 	count(d.reasons) == 2
 }
+
+test_revoked_identities_denied if {
+	d := grants.decision with data.tf as object.union(inventory, {"tenants": {"globex": {"groups": {"api": {"revoked": true}}}}})
+		with input as req("api", [8443], 3600)
+	d.outcome == "deny"
+	has_reason_prefix(d, "revoked-identity: every identity of globex/api is revoked")
+	e := grants.decision with data.tf as object.union(inventory, {"tenants": {"acme": {"revoked": true}}})
+		with input as req("api", [8443], 3600)
+	e.outcome == "deny"
+	has_reason_prefix(e, "revoked-identity: every identity of acme/web is revoked")
+}

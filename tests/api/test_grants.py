@@ -417,3 +417,35 @@ def test_the_activating_approval_asks_the_policy_in_force_again(env: Env) -> Non
     r = env.call("POST", f"/v1/grants/{g['id']}/approve", "security")
     assert r.status_code == 200 and r.json()["state"] == "active", r.text
     assert live_in_policy_data(env, g["id"])
+
+
+def test_identities_revoked_through_pki_withdraw_flows_and_grants(env: Env) -> None:
+    """POST /v1/svids/revoke by workload or by group is an identity revocation: the policy data carries it,
+    so explain, the allowed flow set and new grant requests all deny (revoked identities override all)."""
+    from policy.decide import Flow, allowed_flow_set
+    from policy.service import engine_for_active
+
+    web1 = "spiffe://example.org/tenant/acme/group/web/web-1"
+    ok = env.call("GET", "/v1/policy/explain", "security", params={"src": web1, "dst": "acme/db", "port": 5432})
+    assert ok.json()["allow"] is True, ok.text
+    r = env.call("POST", "/v1/svids/revoke", "security",
+                 json={"tenant": "acme", "group": "web", "workload": "web-1", "reason": "key leaked"})
+    assert r.status_code == 200, r.text
+    d = env.call("GET", "/v1/policy/explain", "security", params={"src": web1, "dst": "acme/db", "port": 5432})
+    assert d.json()["allow"] is False and d.json()["reasons"][0].startswith("revoked-identity:"), d.text
+    assert env.call("GET", "/v1/policy/explain", "security",
+                    params={"src": "acme/web", "dst": "acme/db", "port": 5432}).json()["allow"] is True
+
+    r = env.call("POST", "/v1/svids/revoke", "security", json={"tenant": "acme", "group": "web", "reason": "breach"})
+    assert r.status_code == 200, r.text
+    d = env.call("GET", "/v1/policy/explain", "security", params={"src": "acme/web", "dst": "acme/db", "port": 5432})
+    assert d.json()["allow"] is False
+    assert d.json()["reasons"] == ["revoked-identity: every identity of acme/web is revoked"]
+    with env.ctx.db.read_session() as s:
+        engine, _ = engine_for_active(s, env.clock())
+    flows = allowed_flow_set(engine)
+    engine.close()
+    assert Flow("acme", "db", "acme", "web", "tcp", 443) not in flows
+    assert not any(f.src_tenant == "acme" and f.src_group == "web" for f in flows)
+    g = request(env).json()
+    assert g["state"] == "denied" and any(x.startswith("revoked-identity:") for x in g["reasons"]), g
