@@ -165,9 +165,13 @@ def _switch(
         failing = [str(t["name"]) for t in target.tests if not t.get("passed")]
         raise PolicyTestsFailed(failing or ["(unknown)"])
     signed_by = verify_signature(target.content_hash, signature or target.signature, verify_keys)
-    previous = session.exec(
-        select(PolicyVersion).where(col(PolicyVersion.state) == "active").with_for_update()
+    # Lock every version row and read its latest committed state (not only the rows that were active
+    # in this transaction's snapshot): a concurrent activation that committed while we waited for the
+    # lock is seen and retired here, so exactly one version is ever active.
+    locked = session.exec(
+        select(PolicyVersion).with_for_update().execution_options(populate_existing=True)
     ).all()
+    previous = [p for p in locked if p.state == "active"]
     if any(p.number == target.number for p in previous):
         raise Conflict(f"policy version {target.number} is already active")
     for p in previous:

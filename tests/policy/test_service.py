@@ -180,3 +180,36 @@ def test_explain_uses_the_active_version(db: Database) -> None:
         assert not d.allow and d.reasons[0].startswith("revoked-identity:")
         d, _ = service.explain(s, "acme/web", "acme/db", 22, now=NOW)
         assert d.reasons == ["port-not-exposed: acme/db does not expose tcp/22"]
+
+
+def test_concurrent_activations_leave_exactly_one_version_active(db: Database) -> None:
+    """B asks to activate v3 while A's activation of v2 is uncommitted: whatever B's fate (it waits and
+    retires v2, or its stale write is refused), one version is active afterwards, never two."""
+    import threading
+    import time
+
+    with db.session() as s:
+        for extra in ("", "a", "b"):
+            mods = {**shipped(), "extra.rego": f'package extra\n\nx := "{extra}"\n'} if extra else shipped()
+            service.upload(s, mods, SEC, now=NOW)
+        service.activate(s, 1, SEC, now=NOW)
+    outcome: list[object] = []
+
+    def activate_three() -> None:
+        try:
+            with db.session() as s:
+                outcome.append(service.activate(s, 3, SEC, now=NOW).number)
+        except Exception as exc:  # SQLite refuses the stale writer; that is fine here
+            outcome.append(exc)
+
+    with db.session() as s:
+        service.activate(s, 2, SEC, now=NOW)
+        other = threading.Thread(target=activate_three)
+        other.start()
+        time.sleep(0.5)  # B is now waiting for A's row locks (PostgreSQL) or A's write lock (SQLite)
+    other.join(timeout=30)
+    assert not other.is_alive() and outcome
+    with db.read_session() as s:
+        active = [v.number for v in service.list_versions(s) if v.state == "active"]
+    assert len(active) == 1, (active, outcome)
+    assert active == ([3] if outcome == [3] else [2])
