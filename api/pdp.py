@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from api.limits import BodySizeLimit
 from core.clock import Clock, system_clock
 from core.errors import InvalidInput
 from policy.decide import sync_data
@@ -76,11 +77,16 @@ async def _json_body(request: Request) -> Any:
         raise InvalidInput(f"request body is not JSON: {exc}") from exc
 
 
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a whole data document at 1,000 tenants x 5,000 grants is a few MB
+
+
 def create_pdp_app(
-    engine: RegorusEngine | None = None, *, token: str | None = None, read_only: bool = False
+    engine: RegorusEngine | None = None, *, token: str | None = None, read_only: bool = False,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The PDP over `engine` (a fresh, empty embedded engine when None); `read_only`: policies and data
-    come from elsewhere (the database), every write is refused with 403."""
+    come from elsewhere (the database), every write is refused with 403. Bodies above `max_body_bytes`
+    are refused with 413 before anything reads them."""
     eng = engine if engine is not None else RegorusEngine()
 
     async def check_writable() -> None:
@@ -223,6 +229,7 @@ def create_pdp_app(
         return JSONResponse({"result": rows})
 
     app.include_router(v1)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     return app
 
 

@@ -93,3 +93,17 @@ def test_bad_opa_url_is_rejected() -> None:
 
     with pytest.raises(InvalidInput):
         OpaServerEngine(OpaSettings(url="ftp://x"))
+
+
+def test_oversized_bodies_are_refused_before_parsing() -> None:
+    from fastapi.testclient import TestClient
+
+    from api.pdp import create_pdp_app
+
+    with TestClient(create_pdp_app(max_body_bytes=1024)) as c:
+        big = b'{"x": "' + b"a" * 2000 + b'"}'
+        r = c.put("/v1/data/cfg", content=big, headers={"Content-Type": "application/json"})
+        assert r.status_code == 413
+        assert c.get("/v1/data/cfg").json() == {}  # nothing stored
+        assert c.put("/v1/data/cfg", json={"x": 1}).status_code == 204
+        assert c.post("/v1/data/cfg/x", json={"input": {}}).json() == {"result": 1}
