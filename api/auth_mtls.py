@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from typing import TYPE_CHECKING
 
 from cryptography import x509
@@ -21,6 +22,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from api.auth_jwt import principal_from_spiffe_id
 from api.principal import Principal
+from api.tls import TRUST_ANCHORS
 from core.errors import Unauthenticated
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ class PeerCertH11Protocol(H11Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if isinstance(self.config.ssl, ssl.SSLContext):
+            TRUST_ANCHORS.watch(self.config.ssl)  # so rotated-in roots are trusted without a restart
         ssl_object = transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if der:

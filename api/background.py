@@ -100,9 +100,12 @@ def write_audit_checkpoint(ctx: AppContext) -> int | None:
 
 
 def server_jobs(ctx: AppContext) -> BackgroundJobs:
+    from api.tls import refresh_trust_anchors
+
     s = ctx.settings
     return BackgroundJobs([
         Job("grant-sweeper", s.sweep_interval_seconds, lambda: sweep_grants(ctx)),
         Job("ca-rotator", s.ca_rotation_check_seconds, lambda: rotate_cas(ctx)),
+        Job("tls-trust-anchors", s.ca_rotation_check_seconds, lambda: refresh_trust_anchors(ctx)),
         Job("audit-checkpoints", min(5.0, float(s.audit_checkpoint_seconds)), lambda: write_audit_checkpoint(ctx)),
     ])

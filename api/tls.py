@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import ssl
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,3 +64,50 @@ def prepare_server_tls(ctx: AppContext, *, hosts: tuple[str, ...] = ("localhost"
     ca_file = directory / "roots.pem"
     ca_file.write_bytes(roots)
     return ServerTls(directory, certfile, keyfile, password, ca_file, issued.spiffe_id)
+
+
+class TrustAnchors:
+    """Keeps the live server SSLContexts trusting every root the bundle publishes.
+
+    uvicorn loads the client-certificate trust anchors once at start; after a CA rotation the next
+    generation's root (published in the bundle from the moment it is prepared, days before it signs
+    anything) must be trusted without a restart. OpenSSL lets roots be added to a live context, so the
+    server's background job adds the new ones. Retired roots stay loaded until restart, which is safe:
+    the mTLS authenticator still requires a serial this server issued, unrevoked and unexpired.
+    """
+
+    def __init__(self) -> None:
+        # each watched context with the fingerprints of the roots added to it so far
+        self._contexts: list[tuple[ssl.SSLContext, set[bytes]]] = []
+        self._lock = threading.Lock()
+
+    def watch(self, context: ssl.SSLContext) -> None:
+        with self._lock:
+            if all(c is not context for c, _ in self._contexts):
+                self._contexts.append((context, set()))
+
+    def refresh(self, roots_pem: bytes) -> int:
+        """Adds each root a watched context does not trust yet; returns how many additions were made."""
+        certs = x509.load_pem_x509_certificates(roots_pem) if roots_pem.strip() else []
+        added = 0
+        with self._lock:
+            for cert in certs:
+                fingerprint = cert.fingerprint(hashes.SHA256())
+                pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+                for context, loaded in self._contexts:
+                    if fingerprint not in loaded:
+                        context.load_verify_locations(cadata=pem)
+                        loaded.add(fingerprint)
+                        added += 1
+        return added
+
+
+TRUST_ANCHORS = TrustAnchors()
+
+
+def refresh_trust_anchors(ctx: AppContext) -> int:
+    from pki.service import bundle_pem
+
+    with ctx.db.read_session() as session:
+        roots = bundle_pem(session, clock=ctx.clock)
+    return TRUST_ANCHORS.refresh(roots)

@@ -205,3 +205,27 @@ def test_node_svid_is_a_node_principal(served: tuple[Env, TlsServer, ServerTls],
     ctx = client_ctx(tls, cert, kfile)
     assert get(server, ctx, "/v1/revocations").status_code == 200
     assert get(server, ctx, "/v1/grants").status_code == 403
+
+
+def test_roots_rotated_in_are_trusted_without_a_restart(
+    served: tuple[Env, TlsServer, ServerTls], tmp_path: Path
+) -> None:
+    """After a CA rotation, SVIDs of the new generation chain to a root the server did not load at start:
+    refused until the background job adds the bundle's new roots to the live TLS context, then accepted."""
+    from api.tls import refresh_trust_anchors
+    from pki.service import rotate
+
+    env, server, tls = served
+    old_cert, old_key, _ = issue_svid(env, tmp_path, "before")
+    assert get(server, client_ctx(tls, old_cert, old_key)).status_code == 200  # the server sees its context
+    with env.ctx.db.session() as s:
+        status = rotate(s, env.ctx.keystore, force=True, actor=Actor.system("t"), clock=env.clock)
+    assert status.activated is not None
+    new_cert, new_key, _ = issue_svid(env, tmp_path, "after")
+    assert refused(server, client_ctx(tls, new_cert, new_key))  # only the start-up roots are trusted
+    assert refresh_trust_anchors(env.ctx) >= 1
+    r = get(server, client_ctx(tls, new_cert, new_key))
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "spiffe://example.org/tenant/acme/group/web/web-1"
+    assert get(server, client_ctx(tls, old_cert, old_key)).status_code == 200  # the old generation still works
+    assert refresh_trust_anchors(env.ctx) == 0  # nothing new: nothing added again
