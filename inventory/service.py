@@ -187,6 +187,10 @@ def set_quarantine(
         session, tenant, group
     )
     before = target.quarantined
+    if before == quarantined:
+        # No change, so no audit event: the log records changes, not repeated requests.
+        name = tenant if group is None else f"{tenant}/{group}"
+        raise AlreadyExists(f"{name} is already {'quarantined' if quarantined else 'not quarantined'}")
     target.quarantined = quarantined
     session.add(target)
     session.flush()

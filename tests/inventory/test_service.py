@@ -95,6 +95,10 @@ def test_quarantine_needs_reason_and_records_before_after(db: Database) -> None:
         ev = s.exec(select(AuditEvent).where(AuditEvent.action == "tenant.quarantine")).one()
     assert ev.summary == {"before": {"quarantined": False}, "after": {"quarantined": True}}
     assert ev.reason == "incident 7"
+    # asking again changes nothing, so it is refused and writes no second event
+    with pytest.raises(Conflict, match="already quarantined"), db.session() as s:
+        service.set_quarantine(s, tenant="acme", group=None, quarantined=True, actor=ADMIN, reason="again")
+    assert _events(db).count("tenant.quarantine") == 1
 
 
 @given(st.text(max_size=70))
