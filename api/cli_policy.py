@@ -1,4 +1,4 @@
-"""`trustfabric policy validate|test|upload|impact|activate|rollback|list|show|explain` and `trustfabric pdp`.
+"""`trustfabric policy validate|test|upload|impact|activate|rollback|list|show|explain|decisions`, `trustfabric pdp`.
 
 validate and test work on a directory alone; the others open the local data directory (run them on the
 server host). Exit 0 ok, 1 failure (one readable line), 2 usage.
@@ -211,6 +211,37 @@ def register(app: typer.Typer) -> None:
         console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {proto}/{port}", highlight=False)
         for reason in out["reasons"]:
             console.print(f"  {reason}", highlight=False)
+
+    @policy.command("decisions")
+    def decisions_cmd(since: str = typer.Option(None, "--since", help="ISO 8601 with timezone, inclusive"),
+                      until: str = typer.Option(None, "--until", help="ISO 8601 with timezone, exclusive"),
+                      tenant: str = typer.Option(None, "--tenant", help="only this tenant's decisions"),
+                      kind: str = typer.Option(None, "--kind", help="flow | grant | authz"),
+                      allowed: bool = typer.Option(None, "--allowed/--denied", help="only allowed / denied ones"),
+                      limit: int = typer.Option(100, "--limit", min=1, max=10_000),
+                      json_out: bool = JsonOpt) -> None:
+        """Sampled decision records (input, result, reasons, policy hash), newest first."""
+        from api.cli_audit import _when
+        from api.routes.policy import decision_out
+        from policy.decisionlog import KINDS, format_ts, query_decisions
+
+        def run() -> list[dict[str, Any]]:
+            if kind is not None and kind not in KINDS:
+                from core.errors import InvalidInput
+
+                raise InvalidInput(f"--kind must be one of {', '.join(KINDS)}")
+            start, end = _when(since, "since"), _when(until, "until")
+            with open_context() as ctx, ctx.db.read_session() as session:
+                rows = query_decisions(session, kind=kind, tenant=tenant, allowed=allowed, since=start, until=end,
+                                       limit=limit)
+                return [{**decision_out(r).model_dump(mode="json"), "ts": format_ts(r.ts)} for r in rows]
+        rows = _guard(run)
+        if json_out:
+            emit_json(rows)
+            return
+        emit_table("policy decisions", ("id", "ts", "kind", "tenant", "outcome", "policy", "reasons"),
+                   [(r["id"], r["ts"], r["kind"], r["tenant"] or "", r["outcome"], (r["policy_hash"] or "")[:16],
+                     "; ".join(r["reasons"])) for r in rows])
 
     @app.command("pdp")
     def pdp_cmd(

@@ -223,9 +223,16 @@ def decisions(
     kind: Annotated[Literal["flow", "grant", "authz"] | None, Query()] = None,
     tenant: Annotated[str | None, Query(max_length=63)] = None,
     allowed: Annotated[bool | None, Query()] = None,
+    since: Annotated[datetime | None, Query(description="inclusive, with a timezone")] = None,
+    until: Annotated[datetime | None, Query(description="exclusive, with a timezone")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[DecisionOut]:
-    authorize(request, principal, "decision.read", principal.scope_tenant)
+    own = principal.scope_tenant
+    authorize(request, principal, "decision.read", own)
+    if own is not None:  # a tenant principal reads its own tenant's decisions, whatever the query says
+        if tenant is not None and tenant != own:
+            raise Forbidden(f"{principal.id} may only read decisions of tenant {own!r}")
+        tenant = own
     with ctx.db.read_session() as session:
         return [decision_out(r) for r in query_decisions(session, kind=kind, tenant=tenant, allowed=allowed,
-                                                         limit=limit)]
+                                                         since=since, until=until, limit=limit)]
