@@ -34,6 +34,11 @@ def export_cmd(
     until: str | None = typer.Option(None, "--until", help="ISO 8601 with timezone, exclusive"),
     tenant: str | None = typer.Option(None, "--tenant", help="only this tenant's events"),
     action: str | None = typer.Option(None, "--action", help="only this action, e.g. svid.issue"),
+    with_decisions: bool = typer.Option(
+        False,
+        "--with-decisions",
+        help="also write the policy decision records (same --since/--until/--tenant) to <out>.decisions.jsonl",
+    ),
     json_out: bool = JsonOpt,
 ) -> None:
     """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
@@ -48,6 +53,13 @@ def export_cmd(
     filters = ExportFilter(since=_when(since, "since"), until=_when(until, "until"), tenant=tenant, action=action)
     filters.check()
     tmp = out.with_name(out.name + ".part")
+    dec_out = out.with_name(out.name + ".decisions.jsonl")
+    dec_tmp = dec_out.with_name(dec_out.name + ".part")
+    decisions = None
+    if with_decisions:
+        from policy.decisionlog import export_filter
+
+        export_filter(filters.since, filters.until, tenant)  # a bad filter writes nothing
     with open_context() as ctx:
         signer = audit_signer(ctx.keystore)
         show = sys.stderr.isatty() and not json_out
@@ -85,6 +97,20 @@ def export_cmd(
                         origin=log_origin(ctx),
                         clock=ctx.clock,
                     )
+            if with_decisions:
+                from policy.decisionlog import export_decisions
+
+                with open(dec_tmp, "wb") as fh:
+                    decisions = export_decisions(
+                        ctx.db, fh, since=filters.since, until=filters.until, tenant=tenant, clock=ctx.clock
+                    )
+            summary_event: dict[str, object] = {
+                "filter": filters.as_json(),
+                "out": out.name,
+                "tree_size": result.tree_size,
+            }
+            if decisions is not None:
+                summary_event["decisions"] = {"out": dec_out.name, "count": decisions.count, "sha256": decisions.sha256}
             with ctx.db.session() as session:  # audited once the export exists: a failed one leaves no event
                 audit.record(
                     session,
@@ -93,11 +119,14 @@ def export_cmd(
                     object_type="export",
                     object_id=fmt,
                     tenant=tenant,
-                    summary={"filter": filters.as_json(), "out": out.name, "tree_size": result.tree_size},
+                    summary=summary_event,
                 )
             tmp.replace(out)
+            if decisions is not None:
+                dec_tmp.replace(dec_out)
         finally:
             tmp.unlink(missing_ok=True)
+            dec_tmp.unlink(missing_ok=True)
     summary = {
         "out": str(out),
         "format": fmt,
@@ -107,6 +136,8 @@ def export_cmd(
         "gaps": result.gaps,
         "checkpoint": result.checkpoint.note,
     }
+    if decisions is not None:
+        summary["decisions"] = {"out": str(dec_out), "count": decisions.count, "sha256": decisions.sha256}
     if json_out:
         emit_json(summary)
     else:
@@ -114,6 +145,8 @@ def export_cmd(
             f"exported {result.events} event(s) of {result.tree_size} to {out} ({fmt}); checkpoint "
             f"size {result.tree_size} root {result.checkpoint.root_hash}"
         )
+        if decisions is not None:
+            print(f"exported {decisions.count} decision record(s) to {dec_out} (sha256 {decisions.sha256})")
 
 
 def verify_cmd(

@@ -7,6 +7,7 @@ principal sees only its own tenant's events, whatever the query says (its tenant
 from __future__ import annotations
 
 import base64
+import secrets
 import tempfile
 from collections.abc import Iterator
 from datetime import datetime
@@ -28,6 +29,7 @@ from audit.export import ExportFilter, export_events
 from audit.models import AuditEvent
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput, NotFound
+from policy.decisionlog import export_decisions, export_filter
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 ERRORS = error_responses(*COMMON_ERRORS)
@@ -103,6 +105,11 @@ class ExportRequest(BaseModel):
     until: datetime | None = None
     tenant: str | None = Field(None, min_length=1, max_length=63, pattern=SLUG)
     action: str | None = Field(None, min_length=3, max_length=64, pattern=ACTION)
+    include_decisions: bool = Field(
+        False,
+        description="also export the policy decision records (same since/until/tenant; needs decision.read): "
+        "the response is then multipart/mixed with the audit export and audit-export.decisions.jsonl",
+    )
 
 
 def event_out(e: AuditEvent) -> EventOut:
@@ -287,12 +294,31 @@ def consistency(
     )
 
 
+MEDIA = {"jsonl": "application/x-ndjson", "ocsf": "application/x-ndjson", "csv": "text/csv"}
+EXTENSION = {"jsonl": "jsonl", "ocsf": "ocsf.jsonl", "csv": "csv"}
+DECISIONS_FILE = "audit-export.decisions.jsonl"
+
+
+def _multipart(parts: list[tuple[str, str, Any]], boundary: str) -> Iterator[bytes]:
+    """multipart/mixed (RFC 2046): each part a whole file with its own type and attachment filename."""
+    for media, filename, spool in parts:
+        yield (
+            f"--{boundary}\r\nContent-Type: {media}\r\n"
+            f'Content-Disposition: attachment; filename="{filename}"\r\n\r\n'
+        ).encode()
+        while chunk := spool.read(1 << 16):
+            yield chunk
+        yield b"\r\n"
+    yield f"--{boundary}--\r\n".encode()
+
+
 @router.post(
     "/exports",
     responses={
         200: {
-            "description": "the export file (JSONL, CSV or OCSF JSON lines)",
-            "content": {"application/x-ndjson": {}, "text/csv": {}},
+            "description": "the export file (JSONL, CSV or OCSF JSON lines); with include_decisions, "
+            "multipart/mixed: the export file, then audit-export.decisions.jsonl",
+            "content": {"application/x-ndjson": {}, "text/csv": {}, "multipart/mixed": {}},
         },
         **ERRORS_404,
     },
@@ -306,16 +332,31 @@ def create_export(body: ExportRequest, request: Request, ctx: CtxDep, principal:
     else:
         authorize(request, principal, "audit.export", None)
         tenant = body.tenant
+    if body.include_decisions:
+        # Decisions are read under their own permission, in the principal's tenant scope (never the body's):
+        # a tenant principal's export holds only its tenant's decisions (`tenant` is its own here).
+        authorize(request, principal, "decision.read", own)
     filters = ExportFilter(
         since=_aware(body.since, "since"), until=_aware(body.until, "until"), tenant=tenant, action=body.action
     )
     filters.check()
+    if body.include_decisions:
+        export_filter(filters.since, filters.until, tenant)  # a bad filter writes nothing
     signer = _signer(ctx)
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed by the stream)
+    spools = [spool]
     try:
         result = export_events(
             ctx.db, signer, spool, fmt=body.format, filters=filters, origin=_origin(ctx), clock=ctx.clock
         )
+        summary: dict[str, Any] = {"filter": filters.as_json(), "tree_size": result.tree_size, "events": result.events}
+        if body.include_decisions:
+            dec_spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed below)
+            spools.append(dec_spool)
+            decisions = export_decisions(
+                ctx.db, dec_spool, since=filters.since, until=filters.until, tenant=tenant, clock=ctx.clock
+            )
+            summary["decisions"] = {"count": decisions.count, "sha256": decisions.sha256}
         # Who exported what is itself audited -- once the export exists, so a failed one leaves no event.
         with ctx.db.session() as session:
             record(
@@ -325,23 +366,36 @@ def create_export(body: ExportRequest, request: Request, ctx: CtxDep, principal:
                 object_type="export",
                 object_id=body.format,
                 tenant=tenant,
-                summary={"filter": filters.as_json(), "tree_size": result.tree_size, "events": result.events},
+                summary=summary,
                 request_id=request_id(request),
             )
     except BaseException:
-        spool.close()
+        for f in spools:
+            f.close()
         raise
-    spool.seek(0)
+    for f in spools:
+        f.seek(0)
 
     def stream() -> Iterator[bytes]:
         try:
-            while chunk := spool.read(1 << 16):
-                yield chunk
+            if len(spools) == 1:
+                while chunk := spool.read(1 << 16):
+                    yield chunk
+            else:
+                parts = [
+                    (MEDIA[body.format], f"audit-export.{EXTENSION[body.format]}", spool),
+                    ("application/x-ndjson", DECISIONS_FILE, spools[1]),
+                ]
+                yield from _multipart(parts, boundary)
         finally:
-            spool.close()
+            for f in spools:
+                f.close()
 
-    media = {"jsonl": "application/x-ndjson", "ocsf": "application/x-ndjson", "csv": "text/csv"}[body.format]
-    ext = {"jsonl": "jsonl", "ocsf": "ocsf.jsonl", "csv": "csv"}[body.format]
-    return StreamingResponse(
-        stream(), media_type=media, headers={"Content-Disposition": f'attachment; filename="audit-export.{ext}"'}
-    )
+    if len(spools) == 1:
+        return StreamingResponse(
+            stream(),
+            media_type=MEDIA[body.format],
+            headers={"Content-Disposition": f'attachment; filename="audit-export.{EXTENSION[body.format]}"'},
+        )
+    boundary = "tf-" + secrets.token_hex(16)
+    return StreamingResponse(stream(), media_type=f"multipart/mixed; boundary={boundary}")
