@@ -14,14 +14,11 @@ VerificationError naming the event (its sequence number) and the kind of problem
 from __future__ import annotations
 
 import csv
-import gc
 import hashlib
 import io
-import itertools
 import json
-import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -274,25 +271,19 @@ def verify_export(source: str | Path | IO[bytes], public_key: Ed25519PublicKey, 
         raise VerificationError("malformed", f"the file is not a well-formed export: {exc}") from exc
 
 
-_EVENT_END = b'"}'
+# A fast-path event line: EVENT_PREFIX, the event's bytes, LEAF_INFIX, 64 hex digits, '"}', newline.
+# The span from one event's LEAF_INFIX to the next event's bytes is fixed but for the hex digits.
+_TAIL = len(LEAF_INFIX) + 64 + 2  # ,"leaf_hash":"<64 hex>"}
+_BETWEEN = b'"}\n' + EVENT_PREFIX + LEAF_INFIX  # what stands between two events' leaf hash hex digits
 
 
-def _perfect_root(blob: bytes) -> bytes:
-    """Root of a complete subtree from its 2**k leaf hashes concatenated, a level at a time (each node
-    hashes 0x01 and a 64-byte slice: no per-hash list or concatenation of two children)."""
-    sha = hashlib.sha256
-    while len(blob) > 32:
-        blob = b"".join([sha(b"\x01" + blob[k : k + 64]).digest() for k in range(0, len(blob), 64)])
-    return blob
-
-
-def _fast_jsonl(
-    fh: IO[bytes], public_key: Ed25519PublicKey, *, parallel_min_bytes: int = 32 << 20, chunk: int = 8 << 20
-) -> VerifyReport | None:
+def _fast_jsonl(fh: IO[bytes], public_key: Ed25519PublicKey, *, chunk: int = 4 << 20) -> VerifyReport | None:
     """The whole-file check without parsing events; None when anything is off or not applicable.
 
-    Files of at least `parallel_min_bytes` are hashed by one process per CPU (fork), in file order;
-    the tree is still built here, so the result is the same as in one process."""
+    Only an export of the whole tree qualifies (no tenant/action filter, range [0, n), no context
+    events), so its body must be exactly n event lines -- a gap record sends it to the detailed pass.
+    The body is read in `chunk`-sized blocks into one reused buffer; each event's leaf hash is taken
+    straight from the buffer (no per-line bytes objects) and the tree is built in aligned subtrees."""
     first = fh.readline()
     if not first.startswith(b'{"header":') or not first.endswith(b"\n"):
         return None
@@ -311,138 +302,138 @@ def _fast_jsonl(
             or not 0 <= lo <= hi <= cp.size
             or _range_hides_events(flt, lo, hi, cp.size) is not None
             or context_positions(flt, lo, hi, cp.size) != (None, None)  # the detailed pass checks them
+            or (lo, hi) != (0, cp.size)  # implied by the two lines above; stated for the reader
         ):
             return None
     except (ValueError, KeyError, TypeError, AttributeError, CheckpointError):
         return None
     n = cp.size
-    cr = merkle.CompactRange()
-    counts = [0, 0]  # events, gaps
     body = fh.tell()
-    for items in _hashed_blocks(fh, body, parallel_min_bytes, chunk):
-        if items is None:
-            return None
-        for kind, payload in items:
-            if kind == "E":
-                if not _flush(cr, payload, lo, hi, n):
-                    return None
-                counts[0] += len(payload) // 32
-                continue
-            try:
-                gap = _gap_from(json.loads(payload)["gap"], 0)
-            except (ValueError, KeyError, TypeError, VerificationError):
-                return None
-            width = 1 << gap.level
-            if gap.start != cr.size or gap.start + width > n or (gap.start < hi and gap.start + width > lo):
-                return None
-            try:
-                cr.append_node(gap.level, gap.hash)
-            except ProofError:
-                return None
-            counts[1] += 1
+    end = fh.seek(0, io.SEEK_END)
+    part = _hash_part(_reader(fh), body, end, 0, n, chunk)
+    if part is None or part[0] != n:
+        return None
+    cr = merkle.CompactRange()
+    try:
+        for level, node in part[1]:
+            cr.append_node(level, node)
+    except ProofError:
+        return None
     if cr.size != n or cr.root() != cp.root:
         return None
-    return VerifyReport(cp.origin, n, cp.root, counts[0], counts[1], (lo, hi), dict(flt))
+    return VerifyReport(cp.origin, n, cp.root, n, 0, (lo, hi), dict(flt))
 
 
-_Items = list[tuple[str, bytes]]
+_ReadAt = Callable[[memoryview, int], int]
 
 
-def _hash_block(data: bytes) -> _Items | None:
-    """Whole lines -> ("E", concatenated leaf hashes of a run of events) / ("G", a gap line); None if a
-    line is neither, or an event's stated leaf_hash is not the hash of its bytes."""
-    sha = hashlib.sha256
-    prefix_len, suffix_len = len(EVENT_PREFIX), _SUFFIX_LEN
-    items: _Items = []
-    run: list[bytes] = []
-    stated: list[bytes] = []
+def _reader(fh: IO[bytes]) -> _ReadAt:
+    """read_at(view, offset) -> bytes read into view: pread on a real file (no shared file position,
+    so forked processes can share the descriptor), seek + read otherwise."""
+    try:
+        fd = fh.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = -1
+    if fd >= 0 and hasattr(os, "preadv"):
+        return lambda view, offset: os.preadv(fd, [view], offset)
 
-    def close() -> bool:
-        blob = b"".join(run)
-        if blob.hex().encode() != b"".join(stated):  # one comparison for the whole run
-            return False
-        items.append(("E", blob))
-        run.clear()
-        stated.clear()
-        return True
+    def read_at(view: memoryview, offset: int) -> int:
+        fh.seek(offset)
+        data = fh.read(len(view))
+        view[: len(data)] = data
+        return len(data)
 
-    for line in data.split(b"\n"):
-        if line.startswith(EVENT_PREFIX) and line.endswith(_EVENT_END) and line[-suffix_len:-66] == LEAF_INFIX:
-            run.append(sha(b"\x00" + line[prefix_len:-suffix_len]).digest())
-            stated.append(line[-66:-2])
-        elif line.startswith(b'{"gap":'):
-            if run and not close():
+    return read_at
+
+
+_Nodes = list[tuple[int, bytes]]
+
+
+def _hash_part(read_at: _ReadAt, start: int, stop: int, first: int, n: int, chunk: int) -> tuple[int, _Nodes] | None:
+    """Hash the event lines in file bytes [start, stop), the first being event `first`: (how many, the
+    aligned subtrees (level, hash) covering [first, first + how many), left to right); None if a line
+    is not an event record in the export's exact form, an event's stated leaf_hash is not the hash of
+    its bytes, the file ends mid-line, or there are more events than the tree has."""
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    stack: _Nodes = []
+    pos, offset, have = first, start, 0
+    try:
+        while offset < stop or have:
+            if have == len(buf):  # one line longer than the buffer
+                view.release()
+                buf.extend(bytes(len(buf)))
+                view = memoryview(buf)
+            got = read_at(view[have : have + min(len(buf) - have, stop - offset)], offset) if offset < stop else 0
+            offset += got
+            have += got
+            cut = buf.rfind(b"\n", 0, have) + 1
+            if not cut:
+                if offset < stop and got:
+                    continue
+                return None  # the file ends mid-line
+            leaves = _leaf_hashes(buf, view, cut)
+            if leaves is None or pos + len(leaves) > n:
                 return None
-            items.append(("G", line))
-        else:
-            return None
-    if run and not close():
+            _push_leaves(stack, pos, leaves)
+            pos += len(leaves)
+            rest = bytes(view[cut:have])
+            buf[: len(rest)] = rest
+            have = len(rest)
+    finally:
+        view.release()
+    return pos - first, stack
+
+
+def _leaf_hashes(buf: bytearray, view: memoryview, size: int) -> list[bytes] | None:
+    """Leaf hashes of the whole event lines in buf[:size] (which ends with a newline), checked against
+    the leaf_hash each line states; None if a line is not in the exact form. Each event's bytes are
+    hashed in place: the ':' before them (checked) is overwritten with the 0x00 leaf prefix."""
+    if not buf.startswith(EVENT_PREFIX):
         return None
-    return items
-
-
-def _hash_range(job: tuple[str, int, int]) -> _Items | None:
-    path, start, end = job
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        data = fh.read(end - start)
-    if not data.endswith(b"\n"):
+    sha = hashlib.sha256
+    find = buf.find
+    skip = len(EVENT_PREFIX) - 1
+    leaves: list[bytes] = []
+    tails: list[bytearray] = []
+    leaf, tail = leaves.append, tails.append
+    s = 0
+    try:
+        while s < size:
+            e = find(b"\n", s)
+            buf[s + skip] = 0
+            leaf(sha(view[s + skip : e - _TAIL]).digest())
+            tail(buf[e - _TAIL : e + 1 + len(EVENT_PREFIX)])  # ,"leaf_hash":"<hex>"}\n{"event": (the next)
+            s = e + 1
+    except (IndexError, ValueError):
         return None
-    return _hash_block(data[:-1])
+    # One comparison for the block: every line's leaf_hash and the fixed bytes around it, and every
+    # next line's EVENT_PREFIX (the last tail may run past the block: its prefix is checked with the next).
+    stated = b"".join(tails)
+    expected = LEAF_INFIX + b"".join(leaves).hex(" ", 32).encode().replace(b" ", _BETWEEN) + b'"}\n'
+    if not stated.startswith(expected) or len(stated) > len(expected) + len(EVENT_PREFIX):
+        return None
+    return leaves
 
 
-def _hashed_blocks(fh: IO[bytes], body: int, parallel_min_bytes: int, chunk_size: int) -> Iterator[_Items | None]:
-    """The body's lines hashed, block by block in file order (None for a block with a bad line)."""
-    name = getattr(fh, "name", None)
-    size = fh.seek(0, io.SEEK_END)
-    fh.seek(body)
-    workers = min(os.cpu_count() or 1, 8)
-    if isinstance(name, str) and size - body >= parallel_min_bytes and workers > 1 and _can_fork():
-        bounds = [body]
-        while bounds[-1] < size:
-            fh.seek(min(bounds[-1] + chunk_size, size))
-            fh.readline()
-            bounds.append(min(fh.tell(), size))
-        jobs = [(name, a, b) for a, b in itertools.pairwise(bounds) if b > a]
-        gc.freeze()  # children would otherwise touch (and copy) every page of the parent's heap in GC
-        try:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
-                yield from pool.imap(_hash_range, jobs)
-        finally:
-            gc.unfreeze()
-        return
-    rest = b""
-    while chunk := fh.read(chunk_size):
-        data = rest + chunk
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            rest = data
-            continue
-        rest = data[cut + 1 :]
-        yield _hash_block(data[:cut])
-    if rest:
-        yield None  # the file ends mid-line
-
-
-def _can_fork() -> bool:
-    return "fork" in multiprocessing.get_all_start_methods()
-
-
-def _flush(cr: merkle.CompactRange, blob: bytes, lo: int, hi: int, n: int) -> bool:
-    """Append a run of consecutive event leaf hashes (concatenated) in aligned blocks; False if the run
-    falls outside [lo, hi)."""
-    count = len(blob) // 32
-    if not count:
-        return True
-    start = cr.size
-    if start < lo or start + count > min(hi, n):
-        return False
+def _push_leaves(stack: _Nodes, pos: int, leaves: list[bytes]) -> None:
+    """Add leaves [pos, pos + len) to the compact range `stack` in aligned complete subtrees, each
+    reduced a level at a time; a subtree whose left sibling is on the stack is merged with it."""
+    sha = hashlib.sha256
     offset = 0
-    for level, _index in merkle.range_nodes(start, start + count):
-        width = 32 << level
-        cr.append_node(level, _perfect_root(blob[offset : offset + width]))
+    for level, _index in merkle.range_nodes(pos, pos + len(leaves)):
+        width = 1 << level
+        nodes = leaves[offset : offset + width]
+        while len(nodes) > 1:
+            pairs = iter(nodes)
+            nodes = [sha(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs, strict=True)]
+        node, at, lv = nodes[0], pos + offset, level
+        while stack and stack[-1][0] == lv and (at >> lv) & 1:
+            node = sha(b"\x01" + stack.pop()[1] + node).digest()
+            at -= 1 << lv
+            lv += 1
+        stack.append((lv, node))
         offset += width
-    return True
 
 
 def _range_hides_events(flt: dict[str, Any], lo: int, hi: int, n: int) -> VerificationError | None:

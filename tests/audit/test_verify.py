@@ -374,26 +374,37 @@ def test_fast_path_accepts_only_an_intact_unfiltered_jsonl_export(exported: dict
     assert _fast_jsonl(io.BytesIO(b"".join(lines)), signer.public_key()) is None
 
 
-def test_fast_path_in_several_processes_matches_one_process(
-    exported: dict[str, bytes | KeySigner], tmp_path: Path
-) -> None:
+def test_fast_path_reads_in_blocks_of_any_size(exported: dict[str, bytes | KeySigner], tmp_path: Path) -> None:
+    """Blocks that cut lines anywhere, and lines longer than the block (the buffer grows), give one result."""
     from audit.verify import _fast_jsonl
 
     signer = exported["signer"]
     assert isinstance(signer, KeySigner)
+    full = exported["jsonl"]
+    assert isinstance(full, bytes)
     path = tmp_path / "export.jsonl"
-    path.write_bytes(exported["jsonl"])  # type: ignore[arg-type]
-    with open(path, "rb") as fh:
-        one = _fast_jsonl(fh, signer.public_key(), parallel_min_bytes=1 << 40, chunk=4096)
-    with open(path, "rb") as fh:
-        many = _fast_jsonl(fh, signer.public_key(), parallel_min_bytes=1, chunk=4096)  # ~10 blocks, forked workers
-    assert one is not None and one == many
-    path.write_bytes(exported["jsonl"].replace(b'"id":"obj-77"', b'"id":"obj-78"'))  # type: ignore[union-attr]
-    with open(path, "rb") as fh:
-        assert _fast_jsonl(fh, signer.public_key(), parallel_min_bytes=1, chunk=4096) is None
-    path.write_bytes(exported["jsonl"][:-5])  # type: ignore[index]
-    with open(path, "rb") as fh:
-        assert _fast_jsonl(fh, signer.public_key(), parallel_min_bytes=1, chunk=4096) is None
+    path.write_bytes(full)
+    reports = []
+    for chunk in (1 << 20, 4096, 1000, 64):
+        with open(path, "rb") as fh:
+            reports.append(_fast_jsonl(fh, signer.public_key(), chunk=chunk))
+        reports.append(_fast_jsonl(io.BytesIO(full), signer.public_key(), chunk=chunk))
+    assert reports[0] is not None and reports[0].events == N and all(r == reports[0] for r in reports)
+    lines = _lines(full)
+    i = _event_line(lines, 41)
+    for bad in (
+        full.replace(b'"id":"obj-77"', b'"id":"obj-78"'),  # event bytes
+        full[:-5],  # cut mid-line
+        full + lines[-1],  # one event too many
+        full.replace(lines[i], lines[i].replace(b',"leaf_hash":"', b',"leaf_hash" :"')),  # wrapper
+        full.replace(lines[i], lines[i].replace(b'{"event":', b'{"event" :')),
+        full.replace(lines[i], lines[i][:-4] + lines[i][-3:]),  # stated hash one digit short
+        full.replace(lines[i], lines[i] + b"\n"),  # an empty line
+    ):
+        path.write_bytes(bad)
+        for chunk in (1 << 20, 1000, 64):
+            with open(path, "rb") as fh:
+                assert _fast_jsonl(fh, signer.public_key(), chunk=chunk) is None
 
 
 @settings(max_examples=120, deadline=None)
