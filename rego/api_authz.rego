@@ -20,7 +20,7 @@ permissions := {
 	"tenant-admin": {
 		"grant.create", "grant.read", "grant.approve", "grant.reject", "grant.revoke",
 		"svid.issue", "svid.read", "svid.revoke", "inventory.read", "inventory.write",
-		"tenant.read", "policy.explain", "audit.read",
+		"tenant.read", "policy.explain", "audit.read", "decision.read",
 	},
 	"tenant-member": {"grant.create", "grant.read", "svid.read", "inventory.read", "tenant.read", "policy.explain"},
 	"auditor": {

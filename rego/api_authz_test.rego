@@ -72,3 +72,9 @@ test_decision_bundles_allow_and_reasons if {
 	d := api_authz.decision with input as {"principal": {"id": "p", "role": "auditor"}, "action": "audit.read", "resource": {}}
 	d == {"allow": true, "reasons": ["role auditor may audit.read"]}
 }
+
+test_tenant_admin_reads_only_its_own_decisions if {
+	ask("tenant-admin", "acme", "decision.read", "acme").allow
+	not ask("tenant-admin", "acme", "decision.read", "globex").allow
+	not ask("tenant-member", "acme", "decision.read", "acme").allow
+}
