@@ -43,7 +43,7 @@ def export_cmd(
 ) -> None:
     """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
     import audit
-    from api.cli_pki import cli_actor
+    from api.cli_common import local_operator
     from api.routes.audit import log_origin
     from audit.checkpoint import audit_signer
     from audit.export import FORMATS, ExportFilter, export_events
@@ -114,7 +114,7 @@ def export_cmd(
             with ctx.db.session() as session:  # audited once the export exists: a failed one leaves no event
                 audit.record(
                     session,
-                    actor=cli_actor(),  # the operator who ran it, as for every other local CLI change
+                    actor=local_operator(),  # the operator who ran it, as for every other local CLI change
                     action="audit.export",
                     object_type="export",
                     object_id=fmt,

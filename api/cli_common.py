@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -14,6 +15,8 @@ from rich.table import Table
 
 from api.config import Settings
 from api.context import AppContext
+from audit import Actor
+from audit.actor import ActorKind
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -28,6 +31,16 @@ def open_context(*, create: bool = False) -> Iterator[AppContext]:
         yield ctx
     finally:
         ctx.close()
+
+
+def local_operator(kind: ActorKind = "admin") -> Actor:
+    """Who acts when a local CLI command changes state: whoever can read the data directory and key store
+    is the operator, recorded as cli:<user> (admin, or security for policy changes)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return Actor(id=f"cli:{user}", kind=kind)
 
 
 def emit_json(data: Any) -> None:

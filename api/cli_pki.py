@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import sys
 from datetime import timedelta
@@ -12,19 +11,9 @@ from typing import Any
 
 import typer
 
-from api.cli_common import JsonOpt, emit_json, emit_table, open_context
+from api.cli_common import JsonOpt, emit_json, emit_table, local_operator, open_context
 from api.routes.pki import status_dict
-from audit import Actor
 from pki import service
-
-
-def cli_actor() -> Actor:
-    """CLI users act as the local operator: whoever can read the data directory and key store is admin."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return Actor(id=f"cli:{user}", kind="admin")
 
 
 def _ttl(seconds: int | None) -> timedelta | None:
@@ -69,7 +58,8 @@ def register(app: typer.Typer) -> None:
         with open_context() as ctx, ctx.db.session() as session:
             issued = service.issue_x509_svid(
                 session, ctx.keystore, csr_pem=_read(csr), tenant=tenant, group=group, workload=workload,
-                ttl=_ttl(ttl), actor=cli_actor(), scope_tenant=None, clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
+                ttl=_ttl(ttl), actor=local_operator(), scope_tenant=None, clock=ctx.clock,
+                max_ttl=ctx.settings.max_svid_ttl,
             )
         if out is not None:
             out.write_bytes(issued.full_chain_pem)
@@ -93,7 +83,7 @@ def register(app: typer.Typer) -> None:
         with open_context() as ctx, ctx.db.session() as session:
             issued = service.issue_jwt_svid(
                 session, ctx.keystore, tenant=tenant, group=group, workload=workload, audience=list(audience),
-                ttl=_ttl(ttl), actor=cli_actor(), scope_tenant=None, clock=ctx.clock,
+                ttl=_ttl(ttl), actor=local_operator(), scope_tenant=None, clock=ctx.clock,
             )
         if json_out:
             emit_json({"token": issued.token, "spiffe_id": issued.spiffe_id, "audience": issued.audience,
@@ -113,7 +103,7 @@ def register(app: typer.Typer) -> None:
         """Revoke one SVID (--serial) or an identity (--tenant [--group [--workload]])."""
         with open_context() as ctx, ctx.db.session() as session:
             serials = service.revoke(session, serial=serial, tenant=tenant, group=group, workload=workload,
-                                     reason=reason, actor=cli_actor(), scope_tenant=None, clock=ctx.clock)
+                                     reason=reason, actor=local_operator(), scope_tenant=None, clock=ctx.clock)
         if json_out:
             emit_json({"revoked": serials})
         else:
@@ -163,7 +153,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the rotation schedule once (prepare at 1/2 life, activate at 1/6 before expiry, retire drained)."""
         with open_context() as ctx, ctx.db.session() as session:
-            data = status_dict(service.rotate(session, ctx.keystore, force=force, actor=cli_actor(), clock=ctx.clock))
+            status = service.rotate(session, ctx.keystore, force=force, actor=local_operator(), clock=ctx.clock)
+            data = status_dict(status)
         _print_status(data, json_out)
 
     @node_token.command("create")
@@ -174,7 +165,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Create a one-time join token for a node (shown once)."""
         with open_context() as ctx, ctx.db.session() as session:
-            token = service.create_join_token(session, node_name=node_name, ttl=_ttl(ttl), actor=cli_actor(),
+            token = service.create_join_token(session, node_name=node_name, ttl=_ttl(ttl), actor=local_operator(),
                                               clock=ctx.clock)
             td = service.trust_domain(session)
         if json_out:

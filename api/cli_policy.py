@@ -6,7 +6,6 @@ server host). Exit 0 ok, 1 failure (one readable line), 2 usage.
 
 from __future__ import annotations
 
-import getpass
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,23 +14,14 @@ from typing import Any, TypeVar
 
 import typer
 
-from api.cli_common import JsonOpt, console, emit_json, emit_table, fail, open_context
+from api.cli_common import JsonOpt, console, emit_json, emit_table, fail, local_operator, open_context
 from api.routes.policy import verify_keys, version_out
-from audit import Actor
 from core.errors import TrustfabricError
 from policy import service
 from policy.versions import load_dir
 
 T = TypeVar("T")
 
-
-def _actor() -> Actor:
-    """The local operator (whoever can read the data directory) acts for the security team."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return Actor(id=f"cli:{user}", kind="security")
 
 
 @contextmanager
@@ -97,7 +87,7 @@ def register(app: typer.Typer) -> None:
         def run() -> tuple[dict[str, Any], bool]:
             prepared = service.prepare(load_dir(directory))
             with open_context() as ctx, ctx.db.session() as session:
-                v, created = service.upload(session, prepared, _actor(), now=ctx.clock(), note=note)
+                v, created = service.upload(session, prepared, local_operator("security"), now=ctx.clock(), note=note)
                 return _version_dict(v), created
         out, created = _guard(run)
         if json_out:
@@ -171,7 +161,7 @@ def register(app: typer.Typer) -> None:
             sig = _signature(signature, signature_file)
             with open_context() as ctx, ctx.db.session() as session:
                 fn = service.activate if kind == "activate" else service.rollback
-                v = fn(session, version, _actor(), now=ctx.clock(), signature=sig,
+                v = fn(session, version, local_operator("security"), now=ctx.clock(), signature=sig,
                        verify_keys=verify_keys(ctx.settings), reason=reason)
                 return _version_dict(v)
         out = _guard(run)

@@ -3,22 +3,11 @@ and `trustfabric whoami` (through the API)."""
 
 from __future__ import annotations
 
-import getpass
-
 import typer
 
 from api.auth_jwt import mint_token, parse_ttl, revoke_token
-from api.cli_common import JsonOpt, emit_json, open_context
+from api.cli_common import JsonOpt, emit_json, local_operator, open_context
 from api.cli_remote import CaOpt, ServerOpt, client, show
-from audit import Actor
-
-
-def _operator() -> Actor:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return Actor(id=f"cli:{user}", kind="admin")
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +27,7 @@ def register(app: typer.Typer) -> None:
         """Mint a signed API token; the token is printed alone on the last line (shown once)."""
         with open_context() as ctx, ctx.db.session() as session:
             tok, row = mint_token(
-                session, ctx.keystore, role=role, tenant=tenant, ttl=parse_ttl(ttl), actor=_operator(),
+                session, ctx.keystore, role=role, tenant=tenant, ttl=parse_ttl(ttl), actor=local_operator(),
                 issuer=ctx.settings.api_issuer, audience=ctx.settings.api_audience,
                 max_ttl=ctx.settings.max_token_ttl, subject=subject, description=description, clock=ctx.clock,
             )
@@ -54,7 +43,7 @@ def register(app: typer.Typer) -> None:
     def token_revoke(token_id: str, reason: str = typer.Option("", "--reason"), json_out: bool = JsonOpt) -> None:
         """Revoke a token by its id (jti); it is refused from the next request on."""
         with open_context() as ctx, ctx.db.session() as session:
-            row = revoke_token(session, token_id, actor=_operator(), reason=reason, clock=ctx.clock)
+            row = revoke_token(session, token_id, actor=local_operator(), reason=reason, clock=ctx.clock)
         show({"id": row.id, "revoked_at": str(row.revoked_at)}, json_out)
 
     @app.command("whoami")
