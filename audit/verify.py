@@ -13,11 +13,16 @@ VerificationError naming the event (its sequence number) and the kind of problem
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gc
 import hashlib
 import io
 import json
 import os
+import re
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -277,13 +282,26 @@ _TAIL = len(LEAF_INFIX) + 64 + 2  # ,"leaf_hash":"<64 hex>"}
 _BETWEEN = b'"}\n' + EVENT_PREFIX + LEAF_INFIX  # what stands between two events' leaf hash hex digits
 
 
-def _fast_jsonl(fh: IO[bytes], public_key: Ed25519PublicKey, *, chunk: int = 4 << 20) -> VerifyReport | None:
+def _fast_jsonl(
+    fh: IO[bytes],
+    public_key: Ed25519PublicKey,
+    *,
+    chunk: int = 4 << 20,
+    processes: int | None = None,
+    parallel_min_bytes: int = 8 << 20,
+) -> VerifyReport | None:
     """The whole-file check without parsing events; None when anything is off or not applicable.
 
     Only an export of the whole tree qualifies (no tenant/action filter, range [0, n), no context
     events), so its body must be exactly n event lines -- a gap record sends it to the detailed pass.
     The body is read in `chunk`-sized blocks into one reused buffer; each event's leaf hash is taken
-    straight from the buffer (no per-line bytes objects) and the tree is built in aligned subtrees."""
+    straight from the buffer (no per-line bytes objects) and the tree is built in aligned subtrees.
+
+    A body of at least `parallel_min_bytes` is cut into one part per CPU (`processes` overrides), each
+    hashed by a forked process into the aligned subtrees of its own range of positions; this process
+    hashes the first part and joins them in file order. Where a part starts is read from the "seq" of
+    its first line, but only as a guess: each part must hold exactly the events up to the next part's
+    start and all of them exactly n, so positions are counted, never taken from the file."""
     first = fh.readline()
     if not first.startswith(b'{"header":') or not first.endswith(b"\n"):
         return None
@@ -310,15 +328,21 @@ def _fast_jsonl(fh: IO[bytes], public_key: Ed25519PublicKey, *, chunk: int = 4 <
     n = cp.size
     body = fh.tell()
     end = fh.seek(0, io.SEEK_END)
-    part = _hash_part(_reader(fh), body, end, 0, n, chunk)
-    if part is None or part[0] != n:
-        return None
+    read_at, shareable = _reader(fh)
+    if processes is None:
+        processes = _cpus() if end - body >= parallel_min_bytes and shareable and _can_fork() else 1
+    parts = _split(read_at, body, end, n, processes)
     cr = merkle.CompactRange()
-    try:
-        for level, node in part[1]:
-            cr.append_node(level, node)
-    except ProofError:
-        return None
+    for (_start, _stop, at), part in zip(parts, _hash_parts(read_at, parts, n, chunk), strict=True):
+        if part is None or at != cr.size:
+            return None
+        try:
+            for level, node in part[1]:
+                cr.append_node(level, node)
+        except ProofError:
+            return None
+        if cr.size != at + part[0]:
+            return None
     if cr.size != n or cr.root() != cp.root:
         return None
     return VerifyReport(cp.origin, n, cp.root, n, 0, (lo, hi), dict(flt))
@@ -327,15 +351,16 @@ def _fast_jsonl(fh: IO[bytes], public_key: Ed25519PublicKey, *, chunk: int = 4 <
 _ReadAt = Callable[[memoryview, int], int]
 
 
-def _reader(fh: IO[bytes]) -> _ReadAt:
-    """read_at(view, offset) -> bytes read into view: pread on a real file (no shared file position,
-    so forked processes can share the descriptor), seek + read otherwise."""
+def _reader(fh: IO[bytes]) -> tuple[_ReadAt, bool]:
+    """read_at(view, offset) -> bytes read into view, and whether forked processes may use it at once:
+    pread on a real file (no shared file position), seek + read on an in-memory stream (each process
+    has its own copy), seek + read on a file without pread (not shareable: one file position)."""
     try:
         fd = fh.fileno()
     except (AttributeError, OSError, ValueError):
         fd = -1
     if fd >= 0 and hasattr(os, "preadv"):
-        return lambda view, offset: os.preadv(fd, [view], offset)
+        return (lambda view, offset: os.preadv(fd, [view], offset)), True
 
     def read_at(view: memoryview, offset: int) -> int:
         fh.seek(offset)
@@ -343,10 +368,96 @@ def _reader(fh: IO[bytes]) -> _ReadAt:
         view[: len(data)] = data
         return len(data)
 
-    return read_at
+    return read_at, fd < 0
+
+
+def _cpus() -> int:
+    try:
+        return min(len(os.sched_getaffinity(0)), 8)
+    except AttributeError:
+        return min(os.cpu_count() or 1, 8)
+
+
+def _can_fork() -> bool:
+    """fork is only safe while no other thread may hold a lock the child needs (OpenSSL, logging)."""
+    return hasattr(os, "fork") and threading.active_count() == 1
+
+
+_SEQ = re.compile(rb',"seq":(0|[1-9][0-9]{0,17})[,}]')
+
+
+def _split(read_at: _ReadAt, body: int, end: int, n: int, processes: int) -> list[tuple[int, int, int]]:
+    """Cut file bytes [body, end) at line starts into up to `processes` parts (start, stop, first event)
+    of about equal size; `first` is the seq its first line states (a guess, checked by the caller).
+    Fewer parts where a cut finds no such line."""
+    cuts = [(body, 0)]
+    window = bytearray(1 << 16)
+    for j in range(1, processes):
+        at = body + (end - body) * j // processes
+        got = read_at(memoryview(window), at - 1)
+        nl = window.find(b"\n", 0, got)
+        line_end = window.find(b"\n", nl + 1, got)
+        if nl < 0 or line_end < 0 or not window.startswith(EVENT_PREFIX, nl + 1):
+            continue
+        seq = _SEQ.search(window, nl + 1, line_end)
+        if seq is None:
+            continue
+        start, first = at + nl, int(seq.group(1))
+        if start > cuts[-1][0] and cuts[-1][1] < first <= n:
+            cuts.append((start, first))
+    return [(a, b, first) for (a, first), (b, _) in zip(cuts, [*cuts[1:], (end, n)], strict=True)]
+
+
+def _hash_parts(read_at: _ReadAt, parts: list[tuple[int, int, int]], n: int, chunk: int) -> list[_Part]:
+    """_hash_part of every part, the first here and each other in a forked process."""
+    children: list[tuple[int, int]] = []  # (pid, read end of its pipe)
+    try:
+        for start, stop, first in parts[1:]:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: hash, send the result, exit without running any cleanup
+                try:
+                    os.close(r)
+                    gc.disable()
+                    data = memoryview(_encode_part(_hash_part(read_at, start, stop, first, n, chunk)))
+                    while data:
+                        data = data[os.write(w, data) :]
+                finally:
+                    os._exit(0)
+            os.close(w)
+            children.append((pid, r))
+        start, stop, first = parts[0]
+        results: list[_Part] = [_hash_part(read_at, start, stop, first, n, chunk)]
+        if results[0] is None:
+            return results + [None] * len(children)
+        for _pid, r in children:
+            with os.fdopen(r, "rb", closefd=False) as pipe:
+                results.append(_decode_part(pipe.read()))
+        return results
+    finally:
+        for pid, r in children:
+            os.close(r)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # a child still hashing when this pass has already failed
+            os.waitpid(pid, 0)
 
 
 _Nodes = list[tuple[int, bytes]]
+_Part = tuple[int, _Nodes] | None  # (events, aligned subtrees) of a part; None if it failed
+
+
+def _encode_part(part: _Part) -> bytes:
+    if part is None:
+        return b""
+    count, nodes = part
+    return count.to_bytes(8, "big") + b"".join(bytes([level]) + node for level, node in nodes)
+
+
+def _decode_part(data: bytes) -> _Part:
+    if len(data) < 8 or (len(data) - 8) % 33:
+        return None
+    nodes = [(data[k], data[k + 1 : k + 33]) for k in range(8, len(data), 33)]
+    return int.from_bytes(data[:8], "big"), nodes
 
 
 def _hash_part(read_at: _ReadAt, start: int, stop: int, first: int, n: int, chunk: int) -> tuple[int, _Nodes] | None:

@@ -407,6 +407,44 @@ def test_fast_path_reads_in_blocks_of_any_size(exported: dict[str, bytes | KeySi
                 assert _fast_jsonl(fh, signer.public_key(), chunk=chunk) is None
 
 
+def test_fast_path_in_several_processes_matches_one_process(
+    exported: dict[str, bytes | KeySigner], tmp_path: Path
+) -> None:
+    """Parts hashed in forked processes join to the same result; a part that starts elsewhere than its
+    first line's seq says, or a tampered part, fails the whole pass."""
+    from audit.verify import _fast_jsonl
+
+    signer = exported["signer"]
+    assert isinstance(signer, KeySigner)
+    full = exported["jsonl"]
+    assert isinstance(full, bytes)
+    path = tmp_path / "export.jsonl"
+    path.write_bytes(full)
+    with open(path, "rb") as fh:
+        one = _fast_jsonl(fh, signer.public_key(), processes=1)
+    assert one is not None and one.events == N
+    for processes in (2, 3, 7):
+        with open(path, "rb") as fh:
+            assert _fast_jsonl(fh, signer.public_key(), processes=processes, chunk=1000) == one
+        assert _fast_jsonl(io.BytesIO(full), signer.public_key(), processes=processes) == one
+    lines = _lines(full)
+    i = _event_line(lines, 10)
+    swapped = [*lines]
+    j = _event_line(lines, 49)
+    swapped[j], swapped[j + 1] = swapped[j + 1], swapped[j]
+    for bad in (
+        full.replace(b'"id":"obj-77"', b'"id":"obj-78"'),
+        full[:-5],
+        b"".join(lines[:i] + lines[i + 1 :]),  # well-formed lines, one missing: the later parts start early
+        b"".join(lines[: i + 1] + lines[i:]),  # one twice
+        b"".join(swapped),  # two swapped around the middle
+    ):
+        path.write_bytes(bad)
+        for processes in (2, 3):
+            with open(path, "rb") as fh:
+                assert _fast_jsonl(fh, signer.public_key(), processes=processes) is None
+
+
 @settings(max_examples=120, deadline=None)
 @given(data=st.data())
 def test_any_byte_changed_after_the_header_is_detected(
