@@ -409,12 +409,23 @@ def _split(read_at: _ReadAt, body: int, end: int, n: int, processes: int) -> lis
 
 
 def _hash_parts(read_at: _ReadAt, parts: list[tuple[int, int, int]], n: int, chunk: int) -> list[_Part]:
-    """_hash_part of every part, the first here and each other in a forked process."""
-    children: list[tuple[int, int]] = []  # (pid, read end of its pipe)
+    """_hash_part of every part, the first here and each other in a forked process (here as well where
+    fork fails)."""
+    children: list[tuple[int, int] | None] = []  # (pid, read end of its pipe), None: hash it here
     try:
         for start, stop, first in parts[1:]:
-            r, w = os.pipe()
-            pid = os.fork()
+            try:
+                r, w = os.pipe()
+            except OSError:
+                children.append(None)
+                continue
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(r)
+                os.close(w)
+                children.append(None)
+                continue
             if pid == 0:  # the child: hash, send the result, exit without running any cleanup
                 try:
                     os.close(r)
@@ -426,20 +437,24 @@ def _hash_parts(read_at: _ReadAt, parts: list[tuple[int, int, int]], n: int, chu
                     os._exit(0)
             os.close(w)
             children.append((pid, r))
-        start, stop, first = parts[0]
-        results: list[_Part] = [_hash_part(read_at, start, stop, first, n, chunk)]
-        if results[0] is None:
-            return results + [None] * len(children)
-        for _pid, r in children:
-            with os.fdopen(r, "rb", closefd=False) as pipe:
-                results.append(_decode_part(pipe.read()))
+        results: list[_Part] = []
+        for part, child in zip(parts, [None, *children], strict=True):
+            if child is None:
+                results.append(_hash_part(read_at, *part, n, chunk))
+            else:
+                with os.fdopen(child[1], "rb", closefd=False) as pipe:
+                    results.append(_decode_part(pipe.read()))
+            if results[-1] is None:  # no need to wait for the others
+                return results + [None] * (len(parts) - len(results))
         return results
     finally:
-        for pid, r in children:
-            os.close(r)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)  # a child still hashing when this pass has already failed
-            os.waitpid(pid, 0)
+        for child in children:
+            if child is not None:
+                pid, r = child
+                os.close(r)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)  # a child still hashing when this pass has already failed
+                os.waitpid(pid, 0)
 
 
 _Nodes = list[tuple[int, bytes]]

@@ -427,6 +427,10 @@ def test_fast_path_in_several_processes_matches_one_process(
         with open(path, "rb") as fh:
             assert _fast_jsonl(fh, signer.public_key(), processes=processes, chunk=1000) == one
         assert _fast_jsonl(io.BytesIO(full), signer.public_key(), processes=processes) == one
+    with pytest.MonkeyPatch.context() as mp:  # no fork to be had: every part is hashed here
+        mp.setattr("os.fork", lambda: (_ for _ in ()).throw(OSError("no more processes")))
+        with open(path, "rb") as fh:
+            assert _fast_jsonl(fh, signer.public_key(), processes=3) == one
     lines = _lines(full)
     i = _event_line(lines, 10)
     swapped = [*lines]
