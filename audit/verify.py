@@ -329,8 +329,10 @@ def _fast_jsonl(
     body = fh.tell()
     end = fh.seek(0, io.SEEK_END)
     read_at, shareable = _reader(fh)
-    if processes is None:
-        processes = _cpus() if end - body >= parallel_min_bytes and shareable and _can_fork() else 1
+    if not shareable:
+        processes = 1
+    elif processes is None:
+        processes = _cpus() if end - body >= parallel_min_bytes and _can_fork() else 1
     parts = _split(read_at, body, end, n, processes)
     cr = merkle.CompactRange()
     for (_start, _stop, at), part in zip(parts, _hash_parts(read_at, parts, n, chunk), strict=True):
