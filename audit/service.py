@@ -52,8 +52,9 @@ _UPDATE_HEAD = (
 
 
 def format_ts(ts: datetime) -> str:
-    """The one textual form of an event time: UTC, microseconds, 'Z'."""
-    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """The one textual form of an event time: UTC, microseconds, 'Z'. isoformat, not strftime: strftime
+    does not pad years below 1000, which fromisoformat then refuses."""
+    return ts.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def event_document(event: AuditEvent) -> dict[str, Any]:

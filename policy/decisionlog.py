@@ -182,7 +182,7 @@ class DecisionExportResult:
 
 def format_ts(ts: datetime) -> str:
     """UTC, microseconds, 'Z' (the audit export's form)."""
-    return as_utc(ts).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return as_utc(ts).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"  # years < 1000 padded
 
 
 def _utc_bound(value: datetime, name: str) -> datetime:

@@ -176,3 +176,16 @@ def test_summary_is_stored_as_it_was_hashed(sqlite_db: Database) -> None:
     with sqlite_db.read_session() as s:
         row = s.exec(select(AuditEvent)).one()
     assert service.leaf_hash(service.event_document(row)) == row.leaf_hash
+
+
+def test_format_ts_pads_early_years_and_round_trips() -> None:
+    """strftime('%Y') gives '999' for year 999, which fromisoformat refuses: an export filtered from such
+    a date failed (found by the mutation walk's generated inputs)."""
+    from datetime import UTC, datetime
+
+    from audit.service import format_ts
+
+    for ts in (datetime(999, 1, 2, 3, 4, 5, 6, tzinfo=UTC), datetime(2026, 11, 30, 1, 2, 3, tzinfo=UTC)):
+        text = format_ts(ts)
+        assert text.endswith("Z") and len(text) == 27
+        assert datetime.fromisoformat(text.replace("Z", "+00:00")) == ts
