@@ -40,6 +40,8 @@ SEED_GRANTS = 20
 OPEN_SECONDS = float(os.environ.get("BENCH_OPEN_SECONDS", "5"))
 OPEN_THREADS = int(os.environ.get("BENCH_OPEN_THREADS", "16"))  # connections per load process (open loop)
 OPEN_FRACTION = 0.5  # the fixed offered rate, as a fraction of the closed-loop throughput
+OPEN_WARMUP = 1.0  # seconds at the same rate before each open-loop figure, not counted (first use of
+# each server thread builds its policy engines; that is not the steady state)
 
 BARE_APP = textwrap.dedent('''
     import json, os, socket
@@ -222,11 +224,15 @@ def _open_worker(port: int, method: str, path: str, token: str, body: Any, start
     out.put((latencies, errors[0]))
 
 
-def measure_open(port: int, method: str, path: str, token: str, rate: float, body: Any = None) -> dict[str, float]:
-    """p50/p99 (ms) at a fixed offered `rate` (req/s) for OPEN_SECONDS, from LOAD_PROCESSES processes."""
+def measure_open(port: int, method: str, path: str, token: str, rate: float, body: Any = None,
+                 seconds: float | None = None) -> dict[str, float]:
+    """p50/p99 (ms) at a fixed offered `rate` (req/s) for OPEN_SECONDS, from LOAD_PROCESSES processes,
+    after OPEN_WARMUP seconds at the same rate that are not counted."""
+    if seconds is None and OPEN_WARMUP > 0:
+        measure_open(port, method, path, token, rate, body, seconds=OPEN_WARMUP)
     ctx = mp.get_context("fork")
     q: Any = ctx.Queue()
-    total = max(1, int(rate * OPEN_SECONDS))
+    total = max(1, int(rate * (OPEN_SECONDS if seconds is None else seconds)))
     start = time.monotonic() + 0.3
     procs = [ctx.Process(target=_open_worker, args=(port, method, path, token, body, start, rate, total, i,
                                                     LOAD_PROCESSES, q, OPEN_THREADS))
@@ -342,7 +348,8 @@ def main() -> int:
         print(line("post_grants_p99", post_tf["p99"], post_bare["p99"], "ms"))
         pct = round(OPEN_FRACTION * 100)
         print(f"open loop (requests sent on a fixed schedule, latency from each request's scheduled send "
-              f"time, so queueing is counted; {OPEN_SECONDS:g} s per figure, up to {OPEN_THREADS * LOAD_PROCESSES} "
+              f"time, so queueing is counted; {OPEN_SECONDS:g} s per figure after {OPEN_WARMUP:g} s of warm-up, "
+              f"up to {OPEN_THREADS * LOAD_PROCESSES} "
               f"connections): POST at {post_rate:.0f} req/s = {pct}% of closed-loop post_grants_throughput "
               f"({post_open['n']:.0f} requests), GET at {get_rate:.0f} req/s = {pct}% of closed-loop "
               f"get_grants_throughput ({get_open['n']:.0f} requests)")
