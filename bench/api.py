@@ -105,6 +105,33 @@ def call(port: int, method: str, path: str, token: str | None = None, body: Any 
     return r.status, json.loads(data) if data else None
 
 
+def _send(conn: http.client.HTTPConnection, port: int, method: str, path: str, token: str,
+          body: Any) -> tuple[http.client.HTTPConnection, bool]:
+    """One request on a keep-alive connection (a fresh Idempotency-Key per POST); a broken connection
+    is replaced and the request counted as failed."""
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    payload = None
+    if body is not None:
+        headers["Idempotency-Key"] = uuid.uuid4().hex
+        payload = json.dumps(body)
+    try:
+        conn.request(method, path, body=payload, headers=headers)
+        r = conn.getresponse()
+        r.read()
+        return conn, r.status < 400
+    except OSError:
+        conn.close()
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=30), False
+
+
+def _run_threads(loop: Any, threads: int) -> None:
+    ts = [threading.Thread(target=loop) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
 def _load_worker(port: int, method: str, path: str, token: str, body: Any, deadline: float,
                  out: Any, threads: int) -> None:
     """Closed-loop load: `threads` keep-alive connections, each sending back-to-back until the deadline."""
@@ -117,21 +144,8 @@ def _load_worker(port: int, method: str, path: str, token: str, body: Any, deadl
         mine: list[float] = []
         bad = 0
         while time.monotonic() < deadline:
-            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-            payload = None
-            if body is not None:
-                headers["Idempotency-Key"] = uuid.uuid4().hex
-                payload = json.dumps(body)
             t0 = time.perf_counter()
-            try:
-                conn.request(method, path, body=payload, headers=headers)
-                r = conn.getresponse()
-                r.read()
-                ok = r.status < 400
-            except OSError:
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                ok = False
+            conn, ok = _send(conn, port, method, path, token, body)
             mine.append(time.perf_counter() - t0)
             if not ok:
                 bad += 1
@@ -139,11 +153,7 @@ def _load_worker(port: int, method: str, path: str, token: str, body: Any, deadl
             latencies.extend(mine)
             errors[0] += bad
 
-    ts = [threading.Thread(target=loop) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    _run_threads(loop, threads)
     out.put((latencies, errors[0]))
 
 
@@ -195,20 +205,7 @@ def _open_worker(port: int, method: str, path: str, token: str, body: Any, start
             delay = due - time.monotonic()  # CLOCK_MONOTONIC: one clock for every process
             if delay > 0:
                 time.sleep(delay)
-            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-            payload = None
-            if body is not None:
-                headers["Idempotency-Key"] = uuid.uuid4().hex
-                payload = json.dumps(body)
-            try:
-                conn.request(method, path, body=payload, headers=headers)
-                r = conn.getresponse()
-                r.read()
-                ok = r.status < 400
-            except OSError:
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                ok = False
+            conn, ok = _send(conn, port, method, path, token, body)
             mine.append(time.monotonic() - due)
             if not ok:
                 bad += 1
@@ -216,11 +213,7 @@ def _open_worker(port: int, method: str, path: str, token: str, body: Any, start
             latencies.extend(mine)
             errors[0] += bad
 
-    ts = [threading.Thread(target=loop) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    _run_threads(loop, threads)
     out.put((latencies, errors[0]))
 
 

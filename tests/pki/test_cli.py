@@ -5,36 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from api.cli import app
-from api.config import Settings
-from api.context import AppContext
-from audit import Actor
-from inventory import service as inv
 from pki.errors import UnknownWorkload
 from tests.pki.helpers import make_csr
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TRUSTFABRIC_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("TRUSTFABRIC_DATABASE_URL", raising=False)
-    runner = CliRunner()
-    r = runner.invoke(app, ["init", "--trust-domain", "example.org", "--json"])
-    assert r.exit_code == 0, r.output
-    ctx = AppContext.open(Settings.from_env())
-    try:
-        with ctx.db.session() as s:
-            actor = Actor.system("test")
-            inv.create_tenant(s, slug="acme", display_name="Acme", actor=actor, clock=ctx.clock)
-            inv.create_group(s, tenant="acme", name="web", actor=actor, clock=ctx.clock)
-            inv.register_workload(s, trust_domain="example.org", tenant="acme", group="web", name="web-1",
-                                  actor=actor, clock=ctx.clock)
-    finally:
-        ctx.close()
-    return tmp_path
 
 
 def _json(args: list[str]) -> dict[str, object]:
