@@ -36,7 +36,7 @@ from core.slugs import is_slug
 
 if TYPE_CHECKING:
     from api.context import AppContext
-    from pki.keystore import KeyStore
+    from keys.store import KeyStore
 
 log = logging.getLogger("trustfabric.api.auth")
 
@@ -75,7 +75,7 @@ def jwk_thumbprint(jwk: dict[str, str]) -> str:
 
 def ensure_issuer_key(keystore: KeyStore) -> None:
     """Create the API issuer key once; an existing key is kept (tokens already minted stay valid)."""
-    from pki.keystore import KeyKind
+    from keys.store import KeyKind
 
     if not keystore.exists(API_ISSUER_KEY_ID):
         keystore.generate(API_ISSUER_KEY_ID, KeyKind.EC_P256)

@@ -35,7 +35,7 @@ def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
     import audit
     from api.auth_jwt import ensure_issuer_key
     from api.tokens import create_opaque_token, has_admin_token
-    from pki.keystore import KeyKind
+    from keys.store import KeyKind
     from pki.service import init_trust_domain
     from pki.service import trust_domain as existing_trust_domain
 

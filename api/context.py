@@ -15,13 +15,13 @@ from store.db import Database
 from store.migrations import migrate
 
 if TYPE_CHECKING:
-    from pki.keystore import KeyStore
+    from keys.store import KeyStore
 
 
 def open_keystore(settings: Settings, *, create: bool) -> KeyStore:
     """The configured KeyStore; with create=True a missing key file is made (mode 0600)."""
     if settings.keystore == "pkcs11":
-        from pki.keystore_pkcs11 import Pkcs11KeyStore
+        from keys.pkcs11 import Pkcs11KeyStore
 
         if not (settings.pkcs11_module and settings.pkcs11_token and settings.pkcs11_pin):
             raise InvalidInput(
@@ -31,7 +31,7 @@ def open_keystore(settings: Settings, *, create: bool) -> KeyStore:
         return Pkcs11KeyStore(settings.pkcs11_module, settings.pkcs11_token, settings.pkcs11_pin)
     if settings.keystore != "file":
         raise InvalidInput(f"unknown key store {settings.keystore!r} (use file or pkcs11)")
-    from pki.keystore_file import FileKeyStore
+    from keys.file import FileKeyStore
 
     settings.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if settings.passphrase:

@@ -4,8 +4,7 @@
 
 The signature is Ed25519 over the note body (the three lines with their newlines); the key hash is the
 first 4 bytes of SHA-256(key name || "\\n" || 0x01 || raw public key) (note key type 0x01 = Ed25519).
-The audit key lives in the KeyStore under its own id, apart from the CA keys; audit does not import
-pki: it needs only the structural protocols below.
+The audit key lives in the KeyStore (keys/, below audit) under its own id, apart from the CA keys.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -28,6 +27,7 @@ from audit import merkle
 from audit.errors import AuditKeyMissing, CheckpointError
 from audit.models import HEAD_ID, AuditCheckpoint, AuditHead
 from core.clock import Clock, as_utc, system_clock
+from keys import KeyKind, KeyStore, PublicKey
 from store.db import Database
 
 _log = logging.getLogger(__name__)
@@ -38,30 +38,14 @@ ED25519_NOTE_KEY_TYPE = b"\x01"
 
 
 class CheckpointSigner(Protocol):
-    """What checkpoint signing needs from a KeyStore key (pki's Signer satisfies it)."""
+    """What checkpoint signing needs of a key (a keys.Signer has it; tests use a bare Ed25519 key)."""
 
     def sign(self, data: bytes) -> bytes:
         """Raw 64-byte Ed25519 signature over data."""
         ...
 
-    def public_key(self) -> Any:
+    def public_key(self) -> PublicKey:
         """The public half (an Ed25519PublicKey for the audit key)."""
-        ...
-
-
-class AuditKeyStore(Protocol):
-    """The part of pki's KeyStore that audit uses."""
-
-    def generate(self, key_id: str, kind: Any) -> Any:
-        """Create a key; an existing key_id is an error."""
-        ...
-
-    def get(self, key_id: str) -> Any:
-        """The key, or a not-found error."""
-        ...
-
-    def exists(self, key_id: str) -> bool:
-        """Whether a key with this id is held."""
         ...
 
 
@@ -72,11 +56,9 @@ def log_origin(trust_domain: str) -> str:
     return origin
 
 
-def ensure_audit_key(keystore: AuditKeyStore) -> None:
+def ensure_audit_key(keystore: KeyStore) -> None:
     """Create the Ed25519 audit key under AUDIT_KEY_ID unless it exists; an existing key is kept."""
     if not keystore.exists(AUDIT_KEY_ID):
-        from pki.keystore import KeyKind  # runtime only: audit must not depend on pki at import
-
         try:
             keystore.generate(AUDIT_KEY_ID, KeyKind.ED25519)
         except Exception:
@@ -85,7 +67,7 @@ def ensure_audit_key(keystore: AuditKeyStore) -> None:
     ed25519_public_key(audit_signer(keystore))
 
 
-def audit_signer(keystore: AuditKeyStore) -> CheckpointSigner:
+def audit_signer(keystore: KeyStore) -> CheckpointSigner:
     """The audit key, or AuditKeyMissing."""
     if not keystore.exists(AUDIT_KEY_ID):
         raise AuditKeyMissing(f"no audit key {AUDIT_KEY_ID!r} in the key store; run `trustfabric init` first")

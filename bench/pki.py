@@ -29,8 +29,8 @@ from cryptography.x509.oid import NameOID
 from audit import Actor
 from core.clock import system_clock
 from inventory.models import Tenant, Workload, WorkloadGroup
+from keys.file import FileKeyStore
 from pki import service
-from pki.keystore_file import FileKeyStore
 from store.db import Database, sqlite_url
 from store.migrations import migrate
 

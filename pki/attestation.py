@@ -14,10 +14,10 @@ from audit import Actor, record
 from core.clock import Clock, as_utc
 from core.errors import InvalidInput
 from core.slugs import require_slug
+from keys.store import KeyStore
 from pki.ca import load_settings
 from pki.errors import InvalidTTL, TokenInvalid, TTLTooLong
 from pki.issuance import IssuedX509, issue_certificate, resolve_ttl
-from pki.keystore import KeyStore
 from pki.models import JoinToken
 from pki.spiffe_id import node_id
 from pki.x509svid import parse_csr

@@ -10,8 +10,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from sqlmodel import Session
 
+from keys.store import PublicKey
 from pki.ca import PUBLISHED_STATES, certificate, generation_cas, load_settings
-from pki.keystore import PublicKey
 
 REFRESH_HINT_SECONDS = 300
 

@@ -17,8 +17,8 @@ from cryptography.x509.oid import NameOID
 from sqlmodel import Session, col, select
 
 from core.clock import as_utc
+from keys.store import KeyKind, KeyStore, PublicKey, Signer, hash_for
 from pki.errors import CAUnavailable, NotInitialized
-from pki.keystore import KeyKind, KeyStore, PublicKey, Signer, hash_for
 from pki.models import CertificateAuthority, TrustDomainSettings
 from pki.spiffe_id import SpiffeId
 

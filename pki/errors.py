@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import Conflict, Forbidden, InvalidInput, NotFound, TrustfabricError, Unauthenticated
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
 
 
 class InvalidSpiffeId(InvalidInput):
@@ -55,15 +55,3 @@ class CAUnavailable(Conflict):
 
 class TokenInvalid(Unauthenticated):
     """The join token is unknown, expired or already used."""
-
-
-class KeyNotFound(NotFound):
-    """The key store holds no key with this id."""
-
-
-class KeyExists(Conflict):
-    """A key with this id exists already; keys are never overwritten."""
-
-
-class KeyStoreError(TrustfabricError):
-    """The key store cannot be opened or used (wrong passphrase, unsafe key file, token missing)."""

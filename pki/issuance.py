@@ -14,9 +14,9 @@ from sqlmodel import Session
 
 from audit import Actor, record
 from core.clock import Clock, as_utc
+from keys.store import KeyStore
 from pki.ca import BACKDATE, active_issuing, certificate, extend_signed_until, truncate
 from pki.errors import CAUnavailable, InvalidTTL, TTLTooLong
-from pki.keystore import KeyStore
 from pki.models import IssuedSvid
 from pki.spiffe_id import SpiffeId
 from pki.x509svid import LeafPublicKey, build_leaf

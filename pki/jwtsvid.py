@@ -8,7 +8,7 @@ from datetime import datetime
 import jwt
 
 from core.errors import InvalidInput
-from pki.keystore import Signer, jwt_alg
+from keys.store import Signer, jwt_alg
 from pki.spiffe_id import SpiffeId
 
 MAX_AUDIENCES = 16

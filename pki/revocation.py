@@ -14,9 +14,9 @@ from audit import Actor, record
 from core.clock import Clock, as_utc
 from core.errors import InvalidInput
 from core.slugs import require_slug
+from keys.store import KeyStore, hash_for
 from pki.ca import PUBLISHED_STATES, certificate, generation_cas, load_settings, truncate
 from pki.errors import AlreadyRevoked, IdentityOutOfScope, SvidNotFound
-from pki.keystore import KeyStore, hash_for
 from pki.models import IssuedSvid, RevokedIdentity
 from pki.spiffe_id import SpiffeId, identity_prefix, parse_spiffe_id
 

@@ -15,8 +15,8 @@ from sqlmodel import Session, select
 
 from audit import Actor, record
 from core.clock import Clock, as_utc
+from keys.store import KeyStore
 from pki.ca import create_generation, generation_cas, load_settings
-from pki.keystore import KeyStore
 from pki.models import CertificateAuthority, TrustDomainSettings
 
 

@@ -13,6 +13,7 @@ from core.clock import Clock, as_utc, system_clock
 from core.errors import InvalidInput
 from core.slugs import require_slug
 from inventory.models import Workload
+from keys.store import KeyKind, KeyStore
 from pki import attestation, revocation, rotation
 from pki.bundle import bundle_document, bundle_roots_pem
 from pki.ca import active_issuing, create_generation, extend_signed_until, load_settings, truncate
@@ -26,7 +27,6 @@ from pki.errors import (
 )
 from pki.issuance import IssuedJWT, IssuedX509, issue_certificate, resolve_ttl
 from pki.jwtsvid import check_audience, mint
-from pki.keystore import KeyKind, KeyStore
 from pki.models import TrustDomainSettings
 from pki.revocation import RevokedIdentityInfo
 from pki.rotation import RotationStatus

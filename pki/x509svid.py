@@ -14,9 +14,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from keys.store import Signer
 from pki.ca import sign_certificate
 from pki.errors import InvalidCSR
-from pki.keystore import Signer
 from pki.spiffe_id import SpiffeId
 
 MAX_CSR_BYTES = 16 * 1024

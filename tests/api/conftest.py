@@ -22,7 +22,7 @@ from audit import Actor
 from audit.checkpoint import ensure_audit_key
 from core.clock import FrozenClock
 from inventory import service as inv
-from pki.keystore import KeyKind
+from keys.store import KeyKind
 from pki.service import init_trust_domain
 
 TD = "example.org"

@@ -16,8 +16,12 @@ from audit import merkle, service
 from audit.errors import AuditKeyMissing, CheckpointError
 from audit.models import AuditCheckpoint
 from core.clock import FrozenClock
+from keys import KeyKind
+from keys.file import FileKeyStore
+from keys.pkcs11 import Pkcs11KeyStore
 from store.db import Database
 from tests.audit.conftest import T0, KeySigner, fill
+from tests.keys.stores import PIN, softhsm_token
 
 
 def test_note_format_and_signature(signer: KeySigner) -> None:
@@ -135,10 +139,7 @@ def test_bad_writer_settings() -> None:
 
 
 def test_ensure_audit_key_with_the_file_keystore(tmp_path: Path) -> None:
-    keystore_file = pytest.importorskip("pki.keystore_file")
-    from pki.keystore import KeyKind
-
-    ks = keystore_file.FileKeyStore.open(tmp_path / "keys", passphrase="correct horse battery staple")
+    ks = FileKeyStore.open(tmp_path / "keys", passphrase="correct horse battery staple")
     with pytest.raises(AuditKeyMissing):
         cpm.audit_signer(ks)
     cpm.ensure_audit_key(ks)
@@ -153,10 +154,7 @@ def test_ensure_audit_key_with_the_file_keystore(tmp_path: Path) -> None:
 
 
 def test_a_non_ed25519_audit_key_is_refused(tmp_path: Path) -> None:
-    keystore_file = pytest.importorskip("pki.keystore_file")
-    from pki.keystore import KeyKind
-
-    ks = keystore_file.FileKeyStore.open(tmp_path / "keys", passphrase="correct horse battery staple")
+    ks = FileKeyStore.open(tmp_path / "keys", passphrase="correct horse battery staple")
     ks.generate(cpm.AUDIT_KEY_ID, KeyKind.EC_P256)
     with pytest.raises(CheckpointError, match="Ed25519"):
         cpm.ensure_audit_key(ks)
@@ -166,11 +164,7 @@ def test_a_non_ed25519_audit_key_is_refused(tmp_path: Path) -> None:
 def test_audit_key_in_a_pkcs11_token_signs_checkpoints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_db: Database
 ) -> None:
-    from tests.pki.keystores import PIN, softhsm_token
-
     module, label = softhsm_token(tmp_path, monkeypatch)
-    from pki.keystore_pkcs11 import Pkcs11KeyStore
-
     ks = Pkcs11KeyStore(module, label, PIN)
     cpm.ensure_audit_key(ks)
     cpm.ensure_audit_key(ks)  # idempotent

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.clock import FrozenClock
+from keys.file import FileKeyStore
 from pki import service
-from pki.keystore_file import FileKeyStore
 from store.db import Database
 from tests.pki.helpers import START, TD, register
 

@@ -11,9 +11,9 @@ from sqlmodel import select
 
 from core.clock import FrozenClock
 from core.errors import InvalidInput
+from keys.file import FileKeyStore
 from pki import service
 from pki.errors import InvalidCSR, TokenInvalid, TTLTooLong
-from pki.keystore_file import FileKeyStore
 from pki.models import JoinToken
 from store.db import Database
 from tests.pki.helpers import ADMIN, actions, counts, make_csr, verify_chain

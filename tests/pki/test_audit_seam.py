@@ -10,8 +10,8 @@ from sqlmodel import col, select
 
 from audit.models import AuditEvent
 from core.clock import FrozenClock
+from keys.file import FileKeyStore
 from pki import service
-from pki.keystore_file import FileKeyStore
 from store.db import Database
 from tests.pki.helpers import ADMIN, counts, make_csr
 

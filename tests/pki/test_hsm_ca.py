@@ -12,12 +12,12 @@ from pkcs11 import Attribute
 from sqlmodel import select
 
 from core.clock import FrozenClock
+from keys.pkcs11 import Pkcs11KeyStore, Pkcs11Signer
 from pki import service
-from pki.keystore_pkcs11 import Pkcs11KeyStore, Pkcs11Signer
 from pki.models import CertificateAuthority
 from store.db import Database
+from tests.keys.stores import PIN, softhsm_token
 from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
-from tests.pki.keystores import PIN, softhsm_token
 
 pytestmark = pytest.mark.hsm
 

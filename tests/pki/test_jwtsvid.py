@@ -12,9 +12,9 @@ from spiffe import JwtBundle, JwtSvid, TrustDomain
 
 from core.clock import FrozenClock
 from core.errors import InvalidInput
+from keys.file import FileKeyStore
 from pki import service
 from pki.errors import IdentityOutOfScope, TTLTooLong
-from pki.keystore_file import FileKeyStore
 from store.db import Database
 from tests.pki.helpers import ADMIN, TD, actions, counts
 

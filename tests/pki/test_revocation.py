@@ -11,9 +11,9 @@ from cryptography import x509
 
 from core.clock import FrozenClock
 from core.errors import InvalidInput
+from keys.file import FileKeyStore
 from pki import service
 from pki.errors import AlreadyRevoked, IdentityOutOfScope, IdentityRevoked, SvidNotFound
-from pki.keystore_file import FileKeyStore
 from store.db import Database
 from tests.pki.helpers import ADMIN, actions, counts, make_csr
 

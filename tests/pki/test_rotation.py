@@ -11,8 +11,8 @@ from cryptography.x509.verification import VerificationError
 from spiffe import JwtBundle, JwtSvid, TrustDomain
 
 from core.clock import FrozenClock
+from keys.file import FileKeyStore
 from pki import service
-from pki.keystore_file import FileKeyStore
 from store.db import Database
 from tests.pki.helpers import ADMIN, TD, actions, make_csr, verify_chain
 

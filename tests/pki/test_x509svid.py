@@ -17,6 +17,8 @@ from sqlmodel import select
 from core.clock import FrozenClock
 from core.errors import InvalidInput
 from inventory.models import Workload
+from keys.file import FileKeyStore
+from keys.store import KeyKind
 from pki import service
 from pki.errors import (
     IdentityOutOfScope,
@@ -28,8 +30,6 @@ from pki.errors import (
     TTLTooLong,
     UnknownWorkload,
 )
-from pki.keystore import KeyKind
-from pki.keystore_file import FileKeyStore
 from pki.models import CertificateAuthority
 from store.db import Database
 from tests.pki.helpers import ADMIN, TD, actions, counts, key_pem, make_csr, make_key, register, verify_chain

@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, utils
 from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11.util.ec import encode_named_curve_parameters
 
-from pki.errors import KeyExists, KeyNotFound, KeyStoreError
-from pki.keystore import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
+from keys.errors import KeyExists, KeyNotFound, KeyStoreError
+from keys.store import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
 
 _CURVE_NAMES = {KeyKind.EC_P256: "secp256r1", KeyKind.EC_P384: "secp384r1"}
 _ED25519_OID = "1.3.101.112"

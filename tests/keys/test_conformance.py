@@ -1,10 +1,13 @@
-"""The KeyStore contract, run against both real implementations (encrypted files and SoftHSM2)."""
+"""The KeyStore contract (SPIRE keymanagertest style): every test taking `store` runs against every
+implementation in keys/ -- encrypted files and a real SoftHSM2 token. A new implementation joins by
+adding one entry to IMPLEMENTATIONS; test_every_implementation_is_conformance_tested fails until it does.
+"""
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,22 +18,63 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import NameOID
 
-from pki.errors import KeyExists, KeyNotFound, KeyStoreError
-from pki.keystore import KeyKind, KeyStore, Signer, hash_for, jwt_alg
-from pki.keystore_file import FileKeyStore
-from pki.keystore_pkcs11 import Pkcs11KeyStore
-from tests.pki.keystores import PIN, softhsm_token
+from keys.errors import KeyExists, KeyNotFound, KeyStoreError
+from keys.file import FileKeyStore
+from keys.pkcs11 import Pkcs11KeyStore
+from keys.store import KeyKind, KeyStore, Signer, hash_for, jwt_alg
+from tests.keys.stores import PIN, softhsm_token
 
 
-@pytest.fixture(params=["file", pytest.param("pkcs11", marks=pytest.mark.hsm)])
-def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyStore]:
-    if request.param == "file":
-        yield FileKeyStore.open(tmp_path / "keys", key_file=FileKeyStore.create_key_file(tmp_path / "k"))
-        return
+def _file_store(tmp_path: Path, _monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyStore]:
+    yield FileKeyStore.open(tmp_path / "keys", key_file=FileKeyStore.create_key_file(tmp_path / "k"))
+
+
+def _pkcs11_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyStore]:
     module, label = softhsm_token(tmp_path, monkeypatch)
     ks = Pkcs11KeyStore(module, label, PIN)
+    try:
+        yield ks
+    finally:
+        ks.close()
+
+
+IMPLEMENTATIONS: dict[type, Callable[[Path, pytest.MonkeyPatch], Iterator[KeyStore]]] = {
+    FileKeyStore: _file_store,
+    Pkcs11KeyStore: _pkcs11_store,
+}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(cls, id=cls.__module__, marks=[pytest.mark.hsm] if cls is Pkcs11KeyStore else [])
+        for cls in IMPLEMENTATIONS
+    ]
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyStore]:
+    built = IMPLEMENTATIONS[request.param](tmp_path, monkeypatch)
+    ks = next(built)
+    assert isinstance(ks, request.param)
     yield ks
-    ks.close()
+    next(built, None)  # runs the builder's cleanup
+
+
+def test_every_implementation_is_conformance_tested() -> None:
+    """Every class in keys/ that has the KeyStore methods is in IMPLEMENTATIONS."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import keys
+
+    found = set()
+    for info in pkgutil.iter_modules(keys.__path__):
+        module = importlib.import_module(f"keys.{info.name}")
+        for _name, cls in inspect.getmembers(module, inspect.isclass):
+            methods = ("generate", "get", "exists", "delete")
+            concrete = cls.__module__ == module.__name__ and cls is not KeyStore  # not the protocol itself
+            if concrete and all(callable(getattr(cls, m, None)) for m in methods):
+                found.add(cls)
+    assert found == set(IMPLEMENTATIONS), found ^ set(IMPLEMENTATIONS)
 
 
 def _verify(signer: Signer, data: bytes, sig: bytes) -> None:
@@ -163,7 +207,7 @@ def test_token_key_is_sensitive_and_not_extractable(tmp_path: Path, monkeypatch:
     import pkcs11
     from pkcs11 import Attribute
 
-    from pki.keystore_pkcs11 import Pkcs11Signer
+    from keys.pkcs11 import Pkcs11Signer
 
     module, label = softhsm_token(tmp_path, monkeypatch)
     ks = Pkcs11KeyStore(module, label, PIN)

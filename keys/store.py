@@ -1,7 +1,7 @@
 """Key store protocol (SPIRE KeyManager style): CA, JWT, audit-checkpoint and API-issuer keys live here.
 
-Two implementations: `keystore_file.FileKeyStore` (AES-256-GCM encrypted files, default) and
-`keystore_pkcs11.Pkcs11KeyStore` (keys generated and used inside a PKCS#11 token).
+Two implementations: `keys.file.FileKeyStore` (AES-256-GCM encrypted files, default) and
+`keys.pkcs11.Pkcs11KeyStore` (keys generated and used inside a PKCS#11 token).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from pki.errors import KeyStoreError
+from keys.errors import KeyStoreError
 
 PublicKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
 PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey

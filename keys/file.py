@@ -23,8 +23,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from pki.errors import KeyExists, KeyNotFound, KeyStoreError
-from pki.keystore import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
+from keys.errors import KeyExists, KeyNotFound, KeyStoreError
+from keys.store import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
 
 _FORMAT = "trustfabric-key-v1"
 _CHECK_PLAINTEXT = b"trustfabric master key check"

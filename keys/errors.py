@@ -1,0 +1,17 @@
+"""Key store errors; below pki, audit and token signing, so each of them can name these."""
+
+from __future__ import annotations
+
+from core.errors import Conflict, NotFound, TrustfabricError
+
+
+class KeyNotFound(NotFound):
+    """The key store holds no key with this id."""
+
+
+class KeyExists(Conflict):
+    """A key with this id exists already; keys are never overwritten."""
+
+
+class KeyStoreError(TrustfabricError):
+    """The key store cannot be opened or used (wrong passphrase, unsafe key file, token missing)."""
