@@ -29,12 +29,58 @@ class VerificationError(AuditError):
     """An export failed offline verification: `kind` names what is wrong, `index` the first bad event.
 
     `index` is the event's sequence number (its leaf index), or None when the problem is not one event
-    (the checkpoint, the header, the file as a whole).
+    (the checkpoint, the header, the file as a whole); `line` the line of the file where it was seen.
+    Each kind is a subclass, so a caller can catch exactly one.
     """
 
-    def __init__(self, kind: str, message: str, index: int | None = None, line: int | None = None) -> None:
+    kind = "failed"
+
+    def __init__(self, message: str, index: int | None = None, line: int | None = None) -> None:
         where = f"event {index}: " if index is not None else ""
         super().__init__(f"{where}{message}")
-        self.kind = kind
         self.index = index
         self.line = line
+
+
+class Modified(VerificationError):
+    kind = "modified"
+
+
+class Removed(VerificationError):
+    kind = "removed"
+
+
+class Reordered(VerificationError):
+    kind = "reordered"
+
+
+class Inserted(VerificationError):
+    kind = "inserted"
+
+
+class Truncated(VerificationError):
+    kind = "truncated"
+
+
+class ChainBroken(VerificationError):
+    kind = "chain_broken"
+
+
+class OutsideFilter(VerificationError):
+    kind = "outside_filter"
+
+
+class Malformed(VerificationError):
+    kind = "malformed"
+
+
+class BadCheckpoint(VerificationError):
+    kind = "checkpoint"
+
+
+class BadHeader(VerificationError):
+    kind = "header"
+
+
+class RootMismatch(VerificationError):
+    kind = "root_mismatch"

@@ -119,40 +119,106 @@ def nodes_for_ranges(ranges: Iterable[tuple[int, int]]) -> set[Node]:
     return needed
 
 
-# --- building from leaves (tests, exports, the offline verifier) --------------------------------
+# --- building from leaves (the log's head, exports' gaps, the offline verifier) -----------------------
+
+
+def hash_leaf_in_place(buf: bytearray, view: memoryview, at: int, end: int) -> bytes:
+    """hash_leaf(buf[at + 1 : end]) without copying: buf[at] (a byte the caller no longer needs) is
+    overwritten with the leaf prefix 0x00. For the verifier's block reader."""
+    buf[at] = 0
+    return hashlib.sha256(view[at:end]).digest()
+
+
+Visit = Callable[[int, int, bytes], None]  # (level, index, hash) of a subtree a merge completed
 
 
 class CompactRange:
-    """The right edge of a growing tree: one hash per set bit of its size; O(log n) memory.
-
-    `append_node` takes an aligned complete subtree (level, hash) that starts exactly at `size`.
+    """The complete aligned subtrees covering leaves [begin, end), left to right: one hash per node of
+    range_nodes(begin, end), O(log n) memory (transparency-dev's compact range). From begin 0 it is the
+    right edge of a growing tree and its root is the tree's root (the log head, the verifier); from
+    elsewhere it is a run of leaves an export leaves out, written as gap records. The one implementation
+    of merging subtrees into a range: the head, exports and both verifier passes use it.
     """
 
-    __slots__ = ("_hashes", "_levels", "size")
+    __slots__ = ("_hashes", "_levels", "begin", "end")
 
-    def __init__(self) -> None:
-        self.size = 0
-        self._levels: list[int] = []
-        self._hashes: list[bytes] = []
+    def __init__(self, begin: int = 0, end: int | None = None, hashes: Sequence[bytes] = ()) -> None:
+        self.begin = begin
+        self.end = begin if end is None else end
+        self._levels = [level for level, _index in range_nodes(begin, self.end)]
+        if len(hashes) != len(self._levels):
+            raise ProofError(f"the range [{begin}, {self.end}) has {len(self._levels)} subtrees, not {len(hashes)}")
+        self._hashes = list(hashes)
 
-    def append_leaf_hash(self, leaf: bytes) -> None:
-        self.append_node(0, leaf)
+    @property
+    def size(self) -> int:
+        """How many leaves the range covers."""
+        return self.end - self.begin
 
-    def append_node(self, level: int, node: bytes) -> None:
-        if self.size & ((1 << level) - 1):
-            raise ProofError(f"a subtree of level {level} cannot start at leaf {self.size}")
+    @property
+    def hashes(self) -> list[bytes]:
+        return list(self._hashes)
+
+    def copy(self) -> CompactRange:
+        twin = CompactRange(self.begin)
+        twin.end, twin._levels, twin._hashes = self.end, list(self._levels), list(self._hashes)
+        return twin
+
+    def append_leaf_hash(self, leaf: bytes, visit: Visit | None = None) -> None:
+        self.append_node(0, leaf, visit)
+
+    def append_node(self, level: int, node: bytes, visit: Visit | None = None) -> None:
+        """Append the complete subtree of `level` that starts at `end`; ProofError if it is not aligned
+        there. Each subtree that the merge completes is passed to `visit` (the log stores them)."""
+        at = self.end
+        if at & ((1 << level) - 1):
+            raise ProofError(f"a subtree of level {level} cannot start at leaf {at}")
         levels, hashes = self._levels, self._hashes
-        if levels and levels[-1] < level:
-            raise ProofError(f"a subtree of level {level} cannot follow one of level {levels[-1]}")
-        self.size += 1 << level
-        while levels and levels[-1] == level:
+        self.end = at + (1 << level)
+        # The last subtree is the left sibling exactly when it has this level and `node` is a right child.
+        while levels and levels[-1] == level and (at >> level) & 1:
             levels.pop()
             node = hash_children(hashes.pop(), node)
+            at -= 1 << level
             level += 1
+            if visit is not None:
+                visit(level, at >> level, node)
         levels.append(level)
         hashes.append(node)
 
+    def extend_leaves(self, leaves: Sequence[bytes]) -> None:
+        """Append many leaf hashes at once: each aligned subtree of the new leaves is reduced a level at a
+        time (no call per leaf), then appended as one node."""
+        sha = hashlib.sha256
+        offset = 0
+        for level, _index in range_nodes(self.end, self.end + len(leaves)):
+            width = 1 << level
+            nodes = leaves[offset : offset + width]
+            while len(nodes) > 1:
+                pairs = iter(nodes)
+                nodes = [sha(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs, strict=True)]
+            self.append_node(level, nodes[0])
+            offset += width
+
+    def nodes(self) -> list[tuple[int, int, bytes]]:
+        """(level, first leaf, hash) of each subtree, left to right."""
+        out, start = [], self.begin
+        for level, node in zip(self._levels, self._hashes, strict=True):
+            out.append((level, start, node))
+            start += 1 << level
+        return out
+
+    def restart(self, at: int) -> list[tuple[int, int, bytes]]:
+        """The subtrees so far (as nodes()), leaving an empty range that starts at `at`."""
+        out = self.nodes()
+        self.begin = self.end = at
+        self._levels, self._hashes = [], []
+        return out
+
     def root(self) -> bytes:
+        """RFC 6962 root of the tree of `end` leaves; only a range from leaf 0 has one."""
+        if self.begin:
+            raise ProofError(f"a range starting at leaf {self.begin} is not a whole tree")
         return fold(self._hashes)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -81,9 +81,12 @@ def leaf_hash(document: Mapping[str, Any]) -> str:
 
 @dataclass
 class _HeadState:
-    size: int
+    tree: merkle.CompactRange  # the right edge: one hash per set bit of the size, high to low
     last_leaf: bytes
-    frontier: list[bytes] = field(default_factory=list)  # one hash per set bit of size, high to low
+
+    @property
+    def size(self) -> int:
+        return self.tree.end
 
 
 @event.listens_for(OrmSession, "after_transaction_end")
@@ -101,7 +104,8 @@ def _locked_head(session: Session) -> _HeadState:
     ).one_or_none()
     if row is None:
         raise InvalidAuditEvent("the audit log head row is missing: the database was not migrated")
-    state = _HeadState(int(row.size), bytes.fromhex(row.last_leaf), [bytes.fromhex(h) for h in row.frontier])
+    tree = merkle.CompactRange(0, int(row.size), [bytes.fromhex(h) for h in row.frontier])
+    state = _HeadState(tree, bytes.fromhex(row.last_leaf))
     session.info[_HEAD_CACHE] = state
     return state
 
@@ -175,7 +179,7 @@ assert HEAD_ID == 1
 def _write(session: Session, fields: dict[str, Any], nodes: list[tuple[int, bytes]], head: _HeadState) -> None:
     conn = session.connection()
     dialect = conn.dialect.name
-    frontier = [h.hex() for h in head.frontier]
+    frontier = [h.hex() for h in head.tree.hashes]
     pg = dialect == "postgresql" and conn.dialect.driver == "psycopg"
     sql = _DRIVER_SQL.get(dialect)
     if sql is None and not pg:  # any other backend: the portable (slower) path
@@ -239,7 +243,7 @@ def record(
     body = _canonical_summary(summary)
 
     current = _locked_head(session)
-    head = _HeadState(current.size, current.last_leaf, list(current.frontier))
+    head = _HeadState(current.tree.copy(), current.last_leaf)
     seq = head.size
     prev = head.last_leaf.hex() if seq else GENESIS_HASH
     fields: dict[str, Any] = {
@@ -283,15 +287,8 @@ def record(
 
 def _push_leaf(head: _HeadState, leaf: bytes) -> list[tuple[int, bytes]]:
     """Add a leaf to the cached right edge; returns the completed subtrees (node key, hash) to store."""
-    index = head.size
     created: list[tuple[int, bytes]] = []
-    node, level = leaf, 0
-    while (index >> level) & 1:  # the subtree at this level completes a pair with its left sibling
-        node = merkle.hash_children(head.frontier.pop(), node)
-        level += 1
-        created.append((node_key(level, index >> level), node))
-    head.frontier.append(node)
-    head.size = index + 1
+    head.tree.append_leaf_hash(leaf, lambda level, index, node: created.append((node_key(level, index), node)))
     head.last_leaf = leaf
     return created
 

@@ -192,7 +192,9 @@ class DurablePostgres:
 
 def bench_verify(base: Path, runs: int, events: int) -> None:
     from audit.export import export_events
-    from audit.verify import _SUFFIX_LEN, EVENT_PREFIX, _fast_jsonl, verify_export
+    from audit.export.jsonl import EVENT_PREFIX, SUFFIX_LEN
+    from audit.verify import verify_export
+    from audit.verify.fast import verify_whole
     from tests.audit.bulk import bulk_fill
     from tests.audit.conftest import KeySigner
 
@@ -213,7 +215,7 @@ def bench_verify(base: Path, runs: int, events: int) -> None:
 
     def verify_one_process() -> None:  # the same fast pass without forked parts: what one core gives
         with open(path, "rb") as fh:
-            report = _fast_jsonl(fh, key, processes=1)
+            report = verify_whole(fh, key, processes=1)
         assert report is not None and report.events == events
 
     def whole_file_sha() -> None:
@@ -228,7 +230,7 @@ def bench_verify(base: Path, runs: int, events: int) -> None:
         with open(path, "rb") as fh:
             for ln in fh:
                 if ln.startswith(EVENT_PREFIX):
-                    sha(ln[len(EVENT_PREFIX) : -_SUFFIX_LEN - 1]).digest()
+                    sha(ln[len(EVENT_PREFIX) : -SUFFIX_LEN - 1]).digest()
 
     # Interleaved, so all three see the same machine load; the per-event baseline's own line reading
     # is timed separately and subtracted, leaving only the hashing of each event's bytes.
@@ -236,7 +238,7 @@ def bench_verify(base: Path, runs: int, events: int) -> None:
         with open(path, "rb") as fh:
             for ln in fh:
                 if ln.startswith(EVENT_PREFIX):
-                    ln[len(EVENT_PREFIX) : -_SUFFIX_LEN - 1]
+                    ln[len(EVENT_PREFIX) : -SUFFIX_LEN - 1]
 
     times: dict[str, list[float]] = {"verify": [], "one": [], "per_event": [], "read": [], "whole": []}
     load = os.getloadavg()[0]

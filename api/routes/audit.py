@@ -11,7 +11,7 @@ import secrets
 import tempfile
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -25,7 +25,7 @@ from api.routes.common import decode_cursor, encode_cursor, request_id
 from api.schemas import COMMON_ERRORS, CursorQuery, error_responses
 from audit import checkpoint as cp
 from audit import record, service
-from audit.export import ExportFilter, export_events
+from audit.export import FORMATS, ExportFilter, FormatName, export_events
 from audit.models import AuditEvent
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput, NotFound
@@ -100,7 +100,7 @@ class ConsistencyOut(BaseModel):
 class ExportRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["jsonl", "csv", "ocsf"] = "jsonl"
+    format: FormatName = "jsonl"
     since: datetime | None = None
     until: datetime | None = None
     tenant: str | None = Field(None, min_length=1, max_length=63, pattern=SLUG)
@@ -294,8 +294,8 @@ def consistency(
     )
 
 
-MEDIA = {"jsonl": "application/x-ndjson", "ocsf": "application/x-ndjson", "csv": "text/csv"}
-EXTENSION = {"jsonl": "jsonl", "ocsf": "ocsf.jsonl", "csv": "csv"}
+MEDIA = {name: f.media_type for name, f in FORMATS.items()}
+EXTENSION = {name: f.extension for name, f in FORMATS.items()}
 DECISIONS_FILE = "audit-export.decisions.jsonl"
 
 

@@ -14,9 +14,8 @@ from py_ocsf_models.objects.metadata import Metadata
 from py_ocsf_models.objects.user import User
 from sqlmodel import select
 
-from audit import ocsf
 from audit.errors import InvalidAuditEvent
-from audit.export import ExportFilter, export_events
+from audit.export import ExportFilter, export_events, ocsf
 from audit.models import AuditCheckpoint
 from audit.verify import verify_export
 from store.db import Database

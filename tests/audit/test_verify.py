@@ -19,6 +19,7 @@ from audit.checkpoint import sign_checkpoint
 from audit.errors import VerificationError
 from audit.export import ExportFilter, export_events
 from audit.verify import verify_export
+from audit.verify.fast import verify_whole as _fast_jsonl
 from store.db import Database
 from tests.audit.conftest import T0, KeySigner, fill
 
@@ -358,8 +359,6 @@ def test_not_an_export() -> None:
 
 
 def test_fast_path_accepts_only_an_intact_unfiltered_jsonl_export(exported: dict[str, bytes | KeySigner]) -> None:
-    from audit.verify import _fast_jsonl
-
     signer = exported["signer"]
     assert isinstance(signer, KeySigner)
     full = exported["jsonl"]
@@ -376,8 +375,6 @@ def test_fast_path_accepts_only_an_intact_unfiltered_jsonl_export(exported: dict
 
 def test_fast_path_reads_in_blocks_of_any_size(exported: dict[str, bytes | KeySigner], tmp_path: Path) -> None:
     """Blocks that cut lines anywhere, and lines longer than the block (the buffer grows), give one result."""
-    from audit.verify import _fast_jsonl
-
     signer = exported["signer"]
     assert isinstance(signer, KeySigner)
     full = exported["jsonl"]
@@ -400,6 +397,9 @@ def test_fast_path_reads_in_blocks_of_any_size(exported: dict[str, bytes | KeySi
         full.replace(lines[i], lines[i].replace(b'{"event":', b'{"event" :')),
         full.replace(lines[i], lines[i][:-4] + lines[i][-3:]),  # stated hash one digit short
         full.replace(lines[i], lines[i] + b"\n"),  # an empty line
+        b"".join(lines[:i] + lines[i + 1 :]),  # well-formed lines, one missing
+        b"".join(lines[: i + 1] + lines[i:]),  # one twice
+        b"".join([*lines[:i], lines[i + 1], lines[i], *lines[i + 2 :]]),  # two swapped
     ):
         path.write_bytes(bad)
         for chunk in (1 << 20, 1000, 64):
@@ -412,8 +412,6 @@ def test_fast_path_in_several_processes_matches_one_process(
 ) -> None:
     """Parts hashed in forked processes join to the same result; a part that starts elsewhere than its
     first line's seq says, or a tampered part, fails the whole pass."""
-    from audit.verify import _fast_jsonl
-
     signer = exported["signer"]
     assert isinstance(signer, KeySigner)
     full = exported["jsonl"]

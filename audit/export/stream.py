@@ -29,13 +29,10 @@ no context events; there the verifier trusts the exporter's selection, as above.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 from sqlalchemy import and_, func, select
 from sqlmodel import Session
@@ -43,39 +40,13 @@ from sqlmodel import Session
 from audit import merkle
 from audit.checkpoint import DEFAULT_ORIGIN, CheckpointSigner, write_checkpoint
 from audit.errors import InvalidAuditEvent
+from audit.export.formats import FORMATS
+from audit.export.records import EXPORT_FORMAT, EXPORT_VERSION
 from audit.models import AuditCheckpoint, AuditEvent
-from audit.ocsf import to_ocsf
 from audit.service import ACTION_RE, format_ts, node_hashes
 from core.clock import Clock, system_clock
 from core.slugs import is_slug
 from store.db import Database
-
-ExportFormat = Literal["jsonl", "csv", "ocsf"]
-FORMATS: tuple[str, ...] = ("jsonl", "csv", "ocsf")
-EXPORT_FORMAT = "trustfabric-audit-export"
-EXPORT_VERSION = 1
-CSV_COLUMNS = (
-    "record",
-    "seq",
-    "ts",
-    "actor_id",
-    "actor_kind",
-    "tenant",
-    "action",
-    "object_type",
-    "object_id",
-    "summary",
-    "reason",
-    "request_id",
-    "prev_hash",
-    "leaf_hash",
-    "level",
-    "hash",
-    "data",
-)
-EVENT_PREFIX = b'{"event":'
-LEAF_INFIX = b',"leaf_hash":"'
-EVENT_SUFFIX = b'"}\n'
 
 _events = AuditEvent.__table__  # type: ignore[attr-defined]
 
@@ -145,98 +116,6 @@ def seq_range(session: Session, size: int, filters: ExportFilter) -> tuple[int, 
     return start, end
 
 
-class _GapBuilder:
-    """Collects excluded leaves into maximal aligned complete subtrees (O(log n) memory)."""
-
-    def __init__(self) -> None:
-        self.pieces: list[tuple[int, int, bytes]] = []  # (level, start, hash)
-
-    def push(self, seq: int, leaf: bytes) -> None:
-        pieces = self.pieces
-        pieces.append((0, seq, leaf))
-        while len(pieces) >= 2:
-            lv2, st2, h2 = pieces[-1]
-            lv1, st1, h1 = pieces[-2]
-            if lv1 != lv2 or (st1 >> lv1) & 1 or st1 + (1 << lv1) != st2:
-                break
-            pieces[-2:] = [(lv1 + 1, st1, merkle.hash_children(h1, h2))]
-
-    def drain(self) -> list[tuple[int, int, bytes]]:
-        out, self.pieces = self.pieces, []
-        return out
-
-
-class _Writer:
-    def __init__(self, out: IO[bytes], origin: str) -> None:
-        self.out = out
-        self.origin = origin
-
-    def header(self, header: dict[str, Any]) -> None:
-        self.out.write(b'{"header":' + _compact(header) + b"}\n")
-
-    def event(self, data: str, leaf_hash: str) -> None:
-        self.out.write(EVENT_PREFIX + data.encode() + LEAF_INFIX + leaf_hash.encode() + EVENT_SUFFIX)
-
-    def gap(self, level: int, start: int, node: bytes) -> None:
-        self.out.write(b'{"gap":' + _compact({"hash": node.hex(), "level": level, "start": start}) + b"}\n")
-
-    def close(self) -> None:
-        self.out.flush()
-
-
-class _OcsfWriter(_Writer):
-    def event(self, data: str, leaf_hash: str) -> None:
-        self.out.write(_compact(to_ocsf(json.loads(data), leaf_hash, origin=self.origin)) + b"\n")
-
-
-class _CsvWriter(_Writer):
-    def __init__(self, out: IO[bytes], origin: str) -> None:
-        super().__init__(out, origin)
-        self.text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
-        self.csv = csv.writer(self.text, lineterminator="\n")
-        self.csv.writerow(CSV_COLUMNS)
-
-    def _row(self, **cells: Any) -> None:
-        self.csv.writerow(["" if cells.get(c) is None else cells[c] for c in CSV_COLUMNS])
-
-    def header(self, header: dict[str, Any]) -> None:
-        self._row(record="header", data=_compact(header).decode())
-
-    def event(self, data: str, leaf_hash: str) -> None:
-        doc = json.loads(data)
-        self._row(
-            record="event",
-            seq=doc["seq"],
-            ts=doc["ts"],
-            actor_id=doc["actor"]["id"],
-            actor_kind=doc["actor"]["kind"],
-            tenant=doc["tenant"],
-            action=doc["action"],
-            object_type=doc["object"]["type"],
-            object_id=doc["object"]["id"],
-            summary=_compact(doc["summary"]).decode(),
-            reason=doc["reason"],
-            request_id=doc["request_id"],
-            prev_hash=doc["prev_hash"],
-            leaf_hash=leaf_hash,
-        )
-
-    def gap(self, level: int, start: int, node: bytes) -> None:
-        self._row(record="gap", seq=start, level=level, hash=node.hex())
-
-    def close(self) -> None:
-        self.text.flush()
-        self.text.detach()
-        self.out.flush()
-
-
-_WRITERS: dict[str, type[_Writer]] = {"jsonl": _Writer, "ocsf": _OcsfWriter, "csv": _CsvWriter}
-
-
-def _compact(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def _matches(filters: ExportFilter, tenant: str | None, action: str) -> bool:
     return (filters.tenant is None or tenant == filters.tenant) and (filters.action is None or action == filters.action)
 
@@ -259,11 +138,11 @@ def export_events(
     """
     filters = filters or ExportFilter()
     filters.check()
-    if fmt not in _WRITERS:
+    if fmt not in FORMATS:
         raise InvalidAuditEvent(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
     cp = write_checkpoint(db, signer, origin=origin, clock=clock)
     n = cp.size
-    writer = _WRITERS[fmt](out, origin)
+    writer = FORMATS[fmt].writer(out, origin)
     events = gaps = 0
     with db.read_session() as session:
         start, end = seq_range(session, n, filters)
@@ -289,23 +168,23 @@ def export_events(
             for rows in _stream(session, before, before + 1, 1):
                 for _seq, _tenant, _action, data, leaf in rows:
                     writer.event(data, leaf)
-        builder = _GapBuilder()
+        left_out = merkle.CompactRange(start)  # the run of events since the last one shown
         total = end - start
         done = 0
         for rows in _stream(session, start, end, batch):
             for seq, tenant, action, data, leaf in rows:
                 if _matches(filters, tenant, action):
-                    for level, st, node in builder.drain():
+                    for level, st, node in left_out.restart(seq + 1):
                         writer.gap(level, st, node)
                         gaps += 1
                     writer.event(data, leaf)
                     events += 1
                 else:
-                    builder.push(int(seq), bytes.fromhex(leaf))
+                    left_out.append_leaf_hash(bytes.fromhex(leaf))
             done += len(rows)
             if progress is not None:
                 progress(done, total)
-        for level, st, node in builder.drain():
+        for level, st, node in left_out.nodes():
             writer.gap(level, st, node)
             gaps += 1
         if after is not None:

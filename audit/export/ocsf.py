@@ -9,12 +9,20 @@
 
 The signed document and its leaf hash ride along in `unmapped.trustfabric`, so an OCSF export verifies
 offline like the others (the verifier re-derives the OCSF fields and rejects any difference).
+Header and gap records are the JSONL ones.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import IO, Any
+
+import rfc8785
+
+from audit.export.jsonl import JsonlWriter
+from audit.export.records import Event, Format, Record, compact, header_output, is_hex64, json_lines, malformed
 
 OCSF_VERSION = "1.5.0"
 PRODUCT = {"name": "trustfabric", "vendor_name": "trustfabric", "feature": {"name": "audit"}}
@@ -194,3 +202,48 @@ def to_ocsf(document: dict[str, Any], leaf_hash: str, *, origin: str) -> dict[st
         event["src_endpoint"] = _endpoint(summary.get("src", summary.get("source")))
         event["dst_endpoint"] = _endpoint(summary.get("dst", summary.get("destination", obj["id"])))
     return event
+
+
+class OcsfWriter(JsonlWriter):
+    def event(self, data: str, leaf_hash: str) -> None:
+        self.out.write(compact(to_ocsf(json.loads(data), leaf_hash, origin=self.origin)) + b"\n")
+
+
+def _event(lineno: int, line: bytes, origin: str) -> Event | None:
+    """An OCSF event line: the signed document it carries, and whether its OCSF fields are the ones
+    to_ocsf derives from that document (any difference is tampering)."""
+    if not line.startswith(b"{") or b'"class_uid"' not in line:
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise malformed(lineno, f"not JSON ({exc})") from exc
+    if not isinstance(obj, dict) or "class_uid" not in obj:
+        return None
+    tf = (obj.get("unmapped") or {}).get("trustfabric") if isinstance(obj.get("unmapped"), dict) else None
+    if not isinstance(tf, dict) or not isinstance(tf.get("event"), dict) or not is_hex64(tf.get("leaf_hash")):
+        raise malformed(lineno, "OCSF event lacks unmapped.trustfabric.event / leaf_hash")
+    doc = tf["event"]
+    try:
+        data = bytes(rfc8785.dumps(doc))
+    except Exception as exc:
+        raise malformed(lineno, f"OCSF event document is not canonicalizable: {exc}") from exc
+    try:
+        expected = to_ocsf(doc, tf["leaf_hash"], origin=origin)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        expected = None
+    return Event(lineno, data, tf["leaf_hash"], doc, mapped_differs=expected != obj)
+
+
+def read_ocsf(stream: IO[bytes]) -> Iterator[Record]:
+    return json_lines(stream, _event)
+
+
+FORMAT = Format(
+    name="ocsf",
+    media_type="application/x-ndjson",
+    extension="ocsf.jsonl",
+    writer=OcsfWriter,
+    reader=read_ocsf,
+    detects=lambda first: header_output(first) == "ocsf",
+)

@@ -1,0 +1,145 @@
+"""CSV for spreadsheets: one row per record, the event's fields in columns from which the verifier
+rebuilds the exact hashed bytes; header and gap rows use the `data`, `seq`, `level`, `hash` cells."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from typing import IO, Any
+
+import rfc8785
+
+from audit.errors import Malformed, Truncated
+from audit.export.records import Event, Format, Header, Record, compact, gap_from, malformed
+from audit.service import DOCUMENT_VERSION
+
+CSV_COLUMNS = (
+    "record",
+    "seq",
+    "ts",
+    "actor_id",
+    "actor_kind",
+    "tenant",
+    "action",
+    "object_type",
+    "object_id",
+    "summary",
+    "reason",
+    "request_id",
+    "prev_hash",
+    "leaf_hash",
+    "level",
+    "hash",
+    "data",
+)
+
+
+class CsvWriter:
+    def __init__(self, out: IO[bytes], origin: str) -> None:
+        self.out = out
+        self.origin = origin
+        self.text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
+        self.csv = csv.writer(self.text, lineterminator="\n")
+        self.csv.writerow(CSV_COLUMNS)
+
+    def _row(self, **cells: Any) -> None:
+        self.csv.writerow(["" if cells.get(c) is None else cells[c] for c in CSV_COLUMNS])
+
+    def header(self, header: dict[str, Any]) -> None:
+        self._row(record="header", data=compact(header).decode())
+
+    def event(self, data: str, leaf_hash: str) -> None:
+        doc = json.loads(data)
+        self._row(
+            record="event",
+            seq=doc["seq"],
+            ts=doc["ts"],
+            actor_id=doc["actor"]["id"],
+            actor_kind=doc["actor"]["kind"],
+            tenant=doc["tenant"],
+            action=doc["action"],
+            object_type=doc["object"]["type"],
+            object_id=doc["object"]["id"],
+            summary=compact(doc["summary"]).decode(),
+            reason=doc["reason"],
+            request_id=doc["request_id"],
+            prev_hash=doc["prev_hash"],
+            leaf_hash=leaf_hash,
+        )
+
+    def gap(self, level: int, start: int, node: bytes) -> None:
+        self._row(record="gap", seq=start, level=level, hash=node.hex())
+
+    def close(self) -> None:
+        self.text.flush()
+        self.text.detach()
+        self.out.flush()
+
+
+def _document(cell: dict[str, str]) -> dict[str, Any]:
+    return {
+        "v": DOCUMENT_VERSION,
+        "seq": int(cell["seq"]),
+        "ts": cell["ts"],
+        "actor": {"id": cell["actor_id"], "kind": cell["actor_kind"]},
+        "tenant": cell["tenant"] or None,
+        "action": cell["action"],
+        "object": {"type": cell["object_type"], "id": cell["object_id"]},
+        "summary": json.loads(cell["summary"]),
+        "reason": cell["reason"] or None,
+        "request_id": cell["request_id"] or None,
+        "prev_hash": cell["prev_hash"],
+    }
+
+
+def read_csv(stream: IO[bytes]) -> Iterator[Record]:
+    text = io.TextIOWrapper(stream, encoding="utf-8", newline="")
+    reader = csv.reader(text)
+    try:
+        first = next(reader, None)
+        if first is None or tuple(first) != CSV_COLUMNS:
+            raise malformed(1, "CSV header row does not name the export's columns")
+        for row in reader:
+            lineno = reader.line_num
+            if len(row) != len(CSV_COLUMNS):
+                error = Truncated if len(row) < len(CSV_COLUMNS) else Malformed
+                raise error(f"line {lineno}: CSV row has {len(row)} cells, want {len(CSV_COLUMNS)}", line=lineno)
+            cell = dict(zip(CSV_COLUMNS, row, strict=True))
+            kind = cell["record"]
+            if kind == "header":
+                try:
+                    fields = json.loads(cell["data"])
+                except ValueError as exc:
+                    raise malformed(lineno, "header data is not JSON") from exc
+                if not isinstance(fields, dict):
+                    raise malformed(lineno, "header data is not a JSON object")
+                yield Header(lineno, fields)
+            elif kind == "gap":
+                try:
+                    level, start = int(cell["level"]), int(cell["seq"])
+                except ValueError as exc:
+                    raise malformed(lineno, "gap level/start is not a number") from exc
+                yield gap_from({"hash": cell["hash"], "level": level, "start": start}, lineno)
+            elif kind == "event":
+                try:
+                    doc = _document(cell)
+                    data = bytes(rfc8785.dumps(doc))
+                except Exception as exc:
+                    raise malformed(lineno, f"event row cannot be rebuilt: {exc}") from exc
+                yield Event(lineno, data, cell["leaf_hash"], doc)
+            else:
+                raise malformed(lineno, f"unknown record type {kind!r}")
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise Malformed(f"the file is not a well-formed CSV export: {exc}") from exc
+
+
+FORMAT = Format(
+    name="csv",
+    media_type="text/csv",
+    extension="csv",
+    writer=CsvWriter,
+    reader=read_csv,
+    detects=lambda first: first.startswith(b"record,"),
+)

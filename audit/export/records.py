@@ -1,0 +1,137 @@
+"""What every export format carries -- a header, events, gap records -- as its reader yields them, and
+the writer protocol each format implements. Formats differ only in how these look on the page."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any, Protocol
+
+from audit.errors import Malformed, Truncated
+
+EXPORT_FORMAT = "trustfabric-audit-export"
+EXPORT_VERSION = 1
+
+
+@dataclass
+class Header:
+    line: int
+    fields: dict[str, Any]
+
+
+@dataclass
+class Event:
+    line: int
+    data: bytes  # the exact leaf input
+    stated_leaf: str
+    doc: dict[str, Any] | None  # parsed lazily where the format carries the bytes (JSONL)
+    mapped_differs: bool = False  # a mapped format's own fields disagree with the signed event (OCSF)
+
+
+@dataclass
+class Gap:
+    line: int
+    level: int
+    start: int
+    hash: bytes
+
+
+Record = Header | Event | Gap
+
+
+class Writer(Protocol):
+    """Writes one export in one format; the exporter calls header once, then events and gaps in order."""
+
+    def header(self, header: dict[str, Any]) -> None:
+        """The header record (checkpoint, range, filter)."""
+        ...
+
+    def event(self, data: str, leaf_hash: str) -> None:
+        """One event: its exact hashed bytes (RFC 8785 JSON) and leaf hash."""
+        ...
+
+    def gap(self, level: int, start: int, node: bytes) -> None:
+        """The hash of the complete subtree of `level` starting at leaf `start`, standing for its events."""
+        ...
+
+    def close(self) -> None:
+        """Flush; the output stream stays open."""
+        ...
+
+
+@dataclass(frozen=True)
+class Format:
+    """One export format: a module holding its writer and its reader registers one of these."""
+
+    name: str
+    media_type: str
+    extension: str
+    writer: Callable[[IO[bytes], str], Writer]  # (output, checkpoint origin)
+    reader: Callable[[IO[bytes]], Iterator[Record]]
+    detects: Callable[[bytes], bool]  # whether a file whose first line is this is in the format
+
+
+def compact(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def malformed(line: int, message: str, index: int | None = None) -> Malformed:
+    return Malformed(f"line {line}: {message}", index=index, line=line)
+
+
+def is_hex64(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def gap_from(obj: Any, line: int) -> Gap:
+    if not isinstance(obj, dict) or set(obj) != {"hash", "level", "start"}:
+        raise malformed(line, "gap record needs exactly hash, level and start")
+    level, start, h = obj["level"], obj["start"], obj["hash"]
+    if type(level) is not int or type(start) is not int or not 0 <= level < 63 or start < 0 or not is_hex64(h):
+        raise malformed(line, "gap record has a bad level, start or hash")
+    return Gap(line, level, start, bytes.fromhex(h))
+
+
+def lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(line number, line without its newline); a last line without one is a file cut mid-record."""
+    for lineno, raw in enumerate(stream, start=1):
+        if not raw.endswith(b"\n"):
+            raise Truncated(f"line {lineno} is cut off: the file ends mid-record", line=lineno)
+        yield lineno, raw[:-1]
+
+
+def json_lines(
+    stream: IO[bytes], event: Callable[[int, bytes, str], Event | None]
+) -> Iterator[Record]:
+    """The reader of the JSON-lines formats: `event(line number, line, origin)` parses the format's
+    event lines (None: not an event line); header and gap records are common to them."""
+    origin = ""
+    for lineno, line in lines(stream):
+        ev = event(lineno, line, origin)
+        if ev is not None:
+            yield ev
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise malformed(lineno, f"not JSON ({exc})") from exc
+        if not isinstance(obj, dict):
+            raise malformed(lineno, "record is not a JSON object")
+        if set(obj) == {"gap"}:
+            yield gap_from(obj["gap"], lineno)
+        elif set(obj) == {"header"} and isinstance(obj["header"], dict):
+            origin = str(obj["header"].get("origin", ""))
+            yield Header(lineno, obj["header"])
+        else:
+            raise malformed(lineno, "unknown record")
+
+
+def header_output(first_line: bytes) -> str | None:
+    """The `output` a JSON-lines header names (None if the line is not such a header)."""
+    try:
+        header = json.loads(first_line)["header"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    output = header.get("output") if isinstance(header, dict) else None
+    return output if isinstance(output, str) else None

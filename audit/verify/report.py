@@ -1,0 +1,17 @@
+"""What a successful verification proved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    origin: str
+    tree_size: int
+    root: bytes
+    events: int
+    gaps: int
+    range: tuple[int, int]
+    filter: dict[str, Any]
