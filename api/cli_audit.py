@@ -1,6 +1,9 @@
 """`trustfabric audit export | verify | public-key`.
 
-`verify` works offline: it opens no database and no key store, only the export file and the public key.
+`verify` works offline: it opens no database and no key store, only the export file and the public key
+(and, with --since-checkpoint, a checkpoint the auditor kept). Exit codes: 0 proven intact, 1 failed
+(names the first bad event), 3 unproven (nothing found altered, but the export cannot prove its
+selection complete), 2 usage.
 """
 
 from __future__ import annotations
@@ -8,11 +11,17 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from api.cli_common import JsonOpt, emit_json, err_console, fail, open_context
 from core.errors import InvalidInput, TrustfabricError
+
+if TYPE_CHECKING:  # imported when a command runs: `trustfabric --help` stays light
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from audit.checkpoint import Checkpoint
 
 
 def _when(value: str | None, name: str) -> datetime | None:
@@ -39,13 +48,16 @@ def export_cmd(
         "--with-decisions",
         help="also write the policy decision records (same --since/--until/--tenant) to <out>.decisions.jsonl",
     ),
+    since_checkpoint: Path | None = typer.Option(
+        None, "--since-checkpoint", help="a checkpoint kept earlier: the export carries the consistency proof from it"
+    ),
     json_out: bool = JsonOpt,
 ) -> None:
     """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
     import audit
     from api.cli_common import local_operator
     from api.routes.audit import log_origin
-    from audit.checkpoint import audit_signer
+    from audit.checkpoint import audit_signer, ed25519_public_key
     from audit.export import FORMATS, ExportFilter, export_events
 
     if fmt not in FORMATS:
@@ -62,6 +74,7 @@ def export_cmd(
         export_filter(filters.since, filters.until, tenant)  # a bad filter writes nothing
     with open_context() as ctx:
         signer = audit_signer(ctx.keystore)
+        kept = _kept_checkpoint(since_checkpoint, ed25519_public_key(signer)) if since_checkpoint else None
         show = sys.stderr.isatty() and not json_out
         try:
             with open(tmp, "wb") as fh:
@@ -86,6 +99,7 @@ def export_cmd(
                             origin=log_origin(ctx),
                             clock=ctx.clock,
                             progress=lambda done, total: bar.update(task, completed=done, total=total),
+                            since_checkpoint=kept,
                         )
                 else:
                     result = export_events(
@@ -96,6 +110,7 @@ def export_cmd(
                         filters=filters,
                         origin=log_origin(ctx),
                         clock=ctx.clock,
+                        since_checkpoint=kept,
                     )
             if with_decisions:
                 from policy.decisionlog import export_decisions
@@ -149,19 +164,42 @@ def export_cmd(
             print(f"exported {decisions.count} decision record(s) to {dec_out} (sha256 {decisions.sha256})")
 
 
+def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
+    """A checkpoint note the auditor kept, verified with the audit public key (CheckpointError if not)."""
+    from audit.checkpoint import verify_checkpoint
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"--since-checkpoint {path}: cannot read it ({exc})") from None
+    return verify_checkpoint(text, key)
+
+
 def verify_cmd(
     file: Path = typer.Argument(..., help="an export written by `trustfabric audit export`"),
     public_key: Path = typer.Option(..., "--public-key", help="the audit public key (PEM from `audit public-key`)"),
+    since_checkpoint: Path | None = typer.Option(
+        None,
+        "--since-checkpoint",
+        help="a signed checkpoint kept earlier (GET /v1/audit/checkpoint `note`): the export must extend it",
+    ),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Verify an export offline; exit 0 when intact, 1 naming the first bad event."""
+    """Verify an export offline; exit 0 when proven intact, 1 naming the first bad event, 3 when unproven."""
     from audit.checkpoint import load_public_key
-    from audit.errors import VerificationError
+    from audit.errors import Unproven, VerificationError
     from audit.verify import verify_export
 
     try:
         key = load_public_key(public_key.read_bytes())
-        report = verify_export(file, key)
+        kept = _kept_checkpoint(since_checkpoint, key) if since_checkpoint else None
+        report = verify_export(file, key, since=kept)
+    except Unproven as exc:
+        if json_out:
+            emit_json({"ok": False, "kind": exc.kind, "index": None, "line": None, "reason": str(exc)})
+        else:
+            err_console.print(f"UNPROVEN: nothing was found altered, but {exc}", highlight=False, markup=False)
+        raise typer.Exit(3) from None
     except VerificationError as exc:
         if json_out:
             emit_json({"ok": False, "kind": exc.kind, "index": exc.index, "line": exc.line, "reason": str(exc)})
@@ -182,14 +220,16 @@ def verify_cmd(
                 "root": report.root.hex(),
                 "range": list(report.range),
                 "filter": report.filter,
+                "signed_at": report.signed_at.isoformat() if report.signed_at else None,
             }
         )
         return
     # what was proven: the export's selection (from its header) as well as the checkpoint it matches
     chosen = ", ".join(f"{k} {v}" for k, v in sorted(report.filter.items()) if v is not None) or "no filter"
+    signed = f", signed {report.signed_at.isoformat()}" if report.signed_at else ", no signed time"
     print(
         f"OK: {report.events} event(s) verified against the signed checkpoint of {report.origin} "
-        f"(tree size {report.tree_size}, root {report.root.hex()}); selection: {chosen}, "
+        f"(tree size {report.tree_size}, root {report.root.hex()}{signed}); selection: {chosen}, "
         f"sequence range [{report.range[0]}, {report.range[1]})"
     )
 

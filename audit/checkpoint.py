@@ -1,8 +1,17 @@
 """Signed checkpoints: the external anchor of the log, in the C2SP tlog-checkpoint / signed-note format.
 
-    <origin>\\n<tree size>\\n<base64 root hash>\\n\\n— <key name> <base64(key hash[4] || signature)>\\n
+    <origin>\\n<tree size>\\n<base64 root hash>\\n[<extension line>\\n ...]
+    \\n— <key name> <base64(key hash[4] || signature)>\\n
 
-The signature is Ed25519 over the note body (the three lines with their newlines); the key hash is the
+Two extension lines (C2SP: opaque, non-empty lines after the root, covered by the signature):
+
+    trustfabric-time <UTC time, microseconds, Z>     when it was signed: an export cut back to an older
+                                                      checkpoint shows its age, and `audit verify
+                                                      --since-checkpoint` refuses one older than a kept one
+    trustfabric-counters <counted_from> <keys> <base64 root>
+                                                      the RFC 6962 root of every key's head (audit/counters.py)
+
+The signature is Ed25519 over the note body (its lines with their newlines); the key hash is the
 first 4 bytes of SHA-256(key name || "\\n" || 0x01 || raw public key) (note key type 0x01 = Ed25519).
 The audit key lives in the KeyStore (keys/, below audit) under its own id, apart from the CA keys.
 """
@@ -14,8 +23,9 @@ import binascii
 import hashlib
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from cryptography.exceptions import InvalidSignature
@@ -23,9 +33,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlmodel import Session, col, func, select
 
-from audit import merkle
+from audit import counters, merkle
 from audit.errors import AuditKeyMissing, CheckpointError
-from audit.models import HEAD_ID, AuditCheckpoint, AuditHead
+from audit.models import HEAD_ID, AuditCheckpoint, AuditCounter, AuditHead
+from audit.service import format_ts
 from core.clock import Clock, as_utc, system_clock
 from keys import KeyKind, KeyStore, PublicKey
 from store.db import Database
@@ -137,16 +148,32 @@ def _check_origin(origin: str) -> None:
         raise CheckpointError(f"checkpoint origin {origin!r} must be printable, without spaces or '+'")
 
 
-def checkpoint_body(origin: str, size: int, root: bytes) -> bytes:
+TIME_LINE = "trustfabric-time"
+COUNTERS_LINE = "trustfabric-counters"
+
+
+def time_line(at: datetime) -> str:
+    return f"{TIME_LINE} {format_ts(at)}"
+
+
+def counters_line(counted_from: int, keys: int, root: bytes) -> str:
+    return f"{COUNTERS_LINE} {counted_from} {keys} {base64.b64encode(root).decode()}"
+
+
+def checkpoint_body(origin: str, size: int, root: bytes, extensions: Sequence[str] = ()) -> bytes:
     _check_origin(origin)
     if size < 0 or len(root) != merkle.HASH_SIZE:
         raise CheckpointError("checkpoint needs a non-negative size and a 32-byte root")
-    return f"{origin}\n{size}\n{base64.b64encode(root).decode()}\n".encode()
+    if any(not line or "\n" in line for line in extensions):
+        raise CheckpointError("checkpoint extension lines must be non-empty single lines")
+    return "".join(f"{line}\n" for line in (origin, str(size), base64.b64encode(root).decode(), *extensions)).encode()
 
 
-def sign_checkpoint(signer: CheckpointSigner, origin: str, size: int, root: bytes) -> str:
+def sign_checkpoint(
+    signer: CheckpointSigner, origin: str, size: int, root: bytes, extensions: Sequence[str] = ()
+) -> str:
     """The signed note text; the key name is the origin (the C2SP convention)."""
-    body = checkpoint_body(origin, size, root)
+    body = checkpoint_body(origin, size, root, extensions)
     key = ed25519_public_key(signer)
     sig = signer.sign(body)
     if len(sig) != 64:
@@ -156,11 +183,58 @@ def sign_checkpoint(signer: CheckpointSigner, origin: str, size: int, root: byte
 
 
 @dataclass(frozen=True)
+class CountersHead:
+    """What a checkpoint signs about the per-key counters: from which position events carry them, and
+    the RFC 6962 root over the heads of `keys` keys."""
+
+    counted_from: int
+    keys: int
+    root: bytes
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     origin: str
     size: int
     root: bytes
     note: str
+    time: datetime | None = None  # None: signed before checkpoints carried a time
+    counters: CountersHead | None = None  # None: signed before the log kept counters
+
+
+def _decimal(text: str, what: str) -> int:
+    if not text.isdigit() or not text.isascii() or (text != "0" and text.startswith("0")):
+        raise CheckpointError(f"checkpoint {what} {text[:30]!r} is not a decimal number")
+    return int(text)
+
+
+def _extensions(lines: list[str]) -> tuple[datetime | None, CountersHead | None]:
+    """The extension lines this project writes; others are signed but not ours, and ignored."""
+    at: datetime | None = None
+    heads: CountersHead | None = None
+    for line in lines:
+        if not line:
+            raise CheckpointError("checkpoint has an empty extension line")
+        name, _, value = line.partition(" ")
+        if name == TIME_LINE:
+            try:
+                at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                at = None
+            if at is None or at.tzinfo is None or not value.endswith("Z"):
+                raise CheckpointError(f"checkpoint time {value[:40]!r} is not a UTC time")
+        elif name == COUNTERS_LINE:
+            parts = value.split(" ")
+            if len(parts) != 3:
+                raise CheckpointError("checkpoint counters line needs counted_from, keys and root")
+            try:
+                root = base64.b64decode(parts[2], validate=True)
+            except binascii.Error as exc:
+                raise CheckpointError("checkpoint counters root is not base64") from exc
+            if len(root) != merkle.HASH_SIZE:
+                raise CheckpointError("checkpoint counters root is not 32 bytes")
+            heads = CountersHead(_decimal(parts[0], "counted_from"), _decimal(parts[1], "key count"), root)
+    return at, heads
 
 
 def verify_checkpoint(note: str, public_key: Ed25519PublicKey, *, origin: str | None = None) -> Checkpoint:
@@ -175,8 +249,7 @@ def verify_checkpoint(note: str, public_key: Ed25519PublicKey, *, origin: str | 
     cp_origin, size_text, root_text = lines[0], lines[1], lines[2]
     if origin is not None and cp_origin != origin:
         raise CheckpointError(f"checkpoint origin is {cp_origin!r}, expected {origin!r}")
-    if not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")) or not size_text.isascii():
-        raise CheckpointError(f"checkpoint tree size {size_text!r} is not a decimal number")
+    size = _decimal(size_text, "tree size")
     try:
         root = base64.b64decode(root_text, validate=True)
     except binascii.Error as exc:
@@ -202,7 +275,8 @@ def verify_checkpoint(note: str, public_key: Ed25519PublicKey, *, origin: str | 
             raise CheckpointError(
                 "checkpoint signature does not verify with the audit public key: the checkpoint was altered"
             ) from exc
-        return Checkpoint(cp_origin, int(size_text), root, note)
+        at, heads = _extensions(lines[3:])  # parsed only once the signature holds
+        return Checkpoint(cp_origin, size, root, note, at, heads)
     raise CheckpointError(
         "checkpoint is not signed by the given audit public key"
         + (f" (signed by other key(s) named {', '.join(sorted(set(seen_names)))})" if seen_names else "")
@@ -220,23 +294,43 @@ def write_checkpoint(
     db: Database, signer: CheckpointSigner, *, origin: str = DEFAULT_ORIGIN, clock: Clock = system_clock
 ) -> AuditCheckpoint:
     """Sign and store a checkpoint of the log as it is now (or return the stored one of that size)."""
+    return checkpoint_proving(db, signer, None, origin=origin, clock=clock)[0]
+
+
+def checkpoint_proving(
+    db: Database,
+    signer: CheckpointSigner,
+    key: str | None,
+    *,
+    origin: str = DEFAULT_ORIGIN,
+    clock: Clock = system_clock,
+) -> tuple[AuditCheckpoint, dict[str, object] | None]:
+    """write_checkpoint, and with `key` the proof of that counter key's head in it (audit/counters.py),
+    read under the same head lock, so proof and checkpoint describe one state of the log. The proof is
+    None when the checkpoint of this size signs no counters (one signed before the log kept them)."""
     with db.session() as session:
         head = session.exec(select(AuditHead).where(AuditHead.id == HEAD_ID).with_for_update()).one()
         size = head.size
         root = merkle.fold([bytes.fromhex(h) for h in head.frontier])
-        existing = session.exec(select(AuditCheckpoint).where(AuditCheckpoint.size == size)).first()
-        if existing is not None:  # one checkpoint per tree size: the first one signed stands
-            return existing
-        cp = AuditCheckpoint(
-            size=size,
-            root_hash=root.hex(),
-            origin=origin,
-            key_name=origin,
-            note=sign_checkpoint(signer, origin, size, root),
-            created_at=clock(),
-        )
-        session.add(cp)
-    return cp
+        heads = [counters.Head(c.key, c.count, c.last_leaf) for c in session.exec(select(AuditCounter)).all()]
+        heads_root = counters.heads_root(heads)
+        cp = session.exec(select(AuditCheckpoint).where(AuditCheckpoint.size == size)).first()
+        if cp is None:  # one checkpoint per tree size: the first one signed stands
+            now = clock()
+            extensions = [time_line(now), counters_line(head.counted_from or 0, len(heads), heads_root)]
+            cp = AuditCheckpoint(
+                size=size,
+                root_hash=root.hex(),
+                origin=origin,
+                key_name=origin,
+                note=sign_checkpoint(signer, origin, size, root, extensions),
+                created_at=now,
+            )
+            session.add(cp)
+        proof = None
+        if key is not None and counters_line(head.counted_from or 0, len(heads), heads_root) in cp.note.split("\n"):
+            proof = counters.prove(heads, key)
+    return cp, proof
 
 
 class CheckpointWriter:

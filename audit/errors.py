@@ -84,3 +84,39 @@ class BadHeader(VerificationError):
 
 class RootMismatch(VerificationError):
     kind = "root_mismatch"
+
+
+class TimeReversed(VerificationError):
+    """An event's time is earlier than an event before it (events are appended in time order)."""
+
+    kind = "time_reversed"
+
+
+class Oversized(VerificationError):
+    """A line longer than any export writes; verification stops there instead of reading it whole."""
+
+    kind = "oversized"
+
+
+class StaleCheckpoint(VerificationError):
+    """The export's checkpoint is older than one the auditor kept: an old export passed as current."""
+
+    kind = "stale"
+
+
+class Inconsistent(VerificationError):
+    """The export's tree does not extend the kept checkpoint's tree: the log was rewritten (forked)."""
+
+    kind = "inconsistent"
+
+
+class Unproven(VerificationError):
+    """Nothing was found altered, but the export cannot prove that its selection is complete (its filter
+    needs per-key counters that older events or checkpoints lack): never reported as OK. `report` holds
+    what was verified."""
+
+    kind = "unproven"
+
+    def __init__(self, message: str, report: object) -> None:
+        super().__init__(message)
+        self.report = report

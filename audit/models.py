@@ -7,6 +7,10 @@
 - `audit_head`: a single row (id 1) holding the tree size, the last leaf hash and the right edge of
   the tree (one hash per set bit of the size). Appends lock it (`FOR UPDATE` on PostgreSQL; SQLite
   holds the writer lock from BEGIN IMMEDIATE), which keeps concurrent appends contiguous.
+  It also holds the time of the last event (appends never go back in time) and `counted_from`, the
+  first position whose events carry per-key counters (audit/counters.py; 0 for a log created with them).
+- `audit_counters`: per key (`tenant:acme`, `action:svid.issue`, ...) how many events it has and the
+  leaf hash of the last one; advanced in the append's transaction, signed into each checkpoint.
 - `audit_checkpoints`: signed checkpoints (C2SP signed notes).
 """
 
@@ -15,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, LargeBinary, Text, event, insert
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, LargeBinary, String, Text, event, insert
 from sqlalchemy.engine import Connection
 from sqlmodel import Field, SQLModel
 
@@ -70,6 +74,17 @@ class AuditHead(SQLModel, table=True):
     size: int = Field(sa_column=Column(_BIGINT, nullable=False))
     last_leaf: str = Field(max_length=64)
     frontier: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    # Added by migration 6 (audit/migration_v2.py), hence nullable.
+    last_ts: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
+    counted_from: int | None = Field(default=None, sa_column=Column(_BIGINT, nullable=True))
+
+
+class AuditCounter(SQLModel, table=True):
+    __tablename__ = "audit_counters"
+
+    key: str = Field(sa_column=Column(String(200), primary_key=True))
+    count: int = Field(sa_column=Column(_BIGINT, nullable=False))
+    last_leaf: str = Field(sa_column=Column(String(64), nullable=False))
 
 
 class AuditCheckpoint(SQLModel, table=True):
@@ -87,7 +102,7 @@ class AuditCheckpoint(SQLModel, table=True):
 @event.listens_for(AuditHead.__table__, "after_create")  # type: ignore[attr-defined]
 def _create_head_row(target: Any, connection: Connection, **_kw: Any) -> None:
     """The head row exists from the moment the table does, so appends only ever lock it."""
-    connection.execute(insert(target).values(id=HEAD_ID, size=0, last_leaf="0" * 64, frontier=[]))
+    connection.execute(insert(target).values(id=HEAD_ID, size=0, last_leaf="0" * 64, frontier=[], counted_from=0))
 
 
 TABLES_V1: list[type[SQLModel]] = [AuditEvent, AuditNode, AuditHead, AuditCheckpoint]

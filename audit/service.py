@@ -7,6 +7,11 @@ BEGIN IMMEDIATE and holds the database writer lock), so two transactions never r
 and sequence numbers stay contiguous. Within one transaction the head is cached on the session, so a
 batch of appends costs one head read; the cache is dropped whenever any transaction of that session
 ends (commit, rollback, savepoint release or rollback).
+
+Under the same lock each event gets its time -- never earlier than the event before it, at full
+precision (a caller's time truncated to the second is raised to the last event's time) -- and its
+per-key counters (audit/counters.py). Events are document version 2; version 1 events (before
+migration 6) lack counters and their times may go backwards.
 """
 
 from __future__ import annotations
@@ -25,15 +30,16 @@ from sqlalchemy.orm import SessionTransaction, configure_mappers
 from sqlmodel import Session, col
 from sqlmodel import select as sm_select
 
-from audit import merkle
+from audit import counters, merkle
 from audit.actor import ACTOR_KINDS, Actor
 from audit.errors import InvalidAuditEvent, ProofError
-from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditEvent, AuditHead, AuditNode, node_key
-from core.clock import system_clock
+from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditCounter, AuditEvent, AuditHead, AuditNode, node_key
+from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 
 GENESIS_HASH = "0" * 64
-DOCUMENT_VERSION = 1
+DOCUMENT_VERSION = 2
+MAX_EVENT_BYTES = 64 * 1024  # an event's hashed bytes; the field limits keep real events far below it
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$")
 _HEAD_CACHE = "tf_audit_head"
 _IN_CHUNK = 500
@@ -41,13 +47,19 @@ _IN_CHUNK = 500
 _events = AuditEvent.__table__  # type: ignore[attr-defined]
 _nodes = AuditNode.__table__  # type: ignore[attr-defined]
 _head = AuditHead.__table__  # type: ignore[attr-defined]
+_counters = AuditCounter.__table__  # type: ignore[attr-defined]
 # Built once: constructing SQLAlchemy statements per append costs more than executing them.
 _INSERT_EVENT = insert(_events)
 _INSERT_NODE = insert(_nodes)
 _UPDATE_HEAD = (
     update(_head)
     .where(_head.c.id == HEAD_ID)
-    .values(size=bindparam("h_size"), last_leaf=bindparam("h_last"), frontier=bindparam("h_frontier"))
+    .values(
+        size=bindparam("h_size"),
+        last_leaf=bindparam("h_last"),
+        frontier=bindparam("h_frontier"),
+        last_ts=bindparam("h_ts"),
+    )
 )
 
 
@@ -58,9 +70,11 @@ def format_ts(ts: datetime) -> str:
 
 
 def event_document(event: AuditEvent) -> dict[str, Any]:
-    """The hashed content of an event: every field except its own leaf hash."""
-    return {
-        "v": DOCUMENT_VERSION,
+    """The hashed content of an event: every field except its own leaf hash. The version and the
+    counters are not columns; they are taken from the stored bytes."""
+    stored = json.loads(event.data) if event.data else {}
+    doc = {
+        "v": stored.get("v", 1),
         "seq": event.seq,
         "ts": format_ts(event.ts),
         "actor": {"id": event.actor_id, "kind": event.actor_kind},
@@ -72,6 +86,9 @@ def event_document(event: AuditEvent) -> dict[str, Any]:
         "request_id": event.request_id,
         "prev_hash": event.prev_hash,
     }
+    if "counters" in stored:
+        doc["counters"] = stored["counters"]
+    return doc
 
 
 def leaf_hash(document: Mapping[str, Any]) -> str:
@@ -83,6 +100,8 @@ def leaf_hash(document: Mapping[str, Any]) -> str:
 class _HeadState:
     tree: merkle.CompactRange  # the right edge: one hash per set bit of the size, high to low
     last_leaf: bytes
+    last_ts: datetime | None
+    counts: dict[str, int]  # counters read (or advanced) in this transaction
 
     @property
     def size(self) -> int:
@@ -100,12 +119,14 @@ def _locked_head(session: Session) -> _HeadState:
         return cached
     conn = session.connection()
     row = conn.execute(
-        select(_head.c.size, _head.c.last_leaf, _head.c.frontier).where(_head.c.id == HEAD_ID).with_for_update()
+        select(_head.c.size, _head.c.last_leaf, _head.c.frontier, _head.c.last_ts)
+        .where(_head.c.id == HEAD_ID)
+        .with_for_update()
     ).one_or_none()
     if row is None:
         raise InvalidAuditEvent("the audit log head row is missing: the database was not migrated")
     tree = merkle.CompactRange(0, int(row.size), [bytes.fromhex(h) for h in row.frontier])
-    state = _HeadState(tree, bytes.fromhex(row.last_leaf))
+    state = _HeadState(tree, bytes.fromhex(row.last_leaf), as_utc(row.last_ts) if row.last_ts else None, {})
     session.info[_HEAD_CACHE] = state
     return state
 
@@ -155,6 +176,10 @@ _COLUMNS = (
     "leaf_hash",
     "data",
 )
+_UPSERT_COUNTER = (
+    "INSERT INTO audit_counters (key, count, last_leaf) VALUES ({p}, {p}, {p}) "
+    "ON CONFLICT (key) DO UPDATE SET count = excluded.count, last_leaf = excluded.last_leaf"
+)
 # Appends go straight to the driver: SQLAlchemy's per-statement machinery costs more than the statements.
 _DRIVER_SQL = {
     "sqlite": (
@@ -162,21 +187,31 @@ _DRIVER_SQL = {
         "summary, reason, request_id, prev_hash, leaf_hash, data) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         "INSERT INTO audit_nodes (key, hash) VALUES (?, ?)",
-        "UPDATE audit_head SET size = ?, last_leaf = ?, frontier = ? WHERE id = 1",
+        "UPDATE audit_head SET size = ?, last_leaf = ?, frontier = ?, last_ts = ? WHERE id = 1",
+        _UPSERT_COUNTER.format(p="?"),
     ),
 }
-# PostgreSQL: the event, its completed subtrees and the new head in one round trip.
+# PostgreSQL: the event, its completed subtrees, its counters and the new head in one round trip.
 _PG_APPEND = (
     "WITH ev AS (INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
     "summary, reason, request_id, prev_hash, leaf_hash, data) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s)), "
-    "nd AS (INSERT INTO audit_nodes (key, hash) SELECT * FROM unnest(%s::bigint[], %s::bytea[])) "
-    "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json WHERE id = 1"
+    "nd AS (INSERT INTO audit_nodes (key, hash) SELECT * FROM unnest(%s::bigint[], %s::bytea[])), "
+    "ct AS (INSERT INTO audit_counters (key, count, last_leaf) "
+    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
+    "ON CONFLICT (key) DO UPDATE SET count = excluded.count, last_leaf = excluded.last_leaf) "
+    "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json, last_ts = %s WHERE id = 1"
 )
 assert HEAD_ID == 1
 
 
-def _write(session: Session, fields: dict[str, Any], nodes: list[tuple[int, bytes]], head: _HeadState) -> None:
+def _write(
+    session: Session,
+    fields: dict[str, Any],
+    nodes: list[tuple[int, bytes]],
+    counted: list[tuple[str, int, str]],
+    head: _HeadState,
+) -> None:
     conn = session.connection()
     dialect = conn.dialect.name
     frontier = [h.hex() for h in head.tree.hashes]
@@ -186,25 +221,48 @@ def _write(session: Session, fields: dict[str, Any], nodes: list[tuple[int, byte
         conn.execute(_INSERT_EVENT, fields)
         if nodes:
             conn.execute(_INSERT_NODE, [{"key": k, "hash": h} for k, h in nodes])
-        conn.execute(_UPDATE_HEAD, {"h_size": head.size, "h_last": head.last_leaf.hex(), "h_frontier": frontier})
+        for key, count, last in counted:
+            if not conn.execute(
+                update(_counters).where(_counters.c.key == key).values(count=count, last_leaf=last)
+            ).rowcount:
+                conn.execute(insert(_counters).values(key=key, count=count, last_leaf=last))
+        conn.execute(
+            _UPDATE_HEAD,
+            {"h_size": head.size, "h_last": head.last_leaf.hex(), "h_frontier": frontier, "h_ts": head.last_ts},
+        )
         return
     values = [fields[c] for c in _COLUMNS]
     values[8] = json.dumps(fields["summary"], ensure_ascii=False)
+    last_ts: Any = head.last_ts
     if dialect == "sqlite":  # SQLAlchemy's SQLite DateTime text form; the value is UTC
-        values[1] = fields["ts"].strftime("%Y-%m-%d %H:%M:%S.%f")
+        values[1] = last_ts = fields["ts"].strftime("%Y-%m-%d %H:%M:%S.%f")
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         if pg:
             keys, hashes = [k for k, _ in nodes], [h for _, h in nodes]
-            cur.execute(_PG_APPEND, [*values, keys, hashes, head.size, head.last_leaf.hex(), json.dumps(frontier)])
+            names, counts, lasts = [k for k, _, _ in counted], [c for _, c, _ in counted], [x for _, _, x in counted]
+            new_head = [head.size, head.last_leaf.hex(), json.dumps(frontier), last_ts]
+            cur.execute(_PG_APPEND, [*values, keys, hashes, names, counts, lasts, *new_head])
             return
         assert sql is not None
         cur.execute(sql[0], values)
         if nodes:
             cur.executemany(sql[1], nodes)
-        cur.execute(sql[2], (head.size, head.last_leaf.hex(), json.dumps(frontier)))
+        cur.executemany(sql[3], counted)
+        cur.execute(sql[2], (head.size, head.last_leaf.hex(), json.dumps(frontier), last_ts))
     finally:
         cur.close()
+
+
+def _counts(session: Session, head: _HeadState, keys: Iterable[str]) -> dict[str, int]:
+    """The current count of each key: from this transaction's cache, else one read for the rest."""
+    missing = [k for k in keys if k not in head.counts]
+    if missing:
+        wanted = select(_counters.c.key, _counters.c.count).where(_counters.c.key.in_(missing))
+        rows = session.connection().execute(wanted)
+        found = {key: int(count) for key, count in rows}
+        head.counts.update({k: found.get(k, 0) for k in missing})
+    return head.counts
 
 
 def record(
@@ -239,13 +297,16 @@ def record(
     rid = _text(request_id, "request id", 128, required=False)
     if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
         raise InvalidAuditEvent("audit event time must be a timezone-aware datetime")
-    ts = (at or system_clock()).astimezone(UTC)
+    requested = (at or system_clock()).astimezone(UTC)
     body = _canonical_summary(summary)
 
     current = _locked_head(session)
-    head = _HeadState(current.tree.copy(), current.last_leaf)
+    head = _HeadState(current.tree.copy(), current.last_leaf, current.last_ts, current.counts)
     seq = head.size
     prev = head.last_leaf.hex() if seq else GENESIS_HASH
+    ts = requested if head.last_ts is None or requested >= head.last_ts else head.last_ts  # never back in time
+    keys = counters.keys_of(tenant, action)
+    counts = _counts(session, head, keys.values())
     fields: dict[str, Any] = {
         "seq": seq,
         "ts": ts,
@@ -272,14 +333,21 @@ def record(
         "reason": why,
         "request_id": rid,
         "prev_hash": prev,
+        "counters": {dim: counts[key] for dim, key in keys.items()},
     }
     data = bytes(rfc8785.dumps(document))
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidAuditEvent(f"audit event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
     leaf = merkle.hash_leaf(data)
     fields["leaf_hash"] = leaf.hex()
     fields["data"] = data.decode()
 
     new_nodes = _push_leaf(head, leaf)
-    _write(session, fields, new_nodes, head)
+    head.last_ts = ts
+    counted = [(key, counts[key] + 1, leaf.hex()) for key in keys.values()]
+    _write(session, fields, new_nodes, counted, head)
+    for key, count, _last in counted:
+        head.counts[key] = count
     session.info[_HEAD_CACHE] = head  # only once every write went through
     configure_mappers()  # no-op once done; model_construct skips the step that would trigger it
     return AuditEvent.model_construct(**fields)

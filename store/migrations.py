@@ -70,12 +70,33 @@ def _api(conn: Connection) -> None:
     create_tables(*models.TABLES_V1)(conn)
 
 
+def _audit_counters_and_clock(conn: Connection) -> None:
+    """Audit events v2: per-key counters (audit/counters.py) and a clock that never goes back. Explicit
+    DDL, frozen: it does not read the models. A database whose step 1 already made the two head columns
+    (step 1 builds from the current models) gets only what it lacks. Existing events stay version 1:
+    `counted_from` is where counted events begin, `last_ts` the latest time any existing event has."""
+    from sqlalchemy import inspect
+
+    ts_type = "TIMESTAMP WITH TIME ZONE" if conn.dialect.name == "postgresql" else "DATETIME"
+    conn.exec_driver_sql(
+        "CREATE TABLE audit_counters (key VARCHAR(200) NOT NULL PRIMARY KEY, count BIGINT NOT NULL, "
+        "last_leaf VARCHAR(64) NOT NULL)"
+    )
+    have = {c["name"] for c in inspect(conn).get_columns("audit_head")}
+    if "last_ts" not in have:
+        conn.exec_driver_sql(f"ALTER TABLE audit_head ADD COLUMN last_ts {ts_type}")
+    if "counted_from" not in have:
+        conn.exec_driver_sql("ALTER TABLE audit_head ADD COLUMN counted_from BIGINT")
+    conn.exec_driver_sql("UPDATE audit_head SET last_ts = (SELECT max(ts) FROM audit_events), counted_from = size")
+
+
 MIGRATIONS: Sequence[Migration] = (
     Migration(1, "audit log", _audit),
     Migration(2, "inventory: tenants, workload groups, workloads", _inventory),
     Migration(3, "pki: CAs, SVIDs, revocations, join tokens", _pki),
     Migration(4, "policy: grants, policy versions, decision log", _policy),
     Migration(5, "api: API tokens and principals", _api),
+    Migration(6, "audit: per-key event counters and a monotonic clock (events v2)", _audit_counters_and_clock),
 )
 
 

@@ -105,6 +105,12 @@ class ExportRequest(BaseModel):
     until: datetime | None = None
     tenant: str | None = Field(None, min_length=1, max_length=63, pattern=SLUG)
     action: str | None = Field(None, min_length=3, max_length=64, pattern=ACTION)
+    since_checkpoint: str | None = Field(
+        None,
+        max_length=4096,
+        description="a signed checkpoint note kept earlier: the export's header carries the RFC 6962 "
+        "consistency proof from it (verify with `audit verify --since-checkpoint`)",
+    )
     include_decisions: bool = Field(
         False,
         description="also export the policy decision records (same since/until/tenant; needs decision.read): "
@@ -343,11 +349,19 @@ def create_export(body: ExportRequest, request: Request, ctx: CtxDep, principal:
     if body.include_decisions:
         export_filter(filters.since, filters.until, tenant)  # a bad filter writes nothing
     signer = _signer(ctx)
+    kept = cp.verify_checkpoint(body.since_checkpoint, cp.ed25519_public_key(signer)) if body.since_checkpoint else None
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed by the stream)
     spools = [spool]
     try:
         result = export_events(
-            ctx.db, signer, spool, fmt=body.format, filters=filters, origin=_origin(ctx), clock=ctx.clock
+            ctx.db,
+            signer,
+            spool,
+            fmt=body.format,
+            filters=filters,
+            origin=_origin(ctx),
+            clock=ctx.clock,
+            since_checkpoint=kept,
         )
         summary: dict[str, Any] = {"filter": filters.as_json(), "tree_size": result.tree_size, "events": result.events}
         if body.include_decisions:

@@ -1,5 +1,7 @@
 """CSV for spreadsheets: one row per record, the event's fields in columns from which the verifier
-rebuilds the exact hashed bytes; header and gap rows use the `data`, `seq`, `level`, `hash` cells."""
+rebuilds the exact hashed bytes; header and gap rows use the `data`, `seq`, `level`, `hash` cells.
+The `v` and `counters` columns (events of version 2) come last; a file without them (written before
+they existed) is read as version 1 events."""
 
 from __future__ import annotations
 
@@ -12,10 +14,9 @@ from typing import IO, Any
 import rfc8785
 
 from audit.errors import Malformed, Truncated
-from audit.export.records import Event, Format, Header, Record, compact, gap_from, malformed
-from audit.service import DOCUMENT_VERSION
+from audit.export.records import Event, Format, Header, Record, compact, gap_from, lines, malformed
 
-CSV_COLUMNS = (
+V1_COLUMNS = (
     "record",
     "seq",
     "ts",
@@ -34,6 +35,7 @@ CSV_COLUMNS = (
     "hash",
     "data",
 )
+CSV_COLUMNS = (*V1_COLUMNS, "v", "counters")
 
 
 class CsvWriter:
@@ -67,6 +69,8 @@ class CsvWriter:
             request_id=doc["request_id"],
             prev_hash=doc["prev_hash"],
             leaf_hash=leaf_hash,
+            v=doc["v"],
+            counters=compact(doc["counters"]).decode() if "counters" in doc else None,
         )
 
     def gap(self, level: int, start: int, node: bytes) -> None:
@@ -79,8 +83,8 @@ class CsvWriter:
 
 
 def _document(cell: dict[str, str]) -> dict[str, Any]:
-    return {
-        "v": DOCUMENT_VERSION,
+    doc = {
+        "v": int(cell.get("v") or 1),
         "seq": int(cell["seq"]),
         "ts": cell["ts"],
         "actor": {"id": cell["actor_id"], "kind": cell["actor_kind"]},
@@ -92,21 +96,31 @@ def _document(cell: dict[str, str]) -> dict[str, Any]:
         "request_id": cell["request_id"] or None,
         "prev_hash": cell["prev_hash"],
     }
+    if cell.get("counters"):
+        doc["counters"] = json.loads(cell["counters"])
+    return doc
+
+
+def _text_lines(stream: IO[bytes]) -> Iterator[str]:
+    """The file's lines as text, each read with the bound of records.lines (csv would read any line
+    whole); a spreadsheet may save the last one without a newline."""
+    for _lineno, line in lines(stream, last_needs_newline=False):
+        yield line.decode("utf-8") + "\n"
 
 
 def read_csv(stream: IO[bytes]) -> Iterator[Record]:
-    text = io.TextIOWrapper(stream, encoding="utf-8", newline="")
-    reader = csv.reader(text)
+    reader = csv.reader(_text_lines(stream))
     try:
         first = next(reader, None)
-        if first is None or tuple(first) != CSV_COLUMNS:
+        columns = tuple(first or ())
+        if columns not in (CSV_COLUMNS, V1_COLUMNS):
             raise malformed(1, "CSV header row does not name the export's columns")
         for row in reader:
             lineno = reader.line_num
-            if len(row) != len(CSV_COLUMNS):
-                error = Truncated if len(row) < len(CSV_COLUMNS) else Malformed
-                raise error(f"line {lineno}: CSV row has {len(row)} cells, want {len(CSV_COLUMNS)}", line=lineno)
-            cell = dict(zip(CSV_COLUMNS, row, strict=True))
+            if len(row) != len(columns):
+                error = Truncated if len(row) < len(columns) else Malformed
+                raise error(f"line {lineno}: CSV row has {len(row)} cells, want {len(columns)}", line=lineno)
+            cell = dict(zip(columns, row, strict=True))
             kind = cell["record"]
             if kind == "header":
                 try:

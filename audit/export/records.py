@@ -8,10 +8,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from audit.errors import Malformed, Truncated
+from audit.errors import Malformed, Oversized, Truncated
 
 EXPORT_FORMAT = "trustfabric-audit-export"
 EXPORT_VERSION = 1
+# No export writes a longer line (events are at most MAX_EVENT_BYTES, an OCSF line a few times that;
+# the header a few kB): readers stop at it with a verdict instead of reading a huge line whole.
+MAX_LINE_BYTES = 1 << 20
+BOM = b"\xef\xbb\xbf"  # what a spreadsheet puts before a CSV it saves
 
 
 @dataclass
@@ -93,11 +97,21 @@ def gap_from(obj: Any, line: int) -> Gap:
     return Gap(line, level, start, bytes.fromhex(h))
 
 
-def lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(line number, line without its newline); a last line without one is a file cut mid-record."""
-    for lineno, raw in enumerate(stream, start=1):
+def lines(stream: IO[bytes], *, last_needs_newline: bool = True) -> Iterator[tuple[int, bytes]]:
+    """(line number, line without its newline), each read with a bound: a line longer than
+    MAX_LINE_BYTES is Oversized, a last line without a newline (where one is needed) Truncated."""
+    lineno = 0
+    while raw := stream.readline(MAX_LINE_BYTES + 1):
+        lineno += 1
         if not raw.endswith(b"\n"):
-            raise Truncated(f"line {lineno} is cut off: the file ends mid-record", line=lineno)
+            if len(raw) > MAX_LINE_BYTES:
+                raise Oversized(
+                    f"line {lineno} is longer than {MAX_LINE_BYTES} bytes, which no export writes", line=lineno
+                )
+            if last_needs_newline:
+                raise Truncated(f"line {lineno} is cut off: the file ends mid-record", line=lineno)
+            yield lineno, raw
+            return
         yield lineno, raw[:-1]
 
 

@@ -12,10 +12,13 @@ O(log n) memory) and compares it with the signed checkpoint. Why this rather tha
 per event: it costs nothing for a full export (no gaps at all), O(log n) for a time range, and for a
 tenant or action filter at most O(log n) per run of excluded events -- never more than per-event
 proofs (O(log n) each) -- and it also proves the *order* and *contiguity* of what is shown: an event
-cannot be dropped from an unfiltered export, moved, or duplicated without the root changing. The
-limit, shared with inclusion proofs: for a tenant/action filter the verifier cannot look inside the
-opaque gap hashes, so it relies on the exporter having selected every matching event (the API runs
-the filter server-side under the caller's authority).
+cannot be dropped from an unfiltered export, moved, or duplicated without the root changing.
+
+A tenant or action filter hides events behind opaque gap hashes, so the root alone cannot show that no
+matching event was hidden. Every event numbers itself per tenant, per action and per tenant+action
+(audit/counters.py), and the header carries the signed head of the filter's key (its count at the
+checkpoint, with an RFC 6962 proof into the checkpoint's counters root): the verifier then sees the
+shown events numbered k, k+1, ... without a hole up to the signed count, or names what is missing.
 
 A time filter selects the contiguous sequence range from the first event at or after `since` to the
 last event before `until`, so the result of a time-only export has no gaps inside its range. Because the
@@ -23,12 +26,18 @@ header (range and filter) is not signed, a time-window export that does not narr
 two *context* events just outside its range: the one before it (time < since) and the one after it
 (time >= until), when they exist. They lie outside `range` (consumers skip them) and prove to the
 verifier that the window was not cut short: whoever shrinks the range must show, as context, an event
-whose time lies inside the window. (A tenant/action export shows no other tenant's event, so it carries
-no context events; there the verifier trusts the exporter's selection, as above.)
+whose time lies inside the window. A narrowed time-window export carries, as context, the filter's
+matching events just before and just after the window instead (its numbers continue theirs). Times
+never go backwards from the first counted event on (audit/service.py), which is what makes an event
+before the window (in time) also one before it in the log.
+
+With `since_checkpoint` (an earlier checkpoint an auditor kept), the header also carries the RFC 6962
+consistency proof from that tree to this one.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,13 +46,13 @@ from typing import IO, Any
 from sqlalchemy import and_, func, select
 from sqlmodel import Session
 
-from audit import merkle
-from audit.checkpoint import DEFAULT_ORIGIN, CheckpointSigner, write_checkpoint
+from audit import counters, merkle
+from audit.checkpoint import DEFAULT_ORIGIN, Checkpoint, CheckpointSigner, checkpoint_proving
 from audit.errors import InvalidAuditEvent
 from audit.export.formats import FORMATS
 from audit.export.records import EXPORT_FORMAT, EXPORT_VERSION
 from audit.models import AuditCheckpoint, AuditEvent
-from audit.service import ACTION_RE, format_ts, node_hashes
+from audit.service import ACTION_RE, consistency_proof, format_ts, node_hashes, root_at
 from core.clock import Clock, system_clock
 from core.slugs import is_slug
 from store.db import Database
@@ -131,43 +140,63 @@ def export_events(
     clock: Clock = system_clock,
     progress: Callable[[int, int], None] | None = None,
     batch: int = 5000,
+    since_checkpoint: Checkpoint | None = None,
 ) -> ExportResult:
     """Write a verifiable export to `out`; signs (or reuses) a checkpoint of the log as it is now.
 
     `progress(done, total)` is called every `batch` rows of the scanned sequence range.
+    `since_checkpoint` (already verified by the caller) adds the consistency proof from it.
     """
     filters = filters or ExportFilter()
     filters.check()
     if fmt not in FORMATS:
         raise InvalidAuditEvent(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
-    cp = write_checkpoint(db, signer, origin=origin, clock=clock)
+    proven = counters.filter_dimension(filters.tenant, filters.action)
+    cp, heads_proof = checkpoint_proving(db, signer, proven[1] if proven else None, origin=origin, clock=clock)
     n = cp.size
     writer = FORMATS[fmt].writer(out, origin)
     events = gaps = 0
     with db.read_session() as session:
         start, end = seq_range(session, n, filters)
-        writer.header(
-            {
-                "format": EXPORT_FORMAT,
-                "version": EXPORT_VERSION,
-                "origin": origin,
-                "checkpoint": cp.note,
-                "tree_size": n,
-                "range": {"start": start, "end": end},
-                "filter": filters.as_json(),
-                "exported_at": format_ts(clock().astimezone(UTC)),
-                "output": fmt,
-                "hashing": "RFC 6962: leaf = SHA-256(0x00 || event bytes), node = SHA-256(0x01 || l || r)",
-            }
-        )
-        before, after = context_positions(filters.as_json(), start, end, n)
-        for level, st, node in _stored_gap(session, 0, start if before is None else before):
-            writer.gap(level, st, node)
-            gaps += 1
-        if before is not None:
-            for rows in _stream(session, before, before + 1, 1):
+        header: dict[str, Any] = {
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "origin": origin,
+            "checkpoint": cp.note,
+            "tree_size": n,
+            "range": {"start": start, "end": end},
+            "filter": filters.as_json(),
+            "exported_at": format_ts(clock().astimezone(UTC)),
+            "output": fmt,
+            "hashing": "RFC 6962: leaf = SHA-256(0x00 || event bytes), node = SHA-256(0x01 || l || r)",
+        }
+        if heads_proof is not None:
+            header["counters"] = heads_proof
+        if since_checkpoint is not None:
+            header["consistency"] = _consistency(session, since_checkpoint, n)
+        writer.header(header)
+        if filters.narrows:
+            before, after = _narrowed_context(session, filters, start, end, n)
+        else:
+            before, after = context_positions(filters.as_json(), start, end, n)
+
+        def stored_gap(lo: int, hi: int) -> None:
+            nonlocal gaps
+            for level, st, node in _stored_gap(session, lo, hi):
+                writer.gap(level, st, node)
+                gaps += 1
+
+        def one_event(seq: int) -> None:
+            for rows in _stream(session, seq, seq + 1, 1):
                 for _seq, _tenant, _action, data, leaf in rows:
                     writer.event(data, leaf)
+
+        if before is not None:
+            stored_gap(0, before)
+            one_event(before)
+            stored_gap(before + 1, start)
+        else:
+            stored_gap(0, start)
         left_out = merkle.CompactRange(start)  # the run of events since the last one shown
         total = end - start
         done = 0
@@ -188,14 +217,50 @@ def export_events(
             writer.gap(level, st, node)
             gaps += 1
         if after is not None:
-            for rows in _stream(session, after, after + 1, 1):
-                for _seq, _tenant, _action, data, leaf in rows:
-                    writer.event(data, leaf)
-        for level, st, node in _stored_gap(session, end if after is None else after + 1, n):
-            writer.gap(level, st, node)
-            gaps += 1
+            stored_gap(end, after)
+            one_event(after)
+            stored_gap(after + 1, n)
+        else:
+            stored_gap(end, n)
     writer.close()
     return ExportResult(checkpoint=cp, tree_size=n, start=start, end=end, events=events, gaps=gaps)
+
+
+def _narrowed_context(
+    session: Session, filters: ExportFilter, start: int, end: int, size: int
+) -> tuple[int | None, int | None]:
+    """The matching events just outside a narrowed time window: the last before it (when --since cut
+    it), the first after it (when --until did)."""
+    match = []
+    if filters.tenant is not None:
+        match.append(_events.c.tenant == filters.tenant)
+    if filters.action is not None:
+        match.append(_events.c.action == filters.action)
+    conn = session.connection()
+    before = after = None
+    if filters.since is not None and start > 0:
+        found = conn.execute(select(func.max(_events.c.seq)).where(and_(*match, _events.c.seq < start))).scalar()
+        before = None if found is None else int(found)
+    if filters.until is not None and end < size:
+        found = conn.execute(
+            select(func.min(_events.c.seq)).where(and_(*match, _events.c.seq >= end, _events.c.seq < size))
+        ).scalar()
+        after = None if found is None else int(found)
+    return before, after
+
+
+def _consistency(session: Session, kept: Checkpoint, size: int) -> dict[str, Any]:
+    """The RFC 6962 consistency proof from a kept checkpoint to the tree of `size`; InvalidAuditEvent if
+    the kept one is newer or not a state of this log."""
+    if kept.size > size:
+        raise InvalidAuditEvent(f"the kept checkpoint (tree size {kept.size}) is newer than this log's ({size})")
+    if root_at(session, kept.size) != kept.root:
+        raise InvalidAuditEvent(
+            f"the kept checkpoint's root for tree size {kept.size} is not this log's: the log was rewritten "
+            "since, or the checkpoint is from another log"
+        )
+    proof = consistency_proof(session, kept.size, size)
+    return {"size": kept.size, "proof": [base64.b64encode(h).decode() for h in proof]}
 
 
 def context_positions(flt: dict[str, Any], start: int, end: int, size: int) -> tuple[int | None, int | None]:

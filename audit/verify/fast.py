@@ -28,7 +28,7 @@ from audit import merkle
 from audit.checkpoint import Checkpoint, verify_checkpoint
 from audit.errors import CheckpointError, ProofError
 from audit.export.jsonl import EVENT_PREFIX, LEAF_INFIX
-from audit.export.records import EXPORT_FORMAT, EXPORT_VERSION
+from audit.export.records import EXPORT_FORMAT, EXPORT_VERSION, MAX_LINE_BYTES
 from audit.verify.report import VerifyReport
 
 _TAIL = len(LEAF_INFIX) + 64 + 2  # ,"leaf_hash":"<64 hex>"}
@@ -48,7 +48,7 @@ def verify_whole(
     Where a part starts is read from the "seq" of its first line, but only as a guess: each part must
     hold exactly the events up to the next part's start and all of them exactly n, so positions are
     counted, never taken from the file. `processes` overrides the one-per-CPU choice."""
-    whole = whole_tree_header(fh.readline(), public_key)
+    whole = whole_tree_header(fh.readline(MAX_LINE_BYTES + 1), public_key)
     if whole is None:
         return None
     header, cp = whole
@@ -62,11 +62,15 @@ def verify_whole(
         processes = _cpus() if end - body >= parallel_min_bytes and _can_fork() else 1
     parts = _split(read_at, body, end, n, processes)
     tree = merkle.CompactRange()
+    latest = b""
     try:
         for (_start, _stop, at), part in zip(parts, _hash_parts(read_at, parts, n, chunk), strict=True):
             if part is None or at != tree.end:
                 return None
-            count, nodes = part
+            count, nodes, (first_ts, last_ts) = part
+            if count and first_ts < latest:  # times go back between parts: the detailed pass says where
+                return None
+            latest = last_ts or latest
             for level, node in nodes:
                 tree.append_node(level, node)
             if tree.end != at + count:
@@ -75,7 +79,7 @@ def verify_whole(
         return None
     if tree.end != n or tree.root() != cp.root:
         return None
-    return VerifyReport(cp.origin, n, cp.root, n, 0, (0, n), dict(header["filter"]))
+    return VerifyReport(cp.origin, n, cp.root, n, 0, (0, n), dict(header["filter"]), cp.time)
 
 
 def whole_tree_header(first: bytes, public_key: Ed25519PublicKey) -> tuple[dict[str, Any], Checkpoint] | None:
@@ -103,21 +107,26 @@ def whole_tree_header(first: bytes, public_key: Ed25519PublicKey) -> tuple[dict[
 
 _ReadAt = Callable[[memoryview, int], int]
 _Nodes = list[tuple[int, bytes]]
-_Part = tuple[int, _Nodes] | None  # (events, aligned subtrees) of a part; None if it failed
+_Part = tuple[int, _Nodes, tuple[bytes, bytes]] | None  # (events, aligned subtrees, (first, last) time); None: failed
+_TS = 27  # the length of an event time: 2026-01-01T00:00:00.000000Z
 
 
 def _hash_part(read_at: _ReadAt, start: int, stop: int, first: int, n: int, chunk: int) -> _Part:
     """Hash the event lines in file bytes [start, stop), the first being event `first`: (how many, the
-    subtrees (level, hash) of their compact range); None if a line is not an event record in the
-    export's exact form, an event's stated leaf_hash is not the hash of its bytes, the file ends
-    mid-line, or there are more events than the tree has."""
+    subtrees (level, hash) of their compact range, the first and last event time); None if a line is
+    not an event record in the export's exact form, an event's stated leaf_hash is not the hash of its
+    bytes, an event's time is earlier than the one before it, a line is longer than any export writes,
+    the file ends mid-line, or there are more events than the tree has."""
     buf = bytearray(chunk)
     view = memoryview(buf)
     tree = merkle.CompactRange(first)
     offset, have = start, 0
+    first_ts = last_ts = b""
     try:
         while offset < stop or have:
             if have == len(buf):  # one line longer than the buffer
+                if have > MAX_LINE_BYTES:
+                    return None  # the detailed pass names the line
                 view.release()
                 buf.extend(bytes(len(buf)))
                 view = memoryview(buf)
@@ -129,16 +138,18 @@ def _hash_part(read_at: _ReadAt, start: int, stop: int, first: int, n: int, chun
                 if offset < stop and got:
                     continue
                 return None  # the file ends mid-line
-            leaves = _leaf_hashes(buf, view, cut)
-            if leaves is None or tree.end + len(leaves) > n:
+            block = _leaf_hashes(buf, view, cut)
+            if block is None or tree.end + len(block[0]) > n or block[1] < last_ts:
                 return None
+            leaves, first_time, last_ts = block
+            first_ts = first_ts or first_time
             tree.extend_leaves(leaves)
             rest = bytes(view[cut:have])
             buf[: len(rest)] = rest
             have = len(rest)
     finally:
         view.release()
-    return tree.size, [(level, node) for level, _start, node in tree.nodes()]
+    return tree.size, [(level, node) for level, _start, node in tree.nodes()], (first_ts, last_ts)
 
 
 def _reader(fh: IO[bytes]) -> tuple[_ReadAt, bool]:
@@ -257,21 +268,27 @@ def _safe_hash_part(read_at: _ReadAt, start: int, stop: int, first: int, n: int,
 def _encode_part(part: _Part) -> bytes:
     if part is None:
         return b""
-    count, nodes = part
-    return count.to_bytes(8, "big") + b"".join(bytes([level]) + node for level, node in nodes)
+    count, nodes, (first_ts, last_ts) = part
+    times = (first_ts + last_ts).ljust(2 * _TS, b" ")
+    return count.to_bytes(8, "big") + times + b"".join(bytes([level]) + node for level, node in nodes)
 
 
 def _decode_part(data: bytes) -> _Part:
-    if len(data) < 8 or (len(data) - 8) % 33:
+    head = 8 + 2 * _TS
+    if len(data) < head or (len(data) - head) % 33:
         return None
-    nodes = [(data[k], data[k + 1 : k + 33]) for k in range(8, len(data), 33)]
-    return int.from_bytes(data[:8], "big"), nodes
+    nodes = [(data[k], data[k + 1 : k + 33]) for k in range(head, len(data), 33)]
+    times = (data[8 : 8 + _TS].rstrip(b" "), data[8 + _TS : head].rstrip(b" "))
+    return int.from_bytes(data[:8], "big"), nodes, times
 
 
-def _leaf_hashes(buf: bytearray, view: memoryview, size: int) -> list[bytes] | None:
+def _leaf_hashes(buf: bytearray, view: memoryview, size: int) -> tuple[list[bytes], bytes, bytes] | None:
     """Leaf hashes of the whole event lines in buf[:size] (which ends with a newline), checked against
-    the leaf_hash each line states; None if a line is not in the exact form. Each event's bytes are
-    hashed in place: the ':' before them (checked with the prefix) becomes the 0x00 leaf prefix."""
+    the leaf_hash each line states, and the first and last event time; None if a line is not in the
+    exact form or times go backwards. Each event's bytes are hashed in place: the ':' before them
+    (checked with the prefix) becomes the 0x00 leaf prefix. The time is read where RFC 8785 puts it in
+    every event record() writes, last but one key: `..."ts":"<27 chars>","v":<digit>}`; a root that
+    matches the signed one proves the bytes are such an event."""
     if not buf.startswith(EVENT_PREFIX):
         return None
     hash_leaf = merkle.hash_leaf_in_place
@@ -279,15 +296,19 @@ def _leaf_hashes(buf: bytearray, view: memoryview, size: int) -> list[bytes] | N
     skip = len(EVENT_PREFIX) - 1
     leaves: list[bytes] = []
     tails: list[bytearray] = []
-    leaf, tail = leaves.append, tails.append
+    times: list[bytearray] = []
+    leaf, tail, when = leaves.append, tails.append, times.append
     s = 0
     try:
         while s < size:
             e = find(b"\n", s)
             leaf(hash_leaf(buf, view, s + skip, e - _TAIL))
             tail(buf[e - _TAIL : e + 1 + len(EVENT_PREFIX)])  # ,"leaf_hash":"<hex>"}\n{"event": (the next)
+            when(buf[e - _TAIL - 8 - _TS : e - _TAIL - 8])
             s = e + 1
     except (IndexError, ValueError):
+        return None
+    if times != sorted(times):
         return None
     # One comparison for the block: every line's leaf_hash and the fixed bytes around it, and every
     # next line's EVENT_PREFIX (the last tail may run past the block: its prefix is checked with the next).
@@ -295,4 +316,4 @@ def _leaf_hashes(buf: bytearray, view: memoryview, size: int) -> list[bytes] | N
     expected = LEAF_INFIX + b"".join(leaves).hex(" ", 32).encode().replace(b" ", _BETWEEN) + b'"}\n'
     if not stated.startswith(expected) or len(stated) > len(expected) + len(EVENT_PREFIX):
         return None
-    return leaves
+    return leaves, bytes(times[0]), bytes(times[-1])

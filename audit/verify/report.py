@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 
@@ -15,3 +16,4 @@ class VerifyReport:
     gaps: int
     range: tuple[int, int]
     filter: dict[str, Any]
+    signed_at: datetime | None = None  # the checkpoint's signed time (None: it carries none)

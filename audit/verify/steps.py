@@ -11,14 +11,26 @@
    (BadHeader, Removed, Truncated);
 4. records, in order -- each gap covers exactly the next positions and hides nothing the export must
    show; each event hashes to its stated leaf, matches the filter, sits at its own position, chains to
-   the event before it, and a context event lies outside the time window (Modified, Removed, Reordered,
-   Inserted, ChainBroken, OutsideFilter, Malformed);
-5. completeness -- the records reach the checkpoint's tree size (Truncated);
-6. root -- the rebuilt RFC 6962 root equals the checkpoint root (RootMismatch).
+   the event before it, is not earlier than the events before it, and a context event lies outside the
+   time window (Modified, Removed, Reordered, Inserted, ChainBroken, OutsideFilter, TimeReversed,
+   Malformed); every line is bounded (Oversized);
+5. completeness -- the records reach the checkpoint's tree size (Truncated); a narrowed export's events
+   carry the filter key's numbers without a hole, from its first event (or a context event before the
+   window) to the count the checkpoint signs for that key (or a context event after it) (Removed,
+   Truncated);
+6. root -- the rebuilt RFC 6962 root equals the checkpoint root (RootMismatch);
+7. kept checkpoint (optional) -- the export's tree extends an earlier checkpoint the auditor kept, by an
+   RFC 6962 consistency proof or the rebuilt tree itself (StaleCheckpoint, Inconsistent).
+
+All steps passed but a selection the log cannot prove complete (events or checkpoints from before the
+log kept counters, a context event from before its clock was monotonic, no consistency proof) raises
+Unproven: never OK.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import json
 from collections.abc import Iterator
@@ -29,13 +41,14 @@ from typing import IO, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from audit import merkle
+from audit import counters, merkle
 from audit.checkpoint import Checkpoint, verify_checkpoint
 from audit.errors import (
     BadCheckpoint,
     BadHeader,
     ChainBroken,
     CheckpointError,
+    Inconsistent,
     Inserted,
     Malformed,
     Modified,
@@ -44,23 +57,43 @@ from audit.errors import (
     Removed,
     Reordered,
     RootMismatch,
+    StaleCheckpoint,
+    TimeReversed,
     Truncated,
+    Unproven,
     VerificationError,
 )
 from audit.export.formats import detect
-from audit.export.records import EXPORT_FORMAT, EXPORT_VERSION, Event, Gap, Header, Record, malformed
+from audit.export.records import (
+    BOM,
+    EXPORT_FORMAT,
+    EXPORT_VERSION,
+    MAX_LINE_BYTES,
+    Event,
+    Gap,
+    Header,
+    Record,
+    malformed,
+)
 from audit.export.stream import context_positions
 from audit.service import GENESIS_HASH
 from audit.verify import fast as whole_file
 from audit.verify.report import VerifyReport
 
 
-def verify_export(source: str | Path | IO[bytes], public_key: Ed25519PublicKey, *, fast: bool = True) -> VerifyReport:
-    """Verify an export file (JSONL, CSV or OCSF, detected); VerificationError at the first problem."""
+def verify_export(
+    source: str | Path | IO[bytes],
+    public_key: Ed25519PublicKey,
+    *,
+    fast: bool = True,
+    since: Checkpoint | None = None,
+) -> VerifyReport:
+    """Verify an export file (JSONL, CSV or OCSF, detected); VerificationError at the first problem.
+    `since`: a checkpoint the auditor kept (already verified), which the export's tree must extend."""
     if isinstance(source, (str, Path)):
         with open(source, "rb") as fh:
-            return verify_export(fh, public_key, fast=fast)
-    start = source.tell() if fast and source.seekable() else None
+            return verify_export(fh, public_key, fast=fast, since=since)
+    start = source.tell() if fast and since is None and source.seekable() else None
     if start is not None:  # step 0
         report = whole_file.verify_whole(source, public_key)
         if report is not None:
@@ -68,7 +101,7 @@ def verify_export(source: str | Path | IO[bytes], public_key: Ed25519PublicKey, 
         source.seek(start)
     records = _Peekable(_read(source))  # step 1
     try:
-        return _verify_records(records, public_key)
+        return _verify_records(records, public_key, since)
     except UnicodeDecodeError as exc:
         raise Malformed(f"the file is not a well-formed export: {exc}") from exc
 
@@ -77,8 +110,11 @@ def verify_export(source: str | Path | IO[bytes], public_key: Ed25519PublicKey, 
 
 
 def _read(stream: IO[bytes]) -> Iterator[Record]:
-    """The records, by the reader of the format the first line names (read, then put back)."""
-    first = stream.readline()
+    """The records, by the reader of the format the first line names (read, then put back; a byte order
+    mark, which spreadsheets write before a CSV they save, is dropped)."""
+    first = stream.readline(MAX_LINE_BYTES + 1)
+    if first.startswith(BOM):
+        first = first[len(BOM) :]
     return detect(first).reader(io.BufferedReader(_Prefixed(first, stream), buffer_size=1 << 20))
 
 
@@ -140,12 +176,14 @@ class _Claim:
     action: str | None
     since: datetime | None
     until: datetime | None
-    before: int | None  # context events' positions
+    before: int | None  # context events' positions (unknown ahead for a narrowed export)
     after: int | None
+    key: tuple[str, str] | None  # (dimension, counter key) that proves a narrowed export complete
+    head: counters.Head | None  # the key's head the checkpoint signs (None: it signs none)
 
     @property
     def narrows(self) -> bool:
-        return self.tenant is not None or self.action is not None
+        return self.key is not None
 
     @property
     def shown(self) -> tuple[int, int]:
@@ -188,8 +226,16 @@ def _check_header(header: dict[str, Any], cp: Checkpoint) -> _Claim:
             hi,
         )
     before, after = context_positions(flt, lo, hi, n)
+    tenant, action = flt.get("tenant"), flt.get("action")
+    key = counters.filter_dimension(tenant, action)
+    head = None
+    if key is not None and cp.counters is not None and "counters" in header:
+        try:
+            head = counters.verify_proof(header["counters"], key[1], cp.counters.keys, cp.counters.root)
+        except ProofError as exc:
+            raise BadHeader(f"the header's count of {key[1]!r} is not the one the checkpoint signs: {exc}") from exc
     return _Claim(
-        cp, lo, hi, flt, flt.get("tenant"), flt.get("action"), _bound(flt, "since"), _bound(flt, "until"), before, after
+        cp, lo, hi, flt, tenant, action, _bound(flt, "since"), _bound(flt, "until"), before, after, key, head
     )
 
 
@@ -260,9 +306,12 @@ def _check_event(
         raise OutsideFilter(f"its action {doc['action']!r} is not the export's {claim.action!r}", seq, rec.line)
     if pos >= claim.cp.size:
         raise Inserted(f"it lies beyond the checkpoint's tree size {claim.cp.size}", seq, rec.line)
-    is_context = seq in (claim.before, claim.after)  # (a context event out of place fails the position checks)
+    if claim.narrows:  # the matching event just before / after the window; step 5 checks it is that one
+        is_context = (seq < claim.lo and claim.since is not None) or (seq >= claim.hi and claim.until is not None)
+    else:  # (a context event out of place fails the position checks)
+        is_context = seq in (claim.before, claim.after)
     if is_context and seq == pos:
-        _check_context(doc, seq, claim, rec.line)
+        _check_context(doc, seq, claim, rec.line, before=seq < claim.lo)
     elif not is_context and not claim.lo <= seq < claim.hi:
         raise OutsideFilter(f"it lies outside the export's range [{claim.lo}, {claim.hi})", seq, rec.line)
     if seq != pos:
@@ -297,20 +346,27 @@ def _misplaced(seq: int, pos: int, rec: Event, records: _Peekable) -> None:
     )
 
 
-def _check_context(doc: dict[str, Any], seq: int, claim: _Claim, line: int) -> None:
-    """A context event must lie outside the time window, or the range was cut short."""
+def _ts(doc: dict[str, Any], seq: int, line: int) -> datetime:
     try:
         ts = datetime.fromisoformat(str(doc.get("ts")).replace("Z", "+00:00"))
     except ValueError:
-        raise malformed(line, "event ts is not a time", index=seq) from None
-    if seq == claim.before and claim.since is not None and not ts < claim.since:
+        ts = None
+    if ts is None or ts.tzinfo is None:
+        raise malformed(line, "event ts is not a UTC time", index=seq)
+    return ts
+
+
+def _check_context(doc: dict[str, Any], seq: int, claim: _Claim, line: int, *, before: bool) -> None:
+    """A context event must lie outside the time window, or the range was cut short."""
+    ts = _ts(doc, seq, line)
+    if before and claim.since is not None and not ts < claim.since:
         raise Removed(
             f"it stands just before the range as context, yet its time {doc.get('ts')} is inside the window: "
             "the range was cut short",
             seq,
             line,
         )
-    if seq != claim.before and claim.until is not None and not ts >= claim.until:
+    if not before and claim.until is not None and not ts >= claim.until:
         raise Truncated(
             f"it stands just after the range as context, yet its time {doc.get('ts')} is inside the window: "
             "the range was cut short",
@@ -319,13 +375,125 @@ def _check_context(doc: dict[str, Any], seq: int, claim: _Claim, line: int) -> N
         )
 
 
-def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyReport:
+class _Order:
+    """Steps 4 and 5 across events: times never go backwards (from version 2 on), and a narrowed export's
+    events carry the filter key's numbers without a hole. Collects what cannot be proven."""
+
+    def __init__(self, claim: _Claim) -> None:
+        self.claim = claim
+        self.latest: datetime | None = None
+        self.first: tuple[int, int, bool] | None = None  # (seq, number, is context) of the first matching
+        self.last: tuple[int, int, bool, bytes] | None = None  # ... and of the last, with its leaf
+        self.unproven: list[str] = []
+
+    def event(self, doc: dict[str, Any], seq: int, leaf: bytes, line: int, is_context: bool) -> None:
+        ts = _ts(doc, seq, line)
+        v2 = doc.get("v") == 2
+        if v2 and self.latest is not None and ts < self.latest:
+            raise TimeReversed(f"its time {doc['ts']} is earlier than an event before it", seq, line)
+        self.latest = ts if self.latest is None else max(ts, self.latest)
+        claim = self.claim
+        if is_context and not v2:
+            self.unproven.append(
+                f"the context event {seq} predates the log's monotonic clock, so events before it in the log "
+                "may lie inside the time window"
+            )
+        if claim.key is None:
+            return
+        dim, key = claim.key
+        numbers = doc.get("counters")
+        if not v2 or not isinstance(numbers, dict):
+            self.unproven.append(f"event {seq} predates the per-key counters that prove a filtered export complete")
+            return
+        number = numbers.get(dim)
+        if type(number) is not int or number < 0:
+            raise malformed(line, f"event lacks its {dim} counter", index=seq)
+        if self.last is not None and number != self.last[1] + 1:
+            if number <= self.last[1]:
+                raise Inserted(f"it repeats number {number} of {key!r}", seq, line)
+            missing = f"#{self.last[1] + 1}" + (f"..#{number - 1}" if number - 1 > self.last[1] + 1 else "")
+            raise Removed(
+                f"{key!r} event(s) {missing} between events {self.last[0]} and {seq} are hidden behind gap hashes",
+                seq,
+                line,
+            )
+        if self.first is None:
+            self.first = (seq, number, is_context)
+        self.last = (seq, number, is_context, leaf)
+
+    def finish(self) -> None:
+        """Step 5 for a narrowed export: nothing before its first event, nothing after its last."""
+        claim = self.claim
+        if claim.key is None or self.unproven:
+            return
+        key = claim.key[1]
+        counted_from = claim.cp.counters.counted_from if claim.cp.counters is not None else None
+        if claim.head is None or counted_from is None:
+            self.unproven.append(f"the checkpoint signs no count of {key!r} (written before the log kept counters)")
+            return
+        if self.first is None:
+            if claim.head.count:
+                raise Removed(
+                    f"the checkpoint counts {claim.head.count} {key!r} event(s) but the export shows none", None
+                )
+        elif not self.first[2] and self.first[1] != 0:
+            raise Removed(
+                f"{key!r} events #0..#{self.first[1] - 1} come before the export's first one and are not shown "
+                "(nor the one just before its window)",
+                self.first[0],
+            )
+        if (self.first is None or not self.first[2]) and counted_from > 0:
+            self.unproven.append(
+                f"events before {counted_from} carry no counters, so none of them can be proven not to be {key!r}'s"
+            )
+        if self.last is not None and not self.last[2]:
+            seq, number, _ctx, leaf = self.last
+            if number + 1 < claim.head.count:
+                raise Truncated(
+                    f"the checkpoint counts {claim.head.count} {key!r} event(s) but the export stops at #{number} "
+                    "(nor shows the one just after its window)",
+                    seq,
+                )
+            if number + 1 > claim.head.count or leaf.hex() != claim.head.last:
+                raise Modified(f"it is not the last {key!r} event the checkpoint signs", seq)
+
+
+def _check_kept(kept: Checkpoint, cp: Checkpoint, kept_root_here: bytes | None, header: dict[str, Any]) -> str | None:
+    """Step 7: the export's tree extends the kept one; returns why it cannot be proven, if so."""
+    if kept.origin != cp.origin:
+        raise Inconsistent(f"the kept checkpoint is of log {kept.origin!r}, the export of {cp.origin!r}")
+    if kept.size > cp.size or (kept.time is not None and cp.time is not None and cp.time < kept.time):
+        raise StaleCheckpoint(
+            f"the export's checkpoint (tree size {cp.size}, signed {cp.time or 'at an unknown time'}) is older than "
+            f"the one you kept (tree size {kept.size}, signed {kept.time or 'at an unknown time'})"
+        )
+    if kept_root_here is not None:
+        if kept_root_here != kept.root:
+            raise Inconsistent(f"the export's first {kept.size} events are not the tree of the kept checkpoint")
+        return None
+    proof = header.get("consistency")
+    if not isinstance(proof, dict) or proof.get("size") != kept.size:
+        return (
+            f"the export carries no consistency proof from tree size {kept.size} "
+            "(export it again with --since-checkpoint)"
+        )
+    try:
+        hashes = [base64.b64decode(h, validate=True) for h in proof.get("proof", [])]
+        merkle.verify_consistency(kept.size, cp.size, kept.root, cp.root, hashes)
+    except (ProofError, binascii.Error, TypeError) as exc:
+        raise Inconsistent(f"the export's tree does not extend the kept checkpoint's: {exc}") from exc
+    return None
+
+
+def _verify_records(records: _Peekable, public_key: Ed25519PublicKey, since: Checkpoint | None) -> VerifyReport:
     header = next(records, None)
     if not isinstance(header, Header):
         raise BadHeader("the export does not start with a header record")
     cp = _check_checkpoint(header.fields, public_key)  # step 2
     claim = _check_header(header.fields, cp)  # step 3
+    order = _Order(claim)
     tree = merkle.CompactRange()
+    kept_root = merkle.EMPTY_ROOT if since is not None and since.size == 0 else None
     prev_leaf: bytes | None = None  # hash of the event at pos-1 when that record was an event
     events = gaps = 0
     for rec in records:  # step 4
@@ -338,18 +506,30 @@ def _verify_records(records: _Peekable, public_key: Ed25519PublicKey) -> VerifyR
                 raise malformed(rec.line, str(exc)) from exc
             prev_leaf = None
             gaps += 1
-            continue
-        if isinstance(rec, Header):
+        elif isinstance(rec, Header):
             raise malformed(rec.line, "a second header in the middle of the export")
-        leaf = merkle.hash_leaf(rec.data)
-        is_context = _check_event(rec, _document(rec, pos), leaf, pos, prev_leaf, claim, records)
-        tree.append_leaf_hash(leaf)
-        prev_leaf = leaf
-        events += 0 if is_context else 1
+        else:
+            leaf = merkle.hash_leaf(rec.data)
+            doc = _document(rec, pos)
+            is_context = _check_event(rec, doc, leaf, pos, prev_leaf, claim, records)
+            order.event(doc, pos, leaf, rec.line, is_context)
+            tree.append_leaf_hash(leaf)
+            prev_leaf = leaf
+            events += 0 if is_context else 1
+        if since is not None and tree.end == since.size:
+            kept_root = tree.root()
     if tree.end < cp.size:  # step 5
         raise Truncated(f"the export stops at event {tree.end} but the checkpoint covers {cp.size} events", tree.end)
+    order.finish()
     if tree.root() != cp.root:  # step 6
         raise RootMismatch(
             "the events do not rebuild the signed checkpoint root: events were altered and their hashes recomputed"
         )
-    return VerifyReport(cp.origin, cp.size, cp.root, events, gaps, (claim.lo, claim.hi), dict(claim.flt))
+    unproven = order.unproven
+    if since is not None:  # step 7
+        reason = _check_kept(since, cp, kept_root, header.fields)
+        unproven += [reason] if reason else []
+    report = VerifyReport(cp.origin, cp.size, cp.root, events, gaps, (claim.lo, claim.hi), dict(claim.flt), cp.time)
+    if unproven:
+        raise Unproven("; ".join(dict.fromkeys(unproven)), report)
+    return report

@@ -1,6 +1,7 @@
-"""Bulk-load a valid log fast (for the 1M-event export test and the benchmark): events with the exact
-RFC 8785 bytes, chained, every complete subtree in audit_nodes, and the head row -- what record() would
-have written, without its per-event round trips."""
+"""Bulk-load a valid log fast (for the export memory test and the benchmark): events with the exact
+RFC 8785 bytes, chained, every complete subtree in audit_nodes, and the head row -- what record() of
+document version 1 would have written, without its per-event round trips. Version 1 events carry no
+per-key counters, so the head says counting starts after them (as migration 6 does for an old log)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ def bulk_fill(db: Database, n: int, chunk: int = 50_000) -> None:
             it = rows()
             while batch := list(itertools.islice(it, chunk)):
                 cur.executemany(sql, batch)
+        ts = TS.replace("T", " ").replace("Z", "")
         levels = [leaves]
         nodes: list[tuple[int, bytes]] = []
         while len(levels[-1]) > 1:
@@ -112,8 +114,9 @@ def bulk_fill(db: Database, n: int, chunk: int = 50_000) -> None:
             cur.execute(f"CREATE INDEX {name} ON audit_events {ddl}")
         p = "%s" if pg else "?"
         cur.execute(
-            f"UPDATE audit_head SET size = {p}, last_leaf = {p}, frontier = {p} WHERE id = {HEAD_ID}",
-            (n, leaves[-1].hex() if leaves else "0" * 64, json.dumps(frontier)),
+            f"UPDATE audit_head SET size = {p}, last_leaf = {p}, frontier = {p}, counted_from = {p}, last_ts = {p} "
+            f"WHERE id = {HEAD_ID}",
+            (n, leaves[-1].hex() if leaves else "0" * 64, json.dumps(frontier), n, ts if not pg else ts + "+00"),
         )
         raw.commit()
         if not pg:

@@ -61,10 +61,14 @@ def test_every_filter_exports_exactly_its_events_and_verifies(db: Database, sign
                 json.loads(line)["event"]["seq"] for line in buf.getvalue().splitlines() if line.startswith(b'{"event"')
             ]
             assert [seq for seq in shown if result.start <= seq < result.end] == want
-            # a time window that does not narrow also shows the event just outside each cut bound (context)
+            # a time window also shows the event just outside each cut bound (context): any event when it
+            # does not narrow, the filter's matching one when it does
             context = [seq for seq in shown if not result.start <= seq < result.end]
-            expect = [result.start - 1] if not f.narrows and f.since and result.start > 0 else []
-            expect += [result.end] if not f.narrows and f.until and result.end < 90 else []
+            matching = [e["seq"] for e in events if _expected(ExportFilter(tenant=f.tenant, action=f.action), [e])]
+            earlier = [seq for seq in matching if seq < result.start]
+            later = [seq for seq in matching if seq >= result.end]
+            expect = [earlier[-1]] if f.since and earlier else []
+            expect += [later[0]] if f.until and later else []
             assert context == expect, f
         if not f.narrows:
             assert result.gaps <= 2 * 8  # a time range costs O(log n) gap hashes, an unfiltered export none
