@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -173,3 +174,97 @@ def test_audit_key_in_a_pkcs11_token_signs_checkpoints(
     cp = cpm.write_checkpoint(sqlite_db, signer)
     parsed = cpm.verify_checkpoint(cp.note, cpm.load_public_key(cpm.public_key_pem(signer)))
     assert parsed.size == 9
+
+
+# --- issue 13 item 4: a signed time, and consistency with a checkpoint the auditor kept ---------------
+
+
+def test_a_checkpoint_signs_its_time_and_the_counters(sqlite_db: Database, signer: KeySigner) -> None:
+    fill(sqlite_db, 5)
+    cp = cpm.write_checkpoint(sqlite_db, signer, clock=FrozenClock(T0 + timedelta(hours=1, microseconds=7)))
+    body = cp.note.split("\n\n")[0].split("\n")
+    assert body[3] == "trustfabric-time 2026-01-01T01:00:00.000007Z"
+    assert body[4].startswith("trustfabric-counters 0 ")  # counted from the first event; then keys, root
+    parsed = cpm.verify_checkpoint(cp.note, signer.public_key())
+    assert parsed.time == T0 + timedelta(hours=1, microseconds=7)
+    assert parsed.counters is not None and parsed.counters.counted_from == 0 and parsed.counters.keys > 0
+    backdated = cp.note.replace("2026-01-01T01:00", "2025-01-01T01:00")  # the time is under the signature
+    with pytest.raises(CheckpointError, match="altered"):
+        cpm.verify_checkpoint(backdated, signer.public_key())
+
+
+def test_a_note_without_extension_lines_still_verifies(signer: KeySigner) -> None:
+    """Checkpoints signed before this change carry no time: they verify, with time None."""
+    note = cpm.sign_checkpoint(signer, "example.com/audit", 3, hashlib.sha256(b"r").digest())
+    parsed = cpm.verify_checkpoint(note, signer.public_key())
+    assert (parsed.time, parsed.counters) == (None, None)
+
+
+def _export(db: Database, signer: KeySigner, **kwargs: object) -> bytes:
+    import io
+
+    from audit.export import export_events
+
+    buf = io.BytesIO()
+    export_events(db, signer, buf, **kwargs)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def test_verify_since_a_kept_checkpoint(sqlite_db: Database, signer: KeySigner) -> None:
+    import io
+
+    from audit.errors import Inconsistent, StaleCheckpoint, Unproven
+    from audit.export import ExportFilter
+    from audit.verify import verify_export
+
+    key = signer.public_key()
+    fill(sqlite_db, 41)  # 41: inside a gap subtree of the tenant export below ([40, 42) is not acme's)
+    old = _export(sqlite_db, signer)
+    kept = cpm.verify_checkpoint(json.loads(old.split(b"\n", 1)[0])["header"]["checkpoint"], key)
+    fill(sqlite_db, 20, start=41)
+    new = _export(sqlite_db, signer)
+    # a whole export proves it extends the kept tree by rebuilding it (both passes)
+    for fast in (True, False):
+        assert verify_export(io.BytesIO(new), key, since=kept, fast=fast).tree_size == 61
+    assert verify_export(io.BytesIO(old), key, since=kept).tree_size == 41  # the same checkpoint
+    # an export cut back to an older checkpoint does not pass as current
+    newer = cpm.verify_checkpoint(json.loads(new.split(b"\n", 1)[0])["header"]["checkpoint"], key)
+    with pytest.raises(StaleCheckpoint, match="older than the one you kept"):
+        verify_export(io.BytesIO(old), key, since=newer)
+    # a filtered export has gap hashes where the kept tree ends: it needs the RFC 6962 proof
+    tenant = ExportFilter(tenant="acme")
+    with pytest.raises(Unproven, match="no consistency proof from tree size 41"):
+        verify_export(io.BytesIO(_export(sqlite_db, signer, filters=tenant)), key, since=kept)
+    proven = _export(sqlite_db, signer, filters=tenant, since_checkpoint=kept)
+    assert verify_export(io.BytesIO(proven), key, since=kept).events > 0
+    header = json.loads(proven.split(b"\n", 1)[0])
+    header["header"]["consistency"]["proof"][0] = base64.b64encode(hashlib.sha256(b"x").digest()).decode()
+    forged = json.dumps(header).encode() + b"\n" + proven.split(b"\n", 1)[1]
+    with pytest.raises(Inconsistent):
+        verify_export(io.BytesIO(forged), key, since=kept)
+
+
+def test_a_rewritten_log_is_inconsistent_with_the_kept_checkpoint(
+    sqlite_db: Database, signer: KeySigner, tmp_path: Path
+) -> None:
+    """Someone with the database and the key service rebuilds the log from event 10 on: its new exports
+    verify alone, but not against what the auditor kept."""
+    import io
+
+    from audit.errors import Inconsistent
+    from audit.verify import verify_export
+    from store.db import sqlite_url
+    from store.migrations import migrate
+
+    fill(sqlite_db, 30)
+    kept = cpm.verify_checkpoint(cpm.write_checkpoint(sqlite_db, signer).note, signer.public_key())
+    (tmp_path / "rewritten").mkdir()
+    other = Database(sqlite_url(tmp_path / "rewritten"))
+    migrate(other.engine)
+    fill(other, 10)
+    fill(other, 25, start=11)  # event 10 left out, the rest rewritten
+    rewritten = _export(other, signer)
+    other.dispose()
+    verify_export(io.BytesIO(rewritten), signer.public_key())  # alone it verifies
+    with pytest.raises(Inconsistent):
+        verify_export(io.BytesIO(rewritten), signer.public_key(), since=kept)

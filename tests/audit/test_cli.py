@@ -102,3 +102,59 @@ def test_bad_input_fails_in_one_line_without_traceback(home: dict[str, str], tmp
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
         assert not out.exists()
+
+
+def _append(env: dict[str, str], action: str, count: int) -> None:
+    ctx = AppContext.open(Settings.from_env(env))
+    try:
+        with ctx.db.session() as s:
+            for i in range(count):
+                record(s, actor=Actor("op", "admin"), action=action, object_type="grant", object_id=f"k-{i}",
+                       tenant="acme")
+    finally:
+        ctx.close()
+
+
+def _checkpoint_of(export: Path) -> str:
+    first = export.read_bytes().split(b"\n", 1)[0]
+    if first.startswith(b"record,"):  # CSV: the header row's data cell
+        import csv
+
+        with export.open(newline="") as fh:
+            first = next(r for r in csv.DictReader(fh) if r["record"] == "header")["data"].encode()
+        return str(json.loads(first)["checkpoint"])
+    return str(json.loads(first)["header"]["checkpoint"])
+
+
+def test_verify_since_a_kept_checkpoint_and_the_unproven_exit_code(tmp_path: Path) -> None:
+    """Exit 0 proven, 1 failed (an old export passed as current), 3 unproven (a filtered export without a
+    consistency proof): one line each, offline."""
+    env = {"TRUSTFABRIC_HOME": str(tmp_path / "home"), "TRUSTFABRIC_CONFIG": str(tmp_path / "none.json")}
+    assert _run(env, "init", "--trust-domain", "example.org")[0] == 0
+    key = tmp_path / "audit.pem"
+    key.write_text(_run(env, "audit", "public-key")[1])
+    first = tmp_path / "first.jsonl"
+    assert _run(env, "audit", "export", "--out", str(first))[0] == 0
+    size = int(_checkpoint_of(first).split("\n")[1])
+    if size % 2 == 0:  # an odd size lies inside the first gap subtree of the export below: no rebuilt root
+        assert _run(env, "audit", "export", "--out", str(first))[0] == 0  # one more: its audit.export event
+    kept = tmp_path / "kept.note"  # what an auditor keeps: the signed checkpoint note
+    kept.write_text(_checkpoint_of(first))
+    assert int(kept.read_text().split("\n")[1]) % 2 == 1
+    _append(env, "grant.expire", 5)  # only events after the kept checkpoint match the filter
+    later = tmp_path / "later.csv"
+    export = ["audit", "export", "--out", str(later), "--format", "csv", "--action", "grant.expire"]
+    assert _run(env, *export)[0] == 0
+    verify = ["audit", "verify", str(later), "--public-key", str(key), "--since-checkpoint", str(kept)]
+    code, text = _run({}, *verify)
+    assert code == 3 and text.startswith("UNPROVEN:") and "--since-checkpoint" in text, text
+    assert text.strip().count("\n") == 0
+    assert _run(env, *export, "--since-checkpoint", str(kept))[0] == 0
+    code, text = _run({}, *verify)
+    assert code == 0 and text.startswith("OK: 5 event(s)") and ", signed 20" in text, text
+    newer = tmp_path / "newer.note"
+    newer.write_text(_checkpoint_of(later))
+    code, text = _run({}, "audit", "verify", str(first), "--public-key", str(key), "--since-checkpoint", str(newer))
+    assert code == 1 and "stale" in text and "older than the one you kept" in text, text
+    code, text = _run({}, "audit", "verify", str(first), "--public-key", str(key), "--since-checkpoint", str(key))
+    assert code == 1 and "Traceback" not in text and text.strip().count("\n") == 0, text
