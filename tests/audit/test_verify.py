@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from audit import merkle
 from audit.checkpoint import sign_checkpoint
-from audit.errors import VerificationError
+from audit.errors import Oversized, VerificationError
 from audit.export import ExportFilter, export_events
 from audit.verify import verify_export
 from audit.verify.fast import verify_whole as _fast_jsonl
@@ -466,3 +467,117 @@ def test_any_byte_changed_after_the_header_is_detected(
         verify_export(io.BytesIO(tampered), signer.public_key())
     with pytest.raises(VerificationError):
         verify_export(io.BytesIO(tampered), signer.public_key(), fast=False)
+
+
+# --- issue 13 item 10: the verifier's memory does not follow the longest line --------------------------
+
+
+class _EndlessLine(io.RawIOBase):
+    """A header line, then one line of `size` bytes made up as it is read (never held in memory)."""
+
+    def __init__(self, head: bytes, size: int, fill: bytes = b"a") -> None:
+        self._head, self._left, self._fill = head, size, fill
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n], self._head = self._head[:n], self._head[n:]
+            return n
+        n = min(len(buffer), self._left)
+        buffer[:n] = self._fill * n
+        self._left -= n
+        return n
+
+
+@pytest.mark.parametrize("name", ["jsonl", "csv"])
+def test_a_huge_line_gets_a_verdict_naming_it_in_bounded_memory(
+    exported: dict[str, bytes | KeySigner], name: str
+) -> None:
+    """A 1 GiB line (made up while read) is refused at line 2 (3 for CSV) with a few MB of memory; the old
+    verifier read it whole (5.3 GB, MemoryError, no verdict)."""
+    import tracemalloc
+
+    signer = exported["signer"]
+    raw = exported[name]
+    assert isinstance(signer, KeySigner) and isinstance(raw, bytes)
+    head = b"".join(raw.splitlines(keepends=True)[: 2 if name == "csv" else 1])
+    tracemalloc.start()
+    try:
+        with pytest.raises(Oversized) as info:
+            verify_export(io.BufferedReader(_EndlessLine(head, 1 << 30)), signer.public_key())
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.kind == "oversized" and info.value.line == head.count(b"\n") + 1
+    assert f"line {info.value.line} is longer than" in str(info.value)
+    assert peak < 16 << 20, peak
+
+
+def test_a_long_line_in_a_file_fails_both_passes_at_its_line(
+    exported: dict[str, bytes | KeySigner], tmp_path: Path
+) -> None:
+    signer = exported["signer"]
+    raw = exported["jsonl"]
+    assert isinstance(signer, KeySigner) and isinstance(raw, bytes)
+    lines = _lines(raw)
+    lines[5] = lines[5][:-1] + b" " * (5 << 20) + b"\n"  # 5 MiB: longer than the fast pass's block too
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(b"".join(lines))
+    for fast in (True, False):
+        with pytest.raises(Oversized) as info:
+            verify_export(path, signer.public_key(), fast=fast)
+        assert info.value.line == 6
+
+
+def test_every_event_record_can_write_fits_the_readers_bound(sqlite_db: Database) -> None:
+    """The bound is not arbitrary: the largest event record() accepts, in every format, stays below it."""
+    from audit import Actor, record
+    from audit.export.records import MAX_LINE_BYTES
+    from audit.service import MAX_EVENT_BYTES
+
+    worst = {"k": "\u0001" * 2700}  # control characters: 6 bytes each when escaped (16 kB, the limit)
+    with sqlite_db.session() as s:
+        ev = record(
+            s,
+            actor=Actor("\u0002" * 512, "admin"),
+            action="a" * 30 + ".b",
+            object_type="\u0003" * 64,
+            object_id="\u0004" * 512,
+            summary=worst,
+            reason="\u0005" * 2000,
+            request_id="\u0006" * 128,
+        )
+    assert len(ev.data.encode()) <= MAX_EVENT_BYTES
+    signer = KeySigner()
+    for fmt in ("jsonl", "csv", "ocsf"):
+        buf = io.BytesIO()
+        export_events(sqlite_db, signer, buf, fmt=fmt)
+        assert max(len(line) for line in buf.getvalue().splitlines()) < MAX_LINE_BYTES
+        verify_export(io.BytesIO(buf.getvalue()), signer.public_key())
+
+
+# --- issue 13 item 11: spreadsheet-saved exports -------------------------------------------------------
+
+
+def test_a_csv_saved_with_a_byte_order_mark_verifies(exported: dict[str, bytes | KeySigner]) -> None:
+    signer = exported["signer"]
+    raw = exported["csv"]
+    assert isinstance(signer, KeySigner) and isinstance(raw, bytes)
+    for saved in (b"\xef\xbb\xbf" + raw, b"\xef\xbb\xbf" + raw.replace(b"\n", b"\r\n")):
+        assert verify_export(io.BytesIO(saved), signer.public_key()).events == N
+    err = _verify(b"\xef\xbb\xbf" + raw.replace(b",user-5,", b",user-6,", 1), signer)
+    assert err.kind == "modified"  # read as CSV, not reported as a malformed JSONL file
+
+
+@pytest.mark.parametrize("name", ["jsonl", "csv"])
+def test_a_second_header_is_named_at_its_line(exported: dict[str, bytes | KeySigner], name: str) -> None:
+    raw = exported[name]
+    assert isinstance(raw, bytes)
+    lines = _lines(raw)
+    header = 1 if name == "csv" else 0
+    lines.insert(10, lines[header])  # becomes line 11
+    err = _verify(b"".join(lines), exported["signer"])  # type: ignore[arg-type]
+    assert err.kind == "malformed" and err.line == 11 and str(err).startswith("line 11:"), err
