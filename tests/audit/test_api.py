@@ -168,8 +168,27 @@ def test_bad_export_request_writes_nothing(env: Env) -> None:
         {"tenant": "BAD"},
         {"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
         {"unknown": 1},
+        {"since_checkpoint": "not a signed note"},
+        {"since_checkpoint": cpm.sign_checkpoint(cpm.audit_signer(env.ctx.keystore), "other.org/audit", 1, bytes(32))},
     ):
         r = env.call("POST", "/v1/audit/exports", "auditor", json=body)
         assert r.status_code in (400, 422), (body, r.text)
     assert env.call("POST", "/v1/audit/exports", "security", json={}).status_code == 403  # policy: no audit.export
     assert _count(env) == before
+
+
+def test_an_export_since_a_kept_checkpoint_carries_the_consistency_proof(env: Env) -> None:
+    """A tenant export (gap hashes where the kept tree ends) proves it extends the checkpoint kept earlier."""
+    env.headers("auditor")
+    kept = env.call("GET", "/v1/audit/checkpoint", "auditor").json()
+    key = cpm.load_public_key(kept["public_key"])
+    note = cpm.verify_checkpoint(kept["note"], key)
+    assert note.time is not None  # the checkpoint carries its signed time
+    with env.ctx.db.session() as s:
+        for i in range(9):
+            record(s, actor=Actor("op", "admin"), action="grant.approve", object_type="g", object_id=f"x{i}",
+                   tenant="globex")
+    r = env.call("POST", "/v1/audit/exports", "auditor", json={"tenant": "globex", "since_checkpoint": kept["note"]})
+    assert r.status_code == 200, r.text
+    report = verify_export(io.BytesIO(r.content), key, since=note)
+    assert report.tree_size > note.size and report.events >= 9
