@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
+import operator
 import os
 import re
 import signal
+import struct
 import threading
 from collections.abc import Callable
 from typing import IO, Any
@@ -109,6 +112,11 @@ _ReadAt = Callable[[memoryview, int], int]
 _Nodes = list[tuple[int, bytes]]
 _Part = tuple[int, _Nodes, tuple[bytes, bytes]] | None  # (events, aligned subtrees, (first, last) time); None: failed
 _TS = 27  # the length of an event time: 2026-01-01T00:00:00.000000Z
+_TS_SPAN = _TS + len('","v":2}')  # from an event's time to the end of its bytes
+_TAIL_RECORD = _TS_SPAN + _TAIL + 1 + len(EVENT_PREFIX)
+_TIMES = struct.Struct(f"{_TS}s{_TAIL_RECORD - _TS}x")
+_AFTER = struct.Struct(f"{_TS_SPAN}x{_TAIL_RECORD - _TS_SPAN}s")
+_first = operator.itemgetter(0)
 
 
 def _hash_part(read_at: _ReadAt, start: int, stop: int, first: int, n: int, chunk: int) -> _Part:
@@ -291,29 +299,22 @@ def _leaf_hashes(buf: bytearray, view: memoryview, size: int) -> tuple[list[byte
     matches the signed one proves the bytes are such an event."""
     if not buf.startswith(EVENT_PREFIX):
         return None
-    hash_leaf = merkle.hash_leaf_in_place
-    find = buf.find
-    skip = len(EVENT_PREFIX) - 1
-    leaves: list[bytes] = []
-    tails: list[bytearray] = []
-    times: list[bytearray] = []
-    leaf, tail, when = leaves.append, tails.append, times.append
-    s = 0
-    try:
-        while s < size:
-            e = find(b"\n", s)
-            leaf(hash_leaf(buf, view, s + skip, e - _TAIL))
-            tail(buf[e - _TAIL : e + 1 + len(EVENT_PREFIX)])  # ,"leaf_hash":"<hex>"}\n{"event": (the next)
-            when(buf[e - _TAIL - 8 - _TS : e - _TAIL - 8])
-            s = e + 1
+    try:  # per line: <ts>","v":<d>},"leaf_hash":"<hex>"}\n{"event": (the next line's prefix)
+        leaves, tails = merkle.hash_framed_leaves(
+            buf, view, size, head=len(EVENT_PREFIX), tail=_TAIL, keep=(_TS_SPAN, len(EVENT_PREFIX))
+        )
     except (IndexError, ValueError):
         return None
-    if times != sorted(times):
+    # The tails have one length (the last one may be cut where the buffer ends): split them at C speed
+    # into the times and the part after the event's bytes.
+    joined = b"".join(tails).ljust(len(tails) * _TAIL_RECORD, b"\0")
+    times = list(map(_first, _TIMES.iter_unpack(joined)))
+    if not all(map(operator.le, times, itertools.islice(times, 1, None))):
         return None
     # One comparison for the block: every line's leaf_hash and the fixed bytes around it, and every
     # next line's EVENT_PREFIX (the last tail may run past the block: its prefix is checked with the next).
-    stated = b"".join(tails)
+    stated = b"".join(map(_first, _AFTER.iter_unpack(joined)))
     expected = LEAF_INFIX + b"".join(leaves).hex(" ", 32).encode().replace(b" ", _BETWEEN) + b'"}\n'
-    if not stated.startswith(expected) or len(stated) > len(expected) + len(EVENT_PREFIX):
+    if not stated.startswith(expected):
         return None
     return leaves, bytes(times[0]), bytes(times[-1])
