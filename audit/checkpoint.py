@@ -312,12 +312,14 @@ def checkpoint_proving(
         head = session.exec(select(AuditHead).where(AuditHead.id == HEAD_ID).with_for_update()).one()
         size = head.size
         root = merkle.fold([bytes.fromhex(h) for h in head.frontier])
-        heads = [counters.Head(c.key, c.count, c.last_leaf) for c in session.exec(select(AuditCounter)).all()]
-        heads_root = counters.heads_root(heads)
         cp = session.exec(select(AuditCheckpoint).where(AuditCheckpoint.size == size)).first()
-        if cp is None:  # one checkpoint per tree size: the first one signed stands
+        if cp is not None and key is None:  # one checkpoint per tree size: the first one signed stands
+            return cp, None
+        heads = [counters.Head(c.key, c.count, c.last_leaf) for c in session.exec(select(AuditCounter)).all()]
+        signed_heads = counters_line(head.counted_from or 0, len(heads), counters.heads_root(heads))
+        if cp is None:
             now = clock()
-            extensions = [time_line(now), counters_line(head.counted_from or 0, len(heads), heads_root)]
+            extensions = [time_line(now), signed_heads]
             cp = AuditCheckpoint(
                 size=size,
                 root_hash=root.hex(),
@@ -327,9 +329,8 @@ def checkpoint_proving(
                 created_at=now,
             )
             session.add(cp)
-        proof = None
-        if key is not None and counters_line(head.counted_from or 0, len(heads), heads_root) in cp.note.split("\n"):
-            proof = counters.prove(heads, key)
+        # A checkpoint signed before the log kept counters signs other heads (none): no proof then.
+        proof = counters.prove(heads, key) if key is not None and signed_heads in cp.note.split("\n") else None
     return cp, proof
 
 
