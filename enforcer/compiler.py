@@ -1,0 +1,428 @@
+"""allowed_flows x fabric -> one DeviceRuleSet per device. Pure and deterministic: same input, same bytes.
+
+Input is the policy's compact `data.flows.allowed_flows` (one entry per destination group, protocol and
+reason, with every source group; see rego/flows.rego), never the expanded per-pair set, plus the revoked
+workload identities (rego's `revoked_identities`, and the fabric's own revoked workloads).
+
+What each entry becomes (S = the entry's source groups' workloads, D = the destination group's):
+  - on the SuperNIC of every node hosting part of S: an `egress` rule  S-on-this-node -> D;
+  - on the SuperNIC of every node hosting part of D: an `ingress` rule S -> D-on-this-node;
+    each NIC also gets `established` allows (conntrack return) and a final deny in both directions;
+  - on the leaf of every node hosting part of S: an ACL rule S-on-this-leaf -> D in the source tenant's
+    ACL; on the leaf of every node hosting part of D: a stateless return rule D-on-this-leaf (source port
+    = the service ports) -> the source tenants' prefixes in the destination tenant's ACL. Every ACL ends in
+    a deny;
+  - across tenants (grants, platform services), route leaking of exactly the needed prefixes: the source
+    tenant's VRF imports D's addresses from the destination VRF on the source leaves, and the destination
+    VRF imports the source group's addresses back on the destination leaves.
+Aggregation: addresses are collapsed into prefixes; rules with equal match but different reasons become
+one rule carrying both reasons; a rule whose ports another rule with the same match already covers is
+dropped (shadowed) and its reason moves to the covering rule.
+
+Incremental: `recompile(previous, allowed, revoked)` redoes only the entries that changed (and those whose
+groups gained or lost a revoked workload) and reassembles only the devices they touch.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import InvalidInput
+from enforcer.cost import leaf_rule_cost, nic_fixed_cost, nic_rule_cost
+from enforcer.errors import BudgetExceeded, Overflow
+from enforcer.fabric import PROTOS, Fabric, Placement
+from enforcer.ir import (
+    ANY,
+    PRIO_ALLOW,
+    PRIO_DENY,
+    PRIO_ESTABLISHED,
+    AddressSet,
+    DeviceRuleSet,
+    FlowRule,
+    Leak,
+    Port,
+    Vrf,
+    merge_ranges,
+    range_covers,
+    rule_order,
+)
+
+CONNTRACK_RETURN = "conntrack-return"
+DEFAULT_DENY = "default-deny"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-device capacity. NVUE's atomic ACL update mode keeps a shadow copy, halving usable entries."""
+
+    nic_flows: int = 65_536
+    leaf_acl_entries: int = 36_000
+    acl_mode: str = "atomic"  # "atomic" | "non-atomic"
+
+    def limit(self, kind: str) -> int:
+        if kind == "nic":
+            return self.nic_flows
+        return self.leaf_acl_entries // 2 if self.acl_mode == "atomic" else self.leaf_acl_entries
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One element of allowed_flows, normalised (ports merged into ranges, sources sorted)."""
+
+    dst: str  # tenant/group
+    proto: str
+    reason: str
+    ports: tuple[tuple[int, int], ...]
+    sources: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.dst, self.proto, self.reason)
+
+    @property
+    def dst_tenant(self) -> str:
+        return self.dst.split("/", 1)[0]
+
+
+def parse_entries(raw: Any) -> dict[tuple[str, str, str], Entry]:
+    """The compact allowed_flows set, validated; InvalidInput naming the malformed entry."""
+    if not isinstance(raw, list):
+        raise InvalidInput("data.flows.allowed_flows is undefined or not a set of flow entries")
+    out: dict[tuple[str, str, str], Entry] = {}
+    for item in raw:
+        try:
+            dst = f"{item['dst_tenant']}/{item['dst_group']}"
+            proto, reason = str(item["proto"]), str(item["reason"])
+            if proto not in PROTOS:
+                raise ValueError(f"proto {proto!r}")
+            ports = []
+            for p in item["ports"]:
+                if isinstance(p, bool) or not isinstance(p, int | float) or p != int(p) or not 1 <= p <= 65535:
+                    raise ValueError(f"port {p!r} is not an integer 1-65535")
+                ports.append(int(p))
+            sources = tuple(sorted({str(s) for s in item["sources"]}))
+            if any(s.count("/") != 1 for s in sources):
+                raise ValueError("sources must be tenant/group")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInput(f"data.flows.allowed_flows has a malformed entry {item!r:.200}: {exc}") from None
+        e = Entry(dst, proto, reason, merge_ranges([(p, p) for p in ports]), sources)
+        prev = out.get(e.key)
+        if prev is not None:  # the same key twice: one entry with the union
+            e = Entry(dst, proto, reason, merge_ranges(prev.ports + e.ports),
+                      tuple(sorted(set(prev.sources) | set(e.sources))))
+        out[e.key] = e
+    return out
+
+
+# ---------------------------------------------------------------- the fabric, indexed for one compile
+
+class _Context:
+    """Membership and addresses under one fabric and one revoked set (never mutated after build)."""
+
+    def __init__(self, fabric: Fabric, revoked: frozenset[str]) -> None:
+        self.fabric = fabric
+        ids = fabric.spiffe_ids()
+        self.revoked_ids = revoked | frozenset(ids[w.key] for w in fabric.workloads if w.revoked)
+        self.revoked_workloads = frozenset(k for k, sid in ids.items() if sid in self.revoked_ids)
+        self.leaf_of = {n: a.leaf for n, a in fabric.attachment.items()}
+        self.members: dict[str, tuple[Placement, ...]] = {
+            g: tuple(p for p in ps if p.workload not in self.revoked_workloads and p.workload in fabric.workload)
+            for g, ps in fabric.members.items()}
+        self._sets: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+    def addresses(self, placements: Iterable[Placement]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        placements = list(placements)
+        v4 = [ipaddress.IPv4Network(p.ipv4) for p in placements if p.ipv4]
+        v6 = [ipaddress.IPv6Network(p.ipv6) for p in placements if p.ipv6]
+        return (tuple(str(n) for n in ipaddress.collapse_addresses(v4)),
+                tuple(str(n) for n in ipaddress.collapse_addresses(v6)))
+
+    def tenant_prefixes(self, tenants: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        nets = [n for t in tenants for n in self.fabric.tenant[t].networks()]
+        v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+        v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
+        return (tuple(str(n) for n in ipaddress.collapse_addresses(v4)),
+                tuple(str(n) for n in ipaddress.collapse_addresses(v6)))
+
+
+# One entry's contribution: per device, rule tuples and leaks, and the sets they name.
+RuleT = tuple[str, str, str, str, str, tuple[tuple[int, int], ...], str, str]
+#            direction scope src dst proto ports port_side reason
+LeakT = tuple[str, str, str, str]  # importing tenant, prefix, from tenant, reason
+
+
+@dataclass
+class _Contribution:
+    rules: dict[str, list[RuleT]] = field(default_factory=dict)
+    leaks: dict[str, list[LeakT]] = field(default_factory=dict)
+    sets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+
+    def devices(self) -> set[str]:
+        return set(self.rules) | set(self.leaks)
+
+
+def _contribute(e: Entry, ctx: _Context) -> _Contribution:
+    out = _Contribution()
+    dmem = ctx.members.get(e.dst, ())
+    smem_by = {s: ctx.members.get(s, ()) for s in e.sources}
+    smem = [p for s in e.sources for p in smem_by[s]]
+    if not dmem or not smem:
+        return out
+    dt = e.dst_tenant
+    src_tenants = sorted({s.split("/", 1)[0] for s in e.sources if smem_by[s]})
+    src_name = e.sources[0] if len(e.sources) == 1 else f"src:{e.dst}:{e.proto}:{e.reason}"
+    dst_name = e.dst
+    out.sets[dst_name] = ctx.addresses(dmem)
+    out.sets[src_name] = ctx.addresses(smem)
+    tenants_name = f"tenants:{src_tenants[0]}" if len(src_tenants) == 1 else f"tenants:{src_name}"
+    out.sets[tenants_name] = ctx.tenant_prefixes(src_tenants)
+
+    def add(device: str, rule: RuleT) -> None:
+        out.rules.setdefault(device, []).append(rule)
+
+    # SuperNIC egress (sources on this node) and leaf forward rules (sources on this leaf, per tenant)
+    by_node: dict[str, list[Placement]] = {}
+    by_leaf: dict[tuple[str, str], list[Placement]] = {}
+    for p in smem:
+        by_node.setdefault(p.node, []).append(p)
+        by_leaf.setdefault((ctx.leaf_of[p.node], p.workload.split("/", 1)[0]), []).append(p)
+    for node, ps in by_node.items():
+        name = f"{src_name}@{node}"
+        out.sets[name] = ctx.addresses(ps)
+        add(f"nic:{node}", ("egress", "", name, dst_name, e.proto, e.ports, "dst", e.reason))
+    for (leaf, ts), ps in by_leaf.items():
+        name = f"{src_name}@{leaf}" if len(src_tenants) == 1 else f"{src_name}@{leaf}/{ts}"
+        out.sets[name] = ctx.addresses(ps)
+        add(f"leaf:{leaf}", ("inbound", ts, name, dst_name, e.proto, e.ports, "dst", e.reason))
+        if ts != dt:
+            for prefix in _flat(out.sets[dst_name]):
+                out.leaks.setdefault(f"leaf:{leaf}", []).append((ts, prefix, dt, e.reason))
+    # SuperNIC ingress (destinations on this node) and leaf return rules (destinations on this leaf)
+    d_by_node: dict[str, list[Placement]] = {}
+    d_by_leaf: dict[str, list[Placement]] = {}
+    for p in dmem:
+        d_by_node.setdefault(p.node, []).append(p)
+        d_by_leaf.setdefault(ctx.leaf_of[p.node], []).append(p)
+    for node, ps in d_by_node.items():
+        name = f"{dst_name}@{node}"
+        out.sets[name] = ctx.addresses(ps)
+        add(f"nic:{node}", ("ingress", "", src_name, name, e.proto, e.ports, "dst", e.reason))
+    for leaf, ps in d_by_leaf.items():
+        name = f"{dst_name}@{leaf}"
+        out.sets[name] = ctx.addresses(ps)
+        add(f"leaf:{leaf}", ("inbound", dt, name, tenants_name, e.proto, e.ports, "src", e.reason))
+        for ts in src_tenants:
+            if ts == dt:
+                continue
+            back = ctx.addresses(p for s in e.sources if s.startswith(ts + "/") for p in smem_by[s])
+            for prefix in _flat(back):
+                out.leaks.setdefault(f"leaf:{leaf}", []).append((dt, prefix, ts, e.reason))
+    return out
+
+
+def _flat(v46: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[str, ...]:
+    return v46[0] + v46[1]
+
+
+# ---------------------------------------------------------------- device assembly
+
+def _aggregate(rules: list[RuleT]) -> list[FlowRule]:
+    """Equal matches merge their reasons; a rule whose ports a same-match rule covers is dropped."""
+    groups: dict[tuple[str, ...], dict[tuple[tuple[int, int], ...], set[str]]] = {}
+    for direction, scope, src, dst, proto, ports, side, reason in rules:
+        groups.setdefault((direction, scope, src, dst, proto, side), {}).setdefault(ports, set()).add(reason)
+    out: list[FlowRule] = []
+    for (direction, scope, src, dst, proto, side), by_ports in groups.items():
+        items = sorted(by_ports.items(), key=lambda kv: (-sum(b - a + 1 for a, b in kv[0]), kv[0]))
+        kept: list[tuple[tuple[tuple[int, int], ...], set[str]]] = []
+        for ports, reasons in items:
+            cover = next((k for k in kept if range_covers(k[0], ports)), None)
+            if cover is not None:
+                cover[1].update(reasons)
+            else:
+                kept.append((ports, set(reasons)))
+        for ports, reasons in kept:
+            out.append(FlowRule(PRIO_ALLOW, direction, scope, src, dst, proto, ports, side,
+                                "new" if direction != "inbound" else "any", "allow", tuple(sorted(reasons))))
+    return out
+
+
+def _nic_ports(fabric: Fabric, node: str) -> tuple[Port, ...]:
+    out = []
+    for p in fabric.placements_on.get(node, ()):
+        if p.workload not in fabric.workload:
+            continue
+        t = fabric.tenant[p.workload.split("/", 1)[0]]
+        out.append(Port(p.port, t.slug, t.vlan, node, p.workload, (f"{p.ipv4}/32",) if p.ipv4 else (),
+                        (f"{p.ipv6}/128",) if p.ipv6 else ()))
+    return tuple(sorted(out))
+
+
+def _leaf_ports(fabric: Fabric, leaf: str) -> tuple[Port, ...]:
+    out = set()
+    for node in fabric.nodes_under.get(leaf, ()):
+        att = fabric.attachment[node]
+        for p in fabric.placements_on.get(node, ()):
+            if p.workload not in fabric.workload:
+                continue
+            t = fabric.tenant[p.workload.split("/", 1)[0]]
+            out.add(Port(f"{att.leaf_port}.{t.vlan}", t.slug, t.vlan, node, base=att.leaf_port))
+    return tuple(sorted(out))
+
+
+def _assemble(device: str, fabric: Fabric, contribs: Sequence[_Contribution]) -> DeviceRuleSet:
+    kind, name = device.split(":", 1)
+    raw: list[RuleT] = []
+    leaks: list[LeakT] = []
+    sets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    for c in contribs:
+        raw.extend(c.rules.get(device, ()))
+        leaks.extend(c.leaks.get(device, ()))
+        sets.update(c.sets)
+    rules = _aggregate(raw)
+    if kind == "nic":
+        ports = _nic_ports(fabric, name)
+        for d in ("egress", "ingress"):
+            rules.append(FlowRule(PRIO_ESTABLISHED, d, "", ANY, ANY, "*", (), "dst", "established", "allow",
+                                  (CONNTRACK_RETURN,)))
+            rules.append(FlowRule(PRIO_DENY, d, "", ANY, ANY, "*", (), "dst", "new", "deny", (DEFAULT_DENY,)))
+        vrfs: tuple[Vrf, ...] = ()
+        uplink = fabric.attachment[name].uplink if name in fabric.attachment else ""
+    else:
+        ports = _leaf_ports(fabric, name)
+        for tenant in sorted({p.tenant for p in ports}):
+            rules.append(FlowRule(PRIO_DENY, "inbound", tenant, ANY, ANY, "*", (), "dst", "any", "deny",
+                                  (DEFAULT_DENY,)))
+        vrfs = _vrfs(fabric, ports, leaks)
+        uplink = ""
+    rules.sort(key=rule_order)
+    used = {r.src for r in rules} | {r.dst for r in rules}
+    set_objs = tuple(AddressSet(n, *sets[n]) for n in sorted(used - {ANY}))
+    by_name = {s.name: s for s in set_objs}
+    if kind == "nic":
+        cost = nic_fixed_cost(ports) + sum(nic_rule_cost(r, by_name) for r in rules)
+    else:
+        cost = sum(leaf_rule_cost(r, by_name) for r in rules)
+    return DeviceRuleSet(device, kind, uplink, ports, set_objs, tuple(rules), vrfs, cost)
+
+
+def _vrfs(fabric: Fabric, ports: tuple[Port, ...], leaks: list[LeakT]) -> tuple[Vrf, ...]:
+    members: dict[str, list[str]] = {}
+    for p in ports:
+        members.setdefault(p.tenant, []).append(p.name)
+    by: dict[str, dict[tuple[str, str], set[str]]] = {}
+    for into, prefix, frm, reason in leaks:
+        by.setdefault(into, {}).setdefault((prefix, frm), set()).add(reason)
+        members.setdefault(frm, [])  # a leak's source VRF must exist on this leaf (EVPN type-5 routes)
+        members.setdefault(into, [])
+    out = []
+    for slug in sorted(members):
+        t = fabric.tenant[slug]
+        lk = tuple(sorted(Leak(prefix, fabric.tenant[frm].vrf, tuple(sorted(rs)))
+                          for (prefix, frm), rs in by.get(slug, {}).items()))
+        out.append(Vrf(t.vrf, slug, t.vni, tuple(sorted(members[slug])), t.prefixes, lk))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- compile results
+
+@dataclass
+class Compiled:
+    """A whole compile: every device's rule set, plus what an incremental recompile reuses."""
+
+    fabric: Fabric
+    revoked: frozenset[str]
+    budget: Budget
+    entries: dict[tuple[str, str, str], Entry]
+    devices: dict[str, DeviceRuleSet]
+    contributions: dict[tuple[str, str, str], _Contribution] = field(repr=False)
+    by_device: dict[str, set[tuple[str, str, str]]] = field(repr=False)
+    recompiled: tuple[str, ...] = ()  # the devices this (re)compile assembled
+    changed: tuple[str, ...] = ()  # of those, the ones whose rule set differs from the previous compile
+
+    def device_hashes(self) -> dict[str, str]:
+        return {d: rs.content_hash for d, rs in sorted(self.devices.items())}
+
+
+def all_devices(fabric: Fabric) -> list[str]:
+    return [f"nic:{n.name}" for n in fabric.nodes] + [f"leaf:{s.name}" for s in fabric.leaves]
+
+
+def compile_fabric(fabric: Fabric, allowed: Any, revoked: Iterable[str] = (), budget: Budget | None = None
+                   ) -> Compiled:
+    """Every device's rule set; InvalidInput for a malformed allowed_flows, BudgetExceeded when a device
+    would overflow (naming its largest contributors)."""
+    budget = budget or Budget()
+    rev = frozenset(revoked)
+    ctx = _Context(fabric, rev)
+    entries = parse_entries(allowed)
+    contributions = {k: _contribute(e, ctx) for k, e in entries.items()}
+    by_device: dict[str, set[tuple[str, str, str]]] = {d: set() for d in all_devices(fabric)}
+    for k, c in contributions.items():
+        for d in c.devices():
+            by_device.setdefault(d, set()).add(k)
+    devices = {d: _assemble(d, fabric, [contributions[k] for k in sorted(ks)]) for d, ks in by_device.items()}
+    _check_budget(devices, budget)
+    names = tuple(sorted(devices))
+    return Compiled(fabric, rev, budget, entries, devices, contributions, by_device, names, names)
+
+
+def recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None = None) -> Compiled:
+    """The compile of (prev.fabric, allowed, revoked), redoing only what changed; `recompiled` names the
+    devices reassembled and `changed` those whose rule set differs. A fabric change needs compile_fabric."""
+    rev = prev.revoked if revoked is None else frozenset(revoked)
+    entries = parse_entries(allowed)
+    dirty = {k for k in set(entries) | set(prev.entries) if entries.get(k) != prev.entries.get(k)}
+    ctx = _Context(prev.fabric, rev)
+    if rev != prev.revoked:
+        old = _Context(prev.fabric, prev.revoked)
+        groups = {"/".join(w.split("/")[:2]) for w in ctx.revoked_workloads ^ old.revoked_workloads}
+        dirty |= {k for k, e in entries.items() if e.dst in groups or groups.intersection(e.sources)}
+    contributions = dict(prev.contributions)
+    by_device = {d: set(ks) for d, ks in prev.by_device.items()}
+    touched: set[str] = set()
+    for k in dirty:
+        old_c = contributions.pop(k, None)
+        if old_c is not None:
+            for d in old_c.devices():
+                by_device[d].discard(k)
+                touched.add(d)
+        if k in entries:
+            c = _contribute(entries[k], ctx)
+            contributions[k] = c
+            for d in c.devices():
+                by_device.setdefault(d, set()).add(k)
+                touched.add(d)
+    devices = dict(prev.devices)
+    for d in touched:
+        devices[d] = _assemble(d, prev.fabric, [contributions[k] for k in sorted(by_device[d])])
+    _check_budget({d: devices[d] for d in touched}, prev.budget)
+    changed = tuple(sorted(d for d in touched if devices[d].canonical != prev.devices[d].canonical))
+    return Compiled(prev.fabric, rev, prev.budget, entries, devices, contributions, by_device,
+                    tuple(sorted(touched)), changed)
+
+
+def contributors(rs: DeviceRuleSet) -> list[tuple[str, int]]:
+    """Budget use per reason on one device, largest first (a rule with several reasons counts for each)."""
+    sets = rs.set_by_name
+    cost = nic_rule_cost if rs.kind == "nic" else leaf_rule_cost
+    use: dict[str, int] = {}
+    for r in rs.rules:
+        for reason in r.reasons:
+            use[reason] = use.get(reason, 0) + cost(r, sets)
+    return sorted(use.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _check_budget(devices: Mapping[str, DeviceRuleSet], budget: Budget) -> None:
+    over = []
+    for d in sorted(devices):
+        rs = devices[d]
+        limit = budget.limit(rs.kind)
+        if rs.cost > limit:
+            what = "NIC flows" if rs.kind == "nic" else "switch ACL entries"
+            over.append(Overflow(d, what, rs.cost, limit, tuple(contributors(rs)[:5])))
+    if over:
+        raise BudgetExceeded(over)
