@@ -14,7 +14,7 @@ from enforcer.ir import ANY, AddressSet, FlowRule, Port
 NIC_PER_V4 = 5
 NIC_PER_V6 = 7
 NIC_PER_PORT = 1
-NIC_FIXED = 7  # table 0 drop; per direction table: invalid drop, default drop (established is a rule)
+NIC_FIXED = 3  # table 0 drop; an invalid-state drop per direction (default deny and established are rules)
 
 
 def port_masks(lo: int, hi: int) -> list[tuple[int, int]]:
@@ -43,7 +43,7 @@ def family_members(s: AddressSet | None, family: int) -> tuple[str, ...] | None:
 def nic_rule_cost(rule: FlowRule, sets: dict[str, AddressSet]) -> int:
     """Flows for one NIC rule before conjunctions share dimension flows (an upper bound of the render)."""
     if rule.src == ANY and rule.dst == ANY:
-        return 2 if rule.state == "established" else 1
+        return 1
     total = 0
     m = mask_count(rule.ports)
     for fam in (4, 6):
