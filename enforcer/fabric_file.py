@@ -71,7 +71,7 @@ class _Doc:
         self.value: Any = {} if root is None else self._plain(root, ())
 
     def _plain(self, node: Node, path: Path_) -> Any:
-        self.lines[path] = node.start_mark.line + 1
+        self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, MappingNode):
             out: dict[str, Any] = {}
             for k, v in node.value:
