@@ -41,11 +41,13 @@ from enforcer.fabric import (
     Grant,
     Group,
     Link,
-    Node as GpuNode,
     Placement,
     Switch,
     Tenant,
     Workload,
+)
+from enforcer.fabric import (
+    Node as GpuNode,
 )
 from pki.errors import InvalidSpiffeId
 from pki.spiffe_id import validate_segment, validate_trust_domain

@@ -41,6 +41,7 @@ class OvsDaemons:
                     "OVS_DBDIR": str(self.rundir), "OVS_SYSCONFDIR": str(self.rundir)}
         self.db_sock = self.rundir / "db.sock"
         self._pids: list[int] = []
+        self._taps: list[str] = []  # internal ports: the userspace datapath makes them tap devices
 
     def run(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(list(args), env=self.env, capture_output=True, text=True, input=input, timeout=60)
@@ -76,6 +77,7 @@ class OvsDaemons:
     def add_bridge(self, name: str) -> None:
         self.vsctl("add-br", name, "--", "set", "bridge", name, "datapath_type=netdev",
                    "protocols=OpenFlow13", "fail_mode=secure")
+        self._taps.append(name)
 
     def del_bridge(self, name: str) -> None:
         self.vsctl("--if-exists", "del-br", name)
@@ -83,12 +85,17 @@ class OvsDaemons:
     def add_port(self, bridge: str, port: str, internal: bool = False) -> None:
         extra = ["--", "set", "interface", port, "type=internal"] if internal else []
         self.vsctl("add-port", bridge, port, *extra)
+        if internal:
+            self._taps.append(port)
 
     def mgmt(self, bridge: str) -> str:
         """The OpenFlow management socket ovs-ofctl talks to for `bridge`."""
         return f"unix:{self.rundir}/{bridge}.mgmt"
 
     def stop(self) -> None:
+        """Stop the daemons (removing their datapath ports) and delete any tap device they left behind."""
+        if self._pids:
+            self.run("ovs-appctl", "-t", f"{self.rundir}/vswitchd.ctl", "exit", "--cleanup", check=False)
         for pid in reversed(self._pids):
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -106,3 +113,7 @@ class OvsDaemons:
                 except ProcessLookupError:
                     pass
         self._pids.clear()
+        for tap in self._taps:
+            if Path(f"/sys/class/net/{tap}").exists():
+                subprocess.run(["ip", "link", "del", tap], capture_output=True, timeout=30)
+        self._taps.clear()

@@ -1,4 +1,5 @@
 """Leaf backend: NVUE's REST API (Cumulus Linux 5.x), revision -> changes -> apply.
+Objects are replaced whole: PATCH merges, so one whose content changes is deleted first in the revision.
 
 A Spectrum switch cannot exist here, so this speaks the API shape and is tested against a stand-in that
 validates every revision against the JSON Schema of what we emit (tests/enforcer/nvue_standin.py).
@@ -61,6 +62,15 @@ def _paths(doc: dict[str, Any]) -> set[tuple[str, ...]]:
     return out
 
 
+def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = doc
+    for p in path:
+        if not isinstance(node, dict) or p not in node:
+            return None
+        node = node[p]
+    return node
+
+
 def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
@@ -106,8 +116,10 @@ class NvueBackend:
         current = managed(self._applied())
         created = self._call("POST", "/revision")
         rev = next(iter(created))
-        for path in sorted(_paths(current) - _paths(doc)):
-            self._call("DELETE", "/" + "/".join(path), params={"rev": rev})
+        # PATCH merges, so an object whose content changes is deleted first and written whole
+        for path in sorted(_paths(current)):
+            if _get(current, path) != _get(doc, path):
+                self._call("DELETE", "/" + "/".join(path), params={"rev": rev})
         self._call("PATCH", "/", params={"rev": rev}, json=doc)
         self._call("PATCH", f"/revision/{rev}", json={"state": "apply", "auto-prompt": {"ays": "ays_yes"}})
         deadline = time.monotonic() + self.timeout

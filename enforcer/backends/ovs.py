@@ -8,6 +8,7 @@ the last good set stays on any error, and flows that did not change keep their c
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 
@@ -29,6 +30,7 @@ class OvsBackend:
         return render_openflow(rules, self.port_names)
 
     def _with_file(self, text: str, *args: str, check: bool = True) -> str:
+        """Run ovs-ofctl on a flow file; a non-zero exit with output and no error is diff-flows' "differ"."""
         fd, path = tempfile.mkstemp(prefix="flows-", suffix=".txt", dir=self.daemons.rundir)
         try:
             with os.fdopen(fd, "w") as f:
@@ -36,7 +38,7 @@ class OvsBackend:
             proc = self.daemons.run("ovs-ofctl", *OF, *args, self.daemons.mgmt(self.bridge), path, check=False)
         finally:
             os.unlink(path)
-        if check and proc.returncode != 0:
+        if check and proc.returncode != 0 and (proc.stderr.strip() or not proc.stdout.strip()):
             raise ApplyError(f"{self.bridge}: ovs-ofctl {args[-1]} failed: {proc.stderr.strip()[:500]}")
         return proc.stdout
 
@@ -52,6 +54,15 @@ class OvsBackend:
             raise NotApplied(f"bridge {self.bridge} has no flows")
         return "\n".join(lines) + "\n"
 
+    def _numbers(self) -> dict[str, str]:
+        """Bridge port name -> OpenFlow port number (diff-flows cannot resolve names in a file)."""
+        out = self.daemons.run("ovs-ofctl", *OF, "show", self.daemons.mgmt(self.bridge)).stdout
+        found = re.findall(r"^\s*(\d+)\(([^)]+)\):", out, flags=re.MULTILINE)
+        return {name: num for num, name in found}
+
     def drift(self, rules: DeviceRuleSet) -> list[str]:
-        out = self._with_file(self.render(rules), "diff-flows", check=False)
+        numbers = self._numbers()
+        names = {p: numbers.get(self.port_names.get(p, p), self.port_names.get(p, p))
+                 for p in [rules.uplink, *(x.name for x in rules.ports)]}
+        out = self._with_file(render_openflow(rules, names), "diff-flows")
         return [line.strip() for line in out.splitlines() if line.strip()]
