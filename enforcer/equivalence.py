@@ -293,7 +293,7 @@ def _candidates(compiled: Compiled, walker: Walker, by_key: Mapping[str, Placeme
     seen: set[tuple[str, str, str, int]] = set()
 
     def members(cidrs: tuple[str, ...]) -> list[Placement]:
-        out = []
+        out: list[Placement] = []
         for c in cidrs:
             n = ipaddress.ip_network(c)
             if n.num_addresses <= 256:
@@ -303,7 +303,7 @@ def _candidates(compiled: Compiled, walker: Walker, by_key: Mapping[str, Placeme
                            <= int(n.broadcast_address))
         return out
 
-    for name, rs in compiled.devices.items():
+    for rs in compiled.devices.values():
         if rs.kind != "nic":
             continue
         sets = rs.set_by_name
@@ -322,12 +322,11 @@ def _candidates(compiled: Compiled, walker: Walker, by_key: Mapping[str, Placeme
                             if k not in seen and s is not d:
                                 seen.add(k)
                                 yield s, d, proto, c
-        _ = name
     for sg, dg, proto, port in sorted(policy):
-        cls = next(c for c in classes[proto] if c[0] <= port <= c[1])
+        klass = next(c for c in classes[proto] if c[0] <= port <= c[1])
         for s in by_group.get(sg, ()):
             for d in by_group.get(dg, ()):
-                k = (s.workload, d.workload, proto, cls[0])
+                k = (s.workload, d.workload, proto, klass[0])
                 if k not in seen and s is not d:
                     seen.add(k)
-                    yield s, d, proto, cls
+                    yield s, d, proto, klass

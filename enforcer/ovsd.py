@@ -8,6 +8,7 @@ start their own and stop them in a finally. `stop()` kills only the pids this ob
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -108,10 +109,8 @@ class OvsDaemons:
                     break
                 time.sleep(0.05)
             else:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         self._pids.clear()
         for tap in self._taps:
             if Path(f"/sys/class/net/{tap}").exists():

@@ -55,7 +55,8 @@ def managed(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _paths(doc: dict[str, Any]) -> set[tuple[str, ...]]:
-    out = {("acl", k) for k in doc.get("acl", {})} | {("interface", k) for k in doc.get("interface", {})}
+    out: set[tuple[str, ...]] = {("acl", k) for k in doc.get("acl", {})}
+    out |= {("interface", k) for k in doc.get("interface", {})}
     out |= {("vrf", k) for k in doc.get("vrf", {})}
     for s, items in doc.get("router", {}).get("policy", {}).items():
         out |= {("router", "policy", s, k) for k in items}

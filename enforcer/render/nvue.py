@@ -155,8 +155,8 @@ def _ordered(value: Any) -> Any:
 
 def nvue_yaml(rs: DeviceRuleSet) -> str:
     """The file `nv config patch <file>` applies: a list with one `set` of the document."""
-    return yaml.safe_dump([{"set": _ordered(render_nvue(rs))}], sort_keys=False, default_flow_style=False,
-                          width=1000)
+    return str(yaml.safe_dump([{"set": _ordered(render_nvue(rs))}], sort_keys=False, default_flow_style=False,
+                              width=1000))
 
 
 def nv_set_commands(rs: DeviceRuleSet) -> list[str]:

@@ -18,7 +18,7 @@ def render_all() -> dict[str, str]:
     """relative path -> content."""
     compiled, _ = compile_small()
     out: dict[str, str] = {}
-    for device, rs in sorted(compiled.devices.items()):
+    for _device, rs in sorted(compiled.devices.items()):
         name = rs.name
         out[f"ir/{rs.kind}-{name}.json"] = json.dumps(rs.to_dict(), indent=1, sort_keys=True) + "\n"
         if rs.kind == "nic":
