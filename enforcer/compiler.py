@@ -87,15 +87,24 @@ class Entry:
         return self.dst.split("/", 1)[0]
 
 
-def parse_entries(raw: Any) -> dict[tuple[str, str, str], Entry]:
-    """The compact allowed_flows set, validated; InvalidInput naming the malformed entry."""
+def parse_entries(raw: Any, known: Mapping[tuple[str, str, str], tuple[Any, Entry]] | None = None
+                  ) -> tuple[dict[tuple[str, str, str], Entry], dict[tuple[str, str, str], Any]]:
+    """The compact allowed_flows set, validated (InvalidInput naming a malformed entry), and each entry's item
+    as given. An item equal to the one `known` holds for its key reuses that entry without parsing it."""
     if not isinstance(raw, list):
         raise InvalidInput("data.flows.allowed_flows is undefined or not a set of flow entries")
     out: dict[tuple[str, str, str], Entry] = {}
+    items: dict[tuple[str, str, str], Any] = {}
     for item in raw:
         try:
             dst = f"{item['dst_tenant']}/{item['dst_group']}"
             proto, reason = str(item["proto"]), str(item["reason"])
+            if known is not None:
+                hit = known.get((dst, proto, reason))
+                if hit is not None and hit[0] == item and (dst, proto, reason) not in out:
+                    out[(dst, proto, reason)] = hit[1]
+                    items[(dst, proto, reason)] = item
+                    continue
             if proto not in PROTOS:
                 raise ValueError(f"proto {proto!r}")
             ports = []
@@ -113,8 +122,10 @@ def parse_entries(raw: Any) -> dict[tuple[str, str, str], Entry]:
         if prev is not None:  # the same key twice: one entry with the union
             e = Entry(dst, proto, reason, merge_ranges(prev.ports + e.ports),
                       tuple(sorted(set(prev.sources) | set(e.sources))))
+            item = None  # never reused: it alone does not say what the entry is
         out[e.key] = e
-    return out
+        items[e.key] = item
+    return out, items
 
 
 # ---------------------------------------------------------------- the fabric, indexed for one compile
@@ -131,16 +142,65 @@ class _Context:
         self.members: dict[str, tuple[Placement, ...]] = {
             g: tuple(p for p in ps if p.workload not in self.revoked_workloads and p.workload in fabric.workload)
             for g, ps in fabric.members.items()}
-        self._sets: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._prefixes: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        # addresses as integers, and the text of each, so collapsing never parses a string twice
+        self.ints: dict[str, tuple[int | None, int | None]] = {}
+        self.text: dict[tuple[int, int], str] = {}
+        for p in fabric.placements:
+            a4 = int(ipaddress.IPv4Address(p.ipv4)) if p.ipv4 else None
+            a6 = int(ipaddress.IPv6Address(p.ipv6)) if p.ipv6 else None
+            self.ints[p.workload] = (a4, a6)
+            if a4 is not None:
+                self.text[(4, a4)] = str(p.ipv4)
+            if a6 is not None:
+                self.text[(6, a6)] = str(ipaddress.IPv6Address(a6))
 
     def addresses(self, placements: Iterable[Placement]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        placements = list(placements)
-        v4 = [ipaddress.IPv4Network(p.ipv4) for p in placements if p.ipv4]
-        v6 = [ipaddress.IPv6Network(p.ipv6) for p in placements if p.ipv6]
-        return (tuple(str(n) for n in ipaddress.collapse_addresses(v4)),
-                tuple(str(n) for n in ipaddress.collapse_addresses(v6)))
+        """The placements' addresses as collapsed CIDRs per family (what ipaddress.collapse_addresses gives)."""
+        v4: list[int] = []
+        v6: list[int] = []
+        for p in placements:
+            a4, a6 = self.ints[p.workload]
+            if a4 is not None:
+                v4.append(a4)
+            if a6 is not None:
+                v6.append(a6)
+        return self._collapse(v4, 4), self._collapse(v6, 6)
 
-    def tenant_prefixes(self, tenants: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _collapse(self, ints: list[int], family: int) -> tuple[str, ...]:
+        if not ints:
+            return ()
+        if len(ints) == 1:
+            return (f"{self.text[(family, ints[0])]}/{32 if family == 4 else 128}",)
+        bits = 32 if family == 4 else 128
+        xs = sorted(set(ints))
+        out: list[str] = []
+        start = prev = xs[0]
+        for x in [*xs[1:], -2]:
+            if x == prev + 1:
+                prev = x
+                continue
+            lo = start
+            while lo <= prev:  # the largest aligned block at lo that stays within [lo, prev]
+                size = lo & -lo if lo else 1 << bits
+                while size > prev - lo + 1:
+                    size >>= 1
+                text = self.text.get((family, lo))
+                if text is None:
+                    text = str(ipaddress.IPv4Address(lo) if family == 4 else ipaddress.IPv6Address(lo))
+                out.append(f"{text}/{bits - size.bit_length() + 1}")
+                lo += size
+            start = prev = x
+        return tuple(out)
+
+    def tenant_prefixes(self, tenants: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        key = tuple(tenants)
+        hit = self._prefixes.get(key)
+        if hit is None:
+            hit = self._prefixes[key] = self._tenant_prefixes(key)
+        return hit
+
+    def _tenant_prefixes(self, tenants: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         nets = [n for t in tenants for n in self.fabric.tenant[t].networks()]
         v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
         v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
@@ -158,7 +218,7 @@ LeakT = tuple[str, str, str, str]  # importing tenant, prefix, from tenant, reas
 class _Contribution:
     rules: dict[str, list[RuleT]] = field(default_factory=dict)
     leaks: dict[str, list[LeakT]] = field(default_factory=dict)
-    sets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    sets: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = field(default_factory=dict)  # per device
 
     def devices(self) -> set[str]:
         return set(self.rules) | set(self.leaks)
@@ -175,50 +235,58 @@ def _contribute(e: Entry, ctx: _Context) -> _Contribution:
     src_tenants = sorted({s.split("/", 1)[0] for s in e.sources if smem_by[s]})
     src_name = e.sources[0] if len(e.sources) == 1 else f"src:{e.dst}:{e.proto}:{e.reason}"
     dst_name = e.dst
-    out.sets[dst_name] = ctx.addresses(dmem)
-    out.sets[src_name] = ctx.addresses(smem)
+    dst_addrs = ctx.addresses(dmem)
     tenants_name = f"tenants:{src_tenants[0]}" if len(src_tenants) == 1 else f"tenants:{src_name}"
-    out.sets[tenants_name] = ctx.tenant_prefixes(src_tenants)
+    leaf_of = ctx.leaf_of
+    src_all: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    by_tenant: dict[str, list[Placement]] | None = None
 
-    def add(device: str, rule: RuleT) -> None:
+    def add(device: str, rule: RuleT, sets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> None:
         out.rules.setdefault(device, []).append(rule)
+        out.sets.setdefault(device, {}).update(sets)
 
     # SuperNIC egress (sources on this node) and leaf forward rules (sources on this leaf, per tenant)
     by_node: dict[str, list[Placement]] = {}
     by_leaf: dict[tuple[str, str], list[Placement]] = {}
     for p in smem:
         by_node.setdefault(p.node, []).append(p)
-        by_leaf.setdefault((ctx.leaf_of[p.node], p.workload.split("/", 1)[0]), []).append(p)
+        by_leaf.setdefault((leaf_of[p.node], p.workload.split("/", 1)[0]), []).append(p)
     for node, ps in by_node.items():
         name = f"{src_name}@{node}"
-        out.sets[name] = ctx.addresses(ps)
-        add(f"nic:{node}", ("egress", "", name, dst_name, e.proto, e.ports, "dst", e.reason))
+        add(f"nic:{node}", ("egress", "", name, dst_name, e.proto, e.ports, "dst", e.reason),
+            {name: ctx.addresses(ps), dst_name: dst_addrs})
     for (leaf, ts), ps in by_leaf.items():
         name = f"{src_name}@{leaf}" if len(src_tenants) == 1 else f"{src_name}@{leaf}/{ts}"
-        out.sets[name] = ctx.addresses(ps)
-        add(f"leaf:{leaf}", ("inbound", ts, name, dst_name, e.proto, e.ports, "dst", e.reason))
+        add(f"leaf:{leaf}", ("inbound", ts, name, dst_name, e.proto, e.ports, "dst", e.reason),
+            {name: ctx.addresses(ps), dst_name: dst_addrs})
         if ts != dt:
-            for prefix in _flat(out.sets[dst_name]):
+            for prefix in _flat(dst_addrs):
                 out.leaks.setdefault(f"leaf:{leaf}", []).append((ts, prefix, dt, e.reason))
     # SuperNIC ingress (destinations on this node) and leaf return rules (destinations on this leaf)
     d_by_node: dict[str, list[Placement]] = {}
     d_by_leaf: dict[str, list[Placement]] = {}
     for p in dmem:
         d_by_node.setdefault(p.node, []).append(p)
-        d_by_leaf.setdefault(ctx.leaf_of[p.node], []).append(p)
+        d_by_leaf.setdefault(leaf_of[p.node], []).append(p)
     for node, ps in d_by_node.items():
         name = f"{dst_name}@{node}"
-        out.sets[name] = ctx.addresses(ps)
-        add(f"nic:{node}", ("ingress", "", src_name, name, e.proto, e.ports, "dst", e.reason))
+        if src_all is None:
+            src_all = ctx.addresses(smem)
+        add(f"nic:{node}", ("ingress", "", src_name, name, e.proto, e.ports, "dst", e.reason),
+            {name: ctx.addresses(ps), src_name: src_all})
+    tenant_prefixes = ctx.tenant_prefixes(src_tenants)
     for leaf, ps in d_by_leaf.items():
         name = f"{dst_name}@{leaf}"
-        out.sets[name] = ctx.addresses(ps)
-        add(f"leaf:{leaf}", ("inbound", dt, name, tenants_name, e.proto, e.ports, "src", e.reason))
+        add(f"leaf:{leaf}", ("inbound", dt, name, tenants_name, e.proto, e.ports, "src", e.reason),
+            {name: ctx.addresses(ps), tenants_name: tenant_prefixes})
+        if by_tenant is None:
+            by_tenant = {}
+            for p in smem:
+                by_tenant.setdefault(p.workload.split("/", 1)[0], []).append(p)
         for ts in src_tenants:
             if ts == dt:
                 continue
-            back = ctx.addresses(p for s in e.sources if s.startswith(ts + "/") for p in smem_by[s])
-            for prefix in _flat(back):
+            for prefix in _flat(ctx.addresses(by_tenant[ts])):
                 out.leaks.setdefault(f"leaf:{leaf}", []).append((dt, prefix, ts, e.reason))
     return out
 
@@ -236,6 +304,12 @@ def _aggregate(rules: list[RuleT]) -> list[FlowRule]:
         groups.setdefault((direction, scope, src, dst, proto, side), {}).setdefault(ports, set()).add(reason)
     out: list[FlowRule] = []
     for (direction, scope, src, dst, proto, side), by_ports in groups.items():
+        state = "new" if direction != "inbound" else "any"
+        if len(by_ports) == 1:  # the common case: nothing to merge or shadow
+            ((ports, reasons),) = by_ports.items()
+            out.append(FlowRule(PRIO_ALLOW, direction, scope, src, dst, proto, ports, side, state, "allow",
+                                tuple(sorted(reasons))))
+            continue
         items = sorted(by_ports.items(), key=lambda kv: (-sum(b - a + 1 for a, b in kv[0]), kv[0]))
         kept: list[tuple[tuple[tuple[int, int], ...], set[str]]] = []
         for ports, reasons in items:
@@ -245,8 +319,8 @@ def _aggregate(rules: list[RuleT]) -> list[FlowRule]:
             else:
                 kept.append((ports, set(reasons)))
         for ports, reasons in kept:
-            out.append(FlowRule(PRIO_ALLOW, direction, scope, src, dst, proto, ports, side,
-                                "new" if direction != "inbound" else "any", "allow", tuple(sorted(reasons))))
+            out.append(FlowRule(PRIO_ALLOW, direction, scope, src, dst, proto, ports, side, state, "allow",
+                                tuple(sorted(reasons))))
     return out
 
 
@@ -281,7 +355,7 @@ def _assemble(device: str, fabric: Fabric, contribs: Sequence[_Contribution]) ->
     for c in contribs:
         raw.extend(c.rules.get(device, ()))
         leaks.extend(c.leaks.get(device, ()))
-        sets.update(c.sets)
+        sets.update(c.sets.get(device, {}))
     rules = _aggregate(raw)
     if kind == "nic":
         ports = _nic_ports(fabric, name)
@@ -340,6 +414,8 @@ class Compiled:
     devices: dict[str, DeviceRuleSet]
     contributions: dict[tuple[str, str, str], _Contribution] = field(repr=False)
     by_device: dict[str, set[tuple[str, str, str]]] = field(repr=False)
+    raw: dict[tuple[str, str, str], Any] = field(default_factory=dict, repr=False)  # entry key -> item as given
+    ctx: Any = field(default=None, repr=False)
     recompiled: tuple[str, ...] = ()  # the devices this (re)compile assembled
     changed: tuple[str, ...] = ()  # of those, the ones whose rule set differs from the previous compile
 
@@ -358,7 +434,7 @@ def compile_fabric(fabric: Fabric, allowed: Any, revoked: Iterable[str] = (), bu
     budget = budget or Budget()
     rev = frozenset(revoked)
     ctx = _Context(fabric, rev)
-    entries = parse_entries(allowed)
+    entries, raw = parse_entries(allowed)
     contributions = {k: _contribute(e, ctx) for k, e in entries.items()}
     by_device: dict[str, set[tuple[str, str, str]]] = {d: set() for d in all_devices(fabric)}
     for k, c in contributions.items():
@@ -367,18 +443,20 @@ def compile_fabric(fabric: Fabric, allowed: Any, revoked: Iterable[str] = (), bu
     devices = {d: _assemble(d, fabric, [contributions[k] for k in sorted(ks)]) for d, ks in by_device.items()}
     _check_budget(devices, budget)
     names = tuple(sorted(devices))
-    return Compiled(fabric, rev, budget, entries, devices, contributions, by_device, names, names)
+    return Compiled(fabric, rev, budget, entries, devices, contributions, by_device, raw, ctx, names, names)
 
 
 def recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None = None) -> Compiled:
     """The compile of (prev.fabric, allowed, revoked), redoing only what changed; `recompiled` names the
     devices reassembled and `changed` those whose rule set differs. A fabric change needs compile_fabric."""
     rev = prev.revoked if revoked is None else frozenset(revoked)
-    entries = parse_entries(allowed)
-    dirty = {k for k in set(entries) | set(prev.entries) if entries.get(k) != prev.entries.get(k)}
-    ctx = _Context(prev.fabric, rev)
+    entries, raw = parse_entries(allowed, {k: (item, prev.entries[k]) for k, item in prev.raw.items()
+                                           if item is not None})
+    dirty = {k for k in set(entries) | set(prev.entries) if entries.get(k) is not prev.entries.get(k)
+             and entries.get(k) != prev.entries.get(k)}
+    ctx = prev.ctx if rev == prev.revoked and prev.ctx is not None else _Context(prev.fabric, rev)
     if rev != prev.revoked:
-        old = _Context(prev.fabric, prev.revoked)
+        old = prev.ctx or _Context(prev.fabric, prev.revoked)
         groups = {"/".join(w.split("/")[:2]) for w in ctx.revoked_workloads ^ old.revoked_workloads}
         dirty |= {k for k, e in entries.items() if e.dst in groups or groups.intersection(e.sources)}
     contributions = dict(prev.contributions)
@@ -400,8 +478,8 @@ def recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None = None
     for d in touched:
         devices[d] = _assemble(d, prev.fabric, [contributions[k] for k in sorted(by_device[d])])
     _check_budget({d: devices[d] for d in touched}, prev.budget)
-    changed = tuple(sorted(d for d in touched if devices[d].canonical != prev.devices[d].canonical))
-    return Compiled(prev.fabric, rev, prev.budget, entries, devices, contributions, by_device,
+    changed = tuple(sorted(d for d in touched if devices[d] != prev.devices[d]))
+    return Compiled(prev.fabric, rev, prev.budget, entries, devices, contributions, by_device, raw, ctx,
                     tuple(sorted(touched)), changed)
 
 

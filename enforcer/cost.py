@@ -6,6 +6,8 @@ fewer for a NIC where conjunctions share dimension flows), so the two can never 
 
 from __future__ import annotations
 
+from functools import cache
+
 from enforcer.ir import ANY, AddressSet, FlowRule, Port
 
 # Flows a NIC spends per host port and address, whatever the policy (see render/openflow.py):
@@ -17,7 +19,8 @@ NIC_PER_PORT = 1
 NIC_FIXED = 3  # table 0 drop; an invalid-state drop per direction (default deny and established are rules)
 
 
-def port_masks(lo: int, hi: int) -> list[tuple[int, int]]:
+@cache
+def port_masks(lo: int, hi: int) -> tuple[tuple[int, int], ...]:
     """The (value, mask) pairs whose union is exactly [lo, hi], as OpenFlow matches tp_dst=value/mask."""
     out: list[tuple[int, int]] = []
     while lo <= hi:
@@ -26,7 +29,7 @@ def port_masks(lo: int, hi: int) -> list[tuple[int, int]]:
             size *= 2
         out.append((lo, 0xFFFF ^ (size - 1)))
         lo += size
-    return out
+    return tuple(out)
 
 
 def mask_count(ports: tuple[tuple[int, int], ...]) -> int:

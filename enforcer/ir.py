@@ -15,9 +15,10 @@ A NIC rule's `state` is `new` (first packet of a connection: it is committed to 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from core.canonical import canonical_json, sha256_hex
 
@@ -28,15 +29,13 @@ PRIO_ALLOW = 100
 PRIO_DENY = 0
 
 
-@dataclass(frozen=True, order=True)
-class AddressSet:
+class AddressSet(NamedTuple):
     name: str
     v4: tuple[str, ...]  # collapsed CIDRs
     v6: tuple[str, ...]
 
 
-@dataclass(frozen=True, order=True)
-class FlowRule:
+class FlowRule(NamedTuple):
     priority: int
     direction: str  # nic: "egress" (from a local workload) | "ingress" (to one); leaf: "inbound"
     scope: str  # leaf: the tenant whose ACL holds the rule; nic: ""
@@ -50,8 +49,7 @@ class FlowRule:
     reasons: tuple[str, ...] = ()  # policy rule ("intra-tenant", "platform-service") or "grant:<id>"
 
 
-@dataclass(frozen=True, order=True)
-class Leak:
+class Leak(NamedTuple):
     """A route imported into a VRF from another tenant's VRF, because a grant or a platform service needs it."""
 
     prefix: str
@@ -59,8 +57,7 @@ class Leak:
     reasons: tuple[str, ...]
 
 
-@dataclass(frozen=True, order=True)
-class Vrf:
+class Vrf(NamedTuple):
     name: str
     tenant: str
     vni: int
@@ -69,8 +66,7 @@ class Vrf:
     leaks: tuple[Leak, ...] = ()
 
 
-@dataclass(frozen=True, order=True)
-class Port:
+class Port(NamedTuple):
     """A NIC host port with its workload, or a leaf attachment (subinterface) of a (node, tenant)."""
 
     name: str
@@ -104,13 +100,26 @@ class DeviceRuleSet:
         return {s.name: s for s in self.sets}
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("extra")
-        return d
+        """Plain JSON-able data (lists for tuples), the form that is hashed and stored."""
+        return {
+            "device": self.device, "kind": self.kind, "uplink": self.uplink,
+            "ports": [{**p._asdict(), "v4": list(p.v4), "v6": list(p.v6)} for p in self.ports],
+            "sets": [{"name": s.name, "v4": list(s.v4), "v6": list(s.v6)} for s in self.sets],
+            "rules": [{**r._asdict(), "ports": [list(x) for x in r.ports], "reasons": list(r.reasons)}
+                      for r in self.rules],
+            "vrfs": [{**v._asdict(), "members": list(v.members), "prefixes": list(v.prefixes),
+                      "leaks": [{**lk._asdict(), "reasons": list(lk.reasons)} for lk in v.leaks]} for v in self.vrfs],
+            "cost": self.cost,
+        }
 
     @cached_property
     def canonical(self) -> bytes:
-        return canonical_json(self.to_dict())
+        """RFC 8785 bytes of to_dict(). The IR holds only ASCII strings, integers, lists and objects, for which
+        sorted-key compact json.dumps is byte-identical to RFC 8785 (tests hold the two equal); anything
+        else goes through core.canonical."""
+        d = self.to_dict()
+        text = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return text.encode() if text.isascii() and _plain(d) else canonical_json(d)
 
     @property
     def content_hash(self) -> str:
@@ -128,6 +137,20 @@ class DeviceRuleSet:
                            tuple(Leak(x["prefix"], x["from_vrf"], tuple(x["reasons"])) for x in v["leaks"]))
                        for v in d["vrfs"]),
             cost=d["cost"])
+
+
+def _plain(value: Any) -> bool:
+    """Only str, int (not bool), list and dict: the JSON subset where json.dumps equals RFC 8785."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, bool) or not isinstance(v, str | int):
+            return False
+    return True
 
 
 def rule_order(rule: FlowRule) -> tuple[Any, ...]:

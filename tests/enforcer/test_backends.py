@@ -51,7 +51,7 @@ def _ovs(request: pytest.FixtureRequest) -> Iterator[Target]:
         names = {a.uplink: f"tf{tok}u"} | {p.name: f"tf{tok}{i}" for i, p in enumerate(a.ports)}
         for n in names.values():
             daemons.add_port(bridge, n, internal=True)
-        ghost = dataclasses.replace(b, ports=(*b.ports, dataclasses.replace(b.ports[0], name="ghost9",
+        ghost = dataclasses.replace(b, ports=(*b.ports, b.ports[0]._replace(name="ghost9",
                                                                              v4=("10.1.0.99/32",), v6=())))
         yield Target(OvsBackend(daemons, bridge, names), a, b, ghost)
     finally:
@@ -62,7 +62,7 @@ def _ovs(request: pytest.FixtureRequest) -> Iterator[Target]:
 def _nvue(request: pytest.FixtureRequest) -> Iterator[Target]:
     with NvueStandIn(ports=("swp1", "swp2", "swp31")) as standin:
         a, b = _sets("leaf:leaf1")
-        broken = dataclasses.replace(b, ports=(*b.ports, dataclasses.replace(b.ports[0], name="swp9.101",
+        broken = dataclasses.replace(b, ports=(*b.ports, b.ports[0]._replace(name="swp9.101",
                                                                               base="swp9")))
         yield Target(NvueBackend(standin.url), a, b, broken)
 

@@ -46,7 +46,7 @@ def test_a_corrupted_flow_is_named_with_both_answers() -> None:
     nic = compiled.devices["nic:gpu3"]
     rules = list(nic.rules)
     i = next(k for k, r in enumerate(rules) if r.direction == "ingress" and "grant:g-train-api" in r.reasons)
-    rules[i] = dataclasses.replace(rules[i], ports=((8444, 8444),))  # the grant's port, off by one
+    rules[i] = rules[i]._replace(ports=((8444, 8444),))  # the grant's port, off by one
     compiled.devices["nic:gpu3"] = dataclasses.replace(nic, rules=tuple(rules))
     found = verify(compiled, allowed, exhaustive=True)
     assert [str(m) for m in found] == [
@@ -78,11 +78,11 @@ def test_every_kind_of_corruption_is_caught() -> None:
         return dataclasses.replace(rs, rules=(extra, *rs.rules))
 
     def drop_leak(rs):  # type: ignore[no-untyped-def]
-        vrfs = tuple(dataclasses.replace(v, leaks=v.leaks[1:]) if v.tenant == "globex" else v for v in rs.vrfs)
+        vrfs = tuple(v._replace(leaks=v.leaks[1:]) if v.tenant == "globex" else v for v in rs.vrfs)
         return dataclasses.replace(rs, vrfs=vrfs)
 
     def wrong_leak(rs):  # type: ignore[no-untyped-def]
-        vrfs = tuple(dataclasses.replace(v, leaks=(*v.leaks, Leak("10.2.0.21/32", "vrf10002", ("corrupt",))))
+        vrfs = tuple(v._replace(leaks=(*v.leaks, Leak("10.2.0.21/32", "vrf10002", ("corrupt",))))
                      if v.tenant == "acme" else v for v in rs.vrfs)
         return dataclasses.replace(rs, vrfs=vrfs)
 
