@@ -25,13 +25,16 @@ groups gained or lost a revoked workload) and reassembles only the devices they 
 
 from __future__ import annotations
 
+import bisect
+import gc
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidInput
-from enforcer.cost import leaf_rule_cost, nic_fixed_cost, nic_rule_cost
+from enforcer.cost import leaf_rule_cost, nic_fixed_cost, nic_rule_cost, set_sizes
 from enforcer.errors import BudgetExceeded, Overflow
 from enforcer.fabric import PROTOS, Fabric, Placement
 from enforcer.ir import (
@@ -47,7 +50,6 @@ from enforcer.ir import (
     Vrf,
     merge_ranges,
     range_covers,
-    rule_order,
 )
 
 CONNTRACK_RETURN = "conntrack-return"
@@ -143,6 +145,7 @@ class _Context:
             g: tuple(p for p in ps if p.workload not in self.revoked_workloads and p.workload in fabric.workload)
             for g, ps in fabric.members.items()}
         self._prefixes: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._single: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         # addresses as integers, and the text of each, so collapsing never parses a string twice
         self.ints: dict[str, tuple[int | None, int | None]] = {}
         self.text: dict[tuple[int, int], str] = {}
@@ -155,8 +158,16 @@ class _Context:
             if a6 is not None:
                 self.text[(6, a6)] = str(ipaddress.IPv6Address(a6))
 
-    def addresses(self, placements: Iterable[Placement]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def addresses(self, placements: Sequence[Placement]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The placements' addresses as collapsed CIDRs per family (what ipaddress.collapse_addresses gives)."""
+        if len(placements) == 1:
+            p = placements[0]
+            one = self._single.get(p.workload)
+            if one is None:
+                a6 = self.ints[p.workload][1]
+                one = self._single[p.workload] = ((f"{p.ipv4}/32",) if p.ipv4 else (),
+                                                  (f"{self.text[(6, a6)]}/128",) if a6 is not None else ())
+            return one
         v4: list[int] = []
         v6: list[int] = []
         for p in placements:
@@ -209,8 +220,8 @@ class _Context:
 
 
 # One entry's contribution: per device, rule tuples and leaks, and the sets they name.
-RuleT = tuple[str, str, str, str, str, tuple[tuple[int, int], ...], str, str]
-#            direction scope src dst proto ports port_side reason
+RuleT = tuple[str, str, str, str, str, str, tuple[tuple[int, int], ...], str]
+#            direction scope src dst proto port_side ports reason  (sorted, this is the evaluation order)
 LeakT = tuple[str, str, str, str]  # importing tenant, prefix, from tenant, reason
 
 
@@ -253,11 +264,11 @@ def _contribute(e: Entry, ctx: _Context) -> _Contribution:
         by_leaf.setdefault((leaf_of[p.node], p.workload.split("/", 1)[0]), []).append(p)
     for node, ps in by_node.items():
         name = f"{src_name}@{node}"
-        add(f"nic:{node}", ("egress", "", name, dst_name, e.proto, e.ports, "dst", e.reason),
+        add(f"nic:{node}", ("egress", "", name, dst_name, e.proto, "dst", e.ports, e.reason),
             {name: ctx.addresses(ps), dst_name: dst_addrs})
     for (leaf, ts), ps in by_leaf.items():
         name = f"{src_name}@{leaf}" if len(src_tenants) == 1 else f"{src_name}@{leaf}/{ts}"
-        add(f"leaf:{leaf}", ("inbound", ts, name, dst_name, e.proto, e.ports, "dst", e.reason),
+        add(f"leaf:{leaf}", ("inbound", ts, name, dst_name, e.proto, "dst", e.ports, e.reason),
             {name: ctx.addresses(ps), dst_name: dst_addrs})
         if ts != dt:
             for prefix in _flat(dst_addrs):
@@ -272,12 +283,12 @@ def _contribute(e: Entry, ctx: _Context) -> _Contribution:
         name = f"{dst_name}@{node}"
         if src_all is None:
             src_all = ctx.addresses(smem)
-        add(f"nic:{node}", ("ingress", "", src_name, name, e.proto, e.ports, "dst", e.reason),
+        add(f"nic:{node}", ("ingress", "", src_name, name, e.proto, "dst", e.ports, e.reason),
             {name: ctx.addresses(ps), src_name: src_all})
     tenant_prefixes = ctx.tenant_prefixes(src_tenants)
     for leaf, ps in d_by_leaf.items():
         name = f"{dst_name}@{leaf}"
-        add(f"leaf:{leaf}", ("inbound", dt, name, tenants_name, e.proto, e.ports, "src", e.reason),
+        add(f"leaf:{leaf}", ("inbound", dt, name, tenants_name, e.proto, "src", e.ports, e.reason),
             {name: ctx.addresses(ps), tenants_name: tenant_prefixes})
         if by_tenant is None:
             by_tenant = {}
@@ -297,31 +308,27 @@ def _flat(v46: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------- device assembly
 
-def _aggregate(rules: list[RuleT]) -> list[FlowRule]:
-    """Equal matches merge their reasons; a rule whose ports a same-match rule covers is dropped."""
-    groups: dict[tuple[str, ...], dict[tuple[tuple[int, int], ...], set[str]]] = {}
-    for direction, scope, src, dst, proto, ports, side, reason in rules:
-        groups.setdefault((direction, scope, src, dst, proto, side), {}).setdefault(ports, set()).add(reason)
-    out: list[FlowRule] = []
-    for (direction, scope, src, dst, proto, side), by_ports in groups.items():
-        state = "new" if direction != "inbound" else "any"
-        if len(by_ports) == 1:  # the common case: nothing to merge or shadow
-            ((ports, reasons),) = by_ports.items()
-            out.append(FlowRule(PRIO_ALLOW, direction, scope, src, dst, proto, ports, side, state, "allow",
-                                tuple(sorted(reasons))))
-            continue
-        items = sorted(by_ports.items(), key=lambda kv: (-sum(b - a + 1 for a, b in kv[0]), kv[0]))
-        kept: list[tuple[tuple[tuple[int, int], ...], set[str]]] = []
-        for ports, reasons in items:
-            cover = next((k for k in kept if range_covers(k[0], ports)), None)
-            if cover is not None:
-                cover[1].update(reasons)
-            else:
-                kept.append((ports, set(reasons)))
-        for ports, reasons in kept:
-            out.append(FlowRule(PRIO_ALLOW, direction, scope, src, dst, proto, ports, side, state, "allow",
-                                tuple(sorted(reasons))))
-    return out
+def _aggregate_group(group: Sequence[RuleT]) -> list[FlowRule]:
+    """One match's allow rules (raw rules sharing direction, scope, sets, proto and port side): equal
+    ports merge their reasons; ports another rule covers are dropped (shadowed), the reason moving over."""
+    direction, scope, src, dst, proto, side = group[0][:6]
+    state = "new" if direction != "inbound" else "any"
+    if len(group) == 1:  # the common case: nothing to merge or shadow
+        r = group[0]
+        return [FlowRule(PRIO_ALLOW, direction, scope, src, dst, proto, r[6], side, state, "allow", (r[7],))]
+    by_ports: dict[tuple[tuple[int, int], ...], set[str]] = {}
+    for x in group:
+        by_ports.setdefault(x[6], set()).add(x[7])
+    items = sorted(by_ports.items(), key=lambda kv: (-sum(b - a + 1 for a, b in kv[0]), kv[0]))
+    kept: list[tuple[tuple[tuple[int, int], ...], set[str]]] = []
+    for ports, reasons in items:
+        cover = next((k for k in kept if range_covers(k[0], ports)), None)
+        if cover is not None:
+            cover[1].update(reasons)
+        else:
+            kept.append((ports, set(reasons)))
+    return [FlowRule(PRIO_ALLOW, direction, scope, src, dst, proto, ports, side, state, "allow",
+                     tuple(sorted(reasons))) for ports, reasons in sorted(kept, key=lambda k: k[0])]
 
 
 def _nic_ports(fabric: Fabric, node: str) -> tuple[Port, ...]:
@@ -347,57 +354,150 @@ def _leaf_ports(fabric: Fabric, leaf: str) -> tuple[Port, ...]:
     return tuple(sorted(out))
 
 
-def _assemble(device: str, fabric: Fabric, contribs: Sequence[_Contribution]) -> DeviceRuleSet:
-    kind, name = device.split(":", 1)
+Sets = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
+
+
+@dataclass
+class _DevState:
+    """What a device's rule set is assembled from, kept so a recompile patches it instead of redoing it."""
+
+    raw: list[RuleT]  # every entry's raw allow rules, sorted (= evaluation order)
+    agg: dict[tuple[str, ...], list[FlowRule]]  # match -> its aggregated rules
+    keys: list[tuple[str, ...]]  # the matches, sorted
+    leaks: dict[str, dict[tuple[str, str], dict[str, int]]]  # into -> (prefix, from) -> reason -> count
+    vrf_leaks: dict[str, tuple[Leak, ...]]
+    sets: Sets
+    set_objs: dict[str, AddressSet]
+
+    def copy(self) -> _DevState:
+        return _DevState(list(self.raw), dict(self.agg), list(self.keys), dict(self.leaks), dict(self.vrf_leaks),
+                         dict(self.sets), dict(self.set_objs))
+
+
+def _state(device: str, contribs: Sequence[_Contribution]) -> _DevState:
     raw: list[RuleT] = []
-    leaks: list[LeakT] = []
-    sets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    leaks: dict[str, dict[tuple[str, str], dict[str, int]]] = {}
+    sets: Sets = {}
     for c in contribs:
         raw.extend(c.rules.get(device, ()))
-        leaks.extend(c.leaks.get(device, ()))
+        for into, prefix, frm, reason in c.leaks.get(device, ()):
+            counts = leaks.setdefault(into, {}).setdefault((prefix, frm), {})
+            counts[reason] = counts.get(reason, 0) + 1
         sets.update(c.sets.get(device, {}))
-    rules = _aggregate(raw)
+    raw.sort()
+    agg: dict[tuple[str, ...], list[FlowRule]] = {}
+    i, n = 0, len(raw)
+    while i < n:
+        key = raw[i][:6]
+        j = i + 1
+        while j < n and raw[j][:6] == key:
+            j += 1
+        agg[key] = _aggregate_group(raw[i:j])
+        i = j
+    st = _DevState(raw, agg, list(agg), leaks, {}, sets, {})
+    for into in leaks:
+        st.vrf_leaks[into] = _leak_tuple(leaks[into])
+    return st
+
+
+def _leak_tuple(by: dict[tuple[str, str], dict[str, int]]) -> tuple[Leak, ...]:
+    """(prefix, from tenant) -> reasons, as Leaks whose from_vrf is still the tenant (named in _finish)."""
+    return tuple(sorted(Leak(prefix, frm, tuple(sorted(rs))) for (prefix, frm), rs in by.items()))
+
+
+def _patch(st: _DevState, device: str, old: _Contribution | None, new: _Contribution | None) -> None:
+    """Replace one entry's contribution to a device in its state."""
+    dirty: set[tuple[str, ...]] = set()
+    intos: set[str] = set()
+    for r in (old.rules.get(device, ()) if old else ()):
+        i = bisect.bisect_left(st.raw, r)
+        if i == len(st.raw) or st.raw[i] != r:
+            raise RuntimeError(f"{device}: state lost a rule of the previous compile: {r}")
+        del st.raw[i]
+        dirty.add(r[:6])
+    for r in (new.rules.get(device, ()) if new else ()):
+        bisect.insort(st.raw, r)
+        dirty.add(r[:6])
+    for c, step in ((old, -1), (new, 1)):
+        for into, prefix, frm, reason in (c.leaks.get(device, ()) if c else ()):
+            by = st.leaks[into] = dict(st.leaks.get(into, {})) if into not in intos else st.leaks[into]
+            intos.add(into)
+            counts = by[(prefix, frm)] = dict(by.get((prefix, frm), {}))
+            counts[reason] = counts.get(reason, 0) + step
+            if counts[reason] <= 0:
+                del counts[reason]
+            if not counts:
+                del by[(prefix, frm)]
+    for into in intos:
+        if st.leaks[into]:
+            st.vrf_leaks[into] = _leak_tuple(st.leaks[into])
+        else:
+            del st.leaks[into]
+            st.vrf_leaks.pop(into, None)
+    if new is not None:
+        st.sets.update(new.sets.get(device, {}))
+    for key in dirty:
+        lo = bisect.bisect_left(st.raw, key)
+        hi = lo
+        while hi < len(st.raw) and st.raw[hi][:6] == key:
+            hi += 1
+        if hi > lo:
+            if key not in st.agg:
+                bisect.insort(st.keys, key)
+            st.agg[key] = _aggregate_group(st.raw[lo:hi])
+        elif key in st.agg:
+            del st.agg[key]
+            del st.keys[bisect.bisect_left(st.keys, key)]
+
+
+def _finish(device: str, fabric: Fabric, st: _DevState) -> DeviceRuleSet:
+    kind, name = device.split(":", 1)
+    allows = [r for k in st.keys for r in st.agg[k]]  # in evaluation order (rule_order)
     if kind == "nic":
         ports = _nic_ports(fabric, name)
-        for d in ("egress", "ingress"):
-            rules.append(FlowRule(PRIO_ESTABLISHED, d, "", ANY, ANY, "*", (), "dst", "established", "allow",
-                                  (CONNTRACK_RETURN,)))
-            rules.append(FlowRule(PRIO_DENY, d, "", ANY, ANY, "*", (), "dst", "new", "deny", (DEFAULT_DENY,)))
+        rules = [FlowRule(PRIO_ESTABLISHED, d, "", ANY, ANY, "*", (), "dst", "established", "allow",
+                          (CONNTRACK_RETURN,)) for d in ("egress", "ingress")]
+        rules += allows
+        rules += [FlowRule(PRIO_DENY, d, "", ANY, ANY, "*", (), "dst", "new", "deny", (DEFAULT_DENY,))
+                  for d in ("egress", "ingress")]
         vrfs: tuple[Vrf, ...] = ()
         uplink = fabric.attachment[name].uplink if name in fabric.attachment else ""
     else:
         ports = _leaf_ports(fabric, name)
-        for tenant in sorted({p.tenant for p in ports}):
-            rules.append(FlowRule(PRIO_DENY, "inbound", tenant, ANY, ANY, "*", (), "dst", "any", "deny",
-                                  (DEFAULT_DENY,)))
-        vrfs = _vrfs(fabric, ports, leaks)
+        rules = allows + [FlowRule(PRIO_DENY, "inbound", tenant, ANY, ANY, "*", (), "dst", "any", "deny",
+                                   (DEFAULT_DENY,)) for tenant in sorted({p.tenant for p in ports})]
+        vrfs = _vrfs(fabric, ports, st.vrf_leaks)
         uplink = ""
-    rules.sort(key=rule_order)
     used = {r.src for r in rules} | {r.dst for r in rules}
-    set_objs = tuple(AddressSet(n, *sets[n]) for n in sorted(used - {ANY}))
-    by_name = {s.name: s for s in set_objs}
+    used.discard(ANY)
+    objs = []
+    for n in sorted(used):
+        content = st.sets[n]
+        obj = st.set_objs.get(n)
+        if obj is None or (obj.v4, obj.v6) != content:
+            obj = st.set_objs[n] = AddressSet(n, *content)
+        objs.append(obj)
+    sizes = {s.name: (len(s.v4), len(s.v6)) for s in objs}
     if kind == "nic":
-        cost = nic_fixed_cost(ports) + sum(nic_rule_cost(r, by_name) for r in rules)
+        cost = nic_fixed_cost(ports) + sum(nic_rule_cost(r, sizes) for r in rules)
     else:
-        cost = sum(leaf_rule_cost(r, by_name) for r in rules)
-    return DeviceRuleSet(device, kind, uplink, ports, set_objs, tuple(rules), vrfs, cost)
+        cost = sum(leaf_rule_cost(r, sizes) for r in rules)
+    return DeviceRuleSet(device, kind, uplink, ports, tuple(objs), tuple(rules), vrfs, cost)
 
 
-def _vrfs(fabric: Fabric, ports: tuple[Port, ...], leaks: list[LeakT]) -> tuple[Vrf, ...]:
+def _vrfs(fabric: Fabric, ports: tuple[Port, ...], vrf_leaks: Mapping[str, tuple[Leak, ...]]) -> tuple[Vrf, ...]:
     members: dict[str, list[str]] = {}
     for p in ports:
         members.setdefault(p.tenant, []).append(p.name)
-    by: dict[str, dict[tuple[str, str], set[str]]] = {}
-    for into, prefix, frm, reason in leaks:
-        by.setdefault(into, {}).setdefault((prefix, frm), set()).add(reason)
-        members.setdefault(frm, [])  # a leak's source VRF must exist on this leaf (EVPN type-5 routes)
+    for into, leaks in vrf_leaks.items():  # a leak's source VRF must exist on this leaf (EVPN type-5 routes)
         members.setdefault(into, [])
+        for lk in leaks:
+            members.setdefault(lk.from_vrf, [])
     out = []
     for slug in sorted(members):
         t = fabric.tenant[slug]
-        lk = tuple(sorted(Leak(prefix, fabric.tenant[frm].vrf, tuple(sorted(rs)))
-                          for (prefix, frm), rs in by.get(slug, {}).items()))
-        out.append(Vrf(t.vrf, slug, t.vni, tuple(sorted(members[slug])), t.prefixes, lk))
+        named = tuple(Leak(x.prefix, fabric.tenant[x.from_vrf].vrf, x.reasons) for x in vrf_leaks.get(slug, ()))
+        out.append(Vrf(t.vrf, slug, t.vni, tuple(sorted(members[slug])), t.prefixes, named))
     return tuple(out)
 
 
@@ -414,6 +514,7 @@ class Compiled:
     devices: dict[str, DeviceRuleSet]
     contributions: dict[tuple[str, str, str], _Contribution] = field(repr=False)
     by_device: dict[str, set[tuple[str, str, str]]] = field(repr=False)
+    states: dict[str, _DevState] = field(default_factory=dict, repr=False)
     raw: dict[tuple[str, str, str], Any] = field(default_factory=dict, repr=False)  # entry key -> item as given
     ctx: Any = field(default=None, repr=False)
     recompiled: tuple[str, ...] = ()  # the devices this (re)compile assembled
@@ -433,6 +534,23 @@ def compile_fabric(fabric: Fabric, allowed: Any, revoked: Iterable[str] = (), bu
     would overflow (naming its largest contributors)."""
     budget = budget or Budget()
     rev = frozenset(revoked)
+    with _no_gc():
+        return _compile(fabric, allowed, rev, budget)
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """A compile allocates millions of acyclic objects: the cyclic collector only slows it down."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _compile(fabric: Fabric, allowed: Any, rev: frozenset[str], budget: Budget) -> Compiled:
     ctx = _Context(fabric, rev)
     entries, raw = parse_entries(allowed)
     contributions = {k: _contribute(e, ctx) for k, e in entries.items()}
@@ -440,15 +558,21 @@ def compile_fabric(fabric: Fabric, allowed: Any, revoked: Iterable[str] = (), bu
     for k, c in contributions.items():
         for d in c.devices():
             by_device.setdefault(d, set()).add(k)
-    devices = {d: _assemble(d, fabric, [contributions[k] for k in sorted(ks)]) for d, ks in by_device.items()}
+    states = {d: _state(d, [contributions[k] for k in ks]) for d, ks in by_device.items()}
+    devices = {d: _finish(d, fabric, st) for d, st in states.items()}
     _check_budget(devices, budget)
     names = tuple(sorted(devices))
-    return Compiled(fabric, rev, budget, entries, devices, contributions, by_device, raw, ctx, names, names)
+    return Compiled(fabric, rev, budget, entries, devices, contributions, by_device, states, raw, ctx, names, names)
 
 
 def recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None = None) -> Compiled:
     """The compile of (prev.fabric, allowed, revoked), redoing only what changed; `recompiled` names the
     devices reassembled and `changed` those whose rule set differs. A fabric change needs compile_fabric."""
+    with _no_gc():
+        return _recompile(prev, allowed, revoked)
+
+
+def _recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None) -> Compiled:
     rev = prev.revoked if revoked is None else frozenset(revoked)
     entries, raw = parse_entries(allowed, {k: (item, prev.entries[k]) for k, item in prev.raw.items()
                                            if item is not None})
@@ -460,37 +584,41 @@ def recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None = None
         groups = {"/".join(w.split("/")[:2]) for w in ctx.revoked_workloads ^ old.revoked_workloads}
         dirty |= {k for k, e in entries.items() if e.dst in groups or groups.intersection(e.sources)}
     contributions = dict(prev.contributions)
-    by_device = {d: set(ks) for d, ks in prev.by_device.items()}
+    by_device = dict(prev.by_device)
+    states = dict(prev.states)
     touched: set[str] = set()
-    for k in dirty:
+    for k in sorted(dirty):
         old_c = contributions.pop(k, None)
-        if old_c is not None:
-            for d in old_c.devices():
+        new_c = _contribute(entries[k], ctx) if k in entries else None
+        if new_c is not None:
+            contributions[k] = new_c
+        for d in (old_c.devices() if old_c else set()) | (new_c.devices() if new_c else set()):
+            if d not in touched:
+                touched.add(d)
+                states[d] = states[d].copy()  # the previous compile stays valid
+                by_device[d] = set(by_device[d])
+            _patch(states[d], d, old_c, new_c)
+            if new_c is not None and d in new_c.devices():
+                by_device[d].add(k)
+            else:
                 by_device[d].discard(k)
-                touched.add(d)
-        if k in entries:
-            c = _contribute(entries[k], ctx)
-            contributions[k] = c
-            for d in c.devices():
-                by_device.setdefault(d, set()).add(k)
-                touched.add(d)
     devices = dict(prev.devices)
     for d in touched:
-        devices[d] = _assemble(d, prev.fabric, [contributions[k] for k in sorted(by_device[d])])
+        devices[d] = _finish(d, prev.fabric, states[d])
     _check_budget({d: devices[d] for d in touched}, prev.budget)
     changed = tuple(sorted(d for d in touched if devices[d] != prev.devices[d]))
-    return Compiled(prev.fabric, rev, prev.budget, entries, devices, contributions, by_device, raw, ctx,
+    return Compiled(prev.fabric, rev, prev.budget, entries, devices, contributions, by_device, states, raw, ctx,
                     tuple(sorted(touched)), changed)
 
 
 def contributors(rs: DeviceRuleSet) -> list[tuple[str, int]]:
     """Budget use per reason on one device, largest first (a rule with several reasons counts for each)."""
-    sets = rs.set_by_name
+    sizes = set_sizes(rs.sets)
     cost = nic_rule_cost if rs.kind == "nic" else leaf_rule_cost
     use: dict[str, int] = {}
     for r in rs.rules:
         for reason in r.reasons:
-            use[reason] = use.get(reason, 0) + cost(r, sets)
+            use[reason] = use.get(reason, 0) + cost(r, sizes)
     return sorted(use.items(), key=lambda kv: (-kv[1], kv[0]))
 
 

@@ -6,6 +6,7 @@ fewer for a NIC where conjunctions share dimension flows), so the two can never 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from functools import cache
 
 from enforcer.ir import ANY, AddressSet, FlowRule, Port
@@ -36,6 +37,13 @@ def mask_count(ports: tuple[tuple[int, int], ...]) -> int:
     return sum(len(port_masks(lo, hi)) for lo, hi in ports) if ports else 1
 
 
+Sizes = Mapping[str, tuple[int, int]]  # address set name -> (IPv4 CIDRs, IPv6 CIDRs)
+
+
+def set_sizes(sets: Iterable[AddressSet]) -> dict[str, tuple[int, int]]:
+    return {s.name: (len(s.v4), len(s.v6)) for s in sets}
+
+
 def family_members(s: AddressSet | None, family: int) -> tuple[str, ...] | None:
     """The set's CIDRs of one family; None for `*` (any)."""
     if s is None:
@@ -43,32 +51,28 @@ def family_members(s: AddressSet | None, family: int) -> tuple[str, ...] | None:
     return s.v4 if family == 4 else s.v6
 
 
-def nic_rule_cost(rule: FlowRule, sets: dict[str, AddressSet]) -> int:
+def nic_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
     """Flows for one NIC rule before conjunctions share dimension flows (an upper bound of the render)."""
     if rule.src == ANY and rule.dst == ANY:
         return 1
     total = 0
     m = mask_count(rule.ports)
-    for fam in (4, 6):
-        src = family_members(sets.get(rule.src), fam) if rule.src != ANY else ("*",)
-        dst = family_members(sets.get(rule.dst), fam) if rule.dst != ANY else ("*",)
-        if not src or not dst:
-            continue
-        total += min(len(src) * len(dst) * m, len(src) + len(dst) + (m if rule.ports else 0) + 1)
+    s4, s6 = sizes[rule.src] if rule.src != ANY else (1, 1)
+    d4, d6 = sizes[rule.dst] if rule.dst != ANY else (1, 1)
+    for a, b in ((s4, d4), (s6, d6)):
+        if a and b:
+            total += min(a * b * m, a + b + (m if rule.ports else 0) + 1)
     return total
 
 
-def leaf_rule_cost(rule: FlowRule, sets: dict[str, AddressSet]) -> int:
+def leaf_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
     """ACL entries for one leaf rule: NVUE takes one source, one destination and one port range per entry."""
     if rule.src == ANY and rule.dst == ANY:
         return 2  # one per address family (the ipv4 and the ipv6 ACL)
     n = len(rule.ports) or 1
-    total = 0
-    for fam in (4, 6):
-        src = family_members(sets.get(rule.src), fam) if rule.src != ANY else ("*",)
-        dst = family_members(sets.get(rule.dst), fam) if rule.dst != ANY else ("*",)
-        total += len(src or ()) * len(dst or ()) * n
-    return total
+    s4, s6 = sizes[rule.src] if rule.src != ANY else (1, 1)
+    d4, d6 = sizes[rule.dst] if rule.dst != ANY else (1, 1)
+    return (s4 * d4 + s6 * d6) * n
 
 
 def nic_fixed_cost(ports: tuple[Port, ...]) -> int:

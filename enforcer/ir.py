@@ -155,8 +155,8 @@ def _plain(value: Any) -> bool:
 
 def rule_order(rule: FlowRule) -> tuple[Any, ...]:
     """Evaluation order: priority descending, then a canonical order so equal inputs give equal lists."""
-    return (-rule.priority, rule.direction, rule.scope, rule.state, rule.proto, rule.src, rule.dst,
-            rule.port_side, rule.ports, rule.action, rule.reasons)
+    return (-rule.priority, rule.direction, rule.scope, rule.src, rule.dst, rule.proto, rule.port_side,
+            rule.ports, rule.state, rule.action, rule.reasons)
 
 
 def merge_ranges(ports: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:

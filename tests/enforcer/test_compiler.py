@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core.errors import InvalidInput
 from enforcer.compiler import Budget, compile_fabric, contributors, recompile
@@ -162,3 +163,48 @@ def test_plan_reports_additions_and_budget_use() -> None:
     assert [r.reasons for r, _, _ in gpu2.added] == [("grant:x",)]
     assert gpu2.summary()["budget"] == {"before": gpu2.cost_before, "after": gpu2.cost_after, "limit": 65536}
     assert gpu2.cost_after > gpu2.cost_before
+
+
+def test_rules_come_in_evaluation_order_and_addresses_collapse_like_ipaddress() -> None:
+    import ipaddress
+
+    from enforcer.compiler import _Context
+    from enforcer.ir import rule_order
+
+    compiled, _ = compile_small()
+    for rs in compiled.devices.values():
+        assert list(rs.rules) == sorted(rs.rules, key=rule_order)
+    ctx = _Context(compiled.fabric, frozenset())
+    rng = random.Random(3)
+    for _ in range(200):
+        ints = [rng.randrange(0, 64) + (10 << 24) for _ in range(rng.randrange(2, 20))]
+        for i in ints:
+            ctx.text[(4, i)] = str(ipaddress.IPv4Address(i))
+        want = tuple(str(n) for n in ipaddress.collapse_addresses(ipaddress.IPv4Network(i) for i in ints))
+        assert ctx._collapse(ints, 4) == want
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fabrics(), st.randoms(use_true_random=False))
+def test_any_chain_of_recompiles_equals_a_full_compile(fabric: Fabric, rnd: random.Random) -> None:
+    """Entries dropped, added back, changed and workloads revoked, in any order: recompile keeps up."""
+    allowed = allowed_flows(fabric)
+    revoked = set(revoked_ids(fabric))
+    ids = sorted(fabric.spiffe_ids().values())
+    state = compile_fabric(fabric, allowed, revoked)
+    current = list(allowed)
+    for _ in range(4):
+        step = rnd.randrange(4)
+        if step == 0 and current:
+            current.pop(rnd.randrange(len(current)))
+        elif step == 1 and allowed:
+            current.append(rnd.choice(allowed))
+        elif step == 2 and current:
+            i = rnd.randrange(len(current))
+            current[i] = {**current[i], "ports": sorted({*current[i]["ports"], rnd.randrange(1, 100)})}
+        elif ids:
+            revoked ^= {rnd.choice(ids)}
+        state = recompile(state, current, revoked)
+        full = compile_fabric(fabric, current, revoked)
+        assert {d: rs.canonical for d, rs in state.devices.items()} == {
+            d: rs.canonical for d, rs in full.devices.items()}
