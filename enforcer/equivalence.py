@@ -24,6 +24,7 @@ import bisect
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from enforcer.compiler import Compiled
@@ -51,14 +52,27 @@ class Mismatch:
                 f"{word[self.policy]}, devices {word[self.devices]} ({self.detail})")
 
 
+@cache
+def _cidr(text: str) -> tuple[int, int, int, int]:
+    """(version, first, last, prefix length) of a CIDR; cached: the same addresses recur on many devices."""
+    addr, _, plen = text.partition("/")
+    if ":" not in addr:
+        a, b, c, d = (int(x) for x in addr.split("."))
+        length = int(plen) if plen else 32
+        start = (a << 24) | (b << 16) | (c << 8) | d
+        return 4, start, start | ((1 << (32 - length)) - 1), length
+    n = ipaddress.ip_network(text)
+    return 6, int(n.network_address), int(n.broadcast_address), n.prefixlen
+
+
 class _NetSet:
     """CIDRs as sorted integer intervals per family, for fast membership."""
 
     def __init__(self, cidrs: Iterable[str]) -> None:
         spans: dict[int, list[tuple[int, int]]] = {4: [], 6: []}
         for c in cidrs:
-            n = ipaddress.ip_network(c)
-            spans[n.version].append((int(n.network_address), int(n.broadcast_address)))
+            fam, first, last, _ = _cidr(c)
+            spans[fam].append((first, last))
         self.starts: dict[int, list[int]] = {}
         self.ends: dict[int, list[int]] = {}
         for fam, s in spans.items():
@@ -82,29 +96,59 @@ _ANY = _AnySet()
 Match = tuple[FlowRule, Any, Any]
 
 
+LOCAL_SIDE = {"egress": "src", "inbound": "src", "ingress": "dst"}  # the side that holds this device's own
+
+
 class _Device:
+    """One device's rules, indexed by the address on the local side of each chain (a NIC's or leaf's own
+    workloads), so a lookup scans only the rules that can match, still in evaluation order."""
+
     def __init__(self, rs: DeviceRuleSet) -> None:
         self.rs = rs
         sets = {s.name: _NetSet(s.v4 + s.v6) for s in rs.sets}
-        self.chains: dict[tuple[str, str], list[Match]] = {}
-        for r in rs.rules:  # already in evaluation order
+        members = {s.name: s.v4 + s.v6 for s in rs.sets}
+        self.index: dict[tuple[str, str], tuple[dict[tuple[int, int], list[tuple[int, Match]]],
+                                                list[tuple[int, Match]]]] = {}
+        for pos, r in enumerate(rs.rules):  # already in evaluation order
             src = _ANY if r.src == ANY else sets[r.src]
             dst = _ANY if r.dst == ANY else sets[r.dst]
-            self.chains.setdefault((r.direction, r.scope), []).append((r, src, dst))
+            by_addr, always = self.index.setdefault((r.direction, r.scope), ({}, []))
+            local = r.src if LOCAL_SIDE[r.direction] == "src" else r.dst
+            item = (pos, (r, src, dst))
+            addrs = _expand(members[local]) if local != ANY else None
+            if addrs is None:
+                always.append(item)
+            else:
+                for a in addrs:
+                    by_addr.setdefault(a, []).append(item)
+        self._merged: dict[tuple[str, str, tuple[int, int]], list[Match]] = {}
         self.vrfs = {v.tenant: v for v in rs.vrfs}
-        self.routes: dict[str, list[tuple[int, _NetSet, str]]] = {}
+        # per VRF: (version, prefix length, network) -> the tenant VRF it leads into, and the lengths present
+        self.routes: dict[str, tuple[dict[tuple[int, int, int], str], dict[int, list[int]]]] = {}
         vrf_tenant = {v.name: v.tenant for v in rs.vrfs}
         for v in rs.vrfs:
-            routes = [(ipaddress.ip_network(p).prefixlen, _NetSet([p]), v.tenant) for p in v.prefixes]
-            routes += [(ipaddress.ip_network(lk.prefix).prefixlen, _NetSet([lk.prefix]),
-                        vrf_tenant.get(lk.from_vrf, "?")) for lk in v.leaks]
-            routes.sort(key=lambda r: -r[0])
-            self.routes[v.tenant] = routes
+            table: dict[tuple[int, int, int], str] = {}
+            lengths: dict[int, set[int]] = {4: set(), 6: set()}
+            for prefix, into in [(p, v.tenant) for p in v.prefixes] + [
+                    (lk.prefix, vrf_tenant.get(lk.from_vrf, "?")) for lk in v.leaks]:
+                fam, first, _, plen = _cidr(prefix)
+                table[(fam, plen, first)] = into
+                lengths[fam].add(plen)
+            self.routes[v.tenant] = (table, {f: sorted(ls, reverse=True) for f, ls in lengths.items()})
         self.members = {(p.node, p.tenant) for p in rs.ports}
+
+    def _chain(self, chain: tuple[str, str], local: tuple[int, int]) -> list[Match]:
+        key = (*chain, local)
+        hit = self._merged.get(key)
+        if hit is None:
+            by_addr, always = self.index.get(chain, ({}, []))
+            hit = self._merged[key] = [m for _, m in sorted(by_addr.get(local, []) + always, key=lambda x: x[0])]
+        return hit
 
     def first(self, chain: tuple[str, str], state: str, src: tuple[int, int], dst: tuple[int, int], proto: str,
               sport: int, dport: int) -> FlowRule | None:
-        for r, s, d in self.chains.get(chain, ()):
+        local = src if LOCAL_SIDE[chain[0]] == "src" else dst
+        for r, s, d in self._chain(chain, local):
             if r.state not in ("any", state):
                 continue
             if r.proto not in ("*", proto) or src not in s or dst not in d:
@@ -116,11 +160,29 @@ class _Device:
         return None
 
     def route(self, tenant: str, dst: tuple[int, int]) -> str | None:
-        """The tenant VRF the lookup in `tenant`'s VRF forwards into, or None (no route)."""
-        for _, net, into in self.routes.get(tenant, ()):
-            if dst in net:
+        """The tenant VRF the lookup in `tenant`'s VRF forwards into (longest prefix), or None (no route)."""
+        routes = self.routes.get(tenant)
+        if routes is None:
+            return None
+        table, lengths = routes
+        fam, value = dst
+        bits = 32 if fam == 4 else 128
+        for plen in lengths[fam]:
+            into = table.get((fam, plen, value >> (bits - plen) << (bits - plen)))
+            if into is not None:
                 return into
         return None
+
+
+def _expand(cidrs: tuple[str, ...]) -> list[tuple[int, int]] | None:
+    """Every address of small CIDRs (a device's own workloads); None when one is too large to list."""
+    out: list[tuple[int, int]] = []
+    for c in cidrs:
+        fam, first, last, _ = _cidr(c)
+        if last - first >= 256:
+            return None
+        out.extend((fam, a) for a in range(first, last + 1))
+    return out
 
 
 def _addr(text: str | None) -> tuple[int, int] | None:
@@ -137,6 +199,7 @@ class Walker:
         self.c = compiled
         self.fabric = compiled.fabric
         self._devices: dict[str, _Device] = {}
+        self._addrs: dict[tuple[str, int], tuple[int, int] | None] = {}
 
     def device(self, name: str) -> _Device:
         d = self._devices.get(name)
@@ -144,9 +207,16 @@ class Walker:
             d = self._devices[name] = _Device(self.c.devices[name])
         return d
 
-    def walk(self, s: Placement, d: Placement, family: int, proto: str, port: int) -> tuple[bool, str]:
-        sa = _addr(s.ipv4 if family == 4 else s.ipv6)
-        da = _addr(d.ipv4 if family == 4 else d.ipv6)
+    def _a(self, p: Placement, family: int) -> tuple[int, int] | None:
+        key = (p.workload, family)
+        if key not in self._addrs:
+            self._addrs[key] = _addr(p.ipv4 if family == 4 else p.ipv6)
+        return self._addrs[key]
+
+    def walk(self, s: Placement, d: Placement, family: int, proto: str, port: int, explain: bool = True
+             ) -> tuple[bool, str]:
+        sa = self._a(s, family)
+        da = self._a(d, family)
         if sa is None or da is None:
             return False, "no address of this family"
         ts, td = s.workload.split("/", 1)[0], d.workload.split("/", 1)[0]
@@ -185,6 +255,8 @@ class Walker:
                                                                  port, eph)))
         if not _allowed(steps[-1][1]):
             return False, _why(steps[-1])
+        if not explain:
+            return True, ""
         reasons = sorted({r for _, rule in steps if rule is not None for r in rule.reasons})
         return True, "allowed by " + ", ".join(reasons)
 
@@ -266,8 +338,9 @@ def verify(compiled: Compiled, allowed: Any, exhaustive: bool = False) -> list[M
         for fam in (4, 6):
             if (s.ipv4 if fam == 4 else s.ipv6) is None or (d.ipv4 if fam == 4 else d.ipv6) is None:
                 continue
-            got, detail = walker.walk(s, d, fam, proto, lo)
+            got, detail = walker.walk(s, d, fam, proto, lo, explain=False)
             if got != want:
+                detail = walker.walk(s, d, fam, proto, lo)[1]
                 out.append(Mismatch(s.workload, d.workload, proto, lo, fam, want, got, detail))
     return sorted(out)
 
