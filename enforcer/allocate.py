@@ -45,28 +45,15 @@ def allocate(partial: Mapping[str, Mapping[str, Any]], pools: Pools) -> tuple[Te
                 if net.version == other.version and net.overlaps(other):
                     raise FabricError(f"tenant {slug}'s prefix {net} overlaps {who}'s {other}")
             taken.append((net, slug))
-    next_vni, next_vlan = pools.vni[0], pools.vlan[0]
+    vnis = _Lowest("VNI", pools.vni, owner_vni)
+    vlans = _Lowest("VLAN", pools.vlan, owner_vlan)
     v4 = _Carver(ipaddress.ip_network(pools.ipv4), pools.ipv4_len, taken)
     v6 = _Carver(ipaddress.ip_network(pools.ipv6), pools.ipv6_len, taken) if pools.ipv6 else None
     out = []
     for slug in sorted(partial):
         e = partial[slug]
-        vni = e.get("vni")
-        if vni is None:
-            while next_vni in owner_vni:
-                next_vni += 1
-            if next_vni > pools.vni[1]:
-                raise FabricError(f"the VNI pool {pools.vni} is exhausted (tenant {slug})")
-            vni = next_vni
-            owner_vni[vni] = slug
-        vlan = e.get("vlan")
-        if vlan is None:
-            while next_vlan in owner_vlan:
-                next_vlan += 1
-            if next_vlan > pools.vlan[1]:
-                raise FabricError(f"the VLAN pool {pools.vlan} is exhausted (tenant {slug})")
-            vlan = next_vlan
-            owner_vlan[vlan] = slug
+        vni = e["vni"] if "vni" in e else vnis.take(slug)
+        vlan = e["vlan"] if "vlan" in e else vlans.take(slug)
         nets = list(e.get("prefixes") or ())
         if not nets:
             nets.append(v4.take(slug))
@@ -75,6 +62,21 @@ def allocate(partial: Mapping[str, Mapping[str, Any]], pools: Pools) -> tuple[Te
         prefixes = tuple(str(n) for n in sorted(nets, key=lambda n: (n.version, n)))
         out.append(Tenant(slug, int(vni), int(vlan), prefixes, bool(e.get("quarantined")), bool(e.get("revoked"))))
     return tuple(out)
+
+
+class _Lowest:
+    """The lowest free integer of a pool, walking up (values only ever get taken)."""
+
+    def __init__(self, what: str, pool: tuple[int, int], owners: dict[int, str]) -> None:
+        self.what, self.pool, self.owners, self.next = what, pool, owners, pool[0]
+
+    def take(self, slug: str) -> int:
+        while self.next in self.owners:
+            self.next += 1
+        if self.next > self.pool[1]:
+            raise FabricError(f"the {self.what} pool {self.pool} is exhausted (tenant {slug})")
+        self.owners[self.next] = slug
+        return self.next
 
 
 class _Carver:

@@ -16,7 +16,7 @@ A NIC rule's `state` is `new` (first packet of a connection: it is committed to 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
@@ -89,7 +89,6 @@ class DeviceRuleSet:
     rules: tuple[FlowRule, ...] = ()  # in evaluation order
     vrfs: tuple[Vrf, ...] = ()
     cost: int = 0  # nic: OpenFlow flows; leaf: ACL entries (what the budget counts)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def name(self) -> str:

@@ -208,3 +208,17 @@ def test_any_chain_of_recompiles_equals_a_full_compile(fabric: Fabric, rnd: rand
         full = compile_fabric(fabric, current, revoked)
         assert {d: rs.canonical for d, rs in state.devices.items()} == {
             d: rs.canonical for d, rs in full.devices.items()}
+
+
+def test_canonical_bytes_are_rfc8785() -> None:
+    from core.canonical import canonical_json
+    from enforcer.ir import DeviceRuleSet
+
+    compiled, _ = compile_small()
+    for rs in compiled.devices.values():
+        assert rs.canonical == canonical_json(rs.to_dict())
+        assert DeviceRuleSet.from_dict(rs.to_dict()) == rs
+    # a non-ASCII name leaves the fast path and still hashes per RFC 8785
+    rs = compiled.devices["nic:gpu1"]
+    strange = dataclasses.replace(rs, uplink="p0-\u00e9\u2028")
+    assert strange.canonical == canonical_json(strange.to_dict())
