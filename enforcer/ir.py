@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 from core.canonical import canonical_json, sha256_hex
 
 ANY = "*"
-PRIO_INVALID = 300
 PRIO_ESTABLISHED = 200
 PRIO_ALLOW = 100
 PRIO_DENY = 0

@@ -117,23 +117,23 @@ def _routing(rs: DeviceRuleSet, fabric: Fabric) -> tuple[tuple[dict[str, Any], .
     ip_rules = tuple({"priority": RULE_PRIORITY_BASE + i, "iif": p.name, "table": vni_of[fabric.tenant[p.tenant].vrf]}
                      for i, p in enumerate(rs.ports))
 
+    by_tenant: dict[str, list[Any]] = {}
+    for key, placements in fabric.members.items():
+        by_tenant.setdefault(key.split("/", 1)[0], []).extend(placements)
+
     def route_to(tenant: str, prefix: str, table: int) -> list[dict[str, Any]]:
         net = ipaddress.ip_network(prefix)
         out = []
-        for key in fabric.members:
-            if not key.startswith(tenant + "/"):
-                continue
-            for p in fabric.members[key]:
-                for a in p.addresses():
-                    if ipaddress.ip_address(a) not in net:
-                        continue
-                    host = f"{a}/{32 if ':' not in a else 128}"
-                    att = fabric.attachment[p.node]
-                    if att.leaf == leaf:
-                        out.append({"table": table, "dst": host, "dev": port_of[(p.node, tenant)]})
-                    else:
-                        out.append({"table": table, "dst": host, "via_leaf": att.leaf,
-                                    "vni": fabric.tenant[tenant].vni})
+        for p in by_tenant.get(tenant, ()):
+            for a in p.addresses():
+                if ipaddress.ip_address(a) not in net:
+                    continue
+                host = f"{a}/{32 if ':' not in a else 128}"
+                att = fabric.attachment[p.node]
+                if att.leaf == leaf:
+                    out.append({"table": table, "dst": host, "dev": port_of[(p.node, tenant)]})
+                else:
+                    out.append({"table": table, "dst": host, "via_leaf": att.leaf, "vni": fabric.tenant[tenant].vni})
         return out
 
     routes: list[dict[str, Any]] = []
