@@ -89,24 +89,30 @@ class Entry:
         return self.dst.split("/", 1)[0]
 
 
-def parse_entries(raw: Any, known: Mapping[tuple[str, str, str], tuple[Any, Entry]] | None = None
-                  ) -> tuple[dict[tuple[str, str, str], Entry], dict[tuple[str, str, str], Any]]:
-    """The compact allowed_flows set, validated (InvalidInput naming a malformed entry), and each entry's item
-    as given. An item equal to the one `known` holds for its key reuses that entry without parsing it."""
+Known = dict[tuple[Any, ...], tuple[Any, "Entry"]]  # (dst_tenant, dst_group, proto, reason) -> (item, entry)
+
+
+def parse_entries(raw: Any, known: Known | None = None
+                  ) -> tuple[dict[tuple[str, str, str], Entry], Known, set[tuple[str, str, str]]]:
+    """The compact allowed_flows set, validated (InvalidInput naming a malformed entry); with, for the next
+    call, each item as given, and the keys parsed afresh. An item equal to the one `known` holds for it reuses
+    that entry unparsed (items are compared, not copied: a caller must not mutate them afterwards)."""
     if not isinstance(raw, list):
         raise InvalidInput("data.flows.allowed_flows is undefined or not a set of flow entries")
     out: dict[tuple[str, str, str], Entry] = {}
-    items: dict[tuple[str, str, str], Any] = {}
+    seen: Known = {}
+    fresh: set[tuple[str, str, str]] = set()
     for item in raw:
         try:
+            rk = (item["dst_tenant"], item["dst_group"], item["proto"], item["reason"])
+            if known is not None:
+                hit = known.get(rk)
+                if hit is not None and (hit[0] is item or hit[0] == item) and hit[1].key not in out:
+                    out[hit[1].key] = hit[1]
+                    seen[rk] = hit
+                    continue
             dst = f"{item['dst_tenant']}/{item['dst_group']}"
             proto, reason = str(item["proto"]), str(item["reason"])
-            if known is not None:
-                hit = known.get((dst, proto, reason))
-                if hit is not None and hit[0] == item and (dst, proto, reason) not in out:
-                    out[(dst, proto, reason)] = hit[1]
-                    items[(dst, proto, reason)] = item
-                    continue
             if proto not in PROTOS:
                 raise ValueError(f"proto {proto!r}")
             ports = []
@@ -121,13 +127,15 @@ def parse_entries(raw: Any, known: Mapping[tuple[str, str, str], tuple[Any, Entr
             raise InvalidInput(f"data.flows.allowed_flows has a malformed entry {item!r:.200}: {exc}") from None
         e = Entry(dst, proto, reason, merge_ranges([(p, p) for p in ports]), sources)
         prev = out.get(e.key)
-        if prev is not None:  # the same key twice: one entry with the union
+        if prev is not None:  # the same key twice: one entry with the union, never reused unparsed
             e = Entry(dst, proto, reason, merge_ranges(prev.ports + e.ports),
                       tuple(sorted(set(prev.sources) | set(e.sources))))
-            item = None  # never reused: it alone does not say what the entry is
+            seen = {k: v for k, v in seen.items() if v[1].key != e.key}
+        else:
+            seen[rk] = (item, e)
         out[e.key] = e
-        items[e.key] = item
-    return out, items
+        fresh.add(e.key)
+    return out, seen, fresh
 
 
 # ---------------------------------------------------------------- the fabric, indexed for one compile
@@ -515,7 +523,7 @@ class Compiled:
     contributions: dict[tuple[str, str, str], _Contribution] = field(repr=False)
     by_device: dict[str, set[tuple[str, str, str]]] = field(repr=False)
     states: dict[str, _DevState] = field(default_factory=dict, repr=False)
-    raw: dict[tuple[str, str, str], Any] = field(default_factory=dict, repr=False)  # entry key -> item as given
+    known: Known = field(default_factory=dict, repr=False)  # what parse_entries reuses next time
     ctx: Any = field(default=None, repr=False)
     recompiled: tuple[str, ...] = ()  # the devices this (re)compile assembled
     changed: tuple[str, ...] = ()  # of those, the ones whose rule set differs from the previous compile
@@ -552,7 +560,7 @@ def _no_gc() -> Iterator[None]:
 
 def _compile(fabric: Fabric, allowed: Any, rev: frozenset[str], budget: Budget) -> Compiled:
     ctx = _Context(fabric, rev)
-    entries, raw = parse_entries(allowed)
+    entries, known, _ = parse_entries(allowed)
     contributions = {k: _contribute(e, ctx) for k, e in entries.items()}
     by_device: dict[str, set[tuple[str, str, str]]] = {d: set() for d in all_devices(fabric)}
     for k, c in contributions.items():
@@ -562,7 +570,8 @@ def _compile(fabric: Fabric, allowed: Any, rev: frozenset[str], budget: Budget) 
     devices = {d: _finish(d, fabric, st) for d, st in states.items()}
     _check_budget(devices, budget)
     names = tuple(sorted(devices))
-    return Compiled(fabric, rev, budget, entries, devices, contributions, by_device, states, raw, ctx, names, names)
+    return Compiled(fabric, rev, budget, entries, devices, contributions, by_device, states, known, ctx, names,
+                    names)
 
 
 def recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None = None) -> Compiled:
@@ -574,10 +583,8 @@ def recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None = None
 
 def _recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None) -> Compiled:
     rev = prev.revoked if revoked is None else frozenset(revoked)
-    entries, raw = parse_entries(allowed, {k: (item, prev.entries[k]) for k, item in prev.raw.items()
-                                           if item is not None})
-    dirty = {k for k in set(entries) | set(prev.entries) if entries.get(k) is not prev.entries.get(k)
-             and entries.get(k) != prev.entries.get(k)}
+    entries, known, fresh = parse_entries(allowed, prev.known)
+    dirty = {k for k in fresh if entries[k] != prev.entries.get(k)} | (prev.entries.keys() - entries.keys())
     ctx = prev.ctx if rev == prev.revoked and prev.ctx is not None else _Context(prev.fabric, rev)
     if rev != prev.revoked:
         old = prev.ctx or _Context(prev.fabric, prev.revoked)
@@ -607,7 +614,7 @@ def _recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None) -> C
         devices[d] = _finish(d, prev.fabric, states[d])
     _check_budget({d: devices[d] for d in touched}, prev.budget)
     changed = tuple(sorted(d for d in touched if devices[d] != prev.devices[d]))
-    return Compiled(prev.fabric, rev, prev.budget, entries, devices, contributions, by_device, states, raw, ctx,
+    return Compiled(prev.fabric, rev, prev.budget, entries, devices, contributions, by_device, states, known, ctx,
                     tuple(sorted(touched)), changed)
 
 
