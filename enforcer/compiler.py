@@ -260,9 +260,14 @@ def _contribute(e: Entry, ctx: _Context) -> _Contribution:
     src_all: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     by_tenant: dict[str, list[Placement]] | None = None
 
-    def add(device: str, rule: RuleT, sets: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> None:
+    def add(device: str, rule: RuleT, name_a: str, addrs_a: tuple[tuple[str, ...], tuple[str, ...]], name_b: str,
+            addrs_b: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
         out.rules.setdefault(device, []).append(rule)
-        out.sets.setdefault(device, {}).update(sets)
+        sets = out.sets.get(device)
+        if sets is None:
+            sets = out.sets[device] = {}
+        sets[name_a] = addrs_a
+        sets[name_b] = addrs_b
 
     # SuperNIC egress (sources on this node) and leaf forward rules (sources on this leaf, per tenant)
     by_node: dict[str, list[Placement]] = {}
@@ -273,11 +278,11 @@ def _contribute(e: Entry, ctx: _Context) -> _Contribution:
     for node, ps in by_node.items():
         name = f"{src_name}@{node}"
         add(f"nic:{node}", ("egress", "", name, dst_name, e.proto, "dst", e.ports, e.reason),
-            {name: ctx.addresses(ps), dst_name: dst_addrs})
+            name, ctx.addresses(ps), dst_name, dst_addrs)
     for (leaf, ts), ps in by_leaf.items():
         name = f"{src_name}@{leaf}" if len(src_tenants) == 1 else f"{src_name}@{leaf}/{ts}"
         add(f"leaf:{leaf}", ("inbound", ts, name, dst_name, e.proto, "dst", e.ports, e.reason),
-            {name: ctx.addresses(ps), dst_name: dst_addrs})
+            name, ctx.addresses(ps), dst_name, dst_addrs)
         if ts != dt:
             for prefix in _flat(dst_addrs):
                 out.leaks.setdefault(f"leaf:{leaf}", []).append((ts, prefix, dt, e.reason))
@@ -292,12 +297,12 @@ def _contribute(e: Entry, ctx: _Context) -> _Contribution:
         if src_all is None:
             src_all = ctx.addresses(smem)
         add(f"nic:{node}", ("ingress", "", src_name, name, e.proto, "dst", e.ports, e.reason),
-            {name: ctx.addresses(ps), src_name: src_all})
+            name, ctx.addresses(ps), src_name, src_all)
     tenant_prefixes = ctx.tenant_prefixes(src_tenants)
     for leaf, ps in d_by_leaf.items():
         name = f"{dst_name}@{leaf}"
         add(f"leaf:{leaf}", ("inbound", dt, name, tenants_name, e.proto, "src", e.ports, e.reason),
-            {name: ctx.addresses(ps), tenants_name: tenant_prefixes})
+            name, ctx.addresses(ps), tenants_name, tenant_prefixes)
         if by_tenant is None:
             by_tenant = {}
             for p in smem:
