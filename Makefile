@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSTEM_TOOLS := softhsm2-util:softhsm2 nft:nftables openssl:openssl initdb:postgresql ip:iproute2
+SYSTEM_TOOLS := softhsm2-util:softhsm2 nft:nftables openssl:openssl initdb:postgresql ip:iproute2 \
+	ovs-vswitchd:openvswitch-switch ethtool:ethtool
 
 .PHONY: run test lint bench system-deps clean
 

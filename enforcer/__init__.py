@@ -1,1 +1,43 @@
-"""Compiles allowed flow sets into device rule sets (DOCA Flow, NVUE, Linux). Filled by a later issue."""
+"""Compiles the policy's allowed flows into device rule sets: SuperNIC OpenFlow (OVS-DOCA), leaf NVUE, Linux.
+
+A pure library: no database, no HTTP, no clock. Imports only core, pki and policy. The pieces, in the
+order a caller uses them (the persistence layer, the API/CLI, the lab and the node agents build on these):
+
+Input
+  enforcer.fabric.Fabric               frozen model: tenants (VNI, VLAN = conntrack zone, prefixes), groups,
+                                       workloads, GPU nodes + SuperNIC ports, leaves/spines, links, placements,
+                                       grants. `policy_data(fabric)` is the rego data document for a
+                                       self-contained fabric; `revoked_ids(fabric)` its revoked SPIFFE IDs.
+  enforcer.fabric_file.load_fabric(text, source=..., known_workloads=..., pools=...) -> Fabric
+                                       strict YAML parser (`trustfabric fabric import`, `lab up`); FabricError
+                                       (an InvalidInput, so a 400) says file:line: field: what is wrong.
+  enforcer.allocate.Pools / allocate   VNI, VLAN and prefix pools for tenants that lack them.
+  enforcer/examples/small.yaml         the golden fabric (two tenants, platform service, one grant).
+
+Compile
+  enforcer.compiler.compile_fabric(fabric, allowed_flows, revoked_ids, Budget) -> Compiled
+      `allowed_flows` is the compact `data.flows.allowed_flows` answer (policy.decide.ALLOWED_FLOWS_QUERY).
+      Compiled.devices: {"nic:<node>" | "leaf:<name>": DeviceRuleSet}; BudgetExceeded names overflowing
+      devices and their largest contributors (reasons).
+  enforcer.compiler.recompile(previous, allowed_flows, revoked_ids) -> Compiled
+      redoes only the changed entries; `.recompiled` / `.changed` name the devices touched / changed.
+  enforcer.ir.DeviceRuleSet            one device: address sets, ordered FlowRules (reasons = policy rule or
+                                       grant:<id>), VRFs with leaked routes, ports; `.canonical` bytes (RFC 8785)
+                                       and `.content_hash` for versioning; `.to_dict()` / `from_dict()`.
+
+Check and plan
+  enforcer.equivalence.verify(compiled, allowed_flows, exhaustive=False) -> [Mismatch]   (empty: equivalent)
+  enforcer.plan.plan(old_devices, new_devices, budget) -> [DevicePlan]  (added/removed rules and leaks,
+                                       budget use; `.summary()` for audit events and staged-mode reports)
+
+Render (pure)
+  enforcer.render.openflow.render_openflow(rs, port_names) / render_flows / cookie_map
+  enforcer.render.nvue.nvue_yaml(rs) / nv_set_commands(rs) / render_nvue(rs) / validate_nvue(doc)
+  enforcer.render.linux.render_linux(rs, fabric) -> LinuxLeafConfig(nft, ip_rules, routes, set_names)
+
+Apply (enforcer.backends.base.Backend: render / apply / installed / drift; one conformance test for all)
+  enforcer.backends.ovs.OvsBackend(daemons, bridge, port_names)   ovs-ofctl --bundle replace-flows
+  enforcer.backends.nvue.NvueBackend(base_url, auth)              NVUE REST: revision -> patch -> apply
+  enforcer.ovsd.OvsDaemons(rundir)     private ovsdb-server + ovs-vswitchd (OVS_RUNDIR etc.), bridges with
+                                       datapath_type=netdev; the lab hosts one bridge per node on one daemon.
+"""

@@ -1,0 +1,79 @@
+"""How many hardware entries a rule costs on its device: what the per-device budget counts.
+
+Shared by the compiler (budget check) and the renderers (which emit exactly this many entries per rule, or
+fewer for a NIC where conjunctions share dimension flows), so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from functools import cache
+
+from enforcer.ir import ANY, AddressSet, FlowRule, Port
+
+# Flows a NIC spends per host port and address, whatever the policy (see render/openflow.py):
+# ARP out + in, IP classify out + in, to-host forward = 5 per IPv4 address; IP classify out + in,
+# ND NS/NA out + in, to-host forward = 7 per IPv6 address; one to-network forward per port.
+NIC_PER_V4 = 5
+NIC_PER_V6 = 7
+NIC_PER_PORT = 1
+NIC_FIXED = 3  # table 0 drop; an invalid-state drop per direction (default deny and established are rules)
+
+
+@cache
+def port_masks(lo: int, hi: int) -> tuple[tuple[int, int], ...]:
+    """The (value, mask) pairs whose union is exactly [lo, hi], as OpenFlow matches tp_dst=value/mask."""
+    out: list[tuple[int, int]] = []
+    while lo <= hi:
+        size = 1
+        while lo % (size * 2) == 0 and lo + size * 2 - 1 <= hi and size < 0x10000:
+            size *= 2
+        out.append((lo, 0xFFFF ^ (size - 1)))
+        lo += size
+    return tuple(out)
+
+
+def mask_count(ports: tuple[tuple[int, int], ...]) -> int:
+    return sum(len(port_masks(lo, hi)) for lo, hi in ports) if ports else 1
+
+
+Sizes = Mapping[str, tuple[int, int]]  # address set name -> (IPv4 CIDRs, IPv6 CIDRs)
+
+
+def set_sizes(sets: Iterable[AddressSet]) -> dict[str, tuple[int, int]]:
+    return {s.name: (len(s.v4), len(s.v6)) for s in sets}
+
+
+def family_members(s: AddressSet | None, family: int) -> tuple[str, ...] | None:
+    """The set's CIDRs of one family; None for `*` (any)."""
+    if s is None:
+        return None
+    return s.v4 if family == 4 else s.v6
+
+
+def nic_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
+    """Flows for one NIC rule before conjunctions share dimension flows (an upper bound of the render)."""
+    if rule.src == ANY and rule.dst == ANY:
+        return 1
+    total = 0
+    m = mask_count(rule.ports)
+    s4, s6 = sizes[rule.src] if rule.src != ANY else (1, 1)
+    d4, d6 = sizes[rule.dst] if rule.dst != ANY else (1, 1)
+    for a, b in ((s4, d4), (s6, d6)):
+        if a and b:
+            total += min(a * b * m, a + b + (m if rule.ports else 0) + 1)
+    return total
+
+
+def leaf_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
+    """ACL entries for one leaf rule: NVUE takes one source, one destination and one port range per entry."""
+    if rule.src == ANY and rule.dst == ANY:
+        return 2  # one per address family (the ipv4 and the ipv6 ACL)
+    n = len(rule.ports) or 1
+    s4, s6 = sizes[rule.src] if rule.src != ANY else (1, 1)
+    d4, d6 = sizes[rule.dst] if rule.dst != ANY else (1, 1)
+    return (s4 * d4 + s6 * d6) * n
+
+
+def nic_fixed_cost(ports: tuple[Port, ...]) -> int:
+    return NIC_FIXED + sum(NIC_PER_PORT + NIC_PER_V4 * len(p.v4) + NIC_PER_V6 * len(p.v6) for p in ports)

@@ -1,0 +1,118 @@
+"""Private Open vSwitch daemons: ovsdb-server + ovs-vswitchd in a run directory of their own.
+
+Never the system's OVS: every command runs with OVS_RUNDIR / OVS_LOGDIR / OVS_DBDIR set to `rundir`, and
+the database socket is `<rundir>/db.sock`. Bridges use the userspace datapath (`datapath_type=netdev`),
+which is what works on this kernel. The lab hosts one bridge per GPU node on one pair of daemons; tests
+start their own and stop them in a finally. `stop()` kills only the pids this object started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from enforcer.errors import ApplyError
+
+SCHEMA_CANDIDATES = ("/usr/share/openvswitch/vswitch.ovsschema",)
+
+
+def ovs_available() -> str | None:
+    """None when OVS can run here, else why not (for a test's skip reason)."""
+    for tool in ("ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "ovsdb-tool"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (Debian package openvswitch-switch)"
+    if not any(Path(p).exists() for p in SCHEMA_CANDIDATES):
+        return "vswitch.ovsschema not found (Debian package openvswitch-common)"
+    if os.geteuid() != 0:
+        return "ovs-vswitchd needs root for its datapath and tap devices"
+    return None
+
+
+class OvsDaemons:
+    """One ovsdb-server and one ovs-vswitchd confined to `rundir`."""
+
+    def __init__(self, rundir: Path) -> None:
+        self.rundir = Path(rundir)
+        self.env = {**os.environ, "OVS_RUNDIR": str(self.rundir), "OVS_LOGDIR": str(self.rundir),
+                    "OVS_DBDIR": str(self.rundir), "OVS_SYSCONFDIR": str(self.rundir)}
+        self.db_sock = self.rundir / "db.sock"
+        self._pids: list[int] = []
+        self._taps: list[str] = []  # internal ports: the userspace datapath makes them tap devices
+
+    def run(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(list(args), env=self.env, capture_output=True, text=True, input=input, timeout=60)
+        if check and proc.returncode != 0:
+            raise ApplyError(f"{' '.join(args[:3])} failed: {proc.stderr.strip()[:500]}")
+        return proc
+
+    def vsctl(self, *args: str) -> str:
+        return self.run("ovs-vsctl", f"--db=unix:{self.db_sock}", "--timeout=30", *args).stdout
+
+    def start(self) -> OvsDaemons:
+        self.rundir.mkdir(parents=True, exist_ok=True)
+        schema = next(p for p in SCHEMA_CANDIDATES if Path(p).exists())
+        db = self.rundir / "conf.db"
+        self.run("ovsdb-tool", "create", str(db), schema)
+        self.run("ovsdb-server", str(db), f"--remote=punix:{self.db_sock}", f"--pidfile={self.rundir}/ovsdb.pid",
+                 "--detach", f"--log-file={self.rundir}/ovsdb.log", f"--unixctl={self.rundir}/ovsdb.ctl")
+        self._pids.append(self._pid("ovsdb.pid"))
+        self.vsctl("--no-wait", "init")
+        self.run("ovs-vswitchd", f"unix:{self.db_sock}", f"--pidfile={self.rundir}/vswitchd.pid", "--detach",
+                 f"--log-file={self.rundir}/vswitchd.log", f"--unixctl={self.rundir}/vswitchd.ctl")
+        self._pids.append(self._pid("vswitchd.pid"))
+        return self
+
+    def _pid(self, name: str) -> int:
+        path = self.rundir / name
+        for _ in range(100):
+            if path.exists() and path.read_text().strip():
+                return int(path.read_text().strip())
+            time.sleep(0.05)
+        raise ApplyError(f"OVS daemon did not write {path}")
+
+    def add_bridge(self, name: str) -> None:
+        self.vsctl("add-br", name, "--", "set", "bridge", name, "datapath_type=netdev",
+                   "protocols=OpenFlow13", "fail_mode=secure")
+        self._taps.append(name)
+
+    def del_bridge(self, name: str) -> None:
+        self.vsctl("--if-exists", "del-br", name)
+
+    def add_port(self, bridge: str, port: str, internal: bool = False) -> None:
+        extra = ["--", "set", "interface", port, "type=internal"] if internal else []
+        self.vsctl("add-port", bridge, port, *extra)
+        if internal:
+            self._taps.append(port)
+
+    def mgmt(self, bridge: str) -> str:
+        """The OpenFlow management socket ovs-ofctl talks to for `bridge`."""
+        return f"unix:{self.rundir}/{bridge}.mgmt"
+
+    def stop(self) -> None:
+        """Stop the daemons (removing their datapath ports) and delete any tap device they left behind."""
+        if self._pids:
+            self.run("ovs-appctl", "-t", f"{self.rundir}/vswitchd.ctl", "exit", "--cleanup", check=False)
+        for pid in reversed(self._pids):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self._pids.clear()
+        for tap in self._taps:
+            if Path(f"/sys/class/net/{tap}").exists():
+                subprocess.run(["ip", "link", "del", tap], capture_output=True, timeout=30)
+        self._taps.clear()

@@ -1,0 +1,171 @@
+"""SuperNIC rule sets as OpenFlow 1.3 flows in `ovs-ofctl` syntax (OVS-DOCA on a BlueField-3; OVS here).
+
+Pipeline of one NIC bridge (U = the uplink, P = a host port / VF representor, V = its tenant's VLAN, which
+is also the tenant's conntrack zone, carried in reg6):
+  table 0  classify: ARP and IPv6 ND of a local address pass straight through (tagged with V towards U);
+           IP from P with P's own source address -> ct(zone=V, table=1)  (anything else from P: dropped,
+           so a workload cannot spoof); IP from U tagged V to a local address -> untag, ct(zone=V, table=2)
+  table 1  egress (from a local workload), table 2 ingress (to one): `ct_state=+inv` drop; `+est` (a
+           committed connection, either direction: conntrack return) continue; allowed `+new` ->
+           ct(commit, zone=V) and continue; everything else drop (default deny)
+  table 3  to the network: tag with V, out U          table 4  to the host: out P by destination address
+An allow rule costs |S| x |D| x |ports| plain flows or, when cheaper, one conjunction: |S| + |D| + |ports|
+dimension flows and one `conj_id` flow (OVS's conjunctive match, as OVN builds it from address sets).
+Dimension flows with the same match are shared between conjunctions (one flow, several conjunction
+actions). Every allow flow's cookie names its reasons (see `cookie_for`), so counters map back to the
+policy rule or grant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from enforcer.cost import family_members, port_masks
+from enforcer.ir import ANY, PRIO_ALLOW, DeviceRuleSet, FlowRule
+
+T_CLASSIFY, T_EGRESS, T_INGRESS, T_TO_NET, T_TO_HOST = 0, 1, 2, 3, 4
+ZONE_REG = "NXM_NX_REG6[0..15]"
+PLAIN_PRIORITY = PRIO_ALLOW + 10  # plain allows above the conjunctive ones; both only allow
+
+
+@dataclass(frozen=True, order=True)
+class OfFlow:
+    table: int
+    priority: int
+    match: str
+    actions: str
+    cookie: int = 0
+
+    def text(self) -> str:
+        match = f",{self.match}" if self.match else ""
+        return f"cookie={self.cookie:#x},table={self.table},priority={self.priority}{match} actions={self.actions}"
+
+
+def cookie_for(reasons: tuple[str, ...]) -> int:
+    """A stable 60-bit cookie for a rule's reasons (the same reasons always give the same cookie)."""
+    return int(hashlib.sha256("|".join(reasons).encode()).hexdigest()[:15], 16)
+
+
+def _host(cidr: str) -> str:
+    return cidr.split("/", 1)[0]
+
+
+def _vlan_tag(vlan: int) -> str:
+    return f"push_vlan:0x8100,set_field:{4096 + vlan}->vlan_vid"
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.flows: dict[tuple[int, int, str], tuple[list[str], int]] = {}
+        self.next_conj = 1
+
+    def add(self, table: int, priority: int, match: str, actions: str, cookie: int = 0) -> None:
+        key = (table, priority, match)
+        prev = self.flows.get(key)
+        if prev is None:
+            self.flows[key] = ([actions], cookie)
+        elif actions.startswith("conjunction(") and all(a.startswith("conjunction(") for a in prev[0]):
+            prev[0].append(actions)  # one dimension flow serving several conjunctions
+        elif actions not in prev[0]:
+            raise ValueError(f"two flows with one match and priority but different actions: {key}")
+
+    def result(self) -> list[OfFlow]:
+        return sorted((OfFlow(t, p, m, ",".join(a), c) for (t, p, m), (a, c) in self.flows.items()),
+                      key=lambda f: (f.table, -f.priority, f.match, f.actions))
+
+
+def render_flows(rs: DeviceRuleSet, port_names: Mapping[str, str] | None = None) -> list[OfFlow]:
+    """The structured flows of one NIC rule set (in table, priority, match order)."""
+    if rs.kind != "nic":
+        raise ValueError(f"{rs.device} is not a SuperNIC")
+    names = dict(port_names or {})
+    up = names.get(rs.uplink, rs.uplink)
+    b = _Builder()
+    b.add(T_CLASSIFY, 0, "", "drop")
+    for p in rs.ports:
+        port = names.get(p.name, p.name)
+        tag, v = _vlan_tag(p.vlan), p.vlan
+        zone = f"set_field:{v}->reg6"
+        b.add(T_TO_NET, 100, f"in_port={port}", f"{tag},output:{up}")
+        for a in map(_host, p.v4):
+            b.add(T_CLASSIFY, 400, f"in_port={port},arp,arp_spa={a}", f"{tag},output:{up}")
+            b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},arp,arp_tpa={a}", f"pop_vlan,output:{port}")
+            b.add(T_CLASSIFY, 300, f"in_port={port},ip,nw_src={a}", f"{zone},ct(zone={ZONE_REG},table={T_EGRESS})")
+            b.add(T_CLASSIFY, 300, f"in_port={up},dl_vlan={v},ip,nw_dst={a}",
+                  f"pop_vlan,{zone},ct(zone={ZONE_REG},table={T_INGRESS})")
+            b.add(T_TO_HOST, 100, f"ip,nw_dst={a}", f"output:{port}")
+        for a in map(_host, p.v6):
+            for t in (135, 136):
+                b.add(T_CLASSIFY, 400, f"in_port={port},icmp6,ipv6_src={a},icmp_type={t}", f"{tag},output:{up}")
+            b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},icmp6,icmp_type=135,nd_target={a}",
+                  f"pop_vlan,output:{port}")
+            b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},icmp6,icmp_type=136,ipv6_dst={a}",
+                  f"pop_vlan,output:{port}")
+            b.add(T_CLASSIFY, 300, f"in_port={port},ipv6,ipv6_src={a}",
+                  f"{zone},ct(zone={ZONE_REG},table={T_EGRESS})")
+            b.add(T_CLASSIFY, 300, f"in_port={up},dl_vlan={v},ipv6,ipv6_dst={a}",
+                  f"pop_vlan,{zone},ct(zone={ZONE_REG},table={T_INGRESS})")
+            b.add(T_TO_HOST, 100, f"ipv6,ipv6_dst={a}", f"output:{port}")
+    for t in (T_EGRESS, T_INGRESS):
+        b.add(t, 300, "ct_state=+inv+trk", "drop")
+    sets = rs.set_by_name
+    for r in rs.rules:
+        _rule(b, r, sets)
+    return b.result()
+
+
+def _rule(b: _Builder, r: FlowRule, sets: Mapping[str, object]) -> None:
+    table = T_EGRESS if r.direction == "egress" else T_INGRESS
+    forward = f"resubmit(,{T_TO_NET if r.direction == 'egress' else T_TO_HOST})"
+    if r.action == "deny":
+        if r.src != ANY or r.dst != ANY or r.proto != "*":
+            raise ValueError("only the final catch-all deny is rendered; allows are the policy")
+        b.add(table, r.priority, "", "drop", cookie_for(r.reasons))
+        return
+    if r.state == "established":
+        b.add(table, r.priority, "ct_state=+est+trk", forward, cookie_for(r.reasons))
+        return
+    cookie = cookie_for(r.reasons)
+    allow = f"ct(commit,zone={ZONE_REG}),{forward}"
+    masks = [m for lo, hi in r.ports for m in port_masks(lo, hi)]
+    for fam in (4, 6):
+        src = family_members(sets.get(r.src), fam) if r.src != ANY else ("*",)  # type: ignore[arg-type]
+        dst = family_members(sets.get(r.dst), fam) if r.dst != ANY else ("*",)  # type: ignore[arg-type]
+        if not src or not dst:
+            continue
+        proto = r.proto if fam == 4 else f"{r.proto}6"
+        if r.proto == "*":
+            proto = "ip" if fam == 4 else "ipv6"
+        base = f"ct_state=+new+trk,{proto}"
+        sf, df = ("nw_src", "nw_dst") if fam == 4 else ("ipv6_src", "ipv6_dst")
+        s_m = [f"{sf}={a}" for a in src if a != "*"] or [""]
+        d_m = [f"{df}={a}" for a in dst if a != "*"] or [""]
+        p_m = [f"tp_dst={v}" if m == 0xFFFF else f"tp_dst={v:#x}/{m:#x}" for v, m in masks] or [""]
+        plain = len(s_m) * len(d_m) * len(p_m)
+        dims = [d for d in (s_m, d_m, p_m) if d != [""]]
+        conj = sum(len(d) for d in dims) + 1
+        if plain <= conj or len(dims) < 2:
+            for s in s_m:
+                for d in d_m:
+                    for p in p_m:
+                        match = ",".join(x for x in (base, s, d, p) if x)
+                        b.add(table, PLAIN_PRIORITY, match, allow, cookie)
+            continue
+        cid = b.next_conj
+        b.next_conj += 1
+        for k, dim in enumerate(dims, start=1):
+            for x in dim:
+                b.add(table, PRIO_ALLOW, f"{base},{x}", f"conjunction({cid},{k}/{len(dims)})")
+        b.add(table, PRIO_ALLOW, f"{base},conj_id={cid}", allow, cookie)
+
+
+def render_openflow(rs: DeviceRuleSet, port_names: Mapping[str, str] | None = None) -> str:
+    """The text `ovs-ofctl -O OpenFlow13 --bundle replace-flows <bridge> -` takes, one flow a line."""
+    return "".join(f.text() + "\n" for f in render_flows(rs, port_names))
+
+
+def cookie_map(rs: DeviceRuleSet) -> dict[int, tuple[str, ...]]:
+    """cookie -> the reasons of the rules carrying it (to read flow counters back as policy rules/grants)."""
+    return {cookie_for(r.reasons): r.reasons for r in rs.rules}
