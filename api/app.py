@@ -12,11 +12,11 @@ from fastapi import FastAPI
 
 from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
-from api.context import AppContext
 from api.deps import Authenticator, opaque_token_authenticator
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit, TokenBucket
 from api.readcache import ChangeWatch, ReadCache
+from workflows.context import AppContext
 
 log = logging.getLogger("trustfabric.api")
 
@@ -101,7 +101,7 @@ def create_app(
 
 def app_from_env() -> FastAPI:
     """Factory for `uvicorn --factory` (used by `trustfabric serve --workers N`)."""
-    from api.config import Settings
+    from workflows.settings import Settings
 
     ctx = AppContext.open(Settings.from_env())
     return create_app(ctx, background=True)

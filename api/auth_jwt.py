@@ -35,8 +35,8 @@ from core.errors import Conflict, InvalidInput, NotFound, Unauthenticated
 from core.slugs import is_slug
 
 if TYPE_CHECKING:
-    from api.context import AppContext
     from pki.keystore import KeyStore
+    from workflows.context import AppContext
 
 log = logging.getLogger("trustfabric.api.auth")
 
@@ -408,10 +408,10 @@ class JwtAuthenticator:
     def _svid_principal(self, spiffe_id: str) -> Principal:
         from sqlmodel import select
 
-        from api.trust import trust_domain
         from inventory.models import Workload
         from pki.revocation import identity_revoked
         from pki.spiffe_id import parse_spiffe_id
+        from workflows.context import trust_domain
 
         with self.ctx.db.read_session() as session:
             principal = principal_from_spiffe_id(spiffe_id, trust_domain(self.ctx, session), "jwt-svid")

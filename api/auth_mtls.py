@@ -26,7 +26,7 @@ from api.tls import TRUST_ANCHORS
 from core.errors import Unauthenticated
 
 if TYPE_CHECKING:
-    from api.context import AppContext
+    from workflows.context import AppContext
 
 log = logging.getLogger("trustfabric.api.mtls")
 
@@ -84,10 +84,10 @@ class MtlsAuthenticator:
         return self.authenticate_der(der)
 
     def authenticate_der(self, der: bytes) -> Principal:
-        from api.trust import trust_domain
         from pki.models import IssuedSvid
         from pki.revocation import identity_revoked
         from pki.spiffe_id import parse_spiffe_id
+        from workflows.context import trust_domain
 
         try:
             cert = x509.load_der_x509_certificate(der)

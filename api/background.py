@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from api.context import AppContext
 from audit import Actor
+from workflows.context import AppContext
 
 log = logging.getLogger("trustfabric.background")
 

@@ -9,8 +9,8 @@ import sys
 import typer
 
 from api.cli_common import JsonOpt, emit_json, err_console, open_context
-from api.context import AppContext
 from core.errors import TrustfabricError
+from workflows.context import AppContext
 
 app = typer.Typer(
     name="trustfabric",
@@ -119,8 +119,8 @@ def serve_cmd(
     import uvicorn
 
     from api.auth_mtls import PeerCertH11Protocol
-    from api.config import Settings
-    from api.context import AppContext
+    from workflows.context import AppContext
+    from workflows.settings import Settings
 
     settings = Settings.from_env()
     result = initialize(trust_domain, "ec-p256")

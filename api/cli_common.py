@@ -13,10 +13,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from api.config import Settings
-from api.context import AppContext
 from audit import Actor
 from audit.actor import ActorKind
+from workflows.context import AppContext
+from workflows.settings import Settings
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)

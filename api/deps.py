@@ -11,10 +11,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from api.context import AppContext
 from api.principal import Principal
 from api.tokens import TOKEN_PREFIX, authenticate_opaque
 from core.errors import Forbidden, Unauthenticated
+from workflows.context import AppContext
 
 Authenticator = Callable[[AppContext, Request], Principal | None]
 

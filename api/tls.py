@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from api.context import AppContext
 from audit import Actor
+from workflows.context import AppContext
 
 
 @dataclass

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from api.context import AppContext
+from workflows.context import AppContext
 
 _thread_lock = threading.Lock()
 _fds: dict[str, int] = {}

@@ -18,7 +18,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
-from api.context import AppContext
 from api.deps import CtxDep, PrincipalDep
 from api.principal import Principal
 from api.routes.common import decode_cursor, encode_cursor, request_id
@@ -30,6 +29,7 @@ from audit.models import AuditEvent
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput, NotFound
 from policy.decisionlog import export_decisions, export_filter
+from workflows.context import AppContext
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 ERRORS = error_responses(*COMMON_ERRORS)

@@ -24,11 +24,11 @@ from api.schemas import (
     WorkloadOut,
     error_responses,
 )
-from api.trust import trust_domain
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
 from inventory import service
 from inventory.models import Tenant, Workload, WorkloadGroup
+from workflows.context import trust_domain
 
 router = APIRouter(prefix="/v1", tags=["inventory"])
 

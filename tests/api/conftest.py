@@ -15,8 +15,6 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.auth_jwt import ensure_issuer_key, mint_token
-from api.config import Settings
-from api.context import AppContext
 from api.tokens import create_opaque_token
 from audit import Actor
 from audit.checkpoint import ensure_audit_key
@@ -24,6 +22,8 @@ from core.clock import FrozenClock
 from inventory import service as inv
 from pki.keystore import KeyKind
 from pki.service import init_trust_domain
+from workflows.context import AppContext
+from workflows.settings import Settings
 
 TD = "example.org"
 

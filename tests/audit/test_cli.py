@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli import app
-from api.config import Settings
-from api.context import AppContext
 from audit import Actor, record
+from workflows.context import AppContext
+from workflows.settings import Settings
 
 BIN = str(Path(sys.executable).parent / "trustfabric")
 

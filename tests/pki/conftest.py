@@ -53,11 +53,11 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     from typer.testing import CliRunner
 
     from api.cli import app
-    from api.config import Settings
-    from api.context import AppContext
     from audit import Actor
     from inventory import service as inv
     from tests.pki.helpers import make_csr
+    from workflows.context import AppContext
+    from workflows.settings import Settings
 
     monkeypatch.setenv("TRUSTFABRIC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TRUSTFABRIC_CONFIG", str(tmp_path / "none.json"))

@@ -14,9 +14,9 @@ from sqlmodel import col, select
 from typer.testing import CliRunner
 
 from api.cli import app
-from api.config import Settings
-from api.context import AppContext
 from audit.models import AuditEvent
+from workflows.context import AppContext
+from workflows.settings import Settings
 
 
 def _actions_after(step: Callable[[], int]) -> tuple[int, list[str]]:

@@ -15,12 +15,12 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli import app as cli_app
-from api.context import AppContext
 from policy.decide import decide_flow
 from policy.engine_opa import OpaServerEngine, OpaSettings
 from tests.api.conftest import Env, make_settings, open_env, seed
 from tests.policy.conftest import free_port
 from tests.policy.helpers import REGO_DIR, ROOT, flow, shipped, small_doc
+from workflows.context import AppContext
 
 
 @pytest.fixture

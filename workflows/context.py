@@ -1,4 +1,5 @@
-"""What the API and CLI share at run time: settings, database, key store, clock."""
+"""The composition root the API, the PDP and the CLI share at run time: settings, database, key store,
+clock. Opening a context opens the database and runs the schema migrations; nothing here speaks HTTP."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
-from api.config import Settings
 from core.clock import Clock, system_clock
 from core.errors import InvalidInput
 from store.db import Database
 from store.migrations import migrate
+from workflows.settings import Settings
 
 if TYPE_CHECKING:
     from pki.keystore import KeyStore
@@ -73,3 +75,10 @@ class AppContext:
 
     def close(self) -> None:
         self.db.dispose()
+
+
+def trust_domain(ctx: AppContext, session: Session) -> str:
+    """The trust domain in force: what `init` stored (pki settings), else the configured one."""
+    from pki.service import trust_domain as stored
+
+    return stored(session) or ctx.settings.trust_domain
