@@ -14,11 +14,13 @@ from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
 from api.deps import Authenticator, opaque_token_authenticator
 from api.errors import install_error_handlers
-from api.limits import BodySizeLimit, TokenBucket
+from api.limits import TokenBucket
 from api.readcache import ChangeWatch, ReadCache
+from core.asgi import BodySizeLimit
 from workflows.context import AppContext
 
 log = logging.getLogger("trustfabric.api")
+_CONFIGURED: Any = object()  # the authz engine the settings choose (policy.engines.make_engine)
 
 ROUTERS = (
     "api.routes.health",
@@ -55,14 +57,14 @@ def create_app(
     ctx: AppContext,
     *,
     authenticators: list[Authenticator] | None = None,
-    authz_engine_factory: Any = default_engine_factory,
+    authz_engine_factory: Any = _CONFIGURED,
     grant_decider: Any = None,
     background: bool = False,
 ) -> FastAPI:
     """The API over `ctx`. `authz_engine_factory` returns the engine api_authz.rego is loaded in (None:
     every request is denied); `background` runs the periodic jobs (grant expiry, CA rotation, audit
     checkpoints) for the app's lifetime."""
-    from api.grant_policy import RegoGrantDecider
+    from policy.grant_decider import RegoGrantDecider
 
     jobs = server_jobs(ctx) if background else None
 
@@ -87,8 +89,13 @@ def create_app(
         authenticators if authenticators is not None else default_authenticators(ctx)
     )
     factory: Any = authz_engine_factory
+    if factory is _CONFIGURED:
+        engines = ctx.settings.engines()
+        factory = lambda: default_engine_factory(engines)  # noqa: E731
     app.state.authorizer = Authorizer(factory if factory is not None else None)
-    app.state.grant_decider = grant_decider if grant_decider is not None else RegoGrantDecider()
+    app.state.grant_decider = (
+        grant_decider if grant_decider is not None else RegoGrantDecider(engine_factory=lambda: ctx.engine("grants"))
+    )
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
     app.state.background = jobs
     app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=ctx.settings.read_cache))

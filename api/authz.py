@@ -18,6 +18,7 @@ from fastapi import Request
 
 from api.principal import Principal
 from core.errors import Forbidden
+from policy.engines import EngineSettings, make_engine
 
 log = logging.getLogger("trustfabric.api.authz")
 
@@ -91,11 +92,10 @@ def shipped_modules() -> dict[str, str]:
     return {AUTHZ_MODULE: path.read_text(encoding="utf-8")}
 
 
-def default_engine_factory() -> Evaluator:
-    """The embedded engine loaded with the shipped `api_authz.rego`."""
-    from policy.engine_regorus import RegorusEngine
-
-    return RegorusEngine(shipped_modules())
+def default_engine_factory(settings: EngineSettings | None = None) -> Evaluator:
+    """The engine configured for the `authz` role (embedded by default), loaded with the shipped
+    `api_authz.rego`."""
+    return make_engine(settings or EngineSettings(), "authz", shipped_modules())
 
 
 def authorize(request: Request, principal: Principal, action: str, tenant: str | None) -> None:

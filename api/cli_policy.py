@@ -6,7 +6,6 @@ server host). Exit 0 ok, 1 failure (one readable line), 2 usage.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -248,15 +247,18 @@ def register(app: typer.Typer) -> None:
         Bearer token from TRUSTFABRIC_PDP_TOKEN (required when binding beyond loopback)."""
         import uvicorn
 
-        from api.pdp import PdpSync, create_pdp_app
-        from policy.engine_regorus import RegorusEngine
+        from pdp.server import create_pdp_app
+        from pdp.sync import PdpSync
+        from policy.engines import make_engine
+        from workflows.settings import Settings
 
-        token = os.environ.get("TRUSTFABRIC_PDP_TOKEN") or None
+        settings = Settings.from_env()
+        token = settings.pdp_token
         if token is None and host not in ("127.0.0.1", "::1", "localhost"):
             fail("set TRUSTFABRIC_PDP_TOKEN to serve beyond loopback", 2)
         if (tls_cert is None) != (tls_key is None):
             fail("--tls-cert and --tls-key go together", 2)
-        engine = RegorusEngine()
+        engine = _guard(lambda: make_engine(settings.engines(), "pdp"))
         sync: PdpSync | None = None
         ctx_cm: Any = None
         with _one_line_errors():

@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 from core.errors import InvalidInput
 from core.slugs import is_slug
-from policy.engine import PolicyEngine, diff_documents
+from policy.engines import PolicyEngine, diff_documents
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from sqlmodel import Session
 
 from core.clock import Clock, system_clock
 from core.errors import InvalidInput
+from policy.engines import PolicyEngine, ServingRole, make_engine
 from store.db import Database
 from store.migrations import migrate
 from workflows.settings import Settings
@@ -72,6 +73,10 @@ class AppContext:
             engine = self.db.engine.execution_options(tf_write=False)
             self.__dict__["_reader"] = engine
         return engine
+
+    def engine(self, role: ServingRole) -> PolicyEngine:
+        """A new policy engine for `role`, of the kind the settings choose (policy.engines.make_engine)."""
+        return make_engine(self.settings.engines(), role)
 
     def close(self) -> None:
         self.db.dispose()

@@ -1,4 +1,5 @@
-"""Settings from the environment: the one place configuration is read."""
+"""Settings from the environment: the one module that reads configuration (api, pdp and cli all get it
+from here, through the run-time context)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from policy.engines import EngineSettings
 from store.db import sqlite_url
 
 
@@ -44,6 +46,14 @@ class Settings:
     sweep_interval_seconds: float = 5.0
     ca_rotation_check_seconds: float = 60.0
     policy_verify_keys: tuple[Path, ...] = ()  # PEM public keys; when set, activation needs a signature
+    # Policy engines (policy/engines: make_engine decides which serves what)
+    policy_engine: str = "embedded"  # embedded | opa: grant decisions and the PDP
+    authz_engine: str = "embedded"  # embedded | opa: the API's own authorization policy
+    opa_url: str = "http://127.0.0.1:8181"
+    opa_token: str | None = None
+    opa_ca_file: str | None = None
+    opa_timeout_seconds: float = 2.0
+    pdp_token: str | None = None  # bearer token `trustfabric pdp` requires (needed beyond loopback)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -81,6 +91,20 @@ class Settings:
                 Path(p.strip()) for p in e.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
             ),
             read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
+            policy_engine=e.get("TRUSTFABRIC_POLICY_ENGINE", "embedded"),
+            authz_engine=e.get("TRUSTFABRIC_AUTHZ_ENGINE", "embedded"),
+            opa_url=e.get("TRUSTFABRIC_OPA_URL", "http://127.0.0.1:8181"),
+            opa_token=e.get("TRUSTFABRIC_OPA_TOKEN") or None,
+            opa_ca_file=e.get("TRUSTFABRIC_OPA_CA_FILE") or None,
+            opa_timeout_seconds=float(e.get("TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "2")),
+            pdp_token=e.get("TRUSTFABRIC_PDP_TOKEN") or None,
+        )
+
+    def engines(self) -> EngineSettings:
+        """What policy.engines.make_engine needs to choose and reach an engine."""
+        return EngineSettings(
+            kind=self.policy_engine, authz_kind=self.authz_engine, opa_url=self.opa_url, opa_token=self.opa_token,
+            opa_ca_bundle=self.opa_ca_file, opa_timeout=self.opa_timeout_seconds,
         )
 
     @property

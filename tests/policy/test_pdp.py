@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from policy.decide import decide_flow
-from policy.engine_opa import OpaServerEngine, OpaSettings
+from policy.engines.opa_server import OpaServerEngine, OpaSettings
 from tests.policy.conftest import Served, serve_pdp
 from tests.policy.helpers import flow, shipped, small_doc
 
@@ -98,7 +98,7 @@ def test_bad_opa_url_is_rejected() -> None:
 def test_oversized_bodies_are_refused_before_parsing() -> None:
     from fastapi.testclient import TestClient
 
-    from api.pdp import create_pdp_app
+    from pdp.server import create_pdp_app
 
     with TestClient(create_pdp_app(max_body_bytes=1024)) as c:
         big = b'{"x": "' + b"a" * 2000 + b'"}'

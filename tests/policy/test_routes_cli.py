@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from api.cli import app as cli_app
 from policy.decide import decide_flow
-from policy.engine_opa import OpaServerEngine, OpaSettings
+from policy.engines.opa_server import OpaServerEngine, OpaSettings
 from tests.api.conftest import Env, make_settings, open_env, seed
 from tests.policy.conftest import free_port
 from tests.policy.helpers import REGO_DIR, ROOT, flow, shipped, small_doc
@@ -144,10 +144,10 @@ def test_trustfabric_pdp_serves_decisions(tmp_path: Path) -> None:
 
 
 def test_pdp_from_database_follows_the_active_version(tmp_path: Path) -> None:
-    from api.pdp import PdpSync
     from audit import Actor
+    from pdp.sync import PdpSync
     from policy import service
-    from policy.engine_regorus import RegorusEngine
+    from policy.engines.embedded import RegorusEngine
     from tests.policy.dbutil import populate
 
     ctx = AppContext.open(make_settings(tmp_path / "home"), create=True)
@@ -190,10 +190,11 @@ def test_pdp_following_the_database_refuses_writes(tmp_path: Path) -> None:
     and a module changed by any other means is put back on the next refresh."""
     from fastapi.testclient import TestClient
 
-    from api.pdp import PdpSync, create_pdp_app
     from audit import Actor
+    from pdp.server import create_pdp_app
+    from pdp.sync import PdpSync
     from policy import service
-    from policy.engine_regorus import RegorusEngine
+    from policy.engines.embedded import RegorusEngine
     from tests.policy.dbutil import populate
 
     ctx = AppContext.open(make_settings(tmp_path / "home"), create=True)

@@ -1,4 +1,4 @@
-"""`trustfabric pdp`: the OPA REST API subset opa-python-client uses, served over the embedded engine.
+"""The OPA REST API subset opa-python-client uses, served over the embedded engine.
 
 Node agents and other services ask decisions locally; and the OPA-server engine is tested over real
 HTTP against it. Endpoints: /health; /v1/policies (GET), /v1/policies/{id} (GET, PUT, DELETE);
@@ -6,7 +6,7 @@ HTTP against it. Endpoints: /health; /v1/policies (GET), /v1/policies/{id} (GET,
 `{"result": ...}` (no `result` key when undefined), errors `{"code", "message"[, "errors"]}`.
 With a token configured every /v1 request needs `Authorization: Bearer <token>`.
 
-When the PDP follows the database (`PdpSync`: the active policy version and the current inventory and
+When the PDP follows the database (pdp/sync.py: the active policy version and the current inventory and
 grants), it is read-only: policy and data writes are refused with 403, so no local client can swap a
 module or add a grant behind the control plane's back (and its audit log).
 """
@@ -17,19 +17,15 @@ import hmac
 import json
 import logging
 import re
-import threading
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from api.limits import BodySizeLimit
-from core.clock import Clock, system_clock
+from core.asgi import BodySizeLimit
 from core.errors import InvalidInput
-from policy.decide import sync_data
-from policy.engine_regorus import RegorusEngine
+from policy.engines import EngineSettings, PolicyEngine, make_engine
 from policy.errors import PolicyCompileError, PolicyEngineError
-from store.db import Database
 
 log = logging.getLogger("trustfabric.pdp")
 
@@ -81,13 +77,13 @@ MAX_BODY_BYTES = 64 * 1024 * 1024  # a whole data document at 1,000 tenants x 5,
 
 
 def create_pdp_app(
-    engine: RegorusEngine | None = None, *, token: str | None = None, read_only: bool = False,
+    engine: PolicyEngine | None = None, *, token: str | None = None, read_only: bool = False,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The PDP over `engine` (a fresh, empty embedded engine when None); `read_only`: policies and data
+    """The PDP over `engine` (any PolicyEngine; a fresh, empty embedded one when None); `read_only`: policies and data
     come from elsewhere (the database), every write is refused with 403. Bodies above `max_body_bytes`
     are refused with 413 before anything reads them."""
-    eng = engine if engine is not None else RegorusEngine()
+    eng = engine if engine is not None else make_engine(EngineSettings(), "pdp")
 
     async def check_writable() -> None:
         if read_only:
@@ -231,52 +227,3 @@ def create_pdp_app(
     app.include_router(v1)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     return app
-
-
-class PdpSync:
-    """Keeps a PDP's engine on the active policy version and the current data, polling the database."""
-
-    def __init__(
-        self, db: Database, engine: RegorusEngine, *, interval: float = 2.0, clock: Clock = system_clock
-    ) -> None:
-        self.db = db
-        self.engine = engine
-        self.interval = interval
-        self.clock = clock
-        self.active_hash: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def run_once(self) -> None:
-        from policy.data import build_data
-        from policy.service import active_version
-
-        with self.db.read_session() as session:
-            current = active_version(session)
-            data = build_data(session, self.clock())
-        if current is None:
-            if self.active_hash is not None or self.engine.modules():
-                log.warning("no active policy version: the PDP denies everything")
-            self.engine.load({})
-            self.active_hash = None
-        elif current.content_hash != self.active_hash or self.engine.modules() != current.modules:
-            self.engine.load(current.modules)  # also undoes any module loaded by other means
-            self.active_hash = current.content_hash
-        sync_data(self.engine, data)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.run_once()
-            except Exception:
-                log.exception("pdp refresh failed; keeping the last good policy and data")
-
-    def start(self) -> None:
-        self.run_once()
-        self._thread = threading.Thread(target=self._loop, name="pdp-sync", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)

@@ -20,7 +20,7 @@ from opa_client.errors import PolicyNotFoundError, QueryExecuteError, RegoParseE
 from opa_client.opa import OpaClient
 
 from core.errors import InvalidInput
-from policy.engine import PatchOp, apply_patch, split_rule_path
+from policy.engines.patch import PatchOp, apply_patch, split_rule_path
 from policy.errors import PolicyCompileError, PolicyEngineError, SourceLocation
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,14 @@ class OpaServerEngine:
             raise
         except Exception as exc:
             raise PolicyEngineError(f"OPA server at {self.settings.url}: evaluating {query}: {_msg(exc)}") from exc
+
+    def query(self, query: str, input: Any = None) -> list[dict[str, Any]]:
+        try:
+            out = self._client().ad_hoc_query(query, input if input is not None else {})
+        except Exception as exc:
+            raise PolicyEngineError(f"OPA server at {self.settings.url}: querying {query}: {_msg(exc)}") from exc
+        rows = out.get("result") if isinstance(out, dict) else None
+        return [dict(r) for r in rows or [] if isinstance(r, dict)]
 
     def evaluate_many(self, query: str, inputs: Sequence[Any]) -> list[Any]:
         rule = split_rule_path(query)

@@ -1,4 +1,5 @@
-"""The grant decider the API hands to policy.grants: `data.grants.decision` of the ACTIVE policy version
+"""The grant decider the API hands to policy.grants (here, beside the service it serves, so no HTTP layer is
+needed to decide a grant): `data.grants.decision` of the ACTIVE policy version
 (what the security team uploaded, tested, reviewed the impact of and activated), through the embedded
 policy engine, on the data document of the same session (so the decision sees exactly what will be
 written).
@@ -16,12 +17,14 @@ request with a `no-policy:` reason (policy.decide logs it).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlmodel import Session, col, select
 
+from policy.engines import EngineSettings, PolicyEngine, make_engine
 from policy.grants import GrantDecision
 from policy.models import PolicyVersion
 
@@ -38,24 +41,25 @@ class RegoGrantDecider:
     """Callable (session, now, input) -> GrantDecision; any engine failure propagates and the grant
     service turns it into a denial with the reason (fail closed)."""
 
-    def __init__(self, *, keep_data: bool = True) -> None:
-        self._engine: Any = None
+    def __init__(self, *, keep_data: bool = True, engine_factory: Callable[[], PolicyEngine] | None = None) -> None:
+        """`engine_factory`: the engine for the active version (policy.engines.make_engine's choice for the
+        `grants` role; the embedded engine when None)."""
+        self._factory = engine_factory or (lambda: make_engine(EngineSettings(), "grants"))
+        self._engine: PolicyEngine | None = None
         self._hash: str | None = None
         self._lock = threading.Lock()
         self._keep_data = keep_data
         self._kept: _Kept | None = None
         self.rebuilds = 0  # documents built by build_data (for tests and profiling)
 
-    def _engine_for(self, session: Session) -> Any:
+    def _engine_for(self, session: Session) -> PolicyEngine:
         """The engine loaded with the active version's modules (reloaded when another version is activated);
         an empty engine (every decision: no-policy) when none is active. Call with the lock held."""
-        from policy.engine_regorus import RegorusEngine
-
         digest = session.exec(
             select(PolicyVersion.content_hash).where(col(PolicyVersion.state) == "active")
         ).first()
         if self._engine is None:
-            self._engine = RegorusEngine()
+            self._engine = self._factory()
         if digest != self._hash:
             modules: dict[str, str] = {}
             if digest is not None:

@@ -29,7 +29,7 @@ from typing import Any
 import regorus
 
 from core.errors import InvalidInput
-from policy.engine import PatchOp, apply_patch, pointer_parts, split_rule_path
+from policy.engines.patch import PatchOp, apply_patch, pointer_parts, split_rule_path
 from policy.errors import (
     PolicyCompileError,
     PolicyEngineError,

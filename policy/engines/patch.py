@@ -1,4 +1,4 @@
-"""The `PolicyEngine` protocol every Rego backend implements, and the data-document patch helpers they share.
+"""The data-document patch helpers every engine shares (RFC 6901 pointers, RFC 6902 operations).
 
 A data document is a JSON object whose top-level keys must not collide with Rego package names
 (trustfabric keeps everything under `tf`). Changes travel as RFC 6902 operations (add, replace, remove)
@@ -10,44 +10,13 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from core.errors import InvalidInput
 
 PatchOp = Mapping[str, Any]
 
 RULE_PATH_RE = re.compile(r"^data(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-
-
-@runtime_checkable
-class PolicyEngine(Protocol):
-    """Evaluates Rego queries against a set of modules and one data document; thread-safe."""
-
-    def load(self, modules: Mapping[str, str], data: Mapping[str, Any] | None = None) -> None:
-        """Replace every module (and the data, when given); a module that does not compile raises
-        PolicyCompileError with file:line:col and the previous modules stay in force."""
-
-    def set_data(self, data: Mapping[str, Any]) -> None:
-        """Replace the whole data document."""
-
-    def patch_data(self, ops: Sequence[PatchOp]) -> None:
-        """Apply RFC 6902 add/replace/remove operations, all or nothing; a bad operation raises InvalidInput."""
-
-    def data(self) -> Mapping[str, Any]:
-        """The data document currently in force (do not mutate it)."""
-
-    def modules(self) -> dict[str, str]:
-        """The modules currently loaded, path -> Rego text."""
-
-    def evaluate(self, query: str, input: Any = None) -> Any:
-        """The value of a rule path (`data.flows.decision`) or expression; None when undefined;
-        PolicyEngineError on any failure (the caller denies)."""
-
-    def evaluate_many(self, query: str, inputs: Sequence[Any]) -> list[Any]:
-        """`evaluate` for each input, in order; PolicyEngineError if any evaluation fails."""
-
-    def close(self) -> None:
-        """Release connections and threads; the engine is unusable afterwards."""
 
 
 # ---------------------------------------------------------------- JSON pointer and patches
