@@ -10,9 +10,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from api.auth import Authenticator, default_authenticators
 from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
-from api.deps import Authenticator, opaque_token_authenticator
 from api.errors import install_error_handlers
 from api.limits import TokenBucket
 from api.readcache import ChangeWatch, ReadCache
@@ -43,14 +43,6 @@ def _router_modules() -> list[Any]:
             if exc.name != name:
                 raise
     return modules
-
-
-def default_authenticators(ctx: AppContext) -> list[Authenticator]:
-    """Client certificate (mTLS), then opaque admin tokens, then JWTs (ours, OIDC, JWT-SVIDs)."""
-    from api.auth_jwt import JwtAuthenticator
-    from api.auth_mtls import MtlsAuthenticator
-
-    return [MtlsAuthenticator(ctx), opaque_token_authenticator, JwtAuthenticator(ctx)]
 
 
 def create_app(

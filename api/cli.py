@@ -10,6 +10,7 @@ import typer
 
 from api.cli_common import JsonOpt, emit_json, err_console, open_context
 from core.errors import TrustfabricError
+from core.vocabulary import DEFAULT_TRUST_DOMAIN
 from workflows.context import AppContext
 
 app = typer.Typer(
@@ -33,11 +34,10 @@ SUBCOMMANDS = (
 def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
     """Create the trust domain, audit key and admin token when missing; a second run changes nothing."""
     import audit
-    from api.auth_jwt import ensure_issuer_key
-    from api.tokens import create_opaque_token, has_admin_token
     from pki.keystore import KeyKind
     from pki.service import init_trust_domain
     from pki.service import trust_domain as existing_trust_domain
+    from pki.tokens.service import create_opaque_token, ensure_issuer_key, has_admin_token
 
     with open_context(create=True) as ctx:
         audit.ensure_audit_key(ctx.keystore)
@@ -84,7 +84,7 @@ def seed_shipped_policy(ctx: AppContext) -> int | None:
 
 @app.command("init")
 def init_cmd(
-    trust_domain: str = typer.Option("trustfabric.local", "--trust-domain", help="e.g. example.org"),
+    trust_domain: str = typer.Option(DEFAULT_TRUST_DOMAIN, "--trust-domain", help="e.g. example.org"),
     key_kind: str = typer.Option("ec-p256", "--key-kind", help="ec-p256 (default) or ec-p384"),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -118,7 +118,7 @@ def serve_cmd(
 
     import uvicorn
 
-    from api.auth_mtls import PeerCertH11Protocol
+    from api.auth.mtls import PeerCertH11Protocol
     from workflows.context import AppContext
     from workflows.settings import Settings
 

@@ -6,25 +6,18 @@
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import typer
 
 from api.cli_common import JsonOpt, emit_json, err_console, fail, open_context
-from core.errors import InvalidInput, TrustfabricError
+from core.clock import parse_when
+from core.errors import TrustfabricError
 
 
 def _when(value: str | None, name: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
-    except ValueError:
-        raise InvalidInput(f"--{name} {value!r} is not an ISO 8601 time (e.g. 2026-01-01T00:00:00Z)") from None
-    if parsed.tzinfo is None:
-        raise InvalidInput(f"--{name} {value!r} needs a timezone (e.g. 2026-01-01T00:00:00Z)")
-    return parsed.astimezone(UTC)
+    return None if value is None else parse_when(value, name)
 
 
 def export_cmd(

@@ -6,10 +6,11 @@ from typing import Any
 
 import typer
 
-from api.auth_jwt import parse_ttl
 from api.cli_common import JsonOpt, err_console
 from api.cli_remote import CaOpt, ServerOpt, client, show
 from api.client import new_idempotency_key
+from core.clock import parse_ttl
+from core.vocabulary import GRANT_STATES, one_of
 
 COLUMNS = ("id", "state", "src", "dst", "proto", "ports", "expires", "waiting for / reasons")
 
@@ -68,7 +69,7 @@ def register(app: typer.Typer) -> None:
 
     @grant.command("list")
     def list_cmd(
-        state: str = typer.Option(None, "--state", help="pending|active|expired|revoked|rejected|denied"),
+        state: str = typer.Option(None, "--state", help=one_of(GRANT_STATES)),
         src_tenant: str = typer.Option(None, "--src-tenant"),
         dst_tenant: str = typer.Option(None, "--dst-tenant"),
         server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import typer
 
-from api.auth_jwt import mint_token, parse_ttl, revoke_token
 from api.cli_common import JsonOpt, emit_json, local_operator, open_context
 from api.cli_remote import CaOpt, ServerOpt, client, show
+from core.clock import parse_ttl
+from core.vocabulary import MINTABLE_ROLES, one_of
+from pki.tokens.service import mint_token, revoke_token
 
 
 def register(app: typer.Typer) -> None:
@@ -17,7 +19,7 @@ def register(app: typer.Typer) -> None:
 
     @token.command("create")
     def token_create(
-        role: str = typer.Option(..., "--role", help="admin|security|tenant-admin|tenant-member|auditor"),
+        role: str = typer.Option(..., "--role", help=one_of(MINTABLE_ROLES)),
         tenant: str = typer.Option(None, "--tenant", help="for tenant-admin / tenant-member"),
         ttl: str = typer.Option("24h", "--ttl", help="e.g. 15m, 24h, 7d"),
         subject: str = typer.Option(None, "--subject", help="who the token is for (default: generated)"),

@@ -72,6 +72,11 @@ def get_workload(session: Session, tenant: str, group: str, name: str) -> Worklo
     return workload
 
 
+def workload_by_spiffe_id(session: Session, spiffe_id: str) -> Workload | None:
+    """The registered workload holding this SPIFFE ID, or None."""
+    return session.exec(select(Workload).where(Workload.spiffe_id == spiffe_id)).first()
+
+
 def create_tenant(
     session: Session,
     *,

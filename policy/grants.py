@@ -27,12 +27,13 @@ from sqlmodel import Session, col, select
 from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.vocabulary import FINAL_GRANT_STATES
 from policy.models import Grant
 
 log = logging.getLogger("trustfabric.policy.grants")
 
 OUTCOMES = ("approve", "pending", "deny")
-FINAL_STATES = ("expired", "revoked", "rejected", "denied")
+FINAL_STATES = FINAL_GRANT_STATES
 DEFAULT_PENDING_TTL = timedelta(days=3)
 MAX_PAGE = 200
 

@@ -8,8 +8,6 @@ from typing import Any
 from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-GRANT_STATES = ("pending", "active", "expired", "revoked", "rejected", "denied")
-
 
 class Grant(SQLModel, table=True):
     """A tenant's request for flows to another tenant's group; lifecycle pending -> active -> expired|revoked,

@@ -65,7 +65,7 @@ def _policy(conn: Connection) -> None:
 
 
 def _api(conn: Connection) -> None:
-    from api import models
+    from pki.tokens import models
 
     create_tables(*models.TABLES_V1)(conn)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from core.vocabulary import DEFAULT_TRUST_DOMAIN
 from policy.engines import EngineSettings
 from store.db import sqlite_url
 
@@ -16,7 +17,7 @@ from store.db import sqlite_url
 class Settings:
     home: Path = field(default_factory=lambda: Path(".trustfabric"))
     database_url: str | None = None
-    trust_domain: str = "trustfabric.local"
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
     keystore: str = "file"  # file | pkcs11
     key_file: Path | None = None
     passphrase: str | None = None
@@ -63,7 +64,7 @@ class Settings:
         return cls(
             home=home,
             database_url=e.get("TRUSTFABRIC_DATABASE_URL") or None,
-            trust_domain=e.get("TRUSTFABRIC_TRUST_DOMAIN", "trustfabric.local"),
+            trust_domain=e.get("TRUSTFABRIC_TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN),
             keystore=e.get("TRUSTFABRIC_KEYSTORE", "file"),
             key_file=Path(key_file) if key_file else None,
             passphrase=e.get("TRUSTFABRIC_PASSPHRASE") or None,

@@ -26,8 +26,9 @@ from audit import checkpoint as cp
 from audit import record, service
 from audit.export import ExportFilter, export_events
 from audit.models import AuditEvent
-from core.clock import as_utc
+from core.clock import as_utc, require_aware
 from core.errors import Forbidden, InvalidInput, NotFound
+from core.vocabulary import SLUG_PATTERN
 from policy.decisionlog import export_decisions, export_filter
 from workflows.context import AppContext
 
@@ -35,7 +36,7 @@ router = APIRouter(prefix="/v1/audit", tags=["audit"])
 ERRORS = error_responses(*COMMON_ERRORS)
 ERRORS_404 = error_responses(*COMMON_ERRORS, 404)
 
-SLUG = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+SLUG = SLUG_PATTERN
 ACTION = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$"
 TenantQuery = Annotated[str | None, Query(min_length=1, max_length=63, pattern=SLUG)]
 ActionQuery = Annotated[str | None, Query(min_length=3, max_length=64, pattern=ACTION)]
@@ -144,8 +145,8 @@ def _scope(request: Request, principal: Principal, action: str, tenant: str | No
 
 
 def _aware(value: datetime | None, name: str) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        raise InvalidInput(f"{name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
+    if value is not None:
+        require_aware(value, name)
     return value
 
 

@@ -33,6 +33,7 @@ from api.schemas import (
 from api.writelock import grant_writer
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
+from core.vocabulary import GRANT_STATE_PATTERN
 from policy import grants as svc
 from policy.models import Grant
 
@@ -42,7 +43,7 @@ READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
 GrantId = Annotated[str, Path(min_length=1, max_length=64, description="grant id")]
 IDEMPOTENCY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
-STATE_PATTERN = "^(pending|active|expired|revoked|rejected|denied)$"
+STATE_PATTERN = GRANT_STATE_PATTERN
 
 
 def _utc(value: datetime | None) -> datetime | None:

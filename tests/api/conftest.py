@@ -14,14 +14,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.auth_jwt import ensure_issuer_key, mint_token
-from api.tokens import create_opaque_token
 from audit import Actor
 from audit.checkpoint import ensure_audit_key
 from core.clock import FrozenClock
 from inventory import service as inv
 from pki.keystore import KeyKind
 from pki.service import init_trust_domain
+from pki.tokens.service import create_opaque_token, ensure_issuer_key, mint_token
 from workflows.context import AppContext
 from workflows.settings import Settings
 

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from spiffe import X509Svid
 
-from api.auth_mtls import PeerCertH11Protocol
+from api.auth.mtls import PeerCertH11Protocol
 from api.tls import ServerTls, prepare_server_tls
 from audit import Actor
 from pki.service import issue_x509_svid

@@ -20,8 +20,7 @@ from cryptography import x509
 from fastapi import Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from api.auth_jwt import principal_from_spiffe_id
-from api.principal import Principal
+from api.principal import Principal, principal_from_spiffe_id
 from api.tls import TRUST_ANCHORS
 from core.errors import Unauthenticated
 
