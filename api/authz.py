@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 from fastapi import Request
@@ -19,11 +18,10 @@ from fastapi import Request
 from api.principal import Principal
 from core.errors import Forbidden
 from policy.engines import EngineSettings, make_engine
+from policy.shipped import authz_modules
 
 log = logging.getLogger("trustfabric.api.authz")
 
-REGO_DIR = Path(__file__).resolve().parent.parent / "rego"
-AUTHZ_MODULE = "api_authz.rego"
 AUTHZ_CACHE_SIZE = 4096
 
 
@@ -87,15 +85,10 @@ class Authorizer:
             raise Forbidden(f"{principal.role} {principal.id} may not {action}: {'; '.join(reasons)}")
 
 
-def shipped_modules() -> dict[str, str]:
-    path = REGO_DIR / AUTHZ_MODULE
-    return {AUTHZ_MODULE: path.read_text(encoding="utf-8")}
-
-
 def default_engine_factory(settings: EngineSettings | None = None) -> Evaluator:
     """The engine configured for the `authz` role (embedded by default), loaded with the shipped
     `api_authz.rego`."""
-    return make_engine(settings or EngineSettings(), "authz", shipped_modules())
+    return make_engine(settings or EngineSettings(), "authz", authz_modules())
 
 
 def authorize(request: Request, principal: Principal, action: str, tenant: str | None) -> None:

@@ -6,14 +6,20 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from api.cli_common import JsonOpt, emit_json, err_console, fail, open_context
 from core.clock import parse_when
 from core.errors import TrustfabricError
+
+if TYPE_CHECKING:
+    from workflows.exports import ExportOutcome
 
 
 def _when(value: str | None, name: str) -> datetime | None:
@@ -35,91 +41,45 @@ def export_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
-    import audit
     from api.cli_common import local_operator
-    from api.routes.audit import log_origin
-    from audit.checkpoint import audit_signer
-    from audit.export import FORMATS, ExportFilter, export_events
+    from audit.export import FORMATS, ExportFilter
+    from workflows.exports import check_filters, export_audit
 
     if fmt not in FORMATS:
         fail(f"--format must be one of {', '.join(FORMATS)}", code=2)
     filters = ExportFilter(since=_when(since, "since"), until=_when(until, "until"), tenant=tenant, action=action)
-    filters.check()
+    check_filters(filters, with_decisions=with_decisions)  # a bad filter writes nothing
     tmp = out.with_name(out.name + ".part")
     dec_out = out.with_name(out.name + ".decisions.jsonl")
     dec_tmp = dec_out.with_name(dec_out.name + ".part")
-    decisions = None
-    if with_decisions:
-        from policy.decisionlog import export_filter
-
-        export_filter(filters.since, filters.until, tenant)  # a bad filter writes nothing
     with open_context() as ctx:
-        signer = audit_signer(ctx.keystore)
         show = sys.stderr.isatty() and not json_out
         try:
-            with open(tmp, "wb") as fh:
+            with open(tmp, "wb") as fh, (open(dec_tmp, "wb") if with_decisions else nullcontext()) as dec_fh:
+                def run(progress: Callable[[int, int], None] | None) -> ExportOutcome:
+                    return export_audit(
+                        ctx, fh, fmt=fmt, filters=filters, actor=local_operator(),  # the operator who ran it
+                        decisions_out=dec_fh, file_names=(out.name, dec_out.name), progress=progress,
+                    )
+
                 if show:
                     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
                     with Progress(
-                        "exporting",
-                        BarColumn(),
-                        MofNCompleteColumn(),
-                        TimeRemainingColumn(),
-                        console=err_console,
+                        "exporting", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err_console,
                         transient=True,
                     ) as bar:
                         task = bar.add_task("export", total=None)
-                        result = export_events(
-                            ctx.db,
-                            signer,
-                            fh,
-                            fmt=fmt,
-                            filters=filters,
-                            origin=log_origin(ctx),
-                            clock=ctx.clock,
-                            progress=lambda done, total: bar.update(task, completed=done, total=total),
-                        )
+                        outcome = run(lambda done, total: bar.update(task, completed=done, total=total))
                 else:
-                    result = export_events(
-                        ctx.db,
-                        signer,
-                        fh,
-                        fmt=fmt,
-                        filters=filters,
-                        origin=log_origin(ctx),
-                        clock=ctx.clock,
-                    )
-            if with_decisions:
-                from policy.decisionlog import export_decisions
-
-                with open(dec_tmp, "wb") as fh:
-                    decisions = export_decisions(
-                        ctx.db, fh, since=filters.since, until=filters.until, tenant=tenant, clock=ctx.clock
-                    )
-            summary_event: dict[str, object] = {
-                "filter": filters.as_json(),
-                "out": out.name,
-                "tree_size": result.tree_size,
-            }
-            if decisions is not None:
-                summary_event["decisions"] = {"out": dec_out.name, "count": decisions.count, "sha256": decisions.sha256}
-            with ctx.db.session() as session:  # audited once the export exists: a failed one leaves no event
-                audit.record(
-                    session,
-                    actor=local_operator(),  # the operator who ran it, as for every other local CLI change
-                    action="audit.export",
-                    object_type="export",
-                    object_id=fmt,
-                    tenant=tenant,
-                    summary=summary_event,
-                )
+                    outcome = run(None)
             tmp.replace(out)
-            if decisions is not None:
+            if with_decisions:
                 dec_tmp.replace(dec_out)
         finally:
             tmp.unlink(missing_ok=True)
             dec_tmp.unlink(missing_ok=True)
+    result, decisions = outcome.events, outcome.decisions
     summary = {
         "out": str(out),
         "format": fmt,
@@ -191,8 +151,8 @@ def public_key_cmd(
     note: bool = typer.Option(False, "--note", help="print the signed-note verifier key instead of PEM"),
 ) -> None:
     """Print the audit public key, for auditors to keep outside the system."""
-    from api.routes.audit import log_origin
     from audit.checkpoint import audit_signer, ed25519_public_key, public_key_pem, verifier_key
+    from workflows.exports import log_origin
 
     with open_context() as ctx:
         signer = audit_signer(ctx.keystore)

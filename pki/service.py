@@ -3,7 +3,7 @@ audit event commit together or not at all), the key store and the clock explicit
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlmodel import Session, select
@@ -21,6 +21,8 @@ from pki.errors import (
     IdentityOutOfScope,
     IdentityRevoked,
     InvalidSpiffeId,
+    SvidNotFound,
+    TokenInvalid,
     TrustDomainMismatch,
     UnknownWorkload,
 )
@@ -310,3 +312,25 @@ def attest_node(
     """Exchange a join token and a CSR for the node's SVID spiffe://<td>/node/<name>."""
     return attestation.attest_node(session, keystore, token=token, csr_pem=csr_pem, clock=clock, max_ttl=max_ttl,
                                    request_id=request_id)
+
+
+def svid_tenant(session: Session, serial: str) -> str | None:
+    """The tenant of the SVID with this serial (hex, any case, optional 0x and colons); SvidNotFound."""
+    from pki.models import IssuedSvid
+
+    norm = serial.strip().lower().removeprefix("0x").replace(":", "").lstrip("0") or "0"
+    row = session.get(IssuedSvid, norm)
+    if row is None:
+        raise SvidNotFound(f"no SVID with serial {norm}")
+    return row.tenant
+
+
+def join_token_expires_at(session: Session, token: str) -> datetime:
+    """When a join token this session created expires."""
+    from pki.attestation import token_hash
+    from pki.models import JoinToken
+
+    row = session.get(JoinToken, token_hash(token))
+    if row is None:
+        raise TokenInvalid("join token not found")
+    return as_utc(row.expires_at)

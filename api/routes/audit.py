@@ -23,14 +23,13 @@ from api.principal import Principal
 from api.routes.common import decode_cursor, encode_cursor, request_id
 from api.schemas import COMMON_ERRORS, CursorQuery, error_responses
 from audit import checkpoint as cp
-from audit import record, service
-from audit.export import ExportFilter, export_events
+from audit import service
+from audit.export import ExportFilter
 from audit.models import AuditEvent
 from core.clock import as_utc, require_aware
 from core.errors import Forbidden, InvalidInput, NotFound
 from core.vocabulary import SLUG_PATTERN
-from policy.decisionlog import export_decisions, export_filter
-from workflows.context import AppContext
+from workflows import exports
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 ERRORS = error_responses(*COMMON_ERRORS)
@@ -187,16 +186,8 @@ def _signer(ctx: CtxDep) -> cp.CheckpointSigner:
     return cp.audit_signer(ctx.keystore)
 
 
-def log_origin(ctx: AppContext) -> str:
-    """The checkpoint origin: the initialised trust domain's (settings only before init)."""
-    from pki.service import trust_domain
-
-    with ctx.db.read_session() as session:
-        return cp.log_origin(trust_domain(session) or ctx.settings.trust_domain)
-
-
 def _origin(ctx: CtxDep) -> str:
-    return log_origin(ctx)
+    return exports.log_origin(ctx)
 
 
 @router.get("/checkpoint", response_model=CheckpointOut, responses=ERRORS_404, summary="The latest signed checkpoint")
@@ -255,11 +246,7 @@ def inclusion(
         proof = service.inclusion_proof(session, index, tree_size)
         root = service.root_at(session, tree_size)
         if note is None:
-            from sqlmodel import select
-
-            from audit.models import AuditCheckpoint
-
-            stored = session.exec(select(AuditCheckpoint).where(AuditCheckpoint.size == tree_size)).first()
+            stored = cp.checkpoint_of_size(session, tree_size)
             note = stored.note if stored is not None else None
     return InclusionOut(
         index=index,
@@ -340,36 +327,16 @@ def create_export(body: ExportRequest, request: Request, ctx: CtxDep, principal:
     filters = ExportFilter(
         since=_aware(body.since, "since"), until=_aware(body.until, "until"), tenant=tenant, action=body.action
     )
-    filters.check()
-    if body.include_decisions:
-        export_filter(filters.since, filters.until, tenant)  # a bad filter writes nothing
-    signer = _signer(ctx)
+    exports.check_filters(filters, with_decisions=body.include_decisions)
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed by the stream)
     spools = [spool]
     try:
-        result = export_events(
-            ctx.db, signer, spool, fmt=body.format, filters=filters, origin=_origin(ctx), clock=ctx.clock
-        )
-        summary: dict[str, Any] = {"filter": filters.as_json(), "tree_size": result.tree_size, "events": result.events}
         if body.include_decisions:
-            dec_spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed below)
-            spools.append(dec_spool)
-            decisions = export_decisions(
-                ctx.db, dec_spool, since=filters.since, until=filters.until, tenant=tenant, clock=ctx.clock
-            )
-            summary["decisions"] = {"count": decisions.count, "sha256": decisions.sha256}
-        # Who exported what is itself audited -- once the export exists, so a failed one leaves no event.
-        with ctx.db.session() as session:
-            record(
-                session,
-                actor=principal.actor(),
-                action="audit.export",
-                object_type="export",
-                object_id=body.format,
-                tenant=tenant,
-                summary=summary,
-                request_id=request_id(request),
-            )
+            spools.append(tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024))  # noqa: SIM115 (closed below)
+        exports.export_audit(
+            ctx, spool, fmt=body.format, filters=filters, actor=principal.actor(),
+            decisions_out=spools[1] if body.include_decisions else None, request_id=request_id(request),
+        )
     except BaseException:
         for f in spools:
             f.close()

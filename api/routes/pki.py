@@ -8,17 +8,13 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from sqlmodel import Session
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.routes.common import request_id
 from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
-from core.clock import as_utc
 from pki import service
-from pki.attestation import token_hash
 from pki.errors import SvidNotFound
-from pki.models import IssuedSvid, JoinToken
 
 router = APIRouter(prefix="/v1", tags=["pki"])
 
@@ -183,19 +179,11 @@ def issue_jwt(body: JwtSvidRequest, request: Request, ctx: CtxDep, principal: Pr
                       expires_at=issued.expires_at, kid=issued.kid)
 
 
-def _serial_tenant(session: Session, serial: str) -> str | None:
-    norm = serial.strip().lower().removeprefix("0x").replace(":", "").lstrip("0") or "0"
-    row = session.get(IssuedSvid, norm)
-    if row is None:
-        raise SvidNotFound(f"no SVID with serial {norm}")
-    return row.tenant
-
-
 @router.post("/svids/revoke", response_model=RevokeOut, responses=error_responses(*COMMON_ERRORS, 404, 409),
              summary="Revoke one SVID by serial, or every SVID of a tenant / group / workload")
 def revoke(body: RevokeRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> RevokeOut:
     with ctx.db.session() as session:
-        tenant = _serial_tenant(session, body.serial) if body.serial is not None else body.tenant
+        tenant = service.svid_tenant(session, body.serial) if body.serial is not None else body.tenant
         if body.serial is not None and principal.scope_tenant is not None and tenant != principal.scope_tenant:
             raise SvidNotFound(f"no SVID with serial {body.serial}")  # do not reveal other tenants' serials
         authorize(request, principal, "svid.revoke", tenant)
@@ -230,9 +218,7 @@ def create_node_token(body: JoinTokenRequest, request: Request, ctx: CtxDep, pri
         token = service.create_join_token(session, node_name=body.node_name, ttl=_ttl(body.ttl_seconds),
                                           actor=principal.actor(), clock=ctx.clock, request_id=request_id(request))
         td = service.trust_domain(session)
-        row = session.get(JoinToken, token_hash(token))
-        assert row is not None
-        expires_at = as_utc(row.expires_at)
+        expires_at = service.join_token_expires_at(session, token)
     return JoinTokenOut(token=token, node_name=body.node_name, spiffe_id=f"spiffe://{td}/node/{body.node_name}",
                         expires_at=expires_at)
 

@@ -106,8 +106,8 @@ def seed(env: Env, td: str = TD, *, policy: bool = True) -> None:
 
 def activate_shipped_policy(env: Env) -> int:
     """What `trustfabric init` does: the shipped rego/ uploaded and activated as the policy in force."""
-    from api.authz import REGO_DIR
     from policy import service as policy_service
+    from policy.shipped import REGO_DIR
     from policy.versions import load_dir
 
     actor = Actor.system("seed")

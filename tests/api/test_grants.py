@@ -347,7 +347,7 @@ def test_cached_reads_see_every_commit_from_any_connection(env_both: Env) -> Non
 def test_grant_decisions_come_from_the_active_policy_version(env: Env) -> None:
     """Activating a version with a stricter grants.rego changes the next decision; rolling back restores
     the earlier one; with no version in force every request is denied, saying why (fail closed)."""
-    from api.authz import REGO_DIR
+    from policy.shipped import REGO_DIR
     from policy.versions import load_dir
 
     two_hours = {**REQ, "ttl_seconds": 7200}
