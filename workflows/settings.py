@@ -4,13 +4,13 @@ from here, through the run-time context)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
 from policy.engines import EngineSettings
-from store.db import sqlite_url
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,8 @@ class Settings:
 
     @property
     def db_url(self) -> str:
+        from store.db import sqlite_url
+
         return self.database_url or sqlite_url(self.home)
 
     @property
@@ -119,3 +121,23 @@ class Settings:
     @property
     def default_key_file(self) -> Path:
         return self.key_file or self.home / "master.key"
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What the CLI's HTTP client takes from the environment; the config file fills what is missing."""
+
+    server: str | None = None
+    token: str | None = None
+    ca_file: str | None = None
+    config: str | None = None  # path of the config file (default ~/.config/trustfabric/config.json)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientSettings:
+        e = os.environ if env is None else env
+        return cls(
+            server=e.get("TRUSTFABRIC_SERVER") or None,
+            token=e.get("TRUSTFABRIC_TOKEN") or None,
+            ca_file=e.get("TRUSTFABRIC_CA_FILE") or None,
+            config=e.get("TRUSTFABRIC_CONFIG") or None,
+        )

@@ -234,26 +234,11 @@ def attest(body: AttestRequest, request: Request, ctx: CtxDep) -> X509SvidOut:
     return _x509_out(issued)
 
 
-def status_dict(status: service.RotationStatus) -> dict[str, Any]:
-    """RotationStatus as JSON-friendly data (shared with the CLI)."""
-    def ts(value: datetime | None) -> str | None:
-        return value.isoformat() if value else None
-
-    return {
-        "prepared": status.prepared, "activated": status.activated, "retired": status.retired,
-        "active_generation": status.active_generation, "next_prepare_at": ts(status.next_prepare_at),
-        "next_activate_at": ts(status.next_activate_at),
-        "cas": [{"id": c.id, "generation": c.generation, "role": c.role, "state": c.state, "key_kind": c.key_kind,
-                 "not_before": ts(c.not_before), "not_after": ts(c.not_after), "signed_until": ts(c.signed_until)}
-                for c in status.cas],
-    }
-
-
 @router.get("/ca/status", responses=error_responses(*COMMON_ERRORS, 409), summary="CA generations and schedule")
 def ca_status(request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
     authorize(request, principal, "ca.read", None)
     with ctx.db.read_session() as session:
-        return status_dict(service.ca_status(session, ctx.clock))
+        return service.status_dict(service.ca_status(session, ctx.clock))
 
 
 @router.post("/ca/rotate", responses=error_responses(*COMMON_ERRORS, 409),
@@ -261,5 +246,5 @@ def ca_status(request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[st
 def ca_rotate(body: RotateRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
     authorize(request, principal, "ca.rotate", None)
     with ctx.db.session() as session:
-        return status_dict(service.rotate(session, ctx.keystore, force=body.force, actor=principal.actor(),
+        return service.status_dict(service.rotate(session, ctx.keystore, force=body.force, actor=principal.actor(),
                                           clock=ctx.clock, request_id=request_id(request)))

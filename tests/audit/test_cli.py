@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app
 from audit import Actor, record
+from cli.main import app
 from workflows.context import AppContext
 from workflows.settings import Settings
 

@@ -52,8 +52,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     in req.pem; for CLI tests (the environment points the CLI at it)."""
     from typer.testing import CliRunner
 
-    from api.cli import app
     from audit import Actor
+    from cli.main import app
     from inventory import service as inv
     from tests.pki.helpers import make_csr
     from workflows.context import AppContext

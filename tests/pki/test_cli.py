@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from api.cli import app
+from cli.main import app
 from pki.errors import UnknownWorkload
 from tests.pki.helpers import make_csr
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from sqlmodel import col, select
 from typer.testing import CliRunner
 
-from api.cli import app
 from audit.models import AuditEvent
+from cli.main import app
 from workflows.context import AppContext
 from workflows.settings import Settings
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app as cli_app
+from cli.main import app as cli_app
 from policy.decide import decide_flow
 from policy.engines.opa_server import OpaServerEngine, OpaSettings
 from tests.api.conftest import Env, make_settings, open_env, seed
@@ -118,7 +118,7 @@ def test_trustfabric_pdp_serves_decisions(tmp_path: Path) -> None:
     """The real command in a subprocess, asked through the OPA engine over HTTP."""
     port = free_port()
     envvars = {**os.environ, "TRUSTFABRIC_PDP_TOKEN": "cli-token", "TRUSTFABRIC_HOME": str(tmp_path / "h")}
-    proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "pdp", "--rego", str(REGO_DIR),
+    proc = subprocess.Popen([sys.executable, "-c", "from cli.main import main; main()", "pdp", "--rego", str(REGO_DIR),
                              "--port", str(port)], cwd=ROOT, env=envvars, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:

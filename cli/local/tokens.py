@@ -1,15 +1,13 @@
-"""`trustfabric token create|revoke` (local: on the server host, with the data directory and key store)
-and `trustfabric whoami` (through the API)."""
+"""`trustfabric token create|revoke` (local: on the server host, with the data directory and key store)."""
 
 from __future__ import annotations
 
 import typer
 
-from api.cli_common import JsonOpt, emit_json, local_operator, open_context
-from api.cli_remote import CaOpt, ServerOpt, client, show
+from cli.output import JsonOpt, emit_json, local_operator, open_context
+from cli.remote.common import show
 from core.clock import parse_ttl
 from core.vocabulary import MINTABLE_ROLES, one_of
-from pki.tokens.service import mint_token, revoke_token
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +25,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Mint a signed API token; the token is printed alone on the last line (shown once)."""
+        from pki.tokens.service import mint_token
+
         with open_context() as ctx, ctx.db.session() as session:
             tok, row = mint_token(
                 session, ctx.keystore, role=role, tenant=tenant, ttl=parse_ttl(ttl), actor=local_operator(),
@@ -44,11 +44,8 @@ def register(app: typer.Typer) -> None:
     @token.command("revoke")
     def token_revoke(token_id: str, reason: str = typer.Option("", "--reason"), json_out: bool = JsonOpt) -> None:
         """Revoke a token by its id (jti); it is refused from the next request on."""
+        from pki.tokens.service import revoke_token
+
         with open_context() as ctx, ctx.db.session() as session:
             row = revoke_token(session, token_id, actor=local_operator(), reason=reason, clock=ctx.clock)
         show({"id": row.id, "revoked_at": str(row.revoked_at)}, json_out)
-
-    @app.command("whoami")
-    def whoami(server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
-        """Who the server thinks you are."""
-        show(client(server, cacert).get("/v1/whoami"), json_out)

@@ -5,27 +5,34 @@ from __future__ import annotations
 import getpass
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from audit import Actor
-from audit.actor import ActorKind
-from workflows.context import AppContext
-from workflows.settings import Settings
+from core.errors import TrustfabricError
+
+if TYPE_CHECKING:
+    from audit import Actor
+    from audit.actor import ActorKind
+    from workflows.context import AppContext
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+
+T = TypeVar("T")
 
 JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
 
 
 @contextmanager
 def open_context(*, create: bool = False) -> Iterator[AppContext]:
+    from workflows.context import AppContext
+    from workflows.settings import Settings
+
     ctx = AppContext.open(Settings.from_env(), create=create)
     try:
         yield ctx
@@ -36,6 +43,8 @@ def open_context(*, create: bool = False) -> Iterator[AppContext]:
 def local_operator(kind: ActorKind = "admin") -> Actor:
     """Who acts when a local CLI command changes state: whoever can read the data directory and key store
     is the operator, recorded as cli:<user> (admin, or security for policy changes)."""
+    from audit import Actor
+
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -59,3 +68,20 @@ def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
 def fail(message: str, code: int = 1) -> NoReturn:
     err_console.print(f"error: {message}", highlight=False, markup=False)
     raise typer.Exit(code)
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A domain error or an unreadable file ends the command with one line and exit 1."""
+    try:
+        yield
+    except TrustfabricError as exc:
+        fail(str(exc), 1)
+    except OSError as exc:
+        fail(f"{type(exc).__name__}: {exc}", 1)
+
+
+def guard(fn: Callable[[], T]) -> T:
+    with one_line_errors():
+        return fn()
+    raise AssertionError("unreachable")  # pragma: no cover

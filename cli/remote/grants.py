@@ -6,9 +6,8 @@ from typing import Any
 
 import typer
 
-from api.cli_common import JsonOpt, err_console
-from api.cli_remote import CaOpt, ServerOpt, client, show
-from api.client import new_idempotency_key
+from cli.output import JsonOpt, err_console
+from cli.remote.common import CaOpt, ServerOpt, client, show
 from core.clock import parse_ttl
 from core.vocabulary import GRANT_STATES, one_of
 
@@ -60,6 +59,8 @@ def register(app: typer.Typer) -> None:
                 "ports": port, "ttl_seconds": int(parse_ttl(ttl).total_seconds()), "justification": justification}
         if src_tenant:
             body["src_tenant"] = src_tenant
+        from cli.remote.client import new_idempotency_key
+
         g = client(server, cacert).post("/v1/grants", body, idempotency_key=idempotency_key or new_idempotency_key())
         _show_grant(g, json_out)
         if g["state"] == "denied":

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from api.cli_common import JsonOpt
-from api.cli_remote import CaOpt, ServerOpt, client, show
+from cli.output import JsonOpt
+from cli.remote.common import CaOpt, ServerOpt, client, show
 
 
 def _port(text: str) -> dict[str, object]:

@@ -1,14 +1,14 @@
 """The CLI's HTTP client: server URL and credentials from flags, environment or a config file.
 
-Token: `TRUSTFABRIC_TOKEN`, else the config file (`TRUSTFABRIC_CONFIG`, default
-`~/.config/trustfabric/config.json`). A config file readable by group or others is refused: it holds a
-bearer secret. Config keys: server, token, ca_file (to verify an HTTPS server), cert + key (mTLS).
+Token: `TRUSTFABRIC_TOKEN` (read, like every variable, in workflows/settings.py), else the config file
+(`TRUSTFABRIC_CONFIG`, default `~/.config/trustfabric/config.json`). A config file readable by group or
+others is refused: it holds a bearer secret. Config keys: server, token, ca_file (to verify an HTTPS
+server), cert + key (mTLS).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import stat
 import uuid
 from dataclasses import dataclass
@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from core.errors import InvalidInput, TrustfabricError
+from workflows.settings import ClientSettings
 
 DEFAULT_SERVER = "http://127.0.0.1:8443"
 DEFAULT_CONFIG = Path("~/.config/trustfabric/config.json")
@@ -30,11 +31,6 @@ class ApiError(TrustfabricError):
         super().__init__(message)
         self.status = status
         self.body = body
-
-
-def config_path(env: dict[str, str] | None = None) -> Path:
-    e = os.environ if env is None else env
-    return Path(e.get("TRUSTFABRIC_CONFIG") or DEFAULT_CONFIG).expanduser()
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -69,12 +65,12 @@ class Client:
     @classmethod
     def from_env(cls, server: str | None = None, *, ca_file: str | None = None, cert: str | None = None,
                  key: str | None = None, env: dict[str, str] | None = None) -> Client:
-        e = dict(os.environ if env is None else env)
-        conf = load_config(config_path(e))
+        e = ClientSettings.from_env(env)
+        conf = load_config(Path(e.config or DEFAULT_CONFIG).expanduser())
         return cls(
-            server=(server or e.get("TRUSTFABRIC_SERVER") or conf.get("server") or DEFAULT_SERVER).rstrip("/"),
-            token=e.get("TRUSTFABRIC_TOKEN") or conf.get("token"),
-            ca_file=ca_file or e.get("TRUSTFABRIC_CA_FILE") or conf.get("ca_file"),
+            server=(server or e.server or conf.get("server") or DEFAULT_SERVER).rstrip("/"),
+            token=e.token or conf.get("token"),
+            ca_file=ca_file or e.ca_file or conf.get("ca_file"),
             cert=cert or conf.get("cert"),
             key=key or conf.get("key"),
         )

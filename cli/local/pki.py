@@ -7,13 +7,14 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from api.cli_common import JsonOpt, emit_json, emit_table, local_operator, open_context
-from api.routes.pki import status_dict
-from pki import service
+from cli.output import JsonOpt, emit_json, emit_table, local_operator, open_context
+
+if TYPE_CHECKING:
+    from pki import service
 
 
 def _ttl(seconds: int | None) -> timedelta | None:
@@ -55,6 +56,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Issue an X.509-SVID to a registered workload from a CSR."""
+        from pki import service
+
         with open_context() as ctx, ctx.db.session() as session:
             issued = service.issue_x509_svid(
                 session, ctx.keystore, csr_pem=_read(csr), tenant=tenant, group=group, workload=workload,
@@ -80,6 +83,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Issue a JWT-SVID to a registered workload."""
+        from pki import service
+
         with open_context() as ctx, ctx.db.session() as session:
             issued = service.issue_jwt_svid(
                 session, ctx.keystore, tenant=tenant, group=group, workload=workload, audience=list(audience),
@@ -101,6 +106,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Revoke one SVID (--serial) or an identity (--tenant [--group [--workload]])."""
+        from pki import service
+
         with open_context() as ctx, ctx.db.session() as session:
             serials = service.revoke(session, serial=serial, tenant=tenant, group=group, workload=workload,
                                      reason=reason, actor=local_operator(), scope_tenant=None, clock=ctx.clock)
@@ -115,6 +122,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Print the trust bundle (SPIFFE JWKS; --pem for the X.509 roots)."""
+        from pki import service
+
         with open_context() as ctx, ctx.db.read_session() as session:
             if pem:
                 sys.stdout.write(service.bundle_pem(session, ctx.clock).decode())
@@ -142,8 +151,10 @@ def register(app: typer.Typer) -> None:
     @ca.command("status")
     def ca_status(json_out: bool = JsonOpt) -> None:
         """CA generations and the next scheduled rotation steps."""
+        from pki import service
+
         with open_context() as ctx, ctx.db.read_session() as session:
-            data = status_dict(service.ca_status(session, ctx.clock))
+            data = service.status_dict(service.ca_status(session, ctx.clock))
         _print_status(data, json_out)
 
     @ca.command("rotate")
@@ -152,9 +163,11 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Run the rotation schedule once (prepare at 1/2 life, activate at 1/6 before expiry, retire drained)."""
+        from pki import service
+
         with open_context() as ctx, ctx.db.session() as session:
             status = service.rotate(session, ctx.keystore, force=force, actor=local_operator(), clock=ctx.clock)
-            data = status_dict(status)
+            data = service.status_dict(status)
         _print_status(data, json_out)
 
     @node_token.command("create")
@@ -164,6 +177,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Create a one-time join token for a node (shown once)."""
+        from pki import service
+
         with open_context() as ctx, ctx.db.session() as session:
             token = service.create_join_token(session, node_name=node_name, ttl=_ttl(ttl), actor=local_operator(),
                                               clock=ctx.clock)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from api.cli_common import JsonOpt, emit_json, err_console, fail, open_context
+from cli.output import JsonOpt, emit_json, err_console, fail, open_context
 from core.clock import parse_when
 from core.errors import TrustfabricError
 
@@ -41,8 +41,8 @@ def export_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
-    from api.cli_common import local_operator
     from audit.export import FORMATS, ExportFilter
+    from cli.output import local_operator
     from workflows.exports import check_filters, export_audit
 
     if fmt not in FORMATS:

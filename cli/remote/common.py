@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from api.cli_common import emit_json, emit_table
-from api.client import Client
+from cli.output import emit_json, emit_table
+
+if TYPE_CHECKING:
+    from cli.remote.client import Client
 
 ServerOpt = typer.Option(None, "--server", help="API URL (env TRUSTFABRIC_SERVER, config file, or local default)")
 CaOpt = typer.Option(None, "--cacert", help="CA bundle (PEM) to verify an HTTPS server")
 
 
 def client(server: str | None, cacert: str | None = None) -> Client:
+    from cli.remote.client import Client
+
     return Client.from_env(server, ca_file=cacert)
 
 

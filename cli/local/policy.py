@@ -1,4 +1,4 @@
-"""`trustfabric policy validate|test|upload|impact|activate|rollback|list|show|explain|decisions`, `trustfabric pdp`.
+"""`trustfabric policy validate|test|upload|impact|activate|rollback|list|show|explain|decisions`.
 
 validate and test work on a directory alone; the others open the local data directory (run them on the
 server host). Exit 0 ok, 1 failure (one readable line), 2 usage.
@@ -6,37 +6,21 @@ server host). Exit 0 ok, 1 failure (one readable line), 2 usage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 
-from api.cli_common import JsonOpt, console, emit_json, emit_table, fail, local_operator, open_context
-from api.routes.policy import verify_keys, version_out
-from core.errors import TrustfabricError
-from policy import service
-from policy.versions import load_dir
-
-T = TypeVar("T")
-
-
-
-@contextmanager
-def _one_line_errors() -> Iterator[None]:
-    try:
-        yield
-    except TrustfabricError as exc:
-        fail(str(exc), 1)
-    except OSError as exc:
-        fail(f"{type(exc).__name__}: {exc}", 1)
-
-
-def _guard(fn: Callable[[], T]) -> T:
-    with _one_line_errors():
-        return fn()
-    raise AssertionError("unreachable")  # pragma: no cover
+from cli.output import (
+    JsonOpt,
+    console,
+    emit_json,
+    emit_table,
+    fail,
+    guard,
+    local_operator,
+    open_context,
+)
 
 
 def _signature(signature: str | None, signature_file: Path | None) -> str | None:
@@ -46,6 +30,8 @@ def _signature(signature: str | None, signature_file: Path | None) -> str | None
 
 
 def _version_dict(v: Any) -> dict[str, Any]:
+    from policy.views import version_out
+
     return version_out(v).model_dump(mode="json")
 
 
@@ -57,10 +43,13 @@ def register(app: typer.Typer) -> None:
     @policy.command("validate")
     def validate_cmd(directory: Path, json_out: bool = JsonOpt) -> None:
         """Compile every .rego under DIRECTORY; errors carry file:line:col."""
+        from policy import service
+        from policy.versions import load_dir
+
         def run() -> tuple[str, list[str]]:
             modules = load_dir(directory)
             return service.validate(modules), sorted(modules)
-        digest, names = _guard(run)
+        digest, names = guard(run)
         if json_out:
             emit_json({"content_hash": digest, "modules": names})
         else:
@@ -69,7 +58,10 @@ def register(app: typer.Typer) -> None:
     @policy.command("test")
     def test_cmd(directory: Path, json_out: bool = JsonOpt) -> None:
         """Run every test_* rule under DIRECTORY; exit 1 naming the failing tests."""
-        report = _guard(lambda: service.test(load_dir(directory)))
+        from policy import service
+        from policy.versions import load_dir
+
+        report = guard(lambda: service.test(load_dir(directory)))
         if json_out:
             emit_json(report.to_dict())
         else:
@@ -83,12 +75,15 @@ def register(app: typer.Typer) -> None:
     def upload_cmd(directory: Path, note: str = typer.Option("", "--note", help="why this version"),
                    json_out: bool = JsonOpt) -> None:
         """Upload DIRECTORY as a candidate version (compiled, tests run; nothing stored on a compile error)."""
+        from policy import service
+        from policy.versions import load_dir
+
         def run() -> tuple[dict[str, Any], bool]:
             prepared = service.prepare(load_dir(directory))
             with open_context() as ctx, ctx.db.session() as session:
                 v, created = service.upload(session, prepared, local_operator("security"), now=ctx.clock(), note=note)
                 return _version_dict(v), created
-        out, created = _guard(run)
+        out, created = guard(run)
         if json_out:
             emit_json({**out, "created": created})
             return
@@ -99,10 +94,12 @@ def register(app: typer.Typer) -> None:
     @policy.command("list")
     def list_cmd(json_out: bool = JsonOpt) -> None:
         """Every version and its state."""
+        from policy import service
+
         def run() -> list[dict[str, Any]]:
             with open_context() as ctx, ctx.db.read_session() as session:
                 return [_version_dict(v) for v in service.list_versions(session)]
-        rows = _guard(run)
+        rows = guard(run)
         if json_out:
             emit_json(rows)
             return
@@ -115,6 +112,9 @@ def register(app: typer.Typer) -> None:
     def show_cmd(version: str = typer.Argument(None, help="number or hash prefix; the active one by default"),
                  json_out: bool = JsonOpt) -> None:
         """One version: state, modules, test results."""
+        from policy import service
+        from policy.views import version_out
+
         def run() -> dict[str, Any]:
             with open_context() as ctx, ctx.db.read_session() as session:
                 v = service.get_version(session, version) if version else service.active_version(session)
@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
 
                     raise NotFound("no policy version is active")
                 return version_out(v, detail=True).model_dump(mode="json")
-        out = _guard(run)
+        out = guard(run)
         if json_out:
             emit_json(out)
             return
@@ -135,10 +135,12 @@ def register(app: typer.Typer) -> None:
     def impact_cmd(version: str, limit: int = typer.Option(50, "--limit", min=0, help="flows listed per side"),
                    json_out: bool = JsonOpt) -> None:
         """Flows VERSION would open and close against the active version, on the current inventory."""
+        from policy import service
+
         def run() -> dict[str, Any]:
             with open_context() as ctx, ctx.db.read_session() as session:
                 return service.impact(session, version, now=ctx.clock()).to_dict(limit=limit)
-        out = _guard(run)
+        out = guard(run)
         if json_out:
             emit_json(out)
             return
@@ -156,14 +158,17 @@ def register(app: typer.Typer) -> None:
 
     def _switch(kind: str, version: str, signature: str | None, signature_file: Path | None,
                 reason: str | None, json_out: bool) -> None:
+        from policy import service
+        from policy.versions import load_verify_keys
+
         def run() -> dict[str, Any]:
             sig = _signature(signature, signature_file)
             with open_context() as ctx, ctx.db.session() as session:
                 fn = service.activate if kind == "activate" else service.rollback
                 v = fn(session, version, local_operator("security"), now=ctx.clock(), signature=sig,
-                       verify_keys=verify_keys(ctx.settings), reason=reason)
+                       verify_keys=load_verify_keys(ctx.settings.policy_verify_keys), reason=reason)
                 return _version_dict(v)
-        out = _guard(run)
+        out = guard(run)
         if json_out:
             emit_json(out)
         else:
@@ -189,11 +194,13 @@ def register(app: typer.Typer) -> None:
                     port: int = typer.Option(..., "--port", min=1, max=65535),
                     proto: str = typer.Option("tcp", "--proto"), json_out: bool = JsonOpt) -> None:
         """The decision on one flow under the active version, and why. Exit 0 whatever the decision."""
+        from policy import service
+
         def run() -> dict[str, Any]:
             with open_context() as ctx, ctx.db.read_session() as session:
                 d, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock())
                 return {**d.to_dict(), "policy_hash": digest}
-        out = _guard(run)
+        out = guard(run)
         if json_out:
             emit_json(out)
             return
@@ -210,80 +217,25 @@ def register(app: typer.Typer) -> None:
                       limit: int = typer.Option(100, "--limit", min=1, max=10_000),
                       json_out: bool = JsonOpt) -> None:
         """Sampled decision records (input, result, reasons, policy hash), newest first."""
-        from api.cli_audit import _when
-        from api.routes.policy import decision_out
+        from core.clock import parse_when
         from policy.decisionlog import KINDS, format_ts, query_decisions
+        from policy.views import decision_out
 
         def run() -> list[dict[str, Any]]:
             if kind is not None and kind not in KINDS:
                 from core.errors import InvalidInput
 
                 raise InvalidInput(f"--kind must be one of {', '.join(KINDS)}")
-            start, end = _when(since, "since"), _when(until, "until")
+            start = parse_when(since, "since") if since is not None else None
+            end = parse_when(until, "until") if until is not None else None
             with open_context() as ctx, ctx.db.read_session() as session:
                 rows = query_decisions(session, kind=kind, tenant=tenant, allowed=allowed, since=start, until=end,
                                        limit=limit)
                 return [{**decision_out(r).model_dump(mode="json"), "ts": format_ts(r.ts)} for r in rows]
-        rows = _guard(run)
+        rows = guard(run)
         if json_out:
             emit_json(rows)
             return
         emit_table("policy decisions", ("id", "ts", "kind", "tenant", "outcome", "policy", "reasons"),
                    [(r["id"], r["ts"], r["kind"], r["tenant"] or "", r["outcome"], (r["policy_hash"] or "")[:16],
                      "; ".join(r["reasons"])) for r in rows])
-
-    @app.command("pdp")
-    def pdp_cmd(
-        host: str = typer.Option("127.0.0.1", "--host"),
-        port: int = typer.Option(8181, "--port", min=1, max=65535),
-        rego: Path = typer.Option(None, "--rego", help="serve these modules (default: the active version, "
-                                  "with data from the database, refreshed)"),
-        refresh: float = typer.Option(2.0, "--refresh", min=0.1, help="seconds between database refreshes"),
-        tls_cert: Path = typer.Option(None, "--tls-cert"),
-        tls_key: Path = typer.Option(None, "--tls-key"),
-        json_out: bool = JsonOpt,
-    ) -> None:
-        """Serve the OPA REST API subset (health, policies, data, query) over the embedded engine.
-        Bearer token from TRUSTFABRIC_PDP_TOKEN (required when binding beyond loopback)."""
-        import uvicorn
-
-        from pdp.server import create_pdp_app
-        from pdp.sync import PdpSync
-        from policy.engines import make_engine
-        from workflows.settings import Settings
-
-        settings = Settings.from_env()
-        token = settings.pdp_token
-        if token is None and host not in ("127.0.0.1", "::1", "localhost"):
-            fail("set TRUSTFABRIC_PDP_TOKEN to serve beyond loopback", 2)
-        if (tls_cert is None) != (tls_key is None):
-            fail("--tls-cert and --tls-key go together", 2)
-        engine = _guard(lambda: make_engine(settings.engines(), "pdp"))
-        sync: PdpSync | None = None
-        ctx_cm: Any = None
-        with _one_line_errors():
-            if rego is not None:
-                engine.load(load_dir(rego))
-            else:
-                ctx_cm = open_context()
-                ctx = ctx_cm.__enter__()
-                sync = PdpSync(ctx.db, engine, interval=refresh, clock=ctx.clock)
-                sync.start()
-        app_ = create_pdp_app(engine, token=token, read_only=sync is not None)
-        modules = sorted(engine.modules())
-        info: dict[str, Any] = {"url": f"{'https' if tls_cert else 'http'}://{host}:{port}", "modules": modules,
-                "active_hash": sync.active_hash if sync else None, "token_required": token is not None}
-        if json_out:
-            emit_json(info)
-        else:
-            console.print(f"pdp serving {info['url']} ({len(modules)} modules)", highlight=False)
-        options: dict[str, Any] = {}
-        if tls_cert is not None:
-            options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
-        try:
-            uvicorn.run(app_, host=host, port=port, log_level="warning", **options)
-        finally:
-            if sync is not None:
-                sync.stop()
-            if ctx_cm is not None:
-                ctx_cm.__exit__(None, None, None)

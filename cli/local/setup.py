@@ -1,34 +1,17 @@
-"""`trustfabric <noun> <verb>`: exit 0 ok, 1 failure (one readable line), 2 usage."""
+"""`trustfabric init` and `trustfabric serve`: make the data directory, serve the API over it (local)."""
 
 from __future__ import annotations
 
-import importlib
-import logging
-import sys
-
 import typer
 
-from api.cli_common import JsonOpt, emit_json, err_console, open_context
-from core.errors import TrustfabricError
+from cli.output import JsonOpt, emit_json, open_context
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
-from workflows.context import AppContext
 
-app = typer.Typer(
-    name="trustfabric",
-    help="Zero-trust identity, policy and audit for a multi-tenant AI cloud.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
 
-SUBCOMMANDS = (
-    "api.cli_pki",
-    "api.cli_audit",
-    "api.cli_policy",
-    "api.cli_inventory",
-    "api.cli_grants",
-    "api.cli_tokens",
-)
+def register(app: typer.Typer) -> None:
+    """Add init and serve to the root CLI."""
+    app.command("init")(init_cmd)
+    app.command("serve")(serve_cmd)
 
 
 def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
@@ -38,7 +21,6 @@ def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
         return run(ctx, trust_domain, key_kind)
 
 
-@app.command("init")
 def init_cmd(
     trust_domain: str = typer.Option(DEFAULT_TRUST_DOMAIN, "--trust-domain", help="e.g. example.org"),
     key_kind: str = typer.Option("ec-p256", "--key-kind", help="ec-p256 (default) or ec-p384"),
@@ -60,7 +42,6 @@ def init_cmd(
         print(result["admin_token"])
 
 
-@app.command("serve")
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8443, "--port"),
@@ -75,6 +56,7 @@ def serve_cmd(
     import uvicorn
 
     from api.auth.mtls import PeerCertH11Protocol
+    from workflows.context import AppContext
     from workflows.settings import Settings
 
     settings = Settings.from_env()
@@ -110,28 +92,3 @@ def serve_cmd(
             server_tls.cleanup()
 
 
-for _name in SUBCOMMANDS:
-    try:
-        importlib.import_module(_name).register(app)
-    except ModuleNotFoundError as _exc:
-        if _exc.name != _name:
-            raise
-
-
-def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        app(standalone_mode=True)
-    except TrustfabricError as exc:
-        err_console.print(f"error: {exc}", highlight=False, markup=False)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # one readable line, never a traceback
-        logging.getLogger("trustfabric.cli").debug("unexpected error", exc_info=True)
-        err_console.print(f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False)
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()
