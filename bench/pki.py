@@ -32,7 +32,7 @@ from inventory.models import Tenant, Workload, WorkloadGroup
 from pki import service
 from pki.keystore_file import FileKeyStore
 from store.db import Database, sqlite_url
-from store.migrations import migrate
+from workflows.schema import migrate
 
 RUNS = 5
 N = 200

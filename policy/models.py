@@ -83,5 +83,3 @@ class DecisionRecord(SQLModel, table=True):
     reasons: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     policy_hash: str | None = Field(default=None, max_length=64)
 
-
-TABLES_V1: list[type[SQLModel]] = [Grant, PolicyVersion, DecisionRecord]

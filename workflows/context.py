@@ -14,7 +14,7 @@ from core.clock import Clock, system_clock
 from core.errors import InvalidInput
 from policy.engines import PolicyEngine, ServingRole, make_engine
 from store.db import Database
-from store.migrations import migrate
+from workflows.schema import migrate
 from workflows.settings import Settings
 
 if TYPE_CHECKING:

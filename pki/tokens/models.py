@@ -21,5 +21,3 @@ class ApiToken(SQLModel, table=True):
     expires_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
     revoked_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
 
-
-TABLES_V1: list[type[SQLModel]] = [ApiToken]
