@@ -7,22 +7,12 @@ import math
 import threading
 import time
 
-from core.errors import TrustfabricError
+from core.errors import PayloadTooLarge, RateLimited
+
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "PayloadTooLarge", "RateLimited", "TokenBucket"]
 
 MAX_PAGE_SIZE = 200
 DEFAULT_PAGE_SIZE = 50
-
-
-class RateLimited(TrustfabricError):
-    """Too many requests from one principal (HTTP 429 with Retry-After)."""
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class PayloadTooLarge(TrustfabricError):
-    """The request body is larger than the configured limit (HTTP 413)."""
 
 
 class TokenBucket:

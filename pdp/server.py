@@ -126,6 +126,8 @@ def create_pdp_app(
     @app.exception_handler(PolicyEngineError)
     async def _engine(_r: Request, exc: PolicyEngineError) -> JSONResponse:
         log.warning("pdp evaluation failed: %s", exc)
+        if exc.http_status == 503:  # the engine behind this PDP (an OPA server) is down
+            return _error(503, "unavailable", str(exc))
         return _error(500, "internal_error", str(exc))
 
     @app.get("/health")

@@ -25,7 +25,10 @@ DEFAULT_CONFIG = Path("~/.config/trustfabric/config.json")
 
 
 class ApiError(TrustfabricError):
-    """The server answered with an error (the message is its reason) or could not be reached."""
+    """The server answered with an error (the message is its reason) or could not be reached; to anything
+    that would relay it, an upstream failure (502). `status` is the server's own answer."""
+
+    http_status = 502
 
     def __init__(self, message: str, status: int | None = None, body: Any = None) -> None:
         super().__init__(message)

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from opa_client.errors import PolicyNotFoundError, QueryExecuteError, RegoParseError
+import requests
+from opa_client.errors import ConnectionsError, PolicyNotFoundError, QueryExecuteError, RegoParseError
 from opa_client.opa import OpaClient
 
 from core.errors import InvalidInput
 from policy.engines.patch import PatchOp, apply_patch, split_rule_path
-from policy.errors import PolicyCompileError, PolicyEngineError, SourceLocation
+from policy.errors import PolicyCompileError, PolicyEngineError, PolicyEngineUnavailable, SourceLocation
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class OpaServerEngine:
             raise
         except Exception as exc:
             self._restore(client, previous, written)
-            raise PolicyEngineError(f"OPA server at {self.settings.url}: loading policies failed: {_msg(exc)}") from exc
+            raise _failure(f"OPA server at {self.settings.url}: loading policies failed: {_msg(exc)}", exc) from exc
         self._modules = mods
         if data is not None:
             self.set_data(data)
@@ -156,7 +157,7 @@ class OpaServerEngine:
         except InvalidInput:
             raise
         except Exception as exc:
-            raise PolicyEngineError(f"OPA server at {self.settings.url}: writing data failed: {_msg(exc)}") from exc
+            raise _failure(f"OPA server at {self.settings.url}: writing data failed: {_msg(exc)}", exc) from exc
         self._data = dict(data)
 
     def patch_data(self, ops: Sequence[PatchOp]) -> None:
@@ -166,7 +167,7 @@ class OpaServerEngine:
         try:
             self._client().patch_data("", [dict(op) for op in ops])
         except Exception as exc:
-            raise PolicyEngineError(f"OPA server at {self.settings.url}: patching data failed: {_msg(exc)}") from exc
+            raise _failure(f"OPA server at {self.settings.url}: patching data failed: {_msg(exc)}", exc) from exc
         self._data = doc
 
     def data(self) -> Mapping[str, Any]:
@@ -198,13 +199,13 @@ class OpaServerEngine:
         except PolicyEngineError:
             raise
         except Exception as exc:
-            raise PolicyEngineError(f"OPA server at {self.settings.url}: evaluating {query}: {_msg(exc)}") from exc
+            raise _failure(f"OPA server at {self.settings.url}: evaluating {query}: {_msg(exc)}", exc) from exc
 
     def query(self, query: str, input: Any = None) -> list[dict[str, Any]]:
         try:
             out = self._client().ad_hoc_query(query, input if input is not None else {})
         except Exception as exc:
-            raise PolicyEngineError(f"OPA server at {self.settings.url}: querying {query}: {_msg(exc)}") from exc
+            raise _failure(f"OPA server at {self.settings.url}: querying {query}: {_msg(exc)}", exc) from exc
         rows = out.get("result") if isinstance(out, dict) else None
         return [dict(r) for r in rows or [] if isinstance(r, dict)]
 
@@ -217,10 +218,19 @@ class OpaServerEngine:
         except Exception as exc:
             if isinstance(exc, QueryExecuteError):  # undefined for some input: ask one by one
                 return [self.evaluate(query, i) for i in inputs]
-            raise PolicyEngineError(f"OPA server at {self.settings.url}: evaluating {query}: {_msg(exc)}") from exc
+            raise _failure(f"OPA server at {self.settings.url}: evaluating {query}: {_msg(exc)}", exc) from exc
         if not isinstance(values, list) or len(values) != len(inputs):
             raise PolicyEngineError(f"OPA server at {self.settings.url}: malformed bulk answer")
         return values
+
+
+def _failure(message: str, exc: BaseException) -> PolicyEngineError:
+    """Unreachable, timed out or a 5xx: the server is down (503); anything else: it answered, with an error."""
+    down = isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionsError | OSError)
+    response = getattr(exc, "response", None)
+    if response is not None and getattr(response, "status_code", 0) >= 500:
+        down = True
+    return PolicyEngineUnavailable(message) if down else PolicyEngineError(message)
 
 
 def _msg(exc: BaseException) -> str:
