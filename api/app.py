@@ -16,6 +16,7 @@ from api.errors import install_error_handlers
 from api.limits import TokenBucket
 from api.readcache import ChangeWatch, ReadCache
 from api.routes import audit, grants, health, inventory, pki, policy, security, tokens
+from api.tls import TrustAnchors
 from core.asgi import BodySizeLimit
 from workflows.context import AppContext
 
@@ -44,7 +45,8 @@ def create_app(
     checkpoints) for the app's lifetime; `extra_routers` are mounted after the API's own (e.g. a console)."""
     from policy.grant_decider import RegoGrantDecider
 
-    jobs = server_jobs(ctx) if background else None
+    anchors = TrustAnchors()
+    jobs = server_jobs(ctx, anchors) if background else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -76,6 +78,7 @@ def create_app(
     )
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
     app.state.background = jobs
+    app.state.trust_anchors = anchors
     app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=ctx.settings.read_cache))
     install_error_handlers(app)
     for router in (*ROUTERS, *extra_routers):

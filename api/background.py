@@ -12,9 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from audit import Actor
 from workflows.context import AppContext
+
+if TYPE_CHECKING:
+    from api.tls import TrustAnchors
 
 log = logging.getLogger("trustfabric.background")
 
@@ -99,13 +103,13 @@ def write_audit_checkpoint(ctx: AppContext) -> int | None:
     return None if cp is None else cp.size
 
 
-def server_jobs(ctx: AppContext) -> BackgroundJobs:
+def server_jobs(ctx: AppContext, anchors: TrustAnchors) -> BackgroundJobs:
     from api.tls import refresh_trust_anchors
 
     s = ctx.settings
     return BackgroundJobs([
         Job("grant-sweeper", s.sweep_interval_seconds, lambda: sweep_grants(ctx)),
         Job("ca-rotator", s.ca_rotation_check_seconds, lambda: rotate_cas(ctx)),
-        Job("tls-trust-anchors", s.ca_rotation_check_seconds, lambda: refresh_trust_anchors(ctx)),
+        Job("tls-trust-anchors", s.ca_rotation_check_seconds, lambda: refresh_trust_anchors(ctx, anchors)),
         Job("audit-checkpoints", min(5.0, float(s.audit_checkpoint_seconds)), lambda: write_audit_checkpoint(ctx)),
     ])

@@ -21,7 +21,7 @@ from fastapi import Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from api.principal import Principal, principal_from_spiffe_id
-from api.tls import TRUST_ANCHORS
+from api.tls import anchors_of
 from core.errors import Unauthenticated
 
 if TYPE_CHECKING:
@@ -46,7 +46,9 @@ class PeerCertH11Protocol(H11Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if isinstance(self.config.ssl, ssl.SSLContext):
-            TRUST_ANCHORS.watch(self.config.ssl)  # so rotated-in roots are trusted without a restart
+            anchors = anchors_of(self.app)
+            if anchors is not None:
+                anchors.watch(self.config.ssl)  # so rotated-in roots are trusted without a restart
         ssl_object = transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if der:

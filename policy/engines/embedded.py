@@ -17,6 +17,8 @@ The JSON texts are cached per shard (`tf/<section>/<tenant>`), so only touched s
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import itertools
 import json
 import logging
@@ -409,15 +411,40 @@ class RegorusEngine:
         return rows
 
 
-def _engines() -> dict[int, tuple[weakref.ref[RegorusEngine], _ThreadEngine]]:
-    registry: dict[int, tuple[weakref.ref[RegorusEngine], _ThreadEngine]] | None = getattr(_TLS, "engines", None)
+class _Registry(dict[int, tuple["weakref.ref[RegorusEngine]", _ThreadEngine]]):
+    """One thread's engines (a dict subclass, so the exit hook below can hold it by weak reference)."""
+
+    __hash__ = object.__hash__  # type: ignore[assignment]  # identity: one registry per thread
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+_LIVE_REGISTRIES: weakref.WeakSet[_Registry] = weakref.WeakSet()
+
+
+def _engines() -> _Registry:
+    registry: _Registry | None = getattr(_TLS, "engines", None)
     if registry is None:
-        registry = {}
+        registry = _Registry()
         _TLS.engines = registry
+        _LIVE_REGISTRIES.add(registry)
     return registry
 
 
-def _purge_dead(registry: dict[int, tuple[weakref.ref[RegorusEngine], _ThreadEngine]]) -> None:
+@atexit.register
+def _keep_engines_of_threads_alive_at_exit() -> None:
+    """A thread that ends drops its engines itself (its thread-local storage goes with it). Threads still
+    running when the interpreter exits (daemon threads: server and worker pools) are not joined: their
+    storage would be torn down from the exiting thread, where dropping a regorus Engine is refused (pyo3
+    prints "Engine is unsendable, but is being dropped on another thread"). The process is ending, so
+    those engines are simply kept: one reference more, never released, and nothing is dropped."""
+    for registry in list(_LIVE_REGISTRIES):
+        if registry:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(registry))
+
+
+def _purge_dead(registry: _Registry) -> None:
     """Drop (on their own thread) the engines of RegorusEngine objects that are gone or closed."""
     for key in [k for k, (ref, _) in registry.items() if ref() is None or ref()._closed]:  # type: ignore[union-attr]
         del registry[key]
