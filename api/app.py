@@ -12,6 +12,7 @@ from fastapi import APIRouter, FastAPI
 from api.auth import Authenticator, default_authenticators
 from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
+from api.caches import cache_on, check_names
 from api.errors import install_error_handlers
 from api.limits import TokenBucket
 from api.readcache import ChangeWatch, ReadCache
@@ -72,14 +73,18 @@ def create_app(
     if factory is _CONFIGURED:
         engines = ctx.settings.engines()
         factory = lambda: default_engine_factory(engines)  # noqa: E731
-    app.state.authorizer = Authorizer(factory if factory is not None else None)
+    off = ctx.settings.cache_off
+    check_names(off)
+    app.state.authorizer = Authorizer(factory if factory is not None else None, cache=cache_on(off, "authz"))
     app.state.grant_decider = (
-        grant_decider if grant_decider is not None else RegoGrantDecider(engine_factory=lambda: ctx.engine("grants"))
+        grant_decider if grant_decider is not None else RegoGrantDecider(
+            engine_factory=lambda: ctx.engine("grants"), keep_data=cache_on(off, "grant_data"))
     )
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
     app.state.background = jobs
     app.state.trust_anchors = anchors
-    app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=ctx.settings.read_cache))
+    pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")
+    app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=pages_on))
     install_error_handlers(app)
     for router in (*ROUTERS, *extra_routers):
         app.include_router(router)

@@ -260,6 +260,33 @@ def line(figure: str, value: float, base: float, unit: str) -> str:
     return f"{figure}: {value:.1f} {unit} (baseline {base:.1f} {unit}, ratio {value / base:.2f})"
 
 
+def cache_figures(env: dict[str, str], work: Path, port: int, token: str, grant: Any,
+                  procs: list[subprocess.Popen[bytes]]) -> list[str]:
+    """Each request-path cache (api/caches.py) off in turn, against the same server with every cache on,
+    measured back to back (the POSTs add grants, so each pair shares the same database size): a cache
+    whose `_off_` figure is not clearly below its baseline does not pay."""
+    from api.caches import CACHES
+
+    out = [f"caches: each of {', '.join(CACHES)} switched off (TRUSTFABRIC_CACHE_OFF) vs all on, "
+           f"GET then POST /v1/grants, median of {RUNS} runs x {DURATION:g} s each"]
+    for name in CACHES:
+        off_port = free_port()
+        proc = subprocess.Popen([BIN, "serve", "--port", str(off_port), "--workers", str(WORKERS), "--log-level",
+                                 "warning"], env=dict(env, TRUSTFABRIC_CACHE_OFF=name), cwd=work,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        wait_healthy(off_port, "/healthz", proc)
+        get_on = median_runs(lambda: measure(port, "GET", "/v1/grants", token))
+        get_off = median_runs(lambda p=off_port: measure(p, "GET", "/v1/grants", token))
+        post_on = median_runs(lambda: measure(port, "POST", "/v1/grants", token, grant))
+        post_off = median_runs(lambda p=off_port: measure(p, "POST", "/v1/grants", token, grant))
+        out.append(line(f"cache_{name}_off_get_throughput", get_off["rps"], get_on["rps"], "req/s"))
+        out.append(line(f"cache_{name}_off_post_throughput", post_off["rps"], post_on["rps"], "req/s"))
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=15)
+    return out
+
+
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="tf-bench-api-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
@@ -350,6 +377,8 @@ def main() -> int:
         print(open_line(f"post_grants_p99_at_{pct}pct", "p99", post_open["p99"], post_open_bare["p99"]))
         print(open_line(f"get_grants_p50_at_{pct}pct", "p50", get_open["p50"], get_open_bare["p50"]))
         print(open_line(f"get_grants_p99_at_{pct}pct", "p99", get_open["p99"], get_open_bare["p99"]))
+        for figure in cache_figures(env, work, port, acme, grant, procs):
+            print(figure, flush=True)
         read_ok = get_tf["rps"] >= 0.5 * get_bare["rps"]
         print(f"goals: reads >= 50% of bare: {'met' if read_ok else 'NOT met'}; "
               f"GET p99 <= 25 ms: closed loop {'met' if get_tf['p99'] <= 25 else 'NOT met'}, "

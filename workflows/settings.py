@@ -42,6 +42,7 @@ class Settings:
     rate_limit_per_second: float = 50.0  # per principal; 0 disables
     rate_limit_burst: int = 100
     read_cache: bool = True  # exact caches of hot reads (SQLite; see api/readcache.py)
+    cache_off: frozenset[str] = frozenset()  # request-path caches switched off (names in api/caches.py)
     # Grants
     grant_pending_ttl: timedelta = timedelta(days=3)
     sweep_interval_seconds: float = 5.0
@@ -92,6 +93,7 @@ class Settings:
                 Path(p.strip()) for p in e.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
             ),
             read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
+            cache_off=frozenset(n.strip() for n in e.get("TRUSTFABRIC_CACHE_OFF", "").split(",") if n.strip()),
             policy_engine=e.get("TRUSTFABRIC_POLICY_ENGINE", "embedded"),
             authz_engine=e.get("TRUSTFABRIC_AUTHZ_ENGINE", "embedded"),
             opa_url=e.get("TRUSTFABRIC_OPA_URL", "http://127.0.0.1:8181"),

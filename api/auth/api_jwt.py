@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from api.auth.jwt_checks import check_times, decode
+from api.caches import cache_on
 from api.principal import Principal
 from api.readcache import ChangeWatch, ReadCache
 from core.clock import as_utc
@@ -31,7 +32,10 @@ class ApiJwtVerifier:
         self._issuer_key: IssuerKey | None = None
         self._verified: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._verified_lock = threading.Lock()
-        self._rows: ReadCache[Any] = ReadCache(ChangeWatch(ctx.db.engine, enabled=ctx.settings.read_cache))
+        off = ctx.settings.cache_off
+        self._sig_cache = cache_on(off, "token_signature")
+        rows_on = ctx.settings.read_cache and cache_on(off, "token_row")
+        self._rows: ReadCache[Any] = ReadCache(ChangeWatch(ctx.db.engine, enabled=rows_on))
 
     def accepts(self, iss: Any) -> bool:
         return bool(iss == self.ctx.settings.api_issuer)
@@ -46,6 +50,8 @@ class ApiJwtVerifier:
 
     def already_verified(self, token: str) -> Principal | None:
         """The principal of a token whose signature this process checked before (times and row now)."""
+        if not self._sig_cache:
+            return None
         with self._verified_lock:
             verified = self._verified.get(token)
         if verified is None:
@@ -59,10 +65,13 @@ class ApiJwtVerifier:
         ours = self.issuer_key()
         if ours is None or kid != ours.kid:
             raise Unauthenticated(f"unknown signing key id {kid!r}")
-        with self._verified_lock:
-            cached = self._verified.get(token)
+        cached = None
+        if self._sig_cache:
+            with self._verified_lock:
+                cached = self._verified.get(token)
         if cached is None:
             cached = decode(token, ours.public_key, ["ES256"], audience=s.api_audience, issuer=s.api_issuer)
+        if self._sig_cache:
             with self._verified_lock:
                 self._verified[token] = cached
                 while len(self._verified) > VERIFIED_CACHE_SIZE:

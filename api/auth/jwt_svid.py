@@ -4,8 +4,6 @@ keys of our own trust bundle; the workload must be registered and neither it nor
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import jwt
@@ -23,38 +21,23 @@ JWT_SVID_AUDIENCE = "trustfabric-api"
 SVID_ALGORITHMS = ("ES256", "ES384", "RS256", "PS256")
 
 
-class SvidKeys:
-    """JWT-SVID verification keys from our trust bundle, refreshed at most every `ttl` seconds."""
-
-    def __init__(self, ctx: AppContext, ttl: float = 30.0) -> None:
-        self.ctx = ctx
-        self.ttl = ttl
-        self._keys: dict[str, Any] = {}
-        self._loaded = 0.0
-        self._lock = threading.Lock()
-
-    def _load(self) -> dict[str, Any]:
-        keys: dict[str, Any] = {}
-        jwks = jwt_svid_jwks(self.ctx)
-        for entry in jwks:
-            if entry.get("use") not in (None, "jwt-svid") or "kid" not in entry:
-                continue
-            try:
-                keys[str(entry["kid"])] = jwt.PyJWK.from_dict(entry).key
-            except jwt.PyJWTError:
-                continue
-        return keys
-
-    def get(self, kid: str) -> Any | None:
-        with self._lock:
-            if kid not in self._keys or time.monotonic() - self._loaded > self.ttl:
-                try:
-                    self._keys = self._load()
-                except Exception:  # fail closed: no bundle, no JWT-SVIDs
-                    log.exception("cannot load the JWT-SVID bundle")
-                    self._keys = {}
-                self._loaded = time.monotonic()
-            return self._keys.get(kid)
+def svid_key(ctx: AppContext, kid: str) -> Any | None:
+    """The public key of the bundle's `jwt-svid` entry with this kid, read now (no cache: a key retired
+    from the bundle is refused from the next request on); None when there is none or the bundle cannot be
+    read (fail closed)."""
+    try:
+        jwks = jwt_svid_jwks(ctx)
+    except Exception:
+        log.exception("cannot load the JWT-SVID bundle")
+        return None
+    for entry in jwks:
+        if entry.get("use") not in (None, "jwt-svid") or str(entry.get("kid")) != kid:
+            continue
+        try:
+            return jwt.PyJWK.from_dict(entry).key
+        except jwt.PyJWTError:
+            return None
+    return None
 
 
 def jwt_svid_jwks(ctx: AppContext) -> list[dict[str, Any]]:
@@ -72,14 +55,13 @@ class JwtSvidVerifier:
 
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
-        self._keys = SvidKeys(ctx)
 
     @staticmethod
     def accepts(iss: Any, sub: Any) -> bool:
         return iss is None or str(sub or "").startswith("spiffe://")
 
     def authenticate(self, token: str, alg: Any, kid: str, now: Any) -> Principal:
-        key = self._keys.get(kid)
+        key = svid_key(self.ctx, kid)
         if key is None:
             raise Unauthenticated(f"unknown signing key id {kid!r}")
         if alg not in SVID_ALGORITHMS:
