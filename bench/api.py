@@ -265,8 +265,9 @@ def cache_figures(env: dict[str, str], work: Path, port: int, token: str, grant:
     """Each request-path cache (api/caches.py) off in turn, against the same server with every cache on,
     measured back to back (the POSTs add grants, so each pair shares the same database size): a cache
     whose `_off_` figure is not clearly below its baseline does not pay."""
-    from api.caches import CACHES
-
+    # the names, from api/caches.py (this script is itself named api.py, so ask a fresh interpreter)
+    CACHES = subprocess.run([sys.executable, "-c", "from api.caches import CACHES; print(' '.join(CACHES))"],
+                            cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
     out = [f"caches: each of {', '.join(CACHES)} switched off (TRUSTFABRIC_CACHE_OFF) vs all on, "
            f"GET then POST /v1/grants, median of {RUNS} runs x {DURATION:g} s each"]
     for name in CACHES:

@@ -27,10 +27,11 @@ for _group in (setup, pki, audit, policy, pdp, inventory, grants, tokens, whoami
     _group.register(app)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run one command (`argv`, default sys.argv[1:]); exits 0, 1 with one readable line, or 2 for usage."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        app(standalone_mode=True)
+        app(args=argv, prog_name="trustfabric", standalone_mode=True)
     except TrustfabricError as exc:
         err_console.print(f"error: {exc}", highlight=False, markup=False)
         sys.exit(1)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +10,9 @@ from typer.testing import CliRunner
 
 from audit import Actor, record
 from cli.main import app
+from tests.cli.conftest import run_cli
 from workflows.context import AppContext
 from workflows.settings import Settings
-
-BIN = str(Path(sys.executable).parent / "trustfabric")
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +89,9 @@ def test_usage_errors(home: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_bad_input_fails_in_one_line_without_traceback(home: dict[str, str], tmp_path: Path) -> None:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}, **home}
     out = tmp_path / "never"
     for args in (["--since", "yesterday"], ["--tenant", "Not_A_Slug"], ["--since", "2026-01-01T00:00:00"]):
-        proc = subprocess.run(
-            [BIN, "audit", "export", "--out", str(out), *args], env=env, capture_output=True, text=True, timeout=60
-        )
+        proc = run_cli(["audit", "export", "--out", str(out), *args], home)  # main(): the binary's error path
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
         assert not out.exists()

@@ -1,83 +1,13 @@
-"""The CLI end to end against a real `trustfabric serve` process: tokens minted locally, every other
-command through the API; --json output, exit codes 0/1/2, one readable error line, config file mode."""
+"""The CLI end to end against the real API (served over the same data directory): tokens minted locally,
+every other command through the API; --json output, exit codes 0/1/2, one readable error line, config
+file mode. In-process (tests/cli/conftest.py); the binary itself is exercised by test_smoke.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-import pytest
-
-pytestmark = pytest.mark.xdist_group("cli")
-
-BIN = str(Path(sys.executable).parent / "trustfabric")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Cli:
-    def __init__(self, home: Path, server: str, cwd: Path) -> None:
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
-        self.env.update({"TRUSTFABRIC_HOME": str(home), "TRUSTFABRIC_SERVER": server,
-                         "TRUSTFABRIC_CONFIG": str(cwd / "no-config.json"), "COLUMNS": "200"})
-        self.cwd = cwd
-
-    def run(self, *args: str, token: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-        e = dict(self.env, **env)
-        if token:
-            e["TRUSTFABRIC_TOKEN"] = token
-        return subprocess.run([BIN, *args], env=e, cwd=self.cwd, capture_output=True, text=True, timeout=60)
-
-    def json(self, *args: str, token: str | None = None) -> object:
-        r = self.run(*args, "--json", token=token)
-        assert r.returncode == 0, (args, r.stdout, r.stderr)
-        return json.loads(r.stdout)
-
-    def token(self, *args: str) -> str:
-        r = self.run("token", "create", *args)
-        assert r.returncode == 0, r.stderr
-        return r.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
-def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    base = tmp_path_factory.mktemp("cli")
-    port = free_port()
-    c = Cli(base / "home", f"http://127.0.0.1:{port}", base)
-    init = c.run("init", "--trust-domain", "example.org")
-    assert init.returncode == 0, init.stderr
-    proc = subprocess.Popen([BIN, "serve", "--port", str(port), "--log-level", "warning"], env=c.env, cwd=base,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{c.env['TRUSTFABRIC_SERVER']}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {proc.stderr.read() if proc.stderr else ''}")
-            time.sleep(0.1)
-        yield c
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+from tests.cli.conftest import Cli
 
 
 def test_init_activates_the_shipped_policy_once(cli: Cli) -> None:
