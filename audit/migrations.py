@@ -1,84 +1,69 @@
-"""Audit log schema steps, frozen: each step holds the DDL it ran when it landed, written out here as its own
-tables (never derived from the models, which grow), so a database migrated a year ago and one migrated
-today have the same history. A schema change is a new step appended below; tests/store/test_migrations.py
-checks that the steps' result matches the models and that no landed step changed. store/ runs them."""
+"""Audit log schema steps, frozen (the rule: store/migrations.py)."""
 
 from __future__ import annotations
 
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Column,
-    Connection,
-    DateTime,
-    Index,
-    Integer,
-    LargeBinary,
-    MetaData,
-    String,
-    Table,
-    Text,
-)
+import sqlalchemy as sa
 
 from store.migrations import Migration
 
-_v1 = MetaData()
+_v1 = sa.MetaData()
 _TABLES_V1 = (
-    Table(
+    sa.Table(
         "audit_events",
         _v1,
-        Column(
-            'seq', BigInteger().with_variant(Integer(), 'sqlite'), primary_key=True, autoincrement=False, nullable=False
+        sa.Column(
+            'seq', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), primary_key=True, autoincrement=False,
+            nullable=False,
         ),
-        Column('ts', DateTime(timezone=True), nullable=False),
-        Column('actor_id', String(512), nullable=False),
-        Column('actor_kind', String(32), nullable=False),
-        Column('tenant', String(63), nullable=True),
-        Column('action', String(64), nullable=False),
-        Column('object_type', String(64), nullable=False),
-        Column('object_id', String(512), nullable=False),
-        Column('summary', JSON(), nullable=False),
-        Column('reason', String(2000), nullable=True),
-        Column('request_id', String(128), nullable=True),
-        Column('prev_hash', String(64), nullable=False),
-        Column('leaf_hash', String(64), nullable=False),
-        Column('data', Text(), nullable=False),
-        Index('ix_audit_events_action_seq', 'action', 'seq'),
-        Index('ix_audit_events_tenant_seq', 'tenant', 'seq'),
-        Index('ix_audit_events_ts', 'ts'),
+        sa.Column('ts', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('actor_id', sa.String(512), nullable=False),
+        sa.Column('actor_kind', sa.String(32), nullable=False),
+        sa.Column('tenant', sa.String(63), nullable=True),
+        sa.Column('action', sa.String(64), nullable=False),
+        sa.Column('object_type', sa.String(64), nullable=False),
+        sa.Column('object_id', sa.String(512), nullable=False),
+        sa.Column('summary', sa.JSON(), nullable=False),
+        sa.Column('reason', sa.String(2000), nullable=True),
+        sa.Column('request_id', sa.String(128), nullable=True),
+        sa.Column('prev_hash', sa.String(64), nullable=False),
+        sa.Column('leaf_hash', sa.String(64), nullable=False),
+        sa.Column('data', sa.Text(), nullable=False),
+        sa.Index('ix_audit_events_action_seq', 'action', 'seq'),
+        sa.Index('ix_audit_events_tenant_seq', 'tenant', 'seq'),
+        sa.Index('ix_audit_events_ts', 'ts'),
     ),
-    Table(
+    sa.Table(
         "audit_nodes",
         _v1,
-        Column(
-            'key', BigInteger().with_variant(Integer(), 'sqlite'), primary_key=True, autoincrement=False, nullable=False
+        sa.Column(
+            'key', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), primary_key=True, autoincrement=False,
+            nullable=False,
         ),
-        Column('hash', LargeBinary(32), nullable=False),
+        sa.Column('hash', sa.LargeBinary(32), nullable=False),
     ),
-    Table(
+    sa.Table(
         "audit_head",
         _v1,
-        Column('id', Integer(), primary_key=True, autoincrement=False, nullable=False),
-        Column('size', BigInteger().with_variant(Integer(), 'sqlite'), nullable=False),
-        Column('last_leaf', String(64), nullable=False),
-        Column('frontier', JSON(), nullable=False),
+        sa.Column('id', sa.Integer(), primary_key=True, autoincrement=False, nullable=False),
+        sa.Column('size', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+        sa.Column('last_leaf', sa.String(64), nullable=False),
+        sa.Column('frontier', sa.JSON(), nullable=False),
     ),
-    Table(
+    sa.Table(
         "audit_checkpoints",
         _v1,
-        Column('id', Integer(), primary_key=True, nullable=False),
-        Column('size', BigInteger().with_variant(Integer(), 'sqlite'), nullable=False, unique=True),
-        Column('root_hash', String(64), nullable=False),
-        Column('origin', String(255), nullable=False),
-        Column('key_name', String(255), nullable=False),
-        Column('note', Text(), nullable=False),
-        Column('created_at', DateTime(timezone=True), nullable=False),
+        sa.Column('id', sa.Integer(), primary_key=True, nullable=False),
+        sa.Column('size', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False, unique=True),
+        sa.Column('root_hash', sa.String(64), nullable=False),
+        sa.Column('origin', sa.String(255), nullable=False),
+        sa.Column('key_name', sa.String(255), nullable=False),
+        sa.Column('note', sa.Text(), nullable=False),
+        sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     ),
-
 )
 
 
-def _step_1(conn: Connection) -> None:
+def _step_1(conn: sa.Connection) -> None:
     _v1.create_all(conn)
     # the head row exists from the moment the table does, so appends only ever lock it
     conn.execute(_TABLES_V1[2].insert().values(id=1, size=0, last_leaf="0" * 64, frontier=[]))

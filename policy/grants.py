@@ -427,23 +427,12 @@ def list_grants(
 
 
 def grant_rows(
-    conn: Connection,
-    *,
-    viewer_tenant: str | None,
-    now: datetime,
-    state: str | None = None,
-    src_tenant: str | None = None,
-    dst_tenant: str | None = None,
-    after: str | None = None,
-    limit: int = 50,
-    next_transition: bool = False,
+    conn: Connection, *, next_transition: bool = False, **filters: Any
 ) -> tuple[list[Any], datetime | None, bool]:
-    """The hot listing as plain rows on a (read-only) Core connection, no ORM: (rows, the next instant any
-    grant's effective state changes without a write (asked only with `next_transition`), whether that
-    instant is known). Rows carry GrantOut's attribute names."""
-    query = grants_query(viewer_tenant=viewer_tenant, now=now, state=state, src_tenant=src_tenant,
-                         dst_tenant=dst_tenant, after=after, limit=limit)
-    rows = list(conn.execute(query).all())
+    """The hot listing (grants_query's `filters`) as plain rows on a read-only Core connection, no ORM:
+    (rows with GrantOut's attribute names, the next instant any grant's effective state changes without a
+    write (asked only with `next_transition`), whether that instant is known)."""
+    rows = list(conn.execute(grants_query(**filters)).all())
     if not next_transition:
         return rows, None, False
     turn = conn.execute(next_transition_query()).first()

@@ -1,8 +1,11 @@
 """Runs versioned schema steps and keeps the version table; owns no step itself.
 
-Each domain owns its steps (`<domain>/migrations.py`: frozen DDL, never derived from its models) and the
-composition root hands the whole ordered list to `migrate` (workflows/schema.py), so this lowest layer
-imports no domain. A step, once landed, never changes: a later schema change is a new step.
+The rule for steps: each domain owns its own (`<domain>/migrations.py`), each holding the DDL it ran when
+it landed, written out as its own tables (never derived from the models, which grow), so a database
+migrated a year ago and one migrated today have the same history. A schema change is a new step with the
+next free version; a landed step never changes (tests/store/test_migrations.py checks that the steps'
+result matches the models and pins each landed step). The composition root hands the whole ordered list
+to `migrate` (workflows/schema.py), so this lowest layer imports no domain.
 """
 
 from __future__ import annotations

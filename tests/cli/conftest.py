@@ -6,7 +6,6 @@ tests/cli/test_smoke.py runs the installed `trustfabric` binary once per command
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import threading
 import time
@@ -19,12 +18,7 @@ import uvicorn
 from typer.testing import CliRunner
 
 from cli.main import main
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.policy.conftest import free_port
 
 
 @dataclass
