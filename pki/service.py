@@ -32,7 +32,14 @@ from pki.keystore import KeyKind, KeyStore
 from pki.models import TrustDomainSettings
 from pki.revocation import RevokedIdentityInfo
 from pki.rotation import RotationStatus
-from pki.spiffe_id import SpiffeId, parse_spiffe_id, server_id, tenant_namespace, validate_trust_domain
+from pki.spiffe_id import (
+    SpiffeId,
+    node_id,
+    parse_spiffe_id,
+    server_id,
+    tenant_namespace,
+    validate_trust_domain,
+)
 from pki.x509svid import parse_csr
 
 __all__ = [
@@ -349,3 +356,8 @@ def status_dict(status: RotationStatus) -> dict[str, Any]:
                  "not_before": ts(c.not_before), "not_after": ts(c.not_after), "signed_until": ts(c.signed_until)}
                 for c in status.cas],
     }
+
+
+def node_spiffe_id(session: Session, node_name: str) -> str:
+    """spiffe://<td>/node/<name> in this trust domain (NotInitialized before init)."""
+    return str(node_id(load_settings(session).trust_domain, node_name))

@@ -217,9 +217,9 @@ def create_node_token(body: JoinTokenRequest, request: Request, ctx: CtxDep, pri
     with ctx.db.session() as session:
         token = service.create_join_token(session, node_name=body.node_name, ttl=_ttl(body.ttl_seconds),
                                           actor=principal.actor(), clock=ctx.clock, request_id=request_id(request))
-        td = service.trust_domain(session)
+        spiffe_id = service.node_spiffe_id(session, body.node_name)
         expires_at = service.join_token_expires_at(session, token)
-    return JoinTokenOut(token=token, node_name=body.node_name, spiffe_id=f"spiffe://{td}/node/{body.node_name}",
+    return JoinTokenOut(token=token, node_name=body.node_name, spiffe_id=spiffe_id,
                         expires_at=expires_at)
 
 

@@ -182,9 +182,9 @@ def register(app: typer.Typer) -> None:
         with open_context() as ctx, ctx.db.session() as session:
             token = service.create_join_token(session, node_name=node_name, ttl=_ttl(ttl), actor=local_operator(),
                                               clock=ctx.clock)
-            td = service.trust_domain(session)
+            spiffe_id = service.node_spiffe_id(session, node_name)
         if json_out:
-            emit_json({"token": token, "node_name": node_name, "spiffe_id": f"spiffe://{td}/node/{node_name}"})
+            emit_json({"token": token, "node_name": node_name, "spiffe_id": spiffe_id})
         else:
             print("join token (shown once):")
             print(token)
