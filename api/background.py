@@ -89,17 +89,9 @@ def rotate_cas(ctx: AppContext) -> None:
 
 
 def write_audit_checkpoint(ctx: AppContext) -> int | None:
-    from audit.checkpoint import CheckpointWriter, audit_signer, log_origin
-    from pki.service import trust_domain
+    from workflows.exports import checkpoint_writer
 
-    with ctx.db.read_session() as session:
-        td = trust_domain(session) or ctx.settings.trust_domain
-    writer = CheckpointWriter(
-        ctx.db, audit_signer(ctx.keystore), origin=log_origin(td),
-        every_events=ctx.settings.audit_checkpoint_every,
-        every_seconds=ctx.settings.audit_checkpoint_seconds, clock=ctx.clock,
-    )
-    cp = writer.maybe_write()
+    cp = checkpoint_writer(ctx).maybe_write()
     return None if cp is None else cp.size
 
 

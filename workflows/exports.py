@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from audit import Actor, record
-from audit.checkpoint import audit_signer
+from audit.checkpoint import CheckpointWriter, audit_signer
 from audit.checkpoint import log_origin as origin_of
 from audit.export import ExportFilter, ExportResult, export_events
 from policy.decisionlog import DecisionExportResult, export_decisions, export_filter
@@ -21,6 +21,16 @@ def log_origin(ctx: AppContext) -> str:
     """The checkpoint origin: the initialised trust domain's (settings only before init)."""
     with ctx.db.read_session() as session:
         return origin_of(trust_domain(ctx, session))
+
+
+def checkpoint_writer(ctx: AppContext, *, floor: int = 0) -> CheckpointWriter:
+    """The writer of signed checkpoints on the settings' schedule (the background job's, and the one
+    GET /v1/audit/checkpoint runs first with `floor=1`, so it never waits on a zero interval)."""
+    return CheckpointWriter(
+        ctx.db, audit_signer(ctx.keystore), origin=log_origin(ctx),
+        every_events=max(floor, ctx.settings.audit_checkpoint_every),
+        every_seconds=max(floor, ctx.settings.audit_checkpoint_seconds), clock=ctx.clock,
+    )
 
 
 @dataclass(frozen=True)

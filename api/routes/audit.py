@@ -194,15 +194,7 @@ def _origin(ctx: CtxDep) -> str:
 def get_checkpoint(request: Request, ctx: CtxDep, principal: PrincipalDep) -> CheckpointOut:
     _scope(request, principal, "audit.read", None)
     signer = _signer(ctx)
-    writer = cp.CheckpointWriter(
-        ctx.db,
-        signer,
-        origin=_origin(ctx),
-        every_events=max(1, ctx.settings.audit_checkpoint_every),
-        every_seconds=max(1, ctx.settings.audit_checkpoint_seconds),
-        clock=ctx.clock,
-    )
-    writer.maybe_write()
+    exports.checkpoint_writer(ctx, floor=1).maybe_write()
     with ctx.db.read_session() as session:
         latest = cp.latest_checkpoint(session)
     if latest is None:  # an empty log still has a (size 0) checkpoint to anchor to
