@@ -260,6 +260,16 @@ def line(figure: str, value: float, base: float, unit: str) -> str:
     return f"{figure}: {value:.1f} {unit} (baseline {base:.1f} {unit}, ratio {value / base:.2f})"
 
 
+def interleaved(run: Any, on: int, off: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Medians of RUNS runs against each server, alternating (a load change hits both alike)."""
+    a, b = [], []
+    for _ in range(RUNS):
+        a.append(run(on))
+        b.append(run(off))
+    return ({k: statistics.median(r[k] for r in a) for k in a[0]},
+            {k: statistics.median(r[k] for r in b) for k in b[0]})
+
+
 def cache_figures(env: dict[str, str], work: Path, port: int, token: str, grant: Any,
                   procs: list[subprocess.Popen[bytes]]) -> list[str]:
     """Each request-path cache (api/caches.py) off in turn, against the same server with every cache on,
@@ -269,7 +279,7 @@ def cache_figures(env: dict[str, str], work: Path, port: int, token: str, grant:
     CACHES = subprocess.run([sys.executable, "-c", "from api.caches import CACHES; print(' '.join(CACHES))"],
                             cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
     out = [f"caches: each of {', '.join(CACHES)} switched off (TRUSTFABRIC_CACHE_OFF) vs all on, "
-           f"GET then POST /v1/grants, median of {RUNS} runs x {DURATION:g} s each"]
+           f"GET then POST /v1/grants, median of {RUNS} runs x {DURATION:g} s each, on/off runs alternating"]
     for name in CACHES:
         off_port = free_port()
         proc = subprocess.Popen([BIN, "serve", "--port", str(off_port), "--workers", str(WORKERS), "--log-level",
@@ -277,10 +287,8 @@ def cache_figures(env: dict[str, str], work: Path, port: int, token: str, grant:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(proc)
         wait_healthy(off_port, "/healthz", proc)
-        get_on = median_runs(lambda: measure(port, "GET", "/v1/grants", token))
-        get_off = median_runs(lambda p=off_port: measure(p, "GET", "/v1/grants", token))
-        post_on = median_runs(lambda: measure(port, "POST", "/v1/grants", token, grant))
-        post_off = median_runs(lambda p=off_port: measure(p, "POST", "/v1/grants", token, grant))
+        get_on, get_off = interleaved(lambda p: measure(p, "GET", "/v1/grants", token), port, off_port)
+        post_on, post_off = interleaved(lambda p: measure(p, "POST", "/v1/grants", token, grant), port, off_port)
         out.append(line(f"cache_{name}_off_get_throughput", get_off["rps"], get_on["rps"], "req/s"))
         out.append(line(f"cache_{name}_off_post_throughput", post_off["rps"], post_on["rps"], "req/s"))
         proc.send_signal(signal.SIGINT)
