@@ -31,6 +31,7 @@ system-deps:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 test: system-deps $(STAMP) lint
 	$(BIN)/pytest -n 2 --dist loadgroup

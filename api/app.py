@@ -2,69 +2,52 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
+from api.auth import Authenticator, default_authenticators
 from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
-from api.context import AppContext
-from api.deps import Authenticator, opaque_token_authenticator
+from api.caches import cache_on, check_names
 from api.errors import install_error_handlers
-from api.limits import BodySizeLimit, TokenBucket
+from api.limits import TokenBucket
 from api.readcache import ChangeWatch, ReadCache
+from api.routes import audit, grants, health, inventory, pki, policy, security, tokens
+from api.tls import TrustAnchors
+from core.asgi import BodySizeLimit
+from workflows.context import AppContext
 
 log = logging.getLogger("trustfabric.api")
+_CONFIGURED: Any = object()  # the authz engine the settings choose (policy.engines.make_engine)
 
-ROUTERS = (
-    "api.routes.health",
-    "api.routes.pki",
-    "api.routes.audit",
-    "api.routes.policy",
-    "api.routes.inventory",
-    "api.routes.grants",
-    "api.routes.security",
-    "api.routes.tokens",
+# Every route module, mounted in this order. Imported by name here, so a typo or a missing module is an
+# ImportError when the app is built (and a lint error before that), never a router silently left out.
+ROUTERS: tuple[APIRouter, ...] = (
+    health.router, pki.router, audit.router, policy.router, inventory.router, grants.router, security.router,
+    tokens.router,
 )
-
-
-def _router_modules() -> list[Any]:
-    modules = []
-    for name in ROUTERS:
-        try:
-            modules.append(importlib.import_module(name))
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    return modules
-
-
-def default_authenticators(ctx: AppContext) -> list[Authenticator]:
-    """Client certificate (mTLS), then opaque admin tokens, then JWTs (ours, OIDC, JWT-SVIDs)."""
-    from api.auth_jwt import JwtAuthenticator
-    from api.auth_mtls import MtlsAuthenticator
-
-    return [MtlsAuthenticator(ctx), opaque_token_authenticator, JwtAuthenticator(ctx)]
 
 
 def create_app(
     ctx: AppContext,
     *,
     authenticators: list[Authenticator] | None = None,
-    authz_engine_factory: Any = default_engine_factory,
+    authz_engine_factory: Any = _CONFIGURED,
     grant_decider: Any = None,
     background: bool = False,
+    extra_routers: Sequence[APIRouter] = (),
 ) -> FastAPI:
     """The API over `ctx`. `authz_engine_factory` returns the engine api_authz.rego is loaded in (None:
     every request is denied); `background` runs the periodic jobs (grant expiry, CA rotation, audit
-    checkpoints) for the app's lifetime."""
-    from api.grant_policy import RegoGrantDecider
+    checkpoints) for the app's lifetime; `extra_routers` are mounted after the API's own (e.g. a console)."""
+    from policy.grant_decider import RegoGrantDecider
 
-    jobs = server_jobs(ctx) if background else None
+    anchors = TrustAnchors()
+    jobs = server_jobs(ctx, anchors) if background else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -87,21 +70,31 @@ def create_app(
         authenticators if authenticators is not None else default_authenticators(ctx)
     )
     factory: Any = authz_engine_factory
-    app.state.authorizer = Authorizer(factory if factory is not None else None)
-    app.state.grant_decider = grant_decider if grant_decider is not None else RegoGrantDecider()
+    if factory is _CONFIGURED:
+        engines = ctx.settings.engines()
+        factory = lambda: default_engine_factory(engines)  # noqa: E731
+    off = ctx.settings.cache_off
+    check_names(off)
+    app.state.authorizer = Authorizer(factory if factory is not None else None, cache=cache_on(off, "authz"))
+    app.state.grant_decider = (
+        grant_decider if grant_decider is not None else RegoGrantDecider(
+            engine_factory=lambda: ctx.engine("grants"), keep_data=cache_on(off, "grant_data"))
+    )
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
     app.state.background = jobs
-    app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=ctx.settings.read_cache))
+    app.state.trust_anchors = anchors
+    pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")
+    app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=pages_on))
     install_error_handlers(app)
-    for module in _router_modules():
-        app.include_router(module.router)
+    for router in (*ROUTERS, *extra_routers):
+        app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
     return app
 
 
 def app_from_env() -> FastAPI:
     """Factory for `uvicorn --factory` (used by `trustfabric serve --workers N`)."""
-    from api.config import Settings
+    from workflows.settings import Settings
 
     ctx = AppContext.open(Settings.from_env())
     return create_app(ctx, background=True)

@@ -11,18 +11,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 from fastapi import Request
 
 from api.principal import Principal
 from core.errors import Forbidden
+from policy.engines import EngineSettings, make_engine
+from policy.shipped import authz_modules
 
 log = logging.getLogger("trustfabric.api.authz")
 
-REGO_DIR = Path(__file__).resolve().parent.parent / "rego"
-AUTHZ_MODULE = "api_authz.rego"
 AUTHZ_CACHE_SIZE = 4096
 
 
@@ -31,10 +30,12 @@ class Evaluator(Protocol):
 
 
 class Authorizer:
-    """Asks the policy engine; caches nothing (a decision is ~100 µs in the embedded engine)."""
+    """Asks the policy engine; keeps its answers per (role, action, principal tenant, resource tenant) when
+    `cache` is on (the `authz` cache of api/caches.py)."""
 
-    def __init__(self, engine_factory: Callable[[], Evaluator] | None) -> None:
+    def __init__(self, engine_factory: Callable[[], Evaluator] | None, *, cache: bool = True) -> None:
         self._factory = engine_factory
+        self._use_cache = cache
         self._engine: Evaluator | None = None
         self._lock = threading.Lock()
         self._error: str | None = None
@@ -72,7 +73,7 @@ class Authorizer:
         )
         result = (True, decision.reasons) if decision.allow else (
             False, decision.reasons or ["default-deny: no rule allows this"])
-        if not any(r.startswith(("engine-error", "no-policy")) for r in decision.reasons):
+        if self._use_cache and not any(r.startswith(("engine-error", "no-policy")) for r in decision.reasons):
             # The answer depends only on (role, action, principal tenant, resource tenant) and the
             # shipped policy, which does not change while the process runs; errors are never cached.
             if len(self._cache) >= AUTHZ_CACHE_SIZE:
@@ -86,16 +87,10 @@ class Authorizer:
             raise Forbidden(f"{principal.role} {principal.id} may not {action}: {'; '.join(reasons)}")
 
 
-def shipped_modules() -> dict[str, str]:
-    path = REGO_DIR / AUTHZ_MODULE
-    return {AUTHZ_MODULE: path.read_text(encoding="utf-8")}
-
-
-def default_engine_factory() -> Evaluator:
-    """The embedded engine loaded with the shipped `api_authz.rego`."""
-    from policy.engine_regorus import RegorusEngine
-
-    return RegorusEngine(shipped_modules())
+def default_engine_factory(settings: EngineSettings | None = None) -> Evaluator:
+    """The engine configured for the `authz` role (embedded by default), loaded with the shipped
+    `api_authz.rego`."""
+    return make_engine(settings or EngineSettings(), "authz", authz_modules())
 
 
 def authorize(request: Request, principal: Principal, action: str, tenant: str | None) -> None:

@@ -12,9 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from api.context import AppContext
 from audit import Actor
+from workflows.context import AppContext
+
+if TYPE_CHECKING:
+    from api.tls import TrustAnchors
 
 log = logging.getLogger("trustfabric.background")
 
@@ -85,27 +89,19 @@ def rotate_cas(ctx: AppContext) -> None:
 
 
 def write_audit_checkpoint(ctx: AppContext) -> int | None:
-    from audit.checkpoint import CheckpointWriter, audit_signer, log_origin
-    from pki.service import trust_domain
+    from workflows.exports import checkpoint_writer
 
-    with ctx.db.read_session() as session:
-        td = trust_domain(session) or ctx.settings.trust_domain
-    writer = CheckpointWriter(
-        ctx.db, audit_signer(ctx.keystore), origin=log_origin(td),
-        every_events=ctx.settings.audit_checkpoint_every,
-        every_seconds=ctx.settings.audit_checkpoint_seconds, clock=ctx.clock,
-    )
-    cp = writer.maybe_write()
+    cp = checkpoint_writer(ctx).maybe_write()
     return None if cp is None else cp.size
 
 
-def server_jobs(ctx: AppContext) -> BackgroundJobs:
+def server_jobs(ctx: AppContext, anchors: TrustAnchors) -> BackgroundJobs:
     from api.tls import refresh_trust_anchors
 
     s = ctx.settings
     return BackgroundJobs([
         Job("grant-sweeper", s.sweep_interval_seconds, lambda: sweep_grants(ctx)),
         Job("ca-rotator", s.ca_rotation_check_seconds, lambda: rotate_cas(ctx)),
-        Job("tls-trust-anchors", s.ca_rotation_check_seconds, lambda: refresh_trust_anchors(ctx)),
+        Job("tls-trust-anchors", s.ca_rotation_check_seconds, lambda: refresh_trust_anchors(ctx, anchors)),
         Job("audit-checkpoints", min(5.0, float(s.audit_checkpoint_seconds)), lambda: write_audit_checkpoint(ctx)),
     ])

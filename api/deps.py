@@ -1,7 +1,7 @@
 """FastAPI dependencies: the app context and the authenticated principal.
 
-Authentication is a list of authenticators tried in order (opaque token, JWT, mTLS, ...); each returns
-None when its kind of credential is absent and raises Unauthenticated when it is present but bad.
+Authentication is a list of authenticators (api/auth/) tried in order; each returns None when its kind of
+credential is absent and raises Unauthenticated when it is present but bad.
 """
 
 from __future__ import annotations
@@ -11,35 +11,15 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from api.context import AppContext
+from api.auth import Authenticator
 from api.principal import Principal
-from api.tokens import TOKEN_PREFIX, authenticate_opaque
 from core.errors import Forbidden, Unauthenticated
-
-Authenticator = Callable[[AppContext, Request], Principal | None]
+from workflows.context import AppContext
 
 
 async def get_ctx(request: Request) -> AppContext:
     ctx: AppContext = request.app.state.ctx
     return ctx
-
-
-def bearer_token(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if header is None:
-        return None
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "bearer" or not value.strip():
-        raise Unauthenticated("Authorization header must be 'Bearer <token>'")
-    return value.strip()
-
-
-def opaque_token_authenticator(ctx: AppContext, request: Request) -> Principal | None:
-    token = bearer_token(request)
-    if token is None or not token.startswith(TOKEN_PREFIX):
-        return None
-    with ctx.db.read_session() as session:
-        return authenticate_opaque(session, token, ctx.clock)
 
 
 async def current_principal(request: Request, ctx: Annotated[AppContext, Depends(get_ctx)]) -> Principal:

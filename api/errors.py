@@ -1,4 +1,7 @@
-"""The one place domain errors become HTTP statuses. Every error body is {"error", "reason"}."""
+"""The one place errors become HTTP answers. Every body is {"error", "reason"}; the status is the one the
+error class carries (core/errors.py). Server-side failures -- an unmapped error, an exception -- are 500
+and logged with the request id, which the answer names so a person can find the log line; a dependency
+that is down (OPA server, PKCS#11 token, database) is 503 with its name."""
 
 from __future__ import annotations
 
@@ -8,22 +11,13 @@ import re
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.limits import PayloadTooLarge, RateLimited
-from core.errors import Conflict, Forbidden, InvalidInput, NotFound, TrustfabricError, Unauthenticated
+from api.routes.common import request_id
+from core.errors import RateLimited, TrustfabricError
 
 log = logging.getLogger("trustfabric.api")
-
-STATUS_BY_ERROR: list[tuple[type[TrustfabricError], int]] = [
-    (RateLimited, 429),
-    (PayloadTooLarge, 413),
-    (Unauthenticated, 401),
-    (Forbidden, 403),
-    (NotFound, 404),
-    (Conflict, 409),
-    (InvalidInput, 400),
-]
 
 
 def _code(exc: BaseException) -> str:
@@ -31,23 +25,37 @@ def _code(exc: BaseException) -> str:
 
 
 def status_for(exc: TrustfabricError) -> int:
-    for cls, status in STATUS_BY_ERROR:
-        if isinstance(exc, cls):
-            return status
-    return 400
+    """The HTTP status an error means (the class's own; 500 for one that names none)."""
+    return exc.http_status
 
 
 def error_body(code: str, reason: str, **extra: object) -> dict[str, object]:
     return {"error": code, "reason": reason, **extra}
 
 
+def _internal(request: Request, exc: BaseException) -> JSONResponse:
+    # Fail closed and say little: the details go to the server log, under the request id.
+    rid = request_id(request)
+    log.error("unhandled error on %s %s (request id %s)", request.method, request.url.path, rid, exc_info=exc)
+    return JSONResponse(
+        error_body("internal_error", f"internal error; see the server log for request id {rid}", request_id=rid),
+        status_code=500, headers={"X-Request-ID": rid},
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TrustfabricError)
-    async def _domain(_request: Request, exc: TrustfabricError) -> JSONResponse:
+    async def _domain(request: Request, exc: TrustfabricError) -> JSONResponse:
         status = status_for(exc)
+        if status == 500:
+            return _internal(request, exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if isinstance(exc, RateLimited):
             headers = {"Retry-After": str(exc.retry_after)}
+        if status == 503:
+            rid = request_id(request)
+            log.warning("unavailable on %s %s (request id %s): %s", request.method, request.url.path, rid, exc)
+            headers = {"Retry-After": "5", "X-Request-ID": rid}
         return JSONResponse(error_body(_code(exc), str(exc)), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -65,8 +73,18 @@ def install_error_handlers(app: FastAPI) -> None:
             error_body("http_error", str(exc.detail)), status_code=exc.status_code, headers=exc.headers
         )
 
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _database(request: Request, exc: Exception) -> JSONResponse:
+        # The database refused the connection or the statement (down, locked past the busy timeout).
+        rid = request_id(request)
+        log.warning("database unavailable on %s %s (request id %s): %s", request.method, request.url.path, rid,
+                    str(exc).splitlines()[0][:300])
+        return JSONResponse(
+            error_body("unavailable", f"the database is unavailable; retry shortly (request id {rid})"),
+            status_code=503, headers={"Retry-After": "5", "X-Request-ID": rid},
+        )
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # Fail closed and say little: the details go to the server log, not to the caller.
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal_error", "internal error; see server log"), status_code=500)
+        return _internal(request, exc)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from audit import Actor
 from audit.actor import ActorKind
+from core.errors import Unauthenticated
+from core.slugs import is_slug
+from core.vocabulary import ROLES, TENANT_ROLES, Role
 
-Role = Literal["admin", "security", "tenant-admin", "tenant-member", "auditor", "node", "workload"]
-ROLES: tuple[str, ...] = ("admin", "security", "tenant-admin", "tenant-member", "auditor", "node", "workload")
-TENANT_ROLES = frozenset({"tenant-admin", "tenant-member", "workload"})
+__all__ = ["ROLES", "TENANT_ROLES", "Principal", "Role", "principal_from_spiffe_id"]
+
 
 _ACTOR_KIND: dict[str, ActorKind] = {
     "admin": "admin",
@@ -37,3 +38,24 @@ class Principal:
 
     def actor(self) -> Actor:
         return Actor(id=self.id, kind=_ACTOR_KIND[self.role])
+
+
+def principal_from_spiffe_id(spiffe_id: str, trust_domain: str, auth: str) -> Principal:
+    """`/node/<n>` is a node; `/tenant/<t>/group/<g>/<w>` a workload of tenant t; anything else is refused.
+    The ID is parsed by pki's one SPIFFE ID parser; a malformed one is Unauthenticated, not bad input."""
+    from pki.errors import InvalidSpiffeId
+    from pki.spiffe_id import parse_spiffe_id
+
+    try:
+        sid = parse_spiffe_id(spiffe_id)
+    except InvalidSpiffeId as exc:
+        raise Unauthenticated(f"SPIFFE ID is malformed: {exc}") from None
+    if sid.trust_domain != trust_domain:
+        raise Unauthenticated("SPIFFE ID is not in this trust domain")
+    parts = sid.segments
+    if len(parts) == 2 and parts[0] == "node" and is_slug(parts[1]):
+        return Principal(id=spiffe_id, role="node", tenant=None, auth=auth)
+    if (len(parts) == 5 and parts[0] == "tenant" and parts[2] == "group"
+            and all(is_slug(p) for p in (parts[1], parts[3], parts[4]))):
+        return Principal(id=spiffe_id, role="workload", tenant=parts[1], auth=auth)
+    raise Unauthenticated(f"SPIFFE ID {spiffe_id} names neither a node nor a workload")

@@ -10,8 +10,8 @@ from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.limits import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from core.vocabulary import SLUG_PATTERN, GrantState, MintableRole
 
-SLUG_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 Slug = Annotated[str, Field(min_length=1, max_length=63, pattern=SLUG_PATTERN, examples=["acme"])]
 SlugPath = Annotated[str, Path(min_length=1, max_length=63, pattern=SLUG_PATTERN)]
 Reason = Annotated[str, Field(min_length=1, max_length=500, examples=["incident INC-1234: suspected compromise"])]
@@ -153,7 +153,7 @@ class GrantOut(BaseModel):
     ports: list[int]
     ttl_seconds: int
     justification: str
-    state: Literal["pending", "active", "expired", "revoked", "rejected", "denied"]
+    state: GrantState
     requested_by: str
     required_approvers: list[str]
     pending_approvers: list[str]
@@ -191,7 +191,7 @@ class TokenCreate(Strict):
         extra="forbid",
         json_schema_extra={"examples": [{"role": "tenant-admin", "tenant": "acme", "ttl_seconds": 3600}]},
     )
-    role: Literal["admin", "security", "tenant-admin", "tenant-member", "auditor"]
+    role: MintableRole
     tenant: Slug | None = None
     ttl_seconds: int = Field(ge=1, le=365 * 86400)
     subject: str | None = Field(default=None, min_length=1, max_length=256)

@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from api.context import AppContext
 from audit import Actor
+from workflows.context import AppContext
 
 
 @dataclass
@@ -67,7 +67,8 @@ def prepare_server_tls(ctx: AppContext, *, hosts: tuple[str, ...] = ("localhost"
 
 
 class TrustAnchors:
-    """Keeps the live server SSLContexts trusting every root the bundle publishes.
+    """Keeps the live server SSLContexts trusting every root the bundle publishes. One per app (create_app
+    makes it; the TLS protocol and the background job are handed it), never a module global.
 
     uvicorn loads the client-certificate trust anchors once at start; after a CA rotation the next
     generation's root (published in the bundle from the moment it is prepared, days before it signs
@@ -102,12 +103,23 @@ class TrustAnchors:
         return added
 
 
-TRUST_ANCHORS = TrustAnchors()
-
-
-def refresh_trust_anchors(ctx: AppContext) -> int:
+def refresh_trust_anchors(ctx: AppContext, anchors: TrustAnchors) -> int:
+    """Add the bundle's roots the watched contexts do not trust yet (the background job, every rotation check)."""
     from pki.service import bundle_pem
 
     with ctx.db.read_session() as session:
         roots = bundle_pem(session, clock=ctx.clock)
-    return TRUST_ANCHORS.refresh(roots)
+    return anchors.refresh(roots)
+
+
+def anchors_of(app: object) -> TrustAnchors | None:
+    """The TrustAnchors create_app made for this app, found through the ASGI wrappers a server adds."""
+    for _ in range(8):
+        state = getattr(app, "state", None)
+        anchors = getattr(state, "trust_anchors", None) if state is not None else None
+        if isinstance(anchors, TrustAnchors):
+            return anchors
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None

@@ -4,6 +4,9 @@ SQLite has one writer at a time; a writer that finds the lock taken sleeps in gr
 100 ms) and retries, which is what made the tail latency of concurrent grant requests. Queueing on a
 kernel file lock first (and on a thread lock inside a process) wakes the next writer as soon as the
 previous one is done. PostgreSQL needs nothing of the kind: row locks and compare-and-set do it.
+
+The lock file is opened for each write and closed after it (an open and a close, microseconds beside
+the write itself), so no file descriptor outlives its request.
 """
 
 from __future__ import annotations
@@ -13,21 +16,10 @@ import fcntl
 import os
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
-from api.context import AppContext
+from workflows.context import AppContext
 
 _thread_lock = threading.Lock()
-_fds: dict[str, int] = {}
-
-
-def _fd(path: Path) -> int:
-    key = str(path)
-    fd = _fds.get(key)
-    if fd is None:
-        fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o600)
-        _fds[key] = fd
-    return fd
 
 
 @contextlib.contextmanager
@@ -36,9 +28,9 @@ def grant_writer(ctx: AppContext) -> Iterator[None]:
         yield
         return
     with _thread_lock:
-        fd = _fd(ctx.settings.home / ".grant-writes.lock")
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(ctx.settings.home / ".grant-writes.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the close
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)

@@ -290,6 +290,11 @@ def latest_checkpoint(session: Session) -> AuditCheckpoint | None:
     return session.exec(select(AuditCheckpoint).order_by(col(AuditCheckpoint.size).desc()).limit(1)).first()
 
 
+def checkpoint_of_size(session: Session, size: int) -> AuditCheckpoint | None:
+    """The stored checkpoint of exactly this tree size, if one was signed."""
+    return session.exec(select(AuditCheckpoint).where(AuditCheckpoint.size == size)).first()
+
+
 def write_checkpoint(
     db: Database, signer: CheckpointSigner, *, origin: str = DEFAULT_ORIGIN, clock: Clock = system_clock
 ) -> AuditCheckpoint:

@@ -8,6 +8,8 @@ from core.errors import InvalidInput, NotFound, TrustfabricError
 class AuditError(TrustfabricError):
     """Base of the audit package's errors."""
 
+    http_status = 400  # proofs for sizes the log does not hold, checkpoints that do not parse
+
 
 class InvalidAuditEvent(InvalidInput):
     """record() was given a malformed event; nothing was written."""

@@ -74,7 +74,7 @@ class AuditHead(SQLModel, table=True):
     size: int = Field(sa_column=Column(_BIGINT, nullable=False))
     last_leaf: str = Field(max_length=64)
     frontier: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
-    # Added by migration 6 (audit/migration_v2.py), hence nullable.
+    # Added by schema step 6 (audit/migrations.py), hence nullable.
     last_ts: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
     counted_from: int | None = Field(default=None, sa_column=Column(_BIGINT, nullable=True))
 

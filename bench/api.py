@@ -260,6 +260,42 @@ def line(figure: str, value: float, base: float, unit: str) -> str:
     return f"{figure}: {value:.1f} {unit} (baseline {base:.1f} {unit}, ratio {value / base:.2f})"
 
 
+def interleaved(run: Any, on: int, off: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Medians of RUNS runs against each server, alternating (a load change hits both alike)."""
+    a, b = [], []
+    for _ in range(RUNS):
+        a.append(run(on))
+        b.append(run(off))
+    return ({k: statistics.median(r[k] for r in a) for k in a[0]},
+            {k: statistics.median(r[k] for r in b) for k in b[0]})
+
+
+def cache_figures(env: dict[str, str], work: Path, port: int, token: str, grant: Any,
+                  procs: list[subprocess.Popen[bytes]]) -> list[str]:
+    """Each request-path cache (api/caches.py) off in turn, against the same server with every cache on,
+    measured back to back (the POSTs add grants, so each pair shares the same database size): a cache
+    whose `_off_` figure is not clearly below its baseline does not pay."""
+    # the names, from api/caches.py (this script is itself named api.py, so ask a fresh interpreter)
+    CACHES = subprocess.run([sys.executable, "-c", "from api.caches import CACHES; print(' '.join(CACHES))"],
+                            cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
+    out = [f"caches: each of {', '.join(CACHES)} switched off (TRUSTFABRIC_CACHE_OFF) vs all on, "
+           f"GET then POST /v1/grants, median of {RUNS} runs x {DURATION:g} s each, on/off runs alternating"]
+    for name in CACHES:
+        off_port = free_port()
+        proc = subprocess.Popen([BIN, "serve", "--port", str(off_port), "--workers", str(WORKERS), "--log-level",
+                                 "warning"], env=dict(env, TRUSTFABRIC_CACHE_OFF=name), cwd=work,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        wait_healthy(off_port, "/healthz", proc)
+        get_on, get_off = interleaved(lambda p: measure(p, "GET", "/v1/grants", token), port, off_port)
+        post_on, post_off = interleaved(lambda p: measure(p, "POST", "/v1/grants", token, grant), port, off_port)
+        out.append(line(f"cache_{name}_off_get_throughput", get_off["rps"], get_on["rps"], "req/s"))
+        out.append(line(f"cache_{name}_off_post_throughput", post_off["rps"], post_on["rps"], "req/s"))
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=15)
+    return out
+
+
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="tf-bench-api-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
@@ -350,6 +386,8 @@ def main() -> int:
         print(open_line(f"post_grants_p99_at_{pct}pct", "p99", post_open["p99"], post_open_bare["p99"]))
         print(open_line(f"get_grants_p50_at_{pct}pct", "p50", get_open["p50"], get_open_bare["p50"]))
         print(open_line(f"get_grants_p99_at_{pct}pct", "p99", get_open["p99"], get_open_bare["p99"]))
+        for figure in cache_figures(env, work, port, acme, grant, procs):
+            print(figure, flush=True)
         read_ok = get_tf["rps"] >= 0.5 * get_bare["rps"]
         print(f"goals: reads >= 50% of bare: {'met' if read_ok else 'NOT met'}; "
               f"GET p99 <= 25 ms: closed loop {'met' if get_tf['p99'] <= 25 else 'NOT met'}, "

@@ -34,7 +34,7 @@ from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, Text,
 from audit import Actor, record  # noqa: E402
 from core.clock import system_clock  # noqa: E402
 from store.db import Database, sqlite_url  # noqa: E402
-from store.migrations import migrate  # noqa: E402
+from workflows.schema import migrate  # noqa: E402
 
 SINGLE = 200
 BATCH_TX = 100

@@ -49,7 +49,7 @@ from enforcer.fabric import (  # noqa: E402
 from enforcer.render.nvue import acl_rules  # noqa: E402
 from enforcer.render.openflow import render_flows  # noqa: E402
 from policy.decide import ALLOWED_FLOWS_QUERY, expand_allowed  # noqa: E402
-from policy.engine_regorus import new_engine  # noqa: E402
+from policy.engines.embedded import new_engine  # noqa: E402
 from policy.versions import load_dir  # noqa: E402
 
 FAR = datetime(2099, 1, 1, tzinfo=UTC)

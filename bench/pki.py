@@ -10,6 +10,7 @@ dir, file key store):
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from inventory.models import Tenant, Workload, WorkloadGroup
 from keys.file import FileKeyStore
 from pki import service
 from store.db import Database, sqlite_url
-from store.migrations import migrate
+from workflows.schema import migrate
 
 RUNS = 5
 N = 200
@@ -125,6 +126,7 @@ def main() -> None:
     print(line("x509-svid issued vs raw sign", issue, "svid/s", "raw ECDSA P-256 sign", raw_sign, "sig/s"))
     print(line("jwt-svid minted (service)", jwt_rate, "jwt/s", "raw jwt.encode ES256", raw_jwt, "jwt/s"))
     db.dispose()
+    shutil.rmtree(tmp, ignore_errors=True)  # the database and key files of this run
 
 
 if __name__ == "__main__":

@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT))
 import regorus  # noqa: E402
 import uvicorn  # noqa: E402
 
-from api.pdp import create_pdp_app  # noqa: E402
+from pdp.server import create_pdp_app  # noqa: E402
 from policy.decide import ALLOWED_FLOWS_QUERY, FLOW_QUERY, sync_data  # noqa: E402
-from policy.engine import diff_documents  # noqa: E402
-from policy.engine_opa import OpaServerEngine, OpaSettings  # noqa: E402
-from policy.engine_regorus import RegorusEngine, new_engine  # noqa: E402
+from policy.engines import diff_documents  # noqa: E402
+from policy.engines.embedded import RegorusEngine, new_engine  # noqa: E402
+from policy.engines.opa_server import OpaServerEngine, OpaSettings  # noqa: E402
 from policy.versions import load_dir  # noqa: E402
 
 FAR_NS = 9_999_999_999 * 10**9

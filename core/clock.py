@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from core.errors import InvalidInput
+
 Clock = Callable[[], datetime]
 
 
@@ -33,3 +35,34 @@ def as_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
+
+
+def require_aware(value: datetime, name: str) -> datetime:
+    """The time in UTC; InvalidInput when it carries no timezone (a naive time is ambiguous, never guessed)."""
+    if value.tzinfo is None:
+        raise InvalidInput(f"{name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
+    return value.astimezone(UTC)
+
+
+def parse_when(value: str, option: str) -> datetime:
+    """An ISO 8601 time given on a command line ('Z' accepted), in UTC; InvalidInput naming the option."""
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    except ValueError:
+        raise InvalidInput(f"--{option} {value!r} is not an ISO 8601 time (e.g. 2026-01-01T00:00:00Z)") from None
+    if parsed.tzinfo is None:
+        raise InvalidInput(f"--{option} {value!r} needs a timezone (e.g. 2026-01-01T00:00:00Z)")
+    return parsed.astimezone(UTC)
+
+
+def parse_ttl(text: str) -> timedelta:
+    """`90s`, `15m`, `12h`, `7d` or plain seconds."""
+    text = text.strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        value = int(text[:-1]) * units[text[-1]] if text and text[-1] in units else int(text)
+    except ValueError:
+        raise InvalidInput(f"TTL {text!r} is not a duration like 90s, 15m, 12h or 7d") from None
+    if value <= 0:
+        raise InvalidInput("TTL must be positive")
+    return timedelta(seconds=value)

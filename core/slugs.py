@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 
 from core.errors import InvalidInput
+from core.vocabulary import SLUG_PATTERN
 
-SLUG_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+SLUG_RE = re.compile(SLUG_PATTERN)
 
 
 def is_slug(value: str) -> bool:

@@ -47,5 +47,3 @@ class Workload(SQLModel, table=True):
     revoked: bool = Field(default=False)  # identities revoked by security: flows withdrawn
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
-
-TABLES_V1: list[type[SQLModel]] = [Tenant, WorkloadGroup, Workload]

@@ -72,6 +72,11 @@ def get_workload(session: Session, tenant: str, group: str, name: str) -> Worklo
     return workload
 
 
+def workload_by_spiffe_id(session: Session, spiffe_id: str) -> Workload | None:
+    """The registered workload holding this SPIFFE ID, or None."""
+    return session.exec(select(Workload).where(Workload.spiffe_id == spiffe_id)).first()
+
+
 def create_tenant(
     session: Session,
     *,
@@ -221,3 +226,48 @@ def list_workloads(session: Session, tenant: str, group: str | None = None) -> l
     if group is not None:
         query = query.where(Workload.group == group)
     return list(session.exec(query.order_by(col(Workload.group), col(Workload.name))))
+
+
+def page_tenants(
+    session: Session, *, only: str | None = None, quarantined: bool | None = None, after: str | None = None,
+    limit: int = 100,
+) -> list[Tenant]:
+    """Tenants by slug after the cursor `after`; `only` confines the page to one tenant (a tenant's view)."""
+    query = select(Tenant).order_by(col(Tenant.slug)).limit(limit)
+    if only is not None:
+        query = query.where(col(Tenant.slug) == only)
+    if quarantined is not None:
+        query = query.where(col(Tenant.quarantined) == quarantined)
+    if after is not None:
+        query = query.where(col(Tenant.slug) > after)
+    return list(session.exec(query).all())
+
+
+def page_groups(
+    session: Session, tenant: str, *, sensitivity: str | None = None, after: str | None = None, limit: int = 100,
+) -> list[WorkloadGroup]:
+    """A tenant's groups by name after the cursor `after`; TenantNotFound for an unknown tenant."""
+    get_tenant(session, tenant)
+    query = select(WorkloadGroup).where(col(WorkloadGroup.tenant) == tenant)
+    if sensitivity is not None:
+        query = query.where(col(WorkloadGroup.sensitivity) == sensitivity)
+    if after is not None:
+        query = query.where(col(WorkloadGroup.name) > after)
+    return list(session.exec(query.order_by(col(WorkloadGroup.name)).limit(limit)).all())
+
+
+def page_workloads(
+    session: Session, tenant: str, *, group: str | None = None, revoked: bool | None = None,
+    after_id: int | None = None, limit: int = 100,
+) -> list[Workload]:
+    """A tenant's workloads in registration order after the row id `after_id`; TenantNotFound for an
+    unknown tenant."""
+    get_tenant(session, tenant)
+    query = select(Workload).where(col(Workload.tenant) == tenant)
+    if group is not None:
+        query = query.where(col(Workload.group) == group)
+    if revoked is not None:
+        query = query.where(col(Workload.revoked) == revoked)
+    if after_id is not None:
+        query = query.where(col(Workload.id) > after_id)
+    return list(session.exec(query.order_by(col(Workload.id)).limit(limit)).all())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import Conflict, NotFound, TrustfabricError
+from core.errors import Conflict, NotFound, Unavailable
 
 
 class KeyNotFound(NotFound):
@@ -13,5 +13,6 @@ class KeyExists(Conflict):
     """A key with this id exists already; keys are never overwritten."""
 
 
-class KeyStoreError(TrustfabricError):
-    """The key store cannot be opened or used (wrong passphrase, unsafe key file, token missing)."""
+class KeyStoreError(Unavailable):
+    """The key store cannot be opened or used (wrong passphrase, unsafe key file, token missing): the
+    server cannot sign until an operator fixes it (HTTP 503)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -26,7 +27,8 @@ from pki.spiffe_id import SpiffeId
 BACKDATE = timedelta(seconds=10)
 PUBLISHED_STATES = ("prepared", "active", "retiring")
 
-_cert_cache: dict[tuple[str, str], x509.Certificate] = {}
+CERT_CACHE_SIZE = 64  # CA certificates in use at once: a few generations x (root, issuing), per trust domain
+_cert_cache: OrderedDict[str, x509.Certificate] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
@@ -44,14 +46,20 @@ def load_settings(session: Session) -> TrustDomainSettings:
 
 
 def certificate(ca: CertificateAuthority) -> x509.Certificate:
-    """The CA's parsed certificate (cached: a CA row's certificate never changes)."""
-    key = (ca.id, ca.key_id)
+    """The CA's parsed certificate. Cached by its PEM text, so the entry is exact whatever database or trust
+    domain the row came from (the parse is a pure function of the text); least recently used entries go
+    first beyond CERT_CACHE_SIZE."""
+    key = ca.cert_pem
     with _cache_lock:
         cert = _cert_cache.get(key)
-    if cert is None:
-        cert = x509.load_pem_x509_certificate(ca.cert_pem.encode())
-        with _cache_lock:
-            _cert_cache[key] = cert
+        if cert is not None:
+            _cert_cache.move_to_end(key)
+            return cert
+    cert = x509.load_pem_x509_certificate(key.encode())
+    with _cache_lock:
+        _cert_cache[key] = cert
+        while len(_cert_cache) > CERT_CACHE_SIZE:
+            _cert_cache.popitem(last=False)
     return cert
 
 

@@ -112,5 +112,3 @@ class JoinToken(SQLModel, table=True):
     used_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     created_by: str = Field(max_length=512)
 
-
-TABLES_V1: list[type[SQLModel]] = [TrustDomainSettings, CertificateAuthority, IssuedSvid, RevokedIdentity, JoinToken]

@@ -3,7 +3,7 @@ audit event commit together or not at all), the key store and the clock explicit
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlmodel import Session, select
@@ -22,6 +22,8 @@ from pki.errors import (
     IdentityOutOfScope,
     IdentityRevoked,
     InvalidSpiffeId,
+    SvidNotFound,
+    TokenInvalid,
     TrustDomainMismatch,
     UnknownWorkload,
 )
@@ -30,7 +32,14 @@ from pki.jwtsvid import check_audience, mint
 from pki.models import TrustDomainSettings
 from pki.revocation import RevokedIdentityInfo
 from pki.rotation import RotationStatus
-from pki.spiffe_id import SpiffeId, parse_spiffe_id, server_id, tenant_namespace, validate_trust_domain
+from pki.spiffe_id import (
+    SpiffeId,
+    node_id,
+    parse_spiffe_id,
+    server_id,
+    tenant_namespace,
+    validate_trust_domain,
+)
 from pki.x509svid import parse_csr
 
 __all__ = [
@@ -310,3 +319,45 @@ def attest_node(
     """Exchange a join token and a CSR for the node's SVID spiffe://<td>/node/<name>."""
     return attestation.attest_node(session, keystore, token=token, csr_pem=csr_pem, clock=clock, max_ttl=max_ttl,
                                    request_id=request_id)
+
+
+def svid_tenant(session: Session, serial: str) -> str | None:
+    """The tenant of the SVID with this serial (hex, any case, optional 0x and colons); SvidNotFound."""
+    from pki.models import IssuedSvid
+
+    norm = serial.strip().lower().removeprefix("0x").replace(":", "").lstrip("0") or "0"
+    row = session.get(IssuedSvid, norm)
+    if row is None:
+        raise SvidNotFound(f"no SVID with serial {norm}")
+    return row.tenant
+
+
+def join_token_expires_at(session: Session, token: str) -> datetime:
+    """When a join token this session created expires."""
+    from pki.attestation import token_hash
+    from pki.models import JoinToken
+
+    row = session.get(JoinToken, token_hash(token))
+    if row is None:
+        raise TokenInvalid("join token not found")
+    return as_utc(row.expires_at)
+
+
+def status_dict(status: RotationStatus) -> dict[str, Any]:
+    """RotationStatus as JSON-friendly data (the API and the CLI show the same)."""
+    def ts(value: datetime | None) -> str | None:
+        return value.isoformat() if value else None
+
+    return {
+        "prepared": status.prepared, "activated": status.activated, "retired": status.retired,
+        "active_generation": status.active_generation, "next_prepare_at": ts(status.next_prepare_at),
+        "next_activate_at": ts(status.next_activate_at),
+        "cas": [{"id": c.id, "generation": c.generation, "role": c.role, "state": c.state, "key_kind": c.key_kind,
+                 "not_before": ts(c.not_before), "not_after": ts(c.not_after), "signed_until": ts(c.signed_until)}
+                for c in status.cas],
+    }
+
+
+def node_spiffe_id(session: Session, node_name: str) -> str:
+    """spiffe://<td>/node/<name> in this trust domain (NotInitialized before init)."""
+    return str(node_id(load_settings(session).trust_domain, node_name))

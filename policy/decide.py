@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 from core.errors import InvalidInput
 from core.slugs import is_slug
-from policy.engine import PolicyEngine, diff_documents
+from policy.engines import PolicyEngine, diff_documents
 
 log = logging.getLogger(__name__)
 
@@ -157,12 +157,20 @@ def authorize(
 
 
 def parse_identity(text: str) -> dict[str, str]:
-    """'spiffe://td/tenant/<t>/group/<g>/<w>' or '<t>/<g>' -> {"tenant", "group"[, "spiffe_id"]}."""
+    """'spiffe://td/tenant/<t>/group/<g>/<w>' or '<t>/<g>' -> {"tenant", "group"[, "spiffe_id"]}. SPIFFE IDs
+    go through pki's one parser; this only reads the project's layout out of the parsed segments."""
+    from pki.errors import InvalidSpiffeId
+    from pki.spiffe_id import parse_spiffe_id
+
     if text.startswith("spiffe://"):
-        parts = text[len("spiffe://") :].split("/")
-        if len(parts) >= 5 and parts[1] == "tenant" and parts[3] == "group" and is_slug(parts[2]) and is_slug(parts[4]):
-            return {"tenant": parts[2], "group": parts[4], "spiffe_id": text}
-        raise InvalidInput(f"{text!r} is not a trustfabric SPIFFE ID (spiffe://<td>/tenant/<t>/group/<g>/<w>)")
+        layout = f"{text!r} is not a trustfabric SPIFFE ID (spiffe://<td>/tenant/<t>/group/<g>/<w>)"
+        try:
+            seg = parse_spiffe_id(text).segments
+        except InvalidSpiffeId:
+            raise InvalidInput(layout) from None
+        if len(seg) >= 4 and seg[0] == "tenant" and seg[2] == "group" and is_slug(seg[1]) and is_slug(seg[3]):
+            return {"tenant": seg[1], "group": seg[3], "spiffe_id": text}
+        raise InvalidInput(layout)
     parts = text.split("/")
     if len(parts) == 2 and all(is_slug(p) for p in parts):
         return {"tenant": parts[0], "group": parts[1]}

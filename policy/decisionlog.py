@@ -23,14 +23,14 @@ import logging
 import random
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import IO, Any
 
 from sqlalchemy import func
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from core.clock import Clock, as_utc, system_clock
+from core.clock import Clock, as_utc, require_aware, system_clock
 from core.errors import InvalidInput
 from core.slugs import is_slug
 from policy.decide import AuthzDecision, FlowDecision, GrantDecision
@@ -145,9 +145,9 @@ def query_decisions(
         stmt = stmt.where(col(DecisionRecord.policy_hash) == policy_hash)
     # SQLite keeps times as UTC text without an offset: compare in UTC whatever zone the caller used.
     if since is not None:
-        stmt = stmt.where(col(DecisionRecord.ts) >= _utc_bound(since, "since"))
+        stmt = stmt.where(col(DecisionRecord.ts) >= require_aware(since, "since"))
     if until is not None:
-        stmt = stmt.where(col(DecisionRecord.ts) < _utc_bound(until, "until"))
+        stmt = stmt.where(col(DecisionRecord.ts) < require_aware(until, "until"))
     stmt = stmt.order_by(col(DecisionRecord.id).desc()).limit(limit)
     return list(session.exec(stmt).all())
 
@@ -185,20 +185,14 @@ def format_ts(ts: datetime) -> str:
     return as_utc(ts).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"  # years < 1000 padded
 
 
-def _utc_bound(value: datetime, name: str) -> datetime:
-    if value.tzinfo is None:
-        raise InvalidInput(f"{name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
-    return value.astimezone(UTC)
-
-
 def _compact(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def export_filter(since: datetime | None, until: datetime | None, tenant: str | None) -> dict[str, Any]:
     """The filter as the header names it; InvalidInput for a bad one (nothing is written then)."""
-    s = _utc_bound(since, "since") if since is not None else None
-    u = _utc_bound(until, "until") if until is not None else None
+    s = require_aware(since, "since") if since is not None else None
+    u = require_aware(until, "until") if until is not None else None
     if s is not None and u is not None and s >= u:
         raise InvalidInput("since must be before until")
     if tenant is not None and not is_slug(tenant):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from core.errors import Conflict, Forbidden, InvalidInput, TrustfabricError
+from core.errors import Conflict, Forbidden, InvalidInput, TrustfabricError, Unavailable
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,14 @@ class PolicyCompileError(InvalidInput):
 
 class PolicyEngineError(TrustfabricError):
     """The engine could not answer (evaluation error, server unreachable, timeout): callers deny."""
+
+    http_status = 400  # a policy that does not evaluate (its rules, its data) is the uploader's to fix
+
+
+class PolicyEngineUnavailable(PolicyEngineError, Unavailable):
+    """The policy engine's server (OPA) cannot be reached or answered with a server error (HTTP 503)."""
+
+    http_status = 503
 
 
 class PolicyTestsFailed(Conflict):

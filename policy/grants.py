@@ -20,19 +20,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, event, func, or_, update
+from sqlalchemy import Connection, and_, event, func, or_, update
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.vocabulary import FINAL_GRANT_STATES
 from policy.models import Grant
 
 log = logging.getLogger("trustfabric.policy.grants")
 
 OUTCOMES = ("approve", "pending", "deny")
-FINAL_STATES = ("expired", "revoked", "rejected", "denied")
+FINAL_STATES = FINAL_GRANT_STATES
 DEFAULT_PENDING_TTL = timedelta(days=3)
 MAX_PAGE = 200
 
@@ -423,6 +424,28 @@ def list_grants(
     query = grants_query(viewer_tenant=viewer_tenant, now=now, state=state, src_tenant=src_tenant,
                          dst_tenant=dst_tenant, after=after, limit=limit)
     return list(session.exec(query).all())
+
+
+def grant_rows(
+    conn: Connection, *, next_transition: bool = False, **filters: Any
+) -> tuple[list[Any], datetime | None, bool]:
+    """The hot listing (grants_query's `filters`) as plain rows on a read-only Core connection, no ORM:
+    (rows with GrantOut's attribute names, the next instant any grant's effective state changes without a
+    write (asked only with `next_transition`), whether that instant is known)."""
+    rows = list(conn.execute(grants_query(**filters)).all())
+    if not next_transition:
+        return rows, None, False
+    turn = conn.execute(next_transition_query()).first()
+    if turn is None:
+        return rows, None, False
+    return rows, min((as_utc(t) for t in turn if t is not None), default=None), True
+
+
+def find_by_idempotency_key(session: Session, requested_by: str, key: str) -> Grant | None:
+    """The grant a caller already requested under this Idempotency-Key, if any."""
+    return session.exec(
+        select(Grant).where(Grant.requested_by == requested_by, Grant.idempotency_key == key)
+    ).first()
 
 
 def sweep(session: Session, *, clock: Clock = system_clock, limit: int = 500) -> list[str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policy.decide import Flow, allowed_flow_set
-from policy.engine_regorus import RegorusEngine
+from policy.engines import scratch_engine
 from policy.errors import PolicyEngineError
 
 
@@ -51,7 +51,7 @@ def diff_flow_sets(
 
 def flows_under(modules: Mapping[str, str], data: Mapping[str, Any], now_ns: int | None = None) -> set[Flow]:
     """The allowed flow set of `modules` on `data`, computed on a private embedded engine."""
-    engine = RegorusEngine(modules, data)
+    engine = scratch_engine(modules, data)
     try:
         return set(allowed_flow_set(engine, now_ns))
     except (PolicyEngineError, KeyError, TypeError) as exc:

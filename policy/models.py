@@ -8,8 +8,6 @@ from typing import Any
 from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-GRANT_STATES = ("pending", "active", "expired", "revoked", "rejected", "denied")
-
 
 class Grant(SQLModel, table=True):
     """A tenant's request for flows to another tenant's group; lifecycle pending -> active -> expired|revoked,
@@ -85,5 +83,3 @@ class DecisionRecord(SQLModel, table=True):
     reasons: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     policy_hash: str | None = Field(default=None, max_length=64)
 
-
-TABLES_V1: list[type[SQLModel]] = [Grant, PolicyVersion, DecisionRecord]

@@ -17,8 +17,8 @@ from audit import Actor, record
 from core.errors import Conflict, InvalidInput, NotFound
 from policy.data import build_data, to_ns
 from policy.decide import FlowDecision, decide_flow, flow_input
-from policy.engine import PolicyEngine
-from policy.engine_regorus import RegorusEngine, compile_modules
+from policy.engines import PolicyEngine, scratch_engine
+from policy.engines.embedded import compile_modules
 from policy.errors import PolicyTestsFailed
 from policy.impact import ImpactReport, impact_of
 from policy.models import PolicyVersion
@@ -252,8 +252,8 @@ def engine_for_active(session: Session, now: datetime) -> tuple[PolicyEngine, st
     current = active_version(session)
     data = build_data(session, now)
     if current is None:
-        return RegorusEngine({}, data), None
-    return RegorusEngine(current.modules, data), current.content_hash
+        return scratch_engine({}, data), None
+    return scratch_engine(current.modules, data), current.content_hash
 
 
 def explain(

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from policy.engine_regorus import new_engine
+from policy.engines.embedded import new_engine
 from policy.errors import parse_regorus_error
 
 _PACKAGE_RE = re.compile(r"^\s*package\s+([A-Za-z_][\w.]*)", re.MULTILINE)

@@ -100,3 +100,8 @@ def verify_signature(content_hash_hex: str, signature_b64: str | None, keys: Seq
     raise SignatureRequired(
         f"the signature does not verify over content hash {content_hash_hex} with any configured policy key"
     )
+
+
+def load_verify_keys(paths: Sequence[Path]) -> list[VerifyKey]:
+    """The configured policy signing keys (PEM files). None configured: activation needs no signature."""
+    return [load_verify_key(Path(p).read_bytes()) for p in paths]

@@ -1,7 +1,11 @@
-"""Versioned schema: an ordered list of steps and a version table.
+"""Runs versioned schema steps and keeps the version table; owns no step itself.
 
-A step, once landed, never changes: a later schema change is a new step. Steps create tables from
-explicit model lists so a step's effect does not drift when a module grows.
+The rule for steps: each domain owns its own (`<domain>/migrations.py`), each holding the DDL it ran when
+it landed, written out as its own tables (never derived from the models, which grow), so a database
+migrated a year ago and one migrated today have the same history. A schema change is a new step with the
+next free version; a landed step never changes (tests/store/test_migrations.py checks that the steps'
+result matches the models and pins each landed step). The composition root hands the whole ordered list
+to `migrate` (workflows/schema.py), so this lowest layer imports no domain.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from datetime import UTC, datetime
 from sqlalchemy import Column as SAColumn
 from sqlalchemy import Connection, DateTime, Integer, MetaData, String, Table, select
 from sqlalchemy.engine import Engine
-from sqlmodel import SQLModel
 
 _meta = MetaData()
 schema_version = Table(
@@ -32,74 +35,6 @@ class Migration:
     apply: Callable[[Connection], None]
 
 
-def create_tables(*models: type[SQLModel]) -> Callable[[Connection], None]:
-    def _apply(conn: Connection) -> None:
-        tables = [m.__table__ for m in models]  # type: ignore[attr-defined]
-        SQLModel.metadata.create_all(conn, tables=tables)
-
-    return _apply
-
-
-def _inventory(conn: Connection) -> None:
-    from inventory import models
-
-    create_tables(*models.TABLES_V1)(conn)
-
-
-def _pki(conn: Connection) -> None:
-    from pki import models
-
-    create_tables(*models.TABLES_V1)(conn)
-
-
-def _audit(conn: Connection) -> None:
-    from audit import models
-
-    create_tables(*models.TABLES_V1)(conn)
-
-
-def _policy(conn: Connection) -> None:
-    from policy import models
-
-    create_tables(*models.TABLES_V1)(conn)
-
-
-def _api(conn: Connection) -> None:
-    from api import models
-
-    create_tables(*models.TABLES_V1)(conn)
-
-
-def _audit_counters_and_clock(conn: Connection) -> None:
-    """Audit events v2: per-key counters (audit/counters.py) and a clock that never goes back. Explicit
-    DDL, frozen: it does not read the models. A database whose step 1 already made the two head columns
-    (step 1 builds from the current models) gets only what it lacks. Existing events stay version 1:
-    `counted_from` is where counted events begin, `last_ts` the latest time any existing event has."""
-    from sqlalchemy import inspect
-
-    ts_type = "TIMESTAMP WITH TIME ZONE" if conn.dialect.name == "postgresql" else "DATETIME"
-    conn.exec_driver_sql(
-        "CREATE TABLE audit_counters (key VARCHAR(200) NOT NULL PRIMARY KEY, count BIGINT NOT NULL, "
-        "last_leaf VARCHAR(64) NOT NULL)"
-    )
-    have = {c["name"] for c in inspect(conn).get_columns("audit_head")}
-    if "last_ts" not in have:
-        conn.exec_driver_sql(f"ALTER TABLE audit_head ADD COLUMN last_ts {ts_type}")
-    if "counted_from" not in have:
-        conn.exec_driver_sql("ALTER TABLE audit_head ADD COLUMN counted_from BIGINT")
-    conn.exec_driver_sql("UPDATE audit_head SET last_ts = (SELECT max(ts) FROM audit_events), counted_from = size")
-
-
-MIGRATIONS: Sequence[Migration] = (
-    Migration(1, "audit log", _audit),
-    Migration(2, "inventory: tenants, workload groups, workloads", _inventory),
-    Migration(3, "pki: CAs, SVIDs, revocations, join tokens", _pki),
-    Migration(4, "policy: grants, policy versions, decision log", _policy),
-    Migration(5, "api: API tokens and principals", _api),
-    Migration(6, "audit: per-key event counters and a monotonic clock (events v2)", _audit_counters_and_clock),
-)
-
-
 def current_version(engine: Engine) -> int:
     with engine.connect() as conn:
         _meta.create_all(conn)
@@ -108,8 +43,11 @@ def current_version(engine: Engine) -> int:
     return int(row[0]) if row else 0
 
 
-def migrate(engine: Engine, steps: Sequence[Migration] = MIGRATIONS) -> list[int]:
+def migrate(engine: Engine, steps: Sequence[Migration]) -> list[int]:
     """Apply the steps not yet applied, each in its own transaction; returns the versions applied."""
+    versions = [step.version for step in steps]
+    if versions != sorted(set(versions)):
+        raise ValueError(f"schema steps must have distinct, increasing versions, got {versions}")
     applied: list[int] = []
     done = current_version(engine)
     for step in steps:

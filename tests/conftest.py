@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from store.db import Database, sqlite_url
-from store.migrations import migrate
+from workflows.schema import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TESTDATA = ROOT.parent / "shared" / "testdata"

@@ -18,24 +18,24 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
-from api.context import AppContext
 from api.deps import CtxDep, PrincipalDep
 from api.principal import Principal
 from api.routes.common import decode_cursor, encode_cursor, request_id
 from api.schemas import COMMON_ERRORS, CursorQuery, error_responses
 from audit import checkpoint as cp
-from audit import record, service
-from audit.export import FORMATS, ExportFilter, FormatName, export_events
+from audit import service
+from audit.export import FORMATS, ExportFilter, FormatName
 from audit.models import AuditEvent
-from core.clock import as_utc
+from core.clock import as_utc, require_aware
 from core.errors import Forbidden, InvalidInput, NotFound
-from policy.decisionlog import export_decisions, export_filter
+from core.vocabulary import SLUG_PATTERN
+from workflows import exports
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 ERRORS = error_responses(*COMMON_ERRORS)
 ERRORS_404 = error_responses(*COMMON_ERRORS, 404)
 
-SLUG = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+SLUG = SLUG_PATTERN
 ACTION = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$"
 TenantQuery = Annotated[str | None, Query(min_length=1, max_length=63, pattern=SLUG)]
 ActionQuery = Annotated[str | None, Query(min_length=3, max_length=64, pattern=ACTION)]
@@ -150,8 +150,8 @@ def _scope(request: Request, principal: Principal, action: str, tenant: str | No
 
 
 def _aware(value: datetime | None, name: str) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        raise InvalidInput(f"{name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
+    if value is not None:
+        require_aware(value, name)
     return value
 
 
@@ -192,31 +192,15 @@ def _signer(ctx: CtxDep) -> cp.CheckpointSigner:
     return cp.audit_signer(ctx.keystore)
 
 
-def log_origin(ctx: AppContext) -> str:
-    """The checkpoint origin: the initialised trust domain's (settings only before init)."""
-    from pki.service import trust_domain
-
-    with ctx.db.read_session() as session:
-        return cp.log_origin(trust_domain(session) or ctx.settings.trust_domain)
-
-
 def _origin(ctx: CtxDep) -> str:
-    return log_origin(ctx)
+    return exports.log_origin(ctx)
 
 
 @router.get("/checkpoint", response_model=CheckpointOut, responses=ERRORS_404, summary="The latest signed checkpoint")
 def get_checkpoint(request: Request, ctx: CtxDep, principal: PrincipalDep) -> CheckpointOut:
     _scope(request, principal, "audit.read", None)
     signer = _signer(ctx)
-    writer = cp.CheckpointWriter(
-        ctx.db,
-        signer,
-        origin=_origin(ctx),
-        every_events=max(1, ctx.settings.audit_checkpoint_every),
-        every_seconds=max(1, ctx.settings.audit_checkpoint_seconds),
-        clock=ctx.clock,
-    )
-    writer.maybe_write()
+    exports.checkpoint_writer(ctx, floor=1).maybe_write()
     with ctx.db.read_session() as session:
         latest = cp.latest_checkpoint(session)
     if latest is None:  # an empty log still has a (size 0) checkpoint to anchor to
@@ -260,11 +244,7 @@ def inclusion(
         proof = service.inclusion_proof(session, index, tree_size)
         root = service.root_at(session, tree_size)
         if note is None:
-            from sqlmodel import select
-
-            from audit.models import AuditCheckpoint
-
-            stored = session.exec(select(AuditCheckpoint).where(AuditCheckpoint.size == tree_size)).first()
+            stored = cp.checkpoint_of_size(session, tree_size)
             note = stored.note if stored is not None else None
     return InclusionOut(
         index=index,
@@ -345,44 +325,17 @@ def create_export(body: ExportRequest, request: Request, ctx: CtxDep, principal:
     filters = ExportFilter(
         since=_aware(body.since, "since"), until=_aware(body.until, "until"), tenant=tenant, action=body.action
     )
-    filters.check()
-    if body.include_decisions:
-        export_filter(filters.since, filters.until, tenant)  # a bad filter writes nothing
-    signer = _signer(ctx)
-    kept = cp.verify_checkpoint(body.since_checkpoint, cp.ed25519_public_key(signer)) if body.since_checkpoint else None
+    exports.check_filters(filters, with_decisions=body.include_decisions)
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed by the stream)
     spools = [spool]
     try:
-        result = export_events(
-            ctx.db,
-            signer,
-            spool,
-            fmt=body.format,
-            filters=filters,
-            origin=_origin(ctx),
-            clock=ctx.clock,
-            since_checkpoint=kept,
-        )
-        summary: dict[str, Any] = {"filter": filters.as_json(), "tree_size": result.tree_size, "events": result.events}
         if body.include_decisions:
-            dec_spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed below)
-            spools.append(dec_spool)
-            decisions = export_decisions(
-                ctx.db, dec_spool, since=filters.since, until=filters.until, tenant=tenant, clock=ctx.clock
-            )
-            summary["decisions"] = {"count": decisions.count, "sha256": decisions.sha256}
-        # Who exported what is itself audited -- once the export exists, so a failed one leaves no event.
-        with ctx.db.session() as session:
-            record(
-                session,
-                actor=principal.actor(),
-                action="audit.export",
-                object_type="export",
-                object_id=body.format,
-                tenant=tenant,
-                summary=summary,
-                request_id=request_id(request),
-            )
+            spools.append(tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024))  # noqa: SIM115 (closed below)
+        exports.export_audit(
+            ctx, spool, fmt=body.format, filters=filters, actor=principal.actor(),
+            decisions_out=spools[1] if body.include_decisions else None, request_id=request_id(request),
+            since_checkpoint=body.since_checkpoint,
+        )
     except BaseException:
         for f in spools:
             f.close()

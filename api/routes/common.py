@@ -16,11 +16,15 @@ __all__ = ["caller_of", "decode_cursor", "encode_cursor", "request_id"]
 
 
 def request_id(request: Request) -> str:
-    """The caller's X-Request-ID when it is sane, else a fresh one; it is written into audit events."""
+    """The caller's X-Request-ID when it is sane, else a fresh one; the same for the whole request (it is
+    written into audit events and named in the log and the answer of a server-side failure)."""
+    known: str | None = getattr(request.state, "request_id", None)
+    if known is not None:
+        return known
     given = request.headers.get("x-request-id")
-    if given and _REQUEST_ID_RE.fullmatch(given):
-        return given
-    return secrets.token_hex(8)
+    rid = given if given and _REQUEST_ID_RE.fullmatch(given) else secrets.token_hex(8)
+    request.state.request_id = rid
+    return rid
 
 
 def caller_of(principal: Principal) -> Caller:

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import select
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
@@ -33,6 +32,7 @@ from api.schemas import (
 from api.writelock import grant_writer
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
+from core.vocabulary import GRANT_STATE_PATTERN
 from policy import grants as svc
 from policy.models import Grant
 
@@ -42,7 +42,7 @@ READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
 GrantId = Annotated[str, Path(min_length=1, max_length=64, description="grant id")]
 IDEMPOTENCY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
-STATE_PATTERN = "^(pending|active|expired|revoked|rejected|denied)$"
+STATE_PATTERN = GRANT_STATE_PATTERN
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -152,9 +152,7 @@ def request_grant(
         if idempotency_key is None:
             raise
         with ctx.db.read_session() as session:
-            existing = session.exec(
-                select(Grant).where(Grant.requested_by == caller.id, Grant.idempotency_key == idempotency_key)
-            ).first()
+            existing = svc.find_by_idempotency_key(session, caller.id, idempotency_key)
         if existing is None:
             raise
         if not req.same_as(existing):
@@ -186,23 +184,20 @@ async def list_grants(
         body, version = cache.get(key, now)
         if body is not None:
             return Response(body, media_type="application/json")
-    query = svc.grants_query(
-        viewer_tenant=scope, now=now, state=state, src_tenant=src_tenant, dst_tenant=dst_tenant,
-        after=decode_cursor(cursor) if cursor is not None else None, limit=limit + 1,
-    )
     with ctx.reader.connect() as conn:
-        rows = conn.execute(query).all()
         # Effective states (and so this page, under any filter) change at the next expiry of any grant.
-        turn = conn.execute(svc.next_transition_query()).first() if version is not None else None
+        rows, until, known = svc.grant_rows(
+            conn, viewer_tenant=scope, now=now, state=state, src_tenant=src_tenant, dst_tenant=dst_tenant,
+            after=decode_cursor(cursor) if cursor is not None else None, limit=limit + 1,
+            next_transition=version is not None,
+        )
     more = len(rows) > limit
     rows = rows[:limit]
     page = {"items": [grant_view(g, now) for g in rows],
             "next_cursor": encode_cursor(rows[-1].id) if more else None}
     body = json.dumps(page, separators=(",", ":")).encode()
-    if cache is not None and turn is not None:
-        until = min((as_utc(t) for t in turn if t is not None), default=None)
-        if until is None or until > now:
-            cache.put(key, version, body, until)
+    if cache is not None and known and (until is None or until > now):
+        cache.put(key, version, body, until)
     return Response(body, media_type="application/json")
 
 

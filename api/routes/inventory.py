@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from sqlmodel import col, select
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
@@ -24,11 +23,11 @@ from api.schemas import (
     WorkloadOut,
     error_responses,
 )
-from api.trust import trust_domain
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
 from inventory import service
 from inventory.models import Tenant, Workload, WorkloadGroup
+from workflows.context import trust_domain
 
 router = APIRouter(prefix="/v1", tags=["inventory"])
 
@@ -74,15 +73,9 @@ def list_tenants(
 ) -> Page[TenantOut]:
     scope = principal.scope_tenant
     authorize(request, principal, "tenant.read", scope)
-    query = select(Tenant).order_by(col(Tenant.slug)).limit(limit + 1)
-    if scope is not None:
-        query = query.where(col(Tenant.slug) == scope)
-    if quarantined is not None:
-        query = query.where(col(Tenant.quarantined) == quarantined)
-    if cursor is not None:
-        query = query.where(col(Tenant.slug) > decode_cursor(cursor))
+    after = decode_cursor(cursor) if cursor is not None else None
     with ctx.db.read_session() as session:
-        rows = list(session.exec(query).all())
+        rows = service.page_tenants(session, only=scope, quarantined=quarantined, after=after, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return Page[TenantOut](items=[tenant_out(t) for t in rows],
@@ -119,14 +112,9 @@ def list_groups(
     sensitivity: Annotated[str | None, Query(pattern="^(normal|sensitive)$")] = None,
 ) -> Page[GroupOut]:
     authorize(request, principal, "inventory.read", tenant)
-    query = select(WorkloadGroup).where(col(WorkloadGroup.tenant) == tenant)
-    if sensitivity is not None:
-        query = query.where(col(WorkloadGroup.sensitivity) == sensitivity)
-    if cursor is not None:
-        query = query.where(col(WorkloadGroup.name) > decode_cursor(cursor))
+    after = decode_cursor(cursor) if cursor is not None else None
     with ctx.db.read_session() as session:
-        service.get_tenant(session, tenant)
-        rows = list(session.exec(query.order_by(col(WorkloadGroup.name)).limit(limit + 1)).all())
+        rows = service.page_groups(session, tenant, sensitivity=sensitivity, after=after, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return Page[GroupOut](items=[group_out(g) for g in rows],
@@ -165,21 +153,15 @@ def list_workloads(
     revoked: bool | None = None,
 ) -> Page[WorkloadOut]:
     authorize(request, principal, "inventory.read", tenant)
-    query = select(Workload).where(col(Workload.tenant) == tenant)
-    if group is not None:
-        query = query.where(col(Workload.group) == group)
-    if revoked is not None:
-        query = query.where(col(Workload.revoked) == revoked)
+    after_id = None
     if cursor is not None:
-        after = decode_cursor(cursor)
         try:
-            after_id = int(after)
+            after_id = int(decode_cursor(cursor))
         except ValueError:
             raise InvalidInput("cursor is not one this API returned") from None
-        query = query.where(col(Workload.id) > after_id)
     with ctx.db.read_session() as session:
-        service.get_tenant(session, tenant)
-        rows = list(session.exec(query.order_by(col(Workload.id)).limit(limit + 1)).all())
+        rows = service.page_workloads(session, tenant, group=group, revoked=revoked, after_id=after_id,
+                                      limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return Page[WorkloadOut](items=[workload_out(w) for w in rows],

@@ -8,17 +8,13 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from sqlmodel import Session
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.routes.common import request_id
 from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
-from core.clock import as_utc
 from pki import service
-from pki.attestation import token_hash
 from pki.errors import SvidNotFound
-from pki.models import IssuedSvid, JoinToken
 
 router = APIRouter(prefix="/v1", tags=["pki"])
 
@@ -183,19 +179,11 @@ def issue_jwt(body: JwtSvidRequest, request: Request, ctx: CtxDep, principal: Pr
                       expires_at=issued.expires_at, kid=issued.kid)
 
 
-def _serial_tenant(session: Session, serial: str) -> str | None:
-    norm = serial.strip().lower().removeprefix("0x").replace(":", "").lstrip("0") or "0"
-    row = session.get(IssuedSvid, norm)
-    if row is None:
-        raise SvidNotFound(f"no SVID with serial {norm}")
-    return row.tenant
-
-
 @router.post("/svids/revoke", response_model=RevokeOut, responses=error_responses(*COMMON_ERRORS, 404, 409),
              summary="Revoke one SVID by serial, or every SVID of a tenant / group / workload")
 def revoke(body: RevokeRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> RevokeOut:
     with ctx.db.session() as session:
-        tenant = _serial_tenant(session, body.serial) if body.serial is not None else body.tenant
+        tenant = service.svid_tenant(session, body.serial) if body.serial is not None else body.tenant
         if body.serial is not None and principal.scope_tenant is not None and tenant != principal.scope_tenant:
             raise SvidNotFound(f"no SVID with serial {body.serial}")  # do not reveal other tenants' serials
         authorize(request, principal, "svid.revoke", tenant)
@@ -229,11 +217,9 @@ def create_node_token(body: JoinTokenRequest, request: Request, ctx: CtxDep, pri
     with ctx.db.session() as session:
         token = service.create_join_token(session, node_name=body.node_name, ttl=_ttl(body.ttl_seconds),
                                           actor=principal.actor(), clock=ctx.clock, request_id=request_id(request))
-        td = service.trust_domain(session)
-        row = session.get(JoinToken, token_hash(token))
-        assert row is not None
-        expires_at = as_utc(row.expires_at)
-    return JoinTokenOut(token=token, node_name=body.node_name, spiffe_id=f"spiffe://{td}/node/{body.node_name}",
+        spiffe_id = service.node_spiffe_id(session, body.node_name)
+        expires_at = service.join_token_expires_at(session, token)
+    return JoinTokenOut(token=token, node_name=body.node_name, spiffe_id=spiffe_id,
                         expires_at=expires_at)
 
 
@@ -248,26 +234,11 @@ def attest(body: AttestRequest, request: Request, ctx: CtxDep) -> X509SvidOut:
     return _x509_out(issued)
 
 
-def status_dict(status: service.RotationStatus) -> dict[str, Any]:
-    """RotationStatus as JSON-friendly data (shared with the CLI)."""
-    def ts(value: datetime | None) -> str | None:
-        return value.isoformat() if value else None
-
-    return {
-        "prepared": status.prepared, "activated": status.activated, "retired": status.retired,
-        "active_generation": status.active_generation, "next_prepare_at": ts(status.next_prepare_at),
-        "next_activate_at": ts(status.next_activate_at),
-        "cas": [{"id": c.id, "generation": c.generation, "role": c.role, "state": c.state, "key_kind": c.key_kind,
-                 "not_before": ts(c.not_before), "not_after": ts(c.not_after), "signed_until": ts(c.signed_until)}
-                for c in status.cas],
-    }
-
-
 @router.get("/ca/status", responses=error_responses(*COMMON_ERRORS, 409), summary="CA generations and schedule")
 def ca_status(request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
     authorize(request, principal, "ca.read", None)
     with ctx.db.read_session() as session:
-        return status_dict(service.ca_status(session, ctx.clock))
+        return service.status_dict(service.ca_status(session, ctx.clock))
 
 
 @router.post("/ca/rotate", responses=error_responses(*COMMON_ERRORS, 409),
@@ -275,5 +246,5 @@ def ca_status(request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[st
 def ca_rotate(body: RotateRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
     authorize(request, principal, "ca.rotate", None)
     with ctx.db.session() as session:
-        return status_dict(service.rotate(session, ctx.keystore, force=body.force, actor=principal.actor(),
+        return service.status_dict(service.rotate(session, ctx.keystore, force=body.force, actor=principal.actor(),
                                           clock=ctx.clock, request_id=request_id(request)))

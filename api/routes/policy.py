@@ -3,9 +3,7 @@ call policy.service, let api/errors.py map the domain errors."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -15,13 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.schemas import COMMON_ERRORS, error_responses
-from core.clock import as_utc
 from core.errors import Forbidden
 from policy import service
 from policy.decide import parse_identity
 from policy.decisionlog import DecisionLog, query_decisions
-from policy.models import DecisionRecord, PolicyVersion
-from policy.versions import MAX_MODULES, VerifyKey, load_verify_key
+from policy.versions import MAX_MODULES, load_verify_keys
+from policy.views import DecisionOut, VersionDetail, VersionOut, decision_out, version_out
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 
@@ -45,26 +42,6 @@ class ActivateBody(BaseModel):
     reason: str | None = Field(default=None, max_length=500)
 
 
-class VersionOut(BaseModel):
-    number: int
-    content_hash: str
-    state: str
-    tests_passed: bool
-    tests_total: int
-    tests_failing: list[str]
-    modules: list[str]
-    uploaded_by: str
-    note: str
-    created_at: datetime
-    activated_at: datetime | None
-    signed_by: str | None
-
-
-class VersionDetail(VersionOut):
-    sources: dict[str, str]
-    tests: list[dict[str, Any]]
-
-
 class ValidateOut(BaseModel):
     content_hash: str
     modules: list[str]
@@ -75,41 +52,6 @@ class ExplainOut(BaseModel):
     reasons: list[str]
     policy_hash: str | None
     input: dict[str, Any]
-
-
-class DecisionOut(BaseModel):
-    id: int
-    ts: datetime
-    kind: str
-    tenant: str | None
-    allowed: bool
-    outcome: str
-    input: dict[str, Any]
-    result: dict[str, Any]
-    reasons: list[str]
-    policy_hash: str | None
-
-
-def version_out(v: PolicyVersion, detail: bool = False) -> VersionOut:
-    fields: dict[str, Any] = dict(
-        number=v.number or 0, content_hash=v.content_hash, state=v.state, tests_passed=v.tests_passed,
-        tests_total=len(v.tests), tests_failing=[str(t["name"]) for t in v.tests if not t.get("passed")],
-        modules=sorted(v.modules), uploaded_by=v.uploaded_by, note=v.note, created_at=as_utc(v.created_at),
-        activated_at=as_utc(v.activated_at) if v.activated_at else None, signed_by=v.signed_by,
-    )
-    if detail:
-        return VersionDetail(**fields, sources=dict(v.modules), tests=list(v.tests))
-    return VersionOut(**fields)
-
-
-def decision_out(r: DecisionRecord) -> DecisionOut:
-    return DecisionOut(id=r.id or 0, ts=as_utc(r.ts), kind=r.kind, tenant=r.tenant, allowed=r.allowed,
-                       outcome=r.outcome, input=r.input, result=r.result, reasons=r.reasons, policy_hash=r.policy_hash)
-
-
-def verify_keys(settings: Any) -> Sequence[VerifyKey]:
-    """Policy signing keys (settings.policy_verify_keys, PEM files). None configured: no signature needed."""
-    return [load_verify_key(Path(p).read_bytes()) for p in settings.policy_verify_keys]
 
 
 @router.post("/validate", response_model=ValidateOut, responses=error_responses(*COMMON_ERRORS),
@@ -180,7 +122,7 @@ def activate(ref: VersionRef, body: ActivateBody, request: Request, ctx: CtxDep,
     authorize(request, principal, "policy.activate", None)
     with ctx.db.session() as session:
         v = service.activate(session, ref, principal.actor(), now=ctx.clock(), signature=body.signature,
-                             verify_keys=verify_keys(ctx.settings), reason=body.reason)
+                             verify_keys=load_verify_keys(ctx.settings.policy_verify_keys), reason=body.reason)
         return version_out(v)
 
 
@@ -191,7 +133,7 @@ def rollback(ref: VersionRef, body: ActivateBody, request: Request, ctx: CtxDep,
     authorize(request, principal, "policy.rollback", None)
     with ctx.db.session() as session:
         v = service.rollback(session, ref, principal.actor(), now=ctx.clock(), signature=body.signature,
-                             verify_keys=verify_keys(ctx.settings), reason=body.reason)
+                             verify_keys=load_verify_keys(ctx.settings.policy_verify_keys), reason=body.reason)
         return version_out(v)
 
 

@@ -1,5 +1,5 @@
 """Security actions: quarantine / unquarantine a tenant or group (overrides every grant), revoke a
-workload's identities (PKI revocation of every SVID + the workload marked revoked, so flows are withdrawn)."""
+workload's identities. Each route authorizes and runs one workflow (workflows/security.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ from api.schemas import (
     TenantOut,
     error_responses,
 )
-from audit import record
-from core.errors import Conflict
-from inventory import service
 from inventory.models import Tenant, WorkloadGroup
+from workflows import security
 
 router = APIRouter(prefix="/v1", tags=["security"])
 
@@ -32,7 +30,7 @@ def _set_tenant(ctx: CtxDep, request: Request, principal: PrincipalDep, tenant: 
                 quarantined: bool) -> TenantOut:
     authorize(request, principal, "tenant.quarantine" if quarantined else "tenant.unquarantine", tenant)
     with ctx.db.session() as session:
-        target = service.set_quarantine(
+        target = security.set_quarantine(
             session, tenant=tenant, group=None, quarantined=quarantined, actor=principal.actor(), reason=reason,
             request_id=request_id(request),
         )
@@ -44,7 +42,7 @@ def _set_group(ctx: CtxDep, request: Request, principal: PrincipalDep, tenant: s
                quarantined: bool) -> GroupOut:
     authorize(request, principal, "group.quarantine" if quarantined else "group.unquarantine", tenant)
     with ctx.db.session() as session:
-        target = service.set_quarantine(
+        target = security.set_quarantine(
             session, tenant=tenant, group=group, quarantined=quarantined, actor=principal.actor(), reason=reason,
             request_id=request_id(request),
         )
@@ -84,24 +82,10 @@ def unquarantine_group(tenant: SlugPath, group: SlugPath, body: QuarantineBody, 
              responses=ERRORS, summary="Revoke every identity of a workload (SVIDs revoked, flows withdrawn)")
 def revoke_workload(tenant: SlugPath, group: SlugPath, name: SlugPath, body: QuarantineBody, request: Request,
                     ctx: CtxDep, principal: PrincipalDep) -> RevokeWorkloadOut:
-    from pki.revocation import revoke
-
     authorize(request, principal, "svid.revoke", tenant)
-    rid = request_id(request)
     with ctx.db.session() as session:
-        workload = service.get_workload(session, tenant, group, name)
-        if workload.revoked:
-            raise Conflict(f"workload {workload.spiffe_id} is already revoked")
-        serials = revoke(
-            session, tenant=tenant, group=group, workload=name, reason=body.reason, actor=principal.actor(),
-            scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=rid,
-        )
-        workload.revoked = True
-        session.add(workload)
-        session.flush()
-        record(
-            session, actor=principal.actor(), action="workload.revoke", object_type="workload",
-            object_id=workload.spiffe_id, tenant=tenant, summary={"serials": serials, "revoked": True},
-            reason=body.reason, request_id=rid, at=ctx.clock(),
+        workload, serials = security.revoke_workload(
+            session, tenant=tenant, group=group, name=name, reason=body.reason, actor=principal.actor(),
+            scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=request_id(request),
         )
         return RevokeWorkloadOut(workload=workload_out(workload), revoked_serials=serials)

@@ -5,12 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
-from sqlmodel import col, select
 
-from api.auth_jwt import mint_token, revoke_token
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
-from api.models import ApiToken
 from api.routes.common import decode_cursor, encode_cursor, request_id
 from api.schemas import (
     COMMON_ERRORS,
@@ -25,6 +22,8 @@ from api.schemas import (
     error_responses,
 )
 from core.clock import as_utc
+from pki.tokens import service as tokens
+from pki.tokens.models import ApiToken
 
 router = APIRouter(prefix="/v1", tags=["principals"])
 
@@ -51,7 +50,7 @@ def create_token(body: TokenCreate, request: Request, ctx: CtxDep, principal: Pr
     from datetime import timedelta
 
     with ctx.db.session() as session:
-        token, row = mint_token(
+        token, row = tokens.mint_token(
             session, ctx.keystore, role=body.role, tenant=body.tenant, ttl=timedelta(seconds=body.ttl_seconds),
             actor=principal.actor(), issuer=ctx.settings.api_issuer, audience=ctx.settings.api_audience,
             max_ttl=ctx.settings.max_token_ttl, subject=body.subject, description=body.description,
@@ -65,11 +64,8 @@ def create_token(body: TokenCreate, request: Request, ctx: CtxDep, principal: Pr
 def list_tokens(request: Request, ctx: CtxDep, principal: PrincipalDep,
                 cursor: CursorQuery = None, limit: LimitQuery = 50) -> Page[TokenOut]:
     authorize(request, principal, "token.read", None)
-    query = select(ApiToken).order_by(col(ApiToken.id)).limit(limit + 1)
-    if cursor is not None:
-        query = query.where(col(ApiToken.id) > decode_cursor(cursor))
     with ctx.db.read_session() as session:
-        rows = list(session.exec(query).all())
+        rows = tokens.list_tokens(session, after=decode_cursor(cursor) if cursor is not None else None, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return Page[TokenOut](items=[token_out(r) for r in rows], next_cursor=encode_cursor(rows[-1].id) if more else None)
@@ -80,5 +76,5 @@ def list_tokens(request: Request, ctx: CtxDep, principal: PrincipalDep,
 def revoke(token_id: TokenId, body: ReasonBody, request: Request, ctx: CtxDep, principal: PrincipalDep) -> TokenOut:
     authorize(request, principal, "token.revoke", None)
     with ctx.db.session() as session:
-        return token_out(revoke_token(session, token_id, actor=principal.actor(), reason=body.reason,
+        return token_out(tokens.revoke_token(session, token_id, actor=principal.actor(), reason=body.reason,
                                       clock=ctx.clock))

@@ -14,16 +14,15 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.auth_jwt import ensure_issuer_key, mint_token
-from api.config import Settings
-from api.context import AppContext
-from api.tokens import create_opaque_token
 from audit import Actor
 from audit.checkpoint import ensure_audit_key
 from core.clock import FrozenClock
 from inventory import service as inv
 from keys.store import KeyKind
 from pki.service import init_trust_domain
+from pki.tokens.service import create_opaque_token, ensure_issuer_key, mint_token
+from workflows.context import AppContext
+from workflows.settings import Settings
 
 TD = "example.org"
 
@@ -107,8 +106,8 @@ def seed(env: Env, td: str = TD, *, policy: bool = True) -> None:
 
 def activate_shipped_policy(env: Env) -> int:
     """What `trustfabric init` does: the shipped rego/ uploaded and activated as the policy in force."""
-    from api.authz import REGO_DIR
     from policy import service as policy_service
+    from policy.shipped import REGO_DIR
     from policy.versions import load_dir
 
     actor = Actor.system("seed")

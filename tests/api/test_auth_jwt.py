@@ -17,11 +17,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from sqlmodel import func, select
 
-from api.auth_jwt import API_ISSUER_KEY_ID, issuer_public_key
 from audit import Actor
 from audit.models import AuditEvent
 from inventory.models import Tenant
 from pki.service import issue_jwt_svid
+from pki.tokens.service import API_ISSUER_KEY_ID, issuer_public_key
 from tests.api.conftest import Env, make_settings, open_env, seed
 
 NEW_TENANT = {"slug": "evil", "display_name": "Evil"}

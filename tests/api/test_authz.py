@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.authz import default_engine_factory
-from policy.engine_regorus import RegorusEngine
+from policy.engines.embedded import RegorusEngine
 from policy.errors import PolicyEngineError
 from tests.api.conftest import Env, make_settings, open_env, seed
 

@@ -21,7 +21,7 @@ def _actions(env_ctx: object) -> list[str]:
 def test_jobs_rotate_the_ca_at_half_life_and_checkpoint_the_log(tmp_path: Path) -> None:
     env = open_env(make_settings(tmp_path / "home", audit_checkpoint_every=1, audit_checkpoint_seconds=3600))
     try:
-        jobs = server_jobs(env.ctx)
+        jobs = server_jobs(env.ctx, env.app.state.trust_anchors)
         assert jobs.run_due(now=0.0) == ["grant-sweeper", "ca-rotator", "tls-trust-anchors", "audit-checkpoints"]
         assert "ca.prepare" not in _actions(env.ctx)  # nothing due at the start of the CA's life
         from audit.checkpoint import latest_checkpoint
@@ -55,3 +55,37 @@ def test_a_failing_job_does_not_stop_the_others() -> None:
     assert jobs.run_due(now=0.5) == []  # not due yet
     assert jobs.run_due(now=1.0) == ["bad", "good"]
     assert ran == ["good", "good"]
+
+
+def test_module_state_is_bounded_and_closed(tmp_path: Path) -> None:
+    """The CA certificate cache is an LRU; the grant write lock leaves no file descriptor open; trust
+    anchors belong to the app that made them (two apps never share one)."""
+    import os
+
+    from api.app import create_app
+    from api.writelock import grant_writer
+    from pki import ca
+
+    env = open_env(make_settings(tmp_path / "home"))
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+        for _ in range(5):
+            with grant_writer(env.ctx):
+                pass
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert create_app(env.ctx).state.trust_anchors is not env.app.state.trust_anchors
+    finally:
+        env.client.close()
+        env.ctx.close()
+
+    class Row:
+        def __init__(self, pem: str) -> None:
+            self.cert_pem = pem
+
+    from tests.pki.helpers import self_signed_pem
+
+    pems = [self_signed_pem(f"ca-{i}") for i in range(ca.CERT_CACHE_SIZE + 5)]
+    for pem in pems:
+        ca.certificate(Row(pem))  # type: ignore[arg-type]
+    assert len(ca._cert_cache) == ca.CERT_CACHE_SIZE
+    assert pems[0] not in ca._cert_cache and pems[-1] in ca._cert_cache

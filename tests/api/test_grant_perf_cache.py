@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from sqlmodel import Session, select
 
-from api.grant_policy import RegoGrantDecider
 from inventory.models import Tenant, Workload, WorkloadGroup
 from pki.models import RevokedIdentity
 from policy import grants as svc
 from policy.data import build_data, data_fingerprint
+from policy.grant_decider import RegoGrantDecider
 from policy.models import Grant
 from store.db import Database
 from tests.api.conftest import Env

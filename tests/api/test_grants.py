@@ -316,8 +316,8 @@ def test_background_sweeper_runs_in_the_server_process(tmp_path: Path) -> None:
 def test_cached_reads_see_every_commit_from_any_connection(env_both: Env) -> None:
     """The hot reads (token rows, grant pages) are cached only while the database is unchanged: a write
     by another connection (another worker process, a CLI) is visible on the very next request."""
-    from api.auth_jwt import revoke_token
     from audit import Actor
+    from pki.tokens.service import revoke_token
     from store.db import Database
 
     env = env_both
@@ -347,7 +347,7 @@ def test_cached_reads_see_every_commit_from_any_connection(env_both: Env) -> Non
 def test_grant_decisions_come_from_the_active_policy_version(env: Env) -> None:
     """Activating a version with a stricter grants.rego changes the next decision; rolling back restores
     the earlier one; with no version in force every request is denied, saying why (fail closed)."""
-    from api.authz import REGO_DIR
+    from policy.shipped import REGO_DIR
     from policy.versions import load_dir
 
     two_hours = {**REQ, "ttl_seconds": 7200}

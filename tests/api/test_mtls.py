@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from spiffe import X509Svid
 
-from api.auth_mtls import PeerCertH11Protocol
+from api.auth.mtls import PeerCertH11Protocol
 from api.tls import ServerTls, prepare_server_tls
 from audit import Actor
 from pki.service import issue_x509_svid
@@ -223,9 +223,9 @@ def test_roots_rotated_in_are_trusted_without_a_restart(
     assert status.activated is not None
     new_cert, new_key, _ = issue_svid(env, tmp_path, "after")
     assert refused(server, client_ctx(tls, new_cert, new_key))  # only the start-up roots are trusted
-    assert refresh_trust_anchors(env.ctx) >= 1
+    assert refresh_trust_anchors(env.ctx, env.app.state.trust_anchors) >= 1
     r = get(server, client_ctx(tls, new_cert, new_key))
     assert r.status_code == 200, r.text
     assert r.json()["id"] == "spiffe://example.org/tenant/acme/group/web/web-1"
     assert get(server, client_ctx(tls, old_cert, old_key)).status_code == 200  # the old generation still works
-    assert refresh_trust_anchors(env.ctx) == 0  # nothing new: nothing added again
+    assert refresh_trust_anchors(env.ctx, env.app.state.trust_anchors) == 0  # nothing new: nothing added again

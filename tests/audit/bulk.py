@@ -67,6 +67,14 @@ _EVENT_COLUMNS = (
 )
 
 
+def _head_columns(cur: Any, pg: bool) -> set[str]:
+    if pg:
+        cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'audit_head'")
+        return {str(r[0]) for r in cur.fetchall()}
+    cur.execute("PRAGMA table_info(audit_head)")
+    return {str(r[1]) for r in cur.fetchall()}
+
+
 def bulk_fill(db: Database, n: int, chunk: int = 50_000) -> None:
     """Append n events to an empty log (SQLite: executemany without journal; PostgreSQL: COPY)."""
     pg = db.dialect == "postgresql"
@@ -113,10 +121,12 @@ def bulk_fill(db: Database, n: int, chunk: int = 50_000) -> None:
         for name, ddl in _INDEXES.items():
             cur.execute(f"CREATE INDEX {name} ON audit_events {ddl}")
         p = "%s" if pg else "?"
+        head: dict[str, Any] = {"size": n, "last_leaf": leaves[-1].hex() if leaves else "0" * 64,
+                                "frontier": json.dumps(frontier)}
+        if "counted_from" in _head_columns(cur, pg):  # a log from before schema step 6 has no counters
+            head.update(counted_from=n, last_ts=ts if not pg else ts + "+00")
         cur.execute(
-            f"UPDATE audit_head SET size = {p}, last_leaf = {p}, frontier = {p}, counted_from = {p}, last_ts = {p} "
-            f"WHERE id = {HEAD_ID}",
-            (n, leaves[-1].hex() if leaves else "0" * 64, json.dumps(frontier), n, ts if not pg else ts + "+00"),
+            f"UPDATE audit_head SET {', '.join(f'{k} = {p}' for k in head)} WHERE id = {HEAD_ID}", tuple(head.values())
         )
         raw.commit()
         if not pg:

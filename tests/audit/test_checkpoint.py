@@ -254,7 +254,7 @@ def test_a_rewritten_log_is_inconsistent_with_the_kept_checkpoint(
     from audit.errors import Inconsistent
     from audit.verify import verify_export
     from store.db import sqlite_url
-    from store.migrations import migrate
+    from workflows.schema import migrate
 
     fill(sqlite_db, 30)
     kept = cpm.verify_checkpoint(cpm.write_checkpoint(sqlite_db, signer).note, signer.public_key())

@@ -19,9 +19,11 @@ from audit.errors import BadHeader, Removed, Truncated, Unproven, VerificationEr
 from audit.export import ExportFilter, export_events
 from audit.verify import verify_export
 from store.db import Database, sqlite_url
-from store.migrations import MIGRATIONS, migrate
+from store.migrations import migrate as run_steps
 from tests.audit.bulk import bulk_fill
 from tests.audit.conftest import T0, KeySigner, fill
+from workflows.schema import STEPS as MIGRATIONS
+from workflows.schema import migrate
 
 N = 90
 
@@ -136,7 +138,7 @@ def test_a_log_from_before_the_counters_verifies_whole_but_filtered_only_as_unpr
     """An existing database (events of version 1, migrated): its events still verify; a filter they
     cannot prove is UNPROVEN, never OK; events appended after the migration are proven again."""
     db = Database(sqlite_url(tmp_path))
-    migrate(db.engine, MIGRATIONS[:5])  # the schema before this change
+    run_steps(db.engine, MIGRATIONS[:5])  # the schema before this change
     bulk_fill(db, 40)  # version 1 events, as the old record() wrote them
     assert migrate(db.engine) == [6]
     signer = KeySigner()

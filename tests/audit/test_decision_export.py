@@ -17,10 +17,10 @@ import pytest
 from sqlmodel import select
 from typer.testing import CliRunner
 
-from api.cli import app as cli_app
 from audit import checkpoint as cpm
 from audit.models import AuditEvent
 from audit.verify import verify_export
+from cli.main import app as cli_app
 from policy.decide import AuthzDecision, FlowDecision, GrantDecision
 from policy.decisionlog import DecisionExportError, DecisionLog, verify_decision_export
 from tests.api.conftest import Env, make_settings, open_env, seed

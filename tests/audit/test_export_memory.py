@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from store.db import Database, sqlite_url
-from store.migrations import migrate
 from tests.audit.bulk import bulk_fill
 from tests.conftest import ROOT, PostgresServer
+from workflows.schema import migrate
 
 pytestmark = pytest.mark.slow
 GROWTH_LIMIT_KIB = 16 * 1024  # a buffered export of 400k events would need ~120 MiB more than one of 100k

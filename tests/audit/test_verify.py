@@ -30,7 +30,7 @@ N = 100
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes | KeySigner]:
     from store.db import sqlite_url
-    from store.migrations import migrate
+    from workflows.schema import migrate
 
     db = Database(sqlite_url(tmp_path_factory.mktemp("verify")))
     migrate(db.engine)

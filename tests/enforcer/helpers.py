@@ -10,7 +10,7 @@ from enforcer.compiler import Budget, Compiled, compile_fabric
 from enforcer.fabric import Fabric, policy_data, revoked_ids
 from enforcer.fabric_file import load_fabric_file
 from policy.decide import ALLOWED_FLOWS_QUERY
-from policy.engine_regorus import RegorusEngine
+from policy.engines.embedded import RegorusEngine
 from policy.versions import load_dir
 
 ROOT = Path(__file__).resolve().parents[2]

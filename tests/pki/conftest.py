@@ -44,35 +44,3 @@ def sqlite_pki(sqlite_db: Database, keystore: FileKeyStore, clock: FrozenClock) 
         register(s, "acme", "web", "frontend")
         register(s, "globex", "train", "trainer-0")
     yield sqlite_db
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A data directory made by the real `trustfabric init`, with acme/web/web-1 registered and a CSR
-    in req.pem; for CLI tests (the environment points the CLI at it)."""
-    from typer.testing import CliRunner
-
-    from api.cli import app
-    from api.config import Settings
-    from api.context import AppContext
-    from audit import Actor
-    from inventory import service as inv
-    from tests.pki.helpers import make_csr
-
-    monkeypatch.setenv("TRUSTFABRIC_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TRUSTFABRIC_CONFIG", str(tmp_path / "none.json"))
-    monkeypatch.delenv("TRUSTFABRIC_DATABASE_URL", raising=False)
-    r = CliRunner().invoke(app, ["init", "--trust-domain", "example.org", "--json"])
-    assert r.exit_code == 0, r.output
-    ctx = AppContext.open(Settings.from_env())
-    try:
-        with ctx.db.session() as s:
-            actor = Actor.system("test")
-            inv.create_tenant(s, slug="acme", display_name="Acme", actor=actor, clock=ctx.clock)
-            inv.create_group(s, tenant="acme", name="web", actor=actor, clock=ctx.clock)
-            inv.register_workload(s, trust_domain="example.org", tenant="acme", group="web", name="web-1",
-                                  actor=actor, clock=ctx.clock)
-    finally:
-        ctx.close()
-    (tmp_path / "req.pem").write_bytes(make_csr())
-    return tmp_path

@@ -85,3 +85,21 @@ def verify_chain(issued_pem: bytes, chain_pems: list[bytes], roots_pem: bytes, a
     leaf = x509.load_pem_x509_certificate(issued_pem)
     intermediates = [x509.load_pem_x509_certificate(p) for p in chain_pems]
     return list(verifier.verify(leaf, intermediates).chain)
+
+
+def self_signed_pem(name: str) -> str:
+    """A throwaway self-signed certificate (PEM) named `name`, for tests of certificate handling."""
+    from datetime import UTC, timedelta
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    key = make_key()
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM).decode()

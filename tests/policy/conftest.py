@@ -17,10 +17,10 @@ import httpx
 import pytest
 import uvicorn
 
-from api.pdp import create_pdp_app
-from policy.engine import PolicyEngine
-from policy.engine_opa import OpaServerEngine, OpaSettings
-from policy.engine_regorus import RegorusEngine
+from pdp.server import create_pdp_app
+from policy.engines import PolicyEngine
+from policy.engines.embedded import RegorusEngine
+from policy.engines.opa_server import OpaServerEngine, OpaSettings
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ import pytest
 from core.errors import InvalidInput
 from policy.data import build_data, to_ns
 from policy.decide import decide_flow, decide_grant_request, flow_input
-from policy.engine_regorus import RegorusEngine
+from policy.engines.embedded import RegorusEngine
 from store.db import Database
 from tests.policy.dbutil import add_grant, populate
 from tests.policy.helpers import shipped

@@ -11,7 +11,7 @@ from core.clock import FrozenClock
 from core.errors import InvalidInput
 from policy.decide import AuthzDecision, FlowDecision, GrantDecision, decide_flow
 from policy.decisionlog import DecisionLog, query_decisions
-from policy.engine_regorus import RegorusEngine
+from policy.engines.embedded import RegorusEngine
 from policy.versions import version_hash
 from store.db import Database
 from tests.policy.helpers import flow, shipped, small_doc

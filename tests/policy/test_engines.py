@@ -16,9 +16,9 @@ from policy.decide import (
     decide_grant_request,
     sync_data,
 )
-from policy.engine import PolicyEngine
-from policy.engine_opa import OpaServerEngine, OpaSettings
-from policy.engine_regorus import RegorusEngine
+from policy.engines import PolicyEngine
+from policy.engines.embedded import RegorusEngine
+from policy.engines.opa_server import OpaServerEngine, OpaSettings
 from policy.errors import PolicyCompileError, PolicyEngineError
 from tests.policy.helpers import NOW_NS, corpus, flow, reference_allowed, reference_allows, shipped, small_doc
 

@@ -74,8 +74,8 @@ def test_diff_flow_sets_counts_each_tenant(a: dict[str, Any], b: dict[str, Any])
 @given(inventories())
 def test_embedded_and_pdp_agree_on_generated_inventories(pdp: Any, data: dict[str, Any]) -> None:
     from policy.decide import ALLOWED_FLOWS_QUERY, FLOW_QUERY
-    from policy.engine_opa import OpaServerEngine, OpaSettings
-    from policy.engine_regorus import RegorusEngine
+    from policy.engines.embedded import RegorusEngine
+    from policy.engines.opa_server import OpaServerEngine, OpaSettings
     from tests.policy.helpers import corpus
 
     embedded = RegorusEngine(CANDIDATE, data)

@@ -11,8 +11,8 @@ import pytest
 
 from core.errors import InvalidInput
 from policy.decide import FLOW_QUERY, decide_flow, sync_data
-from policy.engine import PolicyEngine, apply_patch, diff_documents
-from policy.engine_regorus import RegorusEngine, ShardedJson
+from policy.engines import PolicyEngine, apply_patch, diff_documents
+from policy.engines.embedded import RegorusEngine, ShardedJson
 from tests.policy.helpers import NOW_NS, corpus, doc, flow, group, reference_allows, shipped, small_doc
 
 
@@ -157,7 +157,7 @@ def test_closed_engine_fails_closed() -> None:
 
 
 def test_additive_patches_merge_and_others_reload() -> None:
-    from policy.engine_regorus import additive_fragment
+    from policy.engines.embedded import additive_fragment
 
     data = small_doc()
     assert additive_fragment(data, [{"op": "add", "path": "/tf/grants/acme/platform/gz", "value": {"a": 1}}]) == {

@@ -9,7 +9,9 @@ from sqlmodel import select
 from audit import Actor, record
 from audit.models import AuditEvent
 from store.db import Database
-from store.migrations import MIGRATIONS, current_version, migrate
+from store.migrations import current_version
+from workflows.schema import STEPS as MIGRATIONS
+from workflows.schema import migrate
 
 
 def test_migrations_apply_once_and_record_version(db: Database) -> None:

@@ -1,0 +1,54 @@
+"""Every cache on the request path, in one place: what it holds, what invalidates it, why it is exact
+across worker processes, and what bench/api.py measured it to pay (a cache that does not pay is removed,
+not kept "just in case"). Each can be switched off for measurement with TRUSTFABRIC_CACHE_OFF=<name>[,...]
+(`all` for every one); bench/api.py runs the API with each one off in turn.
+
+- `authz` (api/authz.py, Authorizer): the allow/deny answer of api_authz.rego per (role, action,
+  principal tenant, resource tenant). Exact: the shipped authorization policy is loaded once per process
+  and never changes while it runs (a policy upload changes the active *flow* policy, not this one), and
+  api_authz.rego reads nothing of the input but those four fields (tests/api/test_caches.py checks the
+  rego text). Engine errors are never cached. Per process; every worker loads the same file.
+- `token_signature` (api/auth/api_jwt.py): the claims of our own API JWTs whose ES256 signature this
+  process verified, by exact token text (LRU, 10,000). Exact: a signature verifies the same way every
+  time, and the issuer key never changes; expiry, revocation and the issued row are still checked on
+  every request.
+- `token_row` (api/auth/api_jwt.py, a ReadCache): the `api_tokens` row of a JWT's jti. Exact on SQLite
+  only: `PRAGMA data_version` on a private connection changes when any connection of any process commits,
+  so an entry is used only while nothing at all was written since it was read (api/readcache.py).
+  PostgreSQL: off.
+- `grant_pages` (api/routes/grants.py, a ReadCache): the JSON body of a GET /v1/grants page per (viewer
+  scope, filters, cursor, limit). Exact like `token_row`, and refused from the next instant any grant's
+  effective state changes without a write (the earliest expiry, read with the page).
+- `grant_data` (policy/grant_decider.py): the data document grant decisions are made on. Exact: kept
+  only while a one-statement fingerprint of every row build_data reads, taken in the request's own
+  transaction, is unchanged and no grant in it has expired since (any commit anywhere changes it).
+
+Measured by bench/api.py (this branch, two runs on the shared 2-core machine at load 3-9, each cache off vs
+all on, alternating runs; ratio = throughput off / on): authz GET 0.79 / 0.73; token_signature GET
+0.59 / 0.43; token_row GET 0.90 / 0.86; grant_pages GET 0.08 / 0.06; grant_data POST 0.78 / 0.69. Each
+pays on the path it serves, so all five stay.
+
+Removed (bench/api.py, this branch): the JWT-SVID bundle keys kept 30 s
+(api/auth/jwt_svid.py). bench/api.py's requests never present a JWT-SVID, so it cannot show paying; and
+a key retired from the bundle stayed accepted for up to 30 s. Each JWT-SVID now reads the bundle's keys
+in the request's own read transaction.
+"""
+
+from __future__ import annotations
+
+CACHES: tuple[str, ...] = ("authz", "token_signature", "token_row", "grant_pages", "grant_data")
+
+
+def cache_on(off: frozenset[str], name: str) -> bool:
+    """Whether the cache `name` is enabled, given the names switched off (settings.cache_off)."""
+    if name not in CACHES:
+        raise ValueError(f"unknown cache {name!r} (known: {', '.join(CACHES)})")
+    return name not in off and "all" not in off
+
+
+def check_names(off: frozenset[str]) -> None:
+    """A cache name that does not exist (a typo in TRUSTFABRIC_CACHE_OFF) fails at start, never silently."""
+    unknown = sorted(off - set(CACHES) - {"all"})
+    if unknown:
+        raise ValueError(f"TRUSTFABRIC_CACHE_OFF names unknown cache(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(CACHES)}, or all)")

@@ -1,0 +1,104 @@
+"""Audit log schema steps, frozen (the rule: store/migrations.py)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from store.migrations import Migration
+
+_v1 = sa.MetaData()
+_TABLES_V1 = (
+    sa.Table(
+        "audit_events",
+        _v1,
+        sa.Column(
+            'seq', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), primary_key=True, autoincrement=False,
+            nullable=False,
+        ),
+        sa.Column('ts', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('actor_id', sa.String(512), nullable=False),
+        sa.Column('actor_kind', sa.String(32), nullable=False),
+        sa.Column('tenant', sa.String(63), nullable=True),
+        sa.Column('action', sa.String(64), nullable=False),
+        sa.Column('object_type', sa.String(64), nullable=False),
+        sa.Column('object_id', sa.String(512), nullable=False),
+        sa.Column('summary', sa.JSON(), nullable=False),
+        sa.Column('reason', sa.String(2000), nullable=True),
+        sa.Column('request_id', sa.String(128), nullable=True),
+        sa.Column('prev_hash', sa.String(64), nullable=False),
+        sa.Column('leaf_hash', sa.String(64), nullable=False),
+        sa.Column('data', sa.Text(), nullable=False),
+        sa.Index('ix_audit_events_action_seq', 'action', 'seq'),
+        sa.Index('ix_audit_events_tenant_seq', 'tenant', 'seq'),
+        sa.Index('ix_audit_events_ts', 'ts'),
+    ),
+    sa.Table(
+        "audit_nodes",
+        _v1,
+        sa.Column(
+            'key', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), primary_key=True, autoincrement=False,
+            nullable=False,
+        ),
+        sa.Column('hash', sa.LargeBinary(32), nullable=False),
+    ),
+    sa.Table(
+        "audit_head",
+        _v1,
+        sa.Column('id', sa.Integer(), primary_key=True, autoincrement=False, nullable=False),
+        sa.Column('size', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+        sa.Column('last_leaf', sa.String(64), nullable=False),
+        sa.Column('frontier', sa.JSON(), nullable=False),
+    ),
+    sa.Table(
+        "audit_checkpoints",
+        _v1,
+        sa.Column('id', sa.Integer(), primary_key=True, nullable=False),
+        sa.Column('size', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False, unique=True),
+        sa.Column('root_hash', sa.String(64), nullable=False),
+        sa.Column('origin', sa.String(255), nullable=False),
+        sa.Column('key_name', sa.String(255), nullable=False),
+        sa.Column('note', sa.Text(), nullable=False),
+        sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+    ),
+)
+
+
+def _step_1(conn: sa.Connection) -> None:
+    _v1.create_all(conn)
+    # the head row exists from the moment the table does, so appends only ever lock it
+    conn.execute(_TABLES_V1[2].insert().values(id=1, size=0, last_leaf="0" * 64, frontier=[]))
+
+
+_v6 = sa.MetaData()
+_COUNTERS_V6 = sa.Table(
+    "audit_counters",
+    _v6,
+    sa.Column('key', sa.String(200), primary_key=True, nullable=False),
+    sa.Column('count', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+    sa.Column('last_leaf', sa.String(64), nullable=False),
+)
+# Columns step 6 adds to a table an earlier step made (tests/store/test_migrations.py reads this name).
+_added_v6: dict[str, tuple[sa.Column[object], ...]] = {
+    "audit_head": (
+        sa.Column('last_ts', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('counted_from', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=True),
+    ),
+}
+
+
+def _step_6(conn: sa.Connection) -> None:
+    """Audit events v2: per-key counters (audit/counters.py) and a clock that never goes back. Existing
+    events stay version 1: `counted_from` is where counted events begin (0 on a new log), `last_ts` the
+    latest time any existing event has."""
+    _v6.create_all(conn)
+    for table, columns in _added_v6.items():
+        for column in columns:
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column.name} {kind}")
+    conn.exec_driver_sql("UPDATE audit_head SET last_ts = (SELECT max(ts) FROM audit_events), counted_from = size")
+
+
+STEPS: tuple[Migration, ...] = (
+    Migration(1, 'audit log', _step_1),
+    Migration(6, 'audit: per-key event counters and a monotonic clock (events v2)', _step_6),
+)

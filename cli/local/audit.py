@@ -1,0 +1,212 @@
+"""`trustfabric audit export | verify | public-key`.
+
+`verify` works offline: it opens no database and no key store, only the export file and the public key
+(and, with --since-checkpoint, a checkpoint the auditor kept). Exit codes: 0 proven intact, 1 failed
+(names the first bad event), 3 unproven (nothing found altered, but the export cannot prove its
+selection complete), 2 usage.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from contextlib import nullcontext
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from cli.output import JsonOpt, emit_json, err_console, fail, open_context
+from core.clock import parse_when
+from core.errors import InvalidInput, TrustfabricError
+
+if TYPE_CHECKING:
+    from workflows.exports import ExportOutcome
+
+if TYPE_CHECKING:  # imported when a command runs: `trustfabric --help` stays light
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from audit.checkpoint import Checkpoint
+
+
+def _when(value: str | None, name: str) -> datetime | None:
+    return None if value is None else parse_when(value, name)
+
+
+def export_cmd(
+    out: Path = typer.Option(..., "--out", help="file to write (replaced only when the export succeeds)"),
+    fmt: str = typer.Option("jsonl", "--format", help="jsonl | csv | ocsf"),
+    since: str | None = typer.Option(None, "--since", help="ISO 8601 with timezone, inclusive"),
+    until: str | None = typer.Option(None, "--until", help="ISO 8601 with timezone, exclusive"),
+    tenant: str | None = typer.Option(None, "--tenant", help="only this tenant's events"),
+    action: str | None = typer.Option(None, "--action", help="only this action, e.g. svid.issue"),
+    with_decisions: bool = typer.Option(
+        False,
+        "--with-decisions",
+        help="also write the policy decision records (same --since/--until/--tenant) to <out>.decisions.jsonl",
+    ),
+    since_checkpoint: Path | None = typer.Option(
+        None, "--since-checkpoint", help="a checkpoint kept earlier: the export carries the consistency proof from it"
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
+    from audit.export import FORMATS, ExportFilter
+    from cli.output import local_operator
+    from workflows.exports import check_filters, export_audit
+
+    if fmt not in FORMATS:
+        fail(f"--format must be one of {', '.join(FORMATS)}", code=2)
+    filters = ExportFilter(since=_when(since, "since"), until=_when(until, "until"), tenant=tenant, action=action)
+    check_filters(filters, with_decisions=with_decisions)  # a bad filter writes nothing
+    kept_note = _read_checkpoint(since_checkpoint) if since_checkpoint else None
+    tmp = out.with_name(out.name + ".part")
+    dec_out = out.with_name(out.name + ".decisions.jsonl")
+    dec_tmp = dec_out.with_name(dec_out.name + ".part")
+    with open_context() as ctx:
+        show = sys.stderr.isatty() and not json_out
+        try:
+            with open(tmp, "wb") as fh, (open(dec_tmp, "wb") if with_decisions else nullcontext()) as dec_fh:
+                def run(progress: Callable[[int, int], None] | None) -> ExportOutcome:
+                    return export_audit(
+                        ctx, fh, fmt=fmt, filters=filters, actor=local_operator(),  # the operator who ran it
+                        decisions_out=dec_fh, file_names=(out.name, dec_out.name), progress=progress,
+                        since_checkpoint=kept_note,
+                    )
+
+                if show:
+                    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+                    with Progress(
+                        "exporting", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err_console,
+                        transient=True,
+                    ) as bar:
+                        task = bar.add_task("export", total=None)
+                        outcome = run(lambda done, total: bar.update(task, completed=done, total=total))
+                else:
+                    outcome = run(None)
+            tmp.replace(out)
+            if with_decisions:
+                dec_tmp.replace(dec_out)
+        finally:
+            tmp.unlink(missing_ok=True)
+            dec_tmp.unlink(missing_ok=True)
+    result, decisions = outcome.events, outcome.decisions
+    summary = {
+        "out": str(out),
+        "format": fmt,
+        "events": result.events,
+        "tree_size": result.tree_size,
+        "range": [result.start, result.end],
+        "gaps": result.gaps,
+        "checkpoint": result.checkpoint.note,
+    }
+    if decisions is not None:
+        summary["decisions"] = {"out": str(dec_out), "count": decisions.count, "sha256": decisions.sha256}
+    if json_out:
+        emit_json(summary)
+    else:
+        print(
+            f"exported {result.events} event(s) of {result.tree_size} to {out} ({fmt}); checkpoint "
+            f"size {result.tree_size} root {result.checkpoint.root_hash}"
+        )
+        if decisions is not None:
+            print(f"exported {decisions.count} decision record(s) to {dec_out} (sha256 {decisions.sha256})")
+
+
+def _read_checkpoint(path: Path) -> str:
+    """The text of a checkpoint note the auditor kept; InvalidInput naming the file if unreadable."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"--since-checkpoint {path}: cannot read it ({exc})") from None
+
+
+def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
+    """A checkpoint note the auditor kept, verified with the audit public key (CheckpointError if not)."""
+    from audit.checkpoint import verify_checkpoint
+
+    return verify_checkpoint(_read_checkpoint(path), key)
+
+
+def verify_cmd(
+    file: Path = typer.Argument(..., help="an export written by `trustfabric audit export`"),
+    public_key: Path = typer.Option(..., "--public-key", help="the audit public key (PEM from `audit public-key`)"),
+    since_checkpoint: Path | None = typer.Option(
+        None,
+        "--since-checkpoint",
+        help="a signed checkpoint kept earlier (GET /v1/audit/checkpoint `note`): the export must extend it",
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Verify an export offline; exit 0 when proven intact, 1 naming the first bad event, 3 when unproven."""
+    from audit.checkpoint import load_public_key
+    from audit.errors import Unproven, VerificationError
+    from audit.verify import verify_export
+
+    try:
+        key = load_public_key(public_key.read_bytes())
+        kept = _kept_checkpoint(since_checkpoint, key) if since_checkpoint else None
+        report = verify_export(file, key, since=kept)
+    except Unproven as exc:
+        if json_out:
+            emit_json({"ok": False, "kind": exc.kind, "index": None, "line": None, "reason": str(exc)})
+        else:
+            err_console.print(f"UNPROVEN: nothing was found altered, but {exc}", highlight=False, markup=False)
+        raise typer.Exit(3) from None
+    except VerificationError as exc:
+        if json_out:
+            emit_json({"ok": False, "kind": exc.kind, "index": exc.index, "line": exc.line, "reason": str(exc)})
+            raise typer.Exit(1) from None
+        fail(f"FAILED ({exc.kind}): {exc}")
+    except (OSError, TrustfabricError) as exc:
+        if json_out:
+            emit_json({"ok": False, "kind": "unreadable", "index": None, "line": None, "reason": str(exc)})
+            raise typer.Exit(1) from None
+        fail(f"cannot verify: {exc}")
+    if json_out:
+        emit_json(
+            {
+                "ok": True,
+                "origin": report.origin,
+                "tree_size": report.tree_size,
+                "events": report.events,
+                "root": report.root.hex(),
+                "range": list(report.range),
+                "filter": report.filter,
+                "signed_at": report.signed_at.isoformat() if report.signed_at else None,
+            }
+        )
+        return
+    # what was proven: the export's selection (from its header) as well as the checkpoint it matches
+    chosen = ", ".join(f"{k} {v}" for k, v in sorted(report.filter.items()) if v is not None) or "no filter"
+    signed = f", signed {report.signed_at.isoformat()}" if report.signed_at else ", no signed time"
+    print(
+        f"OK: {report.events} event(s) verified against the signed checkpoint of {report.origin} "
+        f"(tree size {report.tree_size}, root {report.root.hex()}{signed}); selection: {chosen}, "
+        f"sequence range [{report.range[0]}, {report.range[1]})"
+    )
+
+
+def public_key_cmd(
+    note: bool = typer.Option(False, "--note", help="print the signed-note verifier key instead of PEM"),
+) -> None:
+    """Print the audit public key, for auditors to keep outside the system."""
+    from audit.checkpoint import audit_signer, ed25519_public_key, public_key_pem, verifier_key
+    from workflows.exports import log_origin
+
+    with open_context() as ctx:
+        signer = audit_signer(ctx.keystore)
+        if note:
+            print(verifier_key(log_origin(ctx), ed25519_public_key(signer)))
+        else:
+            sys.stdout.write(public_key_pem(signer))
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Tamper-evident audit log: export, verify offline, public key.", no_args_is_help=True)
+    group.command("export")(export_cmd)
+    group.command("verify")(verify_cmd)
+    group.command("public-key")(public_key_cmd)
+    app.add_typer(group, name="audit")

@@ -1,0 +1,70 @@
+"""`trustfabric pdp`: serve the OPA REST API subset (pdp/) over the configured engine, either on fixed
+modules (--rego) or following the data directory's active version and data (local)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cli.output import JsonOpt, console, emit_json, fail, guard, one_line_errors, open_context
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("pdp")
+    def pdp_cmd(
+        host: str = typer.Option("127.0.0.1", "--host"),
+        port: int = typer.Option(8181, "--port", min=1, max=65535),
+        rego: Path = typer.Option(None, "--rego", help="serve these modules (default: the active version, "
+                                  "with data from the database, refreshed)"),
+        refresh: float = typer.Option(2.0, "--refresh", min=0.1, help="seconds between database refreshes"),
+        tls_cert: Path = typer.Option(None, "--tls-cert"),
+        tls_key: Path = typer.Option(None, "--tls-key"),
+        json_out: bool = JsonOpt,
+    ) -> None:
+        """Serve the OPA REST API subset (health, policies, data, query) over the configured policy engine.
+        Bearer token from TRUSTFABRIC_PDP_TOKEN (required when binding beyond loopback)."""
+        import uvicorn
+
+        from pdp.server import create_pdp_app
+        from pdp.sync import PdpSync
+        from policy.engines import make_engine
+        from policy.versions import load_dir
+        from workflows.settings import Settings
+
+        settings = Settings.from_env()
+        token = settings.pdp_token
+        if token is None and host not in ("127.0.0.1", "::1", "localhost"):
+            fail("set TRUSTFABRIC_PDP_TOKEN to serve beyond loopback", 2)
+        if (tls_cert is None) != (tls_key is None):
+            fail("--tls-cert and --tls-key go together", 2)
+        engine = guard(lambda: make_engine(settings.engines(), "pdp"))
+        sync: PdpSync | None = None
+        ctx_cm: Any = None
+        with one_line_errors():
+            if rego is not None:
+                engine.load(load_dir(rego))
+            else:
+                ctx_cm = open_context()
+                ctx = ctx_cm.__enter__()
+                sync = PdpSync(ctx.db, engine, interval=refresh, clock=ctx.clock)
+                sync.start()
+        app_ = create_pdp_app(engine, token=token, read_only=sync is not None)
+        modules = sorted(engine.modules())
+        info: dict[str, Any] = {"url": f"{'https' if tls_cert else 'http'}://{host}:{port}", "modules": modules,
+                "active_hash": sync.active_hash if sync else None, "token_required": token is not None}
+        if json_out:
+            emit_json(info)
+        else:
+            console.print(f"pdp serving {info['url']} ({len(modules)} modules)", highlight=False)
+        options: dict[str, Any] = {}
+        if tls_cert is not None:
+            options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
+        try:
+            uvicorn.run(app_, host=host, port=port, log_level="warning", **options)
+        finally:
+            if sync is not None:
+                sync.stop()
+            if ctx_cm is not None:
+                ctx_cm.__exit__(None, None, None)

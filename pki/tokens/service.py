@@ -1,0 +1,239 @@
+"""API tokens: the credentials of platform principals and tenant users (workloads and nodes use SVIDs).
+
+Two kinds, one table (`api_tokens`): signed JWTs (ES256 under the `api-issuer` key in the KeyStore;
+the row keyed by the `jti` makes them revocable), and opaque `tfo_` secrets (the admin bootstrap token
+made by init; only their SHA-256 is stored). Minting and revoking record their audit event in the
+caller's session. Checking a presented credential is the API's job (api/auth/); this module holds the
+rows it checks against.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec
+from sqlalchemy import DateTime, text
+from sqlmodel import Session, col, select
+
+from audit import Actor, record
+from core.clock import Clock, as_utc, system_clock
+from core.errors import Conflict, InvalidInput, NotFound, Unauthenticated
+from core.slugs import is_slug
+from core.vocabulary import MINTABLE_ROLES, ROLES, TENANT_ROLES
+from pki.tokens.models import ApiToken
+
+if TYPE_CHECKING:
+    from keys.store import KeyStore
+
+API_ISSUER_KEY_ID = "api-issuer"
+# One indexed lookup through SQLAlchemy Core (an ORM session costs several times more per request).
+ISSUED_ROW = text(
+    "SELECT token_hash, role, tenant, subject, expires_at, revoked_at FROM api_tokens WHERE id = :id"
+).columns(expires_at=DateTime(timezone=True), revoked_at=DateTime(timezone=True))
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def ec_public_jwk(key: ec.EllipticCurvePublicKey) -> dict[str, str]:
+    numbers = key.public_numbers()
+    size = (key.curve.key_size + 7) // 8
+    crv = {256: "P-256", 384: "P-384", 521: "P-521"}[key.curve.key_size]
+    return {
+        "kty": "EC",
+        "crv": crv,
+        "x": _b64(numbers.x.to_bytes(size, "big")),
+        "y": _b64(numbers.y.to_bytes(size, "big")),
+    }
+
+
+def jwk_thumbprint(jwk: dict[str, str]) -> str:
+    """RFC 7638 thumbprint: the `kid` of our issuer key, stable across restarts."""
+    members = {k: jwk[k] for k in ("crv", "kty", "x", "y")}
+    return _b64(hashlib.sha256(json.dumps(members, separators=(",", ":"), sort_keys=True).encode()).digest())
+
+
+def ensure_issuer_key(keystore: KeyStore) -> None:
+    """Create the API issuer key once; an existing key is kept (tokens already minted stay valid)."""
+    from keys.store import KeyKind
+
+    if not keystore.exists(API_ISSUER_KEY_ID):
+        keystore.generate(API_ISSUER_KEY_ID, KeyKind.EC_P256)
+
+
+@dataclass(frozen=True)
+class IssuerKey:
+    kid: str
+    public_key: ec.EllipticCurvePublicKey
+
+
+def issuer_public_key(keystore: KeyStore) -> IssuerKey:
+    signer = keystore.get(API_ISSUER_KEY_ID)
+    public = signer.public_key()
+    if not isinstance(public, ec.EllipticCurvePublicKey):
+        raise InvalidInput("the API issuer key must be an EC P-256 key")
+    return IssuerKey(kid=jwk_thumbprint(ec_public_jwk(public)), public_key=public)
+
+
+def mint_token(
+    session: Session,
+    keystore: KeyStore,
+    *,
+    role: str,
+    tenant: str | None,
+    ttl: timedelta,
+    actor: Actor,
+    issuer: str,
+    audience: str,
+    max_ttl: timedelta,
+    subject: str | None = None,
+    description: str = "",
+    clock: Clock = system_clock,
+    request_id: str | None = None,
+) -> tuple[str, ApiToken]:
+    """Sign an API token and store its jti (revocable); returns the token (shown once) and its row."""
+    if role not in MINTABLE_ROLES:
+        raise InvalidInput(f"role must be one of {', '.join(MINTABLE_ROLES)}, got {role!r}")
+    if role in TENANT_ROLES:
+        if tenant is None:
+            raise InvalidInput(f"role {role} needs --tenant")
+        if not is_slug(tenant):
+            raise InvalidInput(f"tenant {tenant!r} is not a DNS label")
+        from inventory.service import get_tenant
+
+        get_tenant(session, tenant)
+    elif tenant is not None:
+        raise InvalidInput(f"role {role} is a platform role and takes no tenant")
+    if ttl <= timedelta(0) or ttl > max_ttl:
+        raise InvalidInput(f"TTL must be between 1s and {int(max_ttl.total_seconds())}s")
+    if len(description) > 200:
+        raise InvalidInput("description is at most 200 characters")
+    subject = subject or (f"{role}@{tenant}" if tenant else role) + "-" + secrets.token_hex(3)
+    if len(subject) > 256:
+        raise InvalidInput("subject is at most 256 characters")
+    key = issuer_public_key(keystore)
+    now = clock().replace(microsecond=0)
+    jti = secrets.token_hex(16)
+    claims: dict[str, Any] = {
+        "iss": issuer,
+        "aud": audience,
+        "sub": subject,
+        "jti": jti,
+        "iat": int(now.timestamp()),
+        "nbf": int(now.timestamp()),
+        "exp": int((now + ttl).timestamp()),
+        "role": role,
+    }
+    if tenant is not None:
+        claims["tenant"] = tenant
+    token = jwt.encode(
+        claims, keystore.get(API_ISSUER_KEY_ID).private_key(), algorithm="ES256",
+        headers={"kid": key.kid, "typ": "JWT"},
+    )
+    row = ApiToken(
+        id=jti, token_hash=None, role=role, tenant=tenant, subject=subject, description=description,
+        created_at=now, expires_at=now + ttl,
+    )
+    session.add(row)
+    session.flush()
+    record(
+        session, actor=actor, action="token.create", object_type="api_token", object_id=jti, tenant=tenant,
+        summary={"role": role, "subject": subject, "kind": "jwt", "expires_at": (now + ttl).isoformat()},
+        at=now, request_id=request_id,
+    )
+    return token, row
+
+
+def revoke_token(
+    session: Session, token_id: str, *, actor: Actor, reason: str, clock: Clock = system_clock
+) -> ApiToken:
+    row = session.get(ApiToken, token_id)
+    if row is None:
+        raise NotFound(f"token {token_id!r} not found")
+    if row.revoked_at is not None:
+        raise Conflict(f"token {token_id!r} is already revoked")
+    row.revoked_at = clock()
+    session.add(row)
+    session.flush()
+    record(
+        session, actor=actor, action="token.revoke", object_type="api_token", object_id=token_id,
+        tenant=row.tenant, summary={"role": row.role, "subject": row.subject}, reason=reason or None,
+    )
+    return row
+
+
+def list_tokens(session: Session, *, after: str | None, limit: int) -> list[ApiToken]:
+    """Tokens ordered by id, after the cursor `after`; never the secrets (only hashes are stored)."""
+    query = select(ApiToken).order_by(col(ApiToken.id)).limit(limit)
+    if after is not None:
+        query = query.where(col(ApiToken.id) > after)
+    return list(session.exec(query).all())
+
+
+# ---- opaque tokens
+
+TOKEN_PREFIX = "tfo_"
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_opaque_token(
+    session: Session,
+    *,
+    role: str,
+    subject: str,
+    actor: Actor,
+    tenant: str | None = None,
+    ttl: timedelta | None = None,
+    description: str = "",
+    clock: Clock = system_clock,
+) -> str:
+    """Returns the secret once; the database keeps only its SHA-256."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}")
+    token_id = secrets.token_hex(8)
+    secret = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+    now = clock()
+    session.add(
+        ApiToken(
+            id=token_id, token_hash=_hash(secret), role=role, tenant=tenant, subject=subject,
+            description=description, created_at=now, expires_at=now + ttl if ttl else None,
+        )
+    )
+    session.flush()
+    record(
+        session, actor=actor, action="token.create", object_type="api_token", object_id=token_id,
+        tenant=tenant, summary={"role": role, "subject": subject, "kind": "opaque"},
+    )
+    return secret
+
+
+def has_admin_token(session: Session) -> bool:
+    return session.exec(
+        select(ApiToken).where(ApiToken.role == "admin", ApiToken.token_hash != None)  # noqa: E711
+    ).first() is not None
+
+
+def opaque_token(session: Session, secret: str, clock: Clock = system_clock) -> ApiToken:
+    """The live row of an opaque token, or Unauthenticated (unknown, revoked, expired)."""
+    if not secret.startswith(TOKEN_PREFIX) or len(secret) > 256:
+        raise Unauthenticated("invalid bearer token")
+    row = session.exec(select(ApiToken).where(ApiToken.token_hash == _hash(secret))).first()
+    if row is None or row.token_hash is None or not hmac.compare_digest(row.token_hash, _hash(secret)):
+        raise Unauthenticated("invalid bearer token")
+    if row.revoked_at is not None:
+        raise Unauthenticated("token revoked")
+    if row.expires_at is not None and as_utc(row.expires_at) <= clock():
+        raise Unauthenticated("token expired")
+    return row

@@ -1,0 +1,100 @@
+"""The grant decider the API hands to policy.grants (here, beside the service it serves, so no HTTP layer is
+needed to decide a grant): `data.grants.decision` of the ACTIVE policy version
+(what the security team uploaded, tested, reviewed the impact of and activated), through the embedded
+policy engine, on the data document of the same session (so the decision sees exactly what will be
+written).
+
+The document is rebuilt only when it would differ: on SQLite, one statement in the request's own
+transaction reads every row build_data reads (policy.data.data_fingerprint); while that text is the
+one the kept document was built from, and no grant in it has expired since, the kept document is the
+one build_data would return, and the engine already holds it (no rebuild, no diff). A change committed
+by any connection or process changes the text, so it is seen by the next decision.
+
+Fail closed: no active version, or an active version without `data.grants.decision`, denies the
+request with a `no-policy:` reason (policy.decide logs it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from policy.engines import EngineSettings, PolicyEngine, make_engine
+from policy.grants import GrantDecision
+from policy.models import PolicyVersion
+
+
+@dataclass(frozen=True)
+class _Kept:
+    fingerprint: tuple[Any, ...]
+    built_at_ns: int
+    valid_until_ns: int | None
+    data: dict[str, Any]
+
+
+class RegoGrantDecider:
+    """Callable (session, now, input) -> GrantDecision; any engine failure propagates and the grant
+    service turns it into a denial with the reason (fail closed)."""
+
+    def __init__(self, *, keep_data: bool = True, engine_factory: Callable[[], PolicyEngine] | None = None) -> None:
+        """`engine_factory`: the engine for the active version (policy.engines.make_engine's choice for the
+        `grants` role; the embedded engine when None)."""
+        self._factory = engine_factory or (lambda: make_engine(EngineSettings(), "grants"))
+        self._engine: PolicyEngine | None = None
+        self._hash: str | None = None
+        self._lock = threading.Lock()
+        self._keep_data = keep_data
+        self._kept: _Kept | None = None
+        self.rebuilds = 0  # documents built by build_data (for tests and profiling)
+
+    def _engine_for(self, session: Session) -> PolicyEngine:
+        """The engine loaded with the active version's modules (reloaded when another version is activated);
+        an empty engine (every decision: no-policy) when none is active. Call with the lock held."""
+        digest = session.exec(
+            select(PolicyVersion.content_hash).where(col(PolicyVersion.state) == "active")
+        ).first()
+        if self._engine is None:
+            self._engine = self._factory()
+        if digest != self._hash:
+            modules: dict[str, str] = {}
+            if digest is not None:
+                row = session.exec(select(PolicyVersion).where(col(PolicyVersion.content_hash) == digest)).one()
+                modules = dict(row.modules)
+            self._engine.load(modules)
+            self._hash = digest
+        return self._engine
+
+    def _data(self, session: Session, now: datetime) -> dict[str, Any]:
+        """build_data(session, now), or the kept document when it is provably the same."""
+        from policy.data import build_data, data_fingerprint, live_until, to_ns
+
+        fingerprint = data_fingerprint(session) if self._keep_data else None
+        now_ns = to_ns(now)
+        if fingerprint is not None:
+            with self._lock:
+                kept = self._kept
+            if (
+                kept is not None and kept.fingerprint == fingerprint and kept.built_at_ns <= now_ns
+                and (kept.valid_until_ns is None or now_ns < kept.valid_until_ns)
+            ):
+                return kept.data
+        data = build_data(session, now)
+        self.rebuilds += 1
+        if fingerprint is not None:
+            with self._lock:
+                self._kept = _Kept(fingerprint, now_ns, live_until(data), data)
+        return data
+
+    def __call__(self, session: Session, now: datetime, request: dict[str, Any]) -> GrantDecision:
+        from policy.decide import decide_grant_request
+
+        data = self._data(session, now)
+        with self._lock:  # the engine's modules and data must be this request's while it decides
+            decision = decide_grant_request(self._engine_for(session), data, request)
+            digest = self._hash
+        return GrantDecision(decision.outcome, list(decision.approvers), list(decision.reasons), digest)

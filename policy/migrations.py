@@ -1,0 +1,76 @@
+"""Policy schema steps, frozen (the rule: store/migrations.py)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from store.migrations import Migration
+
+_v4 = sa.MetaData()
+_TABLES_V1 = (
+    sa.Table(
+        "grants",
+        _v4,
+        sa.Column('id', sa.String(36), primary_key=True, nullable=False),
+        sa.Column('src_tenant', sa.String(63), nullable=False, index=True),
+        sa.Column('src_group', sa.String(63), nullable=False),
+        sa.Column('dst_tenant', sa.String(63), nullable=False, index=True),
+        sa.Column('dst_group', sa.String(63), nullable=False),
+        sa.Column('proto', sa.String(8), nullable=False),
+        sa.Column('ports', sa.JSON(), nullable=False),
+        sa.Column('justification', sa.String(2000), nullable=False),
+        sa.Column('ttl_seconds', sa.Integer(), nullable=False),
+        sa.Column('state', sa.String(16), nullable=False, index=True),
+        sa.Column('requested_by', sa.String(512), nullable=False),
+        sa.Column('idempotency_key', sa.String(128), nullable=True),
+        sa.Column('required_approvers', sa.JSON(), nullable=False),
+        sa.Column('approvals', sa.JSON(), nullable=False),
+        sa.Column('reasons', sa.JSON(), nullable=False),
+        sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('decided_at', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('expires_at', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('pending_until', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('version', sa.Integer(), nullable=False),
+        sa.UniqueConstraint('requested_by', 'idempotency_key'),
+    ),
+    sa.Table(
+        "policy_versions",
+        _v4,
+        sa.Column('number', sa.Integer(), primary_key=True, nullable=False),
+        sa.Column('content_hash', sa.String(64), nullable=False, unique=True),
+        sa.Column('modules', sa.JSON(), nullable=False),
+        sa.Column('tests', sa.JSON(), nullable=False),
+        sa.Column('tests_passed', sa.Boolean(), nullable=False),
+        sa.Column('state', sa.String(16), nullable=False, index=True),
+        sa.Column('uploaded_by', sa.String(512), nullable=False),
+        sa.Column('note', sa.String(2000), nullable=False),
+        sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('activated_at', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('signature', sa.String(512), nullable=True),
+        sa.Column('signed_by', sa.String(128), nullable=True),
+    ),
+    sa.Table(
+        "policy_decisions",
+        _v4,
+        sa.Column('id', sa.Integer(), primary_key=True, nullable=False),
+        sa.Column('ts', sa.DateTime(timezone=True), nullable=False, index=True),
+        sa.Column('kind', sa.String(16), nullable=False),
+        sa.Column('tenant', sa.String(63), nullable=True, index=True),
+        sa.Column('allowed', sa.Boolean(), nullable=False),
+        sa.Column('outcome', sa.String(16), nullable=False),
+        sa.Column('input', sa.JSON(), nullable=False),
+        sa.Column('result', sa.JSON(), nullable=False),
+        sa.Column('reasons', sa.JSON(), nullable=False),
+        sa.Column('policy_hash', sa.String(64), nullable=True),
+        sa.Index('ix_policy_decisions_kind_ts', 'kind', 'ts'),
+    ),
+)
+
+
+def _step_4(conn: sa.Connection) -> None:
+    _v4.create_all(conn)
+
+
+STEPS: tuple[Migration, ...] = (
+    Migration(4, 'policy: grants, policy versions, decision log', _step_4),
+)

@@ -1,0 +1,46 @@
+"""`trustfabric svid|bundle|ca|node` against a real data directory (after the real `init`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cli.main import app
+from pki.errors import UnknownWorkload
+from tests.pki.helpers import make_csr
+
+
+def _json(args: list[str]) -> dict[str, object]:
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    data: dict[str, object] = json.loads(r.stdout)
+    return data
+
+
+def test_cli_round_trip(home: Path) -> None:
+    csr = home / "req.pem"
+    csr.write_bytes(make_csr())
+    issued = _json(["svid", "issue", "--csr", str(csr), "--tenant", "acme", "--group", "web", "--workload", "web-1"])
+    assert issued["spiffe_id"] == "spiffe://example.org/tenant/acme/group/web/web-1"
+    tok = _json(["svid", "jwt", "--tenant", "acme", "--group", "web", "--workload", "web-1", "--audience", "a"])
+    assert str(tok["token"]).count(".") == 2
+    bundle = _json(["bundle", "show"])
+    assert bundle["spiffe_sequence"] == 1
+    assert _json(["ca", "status"])["active_generation"] == 1
+    assert _json(["ca", "rotate", "--force"])["activated"] == 2
+    node = _json(["node", "token", "create", "--node", "gpu-01"])
+    assert str(node["token"]).startswith("tfjt_") and node["spiffe_id"] == "spiffe://example.org/node/gpu-01"
+    revoked = _json(["svid", "revoke", "--serial", str(issued["serial"]), "--reason", "test"])
+    assert revoked == {"revoked": [issued["serial"]]}
+    pem = CliRunner().invoke(app, ["bundle", "show", "--pem"])
+    assert pem.exit_code == 0 and pem.stdout.count("BEGIN CERTIFICATE") == 2  # g1 still drains, g2 active
+
+
+def test_cli_refuses_unregistered_workload(home: Path) -> None:
+    csr = home / "req.pem"
+    csr.write_bytes(make_csr())
+    r = CliRunner().invoke(app, ["svid", "issue", "--csr", str(csr), "--tenant", "acme", "--group", "web",
+                                 "--workload", "ghost", "--json"])
+    assert r.exit_code != 0 and isinstance(r.exception, UnknownWorkload)

@@ -1,0 +1,102 @@
+"""The installed `trustfabric` binary, once per command group (everything else runs in-process): init and
+serve make and serve a data directory; token, whoami, tenant, group, workload and grant go through that
+server; svid, bundle, ca, node, policy and audit work on the data directory beside it. (`pdp` runs as a
+binary in tests/policy/test_routes_cli.py.) And `--help` loads neither FastAPI nor a database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cli.conftest import free_port
+
+BIN = str(Path(sys.executable).parent / "trustfabric")
+pytestmark = pytest.mark.xdist_group("cli-smoke")
+
+
+class Binary:
+    def __init__(self, base: Path, port: int) -> None:
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
+        self.env.update({"TRUSTFABRIC_HOME": str(base / "home"), "TRUSTFABRIC_SERVER": f"http://127.0.0.1:{port}",
+                         "TRUSTFABRIC_CONFIG": str(base / "none.json"), "COLUMNS": "200"})
+        self.base = base
+
+    def run(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = dict(self.env, **({"TRUSTFABRIC_TOKEN": token} if token else {}))
+        return subprocess.run([BIN, *args], env=env, cwd=self.base, capture_output=True, text=True, timeout=60)
+
+    def json(self, *args: str, token: str | None = None) -> object:
+        r = self.run(*args, "--json", token=token)
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+        return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Binary]:
+    base = tmp_path_factory.mktemp("smoke")
+    port = free_port()
+    b = Binary(base, port)
+    init = b.run("init", "--trust-domain", "example.org")
+    assert init.returncode == 0 and "initialised trust domain spiffe://example.org" in init.stdout, init.stderr
+    proc = subprocess.Popen([BIN, "serve", "--port", str(port), "--log-level", "warning"], env=b.env, cwd=base,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start: {proc.stderr.read() if proc.stderr else ''}")
+            time.sleep(0.1)
+        yield b
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_every_command_group_runs_as_the_installed_binary(binary: Binary) -> None:
+    admin = binary.run("token", "create", "--role", "admin", "--ttl", "1h").stdout.strip().splitlines()[-1]
+    who = binary.json("whoami", token=admin)
+    assert isinstance(who, dict) and (who["role"], who["tenant"], who["auth"]) == ("admin", None, "jwt")
+    assert binary.json("tenant", "create", "acme", "--display-name", "Acme", token=admin)["slug"] == "acme"  # type: ignore[index]
+    assert binary.json("group", "create", "acme", "web", "--port", "tcp/443", token=admin)["name"] == "web"  # type: ignore[index]
+    w = binary.json("workload", "register", "acme", "web", "w1", token=admin)
+    assert w["spiffe_id"] == "spiffe://example.org/tenant/acme/group/web/w1"  # type: ignore[index]
+    assert binary.json("grant", "list", token=admin) == []
+    jwt = binary.run("svid", "jwt", "--tenant", "acme", "--group", "web", "--workload", "w1", "--audience", "a")
+    assert jwt.returncode == 0 and jwt.stdout.count(".") == 2, jwt.stderr
+    assert binary.json("bundle", "show")["spiffe_sequence"] == 1  # type: ignore[index]
+    assert binary.json("ca", "status")["active_generation"] == 1  # type: ignore[index]
+    assert str(binary.json("node", "token", "create", "--node", "n1")["token"]).startswith("tfjt_")  # type: ignore[index]
+    assert [v["state"] for v in binary.json("policy", "list")] == ["active"]  # type: ignore[union-attr,index]
+    key = binary.run("audit", "public-key")
+    assert key.returncode == 0 and key.stdout.startswith("-----BEGIN PUBLIC KEY-----")
+    bad = binary.run("grant", "request", "--dst", "globex", token=admin)
+    assert bad.returncode == 2  # usage
+    missing = binary.run("tenant", "list", token="tfo_nope")
+    assert missing.returncode == 1 and missing.stderr.startswith("error: ") and "Traceback" not in missing.stderr
+
+
+def test_help_loads_neither_fastapi_nor_a_database() -> None:
+    code = ("import sys\nfrom cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('fastapi', 'sqlalchemy', 'sqlmodel', 'httpx', 'regorus', 'uvicorn') "
+            "if m in sys.modules)\nprint('LOADED', heavy)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "100"})
+    assert r.returncode == 0, r.stderr
+    assert "Usage: trustfabric" in r.stdout and "LOADED []" in r.stdout, r.stdout[-300:]

@@ -1,0 +1,89 @@
+"""The composition root the API, the PDP and the CLI share at run time: settings, database, key store,
+clock. Opening a context opens the database and runs the schema migrations; nothing here speaks HTTP."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from core.clock import Clock, system_clock
+from core.errors import InvalidInput
+from policy.engines import PolicyEngine, ServingRole, make_engine
+from store.db import Database
+from workflows.schema import migrate
+from workflows.settings import Settings
+
+if TYPE_CHECKING:
+    from keys.store import KeyStore
+
+
+def open_keystore(settings: Settings, *, create: bool) -> KeyStore:
+    """The configured KeyStore; with create=True a missing key file is made (mode 0600)."""
+    if settings.keystore == "pkcs11":
+        from keys.pkcs11 import Pkcs11KeyStore
+
+        if not (settings.pkcs11_module and settings.pkcs11_token and settings.pkcs11_pin):
+            raise InvalidInput(
+                "pkcs11 key store needs TRUSTFABRIC_PKCS11_MODULE, TRUSTFABRIC_PKCS11_TOKEN "
+                "and TRUSTFABRIC_PKCS11_PIN"
+            )
+        return Pkcs11KeyStore(settings.pkcs11_module, settings.pkcs11_token, settings.pkcs11_pin)
+    if settings.keystore != "file":
+        raise InvalidInput(f"unknown key store {settings.keystore!r} (use file or pkcs11)")
+    from keys.file import FileKeyStore
+
+    settings.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if settings.passphrase:
+        return FileKeyStore.open(settings.keys_dir, passphrase=settings.passphrase)
+    key_file = settings.default_key_file
+    if create and not key_file.exists():
+        FileKeyStore.create_key_file(key_file)
+    return FileKeyStore.open(settings.keys_dir, key_file=key_file)
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    db: Database
+    keystore: KeyStore
+    clock: Clock = field(default=system_clock)
+
+    @classmethod
+    def open(cls, settings: Settings, *, create: bool = False, clock: Clock = system_clock) -> AppContext:
+        """Open (and with create=True, make) the data directory, database schema and key store."""
+        if settings.database_url is None:
+            if create:
+                settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+                os.chmod(settings.home, 0o700)
+            elif not settings.home.exists():
+                raise InvalidInput(f"{settings.home} does not exist: run `trustfabric init` first")
+        db = Database(settings.db_url)
+        migrate(db.engine)
+        return cls(settings=settings, db=db, keystore=open_keystore(settings, create=create), clock=clock)
+
+    @property
+    def reader(self) -> Engine:
+        """The engine for read-only Core queries (on SQLite: a plain BEGIN, never the writer lock)."""
+        engine: Engine | None = self.__dict__.get("_reader")
+        if engine is None:
+            engine = self.db.engine.execution_options(tf_write=False)
+            self.__dict__["_reader"] = engine
+        return engine
+
+    def engine(self, role: ServingRole) -> PolicyEngine:
+        """A new policy engine for `role`, of the kind the settings choose (policy.engines.make_engine)."""
+        return make_engine(self.settings.engines(), role)
+
+    def close(self) -> None:
+        self.db.dispose()
+
+
+def trust_domain(ctx: AppContext, session: Session) -> str:
+    """The trust domain in force: what `init` stored (pki settings), else the configured one."""
+    from pki.service import trust_domain as stored
+
+    return stored(session) or ctx.settings.trust_domain

@@ -1,0 +1,56 @@
+"""Initialise a data directory: trust domain CAs, the audit and API-issuer keys, the bootstrap admin token
+and the shipped policies as version 1. Run by `trustfabric init` and by `trustfabric serve` before it
+serves; a second run changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from audit import Actor, ensure_audit_key
+from keys.store import KeyKind
+from pki.service import init_trust_domain
+from pki.service import trust_domain as existing_trust_domain
+from pki.tokens.service import create_opaque_token, ensure_issuer_key, has_admin_token
+from policy import service as policy_service
+from policy.shipped import REGO_DIR
+from policy.versions import load_dir
+from workflows.context import AppContext
+
+
+def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict[str, Any]:
+    """Create the trust domain, audit key and admin token when missing; a second run changes nothing."""
+    ensure_audit_key(ctx.keystore)
+    ensure_issuer_key(ctx.keystore)
+    with ctx.db.session() as session:
+        # serve without --trust-domain keeps whatever init created
+        trust_domain = trust_domain or existing_trust_domain(session) or ctx.settings.trust_domain
+        created = init_trust_domain(
+            session, ctx.keystore, trust_domain=trust_domain, key_kind=KeyKind(key_kind), clock=ctx.clock
+        )
+        token = None
+        if not has_admin_token(session):
+            token = create_opaque_token(
+                session, role="admin", subject="admin", actor=Actor.system("init"),
+                description="bootstrap admin token created by init",
+            )
+    policy_version = seed_shipped_policy(ctx)
+    return {"created": created, "trust_domain": trust_domain, "admin_token": token, "policy_version": policy_version}
+
+
+def seed_shipped_policy(ctx: AppContext) -> int | None:
+    """With no policy version at all, the shipped rego/ becomes version 1 and is activated, so a fresh
+    install decides flows instead of denying everything for want of a policy. Skipped (None) when
+    versions exist, or when activation needs a signature (the security team activates it then)."""
+    actor = Actor.system("init")
+    with ctx.db.session() as session:
+        if policy_service.list_versions(session):
+            return None
+    prepared = policy_service.prepare(load_dir(REGO_DIR))
+    with ctx.db.session() as session:
+        version, _created = policy_service.upload(
+            session, prepared, actor, now=ctx.clock(), note="shipped policies, seeded by init"
+        )
+        if ctx.settings.policy_verify_keys:
+            return None
+        policy_service.activate(session, version.number or 0, actor, now=ctx.clock(), reason="initial policy")
+        return version.number

@@ -1,0 +1,28 @@
+"""The whole schema: every domain's frozen steps in version order, run by store.migrations.migrate.
+
+The numbering is global and historical (1 audit, 2 inventory, 3 pki, 4 policy, 5 API tokens); a new step
+of any domain takes the next free number in its own `<domain>/migrations.py` and is listed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.engine import Engine
+
+from audit import migrations as audit
+from inventory import migrations as inventory
+from pki import migrations as pki
+from pki.tokens import migrations as tokens
+from policy import migrations as policy
+from store.migrations import Migration
+from store.migrations import migrate as run
+
+STEPS: Sequence[Migration] = tuple(
+    sorted((*audit.STEPS, *inventory.STEPS, *pki.STEPS, *policy.STEPS, *tokens.STEPS), key=lambda m: m.version)
+)
+
+
+def migrate(engine: Engine) -> list[int]:
+    """Bring the database to the current schema; returns the versions applied (none on a second run)."""
+    return run(engine, STEPS)

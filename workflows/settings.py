@@ -1,0 +1,145 @@
+"""Settings from the environment: the one module that reads configuration (api, pdp and cli all get it
+from here, through the run-time context)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from core.vocabulary import DEFAULT_TRUST_DOMAIN
+from policy.engines import EngineSettings
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = field(default_factory=lambda: Path(".trustfabric"))
+    database_url: str | None = None
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    keystore: str = "file"  # file | pkcs11
+    key_file: Path | None = None
+    passphrase: str | None = None
+    pkcs11_module: str | None = None
+    pkcs11_token: str | None = None
+    pkcs11_pin: str | None = None
+    max_svid_ttl: timedelta = timedelta(hours=24)
+    audit_checkpoint_every: int = 1000
+    audit_checkpoint_seconds: int = 60
+    # API bearer tokens (JWT, ES256, minted by `trustfabric token create`)
+    api_issuer: str = "trustfabric"
+    api_audience: str = "trustfabric-api"
+    max_token_ttl: timedelta = timedelta(days=30)
+    # Optional external OIDC issuer: issuer URL + JWKS (file path or URL); role/tenant from claims
+    oidc_issuer: str | None = None
+    oidc_jwks: str | None = None
+    oidc_audience: str = "trustfabric-api"
+    oidc_role_claim: str = "trustfabric_role"
+    oidc_tenant_claim: str = "trustfabric_tenant"
+    # Limits
+    max_body_bytes: int = 64 * 1024
+    rate_limit_per_second: float = 50.0  # per principal; 0 disables
+    rate_limit_burst: int = 100
+    read_cache: bool = True  # exact caches of hot reads (SQLite; see api/readcache.py)
+    cache_off: frozenset[str] = frozenset()  # request-path caches switched off (names in api/caches.py)
+    # Grants
+    grant_pending_ttl: timedelta = timedelta(days=3)
+    sweep_interval_seconds: float = 5.0
+    ca_rotation_check_seconds: float = 60.0
+    policy_verify_keys: tuple[Path, ...] = ()  # PEM public keys; when set, activation needs a signature
+    # Policy engines (policy/engines: make_engine decides which serves what)
+    policy_engine: str = "embedded"  # embedded | opa: grant decisions and the PDP
+    authz_engine: str = "embedded"  # embedded | opa: the API's own authorization policy
+    opa_url: str = "http://127.0.0.1:8181"
+    opa_token: str | None = None
+    opa_ca_file: str | None = None
+    opa_timeout_seconds: float = 2.0
+    pdp_token: str | None = None  # bearer token `trustfabric pdp` requires (needed beyond loopback)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = dict(os.environ if env is None else env)
+        home = Path(e.get("TRUSTFABRIC_HOME", ".trustfabric"))
+        key_file = e.get("TRUSTFABRIC_KEY_FILE")
+        return cls(
+            home=home,
+            database_url=e.get("TRUSTFABRIC_DATABASE_URL") or None,
+            trust_domain=e.get("TRUSTFABRIC_TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN),
+            keystore=e.get("TRUSTFABRIC_KEYSTORE", "file"),
+            key_file=Path(key_file) if key_file else None,
+            passphrase=e.get("TRUSTFABRIC_PASSPHRASE") or None,
+            pkcs11_module=e.get("TRUSTFABRIC_PKCS11_MODULE") or None,
+            pkcs11_token=e.get("TRUSTFABRIC_PKCS11_TOKEN") or None,
+            pkcs11_pin=e.get("TRUSTFABRIC_PKCS11_PIN") or None,
+            max_svid_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_SVID_TTL_SECONDS", str(24 * 3600)))),
+            audit_checkpoint_every=int(e.get("TRUSTFABRIC_AUDIT_CHECKPOINT_EVERY", "1000")),
+            audit_checkpoint_seconds=int(e.get("TRUSTFABRIC_AUDIT_CHECKPOINT_SECONDS", "60")),
+            api_issuer=e.get("TRUSTFABRIC_API_ISSUER", "trustfabric"),
+            api_audience=e.get("TRUSTFABRIC_API_AUDIENCE", "trustfabric-api"),
+            max_token_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_TOKEN_TTL_SECONDS", str(30 * 86400)))),
+            oidc_issuer=e.get("TRUSTFABRIC_OIDC_ISSUER") or None,
+            oidc_jwks=e.get("TRUSTFABRIC_OIDC_JWKS") or None,
+            oidc_audience=e.get("TRUSTFABRIC_OIDC_AUDIENCE", "trustfabric-api"),
+            oidc_role_claim=e.get("TRUSTFABRIC_OIDC_ROLE_CLAIM", "trustfabric_role"),
+            oidc_tenant_claim=e.get("TRUSTFABRIC_OIDC_TENANT_CLAIM", "trustfabric_tenant"),
+            max_body_bytes=int(e.get("TRUSTFABRIC_MAX_BODY_BYTES", str(64 * 1024))),
+            rate_limit_per_second=float(e.get("TRUSTFABRIC_RATE_LIMIT_PER_SECOND", "50")),
+            rate_limit_burst=int(e.get("TRUSTFABRIC_RATE_LIMIT_BURST", "100")),
+            grant_pending_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_GRANT_PENDING_TTL_SECONDS", str(3 * 86400)))),
+            sweep_interval_seconds=float(e.get("TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "5")),
+            ca_rotation_check_seconds=float(e.get("TRUSTFABRIC_CA_ROTATION_CHECK_SECONDS", "60")),
+            policy_verify_keys=tuple(
+                Path(p.strip()) for p in e.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
+            ),
+            read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
+            cache_off=frozenset(n.strip() for n in e.get("TRUSTFABRIC_CACHE_OFF", "").split(",") if n.strip()),
+            policy_engine=e.get("TRUSTFABRIC_POLICY_ENGINE", "embedded"),
+            authz_engine=e.get("TRUSTFABRIC_AUTHZ_ENGINE", "embedded"),
+            opa_url=e.get("TRUSTFABRIC_OPA_URL", "http://127.0.0.1:8181"),
+            opa_token=e.get("TRUSTFABRIC_OPA_TOKEN") or None,
+            opa_ca_file=e.get("TRUSTFABRIC_OPA_CA_FILE") or None,
+            opa_timeout_seconds=float(e.get("TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "2")),
+            pdp_token=e.get("TRUSTFABRIC_PDP_TOKEN") or None,
+        )
+
+    def engines(self) -> EngineSettings:
+        """What policy.engines.make_engine needs to choose and reach an engine."""
+        return EngineSettings(
+            kind=self.policy_engine, authz_kind=self.authz_engine, opa_url=self.opa_url, opa_token=self.opa_token,
+            opa_ca_bundle=self.opa_ca_file, opa_timeout=self.opa_timeout_seconds,
+        )
+
+    @property
+    def db_url(self) -> str:
+        from store.db import sqlite_url
+
+        return self.database_url or sqlite_url(self.home)
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.home / "keys"
+
+    @property
+    def default_key_file(self) -> Path:
+        return self.key_file or self.home / "master.key"
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What the CLI's HTTP client takes from the environment; the config file fills what is missing."""
+
+    server: str | None = None
+    token: str | None = None
+    ca_file: str | None = None
+    config: str | None = None  # path of the config file (default ~/.config/trustfabric/config.json)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientSettings:
+        e = os.environ if env is None else env
+        return cls(
+            server=e.get("TRUSTFABRIC_SERVER") or None,
+            token=e.get("TRUSTFABRIC_TOKEN") or None,
+            ca_file=e.get("TRUSTFABRIC_CA_FILE") or None,
+            config=e.get("TRUSTFABRIC_CONFIG") or None,
+        )
