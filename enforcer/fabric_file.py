@@ -118,11 +118,9 @@ class _Doc:
         top = self.value if isinstance(self.value, dict) else {}
         if not isinstance(self.value, dict):
             self.value = top
-        if "trust_domain" in stored:
-            if "trust_domain" in top and top["trust_domain"] != stored["trust_domain"]:
-                self.fail(("trust_domain",), f"is {top['trust_domain']!r}, but this fabric's trust domain is "
-                                             f"{stored['trust_domain']!r}")
-            top.setdefault("trust_domain", stored["trust_domain"])
+        if "trust_domain" in stored and "trust_domain" in top and top["trust_domain"] != stored["trust_domain"]:
+            self.fail(("trust_domain",), f"is {top['trust_domain']!r}, but this fabric's trust domain is "
+                                         f"{stored['trust_domain']!r}")
         for section in _SECTIONS:
             if section in ("trust_domain", "links") or not stored.get(section):
                 continue

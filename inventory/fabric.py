@@ -63,6 +63,13 @@ def read_rows(session: Session) -> FabricRows:
     return out
 
 
+def placements_on(session: Session, node: str) -> list[tuple[str, PlacementRow]]:
+    """The placements on one node, by workload key."""
+    rows = session.connection().execute(select(_placements).where(_placements.c.node == node)
+                                        .order_by(_placements.c.workload))
+    return [(p.workload, (p.node, p.port, p.ipv4, p.ipv6, tuple(p.selectors or ()))) for p in rows]
+
+
 def _diff(old: Mapping[Any, Any], new: Mapping[Any, Any]) -> tuple[list[Any], list[Any], list[Any]]:
     added = sorted(k for k in new if k not in old)
     removed = sorted(k for k in old if k not in new)

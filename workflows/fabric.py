@@ -175,7 +175,7 @@ def _split_prefixes(prefixes: tuple[str, ...]) -> tuple[str | None, str | None]:
 # ---------------------------------------------------------------- the operations
 
 
-def import_fabric(session: Session, text: str, who: Who, pools: Pools, *, source: str = "fabric.yaml"
+def import_fabric(session: Session, who: Who, pools: Pools, text: str, *, source: str = "fabric.yaml"
                   ) -> FabricChange:
     """Merge a fabric file onto the stored fabric (module docstring); all or nothing."""
     if len(text.encode()) > MAX_IMPORT_BYTES:

@@ -110,9 +110,11 @@ def show(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep
             summary="Flows the version opens and closes against the active one, on the current inventory")
 def impact(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep,
            limit: Annotated[int, Query(ge=0, le=100_000)] = 1000) -> dict[str, Any]:
+    from workflows.enforcement import impact as with_devices
+
     authorize(request, principal, "policy.impact", None)
     with ctx.db.read_session() as session:
-        return service.impact(session, ref, now=ctx.clock()).to_dict(limit=limit)
+        return with_devices(session, ref, now=ctx.clock(), budget=ctx.settings.budget(), limit=limit)
 
 
 @router.post("/versions/{ref}/activate", response_model=VersionOut, responses=WRITE_ERRORS,

@@ -22,6 +22,9 @@ def register(app: typer.Typer) -> None:
     app.add_typer(tenant, name="tenant")
     app.add_typer(group, name="group")
     app.add_typer(workload, name="workload")
+    from cli.remote.fabric import register_placement
+
+    register_placement(workload)
 
     @tenant.command("create")
     def tenant_create(
