@@ -134,12 +134,13 @@ def register(app: typer.Typer) -> None:
     @policy.command("impact")
     def impact_cmd(version: str, limit: int = typer.Option(50, "--limit", min=0, help="flows listed per side"),
                    json_out: bool = JsonOpt) -> None:
-        """Flows VERSION would open and close against the active version, on the current inventory."""
-        from policy import service
+        """Flows VERSION would open and close against the active version, on the current inventory; with a
+        fabric, the devices whose rule sets it would change."""
+        from workflows.enforcement import impact
 
         def run() -> dict[str, Any]:
             with open_context() as ctx, ctx.db.read_session() as session:
-                return service.impact(session, version, now=ctx.clock()).to_dict(limit=limit)
+                return impact(session, version, now=ctx.clock(), budget=ctx.settings.budget(), limit=limit)
         out = guard(run)
         if json_out:
             emit_json(out)
@@ -155,6 +156,13 @@ def register(app: typer.Typer) -> None:
         if out["by_tenant"]:
             emit_table("by tenant", ("tenant", "opened", "closed"),
                        [(t, c["opened"], c["closed"]) for t, c in out["by_tenant"].items()])
+        devices = out.get("devices")
+        if devices:
+            console.print(f"devices: {devices['touched']} of {devices['devices']} would change", highlight=False)
+            if devices["by_device"]:
+                emit_table("by device", ("device", "rules +", "rules -", "leaks +", "leaks -"),
+                           [(d["device"], d["rules_added"], d["rules_removed"], d["leaks_added"], d["leaks_removed"])
+                            for d in devices["by_device"]])
 
     def _switch(kind: str, version: str, signature: str | None, signature_file: Path | None,
                 reason: str | None, json_out: bool) -> None:

@@ -120,7 +120,7 @@ def test_a_placement_change_republishes_exactly_the_devices_it_changes(stack: St
     out = stack.rec.run_once("moved")
     assert out.full  # the fabric changed
     # the oracle: a compile from scratch of what is stored now, against what was published before
-    compiled, inputs = stack.rec.compile_now()
+    _compiled, inputs = stack.rec.compile_now()
     fresh = compile_fabric(inputs.fabric, inputs.allowed, inputs.revoked)
     expect = {d for d, rs in fresh.devices.items() if rs.content_hash != before[d][1]}
     assert set(out.published) == expect == changed(before, stack.versions())

@@ -193,7 +193,7 @@ def test_tenants_get_vni_vlan_and_prefix_from_the_pools_without_clashes(fab: App
             run(fab, lambda s, kw=kwargs: fabric.create_tenant(s, who(fab), pools, slug="evil", display_name="E", **kw))
     assert snapshot(fab) == before
     full = Pools(vni=(10_001, 10_003))
-    with pytest.raises(TrustfabricError, match="VNI pool .* is exhausted"):
+    with pytest.raises(TrustfabricError, match=r"VNI pool .* is exhausted"):
         run(fab, lambda s: fabric.create_tenant(s, who(fab), full, slug="late", display_name="L"))
 
 

@@ -1,0 +1,87 @@
+"""`trustfabric fabric ...` (through the API), `workload place` and `trustfabric enforcer ...` (on the data
+directory; `status` through the API), in-process: the README's fabric tour, --json, exit codes, one line on
+error. tests/cli/test_smoke.py runs both groups as the installed binary once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.cli.conftest import Cli
+from tests.enforcer.helpers import ROOT, SMALL
+
+TRAIN_TO_API = {"nic:gpu1", "nic:gpu3", "leaf:leaf1", "leaf:leaf2"}
+
+
+def one_error_line(r: Any, *needles: str) -> None:
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
+    admin = cli.token("--role", "admin", "--ttl", "1h")
+    imported = cli.run("fabric", "import", str(SMALL), token=admin)
+    assert imported.returncode == 0, imported.stderr
+    assert "placements: added 6" in imported.stdout and "not imported: 1 grant(s) (g-train-api)" in imported.stdout
+    assert cli.json("fabric", "import", str(SMALL), token=admin)["unchanged"] is True  # type: ignore[index]
+    nodes = cli.json("fabric", "node", "list", token=admin)
+    assert sorted(nodes) == ["gpu1", "gpu2", "gpu3", "gpu4"]  # type: ignore[arg-type]
+    assert len(cli.json("fabric", "link", "list", token=admin)) == 6  # type: ignore[arg-type]
+    one_error_line(cli.run("fabric", "link", "add", "leaf1:swp9", "gpu4:p0", token=admin),
+                   "leaf leaf1 has no port 'swp9'", "HTTP 400")
+    one_error_line(cli.run("workload", "place", "acme/train/w1", "--node", "gpu1", "--port", "pf0vf2", "--ipv4",
+                           "10.2.0.1", token=admin), "10.2.0.1 is outside tenant acme's prefixes")
+    placed = cli.run("workload", "place", "acme/train/w1", "--node", "gpu1", "--port", "pf0vf0", "--ipv4",
+                     "10.1.0.11", "--ipv6", "fd00:1::11", "--selector", "unix:uid:1001", token=admin)
+    assert placed.returncode == 0 and "placements: changed 1" in placed.stdout, placed.stderr
+    acme = cli.token("--role", "tenant-admin", "--tenant", "acme", "--ttl", "1h")
+    one_error_line(cli.run("fabric", "node", "list", token=acme), "HTTP 403")
+
+    first = cli.json("enforcer", "compile")
+    assert first["full"] and sorted(first["published"]) == sorted(  # type: ignore[index]
+        {"nic:gpu1", "nic:gpu2", "nic:gpu3", "nic:gpu4", "leaf:leaf1", "leaf:leaf2"})
+    flows = cli.run("enforcer", "show", "--device", "nic:gpu1", "--format", "openflow")
+    assert flows.returncode == 0 and "ct(commit,zone=NXM_NX_REG6[0..15])" in flows.stdout and "dl_vlan=101" in flows.stdout
+    nv = cli.run("enforcer", "show", "--device", "leaf:leaf1", "--format", "nv-set")
+    assert nv.returncode == 0 and "nv set vrf vrf10001" in nv.stdout
+    one_error_line(cli.run("enforcer", "show", "--device", "nic:gpu1", "--format", "nvue"), "is a SuperNIC")
+    one_error_line(cli.run("enforcer", "show", "--device", "nic:gpu9"), "nic:gpu9 has no published rule set")
+    status = cli.json("enforcer", "status", token=admin)
+    assert {r["device"]: r["desired_version"] for r in status} == dict.fromkeys(first["published"], 1)  # type: ignore[index,union-attr]
+
+    globex = cli.token("--role", "tenant-admin", "--tenant", "globex", "--ttl", "1h")
+    g = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/api", "--port", "8443", token=acme)
+    assert cli.json("grant", "approve", g["id"], token=globex)["state"] == "active"  # type: ignore[index]
+    plan = cli.json("enforcer", "plan")
+    assert {p["device"] for p in plan} == TRAIN_TO_API  # type: ignore[union-attr,index]
+    human = cli.run("enforcer", "plan")
+    assert human.returncode == 0 and "nic:gpu1" in human.stdout and "nic:gpu2" not in human.stdout
+    second = cli.json("enforcer", "compile")
+    assert second["published"] == dict.fromkeys(TRAIN_TO_API, 2)  # type: ignore[index]
+
+    back = cli.json("enforcer", "rollback", "--device", "nic:gpu1", "--to", "1", "--reason", "bad push")
+    assert back["version"] == 3 and back["pinned"] is True  # type: ignore[index]
+    one_error_line(cli.run("enforcer", "rollback", "--device", "nic:gpu1", "--to", "9"), "earlier version")
+    applied = cli.json("enforcer", "apply", "--device", "nic:gpu1")
+    assert applied["published"] == {"nic:gpu1": 4}  # type: ignore[index]
+    ok = cli.run("enforcer", "verify")
+    assert ok.returncode == 0 and "ok:" in ok.stdout, ok.stderr
+
+    candidate = tmp_path / "rego"
+    candidate.mkdir()
+    for f in (ROOT / "rego").glob("*.rego"):
+        text = f.read_text()
+        if f.name == "flows.rego":
+            text = text.replace("array.concat(array.concat(intra_tenant_flows, platform_flows), granted_flows)",
+                                "array.concat(intra_tenant_flows, granted_flows)")
+        (candidate / f.name).write_text(text)
+    assert cli.run("policy", "upload", str(candidate)).returncode == 0
+    staged = cli.json("enforcer", "plan", "--staged", "2")
+    assert staged and all(p["rules_removed"] > 0 for p in staged)  # type: ignore[union-attr,index]
+    impact = cli.json("policy", "impact", "2")
+    assert impact["devices"]["touched"] == len(staged)  # type: ignore[index,arg-type]
+    table = cli.run("policy", "impact", "2")
+    assert table.returncode == 0 and f"devices: {len(staged)} of 6 would change" in table.stdout  # type: ignore[arg-type]
