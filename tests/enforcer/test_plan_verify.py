@@ -4,8 +4,6 @@ naming the device or the flow with both answers when a stored rule set is altere
 
 from __future__ import annotations
 
-import json
-
 from sqlalchemy import text
 
 from audit import Actor
