@@ -67,6 +67,10 @@ MODES = ("auto", "manual")
 # uploads of candidate versions, exports). Anything else, including an action added later, makes it run.
 IRRELEVANT = ("svid.issue", "svid.jwt.", "node.attest", "node.token.", "token.", "ca.", "policy.upload", "audit.",
               "enforcer.", "device.")
+# Relevant actions that cannot change the compiled fabric (`compile_fabric_of`: topology, addressing,
+# placements): after only these, the fabric read last time is reused. Anything else rereads it.
+LEAVE_FABRIC = ("grant.", "policy.", "group.", "tenant.quarantine", "tenant.unquarantine", "workload.revoke",
+                "workload.register", "identity.", "svid.revoke")
 MAX_ATTEMPTS = 5
 
 
@@ -120,11 +124,18 @@ class Stale(Exception):
 
 
 def _events(session: Session, since: int, until: int | None = None, limit: int = 500) -> list[tuple[str, str]]:
+    """The relevant (action, object id) of the events from `since` (of the first `limit` events)."""
+    return _scan(session, since, until, limit)[0]
+
+
+def _scan(session: Session, since: int, until: int | None, limit: int) -> tuple[list[tuple[str, str]], bool]:
+    """(relevant (action, object id) of the events from `since`, whether every event up to `until` was seen)."""
     query = sa_select(col(AuditEvent.action), col(AuditEvent.object_id)).where(col(AuditEvent.seq) >= since)
     if until is not None:
         query = query.where(col(AuditEvent.seq) < until)
     rows = session.connection().execute(query.order_by(col(AuditEvent.seq)).limit(limit)).all()
-    return [(r[0], r[1]) for r in rows if relevant(r[0])]
+    complete = until is not None and len(rows) == until - since
+    return [(r[0], r[1]) for r in rows if relevant(r[0])], complete
 
 
 def _cause(events: Iterable[tuple[str, str]]) -> str:
@@ -151,6 +162,7 @@ class Reconciler:
         self._policy_hash: str | None = None
         self._loaded = False
         self._compiled: Compiled | None = None
+        self._fabric: Fabric | None = None
         self._marker = -1
         self._expiry_ns: int | None = None
         self._last_full = 0.0
@@ -226,6 +238,7 @@ class Reconciler:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+            self._loaded = False
 
     def _run(self, cause: str, *, full: bool, select: set[str] | None, unpin: Collection[str], force: bool,
              actor: Actor | None = None, request_id: str | None = None) -> Outcome:
@@ -267,41 +280,69 @@ class Reconciler:
     # ---------------------------------------------------------------- how
 
     def _read(self) -> Inputs:
+        """The inputs, in one snapshot. What provably did not change since the last run is not read again: the
+        fabric after only LEAVE_FABRIC events; the data document after only grant events (those grants are
+        patched into the engine's document, as the grants service patches its decider: policy.data.grant_ops)."""
         from pki.service import trust_domain
 
         now = self.clock()
+        resync = time.monotonic() - self._last_full >= self.config.resync_seconds
+        expired = self._expiry_ns is not None and to_ns(now) >= self._expiry_ns
         with self.db.read_session() as s:
             if s.get_bind().dialect.name == "postgresql":  # one snapshot for every read below
                 s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             marker = tree_size(s)
-            events = tuple(_events(s, self._marker, marker)) if self._marker >= 0 else ()
+            events: list[tuple[str, str]] = []
+            complete = False
+            if self._marker >= 0:
+                events, complete = _scan(s, self._marker, marker, 10_000)
             td = trust_domain(s)
             if td is None:
                 raise Conflict("the trust domain is not initialised: run `trustfabric init` first")
-            fabric = compile_fabric_of(s, td)
+            fabric = self._fabric
+            if fabric is None or resync or not complete or not all(a.startswith(LEAVE_FABRIC) for a, _ in events):
+                fabric = compile_fabric_of(s, td)
             digest = s.exec(select(PolicyVersion.content_hash).where(col(PolicyVersion.state) == "active")).first()
+            engine = self._engine_for(digest)
             modules = None
             if digest is not None and (not self._loaded or digest != self._policy_hash):
                 modules = dict(s.exec(select(PolicyVersion.modules).where(col(PolicyVersion.content_hash) == digest))
                                .one())
-            data = build_data(s, now)
-        allowed = self._allowed(digest, modules, data, now)
-        revoked = frozenset(data["tf"]["revoked"])
-        return Inputs(marker, now, fabric, digest, allowed, revoked, live_until(data), events)
+            if (engine is not None and modules is None and complete and not (resync or expired) and events
+                    and all(a.startswith("grant.") for a, _ in events)):
+                from policy.data import grant_ops
+                from policy.models import Grant
 
-    def _allowed(self, digest: str | None, modules: dict[str, str] | None, data: dict[str, Any], now: datetime
-                 ) -> Any:
+                for grant in s.exec(select(Grant).where(col(Grant.id).in_({o for _, o in events}))).all():
+                    engine.patch_data(grant_ops(engine.data(), grant, now))
+                data: Any = engine.data()
+            else:
+                data = build_data(s, now)
+                if engine is not None:
+                    if modules is not None:
+                        engine.load(modules, data)
+                        self._policy_hash, self._loaded = digest, True
+                    else:
+                        sync_data(engine, data)
+        allowed = self._allowed(engine, digest, now)
+        self._fabric = fabric
+        revoked = frozenset(data["tf"]["revoked"])
+        return Inputs(marker, now, fabric, digest, allowed, revoked, live_until(data), tuple(events))
+
+    def _engine_for(self, digest: str | None) -> PolicyEngine | None:
+        """The engine to evaluate the active version on; None when no version is active."""
         if digest is None:
             self._policy_hash, self._loaded = None, True
-            return []  # no policy in force: nothing is allowed
+            return None
         if self._engine is None:
             self._engine = self._factory()
-        if modules is not None:
-            self._engine.load(dict(modules), data)
-            self._policy_hash, self._loaded = digest, True
-        else:
-            sync_data(self._engine, data)
-        value = self._engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": to_ns(now)})
+            self._loaded = False  # a new engine holds nothing yet
+        return self._engine
+
+    def _allowed(self, engine: PolicyEngine | None, digest: str | None, now: datetime) -> Any:
+        if engine is None or digest is None:
+            return []  # no policy in force: nothing is allowed
+        value = engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": to_ns(now)})
         if not isinstance(value, list):
             raise PolicyEngineError(f"the active policy ({digest[:16]}) gives no {ALLOWED_FLOWS_QUERY} list")
         return value

@@ -37,7 +37,7 @@ from core.errors import Conflict, InvalidInput, NotFound
 from enforcer.compiler import Budget
 from enforcer.ir import DeviceRuleSet
 from enforcer.models import DeviceState, RuleSetVersion
-from enforcer.plan import plan_device
+from enforcer.plan import summary as plan_summary
 
 DEVICE_PATTERN = r"^(nic|leaf):[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _DEVICE_RE = re.compile(DEVICE_PATTERN)
@@ -143,7 +143,7 @@ def publish(session: Session, rs: DeviceRuleSet, *, cause: str, actor: Actor, no
         st.pinned = pin
     session.add(st)
     session.flush()
-    summary = plan_device(previous, rs, budget).summary()
+    summary = plan_summary(previous, rs, budget)
     summary.update(version=row.version, pinned=st.pinned)
     record(session, actor=actor, action=action, object_type="device", object_id=device, summary=summary,
            reason=cause[:2000], request_id=request_id, at=now)

@@ -29,7 +29,7 @@ NodeRow = tuple[tuple[str, ...], tuple[str, ...]]  # uplinks, host ports
 SwitchRow = tuple[str, tuple[str, ...], str]  # role, ports, model
 LinkRow = tuple[str, str, str, str, str]  # leaf, leaf port, peer, peer port, peer kind
 PlacementRow = tuple[str, str, str | None, str | None, tuple[str, ...]]  # node, port, ipv4, ipv6, selectors
-MAX_NAMES = 50  # names per list in an audit summary (an import of a thousand nodes says how many more)
+MAX_NAMES = 10  # names per list in an audit summary (an import of a thousand nodes gives the count)
 _LOCK_KEY = 0x7466_6162  # PostgreSQL advisory lock: one fabric (or tenant allocation) writer at a time
 
 
@@ -77,7 +77,8 @@ def _diff(old: Mapping[Any, Any], new: Mapping[Any, Any]) -> tuple[list[Any], li
     return added, removed, changed
 
 
-def _names(keys: list[Any]) -> dict[str, Any]:
+def names_summary(keys: list[Any]) -> dict[str, Any]:
+    """{count, names}: the first MAX_NAMES names of a list, for an audit summary (events are bounded)."""
     shown = [k if isinstance(k, str) else f"{k[0]}:{k[1]}-{k[2]}:{k[3]}" for k in keys[:MAX_NAMES]]
     return {"count": len(keys), "names": shown}
 
@@ -98,7 +99,8 @@ def write(session: Session, desired: FabricRows, *, actor: Actor, action: str, o
     for kind, before, after in pairs:
         added, removed, changed = _diff(before, after)
         if added or removed or changed:
-            changes[kind] = {"added": _names(added), "removed": _names(removed), "changed": _names(changed)}
+            changes[kind] = {word: names_summary(keys) for word, keys in (("added", added), ("removed", removed),
+                                                                          ("changed", changed)) if keys}
         if kind == "placements":  # deleted before any insert: an address or port may move between rows
             stale_placements, fresh_placements = removed + changed, added + changed
             continue

@@ -20,7 +20,7 @@ What an import does with the sections beyond the fabric itself:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +93,7 @@ def _apply(session: Session, who: Who, pools: Pools, action: str, object_id: str
         switches={s.name: (s.role, s.ports, s.model) for s in fabric.switches},
         links={(x.leaf, x.leaf_port, x.peer, x.peer_port, x.peer_kind) for x in fabric.links},
         placements={p.workload: (p.node, p.port, p.ipv4, p.ipv6, p.selectors) for p in fabric.placements})
-    summary = {k: v for k, v in created.items() if v}
+    summary = {k: rows.names_summary(v) for k, v in created.items() if v}
     changes = rows.write(session, desired, actor=who.actor, action=action, object_id=object_id, now=who.clock(),
                          request_id=who.request_id, summary=summary or None)
     out = FabricChange(changes, **created)
@@ -175,15 +175,17 @@ def _split_prefixes(prefixes: tuple[str, ...]) -> tuple[str | None, str | None]:
 # ---------------------------------------------------------------- the operations
 
 
-def import_fabric(session: Session, who: Who, pools: Pools, text: str, *, source: str = "fabric.yaml"
-                  ) -> FabricChange:
-    """Merge a fabric file onto the stored fabric (module docstring); all or nothing."""
-    if len(text.encode()) > MAX_IMPORT_BYTES:
+def import_fabric(session: Session, who: Who, pools: Pools, text: str | Mapping[str, Any], *,
+                  source: str = "fabric.yaml") -> FabricChange:
+    """Merge a fabric file (its text, or a document of its shape built in code) onto the stored fabric
+    (module docstring); all or nothing."""
+    if isinstance(text, str) and len(text.encode()) > MAX_IMPORT_BYTES:
         raise InvalidInput(f"{source}: a fabric file holds at most {MAX_IMPORT_BYTES // (1024 * 1024)} MiB")
     grants: list[str] = []
 
     def check(stored: dict[str, Any]) -> Fabric:
-        fabric = load_fabric(text, source=source, pools=pools, stored=stored)
+        fabric = (load_fabric(text, source=source, pools=pools, stored=stored) if isinstance(text, str)
+                  else load_fabric_value(text, source, pools, stored))
         grants.extend(g.id for g in fabric.grants)
         return fabric
 

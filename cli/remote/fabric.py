@@ -21,7 +21,7 @@ def _summary(out: dict[str, Any], json_out: bool) -> None:
     if out["unchanged"]:
         print("unchanged: the stored fabric already is like that")
     for kind, change in sorted(out["changes"].items()):
-        parts = [f"{word} {change[word]['count']}" for word in ("added", "removed", "changed") if change[word]["count"]]
+        parts = [f"{word} {change[word]['count']}" for word in ("added", "removed", "changed") if word in change]
         print(f"{kind}: {', '.join(parts)}")
     for key in ("tenants_created", "tenants_allocated", "groups_created", "workloads_registered"):
         if out[key]:

@@ -30,10 +30,13 @@ def register(app: typer.Typer) -> None:
     def tenant_create(
         slug: str, display_name: str = typer.Option(..., "--display-name"),
         l3vni: int = typer.Option(None, "--l3vni"), prefix: str = typer.Option(None, "--prefix"),
+        vlan: int = typer.Option(None, "--vlan", help="attachment VLAN / conntrack zone"),
+        prefix6: str = typer.Option(None, "--prefix6"),
         server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt,
     ) -> None:
-        """Create a tenant (admin)."""
-        body = {"slug": slug, "display_name": display_name, "l3vni": l3vni, "prefix": prefix}
+        """Create a tenant (admin); a missing L3VNI, VLAN or prefix is allocated from the configured pools."""
+        body = {"slug": slug, "display_name": display_name, "l3vni": l3vni, "prefix": prefix, "vlan": vlan,
+                "prefix6": prefix6}
         show(client(server, cacert).post("/v1/tenants", body), json_out)
 
     @tenant.command("list")
