@@ -258,3 +258,36 @@ def test_the_stored_fabric_compiles_like_the_golden_file(stack: Stack) -> None:
     golden = small()
     assert stored.nodes == golden.nodes and stored.switches == golden.switches and stored.links == golden.links
     assert stored.placements == golden.placements and stored.tenants == golden.tenants
+
+
+def test_what_the_reconciler_keeps_between_runs_equals_a_fresh_read(stack: Stack,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """After grant events the data is patched, not rebuilt; after events that leave the fabric it is not read
+    again: both must be exactly what a fresh read gives."""
+    from enforcer import reconcile
+    from policy.data import build_data
+
+    started(stack)
+    builds: list[int] = []
+    monkeypatch.setattr(reconcile, "build_data", lambda s, now: builds.append(1) or build_data(s, now))
+    fabric = stack.rec._fabric
+    gid = stack.grant("acme/train", "globex/api", 8443)
+    stack.grant("acme/data", "globex/api", 8443)
+    stack.rec.run_once("grants")
+    engine = stack.rec._engine
+    assert engine is not None and stack.rec._fabric is fabric and builds == []  # patched, not rebuilt
+    with stack.ctx.db.read_session() as s:
+        assert engine.data() == build_data(s, stack.clock())
+    with stack.ctx.db.session() as s:
+        revoke_grant(s, gid, caller=Caller("sec", "security", None, Actor("sec", "security")), reason="x",
+                     clock=stack.clock)
+    stack.rec.run_once("revoked")
+    with stack.ctx.db.read_session() as s:
+        assert engine.data() == build_data(s, stack.clock()) and builds == []
+        assert stack.rec._fabric is fabric and compile_fabric_of(s, TD) == fabric
+    with stack.ctx.db.session() as s:
+        place_workload(s, stack.who, stack.ctx.settings.pools(), "acme/train/w2", node="gpu4", port="pf0vf1",
+                       ipv4="10.1.0.12")
+    stack.rec.run_once("moved")
+    with stack.ctx.db.read_session() as s:
+        assert stack.rec._fabric is not fabric and stack.rec._fabric == compile_fabric_of(s, TD) and builds == [1]
