@@ -122,14 +122,15 @@ def _sync_inventory(session: Session, stored: dict[str, Any], fabric: Fabric, wh
             if bool(have.get(name)) != flag:
                 raise Conflict(f"tenants.{t.slug}.{name}: the stored tenant is {'' if have.get(name) else 'not '}"
                                f"{name}; change that with `trustfabric tenant quarantine` or `svid revoke`")
-        given = {"vni": t.vni, "vlan": t.vlan, "prefixes": list(t.prefixes)}
-        stored_values = {k: have.get(k) for k in given}
+        prefix, prefix6 = _split_prefixes(t.prefixes)
+        given = {"vni": t.vni, "vlan": t.vlan, "IPv4 prefix": prefix, "IPv6 prefix": prefix6}
+        v4, v6 = _split_prefixes(tuple(have.get("prefixes", ())))
+        stored_values = {"vni": have.get("vni"), "vlan": have.get("vlan"), "IPv4 prefix": v4, "IPv6 prefix": v6}
         for name, value in given.items():
             if stored_values[name] is not None and stored_values[name] != value:
-                raise Conflict(f"tenants.{t.slug}.{name}: {value} differs from the stored {stored_values[name]} "
+                raise Conflict(f"tenants.{t.slug}: {name} {value} differs from the stored {stored_values[name]} "
                                "(an existing tenant's addressing never changes)")
-        if any(stored_values[k] is None for k in given):
-            prefix, prefix6 = _split_prefixes(t.prefixes)
+        if given != stored_values:  # what the tenant lacked: given in the file or allocated from the pools
             inventory.fill_addressing(session, slug=t.slug, l3vni=t.vni, vlan=t.vlan, prefix=prefix, prefix6=prefix6,
                                       **kw)  # type: ignore[arg-type]
             out["tenants_allocated"].append(t.slug)

@@ -57,9 +57,9 @@ def _outcome(out: Outcome, json_out: bool) -> None:
     if json_out:
         emit_json(out.to_dict())
     else:
-        kind = "full compile" if out.full else "incremental compile"
-        console.print(f"{kind} in {out.compile_seconds * 1000:.1f} ms: {len(out.changed)} device(s) changed",
-                      highlight=False)
+        what = (f"full compile of {len(out.changed)} device(s)" if out.full
+                else f"incremental compile, {len(out.changed)} device(s) changed")
+        console.print(f"{what} in {out.compile_seconds * 1000:.1f} ms", highlight=False)
         for device, version in sorted(out.published.items()):
             console.print(f"published {device} version {version}", highlight=False)
         for device in out.held:

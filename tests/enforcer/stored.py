@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from sqlmodel import select
@@ -19,9 +19,10 @@ from enforcer.ir import DeviceRuleSet
 from enforcer.reconcile import Reconciler
 from keys.store import KeyKind
 from pki.service import init_trust_domain
+from policy import service as policy
 from policy.grant_decider import RegoGrantDecider
 from policy.grants import Caller, GrantRequest, approve_grant, request_grant
-from tests.api.conftest import activate_shipped_policy, make_settings
+from tests.api.conftest import make_settings
 from tests.enforcer.helpers import SMALL
 from workflows.context import AppContext
 from workflows.enforcement import make_reconciler
@@ -90,8 +91,19 @@ def open_stack(home: Path, url: str | None = None, **settings: Any) -> Stack:
     with ctx.db.session() as s:
         import_fabric(s, Who(ADMIN, clock), ctx.settings.pools(), SMALL.read_text(), source="small.yaml")
 
-    activate_shipped_policy(SimpleNamespace(ctx=ctx, clock=clock))  # type: ignore[arg-type]
+    with ctx.db.session() as s:
+        v, _ = policy.upload(s, shipped(), ADMIN, now=clock())
+        policy.activate(s, v.number or 0, ADMIN, now=clock())
     return Stack(ctx, clock, make_reconciler(ctx))
+
+
+@cache
+def shipped() -> policy.PreparedVersion:
+    """The shipped rego/ compiled and its Rego tests run once per test process (they take a while)."""
+    from policy.shipped import REGO_DIR
+    from policy.versions import load_dir
+
+    return policy.prepare(load_dir(REGO_DIR))
 
 
 def reasons(rs: DeviceRuleSet) -> set[str]:

@@ -110,7 +110,10 @@ BAD: list[tuple[str, Callable[[Session, Who], Any], type[TrustfabricError] | Non
     ("import: other trust domain", lambda s, w: fabric.import_fabric(
         s, w, Pools(), GOLDEN.replace("example.org", "evil.org")), None, "trust_domain: is 'evil.org'"),
     ("import: a stored tenant's VNI", lambda s, w: fabric.import_fabric(
-        s, w, Pools(), GOLDEN.replace("vni: 10001", "vni: 10009")), None, "tenants.acme.vni: 10009 differs"),
+        s, w, Pools(), GOLDEN.replace("vni: 10001", "vni: 10009")), None, "tenants.acme: vni 10009 differs"),
+    ("import: a stored tenant's prefix", lambda s, w: fabric.import_fabric(
+        s, w, Pools(), GOLDEN.replace("[10.2.0.0/16]", "[10.2.0.0/17]")), None,
+     "tenants.globex: IPv4 prefix 10.2.0.0/17 differs from the stored 10.2.0.0/16"),
     ("import: quarantine through a file", lambda s, w: fabric.import_fabric(
         s, w, Pools(), GOLDEN.replace("globex/batch: {}", "globex/batch: {quarantined: true}")),
      None, "groups.globex/batch: quarantine and revocation are changed with their own commands"),
@@ -211,3 +214,22 @@ def test_a_tenant_made_before_the_fabric_gets_its_vlan_when_first_placed(fab: Ap
         events = s.exec(select(AuditEvent).where(AuditEvent.action == "tenant.allocate")).all()
     assert t is not None and (t.l3vni, t.vlan, t.prefix) == (42, 103, "10.3.0.0/20")
     assert [e.object_id for e in events] == ["legacy"] and events[0].summary == {"vlan": 103, "prefix": "10.3.0.0/20"}
+
+
+def test_an_import_fills_what_a_stored_tenant_lacks_and_keeps_what_it_has(ctx: AppContext) -> None:
+    """The README's tour: acme and globex made by hand (VNI, VLAN, IPv4 prefix), then the golden file, which
+    also gives acme an IPv6 prefix."""
+    from datetime import UTC, datetime
+
+    ctx.clock = FrozenClock(datetime.now(UTC))
+    with ctx.db.session() as s:
+        init_trust_domain(s, ctx.keystore, trust_domain="example.org", key_kind=KeyKind.EC_P256, clock=ctx.clock)
+    for slug, vni, vlan, prefix in (("acme", 10001, 101, "10.1.0.0/16"), ("globex", 10002, 102, "10.2.0.0/16")):
+        run(ctx, lambda s, a=(slug, vni, vlan, prefix): fabric.create_tenant(
+            s, who(ctx), Pools(), slug=a[0], display_name=a[0], l3vni=a[1], vlan=a[2], prefix=a[3]))
+    out = run(ctx, lambda s: fabric.import_fabric(s, who(ctx), Pools(), GOLDEN))
+    assert out.tenants_created == ["platform"] and out.tenants_allocated == ["acme"]
+    with ctx.db.read_session() as s:
+        acme = s.get(Tenant, "acme")
+    assert acme is not None and (acme.l3vni, acme.vlan, acme.prefix, acme.prefix6) == (
+        10001, 101, "10.1.0.0/16", "fd00:1::/48")
