@@ -123,11 +123,6 @@ class Stale(Exception):
     """A relevant change committed between reading the inputs and publishing: read and compile again."""
 
 
-def _events(session: Session, since: int, until: int | None = None, limit: int = 500) -> list[tuple[str, str]]:
-    """The relevant (action, object id) of the events from `since` (of the first `limit` events)."""
-    return _scan(session, since, until, limit)[0]
-
-
 def _scan(session: Session, since: int, until: int | None, limit: int) -> tuple[list[tuple[str, str]], bool]:
     """(relevant (action, object id) of the events from `since`, whether every event up to `until` was seen)."""
     query = sa_select(col(AuditEvent.action), col(AuditEvent.object_id)).where(col(AuditEvent.seq) >= since)
@@ -190,23 +185,26 @@ class Reconciler:
             size = tree_size(s)
             if size == self._marker:
                 return None
-            events = _events(s, self._marker, size)
+            events, complete = _scan(s, self._marker, size, 10_000)
+        if not complete:
+            return _cause(events) or f"{size - self._marker} changes"
         if not events:
             self._marker = size  # nothing the inputs depend on: move past it
             return None
         return _cause(events)
 
     def serve(self, stop: threading.Event) -> None:
-        """Until `stop` is set: run when woken, when due, and otherwise look every poll_seconds."""
+        """Until `stop` is set: look whether a run is due every poll_seconds, and at once when woken (a wake
+        after an SVID issuance finds nothing relevant and costs one read, like a poll)."""
         while not stop.is_set():
-            woke = self._wake.wait(self.config.poll_seconds)
+            self._wake.wait(self.config.poll_seconds)
             self._wake.clear()
             if stop.is_set():
                 return
             try:
                 cause = self.due()
-                if woke or cause is not None:
-                    self.run_once(cause or "a change committed in this process")
+                if cause is not None:
+                    self.run_once(cause)
             except Exception:
                 log.exception("enforcer reconcile failed; retrying on the next poll")
 
@@ -363,8 +361,10 @@ class Reconciler:
         cause = outcome.cause
         with self.db.session() as s:
             size = lock_head(s)
-            if size != inputs.marker and _events(s, inputs.marker, size, limit=10_000):
-                raise Stale()
+            if size != inputs.marker:
+                events, complete = _scan(s, inputs.marker, size, 10_000)
+                if events or not complete:
+                    raise Stale()
             sts = service.states(s)
             for device, rs in sorted(compiled.devices.items()):
                 if select is not None and device not in select:

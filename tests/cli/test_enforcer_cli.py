@@ -4,6 +4,7 @@ error. tests/cli/test_smoke.py runs both groups as the installed binary once."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,11 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     nv = cli.run("enforcer", "show", "--device", "leaf:leaf1", "--format", "nv-set")
     assert nv.returncode == 0 and "nv set vrf vrf10001" in nv.stdout
     one_error_line(cli.run("enforcer", "show", "--device", "nic:gpu1", "--format", "nvue"), "is a SuperNIC")
+    nft = cli.json("enforcer", "show", "--device", "leaf:leaf2", "--format", "nft")
+    assert nft["version"] == 1 and '"table"' in nft["text"] and "ip_rules" in nft["text"]  # type: ignore[index]
+    ir = cli.json("enforcer", "show", "--device", "nic:gpu3", "--format", "ir")
+    assert json.loads(ir["text"])["device"] == "nic:gpu3"  # type: ignore[index]
+    assert cli.run("enforcer", "show", "--device", "nic:gpu3", "--format", "pdf").returncode == 2
     one_error_line(cli.run("enforcer", "show", "--device", "nic:gpu9"), "nic:gpu9 has no published rule set")
     status = cli.json("enforcer", "status", token=admin)
     assert {r["device"]: r["desired_version"] for r in status} == dict.fromkeys(first["published"], 1)  # type: ignore[index,union-attr]
