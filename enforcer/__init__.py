@@ -1,7 +1,8 @@
 """Compiles the policy's allowed flows into device rule sets: SuperNIC OpenFlow (OVS-DOCA), leaf NVUE, Linux.
 
 Two parts. The library below is pure: no database, no HTTP, no clock; it imports only core, pki and policy
-(and no module of it imports the persistence part). The persistence part, the domain layout of the other
+(and no module of it imports the persistence part, the database, audit or inventory: `make lint` holds that,
+the `enforcer-core-stays-pure` import contract). The persistence part, the domain layout of the other
 packages, builds on it:
   enforcer.models / migrations        versioned rule sets per device (version, content hash, canonical IR,
                                        cause, time) and each device's state and agent report
