@@ -32,7 +32,8 @@ from api.deps import CtxDep, PrincipalDep
 from api.principal import Principal
 from api.routes.common import request_id
 from api.schemas import COMMON_ERRORS, error_responses
-from core.errors import Forbidden
+from core.clock import as_utc
+from core.errors import Forbidden, NotFound
 from enforcer import service
 from enforcer.service import DEVICE_PATTERN
 
@@ -137,8 +138,11 @@ def list_devices(request: Request, ctx: CtxDep, principal: PrincipalDep) -> list
 
 def _current(ctx: Any, device: str) -> tuple[int, str, str, str, str]:
     with ctx.db.read_session() as session:
-        row = service.version_row(session, device)
-        return row.version, row.content_hash, row.ir, row.cause, row.created_at.isoformat()
+        st = service.get_state(session, device)
+        if not st.in_fabric:
+            raise NotFound(f"device {device} left the fabric (its last version was {st.version})")
+        row = service.version_row(session, device, st.version)
+        return row.version, row.content_hash, row.ir, row.cause, as_utc(row.created_at).isoformat()
 
 
 def _matches(if_none_match: str | None, digest: str) -> bool:

@@ -262,3 +262,16 @@ def test_a_node_svid_reads_and_reports_only_its_own_devices(tmp_path: Path) -> N
         tls.cleanup()
         env.client.close()
         env.ctx.close()
+
+
+def test_a_device_that_left_the_fabric_is_gone_for_its_agent(denv: Env) -> None:
+    assert denv.call("DELETE", "/v1/fabric/placements/platform/dns/ns1", "admin").status_code == 200
+    r = denv.call("DELETE", "/v1/fabric/nodes/gpu4", "admin")
+    assert r.status_code == 200 and r.json()["changes"]["nodes"]["removed"]["names"] == ["gpu4"], r.text
+    deadline = time.monotonic() + 10  # the reconciler, woken by the write, retires the device
+    while (got := denv.call("GET", "/v1/devices/nic:gpu4/ruleset", "admin")).status_code == 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert got.status_code == 404 and "left the fabric" in got.json()["reason"]
+    row = next(x for x in denv.call("GET", "/v1/devices", "admin").json() if x["device"] == "nic:gpu4")
+    assert row["in_fabric"] is False

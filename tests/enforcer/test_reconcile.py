@@ -140,6 +140,8 @@ def test_a_device_that_leaves_the_fabric_is_retired(stack: Stack) -> None:
     out = stack.rec.run_once("removed")
     assert out.retired == ["nic:gpu4"] and "nic:gpu4" not in stack.versions()
     assert [e.object_id for e in stack.events("enforcer.retire")] == ["nic:gpu4"]
+    with stack.ctx.db.read_session() as s:  # out of the desired state: verify, plan and the agents skip it
+        assert "nic:gpu4" not in service.desired(s) and not service.get_state(s, "nic:gpu4").in_fabric
 
 
 def test_changes_of_another_process_are_polled_and_irrelevant_events_are_skipped(stack: Stack) -> None:
