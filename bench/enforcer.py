@@ -14,7 +14,7 @@ as bench/policy.py does. Figures (medians of --runs), each beside a baseline mea
     incremental recompile inside the same runs; and the first publication of every device
 
 Run: .venv/bin/python bench/enforcer.py [--tenants 1000 --groups 10 --nodes 1000 --leaves 50 --grants 5000]
-     [--approvals 20] [--no-db]
+     [--approvals 20] [--no-db | --db-only]
 """
 
 from __future__ import annotations
@@ -126,9 +126,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--approvals", type=int, default=20, help="grant approvals timed on the persisted path")
     ap.add_argument("--no-db", action="store_true", help="skip the persisted path")
+    ap.add_argument("--db-only", action="store_true", help="only the persisted path (its baseline is measured "
+                                                           "inside it)")
     args = ap.parse_args()
     med = statistics.median
     fabric = build_fabric(args.tenants, args.groups, args.nodes, args.leaves, args.grants)
+    if args.db_only:
+        persisted_path(fabric, args.approvals)
+        return
     print(f"scale: {len(fabric.tenants)} tenants, {len(fabric.groups)} groups, {len(fabric.workloads)} workloads on "
           f"{len(fabric.nodes)} nodes behind {len(fabric.leaves)} leaves, {len(fabric.grants)} grants, "
           f"runs {args.runs}", flush=True)

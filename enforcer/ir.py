@@ -100,17 +100,12 @@ class DeviceRuleSet:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (lists for tuples), the form that is hashed and stored."""
-        rules = []
-        for r in self.rules:  # dict(zip(...)) rather than _asdict(): tens of thousands of rules per leaf
-            d = dict(zip(_RULE_FIELDS, r, strict=True))
-            d["ports"] = [list(x) for x in r.ports]
-            d["reasons"] = list(r.reasons)
-            rules.append(d)
         return {
             "device": self.device, "kind": self.kind, "uplink": self.uplink,
             "ports": [{**p._asdict(), "v4": list(p.v4), "v6": list(p.v6)} for p in self.ports],
             "sets": [{"name": s.name, "v4": list(s.v4), "v6": list(s.v6)} for s in self.sets],
-            "rules": rules,
+            "rules": [{**r._asdict(), "ports": [list(x) for x in r.ports], "reasons": list(r.reasons)}
+                      for r in self.rules],
             "vrfs": [{**v._asdict(), "members": list(v.members), "prefixes": list(v.prefixes),
                       "leaks": [{**lk._asdict(), "reasons": list(lk.reasons)} for lk in v.leaks]} for v in self.vrfs],
             "cost": self.cost,
@@ -144,7 +139,6 @@ class DeviceRuleSet:
             cost=d["cost"])
 
 
-_RULE_FIELDS = FlowRule._fields
 _PLAIN = frozenset({str, int, dict, list})
 
 
