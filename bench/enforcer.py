@@ -131,12 +131,12 @@ def main() -> None:
     args = ap.parse_args()
     med = statistics.median
     fabric = build_fabric(args.tenants, args.groups, args.nodes, args.leaves, args.grants)
-    if args.db_only:
-        persisted_path(fabric, args.approvals)
-        return
     print(f"scale: {len(fabric.tenants)} tenants, {len(fabric.groups)} groups, {len(fabric.workloads)} workloads on "
           f"{len(fabric.nodes)} nodes behind {len(fabric.leaves)} leaves, {len(fabric.grants)} grants, "
           f"runs {args.runs}", flush=True)
+    if args.db_only:
+        persisted_path(fabric, args.approvals)
+        return
 
     doc = policy_data(fabric)
     doc["tf"]["now_ns"] = NOW_NS
