@@ -42,11 +42,10 @@ def _exposed(ports: Any) -> list[str]:
     return sorted(f"{p['proto']}/{p['port']}" for p in ports or [] if isinstance(p, dict))
 
 
-def stored_document(session: Session, trust_domain: str) -> dict[str, Any]:
-    """Everything stored, as a fabric document (sections in the file's shape, keys sorted)."""
-    conn = session.connection()
+def stored_tenants(session: Session) -> dict[str, Any]:
+    """The `tenants` section of the stored fabric: every tenant's VNI, VLAN, prefixes (those it has)."""
     tenants: dict[str, Any] = {}
-    for t in conn.execute(select(_tenants).order_by(_tenants.c.slug)):
+    for t in session.connection().execute(select(_tenants).order_by(_tenants.c.slug)):
         body: dict[str, Any] = {"quarantined": bool(t.quarantined)}
         if t.l3vni is not None:
             body["vni"] = t.l3vni
@@ -55,6 +54,13 @@ def stored_document(session: Session, trust_domain: str) -> dict[str, Any]:
         if t.prefix or t.prefix6:
             body["prefixes"] = tenant_prefixes(t.prefix, t.prefix6)
         tenants[t.slug] = body
+    return tenants
+
+
+def stored_document(session: Session, trust_domain: str) -> dict[str, Any]:
+    """Everything stored, as a fabric document (sections in the file's shape, keys sorted)."""
+    conn = session.connection()
+    tenants = stored_tenants(session)
     groups = {f"{g.tenant}/{g.name}": {"ports": _exposed(g.ports), "quarantined": bool(g.quarantined)}
               for g in conn.execute(select(_groups).order_by(_groups.c.tenant, _groups.c.name))}
     workloads = {f"{w.tenant}/{w.group}/{w.name}": {"revoked": bool(w.revoked)}

@@ -32,7 +32,7 @@ from core.errors import Conflict, InvalidInput, NotFound
 from enforcer.allocate import Pools, allocate
 from enforcer.errors import FabricError
 from enforcer.fabric import Fabric
-from enforcer.fabric_db import stored_document
+from enforcer.fabric_db import stored_document, stored_tenants
 from enforcer.fabric_file import load_fabric, load_fabric_value
 from inventory import fabric as rows
 from inventory import service as inventory
@@ -301,8 +301,8 @@ def create_tenant(session: Session, who: Who, pools: Pools, *, slug: str, displa
     """A tenant with its L3VNI, VLAN and prefixes, the missing ones allocated from the pools; never two
     tenants on one VNI or VLAN, never overlapping prefixes (InvalidInput naming the clash)."""
     rows.lock_fabric(session)
-    td = _trust_domain(session)
-    stored = stored_document(session, td)["tenants"]
+    _trust_domain(session)
+    stored = stored_tenants(session)
     if slug in stored:
         raise AlreadyExists(f"tenant {slug!r} already exists")
     import ipaddress
