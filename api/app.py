@@ -29,6 +29,8 @@ ROUTERS = (
     "api.routes.grants",
     "api.routes.security",
     "api.routes.tokens",
+    "api.routes.flows",
+    "api.routes.grant_explain",
 )
 
 
