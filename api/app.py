@@ -97,6 +97,9 @@ def create_app(
     install_error_handlers(app)
     for module in _router_modules():
         app.include_router(module.router)
+    from api.console import install_console
+
+    install_console(app)  # the web console under /console: pages that call the routes above
     app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
     return app
 
