@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 from starlette.staticfiles import StaticFiles
 
 from api.console.client import ApiError
@@ -20,12 +21,30 @@ from api.console.web import CsrfRefused, NeedSignIn, on_api_error, on_csrf_refus
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-def console_router() -> APIRouter:
-    from api.console import pages_audit, pages_auth, pages_grants, pages_inventory, pages_policy
+def page_routers() -> list[APIRouter]:
+    """The router of every `pages_*` module of this package (found, not listed: none can be left out)."""
+    import importlib
+    import pkgutil
 
+    names = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).resolve().parent)])
+                   if m.name.startswith("pages_"))
+    return [importlib.import_module(f"{__name__}.{name}").router for name in names]
+
+
+def console_routes() -> list[tuple[str, str]]:
+    """(METHOD, path) of every console page: what the CSRF, header and isolation tests walk."""
+    out = []
+    for router in page_routers():
+        for route in router.routes:
+            if isinstance(route, APIRoute):
+                out.extend((method, PATH + route.path) for method in sorted(route.methods))
+    return sorted(set(out))
+
+
+def console_router() -> APIRouter:
     router = APIRouter(prefix=PATH, include_in_schema=False)
-    for module in (pages_auth, pages_inventory, pages_grants, pages_policy, pages_audit):
-        router.include_router(module.router)
+    for pages in page_routers():
+        router.include_router(pages)
     return router
 
 

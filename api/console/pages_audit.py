@@ -71,7 +71,7 @@ async def _scan(session: Session, actor: str, cursor: str | None, filters: dict[
 async def audit(request: Request, tenant: Opt = "", action: Opt = "", actor: Opt = "", since: Opt = "",
                 until: Opt = "", cursor: Annotated[str | None, Query(max_length=200)] = None) -> Response:
     session = await signed_in(request)
-    problem = None
+    problem, status = None, 200
     events: list[Any] = []
     next_cursor, seen = None, 0
     try:
@@ -79,12 +79,12 @@ async def audit(request: Request, tenant: Opt = "", action: Opt = "", actor: Opt
                    "until": utc_param(until, "until")}
         events, next_cursor, seen = await _scan(session, actor.strip(), cursor, filters)
     except ValueError as exc:
-        problem = str(exc)
+        problem, status = str(exc), 400
     except ApiError as exc:
         if exc.status not in (400, 422):
             raise
-        problem = exc.reason
-    return render(request, session, "audit.html", events=events, next_cursor=next_cursor, seen=seen,
+        problem, status = exc.reason, exc.status
+    return render(request, session, "audit.html", status=status, events=events, next_cursor=next_cursor, seen=seen,
                   problem=problem, tenant=tenant, action=action, actor=actor, since=since, until=until,
                   scan_pages=SCAN_PAGES)
 
@@ -182,7 +182,7 @@ async def public_key(request: Request) -> Response:
 async def decisions(request: Request, kind: Opt = "", tenant: Opt = "", allowed: Opt = "", since: Opt = "",
                     until: Opt = "") -> Response:
     session = await signed_in(request)
-    problem = None
+    problem, status = None, 200
     rows: list[Any] = []
     try:
         rows = await session.api.get(
@@ -190,10 +190,10 @@ async def decisions(request: Request, kind: Opt = "", tenant: Opt = "", allowed:
             allowed={"yes": True, "no": False}.get(allowed), since=utc_param(since, "since"),
             until=utc_param(until, "until"), limit=100)
     except ValueError as exc:
-        problem = str(exc)
+        problem, status = str(exc), 400
     except ApiError as exc:
         if exc.status not in (400, 422):
             raise
-        problem = exc.reason
-    return render(request, session, "decisions.html", rows=rows, problem=problem, kind=kind, tenant=tenant,
-                  allowed=allowed, since=since, until=until)
+        problem, status = exc.reason, exc.status
+    return render(request, session, "decisions.html", status=status, rows=rows, problem=problem, kind=kind,
+                  tenant=tenant, allowed=allowed, since=since, until=until)

@@ -84,6 +84,7 @@ async def preview(
     session = await signed_in(request)
     answer: dict[str, Any] | None = None
     problem = None
+    status = 200
     if not (src_group and dst_tenant and dst_group and ports.strip()):
         problem = "Fill in the source group, destination tenant and group, and the ports to see the policy's answer."
     else:
@@ -92,10 +93,10 @@ async def preview(
                 "/v1/policy/explain-grant", src_group=src_group, dst_tenant=dst_tenant, dst_group=dst_group,
                 proto=proto, ports=parse_ports(ports), ttl_seconds=ttl_seconds, src_tenant=src_tenant or None)
         except ValueError as exc:
-            problem = str(exc)
+            problem, status = str(exc), 400
         except ApiError as exc:
-            problem = f"The API refused the question: {exc.reason}"
-    return render(request, session, "preview.html", answer=answer, problem=problem)
+            problem, status = f"The API refused the question: {exc.reason}", exc.status
+    return render(request, session, "preview.html", status=status, answer=answer, problem=problem)
 
 
 @router.post("/grants")

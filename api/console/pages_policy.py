@@ -155,17 +155,17 @@ async def explain(
     proto: Annotated[str, Query(max_length=3)] = "tcp",
 ) -> Response:
     session = await signed_in(request)
-    answer, problem = None, None
+    answer, problem, status = None, None, 200
     if src and dst and port:
         if not port.isdigit():
-            problem = "the port is a number from 1 to 65535"
+            problem, status = "the port is a number from 1 to 65535", 400
         else:
             try:
                 answer = await session.api.get("/v1/policy/explain", src=src, dst=dst, port=int(port), proto=proto)
             except ApiError as exc:
-                problem = exc.reason
-    return render(request, session, "explain.html", answer=answer, problem=problem, src=src, dst=dst, port=port,
-                  proto=proto)
+                problem, status = exc.reason, exc.status
+    return render(request, session, "explain.html", status=status, answer=answer, problem=problem, src=src, dst=dst,
+                  port=port, proto=proto)
 
 
 def heat(n: int, top: int) -> int:

@@ -1,0 +1,52 @@
+"""Console test harness: the real app (tests/api/conftest.py's environment: real database, key store, trust
+domain, shipped policy) and people signed in through the console's own sign-in form."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.console.session import SESSION_COOKIE
+from tests.api.conftest import Env, make_settings, open_env, seed
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
+
+
+def hidden(html: str, name: str) -> str:
+    """The value of a hidden form field, as a browser would submit it."""
+    found = re.search(rf'name="{name}" value="([^"]*)"', html)
+    assert found, f"no {name} field in the page"
+    return found.group(1)
+
+
+def sign_in(env: Env, role: str, tenant: str | None = None, *, base_url: str = "http://testserver",
+            ttl: timedelta = timedelta(hours=2)) -> TestClient:
+    """A browser-like client signed in through the sign-in form with a fresh API token of that principal."""
+    client = TestClient(env.app, base_url=base_url, raise_server_exceptions=False, follow_redirects=False)
+    page = client.get("/console/login")
+    r = client.post("/console/login", data={"token": env.token(role, tenant, ttl=ttl),
+                                            "login_token": hidden(page.text, "login_token")})
+    assert r.status_code == 303, r.text
+    assert client.cookies.get(SESSION_COOKIE), "no session cookie"
+    return client
+
+
+def csrf_of(client: TestClient, page: str = "/console/grants") -> str:
+    r = client.get(page)
+    assert r.status_code == 200, r.text
+    return hidden(r.text, "csrf")
+
+
+@pytest.fixture(scope="module")
+def console_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """One seeded environment for a module's read-mostly tests."""
+    env = open_env(make_settings(Path(tmp_path_factory.mktemp("console")) / "home"))
+    seed(env)
+    yield env
+    env.client.close()
+    env.ctx.close()
