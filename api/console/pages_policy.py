@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Form, Query, Request, UploadFile
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import Response
+from starlette.datastructures import UploadFile
 
 from api.console.client import ApiError
 from api.console.session import ctx_of

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -50,3 +51,62 @@ def console_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     yield env
     env.client.close()
     env.ctx.close()
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+# What this closed machine needs: no sandbox (root in a container), no GPU, no network beyond 127.0.0.1.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """One Debian chromium for the whole test session, driven by Playwright (never a downloaded browser)."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium; `make test` installs it as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@dataclass
+class LiveServer:
+    env: Env
+    url: str
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The app served by uvicorn on 127.0.0.1 and a free port, in a thread: what the browser talks to."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from tests.conftest import _free_port
+
+    home = Path(tmp_path_factory.mktemp("console-live")) / "home"
+    env = open_env(make_settings(home, audit_checkpoint_every=1))  # a fresh checkpoint covers every event
+    seed(env)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(env.app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the console test server did not start")
+        time.sleep(0.02)
+    try:
+        yield LiveServer(env, f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        env.client.close()
+        env.ctx.close()
