@@ -26,8 +26,6 @@ from audit import Actor
 from inventory.service import create_group
 from tests.console.conftest import ARTIFACTS, LiveServer
 
-pytestmark = pytest.mark.xdist_group("console-browser")
-
 # A policy change a security team might make: a group labelled shared=true is reachable from every tenant,
 # like a platform service. The shipped tests still pass (their inventory has no such group).
 SHARED_RULES = '''
@@ -120,7 +118,7 @@ def signed_in_page(browser: Any, live: LiveServer, shots: Shots, role: str, tena
     return page
 
 
-def test_a_tenant_requests_a_grant_and_sees_it_pending_with_the_approver(
+def a_tenant_requests_a_grant_and_sees_it_pending_with_the_approver(
         browser: Any, live: LiveServer, shots: Shots, story: dict[str, str]) -> None:
     page = signed_in_page(browser, live, shots, "tenant-admin", "acme", shot="sign-in")
     assert page.url.endswith("/console/tenants/acme")
@@ -146,8 +144,7 @@ def test_a_tenant_requests_a_grant_and_sees_it_pending_with_the_approver(
     shots.take(page, "grant")
 
 
-def test_the_destination_tenant_approves_it(browser: Any, live: LiveServer, shots: Shots,
-                                            story: dict[str, str]) -> None:
+def the_destination_tenant_approves_it(browser: Any, live: LiveServer, shots: Shots, story: dict[str, str]) -> None:
     grant = story["grant"]
     page = signed_in_page(browser, live, shots, "tenant-admin", "globex")
     page.get_by_role("link", name="Grants").click()
@@ -160,7 +157,7 @@ def test_the_destination_tenant_approves_it(browser: Any, live: LiveServer, shot
     assert "tenant-admin:globex by tenant-admin@globex" in page.locator("dl.facts").inner_text()
 
 
-def test_the_security_team_uploads_a_change_sees_its_impact_and_activates_it(
+def the_security_team_uploads_a_change_sees_its_impact_and_activates_it(
         browser: Any, live: LiveServer, shots: Shots, story: dict[str, str], tmp_path: Path) -> None:
     page = signed_in_page(browser, live, shots, "security")
     assert page.url.endswith("/console/policy")
@@ -206,7 +203,7 @@ def test_the_security_team_uploads_a_change_sees_its_impact_and_activates_it(
     shots.take(page, "ca")
 
 
-def test_an_auditor_filters_checks_a_proof_and_exports_a_verifiable_file(
+def an_auditor_filters_checks_a_proof_and_exports_a_verifiable_file(
         browser: Any, live: LiveServer, shots: Shots, story: dict[str, str], tmp_path: Path) -> None:
     page = signed_in_page(browser, live, shots, "auditor")
     page.get_by_label("Action").fill("grant.approve")
@@ -242,7 +239,14 @@ def test_an_auditor_filters_checks_a_proof_and_exports_a_verifiable_file(
     shots.take(page, "decisions")
 
 
-def test_every_page_was_shot(shots: Shots) -> None:
+def test_the_three_users_stories_in_a_browser(browser: Any, live: LiveServer, shots: Shots, story: dict[str, str],
+                                              tmp_path: Path) -> None:
+    """One test, the stories in order (each builds on the one before: the grant requested is the one approved,
+    shown in the matrix, and found by the auditor); a failure names its step."""
+    a_tenant_requests_a_grant_and_sees_it_pending_with_the_approver(browser, live, shots, story)
+    the_destination_tenant_approves_it(browser, live, shots, story)
+    the_security_team_uploads_a_change_sees_its_impact_and_activates_it(browser, live, shots, story, tmp_path)
+    an_auditor_filters_checks_a_proof_and_exports_a_verifiable_file(browser, live, shots, story, tmp_path)
     assert {"sign-in", "tenant", "grant-request", "grant", "approvals", "policy", "version", "activate-confirm",
             "flow-matrix", "explain", "tenant-security", "ca", "audit", "audit-event", "export",
             "decisions"} <= set(shots.taken)
