@@ -34,36 +34,46 @@ def _entries(raw: Any) -> list[Any]:
     return raw
 
 
-def _tenant(source: Any) -> str:
-    text = str(source)
-    if "/" not in text:
-        raise InvalidInput(f"data.flows.allowed_flows names a source {text!r:.100} that is not tenant/group")
-    return text.split("/", 1)[0]
+def _checked(entry: Any) -> tuple[list[Any], set[int]]:
+    """(sources, distinct ports) of an entry, with the checks expand_allowed makes; InvalidInput otherwise."""
+    sources, ports = entry.get("sources"), entry.get("ports")
+    if not isinstance(sources, list) or not isinstance(ports, list) or "reason" not in entry:
+        raise InvalidInput(f"data.flows.allowed_flows has a malformed entry {entry!r:.200}")
+    if sources and not all(isinstance(p, int | float) and not isinstance(p, bool) and p == int(p) for p in ports):
+        raise InvalidInput(f"data.flows.allowed_flows has a port that is not an integer in {entry!r:.200}")
+    return sources, {int(p) for p in ports}
 
 
 def pair_counts(raw: Any) -> dict[Pair, int]:
     """{(src_tenant, dst_tenant): number of distinct allowed flows}; equal to counting expand_allowed(raw)
     by tenant pair. InvalidInput for a malformed answer."""
-    entries = _entries(raw)
     by_target: dict[tuple[str, str, str], list[Any]] = {}
-    for entry in entries:
+    for entry in _entries(raw):
         by_target.setdefault(_key(entry), []).append(entry)
     counts: Counter[Pair] = Counter()
+    tenant_of: dict[Any, str] = {}  # sources repeat across entries: split each once
+
+    def tenant(source: Any) -> str:
+        found = tenant_of.get(source)
+        if found is None:
+            text = str(source)
+            if "/" not in text:
+                raise InvalidInput(f"data.flows.allowed_flows names a source {text!r:.100} that is not tenant/group")
+            found = tenant_of[source] = text.split("/", 1)[0]
+        return found
+
     for (dst_tenant, _group, _proto), group in by_target.items():
-        if len(group) > 1:
-            for flow in expand_allowed(group):
-                counts[(flow.src_tenant, dst_tenant)] += 1
+        if len(group) == 1:
+            sources, ports = _checked(group[0])
+            for source in set(sources):
+                counts[(tenant(source), dst_tenant)] += len(ports)
             continue
-        entry = group[0]
-        sources, ports = entry.get("sources"), entry.get("ports")
-        if not isinstance(sources, list) or not isinstance(ports, list):
-            raise InvalidInput(f"data.flows.allowed_flows has a malformed entry {entry!r:.200}")
-        if not sources:
-            continue
-        expand_allowed([{**entry, "sources": sources[:1]}])  # the same checks of its ports and reason
-        n_ports = len({int(p) for p in ports})
-        for source in set(sources):
-            counts[(_tenant(source), dst_tenant)] += n_ports
+        pairs: set[tuple[Any, int]] = set()  # (source, port): the flows to this group and proto
+        for entry in group:
+            sources, ports = _checked(entry)
+            pairs.update((source, port) for source in sources for port in ports)
+        for source, _port in pairs:
+            counts[(tenant(source), dst_tenant)] += 1
     return dict(counts)
 
 

@@ -33,11 +33,11 @@ def page_routers() -> list[APIRouter]:
 
 def console_routes() -> list[tuple[str, str]]:
     """(METHOD, path) of every console page: what the CSRF, header and isolation tests walk."""
-    out = []
+    out: list[tuple[str, str]] = []
     for router in page_routers():
         for route in router.routes:
             if isinstance(route, APIRoute):
-                out.extend((method, PATH + route.path) for method in sorted(route.methods))
+                out.extend((method, PATH + route.path) for method in sorted(route.methods or ()))
     return sorted(set(out))
 
 

@@ -26,7 +26,7 @@ from audit.service import DOCUMENT_VERSION, leaf_hash
 
 router = APIRouter()
 PAGE = 100
-SCAN_PAGES = 5  # an actor filter looks at up to this many API pages (1,000 events each) per console page
+SCAN_PAGES = 2  # an actor filter looks at up to this many API pages (1,000 events each) per console page
 Opt = Annotated[str, Query(max_length=64)]
 FORMATS = ("jsonl", "csv", "ocsf")
 

@@ -96,3 +96,28 @@ def test_explain_grant_is_scoped_to_the_principals_tenant(env: Env) -> None:
     q = "src_tenant=globex&src_group=api&dst_tenant=acme&dst_group=web&proto=tcp&ports=443&ttl_seconds=60"
     r = env.call("GET", f"/v1/policy/explain-grant?{q}", "tenant-admin", "acme")
     assert r.status_code == 403 and "own groups" in r.json()["reason"]
+
+
+def test_explain_answers_as_a_fresh_engine_would_and_reuses_the_kept_document(env: Env) -> None:
+    """GET /v1/policy/explain decides on the grant decider's kept engine and document: the same decision
+    and reasons as policy.service.explain's fresh engine, and no rebuild while nothing changed."""
+    from policy import service
+
+    grant = env.call("POST", "/v1/grants", "tenant-admin", "acme", json=REQUEST).json()
+    env.call("POST", f"/v1/grants/{grant['id']}/approve", "tenant-admin", "globex")
+    flows = [("acme/web", "globex/api", 8443), ("acme/web", "globex/api", 443), ("acme/web", "acme/db", 5432),
+             ("acme/db", "acme/db", 5432), ("globex/public", "acme/web", 443), ("acme/nope", "globex/api", 1)]
+    decider = env.app.state.grant_decider
+    env.call("GET", "/v1/policy/explain?src=acme/web&dst=acme/db&port=5432", "security")
+    rebuilds = decider.rebuilds
+    for src, dst, port in flows:
+        r = env.call("GET", f"/v1/policy/explain?src={src}&dst={dst}&port={port}", "security")
+        assert r.status_code == 200, r.text
+        with env.ctx.db.read_session() as s:
+            fresh, digest = service.explain(s, src, dst, port, now=env.clock())
+        assert (r.json()["allow"], r.json()["reasons"], r.json()["policy_hash"]) == (
+            fresh.allow, fresh.reasons, digest), (src, dst, port)
+    assert decider.rebuilds == rebuilds, "nothing changed: the kept document was used"
+    env.clock.advance(timedelta(seconds=3601))  # the grant expired: the same answer as a fresh engine
+    r = env.call("GET", "/v1/policy/explain?src=acme/web&dst=globex/api&port=8443", "security").json()
+    assert r["allow"] is False and r["reasons"][0].startswith("no-grant")

@@ -23,7 +23,7 @@ import pytest
 
 from api.authz import REGO_DIR
 from audit import Actor
-from inventory.service import create_group
+from inventory.service import create_group, create_tenant
 from tests.console.conftest import ARTIFACTS, LiveServer
 
 # A policy change a security team might make: a group labelled shared=true is reachable from every tenant,
@@ -94,12 +94,32 @@ def shots() -> Iterator[Shots]:
     assert not s.problems, "the browser reported: " + "\n".join(s.problems)
 
 
+MORE_TENANTS = ("initech", "hooli", "umbrella")
+
+
 @pytest.fixture(scope="module")
 def story(live: LiveServer) -> dict[str, str]:
-    """What the stories hand on to each other (the grant id)."""
-    with live.env.ctx.db.session() as s:
+    """What the stories hand on to each other (the grant id). Three more tenants, with grants among them
+    (their api groups approve automatically), so the matrix and the log look like more than a demo."""
+    env = live.env
+    with env.ctx.db.session() as s:
         create_group(s, tenant="globex", name="docs", ports=[{"proto": "tcp", "port": 443}],
-                     labels={"shared": "true"}, actor=Actor.system("seed"), clock=live.env.clock)
+                     labels={"shared": "true"}, actor=Actor.system("seed"), clock=env.clock)
+        for n, slug in enumerate(MORE_TENANTS):
+            create_tenant(s, slug=slug, display_name=slug.title(), l3vni=3000 + n, actor=Actor.system("seed"),
+                          clock=env.clock)
+            create_group(s, tenant=slug, name="api", ports=[{"proto": "tcp", "port": 443}],
+                         labels={"grants.trustfabric.io/auto-approve": "true"}, actor=Actor.system("seed"),
+                         clock=env.clock)
+            create_group(s, tenant=slug, name="batch", ports=[{"proto": "tcp", "port": 9000}],
+                         actor=Actor.system("seed"), clock=env.clock)
+    for src in MORE_TENANTS:
+        for dst in MORE_TENANTS:
+            if src != dst:
+                r = env.call("POST", "/v1/grants", "tenant-admin", src, json={
+                    "src_group": "batch", "dst_tenant": dst, "dst_group": "api", "proto": "tcp", "ports": [443],
+                    "ttl_seconds": 86400, "justification": "nightly sync"})
+                assert r.status_code == 201 and r.json()["state"] == "active", r.text
     return {}
 
 
@@ -167,14 +187,15 @@ def the_security_team_uploads_a_change_sees_its_impact_and_activates_it(
     page.get_by_role("button", name="Upload and test").click()
     page.wait_for_url(re.compile(r".*/console/policy/versions/2\?notice=uploaded"))
     assert "all" in page.locator("#tests-h").inner_text() and "passed" in page.locator("#tests-h").inner_text()
-    page.locator("#impact").get_by_text("Opens 2 flows, closes 0").wait_for()
+    # globex/docs becomes reachable from every other tenant's groups: acme's 2 and 2 in each of 3 more
+    page.locator("#impact").get_by_text("Opens 8 flows, closes 0").wait_for()
     assert "globex" in page.locator("#impact").inner_text()
     shots.take(page, "version")
     page.get_by_role("link", name="Activate version 2…").click()
-    assert "opens 2 flows and closes 0" in page.locator(".impact-summary").inner_text()
+    assert "opens 8 flows and closes 0" in page.locator(".impact-summary").inner_text()
     page.get_by_label("Reason").fill("CHG-42 shared docs service")
     shots.take(page, "activate-confirm")
-    page.get_by_role("button", name="Yes, activate: open 2, close 0 flows").click()
+    page.get_by_role("button", name="Yes, activate: open 8, close 0 flows").click()
     page.wait_for_url(re.compile(r".*/console/policy/versions/2\?notice=activated"))
     assert page.locator("h1 .badge").inner_text() == "active"
 
