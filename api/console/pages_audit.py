@@ -10,8 +10,9 @@ auditor's own copy of the audit public key.
 from __future__ import annotations
 
 import base64
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -29,6 +30,7 @@ PAGE = 100
 SCAN_PAGES = 2  # an actor filter looks at up to this many API pages (1,000 events each) per console page
 Opt = Annotated[str, Query(max_length=64)]
 FORMATS = ("jsonl", "csv", "ocsf")
+T = TypeVar("T")
 
 
 def utc_param(value: str, name: str) -> str | None:
@@ -71,22 +73,31 @@ async def _scan(session: Session, actor: str, cursor: str | None, filters: dict[
 async def audit(request: Request, tenant: Opt = "", action: Opt = "", actor: Opt = "", since: Opt = "",
                 until: Opt = "", cursor: Annotated[str | None, Query(max_length=200)] = None) -> Response:
     session = await signed_in(request)
-    problem, status = None, 200
-    events: list[Any] = []
-    next_cursor, seen = None, 0
-    try:
+
+    async def scan() -> tuple[list[Any], str | None, int]:
         filters = {"tenant": tenant or None, "action": action or None, "since": utc_param(since, "since"),
                    "until": utc_param(until, "until")}
-        events, next_cursor, seen = await _scan(session, actor.strip(), cursor, filters)
-    except ValueError as exc:
-        problem, status = str(exc), 400
-    except ApiError as exc:
-        if exc.status not in (400, 422):
-            raise
-        problem, status = exc.reason, exc.status
+        return await _scan(session, actor.strip(), cursor, filters)
+
+    nothing: tuple[list[Any], str | None, int] = ([], None, 0)
+    (events, next_cursor, seen), problem, status = await filtered(scan, nothing)
     return render(request, session, "audit.html", status=status, events=events, next_cursor=next_cursor, seen=seen,
                   problem=problem, tenant=tenant, action=action, actor=actor, since=since, until=until,
                   scan_pages=SCAN_PAGES)
+
+
+async def filtered(read: Callable[[], Awaitable[T]], empty: T) -> tuple[T, str | None, int]:
+    """(answer, None, 200) of a filtered read; (empty, the problem, its status) when the filter itself is
+    bad (a time that does not parse here, or the API's 400/422): shown beside the form. Other refusals
+    (403, 404) propagate and become the error page."""
+    try:
+        return await read(), None, 200
+    except ValueError as exc:
+        return empty, str(exc), 400
+    except ApiError as exc:
+        if exc.status not in (400, 422):
+            raise
+        return empty, exc.reason, exc.status
 
 
 def _b64(text: str) -> bytes:
@@ -157,15 +168,16 @@ async def export(request: Request, csrf: Annotated[str, Form(max_length=200)] = 
                  action: Annotated[str, Form(max_length=64)] = "", since: Annotated[str, Form(max_length=64)] = "",
                  until: Annotated[str, Form(max_length=64)] = "") -> Response:
     session = await signed_in(request, csrf=csrf, change=True)
-    try:
+
+    async def start() -> tuple[int, dict[str, str], AsyncIterator[bytes]] | None:
         body = {"format": format, "tenant": tenant or None, "action": action or None,
                 "since": utc_param(since, "since"), "until": utc_param(until, "until")}
-        _status, headers, chunks = await session.api.stream("POST", "/v1/audit/exports", body)
-    except (ValueError, ApiError) as exc:
-        if isinstance(exc, ApiError) and exc.status not in (400, 422):
-            raise
-        return render(request, session, "export.html", status=400, formats=FORMATS,
-                      problem=exc.reason if isinstance(exc, ApiError) else str(exc))
+        return await session.api.stream("POST", "/v1/audit/exports", body)
+
+    streamed, problem, status = await filtered(start, None)
+    if streamed is None:
+        return render(request, session, "export.html", status=status, formats=FORMATS, problem=problem)
+    _status, headers, chunks = streamed
     keep = {k: v for k, v in headers.items() if k in ("content-type", "content-disposition")}
     return StreamingResponse(chunks, headers=keep)
 
@@ -182,18 +194,15 @@ async def public_key(request: Request) -> Response:
 async def decisions(request: Request, kind: Opt = "", tenant: Opt = "", allowed: Opt = "", since: Opt = "",
                     until: Opt = "") -> Response:
     session = await signed_in(request)
-    problem, status = None, 200
-    rows: list[Any] = []
-    try:
-        rows = await session.api.get(
+
+    async def read() -> list[Any]:
+        found: list[Any] = await session.api.get(
             "/v1/policy/decisions", kind=kind or None, tenant=tenant or None,
             allowed={"yes": True, "no": False}.get(allowed), since=utc_param(since, "since"),
             until=utc_param(until, "until"), limit=100)
-    except ValueError as exc:
-        problem, status = str(exc), 400
-    except ApiError as exc:
-        if exc.status not in (400, 422):
-            raise
-        problem, status = exc.reason, exc.status
+        return found
+
+    none: list[Any] = []
+    rows, problem, status = await filtered(read, none)
     return render(request, session, "decisions.html", status=status, rows=rows, problem=problem, kind=kind,
                   tenant=tenant, allowed=allowed, since=since, until=until)

@@ -83,6 +83,12 @@ class Shots:
         return page
 
     def take(self, page: Any, name: str) -> None:
+        """A full-page screenshot, after checking that every visible form control has a label."""
+        unlabelled = page.evaluate("""() => [...document.querySelectorAll('input, select, textarea')]
+            .filter(e => e.type !== 'hidden' && !(e.labels && e.labels.length) && !e.getAttribute('aria-label'))
+            .map(e => e.name || e.id)""")
+        if unlabelled:
+            self.problems.append(f"{name}: controls without a label: {unlabelled}")
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
         self.taken.append(name)
 
@@ -200,7 +206,8 @@ def the_security_team_uploads_a_change_sees_its_impact_and_activates_it(
     assert page.locator("h1 .badge").inner_text() == "active"
 
     page.get_by_role("link", name="Flow matrix").click()
-    page.get_by_role("link", name="3 flows from acme to globex").click()  # the grant + the two shared flows
+    page.get_by_role("link", name="3 flows from acme to globex").focus()  # the grant + the two shared flows
+    page.keyboard.press("Enter")  # keyboard use: a cell is a link
     cell = page.locator("#cell")
     cell.get_by_text("3 flows from acme to globex").wait_for()
     text = cell.inner_text()
