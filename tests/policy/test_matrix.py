@@ -61,7 +61,10 @@ def test_counts_of_the_shipped_policy_on_a_real_engine() -> None:
          "proto": "udp", "ports": [53], "expires_at_ns": NOW_NS + 10**12},
     ])
     engine = RegorusEngine(shipped(), data)
-    raw = engine.evaluate("data.flows.allowed_flows", {"now_ns": NOW_NS})
+    try:
+        raw = engine.evaluate("data.flows.allowed_flows", {"now_ns": NOW_NS})
+    finally:
+        engine.close()  # a regorus engine must not be dropped on another thread later
     counts = pair_counts(raw)
     assert counts == {("a", "a"): 2, ("a", "b"): 1, ("a", "platform"): 2, ("b", "platform"): 1}
     assert sorted(flows_between(raw, "a", "platform").values()) == [["grant:g2", "platform-service"],
