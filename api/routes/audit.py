@@ -160,6 +160,7 @@ def list_events(
     until: datetime | None = None,
     cursor: CursorQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    actor: Annotated[str | None, Query(min_length=1, max_length=512, description="exact actor id")] = None,
 ) -> EventPage:
     scoped = _scope(request, principal, "audit.read", tenant)
     after = None
@@ -177,6 +178,7 @@ def list_events(
             until=_aware(until, "until"),
             after=after,
             limit=limit,
+            actor=actor,
         )
     nxt = encode_cursor(str(rows[-1].seq)) if len(rows) == limit else None
     return EventPage(items=[event_out(e) for e in rows], next_cursor=nxt)

@@ -235,13 +235,20 @@ def an_auditor_filters_checks_a_proof_and_exports_a_verifiable_file(
         browser: Any, live: LiveServer, shots: Shots, story: dict[str, str], tmp_path: Path) -> None:
     page = signed_in_page(browser, live, shots, "auditor")
     page.get_by_label("Action").fill("grant.approve")
-    page.get_by_label("Actor contains").fill("globex")
     page.get_by_role("button", name="Filter").click()
     page.wait_for_url(re.compile(r".*/console/audit\?.*action=grant\.approve.*"))
     rows = page.locator("table tbody tr")
     assert rows.count() == 1 and story["grant"] in rows.first.inner_text()
+    approver = rows.first.locator("td").nth(2).get_by_role("link")
+    who = approver.inner_text()
+    assert who.startswith("tenant-admin@globex")
+    approver.click()  # every event of that actor: its sign-in (a session token minted) and the approval
+    page.wait_for_url(re.compile(r".*/console/audit\?actor=.*"))
+    assert page.get_by_label("Actor").input_value() == who
+    actors = [t.strip() for t in page.locator("table tbody tr td:nth-child(3) a").all_inner_texts()]
+    assert len(actors) >= 2 and set(actors) == {who}
     shots.take(page, "audit")
-    rows.first.get_by_role("link").first.click()
+    page.locator("table tbody tr", has_text="grant.approve").get_by_role("link").first.click()
     assert page.locator("h1 .badge").inner_text() == "verified"
     assert page.locator("ol.checks li.ok").count() == 3
     shots.take(page, "audit-event")
