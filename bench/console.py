@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -118,8 +119,7 @@ async def timed(client: httpx.AsyncClient, calls: list[tuple[str, dict[str, str]
     return (time.perf_counter() - start) * 1000
 
 
-async def run(args: argparse.Namespace) -> None:
-    home = Path(tempfile.mkdtemp(prefix="tf-bench-console-")) / "home"
+async def run(args: argparse.Namespace, home: Path) -> None:
     settings = Settings(home=home, trust_domain=TD, rate_limit_per_second=0)
     ctx = AppContext.open(settings, create=True)
     with ctx.db.session() as s:
@@ -246,7 +246,11 @@ def main() -> None:
     parser.add_argument("--grants", type=int, default=5000)
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--runs", type=int, default=5)
-    asyncio.run(run(parser.parse_args()))
+    base = Path(tempfile.mkdtemp(prefix="tf-bench-console-"))
+    try:
+        asyncio.run(run(parser.parse_args(), base / "home"))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
