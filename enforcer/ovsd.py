@@ -94,6 +94,11 @@ class OvsDaemons:
         if internal:
             self._taps.append(port)
 
+    def push_stats(self) -> None:
+        """Wait for one revalidator round: packets that hit the datapath's flow cache reach the OpenFlow
+        flows' counters only then (every `other_config:max-revalidator` ms, 500 by default)."""
+        self.run("ovs-appctl", "-t", f"{self.rundir}/vswitchd.ctl", "revalidator/wait")
+
     def mgmt(self, bridge: str) -> str:
         """The OpenFlow management socket ovs-ofctl talks to for `bridge`."""
         return f"unix:{self.rundir}/{bridge}.mgmt"

@@ -21,12 +21,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from enforcer.backends.base import RuleCounter
 from enforcer.equivalence import Walker
 from enforcer.fabric import Fabric
 from enforcer.netns import run_in
+from enforcer.ovsd import OvsDaemons
 from lab import netops
 from lab.errors import LabError, LabInputError
 from lab.standalone import Installed, backend
@@ -155,6 +157,8 @@ def _snapshot(st: dict[str, Any], inst: Installed, devices: Sequence[str]) -> Sn
     def read(device: str) -> list[RuleCounter]:
         return backend(st, device, inst.fabric).counters(inst.devices[device])
 
+    if any(d.startswith("nic:") for d in devices):
+        OvsDaemons(Path(st["ovs"]["rundir"])).push_stats()
     out: Snapshot = {}
     for device, counters in zip(devices, netops.parallel([partial(read, d) for d in devices]), strict=True):
         for c in counters:
