@@ -106,7 +106,8 @@ def _open_nics_and_acls(lab: GoldenLab) -> None:
             for p in rs.ports:
                 by_vlan.setdefault(p.vlan, []).append(d["port_names"][p.name])
             flows = [f"table=0,priority=10,in_port={port},actions=push_vlan:0x8100,"
-                     f"set_field:{4096 + vlan}->vlan_vid,output:{up}" for vlan, ports in by_vlan.items() for port in ports]
+                     f"set_field:{4096 + vlan}->vlan_vid,output:{up}"
+                     for vlan, ports in by_vlan.items() for port in ports]
             flows += [f"table=0,priority=10,in_port={up},dl_vlan={vlan},actions=pop_vlan,"
                       + ",".join(f"output:{p}" for p in ports) for vlan, ports in by_vlan.items()]
             daemons.run("ovs-ofctl", "-O", "OpenFlow13", "--bundle", "replace-flows", daemons.mgmt(d["bridge"]), "-",
@@ -129,7 +130,8 @@ def test_the_leaf_vrfs_alone_keep_tenants_apart(golden_lab: GoldenLab) -> None:
         _open_nics_and_acls(lab)
         with listening([(b1, 4, 9999), (a1, 4, 9999)]):
             assert connect(w1, a1, 9999)[0]  # the grant's leaked route: with no ACL, any port gets through
-            assert not connect(w1, b1, 9999, timeout=0.7)[0]  # same node, same leaf: acme's VRF has no route to globex/batch
+            # same node, same leaf: acme's VRF has no route to globex/batch
+            assert not connect(w1, b1, 9999, timeout=0.7)[0]
             assert not connect(w2, b1, 9999, timeout=0.7)[0]  # across the spine: neither
         assert _udp_arrives(lab, a1.netns, a1.ipv4 or "", b1.netns, b1.ipv4 or "", 9998)  # globex to globex
         with forged_address(lab, "acme/train/w1", FORGED):  # acme claiming a globex source stays in acme's VRF
