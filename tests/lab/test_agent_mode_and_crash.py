@@ -1,0 +1,101 @@
+"""Agent mode and crash cleanup, on a lab of their own: `lab up --mode agent` builds the topology only, and
+the state file alone is enough to attach the enforcer's backends to each device id (what a node agent
+does); after a simulated crash (OVS daemons killed, state file deleted) `lab down` still removes every
+namespace, interface, daemon and the run directory; the root namespace's links and nftables ruleset are
+the same after the whole cycle, and no lab interface ever appears there."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enforcer.backends.linux import LeafWiring, LinuxBackend
+from enforcer.backends.ovs import OvsBackend
+from enforcer.ovsd import OvsDaemons
+from lab import build, netops, operations, standalone, state
+from lab.errors import LabError
+from lab.probe import connect, endpoint, listening
+from tests.enforcer.helpers import SMALL
+from tests.lab.conftest import LAB, require_lab
+
+pytestmark = LAB
+
+
+def _root_links() -> set[str]:
+    return {x["ifname"] for x in json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True,
+                                                           text=True, check=True).stdout)}
+
+
+def _root_ruleset() -> str:
+    return subprocess.run(["nft", "-s", "list", "ruleset"], capture_output=True, text=True, check=True).stdout
+
+
+def _lab_ifnames(st: dict[str, Any]) -> set[str]:
+    names = {w["ifname"] for w in st["workloads"].values()}
+    for d in st["devices"].values():
+        if d["kind"] == "nic":
+            names |= {d["bridge"], *d["port_names"].values()}
+        else:
+            names |= {*d["wiring"]["port_names"].values(), *d["wiring"]["l3vni"].values()}
+    return names
+
+
+def _attach_like_an_agent(st: dict[str, Any], device: str, fabric: Any) -> Any:
+    d = st["devices"][device]
+    if d["kind"] == "nic":
+        return OvsBackend(OvsDaemons(Path(d["ovs_rundir"])), d["bridge"], d["port_names"])
+    return LinuxBackend(d["netns"], fabric, LeafWiring.from_dict(d["wiring"]))
+
+
+def test_agent_mode_then_a_crash_then_down(tmp_path: Path) -> None:
+    require_lab()
+    home = tmp_path / "home"
+    links, ruleset = _root_links(), _root_ruleset()
+    try:
+        report = operations.up(home, SMALL, mode="agent")
+        assert report["applied"] == []
+        st = state.load(home)
+        assert st is not None and st["mode"] == "agent"
+        assert not (_lab_ifnames(st) & _root_links())  # every lab interface lives in a lab namespace
+        w1, a1 = endpoint(st, "acme/train/w1"), endpoint(st, "globex/api/a1")
+        with listening([(a1, 4, 8443)]):
+            assert not connect(w1, a1, 8443, timeout=0.5)[0]  # no rule set yet: the NICs drop everything
+            fabric, compiled, _ = standalone.compile_file(SMALL)
+            for device, rs in compiled.devices.items():
+                _attach_like_an_agent(st, device, fabric).apply(rs)
+            assert connect(w1, a1, 8443)[0]  # the grant, applied through the state file's device map
+            assert not connect(w1, a1, 9999, timeout=0.5)[0]
+        with pytest.raises(LabError, match="agent-driven"):
+            operations.apply(home)
+
+        # the crash: the OVS daemons die, the state file is lost
+        rundir = Path(st["ovs"]["rundir"])
+        pids = [int((rundir / f).read_text()) for f in ("ovsdb.pid", "vswitchd.pid")]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        state.remove(home)
+        assert operations.status(home)["status"] == "leftovers"
+    finally:
+        gone = operations.down(home)
+    assert len(gone["namespaces"]) == 8 and gone["rundir"] == str(rundir)
+    prefix = build.names_for(home).prefix
+    assert netops.namespaces_with_prefix(prefix) == []
+    assert not rundir.exists() and not state.state_path(home).exists()
+    deadline = time.monotonic() + 5
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # killed processes are reaped by init
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    ours = subprocess.run(["pgrep", "-f", str(rundir)], capture_output=True, text=True).stdout.split()
+    assert ours == []
+    after = _root_links()
+    assert links <= after and not (_lab_ifnames(st) & after)  # nothing removed, nothing of ours left
+    assert _root_ruleset() == ruleset
+    assert operations.status(home)["status"] == "down"
+    assert operations.down(home)["namespaces"] == []  # down again: nothing to do, no error
