@@ -17,7 +17,8 @@ from tests.enforcer.helpers import SMALL
 from tests.lab.conftest import LAB, require_lab
 
 pytestmark = LAB
-GRANT = "  g-batch-db: {src: globex/batch, dst: acme/data, proto: tcp, ports: [5432], expires_at: 2099-01-01T00:00:00Z}\n"
+GRANT = ("  g-batch-db: {src: globex/batch, dst: acme/data, proto: tcp, ports: [5432], "
+         "expires_at: 2099-01-01T00:00:00Z}\n")
 
 
 class LabCli:
