@@ -150,7 +150,7 @@ def teardown(home: Path) -> dict[str, Any]:
     rundir = Path(st["ovs"]["rundir"]) if st else names.rundir
     namespaces = netops.namespaces_with_prefix(names.prefix)
     pids = {pid for ns in namespaces for pid in netops.pids_in_netns(ns)} | _daemon_pids(rundir)
-    netops.end_processes(pids, grace=0.5)  # the namespaces go next: no clean shutdown is needed
+    netops.end_processes(pids, grace=0)  # their namespaces and run directory go next: nothing to save
     if namespaces:
         netops.ip_batch(f"netns del {ns}" for ns in namespaces)
     had_rundir = rundir.exists()

@@ -94,11 +94,11 @@ def pids_in_netns(name: str) -> list[int]:
 
 
 def end_processes(pids: Iterable[int], grace: float = 2.0) -> None:
-    """SIGTERM, then SIGKILL whatever is still alive after `grace` seconds."""
+    """SIGTERM, then SIGKILL whatever is still alive after `grace` seconds (0: SIGKILL at once)."""
     alive = []
     for pid in set(pids):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
             alive.append(pid)
     deadline = time.monotonic() + grace
     while alive and time.monotonic() < deadline:

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
             return
         console.print(f"lab {report['lab']} up in {report['seconds']:.2f} s: {report['namespaces']} namespaces, "
                       f"{len(report['devices'])} devices, {report['workloads']} workloads; "
-                      f"{len(report['applied'])} rule sets applied ({report['mode']})", highlight=False)
+                      f"{len(report['applied'])} rule sets applied ({report['mode']})", highlight=False, soft_wrap=True)
 
     @lab.command("down")
     def down_cmd(json_out: bool = JsonOpt) -> None:
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
             emit_json(report)
             return
         console.print(f"lab {report['lab']} down: {len(report['namespaces'])} namespaces and "
-                      f"{report['processes']} processes removed", highlight=False)
+                      f"{report['processes']} processes removed", highlight=False, soft_wrap=True)
 
     @lab.command("status")
     def status_cmd(json_out: bool = JsonOpt) -> None:
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             emit_json(st)
             return
-        console.print(f"lab {st['lab']}: {st['status']}", highlight=False)
+        console.print(f"lab {st['lab']}: {st['status']}", highlight=False, soft_wrap=True)
         if "devices" in st:
             rows = [(dev, d.get("bridge") or d.get("netns"), d.get("ovs_netns", ""), st["applied"].get(dev, "")[:12])
                     for dev, d in st["devices"].items()]
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
             emit_table("workloads", ("workload", "node", "namespace", "ipv4", "ipv6"),
                        [(k, w["node"], w["netns"], w["ipv4"], w["ipv6"]) for k, w in st["workloads"].items()])
         if st.get("missing_namespaces"):
-            console.print(f"missing namespaces: {', '.join(st['missing_namespaces'])}", highlight=False)
+            console.print(f"missing namespaces: {', '.join(st['missing_namespaces'])}", highlight=False, soft_wrap=True)
 
     @lab.command("apply")
     def apply_cmd(fabric_file: Path = typer.Argument(None, help="default: the file the lab was built from"),
@@ -84,14 +84,14 @@ def register(app: typer.Typer) -> None:
             emit_json(report)
             return
         changed = ", ".join(report["applied"]) or "none"
-        console.print(f"applied: {changed} ({len(report['unchanged'])} unchanged)", highlight=False)
+        console.print(f"applied: {changed} ({len(report['unchanged'])} unchanged)", highlight=False, soft_wrap=True)
 
     @lab.command("probe")
     def probe_cmd(src: str = typer.Argument(..., help="tenant/group/name"),
                   dst: str = typer.Argument(..., help="tenant/group/name"),
                   port: int = typer.Argument(..., min=1, max=65535),
                   ipv6: bool = typer.Option(False, "--ipv6", help="over the workloads' IPv6 addresses"),
-                  timeout: float = typer.Option(0.6, "--timeout", min=0.05, max=30.0,
+                  timeout: float = typer.Option(0.5, "--timeout", min=0.05, max=30.0,
                                                 help="seconds to wait for the handshake"),
                   json_out: bool = JsonOpt) -> None:
         """Open a real TCP connection from SRC to DST:PORT; print OPEN or BLOCKED and which rule decided."""

@@ -100,3 +100,17 @@ def test_the_topology_digest_ignores_policy_and_sees_placements() -> None:
                   for p in f.placements)
     assert topology_digest(dataclasses.replace(f, placements=moved)) != topology_digest(f)
     assert topology_digest(dataclasses.replace(f, nodes=(*f.nodes, Node("gpu9", ("p0",), ())))) != topology_digest(f)
+
+
+def test_the_generated_fabric_loads_and_plans() -> None:
+    from enforcer.fabric_file import load_fabric
+    from lab.generate import fabric_yaml
+
+    fabric = load_fabric(fabric_yaml(50), source="gen50.yaml")
+    assert (len(fabric.nodes), len(fabric.leaves), len(fabric.spines), len(fabric.placements)) == (50, 4, 2, 101)
+    p = plan(fabric, Names("tfl000000"))
+    assert len(p.namespaces) == 1 + 50 + 4 + 2
+    for ifs in _ifnames_by_ns(p).values():
+        assert len(set(ifs)) == len(ifs)
+    with pytest.raises(ValueError):
+        fabric_yaml(0)
