@@ -186,19 +186,25 @@ def plan(fabric: Fabric, names: Names) -> Plan:
     return p
 
 
-def _node(p: Plan, fabric: Fabric, node: str, i: int) -> None:
-    names = p.names
-    ns = names.node_ns(node)
+def _routed_namespace(p: Plan, ns: str, local_pref: int) -> None:
+    """A node or leaf namespace: loopback up, the `local` rule moved to `local_pref` (behind the rules that
+    must see the packets first), no reverse-path filter, no router advertisements taken."""
     p.namespaces.append(ns)
     p.ip(ns, "link set lo up")
     for fam in (4, 6):
-        p.ip(ns, f"rule add pref {NODE_LOCAL_PREF} lookup local", fam)
+        p.ip(ns, f"rule add pref {local_pref} lookup local", fam)
         p.ip(ns, "rule del pref 0", fam)
-    p.sysctl(ns, "net/ipv4/conf/all/accept_local", 1)  # one node's workloads talk to each other over the NIC
     for scope in ("all", "default"):
         p.sysctl(ns, f"net/ipv4/conf/{scope}/rp_filter", 0)
-        p.sysctl(ns, f"net/ipv4/conf/{scope}/arp_announce", 2)  # ARP from the interface's own address
         p.sysctl(ns, f"net/ipv6/conf/{scope}/accept_ra", 0)
+
+
+def _node(p: Plan, fabric: Fabric, node: str, i: int) -> None:
+    names = p.names
+    ns = names.node_ns(node)
+    _routed_namespace(p, ns, NODE_LOCAL_PREF)
+    p.sysctl(ns, "net/ipv4/conf/all/accept_local", 1)  # one node's workloads talk to each other over the NIC
+    p.sysctl(ns, "net/ipv4/conf/all/arp_announce", 2)  # ARP from the interface's own address
     bridge = f"br-n{i}"
     nic = NicPlan(f"nic:{node}", node, bridge, {}, [])
     att = fabric.attachment.get(node)
@@ -237,8 +243,8 @@ def _node(p: Plan, fabric: Fabric, node: str, i: int) -> None:
 
 @dataclass(frozen=True)
 class _Underlay:
-    vtep: dict[str, str]  # leaf -> VTEP
-    routes: dict[str, list[str]]  # leaf -> `ip route` lines of its main table
+    vtep: dict[str, str]  # every leaf -> its VTEP
+    routes: list[str]  # `ip route` lines of this leaf's main table
 
 
 def _underlay(p: Plan, fabric: Fabric) -> dict[str, _Underlay]:
@@ -289,7 +295,7 @@ def _underlay(p: Plan, fabric: Fabric) -> dict[str, _Underlay]:
             if not shared:
                 raise LabInputError(f"leaves {leaf} and {other} share no spine: the lab cannot connect them")
             routes.append(f"route add {vtep[other]}/32 via {addr[(leaf, shared[0])][1]}")
-        out[leaf] = _Underlay(vtep, {leaf: routes})
+        out[leaf] = _Underlay(vtep, routes)
     return out
 
 
@@ -297,16 +303,9 @@ def _leaf(p: Plan, fabric: Fabric, leaf: str, k: int, node_index: dict[str, int]
           ) -> None:
     names = p.names
     ns = names.leaf_ns(leaf)
-    p.namespaces.append(ns)
-    p.ip(ns, "link set lo up")
-    for fam in (4, 6):
-        p.ip(ns, f"rule add pref {LEAF_LOCAL_PREF} lookup local", fam)
-        p.ip(ns, "rule del pref 0", fam)
+    _routed_namespace(p, ns, LEAF_LOCAL_PREF)
     p.sysctl(ns, "net/ipv4/ip_forward", 1)
     p.sysctl(ns, "net/ipv6/conf/all/forwarding", 1)
-    for scope in ("all", "default"):
-        p.sysctl(ns, f"net/ipv4/conf/{scope}/rp_filter", 0)
-        p.sysctl(ns, f"net/ipv6/conf/{scope}/accept_ra", 0)
     port_names: dict[str, str] = {}
     used: set[str] = set()
     for node in fabric.nodes_under.get(leaf, ()):
@@ -341,7 +340,7 @@ def _leaf(p: Plan, fabric: Fabric, leaf: str, k: int, node_index: dict[str, int]
         u = underlay[leaf]
         me = u.vtep[leaf]
         p.ip(ns, f"addr add {me}/32 dev lo")
-        for line in u.routes[leaf]:
+        for line in u.routes:
             p.ip(ns, line)
         others = [(m, other, addr) for m, (other, addr) in enumerate(u.vtep.items()) if other != leaf]
         vteps = {other: addr for _, other, addr in others}
