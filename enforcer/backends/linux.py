@@ -16,14 +16,17 @@ What a leaf is made of here, and who owns what:
 
 apply converges in an order that is never more open than the old or the new rule set: first the ip rules
 and routes to destinations a table did not have (the old ACLs do not admit flows to them), then the
-nftables transaction, which is the commit point (if it fails, the additions are taken back and the
-previous set stays in force), then routes that change next hop and stale rules/routes are removed.
+nftables transaction, which is the commit point (if it or the additions fail, the additions are taken back
+and the previous set stays in force), then routes that change next hop and stale rules/routes are removed
+(a failure there, after the commit, is an ApplyError that says so; drift shows the rest, the next apply
+converges it).
 installed() reads the table, the rules and the routes back from the kernel; drift() compares that, after
 one normalisation applied to both sides, with what `rules` renders to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import subprocess
@@ -147,11 +150,9 @@ class LinuxBackend:
         return _Desired(cfg.nft, frozenset(ip_rules), frozenset(routes), frozenset(devices), frozenset(tables))
 
     def render(self, rules: DeviceRuleSet) -> str:
+        """The nftables batch (JSON, one line), then the VRFs' ip rules and routes (`ip` arguments)."""
         d = self._desired(rules)
-        lines = [json.dumps(d.nft, sort_keys=True, separators=(",", ":"))]
-        lines += [f"rule {'-6 ' if r.family == 6 else ''}add priority {r.priority} iif {r.iif} lookup {r.table}"
-                  for r in sorted(d.rules)]
-        lines += [f"route {'-6 ' if r.family == 6 else ''}replace {r.spec()}" for r in sorted(d.routes)]
+        lines = [json.dumps(d.nft, sort_keys=True, separators=(",", ":")), *_routing_lines(d.rules, d.routes)]
         return "\n".join(lines) + "\n"
 
     # ------------------------------------------------------------------ reading the device
@@ -230,16 +231,21 @@ class LinuxBackend:
         new_rules = want.rules - have_rules
         new_routes = {r for r in want.routes - have_routes if (r.family, r.table, r.type, r.dst) not in have_dsts}
         changed_routes = want.routes - have_routes - new_routes
-        self._batch("add", new_rules, new_routes)
         try:
+            self._batch("add", new_rules, new_routes)
             self._nft(apply=want.nft)
         except ApplyError:
-            self._batch("del", new_rules, new_routes, force=True)  # back to the previous set
+            with contextlib.suppress(ApplyError):  # back to the previous set; the first error is the one to tell
+                self._batch("del", new_rules, new_routes, force=True)
             raise
-        self._batch("replace", set(), changed_routes)
         want_dsts = {(r.family, r.table, r.type, r.dst) for r in want.routes}
         stale_routes = {r for r in have_routes - want.routes if (r.family, r.table, r.type, r.dst) not in want_dsts}
-        self._batch("del", have_rules - want.rules, stale_routes)
+        try:
+            self._batch("replace", set(), changed_routes)
+            self._batch("del", have_rules - want.rules, stale_routes)
+        except ApplyError as exc:
+            raise ApplyError(f"{rules.device}: the new rule set is committed, but its routing did not converge "
+                             f"(drift shows what is left; the next apply converges it): {exc}") from None
         return rules.content_hash
 
     def _batch(self, verb: str, ip_rules: Iterable[IpRule], routes: Iterable[Route], force: bool = False) -> None:
