@@ -20,6 +20,8 @@ from lab.errors import LabError
 from tests.enforcer.helpers import SMALL
 
 LAB = [pytest.mark.netns, pytest.mark.xdist_group("lab")]
+OPEN = 3.0  # the timeout of a connection a test expects to open: generous for a loaded machine, it costs
+# nothing when the connection opens (a BLOCKED expectation uses a short one)
 
 
 def require_lab() -> None:

@@ -23,7 +23,7 @@ from lab import build, netops, operations, standalone, state
 from lab.errors import LabError
 from lab.probe import connect, endpoint, listening
 from tests.enforcer.helpers import SMALL
-from tests.lab.conftest import LAB, require_lab
+from tests.lab.conftest import LAB, OPEN, require_lab
 
 pytestmark = LAB
 
@@ -82,7 +82,7 @@ def test_agent_mode_then_a_crash_then_down(tmp_path: Path) -> None:
             fabric, compiled, _ = standalone.compile_file(SMALL)
             for device, rs in compiled.devices.items():
                 _attach_like_an_agent(st, device, fabric).apply(rs)
-            assert connect(w1, a1, 8443)[0]  # the grant, applied through the state file's device map
+            assert connect(w1, a1, 8443, timeout=OPEN)[0]  # the grant, applied through the state file's device map
             assert not connect(w1, a1, 9999, timeout=0.5)[0]
         with pytest.raises(LabError, match="agent-driven"):
             operations.apply(home)

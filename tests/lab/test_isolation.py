@@ -21,7 +21,7 @@ from enforcer.ovsd import OvsDaemons
 from lab import standalone
 from lab.probe import connect, endpoint, listening, probe
 from tests.enforcer.test_backends import overlapping
-from tests.lab.conftest import LAB, GoldenLab
+from tests.lab.conftest import LAB, OPEN, GoldenLab
 
 pytestmark = LAB
 FORGED = "10.2.0.77"  # inside globex's prefix, owned by nobody
@@ -79,7 +79,7 @@ def test_the_supernic_drops_a_forged_source(golden_lab: GoldenLab) -> None:
     before = _nic_counter(lab, "nic:gpu1", "table 0 priority 0")
     with forged_address(lab, "acme/train/w1", FORGED), listening([(a1, 4, 8443)]):
         forged = run_in(w1.netns, _try_connect, FORGED, a1.ipv4, 8443)
-        honest = connect(w1, a1, 8443)[0]
+        honest = connect(w1, a1, 8443, timeout=OPEN)[0]
     assert honest and not forged
     assert _nic_counter(lab, "nic:gpu1", "table 0 priority 0") > before  # the classifier's anti-spoofing drop
 
@@ -129,7 +129,7 @@ def test_the_leaf_vrfs_alone_keep_tenants_apart(golden_lab: GoldenLab) -> None:
     try:
         _open_nics_and_acls(lab)
         with listening([(b1, 4, 9999), (a1, 4, 9999)]):
-            assert connect(w1, a1, 9999)[0]  # the grant's leaked route: with no ACL, any port gets through
+            assert connect(w1, a1, 9999, timeout=OPEN)[0]  # the grant's leaked route: no ACL, any port passes
             # same node, same leaf: acme's VRF has no route to globex/batch
             assert not connect(w1, b1, 9999, timeout=0.7)[0]
             assert not connect(w2, b1, 9999, timeout=0.7)[0]  # across the spine: neither
@@ -139,7 +139,8 @@ def test_the_leaf_vrfs_alone_keep_tenants_apart(golden_lab: GoldenLab) -> None:
     finally:
         lab.restore()
     with listening([(b1, 4, 9999), (a1, 4, 8443)]):
-        assert connect(w1, a1, 8443)[0] and not connect(w1, a1, 9999, timeout=0.5)[0]  # the policy is back
+        # the policy is back
+        assert connect(w1, a1, 8443, timeout=OPEN)[0] and not connect(w1, a1, 9999, timeout=0.5)[0]
 
 
 def test_a_leaf_set_refused_part_way_leaves_the_previous_one_in_force(golden_lab: GoldenLab) -> None:
@@ -159,8 +160,8 @@ def test_a_leaf_set_refused_part_way_leaves_the_previous_one_in_force(golden_lab
         assert leaf.installed() == before and leaf.drift(lab.compiled.devices["leaf:leaf1"]) == []
         blocked = probe(lab.st, inst, "globex/batch/b1", "acme/data/db1", 5432, timeout=0.5)
         assert not blocked.open
-        assert probe(lab.st, inst, "acme/train/w1", "acme/data/db1", 5432).open  # still forwarding
+        assert probe(lab.st, inst, "acme/train/w1", "acme/data/db1", 5432, timeout=OPEN).open  # still forwarding
         leaf.apply(b.devices["leaf:leaf1"])
-        assert probe(lab.st, inst, "globex/batch/b1", "acme/data/db1", 5432).open
+        assert probe(lab.st, inst, "globex/batch/b1", "acme/data/db1", 5432, timeout=OPEN).open
     finally:
         lab.restore()
