@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -76,6 +77,12 @@ def test_agent_mode_then_a_crash_then_down(tmp_path: Path) -> None:
         st = state.load(home)
         assert st is not None and st["mode"] == "agent"
         assert not (_lab_ifnames(st) & _root_links())  # every lab interface lives in a lab namespace
+        if shutil.which("ethtool"):  # both ends of a veth into OVS: TX checksum offload off (see DESIGN.md)
+            for ns, ifname in ((st["workloads"]["acme/train/w1"]["netns"], "pf0vf0"), (st["ovs"]["netns"], "n0p0"),
+                               (st["devices"]["leaf:leaf1"]["netns"], "swp1.101")):
+                shown = subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-k", ifname], capture_output=True,
+                                       text=True, check=True).stdout
+                assert "tx-checksumming: off" in shown, (ns, ifname)
         w1, a1 = endpoint(st, "acme/train/w1"), endpoint(st, "globex/api/a1")
         with listening([(a1, 4, 8443)]):
             assert not connect(w1, a1, 8443, timeout=0.5)[0]  # no rule set yet: the NICs drop everything
