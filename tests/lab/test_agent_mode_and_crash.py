@@ -1,17 +1,21 @@
 """Agent mode and crash cleanup, on a lab of their own: `lab up --mode agent` builds the topology only, and
 the state file alone is enough to attach the enforcer's backends to each device id (what a node agent
 does); after a simulated crash (OVS daemons killed, state file deleted) `lab down` still removes every
-namespace, interface, daemon and the run directory; the root namespace's links and nftables ruleset are
-the same after the whole cycle, and no lab interface ever appears there."""
+namespace, interface, daemon and the run directory. The namespace the lab is driven from is untouched: the
+cycle runs from a namespace of the test's own that plays the root namespace (other tests on this machine
+change the real root's links, so only there can "exactly unchanged" be asserted), whose links and nftables
+ruleset are the same after the whole cycle; and no lab interface ever appears in the real root either."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ import pytest
 
 from enforcer.backends.linux import LeafWiring, LinuxBackend
 from enforcer.backends.ovs import OvsBackend
+from enforcer.netns import run_in
 from enforcer.ovsd import OvsDaemons
 from lab import build, netops, operations, standalone, state
 from lab.errors import LabError
@@ -29,13 +34,31 @@ from tests.lab.conftest import LAB, OPEN, require_lab
 pytestmark = LAB
 
 
-def _root_links() -> set[str]:
-    return {x["ifname"] for x in json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True,
+def _links(netns: str | None = None) -> set[str]:
+    where = ["-n", netns] if netns else []
+    return {x["ifname"] for x in json.loads(subprocess.run(["ip", *where, "-j", "link", "show"], capture_output=True,
                                                            text=True, check=True).stdout)}
 
 
-def _root_ruleset() -> str:
-    return subprocess.run(["nft", "-s", "list", "ruleset"], capture_output=True, text=True, check=True).stdout
+def _ruleset() -> str:
+    import nftables
+
+    n = nftables.Nftables()
+    n.set_stateless_output(True)
+    rc, out, err = n.cmd("list ruleset")
+    assert rc == 0, err
+    return str(out)
+
+
+@pytest.fixture
+def caller_ns() -> Iterator[str]:
+    """The namespace the lab is driven from (it plays the root namespace)."""
+    name = f"tfr{os.getpid() % 10000}{secrets.token_hex(2)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def _lab_ifnames(st: dict[str, Any]) -> set[str]:
@@ -67,16 +90,16 @@ def _attach_like_an_agent(st: dict[str, Any], device: str, fabric: Any) -> Any:
     return LinuxBackend(d["netns"], fabric, LeafWiring.from_dict(d["wiring"]))
 
 
-def test_agent_mode_then_a_crash_then_down(tmp_path: Path) -> None:
+def test_agent_mode_then_a_crash_then_down(tmp_path: Path, caller_ns: str) -> None:
     require_lab()
     home = tmp_path / "home"
-    links, ruleset = _root_links(), _root_ruleset()
+    links, ruleset = _links(caller_ns), run_in(caller_ns, _ruleset)
     try:
-        report = operations.up(home, SMALL, mode="agent")
+        report = run_in(caller_ns, operations.up, home, SMALL, "agent")
         assert report["applied"] == []
         st = state.load(home)
         assert st is not None and st["mode"] == "agent"
-        assert not (_lab_ifnames(st) & _root_links())  # every lab interface lives in a lab namespace
+        assert not (_lab_ifnames(st) & (_links() | _links(caller_ns)))  # every lab interface is in a lab namespace
         if shutil.which("ethtool"):  # both ends of a veth into OVS: TX checksum offload off (see DESIGN.md)
             for ns, ifname in ((st["workloads"]["acme/train/w1"]["netns"], "pf0vf0"), (st["ovs"]["netns"], "n0p0"),
                                (st["devices"]["leaf:leaf1"]["netns"], "swp1.101")):
@@ -88,7 +111,7 @@ def test_agent_mode_then_a_crash_then_down(tmp_path: Path) -> None:
             assert not connect(w1, a1, 8443, timeout=0.5)[0]  # no rule set yet: the NICs drop everything
             fabric, compiled, _ = standalone.compile_file(SMALL)
             for device, rs in compiled.devices.items():
-                _attach_like_an_agent(st, device, fabric).apply(rs)
+                run_in(caller_ns, _attach_like_an_agent(st, device, fabric).apply, rs)
             assert connect(w1, a1, 8443, timeout=OPEN)[0]  # the grant, applied through the state file's device map
             assert not connect(w1, a1, 9999, timeout=0.5)[0]
         with pytest.raises(LabError, match="agent-driven"):
@@ -102,7 +125,7 @@ def test_agent_mode_then_a_crash_then_down(tmp_path: Path) -> None:
         state.remove(home)
         assert operations.status(home)["status"] == "leftovers"
     finally:
-        gone = operations.down(home)
+        gone = run_in(caller_ns, operations.down, home)
     assert len(gone["namespaces"]) == 8 and gone["rundir"] == str(rundir)
     prefix = build.names_for(home).prefix
     assert netops.namespaces_with_prefix(prefix) == []
@@ -112,8 +135,7 @@ def test_agent_mode_then_a_crash_then_down(tmp_path: Path) -> None:
         time.sleep(0.05)  # killed processes are reaped by init
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert _processes_naming(str(rundir)) == []
-    after = _root_links()
-    assert links <= after and not (_lab_ifnames(st) & after)  # nothing removed, nothing of ours left
-    assert _root_ruleset() == ruleset
+    assert _links(caller_ns) == links == {"lo"} and run_in(caller_ns, _ruleset) == ruleset
+    assert not (_lab_ifnames(st) & _links())
     assert operations.status(home)["status"] == "down"
     assert operations.down(home)["namespaces"] == []  # down again: nothing to do, no error
