@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from enforcer.fabric import Fabric
+from enforcer.fabric_file import load_fabric_file
 from lab import build, standalone, state
 from lab import probe as probing
 from lab.errors import LabError, LabInputError
+from lab.topology import topology_digest
 
 MODES = ("standalone", "agent")
 
@@ -22,8 +25,6 @@ def up(home: Path, fabric_file: Path, mode: str = "standalone") -> dict[str, Any
     if mode == "standalone":
         fabric, compiled, _ = standalone.compile_file(Path(source))  # a bad file fails before anything is made
     else:
-        from enforcer.fabric_file import load_fabric_file
-
         fabric, compiled = load_fabric_file(Path(source)), None
     timings.lap("compile")
     st = build.build(home, fabric, source, mode, timings)
@@ -73,9 +74,7 @@ def apply(home: Path, fabric_file: Path | None = None) -> dict[str, Any]:
             "unchanged": sorted(set(compiled.devices) - set(changed))}
 
 
-def _same_topology(st: dict[str, Any], fabric: Any) -> None:
-    from lab.topology import topology_digest
-
+def _same_topology(st: dict[str, Any], fabric: Fabric) -> None:
     if topology_digest(fabric) != st["topology"]:
         raise LabError("the file's topology (nodes, links, placements, tenant VLANs/VNIs) differs from the lab's: "
                        "`trustfabric lab down` and `lab up` to rebuild it")
@@ -85,8 +84,6 @@ def probe(home: Path, src: str, dst: str, port: int, family: int = 4,
           timeout: float = probing.DEFAULT_TIMEOUT) -> probing.ProbeResult:
     build.require_root()
     st = _up_state(home)
-    from enforcer.fabric_file import load_fabric_file
-
     fabric = load_fabric_file(Path(st["file"]))
     _same_topology(st, fabric)
     return probing.probe(st, standalone.installed(st, fabric), src, dst, port, family, timeout)

@@ -114,6 +114,8 @@ def test_agent_mode_then_a_crash_then_down(tmp_path: Path, caller_ns: str) -> No
                 run_in(caller_ns, _attach_like_an_agent(st, device, fabric).apply, rs)
             assert connect(w1, a1, 8443, timeout=OPEN)[0]  # the grant, applied through the state file's device map
             assert not connect(w1, a1, 9999, timeout=0.5)[0]
+        seen = operations.probe(home, "acme/train/w1", "globex/api/a1", 8443, timeout=OPEN)
+        assert seen.open and seen.enforcer_allows is None  # the lab holds no rule sets: the wire's answer only
         with pytest.raises(LabError, match="agent-driven"):
             operations.apply(home)
 
