@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from core.asgi import BodySizeLimit
@@ -34,7 +35,11 @@ def _call(limit: int, chunks: list[bytes], length: int | None) -> tuple[int, dic
         sent.append(message)
 
     headers = [(b"content-length", str(length).encode())] if length is not None else []
-    asyncio.run(BodySizeLimit(app, max_bytes=limit)({"type": "http", "headers": headers}, receive, send))
+    limited = BodySizeLimit(app, max_bytes=limit)
+    # on a thread of its own: a worker whose thread already runs an event loop (Playwright's sync API, left by
+    # the console's browser session on the same xdist worker) refuses asyncio.run
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, limited({"type": "http", "headers": headers}, receive, send)).result()
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], (json.loads(body) if sent[0]["status"] != 200 else {}), seen
 
