@@ -73,6 +73,8 @@ def test_a_malformed_content_length_is_a_400() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    asyncio.run(BodySizeLimit(app, max_bytes=10)({"type": "http", "headers": [(b"content-length", b"ten")]},
-                                                 receive, send))
+    limited = BodySizeLimit(app, max_bytes=10)
+    with ThreadPoolExecutor(1) as pool:  # see _call
+        pool.submit(asyncio.run, limited({"type": "http", "headers": [(b"content-length", b"ten")]}, receive,
+                                         send)).result()
     assert sent[0]["status"] == 400 and b"Content-Length is not a number" in sent[1]["body"]
