@@ -1,17 +1,44 @@
-"""What every CLI command shares: opening the context, printing for people or --json, failing in one line."""
+"""What every CLI command shares: where it runs, its output formats, printing for people, failing in one line.
+
+How a command adopts all of it (one decorator, then `emit`):
+
+    from cli.output import API, Col, View, command, emit
+
+    DEVICES = View("devices", (Col("name", "name", kind="id"), Col("state", "state"),
+                               Col("applied", "applied_at", kind="time")))
+
+    @command(device, "list", API)            # was: @device.command("list")
+    def list_cmd(server: str = ServerOpt, cacert: str = CaOpt) -> None:
+        emit(client(server, cacert).pages("/v1/devices"), DEVICES)
+
+`command(group, name, where)` registers the command under the help panel that says where it runs (API,
+LOCAL or OFFLINE: `--help` shows it), and gives it `--output table|json|yaml` (`-o`) and `--json` (a
+command that already has a `json_out: bool = JsonOpt` parameter keeps it: it is set when either is
+given). `emit(data, view)` then prints the API's data unchanged for machines (`--json`: indented, sorted
+keys, as before; yaml), and for people a table (a list) or `key: value` lines (a mapping) in which ids
+are never cut (a `kind="id"` column never shrinks), times are local (`kind="time"`) and no Python repr
+(`None`, `{'a': 1}`, `datetime.datetime(...)`) can appear (cli/humanize.py). `machine_output()` tells a
+command with its own human layout whether to print it. Ids may be given back as unique prefixes:
+cli/ids.py. A bad argument is refused while parsing (cli/params.py), an error ends the command with one
+line (`fail`, `guard`, `one_line_errors`), and `open_context()` opens the data directory of local
+commands (TRUSTFABRIC_HOME, else the profile's `home`).
+"""
 
 from __future__ import annotations
 
+import functools
 import getpass
+import inspect
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from core.errors import TrustfabricError
 
@@ -24,45 +51,196 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
-JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
+JsonOpt = typer.Option(False, "--json", help="Machine-readable output (same as --output json).")
+
+# ---- where a command runs: the help panel that groups it in `--help` (and the README's table)
+
+Where = Literal["api", "local", "offline"]
+API: Where = "api"
+LOCAL: Where = "local"
+OFFLINE: Where = "offline"
+PANELS: dict[Where, str] = {
+    "api": "Over the API (your token; any machine)",
+    "local": "Local (on the server host: the data directory)",
+    "offline": "Offline (files only: no server, no data directory)",
+}
+
+MIXED_PANEL = "Mixed (each command's --help panel says where it runs)"
 
 
-@contextmanager
-def open_context(*, create: bool = False) -> Iterator[AppContext]:
-    from workflows.context import AppContext
-    from workflows.settings import Settings
-
-    ctx = AppContext.open(Settings.from_env(), create=create)
-    try:
-        yield ctx
-    finally:
-        ctx.close()
+def add_group(parent: typer.Typer, name: str, help: str, where: Where | None) -> typer.Typer:
+    """A command group under `parent`, in the help panel of `where` (None: its commands run in several
+    places, each says which in the group's --help)."""
+    group = typer.Typer(help=help, no_args_is_help=True)
+    parent.add_typer(group, name=name, rich_help_panel=PANELS[where] if where else MIXED_PANEL)
+    return group
 
 
-def local_operator(kind: ActorKind = "admin") -> Actor:
-    """Who acts when a local CLI command changes state: whoever can read the data directory and key store
-    is the operator, recorded as cli:<user> (admin, or security for policy changes)."""
-    from audit import Actor
+# ---- output formats
 
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return Actor(id=f"cli:{user}", kind=kind)
+Format = Literal["table", "json", "yaml"]
+FORMATS: tuple[Format, ...] = ("table", "json", "yaml")
+_FORMAT: ContextVar[Format] = ContextVar("trustfabric_output", default="table")
+
+
+def current_format() -> Format:
+    return _FORMAT.get()
+
+
+def machine_output() -> bool:
+    """True when --json or --output json|yaml was given: print data, not prose."""
+    return _FORMAT.get() != "table"
+
+
+def _parse_format(text: str) -> str:
+    if text not in FORMATS:
+        raise typer.BadParameter(f"{text!r} is not one of {', '.join(FORMATS)}")
+    return text
+
+
+def command(group: typer.Typer, name: str, where: Where, *, output: bool = True, **kwargs: Any) -> Callable[[F], F]:
+    """Register `fn` as `name` in `group` under the panel for `where`; with `output`, add --output/-o and
+    --json (see the module docstring)."""
+
+    def register(fn: F) -> F:
+        target: Callable[..., Any] = _with_output(fn) if output else fn
+        target.__dict__["trustfabric_where"] = where
+        group.command(name, rich_help_panel=PANELS[where], **kwargs)(target)
+        return fn
+
+    return register
+
+
+def _with_output(fn: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(fn)
+    has_json = "json_out" in sig.parameters
+    extra = [inspect.Parameter(
+        "output_format", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+        default=typer.Option("table", "--output", "-o", parser=_parse_format, metavar="|".join(FORMATS),
+                             help="Output format."))]
+    if not has_json:
+        extra.append(inspect.Parameter("json_out", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=JsonOpt))
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kw: Any) -> Any:
+        fmt: Format = kw.pop("output_format", "table")
+        flag = bool(kw.get("json_out") if has_json else kw.pop("json_out", False))
+        if flag:
+            fmt = "json"
+        if has_json:
+            kw["json_out"] = fmt == "json"
+        token = _FORMAT.set(fmt)
+        try:
+            return fn(*args, **kw)
+        finally:
+            _FORMAT.reset(token)
+
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+              else p for p in sig.parameters.values()]
+    run.__signature__ = sig.replace(parameters=[*params, *extra])  # type: ignore[attr-defined]
+    run.__annotations__ = {**getattr(fn, "__annotations__", {}), "output_format": str, "json_out": bool}
+    return run
+
+
+# ---- views: how a list or one object reads for people
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column: a header, the key (or a function of the item) and its kind: text, id (never shrinks,
+    never cut), time (local, to the minute), when (local time and distance from now)."""
+
+    header: str
+    key: str | Callable[[Any], Any]
+    kind: Literal["text", "id", "time", "when"] = "text"
+
+    def value(self, item: Mapping[str, Any]) -> Any:
+        return self.key(item) if callable(self.key) else item.get(self.key)
+
+    def cell(self, item: Mapping[str, Any]) -> str:
+        from cli.humanize import local_time, relative, text
+
+        value = self.value(item)
+        if self.kind == "time" and value is not None:
+            return local_time(value, seconds=False)
+        if self.kind == "when" and value is not None:
+            return relative(value) or text(value)
+        return text(value)
+
+
+@dataclass(frozen=True)
+class View:
+    """A table for lists; for one object, `key: value` lines (every field, humanized)."""
+
+    title: str
+    columns: tuple[Col, ...]
+
+    def table(self, items: Sequence[Mapping[str, Any]]) -> None:
+        rows = [[c.cell(item) for c in self.columns] for item in items]
+        emit_table(self.title, [c.header for c in self.columns], rows,
+                   ids=[i for i, c in enumerate(self.columns) if c.kind == "id"])
+
+
+def emit(data: Any, view: View | None = None) -> None:
+    """Print `data` in the chosen format: JSON/YAML unchanged, for people a table or `key: value` lines."""
+    fmt = _FORMAT.get()
+    if fmt == "json":
+        emit_json(data)
+    elif fmt == "yaml":
+        emit_yaml(data)
+    elif isinstance(data, list) and view is not None:
+        view.table(data)
+    else:
+        emit_human(data)
+
+
+def emit_human(data: Any) -> None:
+    from cli.humanize import field_lines, text
+
+    if isinstance(data, Mapping):
+        for line in field_lines(data):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    elif isinstance(data, list) and data and all(isinstance(d, Mapping) for d in data):
+        keys = list(dict.fromkeys(k for d in data for k in d))
+        emit_table("", keys, [[text(d.get(k)) for k in keys] for d in data])
+    else:
+        console.print(text(data), highlight=False, markup=False, soft_wrap=True)
 
 
 def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*[("" if v is None else str(v)) for v in row])
+def emit_yaml(data: Any) -> None:
+    import yaml
+
+    plain = json.loads(json.dumps(data, default=str))  # the same values --json prints
+    sys.stdout.write(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False))
+
+
+def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
+               ids: Sequence[int] = ()) -> None:
+    """A rich table; the columns in `ids` hold identifiers: they never wrap or shrink (other columns do)."""
+    from rich.table import Table
+
+    from cli.humanize import text
+
+    cells = [[v if isinstance(v, str) else text(v) for v in row] for row in rows]
+    table = Table(title=title or None, title_justify="left")
+    for i, col in enumerate(columns):
+        if i in ids:
+            width = max([len(col), *(len(r[i]) for r in cells)])
+            table.add_column(col, no_wrap=True, min_width=width, overflow="ignore")
+        else:
+            table.add_column(col, overflow="fold")
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
+
+
+# ---- failing in one line
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -85,3 +263,46 @@ def guard(fn: Callable[[], T]) -> T:
     with one_line_errors():
         return fn()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ---- local commands: the data directory and the operator
+
+
+@contextmanager
+def open_context(*, create: bool = False) -> Iterator[AppContext]:
+    """The data directory of a local command: TRUSTFABRIC_HOME, else the profile's `home`, else ./.trustfabric."""
+    from workflows.context import AppContext
+
+    ctx = AppContext.open(local_settings(), create=create)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+def local_settings() -> Any:
+    """Settings from the environment; with TRUSTFABRIC_HOME unset, the selected profile's `home`."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from cli.config import selected_profile
+    from workflows.settings import ClientSettings, Settings
+
+    settings = Settings.from_env()
+    if ClientSettings.from_env().home is None:
+        home = selected_profile().home
+        if home:
+            settings = replace(settings, home=Path(home).expanduser())
+    return settings
+
+
+def local_operator(kind: ActorKind = "admin") -> Actor:
+    """Who acts when a local CLI command changes state: whoever can read the data directory and key store
+    is the operator, recorded as cli:<user> (admin, or security for policy changes)."""
+    from audit import Actor
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return Actor(id=f"cli:{user}", kind=kind)

@@ -132,7 +132,10 @@ class ClientSettings:
     server: str | None = None
     token: str | None = None
     ca_file: str | None = None
-    config: str | None = None  # path of the config file (default ~/.config/trustfabric/config.json)
+    config: str | None = None  # path of the config file (default $XDG_CONFIG_HOME/trustfabric/config.yaml)
+    profile: str | None = None  # the profile to use (else the config file's `current`)
+    xdg_config_home: str | None = None  # where config files live (default ~/.config)
+    home: str | None = None  # TRUSTFABRIC_HOME when set: local commands use it before the profile's `home`
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ClientSettings:
@@ -142,4 +145,7 @@ class ClientSettings:
             token=e.get("TRUSTFABRIC_TOKEN") or None,
             ca_file=e.get("TRUSTFABRIC_CA_FILE") or None,
             config=e.get("TRUSTFABRIC_CONFIG") or None,
+            profile=e.get("TRUSTFABRIC_PROFILE") or None,
+            xdg_config_home=e.get("XDG_CONFIG_HOME") or None,
+            home=e.get("TRUSTFABRIC_HOME") or None,
         )

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -186,6 +186,18 @@ def list_events(
         )
     nxt = encode_cursor(str(rows[-1].seq)) if len(rows) == limit else None
     return EventPage(items=[event_out(e) for e in rows], next_cursor=nxt)
+
+
+@router.get("/events/{seq}", response_model=EventOut, responses=ERRORS_404, summary="One audit event")
+def get_event(
+    seq: Annotated[int, Path(ge=0, le=MAX_INDEX)], request: Request, ctx: CtxDep, principal: PrincipalDep
+) -> EventOut:
+    own = _scope(request, principal, "audit.read", None)
+    with ctx.db.read_session() as session:
+        event = service.get_event(session, seq)
+    if event is None or (own is not None and event.tenant != own):
+        raise NotFound(f"audit event {seq} not found")
+    return event_out(event)
 
 
 def _signer(ctx: CtxDep) -> cp.CheckpointSigner:

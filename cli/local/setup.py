@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from cli.output import JsonOpt, emit_json, open_context
+from cli.output import LOCAL, command, emit, machine_output, open_context
+from cli.params import PORT, TRUST_DOMAIN, choice
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
 
 
 def register(app: typer.Typer) -> None:
     """Add init and serve to the root CLI."""
-    app.command("init")(init_cmd)
-    app.command("serve")(serve_cmd)
+    command(app, "init", LOCAL)(init_cmd)
+    command(app, "serve", LOCAL, output=False)(serve_cmd)
 
 
 def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
@@ -22,14 +23,15 @@ def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
 
 
 def init_cmd(
-    trust_domain: str = typer.Option(DEFAULT_TRUST_DOMAIN, "--trust-domain", help="e.g. example.org"),
-    key_kind: str = typer.Option("ec-p256", "--key-kind", help="ec-p256 (default) or ec-p384"),
-    json_out: bool = JsonOpt,
+    trust_domain: str = typer.Option(DEFAULT_TRUST_DOMAIN, "--trust-domain", parser=TRUST_DOMAIN, metavar="DOMAIN",
+                                     help="e.g. example.org"),
+    key_kind: str = typer.Option("ec-p256", "--key-kind", parser=choice("ec-p256", "ec-p384"),
+                                 metavar="ec-p256|ec-p384", help="CA key type"),
 ) -> None:
     """Create the trust domain's root and issuing CAs, the audit key and an admin API token."""
     result = initialize(trust_domain, key_kind)
-    if json_out:
-        emit_json(result)
+    if machine_output():
+        emit(result)
         return
     if result["created"]:
         print(f"initialised trust domain spiffe://{trust_domain}")
@@ -44,22 +46,27 @@ def init_cmd(
 
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8443, "--port"),
-    trust_domain: str = typer.Option(None, "--trust-domain", help="used when init has not run yet"),
+    port: int = typer.Option(8443, "--port", parser=PORT, metavar="PORT"),
+    trust_domain: str = typer.Option(None, "--trust-domain", parser=TRUST_DOMAIN, metavar="DOMAIN",
+                                     help="used when init has not run yet"),
     tls: bool = typer.Option(False, "--tls", help="HTTPS with the server's own SVID; accepts client SVIDs (mTLS)"),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="uvicorn worker processes"),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option("info", "--log-level", parser=choice("debug", "info", "warning", "error"),
+                                  metavar="debug|info|warning|error"),
 ) -> None:
     """Serve the API (runs init first when the trust domain does not exist yet)."""
+    import os
     import ssl
 
     import uvicorn
 
     from api.auth.mtls import PeerCertH11Protocol
+    from cli.output import local_settings
     from workflows.context import AppContext
-    from workflows.settings import Settings
 
-    settings = Settings.from_env()
+    settings = local_settings()
+    # the workers (uvicorn's factory reads the environment) serve the same data directory: the profile's
+    os.environ.setdefault("TRUSTFABRIC_HOME", str(settings.home))
     result = initialize(trust_domain, "ec-p256")
     if result["admin_token"]:
         print("admin API token (shown once, store it now):")

@@ -1,18 +1,14 @@
-"""The CLI's HTTP client: server URL and credentials from flags, environment or a config file.
+"""The CLI's HTTP client: server URL and credentials from flags, the environment or the selected profile.
 
-Token: `TRUSTFABRIC_TOKEN` (read, like every variable, in workflows/settings.py), else the config file
-(`TRUSTFABRIC_CONFIG`, default `~/.config/trustfabric/config.json`). A config file readable by group or
-others is refused: it holds a bearer secret. Config keys: server, token, ca_file (to verify an HTTPS
-server), cert + key (mTLS).
+Each value, first found wins: the command's flag (--server, --cacert), the environment
+(TRUSTFABRIC_SERVER, TRUSTFABRIC_TOKEN, TRUSTFABRIC_CA_FILE; read, like every variable, in
+workflows/settings.py), the profile `trustfabric login` stored (cli/config.py), the default server.
 """
 
 from __future__ import annotations
 
-import json
-import stat
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +17,6 @@ from core.errors import InvalidInput, TrustfabricError
 from workflows.settings import ClientSettings
 
 DEFAULT_SERVER = "http://127.0.0.1:8443"
-DEFAULT_CONFIG = Path("~/.config/trustfabric/config.json")
 
 
 class ApiError(TrustfabricError):
@@ -36,24 +31,14 @@ class ApiError(TrustfabricError):
         self.body = body
 
 
-def load_config(path: Path) -> dict[str, Any]:
-    """The config file's settings; {} when there is none. Refuses files others can read or write."""
+def check_server(url: str, source: str) -> str:
+    """The URL when it is http(s)://host[:port]; InvalidInput naming where it came from otherwise."""
+    from cli.params import URL
+
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        return {}
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise InvalidInput(
-            f"config file {path} is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-            f"it holds a bearer token: run `chmod 600 {path}`"
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InvalidInput(f"config file {path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"config file {path} must hold a JSON object")
-    return data
+        return str(URL._parse(url))
+    except InvalidInput as exc:
+        raise InvalidInput(f"{source}: {exc}") from None
 
 
 @dataclass
@@ -67,15 +52,25 @@ class Client:
 
     @classmethod
     def from_env(cls, server: str | None = None, *, ca_file: str | None = None, cert: str | None = None,
-                 key: str | None = None, env: dict[str, str] | None = None) -> Client:
-        e = ClientSettings.from_env(env)
-        conf = load_config(Path(e.config or DEFAULT_CONFIG).expanduser())
+                 key: str | None = None, token: str | None = None) -> Client:
+        from cli.config import selected_profile
+
+        e = ClientSettings.from_env()
+        prof = selected_profile()
+        if server:
+            url = check_server(server, "--server")
+        elif e.server:
+            url = check_server(e.server, "TRUSTFABRIC_SERVER")
+        elif prof.server:
+            url = check_server(prof.server, f"profile {prof.name!r}")
+        else:
+            url = DEFAULT_SERVER
         return cls(
-            server=(server or e.server or conf.get("server") or DEFAULT_SERVER).rstrip("/"),
-            token=e.token or conf.get("token"),
-            ca_file=ca_file or e.ca_file or conf.get("ca_file"),
-            cert=cert or conf.get("cert"),
-            key=key or conf.get("key"),
+            server=url,
+            token=token or e.token or prof.token,
+            ca_file=ca_file or e.ca_file or prof.ca_file,
+            cert=cert or prof.cert,
+            key=key or prof.key,
         )
 
     def _http(self) -> httpx.Client:

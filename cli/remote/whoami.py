@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from cli.output import JsonOpt
-from cli.remote.common import CaOpt, ServerOpt, client, show
+from cli.output import API, command, emit
+from cli.remote.common import CaOpt, ServerOpt, client
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("whoami")
-    def whoami(server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(app, "whoami", API)
+    def whoami(server: str = ServerOpt, cacert: str = CaOpt) -> None:
         """Who the server thinks you are."""
-        show(client(server, cacert).get("/v1/whoami"), json_out)
+        emit(client(server, cacert).get("/v1/whoami"))
