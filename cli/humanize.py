@@ -30,13 +30,19 @@ def parse_time(value: Any) -> datetime | None:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
-def local_time(value: Any, *, seconds: bool = True) -> str:
-    """`2026-11-30 07:36:12 CET`: the machine's local zone (TZ), to the second (or the minute)."""
+def local_time(value: Any, *, seconds: bool = True, zone: bool = True) -> str:
+    """`2026-11-30 07:36:12 CET`: the machine's local zone (TZ), to the second (or the minute); without the
+    zone's name for a table whose header names it."""
     moment = parse_time(value)
     if moment is None:
         return text(value)
-    local = moment.astimezone()
-    return local.strftime("%Y-%m-%d %H:%M:%S %Z" if seconds else "%Y-%m-%d %H:%M %Z").strip()
+    fmt = "%Y-%m-%d %H:%M" + (":%S" if seconds else "") + (" %Z" if zone else "")
+    return moment.astimezone().strftime(fmt).strip()
+
+
+def zone_name() -> str:
+    """The local zone's abbreviation now (`CET`, `UTC`), for a table header."""
+    return datetime.now().astimezone().strftime("%Z") or "local"
 
 
 def duration(delta: timedelta) -> str:

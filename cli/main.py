@@ -11,7 +11,7 @@ import typer
 
 from cli import config
 from cli.local import audit, pdp, pki, policy, setup, tokens
-from cli.output import err_console
+from cli.output import err_console, fit_to_terminal
 from cli.remote import grants, inventory, login, whoami
 from core.errors import TrustfabricError
 
@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     (a bad argument: one line naming it, before any work)."""
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
+    fit_to_terminal()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     config.select(None)
     try:

@@ -8,7 +8,7 @@ How a command adopts all of it (one decorator, then `emit`):
                                Col("applied", "applied_at", kind="time")))
 
     @command(device, "list", API)            # was: @device.command("list")
-    def list_cmd(server: str = ServerOpt, cacert: str = CaOpt) -> None:
+    def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         emit(client(server, cacert).pages("/v1/devices"), DEVICES)
 
 `command(group, name, where)` registers the command under the help panel that says where it runs (API,
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 import typer
 from rich.console import Console
 
+from cli.params import choice
 from core.errors import TrustfabricError
 
 if TYPE_CHECKING:
@@ -49,6 +50,21 @@ if TYPE_CHECKING:
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+
+
+
+def fit_to_terminal() -> None:
+    """Size both consoles for this invocation (COLUMNS, else the terminal, else 80) and take the local time
+    zone (TZ) afresh: the consoles are made once, at import, and one process may run several commands
+    (tests, `main(argv)`)."""
+    import shutil
+    import time
+
+    time.tzset()
+    width = shutil.get_terminal_size((80, 24)).columns
+    console.width = width
+    err_console.width = width
+
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,12 +110,6 @@ def machine_output() -> bool:
     return _FORMAT.get() != "table"
 
 
-def _parse_format(text: str) -> str:
-    if text not in FORMATS:
-        raise typer.BadParameter(f"{text!r} is not one of {', '.join(FORMATS)}")
-    return text
-
-
 def command(group: typer.Typer, name: str, where: Where, *, output: bool = True, **kwargs: Any) -> Callable[[F], F]:
     """Register `fn` as `name` in `group` under the panel for `where`; with `output`, add --output/-o and
     --json (see the module docstring)."""
@@ -118,7 +128,7 @@ def _with_output(fn: Callable[..., Any]) -> Callable[..., Any]:
     has_json = "json_out" in sig.parameters
     extra = [inspect.Parameter(
         "output_format", inspect.Parameter.KEYWORD_ONLY, annotation=str,
-        default=typer.Option("table", "--output", "-o", parser=_parse_format, metavar="|".join(FORMATS),
+        default=typer.Option("table", "--output", "-o", parser=choice(*FORMATS), metavar="|".join(FORMATS),
                              help="Output format."))]
     if not has_json:
         extra.append(inspect.Parameter("json_out", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=JsonOpt))
@@ -150,21 +160,31 @@ def _with_output(fn: Callable[..., Any]) -> Callable[..., Any]:
 @dataclass(frozen=True)
 class Col:
     """One column: a header, the key (or a function of the item) and its kind: text, id (never shrinks,
-    never cut), time (local, to the minute), when (local time and distance from now)."""
+    never cut, never hidden), time (local, to the minute; the zone in the header), when (the distance from
+    now, `in 1h 59m`). `drop`: when the terminal is too narrow for every column, those with the highest
+    `drop` are hidden first (0: always shown); a note names what was hidden."""
 
     header: str
     key: str | Callable[[Any], Any]
     kind: Literal["text", "id", "time", "when"] = "text"
+    drop: int = 0
 
     def value(self, item: Mapping[str, Any]) -> Any:
         return self.key(item) if callable(self.key) else item.get(self.key)
+
+    def title(self) -> str:
+        if self.kind == "time":
+            from cli.humanize import zone_name
+
+            return f"{self.header} ({zone_name()})"
+        return self.header
 
     def cell(self, item: Mapping[str, Any]) -> str:
         from cli.humanize import local_time, relative, text
 
         value = self.value(item)
         if self.kind == "time" and value is not None:
-            return local_time(value, seconds=False)
+            return local_time(value, seconds=False, zone=False)
         if self.kind == "when" and value is not None:
             return relative(value) or text(value)
         return text(value)
@@ -178,9 +198,28 @@ class View:
     columns: tuple[Col, ...]
 
     def table(self, items: Sequence[Mapping[str, Any]]) -> None:
-        rows = [[c.cell(item) for c in self.columns] for item in items]
-        emit_table(self.title, [c.header for c in self.columns], rows,
-                   ids=[i for i, c in enumerate(self.columns) if c.kind == "id"])
+        cells = {c: [c.cell(item) for item in items] for c in self.columns}
+        shown = list(self.columns)
+        width = console.width
+        while _needed(shown, cells) > width and any(c.drop for c in shown):
+            worst = max(c.drop for c in shown)
+            shown = [c for c in shown if c.drop != worst]
+        hidden = [c.header for c in self.columns if c not in shown]
+        emit_table(self.title, [c.title() for c in shown], [[cells[c][i] for c in shown] for i in range(len(items))],
+                   ids=[i for i, c in enumerate(shown) if c.kind in ("id", "time")])
+        if hidden and items:
+            err_console.print(f"({', '.join(hidden)} hidden at {width} columns: widen the terminal or use --json)",
+                              style="dim", highlight=False, markup=False)
+
+
+def _needed(columns: Sequence[Col], cells: Mapping[Col, Sequence[str]]) -> int:
+    """The width the columns need without breaking ids, times or words of up to 16 characters."""
+    total = 3 * (len(columns) - 1)  # a rule and a space either side between columns
+    for c in columns:
+        whole = c.kind in ("id", "time")  # never wrapped, header included
+        words = [len(w) for v in [c.title(), *cells[c]] for w in ([v] if whole else v.split())]
+        total += max(words, default=0) if whole else min(max(words, default=0), 16)
+    return total
 
 
 def emit(data: Any, view: View | None = None) -> None:
@@ -222,16 +261,18 @@ def emit_yaml(data: Any) -> None:
 
 def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
                ids: Sequence[int] = ()) -> None:
-    """A rich table; the columns in `ids` hold identifiers: they never wrap or shrink (other columns do)."""
+    """A rich table without vertical rules; the columns in `ids` hold identifiers (or times): they never wrap
+    or shrink (the others do)."""
+    from rich import box
     from rich.table import Table
 
     from cli.humanize import text
 
     cells = [[v if isinstance(v, str) else text(v) for v in row] for row in rows]
-    table = Table(title=title or None, title_justify="left")
+    table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, col in enumerate(columns):
         if i in ids:
-            width = max([len(col), *(len(r[i]) for r in cells)])
+            width = max([0, *(len(r[i]) for r in cells)])
             table.add_column(col, no_wrap=True, min_width=width, overflow="ignore")
         else:
             table.add_column(col, overflow="fold")

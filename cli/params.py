@@ -1,9 +1,10 @@
 """Command-line values checked while the arguments are parsed, before a command does any work: a bad one is
 a usage error (exit 2) in one line naming the option, never a traceback from deep inside.
 
-Each checker is a `Check`: it parses the text and knows a value it refuses (`bad`), so
-tests/cli/test_bad_arguments.py can feed every option of every command a bad value without a table
-kept beside the commands. Use one with `typer.Option(..., parser=PORT, metavar=PORT.metavar)`.
+Each checker is a `Check`: it parses the text and knows a value it accepts (`good`) and one it refuses
+(`bad`), so tests/cli/test_bad_arguments.py can feed every option of every command a bad value (with good
+ones for the rest) without a table kept beside the commands. Use one as
+`typer.Option(..., parser=PORT, metavar=PORT.metavar)`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from core.errors import InvalidInput
 
 
 class Check:
-    """A parser for one kind of command-line value; `bad` is a value it refuses (for the tests)."""
+    """A parser for one kind of command-line value; `good` and `bad` are values it accepts and refuses."""
 
-    def __init__(self, parse: Callable[[str], Any], *, bad: str, metavar: str) -> None:
+    def __init__(self, parse: Callable[[str], Any], *, good: str, bad: str, metavar: str) -> None:
         self._parse = parse
+        self.good = good
         self.bad = bad
         self.metavar = metavar
         self.__name__ = metavar.lower()
@@ -125,19 +127,19 @@ def choice(*values: str) -> Check:
             raise InvalidInput(f"{text!r} is not one of {', '.join(values)}")
         return text
 
-    return Check(parse, bad="nope", metavar="|".join(values) if len(values) <= 6 else "CHOICE")
+    return Check(parse, good=values[0], bad="nope", metavar="|".join(values) if len(values) <= 6 else "CHOICE")
 
 
-PORT = Check(_port, bad="99999", metavar="PORT")
-URL = Check(_url, bad="127.0.0.1:8443", metavar="URL")
-SLUG = Check(_slug, bad="Not_A_Slug", metavar="NAME")
-TRUST_DOMAIN = Check(_trust_domain, bad="Example.ORG/path", metavar="DOMAIN")
-TENANT_GROUP = Check(_tenant_group, bad="globex", metavar="TENANT/GROUP")
-PROTO_PORT = Check(_proto_port, bad="tcp/99999", metavar="PROTO/PORT")
-LABEL = Check(_label, bad="no-equals-sign", metavar="KEY=VALUE")
-TTL = Check(_ttl, bad="soon", metavar="TTL")
-WHEN = Check(_when, bad="yesterday", metavar="TIME")
-SECONDS = Check(_seconds, bad="-5", metavar="SECONDS")
+PORT = Check(_port, good="8443", bad="99999", metavar="PORT")
+URL = Check(_url, good="http://127.0.0.1:1", bad="127.0.0.1:8443", metavar="URL")
+SLUG = Check(_slug, good="acme", bad="Not_A_Slug", metavar="NAME")
+TRUST_DOMAIN = Check(_trust_domain, good="example.org", bad="Example.ORG/path", metavar="DOMAIN")
+TENANT_GROUP = Check(_tenant_group, good="acme/web", bad="globex", metavar="TENANT/GROUP")
+PROTO_PORT = Check(_proto_port, good="tcp/443", bad="tcp/99999", metavar="PROTO/PORT")
+LABEL = Check(_label, good="tier=gpu", bad="no-equals-sign", metavar="KEY=VALUE")
+TTL = Check(_ttl, good="1h", bad="soon", metavar="TTL")
+WHEN = Check(_when, good="2026-01-01T00:00:00Z", bad="yesterday", metavar="TIME")
+SECONDS = Check(_seconds, good="60", bad="-5", metavar="SECONDS")
 PROTO = choice("tcp", "udp")
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import regorus
 
 from policy.engines.embedded import new_engine
-from policy.errors import PolicyCompileError, SourceLocation, parse_regorus_error
+from policy.errors import PolicyCompileError, SourceLocation, located, parse_regorus_error
 
 # builtins never evaluated on constants: they reach the network, the clock, randomness or print
 IMPURE = re.compile(r"^(http\.|net\.lookup|opa\.|rand\.|time\.now|uuid\.|io\.|crypto\.x509\.|print$|trace$)")
@@ -153,6 +153,8 @@ class _Checker:
                     if kind == "Func":
                         pkg.functions.setdefault(".".join(path), len(head.get("args", [])))
         self.issues: list[SourceLocation] = []
+        self.sources = {str(i.get("source", {}).get("file", "")): str(i.get("source", {}).get("contents", ""))
+                        for i in asts}
 
     @staticmethod
     def _package_name(ast: Mapping[str, Any]) -> str:
@@ -192,7 +194,8 @@ class _Checker:
         return out
 
     def _add(self, file: str, span: dict[str, Any], message: str) -> None:
-        self.issues.append(SourceLocation(file, int(span.get("line", 1)), int(span.get("col", 1)), message))
+        issue = SourceLocation(file, int(span.get("line", 1)), int(span.get("col", 1)), message)
+        self.issues.append(located(issue, self.sources))
 
     def _walk(self, node: Any, file: str, package: str, aliases: dict[str, list[str]]) -> None:
         if isinstance(node, list):
@@ -299,8 +302,8 @@ def check_modules(modules: Mapping[str, str]) -> list[SourceLocation]:
     issues = _Checker(asts).run()
     unsafe = _scheduler_issue(engine)
     del engine
-    if unsafe is not None and unsafe not in issues:
-        issues.append(unsafe)
+    if unsafe is not None:
+        issues.append(located(unsafe, modules))
     return sorted(set(issues), key=lambda i: (i.file, i.line, i.col, i.message))
 
 

@@ -35,7 +35,7 @@ def _x509_dict(issued: service.IssuedX509) -> dict[str, Any]:
 CAS = View("CA generations", (
     Col("id", "id", kind="id"), Col("state", "state"), Col("key", "key_kind"),
     Col("valid from", "not_before", kind="time"), Col("valid until", "not_after", kind="time"),
-    Col("signs until", "signed_until", kind="time"),
+    Col("signs until", "signed_until", kind="time", drop=1),
 ))
 KEYS = View("trust bundle", (Col("use", "use"), Col("kid", "kid", kind="id"), Col("kty", "kty"), Col("crv", "crv")))
 Tenant = typer.Option(..., "--tenant", parser=SLUG, metavar="TENANT")

@@ -32,13 +32,14 @@ from cli.output import (
 from cli.params import PORT, PROTO, SLUG, WHEN, choice, existing_dir, existing_file
 
 VERSIONS = View("policy versions", (
-    Col("#", "number", kind="id"), Col("state", "state"), Col("hash", lambda r: r["content_hash"][:16]),
+    Col("#", "number", kind="id"), Col("state", "state"), Col("hash", lambda r: r["content_hash"][:16], kind="id"),
     Col("tests", lambda r: "pass" if r["tests_passed"] else f"{len(r['tests_failing'])} failing"),
-    Col("uploaded by", "uploaded_by"), Col("created", "created_at", kind="time"), Col("note", "note"),
+    Col("uploaded by", "uploaded_by", drop=1), Col("created", "created_at", kind="time"), Col("note", "note", drop=2),
 ))
 DECISIONS = View("policy decisions", (
     Col("id", "id", kind="id"), Col("time", "ts", kind="time"), Col("kind", "kind"), Col("tenant", "tenant"),
-    Col("outcome", "outcome"), Col("policy", lambda r: (r["policy_hash"] or "")[:16]), Col("reasons", "reasons"),
+    Col("outcome", "outcome"), Col("policy", lambda r: (r["policy_hash"] or "")[:16], drop=2),
+    Col("reasons", "reasons", drop=1),
 ))
 TESTS = View("Rego tests", (
     Col("test", "name"), Col("result", lambda r: "pass" if r["passed"] else "FAIL"),

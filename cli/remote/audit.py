@@ -4,6 +4,7 @@ cli/local/audit.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -13,9 +14,9 @@ from cli.params import SLUG, WHEN
 from cli.remote.common import CaOpt, ServerOpt, client
 
 EVENTS = View("audit events", (
-    Col("seq", "seq", kind="id"), Col("time", "ts", kind="time"), Col("actor", lambda e: e["actor"]["id"]),
-    Col("tenant", "tenant"), Col("action", "action"),
-    Col("object", lambda e: f"{e['object']['type']}:{e['object']['id']}"), Col("reason", "reason"),
+    Col("seq", "seq", kind="id"), Col("time", "ts", kind="time"), Col("actor", lambda e: e["actor"]["id"], drop=1),
+    Col("tenant", "tenant", drop=2), Col("action", "action"),
+    Col("object", lambda e: f"{e['object']['type']}:{e['object']['id']}"), Col("reason", "reason", drop=3),
 ))
 
 
@@ -31,7 +32,7 @@ def register(audit: typer.Typer) -> None:
         since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME", help="ISO 8601, inclusive"),
         until: Any = typer.Option(None, "--until", parser=WHEN, metavar="TIME", help="ISO 8601, exclusive"),
         limit: int = typer.Option(100, "--limit", min=1, max=1000, help="events shown (oldest first)"),
-        server: str = ServerOpt, cacert: str = CaOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Audit events, oldest first (a tenant principal sees its own tenant's only)."""
         page = client(server, cacert).get("/v1/audit/events", tenant=tenant, action=action, since=_iso(since),
@@ -40,12 +41,12 @@ def register(audit: typer.Typer) -> None:
 
     @command(audit, "show", API)
     def show_cmd(seq: int = typer.Argument(..., min=0, help="the event's sequence number"),
-                 server: str = ServerOpt, cacert: str = CaOpt) -> None:
+                 server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """One audit event: who did what to which object, why, and its place in the hash chain."""
         emit(client(server, cacert).get(f"/v1/audit/events/{seq}"), EVENTS)
 
     @command(audit, "checkpoint", API)
-    def checkpoint_cmd(server: str = ServerOpt, cacert: str = CaOpt) -> None:
+    def checkpoint_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """The latest signed checkpoint note (keep it: later exports must extend it)."""
         cp = client(server, cacert).get("/v1/audit/checkpoint")
         if machine_output():

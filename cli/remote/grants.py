@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -31,7 +32,7 @@ GRANTS = View("grants", (
     Col("from", lambda g: f"{g['src_tenant']}/{g['src_group']}"),
     Col("to", lambda g: f"{g['dst_tenant']}/{g['dst_group']}"),
     Col("ports", lambda g: f"{g['proto']}/{','.join(str(p) for p in g['ports'])}"),
-    Col("expires", "expires_at", kind="when"), Col("why", _why),
+    Col("expires", "expires_at", kind="when", drop=2), Col("why", _why, drop=1),
 ))
 
 GrantId = typer.Argument(..., metavar="GRANT_ID", help="a grant id, or a prefix naming exactly one")
@@ -86,7 +87,7 @@ def register(app: typer.Typer) -> None:
         src_tenant: str = typer.Option(None, "--src-tenant", parser=SLUG, metavar="TENANT",
                                        help="platform principals only"),
         idempotency_key: str = typer.Option(None, "--idempotency-key", help="reuse to retry safely"),
-        server: str = ServerOpt, cacert: str = CaOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Ask for flows to another tenant's group; prints the decision (exit 1 when denied)."""
         from cli.remote.client import new_idempotency_key
@@ -110,35 +111,35 @@ def register(app: typer.Typer) -> None:
                                   help="|".join(GRANT_STATES)),
         src_tenant: str = typer.Option(None, "--src-tenant", parser=SLUG, metavar="TENANT"),
         dst_tenant: str = typer.Option(None, "--dst-tenant", parser=SLUG, metavar="TENANT"),
-        server: str = ServerOpt, cacert: str = CaOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Grants you can see (as a tenant: where you are source or destination)."""
         emit(client(server, cacert).pages("/v1/grants", state=state, src_tenant=src_tenant, dst_tenant=dst_tenant),
              GRANTS)
 
     @command(grant, "show", API)
-    def show_cmd(gid: str = GrantId, server: str = ServerOpt, cacert: str = CaOpt) -> None:
+    def show_cmd(gid: str = GrantId, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """One grant, with its state, approvers and reasons."""
         api = client(server, cacert)
         show_grant(api.get(f"/v1/grants/{grant_id(api, gid)}"))
 
     @command(grant, "approve", API)
     def approve_cmd(gid: str = GrantId, comment: str = typer.Option("", "--comment"),
-                    server: str = ServerOpt, cacert: str = CaOpt) -> None:
+                    server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Approve as a named approver."""
         api = client(server, cacert)
         show_grant(api.post(f"/v1/grants/{grant_id(api, gid)}/approve", {"comment": comment}))
 
     @command(grant, "reject", API)
     def reject_cmd(gid: str = GrantId, reason: str = typer.Option(..., "--reason"),
-                   server: str = ServerOpt, cacert: str = CaOpt) -> None:
+                   server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Reject a pending grant as a named approver."""
         api = client(server, cacert)
         show_grant(api.post(f"/v1/grants/{grant_id(api, gid)}/reject", {"reason": reason}))
 
     @command(grant, "revoke", API)
     def revoke_cmd(gid: str = GrantId, reason: str = typer.Option(..., "--reason"),
-                   server: str = ServerOpt, cacert: str = CaOpt) -> None:
+                   server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Withdraw a pending or active grant."""
         api = client(server, cacert)
         show_grant(api.post(f"/v1/grants/{grant_id(api, gid)}/revoke", {"reason": reason}))

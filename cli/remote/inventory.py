@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -12,15 +13,15 @@ from cli.remote.common import CaOpt, ServerOpt, client
 
 TENANTS = View("tenants", (
     Col("slug", "slug", kind="id"), Col("name", "display_name"), Col("l3vni", "l3vni"), Col("prefix", "prefix"),
-    Col("quarantined", "quarantined"), Col("created", "created_at", kind="time"),
+    Col("quarantined", "quarantined"), Col("created", "created_at", kind="time", drop=1),
 ))
 GROUPS = View("groups", (
     Col("tenant", "tenant", kind="id"), Col("group", "name", kind="id"), Col("ports", "ports"),
-    Col("labels", "labels"), Col("sensitivity", "sensitivity"), Col("quarantined", "quarantined"),
+    Col("labels", "labels", drop=1), Col("sensitivity", "sensitivity"), Col("quarantined", "quarantined"),
 ))
 WORKLOADS = View("workloads", (
     Col("group", "group", kind="id"), Col("name", "name", kind="id"), Col("SPIFFE ID", "spiffe_id", kind="id"),
-    Col("revoked", "revoked"), Col("created", "created_at", kind="time"),
+    Col("revoked", "revoked"), Col("created", "created_at", kind="time", drop=1),
 ))
 
 Tenant = typer.Argument(..., parser=SLUG, metavar="TENANT", help="tenant slug")
@@ -39,7 +40,7 @@ def register(app: typer.Typer) -> None:
         display_name: str = typer.Option(..., "--display-name"),
         l3vni: int = typer.Option(None, "--l3vni", min=1, max=16_777_215, help="24-bit VXLAN L3VNI"),
         prefix: str = typer.Option(None, "--prefix", help="the tenant's CIDR, e.g. 10.1.0.0/16"),
-        server: str = ServerOpt, cacert: str = CaOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Create a tenant (admin)."""
         body = {"slug": slug, "display_name": display_name, "l3vni": l3vni, "prefix": prefix}
@@ -48,13 +49,13 @@ def register(app: typer.Typer) -> None:
     @command(tenant, "list", API)
     def tenant_list(
         quarantined: bool = typer.Option(None, "--quarantined/--not-quarantined", help="only (un)quarantined ones"),
-        server: str = ServerOpt, cacert: str = CaOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Tenants you can see (a tenant principal: its own)."""
         emit(client(server, cacert).pages("/v1/tenants", quarantined=quarantined), TENANTS)
 
     @command(tenant, "show", API)
-    def tenant_show(slug: str = Tenant, server: str = ServerOpt, cacert: str = CaOpt) -> None:
+    def tenant_show(slug: str = Tenant, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """One tenant."""
         emit(client(server, cacert).get(f"/v1/tenants/{slug}"), TENANTS)
 
@@ -68,7 +69,7 @@ def register(app: typer.Typer) -> None:
         slug: str = Tenant, reason: str = typer.Option(..., "--reason"),
         group_name: str = typer.Option(None, "--group", parser=SLUG, metavar="GROUP",
                                        help="quarantine one group only"),
-        server: str = ServerOpt, cacert: str = CaOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Quarantine a tenant (or one of its groups): every grant is overridden (security, admin)."""
         _quarantine("quarantine", slug, group_name, reason, server, cacert)
@@ -77,7 +78,7 @@ def register(app: typer.Typer) -> None:
     def tenant_unquarantine(
         slug: str = Tenant, reason: str = typer.Option(..., "--reason"),
         group_name: str = typer.Option(None, "--group", parser=SLUG, metavar="GROUP"),
-        server: str = ServerOpt, cacert: str = CaOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Lift a quarantine."""
         _quarantine("unquarantine", slug, group_name, reason, server, cacert)
@@ -89,7 +90,7 @@ def register(app: typer.Typer) -> None:
                                        help="exposed PROTO/PORT, repeatable"),
         label: list[Any] = typer.Option([], "--label", parser=LABEL, metavar=LABEL.metavar, help="repeatable"),
         sensitive: bool = typer.Option(False, "--sensitive", help="grants to it need security approval"),
-        server: str = ServerOpt, cacert: str = CaOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Create a workload group in a tenant."""
         body = {"name": name, "ports": list(port), "labels": dict(label),
@@ -97,19 +98,19 @@ def register(app: typer.Typer) -> None:
         emit(client(server, cacert).post(f"/v1/tenants/{tenant_slug}/groups", body), GROUPS)
 
     @command(group, "list", API)
-    def group_list(tenant_slug: str = Tenant, server: str = ServerOpt, cacert: str = CaOpt) -> None:
+    def group_list(tenant_slug: str = Tenant, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """A tenant's workload groups."""
         emit(client(server, cacert).pages(f"/v1/tenants/{tenant_slug}/groups"), GROUPS)
 
     @command(group, "show", API)
     def group_show(tenant_slug: str = Tenant, name: str = Group, server: str = ServerOpt,
-                   cacert: str = CaOpt) -> None:
+                   cacert: Path = CaOpt) -> None:
         """One workload group."""
         emit(client(server, cacert).get(f"/v1/tenants/{tenant_slug}/groups/{name}"), GROUPS)
 
     @command(workload, "register", API)
     def workload_register(tenant_slug: str = Tenant, group_name: str = Group, name: str = Name,
-                          server: str = ServerOpt, cacert: str = CaOpt) -> None:
+                          server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Register a workload; its SPIFFE ID is derived from tenant/group/name."""
         emit(client(server, cacert).post(f"/v1/tenants/{tenant_slug}/groups/{group_name}/workloads",
                                          {"name": name}), WORKLOADS)
@@ -119,7 +120,7 @@ def register(app: typer.Typer) -> None:
         tenant_slug: str = Tenant,
         group_name: str = typer.Option(None, "--group", parser=SLUG, metavar="GROUP", help="only this group's"),
         revoked: bool = typer.Option(None, "--revoked/--active", help="only revoked / active ones"),
-        server: str = ServerOpt, cacert: str = CaOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """A tenant's registered workloads."""
         emit(client(server, cacert).pages(f"/v1/tenants/{tenant_slug}/workloads", group=group_name,
@@ -127,7 +128,7 @@ def register(app: typer.Typer) -> None:
 
     @command(workload, "show", API)
     def workload_show(tenant_slug: str = Tenant, group_name: str = Group, name: str = Name,
-                      server: str = ServerOpt, cacert: str = CaOpt) -> None:
+                      server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """One registered workload and its SPIFFE ID."""
         emit(client(server, cacert).get(f"/v1/tenants/{tenant_slug}/groups/{group_name}/workloads/{name}"),
              WORKLOADS)
@@ -135,7 +136,7 @@ def register(app: typer.Typer) -> None:
     @command(workload, "revoke", API)
     def workload_revoke(tenant_slug: str = Tenant, group_name: str = Group, name: str = Name,
                         reason: str = typer.Option(..., "--reason"),
-                        server: str = ServerOpt, cacert: str = CaOpt) -> None:
+                        server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Revoke every identity of a workload (its flows are withdrawn)."""
         emit(client(server, cacert).post(
             f"/v1/tenants/{tenant_slug}/groups/{group_name}/workloads/{name}/revoke", {"reason": reason}))
