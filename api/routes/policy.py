@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.metrics import DECISIONS, EVALUATION, timed
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
 from policy import service
@@ -151,8 +152,9 @@ def explain(
     src_id, dst_id = parse_identity(src), parse_identity(dst)
     if scope is not None and scope not in (src_id["tenant"], dst_id["tenant"]):
         raise Forbidden(f"tenant {scope} may only explain flows from or to its own groups")
-    with ctx.db.read_session() as session:
+    with ctx.db.read_session() as session, timed(EVALUATION, "flow"):
         decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock())
+    DECISIONS.labels("flow", "allow" if decision.allow else "deny").inc()
     asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}
     DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, decision, digest)
     return ExplainOut(allow=decision.allow, reasons=decision.reasons, policy_hash=digest, input=asked)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from cli.output import LOCAL, command, emit, machine_output, open_context
@@ -51,22 +53,52 @@ def serve_cmd(
                                      help="used when init has not run yet"),
     tls: bool = typer.Option(False, "--tls", help="HTTPS with the server's own SVID; accepts client SVIDs (mTLS)"),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="uvicorn worker processes"),
-    log_level: str = typer.Option("info", "--log-level", parser=choice("debug", "info", "warning", "error"),
-                                  metavar="debug|info|warning|error"),
+    log_level: str = typer.Option(None, "--log-level", parser=choice("debug", "info", "warning", "error"),
+                                  metavar="debug|info|warning|error", help="default TRUSTFABRIC_LOG_LEVEL, info"),
 ) -> None:
-    """Serve the API (runs init first when the trust domain does not exist yet)."""
+    """Serve the API (runs init first when the trust domain does not exist yet).
+
+    Logs are JSON lines on stderr (logfmt on a terminal; TRUSTFABRIC_LOG_FORMAT). With several workers their
+    metrics are summed through a shared multiprocess directory, removed when the server stops."""
     import os
+    import shutil
+    import tempfile
+
+    from cli.output import local_settings
+
+    # The workers read the environment (uvicorn's factory): they serve the same data directory (the
+    # profile's, when TRUSTFABRIC_HOME is unset), log at the same level and, with several of them, write
+    # their metrics where every scrape sums them. Set before anything imports prometheus_client.
+    settings = local_settings()
+    os.environ.setdefault("TRUSTFABRIC_HOME", str(settings.home))
+    if log_level:
+        os.environ["TRUSTFABRIC_LOG_LEVEL"] = log_level
+    metrics_dir = None
+    if workers > 1 and not settings.metrics_multiproc_dir:
+        metrics_dir = tempfile.mkdtemp(prefix="tf-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        _serve(local_settings(), host, port, trust_domain, tls, workers)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _serve(settings: Any, host: str, port: int, trust_domain: str | None, tls: bool, workers: int) -> None:
+    import signal
     import ssl
 
     import uvicorn
 
     from api.auth.mtls import PeerCertH11Protocol
-    from cli.output import local_settings
+    from core import logs
     from workflows.context import AppContext
 
-    settings = local_settings()
-    # the workers (uvicorn's factory reads the environment) serve the same data directory: the profile's
-    os.environ.setdefault("TRUSTFABRIC_HOME", str(settings.home))
+    logs.configure(settings.log_format, settings.log_level)
     result = initialize(trust_domain, "ec-p256")
     if result["admin_token"]:
         print("admin API token (shown once, store it now):")
@@ -89,13 +121,27 @@ def serve_cmd(
             "ssl_cert_reqs": ssl.CERT_OPTIONAL,
         }
         print(f"serving HTTPS as {server_tls.spiffe_id}", flush=True)
+    metrics_ctx = None
+    metrics_server = None
+    if settings.metrics_port:
+        from api.metrics import serve_separately
+
+        metrics_ctx = AppContext.open(settings)
+        metrics_server = serve_separately(metrics_ctx, settings.metrics_host, settings.metrics_port)
+        print(f"metrics on http://{settings.metrics_host}:{settings.metrics_port}/metrics", flush=True)
+    # uvicorn re-raises the signal that stopped it once it has shut down; with SIGTERM's default action the
+    # process would die there, before the cleanups below (TLS material, the metrics directory) run.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         uvicorn.run(
-            "api.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level=log_level,
+            "api.app:app_from_env", factory=True, host=host, port=port, workers=workers,
+            log_level=settings.log_level, log_config=None, access_log=False,  # core/logs.py and api/observe.py
             http=PeerCertH11Protocol, **options,  # type: ignore[arg-type]
         )
     finally:
         if server_tls is not None:
             server_tls.cleanup()
-
-
+        if metrics_server is not None:
+            metrics_server[0].shutdown()
+        if metrics_ctx is not None:
+            metrics_ctx.close()
