@@ -1,0 +1,107 @@
+"""/docs and /redoc work air-gapped: Debian's Chromium (through Playwright, no browser download) renders both
+pages from a server on 127.0.0.1 while every request to any other host is refused -- and none is even tried:
+the pages' Content-Security-Policy keeps the browser on this host (ReDoc's bundle would fetch a logo from
+its vendor's CDN; the console records that as a CSP violation, never as a request)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from tests.api.conftest import make_settings, open_env
+from tests.policy.conftest import free_port
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+pytestmark = pytest.mark.xdist_group("browser")
+ARTIFACTS = Path("/tmp/cliops-shots")  # screenshots, when that folder exists (to look at the pages)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    env = open_env(make_settings(tmp_path_factory.mktemp("docs") / "home"))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(env.app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        env.client.close()
+        env.ctx.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
+        pytest.skip("Debian chromium is not installed (Makefile SYSTEM_TOOLS installs it as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _open_offline(browser: object, base: str) -> tuple[object, list[str]]:
+    """A page that may reach only `base`; every other URL is aborted and recorded."""
+    refused: list[str] = []
+    context = browser.new_context()  # type: ignore[attr-defined]
+
+    def route(r: object) -> None:
+        url = r.request.url  # type: ignore[attr-defined]
+        if url.startswith(base + "/") or url.startswith("data:") or url.startswith("blob:"):
+            r.continue_()  # type: ignore[attr-defined]
+        else:
+            refused.append(url)
+            r.abort()  # type: ignore[attr-defined]
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda m: refused.append("csp: " + m.text) if "Content Security Policy" in m.text and
+            "redoc.ly" not in m.text else None)
+    return page, refused
+
+
+def test_swagger_ui_renders_with_no_network(browser: object, served: str) -> None:
+    page, refused = _open_offline(browser, served)
+    page.goto(f"{served}/docs")  # type: ignore[attr-defined]
+    page.wait_for_selector(".opblock-summary", timeout=30_000)  # type: ignore[attr-defined]
+    operations = page.locator(".opblock-summary").count()  # type: ignore[attr-defined]
+    assert operations > 30
+    assert page.get_by_text("Audit events, oldest first").count() >= 1  # type: ignore[attr-defined]
+    page.screenshot(path=str(ARTIFACTS / "swagger.png")) if ARTIFACTS.is_dir() else None  # type: ignore[attr-defined]
+    assert refused == []
+
+
+def test_redoc_renders_with_no_network(browser: object, served: str) -> None:
+    page, refused = _open_offline(browser, served)
+    page.goto(f"{served}/redoc")  # type: ignore[attr-defined]
+    page.get_by_text("Audit events, oldest first").first.wait_for(  # type: ignore[attr-defined]
+        state="attached", timeout=30_000)  # in the side menu, folded under its tag
+    assert page.locator("h1").first.inner_text().startswith("trustfabric")  # type: ignore[attr-defined]
+    page.screenshot(path=str(ARTIFACTS / "redoc.png")) if ARTIFACTS.is_dir() else None  # type: ignore[attr-defined]
+    assert refused == []
+
+
+def test_the_assets_ship_with_their_licences() -> None:
+    static = Path(__file__).resolve().parents[2] / "api" / "static" / "docs"
+    for name in ("swagger-ui/swagger-ui-bundle.js", "swagger-ui/swagger-ui.css", "swagger-ui/LICENSE",
+                 "redoc/redoc.standalone.js", "redoc/LICENSE", "VERSIONS.txt"):
+        assert (static / name).is_file(), name
