@@ -16,5 +16,5 @@ cli.output.PANELS):
   and token come from flags, the environment or the profile `trustfabric login` keeps (cli/config.py).
 
 Command modules import only typer and cli's own light modules at import time (the domain, the database,
-httpx and FastAPI load inside the command that needs them), so every command starts fast.
+the HTTP client and FastAPI load inside the command that needs them), so every command starts fast.
 """

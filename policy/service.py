@@ -8,88 +8,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from core.errors import Conflict, InvalidInput, NotFound
-from policy.check import require_clean
+from policy.authoring import PreparedVersion as PreparedVersion
+from policy.authoring import evaluate_query as evaluate_query
+from policy.authoring import prepare as prepare
+from policy.authoring import test as test
+from policy.authoring import validate as validate
 from policy.data import build_data, to_ns
 from policy.decide import FlowDecision, decide_flow, flow_input
 from policy.engines import PolicyEngine, scratch_engine
 from policy.errors import PolicyTestsFailed
 from policy.impact import ImpactReport, impact_of
 from policy.models import PolicyVersion
-from policy.testing import TestReport, run_tests
-from policy.versions import VerifyKey, check_modules, verify_signature, version_hash
+from policy.versions import VerifyKey, verify_signature
 
 log = logging.getLogger(__name__)
 
 OBJECT_TYPE = "policy_version"
-
-
-def validate(modules: Mapping[str, str]) -> str:
-    """Compile and statically check every module (policy.check: what `opa check` catches); the content
-    hash, or PolicyCompileError listing every problem at file:line:col."""
-    mods = check_modules(modules)
-    require_clean(mods)
-    return version_hash(mods)
-
-
-def test(modules: Mapping[str, str], *, run: str | None = None, coverage: bool = False) -> TestReport:
-    """Validate, then run every `test_*` rule (those `run` matches), with line coverage when asked."""
-    mods = check_modules(modules)
-    require_clean(mods)
-    return run_tests(mods, run=run, coverage=coverage)
-
-
-def evaluate_query(modules: Mapping[str, str], query: str, *, input: Any = None,
-                   data: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """`opa eval`: the query's results as OPA's REST API and `opa eval` print them
-    ({"result": [{"expressions": [...], "bindings": {...}}]}, no result when undefined);
-    PolicyCompileError when a module does not compile, PolicyEngineError (file:line:col) when the query
-    fails."""
-    import json
-
-    from policy.engines.embedded import new_engine
-    from policy.errors import PolicyEngineError, parse_regorus_error
-
-    engine = new_engine(check_modules(modules) if modules else {})
-    error: str | None = None
-    out: dict[str, Any] = {}
-    try:
-        engine.add_data_json(json.dumps(dict(data or {})))
-        engine.set_input_json(json.dumps(input if input is not None else {}))
-        out = json.loads(engine.eval_query_as_json(query))
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        error = str(parse_regorus_error(str(exc), default_file="<query>"))
-    finally:
-        del engine
-    if error is not None:
-        raise PolicyEngineError(error)
-    return {"result": out.get("result") or []}
-
-
-@dataclass(frozen=True)
-class PreparedVersion:
-    """Modules compiled and tested, ready to store: prepare outside the write transaction (the Rego
-    tests take a while and SQLite holds its writer lock for the whole transaction)."""
-
-    modules: dict[str, str]
-    content_hash: str
-    report: TestReport
-
-
-def prepare(modules: Mapping[str, str]) -> PreparedVersion:
-    """Check, compile and statically check (PolicyCompileError with file:line:col), run the Rego tests."""
-    mods = check_modules(modules)
-    require_clean(mods)
-    return PreparedVersion(mods, version_hash(mods), run_tests(mods))
+# validate, test, prepare and evaluate_query need no database: they live in policy/authoring.py (the offline
+# CLI commands import that alone) and are this module's API too (re-exported above).
 
 
 def upload(

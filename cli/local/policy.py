@@ -104,13 +104,13 @@ def register(app: typer.Typer) -> None:
         """Compile and check every .rego under DIRECTORY as `opa check` does; each problem at file:line:col.
 
         Syntax, unsafe variables, undefined functions and references, arity, type errors on constants."""
-        from policy import service
+        from policy import authoring
         from policy.errors import PolicyCompileError
         from policy.versions import load_dir
 
         modules = guard(lambda: load_dir(directory))
         try:
-            digest = service.validate(modules)
+            digest = authoring.validate(modules)
         except PolicyCompileError as exc:
             _compile_errors(directory, exc)
         if machine_output():
@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
         """Run the test_* rules under DIRECTORY; prints `PASS: n/n` or `FAIL: k/n` with the failures (exit 1)."""
         import re
 
-        from policy import service
+        from policy import authoring
         from policy.errors import PolicyCompileError
         from policy.versions import load_dir
 
@@ -141,7 +141,7 @@ def register(app: typer.Typer) -> None:
                 fail(f"--run {run!r} is not a regular expression: {exc}", 2)
         modules = guard(lambda: load_dir(directory))
         try:
-            report = service.test(modules, run=run, coverage=coverage)
+            report = authoring.test(modules, run=run, coverage=coverage)
         except PolicyCompileError as exc:
             _compile_errors(directory, exc)
         out = report.to_dict()
@@ -176,7 +176,7 @@ def register(app: typer.Typer) -> None:
 
         Against modules given with --data (offline), or against a stored version (--version; the active one
         when no module is given) with the live data document."""
-        from policy import service
+        from policy import authoring
         from policy.versions import load_dir
 
         def collect() -> tuple[dict[str, str], dict[str, Any]]:
@@ -197,6 +197,7 @@ def register(app: typer.Typer) -> None:
             modules, doc = collect()
             given_input = _load_json_or_yaml(input_file) if input_file is not None else None
             if version is not None or not modules:
+                from policy import service
                 from policy.data import build_data
 
                 with open_context() as ctx, ctx.db.read_session() as session:
@@ -207,7 +208,7 @@ def register(app: typer.Typer) -> None:
                         raise NotFound("no policy version is active: give --version or .rego files with --data")
                     modules = {**dict(v.modules), **modules}
                     doc = {**build_data(session, ctx.clock()), **doc}
-            return service.evaluate_query(modules, query, input=given_input, data=doc)
+            return authoring.evaluate_query(modules, query, input=given_input, data=doc)
 
         out = guard(run)
         if machine_output():
