@@ -87,6 +87,13 @@ def config_path() -> Path:
     return legacy if not path.exists() and legacy.exists() else path
 
 
+def named_explicitly() -> str | None:
+    """The profile --profile or TRUSTFABRIC_PROFILE names, if either does."""
+    from workflows.settings import ClientSettings
+
+    return _selected["profile"] or ClientSettings.from_env().profile
+
+
 def chosen_name(config: Config | None = None) -> str:
     from workflows.settings import ClientSettings
 
@@ -183,11 +190,8 @@ def save(config: Config) -> None:
 
 def selected_profile() -> Profile:
     """The profile in force for this command (an empty one when there is no config file)."""
-    from workflows.settings import ClientSettings
-
     config = load()
     name = chosen_name(config)
-    explicit = _selected["profile"] or ClientSettings.from_env().profile
-    if explicit and name not in config.profiles:
+    if named_explicitly() and name not in config.profiles:
         raise InvalidInput(f"no profile {name!r} in {config.path} (sign in with `trustfabric --profile {name} login`)")
     return config.profile(name)

@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from policy.decide import FlowDecision
 from policy.engines import EngineSettings, PolicyEngine, make_engine
 from policy.grants import GrantDecision
 from policy.models import PolicyVersion
@@ -89,6 +90,15 @@ class RegoGrantDecider:
             with self._lock:
                 self._kept = _Kept(fingerprint, now_ns, live_until(data), data)
         return data
+
+    def decide_flow(self, session: Session, now: datetime, flow: dict[str, Any]) -> tuple[FlowDecision, str | None]:
+        """(the FlowDecision on one flow under the active version, that version's hash): explain, on the same
+        engine and kept document as grant decisions instead of a fresh engine and document per call."""
+        from policy.decide import decide_flow
+
+        data = self._data(session, now)
+        with self._lock:
+            return decide_flow(self._engine_for(session), flow, data), self._hash
 
     def __call__(self, session: Session, now: datetime, request: dict[str, Any]) -> GrantDecision:
         from policy.decide import decide_grant_request

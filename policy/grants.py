@@ -164,6 +164,28 @@ def _cas(session: Session, grant: Grant, **values: Any) -> Grant:
     return fresh
 
 
+def decide_closed(
+    decide: GrantDecider, session: Session, now: datetime, policy_input: dict[str, Any]
+) -> GrantDecision:
+    """The decider's answer; any failure of it is a denial that says why (fail closed)."""
+    try:
+        return decide(session, now, policy_input)
+    except Exception as exc:
+        log.exception("grant decision failed")
+        return GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
+
+
+def explain_request(
+    session: Session, request: GrantRequest, *, caller: Caller, decide: GrantDecider, now: datetime
+) -> tuple[GrantDecision, dict[str, Any]]:
+    """(the decision request_grant would make now, the policy input it was made on), without making it:
+    the same scope rule, input and decider, and nothing is written (no grant, no audit event)."""
+    if caller.tenant is not None and request.src_tenant != caller.tenant:
+        raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
+    policy_input = request.policy_input(caller.tenant if caller.tenant is not None else request.src_tenant)
+    return decide_closed(decide, session, now, policy_input), policy_input
+
+
 def request_grant(
     session: Session,
     request: GrantRequest,
@@ -190,11 +212,7 @@ def request_grant(
         raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
     now = clock()
     requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
-    try:
-        decision = decide(session, now, request.policy_input(requester_tenant))
-    except Exception as exc:  # fail closed, and say why
-        log.exception("grant decision failed")
-        decision = GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
+    decision = decide_closed(decide, session, now, request.policy_input(requester_tenant))
     state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
     grant = Grant(
         id=new_grant_id(now),
@@ -248,11 +266,7 @@ def request_of(grant: Grant) -> GrantRequest:
 
 def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: datetime) -> GrantDecision:
     """The policy in force, asked again about a pending request (fail closed: an error denies)."""
-    try:
-        return decide(session, now, request_of(grant).policy_input(grant.src_tenant))
-    except Exception as exc:
-        log.exception("grant decision failed")
-        return GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
+    return decide_closed(decide, session, now, request_of(grant).policy_input(grant.src_tenant))
 
 
 def approve_grant(

@@ -8,11 +8,11 @@ import secrets
 from fastapi import Request
 
 from api.principal import Principal
-from policy.grants import Caller, decode_cursor, encode_cursor
+from policy.grants import Caller, GrantDecider, GrantDecision, decode_cursor, encode_cursor
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
-__all__ = ["caller_of", "decode_cursor", "encode_cursor", "request_id"]
+__all__ = ["caller_of", "decode_cursor", "encode_cursor", "grant_decider", "request_id"]
 
 
 def request_id(request: Request) -> str:
@@ -29,3 +29,14 @@ def request_id(request: Request) -> str:
 
 def caller_of(principal: Principal) -> Caller:
     return Caller(id=principal.id, role=principal.role, tenant=principal.scope_tenant, actor=principal.actor())
+
+
+def grant_decider(request: Request) -> GrantDecider:
+    """The app's grant decider (policy/grant_decider.py); without one every decision fails, so it denies."""
+    decider: GrantDecider | None = getattr(request.app.state, "grant_decider", None)
+    if decider is None:
+        def _deny(*_args: object) -> GrantDecision:
+            raise RuntimeError("no grant policy configured")
+
+        return _deny
+    return decider

@@ -18,6 +18,7 @@ from core.errors import Forbidden
 from policy import service
 from policy.decide import parse_identity
 from policy.decisionlog import DecisionLog, query_decisions
+from policy.grant_decider import RegoGrantDecider
 from policy.versions import MAX_MODULES, load_verify_keys
 from policy.views import DecisionOut, VersionDetail, VersionOut, decision_out, version_out
 
@@ -152,8 +153,10 @@ def explain(
     src_id, dst_id = parse_identity(src), parse_identity(dst)
     if scope is not None and scope not in (src_id["tenant"], dst_id["tenant"]):
         raise Forbidden(f"tenant {scope} may only explain flows from or to its own groups")
+    decider = getattr(request.app.state, "grant_decider", None)
+    kept = decider if isinstance(decider, RegoGrantDecider) else None  # its engine and document: no rebuild
     with ctx.db.read_session() as session, timed(EVALUATION, "flow"):
-        decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock())
+        decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock(), kept=kept)
     DECISIONS.labels("flow", "allow" if decision.allow else "deny").inc()
     asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}
     DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, decision, digest)

@@ -76,7 +76,7 @@ def list_tokens(request: Request, ctx: CtxDep, principal: PrincipalDep,
 def get_token(token_id: TokenId, request: Request, ctx: CtxDep, principal: PrincipalDep) -> TokenOut:
     authorize(request, principal, "token.read", None)
     with ctx.db.read_session() as session:
-        return token_out(tokens.get_token(session, token_id))
+        return token_out(tokens.require_token(session, token_id))
 
 
 @router.post("/tokens/{token_id}/revoke", response_model=TokenOut,

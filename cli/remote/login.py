@@ -66,7 +66,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Sign in: check the token with the server, then keep server, CA and token in a profile (0600).
 
-        The profile is --profile (before the command), TRUSTFABRIC_PROFILE, or `default`."""
+        The profile is --profile (before the command), TRUSTFABRIC_PROFILE, or the current one (`default` at
+        first). Signing in to a named profile leaves the current profile as it is (the first one becomes
+        current): `trustfabric --profile acme ...` then acts as acme."""
         from cli import config
         from cli.remote.client import Client
 
@@ -83,15 +85,19 @@ def register(app: typer.Typer) -> None:
         if home is not None:
             known.home = str(home.resolve())
         conf.profiles[name] = known
-        conf.current = name
+        if conf.current is None or conf.current not in conf.profiles or not config.named_explicitly():
+            conf.current = name
         config.save(conf)
-        out = {"profile": name, "server": url, "config": str(conf.path), "whoami": who,
+        out = {"profile": name, "current": conf.current, "server": url, "config": str(conf.path), "whoami": who,
                "token_expires_at": _iso(token_expiry(secret))}
         if machine_output():
             emit(out)
             return
         role = who["role"] + (f"@{who['tenant']}" if who.get("tenant") else "")
         print(f"signed in to {url} as {who['id']} ({role}); profile {name!r} saved in {conf.path}")
+        if conf.current != name:
+            print(f"the current profile stays {conf.current!r}: use `trustfabric --profile {name} ...` "
+                  f"or TRUSTFABRIC_PROFILE={name}")
 
     @command(app, "logout", API)
     def logout(all_profiles: bool = typer.Option(False, "--all", help="every profile")) -> None:

@@ -4,6 +4,7 @@ real file key store and trust domain, the real app, and principals with real tok
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -118,13 +119,22 @@ def activate_shipped_policy(env: Env) -> int:
         return version.number or 0
 
 
+@contextmanager
+def seeded_env(home: Path, database_url: str | None = None) -> Iterator[Env]:
+    """An environment with seed()'s tenants and the shipped policy, closed when the block ends."""
+    e = open_env(make_settings(home, database_url))
+    try:
+        seed(e)
+        yield e
+    finally:
+        e.client.close()
+        e.ctx.close()
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
-    e = open_env(make_settings(tmp_path / "home"))
-    seed(e)
-    yield e
-    e.client.close()
-    e.ctx.close()
+    with seeded_env(tmp_path / "home") as e:
+        yield e
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -133,11 +143,8 @@ def env_both(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     url = None
     if request.param == "postgres":
         url = request.getfixturevalue("postgres_server").create_database()
-    e = open_env(make_settings(tmp_path / "home", url))
-    seed(e)
-    yield e
-    e.client.close()
-    e.ctx.close()
+    with seeded_env(tmp_path / "home", url) as e:
+        yield e
 
 
 def admin_opaque(env: Env) -> str:

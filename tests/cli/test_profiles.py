@@ -39,12 +39,16 @@ def test_login_keeps_a_private_profile_and_commands_use_it(cli: Cli, signed: dic
     who = cli.run("whoami", "--json", **env)
     assert who.returncode == 0 and json.loads(who.stdout)["role"] == "admin"
 
-    # a second profile; the last login is current; --profile and TRUSTFABRIC_PROFILE choose
+    # a second, named profile: the current one stays; --profile and TRUSTFABRIC_PROFILE choose
     r = cli.run("--profile", "acme", "login", "--server", str(signed["server"]), "--token", str(signed["acme"]), **env)
-    assert r.returncode == 0 and "(tenant-admin@acme)" in r.stdout
-    assert json.loads(cli.run("whoami", "--json", **env).stdout)["tenant"] == "acme"
-    assert json.loads(cli.run("--profile", "default", "whoami", "--json", **env).stdout)["role"] == "admin"
-    assert json.loads(cli.run("whoami", "--json", **env, TRUSTFABRIC_PROFILE="default").stdout)["role"] == "admin"
+    assert r.returncode == 0 and "(tenant-admin@acme)" in r.stdout and "current profile stays 'default'" in r.stdout
+    assert json.loads(cli.run("whoami", "--json", **env).stdout)["role"] == "admin"
+    assert json.loads(cli.run("--profile", "acme", "whoami", "--json", **env).stdout)["tenant"] == "acme"
+    assert json.loads(cli.run("whoami", "--json", **env, TRUSTFABRIC_PROFILE="acme").stdout)["tenant"] == "acme"
+    # the file is plain YAML: make acme current by hand
+    config_doc = yaml.safe_load(Path(str(signed["config"])).read_text())
+    config_doc["current"] = "acme"
+    Path(str(signed["config"])).write_text(yaml.safe_dump(config_doc))
     # the environment overrides the profile
     over = cli.run("whoami", "--json", **{**env, "TRUSTFABRIC_TOKEN": str(signed["admin"])})
     assert json.loads(over.stdout)["role"] == "admin"
