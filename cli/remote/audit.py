@@ -29,13 +29,15 @@ def register(audit: typer.Typer) -> None:
     def events_cmd(
         tenant: str = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT", help="only this tenant's"),
         action: str = typer.Option(None, "--action", help="only this action, e.g. grant.approve"),
+        actor: str = typer.Option(None, "--actor", help="only this actor's, e.g. cli:alice"),
         since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME", help="ISO 8601, inclusive"),
         until: Any = typer.Option(None, "--until", parser=WHEN, metavar="TIME", help="ISO 8601, exclusive"),
         limit: int = typer.Option(100, "--limit", min=1, max=1000, help="events shown (oldest first)"),
         server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Audit events, oldest first (a tenant principal sees its own tenant's only)."""
-        page = client(server, cacert).get("/v1/audit/events", tenant=tenant, action=action, since=_iso(since),
+        page = client(server, cacert).get("/v1/audit/events", tenant=tenant, action=action, actor=actor,
+                                          since=_iso(since),
                                           until=_iso(until), limit=limit)
         emit(page["items"], EVENTS)
 

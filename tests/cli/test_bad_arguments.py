@@ -20,7 +20,7 @@ from tests.cli.conftest import run_cli
 FREE_TEXT = {
     "display_name", "prefix", "justification", "idempotency_key", "reason", "comment", "subject", "description",
     "note", "host", "audience", "serial", "signature", "query", "src", "dst", "action", "token", "version",
-    "run", "profile", "gid", "tid", "token_id",
+    "run", "profile", "gid", "tid", "token_id", "actor",
 }
 
 

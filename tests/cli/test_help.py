@@ -41,3 +41,20 @@ def test_no_arguments_prints_the_help() -> None:
     assert r.returncode == 0 and "Usage: trustfabric" in r.stdout
     r = run_cli(["grant"], {})
     assert r.returncode == 0 and "request" in r.stdout
+
+
+def test_the_readme_lists_every_command_where_it_runs() -> None:
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## The command line"):text.index("## Logs, metrics, traces")]
+    rows = {"over the API": "api", "locally, on the server host": "local", "offline": "offline"}
+    documented: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in rows:
+            for name in re.findall(r"`([a-z][a-z -]*?)`", cells[2]):
+                documented[name] = rows[cells[0]]
+    actual = {" ".join(path): next(k for k, v in PANELS.items() if v == cmd.rich_help_panel)
+              for path, cmd in leaf_commands()}
+    assert documented == actual
