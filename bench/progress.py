@@ -1,5 +1,5 @@
-"""Progress of a long benchmark on stderr (figures stay alone on stdout): one line a step with the time
-elapsed, rewritten in place on a terminal."""
+"""Progress of a long benchmark: one line a step on stderr with the time elapsed, so a person watching
+`make bench` sees it move while the figures stay alone on stdout."""
 
 from __future__ import annotations
 
@@ -11,17 +11,10 @@ class Progress:
     def __init__(self, name: str) -> None:
         self.name = name
         self.start = time.monotonic()
-        self.tty = sys.stderr.isatty()
 
     def step(self, what: str) -> None:
-        line = f"[{self.name} {time.monotonic() - self.start:6.1f}s] {what}"
-        if self.tty:
-            sys.stderr.write("\r\033[K" + line)
-        else:
-            sys.stderr.write(line + "\n")
+        sys.stderr.write(f"[{self.name} {time.monotonic() - self.start:6.1f}s] {what}\n")
         sys.stderr.flush()
 
     def done(self) -> None:
-        if self.tty:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+        self.step("done")
