@@ -24,6 +24,13 @@ BIN = str(Path(sys.executable).parent / "trustfabric")
 pytestmark = pytest.mark.xdist_group("binary-servers")
 
 
+def make_run_environment() -> dict[str, str]:
+    """The variables `make run` sets for the server (`NAME=value` before the command in its recipe)."""
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    recipe = lines[lines.index(next(line for line in lines if line.startswith("run:"))) + 1].strip()
+    return dict(re.findall(r"(?:^|\s)([A-Z][A-Z0-9_]*)=(\S+)(?=\s)", recipe.split("trustfabric serve")[0]))
+
+
 def tour_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## A short tour"):]
@@ -62,7 +69,7 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TRUSTFABRIC_", "XDG_", "OTEL_", "PROMETHEUS_"))}
     env.update({"HOME": str(tmp_path), "COLUMNS": "100", "TRUSTFABRIC_LOG_LEVEL": "warning"})
-    server = subprocess.Popen([BIN, "serve", "--port", str(port)], env=env, cwd=tmp_path,
+    server = subprocess.Popen([BIN, "serve", "--port", str(port)], env={**env, **make_run_environment()}, cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
