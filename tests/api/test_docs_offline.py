@@ -1,11 +1,11 @@
-"""/docs and /redoc work air-gapped: Debian's Chromium (through Playwright, no browser download) renders both
+"""/docs and /redoc work air-gapped: Debian's Chromium (through Playwright, no browser download: the session's
+`browser` of tests/conftest.py) renders both
 pages from a server on 127.0.0.1 while every request to any other host is refused -- and none is even tried:
 the pages' Content-Security-Policy keeps the browser on this host (ReDoc's bundle would fetch a logo from
 its vendor's CDN; the console records that as a CSP violation, never as a request)."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -17,9 +17,6 @@ import uvicorn
 from tests.api.conftest import make_settings, open_env
 from tests.policy.conftest import free_port
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 pytestmark = pytest.mark.xdist_group("browser")
 ARTIFACTS = Path("/tmp/cliops-shots")  # screenshots, when that folder exists (to look at the pages)
 
@@ -43,20 +40,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         thread.join(timeout=10)
         env.client.close()
         env.ctx.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
-        pytest.skip("Debian chromium is not installed (Makefile SYSTEM_TOOLS installs it as root)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def _open_offline(browser: object, base: str) -> tuple[object, list[str]]:

@@ -50,25 +50,8 @@ def console_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         yield env
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-# What this closed machine needs: no sandbox (root in a container), no GPU, no network beyond 127.0.0.1.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[object]:
-    """One Debian chromium for the whole test session, driven by Playwright (never a downloaded browser)."""
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium; `make test` installs it as root)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
+# The browser (one Debian chromium per test session) is tests/conftest.py's `browser`: the console's browser
+# tests and the API's /docs test share it (two Playwright instances in one process would clash).
 
 
 @dataclass
