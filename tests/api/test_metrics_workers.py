@@ -53,7 +53,7 @@ def test_counts_are_summed_across_workers(tmp_path: Path) -> None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"server did not start: {proc.stderr.read() if proc.stderr else ''}")
             time.sleep(0.1)
-        for _ in range(40):
+        for _ in range(20):
             assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
             served += 1
         counts = set()
