@@ -16,9 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.api import free_port, wait_healthy
 from bench.progress import Progress
 
 BIN = str(Path(sys.executable).parent / "trustfabric")
@@ -31,14 +30,6 @@ def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
     start = time.perf_counter()
     subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, check=False)
     return time.perf_counter() - start
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def leaf_commands(env: dict[str, str], cwd: Path) -> list[list[str]]:
@@ -65,16 +56,7 @@ def main() -> int:
         port = free_port()
         server = subprocess.Popen([BIN, "serve", "--port", str(port)], env=env, cwd=work,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("trustfabric serve did not start")
-            time.sleep(0.1)
+        wait_healthy(port, "/healthz", server)
         admin = subprocess.run([BIN, "token", "create", "--role", "admin", "--ttl", "1h"], env=env, cwd=work,
                                check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         env.update({"TRUSTFABRIC_SERVER": f"http://127.0.0.1:{port}", "TRUSTFABRIC_TOKEN": admin})

@@ -104,36 +104,37 @@ def rego_constant(node: Any) -> str | None:
     return None
 
 
+def _error_of(engine: regorus.Engine, query: str) -> str | None:
+    """The text of the error regorus raises evaluating `query` (None when it evaluates)."""
+    try:
+        engine.eval_query_as_json(query)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        return str(exc)
+    return None
+
+
 @lru_cache(maxsize=512)
 def builtin_arity(name: str) -> int | None:
     """The number of arguments regorus's builtin `name` takes; -1 when it takes none or any; None when the
     engine has no such function."""
-    engine = regorus.Engine()
-    try:
-        engine.eval_query_as_json(f"{name}()")
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        text = str(exc)
-        if "could not find function" in text:
-            return None
-        found = _ARITY_RE.search(text)
-        return int(found.group(1)) if found else -1
-    return -1
+    text = _error_of(regorus.Engine(), f"{name}()")
+    if text is None:
+        return -1
+    if "could not find function" in text:
+        return None
+    found = _ARITY_RE.search(text)
+    return int(found.group(1)) if found else -1
 
 
 def _constant_call_error(name: str, args: list[str]) -> str | None:
     """The error regorus raises evaluating a call whose arguments are all constants, if it is a type error."""
-    engine = regorus.Engine()
-    try:
-        engine.eval_query_as_json(f"__x := {name}({', '.join(args)})")
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        loc = parse_regorus_error(str(exc))
-        if re.search(r"expects|requires|argument|type", loc.message):
-            return loc.message
-    return None
+    text = _error_of(regorus.Engine(), f"__x := {name}({', '.join(args)})")
+    if text is None:
+        return None
+    message = parse_regorus_error(text).message
+    return message if re.search(r"expects|requires|argument|type", message) else None
 
 
 class _Checker:
@@ -282,14 +283,10 @@ class _Checker:
 
 
 def _scheduler_issue(engine: regorus.Engine) -> SourceLocation | None:
-    try:
-        engine.set_input_json("{}")
-        engine.eval_query_as_json("1")
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        return parse_regorus_error(str(exc))
-    return None
+    """regorus schedules every rule on its first evaluation and reports the first unsafe variable then."""
+    engine.set_input_json("{}")
+    text = _error_of(engine, "1")
+    return None if text is None else parse_regorus_error(text)
 
 
 def check_modules(modules: Mapping[str, str]) -> list[SourceLocation]:

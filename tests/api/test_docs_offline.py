@@ -6,16 +6,14 @@ its vendor's CDN; the console records that as a CSP violation, never as a reques
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from tests.api.conftest import make_settings, open_env
 from tests.policy.conftest import free_port
+from tests.servers import serve_app
 
 pytestmark = pytest.mark.xdist_group("browser")
 ARTIFACTS = Path("/tmp/cliops-shots")  # screenshots, when that folder exists (to look at the pages)
@@ -24,20 +22,10 @@ ARTIFACTS = Path("/tmp/cliops-shots")  # screenshots, when that folder exists (t
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = open_env(make_settings(tmp_path_factory.mktemp("docs") / "home"))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(env.app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
-        time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        with serve_app(env.app, free_port()) as url:
+            yield url
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         env.client.close()
         env.ctx.close()
 

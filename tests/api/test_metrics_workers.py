@@ -5,8 +5,6 @@ counts stay exact with several processes."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.policy.conftest import free_port
+from tests.servers import serve_binary
 
 BIN = str(Path(sys.executable).parent / "trustfabric")
 pytestmark = pytest.mark.xdist_group("binary-servers")
@@ -37,22 +36,15 @@ def test_counts_are_summed_across_workers(tmp_path: Path) -> None:
     env.update({"TRUSTFABRIC_HOME": str(tmp_path / "home"), "TRUSTFABRIC_METRICS_TOKEN": "scrape-me",
                 "TRUSTFABRIC_METRICS_PORT": str(metrics_port), "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
                 "TRUSTFABRIC_LOG_LEVEL": "warning"})
-    proc = subprocess.Popen([BIN, "serve", "--port", str(port), "--workers", "2"], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
-    served = 0
-    try:
-        deadline = time.monotonic() + 60
-        while served < 2:  # both workers up: keep asking until two answers came
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    served += 1
-                    continue
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {proc.stderr.read() if proc.stderr else ''}")
-            time.sleep(0.1)
+    with serve_binary([BIN, "serve", "--port", str(port), "--workers", "2"], port=port, env=env, cwd=tmp_path):
+        served = 1  # the readiness probe's answer
+        deadline = time.monotonic() + 30
+        while not any(multiproc.glob("counter_*.db")) or len(
+                {p.name for p in multiproc.glob("counter_*.db")}) < 2:  # both workers have answered once
+            assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+            served += 1
+            assert time.monotonic() < deadline, "the second worker never answered"
         for _ in range(20):
             assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
             served += 1
@@ -66,10 +58,3 @@ def test_counts_are_summed_across_workers(tmp_path: Path) -> None:
         assert aside.status_code == 200 and _healthz_count(aside.text) == served
         writers = {p.name.rsplit("_", 1)[-1] for p in multiproc.glob("counter_*.db")}
         assert len(writers) >= 2, writers  # two worker processes wrote their own files
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -15,10 +15,8 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -27,6 +25,7 @@ import pytest
 from policy.shipped import REGO_DIR
 from tests.cli.conftest import run_cli
 from tests.policy.conftest import free_port
+from tests.servers import serve_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = str(Path(sys.executable).parent / "trustfabric")
@@ -127,31 +126,13 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRUSTFABRIC_", "XDG_", "OTEL_", "PROMETHEUS_"))}
     env.update({"HOME": str(tmp_path), "COLUMNS": "100", "TRUSTFABRIC_LOG_LEVEL": "warning"})
-    server = subprocess.Popen([BIN, "serve", "--port", str(port)], env={**env, **make_run_environment()},
-                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     monkeypatch.chdir(tmp_path)  # the person is in the folder make run serves
     shell_env: dict[str, str | None] = {"HOME": str(tmp_path), "COLUMNS": "100", "XDG_CONFIG_HOME": None}
     tour = Tour(tmp_path, shell_env, port)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"serve did not start: {server.stderr.read() if server.stderr else ''}")
-            time.sleep(0.1)
+    with serve_binary([BIN, "serve", "--port", str(port)], port=port, env={**env, **make_run_environment()},
+                      cwd=tmp_path):
         for line in tour_lines():
             tour.line(line)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
     out = "\n".join(tour.transcript)
     assert "signed in to http://127.0.0.1" in out and "(admin)" in out
     assert "the current profile stays 'default'" in out

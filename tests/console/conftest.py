@@ -63,30 +63,17 @@ class LiveServer:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """The app served by uvicorn on 127.0.0.1 and a free port, in a thread: what the browser talks to."""
-    import threading
-    import time
 
-    import uvicorn
 
     from tests.conftest import _free_port
+    from tests.servers import serve_app
 
     home = Path(tmp_path_factory.mktemp("console-live")) / "home"
     env = open_env(make_settings(home, audit_checkpoint_every=1))  # a fresh checkpoint covers every event
     seed(env)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(env.app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the console test server did not start")
-        time.sleep(0.02)
     try:
-        yield LiveServer(env, f"http://127.0.0.1:{port}")
+        with serve_app(env.app, _free_port()) as url:
+            yield LiveServer(env, url)
     finally:
-        server.should_exit = True
-        thread.join(10)
         env.client.close()
         env.ctx.close()
