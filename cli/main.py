@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run one command (`argv`, default sys.argv[1:]); exits 0, 1 with one readable line, or 2 for usage
     (a bad argument: one line naming it, before any work)."""
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    from typer.exceptions import Abort
 
     fit_to_terminal()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     except TrustfabricError as exc:
         err_console.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(1)
-    except (KeyboardInterrupt, EOFError):
+    except (KeyboardInterrupt, EOFError, Abort):
+        err_console.print("aborted", highlight=False, markup=False)
         sys.exit(130)
     except Exception as exc:  # one readable line, never a traceback
         logging.getLogger("trustfabric.cli").debug("unexpected error", exc_info=True)
