@@ -2,26 +2,31 @@
 
 How a command adopts all of it (one decorator, then `emit`):
 
-    from cli.output import API, Col, View, command, emit
+    from cli.output import API, Col, View, add_group, command, emit
 
+    device = add_group(app, "device", "Devices: list, show, ...", API)   # was: typer.Typer(...) + add_typer
     DEVICES = View("devices", (Col("name", "name", kind="id"), Col("state", "state"),
-                               Col("applied", "applied_at", kind="time")))
+                               Col("applied", "applied_at", kind="time"), Col("drift", "drift", drop=1)))
 
     @command(device, "list", API)            # was: @device.command("list")
     def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-        emit(client(server, cacert).pages("/v1/devices"), DEVICES)
+        emit(client(server, cacert).pages("/v1/devices"), DEVICES)   # was: show(items, json_out, ...)
 
 `command(group, name, where)` registers the command under the help panel that says where it runs (API,
-LOCAL or OFFLINE: `--help` shows it), and gives it `--output table|json|yaml` (`-o`) and `--json` (a
-command that already has a `json_out: bool = JsonOpt` parameter keeps it: it is set when either is
-given). `emit(data, view)` then prints the API's data unchanged for machines (`--json`: indented, sorted
-keys, as before; yaml), and for people a table (a list) or `key: value` lines (a mapping) in which ids
-are never cut (a `kind="id"` column never shrinks), times are local (`kind="time"`) and no Python repr
-(`None`, `{'a': 1}`, `datetime.datetime(...)`) can appear (cli/humanize.py). `machine_output()` tells a
-command with its own human layout whether to print it. Ids may be given back as unique prefixes:
-cli/ids.py. A bad argument is refused while parsing (cli/params.py), an error ends the command with one
-line (`fail`, `guard`, `one_line_errors`), and `open_context()` opens the data directory of local
-commands (TRUSTFABRIC_HOME, else the profile's `home`).
+LOCAL or OFFLINE: `--help` shows it; `add_group(..., None)` for a group whose commands run in several
+places), and gives it `--output table|json|yaml` (`-o`) and `--json` (a command that already has a
+`json_out: bool = JsonOpt` parameter keeps it: it is set when either is given; `command(..., output=False)`
+for one that prints a PEM, a token or serves). `emit(data, view)` then prints the API's data unchanged for
+machines (`--json`: indented, sorted keys, as before; yaml), and for people a table (a list) or
+`key: value` lines (a mapping) in which ids are never cut (a `kind="id"` column never shrinks), times are
+local (`kind="time"`, or `kind="when"` for `in 1h 59m`), columns with the highest `drop` are hidden first
+on a narrow terminal, and no Python repr (`None`, `{'a': 1}`, `datetime.datetime(...)`) can appear
+(cli/humanize.py). `machine_output()` tells a command with its own human layout whether to print it.
+Ids may be given back as unique prefixes: cli/ids.py. Arguments are checked while parsed, before any work
+(cli/params.py: `typer.Option(..., parser=PORT, metavar=PORT.metavar)`; tests/cli/test_bad_arguments.py
+then feeds each a bad value); an error ends the command with one line (`fail`, `guard`,
+`one_line_errors`); `open_context()` opens the data directory of local commands (TRUSTFABRIC_HOME, else
+the profile's `home`).
 """
 
 from __future__ import annotations
