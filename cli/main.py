@@ -10,7 +10,7 @@ import sys
 import typer
 
 from cli import config
-from cli.local import audit, pdp, pki, policy, setup, tokens
+from cli.local import audit, lab, pdp, pki, policy, setup, tokens
 from cli.output import err_console, fit_to_terminal
 from cli.remote import grants, inventory, login, whoami
 from core.errors import TrustfabricError
@@ -45,7 +45,7 @@ def root(
 
 
 # The order is the order of `trustfabric --help`.
-for _group in (login, setup, pki, audit, policy, pdp, inventory, grants, tokens, whoami):
+for _group in (login, setup, pki, audit, policy, pdp, inventory, grants, tokens, whoami, lab):
     _group.register(app)
 
 
