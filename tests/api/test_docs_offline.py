@@ -16,7 +16,6 @@ from tests.policy.conftest import free_port
 from tests.servers import serve_app
 
 pytestmark = pytest.mark.xdist_group("browser")
-ARTIFACTS = Path("/tmp/cliops-shots")  # screenshots, when that folder exists (to look at the pages)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +56,6 @@ def test_swagger_ui_renders_with_no_network(browser: object, served: str) -> Non
     operations = page.locator(".opblock-summary").count()  # type: ignore[attr-defined]
     assert operations > 30
     assert page.get_by_text("Audit events, oldest first").count() >= 1  # type: ignore[attr-defined]
-    page.screenshot(path=str(ARTIFACTS / "swagger.png")) if ARTIFACTS.is_dir() else None  # type: ignore[attr-defined]
     assert refused == []
 
 
@@ -67,7 +65,6 @@ def test_redoc_renders_with_no_network(browser: object, served: str) -> None:
     page.get_by_text("Audit events, oldest first").first.wait_for(  # type: ignore[attr-defined]
         state="attached", timeout=30_000)  # in the side menu, folded under its tag
     assert page.locator("h1").first.inner_text().startswith("trustfabric")  # type: ignore[attr-defined]
-    page.screenshot(path=str(ARTIFACTS / "redoc.png")) if ARTIFACTS.is_dir() else None  # type: ignore[attr-defined]
     assert refused == []
 
 
