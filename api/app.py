@@ -16,8 +16,21 @@ from api.caches import cache_on, check_names
 from api.console import install_console
 from api.errors import install_error_handlers
 from api.limits import TokenBucket
+from api.observe import Observe
 from api.readcache import ChangeWatch, ReadCache
-from api.routes import audit, flows, grant_explain, grants, health, inventory, pki, policy, security, tokens
+from api.routes import (
+    audit,
+    flows,
+    grant_explain,
+    grants,
+    health,
+    inventory,
+    metrics,
+    pki,
+    policy,
+    security,
+    tokens,
+)
 from api.tls import TrustAnchors
 from core.asgi import BodySizeLimit
 from workflows.context import AppContext
@@ -29,7 +42,7 @@ _CONFIGURED: Any = object()  # the authz engine the settings choose (policy.engi
 # ImportError when the app is built (and a lint error before that), never a router silently left out.
 ROUTERS: tuple[APIRouter, ...] = (
     health.router, pki.router, audit.router, policy.router, inventory.router, grants.router, security.router,
-    tokens.router, flows.router, grant_explain.router,
+    tokens.router, flows.router, grant_explain.router, metrics.router,
 )
 
 
@@ -45,11 +58,13 @@ def create_app(
     """The API over `ctx`. `authz_engine_factory` returns the engine api_authz.rego is loaded in (None:
     every request is denied); `background` runs the periodic jobs (grant expiry, CA rotation, audit
     checkpoints) for the app's lifetime; `extra_routers` are mounted after the API's own (e.g. a console)."""
+    from api import docs, tracing
     from policy.flowset import FlowSets
     from policy.grant_decider import RegoGrantDecider
 
     anchors = TrustAnchors()
     jobs = server_jobs(ctx, anchors) if background else None
+    traces = tracing.setup(ctx.settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -60,13 +75,18 @@ def create_app(
         finally:
             if jobs is not None:
                 jobs.stop()
+            if traces is not None:
+                traces.shutdown()
 
     app = FastAPI(
         title="trustfabric",
         version="0.1.0",
         description="Zero-trust identity, policy and audit for a multi-tenant AI cloud.",
         lifespan=lifespan,
+        docs_url=None,  # served from the package by api/docs.py: FastAPI's pages load a CDN
+        redoc_url=None,
     )
+    app.state.tracing = traces
     app.state.ctx = ctx
     app.state.authenticators = (
         authenticators if authenticators is not None else default_authenticators(ctx)
@@ -93,16 +113,22 @@ def create_app(
     install_error_handlers(app)
     for router in (*ROUTERS, *extra_routers):
         app.include_router(router)
+    docs.install(app)
     install_console(app)  # the web console under /console: pages that call the routes above
     app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
+    app.add_middleware(Observe, tracing=traces)  # outermost: sees every answer, the 413s included
     return app
 
 
 def app_from_env() -> FastAPI:
-    """Factory for `uvicorn --factory` (used by `trustfabric serve --workers N`)."""
+    """Factory for `uvicorn --factory` (used by `trustfabric serve --workers N`): each worker logs in the
+    configured format (core/logs.py) and builds its app over the data directory."""
+    from core import logs
     from workflows.settings import Settings
 
-    ctx = AppContext.open(Settings.from_env())
+    settings = Settings.from_env()
+    logs.configure(settings.log_format, settings.log_level)
+    ctx = AppContext.open(settings)
     return create_app(ctx, background=True)
 
 

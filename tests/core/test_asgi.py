@@ -10,6 +10,15 @@ from typing import Any
 from core.asgi import BodySizeLimit
 
 
+def run(coroutine: Any) -> None:
+    """asyncio.run on a thread of its own: a session-scoped Playwright (the browser tests) keeps an event loop
+    running in the worker's main thread, where asyncio.run refuses to start another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, coroutine).result()
+
+
 def _call(limit: int, chunks: list[bytes], length: int | None) -> tuple[int, dict[str, Any], list[bytes]]:
     seen: list[bytes] = []
 
@@ -34,7 +43,7 @@ def _call(limit: int, chunks: list[bytes], length: int | None) -> tuple[int, dic
         sent.append(message)
 
     headers = [(b"content-length", str(length).encode())] if length is not None else []
-    asyncio.run(BodySizeLimit(app, max_bytes=limit)({"type": "http", "headers": headers}, receive, send))
+    run(BodySizeLimit(app, max_bytes=limit)({"type": "http", "headers": headers}, receive, send))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], (json.loads(body) if sent[0]["status"] != 200 else {}), seen
 
@@ -68,6 +77,6 @@ def test_a_malformed_content_length_is_a_400() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    asyncio.run(BodySizeLimit(app, max_bytes=10)({"type": "http", "headers": [(b"content-length", b"ten")]},
+    run(BodySizeLimit(app, max_bytes=10)({"type": "http", "headers": [(b"content-length", b"ten")]},
                                                  receive, send))
     assert sent[0]["status"] == 400 and b"Content-Length is not a number" in sent[1]["body"]
