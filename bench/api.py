@@ -29,6 +29,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.progress import Progress
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = str(Path(sys.executable).parent / "trustfabric")
 WORKERS = 2
@@ -302,7 +305,9 @@ def main() -> int:
     env.update({"TRUSTFABRIC_HOME": str(work / "home"), "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0",
                 "TRUSTFABRIC_SWEEP_INTERVAL_SECONDS": "30"})
     procs: list[subprocess.Popen[bytes]] = []
+    progress = Progress("api")
     try:
+        progress.step("starting the servers, seeding grants")
         subprocess.run([BIN, "init", "--trust-domain", "bench.example"], env=env, cwd=work, check=True,
                        capture_output=True)
 
@@ -351,6 +356,7 @@ def main() -> int:
                                       cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_healthy(cold_port, "/healthz", procs[-1])
 
+        progress.step("closed loop: GET and POST /v1/grants, trustfabric, uncached and bare")
         get_tf = median_runs(lambda: measure(port, "GET", "/v1/grants", acme))
         get_cold = median_runs(lambda: measure(cold_port, "GET", "/v1/grants", acme))
         get_bare = median_runs(lambda: measure(bare_port, "GET", "/v1/grants", acme))
@@ -359,6 +365,7 @@ def main() -> int:
         # open loop at a fixed offered rate: half of what the closed loop reached on trustfabric
         post_rate = OPEN_FRACTION * post_tf["rps"]
         get_rate = OPEN_FRACTION * get_tf["rps"]
+        progress.step("open loop at half the closed-loop rate")
         post_open = measure_open(port, "POST", "/v1/grants", acme, post_rate, grant)
         post_open_bare = measure_open(bare_port, "POST", "/v1/grants", acme, post_rate, grant)
         get_open = measure_open(port, "GET", "/v1/grants", acme, get_rate)
@@ -386,6 +393,7 @@ def main() -> int:
         print(open_line(f"post_grants_p99_at_{pct}pct", "p99", post_open["p99"], post_open_bare["p99"]))
         print(open_line(f"get_grants_p50_at_{pct}pct", "p50", get_open["p50"], get_open_bare["p50"]))
         print(open_line(f"get_grants_p99_at_{pct}pct", "p99", get_open["p99"], get_open_bare["p99"]))
+        progress.step("each request-path cache off and on")
         for figure in cache_figures(env, work, port, acme, grant, procs):
             print(figure, flush=True)
         read_ok = get_tf["rps"] >= 0.5 * get_bare["rps"]
@@ -396,6 +404,7 @@ def main() -> int:
               f"at {pct}% {'met' if post_open['p99'] <= 25 else 'NOT met'}")
         return 0
     finally:
+        progress.done()
         for p in procs:
             p.send_signal(signal.SIGINT)
         for p in procs:

@@ -36,6 +36,7 @@ from sqlalchemy import insert  # noqa: E402
 from api.app import create_app  # noqa: E402
 from api.routes.common import encode_cursor  # noqa: E402
 from audit import Actor, record  # noqa: E402
+from bench.progress import Progress  # noqa: E402
 from inventory.models import Tenant, Workload, WorkloadGroup  # noqa: E402
 from pki.tokens.service import mint_token  # noqa: E402
 from policy.models import Grant  # noqa: E402
@@ -239,9 +240,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--runs", type=int, default=5)
     base = Path(tempfile.mkdtemp(prefix="tf-bench-console-"))
+    progress = Progress("console")
+    progress.step("seeding 1,000 tenants and measuring every page (takes a while)")
     try:
         asyncio.run(run(parser.parse_args(), base / "home"))
     finally:
+        progress.done()
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -31,7 +31,7 @@ from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from core.clock import Clock, as_utc, require_aware, system_clock
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotFound
 from core.slugs import is_slug
 from policy.decide import AuthzDecision, FlowDecision, GrantDecision
 from policy.models import DecisionRecord
@@ -150,6 +150,14 @@ def query_decisions(
         stmt = stmt.where(col(DecisionRecord.ts) < require_aware(until, "until"))
     stmt = stmt.order_by(col(DecisionRecord.id).desc()).limit(limit)
     return list(session.exec(stmt).all())
+
+
+def get_decision(session: Session, record_id: int) -> DecisionRecord:
+    """One sampled decision record, or NotFound."""
+    row = session.get(DecisionRecord, record_id)
+    if row is None:
+        raise NotFound(f"decision record {record_id} not found")
+    return row
 
 
 # --- export -------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from core.errors import Conflict, Forbidden, InvalidInput, TrustfabricError, Unavailable
@@ -57,6 +58,28 @@ class SignatureRequired(Forbidden):
 
 _LOC_RE = re.compile(r"-->\s*(?P<file>[^\n]+?):(?P<line>\d+):(?P<col>\d+)")
 _MSG_RE = re.compile(r"^error:\s*(?P<msg>.+)$", re.MULTILINE)
+
+
+def char_column(source: str, line: int, col: int) -> int:
+    """The 1-based character column (an editor's, OPA's) of regorus's `col` on `line` of `source`: regorus
+    counts a tab as four columns."""
+    lines = source.splitlines()
+    if not 1 <= line <= len(lines):
+        return col
+    width = 0
+    for index, char in enumerate(lines[line - 1]):
+        if width + 1 >= col:
+            return index + 1
+        width += 4 if char == "\t" else 1
+    return len(lines[line - 1]) + 1 if width + 1 <= col else col
+
+
+def located(issue: SourceLocation, modules: Mapping[str, str]) -> SourceLocation:
+    """`issue` with its column counted in characters when its module is known."""
+    source = modules.get(issue.file)
+    if source is None:
+        return issue
+    return SourceLocation(issue.file, issue.line, char_column(source, issue.line, issue.col), issue.message)
 
 
 def strip_backtrace(text: str) -> str:

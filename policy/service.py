@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -16,50 +15,24 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from core.errors import Conflict, InvalidInput, NotFound
+from policy.authoring import PreparedVersion as PreparedVersion
+from policy.authoring import evaluate_query as evaluate_query
+from policy.authoring import prepare as prepare
+from policy.authoring import test as test
+from policy.authoring import validate as validate
 from policy.data import build_data, to_ns
 from policy.decide import FlowDecision, decide_flow, flow_input
 from policy.engines import PolicyEngine, scratch_engine
-from policy.engines.embedded import compile_modules
 from policy.errors import PolicyTestsFailed
 from policy.impact import ImpactReport, impact_of
 from policy.models import PolicyVersion
-from policy.testing import TestReport, run_tests
-from policy.versions import VerifyKey, check_modules, verify_signature, version_hash
+from policy.versions import VerifyKey, verify_signature
 
 log = logging.getLogger(__name__)
 
 OBJECT_TYPE = "policy_version"
-
-
-def validate(modules: Mapping[str, str]) -> str:
-    """Compile every module; the content hash, or PolicyCompileError with file:line:col."""
-    mods = check_modules(modules)
-    compile_modules(mods)
-    return version_hash(mods)
-
-
-def test(modules: Mapping[str, str]) -> TestReport:
-    """Compile, then run every `test_*` rule."""
-    mods = check_modules(modules)
-    compile_modules(mods)
-    return run_tests(mods)
-
-
-@dataclass(frozen=True)
-class PreparedVersion:
-    """Modules compiled and tested, ready to store: prepare outside the write transaction (the Rego
-    tests take a while and SQLite holds its writer lock for the whole transaction)."""
-
-    modules: dict[str, str]
-    content_hash: str
-    report: TestReport
-
-
-def prepare(modules: Mapping[str, str]) -> PreparedVersion:
-    """Check, compile (PolicyCompileError with file:line:col) and run the Rego tests."""
-    mods = check_modules(modules)
-    compile_modules(mods)
-    return PreparedVersion(mods, version_hash(mods), run_tests(mods))
+# validate, test, prepare and evaluate_query need no database: they live in policy/authoring.py (the offline
+# CLI commands import that alone) and are this module's API too (re-exported above).
 
 
 def upload(

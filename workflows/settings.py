@@ -80,6 +80,15 @@ class Settings:
     leaf_acl_budget: int = 36_000
     leaf_acl_mode: str = "atomic"  # NVUE atomic ACL updates keep a shadow copy: half the entries usable
     device_wait_max_seconds: int = 60  # the longest a device's long-poll (GET .../ruleset?wait=) is held
+    # Observability
+    log_format: str = "auto"  # auto (logfmt on a terminal, else JSON lines) | json | logfmt
+    log_level: str = "info"
+    metrics_token: str | None = None  # a bearer token for scrapers of GET /metrics (else admin/security)
+    metrics_port: int | None = None  # also serve /metrics, unauthenticated, on this port of metrics_host
+    metrics_host: str = "127.0.0.1"
+    metrics_multiproc_dir: str | None = None  # PROMETHEUS_MULTIPROC_DIR (serve --workers N sets it)
+    otel_endpoint: str | None = None  # where spans go (OTLP/HTTP); None: tracing off
+    otel_service_name: str = "trustfabric"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -143,6 +152,14 @@ class Settings:
             leaf_acl_budget=int(e.get("TRUSTFABRIC_LEAF_ACL_BUDGET", "36000")),
             leaf_acl_mode=e.get("TRUSTFABRIC_LEAF_ACL_MODE", "atomic"),
             device_wait_max_seconds=int(e.get("TRUSTFABRIC_DEVICE_WAIT_MAX_SECONDS", "60")),
+            log_format=_one_of(e, "TRUSTFABRIC_LOG_FORMAT", "auto", ("auto", "json", "logfmt")),
+            log_level=_one_of(e, "TRUSTFABRIC_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
+            metrics_token=e.get("TRUSTFABRIC_METRICS_TOKEN") or None,
+            metrics_port=_port(e, "TRUSTFABRIC_METRICS_PORT"),
+            metrics_host=e.get("TRUSTFABRIC_METRICS_HOST", "127.0.0.1"),
+            metrics_multiproc_dir=e.get("PROMETHEUS_MULTIPROC_DIR") or None,
+            otel_endpoint=_traces_endpoint(e),
+            otel_service_name=e.get("OTEL_SERVICE_NAME") or "trustfabric",
         )
 
     def pools(self) -> Pools:
@@ -190,6 +207,31 @@ def _range(text: str, name: str) -> tuple[int, int]:
     return out
 
 
+def _one_of(e: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = (e.get(name) or default).lower()
+    if value not in allowed:
+        raise InvalidInput(f"{name}={value!r}: use one of {', '.join(allowed)}")
+    return value
+
+
+def _port(e: Mapping[str, str], name: str) -> int | None:
+    value = e.get(name)
+    if not value:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise InvalidInput(f"{name}={value!r} is not a port number (1-65535)")
+    return int(value)
+
+
+def _traces_endpoint(e: Mapping[str, str]) -> str | None:
+    """OTLP/HTTP traces URL from the standard variables: the traces one as given, the generic one + /v1/traces."""
+    traces = e.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return traces
+    base = e.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return base.rstrip("/") + "/v1/traces" if base else None
+
+
 @dataclass(frozen=True)
 class ClientSettings:
     """What the CLI's HTTP client takes from the environment; the config file fills what is missing."""
@@ -197,7 +239,10 @@ class ClientSettings:
     server: str | None = None
     token: str | None = None
     ca_file: str | None = None
-    config: str | None = None  # path of the config file (default ~/.config/trustfabric/config.json)
+    config: str | None = None  # path of the config file (default $XDG_CONFIG_HOME/trustfabric/config.yaml)
+    profile: str | None = None  # the profile to use (else the config file's `current`)
+    xdg_config_home: str | None = None  # where config files live (default ~/.config)
+    home: str | None = None  # TRUSTFABRIC_HOME when set: local commands use it before the profile's `home`
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ClientSettings:
@@ -207,4 +252,7 @@ class ClientSettings:
             token=e.get("TRUSTFABRIC_TOKEN") or None,
             ca_file=e.get("TRUSTFABRIC_CA_FILE") or None,
             config=e.get("TRUSTFABRIC_CONFIG") or None,
+            profile=e.get("TRUSTFABRIC_PROFILE") or None,
+            xdg_config_home=e.get("XDG_CONFIG_HOME") or None,
+            home=e.get("TRUSTFABRIC_HOME") or None,
         )

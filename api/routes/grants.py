@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.metrics import DECISIONS, EVALUATION, timed
 from api.principal import Principal
 from api.readcache import ReadCache
 from api.routes.common import caller_of, decode_cursor, encode_cursor, grant_decider, request_id
@@ -77,7 +78,9 @@ class _Recording:
 
     def __call__(self, session: Any, now: datetime, policy_input: dict[str, Any]) -> svc.GrantDecision:
         self.input = policy_input
-        self.decision = self.decide(session, now, policy_input)
+        with timed(EVALUATION, "grant"):
+            self.decision = self.decide(session, now, policy_input)
+        DECISIONS.labels("grant", self.decision.outcome).inc()
         return self.decision
 
 

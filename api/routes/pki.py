@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.metrics import SVID_TTL, SVIDS_ISSUED
 from api.routes.common import request_id
 from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
 from pki import service
@@ -115,6 +116,11 @@ def _ttl(seconds: int | None) -> timedelta | None:
     return None if seconds is None else timedelta(seconds=seconds)
 
 
+def issued_svid(kind: str, expires_at: datetime, now: datetime) -> None:
+    SVIDS_ISSUED.labels(kind).inc()
+    SVID_TTL.labels(kind).observe(max(0.0, (expires_at - now).total_seconds()))
+
+
 def _x509_out(issued: service.IssuedX509) -> X509SvidOut:
     return X509SvidOut(spiffe_id=issued.spiffe_id, serial=issued.serial, certificate=issued.cert_pem.decode(),
                        chain=[c.decode() for c in issued.chain_pem], expires_at=issued.expires_at)
@@ -162,6 +168,7 @@ def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: 
             scope_tenant=principal.scope_tenant, clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
             request_id=request_id(request),
         )
+    issued_svid("x509", issued.expires_at, ctx.clock())
     return _x509_out(issued)
 
 
@@ -175,6 +182,7 @@ def issue_jwt(body: JwtSvidRequest, request: Request, ctx: CtxDep, principal: Pr
             audience=list(body.audience), ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
             scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=request_id(request),
         )
+    issued_svid("jwt", issued.expires_at, ctx.clock())
     return JwtSvidOut(token=issued.token, spiffe_id=issued.spiffe_id, audience=issued.audience,
                       expires_at=issued.expires_at, kid=issued.kid)
 
@@ -231,6 +239,7 @@ def attest(body: AttestRequest, request: Request, ctx: CtxDep) -> X509SvidOut:
         issued = service.attest_node(session, ctx.keystore, token=body.token, csr_pem=body.csr.encode(),
                                      clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
                                      request_id=request_id(request))
+    issued_svid("node", issued.expires_at, ctx.clock())
     return _x509_out(issued)
 
 

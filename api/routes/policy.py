@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.metrics import DECISIONS, EVALUATION, timed
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
 from policy import service
@@ -156,8 +157,9 @@ def explain(
         raise Forbidden(f"tenant {scope} may only explain flows from or to its own groups")
     decider = getattr(request.app.state, "grant_decider", None)
     kept = decider if isinstance(decider, RegoGrantDecider) else None  # its engine and document: no rebuild
-    with ctx.db.read_session() as session:
+    with ctx.db.read_session() as session, timed(EVALUATION, "flow"):
         decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock(), kept=kept)
+    DECISIONS.labels("flow", "allow" if decision.allow else "deny").inc()
     asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}
     DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, decision, digest)
     return ExplainOut(allow=decision.allow, reasons=decision.reasons, policy_hash=digest, input=asked)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from cli.output import JsonOpt, emit_json, open_context
+from cli.output import LOCAL, command, emit, machine_output, open_context
+from cli.params import PORT, TRUST_DOMAIN, choice
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
 
 
 def register(app: typer.Typer) -> None:
     """Add init and serve to the root CLI."""
-    app.command("init")(init_cmd)
-    app.command("serve")(serve_cmd)
+    command(app, "init", LOCAL)(init_cmd)
+    command(app, "serve", LOCAL, output=False)(serve_cmd)
 
 
 def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
@@ -22,14 +25,15 @@ def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
 
 
 def init_cmd(
-    trust_domain: str = typer.Option(DEFAULT_TRUST_DOMAIN, "--trust-domain", help="e.g. example.org"),
-    key_kind: str = typer.Option("ec-p256", "--key-kind", help="ec-p256 (default) or ec-p384"),
-    json_out: bool = JsonOpt,
+    trust_domain: str = typer.Option(DEFAULT_TRUST_DOMAIN, "--trust-domain", parser=TRUST_DOMAIN, metavar="DOMAIN",
+                                     help="e.g. example.org"),
+    key_kind: str = typer.Option("ec-p256", "--key-kind", parser=choice("ec-p256", "ec-p384"),
+                                 metavar="ec-p256|ec-p384", help="CA key type"),
 ) -> None:
     """Create the trust domain's root and issuing CAs, the audit key and an admin API token."""
     result = initialize(trust_domain, key_kind)
-    if json_out:
-        emit_json(result)
+    if machine_output():
+        emit(result)
         return
     if result["created"]:
         print(f"initialised trust domain spiffe://{trust_domain}")
@@ -44,22 +48,57 @@ def init_cmd(
 
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8443, "--port"),
-    trust_domain: str = typer.Option(None, "--trust-domain", help="used when init has not run yet"),
+    port: int = typer.Option(8443, "--port", parser=PORT, metavar="PORT"),
+    trust_domain: str = typer.Option(None, "--trust-domain", parser=TRUST_DOMAIN, metavar="DOMAIN",
+                                     help="used when init has not run yet"),
     tls: bool = typer.Option(False, "--tls", help="HTTPS with the server's own SVID; accepts client SVIDs (mTLS)"),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="uvicorn worker processes"),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option(None, "--log-level", parser=choice("debug", "info", "warning", "error"),
+                                  metavar="debug|info|warning|error", help="default TRUSTFABRIC_LOG_LEVEL, info"),
 ) -> None:
-    """Serve the API (runs init first when the trust domain does not exist yet)."""
+    """Serve the API (runs init first when the trust domain does not exist yet).
+
+    Logs are JSON lines on stderr (logfmt on a terminal; TRUSTFABRIC_LOG_FORMAT). With several workers their
+    metrics are summed through a shared multiprocess directory, removed when the server stops."""
+    import os
+    import shutil
+    import tempfile
+
+    from cli.output import local_settings
+
+    # The workers read the environment (uvicorn's factory): they serve the same data directory (the
+    # profile's, when TRUSTFABRIC_HOME is unset), log at the same level and, with several of them, write
+    # their metrics where every scrape sums them. Set before anything imports prometheus_client.
+    settings = local_settings()
+    os.environ.setdefault("TRUSTFABRIC_HOME", str(settings.home))
+    if log_level:
+        os.environ["TRUSTFABRIC_LOG_LEVEL"] = log_level
+    metrics_dir = None
+    if workers > 1 and not settings.metrics_multiproc_dir:
+        metrics_dir = tempfile.mkdtemp(prefix="tf-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        _serve(local_settings(), host, port, trust_domain, tls, workers)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _serve(settings: Any, host: str, port: int, trust_domain: str | None, tls: bool, workers: int) -> None:
+    import signal
     import ssl
 
     import uvicorn
 
     from api.auth.mtls import PeerCertH11Protocol
+    from core import logs
     from workflows.context import AppContext
-    from workflows.settings import Settings
 
-    settings = Settings.from_env()
+    logs.configure(settings.log_format, settings.log_level)
     result = initialize(trust_domain, "ec-p256")
     if result["admin_token"]:
         print("admin API token (shown once, store it now):")
@@ -82,13 +121,27 @@ def serve_cmd(
             "ssl_cert_reqs": ssl.CERT_OPTIONAL,
         }
         print(f"serving HTTPS as {server_tls.spiffe_id}", flush=True)
+    metrics_ctx = None
+    metrics_server = None
+    if settings.metrics_port:
+        from api.metrics import serve_separately
+
+        metrics_ctx = AppContext.open(settings)
+        metrics_server = serve_separately(metrics_ctx, settings.metrics_host, settings.metrics_port)
+        print(f"metrics on http://{settings.metrics_host}:{settings.metrics_port}/metrics", flush=True)
+    # uvicorn re-raises the signal that stopped it once it has shut down; with SIGTERM's default action the
+    # process would die there, before the cleanups below (TLS material, the metrics directory) run.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         uvicorn.run(
-            "api.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level=log_level,
+            "api.app:app_from_env", factory=True, host=host, port=port, workers=workers,
+            log_level=settings.log_level, log_config=None, access_log=False,  # core/logs.py and api/observe.py
             http=PeerCertH11Protocol, **options,  # type: ignore[arg-type]
         )
     finally:
         if server_tls is not None:
             server_tls.cleanup()
-
-
+        if metrics_server is not None:
+            metrics_server[0].shutdown()
+        if metrics_ctx is not None:
+            metrics_ctx.close()

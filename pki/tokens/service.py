@@ -170,12 +170,18 @@ def mint_token(
     return token, row
 
 
+def require_token(session: Session, token_id: str) -> ApiToken:
+    """The token's row (never its secret: only hashes are stored), or NotFound."""
+    row = get_token(session, token_id)
+    if row is None:
+        raise NotFound(f"token {token_id!r} not found")
+    return row
+
+
 def revoke_token(
     session: Session, token_id: str, *, actor: Actor, reason: str, clock: Clock = system_clock
 ) -> ApiToken:
-    row = session.get(ApiToken, token_id)
-    if row is None:
-        raise NotFound(f"token {token_id!r} not found")
+    row = require_token(session, token_id)
     if row.revoked_at is not None:
         raise Conflict(f"token {token_id!r} is already revoked")
     row.revoked_at = clock()

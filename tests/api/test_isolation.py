@@ -108,6 +108,7 @@ CASES: dict[str, Case] = {
     "POST /v1/grants/{grant_id}/revoke": on_b("/v1/grants/{grant}/revoke", lambda o: REASON),
     # audit: B's events by filter, by index, by export; proofs and checkpoints carry hashes only
     "GET /v1/audit/events": on_b(f"/v1/audit/events?tenant={B}"),
+    "GET /v1/audit/events/{seq}": on_b("/v1/audit/events/{b_event}"),
     "GET /v1/audit/proof/inclusion": on_b("/v1/audit/proof/inclusion?index={b_event}"),
     "GET /v1/audit/proof/consistency": Case("global", "/v1/audit/proof/consistency?first=1&second=2"),
     "GET /v1/audit/checkpoint": Case("global"),
@@ -151,6 +152,7 @@ CASES: dict[str, Case] = {
     "GET /v1/whoami": Case("own_scope", "/v1/whoami"),
     "POST /v1/tokens": platform("/v1/tokens", lambda o: {"role": "tenant-admin", "tenant": B, "ttl_seconds": 60}),
     "GET /v1/tokens": platform("/v1/tokens"),
+    "GET /v1/tokens/{token_id}": platform("/v1/tokens/{token}"),
     "POST /v1/tokens/{token_id}/revoke": platform("/v1/tokens/{token}/revoke", lambda o: REASON),
 }
 

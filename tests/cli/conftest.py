@@ -28,14 +28,14 @@ class Run:
     stderr: str
 
 
-def run_cli(args: list[str], env: dict[str, str]) -> Run:
+def run_cli(args: list[str], env: dict[str, str | None], input: str | None = None) -> Run:
     """One command, in-process, with `env` as its environment (the rest of os.environ's TRUSTFABRIC_*
-    variables removed)."""
+    variables removed; a None value removes that variable) and `input` as its standard input."""
     import os
 
     clean: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TRUSTFABRIC_")}
     clean.update(env)
-    with CliRunner().isolation(env=clean) as (out, err, _):
+    with CliRunner().isolation(input=input, env=clean) as (out, err, _):
         try:
             main(args)
             code = 0
@@ -52,11 +52,11 @@ class Cli:
                     "TRUSTFABRIC_CONFIG": str(cwd / "no-config.json"), "COLUMNS": "200"}
         self.cwd = cwd
 
-    def run(self, *args: str, token: str | None = None, **env: str) -> Run:
-        e = dict(self.env, **env)
+    def run(self, *args: str, token: str | None = None, input: str | None = None, **env: str | None) -> Run:
+        e: dict[str, str | None] = {**self.env, **env}
         if token:
             e["TRUSTFABRIC_TOKEN"] = token
-        return run_cli(list(args), e)
+        return run_cli(list(args), e, input=input)
 
     def json(self, *args: str, token: str | None = None) -> object:
         r = self.run(*args, "--json", token=token)

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.cli.conftest import free_port
+from tests.servers import serve_binary
 
 BIN = str(Path(sys.executable).parent / "trustfabric")
 pytestmark = pytest.mark.xdist_group("cli-smoke")
@@ -48,26 +46,8 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Binary]:
     b = Binary(base, port)
     init = b.run("init", "--trust-domain", "example.org")
     assert init.returncode == 0 and "initialised trust domain spiffe://example.org" in init.stdout, init.stderr
-    proc = subprocess.Popen([BIN, "serve", "--port", str(port), "--log-level", "warning"], env=b.env, cwd=base,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {proc.stderr.read() if proc.stderr else ''}")
-            time.sleep(0.1)
+    with serve_binary([BIN, "serve", "--port", str(port), "--log-level", "warning"], port=port, env=b.env, cwd=base):
         yield b
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_every_command_group_runs_as_the_installed_binary(binary: Binary) -> None:
