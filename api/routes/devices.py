@@ -1,4 +1,5 @@
-"""The device API the node agents use, and the device list the console and `enforcer status` read.
+"""The device API the node agents use, and the device list (and one device) the console, `device list|show`
+and `enforcer status` read.
 
 - `GET /v1/devices/{device}/ruleset`: the desired version, its content hash and the IR (agents render it
   locally with the pure renderers, so the hash signed off here is the one applied). Strong `ETag` = the
@@ -136,6 +137,14 @@ def list_devices(request: Request, ctx: CtxDep, principal: PrincipalDep) -> list
         return service.status_rows(session)
 
 
+@router.get("/devices/{device}", response_model=DeviceOut, responses=READ_ERRORS,
+            summary="One device: desired vs applied version, pin, pending plan, drift, last apply, counters")
+def get_device(device: DevicePath, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
+    _scope(request, principal, device, "device.read")
+    with ctx.db.read_session() as session:
+        return service.status_row(session, device)
+
+
 def _current(ctx: Any, device: str) -> tuple[int, str, str, str, str]:
     with ctx.db.read_session() as session:
         st = service.get_state(session, device)
@@ -196,5 +205,5 @@ def report_status(device: DevicePath, body: StatusReport, request: Request, ctx:
     with ctx.db.session() as session:
         service.record_status(session, device, body.model_dump(), actor=principal.actor(), now=ctx.clock(),
                               request_id=request_id(request))
-        return next(r for r in service.status_rows(session) if r["device"] == device)
+        return service.status_row(session, device)
 

@@ -146,6 +146,7 @@ CASES: dict[str, Case] = {
     "DELETE /v1/fabric/placements/{tenant}/{group}/{name}": on_b(f"/v1/fabric/placements/{B}/api/api-1"),
     "GET /v1/nodes/{name}/placements": platform("/v1/nodes/gpu1/placements"),
     "GET /v1/devices": platform("/v1/devices"),
+    "GET /v1/devices/{device}": platform("/v1/devices/nic:gpu1"),
     "GET /v1/devices/{device}/ruleset": platform("/v1/devices/nic:gpu1/ruleset"),
     "POST /v1/devices/{device}/status": platform("/v1/devices/nic:gpu1/status", lambda o: {}),
     # principals

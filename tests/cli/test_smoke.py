@@ -1,6 +1,6 @@
 """The installed `trustfabric` binary, once per command group (everything else runs in-process): init and
-serve make and serve a data directory; token, whoami, tenant, group, workload, grant, fabric and enforcer
-status go through that server; svid, bundle, ca, node, policy, audit, enforcer compile and lab work on the
+serve make and serve a data directory; token, whoami, tenant, group, workload, grant, fabric, device and
+enforcer status go through that server; svid, bundle, ca, node, policy, audit, enforcer compile and lab work on the
 data directory beside it. (`pdp` runs as a
 binary in tests/policy/test_routes_cli.py.) And `--help` loads neither FastAPI nor a database."""
 
@@ -68,6 +68,7 @@ def test_every_command_group_runs_as_the_installed_binary(binary: Binary) -> Non
     assert binary.run("enforcer", "compile").returncode == 0  # publishes, unless the server's reconciler did first
     devices = binary.json("enforcer", "status", token=admin)
     assert {(d["device"], d["desired_version"]) for d in devices} == {("nic:n1", 1), ("leaf:l1", 1)}  # type: ignore[index,union-attr]
+    assert binary.json("device", "show", "nic:n1", token=admin)["desired_version"] == 1  # type: ignore[index]
     jwt = binary.run("svid", "jwt", "--tenant", "acme", "--group", "web", "--workload", "w1", "--audience", "a")
     assert jwt.returncode == 0 and jwt.stdout.count(".") == 2, jwt.stderr
     assert binary.json("bundle", "show")["spiffe_sequence"] == 1  # type: ignore[index]
