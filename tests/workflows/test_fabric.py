@@ -206,7 +206,7 @@ def test_tenants_get_vni_vlan_and_prefix_from_the_pools_without_clashes(fab: App
 
 
 def test_a_tenant_made_before_the_fabric_gets_its_vlan_when_first_placed(fab: AppContext) -> None:
-    with fab.db.session() as s:  # as tenants were created before schema step 7: no VLAN, no prefix
+    with fab.db.session() as s:  # as tenants were created before schema step 10: no VLAN, no prefix
         inventory.create_tenant(s, slug="legacy", display_name="Legacy", l3vni=42, actor=ADMIN)
         inventory.create_group(s, tenant="legacy", name="app", actor=ADMIN)
         inventory.register_workload(s, trust_domain="example.org", tenant="legacy", group="app", name="a1",
