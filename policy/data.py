@@ -123,35 +123,50 @@ def build_data(session: Session, now: datetime) -> dict[str, Any]:
     return {DATA_KEY: {"tenants": tenants, "grants": grants, "revoked": revoked}}
 
 
-# Everything build_data reads, as one SQLite statement (one round trip, no ORM): per section, every row
-# the document is built from, each column quote()d (an SQL literal: quotes escaped, NULL distinct) and
-# joined with ',' between columns and ';' between rows, so the text determines the rows exactly. Keep it
-# in step with build_data: a column build_data starts reading must be added here.
-_FINGERPRINT_SQL = """SELECT
- (SELECT group_concat(r, ';') FROM (SELECT quote(slug) || ',' || quote(quarantined) AS r
-   FROM tenants ORDER BY slug)),
- (SELECT group_concat(r, ';') FROM (SELECT quote(tenant) || ',' || quote(name) || ',' || quote(labels) || ','
-   || quote(ports) || ',' || quote(sensitivity) || ',' || quote(quarantined) AS r
-   FROM workload_groups ORDER BY tenant, name)),
- (SELECT group_concat(r, ';') FROM (SELECT quote(spiffe_id) AS r
-   FROM workloads WHERE revoked IS 1 ORDER BY spiffe_id)),
- (SELECT group_concat(r, ';') FROM (SELECT quote(spiffe_id_prefix) || ',' || quote(tenant) || ','
-   || quote("group") || ',' || quote(workload) AS r FROM pki_revoked_identities ORDER BY id)),
- (SELECT group_concat(r, ';') FROM (SELECT quote(id) || ',' || quote(src_tenant) || ',' || quote(dst_tenant)
-   || ',' || quote(src_group) || ',' || quote(dst_group) || ',' || quote(proto) || ',' || quote(ports) || ','
-   || quote(state) || ',' || quote(expires_at) AS r FROM grants WHERE state = 'active' ORDER BY id))"""
+# Everything build_data reads, as one statement (one round trip, no ORM): per section, every row the
+# document is built from, each column quoted (an SQL literal: quotes escaped, NULL distinct) and joined with
+# ',' between columns and ';' between rows, so the text determines the rows exactly. SQLite returns the text
+# itself; PostgreSQL its SHA-256 (the text of 1,000 tenants' groups is not worth shipping each decision).
+# Keep it in step with build_data: a column build_data starts reading must be added here.
+_SECTIONS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (  # (table, columns, where, order)
+    ("tenants", ("slug", "quarantined"), "", "slug"),
+    ("workload_groups", ("tenant", "name", "labels", "ports", "sensitivity", "quarantined"), "", "tenant, name"),
+    ("workloads", ("spiffe_id",), "WHERE revoked = {true}", "spiffe_id"),
+    ("pki_revoked_identities", ("spiffe_id_prefix", "tenant", '"group"', "workload"), "", "id"),
+    ("grants", ("id", "src_tenant", "dst_tenant", "src_group", "dst_group", "proto", "ports", "state", "expires_at"),
+     "WHERE state = 'active'", "id"),
+)
+
+
+def _fingerprint_sql(dialect: str) -> str:
+    """The statement for `dialect`, built once at import from the constant names above (no input reaches it)."""
+    cols = []
+    for table, columns, where, order in _SECTIONS:
+        if dialect == "sqlite":
+            row = " || ',' || ".join(f"quote({c})" for c in columns)
+            cols.append(f"(SELECT group_concat(r, ';') FROM (SELECT {row} AS r FROM {table} "  # noqa: S608
+                        f"{where.format(true='1')} ORDER BY {order}))")
+        else:
+            row = " || ',' || ".join(f"quote_nullable({c}::text)" for c in columns)
+            cols.append(f"(SELECT encode(sha256(convert_to(coalesce(string_agg({row}, ';' ORDER BY {order}), ''), "  # noqa: S608
+                        f"'UTF8')), 'hex') FROM {table} {where.format(true='TRUE')})")
+    return "SELECT " + ", ".join(cols)
+
+
+_FINGERPRINT_SQL = {d: _fingerprint_sql(d) for d in ("sqlite", "postgresql")}
 
 
 def data_fingerprint(session: Session) -> tuple[Any, ...] | None:
     """The rows build_data would read, in this session's transaction (pending changes flushed first), as
-    a value that is equal for two states exactly when build_data reads the same rows in both: two
-    documents built at the same `now` from states with equal fingerprints are equal. SQLite only (None
-    elsewhere); one statement, so a caller can keep a document and rebuild it only when this changes."""
-    bind = session.get_bind()
-    if bind.dialect.name != "sqlite":
+    a value that is equal for two states exactly when build_data reads the same rows in both (on
+    PostgreSQL: their SHA-256): two documents built at the same `now` from states with equal fingerprints
+    are equal. One statement, so a caller can keep a document and rebuild it only when this changes; None
+    on a database it does not know."""
+    sql = _FINGERPRINT_SQL.get(session.get_bind().dialect.name)
+    if sql is None:
         return None
     session.flush()  # as the autoflush of build_data's queries would
-    row = session.connection().exec_driver_sql(_FINGERPRINT_SQL).one()
+    row = session.connection().exec_driver_sql(sql).one()
     return tuple(row)
 
 

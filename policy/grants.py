@@ -195,6 +195,13 @@ def request_grant(
     except Exception as exc:  # fail closed, and say why
         log.exception("grant decision failed")
         decision = GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
+    if caller.tenant is not None:  # what the tenant may learn of the other tenant's inventory (disclosure.py)
+        from policy.disclosure import grant_reasons_for
+
+        shown = grant_reasons_for(session, caller.tenant, (request.dst_tenant, request.dst_group),
+                                  decision.outcome, decision.reasons)
+        if shown != decision.reasons:
+            decision = GrantDecision(decision.outcome, decision.approvers, shown, decision.policy_hash)
     state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
     grant = Grant(
         id=new_grant_id(now),

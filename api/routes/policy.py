@@ -15,8 +15,11 @@ from api.deps import CtxDep, PrincipalDep
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
 from policy import service
-from policy.decide import parse_identity
+from policy.data import to_ns
+from policy.decide import FlowDecision, flow_input, parse_identity
 from policy.decisionlog import DecisionLog, query_decisions
+from policy.disclosure import flow_reasons_for
+from policy.grant_decider import RegoGrantDecider
 from policy.versions import MAX_MODULES, load_verify_keys
 from policy.views import DecisionOut, VersionDetail, VersionOut, decision_out, version_out
 
@@ -151,11 +154,21 @@ def explain(
     src_id, dst_id = parse_identity(src), parse_identity(dst)
     if scope is not None and scope not in (src_id["tenant"], dst_id["tenant"]):
         raise Forbidden(f"tenant {scope} may only explain flows from or to its own groups")
+    decider = getattr(request.app.state, "grant_decider", None)
+    now = ctx.clock()
     with ctx.db.read_session() as session:
-        decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock())
+        if ctx.db.dialect == "postgresql":  # one snapshot, so the decider may keep the document it builds
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        if isinstance(decider, RegoGrantDecider):  # its kept engine and document: no rebuild, no new engine
+            decision, digest = decider.decide_flow(session, now, flow_input(src, dst, port, proto, to_ns(now)))
+        else:
+            decision, digest = service.explain(session, src, dst, port, proto=proto, now=now)
+        reasons = flow_reasons_for(session, scope, (src_id["tenant"], src_id["group"]),
+                                   (dst_id["tenant"], dst_id["group"]), proto, port, decision.allow, decision.reasons)
+    shown = FlowDecision(decision.allow, reasons)
     asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}
-    DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, decision, digest)
-    return ExplainOut(allow=decision.allow, reasons=decision.reasons, policy_hash=digest, input=asked)
+    DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, shown, digest, owner=scope)
+    return ExplainOut(allow=shown.allow, reasons=shown.reasons, policy_hash=digest, input=asked)
 
 
 @router.get("/decisions", response_model=list[DecisionOut], responses=READ_ERRORS,
