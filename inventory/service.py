@@ -15,6 +15,7 @@ from inventory.errors import (
     AlreadyExists,
     GroupNotFound,
     InvalidInventory,
+    Quarantined,
     TenantNotFound,
     WorkloadNotFound,
 )
@@ -70,6 +71,26 @@ def get_workload(session: Session, tenant: str, group: str, name: str) -> Worklo
     if workload is None:
         raise WorkloadNotFound(f"workload {name!r} not registered in {tenant}/{group}")
     return workload
+
+
+def require_not_quarantined(session: Session, tenant: str, group: str) -> None:
+    """Quarantined (403) when the tenant or the group is quarantined: a quarantined tenant or group gets no
+    identities and no new workloads. One indexed read (on the SVID issuance path). A missing tenant or
+    group is left to the caller's own lookup."""
+    row = session.exec(
+        select(Tenant.quarantined, WorkloadGroup.quarantined)
+        .join(WorkloadGroup, col(WorkloadGroup.tenant) == col(Tenant.slug))
+        .where(col(Tenant.slug) == tenant, col(WorkloadGroup.name) == group)
+    ).first()
+    if row is None:
+        return
+    tenant_quarantined, group_quarantined = row
+    if tenant_quarantined:
+        raise Quarantined(f"tenant {tenant} is quarantined: no identities are issued and no workloads registered "
+                          "until security lifts the quarantine")
+    if group_quarantined:
+        raise Quarantined(f"group {tenant}/{group} is quarantined: no identities are issued and no workloads "
+                          "registered in it until security lifts the quarantine")
 
 
 def workload_by_spiffe_id(session: Session, spiffe_id: str) -> Workload | None:
@@ -162,6 +183,7 @@ def register_workload(
     """The SPIFFE ID is derived here, from tenant/group/name: nothing the caller sends can choose it."""
     require_slug(name, "workload")
     get_group(session, tenant, group)
+    require_not_quarantined(session, tenant, group)
     spiffe_id = f"spiffe://{trust_domain}/tenant/{tenant}/group/{group}/{name}"
     if session.exec(select(Workload).where(Workload.spiffe_id == spiffe_id)).first():
         raise AlreadyExists(f"workload {spiffe_id} is already registered")

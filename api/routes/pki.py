@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
-from api.routes.common import request_id
+from api.routes.common import denial_logged, request_id
 from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
 from pki import service
 from pki.errors import SvidNotFound
@@ -155,7 +155,8 @@ def get_crl(ctx: CtxDep, format: Annotated[Literal["der", "pem"], Query()] = "de
              summary="Issue an X.509-SVID to a registered workload from a CSR")
 def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> X509SvidOut:
     authorize(request, principal, "svid.issue", body.tenant)
-    with ctx.db.session() as session:
+    resource = {"tenant": body.tenant, "group": body.group, "workload": body.workload, "kind": "x509"}
+    with denial_logged(ctx, principal, "svid.issue", resource), ctx.db.session() as session:
         issued = service.issue_x509_svid(
             session, ctx.keystore, csr_pem=body.csr.encode(), tenant=body.tenant, group=body.group,
             workload=body.workload, ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
@@ -169,7 +170,8 @@ def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: 
              responses=error_responses(*COMMON_ERRORS, 404, 409), summary="Issue a JWT-SVID to a registered workload")
 def issue_jwt(body: JwtSvidRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> JwtSvidOut:
     authorize(request, principal, "svid.issue", body.tenant)
-    with ctx.db.session() as session:
+    resource = {"tenant": body.tenant, "group": body.group, "workload": body.workload, "kind": "jwt"}
+    with denial_logged(ctx, principal, "svid.issue", resource), ctx.db.session() as session:
         issued = service.issue_jwt_svid(
             session, ctx.keystore, tenant=body.tenant, group=body.group, workload=body.workload,
             audience=list(body.audience), ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
