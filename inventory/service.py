@@ -6,10 +6,11 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from audit import Actor, record
 from core.clock import Clock, system_clock
+from core.quotas import QuotaName, Quotas
 from core.slugs import require_slug
 from inventory.errors import (
     AlreadyExists,
@@ -53,6 +54,16 @@ def get_tenant(session: Session, slug: str) -> Tenant:
     if tenant is None:
         raise TenantNotFound(f"tenant {slug!r} not found")
     return tenant
+
+
+def check_quota(session: Session, quotas: Quotas | None, tenant: str, name: QuotaName, held: Any) -> None:
+    """QuotaExceeded when `tenant` may not add one more of `name`; `held` is a COUNT statement. The tenant's
+    row is locked first (PostgreSQL; SQLite's writer lock serialises writers already), so two concurrent
+    additions cannot both pass the last free place."""
+    if quotas is None or getattr(quotas, name) <= 0:
+        return
+    session.exec(select(Tenant.slug).where(col(Tenant.slug) == tenant).with_for_update()).first()
+    quotas.check(tenant, name, int(session.exec(held).one()))
 
 
 def get_group(session: Session, tenant: str, name: str) -> WorkloadGroup:
@@ -144,9 +155,12 @@ def create_group(
     sensitivity: str = "normal",
     clock: Clock = system_clock,
     request_id: str | None = None,
+    quotas: Quotas | None = None,
 ) -> WorkloadGroup:
     require_slug(name, "group")
     get_tenant(session, tenant)
+    check_quota(session, quotas, tenant, "groups",
+                select(func.count()).select_from(WorkloadGroup).where(col(WorkloadGroup.tenant) == tenant))
     if sensitivity not in SENSITIVITIES:
         raise InvalidInventory(f"sensitivity must be one of {', '.join(SENSITIVITIES)}")
     clean_ports = normalize_ports(ports)
@@ -179,11 +193,14 @@ def register_workload(
     actor: Actor,
     clock: Clock = system_clock,
     request_id: str | None = None,
+    quotas: Quotas | None = None,
 ) -> Workload:
     """The SPIFFE ID is derived here, from tenant/group/name: nothing the caller sends can choose it."""
     require_slug(name, "workload")
     get_group(session, tenant, group)
     require_not_quarantined(session, tenant, group)
+    check_quota(session, quotas, tenant, "workloads",
+                select(func.count()).select_from(Workload).where(col(Workload.tenant) == tenant))
     spiffe_id = f"spiffe://{trust_domain}/tenant/{tenant}/group/{group}/{name}"
     if session.exec(select(Workload).where(Workload.spiffe_id == spiffe_id)).first():
         raise AlreadyExists(f"workload {spiffe_id} is already registered")

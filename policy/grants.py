@@ -27,6 +27,7 @@ from sqlmodel import Session, col, select
 from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.quotas import Quotas
 from core.vocabulary import FINAL_GRANT_STATES
 from policy.models import Grant
 
@@ -174,10 +175,12 @@ def request_grant(
     pending_ttl: timedelta = DEFAULT_PENDING_TTL,
     clock: Clock = system_clock,
     request_id: str | None = None,
+    quotas: Quotas | None = None,
 ) -> tuple[Grant, bool]:
     """Record a request and its decision; returns (grant, created). A retry with the same Idempotency-Key
     and the same request returns the first grant unchanged; the same key with a different request is
-    a Conflict."""
+    a Conflict. With `quotas`, a request that would take the source tenant past its active-grant or
+    pending-request quota is QuotaExceeded (409) and nothing is written."""
     if idempotency_key is not None:
         previous = session.exec(
             select(Grant).where(Grant.requested_by == caller.id, Grant.idempotency_key == idempotency_key)
@@ -203,6 +206,8 @@ def request_grant(
         if shown != decision.reasons:
             decision = GrantDecision(decision.outcome, decision.approvers, shown, decision.policy_hash)
     state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
+    if state != "denied":
+        _check_quota(session, quotas, request.src_tenant, state, now)
     grant = Grant(
         id=new_grant_id(now),
         src_tenant=request.src_tenant, src_group=request.src_group,
@@ -253,6 +258,14 @@ def request_of(grant: Grant) -> GrantRequest:
     )
 
 
+def _check_quota(session: Session, quotas: Quotas | None, tenant: str, state: str, now: datetime) -> None:
+    """QuotaExceeded when one more `state` (active | pending) grant would take `tenant` past its quota."""
+    from inventory.service import check_quota
+
+    held = select(func.count()).select_from(Grant).where(col(Grant.src_tenant) == tenant, _state_filter(state, now))
+    check_quota(session, quotas, tenant, "grants" if state == "active" else "pending", held)
+
+
 def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: datetime) -> GrantDecision:
     """The policy in force, asked again about a pending request (fail closed: an error denies)."""
     try:
@@ -265,6 +278,7 @@ def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: dat
 def approve_grant(
     session: Session, grant_id: str, *, caller: Caller, clock: Clock = system_clock,
     request_id: str | None = None, comment: str = "", decide: GrantDecider | None = None,
+    quotas: Quotas | None = None,
 ) -> Grant:
     """Add the caller's approval; when every named approver has approved, the grant becomes active.
 
@@ -305,6 +319,7 @@ def approve_grant(
             values["required_approvers"] = sorted(required)
     complete = required <= approved
     if complete:
+        _check_quota(session, quotas, grant.src_tenant, "active", now)
         values.update(state="active", decided_at=now, expires_at=now + timedelta(seconds=grant.ttl_seconds))
     grant = _cas(session, grant, **values)
     record(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from core.quotas import Quotas
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
 from policy.engines import EngineSettings
 
@@ -41,6 +42,11 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     rate_limit_per_second: float = 50.0  # per principal; 0 disables
     rate_limit_burst: int = 100
+    # Per-tenant quotas (core/quotas.py); 0 = no limit
+    quota_groups: int = Quotas.groups
+    quota_workloads: int = Quotas.workloads
+    quota_grants: int = Quotas.grants
+    quota_pending: int = Quotas.pending
     read_cache: bool = True  # exact caches of hot reads (SQLite; see api/readcache.py)
     cache_off: frozenset[str] = frozenset()  # request-path caches switched off (names in api/caches.py)
     # Grants
@@ -86,6 +92,10 @@ class Settings:
             max_body_bytes=int(e.get("TRUSTFABRIC_MAX_BODY_BYTES", str(64 * 1024))),
             rate_limit_per_second=float(e.get("TRUSTFABRIC_RATE_LIMIT_PER_SECOND", "50")),
             rate_limit_burst=int(e.get("TRUSTFABRIC_RATE_LIMIT_BURST", "100")),
+            quota_groups=int(e.get("TRUSTFABRIC_QUOTA_GROUPS", str(Quotas.groups))),
+            quota_workloads=int(e.get("TRUSTFABRIC_QUOTA_WORKLOADS", str(Quotas.workloads))),
+            quota_grants=int(e.get("TRUSTFABRIC_QUOTA_GRANTS", str(Quotas.grants))),
+            quota_pending=int(e.get("TRUSTFABRIC_QUOTA_PENDING", str(Quotas.pending))),
             grant_pending_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_GRANT_PENDING_TTL_SECONDS", str(3 * 86400)))),
             sweep_interval_seconds=float(e.get("TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "5")),
             ca_rotation_check_seconds=float(e.get("TRUSTFABRIC_CA_ROTATION_CHECK_SECONDS", "60")),
@@ -109,6 +119,12 @@ class Settings:
             kind=self.policy_engine, authz_kind=self.authz_engine, opa_url=self.opa_url, opa_token=self.opa_token,
             opa_ca_bundle=self.opa_ca_file, opa_timeout=self.opa_timeout_seconds,
         )
+
+    @property
+    def quotas(self) -> Quotas:
+        """The per-tenant quotas the services enforce."""
+        return Quotas(groups=self.quota_groups, workloads=self.quota_workloads, grants=self.quota_grants,
+                      pending=self.quota_pending)
 
     @property
     def db_url(self) -> str:

@@ -145,6 +145,7 @@ def request_grant(
             grant, created = svc.request_grant(
                 session, req, caller=caller, decide=recorded, idempotency_key=idempotency_key,
                 pending_ttl=settings.grant_pending_ttl, clock=ctx.clock, request_id=request_id(request),
+                quotas=settings.quotas,
             )
             if created:
                 _log_decision(ctx, session, recorded, grant, principal.scope_tenant)
@@ -243,7 +244,7 @@ def approve_grant(grant_id: GrantId, request: Request, ctx: CtxDep, principal: P
     with grant_writer(ctx), ctx.db.session() as session:
         grant = svc.approve_grant(session, grant_id, caller=caller_of(principal), clock=ctx.clock,
                                   request_id=request_id(request), comment=body.comment if body else "",
-                                  decide=_decider(request))
+                                  decide=_decider(request), quotas=ctx.settings.quotas)
     return grant_out(grant, ctx.clock())
 
 

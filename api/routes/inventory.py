@@ -99,7 +99,7 @@ def create_group(
         group = service.create_group(
             session, tenant=tenant, name=body.name, labels=body.labels,
             ports=[p.model_dump() for p in body.ports], sensitivity=body.sensitivity,
-            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request),
+            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request), quotas=ctx.settings.quotas,
         )
         return group_out(group)
 
@@ -140,7 +140,7 @@ def register_workload(
     with denial_logged(ctx, principal, "workload.register", resource), ctx.db.session() as session:
         workload = service.register_workload(
             session, trust_domain=trust_domain(ctx, session), tenant=tenant, group=group, name=body.name,
-            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request),
+            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request), quotas=ctx.settings.quotas,
         )
         return workload_out(workload)
 
