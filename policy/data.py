@@ -29,7 +29,7 @@ from core.clock import as_utc
 from core.errors import InvalidInput
 from inventory.models import Tenant, Workload, WorkloadGroup
 from pki.models import RevokedIdentity
-from policy.models import Grant
+from policy.models import Grant, PolicyDataVersion
 
 log = logging.getLogger(__name__)
 
@@ -123,51 +123,15 @@ def build_data(session: Session, now: datetime) -> dict[str, Any]:
     return {DATA_KEY: {"tenants": tenants, "grants": grants, "revoked": revoked}}
 
 
-# Everything build_data reads, as one statement (one round trip, no ORM): per section, every row the
-# document is built from, each column quoted (an SQL literal: quotes escaped, NULL distinct) and joined with
-# ',' between columns and ';' between rows, so the text determines the rows exactly. SQLite returns the text
-# itself; PostgreSQL its SHA-256 (the text of 1,000 tenants' groups is not worth shipping each decision).
-# Keep it in step with build_data: a column build_data starts reading must be added here.
-_SECTIONS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (  # (table, columns, where, order)
-    ("tenants", ("slug", "quarantined"), "", "slug"),
-    ("workload_groups", ("tenant", "name", "labels", "ports", "sensitivity", "quarantined"), "", "tenant, name"),
-    ("workloads", ("spiffe_id",), "WHERE revoked = {true}", "spiffe_id"),
-    ("pki_revoked_identities", ("spiffe_id_prefix", "tenant", '"group"', "workload"), "", "id"),
-    ("grants", ("id", "src_tenant", "dst_tenant", "src_group", "dst_group", "proto", "ports", "state", "expires_at"),
-     "WHERE state = 'active'", "id"),
-)
-
-
-def _fingerprint_sql(dialect: str) -> str:
-    """The statement for `dialect`, built once at import from the constant names above (no input reaches it)."""
-    cols = []
-    for table, columns, where, order in _SECTIONS:
-        if dialect == "sqlite":
-            row = " || ',' || ".join(f"quote({c})" for c in columns)
-            cols.append(f"(SELECT group_concat(r, ';') FROM (SELECT {row} AS r FROM {table} "  # noqa: S608
-                        f"{where.format(true='1')} ORDER BY {order}))")
-        else:
-            row = " || ',' || ".join(f"quote_nullable({c}::text)" for c in columns)
-            cols.append(f"(SELECT encode(sha256(convert_to(coalesce(string_agg({row}, ';' ORDER BY {order}), ''), "  # noqa: S608
-                        f"'UTF8')), 'hex') FROM {table} {where.format(true='TRUE')})")
-    return "SELECT " + ", ".join(cols)
-
-
-_FINGERPRINT_SQL = {d: _fingerprint_sql(d) for d in ("sqlite", "postgresql")}
-
-
 def data_fingerprint(session: Session) -> tuple[Any, ...] | None:
-    """The rows build_data would read, in this session's transaction (pending changes flushed first), as
-    a value that is equal for two states exactly when build_data reads the same rows in both (on
-    PostgreSQL: their SHA-256): two documents built at the same `now` from states with equal fingerprints
-    are equal. One statement, so a caller can keep a document and rebuild it only when this changes; None
-    on a database it does not know."""
-    sql = _FINGERPRINT_SQL.get(session.get_bind().dialect.name)
-    if sql is None:
-        return None
+    """A value that changes whenever a row build_data reads changes, as this session's transaction sees it
+    (pending changes flushed first): the policy data version, which database triggers bump in every
+    transaction that inserts, updates or deletes such a row (policy/migrations.py step 9; keep its column
+    lists in step with build_data). Two documents built at the same `now` under equal fingerprints are
+    equal. One indexed read of one row; None when the row is missing (a database not migrated)."""
     session.flush()  # as the autoflush of build_data's queries would
-    row = session.connection().exec_driver_sql(sql).one()
-    return tuple(row)
+    n = session.exec(select(PolicyDataVersion.n).where(col(PolicyDataVersion.id) == 1)).first()
+    return None if n is None else (int(n),)
 
 
 def live_until(data: Mapping[str, Any]) -> int | None:
