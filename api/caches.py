@@ -19,9 +19,10 @@ not kept "just in case"). Each can be switched off for measurement with TRUSTFAB
 - `grant_pages` (api/routes/grants.py, a ReadCache): the JSON body of a GET /v1/grants page per (viewer
   scope, filters, cursor, limit). Exact like `token_row`, and refused from the next instant any grant's
   effective state changes without a write (the earliest expiry, read with the page).
-- `grant_data` (policy/grant_decider.py): the data document grant decisions are made on. Exact: kept
-  only while a one-statement fingerprint of every row build_data reads, taken in the request's own
-  transaction, is unchanged and no grant in it has expired since (any commit anywhere changes it).
+- `grant_data` (policy/grant_decider.py): the data document grant decisions and explain are made on.
+  Exact: kept only while the policy data version (one row that database triggers bump in every
+  transaction changing a row build_data reads), read in the request's own transaction, is unchanged and
+  no grant in it has expired since; stored only when the document and the version come from one snapshot.
 
 Measured by bench/api.py (this branch, two runs on the shared 2-core machine at load 3-9, each cache off vs
 all on, alternating runs; ratio = throughput off / on): authz GET 0.79 / 0.73; token_signature GET
