@@ -14,7 +14,7 @@ from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
 from api.caches import cache_on, check_names
 from api.errors import install_error_handlers
-from api.limits import TokenBucket
+from api.limits import ClientRateLimit, TokenBucket
 from api.readcache import ChangeWatch, ReadCache
 from api.routes import audit, grants, health, inventory, pki, policy, security, tokens
 from api.tls import TrustAnchors
@@ -44,6 +44,7 @@ def create_app(
     """The API over `ctx`. `authz_engine_factory` returns the engine api_authz.rego is loaded in (None:
     every request is denied); `background` runs the periodic jobs (grant expiry, CA rotation, audit
     checkpoints) for the app's lifetime; `extra_routers` are mounted after the API's own (e.g. a console)."""
+    from pki.revocation import CrlPublisher
     from policy.grant_decider import RegoGrantDecider
 
     anchors = TrustAnchors()
@@ -82,6 +83,7 @@ def create_app(
     )
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
     app.state.background = jobs
+    app.state.crl = CrlPublisher()
     app.state.trust_anchors = anchors
     pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")
     app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=pages_on))
@@ -89,6 +91,9 @@ def create_app(
     for router in (*ROUTERS, *extra_routers):
         app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
+    # outermost: a flood from one address is refused before anything else runs (issue 13, item 7)
+    app.add_middleware(ClientRateLimit, rate=ctx.settings.ip_rate_limit_per_second,
+                       burst=ctx.settings.ip_rate_limit_burst)
     return app
 
 

@@ -300,6 +300,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="tf-bench-api-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
     env.update({"TRUSTFABRIC_HOME": str(work / "home"), "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0",
+                "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND": "0", "TRUSTFABRIC_MODE": "development",
                 "TRUSTFABRIC_SWEEP_INTERVAL_SECONDS": "30"})
     procs: list[subprocess.Popen[bytes]] = []
     try:

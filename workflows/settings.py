@@ -42,6 +42,13 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     rate_limit_per_second: float = 50.0  # per principal; 0 disables
     rate_limit_burst: int = 100
+    ip_rate_limit_per_second: float = 100.0  # per client address, before authentication; 0 disables
+    ip_rate_limit_burst: int = 200
+    # Slow and numerous clients (api/server.py: what uvicorn enforces and what we add)
+    request_read_timeout_seconds: float = 10.0
+    keep_alive_timeout_seconds: float = 5.0
+    max_connections: int = 1000  # per worker process
+    max_header_bytes: int = 16 * 1024
     # Per-tenant quotas (core/quotas.py); 0 = no limit
     quota_groups: int = Quotas.groups
     quota_workloads: int = Quotas.workloads
@@ -92,6 +99,12 @@ class Settings:
             max_body_bytes=int(e.get("TRUSTFABRIC_MAX_BODY_BYTES", str(64 * 1024))),
             rate_limit_per_second=float(e.get("TRUSTFABRIC_RATE_LIMIT_PER_SECOND", "50")),
             rate_limit_burst=int(e.get("TRUSTFABRIC_RATE_LIMIT_BURST", "100")),
+            ip_rate_limit_per_second=float(e.get("TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND", "100")),
+            ip_rate_limit_burst=int(e.get("TRUSTFABRIC_IP_RATE_LIMIT_BURST", "200")),
+            request_read_timeout_seconds=float(e.get("TRUSTFABRIC_REQUEST_READ_TIMEOUT_SECONDS", "10")),
+            keep_alive_timeout_seconds=float(e.get("TRUSTFABRIC_KEEP_ALIVE_TIMEOUT_SECONDS", "5")),
+            max_connections=int(e.get("TRUSTFABRIC_MAX_CONNECTIONS", "1000")),
+            max_header_bytes=int(e.get("TRUSTFABRIC_MAX_HEADER_BYTES", str(16 * 1024))),
             quota_groups=int(e.get("TRUSTFABRIC_QUOTA_GROUPS", str(Quotas.groups))),
             quota_workloads=int(e.get("TRUSTFABRIC_QUOTA_WORKLOADS", str(Quotas.workloads))),
             quota_grants=int(e.get("TRUSTFABRIC_QUOTA_GRANTS", str(Quotas.grants))),
