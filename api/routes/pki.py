@@ -15,6 +15,7 @@ from api.routes.common import denial_logged, request_id
 from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
 from pki import service
 from pki.errors import SvidNotFound
+from pki.revocation import CrlPublisher, PublishedCrl
 
 router = APIRouter(prefix="/v1", tags=["pki"])
 
@@ -141,13 +142,28 @@ def get_bundle(ctx: CtxDep, format: Annotated[Literal["jwks", "pem"], Query()] =
         return service.bundle_jwks(session, ctx.clock)
 
 
-@router.get("/crl", responses={**_CRL_200, **error_responses(400, 409, 422)},
+@router.get("/crl", responses={**_CRL_200, 304: {"description": "unchanged since the ETag in If-None-Match"},
+                               **error_responses(400, 409, 422)},
             summary="Certificate revocation list of the active issuing CA (public); ?format=pem for all")
-def get_crl(ctx: CtxDep, format: Annotated[Literal["der", "pem"], Query()] = "der") -> Response:
+def get_crl(request: Request, ctx: CtxDep, format: Annotated[Literal["der", "pem"], Query()] = "der") -> Response:
+    publisher: CrlPublisher = request.app.state.crl
     with ctx.db.read_session() as session:
-        if format == "pem":
-            return Response(service.crl_pem(session, ctx.keystore, ctx.clock), media_type="application/x-pem-file")
-        return Response(service.crl_der(session, ctx.keystore, ctx.clock), media_type="application/pkix-crl")
+        published = publisher.current(session, ctx.keystore, ctx.clock)  # signed once per change, not per GET
+    body = published.pem if format == "pem" else published.der
+    etag = PublishedCrl.etag_of(body)
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}  # revalidate each time: a 304 costs nothing
+    if etag_matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers=headers)
+    media = "application/x-pem-file" if format == "pem" else "application/pkix-crl"
+    return Response(body, media_type=media, headers=headers)
+
+
+def etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """RFC 9110 weak comparison of If-None-Match (a list, or *) with our ETag."""
+    if not if_none_match:
+        return False
+    tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in tags or etag in tags
 
 
 @router.post("/svids/x509", status_code=201, response_model=X509SvidOut,
