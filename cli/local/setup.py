@@ -51,11 +51,11 @@ def serve_cmd(
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the API (runs init first when the trust domain does not exist yet)."""
+    import os
+    import signal
     import ssl
 
-    import uvicorn
-
-    from api.auth.mtls import PeerCertH11Protocol
+    from api.server import ConnectionLimits, serve, uvicorn_config
     from workflows.context import AppContext
     from workflows.settings import Settings
 
@@ -82,13 +82,14 @@ def serve_cmd(
             "ssl_cert_reqs": ssl.CERT_OPTIONAL,
         }
         print(f"serving HTTPS as {server_tls.spiffe_id}", flush=True)
-    try:
-        uvicorn.run(
-            "api.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level=log_level,
-            http=PeerCertH11Protocol, **options,  # type: ignore[arg-type]
-        )
-    finally:
-        if server_tls is not None:
-            server_tls.cleanup()
-
-
+    limits = ConnectionLimits(
+        request_read_timeout=settings.request_read_timeout_seconds,
+        keep_alive_timeout=settings.keep_alive_timeout_seconds,
+        max_connections=settings.max_connections, max_header_bytes=settings.max_header_bytes,
+    )
+    config = uvicorn_config("api.app:app_from_env", factory=True, host=host, port=port, workers=workers,
+                            log_level=log_level, limits=limits, **options)
+    stopped_by = serve(config, cleanup=server_tls.cleanup if server_tls is not None else lambda: None)
+    if stopped_by is not None:  # the cleanup ran: now end as the signal asked, as uvicorn does
+        signal.signal(stopped_by, signal.SIG_DFL)
+        os.kill(os.getpid(), stopped_by)
