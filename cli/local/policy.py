@@ -43,12 +43,13 @@ def register(app: typer.Typer) -> None:
     @policy.command("validate")
     def validate_cmd(directory: Path, json_out: bool = JsonOpt) -> None:
         """Compile every .rego under DIRECTORY; errors carry file:line:col."""
-        from policy import service
         from policy.versions import load_dir
+        from workflows import policy as flows
+        from workflows.settings import Settings
 
         def run() -> tuple[str, list[str]]:
             modules = load_dir(directory)
-            return service.validate(modules), sorted(modules)
+            return flows.validate(Settings.from_env(), modules), sorted(modules)
         digest, names = guard(run)
         if json_out:
             emit_json({"content_hash": digest, "modules": names})
@@ -58,10 +59,11 @@ def register(app: typer.Typer) -> None:
     @policy.command("test")
     def test_cmd(directory: Path, json_out: bool = JsonOpt) -> None:
         """Run every test_* rule under DIRECTORY; exit 1 naming the failing tests."""
-        from policy import service
         from policy.versions import load_dir
+        from workflows import policy as flows
+        from workflows.settings import Settings
 
-        report = guard(lambda: service.test(load_dir(directory)))
+        report = guard(lambda: flows.test(Settings.from_env(), load_dir(directory)))
         if json_out:
             emit_json(report.to_dict())
         else:
@@ -77,9 +79,11 @@ def register(app: typer.Typer) -> None:
         """Upload DIRECTORY as a candidate version (compiled, tests run; nothing stored on a compile error)."""
         from policy import service
         from policy.versions import load_dir
+        from workflows import policy as flows
 
         def run() -> tuple[dict[str, Any], bool]:
-            prepared = service.prepare(load_dir(directory))
+            with open_context() as ctx:
+                prepared = flows.prepare(ctx.settings, load_dir(directory))
             with open_context() as ctx, ctx.db.session() as session:
                 v, created = service.upload(session, prepared, local_operator("security"), now=ctx.clock(), note=note)
                 return _version_dict(v), created
@@ -135,11 +139,11 @@ def register(app: typer.Typer) -> None:
     def impact_cmd(version: str, limit: int = typer.Option(50, "--limit", min=0, help="flows listed per side"),
                    json_out: bool = JsonOpt) -> None:
         """Flows VERSION would open and close against the active version, on the current inventory."""
-        from policy import service
+        from workflows import policy as flows
 
         def run() -> dict[str, Any]:
-            with open_context() as ctx, ctx.db.read_session() as session:
-                return service.impact(session, version, now=ctx.clock()).to_dict(limit=limit)
+            with open_context() as ctx:
+                return flows.impact(ctx, version).to_dict(limit=limit)
         out = guard(run)
         if json_out:
             emit_json(out)
@@ -158,15 +162,13 @@ def register(app: typer.Typer) -> None:
 
     def _switch(kind: str, version: str, signature: str | None, signature_file: Path | None,
                 reason: str | None, json_out: bool) -> None:
-        from policy import service
-        from policy.versions import load_verify_keys
+        from workflows import policy as flows
 
         def run() -> dict[str, Any]:
             sig = _signature(signature, signature_file)
-            with open_context() as ctx, ctx.db.session() as session:
-                fn = service.activate if kind == "activate" else service.rollback
-                v = fn(session, version, local_operator("security"), now=ctx.clock(), signature=sig,
-                       verify_keys=load_verify_keys(ctx.settings.policy_verify_keys), reason=reason)
+            with open_context() as ctx:
+                v = flows.switch(ctx, "activate" if kind == "activate" else "rollback", version,
+                                 local_operator("security"), signature=sig, reason=reason)
                 return _version_dict(v)
         out = guard(run)
         if json_out:
