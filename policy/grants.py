@@ -176,11 +176,13 @@ def request_grant(
     clock: Clock = system_clock,
     request_id: str | None = None,
     quotas: Quotas | None = None,
+    max_ttl: timedelta | None = None,
 ) -> tuple[Grant, bool]:
     """Record a request and its decision; returns (grant, created). A retry with the same Idempotency-Key
     and the same request returns the first grant unchanged; the same key with a different request is
     a Conflict. With `quotas`, a request that would take the source tenant past its active-grant or
-    pending-request quota is QuotaExceeded (409) and nothing is written."""
+    pending-request quota is QuotaExceeded (409), and with `max_ttl` a longer TTL is InvalidInput (400):
+    nothing is written either way."""
     if idempotency_key is not None:
         previous = session.exec(
             select(Grant).where(Grant.requested_by == caller.id, Grant.idempotency_key == idempotency_key)
@@ -191,6 +193,10 @@ def request_grant(
             return previous, False
     if caller.tenant is not None and request.src_tenant != caller.tenant:
         raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
+    if max_ttl is not None and request.ttl_seconds > max_ttl.total_seconds():
+        # grants.rego denies it too; the code does not rely on whichever version is active to say so
+        raise InvalidInput(f"ttl_seconds {request.ttl_seconds} is above the maximum grant TTL of "
+                           f"{int(max_ttl.total_seconds())} s")
     now = clock()
     requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
     try:

@@ -40,7 +40,8 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
 def seed_shipped_policy(ctx: AppContext) -> int | None:
     """With no policy version at all, the shipped rego/ becomes version 1 and is activated, so a fresh
     install decides flows instead of denying everything for want of a policy. Skipped (None) when
-    versions exist, or when activation needs a signature (the security team activates it then)."""
+    versions exist, or when activation needs a signature (outside development mode, or with policy keys
+    configured: the security team signs and activates it then)."""
     actor = Actor.system("init")
     with ctx.db.session() as session:
         if policy_service.list_versions(session):
@@ -50,7 +51,7 @@ def seed_shipped_policy(ctx: AppContext) -> int | None:
         version, _created = policy_service.upload(
             session, prepared, actor, now=ctx.clock(), note="shipped policies, seeded by init"
         )
-        if ctx.settings.policy_verify_keys:
+        if ctx.settings.require_policy_signature:
             return None
         policy_service.activate(session, version.number or 0, actor, now=ctx.clock(), reason="initial policy")
         return version.number

@@ -9,9 +9,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from core.errors import InvalidInput
 from core.quotas import Quotas
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
 from policy.engines import EngineSettings
+
+MODES = ("production", "development")
+
+
+def _flag(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,17 @@ class Settings:
     sweep_interval_seconds: float = 5.0
     ca_rotation_check_seconds: float = 60.0
     policy_verify_keys: tuple[Path, ...] = ()  # PEM public keys; when set, activation needs a signature
+    # development: `make run`'s embedded defaults (unsigned activation when no key is configured);
+    # production (the default): activation always needs a signature, so verify keys must be configured
+    mode: str = "production"  # production | development
+    policy_two_person: bool = False  # the uploader of a version cannot activate (or roll back to) it
+    max_grant_ttl: timedelta = timedelta(days=7)  # enforced in code as well as in grants.rego
+    # User-supplied Rego runs in limited processes (policy/sandbox.py); decisions have a budget at activation
+    policy_job_cpu_seconds: float = 5.0
+    policy_job_memory_mb: int = 1024
+    policy_job_workers: int = 2
+    policy_decision_budget_ms: float = 50.0
+    policy_flow_set_budget_ms: float = 2000.0
     # Policy engines (policy/engines: make_engine decides which serves what)
     policy_engine: str = "embedded"  # embedded | opa: grant decisions and the PDP
     authz_engine: str = "embedded"  # embedded | opa: the API's own authorization policy
@@ -115,6 +133,14 @@ class Settings:
             policy_verify_keys=tuple(
                 Path(p.strip()) for p in e.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
             ),
+            mode=e.get("TRUSTFABRIC_MODE", "production"),
+            policy_two_person=_flag(e.get("TRUSTFABRIC_POLICY_TWO_PERSON", "0")),
+            max_grant_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_GRANT_TTL_SECONDS", str(7 * 86400)))),
+            policy_job_cpu_seconds=float(e.get("TRUSTFABRIC_POLICY_JOB_CPU_SECONDS", "5")),
+            policy_job_memory_mb=int(e.get("TRUSTFABRIC_POLICY_JOB_MEMORY_MB", "1024")),
+            policy_job_workers=int(e.get("TRUSTFABRIC_POLICY_JOB_WORKERS", "2")),
+            policy_decision_budget_ms=float(e.get("TRUSTFABRIC_POLICY_DECISION_BUDGET_MS", "50")),
+            policy_flow_set_budget_ms=float(e.get("TRUSTFABRIC_POLICY_FLOW_SET_BUDGET_MS", "2000")),
             read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
             cache_off=frozenset(n.strip() for n in e.get("TRUSTFABRIC_CACHE_OFF", "").split(",") if n.strip()),
             policy_engine=e.get("TRUSTFABRIC_POLICY_ENGINE", "embedded"),
@@ -125,6 +151,19 @@ class Settings:
             opa_timeout_seconds=float(e.get("TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "2")),
             pdp_token=e.get("TRUSTFABRIC_PDP_TOKEN") or None,
         )
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidInput(f"TRUSTFABRIC_MODE must be one of {', '.join(MODES)}, not {self.mode!r}")
+
+    @property
+    def development(self) -> bool:
+        return self.mode == "development"
+
+    @property
+    def require_policy_signature(self) -> bool:
+        """Activation needs a verified signature: always outside development mode, and whenever keys are set."""
+        return not self.development or bool(self.policy_verify_keys)
 
     def engines(self) -> EngineSettings:
         """What policy.engines.make_engine needs to choose and reach an engine."""

@@ -145,7 +145,7 @@ def request_grant(
             grant, created = svc.request_grant(
                 session, req, caller=caller, decide=recorded, idempotency_key=idempotency_key,
                 pending_ttl=settings.grant_pending_ttl, clock=ctx.clock, request_id=request_id(request),
-                quotas=settings.quotas,
+                quotas=settings.quotas, max_ttl=settings.max_grant_ttl,
             )
             if created:
                 _log_decision(ctx, session, recorded, grant, principal.scope_tenant)

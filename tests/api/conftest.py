@@ -62,7 +62,7 @@ class Env:
 
 def make_settings(home: Path, database_url: str | None = None, **overrides: Any) -> Settings:
     base = Settings(home=home, database_url=database_url, trust_domain=TD, rate_limit_per_second=0,
-                    ip_rate_limit_per_second=0)
+                    ip_rate_limit_per_second=0, mode="development")
     return replace(base, **overrides)
 
 
