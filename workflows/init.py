@@ -1,6 +1,6 @@
 """Initialise a data directory: trust domain CAs, the audit and API-issuer keys, the bootstrap admin token
-and the shipped policies as version 1. Run by `trustfabric init` and by `trustfabric serve` before it
-serves; a second run changes nothing."""
+(expiring: TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS, a day by default) and the shipped policies as version
+1. Run by `trustfabric init` and by `trustfabric serve` before it serves; a second run changes nothing."""
 
 from __future__ import annotations
 
@@ -27,14 +27,17 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
         created = init_trust_domain(
             session, ctx.keystore, trust_domain=trust_domain, key_kind=KeyKind(key_kind), clock=ctx.clock
         )
-        token = None
+        token = expires_at = None
         if not has_admin_token(session):
+            ttl = ctx.settings.bootstrap_token_ttl
             token = create_opaque_token(
-                session, role="admin", subject="admin", actor=Actor.system("init"),
+                session, role="admin", subject="admin", actor=Actor.system("init"), ttl=ttl, clock=ctx.clock,
                 description="bootstrap admin token created by init",
             )
+            expires_at = ctx.clock() + ttl
     policy_version = seed_shipped_policy(ctx)
-    return {"created": created, "trust_domain": trust_domain, "admin_token": token, "policy_version": policy_version}
+    return {"created": created, "trust_domain": trust_domain, "admin_token": token,
+            "admin_token_expires_at": expires_at, "policy_version": policy_version}
 
 
 def seed_shipped_policy(ctx: AppContext) -> int | None:

@@ -39,6 +39,7 @@ class Settings:
     api_issuer: str = "trustfabric"
     api_audience: str = "trustfabric-api"
     max_token_ttl: timedelta = timedelta(days=30)
+    bootstrap_token_ttl: timedelta = timedelta(hours=24)  # the admin token init makes (token recover: a new one)
     # Optional external OIDC issuer: issuer URL + JWKS (file path or URL); role/tenant from claims
     oidc_issuer: str | None = None
     oidc_jwks: str | None = None
@@ -109,6 +110,7 @@ class Settings:
             api_issuer=e.get("TRUSTFABRIC_API_ISSUER", "trustfabric"),
             api_audience=e.get("TRUSTFABRIC_API_AUDIENCE", "trustfabric-api"),
             max_token_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_TOKEN_TTL_SECONDS", str(30 * 86400)))),
+            bootstrap_token_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS", str(86400)))),
             oidc_issuer=e.get("TRUSTFABRIC_OIDC_ISSUER") or None,
             oidc_jwks=e.get("TRUSTFABRIC_OIDC_JWKS") or None,
             oidc_audience=e.get("TRUSTFABRIC_OIDC_AUDIENCE", "trustfabric-api"),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import typer
 
 from cli.output import JsonOpt, emit_json, open_context
@@ -12,6 +16,31 @@ def register(app: typer.Typer) -> None:
     """Add init and serve to the root CLI."""
     app.command("init")(init_cmd)
     app.command("serve")(serve_cmd)
+
+
+TOKEN_FILE = "bootstrap-admin-token"
+
+
+def deliver_admin_token(token: str, expires_at: object, home: Path, *, json_out: bool = False) -> dict[str, object]:
+    """Show the bootstrap admin token to the person at the terminal, and only there: when stdout is not a
+    terminal (a service manager's log, a pipe) it goes to a file of mode 0600 in the data directory instead
+    and stdout says where. Returns what --json prints about it."""
+    if sys.stdout.isatty():
+        if not json_out:
+            print(f"admin API token (shown once, store it now; expires {expires_at}):")
+            print(token, flush=True)
+        return {"admin_token": token, "admin_token_expires_at": expires_at}
+    path = home / TOKEN_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (token + "\n").encode())
+    finally:
+        os.close(fd)
+    if not json_out:
+        print(f"admin API token written to {path} (mode 0600; stdout is not a terminal; expires {expires_at})",
+              flush=True)
+    return {"admin_token": None, "admin_token_file": str(path), "admin_token_expires_at": expires_at}
 
 
 def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
@@ -27,9 +56,14 @@ def init_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """Create the trust domain's root and issuing CAs, the audit key and an admin API token."""
+    from workflows.settings import Settings
+
     result = initialize(trust_domain, key_kind)
+    token = result.pop("admin_token")
+    shown = (deliver_admin_token(str(token), result["admin_token_expires_at"], Settings.from_env().home,
+                                 json_out=json_out) if token else {"admin_token": None})
     if json_out:
-        emit_json(result)
+        emit_json({**result, **shown})
         return
     if result["created"]:
         print(f"initialised trust domain spiffe://{trust_domain}")
@@ -37,9 +71,6 @@ def init_cmd(
         print("trust domain already initialised; nothing changed")
     if result["policy_version"]:
         print(f"activated the shipped policies (rego/) as policy version {result['policy_version']}")
-    if result["admin_token"]:
-        print("admin API token (shown once, store it now):")
-        print(result["admin_token"])
 
 
 def serve_cmd(
@@ -51,7 +82,6 @@ def serve_cmd(
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the API (runs init first when the trust domain does not exist yet)."""
-    import os
     import signal
     import ssl
 
@@ -62,8 +92,10 @@ def serve_cmd(
     settings = Settings.from_env()
     result = initialize(trust_domain, "ec-p256")
     if result["admin_token"]:
-        print("admin API token (shown once, store it now):")
-        print(result["admin_token"], flush=True)
+        deliver_admin_token(str(result["admin_token"]), result["admin_token_expires_at"], settings.home)
+    if settings.require_policy_signature and not settings.policy_verify_keys:
+        print("production mode and no policy signing key (TRUSTFABRIC_POLICY_VERIFY_KEYS): no policy version can "
+              "be activated; configure keys, or set TRUSTFABRIC_MODE=development (make run does)", flush=True)
     server_tls = None
     options: dict[str, object] = {}
     if tls:

@@ -41,6 +41,23 @@ def register(app: typer.Typer) -> None:
               f"expires {row.expires_at}")
         print(tok)
 
+    @token.command("recover")
+    def token_recover(json_out: bool = JsonOpt) -> None:
+        """A new bootstrap admin token (run on the server host): every earlier one is revoked. Shown on a
+        terminal only; otherwise written to a 0600 file in the data directory (the output says where)."""
+        from cli.local.setup import deliver_admin_token
+        from pki.tokens.service import recover_bootstrap_token
+
+        with open_context() as ctx, ctx.db.session() as session:
+            ttl = ctx.settings.bootstrap_token_ttl
+            secret, revoked = recover_bootstrap_token(session, actor=local_operator(), ttl=ttl, clock=ctx.clock)
+            expires_at, home = ctx.clock() + ttl, ctx.settings.home
+        shown = deliver_admin_token(secret, expires_at, home, json_out=json_out)
+        if json_out:
+            emit_json({**shown, "revoked": revoked})
+        elif revoked:
+            print(f"revoked the earlier bootstrap token(s): {', '.join(revoked)}")
+
     @token.command("revoke")
     def token_revoke(token_id: str, reason: str = typer.Option("", "--reason"), json_out: bool = JsonOpt) -> None:
         """Revoke a token by its id (jti); it is refused from the next request on."""

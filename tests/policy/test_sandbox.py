@@ -17,7 +17,8 @@ SPIN = {"spin_test.rego": "package spin_test\n\ntest_spin if {\n"  # 4e8 steps, 
         "\tcount([1 | some i in numbers.range(1, 20000); some j in numbers.range(1, 20000); i == j]) > 0\n}\n"}
 HOG = {"hog_test.rego": "package hog_test\n\ntest_hog if {\n"
        "\tcount([[i, i] | some i in numbers.range(1, 400000000)]) > 0\n}\n"}
-FAST = {"ok.rego": "package ok\n\nx := 1\n", "ok_test.rego": "package ok_test\n\nimport data.ok\n\ntest_x if ok.x == 1\n"}
+FAST = {"ok.rego": "package ok\n\nx := 1\n",
+        "ok_test.rego": "package ok_test\n\nimport data.ok\n\ntest_x if ok.x == 1\n"}
 LIMITS = Limits(cpu_seconds=1, memory_mb=128, workers=2)
 
 
