@@ -29,6 +29,8 @@ class Settings:
     keystore: str = "file"  # file | pkcs11
     key_file: Path | None = None
     passphrase: str | None = None
+    passphrase_file: Path | None = None  # the passphrase read from a file (e.g. a systemd credential)
+    master_key: str = "file"  # file store's master key: file (key file or passphrase) | pkcs11 (token-wrapped)
     pkcs11_module: str | None = None
     pkcs11_token: str | None = None
     pkcs11_pin: str | None = None
@@ -101,6 +103,8 @@ class Settings:
             keystore=e.get("TRUSTFABRIC_KEYSTORE", "file"),
             key_file=Path(key_file) if key_file else None,
             passphrase=e.get("TRUSTFABRIC_PASSPHRASE") or None,
+            passphrase_file=Path(e["TRUSTFABRIC_PASSPHRASE_FILE"]) if e.get("TRUSTFABRIC_PASSPHRASE_FILE") else None,
+            master_key=e.get("TRUSTFABRIC_MASTER_KEY", "file"),
             pkcs11_module=e.get("TRUSTFABRIC_PKCS11_MODULE") or None,
             pkcs11_token=e.get("TRUSTFABRIC_PKCS11_TOKEN") or None,
             pkcs11_pin=e.get("TRUSTFABRIC_PKCS11_PIN") or None,
