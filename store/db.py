@@ -47,7 +47,7 @@ def private_sqlite_files(url: str) -> None:
     if not path or path == ":memory:" or path.startswith("file:"):
         return
     if not os.path.exists(path):
-        with contextlib.suppress(FileExistsError):
+        with contextlib.suppress(OSError):  # a missing directory and the like: SQLite reports it on connect
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     for name in (path, f"{path}-wal", f"{path}-shm"):
         with contextlib.suppress(FileNotFoundError):
