@@ -66,7 +66,7 @@ def test_explain_reuses_the_kept_engine_and_document(env: Env, monkeypatch: pyte
     assert r.json()["allow"] is False and decider.rebuilds == built + 1
 
 
-def test_group_and_workload_quotas(env: Env) -> None:
+def test_per_tenant_quotas(env: Env) -> None:
     """Item 6: a tenant could create any number of groups and workloads on the code before the fix."""
     r = env.call("POST", "/v1/tenants/acme/groups", "tenant-admin", "acme", json={"name": "g3"})
     assert r.status_code == 201  # acme holds web, db and now g3: three, its quota
@@ -83,8 +83,7 @@ def test_group_and_workload_quotas(env: Env) -> None:
     r = env.call("POST", "/v1/tenants/globex/groups/api/workloads", "tenant-admin", "globex", json={"name": "a2"})
     assert r.status_code == 201
 
-
-def test_grant_and_pending_request_quotas(env: Env) -> None:
+    # active grants and pending requests, as the source tenant
     pending = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={**REQ, "dst_group": "api", "ports": [443]})
     assert pending.json()["state"] == "pending"
     r = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={**REQ, "dst_group": "api", "ports": [8443]})
