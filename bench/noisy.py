@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.api import BIN, call, free_port, wait_healthy
+from bench.api import BIN, bench_env, call, free_port, mint, stop_all, wait_healthy
 
 GROUPS = int(os.environ.get("BENCH_GROUPS", "500"))
 FLOODERS = int(os.environ.get("BENCH_FLOODERS", "4"))
@@ -80,18 +80,14 @@ def _under_flood(port: int, noisy: str, quiet: str, path: str, explain: bool) ->
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="tf-bench-noisy-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
-    env.update({"TRUSTFABRIC_HOME": str(work / "home"), "TRUSTFABRIC_MODE": "development",
-                "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0", "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND": "0"})
+    env = bench_env(work)
     proc: subprocess.Popen[bytes] | None = None
     try:
         subprocess.run([BIN, "init", "--trust-domain", "bench.example"], env=env, cwd=work, check=True,
                        capture_output=True)
 
         def token(*args: str) -> str:
-            out = subprocess.run([BIN, "token", "create", *args, "--ttl", "1h"], env=env, cwd=work, check=True,
-                                 capture_output=True, text=True)
-            return out.stdout.strip().splitlines()[-1]
+            return mint(env, work, *args)
 
         admin = token("--role", "admin")
         port = free_port()
@@ -129,13 +125,7 @@ def main() -> int:
               f"ratio {med(explain_rate) / med(read_rate):.2f})")
         return 0
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+        stop_all([proc] if proc is not None else [], work)
 
 
 if __name__ == "__main__":

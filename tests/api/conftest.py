@@ -4,6 +4,7 @@ real file key store and trust domain, the real app, and principals with real tok
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -128,17 +129,28 @@ def env(tmp_path: Path) -> Iterator[Env]:
     e.ctx.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+BOTH_DATABASES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@contextmanager
+def seeded_env(request: pytest.FixtureRequest, tmp_path: Path, **overrides: Any) -> Iterator[Env]:
+    """A seeded environment on the database `request.param` names (sqlite | postgres), with settings
+    `overrides`; for fixtures parametrised over BOTH_DATABASES."""
+    url = request.getfixturevalue("postgres_server").create_database() if request.param == "postgres" else None
+    e = open_env(make_settings(tmp_path / "home", url, **overrides))
+    seed(e)
+    try:
+        yield e
+    finally:
+        e.client.close()
+        e.ctx.close()
+
+
+@pytest.fixture(params=BOTH_DATABASES)
 def env_both(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     """The same environment on both real databases."""
-    url = None
-    if request.param == "postgres":
-        url = request.getfixturevalue("postgres_server").create_database()
-    e = open_env(make_settings(tmp_path / "home", url))
-    seed(e)
-    yield e
-    e.client.close()
-    e.ctx.close()
+    with seeded_env(request, tmp_path) as e:
+        yield e
 
 
 def admin_opaque(env: Env) -> str:

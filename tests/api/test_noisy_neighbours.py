@@ -14,22 +14,17 @@ from sqlmodel import func, select
 from audit.models import AuditEvent
 from policy.engines import embedded
 from policy.grant_decider import RegoGrantDecider
-from tests.api.conftest import Env, make_settings, open_env, seed
+from tests.api.conftest import BOTH_DATABASES, Env, seeded_env
 
 REQ = {"src_group": "web", "dst_tenant": "globex", "proto": "tcp", "ttl_seconds": 3600}
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=BOTH_DATABASES)
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
-    url = request.getfixturevalue("postgres_server").create_database() if request.param == "postgres" else None
-    e = open_env(make_settings(tmp_path / "home", url, quota_groups=3, quota_workloads=2, quota_grants=1,
-                               quota_pending=1))
-    seed(e)
-    for role, tenant in (("admin", None), ("tenant-admin", "acme"), ("tenant-admin", "globex")):
-        e.headers(role, tenant)
-    yield e
-    e.client.close()
-    e.ctx.close()
+    with seeded_env(request, tmp_path, quota_groups=3, quota_workloads=2, quota_grants=1, quota_pending=1) as e:
+        for role, tenant in (("admin", None), ("tenant-admin", "acme"), ("tenant-admin", "globex")):
+            e.headers(role, tenant)
+        yield e
 
 
 def _events(env: Env) -> int:
