@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,15 +14,16 @@ from sqlmodel import col, func, select
 from audit.models import AuditEvent
 from pki.models import IssuedSvid
 from policy.models import DecisionRecord
-from tests.api.conftest import Env
+from tests.api.conftest import BOTH_DATABASES, Env, seeded_env
 from tests.pki.helpers import make_csr
 
 
-@pytest.fixture
-def env(env_both: Env) -> Env:
-    for role, tenant in (("security", None), ("tenant-admin", "acme"), ("tenant-admin", "globex")):
-        env_both.headers(role, tenant)  # minted up front: minting writes audit events of its own
-    return env_both
+@pytest.fixture(params=BOTH_DATABASES)
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    with seeded_env(request, tmp_path) as e:
+        for role, tenant in (("security", None), ("tenant-admin", "acme"), ("tenant-admin", "globex")):
+            e.headers(role, tenant)  # minted up front: minting writes audit events of its own
+        yield e
 
 
 def _counts(env: Env) -> tuple[int, int]:
