@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SYSTEM_TOOLS := softhsm2-util:softhsm2 nft:nftables openssl:openssl initdb:postgresql ip:iproute2 \
-	ovs-vswitchd:openvswitch-switch ethtool:ethtool
+	ovs-vswitchd:openvswitch-switch ethtool:ethtool chromium:chromium
 
 .PHONY: run test lint bench system-deps clean
 

@@ -13,10 +13,11 @@ from api.auth import Authenticator, default_authenticators
 from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
 from api.caches import cache_on, check_names
+from api.console import install_console
 from api.errors import install_error_handlers
 from api.limits import ClientRateLimit, TokenBucket
 from api.readcache import ChangeWatch, ReadCache
-from api.routes import audit, grants, health, inventory, pki, policy, security, tokens
+from api.routes import audit, flows, grant_explain, grants, health, inventory, pki, policy, security, tokens
 from api.tls import TrustAnchors
 from core.asgi import BodySizeLimit
 from workflows.context import AppContext
@@ -28,7 +29,7 @@ _CONFIGURED: Any = object()  # the authz engine the settings choose (policy.engi
 # ImportError when the app is built (and a lint error before that), never a router silently left out.
 ROUTERS: tuple[APIRouter, ...] = (
     health.router, pki.router, audit.router, policy.router, inventory.router, grants.router, security.router,
-    tokens.router,
+    tokens.router, flows.router, grant_explain.router,
 )
 
 
@@ -45,6 +46,7 @@ def create_app(
     every request is denied); `background` runs the periodic jobs (grant expiry, CA rotation, audit
     checkpoints) for the app's lifetime; `extra_routers` are mounted after the API's own (e.g. a console)."""
     from pki.revocation import CrlPublisher
+    from policy.flowset import FlowSets
     from policy.grant_decider import RegoGrantDecider
 
     anchors = TrustAnchors()
@@ -87,9 +89,13 @@ def create_app(
     app.state.trust_anchors = anchors
     pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")
     app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=pages_on))
+    flows_on = cache_on(off, "flow_set")
+    flow_changes = ChangeWatch(ctx.db.engine, enabled=flows_on and ctx.settings.read_cache)
+    app.state.flow_sets = FlowSets(ctx.db, keep=flows_on, changes=flow_changes.version)
     install_error_handlers(app)
     for router in (*ROUTERS, *extra_routers):
         app.include_router(router)
+    install_console(app)  # the web console under /console: pages that call the routes above
     app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
     # outermost: a flood from one address is refused before anything else runs (issue 13, item 7)
     app.add_middleware(ClientRateLimit, rate=ctx.settings.ip_rate_limit_per_second,

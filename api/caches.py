@@ -23,6 +23,22 @@ not kept "just in case"). Each can be switched off for measurement with TRUSTFAB
   Exact: kept only while the policy data version (one row that database triggers bump in every
   transaction changing a row build_data reads), read in the request's own transaction, is unchanged and
   no grant in it has expired since; stored only when the document and the version come from one snapshot.
+- `flow_set` (policy/flowset.py, FlowSets, built in api/app.py): the allowed flow set under the active
+  version (`data.flows.allowed_flows`, ~1 s to compute at 1,000 tenants) that GET /v1/policy/flows/matrix
+  and GET /v1/policy/flows read, one per process. Reused only while a fresh evaluation would give the same
+  answer: (a) SQLite's `PRAGMA data_version` (api/readcache.py's ChangeWatch) is what it was when the set
+  was last known current, read *before* the data, so any commit by any connection of any worker since then
+  makes the next request check again; or (b) in one read transaction (one snapshot: REPEATABLE READ on
+  PostgreSQL), the policy data version (policy.data.data_fingerprint, the one `grant_data` uses) and the
+  active version's content hash are the kept ones; and in both cases only while `now` lies between the instant it was
+  computed and the earliest expiry of a grant in it. Exact for the shipped flows.rego, which reads the
+  time only to compare it with a grant's expiry (tests/api/test_caches.py checks the text); an uploaded
+  version whose allowed flows depend on the time in another way would be answered as of the instant the
+  set was computed until a row under the document changes or the version does. PostgreSQL: no change
+  counter, so (b) is asked on every request (one row read); the set is evaluated again only when it fails.
+  Measured by bench/console.py (1,000 tenants x 10 groups, 5,000 grants, SQLite, medians of 3): GET
+  /v1/policy/flows/matrix 8.9 ms with the set kept, 1,337 ms when it is evaluated (after a grant change):
+  it stays.
 
 Measured by bench/api.py (this branch, two runs on the shared 2-core machine at load 3-9, each cache off vs
 all on, alternating runs; ratio = throughput off / on): authz GET 0.79 / 0.73; token_signature GET
@@ -34,6 +50,14 @@ keeps the signed CRLs until a revocation or a CA state changes (two aggregate re
 validity passes. Signing per GET let any unauthenticated client buy a CA signature per request (issue 13,
 item 7); it is exact by construction (the signed list is what the rows say at the time it was signed).
 
+Off our database, on the console's OIDC sign-in path (not switchable): the issuer's discovery document,
+kept five minutes per issuer (api/console/oidc.py), and the ID token's keys, read through
+api/auth/oidc.py's JwksSource like the API's own OIDC tokens (PyJWKClient: five minutes, fetched again on
+an unknown kid). Not exact by construction but bounded by what the issuer publishes: a rotated-in key is
+published before it signs and the unknown kid fetches it; a moved endpoint is followed within five
+minutes; the document's `issuer` is checked on every fetch; a key the issuer withdraws stays accepted
+for at most five minutes, as for the API's OIDC bearer tokens.
+
 Removed (bench/api.py, this branch): the JWT-SVID bundle keys kept 30 s
 (api/auth/jwt_svid.py). bench/api.py's requests never present a JWT-SVID, so it cannot show paying; and
 a key retired from the bundle stayed accepted for up to 30 s. Each JWT-SVID now reads the bundle's keys
@@ -42,7 +66,7 @@ in the request's own read transaction.
 
 from __future__ import annotations
 
-CACHES: tuple[str, ...] = ("authz", "token_signature", "token_row", "grant_pages", "grant_data")
+CACHES: tuple[str, ...] = ("authz", "token_signature", "token_row", "grant_pages", "grant_data", "flow_set")
 
 
 def cache_on(off: frozenset[str], name: str) -> bool:

@@ -441,6 +441,7 @@ def list_events(
     until: datetime | None = None,
     after: int | None = None,
     limit: int = 100,
+    actor: str | None = None,
 ) -> list[AuditEvent]:
     """Events in sequence order, filtered; `after` is the last sequence number of the previous page."""
     for name, value in (("since", since), ("until", until)):
@@ -453,6 +454,8 @@ def list_events(
         stmt = stmt.where(col(AuditEvent.tenant) == tenant)
     if action is not None:
         stmt = stmt.where(col(AuditEvent.action) == action)
+    if actor is not None:
+        stmt = stmt.where(col(AuditEvent.actor_id) == actor)
     if since is not None:  # in UTC: SQLite keeps times as UTC text without an offset
         stmt = stmt.where(col(AuditEvent.ts) >= since.astimezone(UTC))
     if until is not None:

@@ -98,8 +98,8 @@ class RegoGrantDecider:
         return data
 
     def decide_flow(self, session: Session, now: datetime, flow: dict[str, Any]) -> tuple[FlowDecision, str | None]:
-        """(the decision on one flow under the active version, that version's hash), on the kept engine
-        and document (explain)."""
+        """(the FlowDecision on one flow under the active version, that version's hash): explain, on the same
+        engine and kept document as grant decisions instead of a fresh engine and document per call."""
         from policy.decide import decide_flow
 
         data = self._data(session, now)

@@ -165,6 +165,42 @@ def _cas(session: Session, grant: Grant, **values: Any) -> Grant:
     return fresh
 
 
+def decide_closed(
+    decide: GrantDecider, session: Session, now: datetime, policy_input: dict[str, Any]
+) -> GrantDecision:
+    """The decider's answer; any failure of it is a denial that says why (fail closed)."""
+    try:
+        return decide(session, now, policy_input)
+    except Exception as exc:
+        log.exception("grant decision failed")
+        return GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
+
+
+def seen_by(session: Session, caller: Caller, request: GrantRequest, decision: GrantDecision) -> GrantDecision:
+    """The decision as the asking tenant may see it: reasons about the other tenant's inventory only when it
+    holds a grant naming that group (policy/disclosure.py); a platform caller sees it whole."""
+    if caller.tenant is None:
+        return decision
+    from policy.disclosure import grant_reasons_for
+
+    shown = grant_reasons_for(session, caller.tenant, (request.dst_tenant, request.dst_group), decision.outcome,
+                              decision.reasons)
+    if shown == decision.reasons:
+        return decision
+    return GrantDecision(decision.outcome, decision.approvers, shown, decision.policy_hash)
+
+
+def explain_request(
+    session: Session, request: GrantRequest, *, caller: Caller, decide: GrantDecider, now: datetime
+) -> tuple[GrantDecision, dict[str, Any]]:
+    """(the decision request_grant would make now, the policy input it was made on), without making it:
+    the same scope rule, input and decider, and nothing is written (no grant, no audit event)."""
+    if caller.tenant is not None and request.src_tenant != caller.tenant:
+        raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
+    policy_input = request.policy_input(caller.tenant if caller.tenant is not None else request.src_tenant)
+    return seen_by(session, caller, request, decide_closed(decide, session, now, policy_input)), policy_input
+
+
 def request_grant(
     session: Session,
     request: GrantRequest,
@@ -199,18 +235,8 @@ def request_grant(
                            f"{int(max_ttl.total_seconds())} s")
     now = clock()
     requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
-    try:
-        decision = decide(session, now, request.policy_input(requester_tenant))
-    except Exception as exc:  # fail closed, and say why
-        log.exception("grant decision failed")
-        decision = GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
-    if caller.tenant is not None:  # what the tenant may learn of the other tenant's inventory (disclosure.py)
-        from policy.disclosure import grant_reasons_for
-
-        shown = grant_reasons_for(session, caller.tenant, (request.dst_tenant, request.dst_group),
-                                  decision.outcome, decision.reasons)
-        if shown != decision.reasons:
-            decision = GrantDecision(decision.outcome, decision.approvers, shown, decision.policy_hash)
+    decision = seen_by(session, caller, request, decide_closed(decide, session, now,
+                                                               request.policy_input(requester_tenant)))
     state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
     if state != "denied":
         _check_quota(session, quotas, request.src_tenant, state, now)
@@ -274,11 +300,7 @@ def _check_quota(session: Session, quotas: Quotas | None, tenant: str, state: st
 
 def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: datetime) -> GrantDecision:
     """The policy in force, asked again about a pending request (fail closed: an error denies)."""
-    try:
-        return decide(session, now, request_of(grant).policy_input(grant.src_tenant))
-    except Exception as exc:
-        log.exception("grant decision failed")
-        return GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
+    return decide_closed(decide, session, now, request_of(grant).policy_input(grant.src_tenant))
 
 
 def approve_grant(

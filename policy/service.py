@@ -10,6 +10,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Protocol
 
 from sqlmodel import Session, col, select
 
@@ -286,11 +287,24 @@ def engine_for_active(session: Session, now: datetime) -> tuple[PolicyEngine, st
     return scratch_engine(current.modules, data), current.content_hash
 
 
+class KeptFlowDecider(Protocol):
+    """An engine kept loaded with the active version and a data document it rebuilds only when the rows
+    under it change (policy/grant_decider.py's RegoGrantDecider)."""
+
+    def decide_flow(self, session: Session, now: datetime, flow: dict[str, Any]) -> tuple[FlowDecision, str | None]:
+        """The decision on `flow` under the active version at `now`, and that version's hash."""
+        ...
+
+
 def explain(
-    session: Session, src: str, dst: str, port: int, *, proto: str = "tcp", now: datetime
+    session: Session, src: str, dst: str, port: int, *, proto: str = "tcp", now: datetime,
+    kept: KeptFlowDecider | None = None,
 ) -> tuple[FlowDecision, str | None]:
-    """The decision on one flow under the active version, with the reasons; and that version's hash."""
+    """The decision on one flow under the active version, with the reasons; and that version's hash. On
+    `kept` when given (milliseconds at 1,000 tenants), else on a fresh engine and document (the same answer)."""
     request = flow_input(src, dst, port, proto, now_ns=to_ns(now))
+    if kept is not None:
+        return kept.decide_flow(session, now, request)
     engine, digest = engine_for_active(session, now)
     try:
         return decide_flow(engine, request), digest

@@ -15,7 +15,7 @@ permissions := {
 		"policy.activate", "policy.rollback", "policy.explain", "decision.read",
 		"grant.read", "grant.approve", "grant.reject", "grant.revoke",
 		"tenant.read", "tenant.quarantine", "tenant.unquarantine", "group.quarantine", "group.unquarantine",
-		"inventory.read", "svid.read", "svid.revoke", "audit.read",
+		"inventory.read", "svid.read", "svid.revoke", "audit.read", "ca.read",
 	},
 	"tenant-admin": {
 		"grant.create", "grant.read", "grant.approve", "grant.reject", "grant.revoke",

@@ -13,6 +13,11 @@ test_security_activates_policy if ask("security", null, "policy.activate", null)
 
 test_security_cannot_issue_svid if not ask("security", null, "svid.issue", "acme").allow
 
+test_security_reads_ca_status_but_cannot_rotate if {
+	ask("security", null, "ca.read", null).allow
+	not ask("security", null, "ca.rotate", null).allow
+}
+
 test_tenant_admin_in_own_tenant if {
 	r := ask("tenant-admin", "acme", "grant.approve", "acme")
 	r.allow

@@ -48,6 +48,12 @@ class Settings:
     oidc_audience: str = "trustfabric-api"
     oidc_role_claim: str = "trustfabric_role"
     oidc_tenant_claim: str = "trustfabric_tenant"
+    # Web console (api/console): sessions, and OIDC sign-in (authorization code + PKCE) when a client id is set
+    console_session_ttl: timedelta = timedelta(hours=1)
+    oidc_client_id: str | None = None
+    oidc_client_secret: str | None = None  # a confidential client's; a public client relies on PKCE alone
+    oidc_redirect_uri: str | None = None  # default: <this server>/console/oidc/callback
+    oidc_scopes: str = "openid"
     # Limits
     max_body_bytes: int = 64 * 1024
     rate_limit_per_second: float = 50.0  # per principal; 0 disables
@@ -120,6 +126,11 @@ class Settings:
             oidc_audience=e.get("TRUSTFABRIC_OIDC_AUDIENCE", "trustfabric-api"),
             oidc_role_claim=e.get("TRUSTFABRIC_OIDC_ROLE_CLAIM", "trustfabric_role"),
             oidc_tenant_claim=e.get("TRUSTFABRIC_OIDC_TENANT_CLAIM", "trustfabric_tenant"),
+            console_session_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_CONSOLE_SESSION_SECONDS", "3600"))),
+            oidc_client_id=e.get("TRUSTFABRIC_OIDC_CLIENT_ID") or None,
+            oidc_client_secret=e.get("TRUSTFABRIC_OIDC_CLIENT_SECRET") or None,
+            oidc_redirect_uri=e.get("TRUSTFABRIC_OIDC_REDIRECT_URI") or None,
+            oidc_scopes=e.get("TRUSTFABRIC_OIDC_SCOPES", "openid"),
             max_body_bytes=int(e.get("TRUSTFABRIC_MAX_BODY_BYTES", str(64 * 1024))),
             rate_limit_per_second=float(e.get("TRUSTFABRIC_RATE_LIMIT_PER_SECOND", "50")),
             rate_limit_burst=int(e.get("TRUSTFABRIC_RATE_LIMIT_BURST", "100")),

@@ -64,6 +64,10 @@ class EventOut(BaseModel):
     request_id: str | None
     prev_hash: str
     leaf_hash: str
+    v: int = Field(description="version of the hashed event document")
+    counters: dict[str, int] | None = Field(
+        None, description="the event's number per tenant, action and tenant+action, hashed with it (absent "
+        "from events written before the log kept them): with the fields above, the leaf hash's whole input")
 
 
 class EventPage(BaseModel):
@@ -119,7 +123,10 @@ class ExportRequest(BaseModel):
 
 
 def event_out(e: AuditEvent) -> EventOut:
+    document = service.event_document(e)
     return EventOut(
+        v=document["v"],
+        counters=document.get("counters"),
         seq=e.seq,
         ts=service.format_ts(e.ts),
         actor=ActorOut(id=e.actor_id, kind=e.actor_kind),
@@ -166,6 +173,7 @@ def list_events(
     until: datetime | None = None,
     cursor: CursorQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    actor: Annotated[str | None, Query(min_length=1, max_length=512, description="exact actor id")] = None,
 ) -> EventPage:
     scoped = _scope(request, principal, "audit.read", tenant)
     after = None
@@ -183,6 +191,7 @@ def list_events(
             until=_aware(until, "until"),
             after=after,
             limit=limit,
+            actor=actor,
         )
     nxt = encode_cursor(str(rows[-1].seq)) if len(rows) == limit else None
     return EventPage(items=[event_out(e) for e in rows], next_cursor=nxt)

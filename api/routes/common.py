@@ -12,12 +12,12 @@ from fastapi import Request
 
 from api.principal import Principal
 from inventory.errors import Quarantined
-from policy.grants import Caller, decode_cursor, encode_cursor
+from policy.grants import Caller, GrantDecider, GrantDecision, decode_cursor, encode_cursor
 from workflows.context import AppContext
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
-__all__ = ["caller_of", "decode_cursor", "denial_logged", "encode_cursor", "request_id"]
+__all__ = ["caller_of", "decode_cursor", "denial_logged", "encode_cursor", "grant_decider", "request_id"]
 
 
 def request_id(request: Request) -> str:
@@ -52,3 +52,14 @@ def denial_logged(ctx: AppContext, principal: Principal, action: str, resource: 
         DecisionLog(ctx.db, clock=ctx.clock).record(
             "authz", asked, AuthzDecision(False, [f"quarantined: {exc}"]), None, owner=principal.scope_tenant)
         raise
+
+
+def grant_decider(request: Request) -> GrantDecider:
+    """The app's grant decider (policy/grant_decider.py); without one every decision fails, so it denies."""
+    decider: GrantDecider | None = getattr(request.app.state, "grant_decider", None)
+    if decider is None:
+        def _deny(*_args: object) -> GrantDecision:
+            raise RuntimeError("no grant policy configured")
+
+        return _deny
+    return decider

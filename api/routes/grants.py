@@ -17,7 +17,7 @@ from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.principal import Principal
 from api.readcache import ReadCache
-from api.routes.common import caller_of, decode_cursor, encode_cursor, request_id
+from api.routes.common import caller_of, decode_cursor, encode_cursor, grant_decider, request_id
 from api.schemas import (
     COMMON_ERRORS,
     ApproveBody,
@@ -65,16 +65,6 @@ def grant_out(grant: Grant, now: datetime) -> GrantOut:
         created_at=as_utc(grant.created_at), decided_at=_utc(grant.decided_at), expires_at=_utc(grant.expires_at),
         pending_until=_utc(grant.pending_until), version=grant.version,
     )
-
-
-def _decider(request: Request) -> svc.GrantDecider:
-    decider: svc.GrantDecider | None = getattr(request.app.state, "grant_decider", None)
-    if decider is None:
-        def _deny(*_args: object) -> svc.GrantDecision:
-            raise RuntimeError("no grant policy configured")
-
-        return _deny
-    return decider
 
 
 class _Recording:
@@ -139,7 +129,7 @@ def request_grant(
     )
     caller = caller_of(principal)
     settings = ctx.settings
-    recorded = _Recording(_decider(request))
+    recorded = _Recording(grant_decider(request))
     try:
         with grant_writer(ctx), ctx.db.session() as session:
             grant, created = svc.request_grant(
@@ -244,7 +234,7 @@ def approve_grant(grant_id: GrantId, request: Request, ctx: CtxDep, principal: P
     with grant_writer(ctx), ctx.db.session() as session:
         grant = svc.approve_grant(session, grant_id, caller=caller_of(principal), clock=ctx.clock,
                                   request_id=request_id(request), comment=body.comment if body else "",
-                                  decide=_decider(request), quotas=ctx.settings.quotas)
+                                  decide=grant_decider(request), quotas=ctx.settings.quotas)
     return grant_out(grant, ctx.clock())
 
 

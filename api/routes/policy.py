@@ -15,8 +15,7 @@ from api.deps import CtxDep, PrincipalDep
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
 from policy import service
-from policy.data import to_ns
-from policy.decide import FlowDecision, flow_input, parse_identity
+from policy.decide import FlowDecision, parse_identity
 from policy.decisionlog import DecisionLog, query_decisions
 from policy.disclosure import flow_reasons_for
 from policy.grant_decider import RegoGrantDecider
@@ -152,14 +151,11 @@ def explain(
     if scope is not None and scope not in (src_id["tenant"], dst_id["tenant"]):
         raise Forbidden(f"tenant {scope} may only explain flows from or to its own groups")
     decider = getattr(request.app.state, "grant_decider", None)
-    now = ctx.clock()
+    kept = decider if isinstance(decider, RegoGrantDecider) else None  # its engine and document: no rebuild
     with ctx.db.read_session() as session:
         if ctx.db.dialect == "postgresql":  # one snapshot, so the decider may keep the document it builds
             session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        if isinstance(decider, RegoGrantDecider):  # its kept engine and document: no rebuild, no new engine
-            decision, digest = decider.decide_flow(session, now, flow_input(src, dst, port, proto, to_ns(now)))
-        else:
-            decision, digest = service.explain(session, src, dst, port, proto=proto, now=now)
+        decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock(), kept=kept)
         reasons = flow_reasons_for(session, scope, (src_id["tenant"], src_id["group"]),
                                    (dst_id["tenant"], dst_id["group"]), proto, port, decision.allow, decision.reasons)
     shown = FlowDecision(decision.allow, reasons)

@@ -84,6 +84,27 @@ def issuer_public_key(keystore: KeyStore) -> IssuerKey:
     return IssuerKey(kid=jwk_thumbprint(ec_public_jwk(public)), public_key=public)
 
 
+def sign_claims(keystore: KeyStore, claims: dict[str, Any], *, typ: str = "JWT") -> str:
+    """A JWT over `claims` signed ES256 by the API issuer key (its `kid` in the header); the caller sets the
+    audience that says what the token is for (an API token, or a console sign-in flow's state)."""
+    key = issuer_public_key(keystore)
+    return jwt.encode(claims, keystore.get(API_ISSUER_KEY_ID).private_key(), algorithm="ES256",
+                      headers={"kid": key.kid, "typ": typ})
+
+
+def verify_signed(
+    keystore: KeyStore, token: str, *, audience: str, issuer: str, require: tuple[str, ...] = (),
+    verify_exp: bool = True,
+) -> dict[str, Any]:
+    """The claims of a JWT sign_claims made for `audience` (signature, issuer, audience and, unless told
+    otherwise, expiry checked; the claims named in `require` present); jwt.PyJWTError otherwise."""
+    claims: dict[str, Any] = jwt.decode(
+        token, issuer_public_key(keystore).public_key, algorithms=["ES256"], audience=audience, issuer=issuer,
+        options={"require": list(require), "verify_exp": verify_exp},
+    )
+    return claims
+
+
 def mint_token(
     session: Session,
     keystore: KeyStore,
@@ -120,7 +141,6 @@ def mint_token(
     subject = subject or (f"{role}@{tenant}" if tenant else role) + "-" + secrets.token_hex(3)
     if len(subject) > 256:
         raise InvalidInput("subject is at most 256 characters")
-    key = issuer_public_key(keystore)
     now = clock().replace(microsecond=0)
     jti = secrets.token_hex(16)
     claims: dict[str, Any] = {
@@ -135,10 +155,7 @@ def mint_token(
     }
     if tenant is not None:
         claims["tenant"] = tenant
-    token = jwt.encode(
-        claims, keystore.get(API_ISSUER_KEY_ID).private_key(), algorithm="ES256",
-        headers={"kid": key.kid, "typ": "JWT"},
-    )
+    token = sign_claims(keystore, claims)
     row = ApiToken(
         id=jti, token_hash=None, role=role, tenant=tenant, subject=subject, description=description,
         created_at=now, expires_at=now + ttl,
@@ -169,6 +186,11 @@ def revoke_token(
         tenant=row.tenant, summary={"role": row.role, "subject": row.subject}, reason=reason or None,
     )
     return row
+
+
+def get_token(session: Session, token_id: str) -> ApiToken | None:
+    """The row of a token by its id (a JWT's jti), or None."""
+    return session.get(ApiToken, token_id) if len(token_id) <= 64 else None
 
 
 def list_tokens(session: Session, *, after: str | None, limit: int) -> list[ApiToken]:

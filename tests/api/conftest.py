@@ -120,36 +120,37 @@ def activate_shipped_policy(env: Env) -> int:
         return version.number or 0
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    e = open_env(make_settings(tmp_path / "home"))
-    seed(e)
-    yield e
-    e.client.close()
-    e.ctx.close()
-
-
-BOTH_DATABASES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-
-
 @contextmanager
-def seeded_env(request: pytest.FixtureRequest, tmp_path: Path, **overrides: Any) -> Iterator[Env]:
-    """A seeded environment on the database `request.param` names (sqlite | postgres), with settings
-    `overrides`; for fixtures parametrised over BOTH_DATABASES."""
-    url = request.getfixturevalue("postgres_server").create_database() if request.param == "postgres" else None
-    e = open_env(make_settings(tmp_path / "home", url, **overrides))
-    seed(e)
+def seeded_env(home: Path, database_url: str | None = None, **overrides: Any) -> Iterator[Env]:
+    """An environment with seed()'s tenants and the shipped policy (settings `overrides`), closed when the
+    block ends."""
+    e = open_env(make_settings(home, database_url, **overrides))
     try:
+        seed(e)
         yield e
     finally:
         e.client.close()
         e.ctx.close()
 
 
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    with seeded_env(tmp_path / "home") as e:
+        yield e
+
+
+BOTH_DATABASES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def database_for(request: pytest.FixtureRequest) -> str | None:
+    """The database URL a fixture parametrised over BOTH_DATABASES runs on (None: SQLite in the home)."""
+    return request.getfixturevalue("postgres_server").create_database() if request.param == "postgres" else None
+
+
 @pytest.fixture(params=BOTH_DATABASES)
 def env_both(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     """The same environment on both real databases."""
-    with seeded_env(request, tmp_path) as e:
+    with seeded_env(tmp_path / "home", database_for(request)) as e:
         yield e
 
 

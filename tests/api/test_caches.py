@@ -39,6 +39,15 @@ def test_the_authz_answer_depends_only_on_the_cache_key() -> None:
         engine.close()
 
 
+def test_the_flow_set_depends_on_the_time_only_through_grant_expiry() -> None:
+    """`flow_set` is kept until the earliest expiry of a grant in it: the shipped flows.rego defines its
+    `now_ns` once and compares it with nothing but a grant's expiry, and reads no other clock."""
+    code = "\n".join(line.split("#", 1)[0] for line in (REGO_DIR / "flows.rego").read_text().splitlines())
+    uses = [line.strip() for line in code.splitlines() if re.search(r"(?<![.\w])now_ns\b", line)]
+    assert uses == ["now_ns := input.now_ns if {"] + ["g.expires_at_ns > now_ns"] * 2, uses
+    assert re.findall(r"\btime\.\w+", code) == ["time.now_ns"]
+
+
 def test_caches_switch_off_by_name_and_a_typo_fails_at_start(tmp_path: Path) -> None:
     assert all(cache_on(frozenset(), name) for name in CACHES)
     assert not cache_on(frozenset({"all"}), "authz") and not cache_on(frozenset({"grant_data"}), "grant_data")
@@ -58,7 +67,7 @@ def test_caches_switch_off_by_name_and_a_typo_fails_at_start(tmp_path: Path) -> 
 def test_the_api_answers_the_same_with_every_cache_off(tmp_path: Path) -> None:
     grant = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
              "ttl_seconds": 3600}
-    pages = []
+    pages, matrices = [], []
     for off in (frozenset(), frozenset({"all"})):
         env = open_env(make_settings(tmp_path / f"home-{len(off)}", cache_off=off))
         try:
@@ -67,6 +76,7 @@ def test_the_api_answers_the_same_with_every_cache_off(tmp_path: Path) -> None:
             assert app.state.authorizer._use_cache == (not off)
             assert app.state.grant_decider._keep_data == (not off)
             assert (app.state.grant_pages.watch.version() is not None) == (not off)
+            assert app.state.flow_sets._keep == (not off)
             for _ in range(2):  # the second answer would come from a cache
                 r = env.call("POST", "/v1/grants", "tenant-admin", "acme", json=grant)
                 assert r.status_code == 201 and r.json()["state"] == "pending"
@@ -75,7 +85,13 @@ def test_the_api_answers_the_same_with_every_cache_off(tmp_path: Path) -> None:
                 assert env.call("POST", "/v1/tenants", "tenant-admin", "acme",
                                 json={"slug": "x", "display_name": "X"}).status_code == 403
             pages.append([(g["state"], g["src_tenant"], g["dst_group"]) for g in r.json()["items"]])
+            evaluated = app.state.flow_sets.evaluations
+            cells = [env.call("GET", "/v1/policy/flows/matrix", "security").json()["cells"] for _ in range(2)]
+            assert cells[0] == cells[1] and cells[0]
+            assert app.state.flow_sets.evaluations == evaluated + (2 if off else 1)
+            matrices.append(cells[0])
         finally:
             env.client.close()
             env.ctx.close()
     assert pages[0] == pages[1] and len(pages[0]) == 2
+    assert matrices[0] == matrices[1]

@@ -80,6 +80,12 @@ def test_grant_denials_do_not_tell_a_tenant_about_another_tenants_inventory(env:
               "or is quarantined is not disclosed"]
     assert missing.json()["reasons"] == [hidden[0].format(g="nope")]
     assert closed.json()["reasons"] == [hidden[0].format(g="api")]
+    # the live answer of the request form (nothing written) says no more
+    for group, port in (("nope", 443), ("api", 22)):
+        r = env.call("GET", "/v1/policy/explain-grant", "tenant-admin", "acme",
+                     params={"src_group": "web", "dst_tenant": "globex", "dst_group": group, "proto": "tcp",
+                             "ports": [port], "ttl_seconds": 3600})
+        assert r.status_code == 200 and r.json()["reasons"] == [hidden[0].format(g=group)], r.json()
     # a malformed request is still told what is wrong with it
     bad = env.call("POST", "/v1/grants", "tenant-admin", "acme",
                    json={**REQ, "dst_group": "nope", "ports": [0]})

@@ -124,6 +124,10 @@ CASES: dict[str, Case] = {
     "POST /v1/policy/versions/{ref}/rollback": platform("/v1/policy/versions/1/rollback", lambda o: {}),
     "GET /v1/policy/explain": on_b(f"/v1/policy/explain?src={B}/api&dst=initech/svc&port=443"),
     "GET /v1/policy/decisions": on_b(f"/v1/policy/decisions?tenant={B}"),
+    "GET /v1/policy/flows/matrix": platform("/v1/policy/flows/matrix"),
+    "GET /v1/policy/flows": platform(f"/v1/policy/flows?src_tenant={B}&dst_tenant={B}"),
+    "GET /v1/policy/explain-grant": on_b(f"/v1/policy/explain-grant?src_tenant={B}&src_group=api&dst_tenant=initech"
+                                         "&dst_group=svc&proto=tcp&ports=443&ttl_seconds=60"),
     # principals
     "GET /v1/whoami": Case("own_scope", "/v1/whoami"),
     "POST /v1/tokens": platform("/v1/tokens", lambda o: {"role": "tenant-admin", "tenant": B, "ttl_seconds": 60}),

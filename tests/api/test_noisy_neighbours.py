@@ -14,14 +14,15 @@ from sqlmodel import func, select
 from audit.models import AuditEvent
 from policy.engines import embedded
 from policy.grant_decider import RegoGrantDecider
-from tests.api.conftest import BOTH_DATABASES, Env, seeded_env
+from tests.api.conftest import BOTH_DATABASES, Env, database_for, seeded_env
 
 REQ = {"src_group": "web", "dst_tenant": "globex", "proto": "tcp", "ttl_seconds": 3600}
 
 
 @pytest.fixture(params=BOTH_DATABASES)
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
-    with seeded_env(request, tmp_path, quota_groups=3, quota_workloads=2, quota_grants=1, quota_pending=1) as e:
+    quotas = {"quota_groups": 3, "quota_workloads": 2, "quota_grants": 1, "quota_pending": 1}
+    with seeded_env(tmp_path / "home", database_for(request), **quotas) as e:
         for role, tenant in (("admin", None), ("tenant-admin", "acme"), ("tenant-admin", "globex")):
             e.headers(role, tenant)
         yield e

@@ -16,7 +16,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.api.conftest import Env, make_settings, open_env, seed
+from tests.api.conftest import Env, seeded_env
 
 pytestmark = pytest.mark.xdist_group("schemathesis")
 
@@ -26,11 +26,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 @pytest.fixture(scope="module")
 def fuzz_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    env = open_env(make_settings(Path(tmp_path_factory.mktemp("fuzz")) / "home"))
-    seed(env)
-    yield env
-    env.client.close()
-    env.ctx.close()
+    with seeded_env(Path(tmp_path_factory.mktemp("fuzz")) / "home") as env:
+        yield env
 
 
 def fuzz(env: Env, headers: dict[str, str]) -> list[str]:

@@ -4,6 +4,7 @@ with registered workloads (rows written straight into the inventory tables)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,10 @@ def keystore(tmp_path: Path) -> FileKeyStore:
 
 @pytest.fixture
 def clock() -> FrozenClock:
-    return FrozenClock(START)
+    """Starts at the real now of each test, not of the import: py-spiffe checks a JWT-SVID's expiry against
+    the real clock, and in a suite that runs longer than an SVID's five minutes (a loaded machine) a clock
+    frozen at import time issued tokens that had already expired."""
+    return FrozenClock(max(START, datetime.now(UTC).replace(microsecond=0)))
 
 
 @pytest.fixture

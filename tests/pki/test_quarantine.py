@@ -14,13 +14,13 @@ from sqlmodel import col, func, select
 from audit.models import AuditEvent
 from pki.models import IssuedSvid
 from policy.models import DecisionRecord
-from tests.api.conftest import BOTH_DATABASES, Env, seeded_env
+from tests.api.conftest import BOTH_DATABASES, Env, database_for, seeded_env
 from tests.pki.helpers import make_csr
 
 
 @pytest.fixture(params=BOTH_DATABASES)
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
-    with seeded_env(request, tmp_path) as e:
+    with seeded_env(tmp_path / "home", database_for(request)) as e:
         for role, tenant in (("security", None), ("tenant-admin", "acme"), ("tenant-admin", "globex")):
             e.headers(role, tenant)  # minted up front: minting writes audit events of its own
         yield e

@@ -1,0 +1,55 @@
+"""The web console: server-rendered pages under /console, each a client of the API routes (see client.py).
+
+`install_console(app)` is the one hook in api/app.py: it mounts the pages (left out of the OpenAPI
+document: they are HTML for people, not API), the vendored static files, the console's error pages and
+its security headers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
+from starlette.staticfiles import StaticFiles
+
+from api.console.client import ApiError
+from api.console.headers import ConsoleHeaders
+from api.console.session import PATH
+from api.console.web import CsrfRefused, NeedSignIn, on_api_error, on_csrf_refused, on_need_sign_in
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+
+def page_routers() -> list[APIRouter]:
+    """The router of every `pages_*` module, listed by name: a typo or a missing module is an ImportError
+    when the app is built, never a page silently left out (tests/console checks every module is here)."""
+    from api.console import pages_audit, pages_auth, pages_grants, pages_inventory, pages_policy
+
+    return [m.router for m in (pages_audit, pages_auth, pages_grants, pages_inventory, pages_policy)]
+
+
+def console_routes() -> list[tuple[str, str]]:
+    """(METHOD, path) of every console page: what the CSRF, header and isolation tests walk."""
+    out: list[tuple[str, str]] = []
+    for router in page_routers():
+        for route in router.routes:
+            if isinstance(route, APIRoute):
+                out.extend((method, PATH + route.path) for method in sorted(route.methods or ()))
+    return sorted(set(out))
+
+
+def console_router() -> APIRouter:
+    router = APIRouter(prefix=PATH, include_in_schema=False)
+    for pages in page_routers():
+        router.include_router(pages)
+    return router
+
+
+def install_console(app: FastAPI) -> None:
+    app.include_router(console_router())
+    app.mount(f"{PATH}/static", StaticFiles(directory=STATIC), name="console-static")
+    app.add_exception_handler(NeedSignIn, on_need_sign_in)
+    app.add_exception_handler(CsrfRefused, on_csrf_refused)
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_middleware(ConsoleHeaders)

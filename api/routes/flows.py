@@ -1,0 +1,110 @@
+"""The allowed flow set under the active policy, tenant by tenant (the console's flow matrix), and the
+flows of one tenant pair with their reasons. Platform reads (`policy.read`): a tenant asks `explain`.
+
+The set comes from the app's policy.flowset.FlowSets, kept per process while provably current
+(api/caches.py, `flow_set`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from api.authz import authorize
+from api.deps import CtxDep, PrincipalDep
+from api.schemas import COMMON_ERRORS, error_responses
+from core.clock import as_utc
+from core.vocabulary import SLUG_PATTERN
+from policy.flowset import FlowSets
+from policy.matrix import flows_between, matrix_page
+
+router = APIRouter(prefix="/v1/policy", tags=["policy"])
+
+READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
+TenantQuery = Annotated[str, Query(min_length=1, max_length=63, pattern=SLUG_PATTERN)]
+
+
+def flow_sets(request: Request) -> FlowSets:
+    sets: FlowSets = request.app.state.flow_sets
+    return sets
+
+
+class TenantRow(BaseModel):
+    tenant: str
+    flows: int = Field(description="flows from and to this tenant (inside it counted once)")
+    out_other: int = Field(description="flows from this tenant to tenants not on this page")
+    in_other: int = Field(description="flows to this tenant from tenants not on this page")
+
+
+class MatrixCell(BaseModel):
+    src_tenant: str
+    dst_tenant: str
+    flows: int
+
+
+class FlowMatrixOut(BaseModel):
+    policy_hash: str | None
+    computed_at: datetime
+    flows: int = Field(description="every allowed flow under the active version")
+    tenants_matching: int = Field(description="tenants with at least one flow whose name contains `search`")
+    tenants: list[TenantRow] = Field(description="this page: most flows first")
+    cells: list[MatrixCell] = Field(description="non-empty cells between this page's tenants")
+    next_offset: int | None
+
+
+class FlowOut(BaseModel):
+    src_tenant: str
+    src_group: str
+    dst_tenant: str
+    dst_group: str
+    proto: str
+    port: int
+    reasons: list[str]
+
+
+class FlowListOut(BaseModel):
+    policy_hash: str | None
+    computed_at: datetime
+    total: int
+    items: list[FlowOut]
+    next_offset: int | None
+
+
+@router.get("/flows/matrix", response_model=FlowMatrixOut, responses=READ_ERRORS,
+            summary="Allowed flows by tenant pair under the active version: one page of tenants, most flows first")
+def flow_matrix(
+    request: Request, ctx: CtxDep, principal: PrincipalDep,
+    search: Annotated[str, Query(max_length=63, description="tenant name contains")] = "",
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> FlowMatrixOut:
+    authorize(request, principal, "policy.read", None)
+    flows = flow_sets(request).current(ctx.clock())
+    page = matrix_page(flows.counts, search=search, offset=offset, limit=limit)
+    return FlowMatrixOut(
+        policy_hash=flows.policy_hash, computed_at=as_utc(flows.computed_at), flows=page.flows,
+        tenants_matching=page.tenants_matching, next_offset=page.next_offset,
+        tenants=[TenantRow(tenant=t.tenant, flows=t.flows, out_other=t.out_other, in_other=t.in_other)
+                 for t in page.tenants],
+        cells=[MatrixCell(src_tenant=src, dst_tenant=dst, flows=n) for src, dst, n in page.cells],
+    )
+
+
+@router.get("/flows", response_model=FlowListOut, responses=READ_ERRORS,
+            summary="The allowed flows from one tenant to another under the active version, with their reasons")
+def flow_list(
+    request: Request, ctx: CtxDep, principal: PrincipalDep, src_tenant: TenantQuery, dst_tenant: TenantQuery,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> FlowListOut:
+    authorize(request, principal, "policy.read", None)
+    flows = flow_sets(request).current(ctx.clock())
+    between = flows_between(flows.raw, src_tenant, dst_tenant)
+    items = [FlowOut(**f._asdict(), reasons=reasons) for f, reasons in list(between.items())[offset:offset + limit]]
+    return FlowListOut(
+        policy_hash=flows.policy_hash, computed_at=as_utc(flows.computed_at), total=len(between), items=items,
+        next_offset=offset + limit if offset + limit < len(between) else None,
+    )

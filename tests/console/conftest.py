@@ -1,0 +1,109 @@
+"""Console test harness: the real app (tests/api/conftest.py's environment: real database, key store, trust
+domain, shipped policy) and people signed in through the console's own sign-in form."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.console.session import SESSION_COOKIE
+from tests.api.conftest import Env, make_settings, open_env, seed, seeded_env
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
+
+
+def hidden(html: str, name: str) -> str:
+    """The value of a hidden form field, as a browser would submit it."""
+    found = re.search(rf'name="{name}" value="([^"]*)"', html)
+    assert found, f"no {name} field in the page"
+    return found.group(1)
+
+
+def sign_in(env: Env, role: str, tenant: str | None = None, *, base_url: str = "http://testserver",
+            ttl: timedelta = timedelta(hours=2)) -> TestClient:
+    """A browser-like client signed in through the sign-in form with a fresh API token of that principal."""
+    client = TestClient(env.app, base_url=base_url, raise_server_exceptions=False, follow_redirects=False)
+    page = client.get("/console/login")
+    r = client.post("/console/login", data={"token": env.token(role, tenant, ttl=ttl),
+                                            "login_token": hidden(page.text, "login_token")})
+    assert r.status_code == 303, r.text
+    assert client.cookies.get(SESSION_COOKIE), "no session cookie"
+    return client
+
+
+def csrf_of(client: TestClient, page: str = "/console/grants") -> str:
+    r = client.get(page)
+    assert r.status_code == 200, r.text
+    return hidden(r.text, "csrf")
+
+
+@pytest.fixture(scope="module")
+def console_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """One seeded environment for a module's read-mostly tests."""
+    with seeded_env(Path(tmp_path_factory.mktemp("console")) / "home") as env:
+        yield env
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+# What this closed machine needs: no sandbox (root in a container), no GPU, no network beyond 127.0.0.1.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """One Debian chromium for the whole test session, driven by Playwright (never a downloaded browser)."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium; `make test` installs it as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@dataclass
+class LiveServer:
+    env: Env
+    url: str
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The app served by uvicorn on 127.0.0.1 and a free port, in a thread: what the browser talks to."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from tests.conftest import _free_port
+
+    home = Path(tmp_path_factory.mktemp("console-live")) / "home"
+    env = open_env(make_settings(home, audit_checkpoint_every=1))  # a fresh checkpoint covers every event
+    seed(env)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(env.app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the console test server did not start")
+        time.sleep(0.02)
+    try:
+        yield LiveServer(env, f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        env.client.close()
+        env.ctx.close()

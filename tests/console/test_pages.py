@@ -1,0 +1,163 @@
+"""Console pages beyond the browser stories: the proof check fails on any tampering, an activation whose
+impact changed since it was confirmed is asked again, uploads, the export streamed through, the actor
+filter, the flow matrix paged at many tenants, and form input the API would refuse."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.datastructures import UploadFile
+
+from api.console.pages_audit import check_inclusion, utc_param
+from api.console.pages_grants import parse_ports
+from api.console.pages_policy import heat, modules_from_upload
+from audit import Actor
+from audit.checkpoint import load_public_key
+from audit.verify import verify_export
+from inventory.service import create_group, create_tenant
+from tests.api.conftest import Env
+from tests.console.conftest import csrf_of, hidden, sign_in
+
+
+def _proof_inputs(env: Env, seq: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    h = env.headers("auditor")
+    checkpoint = env.client.get("/v1/audit/checkpoint", headers=h).json()
+    event = env.client.get("/v1/audit/events", params={"limit": 1000}, headers=h).json()["items"][seq]
+    proof = env.client.get("/v1/audit/proof/inclusion", params={"index": seq, "tree_size": checkpoint["size"]},
+                           headers=h).json()
+    return event, checkpoint, proof
+
+
+def test_the_proof_check_catches_every_kind_of_tampering(console_env: Env) -> None:
+    event, checkpoint, proof = _proof_inputs(console_env, 2)
+    assert [ok for _what, ok, _detail in check_inclusion(event, checkpoint, proof)] == [True, True, True]
+    changed = copy.deepcopy(event)
+    changed["actor"]["id"] = "someone-else"
+    assert check_inclusion(changed, checkpoint, proof)[-1][:2] == ("leaf hash", False)
+    assert event["counters"], "a version 2 event: its per-key numbers are hashed with it"
+    renumbered = {**event, "counters": {k: n + 1 for k, n in event["counters"].items()}}
+    assert check_inclusion(renumbered, checkpoint, proof)[-1][:2] == ("leaf hash", False)
+    note = checkpoint["note"].replace(f"\n{checkpoint['size']}\n", f"\n{checkpoint['size'] + 1}\n")
+    assert check_inclusion(event, {**checkpoint, "note": note}, proof)[0][1] is False
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    other = Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    assert check_inclusion(event, {**checkpoint, "public_key": other}, proof)[0][1] is False
+    bad_path = {**proof, "proof": [base64.b64encode(b"\x00" * 32).decode(), *proof["proof"][1:]]}
+    assert check_inclusion(event, checkpoint, bad_path)[-1][:2] == ("inclusion proof", False)
+    assert check_inclusion(event, checkpoint, None)[-1][1] is False
+    load_public_key(checkpoint["public_key"])  # what the page names is the real audit key
+
+
+def test_an_activation_is_asked_again_when_its_impact_changed(console_env: Env) -> None:
+    env = console_env
+    client = sign_in(env, "security")
+    csrf = csrf_of(client, "/console/policy")
+    r = client.post("/console/policy/versions/1/rollback", data={"csrf": csrf, "opened": "5", "closed": "0"})
+    assert r.status_code == 409 and "The impact changed since you looked" in r.text
+    assert "opens 0 flows and closes 0" in r.text
+    assert hidden(r.text, "opened") == "0"
+    r = client.get("/console/policy/versions/1/activate")
+    assert r.status_code == 200 and "Yes, activate: open 0, close 0 flows" in r.text
+    r = client.post("/console/policy/versions/1/activate", data={"csrf": csrf, "opened": "0", "closed": "0"})
+    assert r.status_code == 409 and "already active" in r.text, "the API's own answer, as a page"
+
+
+def test_a_folder_upload_keeps_the_paths_inside_it() -> None:
+    files = [UploadFile(file=None, filename=name) for name in  # type: ignore[arg-type]
+             ("my-rego/flows.rego", "my-rego/sub/x_test.rego", "my-rego/README.md")]
+    modules = modules_from_upload(files, [b"package flows\n", b"package x_test\n", b"# not rego"])
+    assert modules == {"flows.rego": "package flows\n", "sub/x_test.rego": "package x_test\n"}
+    with pytest.raises(ValueError, match=r"no \.rego"):
+        modules_from_upload(files[2:], [b"#"])
+    with pytest.raises(ValueError, match="not UTF-8"):
+        modules_from_upload(files[:1], [b"\xff\xfe"])
+
+
+def test_a_policy_that_does_not_compile_is_shown_with_its_location(console_env: Env) -> None:
+    client = sign_in(console_env, "security")
+    csrf = csrf_of(client, "/console/policy")
+    r = client.post("/console/policy/upload", data={"csrf": csrf, "note": "broken"},
+                    files=[("files", ("p/bad.rego", b"package bad\n\nallow if {\n"))])
+    assert r.status_code == 400 and "bad.rego:" in r.text and 'role="alert"' in r.text
+
+
+def test_the_export_is_streamed_through_and_verifies(console_env: Env, tmp_path: Path) -> None:
+    client = sign_in(console_env, "auditor")
+    csrf = csrf_of(client, "/console/audit/export")
+    r = client.post("/console/audit/export", data={"csrf": csrf, "format": "csv", "tenant": "acme"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    assert r.headers["content-disposition"] == 'attachment; filename="audit-export.csv"'
+    out = tmp_path / "export.csv"
+    out.write_bytes(r.content)
+    key = load_public_key(client.get("/console/audit/public-key").content)
+    assert verify_export(out, key).events > 0
+    r = client.post("/console/audit/export", data={"csrf": csrf, "format": "jsonl", "since": "yesterday"})
+    assert r.status_code == 400 and "is not a date and time" in r.text
+
+
+def test_the_actor_filter_and_bad_filters(console_env: Env) -> None:
+    env = console_env
+    client = sign_in(env, "auditor")
+    everything = env.call("GET", "/v1/audit/events", "auditor", params={"limit": 1000}).json()["items"]
+    actor = everything[0]["actor"]["id"]
+    want = [e["seq"] for e in everything if e["actor"]["id"] == actor]
+    assert 0 < len(want) < len(everything)
+    r = client.get("/console/audit", params={"actor": actor})
+    assert r.status_code == 200
+    shown = [int(n) for n in re.findall(r'<td><a href="/console/audit/events/(\d+)">', r.text)]
+    assert shown == want[:100], "exactly that actor's events, applied by the API"
+    r = client.get("/console/audit", params={"action": "NOT AN ACTION"})
+    assert r.status_code == 422 and 'role="alert"' in r.text
+    r = client.get("/console/decisions", params={"since": "31/12/2026"})
+    assert r.status_code == 400
+
+
+def test_the_flow_matrix_pages_and_searches_at_many_tenants(console_env: Env) -> None:
+    env = console_env
+    with env.ctx.db.session() as s:
+        for i in range(30):
+            create_tenant(s, slug=f"m{i:02d}", display_name=f"M{i}", actor=Actor.system("t"))
+            for g in range(1 + i % 3):
+                create_group(s, tenant=f"m{i:02d}", name=f"g{g}", ports=[{"proto": "tcp", "port": 443}],
+                             actor=Actor.system("t"))
+    client = sign_in(env, "auditor")
+    r = client.get("/console/flows")
+    assert r.status_code == 200 and "showing 1\u201320" in r.text and "offset=20" in r.text
+    assert r.text.count('<th scope="row">') == 20 and '<th scope="row" class="other">other tenants' in r.text
+    r = client.get("/console/flows", params={"search": "m2", "offset": 0})
+    # m20..m29 with two or more groups have flows among them; a tenant with one group has none
+    assert "7 tenants with flows match" in r.text
+    r = client.get("/console/flows", params={"search": "nobody"})
+    assert "No allowed flows for tenants matching" in r.text
+
+
+def test_grant_form_helpers() -> None:
+    assert parse_ports("443, 8443 9000") == [443, 8443, 9000]
+    for bad in ("", "https", "1-2", ",".join(["1"] * 65)):
+        with pytest.raises(ValueError):
+            parse_ports(bad)
+    assert heat(0, 10) == 0 and heat(10, 10) == 5 and 1 <= heat(1, 1000) <= 2
+    assert utc_param("2026-01-02T03:04", "since") == "2026-01-02T03:04:00+00:00"
+    assert utc_param("", "since") is None
+
+
+def test_a_tenant_request_form_with_bad_ports_says_why(console_env: Env) -> None:
+    client = sign_in(console_env, "tenant-admin", "acme")
+    csrf = csrf_of(client)
+    r = client.post("/console/grants", data={"csrf": csrf, "src_group": "web", "dst_tenant": "globex",
+                                             "dst_group": "api", "proto": "tcp", "ports": "https",
+                                             "ttl_seconds": "3600"})
+    assert r.status_code == 400 and "ports are numbers" in r.text
+    r = client.get("/console/grants/preview", params={"src_group": "web", "dst_tenant": "globex",
+                                                      "dst_group": "vault", "ports": "8200"},
+                   headers={"HX-Request": "true"})
+    assert r.status_code == 200 and "Needs approval by security and tenant-admin:globex." in r.text
+    assert "<html" not in r.text, "an htmx request gets the fragment alone"
