@@ -27,7 +27,7 @@ from policy.errors import PolicyBudgetExceeded, PolicyEngineError
 @dataclass(frozen=True)
 class DecisionBudget:
     decision_ms: float = 50.0  # one grant or flow decision: the most a request waits on the policy
-    flow_set_ms: float = 2000.0  # the whole allowed flow set (impact reports, the enforcer's compile)
+    flow_set_ms: float = 2000.0  # the whole allowed flow set (the flow matrix, impact, the enforcer's compile)
 
 
 @dataclass(frozen=True)
