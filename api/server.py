@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
@@ -41,6 +42,25 @@ class ConnectionLimits:
     max_header_bytes: int = 16 * 1024  # a request head (line and headers) larger than this is a 400
 
 
+class _Refusals:
+    """Counts refused connections and logs them at most once a second (a flood must not flood the log)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._logged_at = 0.0
+
+    def note(self, client: str, limit: int) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._logged_at >= 1.0:
+            self._logged_at = now
+            log.warning("refusing connections at the limit of %d open (TRUSTFABRIC_MAX_CONNECTIONS): %d so far, "
+                        "the latest from %s", limit, self.count, client)
+
+
+_refused = _Refusals()
+
+
 class BoundedH11Protocol(PeerCertH11Protocol):
     """PeerCertH11Protocol with a request read deadline and a cap on open connections. The limits come from
     the uvicorn Config (`config.tf_limits`, set by `uvicorn_config`; it travels to worker processes)."""
@@ -56,8 +76,7 @@ class BoundedH11Protocol(PeerCertH11Protocol):
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            log.warning("refusing a connection from %s: %d connections open (TRUSTFABRIC_MAX_CONNECTIONS)",
-                        self.client[0] if self.client else "?", len(self.connections) - 1)
+            _refused.note(self.client[0] if self.client else "?", self.limits.max_connections)
             transport.abort()
             return
         self._arm()
