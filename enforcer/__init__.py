@@ -33,11 +33,16 @@ Check and plan
 Render (pure)
   enforcer.render.openflow.render_openflow(rs, port_names) / render_flows / cookie_map
   enforcer.render.nvue.nvue_yaml(rs) / nv_set_commands(rs) / render_nvue(rs) / validate_nvue(doc)
-  enforcer.render.linux.render_linux(rs, fabric) -> LinuxLeafConfig(nft, ip_rules, routes, set_names)
+  enforcer.render.linux.render_linux(rs, fabric, port_names=, fabric_ports=) -> LinuxLeafConfig(nft, ip_rules,
+                                       routes, set_names)
 
-Apply (enforcer.backends.base.Backend: render / apply / installed / drift; one conformance test for all)
+Apply (enforcer.backends.base.Backend: render / apply / installed / drift; one conformance test for all;
+       Counting: counters(rules) -> [RuleCounter] per rule with its reasons, for OVS and Linux)
   enforcer.backends.ovs.OvsBackend(daemons, bridge, port_names)   ovs-ofctl --bundle replace-flows
   enforcer.backends.nvue.NvueBackend(base_url, auth)              NVUE REST: revision -> patch -> apply
-  enforcer.ovsd.OvsDaemons(rundir)     private ovsdb-server + ovs-vswitchd (OVS_RUNDIR etc.), bridges with
+  enforcer.backends.linux.LinuxBackend(netns, fabric, LeafWiring)  the lab's leaf: nftables in one transaction
+                                       inside the namespace, VRF tables + ip rules converged around it
+  enforcer.ovsd.OvsDaemons(rundir, netns=)  private ovsdb-server + ovs-vswitchd (OVS_RUNDIR etc.), bridges with
                                        datapath_type=netdev; the lab hosts one bridge per node on one daemon.
+  enforcer.netns.run_in(name, fn)      fn on a thread inside a network namespace (never the root one's rules)
 """

@@ -25,10 +25,10 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from enforcer.compiler import Compiled
-from enforcer.fabric import Placement
+from enforcer.fabric import Fabric, Placement
 from enforcer.ir import ANY, DeviceRuleSet, FlowRule
 from policy.decide import Flow, expand_allowed
 
@@ -192,10 +192,20 @@ def _addr(text: str | None) -> tuple[int, int] | None:
     return (a.version, int(a))
 
 
-class Walker:
-    """Walks flows through one compile's rule sets."""
+class RuleSets(Protocol):
+    """A fabric and a rule set per device: a compile, or the rule sets a lab's devices run."""
 
-    def __init__(self, compiled: Compiled) -> None:
+    @property
+    def fabric(self) -> Fabric: ...
+
+    @property
+    def devices(self) -> Mapping[str, DeviceRuleSet]: ...
+
+
+class Walker:
+    """Walks flows through one compile's rule sets (or any fabric's rule sets per device)."""
+
+    def __init__(self, compiled: RuleSets) -> None:
         self.c = compiled
         self.fabric = compiled.fabric
         self._devices: dict[str, _Device] = {}

@@ -2,8 +2,10 @@
 
 Never the system's OVS: every command runs with OVS_RUNDIR / OVS_LOGDIR / OVS_DBDIR set to `rundir`, and
 the database socket is `<rundir>/db.sock`. Bridges use the userspace datapath (`datapath_type=netdev`),
-which is what works on this kernel. The lab hosts one bridge per GPU node on one pair of daemons; tests
-start their own and stop them in a finally. `stop()` kills only the pids this object started.
+which is what works on this kernel. The lab hosts one bridge per GPU node on one pair of daemons, started
+inside a network namespace of its own (`netns`: the userspace datapath's tap devices then live there, not
+in the root namespace); tests start their own and stop them in a finally. `stop()` kills only the pids
+this object started. An object made for a running pair (same rundir, never started) drives it.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ def ovs_available() -> str | None:
 class OvsDaemons:
     """One ovsdb-server and one ovs-vswitchd confined to `rundir`."""
 
-    def __init__(self, rundir: Path) -> None:
+    def __init__(self, rundir: Path, netns: str | None = None) -> None:
         self.rundir = Path(rundir)
+        self.netns = netns
+        self._launch = ["ip", "netns", "exec", netns] if netns else []
         self.env = {**os.environ, "OVS_RUNDIR": str(self.rundir), "OVS_LOGDIR": str(self.rundir),
                     "OVS_DBDIR": str(self.rundir), "OVS_SYSCONFDIR": str(self.rundir)}
         self.db_sock = self.rundir / "db.sock"
@@ -58,12 +62,13 @@ class OvsDaemons:
         schema = next(p for p in SCHEMA_CANDIDATES if Path(p).exists())
         db = self.rundir / "conf.db"
         self.run("ovsdb-tool", "create", str(db), schema)
-        self.run("ovsdb-server", str(db), f"--remote=punix:{self.db_sock}", f"--pidfile={self.rundir}/ovsdb.pid",
-                 "--detach", f"--log-file={self.rundir}/ovsdb.log", f"--unixctl={self.rundir}/ovsdb.ctl")
+        self.run(*self._launch, "ovsdb-server", str(db), f"--remote=punix:{self.db_sock}",
+                 f"--pidfile={self.rundir}/ovsdb.pid", "--detach", f"--log-file={self.rundir}/ovsdb.log",
+                 f"--unixctl={self.rundir}/ovsdb.ctl")
         self._pids.append(self._pid("ovsdb.pid"))
         self.vsctl("--no-wait", "init")
-        self.run("ovs-vswitchd", f"unix:{self.db_sock}", f"--pidfile={self.rundir}/vswitchd.pid", "--detach",
-                 f"--log-file={self.rundir}/vswitchd.log", f"--unixctl={self.rundir}/vswitchd.ctl")
+        self.run(*self._launch, "ovs-vswitchd", f"unix:{self.db_sock}", f"--pidfile={self.rundir}/vswitchd.pid",
+                 "--detach", f"--log-file={self.rundir}/vswitchd.log", f"--unixctl={self.rundir}/vswitchd.ctl")
         self._pids.append(self._pid("vswitchd.pid"))
         return self
 
@@ -89,6 +94,11 @@ class OvsDaemons:
         if internal:
             self._taps.append(port)
 
+    def push_stats(self) -> None:
+        """Wait for one revalidator round: packets that hit the datapath's flow cache reach the OpenFlow
+        flows' counters only then (every `other_config:max-revalidator` ms, 500 by default)."""
+        self.run("ovs-appctl", "-t", f"{self.rundir}/vswitchd.ctl", "revalidator/wait")
+
     def mgmt(self, bridge: str) -> str:
         """The OpenFlow management socket ovs-ofctl talks to for `bridge`."""
         return f"unix:{self.rundir}/{bridge}.mgmt"
@@ -97,22 +107,30 @@ class OvsDaemons:
         """Stop the daemons (removing their datapath ports) and delete any tap device they left behind."""
         if self._pids:
             self.run("ovs-appctl", "-t", f"{self.rundir}/vswitchd.ctl", "exit", "--cleanup", check=False)
-        for pid in reversed(self._pids):
-            try:
+        alive = []
+        for pid in reversed(self._pids):  # each takes ~2 s to exit on SIGTERM: signal both, then wait for both
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.05)
-            else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                alive.append(pid)
+        deadline = time.monotonic() + 5
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [pid for pid in alive if _running(pid)]
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self._pids.clear()
         for tap in self._taps:
+            if self.netns is not None:  # the namespace's owner deletes it, and its taps with it
+                break
             if Path(f"/sys/class/net/{tap}").exists():
                 subprocess.run(["ip", "link", "del", tap], capture_output=True, timeout=30)
         self._taps.clear()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

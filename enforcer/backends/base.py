@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from enforcer.ir import DeviceRuleSet
 
@@ -22,3 +22,20 @@ class Backend(Protocol):
 
     def drift(self, rules: DeviceRuleSet) -> list[str]:
         """How what the device runs differs from `rules`, one line per difference (empty: in sync)."""
+
+
+class RuleCounter(NamedTuple):
+    """One installed rule's counters, read back from the device."""
+
+    where: str  # leaf: the nftables chain; nic: "table <n> priority <p>"
+    reasons: tuple[str, ...]  # the policy rule or grant (from the rule's comment or cookie)
+    action: str  # allow | deny
+    packets: int
+    bytes: int
+
+
+class Counting(Protocol):
+    """A backend that reads per-rule counters back (OVS flows, nftables rules; NVUE has no such API here)."""
+
+    def counters(self, rules: DeviceRuleSet) -> list[RuleCounter]:
+        """Every installed rule that counts, with the reasons `rules` gives it; NotApplied if none of ours."""

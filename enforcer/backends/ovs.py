@@ -12,10 +12,14 @@ import re
 import tempfile
 from collections.abc import Mapping
 
+from enforcer.backends.base import RuleCounter
 from enforcer.errors import ApplyError, NotApplied
 from enforcer.ir import DeviceRuleSet
 from enforcer.ovsd import OvsDaemons
-from enforcer.render.openflow import render_openflow
+from enforcer.render.openflow import cookie_map, render_openflow
+
+_FLOW_STATS = re.compile(r"cookie=(0x[0-9a-f]+).*?table=(\d+), n_packets=(\d+), n_bytes=(\d+),.*?priority=(\d+)"
+                         r"(?:,\S*)? actions=(\S+)")
 
 OF = ("-O", "OpenFlow13")
 
@@ -66,3 +70,21 @@ class OvsBackend:
                  for p in [rules.uplink, *(x.name for x in rules.ports)]}
         out = self._with_file(render_openflow(rules, names), "diff-flows")
         return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def counters(self, rules: DeviceRuleSet) -> list[RuleCounter]:
+        """Per flow with a cookie (the allow and deny rules; the pipeline's plumbing carries cookie 0, except
+        the classifier's final drop of traffic from no known address, reported as `anti-spoofing`)."""
+        out = self.daemons.run("ovs-ofctl", *OF, "dump-flows", self.daemons.mgmt(self.bridge)).stdout
+        reasons = cookie_map(rules)
+        counters = []
+        for m in _FLOW_STATS.finditer(out):
+            cookie, table, packets, nbytes, prio, actions = m.groups()
+            c = int(cookie, 16)
+            if c == 0 and not (table == "0" and prio == "0"):
+                continue
+            why = reasons.get(c, ("anti-spoofing",) if c == 0 else (f"cookie:{cookie}",))
+            action = "deny" if actions == "drop" else "allow"
+            counters.append(RuleCounter(f"table {table} priority {prio}", why, action, int(packets), int(nbytes)))
+        if not counters:
+            raise NotApplied(f"bridge {self.bridge} has no flows")
+        return counters

@@ -2,12 +2,19 @@
 `ip rule`s that play the VRFs (this kernel has no VRF devices: a VRF is a table selected by the ingress port).
 
 nftables (one `inet` table per leaf, applied as one atomic batch by libnftables / pip-nftables):
+  - the batch adds, deletes and re-adds the table, so it replaces the whole table in one transaction (no
+    chain or set of a previous rule set survives it) and works whether the table exists or not;
   - one named set per address set and family (`s<i>_v4` / `s<i>_v6`, flags interval), in the order of
     `set_names` (the IR set name of each);
   - chain `forward` (hook forward, policy drop) dispatches on the ingress port through the verdict map
     `attach` (`iifname` -> jump to the tenant's ACL chain): no per-pair rules anywhere;
-  - chain `acl_<tenant>`: one rule per IR rule (sets for addresses, an anonymous set for ports), ending in
+  - `attach` also maps the leaf's fabric-facing interfaces (`fabric_ports`: the lab's L3VNI vxlan devices)
+    to accept: as on a Cumulus leaf, ACLs are bound inbound on tenant attachments, not on the fabric side;
+  - chain `acl_<tenant>`: one rule per IR rule (sets for addresses, an anonymous set for ports), each with
+    a counter and its reasons as the comment (counters map back to the policy rule or grant), ending in
     drop, the same order the leaf ACL has.
+Interfaces are named as the IR names the attachments (`swp1.101`) unless `port_names` maps them to the
+interface that realises the attachment (a Linux name holds at most 15 characters).
 Routing: VRF = table <L3VNI>, `ip rule iif <port> lookup <table>` per attachment; in each table, a host route
 per workload of the tenant (local: `dev <port>`; remote: `via_leaf`, which the lab resolves to its
 inter-leaf link / vxlan with that VNI) and, for each leaked prefix, the route the source VRF has for it.
@@ -16,6 +23,7 @@ inter-leaf link / vxlan with that VNI) and, for each leaked prefix, the route th
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +31,7 @@ from enforcer.fabric import Fabric
 from enforcer.ir import ANY, DeviceRuleSet, FlowRule
 
 RULE_PRIORITY_BASE = 1000
+COUNTER: dict[str, Any] = {"counter": None}
 
 
 @dataclass(frozen=True)
@@ -45,12 +54,14 @@ def _elems(cidrs: tuple[str, ...]) -> list[Any]:
     return out
 
 
-def render_linux(rs: DeviceRuleSet, fabric: Fabric, table: str = "tf_leaf") -> LinuxLeafConfig:
+def render_linux(rs: DeviceRuleSet, fabric: Fabric, table: str = "tf_leaf",
+                 port_names: Mapping[str, str] | None = None, fabric_ports: Iterable[str] = ()) -> LinuxLeafConfig:
     if rs.kind != "leaf":
         raise ValueError(f"{rs.device} is not a leaf switch")
+    names = dict(port_names or {})
     fam_t = {"family": "inet", "table": table}
-    cmds: list[dict[str, Any]] = [{"add": {"table": {"family": "inet", "name": table}}},
-                                  {"flush": {"table": {"family": "inet", "name": table}}}]
+    the_table = {"table": {"family": "inet", "name": table}}
+    cmds: list[dict[str, Any]] = [{"add": the_table}, {"delete": the_table}, {"add": the_table}]
     set_ref: dict[tuple[str, int], str] = {}
     set_names: dict[str, str] = {}
     for i, s in enumerate(rs.sets):
@@ -68,21 +79,22 @@ def render_linux(rs: DeviceRuleSet, fabric: Fabric, table: str = "tf_leaf") -> L
     for t in tenants:
         cmds.append({"add": {"chain": {**fam_t, "name": _chain(t)}}})
     cmds.append({"add": {"map": {**fam_t, "name": "attach", "type": "ifname", "map": "verdict",
-                                 "elem": [[p.name, {"jump": {"target": _chain(p.tenant)}}] for p in rs.ports]}}})
+                                 "elem": [[names.get(p.name, p.name), {"jump": {"target": _chain(p.tenant)}}]
+                                          for p in rs.ports] + [[f, {"accept": None}] for f in fabric_ports]}}})
     cmds.append({"add": {"rule": {**fam_t, "chain": "forward", "expr": [
         {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@attach"}}]}}})
     for r in rs.rules:
         for expr in _exprs(r, set_ref):
             cmds.append({"add": {"rule": {**fam_t, "chain": _chain(r.scope), "expr": expr,
                                           "comment": " ".join(r.reasons)[:120]}}})
-    ip_rules, routes = _routing(rs, fabric)
+    ip_rules, routes = _routing(rs, fabric, names)
     return LinuxLeafConfig({"nftables": cmds}, ip_rules, routes, set_names)
 
 
 def _exprs(r: FlowRule, set_ref: dict[tuple[str, int], str]) -> list[list[dict[str, Any]]]:
     verdict = {"accept": None} if r.action == "allow" else {"drop": None}
     if r.src == ANY and r.dst == ANY and r.proto == "*":
-        return [[verdict]]
+        return [[COUNTER, verdict]]
     out = []
     for fam in (4, 6):
         proto_key = "ip" if fam == 4 else "ip6"
@@ -106,16 +118,17 @@ def _exprs(r: FlowRule, set_ref: dict[tuple[str, int], str]) -> list[list[dict[s
             elems: list[Any] = [lo if lo == hi else {"range": [lo, hi]} for lo, hi in r.ports]
             parts.append({"match": {"op": "==", "left": {"payload": {"protocol": r.proto, "field": field}},
                                     "right": {"set": elems}}})
-        out.append([*parts, verdict])
+        out.append([*parts, COUNTER, verdict])
     return out
 
 
-def _routing(rs: DeviceRuleSet, fabric: Fabric) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
+def _routing(rs: DeviceRuleSet, fabric: Fabric, names: Mapping[str, str]
+             ) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
     leaf = rs.name
-    port_of = {(p.node, p.tenant): p.name for p in rs.ports}
+    port_of = {(p.node, p.tenant): names.get(p.name, p.name) for p in rs.ports}
     vni_of = {v.name: v.vni for v in rs.vrfs}
-    ip_rules = tuple({"priority": RULE_PRIORITY_BASE + i, "iif": p.name, "table": vni_of[fabric.tenant[p.tenant].vrf]}
-                     for i, p in enumerate(rs.ports))
+    ip_rules = tuple({"priority": RULE_PRIORITY_BASE + i, "iif": port_of[(p.node, p.tenant)],
+                      "table": vni_of[fabric.tenant[p.tenant].vrf]} for i, p in enumerate(rs.ports))
 
     by_tenant: dict[str, list[Any]] = {}
     for key, placements in fabric.members.items():

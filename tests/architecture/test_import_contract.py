@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 LINT = str(Path(sys.executable).parent / "lint-imports")
-PACKAGES = ("core", "store", "audit", "inventory", "pki", "policy", "enforcer", "workflows", "api", "pdp", "cli")
+PACKAGES = ("core", "store", "audit", "inventory", "pki", "policy", "enforcer", "workflows", "api", "pdp", "lab",
+            "cli")
 
 pytestmark = pytest.mark.xdist_group("lint")
 
@@ -43,6 +44,8 @@ def test_the_tree_keeps_the_contract(tree: Path) -> None:
 @pytest.mark.parametrize(("module", "line", "broken"), [
     ("store/back_import.py", "import policy.models\n", "store is not allowed to import policy"),
     ("pki/back_import.py", "import api.app\n", "pki.back_import -> api.app"),
+    ("enforcer/back_import.py", "import lab.state\n", "enforcer.back_import -> lab.state"),
+    ("api/back_import.py", "import lab.state\n", "api is not allowed to import lab"),
 ])
 def test_a_back_import_fails_lint(tree: Path, module: str, line: str, broken: str) -> None:
     added = tree / module

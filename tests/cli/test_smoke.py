@@ -1,6 +1,6 @@
 """The installed `trustfabric` binary, once per command group (everything else runs in-process): init and
 serve make and serve a data directory; token, whoami, tenant, group, workload and grant go through that
-server; svid, bundle, ca, node, policy and audit work on the data directory beside it. (`pdp` runs as a
+server; svid, bundle, ca, node, policy, audit and lab work on the data directory beside it. (`pdp` runs as a
 binary in tests/policy/test_routes_cli.py.) And `--help` loads neither FastAPI nor a database."""
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def test_every_command_group_runs_as_the_installed_binary(binary: Binary) -> Non
     assert [v["state"] for v in binary.json("policy", "list")] == ["active"]  # type: ignore[union-attr,index]
     key = binary.run("audit", "public-key")
     assert key.returncode == 0 and key.stdout.startswith("-----BEGIN PUBLIC KEY-----")
+    assert binary.json("lab", "status")["status"] == "down"  # type: ignore[index]
     bad = binary.run("grant", "request", "--dst", "globex", token=admin)
     assert bad.returncode == 2  # usage
     missing = binary.run("tenant", "list", token="tfo_nope")

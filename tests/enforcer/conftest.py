@@ -1,9 +1,14 @@
-"""Enforcer fixtures: one private Open vSwitch per test session (per xdist worker), in its own run directory."""
+"""Enforcer fixtures: one private Open vSwitch per test session (per xdist worker), in its own run directory
+and its own network namespace: the userspace datapath opens a tap named `ovs-netdev` in the daemon's
+namespace, so two sessions' daemons in one namespace (the root one) collide and the second cannot open its
+datapath (its bridges never come up)."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +24,13 @@ def ovs_daemons() -> Iterator[OvsDaemons]:
     if reason:
         pytest.skip(reason)
     rundir = Path(tempfile.mkdtemp(prefix=f"tf-ovs-{os.getpid()}-"))
-    daemons = OvsDaemons(rundir)
+    netns = f"tfo{os.getpid() % 100000}{secrets.token_hex(2)}"
+    subprocess.run(["ip", "netns", "add", netns], check=True, capture_output=True)
+    daemons = OvsDaemons(rundir, netns=netns)
     try:
         daemons.start()
         yield daemons
     finally:
         daemons.stop()
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True)
         shutil.rmtree(rundir, ignore_errors=True)

@@ -1,10 +1,13 @@
-"""One conformance test for every Backend: OVS (a real ovs-vswitchd in its own run directory) and NVUE (the
-REST stand-in). The lab's Linux backend joins by adding a factory to TARGETS."""
+"""One conformance test for every Backend: OVS (a real ovs-vswitchd in its own run directory), NVUE (the
+REST stand-in) and Linux (nftables + policy routing in a network namespace the test creates)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,11 +15,12 @@ from dataclasses import dataclass
 import pytest
 
 from enforcer.backends.base import Backend
+from enforcer.backends.linux import LeafWiring, LinuxBackend
 from enforcer.backends.nvue import NvueBackend
 from enforcer.backends.ovs import OvsBackend
 from enforcer.compiler import recompile
 from enforcer.errors import ApplyError, NotApplied
-from enforcer.ir import DeviceRuleSet
+from enforcer.ir import AddressSet, DeviceRuleSet
 from enforcer.ovsd import OvsDaemons
 from tests.enforcer.helpers import compile_small
 from tests.enforcer.nvue_standin import NvueStandIn
@@ -67,7 +71,39 @@ def _nvue(request: pytest.FixtureRequest) -> Iterator[Target]:
         yield Target(NvueBackend(standin.url), a, b, broken)
 
 
-TARGETS: dict[str, Callable[[pytest.FixtureRequest], object]] = {"ovs": _ovs, "nvue": _nvue}
+def overlapping(rs: DeviceRuleSet) -> DeviceRuleSet:
+    """`rs` with one address set holding overlapping intervals: nftables refuses the whole batch."""
+    i, s = next((i, s) for i, s in enumerate(rs.sets) if s.v4)
+    bad = AddressSet(s.name, ("10.1.0.0/16", "10.1.0.11/32"), s.v6)
+    return dataclasses.replace(rs, sets=(*rs.sets[:i], bad, *rs.sets[i + 1:]))
+
+
+@contextmanager
+def _linux(request: pytest.FixtureRequest) -> Iterator[Target]:
+    if os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None:
+        pytest.skip("needs root, nftables and iproute2 to create a network namespace")
+    ns = f"tfc{secrets.token_hex(3)}{os.getpid() % 1000}"
+    a, b = _sets("leaf:leaf1")
+    compiled, _ = compile_small()
+    vnis = sorted(t.vni for t in compiled.fabric.tenants)
+    lines = ["link set lo up", "addr add 100.127.0.1/32 dev lo"]
+    lines += [f"link add {p.name} type veth peer name y{i}" for i, p in enumerate(a.ports)]
+    lines += [f"link set {p.name} up" for p in a.ports]
+    for vni in vnis:
+        lines += [f"link add vx{vni} type vxlan id {vni} local 100.127.0.1 dstport 4789 nolearning",
+                  f"link set vx{vni} up"]
+    subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "-batch", "-"], input="\n".join(lines) + "\n", text=True, check=True,
+                       capture_output=True)
+        wiring = LeafWiring(l3vni={v: f"vx{v}" for v in vnis}, vteps={"leaf2": "100.127.0.2"},
+                            gateway_v4="169.254.0.1")
+        yield Target(LinuxBackend(ns, compiled.fabric, wiring), a, b, overlapping(b))
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+TARGETS: dict[str, Callable[[pytest.FixtureRequest], object]] = {"ovs": _ovs, "nvue": _nvue, "linux": _linux}
 
 
 @pytest.fixture(params=sorted(TARGETS))

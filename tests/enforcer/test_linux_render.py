@@ -53,7 +53,7 @@ def test_leaf_rules_load_atomically_into_nftables(netns: str) -> None:
     # one nft rule per IR rule and family that has members: never one per address pair
     assert len(rules) <= 1 + 2 * len(rs.rules)
     assert sum(1 for r in rules if r["chain"] == "acl_platform") == 3  # two return rules and the final drop
-    # re-applying the same batch replaces the table in one transaction (flush + add): no duplicates
+    # re-applying the same batch replaces the table in one transaction (add, delete, add): no duplicates
     again = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", LOAD], input=json.dumps(cfg.nft),
                            capture_output=True, text=True, timeout=60)
     assert len([x for x in json.loads(again.stdout)["nftables"] if "rule" in x]) == len(rules)

@@ -1,7 +1,8 @@
 """Real TCP between two network namespaces through two SuperNIC bridges running the compiled flows.
 
 gpu1's and gpu2's rule sets from the small fabric go into two bridges of a private ovs-vswitchd (userspace
-datapath); the bridges' uplinks are joined by a veth pair (a wire standing in for the leaf). acme/train/w1
+datapath, in the session's OVS namespace, where the bridges' ends of the veths live too); the bridges'
+uplinks are joined by a veth pair (a wire standing in for the leaf). acme/train/w1
 (gpu1) and acme/data/db1 (gpu2) each live in a namespace and listen on 443 and 5432: only the connections
 the policy allows complete, in both directions of the TCP handshake (conntrack return).
 """
@@ -43,6 +44,8 @@ def two_nodes(ovs_daemons: OvsDaemons) -> Iterator[dict[str, str]]:
     if shutil.which("ethtool") is None:
         pytest.skip("ethtool not installed (Debian package ethtool): veth checksum offload must be off")
     tok = secrets.token_hex(2)
+    ovs_ns = ovs_daemons.netns
+    assert ovs_ns is not None
     ns = {"w1": f"tfw{tok}{os.getpid() % 1000}a", "db1": f"tfw{tok}{os.getpid() % 1000}b"}
     br = {"gpu1": f"tfb{tok}1", "gpu2": f"tfb{tok}2"}
     links: list[str] = []
@@ -50,20 +53,21 @@ def two_nodes(ovs_daemons: OvsDaemons) -> Iterator[dict[str, str]]:
     try:
         for b in br.values():
             ovs_daemons.add_bridge(b)
-        _sh("ip", "link", "add", f"tf{tok}ua", "type", "veth", "peer", "name", f"tf{tok}ub")
+        here = ["ip", "-n", ovs_ns]  # the daemons' namespace: the bridges' side of every veth lives there
+        _sh(*here, "link", "add", f"tf{tok}ua", "type", "veth", "peer", "name", f"tf{tok}ub")
         links.append(f"tf{tok}ua")
         for end, b in ((f"tf{tok}ua", br["gpu1"]), (f"tf{tok}ub", br["gpu2"])):
-            _sh("ethtool", "-K", end, "tx", "off")
-            _sh("ip", "link", "set", end, "up")
+            _sh("ip", "netns", "exec", ovs_ns, "ethtool", "-K", end, "tx", "off")
+            _sh(*here, "link", "set", end, "up")
             ovs_daemons.add_port(b, end)
         for w, addr, b, host in (("w1", "10.1.0.11", br["gpu1"], f"tf{tok}h1"),
                                  ("db1", "10.1.0.21", br["gpu2"], f"tf{tok}h2")):
             _sh("ip", "netns", "add", ns[w])
-            _sh("ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns[w])
+            _sh(*here, "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns[w])
             links.append(host)
-            _sh("ethtool", "-K", host, "tx", "off")
+            _sh("ip", "netns", "exec", ovs_ns, "ethtool", "-K", host, "tx", "off")
             _sh("ip", "netns", "exec", ns[w], "ethtool", "-K", "eth0", "tx", "off")
-            _sh("ip", "link", "set", host, "up")
+            _sh(*here, "link", "set", host, "up")
             _sh("ip", "-n", ns[w], "addr", "add", f"{addr}/16", "dev", "eth0")
             _sh("ip", "-n", ns[w], "link", "set", "eth0", "up")
             _sh("ip", "-n", ns[w], "link", "set", "lo", "up")
@@ -87,7 +91,7 @@ def two_nodes(ovs_daemons: OvsDaemons) -> Iterator[dict[str, str]]:
         for n in ns.values():
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
         for link in links:
-            subprocess.run(["ip", "link", "del", link], capture_output=True)
+            subprocess.run(["ip", "-n", ovs_ns, "link", "del", link], capture_output=True)
         for b in br.values():
             ovs_daemons.del_bridge(b)
 
