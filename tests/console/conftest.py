@@ -56,9 +56,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    """One Debian chromium for the whole test session, driven by Playwright (never a downloaded browser)."""
+    """Debian's chromium for the browser tests' module, driven by Playwright (never a downloaded browser).
+    Module, not session: Playwright's sync API keeps an event loop running in the main thread while it is
+    started, so any later test on the same xdist worker that calls asyncio.run() failed (tests/core/test_asgi.py)."""
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed (apt-get install chromium; `make test` installs it as root)")
     from playwright.sync_api import sync_playwright
