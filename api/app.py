@@ -15,7 +15,7 @@ from api.background import server_jobs
 from api.caches import cache_on, check_names
 from api.console import install_console
 from api.errors import install_error_handlers
-from api.limits import TokenBucket
+from api.limits import ClientRateLimit, TokenBucket
 from api.observe import Observe
 from api.readcache import ChangeWatch, ReadCache
 from api.routes import (
@@ -59,6 +59,7 @@ def create_app(
     every request is denied); `background` runs the periodic jobs (grant expiry, CA rotation, audit
     checkpoints) for the app's lifetime; `extra_routers` are mounted after the API's own (e.g. a console)."""
     from api import docs, tracing
+    from pki.revocation import CrlPublisher
     from policy.flowset import FlowSets
     from policy.grant_decider import RegoGrantDecider
 
@@ -104,6 +105,7 @@ def create_app(
     )
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
     app.state.background = jobs
+    app.state.crl = CrlPublisher()
     app.state.trust_anchors = anchors
     pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")
     app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=pages_on))
@@ -116,7 +118,11 @@ def create_app(
     docs.install(app)
     install_console(app)  # the web console under /console: pages that call the routes above
     app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
-    app.add_middleware(Observe, tracing=traces)  # outermost: sees every answer, the 413s included
+    app.add_middleware(Observe, tracing=traces)  # sees every answer past the address limit, the 413s included
+    # outermost: a flood from one address is refused before anything else runs (issue 13, item 7), not even
+    # an access-log line each (a flood must not flood the log); the refusals are counted (api/limits.py)
+    app.add_middleware(ClientRateLimit, rate=ctx.settings.ip_rate_limit_per_second,
+                       burst=ctx.settings.ip_rate_limit_burst)
     return app
 
 

@@ -3,11 +3,11 @@ own port and home, the variables `make run` sets): every line of the block as wr
 grant id a person would copy from `grant list` and the editor filled in. If the README and the product part
 ways, this fails.
 
-The lines are run by a small interpreter of the shell they use (`VAR=value`, `$VAR`, `|`, `&&`, `> file`,
-`# comments`, and the commands `trustfabric`, `tail -1`, `cp -r`, `curl -s`), the `trustfabric` commands
-in-process as the rest of tests/cli does (tests/cli/conftest.py: real argument parsing, exit codes and
-output, no interpreter start per command), so the whole tour takes seconds. Anything else in the block fails
-the test, naming the construct, rather than being skipped."""
+The lines are run by a small interpreter of the shell they use (`VAR=value`, `export VAR=value`, `$VAR`,
+`|`, `&&`, `> file`, `# comments`, and the commands `trustfabric`, `tail -1`, `cp -r`, `curl -s`), the
+`trustfabric` commands in-process as the rest of tests/cli does (tests/cli/conftest.py: real argument
+parsing, exit codes and output, no interpreter start per command), so the whole tour takes seconds. Anything
+else in the block fails the test, naming the construct, rather than being skipped."""
 
 from __future__ import annotations
 
@@ -61,6 +61,12 @@ class Tour:
         assignment = re.fullmatch(r"([A-Z][A-Z0-9_]*)=(\S+)", text.strip())
         if assignment:
             self.vars[assignment.group(1)] = assignment.group(2)
+            return
+        words = shlex.split(text, comments=True)
+        exported = re.fullmatch(r"([A-Z][A-Z0-9_]*)=(\S+)", words[1]) if words[:1] == ["export"] and len(
+            words) == 2 else None
+        if exported:  # the commands that follow see it
+            self.env[exported.group(1)] = self.expand(exported.group(2))
             return
         for part in text.split(" && "):
             self.pipeline(part)
@@ -143,3 +149,13 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
     assert out.count("OK: ") == 2  # both exports verified offline
     assert (tmp_path / ".config" / "trustfabric" / "config.yaml").stat().st_mode & 0o077 == 0
     assert "\n— " in (tmp_path / "kept.note").read_text()  # the signed checkpoint note, kept
+
+
+def test_the_tour_exports_what_make_run_sets() -> None:
+    """The tour's local commands (token create, policy upload, policy activate) open the data directory `make
+    run` serves, in another shell: without the variables `make run` sets for the server (development mode),
+    `policy activate` there refuses what the server itself would accept."""
+    server = make_run_environment()
+    assert server.get("TRUSTFABRIC_MODE") == "development"  # the parse works
+    exported = dict(re.findall(r"^export ([A-Z][A-Z0-9_]*)=(\S+)", "\n".join(tour_lines()), re.MULTILINE))
+    assert exported == server
