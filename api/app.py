@@ -16,7 +16,7 @@ from api.caches import cache_on, check_names
 from api.console import install_console
 from api.enforcement import EnforcerRuntime, PublicationWatch, WakeOnWrite
 from api.errors import install_error_handlers
-from api.limits import TokenBucket
+from api.limits import ClientRateLimit, TokenBucket
 from api.observe import Observe
 from api.readcache import ChangeWatch, ReadCache
 from api.routes import (
@@ -67,6 +67,7 @@ def create_app(
     (tests hand one with their clock) even without the other jobs; `extra_routers` are mounted after the
     API's own (e.g. a console)."""
     from api import docs, tracing
+    from pki.revocation import CrlPublisher
     from policy.flowset import FlowSets
     from policy.grant_decider import RegoGrantDecider
 
@@ -124,6 +125,7 @@ def create_app(
     app.state.background = jobs
     app.state.enforcer = runtime
     app.state.device_watch = watch
+    app.state.crl = CrlPublisher()
     app.state.trust_anchors = anchors
     pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")
     app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=pages_on))
@@ -139,7 +141,11 @@ def create_app(
         app.add_middleware(WakeOnWrite, wake=runtime.reconciler.wake)
     app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes,
                        larger={"/v1/fabric/import": MAX_IMPORT_BYTES + 64 * 1024})
-    app.add_middleware(Observe, tracing=traces)  # outermost: sees every answer, the 413s included
+    app.add_middleware(Observe, tracing=traces)  # sees every answer past the address limit, the 413s included
+    # outermost: a flood from one address is refused before anything else runs (issue 13, item 7), not even
+    # an access-log line each (a flood must not flood the log); the refusals are counted (api/limits.py)
+    app.add_middleware(ClientRateLimit, rate=ctx.settings.ip_rate_limit_per_second,
+                       burst=ctx.settings.ip_rate_limit_burst)
     return app
 
 

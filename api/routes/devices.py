@@ -124,7 +124,8 @@ def log_denial(request: Request, principal: Principal, action: str, device: str,
     ctx = request.app.state.ctx
     asked = {"principal": {"id": principal.id, "role": principal.role}, "action": action,
              "resource": {"device": device}}
-    DecisionLog(ctx.db, clock=ctx.clock).record("authz", asked, AuthzDecision(False, [reason]), None)
+    DecisionLog(ctx.db, clock=ctx.clock).record("authz", asked, AuthzDecision(False, [reason]), None,
+                                                owner=principal.scope_tenant)  # a node: the operator's log
 
 
 @router.get("/devices", response_model=list[DeviceOut], responses=READ_ERRORS,

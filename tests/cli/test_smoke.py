@@ -26,7 +26,8 @@ class Binary:
     def __init__(self, base: Path, port: int) -> None:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
         self.env.update({"TRUSTFABRIC_HOME": str(base / "home"), "TRUSTFABRIC_SERVER": f"http://127.0.0.1:{port}",
-                         "TRUSTFABRIC_CONFIG": str(base / "none.json"), "COLUMNS": "200"})
+                         "TRUSTFABRIC_CONFIG": str(base / "none.json"), "COLUMNS": "200",
+                         "TRUSTFABRIC_MODE": "development"})
         self.base = base
 
     def run(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
