@@ -57,6 +57,7 @@ class RegoGrantDecider:
         self._lock = threading.Lock()
         self._keep_data = keep_data
         self._kept: _Kept | None = None
+        self._held: Any = None  # the document object the engine was last brought up to (see _bring_up)
         self.rebuilds = 0  # documents built by build_data (for tests and profiling)
 
     def _engine_for(self, session: Session) -> PolicyEngine:
@@ -104,16 +105,38 @@ class RegoGrantDecider:
 
         data = self._data(session, now)
         with self._lock:
-            return decide_flow(self._engine_for(session), flow, data), self._hash
+            engine = self._engine_for(session)
+            if not self._bring_up(engine, data):
+                return decide_flow(engine, flow, data), self._hash  # fails closed with the reason
+            return decide_flow(engine, flow, None), self._hash
 
     def __call__(self, session: Session, now: datetime, request: dict[str, Any]) -> GrantDecision:
         from policy.decide import decide_grant_request
 
         data = self._data(session, now)
         with self._lock:  # the engine's modules and data must be this request's while it decides
-            decision = decide_grant_request(self._engine_for(session), data, request)
+            engine = self._engine_for(session)
+            decision = decide_grant_request(engine, None if self._bring_up(engine, data) else data, request)
             digest = self._hash
         return GrantDecision(decision.outcome, list(decision.approvers), list(decision.reasons), digest)
+
+    def _bring_up(self, engine: PolicyEngine, data: dict[str, Any]) -> bool:
+        """Make the engine hold `data`; False when that failed (the caller's decision then fails closed with the
+        reason). Call with the lock held. Free when the engine already holds this very object (the kept
+        document): comparing the engine's own copy with an equal but distinct document walks all of it, which
+        at 500 large groups cost more than the decision (issue 13, item 6), and an engine's copy never becomes
+        the caller's object (set_data copies, a patch builds a new document)."""
+        from policy.decide import sync_data
+
+        if data is self._held:
+            return True
+        self._held = None
+        try:
+            sync_data(engine, data)
+        except Exception:
+            return False
+        self._held = data
+        return True
 
 
 def _one_snapshot(session: Session) -> bool:

@@ -11,7 +11,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
-from api.deps import CtxDep, PrincipalDep
+from api.deps import CtxDep, PrincipalDep, evaluation_slot
 from api.metrics import DECISIONS, EVALUATION, timed
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
@@ -153,7 +153,7 @@ def explain(
         raise Forbidden(f"tenant {scope} may only explain flows from or to its own groups")
     decider = getattr(request.app.state, "grant_decider", None)
     kept = decider if isinstance(decider, RegoGrantDecider) else None  # its engine and document: no rebuild
-    with ctx.db.read_session() as session:
+    with evaluation_slot(request, principal), ctx.db.read_session() as session:
         if ctx.db.dialect == "postgresql":  # one snapshot, so the decider may keep the document it builds
             session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         with timed(EVALUATION, "flow"):
