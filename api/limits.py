@@ -95,7 +95,9 @@ class EvaluationSlots:
     Why beside the rate limit: a token bucket bounds how often, not how much at once; a tenant looping an
     evaluating endpoint from many connections would otherwise hold as many worker threads, and as large a
     share of the interpreter, as it opens connections, and every other tenant's requests queue behind it.
-    Refused at once rather than queued: a queued request would still hold a worker thread while it waits."""
+    One at a time costs the tenant little: evaluations in one process take turns on the interpreter lock
+    anyway (bench/noisy.py: its explain rate stays about the same). Refused at once rather than queued: a
+    queued request would still hold a worker thread while it waits."""
 
     SETTING = "TRUSTFABRIC_POLICY_CONCURRENCY"
 
@@ -113,8 +115,9 @@ class EvaluationSlots:
         with self._lock:
             busy = self._busy.get(key, 0)
             if busy >= self.limit:
-                raise RateLimited(f"{who} already has {busy} policy evaluations in progress, the limit "
-                                  f"({self.SETTING}={self.limit}); retry after 1s", 1)
+                plural = "s" if self.limit != 1 else ""
+                raise RateLimited(f"{who} is at its limit of {self.limit} policy evaluation{plural} in progress at "
+                                  f"once ({self.SETTING}={self.limit}); retry after 1s", 1)
             self._busy[key] = busy + 1
         try:
             yield
