@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from enforcer.context import Context, FabricIndex
@@ -44,10 +44,11 @@ if TYPE_CHECKING:
 CONNTRACK_RETURN = "conntrack-return"
 DEFAULT_DENY = "default-deny"
 
-LeakKey = tuple[str, str, str, str]  # importing tenant, prefix, from tenant, reason
+# a leaf's leak instances: importing tenant -> (prefix, from tenant) -> reason -> how many entries need it
+Leaks = dict[str, dict[tuple[str, str], dict[str, int]]]
 Ports = tuple[tuple[int, int], ...]
 # device, direction, scope, source set, destination set, port side: one entry's rule before aggregation
-Raw = tuple[str, str, str, AddressSet, AddressSet, str]
+Raw = tuple["Acc", str, str, AddressSet, AddressSet, str]
 
 NIC_HEAD = tuple(FlowRule(PRIO_ESTABLISHED, d, "", ANY, ANY, "*", (), "dst", "established", "allow",
                           (CONNTRACK_RETURN,)) for d in ("egress", "ingress"))
@@ -68,13 +69,18 @@ def match_order(rule: FlowRule) -> tuple[Any, ...]:
 class Acc:
     """One device's share of some families: allow rules, the sets they name, their cost, counted leaks."""
 
-    __slots__ = ("cost", "leaks", "rules", "sets")
+    __slots__ = ("cost", "device", "leaks", "rules", "sets")
 
-    def __init__(self) -> None:
+    def __init__(self, device: str) -> None:
+        self.device = device
         self.rules: list[FlowRule] = []
         self.sets: dict[str, AddressSet] = {}
         self.cost = 0
-        self.leaks: dict[LeakKey, int] = {}  # leaf: each leak instance (a route two entries need counts twice)
+        self.leaks: Leaks = {}  # leaf only
+
+
+_new = tuple.__new__  # a NamedTuple built without its Python-level __new__: the same object, made faster
+_STATE = {"egress": "new", "ingress": "new", "inbound": "any"}
 
 
 class Emitter:
@@ -85,12 +91,12 @@ class Emitter:
         self.ctx = ctx
         self.accs: dict[str, Acc] = accs if accs is not None else {}
         self.track = track
-        self._one: dict[str, tuple[str, ...]] = {}  # reason -> (reason,), shared by every rule it names
+        self._one = ctx.index.one_reason
 
     def acc(self, device: str) -> Acc:
         a = self.accs.get(device)
         if a is None:
-            a = self.accs[device] = Acc()
+            a = self.accs[device] = Acc(device)
         return a
 
     def family(self, entries: Sequence[Entry]) -> None:
@@ -99,28 +105,25 @@ class Emitter:
             return
         if len(entries) == 1:  # the common case: every match is one raw rule, nothing to merge or shadow
             e = entries[0]
-            reasons = self._reasons(e.reason)
-            for device, direction, scope, s, d, side in self._raws(e):
-                self._add(device, FlowRule(PRIO_ALLOW, direction, scope, s.name, d.name, e.proto, e.ports, side,
-                                           "new" if direction != "inbound" else "any", "allow", reasons), s, d)
+            self._put(self._raws(e), e.ports, self._reasons(e.reason), e.proto)
             return
         proto = entries[0].proto
-        groups: dict[tuple[str, str, str, str, str, str], tuple[AddressSet, AddressSet, list[tuple[Ports, str]]]]
-        groups = {}
+        groups: dict[tuple[str, str, str, str, str, str], tuple[Raw, list[tuple[Ports, str]]]] = {}
         for e in entries:
-            for device, direction, scope, s, d, side in self._raws(e):
-                k = (device, direction, scope, s.name, d.name, side)
+            for raw in self._raws(e):
+                a, direction, scope, s, d, side = raw
+                k = (a.device, direction, scope, s.name, d.name, side)
                 g = groups.get(k)
                 if g is None:
-                    groups[k] = (s, d, [(e.ports, e.reason)])
+                    groups[k] = (raw, [(e.ports, e.reason)])
                 else:
-                    g[2].append((e.ports, e.reason))
-        for (device, direction, scope, _, _, side), (s, d, pairs) in groups.items():
-            state = "new" if direction != "inbound" else "any"
-            merged = [(pairs[0][0], self._reasons(pairs[0][1]))] if len(pairs) == 1 else aggregate(pairs)
-            for ports, reasons in merged:
-                self._add(device, FlowRule(PRIO_ALLOW, direction, scope, s.name, d.name, proto, ports, side, state,
-                                           "allow", reasons), s, d)
+                    g[1].append((e.ports, e.reason))
+        for raw, pairs in groups.values():
+            if len(pairs) == 1:
+                self._put((raw,), pairs[0][0], self._reasons(pairs[0][1]), proto)
+            else:
+                for ports, reasons in aggregate(pairs):
+                    self._put((raw,), ports, reasons, proto)
 
     def _reasons(self, reason: str) -> tuple[str, ...]:
         one = self._one.get(reason)
@@ -128,19 +131,18 @@ class Emitter:
             one = self._one[reason] = (reason,)
         return one
 
-    def _add(self, device: str, rule: FlowRule, s: AddressSet, d: AddressSet) -> None:
-        a = self.accs.get(device)
-        if a is None:
-            a = self.accs[device] = Acc()
-        a.rules.append(rule)
-        a.sets[s.name] = s
-        a.sets[d.name] = d
-        cost = nic_cost if rule.direction != "inbound" else leaf_cost
-        a.cost += cost((len(s.v4), len(s.v6)), (len(d.v4), len(d.v6)), rule.ports)
 
-    def _leak(self, device: str, key: LeakKey) -> None:
-        leaks = self.acc(device).leaks
-        leaks[key] = leaks.get(key, 0) + 1
+    @staticmethod
+    def _put(raws: Iterable[Raw], ports: Ports, reasons: tuple[str, ...], proto: str) -> None:
+        for a, direction, scope, s, d, side in raws:
+            src, dst = s.name, d.name
+            a.rules.append(_new(FlowRule, (PRIO_ALLOW, direction, scope, src, dst, proto, ports, side,
+                                           _STATE[direction], "allow", reasons)))
+            sets = a.sets
+            sets[src] = s
+            sets[dst] = d
+            a.cost += (leaf_cost if direction == "inbound" else nic_cost)(
+                len(s.v4), len(s.v6), len(d.v4), len(d.v6), ports)
 
     def _raws(self, e: Entry) -> list[Raw]:
         """What one entry becomes (S = its source groups' workloads, D = its destination group's):
@@ -149,8 +151,8 @@ class Emitter:
           - on the leaf of every node hosting part of S: a rule S-on-this-leaf -> D in the source tenant's ACL;
           - on the leaf of every node hosting part of D: a stateless return rule D-on-this-leaf (source port =
             the service ports) -> the source tenants' prefixes, in the destination tenant's ACL;
-          - across tenants, the leaks: D's addresses into the source VRF on the source leaves, each source
-            tenant's part of S into the destination VRF on the destination leaves."""
+          - across tenants, the leaks (counted here): D's addresses into the source VRF on the source leaves,
+            each source tenant's part of S into the destination VRF on the destination leaves."""
         ctx = self.ctx
         index = ctx.index
         members = ctx.members
@@ -160,13 +162,17 @@ class Emitter:
         if not dmem or not smem:
             return []
         out: list[Raw] = []
-        dt = e.dst_tenant
+        accs = self.accs
+        acc = self.acc
+        dt, reason = e.dst_tenant, e.reason
         src_tenants = sorted({s.split("/", 1)[0] for s, ps in smem_by if ps})
-        src_name = e.sources[0] if len(e.sources) == 1 else f"src:{e.dst}:{e.proto}:{e.reason}"
+        src_name = e.sources[0] if len(e.sources) == 1 else f"src:{e.dst}:{e.proto}:{reason}"
         dst_name = e.dst
         tenants_name = f"tenants:{src_tenants[0]}" if len(src_tenants) == 1 else f"tenants:{src_name}"
         leaf_of, tenant_of, nic_dev, leaf_dev = index.leaf_of, index.tenant_of, index.nic_dev, index.leaf_dev
         addr = ctx.address_set
+        # a source set named after the entry (several source groups) is this entry's alone: no cache
+        src_set = addr if len(e.sources) == 1 else ctx.address_set_once
         # SuperNIC egress (sources on this node) and leaf forward rules (sources on this leaf, per tenant)
         by_node: dict[str, list[Placement]] = {}
         by_leaf: dict[tuple[str, str], list[Placement]] = {}
@@ -175,30 +181,37 @@ class Emitter:
             by_leaf.setdefault((leaf_of[p.node], tenant_of[p.workload]), []).append(p)
         d_nic = addr("nic", dst_name, dmem)
         for node, ps in by_node.items():
-            out.append((nic_dev[node], "egress", "", addr("nic", f"{src_name}@{node}", ps), d_nic, "dst"))
+            device = nic_dev[node]
+            out.append((accs.get(device) or acc(device), "egress", "", src_set("nic", f"{src_name}@{node}", ps),
+                        d_nic, "dst"))
         d_leaf = addr("leaf", dst_name, dmem)
+        d_prefixes = d_leaf.v4 + d_leaf.v6
         one_tenant = len(src_tenants) == 1
         for (leaf, ts), ps in by_leaf.items():
-            name = f"{src_name}@{leaf}" if one_tenant else f"{src_name}@{leaf}/{ts}"
             device = leaf_dev[leaf]
-            out.append((device, "inbound", ts, addr("leaf", name, ps), d_leaf, "dst"))
+            a = accs.get(device) or acc(device)
+            name = f"{src_name}@{leaf}" if one_tenant else f"{src_name}@{leaf}/{ts}"
+            out.append((a, "inbound", ts, src_set("leaf", name, ps), d_leaf, "dst"))
             if ts != dt:
-                for prefix in d_leaf.v4 + d_leaf.v6:
-                    self._leak(device, (ts, prefix, dt, e.reason))
+                by = a.leaks.get(ts)
+                _count(by if by is not None else a.leaks.setdefault(ts, {}), d_prefixes, dt, reason)
         # SuperNIC ingress (destinations on this node) and leaf return rules (destinations on this leaf)
         d_by_node: dict[str, list[Placement]] = {}
         d_by_leaf: dict[str, list[Placement]] = {}
         for p in dmem:
             d_by_node.setdefault(p.node, []).append(p)
             d_by_leaf.setdefault(leaf_of[p.node], []).append(p)
-        s_all = addr("nic", src_name, smem)
+        s_all = src_set("nic", src_name, smem)
         for node, ps in d_by_node.items():
-            out.append((nic_dev[node], "ingress", "", s_all, addr("nic", f"{dst_name}@{node}", ps), "dst"))
+            device = nic_dev[node]
+            out.append((accs.get(device) or acc(device), "ingress", "", s_all, addr("nic", f"{dst_name}@{node}", ps),
+                        "dst"))
         t_set = ctx.prefix_set("leaf", tenants_name, src_tenants)
         back: list[tuple[str, tuple[str, ...]]] | None = None  # each other source tenant's part of S
         for leaf, ps in d_by_leaf.items():
             device = leaf_dev[leaf]
-            out.append((device, "inbound", dt, addr("leaf", f"{dst_name}@{leaf}", ps), t_set, "src"))
+            a = accs.get(device) or acc(device)
+            out.append((a, "inbound", dt, addr("leaf", f"{dst_name}@{leaf}", ps), t_set, "src"))
             if back is None:
                 by_tenant: dict[str, list[Placement]] = {}
                 for p in smem:
@@ -208,12 +221,25 @@ class Emitter:
                     if ts != dt:
                         v4, v6 = ctx.addresses(by_tenant[ts])
                         back.append((ts, v4 + v6))
-            for ts, prefixes in back:
-                for prefix in prefixes:
-                    self._leak(device, (dt, prefix, ts, e.reason))
+            if back:
+                by = a.leaks.get(dt)
+                if by is None:
+                    by = a.leaks[dt] = {}
+                for ts, prefixes in back:
+                    _count(by, prefixes, ts, reason)
         if self.track is not None:
-            self.track.setdefault(e.key, set()).update(r[0] for r in out)
+            self.track.setdefault(e.key, set()).update(r[0].device for r in out)
         return out
+
+
+def _count(by: dict[tuple[str, str], dict[str, int]], prefixes: Iterable[str], frm: str, reason: str) -> None:
+    for prefix in prefixes:
+        k = (prefix, frm)
+        c = by.get(k)
+        if c is None:
+            by[k] = {reason: 1}
+        else:
+            c[reason] = c.get(reason, 0) + 1
 
 
 def aggregate(pairs: Sequence[tuple[Ports, str]]) -> list[tuple[Ports, tuple[str, ...]]]:
@@ -264,7 +290,7 @@ def sort_allows(rules: list[FlowRule], exotic: bool) -> list[FlowRule]:
 
 
 def assemble(device: str, index: FabricIndex, allows: Sequence[FlowRule], sets: Mapping[str, AddressSet],
-             allow_cost: int, leaks: Mapping[LeakKey, int]) -> DeviceRuleSet:
+             allow_cost: int, leaks: Leaks) -> DeviceRuleSet:
     """A device's rule set from its sorted allow rules (with the sets they name, and their cost) and leaks."""
     fabric = index.fabric
     kind, name = device.split(":", 1)
@@ -281,31 +307,38 @@ def assemble(device: str, index: FabricIndex, allows: Sequence[FlowRule], sets: 
         cost = allow_cost + sum(leaf_rule_cost(r, {}) for r in denies)
         vrfs = leaf_vrfs(index, ports, leaks)
         uplink = ""
-    return DeviceRuleSet(device, kind, uplink, ports, tuple(sorted(sets.values())), rules, vrfs, cost)
+    return DeviceRuleSet(device, kind, uplink, ports, tuple(map(sets.__getitem__, sorted(sets))), rules, vrfs, cost)
 
 
-def leaf_vrfs(index: FabricIndex, ports: tuple[Port, ...], leaks: Mapping[LeakKey, int]) -> tuple[Vrf, ...]:
+def leaf_vrfs(index: FabricIndex, ports: tuple[Port, ...], leaks: Leaks) -> tuple[Vrf, ...]:
     """The leaf's VRFs: one per tenant attached, and one per tenant a leak imports into or from (EVPN type-5
     routes need the source VRF on this leaf too); leaks by prefix, then source tenant."""
     members: dict[str, list[str]] = {}
     for p in ports:
         members.setdefault(p.tenant, []).append(p.name)
-    grouped: dict[tuple[str, str, str], list[str]] = {}
-    for into, prefix, frm, reason in sorted(leaks):  # counts are > 0: every key is a live leak
-        grouped.setdefault((into, prefix, frm), []).append(reason)
-    vrf_of = index.vrf_of
-    by_into: dict[str, list[Leak]] = {}
-    for (into, prefix, frm), reasons in grouped.items():
-        by_into.setdefault(into, []).append(Leak(prefix, vrf_of[frm], tuple(reasons)))
-    for into, _, frm in grouped:
+    vrf_of, one = index.vrf_of, index.one_reason
+    by_into: dict[str, tuple[Leak, ...]] = {}
+    for into, by in leaks.items():
         members.setdefault(into, [])
-        members.setdefault(frm, [])
+        out = []
+        for k in sorted(by):
+            prefix, frm = k
+            members.setdefault(frm, [])
+            counted = by[k]
+            reasons: tuple[str, ...]
+            if len(counted) == 1:
+                (reason,) = counted
+                reasons = one.get(reason) or one.setdefault(reason, (reason,))
+            else:
+                reasons = tuple(sorted(counted))
+            out.append(_new(Leak, (prefix, vrf_of[frm], reasons)))
+        by_into[into] = tuple(out)
     tenant = index.fabric.tenant
-    return tuple(Vrf(t.vrf, slug, t.vni, tuple(sorted(members[slug])), t.prefixes, tuple(by_into.get(slug, ())))
+    return tuple(Vrf(t.vrf, slug, t.vni, tuple(sorted(members[slug])), t.prefixes, by_into.get(slug, ()))
                  for slug in sorted(members) for t in (tenant[slug],))
 
 
-def patch(prev: DeviceRuleSet, old: Acc | None, new: Acc | None, leaks: Mapping[LeakKey, int] | None,
+def patch(prev: DeviceRuleSet, old: Acc | None, new: Acc | None, leaks: Leaks | None,
           index: FabricIndex, exotic: bool) -> DeviceRuleSet:
     """`prev` with the old rules of some families replaced by their new ones (and its leaks by `leaks`)."""
     rules = prev.rules
@@ -349,17 +382,32 @@ def _name(s: AddressSet) -> str:
     return s.name
 
 
-def patch_leaks(prev: Mapping[LeakKey, int], old: Acc | None, new: Acc | None, device: str) -> dict[LeakKey, int]:
-    """A leaf's leak counts with the old families' instances taken out and the new ones in (a copy)."""
+def patch_leaks(prev: Leaks, old: Acc | None, new: Acc | None, device: str) -> Leaks:
+    """A leaf's leak counts with the old families' instances taken out and the new ones in (copied where
+    they change: the previous compile keeps its own)."""
     out = dict(prev)
-    for k, n in (old.leaks.items() if old is not None else ()):
-        left = out.get(k, 0) - n
-        if left < 0:
-            raise RuntimeError(f"{device}: the previous compile lost a leak: {k}")
-        if left:
-            out[k] = left
-        else:
-            del out[k]
-    for k, n in (new.leaks.items() if new is not None else ()):
-        out[k] = out.get(k, 0) + n
+    copied: set[tuple[str, tuple[str, str]] | str] = set()
+    for acc, step in ((old, -1), (new, 1)):
+        for into, by in (acc.leaks.items() if acc is not None else ()):
+            mine = out.get(into)
+            if mine is None or into not in copied:  # never change a dict the previous compile holds
+                mine = out[into] = dict(mine) if mine is not None else {}
+                copied.add(into)
+            for k, counted in by.items():
+                have = mine.get(k)
+                if have is None or (into, k) not in copied:
+                    have = mine[k] = dict(have) if have is not None else {}
+                    copied.add((into, k))
+                for reason, n in counted.items():
+                    left = have.get(reason, 0) + step * n
+                    if left < 0:
+                        raise RuntimeError(f"{device}: the previous compile lost a leak: {into} {k} {reason}")
+                    if left:
+                        have[reason] = left
+                    else:
+                        del have[reason]
+                if not have:
+                    del mine[k]
+            if not mine:
+                del out[into]
     return out

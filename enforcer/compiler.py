@@ -38,7 +38,7 @@ from enforcer.aggregate import (
     DEFAULT_DENY,
     Acc,
     Emitter,
-    LeakKey,
+    Leaks,
     assemble,
     patch,
     patch_leaks,
@@ -149,7 +149,7 @@ class _State:
     known: Known  # what parse_entries reuses next time
     families: dict[tuple[str, str], tuple[tuple[str, str, str], ...]]  # (dst, proto) -> its entries' keys
     devices: dict[str, DeviceRuleSet]  # as this compile made them (Compiled.devices may be replaced)
-    leaks: dict[str, dict[LeakKey, int]]  # leaf -> its leak instances
+    leaks: dict[str, Leaks]  # leaf -> its leak instances
     exotic: bool  # a destination group named like a return rule's set: sort by the explicit key
 
 
@@ -211,7 +211,7 @@ def _compile(fabric: Fabric, allowed: Any, rev: frozenset[str], budget: Budget) 
     ctx = _Context(fabric, rev)
     entries, known, _ = parse_entries(allowed)
     families = _families(entries)
-    emit = Emitter(ctx, {d: Acc() for d in all_devices(fabric)})
+    emit = Emitter(ctx, {d: Acc(d) for d in all_devices(fabric)})
     for keys in families.values():
         emit.family([entries[k] for k in keys])
     ctx.sets.clear()  # the sets live on in the devices; a recompile rebuilds only those it redoes

@@ -13,6 +13,7 @@ from enforcer.fabric import Fabric, Placement
 from enforcer.ir import AddressSet
 
 V46 = tuple[tuple[str, ...], tuple[str, ...]]  # collapsed CIDRs per family
+_new = tuple.__new__  # a NamedTuple built without its Python-level __new__
 
 
 class FabricIndex:
@@ -40,6 +41,7 @@ class FabricIndex:
                 self.text[(6, a6)] = t6
             self.single[p.workload] = ((f"{p.ipv4}/32",) if p.ipv4 else (), (f"{t6}/128",) if t6 else ())
         self._prefixes: dict[tuple[str, ...], V46] = {}
+        self.one_reason: dict[str, tuple[str]] = {}  # reason -> (reason,): one tuple for every rule and leak
 
     def tenant_prefixes(self, tenants: Sequence[str]) -> V46:
         key = tuple(tenants)
@@ -94,8 +96,12 @@ class Context:
         """The named set of the placements' addresses, built once per (device kind, name)."""
         hit = self.sets.get((kind, name))
         if hit is None:
-            hit = self.sets[(kind, name)] = AddressSet(name, *self.addresses(placements))
+            hit = self.sets[(kind, name)] = _new(AddressSet, (name, *self.addresses(placements)))
         return hit
+
+    def address_set_once(self, kind: str, name: str, placements: Sequence[Placement]) -> AddressSet:
+        """address_set for a name no other entry uses: not kept."""
+        return _new(AddressSet, (name, *self.addresses(placements)))
 
     def prefix_set(self, kind: str, name: str, tenants: Sequence[str]) -> AddressSet:
         """The named set of the tenants' prefixes, built once per (device kind, name)."""

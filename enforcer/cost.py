@@ -57,31 +57,31 @@ def nic_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
     """Flows for one NIC rule before conjunctions share dimension flows (an upper bound of the render)."""
     if rule.src == ANY and rule.dst == ANY:
         return 1
-    return nic_cost(sizes[rule.src] if rule.src != ANY else ANY_SIZE,
-                    sizes[rule.dst] if rule.dst != ANY else ANY_SIZE, rule.ports)
+    s4, s6 = sizes[rule.src] if rule.src != ANY else ANY_SIZE
+    d4, d6 = sizes[rule.dst] if rule.dst != ANY else ANY_SIZE
+    return nic_cost(s4, s6, d4, d6, rule.ports)
 
 
-def nic_cost(src: tuple[int, int], dst: tuple[int, int], ports: tuple[tuple[int, int], ...]) -> int:
-    """nic_rule_cost of a rule between two sets (not both `*`) of these sizes: what the compiler sums."""
-    total = 0
+def nic_cost(s4: int, s6: int, d4: int, d6: int, ports: tuple[tuple[int, int], ...]) -> int:
+    """nic_rule_cost of a rule between sets (not both `*`) of these sizes per family: what the compiler sums."""
     m = mask_count(ports)
-    for a, b in ((src[0], dst[0]), (src[1], dst[1])):
-        if a and b:
-            total += min(a * b * m, a + b + (m if ports else 0) + 1)
-    return total
+    extra = m + 1 if ports else 1
+    return ((min(s4 * d4 * m, s4 + d4 + extra) if s4 and d4 else 0)
+            + (min(s6 * d6 * m, s6 + d6 + extra) if s6 and d6 else 0))
 
 
 def leaf_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
     """ACL entries for one leaf rule: NVUE takes one source, one destination and one port range per entry."""
     if rule.src == ANY and rule.dst == ANY:
         return 2  # one per address family (the ipv4 and the ipv6 ACL)
-    return leaf_cost(sizes[rule.src] if rule.src != ANY else ANY_SIZE,
-                     sizes[rule.dst] if rule.dst != ANY else ANY_SIZE, rule.ports)
+    s4, s6 = sizes[rule.src] if rule.src != ANY else ANY_SIZE
+    d4, d6 = sizes[rule.dst] if rule.dst != ANY else ANY_SIZE
+    return leaf_cost(s4, s6, d4, d6, rule.ports)
 
 
-def leaf_cost(src: tuple[int, int], dst: tuple[int, int], ports: tuple[tuple[int, int], ...]) -> int:
-    """leaf_rule_cost of a rule between two sets (not both `*`) of these sizes."""
-    return (src[0] * dst[0] + src[1] * dst[1]) * (len(ports) or 1)
+def leaf_cost(s4: int, s6: int, d4: int, d6: int, ports: tuple[tuple[int, int], ...]) -> int:
+    """leaf_rule_cost of a rule between sets (not both `*`) of these sizes per family."""
+    return (s4 * d4 + s6 * d6) * (len(ports) or 1)
 
 
 def nic_fixed_cost(ports: tuple[Port, ...]) -> int:
