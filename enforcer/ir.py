@@ -15,7 +15,6 @@ A NIC rule's `state` is `new` (first packet of a connection: it is committed to 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -112,12 +111,12 @@ class DeviceRuleSet:
 
     @cached_property
     def canonical(self) -> bytes:
-        """RFC 8785 bytes of to_dict(). The IR holds only ASCII strings, integers, lists and objects, for which
-        sorted-key compact json.dumps is byte-identical to RFC 8785 (tests hold the two equal); anything
-        else goes through core.canonical."""
-        d = self.to_dict()
-        text = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return text.encode() if text.isascii() and _plain(d) else canonical_json(d)
+        """RFC 8785 bytes of to_dict(): written straight from the tuples (enforcer.hashing) when every value is
+        of the types the IR holds, else through core.canonical."""
+        from enforcer.hashing import canonical_bytes  # it reads this module's types
+
+        fast = canonical_bytes(self)
+        return fast if fast is not None else canonical_json(self.to_dict())
 
     @property
     def content_hash(self) -> str:
@@ -135,20 +134,6 @@ class DeviceRuleSet:
                            tuple(Leak(x["prefix"], x["from_vrf"], tuple(x["reasons"])) for x in v["leaks"]))
                        for v in d["vrfs"]),
             cost=d["cost"])
-
-
-def _plain(value: Any) -> bool:
-    """Only str, int (not bool), list and dict: the JSON subset where json.dumps equals RFC 8785."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-        elif isinstance(v, bool) or not isinstance(v, str | int):
-            return False
-    return True
 
 
 def rule_order(rule: FlowRule) -> tuple[Any, ...]:
