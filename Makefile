@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml requirements.lock requirements-regorus.txt
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
+# development mode: the embedded defaults, and a policy version activates without a signature (README)
 run: $(STAMP)
-	$(BIN)/trustfabric serve
+	TRUSTFABRIC_MODE=development $(BIN)/trustfabric serve
 
 # Installs the Debian packages the tests use when running as root and one is missing.
 system-deps:

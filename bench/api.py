@@ -301,9 +301,7 @@ def cache_figures(env: dict[str, str], work: Path, port: int, token: str, grant:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="tf-bench-api-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
-    env.update({"TRUSTFABRIC_HOME": str(work / "home"), "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0",
-                "TRUSTFABRIC_SWEEP_INTERVAL_SECONDS": "30"})
+    env = bench_env(work, TRUSTFABRIC_SWEEP_INTERVAL_SECONDS="30")
     procs: list[subprocess.Popen[bytes]] = []
     progress = Progress("api")
     try:
@@ -312,9 +310,7 @@ def main() -> int:
                        capture_output=True)
 
         def token(*args: str) -> str:
-            out = subprocess.run([BIN, "token", "create", *args, "--ttl", "1h"], env=env, cwd=work, check=True,
-                                 capture_output=True, text=True)
-            return out.stdout.strip().splitlines()[-1]
+            return mint(env, work, *args)
 
         port = free_port()
         procs.append(subprocess.Popen([BIN, "serve", "--port", str(port), "--workers", str(WORKERS),
@@ -405,14 +401,35 @@ def main() -> int:
         return 0
     finally:
         progress.done()
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+        stop_all(procs, work)
+
+
+def bench_env(work: Path, **extra: str) -> dict[str, str]:
+    """The environment a bench runs `trustfabric` in: its own data directory, development mode (the policy
+    activates unsigned), no rate limits (the load comes from one address and a few principals)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
+    env.update({"TRUSTFABRIC_HOME": str(work / "home"), "TRUSTFABRIC_MODE": "development",
+                "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0", "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND": "0", **extra})
+    return env
+
+
+def mint(env: dict[str, str], work: Path, *args: str) -> str:
+    """An API token from `trustfabric token create ARGS` (an hour)."""
+    out = subprocess.run([BIN, "token", "create", *args, "--ttl", "1h"], env=env, cwd=work, check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], work: Path) -> None:
+    """Stop the servers a bench started (SIGINT, then kill after 15 s) and remove its data directory."""
+    for p in procs:
+        p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.api import free_port, wait_healthy
+from bench.api import bench_env, free_port, wait_healthy
 from bench.progress import Progress
 
 BIN = str(Path(sys.executable).parent / "trustfabric")
@@ -56,9 +56,7 @@ def leaf_commands(env: dict[str, str], cwd: Path) -> list[list[str]]:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="tf-bench-cli-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
-    env.update({"TRUSTFABRIC_HOME": str(work / "home"), "TRUSTFABRIC_CONFIG": str(work / "config.yaml"),
-                "COLUMNS": "100", "TRUSTFABRIC_LOG_LEVEL": "warning"})
+    env = bench_env(work, TRUSTFABRIC_CONFIG=str(work / "config.yaml"), COLUMNS="100", TRUSTFABRIC_LOG_LEVEL="warning")
     server: subprocess.Popen[bytes] | None = None
     progress = Progress("cli")
     try:

@@ -119,7 +119,9 @@ async def timed(client: httpx.AsyncClient, calls: list[tuple[str, dict[str, str]
 
 
 async def run(args: argparse.Namespace, home: Path) -> None:
-    settings = Settings(home=home, trust_domain=TD, rate_limit_per_second=0)
+    # development mode: the shipped policy activates unsigned; no rate limits (one client, a few principals)
+    settings = Settings(home=home, trust_domain=TD, rate_limit_per_second=0, ip_rate_limit_per_second=0,
+                        mode="development")
     ctx = AppContext.open(settings, create=True)
     initialize(ctx, TD, "ec-p256")  # trust domain, audit and API-issuer keys, the shipped policy active
     t0 = time.perf_counter()

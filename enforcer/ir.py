@@ -118,8 +118,9 @@ class DeviceRuleSet:
         fast = canonical_bytes(self)
         return fast if fast is not None else canonical_json(self.to_dict())
 
-    @property
+    @cached_property
     def content_hash(self) -> str:
+        """SHA-256 of the canonical bytes (kept: the reconciler compares every device's hash on every run)."""
         return sha256_hex(self.canonical)
 
     @staticmethod

@@ -6,15 +6,17 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from audit import Actor, record
 from core.clock import Clock, system_clock
+from core.quotas import QuotaName, Quotas
 from core.slugs import require_slug
 from inventory.errors import (
     AlreadyExists,
     GroupNotFound,
     InvalidInventory,
+    Quarantined,
     TenantNotFound,
     WorkloadNotFound,
 )
@@ -54,6 +56,16 @@ def get_tenant(session: Session, slug: str) -> Tenant:
     return tenant
 
 
+def check_quota(session: Session, quotas: Quotas | None, tenant: str, name: QuotaName, held: Any) -> None:
+    """QuotaExceeded when `tenant` may not add one more of `name`; `held` is a COUNT statement. The tenant's
+    row is locked first (PostgreSQL; SQLite's writer lock serialises writers already), so two concurrent
+    additions cannot both pass the last free place."""
+    if quotas is None or getattr(quotas, name) <= 0:
+        return
+    session.exec(select(Tenant.slug).where(col(Tenant.slug) == tenant).with_for_update()).first()
+    quotas.check(tenant, name, int(session.exec(held).one()))
+
+
 def get_group(session: Session, tenant: str, name: str) -> WorkloadGroup:
     group = session.exec(
         select(WorkloadGroup).where(WorkloadGroup.tenant == tenant, WorkloadGroup.name == name)
@@ -72,6 +84,26 @@ def get_workload(session: Session, tenant: str, group: str, name: str) -> Worklo
     return workload
 
 
+def require_not_quarantined(session: Session, tenant: str, group: str) -> None:
+    """Quarantined (403) when the tenant or the group is quarantined: a quarantined tenant or group gets no
+    identities and no new workloads. One indexed read (on the SVID issuance path). A missing tenant or
+    group is left to the caller's own lookup."""
+    row = session.exec(
+        select(Tenant.quarantined, WorkloadGroup.quarantined)
+        .join(WorkloadGroup, col(WorkloadGroup.tenant) == col(Tenant.slug))
+        .where(col(Tenant.slug) == tenant, col(WorkloadGroup.name) == group)
+    ).first()
+    if row is None:
+        return
+    tenant_quarantined, group_quarantined = row
+    if tenant_quarantined:
+        raise Quarantined(f"tenant {tenant} is quarantined: no identities are issued and no workloads registered "
+                          "until security lifts the quarantine")
+    if group_quarantined:
+        raise Quarantined(f"group {tenant}/{group} is quarantined: no identities are issued and no workloads "
+                          "registered in it until security lifts the quarantine")
+
+
 def workload_by_spiffe_id(session: Session, spiffe_id: str) -> Workload | None:
     """The registered workload holding this SPIFFE ID, or None."""
     return session.exec(select(Workload).where(Workload.spiffe_id == spiffe_id)).first()
@@ -85,30 +117,89 @@ def create_tenant(
     actor: Actor,
     l3vni: int | None = None,
     prefix: str | None = None,
+    vlan: int | None = None,
+    prefix6: str | None = None,
     clock: Clock = system_clock,
     request_id: str | None = None,
 ) -> Tenant:
+    """A new tenant with the addressing given (workflows.fabric.create_tenant allocates what is missing from
+    the configured pools and checks it against every other tenant first)."""
     require_slug(slug, "tenant")
     if not display_name or len(display_name) > 200:
         raise InvalidInventory("display name must be 1-200 characters")
-    if l3vni is not None and not 1 <= l3vni <= 16_777_215:
-        raise InvalidInventory("l3vni must be in 1..16777215 (24-bit VXLAN network identifier)")
-    if prefix is not None:
-        try:
-            prefix = str(ipaddress.ip_network(prefix, strict=True))
-        except ValueError as exc:
-            raise InvalidInventory(f"prefix {prefix!r} is not a CIDR network: {exc}") from None
+    l3vni, vlan, prefix, prefix6 = _addressing(l3vni, vlan, prefix, prefix6)
     if session.get(Tenant, slug) is not None:
         raise AlreadyExists(f"tenant {slug!r} already exists")
-    if l3vni is not None and session.exec(select(Tenant).where(Tenant.l3vni == l3vni)).first():
-        raise AlreadyExists(f"l3vni {l3vni} is already allocated to another tenant")
-    tenant = Tenant(slug=slug, display_name=display_name, l3vni=l3vni, prefix=prefix, created_at=clock())
+    _unique_addressing(session, slug, l3vni, vlan)
+    tenant = Tenant(slug=slug, display_name=display_name, l3vni=l3vni, prefix=prefix, vlan=vlan, prefix6=prefix6,
+                    created_at=clock())
     session.add(tenant)
     session.flush()
+    summary: dict[str, Any] = {"display_name": display_name, "l3vni": l3vni, "prefix": prefix}
+    if vlan is not None or prefix6 is not None:
+        summary.update(vlan=vlan, prefix6=prefix6)
     record(
         session, actor=actor, action="tenant.create", object_type="tenant", object_id=slug, tenant=slug,
-        summary={"display_name": display_name, "l3vni": l3vni, "prefix": prefix}, request_id=request_id,
+        summary=summary, request_id=request_id,
     )
+    return tenant
+
+
+def _addressing(l3vni: int | None, vlan: int | None, prefix: str | None, prefix6: str | None
+                ) -> tuple[int | None, int | None, str | None, str | None]:
+    if l3vni is not None and not 1 <= l3vni <= 16_777_215:
+        raise InvalidInventory("l3vni must be in 1..16777215 (24-bit VXLAN network identifier)")
+    if vlan is not None and not 2 <= vlan <= 4094:
+        raise InvalidInventory("vlan must be in 2..4094 (the attachment VLAN, also the tenant's conntrack zone)")
+    out: list[str | None] = []
+    for name, value, version in (("prefix", prefix, 4), ("prefix6", prefix6, 6)):
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            net = ipaddress.ip_network(value, strict=True)
+        except ValueError as exc:
+            raise InvalidInventory(f"{name} {value!r} is not a CIDR network: {exc}") from None
+        if name == "prefix6" and net.version != version:
+            raise InvalidInventory(f"prefix6 {value!r} is not an IPv6 network")
+        out.append(str(net))
+    return l3vni, vlan, out[0], out[1]
+
+
+def _unique_addressing(session: Session, slug: str, l3vni: int | None, vlan: int | None) -> None:
+    if l3vni is not None and session.exec(
+            select(Tenant).where(Tenant.l3vni == l3vni, col(Tenant.slug) != slug)).first():
+        raise AlreadyExists(f"l3vni {l3vni} is already allocated to another tenant")
+    if vlan is not None and session.exec(select(Tenant).where(Tenant.vlan == vlan, col(Tenant.slug) != slug)).first():
+        raise AlreadyExists(f"vlan {vlan} is already allocated to another tenant")
+
+
+def fill_addressing(
+    session: Session, *, slug: str, l3vni: int | None, vlan: int | None, prefix: str | None, prefix6: str | None,
+    actor: Actor, clock: Clock = system_clock, request_id: str | None = None,
+) -> Tenant:
+    """Give a tenant the addressing it lacks (allocated by the caller; a tenant made before the fabric
+    existed has no VLAN). Values it already has never change: a differing one is a Conflict."""
+    tenant = get_tenant(session, slug)
+    l3vni, vlan, prefix, prefix6 = _addressing(l3vni, vlan, prefix, prefix6)
+    wanted = {"l3vni": l3vni, "vlan": vlan, "prefix": prefix, "prefix6": prefix6}
+    filled: dict[str, Any] = {}
+    for name, value in wanted.items():
+        have = getattr(tenant, name)
+        if value is None or value == have:
+            continue
+        if have is not None:
+            raise AlreadyExists(f"tenant {slug} has {name} {have}; it cannot become {value}")
+        filled[name] = value
+    if not filled:
+        return tenant
+    _unique_addressing(session, slug, filled.get("l3vni"), filled.get("vlan"))
+    for name, value in filled.items():
+        setattr(tenant, name, value)
+    session.add(tenant)
+    session.flush()
+    record(session, actor=actor, action="tenant.allocate", object_type="tenant", object_id=slug, tenant=slug,
+           summary=filled, request_id=request_id, at=clock())
     return tenant
 
 
@@ -123,9 +214,12 @@ def create_group(
     sensitivity: str = "normal",
     clock: Clock = system_clock,
     request_id: str | None = None,
+    quotas: Quotas | None = None,
 ) -> WorkloadGroup:
     require_slug(name, "group")
     get_tenant(session, tenant)
+    check_quota(session, quotas, tenant, "groups",
+                select(func.count()).select_from(WorkloadGroup).where(col(WorkloadGroup.tenant) == tenant))
     if sensitivity not in SENSITIVITIES:
         raise InvalidInventory(f"sensitivity must be one of {', '.join(SENSITIVITIES)}")
     clean_ports = normalize_ports(ports)
@@ -158,10 +252,14 @@ def register_workload(
     actor: Actor,
     clock: Clock = system_clock,
     request_id: str | None = None,
+    quotas: Quotas | None = None,
 ) -> Workload:
     """The SPIFFE ID is derived here, from tenant/group/name: nothing the caller sends can choose it."""
     require_slug(name, "workload")
     get_group(session, tenant, group)
+    require_not_quarantined(session, tenant, group)
+    check_quota(session, quotas, tenant, "workloads",
+                select(func.count()).select_from(Workload).where(col(Workload.tenant) == tenant))
     spiffe_id = f"spiffe://{trust_domain}/tenant/{tenant}/group/{group}/{name}"
     if session.exec(select(Workload).where(Workload.spiffe_id == spiffe_id)).first():
         raise AlreadyExists(f"workload {spiffe_id} is already registered")

@@ -55,3 +55,7 @@ class CAUnavailable(Conflict):
 
 class TokenInvalid(Unauthenticated):
     """The join token is unknown, expired or already used."""
+
+
+class InvalidSelector(InvalidInput):
+    """A workload-attestation selector that is not `unix:<uid|gid|user|group|path|sha256>:<value>`."""

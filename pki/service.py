@@ -14,6 +14,7 @@ from core.clock import Clock, as_utc, system_clock
 from core.errors import InvalidInput
 from core.slugs import require_slug
 from inventory.models import Workload
+from inventory.service import require_not_quarantined
 from keys.store import KeyKind, KeyStore
 from pki import attestation, revocation, rotation
 from pki.bundle import bundle_document, bundle_roots_pem
@@ -134,6 +135,7 @@ def _registered_identity(
     ).first()
     if row is None:
         raise UnknownWorkload(f"workload {tenant}/{group}/{workload} is not registered; register it first")
+    require_not_quarantined(session, tenant, group)
     try:
         sid = parse_spiffe_id(row.spiffe_id)
     except InvalidSpiffeId as exc:

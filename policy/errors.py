@@ -31,6 +31,9 @@ class PolicyCompileError(InvalidInput):
         more = f" (+{len(issues) - 5} more)" if len(issues) > 5 else ""
         super().__init__(f"policy does not compile: {shown}{more}")
 
+    def __reduce__(self) -> tuple[type[PolicyCompileError], tuple[list[SourceLocation]]]:
+        return (PolicyCompileError, (self.issues,))  # crosses the policy sandbox's pipe intact
+
 
 class PolicyEngineError(TrustfabricError):
     """The engine could not answer (evaluation error, server unreachable, timeout): callers deny."""
@@ -44,12 +47,24 @@ class PolicyEngineUnavailable(PolicyEngineError, Unavailable):
     http_status = 503
 
 
-class PolicyTestsFailed(Conflict):
-    """A version whose Rego unit tests fail cannot be activated; names the failing tests."""
+class PolicyBudgetExceeded(InvalidInput):
+    """Evaluating a policy went over a stated budget: the CPU time or memory of a policy job (policy/sandbox.py),
+    or the time of a decision at activation (policy/budget.py). HTTP 422; the message names the budget and,
+    where one was measured, the figure."""
 
-    def __init__(self, failing: list[str]) -> None:
+    http_status = 422
+
+
+class PolicyTestsFailed(Conflict):
+    """A version whose Rego unit tests fail (or that carries none) cannot be activated; names the failing tests."""
+
+    def __init__(self, failing: list[str], message: str | None = None) -> None:
         self.failing = failing
-        super().__init__("Rego unit tests failed: " + ", ".join(failing))
+        super().__init__(message or "Rego unit tests failed: " + ", ".join(failing))
+
+
+class TwoPersonRule(Forbidden):
+    """With the two-person rule on, the uploader of a version cannot put it in force alone (HTTP 403)."""
 
 
 class SignatureRequired(Forbidden):

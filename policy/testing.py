@@ -86,7 +86,8 @@ class TestReport:
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.results)
+        """Every test passed, and there was at least one: a version with no tests has shown nothing."""
+        return bool(self.results) and all(r.passed for r in self.results)
 
     @property
     def failing(self) -> list[str]:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
-from api.routes.common import decode_cursor, encode_cursor, request_id
+from api.routes.common import decode_cursor, denial_logged, encode_cursor, request_id
 from api.schemas import (
     COMMON_ERRORS,
     CursorQuery,
@@ -27,7 +27,9 @@ from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
 from inventory import service
 from inventory.models import Tenant, Workload, WorkloadGroup
+from workflows import fabric
 from workflows.context import trust_domain
+from workflows.fabric import Who
 
 router = APIRouter(prefix="/v1", tags=["inventory"])
 
@@ -37,7 +39,7 @@ WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
 
 def tenant_out(t: Tenant) -> TenantOut:
     return TenantOut(slug=t.slug, display_name=t.display_name, l3vni=t.l3vni, prefix=t.prefix,
-                     quarantined=t.quarantined, created_at=as_utc(t.created_at))
+                     quarantined=t.quarantined, created_at=as_utc(t.created_at), vlan=t.vlan, prefix6=t.prefix6)
 
 
 def group_out(g: WorkloadGroup) -> GroupOut:
@@ -57,10 +59,10 @@ def create_tenant(body: TenantCreate, request: Request, ctx: CtxDep, principal: 
     if principal.scope_tenant is not None:
         raise Forbidden("tenant principals cannot create tenants")
     with ctx.db.session() as session:
-        tenant = service.create_tenant(
-            session, slug=body.slug, display_name=body.display_name, l3vni=body.l3vni, prefix=body.prefix,
-            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request),
-        )
+        tenant = fabric.create_tenant(
+            session, Who(principal.actor(), ctx.clock, request_id(request)), ctx.settings.pools(), slug=body.slug,
+            display_name=body.display_name, l3vni=body.l3vni, prefix=body.prefix, vlan=body.vlan,
+            prefix6=body.prefix6)
         return tenant_out(tenant)
 
 
@@ -99,7 +101,7 @@ def create_group(
         group = service.create_group(
             session, tenant=tenant, name=body.name, labels=body.labels,
             ports=[p.model_dump() for p in body.ports], sensitivity=body.sensitivity,
-            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request),
+            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request), quotas=ctx.settings.quotas,
         )
         return group_out(group)
 
@@ -136,10 +138,11 @@ def register_workload(
     principal: PrincipalDep,
 ) -> WorkloadOut:
     authorize(request, principal, "inventory.write", tenant)
-    with ctx.db.session() as session:
+    resource = {"tenant": tenant, "group": group, "workload": body.name}
+    with denial_logged(ctx, principal, "workload.register", resource), ctx.db.session() as session:
         workload = service.register_workload(
             session, trust_domain=trust_domain(ctx, session), tenant=tenant, group=group, name=body.name,
-            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request),
+            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request), quotas=ctx.settings.quotas,
         )
         return workload_out(workload)
 

@@ -26,6 +26,7 @@ from cli.output import (
     fail,
     guard,
     local_operator,
+    local_settings,
     machine_output,
     open_context,
 )
@@ -196,11 +197,14 @@ def register(app: typer.Typer) -> None:
         def run() -> dict[str, Any]:
             modules, doc = collect()
             given_input = _load_json_or_yaml(input_file) if input_file is not None else None
-            if version is not None or not modules:
-                from policy import service
-                from policy.data import build_data
+            if version is None and modules:  # the operator's own files only: offline, in this process
+                return authoring.evaluate_query(modules, query, input=given_input, data=doc)
+            from policy import service
+            from policy.data import build_data
+            from workflows import policy as flows
 
-                with open_context() as ctx, ctx.db.read_session() as session:
+            with open_context() as ctx:
+                with ctx.db.read_session() as session:
                     v = service.get_version(session, version) if version else service.active_version(session)
                     if v is None:
                         from core.errors import NotFound
@@ -208,7 +212,8 @@ def register(app: typer.Typer) -> None:
                         raise NotFound("no policy version is active: give --version or .rego files with --data")
                     modules = {**dict(v.modules), **modules}
                     doc = {**build_data(session, ctx.clock()), **doc}
-            return authoring.evaluate_query(modules, query, input=given_input, data=doc)
+                # stored Rego runs where the server runs it: in the policy sandbox, within its limits
+                return flows.evaluate(ctx.settings, modules, query, input=given_input, data=doc)
 
         out = guard(run)
         if machine_output():
@@ -238,14 +243,19 @@ def register(app: typer.Typer) -> None:
         Nothing is stored when it does not compile or check clean; with failing tests it is stored but cannot
         be activated."""
         from policy import service
+        from policy.authoring import PreparedVersion
         from policy.errors import PolicyCompileError
         from policy.versions import load_dir
+        from workflows import policy as flows
 
         modules = guard(lambda: load_dir(directory))
-        try:
-            prepared = service.prepare(modules)
-        except PolicyCompileError as exc:
-            _compile_errors(directory, exc)
+
+        def prepare() -> PreparedVersion:  # compiled and tested in the policy sandbox, as the API does it
+            try:
+                return flows.prepare(local_settings(), modules)
+            except PolicyCompileError as exc:
+                _compile_errors(directory, exc)
+        prepared = guard(prepare)
 
         def run() -> tuple[dict[str, Any], bool]:
             with open_context() as ctx, ctx.db.session() as session:
@@ -303,12 +313,13 @@ def register(app: typer.Typer) -> None:
     @command(policy, "impact", LOCAL)
     def impact_cmd(version: str = typer.Argument(..., metavar="N|HASH"),
                    limit: int = typer.Option(50, "--limit", min=0, max=100_000, help="flows listed per side")) -> None:
-        """Flows VERSION would open and close against the active version, on the current inventory."""
-        from policy import service
+        """Flows VERSION would open and close against the active version, on the current inventory; with a
+        fabric, the devices whose rule sets it would change (both in the policy sandbox)."""
+        from workflows.enforcement import impact
 
         def run() -> dict[str, Any]:
-            with open_context() as ctx, ctx.db.read_session() as session:
-                return service.impact(session, version, now=ctx.clock()).to_dict(limit=limit)
+            with open_context() as ctx:
+                return impact(ctx, version, limit=limit)
         out = guard(run)
         if machine_output():
             emit(out)
@@ -326,18 +337,23 @@ def register(app: typer.Typer) -> None:
             View("by tenant", (Col("tenant", "tenant", kind="id"), Col("opened", "opened"),
                                Col("closed", "closed"))).table(
                 [{"tenant": t, **c} for t, c in out["by_tenant"].items()])
+        devices = out.get("devices")
+        if devices:
+            console.print(f"devices: {devices['touched']} of {devices['devices']} would change", highlight=False)
+            if devices["by_device"]:
+                View("by device", (Col("device", "device", kind="id"), Col("rules +", "rules_added"),
+                                   Col("rules -", "rules_removed"), Col("leaks +", "leaks_added"),
+                                   Col("leaks -", "leaks_removed"))).table(devices["by_device"])
 
     def _switch(kind: str, version: str, signature: str | None, signature_file: Path | None,
                 reason: str | None) -> None:
-        from policy import service
-        from policy.versions import load_verify_keys
+        from workflows import policy as flows
 
         def run() -> dict[str, Any]:
             sig = _signature(signature, signature_file)
-            with open_context() as ctx, ctx.db.session() as session:
-                fn = service.activate if kind == "activate" else service.rollback
-                v = fn(session, version, local_operator("security"), now=ctx.clock(), signature=sig,
-                       verify_keys=load_verify_keys(ctx.settings.policy_verify_keys), reason=reason)
+            with open_context() as ctx:
+                v = flows.switch(ctx, "activate" if kind == "activate" else "rollback", version,
+                                 local_operator("security"), signature=sig, reason=reason)
                 return _version_dict(v)
         out = guard(run)
         if machine_output():
@@ -351,7 +367,8 @@ def register(app: typer.Typer) -> None:
     @command(policy, "activate", LOCAL)
     def activate_cmd(version: str = typer.Argument(..., metavar="N|HASH"), signature: str = Signature,
                      signature_file: Path = SignatureFile, reason: str = typer.Option(None, "--reason")) -> None:
-        """Put VERSION in force (tests must pass; a signature when policy keys are configured)."""
+        """Put VERSION in force: tests present and passing, a signature outside development mode (and whenever
+        policy keys are configured), the two-person rule when on, decisions within their budget."""
         _switch("activate", version, signature, signature_file, reason)
 
     @command(policy, "rollback", LOCAL)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import typer
 
-from cli.output import LOCAL, command, emit, machine_output, open_context
+from cli.output import LOCAL, command, emit, local_settings, machine_output, open_context
 from cli.params import PORT, TRUST_DOMAIN, choice
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
 
@@ -15,6 +18,33 @@ def register(app: typer.Typer) -> None:
     """Add init and serve to the root CLI."""
     command(app, "init", LOCAL)(init_cmd)
     command(app, "serve", LOCAL, output=False)(serve_cmd)
+
+
+TOKEN_FILE = "bootstrap-admin-token"
+
+
+def deliver_admin_token(token: str, expires_at: object, home: Path, *, json_out: bool = False) -> dict[str, object]:
+    """Show the bootstrap admin token to the person at the terminal, and only there: when stdout is not a
+    terminal (a service manager's log, a pipe) it goes to a file of mode 0600 in the data directory instead
+    and stdout says where. Returns what --json prints about it."""
+    from cli.humanize import when
+
+    if sys.stdout.isatty():
+        if not json_out:
+            print(f"admin API token (shown once, store it now; expires {when(expires_at)}):")
+            print(token, flush=True)
+        return {"admin_token": token, "admin_token_expires_at": expires_at}
+    path = home / TOKEN_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (token + "\n").encode())
+    finally:
+        os.close(fd)
+    if not json_out:
+        print(f"admin API token written to {path} (mode 0600; stdout is not a terminal; expires "
+              f"{when(expires_at)})", flush=True)
+    return {"admin_token": None, "admin_token_file": str(path), "admin_token_expires_at": expires_at}
 
 
 def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
@@ -32,8 +62,11 @@ def init_cmd(
 ) -> None:
     """Create the trust domain's root and issuing CAs, the audit key and an admin API token."""
     result = initialize(trust_domain, key_kind)
+    token = result.pop("admin_token")
+    shown = (deliver_admin_token(str(token), result["admin_token_expires_at"], local_settings().home,
+                                 json_out=machine_output()) if token else {"admin_token": None})
     if machine_output():
-        emit(result)
+        emit({**result, **shown})
         return
     if result["created"]:
         print(f"initialised trust domain spiffe://{trust_domain}")
@@ -41,9 +74,6 @@ def init_cmd(
         print("trust domain already initialised; nothing changed")
     if result["policy_version"]:
         print(f"activated the shipped policies (rego/) as policy version {result['policy_version']}")
-    if result["admin_token"]:
-        print("admin API token (shown once, store it now):")
-        print(result["admin_token"])
 
 
 def serve_cmd(
@@ -59,12 +89,11 @@ def serve_cmd(
     """Serve the API (runs init first when the trust domain does not exist yet).
 
     Logs are JSON lines on stderr (logfmt on a terminal; TRUSTFABRIC_LOG_FORMAT). With several workers their
-    metrics are summed through a shared multiprocess directory, removed when the server stops."""
-    import os
+    metrics are summed through a shared multiprocess directory, removed when the server stops. Connections
+    are bounded (api/server.py); SIGTERM, SIGINT and SIGHUP stop it after every cleanup has run."""
     import shutil
+    import signal
     import tempfile
-
-    from cli.output import local_settings
 
     # The workers read the environment (uvicorn's factory): they serve the same data directory (the
     # profile's, when TRUSTFABRIC_HOME is unset), log at the same level and, with several of them, write
@@ -78,31 +107,31 @@ def serve_cmd(
         metrics_dir = tempfile.mkdtemp(prefix="tf-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        _serve(local_settings(), host, port, trust_domain, tls, workers)
+        stopped_by = _serve(local_settings(), host, port, trust_domain, tls, workers)
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+    if stopped_by is not None:  # every cleanup ran: now end as the signal asked, as uvicorn does
+        signal.signal(stopped_by, signal.SIG_DFL)
+        os.kill(os.getpid(), stopped_by)
 
 
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _serve(settings: Any, host: str, port: int, trust_domain: str | None, tls: bool, workers: int) -> None:
-    import signal
+def _serve(settings: Any, host: str, port: int, trust_domain: str | None, tls: bool, workers: int) -> int | None:
+    """Run the server until it stops; returns the shutdown signal that stopped it, if one did (api/server.py
+    catches SIGTERM, SIGINT and SIGHUP so that the cleanups here run before the process ends)."""
     import ssl
 
-    import uvicorn
-
-    from api.auth.mtls import PeerCertH11Protocol
+    from api.server import ConnectionLimits, serve, uvicorn_config
     from core import logs
     from workflows.context import AppContext
 
     logs.configure(settings.log_format, settings.log_level)
     result = initialize(trust_domain, "ec-p256")
     if result["admin_token"]:
-        print("admin API token (shown once, store it now):")
-        print(result["admin_token"], flush=True)
+        deliver_admin_token(str(result["admin_token"]), result["admin_token_expires_at"], settings.home)
+    if settings.require_policy_signature and not settings.policy_verify_keys:
+        print("production mode and no policy signing key (TRUSTFABRIC_POLICY_VERIFY_KEYS): no policy version can "
+              "be activated; configure keys, or set TRUSTFABRIC_MODE=development (make run does)", flush=True)
     server_tls = None
     options: dict[str, object] = {}
     if tls:
@@ -129,19 +158,24 @@ def _serve(settings: Any, host: str, port: int, trust_domain: str | None, tls: b
         metrics_ctx = AppContext.open(settings)
         metrics_server = serve_separately(metrics_ctx, settings.metrics_host, settings.metrics_port)
         print(f"metrics on http://{settings.metrics_host}:{settings.metrics_port}/metrics", flush=True)
-    # uvicorn re-raises the signal that stopped it once it has shut down; with SIGTERM's default action the
-    # process would die there, before the cleanups below (TLS material, the metrics directory) run.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    try:
-        uvicorn.run(
-            "api.app:app_from_env", factory=True, host=host, port=port, workers=workers,
-            log_level=settings.log_level, log_config=None, access_log=False,  # core/logs.py and api/observe.py
-            http=PeerCertH11Protocol, **options,  # type: ignore[arg-type]
-        )
-    finally:
-        if server_tls is not None:
-            server_tls.cleanup()
-        if metrics_server is not None:
-            metrics_server[0].shutdown()
-        if metrics_ctx is not None:
-            metrics_ctx.close()
+
+    def cleanup() -> None:
+        try:
+            if server_tls is not None:
+                server_tls.cleanup()
+        finally:
+            if metrics_server is not None:
+                metrics_server[0].shutdown()
+            if metrics_ctx is not None:
+                metrics_ctx.close()
+
+    limits = ConnectionLimits(
+        request_read_timeout=settings.request_read_timeout_seconds,
+        keep_alive_timeout=settings.keep_alive_timeout_seconds,
+        max_connections=settings.max_connections, max_header_bytes=settings.max_header_bytes,
+    )
+    config = uvicorn_config("api.app:app_from_env", factory=True, host=host, port=port, workers=workers,
+                            log_level=settings.log_level, limits=limits,
+                            log_config=None, access_log=False,  # core/logs.py and api/observe.py
+                            **options)
+    return serve(config, cleanup=cleanup)

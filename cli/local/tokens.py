@@ -1,4 +1,4 @@
-"""`trustfabric token create|revoke` (local: on the server host, with the data directory and key store);
+"""`trustfabric token create|recover|revoke` (local: on the server host, with the data directory and key store);
 `token list|show` go through the API (cli/remote/tokens.py)."""
 
 from __future__ import annotations
@@ -52,6 +52,23 @@ def register(app: typer.Typer) -> None:
         print(f"token {info['id']} for {info['subject']} ({info['role']}"
               f"{'@' + info['tenant'] if info['tenant'] else ''}), expires {when(info['expires_at'])}")
         print(tok)
+
+    @command(token, "recover", LOCAL)
+    def token_recover() -> None:
+        """A new bootstrap admin token (run on the server host): every earlier one is revoked. Shown on a
+        terminal only; otherwise written to a 0600 file in the data directory (the output says where)."""
+        from cli.local.setup import deliver_admin_token
+        from pki.tokens.service import recover_bootstrap_token
+
+        with open_context() as ctx, ctx.db.session() as session:
+            ttl = ctx.settings.bootstrap_token_ttl
+            secret, revoked = recover_bootstrap_token(session, actor=local_operator(), ttl=ttl, clock=ctx.clock)
+            expires_at, home = ctx.clock() + ttl, ctx.settings.home
+        shown = deliver_admin_token(secret, expires_at, home, json_out=machine_output())
+        if machine_output():
+            emit({**shown, "revoked": revoked})
+        elif revoked:
+            print(f"revoked the earlier bootstrap token(s): {', '.join(revoked)}")
 
     @command(token, "revoke", LOCAL)
     def token_revoke(

@@ -253,6 +253,24 @@ def has_admin_token(session: Session) -> bool:
     ).first() is not None
 
 
+def recover_bootstrap_token(
+    session: Session, *, actor: Actor, ttl: timedelta, clock: Clock = system_clock
+) -> tuple[str, list[str]]:
+    """A new bootstrap admin token for the operator on the host (whoever can open the data directory and
+    the key store): every opaque admin token still unrevoked is revoked, a fresh one (expiring after `ttl`)
+    made; (the secret, the ids revoked). Each step is audited in the caller's transaction."""
+    now = clock()
+    old = session.exec(
+        select(ApiToken).where(ApiToken.role == "admin", col(ApiToken.token_hash).is_not(None),
+                               col(ApiToken.revoked_at).is_(None))
+    ).all()
+    for row in old:
+        revoke_token(session, row.id, actor=actor, reason="replaced by token recover", clock=clock)
+    secret = create_opaque_token(session, role="admin", subject="admin", actor=actor, ttl=ttl, clock=clock,
+                                 description=f"bootstrap admin token made by token recover at {now.isoformat()}")
+    return secret, [row.id for row in old]
+
+
 def opaque_token(session: Session, secret: str, clock: Clock = system_clock) -> ApiToken:
     """The live row of an opaque token, or Unauthenticated (unknown, revoked, expired)."""
     if not secret.startswith(TOKEN_PREFIX) or len(secret) > 256:

@@ -49,7 +49,8 @@ def run_cli(args: list[str], env: dict[str, str | None], input: str | None = Non
 class Cli:
     def __init__(self, home: Path, server: str, cwd: Path) -> None:
         self.env = {"TRUSTFABRIC_HOME": str(home), "TRUSTFABRIC_SERVER": server,
-                    "TRUSTFABRIC_CONFIG": str(cwd / "no-config.json"), "COLUMNS": "200"}
+                    "TRUSTFABRIC_CONFIG": str(cwd / "no-config.json"), "COLUMNS": "200",
+                    "TRUSTFABRIC_MODE": "development"}
         self.cwd = cwd
 
     def run(self, *args: str, token: str | None = None, input: str | None = None, **env: str | None) -> Run:
@@ -132,6 +133,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
     monkeypatch.setenv("TRUSTFABRIC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TRUSTFABRIC_CONFIG", str(tmp_path / "none.json"))
+    monkeypatch.setenv("TRUSTFABRIC_MODE", "development")
     monkeypatch.delenv("TRUSTFABRIC_DATABASE_URL", raising=False)
     r = CliRunner().invoke(app, ["init", "--trust-domain", "example.org", "--json"])
     assert r.exit_code == 0, r.output

@@ -101,6 +101,14 @@ def test_eval_against_a_stored_version(home: Path) -> None:
     assert r.returncode == 1 and "does not exist" in r.stderr
 
 
+def test_eval_on_a_stored_version_runs_in_the_policy_sandbox(home: Path) -> None:
+    """Stored Rego and the live data are evaluated where the server evaluates them, within the policy job
+    limits (TRUSTFABRIC_POLICY_JOB_*): a query spinning for minutes ends at the CPU budget, in one line."""
+    spin = "count([1 | some i in numbers.range(1, 20000); some j in numbers.range(1, 20000); i == j])"
+    r = run_cli(["policy", "eval", spin, "--version", "1"], {**_local(home), "TRUSTFABRIC_POLICY_JOB_CPU_SECONDS": "1"})
+    assert r.returncode == 1 and r.stderr == "error: the query exceeded the 1 s CPU budget\n", r.stderr
+
+
 def _flow(home: Path) -> Path:
     path = home / "flow.json"
     path.write_text(json.dumps({"src": {"tenant": "acme", "group": "web"}, "dst": {"tenant": "globex", "group": "api"},

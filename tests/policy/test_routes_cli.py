@@ -63,7 +63,8 @@ def test_policy_lifecycle_over_http(env: Env) -> None:
 
 def _cli(env: Env, *args: str) -> tuple[int, str, str]:
     runner = CliRunner()
-    result = runner.invoke(cli_app, list(args), env={"TRUSTFABRIC_HOME": str(env.ctx.settings.home)})
+    result = runner.invoke(cli_app, list(args), env={"TRUSTFABRIC_HOME": str(env.ctx.settings.home),
+                                                         "TRUSTFABRIC_MODE": "development"})
     return result.exit_code, result.stdout, result.stderr
 
 
