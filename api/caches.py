@@ -60,7 +60,7 @@ in the request's own read transaction.
 
 from __future__ import annotations
 
-CACHES: tuple[str, ...] = ("authz", "token_signature", "token_row", "grant_pages", "grant_data", "flow_set")
+CACHES: tuple[str, ...] = ("authz", "token_signature", "token_row", "grant_pages", "grant_data", "flow_set", "impact")
 
 
 def cache_on(off: frozenset[str], name: str) -> bool:

@@ -15,7 +15,7 @@ is api/caches.py's `flow_set`):
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -39,6 +39,7 @@ class FlowSet:
     change_version: int | None  # the change counter when it was last known current
     fingerprint: tuple[Any, ...] | None
     valid_until_ns: int | None  # earliest grant expiry in the data it was computed from
+    data: Mapping[str, Any] | None = None  # the document it was computed from (the impact report reuses it)
 
     def fresh_at(self, now: datetime) -> bool:
         """Whether `now` lies in [computed_at, earliest grant expiry): the same grants are live all along."""
@@ -98,7 +99,7 @@ class FlowSets:
                     engine.close()
             counts = pair_counts(raw)  # InvalidInput for anything but a list of well-formed entries
             self.evaluations += 1
-            flows = FlowSet(digest, now, raw, counts, version, fingerprint, live_until(data))
+            flows = FlowSet(digest, now, raw, counts, version, fingerprint, live_until(data), data)
             if self._keep:
                 self._kept = flows
             return flows

@@ -22,7 +22,7 @@ from policy.decide import Flow, expand_allowed
 Pair = tuple[str, str]
 
 
-def _key(entry: Any) -> tuple[str, str, str]:
+def target_key(entry: Any) -> tuple[str, str, str]:
     try:
         return str(entry["dst_tenant"]), str(entry["dst_group"]), str(entry["proto"])
     except (KeyError, TypeError):
@@ -45,12 +45,21 @@ def _checked(entry: Any) -> tuple[list[Any], set[int]]:
     return sources, {int(p) for p in ports}
 
 
+def validated(raw: Any) -> list[Any]:
+    """The entries of an answer, each checked as expand_allowed checks it; InvalidInput otherwise."""
+    entries = _entries(raw)
+    for entry in entries:
+        target_key(entry)
+        _checked(entry)
+    return entries
+
+
 def pair_counts(raw: Any) -> dict[Pair, int]:
     """{(src_tenant, dst_tenant): number of distinct allowed flows}; equal to counting expand_allowed(raw)
     by tenant pair. InvalidInput for a malformed answer."""
     by_target: dict[tuple[str, str, str], list[Any]] = {}
     for entry in _entries(raw):
-        by_target.setdefault(_key(entry), []).append(entry)
+        by_target.setdefault(target_key(entry), []).append(entry)
     counts: Counter[Pair] = Counter()
     tenant_of: dict[Any, str] = {}  # sources repeat across entries: split each once
 
@@ -83,7 +92,7 @@ def flows_between(raw: Any, src_tenant: str, dst_tenant: str) -> dict[Flow, list
     prefix = f"{src_tenant}/"
     picked: list[Any] = []
     for entry in _entries(raw):
-        if _key(entry)[0] != dst_tenant:
+        if target_key(entry)[0] != dst_tenant:
             continue
         sources = entry.get("sources")
         if not isinstance(sources, list):

@@ -128,30 +128,9 @@ def _wrong(rs: DeviceRuleSet, fmt: str) -> Exception:
                         f"apply (use {fits})")
 
 
-def device_impact(session: Session, candidate: dict[str, str], baseline: dict[str, str] | None, *, now: datetime,
-                  budget: Budget) -> dict[str, Any] | None:
-    """The impact report's per-device section: the candidate and the active version compiled on the current
-    fabric and data, and which devices' rule sets differ (rules added and removed); None without a fabric."""
-    new = staged_compile(session, candidate, now=now, budget=budget)
-    if not new.devices:
-        return None
-    old = staged_compile(session, baseline, now=now, budget=budget)
-    changes = plan(old.devices, new.devices, budget)
-    return {"devices": len(new.devices), "touched": len(changes),
-            "by_device": [{"device": p.device, "rules_added": len(p.added), "rules_removed": len(p.removed),
-                           "leaks_added": len(p.leaks_added), "leaks_removed": len(p.leaks_removed),
-                           "budget": {"before": p.cost_before, "after": p.cost_after, "limit": p.limit}}
-                          for p in changes]}
-
-
 def impact(session: Session, ref: str, *, now: datetime, budget: Budget, limit: int | None) -> dict[str, Any]:
-    """policy.service.impact's report (flows opened and closed), with the per-device section when a fabric
-    exists (`devices`: null otherwise)."""
-    from policy import service as policy
+    """The impact report of version `ref` (flows opened and closed, and the per-device section when a fabric
+    exists: `devices` is null otherwise), computed afresh in this session (workflows/impacts.py)."""
+    from workflows.impacts import compute
 
-    report = policy.impact(session, ref, now=now).to_dict(limit=limit)
-    candidate = policy.get_version(session, ref)
-    active = policy.active_version(session)
-    report["devices"] = device_impact(session, dict(candidate.modules), dict(active.modules) if active else None,
-                                      now=now, budget=budget)
-    return report
+    return compute(session, ref, now=now, budget=budget)[0].to_dict(limit)

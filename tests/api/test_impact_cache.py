@@ -1,0 +1,74 @@
+"""The `impact` cache (workflows/impacts.py, api/caches.py): a report is computed once per (candidate,
+active version, data, fabric, budget), answered the same as a fresh computation, and computed again after
+any change of the data or the fabric; switched off, every request computes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from policy.shipped import REGO_DIR
+from policy.versions import load_dir
+from tests.api.conftest import Env
+from tests.api.test_devices import approve_grant_over_the_api, fabric_env
+from workflows.enforcement import impact as fresh_impact
+
+pytestmark = pytest.mark.xdist_group("devices")
+
+
+def candidate() -> dict[str, str]:
+    """The shipped policy without platform services (its own tests would fail: left out)."""
+    modules = {k: v for k, v in load_dir(REGO_DIR).items() if not k.endswith("_test.rego")}
+    modules["flows.rego"] = modules["flows.rego"].replace('platform_tenant := "platform"',
+                                                          'platform_tenant := "nowhere"', 1)
+    return modules
+
+
+def served(env: Env, number: int) -> dict[str, Any]:
+    r = env.call("GET", f"/v1/policy/versions/{number}/impact?limit=50", "security")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def fresh(env: Env, number: int) -> dict[str, Any]:
+    with env.ctx.db.read_session() as s:
+        return fresh_impact(s, str(number), now=env.clock(), budget=env.ctx.settings.budget(), limit=50)
+
+
+@pytest.mark.parametrize("off", [False, True])
+def test_an_impact_report_is_computed_once_per_state_and_equals_a_fresh_one(tmp_path: Path, off: bool) -> None:
+    env = fabric_env(tmp_path / "home", running=False)
+    if off:
+        env.ctx.settings = replace(env.ctx.settings, cache_off=frozenset({"impact"}))
+        env.client.close()
+        env.app = create_app(env.ctx)
+        env.client = TestClient(env.app, raise_server_exceptions=False)
+    try:
+        r = env.call("POST", "/v1/policy/versions", "security", json={"modules": candidate(), "note": "no platform"})
+        assert r.status_code == 201, r.text
+        number = r.json()["number"]
+        reports = env.app.state.impacts
+        seen = []
+        for change in (None, "grant", "fabric"):
+            if change == "grant":
+                approve_grant_over_the_api(env)
+            elif change == "fabric":  # no row under the data document changes: only the fabric does
+                r = env.call("DELETE", "/v1/fabric/placements/platform/dns/ns1", "admin")
+                assert r.status_code == 200, r.text
+            before = reports.computations
+            first, second = served(env, number), served(env, number)
+            assert reports.computations == before + (2 if off else 1)
+            assert first == second == fresh(env, number)
+            assert first["closed_count"] > 0 and first["devices"]["devices"] > 0
+            seen.append(first)
+        assert seen[0]["unchanged"] != seen[1]["unchanged"], "the grant's flows count as unchanged"
+        assert seen[1]["devices"]["touched"] > 0
+        assert seen[2]["devices"]["touched"] == 0, "platform/dns is placed nowhere now: closing it touches no device"
+    finally:
+        env.client.close()
+        env.ctx.close()

@@ -1,0 +1,133 @@
+"""The impact report as the API serves it: the flows a candidate version opens and closes against the active
+one (by tenant), and the devices whose rule sets it would change, computed once per (candidate version,
+active version, data document, fabric, budget) and kept while provably current (api/caches.py, `impact`).
+
+What one report costs is two compact allowed_flows answers, their target-by-target diff (policy/impact.py)
+and, when a fabric exists, two compiles. The active version's answer and its data document are the ones the
+flow matrix keeps (policy/flowset.py): when that kept set is current in this report's own read transaction
+(same data fingerprint, same active version, same instant window), the report evaluates only the candidate.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import Session
+
+from enforcer.compiler import Budget, compile_fabric
+from enforcer.fabric import Fabric
+from enforcer.fabric_db import compile_fabric_of
+from enforcer.plan import plan
+from policy.data import build_data, data_fingerprint, live_until, to_ns
+from policy.flowset import FlowSet, FlowSets
+from policy.impact import ImpactReport, answer_under, report_of
+from policy.service import active_version, get_version
+from store.db import Database
+
+
+def device_section(fabric: Fabric, before: Any, after: Any, revoked: frozenset[str], budget: Budget
+                   ) -> dict[str, Any] | None:
+    """The per-device section: both answers compiled on the fabric, and which devices' rule sets differ
+    (rules added and removed); None without a fabric."""
+    if not fabric.nodes and not fabric.switches:
+        return None
+    new = compile_fabric(fabric, after, revoked, budget)
+    if not new.devices:
+        return None
+    old = compile_fabric(fabric, before, revoked, budget)
+    changes = plan(old.devices, new.devices, budget)
+    return {"devices": len(new.devices), "touched": len(changes),
+            "by_device": [{"device": p.device, "rules_added": len(p.added), "rules_removed": len(p.removed),
+                           "leaks_added": len(p.leaks_added), "leaks_removed": len(p.leaks_removed),
+                           "budget": {"before": p.cost_before, "after": p.cost_after, "limit": p.limit}}
+                          for p in changes]}
+
+
+@dataclass(frozen=True)
+class Impact:
+    """One computed report: the flows part, the device part, and the instants it holds for."""
+
+    flows: ImpactReport
+    devices: dict[str, Any] | None
+    computed_at_ns: int
+    valid_until_ns: int | None  # earliest grant expiry in the data it was computed from
+
+    def to_dict(self, limit: int | None) -> dict[str, Any]:
+        return {**self.flows.to_dict(limit=limit), "devices": self.devices}
+
+    def fresh_at(self, now_ns: int) -> bool:
+        return self.computed_at_ns <= now_ns and (self.valid_until_ns is None or now_ns < self.valid_until_ns)
+
+
+def compute(session: Session, ref: str, *, now: datetime, budget: Budget, kept: FlowSet | None = None
+            ) -> tuple[Impact, tuple[Any, ...] | None]:
+    """(the report of version `ref` against the active one at `now`, its cache key or None when it cannot be
+    kept). `kept`: the active version's flow set, used when it is provably what this session reads."""
+    from pki.service import trust_domain
+
+    candidate = get_version(session, ref)
+    active = active_version(session)
+    digest = active.content_hash if active is not None else None
+    fingerprint = data_fingerprint(session) if kept is not None else None
+    fabric = compile_fabric_of(session, trust_domain(session) or "")
+    now_ns = to_ns(now)
+    if (kept is not None and kept.data is not None and fingerprint is not None and kept.fingerprint == fingerprint
+            and kept.policy_hash == digest and kept.fresh_at(now)):
+        data, before, valid_until = kept.data, kept.raw, kept.valid_until_ns
+    else:
+        data = build_data(session, now)
+        before = answer_under(active.modules, data, now_ns) if active is not None else []
+        valid_until, fingerprint = live_until(data), None
+    after = before if candidate.content_hash == digest else answer_under(candidate.modules, data, now_ns)
+    flows = report_of(candidate.content_hash, digest, before, after)
+    devices = device_section(fabric, before, after, frozenset(data["tf"]["revoked"]), budget)
+    key = (candidate.content_hash, digest, fingerprint, fabric, budget) if fingerprint is not None else None
+    return Impact(flows, devices, now_ns, valid_until), key
+
+
+class ImpactReports:
+    """Kept reports, a few per process (LRU). `flow_sets`: the app's kept active flow set; `keep=False`
+    computes every report afresh (TRUSTFABRIC_CACHE_OFF=impact, and on PostgreSQL nothing is keyable)."""
+
+    def __init__(self, db: Database, flow_sets: FlowSets | None, *, keep: bool = True, size: int = 8) -> None:
+        self._db = db
+        self._flow_sets = flow_sets if keep else None
+        self._size = size
+        self._kept: OrderedDict[tuple[Any, ...], Impact] = OrderedDict()
+        self._lock = threading.Lock()
+        self.computations = 0  # for tests and the benchmark
+
+    def report(self, ref: str, *, now: datetime, budget: Budget, limit: int | None) -> dict[str, Any]:
+        kept = self._flow_sets.current(now) if self._flow_sets is not None else None
+        with self._db.read_session() as session:
+            if kept is not None:
+                hit = self._lookup(session, ref, kept, now, budget)
+                if hit is not None:
+                    return hit.to_dict(limit)
+            impact, key = compute(session, ref, now=now, budget=budget, kept=kept)
+        self.computations += 1
+        if key is not None:
+            with self._lock:
+                self._kept[key] = impact
+                self._kept.move_to_end(key)
+                while len(self._kept) > self._size:
+                    self._kept.popitem(last=False)
+        return impact.to_dict(limit)
+
+    def _lookup(self, session: Session, ref: str, kept: FlowSet, now: datetime, budget: Budget) -> Impact | None:
+        """The kept report for this session's state, if any: its key is read in the session's transaction."""
+        from pki.service import trust_domain
+
+        candidate = get_version(session, ref)
+        active = active_version(session)
+        key = (candidate.content_hash, active.content_hash if active is not None else None,
+               data_fingerprint(session), compile_fabric_of(session, trust_domain(session) or ""), budget)
+        if key[2] is None:
+            return None
+        with self._lock:
+            hit = self._kept.get(key)
+        return hit if hit is not None and hit.fresh_at(to_ns(now)) else None
