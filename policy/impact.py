@@ -18,7 +18,7 @@ from core.errors import InvalidInput
 from policy.decide import ALLOWED_FLOWS_QUERY, Flow, expand_allowed
 from policy.engines import scratch_engine
 from policy.errors import PolicyEngineError
-from policy.matrix import target_key, validated
+from policy.matrix import by_target, same_entries, validated
 
 
 @dataclass(frozen=True)
@@ -64,30 +64,6 @@ def diff_flow_sets(
     return opened, closed, len(a & b), _by_tenant(opened, closed)
 
 
-def _targets(raw: Any) -> dict[tuple[str, str, str], list[Any]]:
-    """The entries of a compact answer by target, each checked as expand_allowed checks it (InvalidInput)."""
-    out: dict[tuple[str, str, str], list[Any]] = {}
-    for entry in validated(raw):
-        out.setdefault(target_key(entry), []).append(entry)
-    return out
-
-
-def _same(a: list[Any], b: list[Any]) -> bool:
-    """Whether two targets' entry lists are equal as multisets (then they allow exactly the same flows)."""
-    if len(a) != len(b):
-        return False
-    if len(a) == 1:
-        return bool(a[0] == b[0])
-    try:
-        return sorted(a, key=_order) == sorted(b, key=_order)
-    except (TypeError, ValueError):  # an odd value that does not order: compare the flows instead
-        return False
-
-
-def _order(entry: Any) -> tuple[Any, ...]:
-    return (str(entry["reason"]), [str(s) for s in entry["sources"]], [float(p) for p in entry["ports"]])
-
-
 def _count(entries: list[Any]) -> int:
     """Distinct (source, port) pairs of one target's entries: its number of flows; InvalidInput for a source
     that is not tenant/group (as expand_allowed refuses it)."""
@@ -103,13 +79,13 @@ def _count(entries: list[Any]) -> int:
 def diff_answers(before: Any, after: Any) -> tuple[list[Flow], list[Flow], int, dict[str, dict[str, int]]]:
     """diff_flow_sets(expand_allowed(before), expand_allowed(after)), without expanding the targets that did
     not change; InvalidInput for a malformed answer."""
-    b, a = _targets(before), _targets(after)
+    b, a = by_target(validated(before)), by_target(validated(after))
     opened: list[Flow] = []
     closed: list[Flow] = []
     unchanged = 0
     for key in b.keys() | a.keys():
         old, new = b.get(key, []), a.get(key, [])
-        if old and new and _same(old, new):
+        if old and new and same_entries(old, new):
             unchanged += _count(new)
             continue
         fb, fa = set(expand_allowed(old)), set(expand_allowed(new))
