@@ -81,6 +81,16 @@ def version_row(session: Session, device: str, version: int | None = None) -> Ru
     return row
 
 
+def history(session: Session, device: str, *, limit: int, before: int | None = None) -> list[RuleSetVersion]:
+    """A device's published versions, newest first (those below `before` when given); NotFound for a device
+    that never had one."""
+    get_state(session, device)
+    query = select(RuleSetVersion).where(col(RuleSetVersion.device) == device)
+    if before is not None:
+        query = query.where(col(RuleSetVersion.version) < before)
+    return list(session.exec(query.order_by(col(RuleSetVersion.version).desc()).limit(limit)).all())
+
+
 def ruleset_of(row: RuleSetVersion) -> DeviceRuleSet:
     return DeviceRuleSet.from_dict(json.loads(row.ir))
 

@@ -63,8 +63,10 @@ def same_entries(a: list[Any], b: list[Any]) -> bool:
     """Whether two targets' entry lists are equal as multisets (then they allow exactly the same flows)."""
     if len(a) != len(b):
         return False
+    if a == b:  # the engine's order is stable: an unchanged target usually compares equal as it is
+        return True
     if len(a) == 1:
-        return bool(a[0] == b[0])
+        return False
     try:
         return sorted(a, key=_order) == sorted(b, key=_order)
     except (TypeError, ValueError):  # an odd value that does not order: treated as a change
