@@ -3,6 +3,7 @@ domain, shipped policy) and people signed in through the console's own sign-in f
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,9 +78,9 @@ class LiveServer:
     url: str
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """The app served by uvicorn on 127.0.0.1 and a free port, in a thread: what the browser talks to."""
+@contextlib.contextmanager
+def serving(env: Env) -> Iterator[LiveServer]:
+    """`env`'s app served by uvicorn on 127.0.0.1 and a free port, in a thread, for the block."""
     import threading
     import time
 
@@ -87,9 +88,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
     from tests.conftest import _free_port
 
-    home = Path(tmp_path_factory.mktemp("console-live")) / "home"
-    env = open_env(make_settings(home, audit_checkpoint_every=1))  # a fresh checkpoint covers every event
-    seed(env)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(env.app, host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="off"))
@@ -105,5 +103,17 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The app served on 127.0.0.1: what the browser talks to."""
+    home = Path(tmp_path_factory.mktemp("console-live")) / "home"
+    env = open_env(make_settings(home, audit_checkpoint_every=1))  # a fresh checkpoint covers every event
+    seed(env)
+    try:
+        with serving(env) as server:
+            yield server
+    finally:
         env.client.close()
         env.ctx.close()
