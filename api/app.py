@@ -122,7 +122,8 @@ def create_app(
     flows_on = cache_on(off, "flow_set")
     flow_changes = ChangeWatch(ctx.db.engine, enabled=flows_on and ctx.settings.read_cache)
     app.state.flow_sets = FlowSets(ctx.db, keep=flows_on, changes=flow_changes.version)
-    app.state.impacts = ImpactReports(ctx.db, app.state.flow_sets, keep=flows_on and cache_on(off, "impact"))
+    app.state.impacts = ImpactReports(ctx.db, app.state.flow_sets, keep=flows_on and cache_on(off, "impact"),
+                                      changes=flow_changes.version)
     install_error_handlers(app)
     for router in (*ROUTERS, *extra_routers):
         app.include_router(router)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -93,20 +94,33 @@ class ImpactReports:
     """Kept reports, a few per process (LRU). `flow_sets`: the app's kept active flow set; `keep=False`
     computes every report afresh (TRUSTFABRIC_CACHE_OFF=impact, and on PostgreSQL nothing is keyable)."""
 
-    def __init__(self, db: Database, flow_sets: FlowSets | None, *, keep: bool = True, size: int = 8) -> None:
+    def __init__(self, db: Database, flow_sets: FlowSets | None, *, keep: bool = True, size: int = 8,
+                 changes: Callable[[], int | None] = lambda: None) -> None:
         self._db = db
         self._flow_sets = flow_sets if keep else None
         self._size = size
+        self._changes = changes
         self._kept: OrderedDict[tuple[Any, ...], Impact] = OrderedDict()
+        # (ref, budget) -> (the key it was last found current under, the change counter then): while nothing
+        # committed since (the counter is the same), that key is still the one a read would find
+        self._seen: dict[tuple[str, Budget], tuple[tuple[Any, ...], int]] = {}
         self._lock = threading.Lock()
         self.computations = 0  # for tests and the benchmark
 
     def report(self, ref: str, *, now: datetime, budget: Budget, limit: int | None) -> dict[str, Any]:
+        version = self._changes() if self._flow_sets is not None else None  # before any read
+        unchanged = self._unchanged(ref, budget, version, to_ns(now))
+        if unchanged is not None:
+            return unchanged.to_dict(limit)
         kept = self._flow_sets.current(now) if self._flow_sets is not None else None
         with self._db.read_session() as session:
+            key: tuple[Any, ...] | None = None
             if kept is not None:
-                hit = self._lookup(session, ref, kept, now, budget)
-                if hit is not None:
+                key = self._key(session, ref, budget)
+                with self._lock:
+                    hit = self._kept.get(key) if key is not None else None
+                if key is not None and hit is not None and hit.fresh_at(to_ns(now)):
+                    self._remember(ref, budget, key, version)
                     return hit.to_dict(limit)
             impact, key = compute(session, ref, now=now, budget=budget, kept=kept)
         self.computations += 1
@@ -116,18 +130,33 @@ class ImpactReports:
                 self._kept.move_to_end(key)
                 while len(self._kept) > self._size:
                     self._kept.popitem(last=False)
+            self._remember(ref, budget, key, version)
         return impact.to_dict(limit)
 
-    def _lookup(self, session: Session, ref: str, kept: FlowSet, now: datetime, budget: Budget) -> Impact | None:
-        """The kept report for this session's state, if any: its key is read in the session's transaction."""
+    def _unchanged(self, ref: str, budget: Budget, version: int | None, now_ns: int) -> Impact | None:
+        if version is None:
+            return None
+        with self._lock:
+            seen = self._seen.get((ref, budget))
+            hit = self._kept.get(seen[0]) if seen is not None and seen[1] == version else None
+        return hit if hit is not None and hit.fresh_at(now_ns) else None
+
+    def _remember(self, ref: str, budget: Budget, key: tuple[Any, ...], version: int | None) -> None:
+        if version is None:
+            return
+        with self._lock:
+            if len(self._seen) >= 64 * self._size:
+                self._seen.clear()
+            self._seen[(ref, budget)] = (key, version)
+
+    def _key(self, session: Session, ref: str, budget: Budget) -> tuple[Any, ...] | None:
+        """The cache key of this session's state, read in its transaction (None: nothing is keyable)."""
         from pki.service import trust_domain
 
         candidate = get_version(session, ref)
         active = active_version(session)
-        key = (candidate.content_hash, active.content_hash if active is not None else None,
-               data_fingerprint(session), compile_fabric_of(session, trust_domain(session) or ""), budget)
-        if key[2] is None:
+        fingerprint = data_fingerprint(session)
+        if fingerprint is None:
             return None
-        with self._lock:
-            hit = self._kept.get(key)
-        return hit if hit is not None and hit.fresh_at(to_ns(now)) else None
+        return (candidate.content_hash, active.content_hash if active is not None else None, fingerprint,
+                compile_fabric_of(session, trust_domain(session) or ""), budget)

@@ -63,6 +63,9 @@ def test_an_impact_report_is_computed_once_per_state_and_equals_a_fresh_one(tmp_
             before = reports.computations
             first, second = served(env, number), served(env, number)
             assert reports.computations == before + (2 if off else 1)
+            env.call("GET", "/v1/policy/explain?src=acme/train&dst=acme/data&port=5432", "security")  # a commit
+            assert served(env, number) == first, "outside the key: found again by reading the key"
+            assert reports.computations == before + (3 if off else 1)
             assert first == second == fresh(env, number)
             assert first["closed_count"] > 0 and first["devices"]["devices"] > 0
             seen.append(first)
