@@ -228,6 +228,8 @@ async def run(args: argparse.Namespace, home: Path) -> None:
                  ["/v1/whoami", "/v1/policy/versions/1", "/v1/policy/versions"]),
             Page("impact report (fragment)", "security", "/console/policy/versions/1/impact",
                  ["/v1/whoami", "/v1/policy/versions/1/impact?limit=200"]),
+            Page("impact report after a grant change (computed again)", "security", "/console/policy/versions/1/impact",
+                 ["/v1/whoami", "/v1/policy/versions/1/impact?limit=200"], before=change_data),
             Page("explain page", "security", "/console/explain?src=t0001/g0&dst=t0001/g1&port=443",
                  ["/v1/whoami", "/v1/policy/explain?src=t0001/g0&dst=t0001/g1&port=443"]),
             Page("flow matrix page", "security", "/console/flows", ["/v1/whoami", "/v1/policy/flows/matrix?limit=20"]),

@@ -39,6 +39,8 @@ def device_section(fabric: Fabric, before: Any, after: Any, revoked: frozenset[s
     new = compile_fabric(fabric, after, revoked, budget)
     if not new.devices:
         return None
+    if after is before or after == before:  # the compiler is pure: the same answer, the same rule sets
+        return {"devices": len(new.devices), "touched": 0, "by_device": []}
     old = compile_fabric(fabric, before, revoked, budget)
     changes = plan(old.devices, new.devices, budget)
     return {"devices": len(new.devices), "touched": len(changes),
@@ -83,8 +85,12 @@ def compute(session: Session, ref: str, *, now: datetime, budget: Budget, kept: 
         data = build_data(session, now)
         before = answer_under(active.modules, data, now_ns) if active is not None else []
         valid_until, fingerprint = live_until(data), None
-    after = before if candidate.content_hash == digest else answer_under(candidate.modules, data, now_ns)
-    flows = report_of(candidate.content_hash, digest, before, after)
+    counts = kept.counts if kept is not None and before is kept.raw else None
+    if candidate.content_hash == digest and counts is not None:  # the active version against itself
+        after, flows = before, ImpactReport(candidate.content_hash, digest, unchanged=sum(counts.values()))
+    else:
+        after = before if candidate.content_hash == digest else answer_under(candidate.modules, data, now_ns)
+        flows = report_of(candidate.content_hash, digest, before, after)
     devices = device_section(fabric, before, after, frozenset(data["tf"]["revoked"]), budget)
     key = (candidate.content_hash, digest, fingerprint, fabric, budget) if fingerprint is not None else None
     return Impact(flows, devices, now_ns, valid_until), key
