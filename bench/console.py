@@ -197,6 +197,14 @@ async def run(args: argparse.Namespace, home: Path) -> None:
             people[key] = who
         client.cookies.clear()
         bearer = people["security"].headers
+        from policy.shipped import REGO_DIR
+        from policy.versions import load_dir
+
+        modules = {k: v for k, v in load_dir(REGO_DIR).items() if not k.endswith("_test.rego")}
+        modules["flows.rego"] = modules["flows.rego"].replace('"platform"', '"no-platform"', 1)
+        r = await client.post("/v1/policy/versions", json={"modules": modules, "note": "candidate: no platform "
+                                                           "services"}, headers=bearer)
+        assert r.status_code == 201, r.text  # version 2: closes every flow to platform services
         await client.get("/v1/policy/explain?src=t0001/g0&dst=t0001/g1&port=443", headers=bearer)  # a decision
         checkpoint = (await client.get("/v1/audit/checkpoint", headers=bearer)).json()
         seq = checkpoint["size"] - 10
@@ -226,10 +234,11 @@ async def run(args: argparse.Namespace, home: Path) -> None:
             Page("policy versions page", "security", "/console/policy", ["/v1/whoami", "/v1/policy/versions"]),
             Page("policy version page (tests)", "security", "/console/policy/versions/1",
                  ["/v1/whoami", "/v1/policy/versions/1", "/v1/policy/versions"]),
-            Page("impact report (fragment)", "security", "/console/policy/versions/1/impact",
-                 ["/v1/whoami", "/v1/policy/versions/1/impact?limit=200"]),
-            Page("impact report after a grant change (computed again)", "security", "/console/policy/versions/1/impact",
-                 ["/v1/whoami", "/v1/policy/versions/1/impact?limit=200"], before=change_data),
+            Page("impact report of a candidate (fragment)", "security", "/console/policy/versions/2/impact",
+                 ["/v1/whoami", "/v1/policy/versions/2/impact?limit=200"]),
+            Page("impact report of a candidate after a grant change (computed again)", "security",
+                 "/console/policy/versions/2/impact", ["/v1/whoami", "/v1/policy/versions/2/impact?limit=200"],
+                 before=change_data),
             Page("explain page", "security", "/console/explain?src=t0001/g0&dst=t0001/g1&port=443",
                  ["/v1/whoami", "/v1/policy/explain?src=t0001/g0&dst=t0001/g1&port=443"]),
             Page("flow matrix page", "security", "/console/flows", ["/v1/whoami", "/v1/policy/flows/matrix?limit=20"]),
