@@ -53,9 +53,10 @@ from enforcer.fabric_db import compile_fabric_of
 from enforcer.ir import DeviceRuleSet
 from policy.data import build_data, live_until, to_ns
 from policy.decide import ALLOWED_FLOWS_QUERY, sync_data
-from policy.engines import PolicyEngine, scratch_engine
+from policy.engines import PolicyEngine
 from policy.errors import PolicyEngineError
 from policy.flowset import UNRELATED
+from policy.impact import answer_under
 from policy.models import PolicyVersion
 from store.db import Database
 
@@ -281,9 +282,7 @@ class Reconciler:
         now = self.clock()
         resync = time.monotonic() - self._last_full >= self.config.resync_seconds
         expired = self._expiry_ns is not None and to_ns(now) >= self._expiry_ns
-        with self.db.read_session() as s:
-            if s.get_bind().dialect.name == "postgresql":  # one snapshot for every read below
-                s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        with self.db.read_session(snapshot=True) as s:  # one snapshot for every read below
             marker = tree_size(s)
             events: list[tuple[str, str]] = []
             complete = False
@@ -389,24 +388,38 @@ class Reconciler:
 # ---------------------------------------------------------------- reads for plan, staged plan, verify
 
 
-def staged_compile(session: Session, modules: dict[str, str] | None, *, now: datetime, budget: Budget
-                   ) -> Compiled:
-    """Policy `modules` (a candidate version; None: nothing allowed) compiled on the stored fabric and data
-    with a private engine, publishing nothing: what every device would run under that version."""
+@dataclass(frozen=True)
+class StagedInputs:
+    """What a staged compile reads: the stored fabric and the policy data document at `now`."""
+
+    fabric: Fabric
+    data: dict[str, Any]
+    now_ns: int
+
+
+def staged_inputs(session: Session, now: datetime) -> StagedInputs:
     from pki.service import trust_domain
 
-    fabric = compile_fabric_of(session, trust_domain(session) or "")
-    data = build_data(session, now)
-    allowed: Any = []
-    if modules is not None:
-        engine = scratch_engine(dict(modules), data)
-        try:
-            allowed = engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": to_ns(now)})
-        finally:
-            engine.close()
+    return StagedInputs(compile_fabric_of(session, trust_domain(session) or ""), build_data(session, now), to_ns(now))
+
+
+def allowed_flows_under(versions: list[dict[str, str] | None], data: dict[str, Any], now_ns: int) -> list[Any]:
+    """`data.flows.allowed_flows` of each policy version's modules (None: nothing allowed) on `data`, each on a
+    private engine. Module-level and on plain data: workflows run it in the policy sandbox (a candidate version
+    is user-supplied Rego, issue 13 item 5)."""
+    out: list[Any] = []
+    for modules in versions:
+        allowed = answer_under(modules, data, now_ns) if modules is not None else []
         if not isinstance(allowed, list):
             raise InvalidInput(f"the policy version gives no {ALLOWED_FLOWS_QUERY} list")
-    return compile_fabric(fabric, allowed, frozenset(data["tf"]["revoked"]), budget)
+        out.append(allowed)
+    return out
+
+
+def staged_compile(inputs: StagedInputs, allowed: Any, budget: Budget) -> Compiled:
+    """What every device would run under a policy version whose allowed flows are `allowed` (from
+    allowed_flows_under), compiled on the stored fabric and data, publishing nothing."""
+    return compile_fabric(inputs.fabric, allowed, frozenset(inputs.data["tf"]["revoked"]), budget)
 
 
 def with_devices(compiled: Compiled, devices: dict[str, DeviceRuleSet]) -> Compiled:

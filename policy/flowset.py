@@ -7,8 +7,8 @@ is api/caches.py's `flow_set`):
 
 - no commit anywhere since it was known current (a change counter the caller supplies: SQLite's
   `PRAGMA data_version`, read before the data, so a later commit only makes the next call check again);
-- or else, in one read transaction, the same rows under the data document (policy.data.data_fingerprint,
-  SQLite only) and the same active version (content hash);
+- or else, in one read transaction (one snapshot: REPEATABLE READ on PostgreSQL), the same policy data
+  version (policy.data.data_fingerprint) and the same active version (content hash);
 - and in both cases only from the instant it was computed until the earliest expiry of a grant in it.
 
 When neither holds, it is computed again, cheaply after grant changes alone (the common change: a request
@@ -35,6 +35,7 @@ from audit.service import changes_since, tree_size
 from policy.data import build_data, data_fingerprint, grant_ops, live_until, to_ns
 from policy.decide import ALLOWED_FLOWS_QUERY
 from policy.engines import PolicyEngine, scratch_engine
+from policy.impact import answer_under
 from policy.matrix import Pair, TargetCounts, target_counts, totals
 from policy.models import Grant
 from policy.service import active_version
@@ -116,7 +117,7 @@ class FlowSets:
             if not self._keep:
                 return self._fresh(now)
             kept = self._kept
-            with self._db.read_session() as session:
+            with self._db.read_session(snapshot=True) as session:  # the version and the data agree
                 fingerprint = data_fingerprint(session)
                 active = active_version(session)
                 digest = active.content_hash if active is not None else None
@@ -147,17 +148,11 @@ class FlowSets:
 
     def _fresh(self, now: datetime) -> FlowSet:
         """Evaluated from scratch, nothing kept (keep=False)."""
-        with self._db.read_session() as session:
+        with self._db.read_session(snapshot=True) as session:
             active = active_version(session)
             data = build_data(session, now)
             modules = dict(active.modules) if active is not None else None
-        raw: Any = []
-        if modules is not None:
-            engine = scratch_engine(modules, data)
-            try:
-                raw = engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": to_ns(now)})
-            finally:
-                engine.close()
+        raw: Any = answer_under(modules, data, to_ns(now)) if modules is not None else []
         targets = target_counts(raw)
         self.evaluations += 1
         return FlowSet(active.content_hash if active is not None else None, now, raw, totals(targets), None, None,

@@ -1,6 +1,7 @@
 """The enforcer as the API and the CLI run it: the configured reconciler, plans (against what devices last
 applied, or a staged candidate policy), the equivalence check of the published rule sets, rendering a
-device's rule set in its native formats, and the policy impact report's per-device section.
+device's rule set in its native formats, and the policy impact report computed afresh (its per-device
+section is workflows/impacts.py's).
 
 Apply and rollback semantics (README "Fabric and enforcer"): devices are agent-managed. Node agents (on each
 SuperNIC, and in the lab on the leaves too; a real switch runs the same agent on its Cumulus Linux with the
@@ -16,19 +17,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from sqlmodel import Session
-
 from enforcer import service
-from enforcer.compiler import Budget
 from enforcer.equivalence import verify as equivalence
 from enforcer.fabric import Fabric
 from enforcer.ir import DeviceRuleSet
 from enforcer.plan import DevicePlan, plan
-from enforcer.reconcile import EnforcerConfig, Reconciler, staged_compile, with_devices
+from enforcer.reconcile import (
+    EnforcerConfig,
+    Reconciler,
+    staged_compile,
+    staged_inputs,
+    with_devices,
+)
 from workflows.context import AppContext
+from workflows.policy import allowed_flows, limits
 
 FORMATS = ("openflow", "nvue", "nv-set", "nft", "ir")
 
@@ -52,7 +56,10 @@ def plans(ctx: AppContext, reconciler: Reconciler, staged: str | None = None) ->
 
         with ctx.db.read_session() as session:
             modules = dict(get_version(session, staged).modules)
-            new = staged_compile(session, modules, now=ctx.clock(), budget=reconciler.config.budget).devices
+            inputs = staged_inputs(session, ctx.clock())
+        [allowed] = allowed_flows([modules], inputs.data, inputs.now_ns, limits=limits(ctx.settings),
+                                  what=f"the staged compile of policy version {staged}")
+        new = staged_compile(inputs, allowed, reconciler.config.budget).devices
     with ctx.db.read_session() as session:
         old = service.last_applied(session)
     return plan(old, new, reconciler.config.budget)
@@ -128,9 +135,11 @@ def _wrong(rs: DeviceRuleSet, fmt: str) -> Exception:
                         f"apply (use {fits})")
 
 
-def impact(session: Session, ref: str, *, now: datetime, budget: Budget, limit: int | None) -> dict[str, Any]:
-    """The impact report of version `ref` (flows opened and closed, and the per-device section when a fabric
-    exists: `devices` is null otherwise), computed afresh in this session (workflows/impacts.py)."""
+def impact(ctx: AppContext, ref: str | int, *, limit: int | None) -> dict[str, Any]:
+    """The impact report of version `ref` (flows opened and closed; the per-device section when a fabric exists,
+    `devices`: null otherwise), computed afresh: workflows/impacts.py, the candidate in the policy sandbox."""
     from workflows.impacts import compute
+    from workflows.policy import limits
 
-    return compute(session, ref, now=now, budget=budget)[0].to_dict(limit)
+    return compute(ctx.db, str(ref), now=ctx.clock(), budget=ctx.settings.budget(),
+                   limits=limits(ctx.settings)).to_dict(limit)

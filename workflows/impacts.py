@@ -6,13 +6,17 @@ What one report costs is two compact allowed_flows answers, their target-by-targ
 and, when a fabric exists, two compiles. The active version's answer and its data document are the ones the
 flow matrix keeps (policy/flowset.py): when that kept set is current in this report's own read transaction
 (same data fingerprint, same active version, same instant window), the report evaluates only the candidate.
+
+A candidate version is user-supplied Rego: whatever is evaluated for a report (the candidate, and the active
+version when the kept set is not current) runs in one policy sandbox job (workflows.policy.allowed_flows,
+issue 13 item 5), after the read transaction ends; a runaway candidate is refused (422) naming the CPU budget.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,9 +29,11 @@ from enforcer.fabric_db import compile_fabric_of
 from enforcer.plan import plan
 from policy.data import build_data, data_fingerprint, live_until, to_ns
 from policy.flowset import FlowSet, FlowSets
-from policy.impact import ImpactReport, answer_under, report_of
+from policy.impact import ImpactReport, report_of
+from policy.sandbox import Limits
 from policy.service import active_version, get_version
 from store.db import Database
+from workflows.policy import allowed_flows
 
 
 def device_section(fabric: Fabric, before: Any, after: Any, revoked: frozenset[str], budget: Budget
@@ -66,10 +72,28 @@ class Impact:
         return self.computed_at_ns <= now_ns and (self.valid_until_ns is None or now_ns < self.valid_until_ns)
 
 
-def compute(session: Session, ref: str, *, now: datetime, budget: Budget, kept: FlowSet | None = None
-            ) -> tuple[Impact, tuple[Any, ...] | None]:
-    """(the report of version `ref` against the active one at `now`, its cache key or None when it cannot be
-    kept). `kept`: the active version's flow set, used when it is provably what this session reads."""
+@dataclass(frozen=True)
+class Inputs:
+    """What one report reads, in one snapshot: both versions, the data document, the fabric, and the active
+    version's answer when the kept flow set is current in that snapshot."""
+
+    name: str  # the candidate's number, as the sandbox's refusal names it
+    candidate: dict[str, str]
+    candidate_hash: str
+    active: dict[str, str] | None
+    digest: str | None  # the active version's content hash
+    data: Mapping[str, Any]
+    fabric: Fabric
+    now_ns: int
+    valid_until_ns: int | None
+    before: Any | None  # the active version's answer, from the kept flow set (None: evaluate it)
+    counts: dict[Any, int] | None  # the kept set's counts, when `before` is its answer
+    key: tuple[Any, ...] | None  # the cache key, or None when the report cannot be kept
+
+
+def read(session: Session, ref: str, *, now: datetime, budget: Budget, kept: FlowSet | None = None) -> Inputs:
+    """The inputs of version `ref`'s report at `now`, in `session` (one snapshot: see Database.read_session).
+    `kept`: the active version's flow set, used when it is provably what this session reads."""
     from pki.service import trust_domain
 
     candidate = get_version(session, ref)
@@ -77,28 +101,51 @@ def compute(session: Session, ref: str, *, now: datetime, budget: Budget, kept: 
     digest = active.content_hash if active is not None else None
     fingerprint = data_fingerprint(session) if kept is not None else None
     fabric = compile_fabric_of(session, trust_domain(session) or "")
-    now_ns = to_ns(now)
+    modules = dict(active.modules) if active is not None else None
     if (kept is not None and kept.data is not None and fingerprint is not None and kept.fingerprint == fingerprint
             and kept.policy_hash == digest and kept.fresh_at(now)):
-        data, before, valid_until = kept.data, kept.raw, kept.valid_until_ns
+        data, before, valid_until, counts = kept.data, kept.raw, kept.valid_until_ns, kept.counts
     else:
-        data = build_data(session, now)
-        before = answer_under(active.modules, data, now_ns) if active is not None else []
+        data, before, counts = build_data(session, now), None, None
         valid_until, fingerprint = live_until(data), None
-    counts = kept.counts if kept is not None and before is kept.raw else None
-    if candidate.content_hash == digest and counts is not None:  # the active version against itself
-        after, flows = before, ImpactReport(candidate.content_hash, digest, unchanged=sum(counts.values()))
-    else:
-        after = before if candidate.content_hash == digest else answer_under(candidate.modules, data, now_ns)
-        flows = report_of(candidate.content_hash, digest, before, after)
-    devices = device_section(fabric, before, after, frozenset(data["tf"]["revoked"]), budget)
     key = (candidate.content_hash, digest, fingerprint, fabric, budget) if fingerprint is not None else None
-    return Impact(flows, devices, now_ns, valid_until), key
+    name = str(candidate.number) if candidate.number is not None else candidate.content_hash[:16]
+    return Inputs(name, dict(candidate.modules), candidate.content_hash, modules, digest, data, fabric,
+                  to_ns(now), valid_until, before, counts, key)
+
+
+def evaluate(inputs: Inputs, *, budget: Budget, limits: Limits) -> Impact:
+    """The report from `inputs`: what is not known yet evaluated in one sandbox job, then the diff and the
+    compiles in this process (our code, on the answers)."""
+    todo: list[dict[str, str] | None] = []
+    if inputs.before is None and inputs.active is not None:
+        todo.append(inputs.active)
+    same = inputs.candidate_hash == inputs.digest
+    if not same:
+        todo.append(inputs.candidate)
+    answers = (allowed_flows(todo, dict(inputs.data), inputs.now_ns, limits=limits,
+                             what=f"the impact report of policy version {inputs.name}") if todo else [])
+    before = inputs.before if inputs.before is not None else answers.pop(0) if inputs.active is not None else []
+    after = before if same else answers.pop(0)
+    if same and inputs.counts is not None:  # the active version against itself
+        flows = ImpactReport(inputs.candidate_hash, inputs.digest, unchanged=sum(inputs.counts.values()))
+    else:
+        flows = report_of(inputs.candidate_hash, inputs.digest, before, after)
+    devices = device_section(inputs.fabric, before, after, frozenset(inputs.data["tf"]["revoked"]), budget)
+    return Impact(flows, devices, inputs.now_ns, inputs.valid_until_ns)
+
+
+def compute(db: Database, ref: str, *, now: datetime, budget: Budget, limits: Limits) -> Impact:
+    """Version `ref`'s report against the active one at `now`, computed afresh (nothing kept is used)."""
+    with db.read_session(snapshot=True) as session:
+        inputs = read(session, ref, now=now, budget=budget)
+    return evaluate(inputs, budget=budget, limits=limits)
 
 
 class ImpactReports:
     """Kept reports, a few per process (LRU). `flow_sets`: the app's kept active flow set; `keep=False`
-    computes every report afresh (TRUSTFABRIC_CACHE_OFF=impact, and on PostgreSQL nothing is keyable)."""
+    computes every report afresh (TRUSTFABRIC_CACHE_OFF=impact). `changes`: the database's change counter
+    (SQLite's; None on PostgreSQL, where the key is read on every request: one row, policy.data)."""
 
     def __init__(self, db: Database, flow_sets: FlowSets | None, *, keep: bool = True, size: int = 8,
                  changes: Callable[[], int | None] = lambda: None) -> None:
@@ -113,14 +160,16 @@ class ImpactReports:
         self._lock = threading.Lock()
         self.computations = 0  # for tests and the benchmark
 
-    def report(self, ref: str, *, now: datetime, budget: Budget, limit: int | None) -> dict[str, Any]:
+    def report(self, ref: str, *, now: datetime, budget: Budget, limits: Limits, limit: int | None
+               ) -> dict[str, Any]:
+        """Version `ref`'s report at `now` (to_dict with `limit` flows a side); a candidate that has to be
+        evaluated runs in the policy sandbox under `limits`."""
         version = self._changes() if self._flow_sets is not None else None  # before any read
         unchanged = self._unchanged(ref, budget, version, to_ns(now))
         if unchanged is not None:
             return unchanged.to_dict(limit)
         kept = self._flow_sets.current(now) if self._flow_sets is not None else None
-        with self._db.read_session() as session:
-            key: tuple[Any, ...] | None = None
+        with self._db.read_session(snapshot=True) as session:  # the key and the inputs agree
             if kept is not None:
                 key = self._key(session, ref, budget)
                 with self._lock:
@@ -128,7 +177,9 @@ class ImpactReports:
                 if key is not None and hit is not None and hit.fresh_at(to_ns(now)):
                     self._remember(ref, budget, key, version)
                     return hit.to_dict(limit)
-            impact, key = compute(session, ref, now=now, budget=budget, kept=kept)
+            inputs = read(session, ref, now=now, budget=budget, kept=kept)
+        impact = evaluate(inputs, budget=budget, limits=limits)  # outside the read transaction
+        key = inputs.key
         self.computations += 1
         if key is not None:
             with self._lock:

@@ -1,4 +1,5 @@
-"""The device API the node agents use, and the device list the console and `enforcer status` read.
+"""The device API the node agents use, and the device list (and one device) the console, `device list|show`
+and `enforcer status` read.
 
 - `GET /v1/devices/{device}/ruleset`: the desired version, its content hash and the IR (agents render it
   locally with the pure renderers, so the hash signed off here is the one applied). Strong `ETag` = the
@@ -139,7 +140,8 @@ def log_denial(request: Request, principal: Principal, action: str, device: str,
     ctx = request.app.state.ctx
     asked = {"principal": {"id": principal.id, "role": principal.role}, "action": action,
              "resource": {"device": device}}
-    DecisionLog(ctx.db, clock=ctx.clock).record("authz", asked, AuthzDecision(False, [reason]), None)
+    DecisionLog(ctx.db, clock=ctx.clock).record("authz", asked, AuthzDecision(False, [reason]), None,
+                                                owner=principal.scope_tenant)  # a node: the operator's log
 
 
 @router.get("/devices", response_model=list[DeviceOut], responses=READ_ERRORS,
@@ -150,6 +152,14 @@ def list_devices(request: Request, ctx: CtxDep, principal: PrincipalDep) -> list
         raise Forbidden("a node reads its own devices through GET /v1/devices/{device}/ruleset")
     with ctx.db.read_session() as session:
         return service.status_rows(session)
+
+
+@router.get("/devices/{device}", response_model=DeviceOut, responses=READ_ERRORS,
+            summary="One device: desired vs applied version, pin, pending plan, drift, last apply, counters")
+def get_device(device: DevicePath, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
+    _scope(request, principal, device, "device.read")
+    with ctx.db.read_session() as session:
+        return service.status_row(session, device)
 
 
 def _current(ctx: Any, device: str) -> tuple[int, str, str, str, str]:
@@ -213,10 +223,9 @@ def list_versions(
 ) -> dict[str, Any]:
     _scope(request, principal, device, "device.read")
     with ctx.db.read_session() as session:
-        rows = service.history(session, device, limit=limit + 1, before=before)
-    items = [{"version": r.version, "content_hash": r.content_hash, "cause": r.cause, "published_by": r.published_by,
-              "published_at": as_utc(r.created_at)} for r in rows[:limit]]
-    return {"device": device, "items": items, "next_before": rows[limit - 1].version if len(rows) > limit else None}
+        rows = service.versions(session, device, limit=limit + 1, before=before)
+    return {"device": device, "items": rows[:limit],
+            "next_before": rows[limit - 1]["version"] if len(rows) > limit else None}
 
 
 @router.post("/devices/{device}/status", response_model=DeviceOut, responses=WRITE_ERRORS,
@@ -227,5 +236,5 @@ def report_status(device: DevicePath, body: StatusReport, request: Request, ctx:
     with ctx.db.session() as session:
         service.record_status(session, device, body.model_dump(), actor=principal.actor(), now=ctx.clock(),
                               request_id=request_id(request))
-        return next(r for r in service.status_rows(session) if r["device"] == device)
+        return service.status_row(session, device)
 

@@ -36,8 +36,7 @@ def served(env: Env, number: int) -> dict[str, Any]:
 
 
 def fresh(env: Env, number: int) -> dict[str, Any]:
-    with env.ctx.db.read_session() as s:
-        return fresh_impact(s, str(number), now=env.clock(), budget=env.ctx.settings.budget(), limit=50)
+    return fresh_impact(env.ctx, number, limit=50)
 
 
 @pytest.mark.parametrize("off", [False, True])
@@ -72,6 +71,39 @@ def test_an_impact_report_is_computed_once_per_state_and_equals_a_fresh_one(tmp_
         assert seen[0]["unchanged"] != seen[1]["unchanged"], "the grant's flows count as unchanged"
         assert seen[1]["devices"]["touched"] > 0
         assert seen[2]["devices"]["touched"] == 0, "platform/dns is placed nowhere now: closing it touches no device"
+    finally:
+        env.client.close()
+        env.ctx.close()
+
+
+def test_a_runaway_candidate_is_refused_with_422_naming_the_cpu_budget_and_nothing_is_kept(tmp_path: Path) -> None:
+    """Issue 13 item 5 on the served, cached report: the candidate is user-supplied Rego, evaluated in the policy
+    sandbox even when the kept flow set spares evaluating the active version; a refusal is not kept."""
+    from audit import Actor
+    from policy import service as policy
+    from policy.authoring import PreparedVersion
+    from policy.testing import TestReport
+    from policy.versions import version_hash
+
+    env = fabric_env(tmp_path / "home", running=False)
+    try:
+        mods = candidate()
+        spin = "count([1 | some i in numbers.range(1, 20000); some j in numbers.range(1, 20000); i == j]) > 0"
+        mods["flows.rego"] = mods["flows.rego"].replace(
+            "allowed_flows := array.concat(array.concat(intra_tenant_flows, platform_flows), granted_flows)",
+            f"allowed_flows := intra_tenant_flows if {{ {spin} }}")
+        with env.ctx.db.session() as s:  # stored as it is (its tests are not the point): a candidate
+            v, _ = policy.upload(s, PreparedVersion(mods, version_hash(mods), TestReport()), Actor("admin", "admin"),
+                               now=env.clock())
+        env.ctx.settings = replace(env.ctx.settings, policy_job_cpu_seconds=1)
+        # the active version's set is kept and current: only the candidate is left to evaluate
+        assert env.call("GET", "/v1/policy/flows/matrix", "security").status_code == 200
+        reports = env.app.state.impacts
+        for _ in range(2):
+            r = env.call("GET", f"/v1/policy/versions/{v.number}/impact", "security")
+            assert r.status_code == 422, r.text
+            assert r.json()["reason"] == f"the impact report of policy version {v.number} exceeded the 1 s CPU budget"
+        assert reports.computations == 0
     finally:
         env.client.close()
         env.ctx.close()
