@@ -35,10 +35,10 @@ pytestmark = pytest.mark.xdist_group("devices")
 TRAIN_TO_API = {"nic:gpu1", "nic:gpu3", "leaf:leaf1", "leaf:leaf2"}
 
 
-def fabric_env(home: Path, *, running: bool) -> Env:
+def fabric_env(home: Path, *, running: bool, database_url: str | None = None) -> Env:
     """The golden fabric imported, the shipped policy active, every device published once; with `running`
     the app runs the reconciler (woken after every write) for the TestClient's lifetime."""
-    env = open_env(make_settings(home, enforcer_poll_seconds=0.2))
+    env = open_env(make_settings(home, database_url, enforcer_poll_seconds=0.2))
     with env.ctx.db.session() as s:
         import_fabric(s, Who(Actor.system("t"), env.clock), env.ctx.settings.pools(), SMALL.read_text())
     activate_shipped_policy(env)

@@ -127,7 +127,10 @@ def test_explain_answers_as_a_fresh_engine_would_and_reuses_the_kept_document(en
     assert r["allow"] is False and r["reasons"][0].startswith("no-grant")
 
 
-def test_after_grant_changes_alone_the_kept_set_is_patched_and_equals_a_fresh_one(env: Env) -> None:
+def test_after_grant_changes_alone_the_kept_set_is_patched_and_equals_a_fresh_one(env_both: Env) -> None:
+    """On both databases: on PostgreSQL the key is the policy data version (step 9's counter), read in one
+    REPEATABLE READ snapshot with the audit log's size and the events since."""
+    env = env_both
     from audit import Actor
     from inventory.service import create_group
     from policy.flowset import FlowSets

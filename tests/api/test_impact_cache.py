@@ -39,9 +39,14 @@ def fresh(env: Env, number: int) -> dict[str, Any]:
     return fresh_impact(env.ctx, number, limit=50)
 
 
-@pytest.mark.parametrize("off", [False, True])
-def test_an_impact_report_is_computed_once_per_state_and_equals_a_fresh_one(tmp_path: Path, off: bool) -> None:
-    env = fabric_env(tmp_path / "home", running=False)
+@pytest.mark.parametrize(("off", "database"), [(False, "sqlite"), (True, "sqlite"),
+                                               pytest.param(False, "postgres", marks=pytest.mark.postgres)])
+def test_an_impact_report_is_computed_once_per_state_and_equals_a_fresh_one(
+        request: pytest.FixtureRequest, tmp_path: Path, off: bool, database: str) -> None:
+    """On PostgreSQL too: there the key (the policy data version, step 9's counter) is read on every request,
+    in the same snapshot as the data under it."""
+    url = request.getfixturevalue("postgres_server").create_database() if database == "postgres" else None
+    env = fabric_env(tmp_path / "home", running=False, database_url=url)
     if off:
         env.ctx.settings = replace(env.ctx.settings, cache_off=frozenset({"impact"}))
         env.client.close()
