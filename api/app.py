@@ -70,6 +70,7 @@ def create_app(
     from pki.revocation import CrlPublisher
     from policy.flowset import FlowSets
     from policy.grant_decider import RegoGrantDecider
+    from workflows.impacts import ImpactReports
 
     anchors = TrustAnchors()
     jobs = server_jobs(ctx, anchors) if background else None
@@ -133,6 +134,8 @@ def create_app(
     flows_on = cache_on(off, "flow_set")
     flow_changes = ChangeWatch(ctx.db.engine, enabled=flows_on and ctx.settings.read_cache)
     app.state.flow_sets = FlowSets(ctx.db, keep=flows_on, changes=flow_changes.version)
+    app.state.impacts = ImpactReports(ctx.db, app.state.flow_sets, keep=flows_on and cache_on(off, "impact"),
+                                      changes=flow_changes.version)
     install_error_handlers(app)
     for router in (*ROUTERS, *extra_routers):
         app.include_router(router)

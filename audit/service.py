@@ -376,6 +376,15 @@ def tree_size(session: Session) -> int:
     return int(row.size) if row is not None else 0
 
 
+def changes_since(session: Session, since: int, until: int, limit: int) -> tuple[list[tuple[str, str]], bool]:
+    """(action, object id) of the events numbered since..until-1 in order (at most `limit`), and whether that
+    is all of them: every committed change has its event, so these say what changed between two tree sizes."""
+    query = (select(_events.c.action, _events.c.object_id)
+             .where(_events.c.seq >= since, _events.c.seq < until).order_by(_events.c.seq).limit(limit))
+    rows = session.connection().execute(query).all()
+    return [(r[0], r[1]) for r in rows], len(rows) == until - since
+
+
 def node_hashes(session: Session, nodes: Iterable[merkle.Node]) -> dict[merkle.Node, bytes]:
     """Hashes of complete subtrees: level 0 from the events, higher levels from audit_nodes."""
     wanted = set(nodes)

@@ -40,12 +40,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from audit import Actor
-from audit.models import AuditEvent
-from audit.service import lock_head, tree_size
+from audit.service import changes_since, lock_head, tree_size
 from core.clock import Clock, system_clock
 from core.errors import Conflict, InvalidInput
 from enforcer import service
@@ -55,18 +53,20 @@ from enforcer.fabric_db import compile_fabric_of
 from enforcer.ir import DeviceRuleSet
 from policy.data import build_data, live_until, to_ns
 from policy.decide import ALLOWED_FLOWS_QUERY, sync_data
-from policy.engines import PolicyEngine, scratch_engine
+from policy.engines import PolicyEngine
 from policy.errors import PolicyEngineError
+from policy.flowset import UNRELATED
+from policy.impact import answer_under
 from policy.models import PolicyVersion
 from store.db import Database
 
 log = logging.getLogger("trustfabric.enforcer")
 
 MODES = ("auto", "manual")
-# Audit actions whose changes never reach the reconciler's inputs (issuing credentials, its own events,
-# uploads of candidate versions, exports). Anything else, including an action added later, makes it run.
-IRRELEVANT = ("svid.issue", "svid.jwt.", "node.attest", "node.token.", "token.", "ca.", "policy.upload", "audit.",
-              "enforcer.", "device.")
+# Audit actions whose changes never reach the reconciler's inputs (policy.flowset.UNRELATED: issuing
+# credentials, the enforcer's events, uploads of candidate versions, exports). Anything else, including an
+# action added later, makes it run.
+IRRELEVANT = UNRELATED
 # Relevant actions that cannot change the compiled fabric (`compile_fabric_of`: topology, addressing,
 # placements): after only these, the fabric read last time is reused. Anything else rereads it.
 LEAVE_FABRIC = ("grant.", "policy.", "group.", "tenant.quarantine", "tenant.unquarantine", "workload.revoke",
@@ -123,14 +123,10 @@ class Stale(Exception):
     """A relevant change committed between reading the inputs and publishing: read and compile again."""
 
 
-def _scan(session: Session, since: int, until: int | None, limit: int) -> tuple[list[tuple[str, str]], bool]:
+def _scan(session: Session, since: int, until: int, limit: int) -> tuple[list[tuple[str, str]], bool]:
     """(relevant (action, object id) of the events from `since`, whether every event up to `until` was seen)."""
-    query = sa_select(col(AuditEvent.action), col(AuditEvent.object_id)).where(col(AuditEvent.seq) >= since)
-    if until is not None:
-        query = query.where(col(AuditEvent.seq) < until)
-    rows = session.connection().execute(query.order_by(col(AuditEvent.seq)).limit(limit)).all()
-    complete = until is not None and len(rows) == until - since
-    return [(r[0], r[1]) for r in rows if relevant(r[0])], complete
+    events, complete = changes_since(session, since, until, limit)
+    return [e for e in events if relevant(e[0])], complete
 
 
 def _cause(events: Iterable[tuple[str, str]]) -> str:
@@ -286,9 +282,7 @@ class Reconciler:
         now = self.clock()
         resync = time.monotonic() - self._last_full >= self.config.resync_seconds
         expired = self._expiry_ns is not None and to_ns(now) >= self._expiry_ns
-        with self.db.read_session() as s:
-            if s.get_bind().dialect.name == "postgresql":  # one snapshot for every read below
-                s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        with self.db.read_session(snapshot=True) as s:  # one snapshot for every read below
             marker = tree_size(s)
             events: list[tuple[str, str]] = []
             complete = False
@@ -415,14 +409,7 @@ def allowed_flows_under(versions: list[dict[str, str] | None], data: dict[str, A
     is user-supplied Rego, issue 13 item 5)."""
     out: list[Any] = []
     for modules in versions:
-        if modules is None:
-            out.append([])
-            continue
-        engine = scratch_engine(dict(modules), data)
-        try:
-            allowed = engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": now_ns})
-        finally:
-            engine.close()
+        allowed = answer_under(modules, data, now_ns) if modules is not None else []
         if not isinstance(allowed, list):
             raise InvalidInput(f"the policy version gives no {ALLOWED_FLOWS_QUERY} list")
         out.append(allowed)

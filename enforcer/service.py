@@ -82,14 +82,18 @@ def version_row(session: Session, device: str, version: int | None = None) -> Ru
     return row
 
 
-def versions(session: Session, device: str) -> list[dict[str, Any]]:
-    """Every version published for `device`, newest first (without the IR); NotFound when there is none."""
+def versions(session: Session, device: str, *, limit: int | None = None, before: int | None = None
+             ) -> list[dict[str, Any]]:
+    """The versions published for `device`, newest first, without the IR: all of them (`enforcer versions`),
+    or a page of `limit` below version `before` (GET /v1/devices/{device}/versions); NotFound for a device
+    that never had one."""
+    get_state(session, check_device(device))
     v = RuleSetVersion
-    query = (sa_select(col(v.version), col(v.content_hash), col(v.cause), col(v.published_by), col(v.created_at))
-             .where(col(v.device) == check_device(device)).order_by(col(v.version).desc()))
-    rows = session.connection().execute(query).all()
-    if not rows:
-        raise NotFound(f"device {device} has no published rule set (not in the fabric, or never compiled)")
+    query = sa_select(col(v.version), col(v.content_hash), col(v.cause), col(v.published_by),
+                      col(v.created_at)).where(col(v.device) == device)
+    if before is not None:
+        query = query.where(col(v.version) < before)
+    rows = session.connection().execute(query.order_by(col(v.version).desc()).limit(limit)).all()
     return [{"device": device, "version": version, "content_hash": digest, "cause": cause, "published_by": by,
              "published_at": as_utc(at)} for version, digest, cause, by, at in rows]
 

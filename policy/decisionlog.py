@@ -312,10 +312,8 @@ def export_decisions(
     writer = _CsvWriter(out) if fmt == "csv" else _JsonlWriter(out)
     digest = hashlib.sha256()
     written = 0
-    with db.read_session() as session:
-        # One snapshot for the count and the rows (SQLite's read transaction is one already).
-        options = {"isolation_level": "REPEATABLE READ"} if db.dialect == "postgresql" else {}
-        conn = session.connection(execution_options=options)
+    with db.read_session(snapshot=True) as session:  # one snapshot for the count and the rows
+        conn = session.connection()
         count = int(conn.execute(_where(sa_select(func.count()).select_from(_decisions), flt)).scalar() or 0)
         writer.header(
             {

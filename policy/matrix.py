@@ -22,7 +22,7 @@ from policy.decide import Flow, expand_allowed
 Pair = tuple[str, str]
 
 
-def _key(entry: Any) -> tuple[str, str, str]:
+def target_key(entry: Any) -> tuple[str, str, str]:
     try:
         return str(entry["dst_tenant"]), str(entry["dst_group"]), str(entry["proto"])
     except (KeyError, TypeError):
@@ -45,37 +45,111 @@ def _checked(entry: Any) -> tuple[list[Any], set[int]]:
     return sources, {int(p) for p in ports}
 
 
+def validated(raw: Any) -> list[Any]:
+    """The entries of an answer, each checked as expand_allowed checks it; InvalidInput otherwise."""
+    entries = _entries(raw)
+    for entry in entries:
+        target_key(entry)
+        _checked(entry)
+    return entries
+
+
+Target = tuple[str, str, str]  # (destination tenant, destination group, proto)
+# per target: its entries and its flows by tenant pair (what an update after a change reuses)
+TargetCounts = dict[Target, tuple[list[Any], Counter[Pair]]]
+
+
+def same_entries(a: list[Any], b: list[Any]) -> bool:
+    """Whether two targets' entry lists are equal as multisets (then they allow exactly the same flows)."""
+    if len(a) != len(b):
+        return False
+    if a == b:  # the engine's order is stable: an unchanged target usually compares equal as it is
+        return True
+    if len(a) == 1:
+        return False
+    try:
+        return sorted(a, key=_order) == sorted(b, key=_order)
+    except (TypeError, ValueError):  # an odd value that does not order: treated as a change
+        return False
+
+
+def _order(entry: Any) -> tuple[Any, ...]:
+    return (str(entry["reason"]), [str(s) for s in entry["sources"]], [float(p) for p in entry["ports"]])
+
+
+def by_target(raw: Any) -> dict[Target, list[Any]]:
+    out: dict[Target, list[Any]] = {}
+    for entry in _entries(raw):
+        out.setdefault(target_key(entry), []).append(entry)
+    return out
+
+
+class _Tenants(dict[Any, str]):
+    """source -> its tenant, split once (sources repeat across entries)."""
+
+    def __missing__(self, source: Any) -> str:
+        text = str(source)
+        if "/" not in text:
+            raise InvalidInput(f"data.flows.allowed_flows names a source {text!r:.100} that is not tenant/group")
+        found = self[source] = text.split("/", 1)[0]
+        return found
+
+
+def _target_counts(dst_tenant: str, group: list[Any], tenant: _Tenants) -> Counter[Pair]:
+    counts: Counter[Pair] = Counter()
+    if len(group) == 1:
+        sources, ports = _checked(group[0])
+        for source in set(sources):
+            counts[(tenant[source], dst_tenant)] += len(ports)
+        return counts
+    pairs: set[tuple[Any, int]] = set()  # (source, port): the flows to this group and proto
+    for entry in group:
+        sources, ports = _checked(entry)
+        pairs.update((source, port) for source in sources for port in ports)
+    for source, _port in pairs:
+        counts[(tenant[source], dst_tenant)] += 1
+    return counts
+
+
+def target_counts(raw: Any, previous: TargetCounts | None = None) -> TargetCounts:
+    """The answer's flows by target and tenant pair; a target whose entries equal its entries in `previous`
+    (the answer before a change) keeps its counts without counting again. InvalidInput when malformed."""
+    tenant = _Tenants()
+    out: TargetCounts = {}
+    for key, group in by_target(raw).items():
+        old = previous.get(key) if previous is not None else None
+        if old is not None and same_entries(old[0], group):
+            out[key] = (group, old[1])
+        else:
+            out[key] = (group, _target_counts(key[0], group, tenant))
+    return out
+
+
+def totals(targets: TargetCounts, previous: TargetCounts | None = None, counts: dict[Pair, int] | None = None
+           ) -> dict[Pair, int]:
+    """{(src_tenant, dst_tenant): flows}; from `counts` (the totals of `previous`) by the targets that changed
+    when both are given, summed afresh otherwise."""
+    if previous is None or counts is None:
+        total: Counter[Pair] = Counter()
+        for _group, c in targets.values():
+            total.update(c)
+        return dict(total)
+    out = Counter(counts)
+    for key in previous.keys() | targets.keys():
+        old, new = previous.get(key), targets.get(key)
+        if old is not None and new is not None and old[1] is new[1]:
+            continue
+        if old is not None:
+            out.subtract(old[1])
+        if new is not None:
+            out.update(new[1])
+    return {pair: n for pair, n in out.items() if n > 0}
+
+
 def pair_counts(raw: Any) -> dict[Pair, int]:
     """{(src_tenant, dst_tenant): number of distinct allowed flows}; equal to counting expand_allowed(raw)
     by tenant pair. InvalidInput for a malformed answer."""
-    by_target: dict[tuple[str, str, str], list[Any]] = {}
-    for entry in _entries(raw):
-        by_target.setdefault(_key(entry), []).append(entry)
-    counts: Counter[Pair] = Counter()
-    tenant_of: dict[Any, str] = {}  # sources repeat across entries: split each once
-
-    def tenant(source: Any) -> str:
-        found = tenant_of.get(source)
-        if found is None:
-            text = str(source)
-            if "/" not in text:
-                raise InvalidInput(f"data.flows.allowed_flows names a source {text!r:.100} that is not tenant/group")
-            found = tenant_of[source] = text.split("/", 1)[0]
-        return found
-
-    for (dst_tenant, _group, _proto), group in by_target.items():
-        if len(group) == 1:
-            sources, ports = _checked(group[0])
-            for source in set(sources):
-                counts[(tenant(source), dst_tenant)] += len(ports)
-            continue
-        pairs: set[tuple[Any, int]] = set()  # (source, port): the flows to this group and proto
-        for entry in group:
-            sources, ports = _checked(entry)
-            pairs.update((source, port) for source in sources for port in ports)
-        for source, _port in pairs:
-            counts[(tenant(source), dst_tenant)] += 1
-    return dict(counts)
+    return totals(target_counts(raw))
 
 
 def flows_between(raw: Any, src_tenant: str, dst_tenant: str) -> dict[Flow, list[str]]:
@@ -83,7 +157,7 @@ def flows_between(raw: Any, src_tenant: str, dst_tenant: str) -> dict[Flow, list
     prefix = f"{src_tenant}/"
     picked: list[Any] = []
     for entry in _entries(raw):
-        if _key(entry)[0] != dst_tenant:
+        if target_key(entry)[0] != dst_tenant:
             continue
         sources = entry.get("sources")
         if not isinstance(sources, list):

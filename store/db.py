@@ -97,10 +97,14 @@ class Database:
                 raise
 
     @contextmanager
-    def read_session(self) -> Iterator[Session]:
-        """A read-only snapshot; never committed."""
+    def read_session(self, *, snapshot: bool = False) -> Iterator[Session]:
+        """A read-only transaction; never committed. `snapshot`: every statement in it reads one snapshot
+        (REPEATABLE READ on PostgreSQL, whose default gives each statement its own; SQLite's read
+        transaction is one already), for reads whose parts must agree (a cache key and the data under it)."""
         # Closing (not rolling back) ends the transaction and keeps loaded objects readable.
         with Session(self._reader, expire_on_commit=False) as session:
+            if snapshot and self.dialect == "postgresql":
+                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             yield session
 
     def dispose(self) -> None:

@@ -1,6 +1,7 @@
 """The enforcer as the API and the CLI run it: the configured reconciler, plans (against what devices last
 applied, or a staged candidate policy), the equivalence check of the published rule sets, rendering a
-device's rule set in its native formats, and the policy impact report's per-device section.
+device's rule set in its native formats, and the policy impact report computed afresh (its per-device
+section is workflows/impacts.py's).
 
 Apply and rollback semantics (README "Fabric and enforcer"): devices are agent-managed. Node agents (on each
 SuperNIC, and in the lab on the leaves too; a real switch runs the same agent on its Cumulus Linux with the
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from enforcer import service
-from enforcer.compiler import all_devices
 from enforcer.equivalence import verify as equivalence
 from enforcer.fabric import Fabric
 from enforcer.ir import DeviceRuleSet
@@ -27,13 +27,12 @@ from enforcer.plan import DevicePlan, plan
 from enforcer.reconcile import (
     EnforcerConfig,
     Reconciler,
-    StagedInputs,
-    allowed_flows_under,
     staged_compile,
     staged_inputs,
     with_devices,
 )
 from workflows.context import AppContext
+from workflows.policy import allowed_flows, limits
 
 FORMATS = ("openflow", "nvue", "nv-set", "nft", "ir")
 
@@ -58,7 +57,8 @@ def plans(ctx: AppContext, reconciler: Reconciler, staged: str | None = None) ->
         with ctx.db.read_session() as session:
             modules = dict(get_version(session, staged).modules)
             inputs = staged_inputs(session, ctx.clock())
-        [allowed] = _allowed_in_sandbox(ctx, [modules], inputs, f"the staged compile of policy version {staged}")
+        [allowed] = allowed_flows([modules], inputs.data, inputs.now_ns, limits=limits(ctx.settings),
+                                  what=f"the staged compile of policy version {staged}")
         new = staged_compile(inputs, allowed, reconciler.config.budget).devices
     with ctx.db.read_session() as session:
         old = service.last_applied(session)
@@ -135,46 +135,11 @@ def _wrong(rs: DeviceRuleSet, fmt: str) -> Exception:
                         f"apply (use {fits})")
 
 
-def _allowed_in_sandbox(ctx: AppContext, versions: list[dict[str, str] | None], inputs: StagedInputs,
-                        what: str) -> list[Any]:
-    """The allowed flows of each version on `inputs`' data, evaluated in the policy sandbox: a candidate version
-    is user-supplied Rego, run with the CPU and memory limits of every other policy job (issue 13 item 5)."""
-    from policy.sandbox import run_limited
+def impact(ctx: AppContext, ref: str | int, *, limit: int | None) -> dict[str, Any]:
+    """The impact report of version `ref` (flows opened and closed; the per-device section when a fabric exists,
+    `devices`: null otherwise), computed afresh: workflows/impacts.py, the candidate in the policy sandbox."""
+    from workflows.impacts import compute
     from workflows.policy import limits
 
-    return run_limited(allowed_flows_under, versions, inputs.data, inputs.now_ns, limits=limits(ctx.settings),
-                       what=what)
-
-
-def device_impact(ctx: AppContext, ref: str | int) -> dict[str, Any] | None:
-    """The impact report's per-device section: the candidate and the active version compiled on the current
-    fabric and data, and which devices' rule sets differ (rules added and removed); None without a fabric."""
-    from policy import service as policy
-
-    with ctx.db.read_session() as session:
-        candidate = dict(policy.get_version(session, ref).modules)
-        active = policy.active_version(session)
-        baseline = dict(active.modules) if active is not None else None
-        inputs = staged_inputs(session, ctx.clock())
-    if not all_devices(inputs.fabric):
-        return None  # no fabric: nothing to evaluate
-    budget = ctx.settings.budget()
-    new_allowed, old_allowed = _allowed_in_sandbox(ctx, [candidate, baseline], inputs,
-                                                   "the impact report's device section")
-    new = staged_compile(inputs, new_allowed, budget).devices
-    changes = plan(staged_compile(inputs, old_allowed, budget).devices, new, budget)
-    return {"devices": len(new), "touched": len(changes),
-            "by_device": [{"device": p.device, "rules_added": len(p.added), "rules_removed": len(p.removed),
-                           "leaks_added": len(p.leaks_added), "leaks_removed": len(p.leaks_removed),
-                           "budget": {"before": p.cost_before, "after": p.cost_after, "limit": p.limit}}
-                          for p in changes]}
-
-
-def impact(ctx: AppContext, ref: str | int, *, limit: int | None) -> dict[str, Any]:
-    """workflows.policy.impact's report (flows opened and closed, in the policy sandbox), with the per-device
-    section when a fabric exists (`devices`: null otherwise)."""
-    from workflows import policy as policy_flows
-
-    report = policy_flows.impact(ctx, ref).to_dict(limit=limit)
-    report["devices"] = device_impact(ctx, ref)
-    return report
+    return compute(ctx.db, str(ref), now=ctx.clock(), budget=ctx.settings.budget(),
+                   limits=limits(ctx.settings)).to_dict(limit)

@@ -21,7 +21,6 @@ from policy import authoring, budget, service
 from policy.authoring import PreparedVersion
 from policy.budget import DecisionBudget
 from policy.data import build_data, to_ns
-from policy.impact import ImpactReport, impact_of
 from policy.models import PolicyVersion
 from policy.sandbox import Limits, run_limited
 from policy.service import SwitchRules
@@ -69,17 +68,13 @@ def evaluate(settings: Settings, modules: Mapping[str, str], query: str, *, inpu
     return run_limited(run, dict(modules), query, limits=limits(settings), what="the query")
 
 
-def impact(ctx: AppContext, ref: str | int) -> ImpactReport:
-    """Flows the version opens and closes against the active one, on the current inventory (in the sandbox)."""
-    now = ctx.clock()
-    with ctx.db.read_session() as session:
-        candidate = service.get_version(session, ref)
-        current = service.active_version(session)
-        data = build_data(session, now)
-        args = (dict(candidate.modules), candidate.content_hash,
-                dict(current.modules) if current is not None else None,
-                current.content_hash if current is not None else None, data, to_ns(now))
-    return run_limited(impact_of, *args, limits=limits(ctx.settings), what="the impact report")
+def allowed_flows(versions: list[dict[str, str] | None], data: dict[str, Any], now_ns: int, *, limits: Limits,
+                  what: str) -> list[Any]:
+    """`data.flows.allowed_flows` of each version's modules (None: nothing allowed) on `data`, in one sandbox
+    job: the staged plan's and the impact report's candidates (workflows/impacts.py) are user-supplied Rego."""
+    from enforcer.reconcile import allowed_flows_under
+
+    return run_limited(allowed_flows_under, versions, data, now_ns, limits=limits, what=what)
 
 
 def switch(

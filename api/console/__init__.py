@@ -24,9 +24,10 @@ STATIC = Path(__file__).resolve().parent / "static"
 def page_routers() -> list[APIRouter]:
     """The router of every `pages_*` module, listed by name: a typo or a missing module is an ImportError
     when the app is built, never a page silently left out (tests/console checks every module is here)."""
-    from api.console import pages_audit, pages_auth, pages_grants, pages_inventory, pages_policy
+    from api.console import pages_audit, pages_auth, pages_grants, pages_inventory, pages_platform, pages_policy
 
-    return [m.router for m in (pages_audit, pages_auth, pages_grants, pages_inventory, pages_policy)]
+    return [m.router for m in (pages_audit, pages_auth, pages_grants, pages_inventory, pages_platform,
+                               pages_policy)]
 
 
 def console_routes() -> list[tuple[str, str]]:

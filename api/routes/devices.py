@@ -6,6 +6,8 @@ and `enforcer status` read.
   content hash; `If-None-Match` with the current hash is 304; with `?wait=<s>` (at most 60) the request is
   held until a newer version is published (then 200) or the time is up (then 304). A held request holds no
   thread and no database connection (api/enforcement.py).
+- `GET /v1/devices/{device}/versions`: the versions published for the device, newest first, with why
+  (cause), by whom and when (paged by `before`); the rule sets themselves through .../ruleset.
 - `POST /v1/devices/{device}/status`: what the agent applied, per-rule counters, drift, last error; stored
   (the latest per device) and audited when the applied version or the drift state changes.
 
@@ -96,6 +98,20 @@ class RuleSetOut(BaseModel):
     published_at: str
     ir: dict[str, Any] = Field(description="enforcer.ir.DeviceRuleSet.to_dict(); its RFC 8785 bytes hash to "
                                            "content_hash")
+
+
+class VersionOut(BaseModel):
+    version: int
+    content_hash: str
+    cause: str
+    published_by: str
+    published_at: Any
+
+
+class VersionPage(BaseModel):
+    device: str
+    items: list[VersionOut]
+    next_before: int | None = Field(description="pass as `before` for the older versions; null: no more")
 
 
 def node_name(principal: Principal) -> str:
@@ -196,6 +212,20 @@ async def get_ruleset(
     body = head[:-1] + ',"ir":' + ir + "}"
     return Response(content=body.encode(), media_type="application/json",
                     headers={"ETag": f'"{digest}"', "Cache-Control": "no-cache"})
+
+
+@router.get("/devices/{device}/versions", response_model=VersionPage, responses=READ_ERRORS,
+            summary="A device's published rule-set versions, newest first: cause, publisher, time")
+def list_versions(
+    device: DevicePath, request: Request, ctx: CtxDep, principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    before: Annotated[int | None, Query(ge=1, description="versions older than this one")] = None,
+) -> dict[str, Any]:
+    _scope(request, principal, device, "device.read")
+    with ctx.db.read_session() as session:
+        rows = service.versions(session, device, limit=limit + 1, before=before)
+    return {"device": device, "items": rows[:limit],
+            "next_before": rows[limit - 1]["version"] if len(rows) > limit else None}
 
 
 @router.post("/devices/{device}/status", response_model=DeviceOut, responses=WRITE_ERRORS,

@@ -114,10 +114,9 @@ def show(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep
             summary="Flows the version opens and closes against the active one, on the current inventory")
 def impact(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep,
            limit: Annotated[int, Query(ge=0, le=100_000)] = 1000) -> dict[str, Any]:
-    from workflows.enforcement import impact as with_devices
-
     authorize(request, principal, "policy.impact", None)
-    return with_devices(ctx, ref, limit=limit)
+    return request.app.state.impacts.report(ref, now=ctx.clock(), budget=ctx.settings.budget(),  # type: ignore[no-any-return]
+                                            limits=policy_flows.limits(ctx.settings), limit=limit)
 
 
 @router.post("/versions/{ref}/activate", response_model=VersionOut, responses=WRITE_ERRORS,
@@ -156,9 +155,7 @@ def explain(
     decider = getattr(request.app.state, "grant_decider", None)
     kept = decider if isinstance(decider, RegoGrantDecider) else None  # its engine and document: no rebuild
     with evaluation_slot(request, principal):  # the decision and its record: the work one explain costs
-        with ctx.db.read_session() as session:
-            if ctx.db.dialect == "postgresql":  # one snapshot, so the decider may keep the document it builds
-                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        with ctx.db.read_session(snapshot=True) as session:  # one snapshot: the decider may keep the document
             with timed(EVALUATION, "flow"):
                 decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock(), kept=kept)
             reasons = flow_reasons_for(session, scope, (src_id["tenant"], src_id["group"]),

@@ -35,10 +35,10 @@ pytestmark = pytest.mark.xdist_group("devices")
 TRAIN_TO_API = {"nic:gpu1", "nic:gpu3", "leaf:leaf1", "leaf:leaf2"}
 
 
-def fabric_env(home: Path, *, running: bool) -> Env:
+def fabric_env(home: Path, *, running: bool, database_url: str | None = None) -> Env:
     """The golden fabric imported, the shipped policy active, every device published once; with `running`
     the app runs the reconciler (woken after every write) for the TestClient's lifetime."""
-    env = open_env(make_settings(home, enforcer_poll_seconds=0.2))
+    env = open_env(make_settings(home, database_url, enforcer_poll_seconds=0.2))
     with env.ctx.db.session() as s:
         import_fabric(s, Who(Actor.system("t"), env.clock), env.ctx.settings.pools(), SMALL.read_text())
     activate_shipped_policy(env)
@@ -112,6 +112,16 @@ def test_a_grant_approval_answers_the_held_long_polls_of_exactly_the_touched_dev
     assert time.monotonic() - start < 8
     rows = {r["device"]: r for r in denv.call("GET", "/v1/devices", "security").json()}
     assert {d for d, r in rows.items() if r["desired_version"] == 2} == TRAIN_TO_API
+    history = denv.call("GET", "/v1/devices/nic:gpu1/versions", "auditor").json()
+    assert [v["version"] for v in history["items"]] == [2, 1] and history["next_before"] is None
+    assert history["items"][0]["cause"] != history["items"][1]["cause"]
+    first = denv.call("GET", "/v1/devices/nic:gpu1/versions?limit=1", "security").json()
+    assert [v["version"] for v in first["items"]] == [2] and first["next_before"] == 2
+    older = denv.call("GET", "/v1/devices/nic:gpu1/versions?limit=1&before=2", "security").json()
+    assert [v["version"] for v in older["items"]] == [1] and older["next_before"] is None
+    assert older["items"][0]["content_hash"] == etags["nic:gpu1"].strip('"')
+    r = denv.call("GET", "/v1/devices/nic:nowhere/versions", "security")
+    assert r.status_code == 404 and "nic:nowhere" in r.json()["reason"]
 
 
 def test_a_publication_by_another_process_wakes_a_long_poll_through_the_shared_poll(tmp_path: Path) -> None:

@@ -125,3 +125,41 @@ def test_explain_answers_as_a_fresh_engine_would_and_reuses_the_kept_document(en
     env.clock.advance(timedelta(seconds=3601))  # the grant expired: the same answer as a fresh engine
     r = env.call("GET", "/v1/policy/explain?src=acme/web&dst=globex/api&port=8443", "security").json()
     assert r["allow"] is False and r["reasons"][0].startswith("no-grant")
+
+
+def test_after_grant_changes_alone_the_kept_set_is_patched_and_equals_a_fresh_one(env_both: Env) -> None:
+    """On both databases: on PostgreSQL the key is the policy data version (step 9's counter), read in one
+    REPEATABLE READ snapshot with the audit log's size and the events since."""
+    env = env_both
+    from audit import Actor
+    from inventory.service import create_group
+    from policy.flowset import FlowSets
+    from policy.matrix import pair_counts
+
+    sets = env.app.state.flow_sets
+
+    def check(patched: bool) -> None:
+        before = sets.patched
+        kept = sets.current(env.clock())
+        assert sets.patched == before + patched
+        fresh = FlowSets(env.ctx.db, keep=False).current(env.clock())
+        assert sorted(map(repr, kept.raw)) == sorted(map(repr, fresh.raw))
+        assert kept.counts == fresh.counts == pair_counts(kept.raw)
+        assert kept.data == fresh.data
+
+    check(patched=False)
+    grant = env.call("POST", "/v1/grants", "tenant-admin", "acme", json=REQUEST).json()  # pending
+    assert env.call("POST", f"/v1/grants/{grant['id']}/approve", "tenant-admin", "globex").status_code == 200
+    auto = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={**REQUEST, "dst_group": "public",
+                                                                         "ports": [80]}).json()
+    check(patched=True)  # three grant events: one pending request (nothing to patch), an approval, an auto-approval
+    assert env.call("POST", f"/v1/grants/{grant['id']}/revoke", "tenant-admin", "acme",
+                    json={"reason": "done"}).status_code == 200
+    check(patched=True)
+    with env.ctx.db.session() as s:  # not a grant: the document is built again
+        create_group(s, tenant="acme", name="cache", ports=[{"proto": "tcp", "port": 6379}],
+                     actor=Actor.system("t"), clock=env.clock)
+    check(patched=False)
+    assert env.call("POST", f"/v1/grants/{auto['id']}/revoke", "tenant-admin", "acme",
+                    json={"reason": "done"}).status_code == 200
+    check(patched=True)

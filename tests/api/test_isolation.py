@@ -148,6 +148,7 @@ CASES: dict[str, Case] = {
     "GET /v1/devices": platform("/v1/devices"),
     "GET /v1/devices/{device}": platform("/v1/devices/nic:gpu1"),
     "GET /v1/devices/{device}/ruleset": platform("/v1/devices/nic:gpu1/ruleset"),
+    "GET /v1/devices/{device}/versions": platform("/v1/devices/nic:gpu1/versions"),
     "POST /v1/devices/{device}/status": platform("/v1/devices/nic:gpu1/status", lambda o: {}),
     # principals
     "GET /v1/whoami": Case("own_scope", "/v1/whoami"),

@@ -3,6 +3,7 @@ domain, shipped policy) and people signed in through the console's own sign-in f
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,20 +61,25 @@ class LiveServer:
     url: str
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """The app served by uvicorn on 127.0.0.1 and a free port, in a thread: what the browser talks to."""
-
-
+@contextlib.contextmanager
+def serving(env: Env) -> Iterator[LiveServer]:
+    """`env`'s app served by uvicorn on 127.0.0.1 and a free port, in a thread, for the block."""
     from tests.conftest import _free_port
     from tests.servers import serve_app
 
+    with serve_app(env.app, _free_port()) as url:
+        yield LiveServer(env, url)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The app served on 127.0.0.1: what the browser talks to."""
     home = Path(tmp_path_factory.mktemp("console-live")) / "home"
     env = open_env(make_settings(home, audit_checkpoint_every=1))  # a fresh checkpoint covers every event
     seed(env)
     try:
-        with serve_app(env.app, _free_port()) as url:
-            yield LiveServer(env, url)
+        with serving(env) as server:
+            yield server
     finally:
         env.client.close()
         env.ctx.close()

@@ -79,6 +79,8 @@ CASES: dict[str, Case] = {
     "GET /console/flows": on_b("/console/flows"),
     "GET /console/flows/{src}/{dst}": on_b(f"/console/flows/{B}/initech"),
     "GET /console/ca": on_b("/console/ca"),
+    "GET /console/devices": on_b("/console/devices"),  # platform state: no tenant reads devices
+    "GET /console/devices/{device}": on_b("/console/devices/nic:gpu1"),
     "GET /console/audit": on_b(f"/console/audit?tenant={B}"),
     "GET /console/audit/events/{seq}": on_b("/console/audit/events/{b_event}"),
     "GET /console/audit/export": Case("own_scope", "/console/audit/export"),  # the form alone, no data
