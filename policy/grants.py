@@ -509,6 +509,9 @@ def sweep(session: Session, *, clock: Clock = system_clock, limit: int = 500) ->
         ))
         .order_by(col(Grant.id))
         .limit(limit)
+        # claimed: a replica sweeping at the same time skips these rows instead of waiting to find them done
+        # (PostgreSQL; SQLite's write transaction already excludes every other writer)
+        .with_for_update(skip_locked=True)
     ).all()
     changed: list[str] = []
     for grant in due:
