@@ -37,8 +37,9 @@ not kept "just in case"). Each can be switched off for measurement with TRUSTFAB
   computed and the earliest expiry of a grant in it. Exact for the shipped flows.rego, which reads the
   time only to compare it with a grant's expiry (tests/api/test_caches.py checks the text); an uploaded
   version whose allowed flows depend on the time in another way would be answered as of the instant the
-  set was computed until a row under the document changes or the version does. PostgreSQL: (a) is the change feed (see `token_row`),
-  else (b) is asked (one row read); the set is evaluated again only when both fail.
+  set was computed until a row under the document changes or the version does. PostgreSQL: (a) is the
+  change feed (see `token_row`), else (b) is asked (one row read); the set is evaluated again only when both
+  fail.
   Measured by bench/console.py (1,000 tenants x 10 groups, 5,000 grants, SQLite, medians of 3): GET
   /v1/policy/flows/matrix 8.9 ms with the set kept, 1,337 ms when it is evaluated (after a grant change):
   it stays.

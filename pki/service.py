@@ -11,7 +11,7 @@ from sqlmodel import Session, select
 
 from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
-from core.errors import InvalidInput
+from core.errors import InvalidInput, TrustfabricError
 from core.slugs import require_slug
 from inventory.models import Workload
 from inventory.service import require_not_quarantined
@@ -29,7 +29,7 @@ from pki.errors import (
     TrustDomainMismatch,
     UnknownWorkload,
 )
-from pki.issuance import IssuedJWT, IssuedX509, issue_certificate, resolve_ttl
+from pki.issuance import IssuedJWT, IssuedX509, issue_certificate, record_issued, resolve_ttl, sign_leaf
 from pki.jwtsvid import check_audience, mint
 from pki.models import TrustDomainSettings
 from pki.revocation import RevokedIdentityInfo
@@ -43,12 +43,15 @@ from pki.spiffe_id import (
     validate_trust_domain,
 )
 from pki.x509svid import parse_csr
+from store.db import Database
+from store.groupcommit import GroupCommitter
 
 __all__ = [
     "DEFAULT_CA_TTL", "DEFAULT_JWT_TTL", "DEFAULT_SVID_TTL", "MAX_JWT_TTL", "MAX_SVID_TTL", "IssuedJWT",
     "IssuedX509", "RevokedIdentityInfo", "RotationStatus", "attest_node", "bundle_jwks", "bundle_pem",
     "ca_status", "create_join_token", "crl_der", "crl_pem", "init_trust_domain", "issue_jwt_svid",
-    "issue_server_svid", "issue_x509_svid", "revoke", "revoked_identities", "revoked_serials", "rotate",
+    "issue_server_svid", "issue_x509_svid", "issue_x509_svid_grouped", "revoke", "revoked_identities",
+    "revoked_serials", "rotate",
     "trust_domain",
 ]
 
@@ -181,6 +184,60 @@ def issue_x509_svid(
         actor=actor, clock=clock, action="svid.issue", tenant=tenant, group=group, workload=workload,
         request_id=request_id,
     )
+
+
+def issue_x509_svid_grouped(
+    db: Database,
+    committer: GroupCommitter,
+    keystore: KeyStore,
+    *,
+    csr_pem: bytes,
+    tenant: str,
+    group: str,
+    workload: str,
+    ttl: timedelta | None,
+    actor: Actor,
+    scope_tenant: str | None,
+    clock: Clock = system_clock,
+    max_ttl: timedelta | None = None,
+    request_id: str | None = None,
+) -> IssuedX509:
+    """issue_x509_svid, with the CSR checked and the certificate signed outside any write transaction and the
+    SVID row and its audit event group-committed (store/groupcommit.py) with other writes. Returned only
+    once committed. The registration is checked again in the committing transaction, under the audit head
+    lock that every change to a registration also takes: a workload revoked, unregistered or quarantined
+    after the signature gets nothing (the signed certificate is dropped, never shown). Within one batch,
+    the check runs once per identity (the transaction sees one state of the registrations)."""
+    public_key = parse_csr(csr_pem)
+    with db.read_session() as session:
+        settings, sid = _registered_identity(
+            session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant
+        )
+        ttl_resolved = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
+                                   max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID", cap=max_ttl)
+        signed = sign_leaf(session, keystore, public_key=public_key, spiffe_id=sid, ttl=ttl_resolved, clock=clock,
+                           lock=False)
+    key = (tenant, group, workload, scope_tenant)
+
+    def check(session: Session) -> None:
+        seen: dict[Any, Any] = session.info.setdefault("tf_registered", {})
+        if key not in seen:
+            try:
+                seen[key] = _registered_identity(
+                    session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant)[1]
+            except TrustfabricError as exc:
+                seen[key] = exc
+        found = seen[key]
+        if isinstance(found, Exception):
+            raise found
+        if found != sid:
+            raise CAUnavailable(f"workload {tenant}/{group}/{workload} was registered again while signing; retry")
+
+    def write(session: Session) -> IssuedX509:
+        return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue", tenant=tenant,
+                             group=group, workload=workload, request_id=request_id)
+
+    return committer.submit(write, check)
 
 
 def issue_jwt_svid(
