@@ -55,3 +55,8 @@ class CAUnavailable(Conflict):
 
 class TokenInvalid(Unauthenticated):
     """The join token is unknown, expired or already used."""
+
+
+class IssuerChanged(Conflict):
+    """The CA a certificate was signed with stopped being the active issuing CA before it was recorded (a
+    rotation in between): the certificate is dropped; signing again uses the new CA."""

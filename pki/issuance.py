@@ -16,7 +16,7 @@ from audit import Actor, record
 from core.clock import Clock, as_utc
 from keys.store import KeyStore
 from pki.ca import BACKDATE, active_issuing, certificate, extend_signed_until, truncate
-from pki.errors import CAUnavailable, InvalidTTL, TTLTooLong
+from pki.errors import CAUnavailable, InvalidTTL, IssuerChanged, TTLTooLong
 from pki.models import CertificateAuthority, IssuedSvid
 from pki.spiffe_id import SpiffeId
 from pki.x509svid import LeafPublicKey, build_leaf
@@ -96,11 +96,14 @@ def sign_leaf(
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
     lock: bool = True,
+    issuer: CertificateAuthority | None = None,
 ) -> SignedLeaf:
     """Sign with the active issuing CA (never beyond its expiry); writes nothing. `lock=False` reads the CA
-    without a row lock (a read-only session, before a group commit records it)."""
+    without a row lock (a read-only session, before a group commit records it); `issuer`: the CA last seen
+    active, which record_issued checks is still the active one when it records."""
     now = clock()
-    issuer = active_issuing(session, now, lock=lock)
+    if issuer is None:
+        issuer = active_issuing(session, now, lock=lock)
     issuer_not_after = as_utc(issuer.not_after)
     not_before = truncate(now) - BACKDATE
     not_after = min(truncate(now + ttl), issuer_not_after)  # an SVID never outlives its issuer
@@ -115,6 +118,14 @@ def sign_leaf(
         ip_addresses=ip_addresses,
     )
     return SignedLeaf(cert, issuer_cert, issuer.id, format(serial, "x"), spiffe_id, now, not_before, not_after)
+
+
+def signing_issuer(session: Session, signed: SignedLeaf) -> CertificateAuthority:
+    """The CA that signed `signed`, still the active issuing CA in this transaction, or IssuerChanged."""
+    issuer = session.get(CertificateAuthority, signed.issuer_ca_id)
+    if issuer is None or issuer.state != "active" or issuer.role != "issuing":
+        raise IssuerChanged(f"issuing CA {signed.issuer_ca_id} is no longer the active one; sign again")
+    return issuer
 
 
 def record_issued(
@@ -133,9 +144,7 @@ def record_issued(
 ) -> IssuedX509:
     """Persist the SVID row, keep its CA published until it expires, record the event: only writes, from
     values computed before, so a group commit may run it again in a transaction of its own."""
-    issuer = session.get(CertificateAuthority, signed.issuer_ca_id)
-    if issuer is None:
-        raise CAUnavailable(f"issuing CA {signed.issuer_ca_id} is gone")
+    issuer = signing_issuer(session, signed)
     session.add(IssuedSvid(
         serial=signed.serial, kind=kind, spiffe_id=str(signed.spiffe_id), tenant=tenant, group=group,
         workload=workload, node=node, issuer_ca_id=issuer.id, not_before=signed.not_before,

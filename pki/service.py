@@ -7,14 +7,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlalchemy import and_, bindparam, exists
+from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
 from core.errors import InvalidInput, TrustfabricError
 from core.slugs import require_slug
-from inventory.models import Workload
-from inventory.service import require_not_quarantined
+from inventory.models import Tenant, Workload, WorkloadGroup
+from inventory.service import raise_if_quarantined
 from keys.store import KeyKind, KeyStore
 from pki import attestation, revocation, rotation
 from pki.bundle import bundle_document, bundle_roots_pem
@@ -24,14 +25,23 @@ from pki.errors import (
     IdentityOutOfScope,
     IdentityRevoked,
     InvalidSpiffeId,
+    IssuerChanged,
     SvidNotFound,
     TokenInvalid,
     TrustDomainMismatch,
     UnknownWorkload,
 )
-from pki.issuance import IssuedJWT, IssuedX509, issue_certificate, record_issued, resolve_ttl, sign_leaf
+from pki.issuance import (
+    IssuedJWT,
+    IssuedX509,
+    issue_certificate,
+    record_issued,
+    resolve_ttl,
+    sign_leaf,
+    signing_issuer,
+)
 from pki.jwtsvid import check_audience, mint
-from pki.models import TrustDomainSettings
+from pki.models import CertificateAuthority, RevokedIdentity, TrustDomainSettings
 from pki.revocation import RevokedIdentityInfo
 from pki.rotation import RotationStatus
 from pki.spiffe_id import (
@@ -133,27 +143,42 @@ def _registered_identity(
             f"not under /tenant/{tenant}/"
         )
     settings = load_settings(session)
-    row = session.exec(
-        select(Workload).where(Workload.tenant == tenant, Workload.group == group, Workload.name == workload)
-    ).first()
+    # one statement on the hot issuance path: the workload, its tenant's and group's quarantine, and whether
+    # any identity of the tenant was ever revoked (the prefixes are read only then)
+    row = session.connection().execute(_REGISTRATION, {"t": tenant, "g": group, "w": workload}).first()
     if row is None:
         raise UnknownWorkload(f"workload {tenant}/{group}/{workload} is not registered; register it first")
-    require_not_quarantined(session, tenant, group)
+    spiffe_id, revoked, tenant_quarantined, group_quarantined, any_revoked = row
+    raise_if_quarantined(tenant, group, bool(tenant_quarantined), bool(group_quarantined))
     try:
-        sid = parse_spiffe_id(row.spiffe_id)
+        sid = parse_spiffe_id(spiffe_id)
     except InvalidSpiffeId as exc:
         raise CAUnavailable(f"registered SPIFFE ID of {tenant}/{group}/{workload} is invalid: {exc}") from None
     namespace = tenant_namespace(settings.trust_domain, tenant)
     if sid.trust_domain != settings.trust_domain or not sid.is_under(namespace) or sid == namespace:
-        raise IdentityOutOfScope(f"registered ID {row.spiffe_id} lies outside {namespace}/")
+        raise IdentityOutOfScope(f"registered ID {spiffe_id} lies outside {namespace}/")
     if scope_tenant is not None and not sid.is_under(tenant_namespace(settings.trust_domain, scope_tenant)):
         raise IdentityOutOfScope(f"{sid} lies outside /tenant/{scope_tenant}/")
-    if row.revoked:
+    if revoked:
         raise IdentityRevoked(f"identity {sid} was revoked; no SVIDs are issued to it")
-    hit = revocation.identity_revoked(session, sid, tenant)
+    hit = revocation.identity_revoked(session, sid, tenant) if any_revoked else None
     if hit is not None:
         raise IdentityRevoked(f"identity {sid} was revoked ({hit.spiffe_id_prefix}: {hit.reason})")
     return settings, sid
+
+
+_REGISTRATION = (
+    select(  # type: ignore[call-overload]
+        col(Workload.spiffe_id), col(Workload.revoked), col(Tenant.quarantined), col(WorkloadGroup.quarantined),
+        exists().where(col(RevokedIdentity.tenant) == col(Workload.tenant)),
+    )
+    .select_from(Workload)
+    .outerjoin(Tenant, col(Tenant.slug) == col(Workload.tenant))
+    .outerjoin(WorkloadGroup, and_(col(WorkloadGroup.tenant) == col(Workload.tenant),
+                                   col(WorkloadGroup.name) == col(Workload.group)))
+    .where(col(Workload.tenant) == bindparam("t"), col(Workload.group) == bindparam("g"),
+           col(Workload.name) == bindparam("w"))
+)
 
 
 def issue_x509_svid(
@@ -215,8 +240,13 @@ def issue_x509_svid_grouped(
         )
         ttl_resolved = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
                                    max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID", cap=max_ttl)
+        issuer = _last_issuer.get(db.url)
+        if issuer is not None and as_utc(issuer.not_after) <= clock():
+            issuer = None
         signed = sign_leaf(session, keystore, public_key=public_key, spiffe_id=sid, ttl=ttl_resolved, clock=clock,
-                           lock=False)
+                           lock=False, issuer=issuer)
+        if issuer is None:
+            _last_issuer[db.url] = session.get_one(CertificateAuthority, signed.issuer_ca_id)
     key = (tenant, group, workload, scope_tenant)
 
     def check(session: Session) -> None:
@@ -232,12 +262,24 @@ def issue_x509_svid_grouped(
             raise found
         if found != sid:
             raise CAUnavailable(f"workload {tenant}/{group}/{workload} was registered again while signing; retry")
+        signing_issuer(session, signed)
 
     def write(session: Session) -> IssuedX509:
         return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue", tenant=tenant,
                              group=group, workload=workload, request_id=request_id)
 
-    return committer.submit(write, check)
+    try:
+        return committer.submit(write, check)
+    except IssuerChanged:  # a rotation between signing and recording: once more, with the new active CA
+        _last_issuer.pop(db.url, None)
+        return issue_x509_svid_grouped(
+            db, committer, keystore, csr_pem=csr_pem, tenant=tenant, group=group, workload=workload, ttl=ttl,
+            actor=actor, scope_tenant=scope_tenant, clock=clock, max_ttl=max_ttl, request_id=request_id)
+
+
+# The issuing CA each database's grouped issuance last signed with (a CA row changes only by rotation, and
+# record_issued refuses a certificate whose CA is no longer the active one): saves a read per issuance.
+_last_issuer: dict[str, CertificateAuthority] = {}
 
 
 def issue_jwt_svid(
