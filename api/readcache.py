@@ -6,10 +6,12 @@ call, whether anything at all changed since a value was cached: if the version i
 is as it was, so the cached token row or grant page is exactly what a fresh query would return. Values
 that also depend on time carry a `valid_until` and are refused from then on. Exact.
 
-PostgreSQL: the counter is the process's change feed (store/changes.py), which moves within a notification's
-delivery (about a millisecond) of any commit on any replica, 50 ms at most when a notification is lost: a
-cached value may be served for that long after a commit elsewhere (the bound tests/api/test_replicas.py
-measures and the README states), never longer.
+PostgreSQL: the counter is the process's change feed (store/changes.py), which moves at once after this
+process's own commits, and within a notification's delivery (about a millisecond) of any commit by another
+process or replica, 50 ms at most when a notification is lost: a cached value may be served for that long
+after a commit elsewhere (the bound tests/api/test_replicas.py measures and the README states), never
+longer. A cache that must be exact (`bounded=False`: the token rows, whose revocation is in force from the
+next request on) is off on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ class ChangeWatch:
     """The database's change counter (SQLite: read on a private read-only connection; PostgreSQL: the
     process's change feed); None when unsupported, switched off or unknown."""
 
-    def __init__(self, db: Database, *, enabled: bool = True) -> None:
+    def __init__(self, db: Database, *, enabled: bool = True, bounded: bool = True) -> None:
+        """`bounded=False`: only an exact counter will do (SQLite's); on PostgreSQL nothing is cached."""
         engine = db.engine
         self._path = engine.url.database if engine.dialect.name == "sqlite" and enabled else None
         if self._path in (None, "", ":memory:"):
             self._path = None
-        self._db = db if engine.dialect.name == "postgresql" and enabled else None
+        self._db = db if engine.dialect.name == "postgresql" and enabled and bounded else None
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
 

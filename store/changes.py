@@ -39,11 +39,21 @@ class PostgresChanges:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.notifications = 0  # received (for tests: the fast path works)
+        self._bumped = 0  # local bumps, kept apart from the listener's own count
+        self._seen = 0  # snapshot changes the listener saw (and connections it lost)
 
     def version(self) -> int | None:
         if self._thread is None:
             self.start()
         return self._version
+
+    def bump(self) -> None:
+        """This process committed a write: move the counter now (its own next read must not be served from a
+        value cached before the commit; the snapshot read will move it again, harmlessly)."""
+        with self._lock:
+            if self._version is not None:
+                self._version += 1
+                self._bumped += 1
 
     def start(self) -> None:
         with self._lock:
@@ -58,34 +68,37 @@ class PostgresChanges:
             thread.join(timeout=5)
 
     def _run(self) -> None:
-        counter = 0
         backoff = 0.1
         while not self._stop.is_set():
             try:
-                self._listen(counter)
+                self._listen()
                 return
             except Exception as exc:  # the database went away: trust nothing until it is back
-                self._version = None
-                counter += 1
+                with self._lock:
+                    self._version = None
+                    self._seen += 1  # the next value differs from every one handed out before
                 log.warning("change feed lost its connection (%s); reconnecting in %.1f s", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
 
-    def _listen(self, counter: int) -> None:
+    def _listen(self) -> None:
         import psycopg
 
         with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             last = _read(conn)
-            counter += 1
-            self._version = counter
+            self._move()
             while not self._stop.is_set():
                 self.notifications += sum(1 for _ in conn.notifies(timeout=self._poll, stop_after=64))
                 now = _read(conn)
                 if now != last:
                     last = now
-                    counter += 1
-                    self._version = counter
+                    self._move()
+
+    def _move(self) -> None:
+        with self._lock:
+            self._seen += 1
+            self._version = self._seen + self._bumped
 
 
 def _read(conn: Any) -> str:

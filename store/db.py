@@ -79,6 +79,7 @@ def _configure_sqlite(engine: Engine) -> None:
 
 
 _WROTE = "tf_wrote"
+_this_thread = threading.local()  # .wrote: a statement of this thread wrote since its session began
 _WRITES = ("insert", "update", "delete")
 
 
@@ -89,6 +90,7 @@ def _announce_commits(engine: Engine) -> None:
     def _note_write(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         if statement.lstrip()[:6].lower() in _WRITES:
             conn.info[_WROTE] = True
+            _this_thread.wrote = True
 
     @event.listens_for(engine, "commit")
     def _before_commit(conn: Any) -> None:
@@ -122,6 +124,7 @@ class Database:
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A write transaction: committed on success, rolled back whole on any exception."""
+        _this_thread.wrote = False
         with Session(self.engine, expire_on_commit=False) as session:
             try:
                 yield session
@@ -129,6 +132,8 @@ class Database:
             except BaseException:
                 session.rollback()
                 raise
+        if self._changes is not None and getattr(_this_thread, "wrote", False):
+            self._changes.bump()  # this process reads its own writes at once, not a notification later
 
     @contextmanager
     def read_session(self) -> Iterator[Session]:
