@@ -61,6 +61,10 @@ class PostgresChanges:
                 self._thread = threading.Thread(target=self._run, name="trustfabric-changes", daemon=True)
                 self._thread.start()
 
+    def halt(self) -> None:
+        """Ask the thread to end (at its next poll), without waiting for it."""
+        self._stop.set()
+
     def stop(self) -> None:
         self._stop.set()
         thread = self._thread

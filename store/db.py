@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -151,6 +152,8 @@ class Database:
             if self._changes is None:
                 self._changes = PostgresChanges(self.engine.url.set(drivername="postgresql").render_as_string(
                     hide_password=False))
+                # a Database dropped without dispose() must not leave its feed polling for ever
+                weakref.finalize(self, self._changes.halt)
         return self._changes.version()
 
     def dispose(self) -> None:
