@@ -57,6 +57,12 @@ keeps the signed CRLs until a revocation or a CA state changes (two aggregate re
 validity passes. Signing per GET let any unauthenticated client buy a CA signature per request (issue 13,
 item 7); it is exact by construction (the signed list is what the rows say at the time it was signed).
 
+Not switchable, on the SVID issuance path (pki/service.py, issue_x509_svid_grouped): what signing needs per
+identity (its SPIFFE ID, the TTL rules, the active issuing CA), kept from the last issuance to it (LRU,
+65,536). Not trusted for anything but signing: the group-committed transaction checks the registration and
+the CA again under the audit head lock, and a certificate signed from facts that changed meanwhile is
+dropped and signed again from fresh ones (tests/pki/test_grouped_issuance.py).
+
 Off our database, on the console's OIDC sign-in path (not switchable): the issuer's discovery document,
 kept five minutes per issuer (api/console/oidc.py), and the ID token's keys, read through
 api/auth/oidc.py's JwksSource like the API's own OIDC tokens (PyJWKClient: five minutes, fetched again on

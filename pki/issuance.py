@@ -86,7 +86,7 @@ class SignedLeaf:
 
 
 def sign_leaf(
-    session: Session,
+    session: Session | None,
     keystore: KeyStore,
     *,
     public_key: LeafPublicKey,
@@ -100,9 +100,11 @@ def sign_leaf(
 ) -> SignedLeaf:
     """Sign with the active issuing CA (never beyond its expiry); writes nothing. `lock=False` reads the CA
     without a row lock (a read-only session, before a group commit records it); `issuer`: the CA last seen
-    active, which record_issued checks is still the active one when it records."""
+    active (then no session is needed), which record_issued checks is still the active one when it records."""
     now = clock()
     if issuer is None:
+        if session is None:
+            raise ValueError("sign_leaf needs a session or the issuer")
         issuer = active_issuing(session, now, lock=lock)
     issuer_not_after = as_utc(issuer.not_after)
     not_before = truncate(now) - BACKDATE

@@ -3,6 +3,8 @@ audit event commit together or not at all), the key store and the clock explicit
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -229,57 +231,110 @@ def issue_x509_svid_grouped(
 ) -> IssuedX509:
     """issue_x509_svid, with the CSR checked and the certificate signed outside any write transaction and the
     SVID row and its audit event group-committed (store/groupcommit.py) with other writes. Returned only
-    once committed. The registration is checked again in the committing transaction, under the audit head
-    lock that every change to a registration also takes: a workload revoked, unregistered or quarantined
-    after the signature gets nothing (the signed certificate is dropped, never shown). Within one batch,
-    the check runs once per identity (the transaction sees one state of the registrations)."""
+    once committed. The registration is checked in the committing transaction, under the audit head lock
+    that every change to a registration also takes: a workload revoked, unregistered or quarantined after the
+    signature gets nothing (the signed certificate is dropped, never shown). Within one batch the check runs
+    once per identity (the transaction sees one state of the registrations).
+
+    What signing needs (the SPIFFE ID, the TTL rules, the active CA) is kept per process from the last
+    issuance to the same identity: the committing transaction's check is authoritative, and a certificate
+    signed from facts that changed meanwhile (its CA rotated out, the TTL rules changed) is refused there and
+    signed again from fresh facts, once."""
     public_key = parse_csr(csr_pem)
-    with db.read_session() as session:
-        settings, sid = _registered_identity(
-            session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant
-        )
-        ttl_resolved = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
-                                   max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID", cap=max_ttl)
-        issuer = _last_issuer.get(db.url)
-        if issuer is not None and as_utc(issuer.not_after) <= clock():
-            issuer = None
-        signed = sign_leaf(session, keystore, public_key=public_key, spiffe_id=sid, ttl=ttl_resolved, clock=clock,
-                           lock=False, issuer=issuer)
-        if issuer is None:
-            _last_issuer[db.url] = session.get_one(CertificateAuthority, signed.issuer_ca_id)
-    key = (tenant, group, workload, scope_tenant)
+    key = (db.url, tenant, group, workload, scope_tenant)
 
-    def check(session: Session) -> None:
-        seen: dict[Any, Any] = session.info.setdefault("tf_registered", {})
-        if key not in seen:
-            try:
-                seen[key] = _registered_identity(
-                    session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant)[1]
-            except TrustfabricError as exc:
-                seen[key] = exc
-        found = seen[key]
-        if isinstance(found, Exception):
-            raise found
-        if found != sid:
-            raise CAUnavailable(f"workload {tenant}/{group}/{workload} was registered again while signing; retry")
-        signing_issuer(session, signed)
+    def attempt(fresh: bool) -> IssuedX509:
+        facts = None if fresh else _facts.get(key, clock())
+        if facts is None:
+            with db.read_session() as session:
+                settings, sid = _registered_identity(
+                    session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant)
+                issuer = active_issuing(session, clock(), lock=False)
+            facts = _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer)
+            _facts.put(key, facts)
+        ttl_resolved = resolve_ttl(ttl, default_seconds=facts.default_ttl, max_seconds=facts.max_ttl,
+                                   what="X.509-SVID", cap=max_ttl)
+        signed = sign_leaf(None, keystore, public_key=public_key, spiffe_id=facts.sid, ttl=ttl_resolved,
+                           clock=clock, issuer=facts.issuer)
 
-    def write(session: Session) -> IssuedX509:
-        return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue", tenant=tenant,
-                             group=group, workload=workload, request_id=request_id)
+        def check(session: Session) -> None:
+            seen: dict[Any, Any] = session.info.setdefault("tf_registered", {})
+            if key not in seen:
+                try:
+                    seen[key] = _registered_identity(
+                        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant)
+                except TrustfabricError as exc:
+                    seen[key] = exc
+            found = seen[key]
+            if isinstance(found, Exception):
+                raise found
+            settings, sid = found
+            current = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
+                                  max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID", cap=max_ttl)
+            if sid != signed.spiffe_id or current != ttl_resolved:
+                raise StaleFacts(f"the registration of {tenant}/{group}/{workload} changed while signing")
+            signing_issuer(session, signed)
+
+        def write(session: Session) -> IssuedX509:
+            return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue",
+                                 tenant=tenant, group=group, workload=workload, request_id=request_id)
+
+        return committer.submit(write, check)
 
     try:
-        return committer.submit(write, check)
-    except IssuerChanged:  # a rotation between signing and recording: once more, with the new active CA
-        _last_issuer.pop(db.url, None)
-        return issue_x509_svid_grouped(
-            db, committer, keystore, csr_pem=csr_pem, tenant=tenant, group=group, workload=workload, ttl=ttl,
-            actor=actor, scope_tenant=scope_tenant, clock=clock, max_ttl=max_ttl, request_id=request_id)
+        return attempt(fresh=False)
+    except (IssuerChanged, StaleFacts):  # a rotation or a registration change meanwhile: once more, afresh
+        _facts.drop(key)
+        return attempt(fresh=True)
+    except TrustfabricError:
+        _facts.drop(key)  # refused (revoked, unknown, quarantined): read afresh next time
+        raise
 
 
-# The issuing CA each database's grouped issuance last signed with (a CA row changes only by rotation, and
-# record_issued refuses a certificate whose CA is no longer the active one): saves a read per issuance.
-_last_issuer: dict[str, CertificateAuthority] = {}
+class StaleFacts(IssuerChanged):
+    """What a certificate was signed from changed before it was recorded: it is dropped and signed again."""
+
+
+@dataclass(frozen=True)
+class _Facts:
+    sid: SpiffeId
+    default_ttl: int
+    max_ttl: int
+    issuer: CertificateAuthority
+
+
+class _FactsCache:
+    """(database, tenant, group, workload, scope) -> what signing needs; bounded, least recently used out."""
+
+    SIZE = 65_536
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[Any, _Facts] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, now: datetime) -> _Facts | None:
+        with self._lock:
+            facts = self._entries.get(key)
+            if facts is None:
+                return None
+            if as_utc(facts.issuer.not_after) <= now:  # its CA can no longer sign
+                del self._entries[key]
+                return None
+            self._entries.move_to_end(key)
+            return facts
+
+    def put(self, key: Any, facts: _Facts) -> None:
+        with self._lock:
+            self._entries[key] = facts
+            while len(self._entries) > self.SIZE:
+                self._entries.popitem(last=False)
+
+    def drop(self, key: Any) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
+
+
+_facts = _FactsCache()
 
 
 def issue_jwt_svid(
