@@ -14,12 +14,15 @@ from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
 from api.caches import cache_on, check_names
 from api.console import install_console
+from api.enforcement import EnforcerRuntime, PublicationWatch, WakeOnWrite
 from api.errors import install_error_handlers
 from api.limits import ClientRateLimit, TokenBucket
 from api.observe import Observe
 from api.readcache import ChangeWatch, ReadCache
 from api.routes import (
     audit,
+    devices,
+    fabric,
     flows,
     grant_explain,
     grants,
@@ -33,7 +36,9 @@ from api.routes import (
 )
 from api.tls import TrustAnchors
 from core.asgi import BodySizeLimit
+from enforcer.reconcile import Reconciler
 from workflows.context import AppContext
+from workflows.fabric import MAX_IMPORT_BYTES
 
 log = logging.getLogger("trustfabric.api")
 _CONFIGURED: Any = object()  # the authz engine the settings choose (policy.engines.make_engine)
@@ -42,7 +47,7 @@ _CONFIGURED: Any = object()  # the authz engine the settings choose (policy.engi
 # ImportError when the app is built (and a lint error before that), never a router silently left out.
 ROUTERS: tuple[APIRouter, ...] = (
     health.router, pki.router, audit.router, policy.router, inventory.router, grants.router, security.router,
-    tokens.router, flows.router, grant_explain.router, metrics.router,
+    tokens.router, flows.router, grant_explain.router, fabric.router, devices.router, metrics.router,
 )
 
 
@@ -54,10 +59,13 @@ def create_app(
     grant_decider: Any = None,
     background: bool = False,
     extra_routers: Sequence[APIRouter] = (),
+    enforcer: Reconciler | None = None,
 ) -> FastAPI:
     """The API over `ctx`. `authz_engine_factory` returns the engine api_authz.rego is loaded in (None:
     every request is denied); `background` runs the periodic jobs (grant expiry, CA rotation, audit
-    checkpoints) for the app's lifetime; `extra_routers` are mounted after the API's own (e.g. a console)."""
+    checkpoints) and the enforcer's reconciler for the app's lifetime; `enforcer` runs that reconciler
+    (tests hand one with their clock) even without the other jobs; `extra_routers` are mounted after the
+    API's own (e.g. a console)."""
     from api import docs, tracing
     from pki.revocation import CrlPublisher
     from policy.flowset import FlowSets
@@ -65,15 +73,25 @@ def create_app(
 
     anchors = TrustAnchors()
     jobs = server_jobs(ctx, anchors) if background else None
+    watch = PublicationWatch(ctx.db, ctx.settings.enforcer_poll_seconds)
+    if enforcer is None and background:
+        from workflows.enforcement import make_reconciler
+
+        enforcer = make_reconciler(ctx)
+    runtime = EnforcerRuntime(enforcer, watch) if enforcer is not None else None
     traces = tracing.setup(ctx.settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if jobs is not None:
             jobs.start()
+        if runtime is not None:
+            runtime.start()
         try:
             yield
         finally:
+            if runtime is not None:
+                runtime.stop()
             if jobs is not None:
                 jobs.stop()
             if traces is not None:
@@ -105,6 +123,8 @@ def create_app(
     )
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
     app.state.background = jobs
+    app.state.enforcer = runtime
+    app.state.device_watch = watch
     app.state.crl = CrlPublisher()
     app.state.trust_anchors = anchors
     pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")
@@ -117,7 +137,10 @@ def create_app(
         app.include_router(router)
     docs.install(app)
     install_console(app)  # the web console under /console: pages that call the routes above
-    app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
+    if runtime is not None:  # after every committed write, the reconciler looks at once
+        app.add_middleware(WakeOnWrite, wake=runtime.reconciler.wake)
+    app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes,
+                       larger={"/v1/fabric/import": MAX_IMPORT_BYTES + 64 * 1024})
     app.add_middleware(Observe, tracing=traces)  # sees every answer past the address limit, the 413s included
     # outermost: a flood from one address is refused before anything else runs (issue 13, item 7), not even
     # an access-log line each (a flood must not flood the log); the refusals are counted (api/limits.py)

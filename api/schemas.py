@@ -45,8 +45,14 @@ class TenantCreate(Strict):
     )
     slug: Slug
     display_name: str = Field(min_length=1, max_length=200)
-    l3vni: int | None = Field(default=None, ge=1, le=16_777_215, description="24-bit VXLAN L3VNI")
-    prefix: str | None = Field(default=None, min_length=3, max_length=64, description="CIDR for the tenant")
+    l3vni: int | None = Field(default=None, ge=1, le=16_777_215,
+                              description="24-bit VXLAN L3VNI (allocated from the pool when absent)")
+    prefix: str | None = Field(default=None, min_length=3, max_length=64,
+                               description="CIDR for the tenant (allocated from the pool when absent)")
+    vlan: int | None = Field(default=None, ge=2, le=4094,
+                             description="attachment VLAN, also the conntrack zone (allocated when absent)")
+    prefix6: str | None = Field(default=None, min_length=3, max_length=64,
+                                description="IPv6 CIDR (allocated when absent and an IPv6 pool is configured)")
 
 
 class TenantOut(BaseModel):
@@ -56,6 +62,8 @@ class TenantOut(BaseModel):
     prefix: str | None
     quarantined: bool
     created_at: datetime
+    vlan: int | None = None
+    prefix6: str | None = None
 
 
 class PortSpec(Strict):

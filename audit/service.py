@@ -364,6 +364,12 @@ def _push_leaf(head: _HeadState, leaf: bytes) -> list[tuple[int, bytes]]:
 # --- reading the tree -------------------------------------------------------------------------------
 
 
+def lock_head(session: Session) -> int:
+    """Lock the head for the rest of the transaction, as an append does, and return the log's size: a writer
+    that must know nothing was appended since it last looked (the enforcer's publisher) checks under it."""
+    return _locked_head(session).size
+
+
 def tree_size(session: Session) -> int:
     """The number of committed events (visible to this session)."""
     row = session.connection().execute(select(_head.c.size).where(_head.c.id == HEAD_ID)).one_or_none()

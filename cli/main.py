@@ -10,9 +10,9 @@ import sys
 import typer
 
 from cli import config
-from cli.local import audit, lab, pdp, pki, policy, setup, tokens
+from cli.local import audit, enforcer, lab, pdp, pki, policy, setup, tokens
 from cli.output import err_console, fit_to_terminal
-from cli.remote import grants, inventory, login, whoami
+from cli.remote import fabric, grants, inventory, login, whoami
 from core.errors import TrustfabricError
 
 VERSION = "0.1.0"  # the package's version (pyproject.toml); tests/cli check they agree
@@ -45,7 +45,7 @@ def root(
 
 
 # The order is the order of `trustfabric --help`.
-for _group in (login, setup, pki, audit, policy, pdp, inventory, grants, tokens, whoami, lab):
+for _group in (login, setup, pki, audit, policy, pdp, inventory, grants, fabric, enforcer, tokens, whoami, lab):
     _group.register(app)
 
 

@@ -119,6 +119,82 @@ def _seconds(text: str) -> int:
     return int(text)
 
 
+def _cidr(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=True))
+    except ValueError as exc:
+        raise InvalidInput(f"{text!r} is not a CIDR network ({exc})") from None
+
+
+def _cidr6(text: str) -> str:
+    out = _cidr(text)
+    if ":" not in out:
+        raise InvalidInput(f"{text!r} is not an IPv6 network (e.g. fd00:1::/48)")
+    return out
+
+
+def _address(version: int) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        import ipaddress
+
+        try:
+            addr = ipaddress.ip_address(text.strip())
+        except ValueError:
+            raise InvalidInput(f"{text!r} is not an IPv{version} address") from None
+        if addr.version != version:
+            raise InvalidInput(f"{text!r} is not an IPv{version} address")
+        return str(addr)
+
+    return parse
+
+
+def _word(what: str) -> Callable[[str], str]:
+    """A name of the fabric file's kind (a port, a switch model): 1-63 characters, no spaces, no ':'."""
+
+    def parse(text: str) -> str:
+        if not text or len(text) > 63 or ":" in text or any(c.isspace() for c in text):
+            raise InvalidInput(f"{text!r} is not a {what} (1-63 characters, no spaces or ':')")
+        return text
+
+    return parse
+
+
+def _endpoint(text: str) -> str:
+    device, sep, port = text.partition(":")
+    if not sep:
+        raise InvalidInput(f"{text!r} is not DEVICE:PORT (e.g. leaf1:swp1)")
+    return f"{_slug(device)}:{_word('port name')(port)}"
+
+
+def _device(text: str) -> str:
+    kind, sep, name = text.partition(":")
+    if not sep or kind not in ("nic", "leaf"):
+        raise InvalidInput(f"{text!r} is not a device: nic:<node> or leaf:<name> (e.g. nic:gpu1)")
+    return f"{kind}:{_slug(name)}"
+
+
+def _workload(text: str) -> str:
+    parts = text.split("/")
+    if len(parts) != 3:
+        raise InvalidInput(f"{text!r} is not TENANT/GROUP/NAME (e.g. acme/train/w1)")
+    return "/".join(_slug(p) for p in parts)
+
+
+def _selector(text: str) -> str:
+    from pki.selectors import parse_selector
+
+    return ":".join(parse_selector(text))
+
+
+def _policy_ref(text: str) -> str:
+    t = text.strip().lower()
+    if not (t.isdigit() and int(t) >= 1) and not (len(t) >= 8 and all(c in "0123456789abcdef" for c in t)):
+        raise InvalidInput(f"{text!r} is neither a policy version number nor a content-hash prefix (8+ hex digits)")
+    return t
+
+
 def choice(*values: str) -> Check:
     """One of `values`; the error lists them."""
 
@@ -141,6 +217,17 @@ TTL = Check(_ttl, good="1h", bad="soon", metavar="TTL")
 WHEN = Check(_when, good="2026-01-01T00:00:00Z", bad="yesterday", metavar="TIME")
 SECONDS = Check(_seconds, good="60", bad="-5", metavar="SECONDS")
 PROTO = choice("tcp", "udp")
+CIDR = Check(_cidr, good="10.1.0.0/16", bad="10.1.0.1/16", metavar="CIDR")
+CIDR6 = Check(_cidr6, good="fd00:1::/48", bad="10.1.0.0/16", metavar="CIDR6")
+IPV4 = Check(_address(4), good="10.1.0.11", bad="10.1.0.300", metavar="IPV4")
+IPV6 = Check(_address(6), good="fd00:1::11", bad="10.1.0.11", metavar="IPV6")
+PORT_NAME = Check(_word("port name"), good="swp1", bad="swp 1", metavar="PORT")
+MODEL = Check(_word("switch model"), good="sn5600", bad="sn 5600", metavar="MODEL")
+ENDPOINT = Check(_endpoint, good="leaf1:swp1", bad="leaf1", metavar="DEVICE:PORT")
+DEVICE = Check(_device, good="nic:gpu1", bad="gpu1", metavar="DEVICE")
+WORKLOAD = Check(_workload, good="acme/train/w1", bad="acme/train", metavar="TENANT/GROUP/NAME")
+SELECTOR = Check(_selector, good="unix:uid:1001", bad="uid:1001", metavar="SELECTOR")
+POLICY_REF = Check(_policy_ref, good="2", bad="v2", metavar="N|HASH")
 
 
 def existing_file(**kw: Any) -> dict[str, Any]:

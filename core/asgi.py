@@ -18,15 +18,21 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodySizeLimit:
-    """Refuses bodies above `max_bytes` with 413, by Content-Length up front or by counting a stream."""
+    """Refuses bodies above `max_bytes` with 413, by Content-Length up front or by counting a stream;
+    `larger` names paths allowed more (a fabric file import)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = dict(larger or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope.get("path") in self.larger:
+            limit = max(self.max_bytes, self.larger[scope["path"]])
+            await BodySizeLimit(self.app, limit)(scope, receive, send)
             return
         for name, value in scope.get("headers", []):
             if name == b"content-length":

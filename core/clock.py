@@ -41,7 +41,10 @@ def require_aware(value: datetime, name: str) -> datetime:
     """The time in UTC; InvalidInput when it carries no timezone (a naive time is ambiguous, never guessed)."""
     if value.tzinfo is None:
         raise InvalidInput(f"{name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before the first UTC instant Python can hold
+        raise InvalidInput(f"{name} is out of range in UTC") from None
 
 
 def parse_when(value: str, option: str) -> datetime:

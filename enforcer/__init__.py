@@ -1,16 +1,29 @@
 """Compiles the policy's allowed flows into device rule sets: SuperNIC OpenFlow (OVS-DOCA), leaf NVUE, Linux.
 
-A pure library: no database, no HTTP, no clock. Imports only core, pki and policy. The pieces, in the
-order a caller uses them (the persistence layer, the API/CLI, the lab and the node agents build on these):
+Two parts. The library below is pure: no database, no HTTP, no clock; it imports only core, pki and policy
+(and no module of it imports the persistence part, the database, audit or inventory: `make lint` holds that,
+the `enforcer-core-stays-pure` import contract). The persistence part, the domain layout of the other
+packages, builds on it:
+  enforcer.models / migrations        versioned rule sets per device (version, content hash, canonical IR,
+                                       cause, time) and each device's state and agent report
+  enforcer.service                     publish / hold / rollback / record_status, each with its audit event
+  enforcer.fabric_db                   the fabric inventory's tables read as a fabric document and a Fabric
+  enforcer.reconcile.Reconciler        desired rule sets from the database, published where they changed
+                                       (triggers, incremental recompile, manual mode, pins)
+
+The pieces of the pure library, in the order a caller uses them (the persistence layer, the API/CLI, the lab
+and the node agents build on these):
 
 Input
   enforcer.fabric.Fabric               frozen model: tenants (VNI, VLAN = conntrack zone, prefixes), groups,
                                        workloads, GPU nodes + SuperNIC ports, leaves/spines, links, placements,
                                        grants. `policy_data(fabric)` is the rego data document for a
                                        self-contained fabric; `revoked_ids(fabric)` its revoked SPIFFE IDs.
-  enforcer.fabric_file.load_fabric(text, source=..., known_workloads=..., pools=...) -> Fabric
+  enforcer.fabric_file.load_fabric(text, source=..., known_workloads=..., pools=..., stored=...) -> Fabric
                                        strict YAML parser (`trustfabric fabric import`, `lab up`); FabricError
-                                       (an InvalidInput, so a 400) says file:line: field: what is wrong.
+                                       (an InvalidInput, so a 400) says file:line: field: what is wrong;
+                                       `stored` merges the file onto the database's fabric, load_fabric_value
+                                       checks a document built in code (the API's single changes).
   enforcer.allocate.Pools / allocate   VNI, VLAN and prefix pools for tenants that lack them.
   enforcer/examples/small.yaml         the golden fabric (two tenants, platform service, one grant).
 

@@ -115,6 +115,7 @@ class Placement:
     port: str  # the NIC host-facing port (VF representor)
     ipv4: str | None = None
     ipv6: str | None = None
+    selectors: tuple[str, ...] = ()  # workload attestation on its node (pki.selectors); not compiled
 
     def addresses(self) -> tuple[str, ...]:
         return tuple(a for a in (self.ipv4, self.ipv6) if a is not None)

@@ -12,11 +12,19 @@ but `trust_domain`; unknown keys are errors, never ignored):
     leaves:     {<name>: {ports: [swp1, ...], model}}
     spines:     {<name>: {ports: [swp1, ...], model}}
     links:      [[<leaf>:<port>, <node or spine>:<port>], ...]
-    placements: {<tenant>/<group>/<name>: {node, port, ipv4, ipv6}}
+    placements: {<tenant>/<group>/<name>: {node, port, ipv4, ipv6, selectors: [unix:uid:1001, ...]}}
     grants:     {<id>: {src: <tenant>/<group>, dst: <tenant>/<group>, proto, ports: [int], expires_at}}
 
 When the file carries no `workloads` section the caller may pass the known workloads (from the database);
 a placement of a workload nobody knows is an error either way.
+
+`stored` (the database's fabric, as a document of the same shape) is what the file is merged onto, and the
+whole result is checked: a file entry for a stored tenant, group or workload overrides only the fields it
+gives; a stored node, switch or placement the file names is replaced by the file's; links are the union
+(a file link equal to a stored one is the same cable; one that reuses a cabled port is an error). A
+mistake in a stored entry (one the file broke, e.g. a node redefined without the uplink a stored cable
+uses) is named with `(stored)` instead of a line. `load_fabric_value` checks a document built in code
+(the API's single changes) the same way.
 """
 
 from __future__ import annotations
@@ -49,28 +57,35 @@ from enforcer.fabric import (
 from enforcer.fabric import (
     Node as GpuNode,
 )
-from pki.errors import InvalidSpiffeId
+from pki.errors import InvalidSelector, InvalidSpiffeId
+from pki.selectors import normalize_selectors
 from pki.spiffe_id import validate_segment, validate_trust_domain
 
 Path_ = tuple[str, ...]
 _SECTIONS = ("trust_domain", "tenants", "groups", "workloads", "nodes", "leaves", "spines", "links", "placements",
              "grants")
+_OVERLAID = ("tenants", "groups", "workloads")  # a file entry for a stored one overrides only what it gives
 
 
 class _Doc:
     """The YAML document as plain values, with the line of every key and item kept for messages."""
 
-    def __init__(self, text: str, source: str) -> None:
+    def __init__(self, text: str | None, source: str, value: Any = None) -> None:
         self.source = source
         self.lines: dict[Path_, int] = {}
+        self.stored: set[Path_] = set()  # entries merged in from the stored fabric (no line to name)
         self._constructor = SafeConstructor()
+        self.value: Any
+        if text is None:  # a document built in code
+            self.value = value
+            return
         try:
             root = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = f"{mark.line + 1}" if mark is not None else "?"
             raise FabricError(f"{source}:{line}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-        self.value: Any = {} if root is None else self._plain(root, ())
+        self.value = {} if root is None else self._plain(root, ())
 
     def _plain(self, node: Node, path: Path_) -> Any:
         self.lines.setdefault(path, node.start_mark.line + 1)
@@ -91,9 +106,45 @@ class _Doc:
         return self._constructor.construct_object(node, deep=True)
 
     def fail(self, path: Path_, message: str) -> NoReturn:
-        line = next((self.lines[path[:n]] for n in range(len(path), -1, -1) if path[:n] in self.lines), 1)
         where = ".".join(path) or "(top)"
-        raise FabricError(f"{self.source}:{line}: {where}: {message}")
+        if path[:2] in self.stored:
+            raise FabricError(f"{self.source}: {where} (stored): {message}")
+        line = next((self.lines[path[:n]] for n in range(len(path), -1, -1) if path[:n] in self.lines), None)
+        raise FabricError(f"{self.source}:{line}: {where}: {message}" if line is not None
+                          else f"{self.source}: {where}: {message}")
+
+    def merge(self, stored: Mapping[str, Any]) -> None:
+        """Put the stored fabric under the file (see the module docstring for the rule)."""
+        top = self.value if isinstance(self.value, dict) else {}
+        if not isinstance(self.value, dict):
+            self.value = top
+        if "trust_domain" in stored and "trust_domain" in top and top["trust_domain"] != stored["trust_domain"]:
+            self.fail(("trust_domain",), f"is {top['trust_domain']!r}, but this fabric's trust domain is "
+                                         f"{stored['trust_domain']!r}")
+        for section in _SECTIONS:
+            if section in ("trust_domain", "links") or not stored.get(section):
+                continue
+            mine = top.get(section)
+            if mine is None:
+                mine = top[section] = {}
+            if not isinstance(mine, dict):
+                continue  # the parser names the file's mistake
+            merged: dict[str, Any] = {}
+            for key, body in stored[section].items():
+                if key not in mine:
+                    merged[key] = body
+                    self.stored.add((section, key))
+                elif section in _OVERLAID and isinstance(mine[key], dict) and isinstance(body, dict):
+                    mine[key] = {**body, **mine[key]}
+            top[section] = {**merged, **mine}
+        links = stored.get("links") or []
+        if links:
+            mine_links = top.get("links")
+            own = mine_links if isinstance(mine_links, list) else []
+            cables = {frozenset(map(str, x)) for x in links}
+            fresh = [x for x in own if not (isinstance(x, list) and frozenset(map(str, x)) in cables)]
+            top["links"] = [*links, *fresh] if isinstance(mine_links, list) or mine_links is None else mine_links
+            self.stored.update(("links", str(i)) for i in range(len(links)))
 
 
 def _mapping(doc: _Doc, value: Any, path: Path_, allowed: Iterable[str] | None = None) -> dict[str, Any]:
@@ -168,9 +219,24 @@ def load_fabric_file(path: str | Path, **kwargs: Any) -> Fabric:
 
 def load_fabric(text: str, source: str = "<fabric>", known_workloads: Iterable[Workload] | None = None,
                 pools: Pools | None = None, known_tenants: Iterable[Tenant] = (),
-                known_groups: Iterable[Group] = ()) -> Fabric:
+                known_groups: Iterable[Group] = (), stored: Mapping[str, Any] | None = None) -> Fabric:
     """A validated Fabric, or FabricError naming the first problem (file:line: field: what is wrong)."""
-    doc = _Doc(text, source)
+    return _load(_Doc(text, source), known_workloads, pools, known_tenants, known_groups, stored)
+
+
+def load_fabric_value(value: Mapping[str, Any], source: str = "request", pools: Pools | None = None,
+                      stored: Mapping[str, Any] | None = None) -> Fabric:
+    """load_fabric for a document built in code (plain values of the file's shape, deep-copied first)."""
+    import copy
+
+    return _load(_Doc(None, source, copy.deepcopy(dict(value))), None, pools, (), (), stored)
+
+
+def _load(doc: _Doc, known_workloads: Iterable[Workload] | None, pools: Pools | None,
+          known_tenants: Iterable[Tenant], known_groups: Iterable[Group], stored: Mapping[str, Any] | None
+          ) -> Fabric:
+    if stored is not None:
+        doc.merge(stored)
     top = _mapping(doc, doc.value, (), _SECTIONS)
     td = top.get("trust_domain")
     if not isinstance(td, str):
@@ -203,7 +269,8 @@ def _tenants(doc: _Doc, raw: Any, pools: Pools, known: list[Tenant]) -> tuple[Te
         path = ("tenants", slug)
         _slug(doc, slug, path, "tenant")
         body = _mapping(doc, body, path, ("vni", "vlan", "prefixes", "quarantined", "revoked"))
-        entry: dict[str, Any] = {"quarantined": _bool(doc, body.get("quarantined"), (*path, "quarantined")),
+        entry: dict[str, Any] = {**partial.get(slug, {}),
+                                 "quarantined": _bool(doc, body.get("quarantined"), (*path, "quarantined")),
                                  "revoked": _bool(doc, body.get("revoked"), (*path, "revoked"))}
         if "vni" in body:
             entry["vni"] = _int(doc, body["vni"], (*path, "vni"), 1, 16_777_215)
@@ -309,7 +376,7 @@ def _links(doc: _Doc, raw: Any, nodes: tuple[GpuNode, ...], switches: tuple[Swit
     sw_by = {s.name: s for s in switches}
     if set(node_by) & set(sw_by):
         doc.fail(("nodes",), f"names used by both a node and a switch: {sorted(set(node_by) & set(sw_by))}")
-    used: dict[tuple[str, str], int] = {}
+    used: dict[tuple[str, str], tuple[int, str]] = {}
     out = []
     for i, item in enumerate(_list(doc, raw, ("links",))):
         path = ("links", str(i))
@@ -332,8 +399,9 @@ def _links(doc: _Doc, raw: Any, nodes: tuple[GpuNode, ...], switches: tuple[Swit
             else:
                 doc.fail((*path, str(j)), f"unknown device {dev!r} (not a node, leaf or spine)")
             if (dev, port) in used:
-                doc.fail((*path, str(j)), f"{dev}:{port} is already cabled (links.{used[(dev, port)]})")
-            used[(dev, port)] = i
+                at, other = used[(dev, port)]
+                doc.fail((*path, str(j)), f"{dev}:{port} is already cabled to {other} (links.{at})")
+            used[(dev, port)] = (i, str(item[1 - j]))
             ends.append((kind, dev, port))
         ends.sort(key=lambda e: {"leaf": 0, "spine": 1, "node": 2}[e[0]])
         (k1, d1, p1), (k2, d2, p2) = ends
@@ -352,7 +420,7 @@ def _placements(doc: _Doc, raw: Any, fabric: Fabric) -> tuple[Placement, ...]:
         tenant_slug, _group, _name = _parts(doc, key, path, 3, "a placement")
         if key not in fabric.workload:
             doc.fail(path, f"unknown workload {key!r}")
-        body = _mapping(doc, body, path, ("node", "port", "ipv4", "ipv6"))
+        body = _mapping(doc, body, path, ("node", "port", "ipv4", "ipv6", "selectors"))
         node_name = body.get("node")
         if node_name not in fabric.node:
             doc.fail((*path, "node"), f"unknown node {node_name!r}")
@@ -387,7 +455,11 @@ def _placements(doc: _Doc, raw: Any, fabric: Fabric) -> tuple[Placement, ...]:
             addrs[fam] = str(addr)
         if addrs["ipv4"] is None and addrs["ipv6"] is None:
             doc.fail(path, "a placement needs an ipv4 and/or an ipv6 address")
-        out.append(Placement(key, node.name, str(port), addrs["ipv4"], addrs["ipv6"]))
+        try:
+            selectors = normalize_selectors(map(str, _list(doc, body.get("selectors"), (*path, "selectors"))))
+        except InvalidSelector as exc:
+            doc.fail((*path, "selectors"), str(exc))
+        out.append(Placement(key, node.name, str(port), addrs["ipv4"], addrs["ipv6"], selectors))
     return tuple(sorted(out, key=lambda p: p.workload))
 
 

@@ -69,6 +69,17 @@ def plan_device(old: DeviceRuleSet | None, new: DeviceRuleSet | None, budget: Bu
                       old.cost if old else 0, new.cost if new else 0, budget.limit(kind))
 
 
+def summary(old: DeviceRuleSet | None, new: DeviceRuleSet, budget: Budget) -> dict[str, Any]:
+    """plan_device(old, new, budget).summary() without listing (sorting) the rules: what an audit event of a
+    publication carries, for every device of a first compile too."""
+    a, b = _resolved(old), _resolved(new)
+    la, lb = _leaks(old), _leaks(new)
+    return {"device": new.device, "old_hash": old.content_hash if old else None, "new_hash": new.content_hash,
+            "rules_added": len(b - a), "rules_removed": len(a - b), "leaks_added": len(lb - la),
+            "leaks_removed": len(la - lb),
+            "budget": {"before": old.cost if old else 0, "after": new.cost, "limit": budget.limit(new.kind)}}
+
+
 def plan(old: Mapping[str, DeviceRuleSet], new: Mapping[str, DeviceRuleSet], budget: Budget | None = None
          ) -> list[DevicePlan]:
     """One DevicePlan per device whose rule set differs (by content hash), in device order."""

@@ -121,30 +121,89 @@ def create_tenant(
     actor: Actor,
     l3vni: int | None = None,
     prefix: str | None = None,
+    vlan: int | None = None,
+    prefix6: str | None = None,
     clock: Clock = system_clock,
     request_id: str | None = None,
 ) -> Tenant:
+    """A new tenant with the addressing given (workflows.fabric.create_tenant allocates what is missing from
+    the configured pools and checks it against every other tenant first)."""
     require_slug(slug, "tenant")
     if not display_name or len(display_name) > 200:
         raise InvalidInventory("display name must be 1-200 characters")
-    if l3vni is not None and not 1 <= l3vni <= 16_777_215:
-        raise InvalidInventory("l3vni must be in 1..16777215 (24-bit VXLAN network identifier)")
-    if prefix is not None:
-        try:
-            prefix = str(ipaddress.ip_network(prefix, strict=True))
-        except ValueError as exc:
-            raise InvalidInventory(f"prefix {prefix!r} is not a CIDR network: {exc}") from None
+    l3vni, vlan, prefix, prefix6 = _addressing(l3vni, vlan, prefix, prefix6)
     if session.get(Tenant, slug) is not None:
         raise AlreadyExists(f"tenant {slug!r} already exists")
-    if l3vni is not None and session.exec(select(Tenant).where(Tenant.l3vni == l3vni)).first():
-        raise AlreadyExists(f"l3vni {l3vni} is already allocated to another tenant")
-    tenant = Tenant(slug=slug, display_name=display_name, l3vni=l3vni, prefix=prefix, created_at=clock())
+    _unique_addressing(session, slug, l3vni, vlan)
+    tenant = Tenant(slug=slug, display_name=display_name, l3vni=l3vni, prefix=prefix, vlan=vlan, prefix6=prefix6,
+                    created_at=clock())
     session.add(tenant)
     session.flush()
+    summary: dict[str, Any] = {"display_name": display_name, "l3vni": l3vni, "prefix": prefix}
+    if vlan is not None or prefix6 is not None:
+        summary.update(vlan=vlan, prefix6=prefix6)
     record(
         session, actor=actor, action="tenant.create", object_type="tenant", object_id=slug, tenant=slug,
-        summary={"display_name": display_name, "l3vni": l3vni, "prefix": prefix}, request_id=request_id,
+        summary=summary, request_id=request_id,
     )
+    return tenant
+
+
+def _addressing(l3vni: int | None, vlan: int | None, prefix: str | None, prefix6: str | None
+                ) -> tuple[int | None, int | None, str | None, str | None]:
+    if l3vni is not None and not 1 <= l3vni <= 16_777_215:
+        raise InvalidInventory("l3vni must be in 1..16777215 (24-bit VXLAN network identifier)")
+    if vlan is not None and not 2 <= vlan <= 4094:
+        raise InvalidInventory("vlan must be in 2..4094 (the attachment VLAN, also the tenant's conntrack zone)")
+    out: list[str | None] = []
+    for name, value, version in (("prefix", prefix, 4), ("prefix6", prefix6, 6)):
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            net = ipaddress.ip_network(value, strict=True)
+        except ValueError as exc:
+            raise InvalidInventory(f"{name} {value!r} is not a CIDR network: {exc}") from None
+        if name == "prefix6" and net.version != version:
+            raise InvalidInventory(f"prefix6 {value!r} is not an IPv6 network")
+        out.append(str(net))
+    return l3vni, vlan, out[0], out[1]
+
+
+def _unique_addressing(session: Session, slug: str, l3vni: int | None, vlan: int | None) -> None:
+    if l3vni is not None and session.exec(
+            select(Tenant).where(Tenant.l3vni == l3vni, col(Tenant.slug) != slug)).first():
+        raise AlreadyExists(f"l3vni {l3vni} is already allocated to another tenant")
+    if vlan is not None and session.exec(select(Tenant).where(Tenant.vlan == vlan, col(Tenant.slug) != slug)).first():
+        raise AlreadyExists(f"vlan {vlan} is already allocated to another tenant")
+
+
+def fill_addressing(
+    session: Session, *, slug: str, l3vni: int | None, vlan: int | None, prefix: str | None, prefix6: str | None,
+    actor: Actor, clock: Clock = system_clock, request_id: str | None = None,
+) -> Tenant:
+    """Give a tenant the addressing it lacks (allocated by the caller; a tenant made before the fabric
+    existed has no VLAN). Values it already has never change: a differing one is a Conflict."""
+    tenant = get_tenant(session, slug)
+    l3vni, vlan, prefix, prefix6 = _addressing(l3vni, vlan, prefix, prefix6)
+    wanted = {"l3vni": l3vni, "vlan": vlan, "prefix": prefix, "prefix6": prefix6}
+    filled: dict[str, Any] = {}
+    for name, value in wanted.items():
+        have = getattr(tenant, name)
+        if value is None or value == have:
+            continue
+        if have is not None:
+            raise AlreadyExists(f"tenant {slug} has {name} {have}; it cannot become {value}")
+        filled[name] = value
+    if not filled:
+        return tenant
+    _unique_addressing(session, slug, filled.get("l3vni"), filled.get("vlan"))
+    for name, value in filled.items():
+        setattr(tenant, name, value)
+    session.add(tenant)
+    session.flush()
+    record(session, actor=actor, action="tenant.allocate", object_type="tenant", object_id=slug, tenant=slug,
+           summary=filled, request_id=request_id, at=clock())
     return tenant
 
 

@@ -60,3 +60,7 @@ class TokenInvalid(Unauthenticated):
 class IssuerChanged(Conflict):
     """The CA a certificate was signed with stopped being the active issuing CA before it was recorded (a
     rotation in between): the certificate is dropped; signing again uses the new CA."""
+
+
+class InvalidSelector(InvalidInput):
+    """A workload-attestation selector that is not `unix:<uid|gid|user|group|path|sha256>:<value>`."""

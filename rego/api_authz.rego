@@ -16,6 +16,7 @@ permissions := {
 		"grant.read", "grant.approve", "grant.reject", "grant.revoke",
 		"tenant.read", "tenant.quarantine", "tenant.unquarantine", "group.quarantine", "group.unquarantine",
 		"inventory.read", "svid.read", "svid.revoke", "audit.read", "ca.read",
+		"fabric.read", "placement.read", "device.read",
 	},
 	"tenant-admin": {
 		"grant.create", "grant.read", "grant.approve", "grant.reject", "grant.revoke",
@@ -25,9 +26,13 @@ permissions := {
 	"tenant-member": {"grant.create", "grant.read", "svid.read", "inventory.read", "tenant.read", "policy.explain"},
 	"auditor": {
 		"audit.read", "audit.export", "audit.verify", "policy.read", "decision.read",
-		"grant.read", "tenant.read", "inventory.read",
+		"grant.read", "tenant.read", "inventory.read", "fabric.read", "placement.read", "device.read",
 	},
-	"node": {"svid.issue", "node.attest", "bundle.read", "policy.query", "revocation.read"},
+	# a node's device and placement reads are confined to its own node by the route (api/routes/devices.py)
+	"node": {
+		"svid.issue", "node.attest", "bundle.read", "policy.query", "revocation.read",
+		"device.read", "device.report", "placement.read",
+	},
 }
 
 role := input.principal.role

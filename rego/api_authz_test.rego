@@ -83,3 +83,35 @@ test_tenant_admin_reads_only_its_own_decisions if {
 	not ask("tenant-admin", "acme", "decision.read", "globex").allow
 	not ask("tenant-member", "acme", "decision.read", "acme").allow
 }
+
+# Fabric and device actions, as a table: (role, its tenant, action) -> allowed. A node's device and placement
+# reads are confined to its own node by the routes; here the role alone is decided.
+fabric_device_table := [
+	["admin", null, "fabric.write", true],
+	["admin", null, "device.read", true],
+	["security", null, "fabric.read", true],
+	["security", null, "device.read", true],
+	["security", null, "placement.read", true],
+	["security", null, "fabric.write", false],
+	["security", null, "device.report", false],
+	["auditor", null, "fabric.read", true],
+	["auditor", null, "device.read", true],
+	["auditor", null, "fabric.write", false],
+	["node", null, "device.read", true],
+	["node", null, "device.report", true],
+	["node", null, "placement.read", true],
+	["node", null, "fabric.read", false],
+	["node", null, "fabric.write", false],
+	["tenant-admin", "acme", "fabric.read", false],
+	["tenant-admin", "acme", "fabric.write", false],
+	["tenant-admin", "acme", "device.read", false],
+	["tenant-member", "acme", "device.read", false],
+	["workload", "acme", "device.read", false],
+	["workload", "acme", "placement.read", false],
+]
+
+test_fabric_and_device_actions_table if {
+	every row in fabric_device_table {
+		ask(row[0], row[1], row[2], row[1]).allow == row[3]
+	}
+}

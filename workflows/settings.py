@@ -12,6 +12,8 @@ from pathlib import Path
 from core.errors import InvalidInput
 from core.quotas import Quotas
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
+from enforcer.allocate import Pools
+from enforcer.compiler import Budget
 from policy.engines import EngineSettings
 
 MODES = ("production", "development")
@@ -96,6 +98,21 @@ class Settings:
     opa_ca_file: str | None = None
     opa_timeout_seconds: float = 2.0
     pdp_token: str | None = None  # bearer token `trustfabric pdp` requires (needed beyond loopback)
+    # Fabric: pools a tenant's missing L3VNI, attachment VLAN and prefixes are allocated from
+    vni_pool: tuple[int, int] = (10_000, 16_777_215)
+    vlan_pool: tuple[int, int] = (100, 4094)
+    prefix_pool: str = "10.0.0.0/8"
+    prefix_length: int = 20
+    prefix6_pool: str | None = None  # e.g. fd00::/32; unset: no IPv6 prefix is allocated
+    prefix6_length: int = 48
+    # Enforcer: auto publishes every recompile; manual keeps it as a pending plan until `enforcer apply`
+    enforcer_mode: str = "auto"
+    enforcer_poll_seconds: float = 0.5  # how often the reconciler looks for changes made by other processes
+    enforcer_resync_seconds: float = 300.0  # a full recompile from scratch at least this often
+    nic_flow_budget: int = 65_536
+    leaf_acl_budget: int = 36_000
+    leaf_acl_mode: str = "atomic"  # NVUE atomic ACL updates keep a shadow copy: half the entries usable
+    device_wait_max_seconds: int = 60  # the longest a device's long-poll (GET .../ruleset?wait=) is held
     # Observability
     log_format: str = "auto"  # auto (logfmt on a terminal, else JSON lines) | json | logfmt
     log_level: str = "info"
@@ -176,6 +193,19 @@ class Settings:
             opa_ca_file=e.get("TRUSTFABRIC_OPA_CA_FILE") or None,
             opa_timeout_seconds=float(e.get("TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "2")),
             pdp_token=e.get("TRUSTFABRIC_PDP_TOKEN") or None,
+            vni_pool=_range(e.get("TRUSTFABRIC_VNI_POOL", "10000-16777215"), "TRUSTFABRIC_VNI_POOL"),
+            vlan_pool=_range(e.get("TRUSTFABRIC_VLAN_POOL", "100-4094"), "TRUSTFABRIC_VLAN_POOL"),
+            prefix_pool=e.get("TRUSTFABRIC_PREFIX_POOL", "10.0.0.0/8"),
+            prefix_length=int(e.get("TRUSTFABRIC_PREFIX_LENGTH", "20")),
+            prefix6_pool=e.get("TRUSTFABRIC_PREFIX6_POOL") or None,
+            prefix6_length=int(e.get("TRUSTFABRIC_PREFIX6_LENGTH", "48")),
+            enforcer_mode=e.get("TRUSTFABRIC_ENFORCER_MODE", "auto"),
+            enforcer_poll_seconds=float(e.get("TRUSTFABRIC_ENFORCER_POLL_SECONDS", "0.5")),
+            enforcer_resync_seconds=float(e.get("TRUSTFABRIC_ENFORCER_RESYNC_SECONDS", "300")),
+            nic_flow_budget=int(e.get("TRUSTFABRIC_NIC_FLOW_BUDGET", "65536")),
+            leaf_acl_budget=int(e.get("TRUSTFABRIC_LEAF_ACL_BUDGET", "36000")),
+            leaf_acl_mode=e.get("TRUSTFABRIC_LEAF_ACL_MODE", "atomic"),
+            device_wait_max_seconds=int(e.get("TRUSTFABRIC_DEVICE_WAIT_MAX_SECONDS", "60")),
             log_format=_one_of(e, "TRUSTFABRIC_LOG_FORMAT", "auto", ("auto", "json", "logfmt")),
             log_level=_one_of(e, "TRUSTFABRIC_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
             metrics_token=e.get("TRUSTFABRIC_METRICS_TOKEN") or None,
@@ -198,6 +228,18 @@ class Settings:
     def require_policy_signature(self) -> bool:
         """Activation needs a verified signature: always outside development mode, and whenever keys are set."""
         return not self.development or bool(self.policy_verify_keys)
+
+    def pools(self) -> Pools:
+        """The pools tenants' missing addressing comes from (enforcer.allocate)."""
+        return Pools(vni=self.vni_pool, vlan=self.vlan_pool, ipv4=self.prefix_pool, ipv4_len=self.prefix_length,
+                     ipv6=self.prefix6_pool, ipv6_len=self.prefix6_length)
+
+    def budget(self) -> Budget:
+        """Per-device capacity the compiler checks every rule set against."""
+        if self.leaf_acl_mode not in ("atomic", "non-atomic"):
+            raise InvalidInput(f"TRUSTFABRIC_LEAF_ACL_MODE must be atomic or non-atomic, not {self.leaf_acl_mode!r}")
+        return Budget(nic_flows=self.nic_flow_budget, leaf_acl_entries=self.leaf_acl_budget,
+                      acl_mode=self.leaf_acl_mode)
 
     def engines(self) -> EngineSettings:
         """What policy.engines.make_engine needs to choose and reach an engine."""
@@ -225,6 +267,17 @@ class Settings:
     @property
     def default_key_file(self) -> Path:
         return self.key_file or self.home / "master.key"
+
+
+def _range(text: str, name: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        out = (int(lo), int(hi if sep else lo))
+    except ValueError:
+        raise InvalidInput(f"{name} must be FIRST-LAST, e.g. 100-4094, not {text!r}") from None
+    if out[0] > out[1]:
+        raise InvalidInput(f"{name}: {text!r} is an empty range")
+    return out
 
 
 def _one_of(e: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:

@@ -27,7 +27,9 @@ from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
 from inventory import service
 from inventory.models import Tenant, Workload, WorkloadGroup
+from workflows import fabric
 from workflows.context import trust_domain
+from workflows.fabric import Who
 
 router = APIRouter(prefix="/v1", tags=["inventory"])
 
@@ -37,7 +39,7 @@ WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
 
 def tenant_out(t: Tenant) -> TenantOut:
     return TenantOut(slug=t.slug, display_name=t.display_name, l3vni=t.l3vni, prefix=t.prefix,
-                     quarantined=t.quarantined, created_at=as_utc(t.created_at))
+                     quarantined=t.quarantined, created_at=as_utc(t.created_at), vlan=t.vlan, prefix6=t.prefix6)
 
 
 def group_out(g: WorkloadGroup) -> GroupOut:
@@ -57,10 +59,10 @@ def create_tenant(body: TenantCreate, request: Request, ctx: CtxDep, principal: 
     if principal.scope_tenant is not None:
         raise Forbidden("tenant principals cannot create tenants")
     with ctx.db.session() as session:
-        tenant = service.create_tenant(
-            session, slug=body.slug, display_name=body.display_name, l3vni=body.l3vni, prefix=body.prefix,
-            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request),
-        )
+        tenant = fabric.create_tenant(
+            session, Who(principal.actor(), ctx.clock, request_id(request)), ctx.settings.pools(), slug=body.slug,
+            display_name=body.display_name, l3vni=body.l3vni, prefix=body.prefix, vlan=body.vlan,
+            prefix6=body.prefix6)
         return tenant_out(tenant)
 
 

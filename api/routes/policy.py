@@ -114,8 +114,10 @@ def show(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep
             summary="Flows the version opens and closes against the active one, on the current inventory")
 def impact(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep,
            limit: Annotated[int, Query(ge=0, le=100_000)] = 1000) -> dict[str, Any]:
+    from workflows.enforcement import impact as with_devices
+
     authorize(request, principal, "policy.impact", None)
-    return policy_flows.impact(ctx, ref).to_dict(limit=limit)
+    return with_devices(ctx, ref, limit=limit)
 
 
 @router.post("/versions/{ref}/activate", response_model=VersionOut, responses=WRITE_ERRORS,

@@ -313,12 +313,13 @@ def register(app: typer.Typer) -> None:
     @command(policy, "impact", LOCAL)
     def impact_cmd(version: str = typer.Argument(..., metavar="N|HASH"),
                    limit: int = typer.Option(50, "--limit", min=0, max=100_000, help="flows listed per side")) -> None:
-        """Flows VERSION would open and close against the active version, on the current inventory."""
-        from workflows import policy as policy_flows
+        """Flows VERSION would open and close against the active version, on the current inventory; with a
+        fabric, the devices whose rule sets it would change (both in the policy sandbox)."""
+        from workflows.enforcement import impact
 
         def run() -> dict[str, Any]:
             with open_context() as ctx:
-                return policy_flows.impact(ctx, version).to_dict(limit=limit)  # in the policy sandbox
+                return impact(ctx, version, limit=limit)
         out = guard(run)
         if machine_output():
             emit(out)
@@ -336,6 +337,13 @@ def register(app: typer.Typer) -> None:
             View("by tenant", (Col("tenant", "tenant", kind="id"), Col("opened", "opened"),
                                Col("closed", "closed"))).table(
                 [{"tenant": t, **c} for t, c in out["by_tenant"].items()])
+        devices = out.get("devices")
+        if devices:
+            console.print(f"devices: {devices['touched']} of {devices['devices']} would change", highlight=False)
+            if devices["by_device"]:
+                View("by device", (Col("device", "device", kind="id"), Col("rules +", "rules_added"),
+                                   Col("rules -", "rules_removed"), Col("leaks +", "leaks_added"),
+                                   Col("leaks -", "leaks_removed"))).table(devices["by_device"])
 
     def _switch(kind: str, version: str, signature: str | None, signature_file: Path | None,
                 reason: str | None) -> None:

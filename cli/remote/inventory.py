@@ -8,12 +8,13 @@ from typing import Any
 import typer
 
 from cli.output import API, Col, View, add_group, command, emit
-from cli.params import LABEL, PROTO_PORT, SLUG
+from cli.params import CIDR, CIDR6, LABEL, PROTO_PORT, SLUG
 from cli.remote.common import CaOpt, ServerOpt, client
 
 TENANTS = View("tenants", (
     Col("slug", "slug", kind="id"), Col("name", "display_name"), Col("l3vni", "l3vni"), Col("prefix", "prefix"),
-    Col("quarantined", "quarantined"), Col("created", "created_at", kind="time", drop=1),
+    Col("vlan", "vlan", drop=2), Col("prefix6", "prefix6", drop=3), Col("quarantined", "quarantined"),
+    Col("created", "created_at", kind="time", drop=1),
 ))
 GROUPS = View("groups", (
     Col("tenant", "tenant", kind="id"), Col("group", "name", kind="id"), Col("ports", "ports"),
@@ -32,18 +33,26 @@ Name = typer.Argument(..., parser=SLUG, metavar="NAME", help="workload name")
 def register(app: typer.Typer) -> None:
     tenant = add_group(app, "tenant", "Tenants: create, list, show, quarantine.", API)
     group = add_group(app, "group", "Workload groups: create, list, show.", API)
-    workload = add_group(app, "workload", "Workloads: register, list, show, revoke identities.", API)
+    workload = add_group(app, "workload", "Workloads: register, list, show, revoke identities; place on a node.", API)
+    from cli.remote.fabric import register_placement
+
+    register_placement(workload)
 
     @command(tenant, "create", API)
     def tenant_create(
         slug: str = typer.Argument(..., parser=SLUG, metavar="SLUG", help="DNS label, e.g. acme"),
         display_name: str = typer.Option(..., "--display-name"),
         l3vni: int = typer.Option(None, "--l3vni", min=1, max=16_777_215, help="24-bit VXLAN L3VNI"),
-        prefix: str = typer.Option(None, "--prefix", help="the tenant's CIDR, e.g. 10.1.0.0/16"),
+        prefix: str = typer.Option(None, "--prefix", parser=CIDR, metavar=CIDR.metavar,
+                                   help="the tenant's IPv4 CIDR, e.g. 10.1.0.0/16"),
+        vlan: int = typer.Option(None, "--vlan", min=2, max=4094, help="attachment VLAN / conntrack zone"),
+        prefix6: str = typer.Option(None, "--prefix6", parser=CIDR6, metavar=CIDR6.metavar,
+                                    help="the tenant's IPv6 CIDR, e.g. fd00:1::/48"),
         server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
-        """Create a tenant (admin)."""
-        body = {"slug": slug, "display_name": display_name, "l3vni": l3vni, "prefix": prefix}
+        """Create a tenant (admin); a missing L3VNI, VLAN or prefix is allocated from the configured pools."""
+        body = {"slug": slug, "display_name": display_name, "l3vni": l3vni, "prefix": prefix, "vlan": vlan,
+                "prefix6": prefix6}
         emit(client(server, cacert).post("/v1/tenants", body), TENANTS)
 
     @command(tenant, "list", API)

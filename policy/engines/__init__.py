@@ -6,7 +6,8 @@ that chooses between them (`make_engine`).
 
 Which engine serves which role is decided here and nowhere else:
 - the serving roles (`grants`: grant requests under the active version; `pdp`: the OPA-compatible
-  server's engine) follow `EngineSettings.kind` (`TRUSTFABRIC_POLICY_ENGINE=embedded|opa`); each role
+  server's engine; `enforcer`: the reconciler's allowed flows under the active version) follow
+  `EngineSettings.kind` (`TRUSTFABRIC_POLICY_ENGINE=embedded|opa`); each role
   gets its own module prefix on an OPA server, so one role's load never deletes another's modules;
 - `authz` (the API's own access policy, `rego/api_authz.rego`, shipped code asked on every request)
   follows `EngineSettings.authz_kind` (embedded by default: no network hop and no extra failure mode on
@@ -34,7 +35,7 @@ from policy.engines.patch import (
 
 EngineKind = Literal["embedded", "opa"]
 ENGINE_KINDS: tuple[str, ...] = ("embedded", "opa")
-ServingRole = Literal["grants", "pdp", "authz"]
+ServingRole = Literal["grants", "pdp", "authz", "enforcer"]
 
 
 @runtime_checkable

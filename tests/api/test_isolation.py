@@ -129,6 +129,26 @@ CASES: dict[str, Case] = {
     "GET /v1/policy/flows": platform(f"/v1/policy/flows?src_tenant={B}&dst_tenant={B}"),
     "GET /v1/policy/explain-grant": on_b(f"/v1/policy/explain-grant?src_tenant={B}&src_group=api&dst_tenant=initech"
                                          "&dst_group=svc&proto=tcp&ports=443&ttl_seconds=60"),
+    # fabric and devices: platform state (which node hosts what, every device's rules), never a tenant's
+    "GET /v1/fabric": platform("/v1/fabric"),
+    "POST /v1/fabric/import": platform("/v1/fabric/import", lambda o: {"yaml": "trust_domain: example.org\n"}),
+    "POST /v1/fabric/nodes": platform("/v1/fabric/nodes", lambda o: {"name": "n9", "uplinks": ["p0"]}),
+    "DELETE /v1/fabric/nodes/{name}": platform("/v1/fabric/nodes/gpu1"),
+    "POST /v1/fabric/leaves": platform("/v1/fabric/leaves", lambda o: {"name": "l9", "ports": ["swp1"]}),
+    "DELETE /v1/fabric/leaves/{name}": platform("/v1/fabric/leaves/leaf1"),
+    "POST /v1/fabric/spines": platform("/v1/fabric/spines", lambda o: {"name": "s9", "ports": ["swp1"]}),
+    "DELETE /v1/fabric/spines/{name}": platform("/v1/fabric/spines/spine1"),
+    "POST /v1/fabric/links": platform("/v1/fabric/links", lambda o: {"a": "leaf1:swp9", "b": "gpu1:p1"}),
+    "POST /v1/fabric/links/remove": platform("/v1/fabric/links/remove", lambda o: {"a": "leaf1:swp1",
+                                                                                    "b": "gpu1:p0"}),
+    "PUT /v1/fabric/placements/{tenant}/{group}/{name}": on_b(f"/v1/fabric/placements/{B}/api/api-1", lambda o: {
+        "node": "gpu1", "port": "pf0vf0", "ipv4": "10.2.0.9"}),
+    "DELETE /v1/fabric/placements/{tenant}/{group}/{name}": on_b(f"/v1/fabric/placements/{B}/api/api-1"),
+    "GET /v1/nodes/{name}/placements": platform("/v1/nodes/gpu1/placements"),
+    "GET /v1/devices": platform("/v1/devices"),
+    "GET /v1/devices/{device}": platform("/v1/devices/nic:gpu1"),
+    "GET /v1/devices/{device}/ruleset": platform("/v1/devices/nic:gpu1/ruleset"),
+    "POST /v1/devices/{device}/status": platform("/v1/devices/nic:gpu1/status", lambda o: {}),
     # principals
     "GET /v1/whoami": Case("own_scope", "/v1/whoami"),
     "POST /v1/tokens": platform("/v1/tokens", lambda o: {"role": "tenant-admin", "tenant": B, "ttl_seconds": 60}),

@@ -34,6 +34,10 @@ NO_CHANGE_OK = {
     "POST /v1/decisions",
     "POST /v1/policy/query",
     "POST /v1/ca/rotate",  # runs the rotation schedule; with nothing due it changes nothing
+    "POST /v1/fabric/import",  # importing what is stored already is idempotent: nothing changes, nothing is written
+    # a report that changes only counters stores them without an event; a changed applied version or drift
+    # state is audited (tests/enforcer/test_device_api.py shows both)
+    "POST /v1/devices/{device}/status",
 }
 # (operation, status) answers that mean "nothing changed": a retry with a used Idempotency-Key.
 NO_CHANGE_STATUS = {("POST /v1/grants", 200)}

@@ -1,13 +1,14 @@
-"""The README's short tour, run against a real `trustfabric serve` (the installed binary, a fresh folder, its
-own port and home, the variables `make run` sets): every line of the block as written, only the port, the
-grant id a person would copy from `grant list` and the editor filled in. If the README and the product part
-ways, this fails.
+"""The README's short tour, run against a real `trustfabric serve` (the installed binary, a fresh folder with
+the checkout's files the tour uses, its own port and home, the variables `make run` sets and those the README
+puts before it): every line of the block as written, only the port, the grant id a person would copy from
+`grant list` and the editor filled in. If the README and the product part ways, this fails.
 
 The lines are run by a small interpreter of the shell they use (`VAR=value`, `export VAR=value`, `$VAR`,
-`|`, `&&`, `> file`, `# comments`, and the commands `trustfabric`, `tail -1`, `cp -r`, `curl -s`), the
-`trustfabric` commands in-process as the rest of tests/cli does (tests/cli/conftest.py: real argument
-parsing, exit codes and output, no interpreter start per command), so the whole tour takes seconds. Anything
-else in the block fails the test, naming the construct, rather than being skipped."""
+`|`, `&&`, `> file`, `# comments`, a line continued with a backslash, and the commands `trustfabric`,
+`tail -1`, `cp -r`, `curl -s`), the `trustfabric` commands in-process as the rest of tests/cli does
+(tests/cli/conftest.py: real argument parsing, exit codes and output, no interpreter start per command), so
+the whole tour takes seconds. Anything else in the block fails the test, naming the construct, rather than
+being skipped."""
 
 from __future__ import annotations
 
@@ -33,18 +34,31 @@ EDIT = "sed -i '1a # reviewed in the README tour' my-rego/flows.rego"  # what th
 pytestmark = pytest.mark.xdist_group("binary-servers")
 
 
+ASSIGNMENT = r"(?:^|\s)([A-Z][A-Z0-9_]*)=(\S+)(?=\s)"
+
+
 def make_run_environment() -> dict[str, str]:
     """The variables `make run` sets for the server (`NAME=value` before the command in its recipe)."""
     lines = (ROOT / "Makefile").read_text().splitlines()
     recipe = lines[lines.index(next(line for line in lines if line.startswith("run:"))) + 1].strip()
-    return dict(re.findall(r"(?:^|\s)([A-Z][A-Z0-9_]*)=(\S+)(?=\s)", recipe.split("trustfabric serve")[0]))
+    return dict(re.findall(ASSIGNMENT, recipe.split("trustfabric serve")[0]))
+
+
+def readme_start_environment() -> dict[str, str]:
+    """The variables the README's tour puts before `make run` (`TRUSTFABRIC_TRUST_DOMAIN=example.org make run`:
+    the example fabric's trust domain, which `serve` uses when it initialises)."""
+    text = (ROOT / "README.md").read_text()
+    intro = text[text.index("## A short tour"):text.index("```sh", text.index("## A short tour"))]
+    started = re.search(r"`([^`]*)make run`", intro)
+    assert started, "the tour says how the server is started: `... make run`"
+    return dict(re.findall(ASSIGNMENT, " " + started.group(1)))
 
 
 def tour_lines() -> list[str]:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## A short tour"):]
     start = section.index("```sh\n") + 6
-    block = section[start:section.index("\n```", start)]
+    block = section[start:section.index("\n```", start)].replace("\\\n", " ")  # a line continued with \
     return [line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
@@ -128,15 +142,16 @@ def test_the_tour_needs_only_these_fillings() -> None:
 
 
 def test_the_readme_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    shutil.copytree(REGO_DIR, tmp_path / "rego")
+    shutil.copytree(REGO_DIR, tmp_path / "rego")  # the files of the checkout the tour uses
+    shutil.copytree(ROOT / "enforcer" / "examples", tmp_path / "enforcer" / "examples")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRUSTFABRIC_", "XDG_", "OTEL_", "PROMETHEUS_"))}
     env.update({"HOME": str(tmp_path), "COLUMNS": "100", "TRUSTFABRIC_LOG_LEVEL": "warning"})
     monkeypatch.chdir(tmp_path)  # the person is in the folder make run serves
     shell_env: dict[str, str | None] = {"HOME": str(tmp_path), "COLUMNS": "100", "XDG_CONFIG_HOME": None}
     tour = Tour(tmp_path, shell_env, port)
-    with serve_binary([BIN, "serve", "--port", str(port)], port=port, env={**env, **make_run_environment()},
-                      cwd=tmp_path):
+    server_env = {**env, **make_run_environment(), **readme_start_environment()}
+    with serve_binary([BIN, "serve", "--port", str(port)], port=port, env=server_env, cwd=tmp_path):
         for line in tour_lines():
             tour.line(line)
     out = "\n".join(tour.transcript)
@@ -144,6 +159,8 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
     assert "the current profile stays 'default'" in out
     assert re.search(r"grant g-[0-9a-f-]+: pending", out) and re.search(r"grant g-[0-9a-f-]+: active", out)
     assert "ALLOW acme/train -> globex/api tcp/8443" in out
+    assert "placements: added 6" in out and "ct(commit,zone=" in out and "nv set vrf vrf10001" in out
+    assert "= version 1's content, pinned" in out and "ok: the published rule sets do what the active policy" in out
     assert re.search(r"^PASS: (\d+)/\1$", out, re.MULTILINE) and "coverage:" in out
     assert "version 2 uploaded" in out and "version 2 (" in out and "is active" in out
     assert out.count("OK: ") == 2  # both exports verified offline

@@ -1,6 +1,7 @@
 """The installed `trustfabric` binary, once per command group (everything else runs in-process): init and
-serve make and serve a data directory; token, whoami, tenant, group, workload and grant go through that
-server; svid, bundle, ca, node, policy, audit and lab work on the data directory beside it. (`pdp` runs as a
+serve make and serve a data directory; token, whoami, tenant, group, workload, grant, fabric, device and
+enforcer status go through that server; svid, bundle, ca, node, policy, audit, enforcer compile and lab work on the
+data directory beside it. (`pdp` runs as a
 binary in tests/policy/test_routes_cli.py.) And `--help` loads neither FastAPI nor a database."""
 
 from __future__ import annotations
@@ -59,6 +60,16 @@ def test_every_command_group_runs_as_the_installed_binary(binary: Binary) -> Non
     w = binary.json("workload", "register", "acme", "web", "w1", token=admin)
     assert w["spiffe_id"] == "spiffe://example.org/tenant/acme/group/web/w1"  # type: ignore[index]
     assert binary.json("grant", "list", token=admin) == []
+    fab = binary.base / "fabric.yaml"
+    fab.write_text("trust_domain: example.org\nnodes: {n1: {nic: {uplinks: [p0], host_ports: [vf0]}}}\n"
+                   "leaves: {l1: {ports: [swp1]}}\nlinks: [[l1:swp1, n1:p0]]\n"
+                   "placements: {acme/web/w1: {node: n1, port: vf0, ipv4: 10.0.0.5}}\n")
+    imported = binary.json("fabric", "import", str(fab), token=admin)
+    assert imported["changes"]["placements"]["added"]["count"] == 1  # type: ignore[index]
+    assert binary.run("enforcer", "compile").returncode == 0  # publishes, unless the server's reconciler did first
+    devices = binary.json("enforcer", "status", token=admin)
+    assert {(d["device"], d["desired_version"]) for d in devices} == {("nic:n1", 1), ("leaf:l1", 1)}  # type: ignore[index,union-attr]
+    assert binary.json("device", "show", "nic:n1", token=admin)["desired_version"] == 1  # type: ignore[index]
     jwt = binary.run("svid", "jwt", "--tenant", "acme", "--group", "web", "--workload", "w1", "--audience", "a")
     assert jwt.returncode == 0 and jwt.stdout.count(".") == 2, jwt.stderr
     assert binary.json("bundle", "show")["spiffe_sequence"] == 1  # type: ignore[index]

@@ -38,6 +38,9 @@ def test_the_timezone_check() -> None:
     with pytest.raises(InvalidInput, match="since must carry a timezone"):
         require_aware(datetime(2026, 5, 1), "since")
     assert as_utc(datetime(2026, 5, 1)) == datetime(2026, 5, 1, tzinfo=UTC)  # databases hand back naive UTC
+    # a time before the first UTC instant Python holds (schemathesis sent one to GET /v1/policy/decisions: a 500)
+    with pytest.raises(InvalidInput, match="until is out of range in UTC"):
+        require_aware(datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))), "until")
 
 
 def test_frozen_clock_moves_only_when_told() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from enforcer.ovsd import OvsDaemons, ovs_available
+from tests.enforcer.stored import Stack, open_stack
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +35,12 @@ def ovs_daemons() -> Iterator[OvsDaemons]:
         daemons.stop()
         subprocess.run(["ip", "netns", "del", netns], capture_output=True)
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    """The golden fabric imported, the shipped policy active and the reconciler, on each real database."""
+    url = request.getfixturevalue("postgres_server").create_database() if request.param == "postgres" else None
+    s = open_stack(tmp_path / "home", url)
+    yield s
+    s.close()

@@ -222,3 +222,17 @@ def test_canonical_bytes_are_rfc8785() -> None:
     rs = compiled.devices["nic:gpu1"]
     strange = dataclasses.replace(rs, uplink="p0-\u00e9\u2028")
     assert strange.canonical == canonical_json(strange.to_dict())
+    # so does a number json.dumps writes otherwise (1.0: RFC 8785 says 1), deep in a rule
+    floaty = dataclasses.replace(rs, rules=(rs.rules[0]._replace(priority=1.0), *rs.rules[1:]))  # type: ignore[arg-type]
+    assert floaty.canonical == canonical_json(floaty.to_dict()) and b'"priority":1,' in floaty.canonical
+
+
+def test_the_audit_summary_of_a_plan_counts_what_the_plan_lists() -> None:
+    from enforcer.plan import plan_device, summary
+
+    before, _ = compile_small()
+    f = small()
+    after, _ = compile_small(dataclasses.replace(f, grants=()))
+    for d, rs in after.devices.items():
+        for old in (before.devices[d], None):
+            assert summary(old, rs, Budget()) == plan_device(old, rs, Budget()).summary()

@@ -18,6 +18,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlmodel import SQLModel
 
 import audit.models
+import enforcer.models
 import inventory.models
 import pki.models
 import pki.tokens.models
@@ -27,7 +28,7 @@ from store.migrations import current_version
 from workflows.schema import STEPS, migrate
 
 DIALECTS: dict[str, Dialect] = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}
-MODEL_MODULES = (audit.models, inventory.models, pki.models, policy.models, pki.tokens.models)
+MODEL_MODULES = (audit.models, inventory.models, pki.models, policy.models, pki.tokens.models, enforcer.models)
 
 # sha256 of each landed step's DDL (tables then indexes, in name order), per dialect. A landed step never
 # changes: a schema change is a new step with the next version number.
@@ -59,6 +60,14 @@ LANDED = {
     9: {
         "sqlite": "1eb07daefafdf025c243ff74e56babb9b6a0c49c77caacbdf78e30072ff1eb58",
         "postgresql": "817795101834bcae1421fc9d349180ca01cd4aeb177fc30f712e1fc5a1429d1a",
+    },
+    10: {
+        "sqlite": "41d055756be5281b870a4168f071a9013f0668826d277f2eb124323b1be0019f",
+        "postgresql": "18c71dadf367023833ea91ef1a2438cbf2431101105aaa7cc656388f5db3f20a",
+    },
+    11: {
+        "sqlite": "6f7c350ffe8ba05ff0a8fdf5004567eeb181a1166a4e9596696fce1b8969602f",
+        "postgresql": "fb1fab0d5fb36c71a1f791de95e68694a2c6534c12e05b750b9c8131813f38d5",
     },
 }
 
@@ -127,7 +136,7 @@ def test_a_landed_step_never_changes(version: int) -> None:
 
 
 def test_versions_are_global_and_in_order() -> None:
-    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9]
+    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11]
     with pytest.raises(ValueError, match="distinct, increasing"):
         from store.migrations import migrate as run
 

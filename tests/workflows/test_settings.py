@@ -36,6 +36,35 @@ def test_the_cli_client_settings() -> None:
     assert (c.server, c.token, c.ca_file, c.config) == ("https://tf", "x", "ca.pem", "/etc/tf.json")
 
 
+def test_fabric_pools_enforcer_mode_and_budget_from_the_environment() -> None:
+    import pytest
+
+    from core.errors import InvalidInput
+    from enforcer.allocate import Pools
+    from enforcer.compiler import Budget
+
+    assert Settings().pools() == Pools() and Settings().budget() == Budget()
+    s = Settings.from_env({
+        "TRUSTFABRIC_VNI_POOL": "20000-20099", "TRUSTFABRIC_VLAN_POOL": "200-299",
+        "TRUSTFABRIC_PREFIX_POOL": "100.64.0.0/10", "TRUSTFABRIC_PREFIX_LENGTH": "24",
+        "TRUSTFABRIC_PREFIX6_POOL": "fd00::/32", "TRUSTFABRIC_ENFORCER_MODE": "manual",
+        "TRUSTFABRIC_NIC_FLOW_BUDGET": "1000", "TRUSTFABRIC_LEAF_ACL_MODE": "non-atomic",
+    })
+    assert s.pools() == Pools(vni=(20000, 20099), vlan=(200, 299), ipv4="100.64.0.0/10", ipv4_len=24,
+                              ipv6="fd00::/32", ipv6_len=48)
+    assert s.enforcer_mode == "manual" and s.budget() == Budget(nic_flows=1000, acl_mode="non-atomic")
+    with pytest.raises(InvalidInput, match="TRUSTFABRIC_VLAN_POOL must be FIRST-LAST"):
+        Settings.from_env({"TRUSTFABRIC_VLAN_POOL": "lots"})
+    with pytest.raises(InvalidInput, match="empty range"):
+        Settings.from_env({"TRUSTFABRIC_VNI_POOL": "9-1"})
+    with pytest.raises(InvalidInput, match="atomic or non-atomic"):
+        Settings.from_env({"TRUSTFABRIC_LEAF_ACL_MODE": "halved"}).budget()
+    from enforcer.reconcile import EnforcerConfig
+
+    with pytest.raises(InvalidInput, match="auto or manual"):
+        EnforcerConfig(mode="sometimes")
+
+
 def test_the_hardening_settings() -> None:
     """Issue 13: production mode by default (activation needs a signature), the limits and budgets."""
     assert Settings().mode == "production" and Settings().require_policy_signature

@@ -1,0 +1,154 @@
+"""How the server runs the enforcer: the reconciler on its own thread, woken right after every successful write
+(`WakeOnWrite`), and the device API's long-polls woken by publications (`PublicationWatch`).
+
+A held long-poll is an awaited asyncio.Event: it holds neither a worker thread nor a database connection.
+Publications of this process wake it at once (the reconciler's `on_publish` hook, from its thread);
+publications of other processes or replicas are seen by ONE shared poll per process of the publication
+counter (the highest id of `enforcer_rulesets`, an index lookup), every `poll_seconds` and only while
+someone waits, so thousands of waiting agents cost one query per poll, not one each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
+
+from sqlalchemy import func, select
+from starlette.concurrency import run_in_threadpool
+
+from core.asgi import ASGIApp, Message, Receive, Scope, Send
+from enforcer.models import RuleSetVersion
+from enforcer.reconcile import Reconciler
+from store.db import Database
+
+log = logging.getLogger("trustfabric.api.enforcement")
+_rulesets = RuleSetVersion.__table__  # type: ignore[attr-defined]
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class WakeOnWrite:
+    """Pure ASGI: after a write request answered below 400 (it committed), wake the reconciler."""
+
+    def __init__(self, app: ASGIApp, wake: Callable[[], None]) -> None:
+        self.app = app
+        self.wake = wake
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in WRITES:
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, watch)
+        if status < 400:
+            self.wake()
+
+
+class PublicationWatch:
+    def __init__(self, db: Database, poll_seconds: float = 0.5) -> None:
+        self.db = db
+        self.poll_seconds = poll_seconds
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._seen: int | None = None
+
+    def _latest(self, after: int | None) -> tuple[int, set[str]]:
+        with self.db.read_session() as s:
+            conn = s.connection()
+            top = int(conn.execute(select(func.coalesce(func.max(_rulesets.c.id), 0))).scalar_one())
+            if after is None or top <= after:
+                return top, set()
+            rows = conn.execute(select(_rulesets.c.device).where(_rulesets.c.id > after).distinct()).all()
+            return top, {r[0] for r in rows}
+
+    @contextlib.asynccontextmanager
+    async def subscription(self, device: str) -> AsyncIterator[asyncio.Event]:
+        """An event set by every publication for `device` from now on. Subscribe BEFORE reading the device's
+        current version: a publication between the read and the wait then still wakes the waiter."""
+        self._loop = asyncio.get_running_loop()
+        if self._seen is None:
+            self._seen, _ = await run_in_threadpool(self._latest, None)
+        event = asyncio.Event()
+        self._waiters.setdefault(device, set()).add(event)
+        if self._poller is None or self._poller.done():
+            self._poller = self._loop.create_task(self._poll())
+        try:
+            yield event
+        finally:
+            waiters = self._waiters.get(device)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[device]
+
+    def notify(self, devices: Iterable[str]) -> None:
+        """Wake the waiters of `devices`; callable from any thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is shutting down
+            loop.call_soon_threadsafe(self._fire, list(devices))
+
+    def _fire(self, devices: list[str]) -> None:
+        for d in devices:
+            for event in self._waiters.get(d, ()):
+                event.set()
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_seconds)
+            if not self._waiters:
+                self._seen = None  # the next subscriber starts from what is published then
+                return
+            try:
+                top, devices = await run_in_threadpool(self._latest, self._seen)
+            except Exception:  # the database is away: the waiters time out, the next poll retries
+                log.warning("publication poll failed", exc_info=True)
+                continue
+            self._seen = max(self._seen or 0, top)
+            if devices:
+                self._fire(sorted(devices))
+
+
+class EnforcerRuntime:
+    """The reconciler's thread for the app's lifetime."""
+
+    def __init__(self, reconciler: Reconciler, watch: PublicationWatch) -> None:
+        self.reconciler = reconciler
+        previous = reconciler.on_publish
+
+        def published(devices: list[str]) -> None:
+            watch.notify(devices)
+            if previous is not None:
+                previous(devices)
+
+        reconciler.on_publish = published
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.reconciler.serve, args=(self._stop,), name="trustfabric-enforcer",
+                                        daemon=True)
+        self._thread.start()
+        self.reconciler.wake()  # the first run: publish what the database says now
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.reconciler.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.reconciler.close()
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+

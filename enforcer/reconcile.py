@@ -1,0 +1,440 @@
+"""The reconciler: every device's desired rule set computed from the database, published only where it changed.
+
+Inputs, read in one snapshot together with the audit log's size at that moment (the marker): the fabric
+(`enforcer.fabric_db.compile_fabric_of`), the active policy version, the policy data document
+(`policy.data.build_data` at now) and the revoked identities in it. The active version's
+`data.flows.allowed_flows` is evaluated on the configured engine (kept loaded; its data patched
+incrementally) and compiled: from scratch when the fabric or the budget changed or no compile is kept (a
+start), else incrementally (`enforcer.compiler.recompile`) against the compile kept in memory.
+
+When it runs:
+- `wake()`: right after a change commits in this process (the API wakes it after every successful write);
+- `due()`, every `poll_seconds`: one read of the audit log's size. When events were appended since the last
+  run and one of them is not known to leave the inputs alone (`IRRELEVANT`), it runs: a change committed
+  by another process or replica is picked up within a poll. Every state change commits with its audit
+  event (the project's invariant; tests/audit/test_every_mutation_audited.py holds every route to it), so
+  the log's size fingerprints every row the reconciler reads, exactly, across processes and on both
+  databases, for one indexed read (the one-statement data fingerprint of policy/data.py is SQLite-only and
+  reads every row);
+- at the next grant expiry (the earliest `expires_at` in the data document): expiry writes no row;
+- from scratch every `resync_seconds`, as a safety net.
+
+Failing safe: no active policy version compiles to default deny everywhere (nothing is allowed); an engine
+error, a malformed answer or a rule set over budget publishes nothing (every device keeps its last good
+rule set) and is logged and kept in `last` (and printed by `trustfabric enforcer compile`).
+
+Publishing (auto mode) is one transaction that first locks the audit log's head and checks that no
+relevant event was appended since the inputs were read; if one was, the inputs are read again and the
+compile redone, so a publisher never overwrites a newer publication with an older compile (two replicas
+may run this at once). In manual mode, and for a device pinned by a rollback, a changed rule set is held as
+the device's pending plan until `trustfabric enforcer apply` publishes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, col, select
+
+from audit import Actor
+from audit.models import AuditEvent
+from audit.service import lock_head, tree_size
+from core.clock import Clock, system_clock
+from core.errors import Conflict, InvalidInput
+from enforcer import service
+from enforcer.compiler import Budget, Compiled, compile_fabric, recompile
+from enforcer.fabric import Fabric
+from enforcer.fabric_db import compile_fabric_of
+from enforcer.ir import DeviceRuleSet
+from policy.data import build_data, live_until, to_ns
+from policy.decide import ALLOWED_FLOWS_QUERY, sync_data
+from policy.engines import PolicyEngine, scratch_engine
+from policy.errors import PolicyEngineError
+from policy.models import PolicyVersion
+from store.db import Database
+
+log = logging.getLogger("trustfabric.enforcer")
+
+MODES = ("auto", "manual")
+# Audit actions whose changes never reach the reconciler's inputs (issuing credentials, its own events,
+# uploads of candidate versions, exports). Anything else, including an action added later, makes it run.
+IRRELEVANT = ("svid.issue", "svid.jwt.", "node.attest", "node.token.", "token.", "ca.", "policy.upload", "audit.",
+              "enforcer.", "device.")
+# Relevant actions that cannot change the compiled fabric (`compile_fabric_of`: topology, addressing,
+# placements): after only these, the fabric read last time is reused. Anything else rereads it.
+LEAVE_FABRIC = ("grant.", "policy.", "group.", "tenant.quarantine", "tenant.unquarantine", "workload.revoke",
+                "workload.register", "identity.", "svid.revoke")
+MAX_ATTEMPTS = 5
+
+
+def relevant(action: str) -> bool:
+    return not action.startswith(IRRELEVANT)
+
+
+@dataclass(frozen=True)
+class EnforcerConfig:
+    mode: str = "auto"
+    budget: Budget = field(default_factory=Budget)
+    poll_seconds: float = 0.5
+    resync_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidInput(f"enforcer mode must be auto or manual, not {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    marker: int  # the audit log's size when these were read
+    now: datetime
+    fabric: Fabric
+    policy_hash: str | None
+    allowed: Any  # the compact data.flows.allowed_flows
+    revoked: frozenset[str]
+    expiry_ns: int | None  # the earliest grant expiry in the data document
+    events: tuple[tuple[str, str], ...]  # relevant (action, object id) since the previous run, for the cause
+
+
+@dataclass
+class Outcome:
+    cause: str
+    full: bool = False
+    changed: list[str] = field(default_factory=list)  # devices whose compiled rule set changed
+    published: dict[str, int] = field(default_factory=dict)  # device -> new version
+    held: list[str] = field(default_factory=list)  # devices whose pending plan changed
+    retired: list[str] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cause": self.cause, "full": self.full, "changed": self.changed, "published": self.published,
+                "held": self.held, "retired": self.retired, "compile_seconds": round(self.compile_seconds, 4),
+                "error": self.error}
+
+
+class Stale(Exception):
+    """A relevant change committed between reading the inputs and publishing: read and compile again."""
+
+
+def _scan(session: Session, since: int, until: int | None, limit: int) -> tuple[list[tuple[str, str]], bool]:
+    """(relevant (action, object id) of the events from `since`, whether every event up to `until` was seen)."""
+    query = sa_select(col(AuditEvent.action), col(AuditEvent.object_id)).where(col(AuditEvent.seq) >= since)
+    if until is not None:
+        query = query.where(col(AuditEvent.seq) < until)
+    rows = session.connection().execute(query.order_by(col(AuditEvent.seq)).limit(limit)).all()
+    complete = until is not None and len(rows) == until - since
+    return [(r[0], r[1]) for r in rows if relevant(r[0])], complete
+
+
+def _cause(events: Iterable[tuple[str, str]]) -> str:
+    items = list(dict.fromkeys(f"{a} {o}" for a, o in events))
+    if not items:
+        return ""
+    return "; ".join(items[:5]) + (f"; +{len(items) - 5} more" if len(items) > 5 else "")
+
+
+class Reconciler:
+    """One per process. `run_once` is serialized by a lock, so the background loop, a request that wakes it
+    and a CLI command can share one instance."""
+
+    def __init__(self, db: Database, *, engine_factory: Callable[[], PolicyEngine], config: EnforcerConfig,
+                 clock: Clock = system_clock, actor: Actor | None = None,
+                 on_publish: Callable[[list[str]], None] | None = None) -> None:
+        self.db = db
+        self.config = config
+        self.clock = clock
+        self.actor = actor or Actor.system("enforcer")
+        self.on_publish = on_publish
+        self._factory = engine_factory
+        self._engine: PolicyEngine | None = None
+        self._policy_hash: str | None = None
+        self._loaded = False
+        self._compiled: Compiled | None = None
+        self._fabric: Fabric | None = None
+        self._marker = -1
+        self._expiry_ns: int | None = None
+        self._last_full = 0.0
+        self._run_lock = threading.Lock()
+        self._wake = threading.Event()
+        self.last: Outcome | None = None
+        self.runs = 0
+
+    # ---------------------------------------------------------------- when
+
+    def wake(self) -> None:
+        """Run soon (from the loop of `serve`): something committed in this process."""
+        self._wake.set()
+
+    def due(self) -> str | None:
+        """Why a run is due now (None: nothing to do). Cheap: one read of the audit log's size."""
+        if self._marker < 0:
+            return "start"
+        now = self.clock()
+        if self._expiry_ns is not None and to_ns(now) >= self._expiry_ns:
+            return "grant expiry"
+        if time.monotonic() - self._last_full >= self.config.resync_seconds:
+            return "periodic resync"
+        with self.db.read_session() as s:
+            size = tree_size(s)
+            if size == self._marker:
+                return None
+            events, complete = _scan(s, self._marker, size, 10_000)
+        if not complete:
+            return _cause(events) or f"{size - self._marker} changes"
+        if not events:
+            self._marker = size  # nothing the inputs depend on: move past it
+            return None
+        return _cause(events)
+
+    def serve(self, stop: threading.Event) -> None:
+        """Until `stop` is set: look whether a run is due every poll_seconds, and at once when woken (a wake
+        after an SVID issuance finds nothing relevant and costs one read, like a poll)."""
+        while not stop.is_set():
+            self._wake.wait(self.config.poll_seconds)
+            self._wake.clear()
+            if stop.is_set():
+                return
+            try:
+                cause = self.due()
+                if cause is not None:
+                    self.run_once(cause)
+            except Exception:
+                log.exception("enforcer reconcile failed; retrying on the next poll")
+
+    # ---------------------------------------------------------------- what
+
+    def run_once(self, cause: str = "run", *, full: bool = False) -> Outcome:
+        """Compile from the database and publish (auto mode) or hold (manual mode, pinned devices) what changed."""
+        return self._run(cause, full=full, select=None, unpin=(), force=False)
+
+    def apply(self, devices: Collection[str] | None = None, *, actor: Actor | None = None,
+              request_id: str | None = None) -> Outcome:
+        """`enforcer apply`: compile now and publish every changed device (or only `devices`, which are unpinned
+        too); pinned devices not named stay pinned."""
+        for d in devices or ():
+            service.check_device(d)
+        return self._run("enforcer apply", full=False, select=set(devices) if devices else None,
+                         unpin=set(devices or ()), force=True, actor=actor, request_id=request_id)
+
+    def compile_now(self) -> tuple[Compiled, Inputs]:
+        """A fresh compile of the current inputs, publishing nothing (kept as the base of the next incremental
+        compile; the marker stays, so the changes it includes are still published by the next run)."""
+        with self._run_lock:
+            inputs = self._read()
+            compiled, _full = self._compile(inputs, False)
+            self._compiled = compiled
+            return compiled, inputs
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+            self._loaded = False
+
+    def _run(self, cause: str, *, full: bool, select: set[str] | None, unpin: Collection[str], force: bool,
+             actor: Actor | None = None, request_id: str | None = None) -> Outcome:
+        with self._run_lock:
+            outcome = Outcome(cause)
+            for _attempt in range(MAX_ATTEMPTS):
+                try:
+                    inputs = self._read()
+                    start = time.perf_counter()
+                    compiled, was_full = self._compile(inputs, full)
+                    outcome = Outcome(_cause(inputs.events) or cause, was_full,
+                                      list(compiled.changed if not was_full else compiled.devices),
+                                      compile_seconds=time.perf_counter() - start)
+                    self._publish(compiled, inputs, outcome, select=select, unpin=unpin, force=force,
+                                  actor=actor or self.actor, request_id=request_id)
+                except Stale:
+                    continue
+                except (PolicyEngineError, InvalidInput, Conflict) as exc:
+                    outcome.error = str(exc)
+                    log.error("enforcer: nothing published, every device keeps its last good rule set: %s", exc)
+                    if force:
+                        raise
+                    break
+                self._keep(compiled, inputs)
+                break
+            else:
+                outcome.error = "the inputs kept changing while publishing; the next run catches up"
+            self.last = outcome
+            self.runs += 1
+            if outcome.published and self.on_publish is not None:
+                self.on_publish(sorted(outcome.published))
+            return outcome
+
+    def _keep(self, compiled: Compiled, inputs: Inputs) -> None:
+        self._compiled = compiled
+        self._marker = inputs.marker
+        self._expiry_ns = inputs.expiry_ns
+
+    # ---------------------------------------------------------------- how
+
+    def _read(self) -> Inputs:
+        """The inputs, in one snapshot. What provably did not change since the last run is not read again: the
+        fabric after only LEAVE_FABRIC events; the data document after only grant events (those grants are
+        patched into the engine's document, as the grants service patches its decider: policy.data.grant_ops)."""
+        from pki.service import trust_domain
+
+        now = self.clock()
+        resync = time.monotonic() - self._last_full >= self.config.resync_seconds
+        expired = self._expiry_ns is not None and to_ns(now) >= self._expiry_ns
+        with self.db.read_session() as s:
+            if s.get_bind().dialect.name == "postgresql":  # one snapshot for every read below
+                s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            marker = tree_size(s)
+            events: list[tuple[str, str]] = []
+            complete = False
+            if self._marker >= 0:
+                events, complete = _scan(s, self._marker, marker, 10_000)
+            td = trust_domain(s)
+            if td is None:
+                raise Conflict("the trust domain is not initialised: run `trustfabric init` first")
+            fabric = self._fabric
+            if fabric is None or resync or not complete or not all(a.startswith(LEAVE_FABRIC) for a, _ in events):
+                fabric = compile_fabric_of(s, td)
+            digest = s.exec(select(PolicyVersion.content_hash).where(col(PolicyVersion.state) == "active")).first()
+            engine = self._engine_for(digest)
+            modules = None
+            if digest is not None and (not self._loaded or digest != self._policy_hash):
+                modules = dict(s.exec(select(PolicyVersion.modules).where(col(PolicyVersion.content_hash) == digest))
+                               .one())
+            if (engine is not None and modules is None and complete and not (resync or expired) and events
+                    and all(a.startswith("grant.") for a, _ in events)):
+                from policy.data import grant_ops
+                from policy.models import Grant
+
+                for grant in s.exec(select(Grant).where(col(Grant.id).in_({o for _, o in events}))).all():
+                    engine.patch_data(grant_ops(engine.data(), grant, now))
+                data: Any = engine.data()
+            else:
+                data = build_data(s, now)
+                if engine is not None:
+                    if modules is not None:
+                        engine.load(modules, data)
+                        self._policy_hash, self._loaded = digest, True
+                    else:
+                        sync_data(engine, data)
+        allowed = self._allowed(engine, digest, now)
+        self._fabric = fabric
+        revoked = frozenset(data["tf"]["revoked"])
+        return Inputs(marker, now, fabric, digest, allowed, revoked, live_until(data), tuple(events))
+
+    def _engine_for(self, digest: str | None) -> PolicyEngine | None:
+        """The engine to evaluate the active version on; None when no version is active."""
+        if digest is None:
+            self._policy_hash, self._loaded = None, True
+            return None
+        if self._engine is None:
+            self._engine = self._factory()
+            self._loaded = False  # a new engine holds nothing yet
+        return self._engine
+
+    def _allowed(self, engine: PolicyEngine | None, digest: str | None, now: datetime) -> Any:
+        if engine is None or digest is None:
+            return []  # no policy in force: nothing is allowed
+        value = engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": to_ns(now)})
+        if not isinstance(value, list):
+            raise PolicyEngineError(f"the active policy ({digest[:16]}) gives no {ALLOWED_FLOWS_QUERY} list")
+        return value
+
+    def _compile(self, inputs: Inputs, full: bool) -> tuple[Compiled, bool]:
+        prev = self._compiled
+        if (full or prev is None or prev.fabric != inputs.fabric or prev.budget != self.config.budget
+                or time.monotonic() - self._last_full >= self.config.resync_seconds):
+            compiled = compile_fabric(inputs.fabric, inputs.allowed, inputs.revoked, self.config.budget)
+            self._last_full = time.monotonic()
+            return compiled, True
+        return recompile(prev, inputs.allowed, inputs.revoked), False
+
+    def _publish(self, compiled: Compiled, inputs: Inputs, outcome: Outcome, *, select: set[str] | None,
+                 unpin: Collection[str], force: bool, actor: Actor, request_id: str | None) -> None:
+        now = self.clock()
+        known = self._compiled.devices if self._compiled is not None else {}
+        cause = outcome.cause
+        with self.db.session() as s:
+            size = lock_head(s)
+            if size != inputs.marker:
+                events, complete = _scan(s, inputs.marker, size, 10_000)
+                if events or not complete:
+                    raise Stale()
+            sts = service.states(s)
+            for device, rs in sorted(compiled.devices.items()):
+                if select is not None and device not in select:
+                    continue
+                st = sts.get(device)
+                unpinning = st is not None and st.pinned and device in unpin
+                if st is not None and st.in_fabric and st.content_hash == rs.content_hash and not unpinning:
+                    if st.pending_hash is not None:  # back in step: no pending plan any more
+                        service.hold(s, rs, why="in sync", actor=actor, now=now)
+                    continue
+                pinned = st is not None and st.pinned and not unpinning
+                if pinned or (self.config.mode == "manual" and not force):
+                    if service.hold(s, rs, why="pinned" if pinned else "manual mode", actor=actor, now=now):
+                        outcome.held.append(device)
+                    continue
+                row = service.publish(s, rs, cause=cause, actor=actor, now=now, budget=self.config.budget,
+                                      known=known, pin=False if unpinning else None, request_id=request_id)
+                if row is not None:
+                    outcome.published[device] = row.version
+            if select is None:
+                for device, st in sts.items():
+                    if st.in_fabric and device not in compiled.devices:
+                        service.retire(s, device, actor=actor, now=now, cause=cause)
+                        outcome.retired.append(device)
+
+
+# ---------------------------------------------------------------- reads for plan, staged plan, verify
+
+
+@dataclass(frozen=True)
+class StagedInputs:
+    """What a staged compile reads: the stored fabric and the policy data document at `now`."""
+
+    fabric: Fabric
+    data: dict[str, Any]
+    now_ns: int
+
+
+def staged_inputs(session: Session, now: datetime) -> StagedInputs:
+    from pki.service import trust_domain
+
+    return StagedInputs(compile_fabric_of(session, trust_domain(session) or ""), build_data(session, now), to_ns(now))
+
+
+def allowed_flows_under(versions: list[dict[str, str] | None], data: dict[str, Any], now_ns: int) -> list[Any]:
+    """`data.flows.allowed_flows` of each policy version's modules (None: nothing allowed) on `data`, each on a
+    private engine. Module-level and on plain data: workflows run it in the policy sandbox (a candidate version
+    is user-supplied Rego, issue 13 item 5)."""
+    out: list[Any] = []
+    for modules in versions:
+        if modules is None:
+            out.append([])
+            continue
+        engine = scratch_engine(dict(modules), data)
+        try:
+            allowed = engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": now_ns})
+        finally:
+            engine.close()
+        if not isinstance(allowed, list):
+            raise InvalidInput(f"the policy version gives no {ALLOWED_FLOWS_QUERY} list")
+        out.append(allowed)
+    return out
+
+
+def staged_compile(inputs: StagedInputs, allowed: Any, budget: Budget) -> Compiled:
+    """What every device would run under a policy version whose allowed flows are `allowed` (from
+    allowed_flows_under), compiled on the stored fabric and data, publishing nothing."""
+    return compile_fabric(inputs.fabric, allowed, frozenset(inputs.data["tf"]["revoked"]), budget)
+
+
+def with_devices(compiled: Compiled, devices: dict[str, DeviceRuleSet]) -> Compiled:
+    """The compile with other rule sets in place of its own (the published ones, for `enforcer verify`)."""
+    return replace(compiled, devices=devices)

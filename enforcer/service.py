@@ -1,0 +1,278 @@
+"""Versioned rule sets per device, and each device's state: publish, hold back, roll back, record what the
+device's agent reports. Each function takes the caller's session, an actor and the time, and records its
+audit event in that session, so a change and its event commit together.
+
+Semantics (the reconciler, enforcer/reconcile.py, and the `trustfabric enforcer` commands call these):
+- a device's desired rule set is its latest published version; versions count up from 1 and never change;
+- `publish` stores a new version only when the content hash differs from the desired one; its audit event
+  (`enforcer.publish`) carries the version, the hash and the plan summary against the previous version;
+- `hold` keeps a freshly compiled rule set as the device's pending plan instead of publishing it (manual
+  mode, or a device pinned by a rollback): `enforcer apply` publishes it;
+- `rollback` publishes an earlier version's content as a new version and pins the device; `apply` unpins;
+- `record_status` keeps the latest report of the device's agent (applied version and hash, per-rule
+  counters, drift, last error); it is audited when the applied version or the drift state changes.
+
+Concurrency: every change of a device's desired state locks the audit log's head first (its event will
+append there anyway), then the device's row (FOR UPDATE on PostgreSQL; SQLite's write transaction already
+holds the one writer lock): publishers queue in one order, never give out one version number twice, and the
+reconciler can check under that lock that nothing it did not see was committed meanwhile. A status report
+that changes only counters takes no log lock (it writes no event), so agents' reports never queue behind a
+publication.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, col, select
+
+from audit import Actor, record
+from audit.service import lock_head
+from core.clock import as_utc
+from core.errors import Conflict, InvalidInput, NotFound
+from enforcer.compiler import Budget
+from enforcer.ir import DeviceRuleSet
+from enforcer.models import DeviceState, RuleSetVersion
+from enforcer.plan import summary as plan_summary
+
+DEVICE_PATTERN = r"^(nic|leaf):[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_DEVICE_RE = re.compile(DEVICE_PATTERN)
+MAX_COUNTERS = 10_000
+
+
+def check_device(device: str) -> str:
+    """The device id (`nic:<node>` | `leaf:<name>`), or InvalidInput."""
+    if not _DEVICE_RE.fullmatch(device):
+        raise InvalidInput(f"device {device!r} must be nic:<node> or leaf:<name>")
+    return device
+
+
+def _row(session: Session, device: str, lock: bool) -> DeviceState | None:
+    query = select(DeviceState).where(col(DeviceState.device) == check_device(device))
+    if lock:
+        lock_head(session)  # the order every writer of desired state takes (module docstring)
+        query = query.with_for_update().execution_options(populate_existing=True)
+    return session.exec(query).first()
+
+
+def get_state(session: Session, device: str, *, lock: bool = False) -> DeviceState:
+    st = _row(session, device, lock)
+    if st is None:
+        raise NotFound(f"device {device} has no published rule set (not in the fabric, or never compiled)")
+    return st
+
+
+def states(session: Session) -> dict[str, DeviceState]:
+    return {s.device: s for s in session.exec(select(DeviceState).order_by(col(DeviceState.device))).all()}
+
+
+def version_row(session: Session, device: str, version: int | None = None) -> RuleSetVersion:
+    """A device's version (its desired one when `version` is None); NotFound otherwise."""
+    if version is None:
+        version = get_state(session, device).version
+    row = session.exec(select(RuleSetVersion).where(col(RuleSetVersion.device) == device,
+                                                    col(RuleSetVersion.version) == version)).first()
+    if row is None:
+        raise NotFound(f"device {device} has no version {version}")
+    return row
+
+
+def versions(session: Session, device: str) -> list[dict[str, Any]]:
+    """Every version published for `device`, newest first (without the IR); NotFound when there is none."""
+    v = RuleSetVersion
+    query = (sa_select(col(v.version), col(v.content_hash), col(v.cause), col(v.published_by), col(v.created_at))
+             .where(col(v.device) == check_device(device)).order_by(col(v.version).desc()))
+    rows = session.connection().execute(query).all()
+    if not rows:
+        raise NotFound(f"device {device} has no published rule set (not in the fabric, or never compiled)")
+    return [{"device": device, "version": version, "content_hash": digest, "cause": cause, "published_by": by,
+             "published_at": as_utc(at)} for version, digest, cause, by, at in rows]
+
+
+def ruleset_of(row: RuleSetVersion) -> DeviceRuleSet:
+    return DeviceRuleSet.from_dict(json.loads(row.ir))
+
+
+def desired(session: Session) -> dict[str, DeviceRuleSet]:
+    """The desired rule set of every device in the fabric (its latest published version)."""
+    rows = session.exec(
+        select(RuleSetVersion).join(DeviceState, col(DeviceState.device) == col(RuleSetVersion.device))
+        .where(col(RuleSetVersion.version) == col(DeviceState.version), col(DeviceState.in_fabric).is_(True))
+    ).all()
+    return {r.device: ruleset_of(r) for r in rows}
+
+
+def last_applied(session: Session) -> dict[str, DeviceRuleSet]:
+    """What each device in the fabric last reported applied; its desired set when it never reported one."""
+    out = desired(session)
+    for st in states(session).values():
+        if st.in_fabric and st.applied_version is not None and st.applied_version != st.version:
+            out[st.device] = ruleset_of(version_row(session, st.device, st.applied_version))
+    return out
+
+
+def _previous(session: Session, st: DeviceState | None, known: Mapping[str, DeviceRuleSet]) -> DeviceRuleSet | None:
+    if st is None or st.version == 0:
+        return None
+    hit = known.get(st.device)
+    if hit is not None and hit.content_hash == st.content_hash:
+        return hit
+    return ruleset_of(version_row(session, st.device, st.version))
+
+
+def publish(session: Session, rs: DeviceRuleSet, *, cause: str, actor: Actor, now: datetime, budget: Budget,
+            known: Mapping[str, DeviceRuleSet] | None = None, pin: bool | None = None, action: str = "enforcer.publish",
+            request_id: str | None = None) -> RuleSetVersion | None:
+    """Publish `rs` as the device's next version unless it already is the desired one (None then; a pin
+    change is still recorded). `known`: rule sets the caller holds (the previous compile), to skip reading
+    the previous version back for the plan summary. `pin`: True pins, False unpins, None leaves it."""
+    device = rs.device
+    st = _row(session, device, lock=True)
+    if st is not None and st.content_hash == rs.content_hash and st.in_fabric:
+        changed = pin is not None and st.pinned != pin
+        if changed or st.pending_hash is not None:
+            st.pinned = st.pinned if pin is None else pin
+            st.pending_hash, st.updated_at = None, now
+            session.add(st)
+            if changed:
+                record(session, actor=actor, action="enforcer.pin" if pin else "enforcer.unpin", object_type="device",
+                       object_id=device, summary={"version": st.version, "pinned": st.pinned}, reason=cause[:2000],
+                       request_id=request_id, at=now)
+        return None
+    previous = _previous(session, st, known or {})
+    if st is None:
+        st = DeviceState(device=device, kind=rs.kind, version=0, updated_at=now)
+    row = RuleSetVersion(device=device, version=st.version + 1, content_hash=rs.content_hash,
+                         ir=rs.canonical.decode(), cause=cause[:500], published_by=actor.id, created_at=now)
+    session.add(row)
+    st.version, st.content_hash, st.pending_hash, st.in_fabric, st.updated_at = (
+        row.version, rs.content_hash, None, True, now)
+    if pin is not None:
+        st.pinned = pin
+    session.add(st)
+    session.flush()
+    summary = plan_summary(previous, rs, budget)
+    summary.update(version=row.version, pinned=st.pinned)
+    record(session, actor=actor, action=action, object_type="device", object_id=device, summary=summary,
+           reason=cause[:2000], request_id=request_id, at=now)
+    return row
+
+
+def hold(session: Session, rs: DeviceRuleSet, *, why: str, actor: Actor, now: datetime) -> bool:
+    """Keep `rs` as the device's pending plan instead of publishing it; True when that changed anything."""
+    device = rs.device
+    st = _row(session, device, lock=True)
+    pending = None if st is not None and st.content_hash == rs.content_hash else rs.content_hash
+    if st is None:
+        st = DeviceState(device=device, kind=rs.kind, version=0, updated_at=now)
+    elif st.pending_hash == pending:
+        return False
+    st.pending_hash, st.updated_at = pending, now
+    session.add(st)
+    session.flush()
+    record(session, actor=actor, action="enforcer.hold", object_type="device", object_id=device,
+           summary={"version": st.version, "content_hash": st.content_hash, "pending_hash": pending, "why": why},
+           at=now)
+    return True
+
+
+def retire(session: Session, device: str, *, actor: Actor, now: datetime, cause: str) -> None:
+    """The device left the fabric: nothing is desired of it any more (its versions stay, for the record)."""
+    st = get_state(session, device, lock=True)
+    if not st.in_fabric:
+        return
+    st.in_fabric, st.pending_hash, st.updated_at = False, None, now
+    session.add(st)
+    session.flush()
+    record(session, actor=actor, action="enforcer.retire", object_type="device", object_id=device,
+           summary={"version": st.version}, reason=cause[:2000], at=now)
+
+
+def rollback(session: Session, device: str, to_version: int, *, actor: Actor, now: datetime, budget: Budget,
+             reason: str | None = None, request_id: str | None = None) -> RuleSetVersion:
+    """Publish version `to_version`'s content as a new version and pin the device there (automatic
+    publication leaves it alone until `apply` unpins it)."""
+    st = get_state(session, device, lock=True)
+    if not st.in_fabric:
+        raise Conflict(f"device {device} is no longer in the fabric")
+    if not 1 <= to_version < st.version:
+        raise InvalidInput(f"--to must be an earlier version of {device} (1..{st.version - 1}), not {to_version}")
+    target = ruleset_of(version_row(session, device, to_version))
+    cause = f"rollback to version {to_version}" + (f": {reason}" if reason else "")
+    row = publish(session, target, cause=cause, actor=actor, now=now, budget=budget, pin=True,
+                  action="enforcer.rollback", request_id=request_id)
+    if row is None:  # the content is the desired one already: the pin was recorded
+        return version_row(session, device)
+    return row
+
+
+def record_status(session: Session, device: str, report: Mapping[str, Any], *, actor: Actor, now: datetime,
+                  request_id: str | None = None) -> tuple[DeviceState, bool]:
+    """Store the agent's latest report; (state, audited). The report names a version the device was given
+    and its content hash (anything else is InvalidInput); counters are {key: {packets, bytes}}."""
+    st = get_state(session, device)
+    version, digest = report.get("applied_version"), report.get("applied_hash")
+    if version is not None:
+        row = version_row(session, device, int(version))
+        if digest != row.content_hash:
+            raise InvalidInput(f"applied_hash does not match version {version} of {device} ({row.content_hash})")
+    elif digest is not None:
+        raise InvalidInput("applied_hash needs applied_version")
+    counters = dict(report.get("counters") or {})
+    if len(counters) > MAX_COUNTERS:
+        raise InvalidInput(f"at most {MAX_COUNTERS} counters per report")
+    drift = [str(x)[:500] for x in report.get("drift") or []][:200]
+    repaired = bool(report.get("drift_repaired"))
+    error = report.get("last_error")
+    after = (version, digest, bool(drift), repaired, error)
+
+    def state_of(st: DeviceState) -> tuple[Any, ...]:
+        return (st.applied_version, st.applied_hash, bool(st.drift), st.drift_repaired, st.last_error)
+
+    before = state_of(st)
+    if before != after:  # it will be audited: take the log lock first, then read the row again under it
+        st = get_state(session, device, lock=True)
+        before = state_of(st)
+    if version != st.applied_version:
+        st.applied_at = now
+    st.applied_version, st.applied_hash, st.drift, st.drift_repaired = version, digest, drift, repaired
+    st.last_error = None if error is None else str(error)[:2000]
+    st.counters, st.reported_at, st.updated_at = counters, now, now
+    session.add(st)
+    session.flush()
+    audited = before != after
+    if audited:
+        record(session, actor=actor, action="device.status", object_type="device", object_id=device,
+               summary={"applied_version": version, "applied_hash": digest, "desired_version": st.version,
+                        "in_sync": digest == st.content_hash, "drift": len(drift), "drift_repaired": repaired,
+                        "last_error": st.last_error},
+               request_id=request_id, at=now)
+    return st, audited
+
+
+def status_rows(session: Session) -> list[dict[str, Any]]:
+    """Every device: desired vs applied version, pin, pending plan, drift, last apply and report, counters."""
+    return [_status(st) for st in states(session).values()]
+
+
+def status_row(session: Session, device: str) -> dict[str, Any]:
+    """One device's status_rows entry; NotFound when it never had a rule set."""
+    return _status(get_state(session, device))
+
+
+def _status(st: DeviceState) -> dict[str, Any]:
+    return {
+        "device": st.device, "kind": st.kind, "in_fabric": st.in_fabric, "desired_version": st.version,
+        "desired_hash": st.content_hash, "pinned": st.pinned, "pending_hash": st.pending_hash,
+        "applied_version": st.applied_version, "applied_hash": st.applied_hash,
+        "in_sync": st.applied_hash is not None and st.applied_hash == st.content_hash,
+        "applied_at": as_utc(st.applied_at) if st.applied_at else None,
+        "reported_at": as_utc(st.reported_at) if st.reported_at else None,
+        "drift": list(st.drift), "drift_repaired": st.drift_repaired, "last_error": st.last_error,
+        "counters": dict(st.counters),
+    }

@@ -1,0 +1,180 @@
+"""The enforcer as the API and the CLI run it: the configured reconciler, plans (against what devices last
+applied, or a staged candidate policy), the equivalence check of the published rule sets, rendering a
+device's rule set in its native formats, and the policy impact report's per-device section.
+
+Apply and rollback semantics (README "Fabric and enforcer"): devices are agent-managed. Node agents (on each
+SuperNIC, and in the lab on the leaves too; a real switch runs the same agent on its Cumulus Linux with the
+NVUE backend) pull their desired version over the device API, apply it atomically with the pure renderers and
+their backend, and report what they applied. `auto` mode publishes every recompile; `manual` keeps it as a
+pending plan until `enforcer apply` publishes it. `enforcer plan` diffs a fresh compile against what each
+device last applied (against its desired version when it never reported). `enforcer rollback --device D
+--to V` publishes V's content as a new version and pins D; auto mode leaves a pinned device alone until
+`enforcer apply --device D` unpins it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from enforcer import service
+from enforcer.compiler import all_devices
+from enforcer.equivalence import verify as equivalence
+from enforcer.fabric import Fabric
+from enforcer.ir import DeviceRuleSet
+from enforcer.plan import DevicePlan, plan
+from enforcer.reconcile import (
+    EnforcerConfig,
+    Reconciler,
+    StagedInputs,
+    allowed_flows_under,
+    staged_compile,
+    staged_inputs,
+    with_devices,
+)
+from workflows.context import AppContext
+
+FORMATS = ("openflow", "nvue", "nv-set", "nft", "ir")
+
+
+def make_reconciler(ctx: AppContext) -> Reconciler:
+    """The reconciler the settings describe: mode, budget, poll and resync intervals, the `enforcer` engine."""
+    s = ctx.settings
+    config = EnforcerConfig(mode=s.enforcer_mode, budget=s.budget(), poll_seconds=s.enforcer_poll_seconds,
+                            resync_seconds=s.enforcer_resync_seconds)
+    return Reconciler(ctx.db, engine_factory=lambda: ctx.engine("enforcer"), config=config, clock=ctx.clock)
+
+
+def plans(ctx: AppContext, reconciler: Reconciler, staged: str | None = None) -> list[DevicePlan]:
+    """Per changed device: a fresh compile (or candidate version `staged`, compiled without publishing) against
+    what the device last applied."""
+    if staged is None:
+        compiled, _ = reconciler.compile_now()
+        new = compiled.devices
+    else:
+        from policy.service import get_version
+
+        with ctx.db.read_session() as session:
+            modules = dict(get_version(session, staged).modules)
+            inputs = staged_inputs(session, ctx.clock())
+        [allowed] = _allowed_in_sandbox(ctx, [modules], inputs, f"the staged compile of policy version {staged}")
+        new = staged_compile(inputs, allowed, reconciler.config.budget).devices
+    with ctx.db.read_session() as session:
+        old = service.last_applied(session)
+    return plan(old, new, reconciler.config.budget)
+
+
+@dataclass(frozen=True)
+class Finding:
+    device: str
+    problem: str
+
+
+def verify_published(ctx: AppContext, reconciler: Reconciler) -> tuple[list[Finding], list[Any]]:
+    """(integrity findings, equivalence mismatches) of the published rule sets against the active policy: a
+    device without a published set or whose stored set does not hash to its recorded hash is a finding; the
+    rest are walked flow by flow (enforcer.equivalence) against the policy's answer."""
+    compiled, inputs = reconciler.compile_now()
+    findings: list[Finding] = []
+    with ctx.db.read_session() as session:
+        states = service.states(session)
+        published: dict[str, DeviceRuleSet] = {}
+        for device in sorted(compiled.devices):
+            st = states.get(device)
+            if st is None or st.version == 0 or not st.in_fabric:
+                findings.append(Finding(device, "no published rule set"))
+                continue
+            row = service.version_row(session, device, st.version)
+            rs = service.ruleset_of(row)
+            if rs.content_hash != row.content_hash:
+                findings.append(Finding(device, f"stored rule set v{row.version} hashes to {rs.content_hash[:16]}, "
+                                                f"not its recorded {row.content_hash[:16]} (altered)"))
+            published[device] = rs
+    if findings:
+        return findings, []
+    return findings, equivalence(with_devices(compiled, published), inputs.allowed)
+
+
+def render(rs: DeviceRuleSet, fmt: str, fabric: Fabric) -> str:
+    """A device's rule set in one of FORMATS (the pure renderers the agents run)."""
+    if fmt == "ir":
+        return json.dumps(rs.to_dict(), indent=2, sort_keys=True) + "\n"
+    if fmt == "openflow":
+        if rs.kind != "nic":
+            raise _wrong(rs, fmt)
+        from enforcer.render.openflow import render_openflow
+
+        return render_openflow(rs)
+    if rs.kind != "leaf":
+        raise _wrong(rs, fmt)
+    if fmt == "nvue":
+        from enforcer.render.nvue import nvue_yaml
+
+        return nvue_yaml(rs)
+    if fmt == "nv-set":
+        from enforcer.render.nvue import nv_set_commands
+
+        return "".join(c + "\n" for c in nv_set_commands(rs))
+    if fmt == "nft":
+        from enforcer.render.linux import render_linux
+
+        cfg = render_linux(rs, fabric)
+        return json.dumps({"nftables": cfg.nft, "ip_rules": list(cfg.ip_rules), "routes": list(cfg.routes)},
+                          indent=2, sort_keys=True) + "\n"
+    from core.errors import InvalidInput
+
+    raise InvalidInput(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+
+
+def _wrong(rs: DeviceRuleSet, fmt: str) -> Exception:
+    from core.errors import InvalidInput
+
+    fits = "openflow, ir" if rs.kind == "nic" else "nvue, nv-set, nft, ir"
+    return InvalidInput(f"{rs.device} is a {'SuperNIC' if rs.kind == 'nic' else 'leaf'}: --format {fmt} does not "
+                        f"apply (use {fits})")
+
+
+def _allowed_in_sandbox(ctx: AppContext, versions: list[dict[str, str] | None], inputs: StagedInputs,
+                        what: str) -> list[Any]:
+    """The allowed flows of each version on `inputs`' data, evaluated in the policy sandbox: a candidate version
+    is user-supplied Rego, run with the CPU and memory limits of every other policy job (issue 13 item 5)."""
+    from policy.sandbox import run_limited
+    from workflows.policy import limits
+
+    return run_limited(allowed_flows_under, versions, inputs.data, inputs.now_ns, limits=limits(ctx.settings),
+                       what=what)
+
+
+def device_impact(ctx: AppContext, ref: str | int) -> dict[str, Any] | None:
+    """The impact report's per-device section: the candidate and the active version compiled on the current
+    fabric and data, and which devices' rule sets differ (rules added and removed); None without a fabric."""
+    from policy import service as policy
+
+    with ctx.db.read_session() as session:
+        candidate = dict(policy.get_version(session, ref).modules)
+        active = policy.active_version(session)
+        baseline = dict(active.modules) if active is not None else None
+        inputs = staged_inputs(session, ctx.clock())
+    if not all_devices(inputs.fabric):
+        return None  # no fabric: nothing to evaluate
+    budget = ctx.settings.budget()
+    new_allowed, old_allowed = _allowed_in_sandbox(ctx, [candidate, baseline], inputs,
+                                                   "the impact report's device section")
+    new = staged_compile(inputs, new_allowed, budget).devices
+    changes = plan(staged_compile(inputs, old_allowed, budget).devices, new, budget)
+    return {"devices": len(new), "touched": len(changes),
+            "by_device": [{"device": p.device, "rules_added": len(p.added), "rules_removed": len(p.removed),
+                           "leaks_added": len(p.leaks_added), "leaks_removed": len(p.leaks_removed),
+                           "budget": {"before": p.cost_before, "after": p.cost_after, "limit": p.limit}}
+                          for p in changes]}
+
+
+def impact(ctx: AppContext, ref: str | int, *, limit: int | None) -> dict[str, Any]:
+    """workflows.policy.impact's report (flows opened and closed, in the policy sandbox), with the per-device
+    section when a fabric exists (`devices`: null otherwise)."""
+    from workflows import policy as policy_flows
+
+    report = policy_flows.impact(ctx, ref).to_dict(limit=limit)
+    report["devices"] = device_impact(ctx, ref)
+    return report
