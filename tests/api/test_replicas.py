@@ -335,7 +335,9 @@ def test_kill_9_of_a_replica_under_load_loses_and_half_writes_nothing(cluster: C
     globex = _token(c, 1, "tenant-admin", "globex")
     victim = c.replicas[0]
     with _Load(c, [0, 1], acme, globex) as load:
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30
+        while len(load.acked) < 6 and time.monotonic() < deadline:  # under load: writes acknowledged already
+            time.sleep(0.05)
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait(timeout=10)
         time.sleep(0.5)  # the survivor goes on serving
