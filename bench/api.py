@@ -343,12 +343,7 @@ def main() -> int:
                                       stderr=subprocess.DEVNULL))
         wait_healthy(port, "/healthz", procs[-1])
         admin = token("--role", "admin")
-        for slug in ("acme", "globex"):
-            assert call(port, "POST", "/v1/tenants", admin, {"slug": slug, "display_name": slug})[0] == 201
-        assert call(port, "POST", "/v1/tenants/acme/groups", admin,
-                    {"name": "web", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
-        assert call(port, "POST", "/v1/tenants/globex/groups", admin,
-                    {"name": "api", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
+        seed_tenants(port, admin)
         acme = token("--role", "tenant-admin", "--tenant", "acme")
         grant = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
                  "ttl_seconds": 3600, "justification": "bench"}
@@ -427,6 +422,16 @@ def main() -> int:
     finally:
         progress.done()
         stop_all(procs, work)
+
+
+def seed_tenants(port: int, admin: str) -> None:
+    """acme/web and globex/api, each exposing tcp/443: what the grant benches request flows between."""
+    for slug in ("acme", "globex"):
+        assert call(port, "POST", "/v1/tenants", admin, {"slug": slug, "display_name": slug})[0] == 201
+    assert call(port, "POST", "/v1/tenants/acme/groups", admin,
+                {"name": "web", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
+    assert call(port, "POST", "/v1/tenants/globex/groups", admin,
+                {"name": "api", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
 
 
 def bench_env(work: Path, **extra: str) -> dict[str, str]:

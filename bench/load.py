@@ -22,9 +22,7 @@ import gevent.monkey
 gevent.monkey.patch_all()  # before anything opens a socket; locust does it too, but only when imported
 
 import random  # noqa: E402
-import shutil  # noqa: E402
 import subprocess  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -42,7 +40,7 @@ from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 from bench.api import call  # noqa: E402
-from bench.audit import DurablePostgres  # noqa: E402
+from bench.replicas import with_postgres  # noqa: E402
 from tests.conftest import _free_port  # noqa: E402
 from tests.servers import replica_env, serve_replicas  # noqa: E402
 
@@ -221,43 +219,33 @@ def _report(label: str, r: dict[str, Any]) -> list[str]:
     return out
 
 
-def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="tf-bench-load-"))
+def run(work: Path, database_url: str) -> list[str]:
     lines = [f"# scale: {USERS} locust users (60% node agents renewing SVIDs, 30% tenants requesting, listing and "
              f"approving grants, 10% members explaining), one request per {PACING:g} s each on average, "
              f"{SECONDS:g} s per run after spawning over {10:g} s; {TENANTS} tenants x {WORKLOADS} workloads; "
              f"PostgreSQL (fsync on); {os.cpu_count()} cores shared by load, servers and database"]
-    try:
-        try:
-            pg = DurablePostgres()
-        except (RuntimeError, subprocess.CalledProcessError, KeyError, LookupError) as exc:
-            print(f"load: skipped, no PostgreSQL ({exc})")
-            return 0
-        try:
-            env = replica_env(dict(os.environ), home=work / "home", database_url=pg.url,
-                              TRUSTFABRIC_SWEEP_INTERVAL_SECONDS="30", TRUSTFABRIC_QUOTA_PENDING="0",
-                              TRUSTFABRIC_QUOTA_GRANTS="0", TRUSTFABRIC_MAX_CONNECTIONS="2000")
-            ports = [_free_port() for _ in range(3)]
-            with serve_replicas(BIN, 3, env=env, cwd=work, ports=ports) as replicas:
-                _seed(env, work, ports[0])
-                urls = [r.url for r in replicas]
-                three = _run(urls, [r.proc.pid for r in replicas])
-                one = _run(urls[:1], [replicas[0].proc.pid])
-        finally:
-            pg.stop()
-        lines += _report("3 replicas", three)
-        lines += _report("1 replica", one)
-        lines.append(f"load_throughput_3_replicas: {three['rps']:.1f} req/s (baseline 1 replica {one['rps']:.1f} "
-                     f"req/s, ratio {three['rps'] / max(one['rps'], 1e-9):.2f})")
-        lines.append(f"load_p99_3_replicas: {three['p99']:.0f} ms (baseline 1 replica {one['p99']:.0f} ms, "
-                     f"ratio {three['p99'] / max(one['p99'], 1e-9):.2f})")
-        lines.append(f"goal errors = 0: {'met' if three['fail'] == 0 and one['fail'] == 0 else 'NOT met'} "
-                     f"({three['fail']} with 3 replicas, {one['fail']} with 1)")
-        for line in lines:
-            print(line, flush=True)
-        return 0
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    env = replica_env(dict(os.environ), home=work / "home", database_url=database_url,
+                      TRUSTFABRIC_SWEEP_INTERVAL_SECONDS="30", TRUSTFABRIC_QUOTA_PENDING="0",
+                      TRUSTFABRIC_QUOTA_GRANTS="0", TRUSTFABRIC_MAX_CONNECTIONS="2000")
+    ports = [_free_port() for _ in range(3)]
+    with serve_replicas(BIN, 3, env=env, cwd=work, ports=ports) as replicas:
+        _seed(env, work, ports[0])
+        urls = [r.url for r in replicas]
+        three = _run(urls, [r.proc.pid for r in replicas])
+        one = _run(urls[:1], [replicas[0].proc.pid])
+    lines += _report("3 replicas", three)
+    lines += _report("1 replica", one)
+    lines.append(f"load_throughput_3_replicas: {three['rps']:.1f} req/s (baseline 1 replica {one['rps']:.1f} "
+                 f"req/s, ratio {three['rps'] / max(one['rps'], 1e-9):.2f})")
+    lines.append(f"load_p99_3_replicas: {three['p99']:.0f} ms (baseline 1 replica {one['p99']:.0f} ms, "
+                 f"ratio {three['p99'] / max(one['p99'], 1e-9):.2f})")
+    lines.append(f"goal errors = 0: {'met' if three['fail'] == 0 and one['fail'] == 0 else 'NOT met'} "
+                 f"({three['fail']} with 3 replicas, {one['fail']} with 1)")
+    return lines
+
+
+def main() -> int:
+    return with_postgres("load", run)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,23 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.api import CONNECTIONS, DURATION, LOAD_PROCESSES, RUNS, call, measure, measure_open, median_runs
+from bench.api import (
+    CONNECTIONS,
+    DURATION,
+    LOAD_PROCESSES,
+    RUNS,
+    call,
+    measure,
+    measure_open,
+    median_runs,
+    seed_tenants,
+)
 from bench.audit import DurablePostgres
 from bench.progress import Progress
 from tests.conftest import _free_port
@@ -41,12 +52,7 @@ def mint(env: dict[str, str], work: Path, *args: str) -> str:
 
 
 def seed(port: int, admin: str) -> None:
-    for slug in ("acme", "globex"):
-        assert call(port, "POST", "/v1/tenants", admin, {"slug": slug, "display_name": slug})[0] == 201
-    assert call(port, "POST", "/v1/tenants/acme/groups", admin,
-                {"name": "web", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
-    assert call(port, "POST", "/v1/tenants/globex/groups", admin,
-                {"name": "api", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
+    seed_tenants(port, admin)
     assert call(port, "POST", "/v1/tenants/acme/groups/web/workloads", admin, {"name": "w1"})[0] == 201
 
 
@@ -106,16 +112,18 @@ def run(work: Path, database_url: str) -> list[str]:
     ]
 
 
-def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="tf-bench-replicas-"))
+def with_postgres(name: str, run_on: Callable[[Path, str], list[str]]) -> int:
+    """Run `run_on(work directory, PostgreSQL URL)` on a durable cluster of its own and print its lines; the
+    cluster and the directory are removed whatever happens (skipped, and said, without PostgreSQL)."""
+    work = Path(tempfile.mkdtemp(prefix=f"tf-bench-{name}-"))
     try:
         try:
             pg = DurablePostgres()
         except (RuntimeError, subprocess.CalledProcessError, KeyError, LookupError) as exc:
-            print(f"replicas: skipped, no PostgreSQL ({exc})")
+            print(f"{name}: skipped, no PostgreSQL ({exc})")
             return 0
         try:
-            lines = run(work, pg.url)
+            lines = run_on(work, pg.url)
         finally:
             pg.stop()
         for line in lines:
@@ -123,6 +131,10 @@ def main() -> int:
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    return with_postgres("replicas", run)
 
 
 if __name__ == "__main__":

@@ -96,11 +96,8 @@ def _announce_commits(engine: Engine) -> None:
     @event.listens_for(engine, "commit")
     def _before_commit(conn: Any) -> None:
         if conn.info.pop(_WROTE, False):
-            cursor = conn.connection.cursor()
-            try:
-                cursor.execute(f"NOTIFY {CHANNEL}")
-            finally:
-                cursor.close()
+            # through SQLAlchemy, so a lost connection is its OperationalError (503), like any statement's
+            conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
 
     @event.listens_for(engine, "rollback")
     def _forget(conn: Any) -> None:
