@@ -130,9 +130,9 @@ def create_app(
     app.state.crl = CrlPublisher()
     app.state.trust_anchors = anchors
     pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")
-    app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=pages_on))
+    app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db, enabled=pages_on))
     flows_on = cache_on(off, "flow_set")
-    flow_changes = ChangeWatch(ctx.db.engine, enabled=flows_on and ctx.settings.read_cache)
+    flow_changes = ChangeWatch(ctx.db, enabled=flows_on and ctx.settings.read_cache)
     app.state.flow_sets = FlowSets(ctx.db, keep=flows_on, changes=flow_changes.version)
     app.state.impacts = ImpactReports(ctx.db, app.state.flow_sets, keep=flows_on and cache_on(off, "impact"),
                                       changes=flow_changes.version)

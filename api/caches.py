@@ -15,10 +15,16 @@ not kept "just in case"). Each can be switched off for measurement with TRUSTFAB
 - `token_row` (api/auth/api_jwt.py, a ReadCache): the `api_tokens` row of a JWT's jti. Exact on SQLite
   only: `PRAGMA data_version` on a private connection changes when any connection of any process commits,
   so an entry is used only while nothing at all was written since it was read (api/readcache.py).
-  PostgreSQL: off.
+  PostgreSQL: off (one indexed read per request): a revoked token is refused from the next request on,
+  on every replica, which a bounded change feed could not promise.
 - `grant_pages` (api/routes/grants.py, a ReadCache): the JSON body of a GET /v1/grants page per (viewer
-  scope, filters, cursor, limit). Exact like `token_row`, and refused from the next instant any grant's
-  effective state changes without a write (the earliest expiry, read with the page).
+  scope, filters, cursor, limit). Exact like `token_row` on SQLite, and refused from the next instant any
+  grant's effective state changes without a write (the earliest expiry, read with the page). PostgreSQL:
+  the same rule on the process's change feed (store/changes.py: the cluster's transaction snapshot, re-read
+  at every NOTIFY a write transaction sends and every 50 ms; moved at once by this process's own commits),
+  so a change committed by another process or replica shows here within the feed's delay: about a
+  millisecond, 50 ms when a notification is lost (tests/api/test_replicas.py measures it across three
+  replicas, tests/store/test_changes.py the fallback).
 - `grant_data` (policy/grant_decider.py): the data document grant decisions and explain are made on.
   Exact: kept only while the policy data version (one row that database triggers bump in every
   transaction changing a row build_data reads), read in the request's own transaction, is unchanged and
@@ -34,8 +40,9 @@ not kept "just in case"). Each can be switched off for measurement with TRUSTFAB
   computed and the earliest expiry of a grant in it. Exact for the shipped flows.rego, which reads the
   time only to compare it with a grant's expiry (tests/api/test_caches.py checks the text); an uploaded
   version whose allowed flows depend on the time in another way would be answered as of the instant the
-  set was computed until a row under the document changes or the version does. PostgreSQL: no change
-  counter, so (b) is asked on every request (one row read); the set is evaluated again only when it fails.
+  set was computed until a row under the document changes or the version does. PostgreSQL: (a) is the
+  change feed (see `grant_pages`), else (b) is asked (one row read); the set is evaluated again only when both
+  fail.
   Measured by bench/console.py (1,000 tenants x 10 groups, 5,000 grants, SQLite, medians of 3): GET
   /v1/policy/flows/matrix 8.9 ms with the set kept, 1,337 ms when it is evaluated (after a grant change):
   it stays. When it must be computed again after grant events alone (beside policy.flowset.UNRELATED ones),
@@ -66,6 +73,12 @@ Not a switchable cache but a bound: the CRL publisher (pki/revocation.py, CrlPub
 keeps the signed CRLs until a revocation or a CA state changes (two aggregate reads tell) or half their
 validity passes. Signing per GET let any unauthenticated client buy a CA signature per request (issue 13,
 item 7); it is exact by construction (the signed list is what the rows say at the time it was signed).
+
+Not switchable, on the SVID issuance path (pki/service.py, issue_x509_svid_grouped): what signing needs per
+identity (its SPIFFE ID, the TTL rules, the active issuing CA), kept from the last issuance to it (LRU,
+65,536). Not trusted for anything but signing: the group-committed transaction checks the registration and
+the CA again under the audit head lock, and a certificate signed from facts that changed meanwhile is
+dropped and signed again from fresh ones (tests/pki/test_grouped_issuance.py).
 
 Off our database, on the console's OIDC sign-in path (not switchable): the issuer's discovery document,
 kept five minutes per issuer (api/console/oidc.py), and the ID token's keys, read through

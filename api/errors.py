@@ -11,7 +11,7 @@ import re
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, PendingRollbackError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.routes.common import request_id
@@ -84,6 +84,25 @@ def install_error_handlers(app: FastAPI) -> None:
             error_body("unavailable", f"the database is unavailable; retry shortly (request id {rid})"),
             status_code=503, headers={"Retry-After": "5", "X-Request-ID": rid},
         )
+
+    @app.exception_handler(PendingRollbackError)
+    async def _lost_connection(request: Request, exc: PendingRollbackError) -> JSONResponse:
+        # The connection was lost inside the transaction and an earlier failure was handled on the way: the
+        # database went away (503, as above); any other pending rollback is a bug (500).
+        if "reconnect" not in str(exc):
+            return _internal(request, exc)
+        return await _database(request, exc)
+
+    @app.exception_handler(IntegrityError)
+    async def _conflict(request: Request, exc: IntegrityError) -> JSONResponse:
+        # A concurrent request (maybe on another replica) committed the same key, or removed a row this one
+        # refers to, between this request's checks and its commit: the transaction was rolled back whole.
+        log.info("concurrent conflict on %s %s (request id %s): %s", request.method, request.url.path,
+                 request_id(request), str(exc.orig).splitlines()[0][:300] if exc.orig else "")
+        return JSONResponse(
+            error_body("conflict", "a concurrent change conflicts with this request (the same name was created, "
+                       "or something it refers to changed); nothing was written: read the current state and retry"),
+            status_code=409)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

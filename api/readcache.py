@@ -1,11 +1,17 @@
-"""Exact read caches for the hot authorized reads, validated on every request (SQLite only).
+"""Read caches for the hot authorized reads, validated on every request against a database change counter.
 
 SQLite's `PRAGMA data_version` changes whenever any other connection (in this process or another one)
 commits to the database file. A private connection that never writes therefore tells, in one cheap
 call, whether anything at all changed since a value was cached: if the version is the same, every table
 is as it was, so the cached token row or grant page is exactly what a fresh query would return. Values
-that also depend on time carry a `valid_until` and are refused from then on. On PostgreSQL nothing is
-cached (every read goes to the database).
+that also depend on time carry a `valid_until` and are refused from then on. Exact.
+
+PostgreSQL: the counter is the process's change feed (store/changes.py), which moves at once after this
+process's own commits, and within a notification's delivery (about a millisecond) of any commit by another
+process or replica, 50 ms at most when a notification is lost: a cached value may be served for that long
+after a commit elsewhere (the bound tests/api/test_replicas.py measures and the README states), never
+longer. A cache that must be exact (`bounded=False`: the token rows, whose revocation is in force from the
+next request on) is off on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -18,22 +24,28 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy.engine import Engine
+from store.db import Database
 
 V = TypeVar("V")
 
 
 class ChangeWatch:
-    """The database's change counter, read on a private read-only connection; None when unsupported."""
+    """The database's change counter (SQLite: read on a private read-only connection; PostgreSQL: the
+    process's change feed); None when unsupported, switched off or unknown."""
 
-    def __init__(self, engine: Engine, *, enabled: bool = True) -> None:
+    def __init__(self, db: Database, *, enabled: bool = True, bounded: bool = True) -> None:
+        """`bounded=False`: only an exact counter will do (SQLite's); on PostgreSQL nothing is cached."""
+        engine = db.engine
         self._path = engine.url.database if engine.dialect.name == "sqlite" and enabled else None
         if self._path in (None, "", ":memory:"):
             self._path = None
+        self._db = db if engine.dialect.name == "postgresql" and enabled and bounded else None
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
 
     def version(self) -> int | None:
+        if self._db is not None:
+            return self._db.change_version()
         if self._path is None:
             return None
         with self._lock:

@@ -127,6 +127,24 @@ def _send(conn: http.client.HTTPConnection, port: int, method: str, path: str, t
         return http.client.HTTPConnection("127.0.0.1", port, timeout=30), False
 
 
+Ports = int | list[int]  # one server, or replicas: connection i goes to ports[i % len(ports)]
+
+
+class _Spread:
+    """Hands each new connection the next port of a replica set (client-side balancing, like a TCP LB)."""
+
+    def __init__(self, ports: Ports, offset: int = 0) -> None:
+        self._ports = [ports] if isinstance(ports, int) else list(ports)
+        self._next = offset
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            port = self._ports[self._next % len(self._ports)]
+            self._next += 1
+            return port
+
+
 def _run_threads(loop: Any, threads: int) -> None:
     ts = [threading.Thread(target=loop) for _ in range(threads)]
     for t in ts:
@@ -135,14 +153,16 @@ def _run_threads(loop: Any, threads: int) -> None:
         t.join()
 
 
-def _load_worker(port: int, method: str, path: str, token: str, body: Any, deadline: float,
-                 out: Any, threads: int) -> None:
+def _load_worker(ports: Ports, method: str, path: str, token: str, body: Any, deadline: float,
+                 out: Any, threads: int, offset: int = 0) -> None:
     """Closed-loop load: `threads` keep-alive connections, each sending back-to-back until the deadline."""
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
+    spread = _Spread(ports, offset)
 
     def loop() -> None:
+        port = spread.next()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         mine: list[float] = []
         bad = 0
@@ -160,14 +180,15 @@ def _load_worker(port: int, method: str, path: str, token: str, body: Any, deadl
     out.put((latencies, errors[0]))
 
 
-def measure(port: int, method: str, path: str, token: str, body: Any = None) -> dict[str, float]:
-    """Throughput (req/s) and p50/p99 (ms) over DURATION seconds from LOAD_PROCESSES processes."""
+def measure(port: Ports, method: str, path: str, token: str, body: Any = None) -> dict[str, float]:
+    """Throughput (req/s) and p50/p99/max (ms) over DURATION seconds from LOAD_PROCESSES processes."""
     q: Any = mp.get_context("fork").Queue()
     start = time.monotonic() + 0.3
     deadline = start + DURATION
     per_proc = max(1, CONNECTIONS // LOAD_PROCESSES)
     procs = [mp.get_context("fork").Process(target=_load_worker, args=(port, method, path, token, body, deadline,
-                                                                       q, per_proc)) for _ in range(LOAD_PROCESSES)]
+                                                                       q, per_proc, i * per_proc))
+             for i in range(LOAD_PROCESSES)]
     for p in procs:
         p.start()
     lat: list[float] = []
@@ -181,10 +202,11 @@ def measure(port: int, method: str, path: str, token: str, body: Any = None) -> 
     if errors:
         raise RuntimeError(f"{errors} of {len(lat)} {method} {path} requests failed")
     lat.sort()
-    return {"rps": len(lat) / DURATION, "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000}
+    return {"rps": len(lat) / DURATION, "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000,
+            "max": lat[-1] * 1000}
 
 
-def _open_worker(port: int, method: str, path: str, token: str, body: Any, start: float, rate: float,
+def _open_worker(ports: Ports, method: str, path: str, token: str, body: Any, start: float, rate: float,
                  total: int, first: int, stride: int, out: Any, threads: int) -> None:
     """Open-loop load: request k (k = first, first + stride, ...) is due at start + k / rate, whatever the
     server did with the earlier ones; its latency runs from that due time to the end of the response, so
@@ -193,8 +215,10 @@ def _open_worker(port: int, method: str, path: str, token: str, body: Any, start
     errors = [0]
     lock = threading.Lock()
     counter = [first]
+    spread = _Spread(ports, first * threads)
 
     def loop() -> None:
+        port = spread.next()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         mine: list[float] = []
         bad = 0
@@ -220,7 +244,7 @@ def _open_worker(port: int, method: str, path: str, token: str, body: Any, start
     out.put((latencies, errors[0]))
 
 
-def measure_open(port: int, method: str, path: str, token: str, rate: float, body: Any = None,
+def measure_open(port: Ports, method: str, path: str, token: str, rate: float, body: Any = None,
                  seconds: float | None = None) -> dict[str, float]:
     """p50/p99 (ms) at a fixed offered `rate` (req/s) for OPEN_SECONDS, from LOAD_PROCESSES processes,
     after OPEN_WARMUP seconds at the same rate that are not counted."""
@@ -246,7 +270,8 @@ def measure_open(port: int, method: str, path: str, token: str, rate: float, bod
     if errors:
         raise RuntimeError(f"{errors} of {len(lat)} open-loop {method} {path} requests failed")
     lat.sort()
-    return {"rate": rate, "n": len(lat), "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000}
+    return {"rate": rate, "n": len(lat), "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000,
+            "p999": lat[int(len(lat) * 0.999)] * 1000, "max": lat[-1] * 1000}
 
 
 def open_line(figure: str, pct: str, value: float, base: float) -> str:
@@ -318,12 +343,7 @@ def main() -> int:
                                       stderr=subprocess.DEVNULL))
         wait_healthy(port, "/healthz", procs[-1])
         admin = token("--role", "admin")
-        for slug in ("acme", "globex"):
-            assert call(port, "POST", "/v1/tenants", admin, {"slug": slug, "display_name": slug})[0] == 201
-        assert call(port, "POST", "/v1/tenants/acme/groups", admin,
-                    {"name": "web", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
-        assert call(port, "POST", "/v1/tenants/globex/groups", admin,
-                    {"name": "api", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
+        seed_tenants(port, admin)
         acme = token("--role", "tenant-admin", "--tenant", "acme")
         grant = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
                  "ttl_seconds": 3600, "justification": "bench"}
@@ -402,6 +422,16 @@ def main() -> int:
     finally:
         progress.done()
         stop_all(procs, work)
+
+
+def seed_tenants(port: int, admin: str) -> None:
+    """acme/web and globex/api, each exposing tcp/443: what the grant benches request flows between."""
+    for slug in ("acme", "globex"):
+        assert call(port, "POST", "/v1/tenants", admin, {"slug": slug, "display_name": slug})[0] == 201
+    assert call(port, "POST", "/v1/tenants/acme/groups", admin,
+                {"name": "web", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
+    assert call(port, "POST", "/v1/tenants/globex/groups", admin,
+                {"name": "api", "ports": [{"proto": "tcp", "port": 443}]})[0] == 201
 
 
 def bench_env(work: Path, **extra: str) -> dict[str, str]:

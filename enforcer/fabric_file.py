@@ -103,7 +103,10 @@ class _Doc:
             return out
         if isinstance(node, SequenceNode):
             return [self._plain(v, (*path, str(i))) for i, v in enumerate(node.value)]
-        return self._constructor.construct_object(node, deep=True)
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:  # a scalar YAML has no constructor for, e.g. `=` (the `value` tag)
+            self.fail(path, f"not a value this file can hold: {getattr(exc, 'problem', exc)}")
 
     def fail(self, path: Path_, message: str) -> NoReturn:
         where = ".".join(path) or "(top)"

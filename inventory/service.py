@@ -95,7 +95,11 @@ def require_not_quarantined(session: Session, tenant: str, group: str) -> None:
     ).first()
     if row is None:
         return
-    tenant_quarantined, group_quarantined = row
+    raise_if_quarantined(tenant, group, bool(row[0]), bool(row[1]))
+
+
+def raise_if_quarantined(tenant: str, group: str, tenant_quarantined: bool, group_quarantined: bool) -> None:
+    """Quarantined (403) naming the tenant or the group, from flags the caller read."""
     if tenant_quarantined:
         raise Quarantined(f"tenant {tenant} is quarantined: no identities are issued and no workloads registered "
                           "until security lifts the quarantine")

@@ -57,5 +57,10 @@ class TokenInvalid(Unauthenticated):
     """The join token is unknown, expired or already used."""
 
 
+class IssuerChanged(Conflict):
+    """The CA a certificate was signed with stopped being the active issuing CA before it was recorded (a
+    rotation in between): the certificate is dropped; signing again uses the new CA."""
+
+
 class InvalidSelector(InvalidInput):
     """A workload-attestation selector that is not `unix:<uid|gid|user|group|path|sha256>:<value>`."""

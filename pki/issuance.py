@@ -16,8 +16,8 @@ from audit import Actor, record
 from core.clock import Clock, as_utc
 from keys.store import KeyStore
 from pki.ca import BACKDATE, active_issuing, certificate, extend_signed_until, truncate
-from pki.errors import CAUnavailable, InvalidTTL, TTLTooLong
-from pki.models import IssuedSvid
+from pki.errors import CAUnavailable, InvalidTTL, IssuerChanged, TTLTooLong
+from pki.models import CertificateAuthority, IssuedSvid
 from pki.spiffe_id import SpiffeId
 from pki.x509svid import LeafPublicKey, build_leaf
 
@@ -70,6 +70,104 @@ def resolve_ttl(
     return ttl
 
 
+@dataclass(frozen=True)
+class SignedLeaf:
+    """A leaf signed by the active issuing CA and not yet recorded: never handed out before `record_issued`
+    committed its row and audit event."""
+
+    cert: x509.Certificate
+    issuer_cert: x509.Certificate
+    issuer_ca_id: str
+    serial: str
+    spiffe_id: SpiffeId
+    issued_at: datetime
+    not_before: datetime
+    not_after: datetime
+
+
+def sign_leaf(
+    session: Session | None,
+    keystore: KeyStore,
+    *,
+    public_key: LeafPublicKey,
+    spiffe_id: SpiffeId,
+    ttl: timedelta,
+    clock: Clock,
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+    lock: bool = True,
+    issuer: CertificateAuthority | None = None,
+) -> SignedLeaf:
+    """Sign with the active issuing CA (never beyond its expiry); writes nothing. `lock=False` reads the CA
+    without a row lock (a read-only session, before a group commit records it); `issuer`: the CA last seen
+    active (then no session is needed), which record_issued checks is still the active one when it records."""
+    now = clock()
+    if issuer is None:
+        if session is None:
+            raise ValueError("sign_leaf needs a session or the issuer")
+        issuer = active_issuing(session, now, lock=lock)
+    issuer_not_after = as_utc(issuer.not_after)
+    not_before = truncate(now) - BACKDATE
+    not_after = min(truncate(now + ttl), issuer_not_after)  # an SVID never outlives its issuer
+    if not_after <= now:
+        raise CAUnavailable(f"issuing CA {issuer.id} expires now; run `trustfabric ca rotate --force`")
+    issuer_cert = certificate(issuer)
+    signer = keystore.get(issuer.key_id)
+    serial = x509.random_serial_number()
+    cert = build_leaf(
+        public_key=public_key, spiffe_id=spiffe_id, issuer_cert=issuer_cert, issuer_key=signer,
+        serial=serial, not_before=not_before, not_after=not_after, dns_names=dns_names,
+        ip_addresses=ip_addresses,
+    )
+    return SignedLeaf(cert, issuer_cert, issuer.id, format(serial, "x"), spiffe_id, now, not_before, not_after)
+
+
+def signing_issuer(session: Session, signed: SignedLeaf) -> CertificateAuthority:
+    """The CA that signed `signed`, still the active issuing CA in this transaction, or IssuerChanged."""
+    issuer = session.get(CertificateAuthority, signed.issuer_ca_id)
+    if issuer is None or issuer.state != "active" or issuer.role != "issuing":
+        raise IssuerChanged(f"issuing CA {signed.issuer_ca_id} is no longer the active one; sign again")
+    return issuer
+
+
+def record_issued(
+    session: Session,
+    signed: SignedLeaf,
+    *,
+    kind: str,
+    actor: Actor,
+    action: str,
+    tenant: str | None = None,
+    group: str | None = None,
+    workload: str | None = None,
+    node: str | None = None,
+    extra_summary: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> IssuedX509:
+    """Persist the SVID row, keep its CA published until it expires, record the event: only writes, from
+    values computed before, so a group commit may run it again in a transaction of its own."""
+    issuer = signing_issuer(session, signed)
+    session.add(IssuedSvid(
+        serial=signed.serial, kind=kind, spiffe_id=str(signed.spiffe_id), tenant=tenant, group=group,
+        workload=workload, node=node, issuer_ca_id=issuer.id, not_before=signed.not_before,
+        not_after=signed.not_after, created_at=signed.issued_at,
+    ))
+    extend_signed_until(issuer, signed.not_after)
+    session.add(issuer)
+    record(
+        session, actor=actor, action=action, object_type="svid", object_id=signed.serial, tenant=tenant,
+        summary={"serial": signed.serial, "spiffe_id": str(signed.spiffe_id), "kind": kind, "issuer": issuer.id,
+                 "not_after": signed.not_after.isoformat(), **(extra_summary or {})},
+        at=signed.issued_at, request_id=request_id,
+    )
+    return IssuedX509(
+        cert_pem=signed.cert.public_bytes(serialization.Encoding.PEM),
+        chain_pem=[signed.issuer_cert.public_bytes(serialization.Encoding.PEM)],
+        serial=signed.serial, spiffe_id=str(signed.spiffe_id), expires_at=signed.not_after,
+        issuer_ca_id=issuer.id,
+    )
+
+
 def issue_certificate(
     session: Session,
     keystore: KeyStore,
@@ -91,37 +189,7 @@ def issue_certificate(
     request_id: str | None = None,
 ) -> IssuedX509:
     """Sign with the active issuing CA (never beyond its expiry), persist the SVID, record the event."""
-    now = clock()
-    issuer = active_issuing(session, now)
-    issuer_not_after = as_utc(issuer.not_after)
-    not_before = truncate(now) - BACKDATE
-    not_after = min(truncate(now + ttl), issuer_not_after)  # an SVID never outlives its issuer
-    if not_after <= now:
-        raise CAUnavailable(f"issuing CA {issuer.id} expires now; run `trustfabric ca rotate --force`")
-    issuer_cert = certificate(issuer)
-    signer = keystore.get(issuer.key_id)
-    serial = x509.random_serial_number()
-    cert = build_leaf(
-        public_key=public_key, spiffe_id=spiffe_id, issuer_cert=issuer_cert, issuer_key=signer,
-        serial=serial, not_before=not_before, not_after=not_after, dns_names=dns_names,
-        ip_addresses=ip_addresses,
-    )
-    serial_hex = format(serial, "x")
-    session.add(IssuedSvid(
-        serial=serial_hex, kind=kind, spiffe_id=str(spiffe_id), tenant=tenant, group=group,
-        workload=workload, node=node, issuer_ca_id=issuer.id, not_before=not_before,
-        not_after=not_after, created_at=now,
-    ))
-    extend_signed_until(issuer, not_after)
-    session.add(issuer)
-    record(
-        session, actor=actor, action=action, object_type="svid", object_id=serial_hex, tenant=tenant,
-        summary={"serial": serial_hex, "spiffe_id": str(spiffe_id), "kind": kind, "issuer": issuer.id,
-                 "not_after": not_after.isoformat(), **(extra_summary or {})},
-        at=now, request_id=request_id,
-    )
-    return IssuedX509(
-        cert_pem=cert.public_bytes(serialization.Encoding.PEM),
-        chain_pem=[issuer_cert.public_bytes(serialization.Encoding.PEM)],
-        serial=serial_hex, spiffe_id=str(spiffe_id), expires_at=not_after, issuer_ca_id=issuer.id,
-    )
+    signed = sign_leaf(session, keystore, public_key=public_key, spiffe_id=spiffe_id, ttl=ttl, clock=clock,
+                       dns_names=dns_names, ip_addresses=ip_addresses)
+    return record_issued(session, signed, kind=kind, actor=actor, action=action, tenant=tenant, group=group,
+                         workload=workload, node=node, extra_summary=extra_summary, request_id=request_id)

@@ -3,18 +3,21 @@ audit event commit together or not at all), the key store and the clock explicit
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlalchemy import and_, bindparam, exists
+from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
-from core.errors import InvalidInput
+from core.errors import InvalidInput, TrustfabricError
 from core.slugs import require_slug
-from inventory.models import Workload
-from inventory.service import require_not_quarantined
+from inventory.models import Tenant, Workload, WorkloadGroup
+from inventory.service import raise_if_quarantined
 from keys.store import KeyKind, KeyStore
 from pki import attestation, revocation, rotation
 from pki.bundle import bundle_document, bundle_roots_pem
@@ -24,14 +27,23 @@ from pki.errors import (
     IdentityOutOfScope,
     IdentityRevoked,
     InvalidSpiffeId,
+    IssuerChanged,
     SvidNotFound,
     TokenInvalid,
     TrustDomainMismatch,
     UnknownWorkload,
 )
-from pki.issuance import IssuedJWT, IssuedX509, issue_certificate, resolve_ttl
+from pki.issuance import (
+    IssuedJWT,
+    IssuedX509,
+    issue_certificate,
+    record_issued,
+    resolve_ttl,
+    sign_leaf,
+    signing_issuer,
+)
 from pki.jwtsvid import check_audience, mint
-from pki.models import TrustDomainSettings
+from pki.models import CertificateAuthority, RevokedIdentity, TrustDomainSettings
 from pki.revocation import RevokedIdentityInfo
 from pki.rotation import RotationStatus
 from pki.spiffe_id import (
@@ -43,12 +55,15 @@ from pki.spiffe_id import (
     validate_trust_domain,
 )
 from pki.x509svid import parse_csr
+from store.db import Database
+from store.groupcommit import GroupCommitter
 
 __all__ = [
     "DEFAULT_CA_TTL", "DEFAULT_JWT_TTL", "DEFAULT_SVID_TTL", "MAX_JWT_TTL", "MAX_SVID_TTL", "IssuedJWT",
     "IssuedX509", "RevokedIdentityInfo", "RotationStatus", "attest_node", "bundle_jwks", "bundle_pem",
     "ca_status", "create_join_token", "crl_der", "crl_pem", "init_trust_domain", "issue_jwt_svid",
-    "issue_server_svid", "issue_x509_svid", "revoke", "revoked_identities", "revoked_serials", "rotate",
+    "issue_server_svid", "issue_x509_svid", "issue_x509_svid_grouped", "revoke", "revoked_identities",
+    "revoked_serials", "rotate",
     "trust_domain",
 ]
 
@@ -130,27 +145,42 @@ def _registered_identity(
             f"not under /tenant/{tenant}/"
         )
     settings = load_settings(session)
-    row = session.exec(
-        select(Workload).where(Workload.tenant == tenant, Workload.group == group, Workload.name == workload)
-    ).first()
+    # one statement on the hot issuance path: the workload, its tenant's and group's quarantine, and whether
+    # any identity of the tenant was ever revoked (the prefixes are read only then)
+    row = session.connection().execute(_REGISTRATION, {"t": tenant, "g": group, "w": workload}).first()
     if row is None:
         raise UnknownWorkload(f"workload {tenant}/{group}/{workload} is not registered; register it first")
-    require_not_quarantined(session, tenant, group)
+    spiffe_id, revoked, tenant_quarantined, group_quarantined, any_revoked = row
+    raise_if_quarantined(tenant, group, bool(tenant_quarantined), bool(group_quarantined))
     try:
-        sid = parse_spiffe_id(row.spiffe_id)
+        sid = parse_spiffe_id(spiffe_id)
     except InvalidSpiffeId as exc:
         raise CAUnavailable(f"registered SPIFFE ID of {tenant}/{group}/{workload} is invalid: {exc}") from None
     namespace = tenant_namespace(settings.trust_domain, tenant)
     if sid.trust_domain != settings.trust_domain or not sid.is_under(namespace) or sid == namespace:
-        raise IdentityOutOfScope(f"registered ID {row.spiffe_id} lies outside {namespace}/")
+        raise IdentityOutOfScope(f"registered ID {spiffe_id} lies outside {namespace}/")
     if scope_tenant is not None and not sid.is_under(tenant_namespace(settings.trust_domain, scope_tenant)):
         raise IdentityOutOfScope(f"{sid} lies outside /tenant/{scope_tenant}/")
-    if row.revoked:
+    if revoked:
         raise IdentityRevoked(f"identity {sid} was revoked; no SVIDs are issued to it")
-    hit = revocation.identity_revoked(session, sid, tenant)
+    hit = revocation.identity_revoked(session, sid, tenant) if any_revoked else None
     if hit is not None:
         raise IdentityRevoked(f"identity {sid} was revoked ({hit.spiffe_id_prefix}: {hit.reason})")
     return settings, sid
+
+
+_REGISTRATION = (
+    select(  # type: ignore[call-overload]
+        col(Workload.spiffe_id), col(Workload.revoked), col(Tenant.quarantined), col(WorkloadGroup.quarantined),
+        exists().where(col(RevokedIdentity.tenant) == col(Workload.tenant)),
+    )
+    .select_from(Workload)
+    .outerjoin(Tenant, col(Tenant.slug) == col(Workload.tenant))
+    .outerjoin(WorkloadGroup, and_(col(WorkloadGroup.tenant) == col(Workload.tenant),
+                                   col(WorkloadGroup.name) == col(Workload.group)))
+    .where(col(Workload.tenant) == bindparam("t"), col(Workload.group) == bindparam("g"),
+           col(Workload.name) == bindparam("w"))
+)
 
 
 def issue_x509_svid(
@@ -181,6 +211,130 @@ def issue_x509_svid(
         actor=actor, clock=clock, action="svid.issue", tenant=tenant, group=group, workload=workload,
         request_id=request_id,
     )
+
+
+def issue_x509_svid_grouped(
+    db: Database,
+    committer: GroupCommitter,
+    keystore: KeyStore,
+    *,
+    csr_pem: bytes,
+    tenant: str,
+    group: str,
+    workload: str,
+    ttl: timedelta | None,
+    actor: Actor,
+    scope_tenant: str | None,
+    clock: Clock = system_clock,
+    max_ttl: timedelta | None = None,
+    request_id: str | None = None,
+) -> IssuedX509:
+    """issue_x509_svid, with the CSR checked and the certificate signed outside any write transaction and the
+    SVID row and its audit event group-committed (store/groupcommit.py) with other writes. Returned only
+    once committed. The registration is checked in the committing transaction, under the audit head lock
+    that every change to a registration also takes: a workload revoked, unregistered or quarantined after the
+    signature gets nothing (the signed certificate is dropped, never shown). Within one batch the check runs
+    once per identity (the transaction sees one state of the registrations).
+
+    What signing needs (the SPIFFE ID, the TTL rules, the active CA) is kept per process from the last
+    issuance to the same identity: the committing transaction's check is authoritative, and a certificate
+    signed from facts that changed meanwhile (its CA rotated out, the TTL rules changed) is refused there and
+    signed again from fresh facts, once."""
+    public_key = parse_csr(csr_pem)
+    key = (db.url, tenant, group, workload, scope_tenant)
+
+    def attempt(fresh: bool) -> IssuedX509:
+        facts = None if fresh else _facts.get(key, clock())
+        if facts is None:
+            with db.read_session() as session:
+                settings, sid = _registered_identity(
+                    session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant)
+                issuer = active_issuing(session, clock(), lock=False)
+            facts = _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer)
+            _facts.put(key, facts)
+        ttl_resolved = resolve_ttl(ttl, default_seconds=facts.default_ttl, max_seconds=facts.max_ttl,
+                                   what="X.509-SVID", cap=max_ttl)
+        signed = sign_leaf(None, keystore, public_key=public_key, spiffe_id=facts.sid, ttl=ttl_resolved,
+                           clock=clock, issuer=facts.issuer)
+
+        def check(session: Session) -> None:
+            seen: dict[Any, Any] = session.info.setdefault("tf_registered", {})
+            if key not in seen:
+                try:
+                    seen[key] = _registered_identity(
+                        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant)
+                except TrustfabricError as exc:
+                    seen[key] = exc
+            found = seen[key]
+            if isinstance(found, Exception):
+                raise found
+            settings, sid = found
+            current = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
+                                  max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID", cap=max_ttl)
+            if sid != signed.spiffe_id or current != ttl_resolved:
+                raise StaleFacts(f"the registration of {tenant}/{group}/{workload} changed while signing")
+            signing_issuer(session, signed)
+
+        def write(session: Session) -> IssuedX509:
+            return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue",
+                                 tenant=tenant, group=group, workload=workload, request_id=request_id)
+
+        return committer.submit(write, check)
+
+    try:
+        return attempt(fresh=False)
+    except (IssuerChanged, StaleFacts):  # a rotation or a registration change meanwhile: once more, afresh
+        _facts.drop(key)
+        return attempt(fresh=True)
+    except TrustfabricError:
+        _facts.drop(key)  # refused (revoked, unknown, quarantined): read afresh next time
+        raise
+
+
+class StaleFacts(IssuerChanged):
+    """What a certificate was signed from changed before it was recorded: it is dropped and signed again."""
+
+
+@dataclass(frozen=True)
+class _Facts:
+    sid: SpiffeId
+    default_ttl: int
+    max_ttl: int
+    issuer: CertificateAuthority
+
+
+class _FactsCache:
+    """(database, tenant, group, workload, scope) -> what signing needs; bounded, least recently used out."""
+
+    SIZE = 65_536
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[Any, _Facts] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, now: datetime) -> _Facts | None:
+        with self._lock:
+            facts = self._entries.get(key)
+            if facts is None:
+                return None
+            if as_utc(facts.issuer.not_after) <= now:  # its CA can no longer sign
+                del self._entries[key]
+                return None
+            self._entries.move_to_end(key)
+            return facts
+
+    def put(self, key: Any, facts: _Facts) -> None:
+        with self._lock:
+            self._entries[key] = facts
+            while len(self._entries) > self.SIZE:
+                self._entries.popitem(last=False)
+
+    def drop(self, key: Any) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
+
+
+_facts = _FactsCache()
 
 
 def issue_jwt_svid(

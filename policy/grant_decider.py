@@ -101,6 +101,17 @@ class RegoGrantDecider:
                 and (kept.valid_until_ns is None or now_ns < kept.valid_until_ns)
             ):
                 return kept.data
+        if fingerprint is not None and not _one_snapshot(session):
+            # PostgreSQL, READ COMMITTED (a write request): build in a REPEATABLE READ transaction of its own,
+            # whose document and fingerprint are one snapshot; it is this request's document when both
+            # fingerprints agree (same committed state, and no change of this request's own under the
+            # document yet: its trigger bumps show in its own fingerprint only)
+            data, side = _snapshot_build(session, now)
+            self.rebuilds += 1
+            if side == fingerprint:
+                with self._lock:
+                    self._kept = _Kept(fingerprint, now_ns, live_until(data), data)
+                return data
         data = build_data(session, now)
         self.rebuilds += 1
         if fingerprint is not None and _one_snapshot(session):
@@ -149,6 +160,16 @@ class RegoGrantDecider:
             return False
         self._held = data
         return True
+
+
+def _snapshot_build(session: Session, now: datetime) -> tuple[dict[str, Any], tuple[Any, ...] | None]:
+    """(build_data, data_fingerprint) read in one REPEATABLE READ transaction beside the session's."""
+    from policy.data import build_data, data_fingerprint
+
+    with Session(session.get_bind(), expire_on_commit=False) as side:
+        side.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        fingerprint = data_fingerprint(side)
+        return build_data(side, now), fingerprint
 
 
 def _one_snapshot(session: Session) -> bool:

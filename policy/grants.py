@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, and_, event, func, or_, update
+from sqlalchemy.exc import DBAPIError, PendingRollbackError
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
@@ -168,9 +169,13 @@ def _cas(session: Session, grant: Grant, **values: Any) -> Grant:
 def decide_closed(
     decide: GrantDecider, session: Session, now: datetime, policy_input: dict[str, Any]
 ) -> GrantDecision:
-    """The decider's answer; any failure of it is a denial that says why (fail closed)."""
+    """The decider's answer; any failure of it is a denial that says why (fail closed). A database error is
+    not the decider's: it propagates, so the request fails whole (503) instead of storing a denial that only
+    says the database was away (found by tests/api/test_replicas.py's PostgreSQL restart)."""
     try:
         return decide(session, now, policy_input)
+    except (DBAPIError, PendingRollbackError):
+        raise
     except Exception as exc:
         log.exception("grant decision failed")
         return GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
@@ -509,6 +514,9 @@ def sweep(session: Session, *, clock: Clock = system_clock, limit: int = 500) ->
         ))
         .order_by(col(Grant.id))
         .limit(limit)
+        # claimed: a replica sweeping at the same time skips these rows instead of waiting to find them done
+        # (PostgreSQL; SQLite's write transaction already excludes every other writer)
+        .with_for_update(skip_locked=True)
     ).all()
     changed: list[str] = []
     for grant in due:

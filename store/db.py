@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +19,8 @@ from typing import Any
 from sqlalchemy import event, make_url
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
+
+from store.changes import CHANNEL, PostgresChanges
 
 _WRITE_OPTION = "tf_write"
 
@@ -36,7 +40,9 @@ def make_engine(url: str, *, echo: bool = False) -> Engine:
         return engine
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    return create_engine(url, echo=echo, pool_pre_ping=True)
+    engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20, pool_timeout=10)
+    _announce_commits(engine)
+    return engine
 
 
 def private_sqlite_files(url: str) -> None:
@@ -73,6 +79,32 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
+_WROTE = "tf_wrote"
+_this_thread = threading.local()  # .wrote: a statement of this thread wrote since its session began
+_WRITES = ("insert", "update", "delete")
+
+
+def _announce_commits(engine: Engine) -> None:
+    """Every PostgreSQL transaction that wrote sends `NOTIFY trustfabric_changes` just before its COMMIT,
+    delivered to listeners (store/changes.py, on every replica) when it commits and never if it rolls back."""
+    @event.listens_for(engine, "after_cursor_execute")
+    def _note_write(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip()[:6].lower() in _WRITES:
+            conn.info[_WROTE] = True
+            _this_thread.wrote = True
+
+    @event.listens_for(engine, "commit")
+    def _before_commit(conn: Any) -> None:
+        if conn.info.pop(_WROTE, False):
+            # through SQLAlchemy, so a lost connection is its OperationalError (503), like any statement's
+            conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+
+    @event.listens_for(engine, "rollback")
+    def _forget(conn: Any) -> None:
+        if not conn.invalidated:  # a lost connection has nothing to forget (a stale flag costs one NOTIFY)
+            conn.info.pop(_WROTE, None)
+
+
 class Database:
     """The engine plus session factories; one per process, shared by services and the API."""
 
@@ -80,6 +112,8 @@ class Database:
         self.url = url
         self.engine = make_engine(url, echo=echo)
         self._reader = self.engine.execution_options(**{_WRITE_OPTION: False})
+        self._changes: PostgresChanges | None = None
+        self._changes_lock = threading.Lock()
 
     @property
     def dialect(self) -> str:
@@ -88,6 +122,7 @@ class Database:
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A write transaction: committed on success, rolled back whole on any exception."""
+        _this_thread.wrote = False
         with Session(self.engine, expire_on_commit=False) as session:
             try:
                 yield session
@@ -95,6 +130,8 @@ class Database:
             except BaseException:
                 session.rollback()
                 raise
+        if self._changes is not None and getattr(_this_thread, "wrote", False):
+            self._changes.bump()  # this process reads its own writes at once, not a notification later
 
     @contextmanager
     def read_session(self, *, snapshot: bool = False) -> Iterator[Session]:
@@ -107,5 +144,22 @@ class Database:
                 session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             yield session
 
+    def change_version(self) -> int | None:
+        """PostgreSQL: a counter that moves after every commit anywhere (store/changes.py; its thread starts
+        on the first call and stops with dispose); None before it first read the database, and on SQLite."""
+        if self.dialect != "postgresql":
+            return None
+        with self._changes_lock:
+            if self._changes is None:
+                self._changes = PostgresChanges(self.engine.url.set(drivername="postgresql").render_as_string(
+                    hide_password=False))
+                # a Database dropped without dispose() must not leave its feed polling for ever
+                weakref.finalize(self, self._changes.halt)
+        return self._changes.version()
+
     def dispose(self) -> None:
+        with self._changes_lock:
+            changes, self._changes = self._changes, None
+        if changes is not None:
+            changes.stop()
         self.engine.dispose()

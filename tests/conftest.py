@@ -52,12 +52,20 @@ class PostgresServer:
             [*self.as_user, initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
             check=True, capture_output=True,
         )
+        self.start()
+        self.admin_url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
         opts = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
         subprocess.run(
-            [*self.as_user, pg_ctl, "-D", str(self.data), "-o", opts, "-l", str(self.base / "log"), "-w", "start"],
-            check=True, capture_output=True,
+            [*self.as_user, self.pg_ctl, "-D", str(self.data), "-o", opts, "-l", str(self.base / "log"), "-w",
+             "start"], check=True, capture_output=True,
         )
-        self.admin_url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def halt(self) -> None:
+        """Stop the server (fast shutdown: clients are disconnected), keeping its data for `start`."""
+        subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "stop"],
+                       check=True, capture_output=True)
 
     def create_database(self) -> str:
         import psycopg

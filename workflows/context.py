@@ -14,6 +14,7 @@ from core.clock import Clock, system_clock
 from core.errors import InvalidInput
 from policy.engines import PolicyEngine, ServingRole, make_engine
 from store.db import Database
+from store.groupcommit import GroupCommitter
 from workflows.schema import migrate
 from workflows.settings import Settings
 
@@ -100,11 +101,22 @@ class AppContext:
             self.__dict__["_reader"] = engine
         return engine
 
+    @property
+    def committer(self) -> GroupCommitter:
+        """The process's group committer for small writes (store/groupcommit.py), started on first use."""
+        found: GroupCommitter | None = self.__dict__.get("_committer")
+        if found is None:
+            found = self.__dict__.setdefault("_committer", GroupCommitter(self.db))
+        return found
+
     def engine(self, role: ServingRole) -> PolicyEngine:
         """A new policy engine for `role`, of the kind the settings choose (policy.engines.make_engine)."""
         return make_engine(self.settings.engines(), role)
 
     def close(self) -> None:
+        committer: GroupCommitter | None = self.__dict__.get("_committer")
+        if committer is not None:
+            committer.close()
         self.db.dispose()
 
 

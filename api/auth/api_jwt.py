@@ -35,7 +35,7 @@ class ApiJwtVerifier:
         off = ctx.settings.cache_off
         self._sig_cache = cache_on(off, "token_signature")
         rows_on = ctx.settings.read_cache and cache_on(off, "token_row")
-        self._rows: ReadCache[Any] = ReadCache(ChangeWatch(ctx.db.engine, enabled=rows_on))
+        self._rows: ReadCache[Any] = ReadCache(ChangeWatch(ctx.db, enabled=rows_on, bounded=False))
 
     def accepts(self, iss: Any) -> bool:
         return bool(iss == self.ctx.settings.api_issuer)

@@ -178,9 +178,9 @@ def etag_matches(if_none_match: str | None, etag: str) -> bool:
 def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> X509SvidOut:
     authorize(request, principal, "svid.issue", body.tenant)
     resource = {"tenant": body.tenant, "group": body.group, "workload": body.workload, "kind": "x509"}
-    with denial_logged(ctx, principal, "svid.issue", resource), ctx.db.session() as session:
-        issued = service.issue_x509_svid(
-            session, ctx.keystore, csr_pem=body.csr.encode(), tenant=body.tenant, group=body.group,
+    with denial_logged(ctx, principal, "svid.issue", resource):  # group-committed with other issuances
+        issued = service.issue_x509_svid_grouped(
+            ctx.db, ctx.committer, ctx.keystore, csr_pem=body.csr.encode(), tenant=body.tenant, group=body.group,
             workload=body.workload, ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
             scope_tenant=principal.scope_tenant, clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
             request_id=request_id(request),

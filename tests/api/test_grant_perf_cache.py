@@ -188,3 +188,27 @@ def test_every_input_of_build_data_is_in_the_fingerprint(env_both: Env) -> None:
             assert (after != before) is seen, name
             assert (after_fp != before_fp) is seen, name
             raise RuntimeError("roll back")
+
+
+def test_write_requests_reuse_the_document_on_postgresql_too(env_both: Env) -> None:
+    """On PostgreSQL a POST runs READ COMMITTED, whose statements are not one snapshot: the document is built
+    in a REPEATABLE READ transaction beside it and kept (it was rebuilt on every request before, issue 11)."""
+    from sqlmodel import update
+
+    from inventory.models import Tenant
+
+    env = env_both
+    d = decider(env)
+    assert post(env)["state"] == "pending"
+    built = d.rebuilds
+    for _ in range(3):
+        assert post(env)["state"] == "pending"
+    assert d.rebuilds == built
+    other = Database(env.ctx.db.url)  # another worker or replica
+    try:
+        with other.session() as s:
+            s.exec(update(Tenant).where(Tenant.slug == "globex").values(quarantined=True))  # type: ignore[call-overload]
+    finally:
+        other.dispose()
+    g = post(env)
+    assert g["state"] == "denied" and d.rebuilds == built + 1

@@ -77,6 +77,9 @@ def test_not_yaml_and_missing_trust_domain() -> None:
         load_fabric("a: [1\nb: ]", source="x.yaml")
     with pytest.raises(FabricError, match="trust_domain: is required"):
         load_fabric("tenants: {}\n")
+    # a scalar YAML resolves to a tag it has no constructor for (schemathesis sent `=`): a FabricError, not a 500
+    with pytest.raises(FabricError, match=r"x\.yaml:1: \(top\): not a value this file can hold"):
+        load_fabric("=", source="x.yaml")
 
 
 def test_missing_vni_vlan_and_prefix_are_allocated_from_pools_without_clashes() -> None:

@@ -1,0 +1,135 @@
+"""Group commit: concurrent small writes share one durable transaction.
+
+A request that has done its slow work outside the database (an SVID signed, say) hands the committer a
+function that writes its rows and audit event into a session, and waits. One thread per process and database
+takes whatever is queued (up to `max_batch`), runs every function in one write transaction and commits: one
+BEGIN, one audit head lock, one COMMIT (one fsync) for the lot. Each caller's result is returned only after
+that COMMIT succeeded, so nobody is told "done" for a row that is not durable.
+
+When a function raises, the whole batch is rolled back and every item is run again alone, each in its own
+transaction: the one that failed fails alone, the others commit (and functions must therefore be safe to run
+twice: they only write, from values computed before). The same happens when the COMMIT itself fails. A
+batch waits for nothing: the thread starts the next transaction as soon as the last one committed, so a lone
+request pays no delay, and under load the batch is whatever arrived during the previous commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from sqlmodel import Session
+
+from store.db import Database
+
+log = logging.getLogger("trustfabric.store.groupcommit")
+T = TypeVar("T")
+Write = Callable[[Session], Any]
+Check = Callable[[Session], None]
+_Item = tuple[Write, "Check | None", "Future[Any]"]
+
+
+class GroupCommitter:
+    """submit(fn) runs fn(session) in a shared write transaction and returns its result once committed."""
+
+    def __init__(self, db: Database, *, max_batch: int = 256) -> None:
+        self._db = db
+        self._max = max_batch
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.batches = 0  # committed transactions (for tests and benches)
+        self.items = 0
+
+    def submit(self, fn: Callable[[Session], T], check: Check | None = None) -> T:
+        """fn's result after the transaction it ran in committed; fn's own exception, or the database's.
+        `check` runs first in the same transaction and only reads: its exception fails this item alone,
+        without disturbing the batch (a refusal, such as a revoked identity, costs the others nothing)."""
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the group committer is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="trustfabric-group-commit", daemon=True)
+                self._thread.start()
+            self._queue.put((fn, check, future))
+        return future.result()
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the thread."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < self._max:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._commit(batch)
+            if stop:
+                return
+
+    def _commit(self, batch: list[_Item]) -> None:
+        live = [item for item in batch if item[2].set_running_or_notify_cancel()]
+        if not live:
+            return
+        done: list[tuple[Future[Any], Any]] = []
+        refused: list[tuple[Future[Any], BaseException]] = []
+        try:
+            with self._db.session() as session:
+                for fn, check, fut in live:
+                    if check is not None:
+                        try:
+                            check(session)
+                        except Exception as exc:  # the caller gets it
+                            refused.append((fut, exc))
+                            continue
+                    done.append((fut, fn(session)))
+        except BaseException as exc:  # one item (or the commit) failed: each alone, so only the culprit fails
+            if len(live) == 1:
+                live[0][2].set_exception(exc)
+                return
+            log.info("group commit of %d writes failed (%s); committing each alone", len(live), exc)
+            for item in live:
+                self._alone(item)
+            return
+        self.batches += 1
+        self.items += len(done)
+        for fut, result in done:
+            fut.set_result(result)
+        for fut, error in refused:
+            fut.set_exception(error)
+
+    def _alone(self, item: _Item) -> None:
+        fn, check, fut = item
+        try:
+            with self._db.session() as session:
+                if check is not None:
+                    check(session)
+                result = fn(session)
+        except BaseException as exc:
+            fut.set_exception(exc)
+        else:
+            self.batches += 1
+            self.items += 1
+            fut.set_result(result)

@@ -1,0 +1,96 @@
+"""Group commit (store/groupcommit.py) on both databases: concurrent writes share transactions, each caller
+returns only once its rows are committed (a fresh reader sees them), and a failing write fails alone."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+
+import pytest
+from sqlmodel import Session, col, select
+
+from audit import Actor, record
+from audit.models import AuditEvent
+from inventory.models import Tenant
+from store.db import Database
+from store.groupcommit import GroupCommitter
+
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
+
+
+def _create(slug: str) -> object:
+    def write(session: Session) -> str:
+        session.add(Tenant(slug=slug, display_name=slug, created_at=NOW))
+        session.flush()  # a duplicate fails here, inside the batch
+        record(session, actor=Actor.system("test"), action="tenant.create", object_type="tenant", object_id=slug,
+               tenant=slug, at=NOW)
+        return slug
+    return write
+
+
+def _visible(db: Database, slug: str) -> bool:
+    with db.read_session() as s:
+        return s.get(Tenant, slug) is not None
+
+
+def test_concurrent_writes_share_transactions_and_return_only_once_committed(db: Database) -> None:
+    committer = GroupCommitter(db)
+    seen_late: list[str] = []
+
+    def one(n: int) -> None:
+        slug = committer.submit(_create(f"t{n}"))  # type: ignore[arg-type]
+        if not _visible(db, str(slug)):
+            seen_late.append(str(slug))
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    committer.close()
+    assert seen_late == []
+    assert committer.items == 64 and committer.batches < 64  # shared transactions
+    with db.read_session() as s:
+        events = s.exec(select(AuditEvent).where(col(AuditEvent.action) == "tenant.create")).all()
+    assert sorted(e.object_id for e in events) == sorted(f"t{n}" for n in range(64))
+    assert sorted(e.seq for e in events) == list(range(len(events)))  # one gap-free sequence
+
+
+def test_a_failing_write_fails_alone_and_a_refused_one_costs_the_others_nothing(db: Database) -> None:
+    committer = GroupCommitter(db)
+    committer.submit(_create("taken"))  # type: ignore[arg-type]
+    outcomes: dict[str, object] = {}
+    gate = threading.Barrier(13)
+
+    def refuse(_session: Session) -> None:
+        raise PermissionError("refused by its check")
+
+    def one(slug: str, check: object = None) -> None:
+        gate.wait()
+        try:
+            outcomes[slug] = committer.submit(_create(slug), check)  # type: ignore[arg-type]
+        except Exception as exc:
+            outcomes[slug] = exc
+
+    threads = [threading.Thread(target=one, args=(f"ok{n}",)) for n in range(10)]
+    threads.append(threading.Thread(target=one, args=("taken",)))  # a duplicate: fails at flush
+    threads.append(threading.Thread(target=one, args=("refused", refuse)))
+    for t in threads:
+        t.start()
+    gate.wait()
+    for t in threads:
+        t.join()
+    committer.close()
+    assert all(outcomes[f"ok{n}"] == f"ok{n}" and _visible(db, f"ok{n}") for n in range(10))
+    assert isinstance(outcomes["taken"], Exception)
+    assert isinstance(outcomes["refused"], PermissionError) and not _visible(db, "refused")
+    with db.read_session() as s:
+        creates = s.exec(select(AuditEvent.object_id).where(col(AuditEvent.action) == "tenant.create")).all()
+    assert sorted(creates) == sorted(["taken", *(f"ok{n}" for n in range(10))])  # no event without its change
+
+
+def test_a_closed_committer_refuses_new_writes(db: Database) -> None:
+    committer = GroupCommitter(db)
+    committer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        committer.submit(_create("late"))  # type: ignore[arg-type]
