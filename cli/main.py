@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from cli.local import audit, enforcer, lab, pdp, pki, policy, setup, tokens
+from cli.local import agent, audit, enforcer, lab, pdp, pki, policy, setup, tokens
 from cli.output import err_console
 from cli.remote import fabric, grants, inventory, whoami
 from core.errors import TrustfabricError
@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 
 # The order is the order of `trustfabric --help`.
-for _group in (setup, pki, audit, policy, pdp, inventory, grants, fabric, enforcer, tokens, whoami, lab):
+for _group in (setup, pki, audit, policy, pdp, inventory, grants, fabric, enforcer, tokens, whoami, lab, agent):
     _group.register(app)
 
 

@@ -65,8 +65,8 @@ log = logging.getLogger("trustfabric.enforcer")
 MODES = ("auto", "manual")
 # Audit actions whose changes never reach the reconciler's inputs (issuing credentials, its own events,
 # uploads of candidate versions, exports). Anything else, including an action added later, makes it run.
-IRRELEVANT = ("svid.issue", "svid.jwt.", "node.attest", "node.token.", "token.", "ca.", "policy.upload", "audit.",
-              "enforcer.", "device.")
+IRRELEVANT = ("svid.issue", "svid.jwt.", "node.attest", "node.renew", "node.token.", "token.", "ca.", "policy.upload",
+              "audit.", "enforcer.", "device.")
 # Relevant actions that cannot change the compiled fabric (`compile_fabric_of`: topology, addressing,
 # placements): after only these, the fabric read last time is reused. Anything else rereads it.
 LEAVE_FABRIC = ("grant.", "policy.", "group.", "tenant.quarantine", "tenant.unquarantine", "workload.revoke",

@@ -12,7 +12,7 @@ from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
 from core.errors import InvalidInput
 from core.slugs import require_slug
-from inventory.models import Workload
+from inventory.models import Placement, Workload
 from keys.store import KeyKind, KeyStore
 from pki import attestation, revocation, rotation
 from pki.bundle import bundle_document, bundle_roots_pem
@@ -22,6 +22,7 @@ from pki.errors import (
     IdentityOutOfScope,
     IdentityRevoked,
     InvalidSpiffeId,
+    NotPlacedOnNode,
     SvidNotFound,
     TokenInvalid,
     TrustDomainMismatch,
@@ -115,13 +116,20 @@ def trust_domain(session: Session) -> str | None:
 
 
 def _registered_identity(
-    session: Session, *, tenant: str, group: str, workload: str, scope_tenant: str | None
+    session: Session, *, tenant: str, group: str, workload: str, scope_tenant: str | None, on_node: str | None = None
 ) -> tuple[TrustDomainSettings, SpiffeId]:
-    """The registered workload's SPIFFE ID, after scope, registration and revocation checks."""
+    """The registered workload's SPIFFE ID, after scope, placement (a node's request), registration and
+    revocation checks. A node learns nothing about a workload not placed on it: the placement check comes
+    before the registration lookup, so an unknown workload and another node's workload answer alike."""
     require_slug(tenant, "tenant")
     require_slug(group, "group")
     if not isinstance(workload, str) or not workload or len(workload) > 63:
         raise InvalidInput("workload must be a name of 1-63 characters")
+    if on_node is not None:
+        placed = session.get(Placement, f"{tenant}/{group}/{workload}")
+        if placed is None or placed.node != on_node:
+            raise NotPlacedOnNode(f"out-of-scope: node {on_node} obtains identities only for the workloads placed "
+                                  f"on it, and {tenant}/{group}/{workload} is not one of them")
     if scope_tenant is not None and tenant != scope_tenant:
         raise IdentityOutOfScope(
             f"tenant {scope_tenant!r} may only obtain identities under /tenant/{scope_tenant}/, "
@@ -164,12 +172,14 @@ def issue_x509_svid(
     clock: Clock = system_clock,
     max_ttl: timedelta | None = None,
     request_id: str | None = None,
+    on_node: str | None = None,
 ) -> IssuedX509:
     """An X.509-SVID for a registered workload; only the CSR's (signature-checked) public key is used.
-    `max_ttl` tightens the trust domain's maximum (deployment setting)."""
+    `max_ttl` tightens the trust domain's maximum (deployment setting); `on_node` (a node's request) confines
+    it to the workloads placed on that node (NotPlacedOnNode)."""
     public_key = parse_csr(csr_pem)
     settings, sid = _registered_identity(
-        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant
+        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant, on_node=on_node
     )
     ttl_resolved = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
                                max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID", cap=max_ttl)
@@ -193,11 +203,13 @@ def issue_jwt_svid(
     scope_tenant: str | None,
     clock: Clock = system_clock,
     request_id: str | None = None,
+    on_node: str | None = None,
 ) -> IssuedJWT:
-    """A JWT-SVID (ES256, kid, sub, aud, exp, iat) signed by the active generation's JWT key."""
+    """A JWT-SVID (ES256, kid, sub, aud, exp, iat) signed by the active generation's JWT key; `on_node` as for
+    issue_x509_svid."""
     audience = check_audience(audience)
     settings, sid = _registered_identity(
-        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant
+        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant, on_node=on_node
     )
     ttl_resolved = resolve_ttl(ttl, default_seconds=settings.jwt_default_ttl_seconds,
                                max_seconds=settings.jwt_max_ttl_seconds, what="JWT-SVID")
@@ -319,6 +331,15 @@ def attest_node(
     """Exchange a join token and a CSR for the node's SVID spiffe://<td>/node/<name>."""
     return attestation.attest_node(session, keystore, token=token, csr_pem=csr_pem, clock=clock, max_ttl=max_ttl,
                                    request_id=request_id)
+
+
+def renew_node(
+    session: Session, keystore: KeyStore, *, node_name: str, csr_pem: bytes, clock: Clock = system_clock,
+    max_ttl: timedelta | None = None, request_id: str | None = None,
+) -> IssuedX509:
+    """A fresh SVID for a node that proves its current one (mTLS), for the CSR's new key."""
+    return attestation.renew_node(session, keystore, node_name=node_name, csr_pem=csr_pem, clock=clock,
+                                  max_ttl=max_ttl, request_id=request_id)
 
 
 def svid_tenant(session: Session, serial: str) -> str | None:

@@ -5,6 +5,8 @@
   content hash; `If-None-Match` with the current hash is 304; with `?wait=<s>` (at most 60) the request is
   held until a newer version is published (then 200) or the time is up (then 304). A held request holds no
   thread and no database connection (api/enforcement.py).
+- `GET /v1/devices/leaf:<name>/fabric`: what a Linux leaf routes by besides its rule set (enforcer/leaf_view.py):
+  tenants, cables, placed addresses; the lab's leaf agents read it after each new rule set.
 - `POST /v1/devices/{device}/status`: what the agent applied, per-rule counters, drift, last error; stored
   (the latest per device) and audited when the applied version or the drift state changes.
 
@@ -116,13 +118,15 @@ def _scope(request: Request, principal: Principal, device: str, action: str) -> 
 
 
 def log_denial(request: Request, principal: Principal, action: str, device: str, reason: str) -> None:
-    """An out-of-scope node request, kept in the decision log as a denied authorization."""
+    """An out-of-scope node request, kept in the decision log as a denied authorization. `device` names what
+    was reached for: a device id, `node:<n>` or `workload:<t>/<g>/<w>`."""
     from policy.decide import AuthzDecision
     from policy.decisionlog import DecisionLog
 
     ctx = request.app.state.ctx
-    asked = {"principal": {"id": principal.id, "role": principal.role}, "action": action,
-             "resource": {"device": device}}
+    kind, _, name = device.partition(":")
+    resource = {"workload": name, "tenant": name.split("/", 1)[0]} if kind == "workload" else {"device": device}
+    asked = {"principal": {"id": principal.id, "role": principal.role}, "action": action, "resource": resource}
     DecisionLog(ctx.db, clock=ctx.clock).record("authz", asked, AuthzDecision(False, [reason]), None)
 
 
@@ -186,6 +190,22 @@ async def get_ruleset(
     body = head[:-1] + ',"ir":' + ir + "}"
     return Response(content=body.encode(), media_type="application/json",
                     headers={"ETag": f'"{digest}"', "Cache-Control": "no-cache"})
+
+
+@router.get("/devices/{device}/fabric", responses=READ_ERRORS,
+            summary="A leaf's fabric view: tenants, cables and placed addresses its Linux realisation routes by")
+def leaf_fabric(device: DevicePath, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
+    from enforcer.fabric_db import compile_fabric_of
+    from enforcer.leaf_view import leaf_view
+    from workflows.context import trust_domain
+
+    _scope(request, principal, device, "device.read")
+    if not device.startswith("leaf:"):
+        raise NotFound(f"{device} is not a leaf: a SuperNIC's rule set is all its agent needs")
+    with ctx.db.read_session() as session:
+        if not service.get_state(session, device).in_fabric:
+            raise NotFound(f"device {device} is not in the fabric")
+        return leaf_view(compile_fabric_of(session, trust_domain(ctx, session)))
 
 
 @router.post("/devices/{device}/status", response_model=DeviceOut, responses=WRITE_ERRORS,

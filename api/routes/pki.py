@@ -11,10 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.principal import Principal
 from api.routes.common import request_id
 from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
+from core.errors import Forbidden
 from pki import service
-from pki.errors import SvidNotFound
+from pki.errors import NotPlacedOnNode, SvidNotFound
 
 router = APIRouter(prefix="/v1", tags=["pki"])
 
@@ -111,6 +113,19 @@ class RevocationsOut(BaseModel):
     identities: list[dict[str, Any]]
 
 
+def _on_node(principal: Principal) -> str | None:
+    """The node a node principal's SVID requests are confined to (issue 13 item 1); None for anyone else."""
+    return principal.id.rsplit("/node/", 1)[1] if principal.role == "node" else None
+
+
+def _denied_if_off_node(request: Request, principal: Principal, action: str, workload: str, exc: Exception) -> None:
+    """A node reaching for a workload not placed on it: kept in the decision log as a denied authorization."""
+    from api.routes.devices import log_denial
+
+    if isinstance(exc, NotPlacedOnNode):
+        log_denial(request, principal, action, f"workload:{workload}", str(exc))
+
+
 def _ttl(seconds: int | None) -> timedelta | None:
     return None if seconds is None else timedelta(seconds=seconds)
 
@@ -155,13 +170,17 @@ def get_crl(ctx: CtxDep, format: Annotated[Literal["der", "pem"], Query()] = "de
              summary="Issue an X.509-SVID to a registered workload from a CSR")
 def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> X509SvidOut:
     authorize(request, principal, "svid.issue", body.tenant)
-    with ctx.db.session() as session:
-        issued = service.issue_x509_svid(
-            session, ctx.keystore, csr_pem=body.csr.encode(), tenant=body.tenant, group=body.group,
-            workload=body.workload, ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
-            scope_tenant=principal.scope_tenant, clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
-            request_id=request_id(request),
-        )
+    try:
+        with ctx.db.session() as session:
+            issued = service.issue_x509_svid(
+                session, ctx.keystore, csr_pem=body.csr.encode(), tenant=body.tenant, group=body.group,
+                workload=body.workload, ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
+                scope_tenant=principal.scope_tenant, clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
+                request_id=request_id(request), on_node=_on_node(principal),
+            )
+    except NotPlacedOnNode as exc:
+        _denied_if_off_node(request, principal, "svid.issue", f"{body.tenant}/{body.group}/{body.workload}", exc)
+        raise
     return _x509_out(issued)
 
 
@@ -169,12 +188,17 @@ def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: 
              responses=error_responses(*COMMON_ERRORS, 404, 409), summary="Issue a JWT-SVID to a registered workload")
 def issue_jwt(body: JwtSvidRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> JwtSvidOut:
     authorize(request, principal, "svid.issue", body.tenant)
-    with ctx.db.session() as session:
-        issued = service.issue_jwt_svid(
-            session, ctx.keystore, tenant=body.tenant, group=body.group, workload=body.workload,
-            audience=list(body.audience), ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
-            scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=request_id(request),
-        )
+    try:
+        with ctx.db.session() as session:
+            issued = service.issue_jwt_svid(
+                session, ctx.keystore, tenant=body.tenant, group=body.group, workload=body.workload,
+                audience=list(body.audience), ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
+                scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=request_id(request),
+                on_node=_on_node(principal),
+            )
+    except NotPlacedOnNode as exc:
+        _denied_if_off_node(request, principal, "svid.jwt.issue", f"{body.tenant}/{body.group}/{body.workload}", exc)
+        raise
     return JwtSvidOut(token=issued.token, spiffe_id=issued.spiffe_id, audience=issued.audience,
                       expires_at=issued.expires_at, kid=issued.kid)
 
@@ -231,6 +255,25 @@ def attest(body: AttestRequest, request: Request, ctx: CtxDep) -> X509SvidOut:
         issued = service.attest_node(session, ctx.keystore, token=body.token, csr_pem=body.csr.encode(),
                                      clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
                                      request_id=request_id(request))
+    return _x509_out(issued)
+
+
+class RenewRequest(Strict):
+    csr: Csr
+
+
+@router.post("/nodes/renew", status_code=201, response_model=X509SvidOut,
+             responses=error_responses(*COMMON_ERRORS, 409),
+             summary="A node renews its SVID before expiry: its current SVID (mTLS) and a CSR for a new key")
+def renew(body: RenewRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> X509SvidOut:
+    authorize(request, principal, "node.attest", None)
+    node = _on_node(principal)
+    if node is None or principal.auth != "mtls":
+        raise Forbidden("only a node, authenticated with its current SVID over mTLS, renews its SVID")
+    with ctx.db.session() as session:
+        issued = service.renew_node(session, ctx.keystore, node_name=node, csr_pem=body.csr.encode(),
+                                    clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
+                                    request_id=request_id(request))
     return _x509_out(issued)
 
 
