@@ -44,9 +44,12 @@ class ApiClient:
         self._lock = threading.Lock()
         self._client: httpx.Client | None = None
         self._generation = -1
+        self._closed = False
 
     def _http(self) -> httpx.Client:
         with self._lock:
+            if self._closed:
+                raise Unreachable("the agent is stopping")
             if self._client is None or self._generation != self.identity.generation:
                 old = self._client
                 self._generation = self.identity.generation
@@ -58,7 +61,9 @@ class ApiClient:
             return self._client
 
     def close(self) -> None:
+        """Close the pool, which also ends requests in flight (a held long-poll) on other threads."""
         with self._lock:
+            self._closed = True
             if self._client is not None:
                 self._client.close()
                 self._client = None

@@ -83,8 +83,10 @@ class DeviceLoop:
             self._threads.append(t)
 
     def join(self, timeout: float = 10.0) -> None:
+        """Wait for the checker; a poller held in a long-poll ends when its request does (it applies nothing
+        once stopped: see take)."""
         for t in self._threads:
-            t.join(timeout)
+            t.join(timeout if t.name.startswith("agent-check") else 0.1)
 
     # ------------------------------------------------------------------ poller
     def _poll_forever(self) -> None:
@@ -114,6 +116,8 @@ class DeviceLoop:
         """Apply a rule set document from the server; False (and reported) when it was refused."""
         digest = str(doc.get("content_hash", ""))
         with self.lock:
+            if self.stop.is_set():  # a long-poll answered after the agent stopped: not ours to apply any more
+                return False
             previous, self.etag = self.etag, digest or self.etag
             try:
                 version, rules, backend = self._check(doc)

@@ -116,13 +116,13 @@ class Agent:
 
     def stop(self) -> None:
         self.stop_event.set()
+        self.api.close()  # ends the held long-polls at once
         if self.workload_api is not None:
             self.workload_api.stop()
         for loop in self.loops:
             loop.join(5)
         if self._maintenance is not None:
             self._maintenance.join(5)
-        self.api.close()
 
     def wait(self) -> None:
         self.stop_event.wait()

@@ -1,6 +1,7 @@
 """A real server for agent tests: the golden fabric imported, the shipped policy active, the reconciler
 running (woken by every write), served over TLS with client certificates on a free 127.0.0.1 port by
-uvicorn (lifespan on, so the reconciler runs); and agents started in this process against it."""
+uvicorn; and agents started in this process against it. The reconciler runs for the whole fixture while the
+HTTP listener can be stopped and started again on the same port (the fail-static tests)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class Served:
             self.env.app, host="127.0.0.1", port=self.port, log_level="warning", http=PeerCertH11Protocol,
             ssl_certfile=str(self.tls.certfile), ssl_keyfile=str(self.tls.keyfile),
             ssl_keyfile_password=self.tls.password, ssl_ca_certs=str(self.tls.ca_file),
-            ssl_cert_reqs=ssl.CERT_OPTIONAL, lifespan="on", timeout_graceful_shutdown=1)
+            ssl_cert_reqs=ssl.CERT_OPTIONAL, lifespan="off", timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="test-api-server")
         self.thread.start()
@@ -95,13 +96,16 @@ def served_fabric(home: Path, fabric_file: Path = SMALL) -> Iterator[Served]:
     env.client = TestClient(env.app, raise_server_exceptions=False)  # in-process calls: same app, same reconciler
     tls = prepare_server_tls(env.ctx, hosts=("localhost",), ips=("127.0.0.1",))
     served = Served(env, tls, free_port(), home)
+    runtime = env.app.state.enforcer
     try:
+        runtime.start()
         served.start()
         yield served
     finally:
         for a in served.agents.values():
             a.stop()
         served.stop()
+        runtime.stop()
         env.client.close()
         tls.cleanup()
         env.ctx.close()
