@@ -87,7 +87,8 @@ def is_open(w: World, src: str, dst: str, port: int, family: int = 4) -> bool:
 
 
 def becomes(w: World, src: str, dst: str, port: int, want: bool) -> float:
-    return wait_until(lambda: is_open(w, src, dst, port) == want, what=f"{src} -> {dst}:{port} {'OPEN' if want else 'BLOCKED'}")
+    what = f"{src} -> {dst}:{port} {'OPEN' if want else 'BLOCKED'}"
+    return wait_until(lambda: is_open(w, src, dst, port) == want, what=what)
 
 
 @pytest.fixture(scope="module")
