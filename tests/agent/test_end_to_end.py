@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,18 @@ def test_a_grant_approved_through_the_api_opens_and_its_revocation_closes(world:
     world.call("POST", f"/v1/grants/{g['id']}/revoke", "tenant-admin", "globex", json={"reason": "test over"})
     becomes(world, "acme/train/w1", "globex/api/a1", 8443, False)
     wait_until(world.in_sync, what="every device reported the revocation's rule sets")
+
+
+def test_an_expired_grant_stops_working(world: World) -> None:
+    g = world.call("POST", "/v1/grants", "tenant-admin", "acme", json={
+        "src_group": "train", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [8443],
+        "ttl_seconds": 120})
+    world.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-admin", "globex", json={})
+    becomes(world, "acme/train/w1", "globex/api/a1", 8443, True)
+    world.served.env.clock.advance(timedelta(seconds=121))  # the server's (injected) clock passes the expiry
+    world.served.env.app.state.enforcer.reconciler.wake()
+    becomes(world, "acme/train/w1", "globex/api/a1", 8443, False)
+    wait_until(world.in_sync, what="every device reported the expiry's rule sets")
 
 
 def test_a_quarantine_closes_every_cross_tenant_connection_of_the_tenant(world: World) -> None:
