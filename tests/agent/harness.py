@@ -24,7 +24,7 @@ from api.auth.mtls import PeerCertH11Protocol
 from api.tls import ServerTls, prepare_server_tls
 from audit import Actor
 from pki.service import create_join_token
-from tests.api.conftest import Env, activate_shipped_policy, make_settings, open_env
+from tests.api.conftest import TD, Env, activate_shipped_policy, make_settings, open_env
 from tests.enforcer.helpers import SMALL
 from tests.policy.conftest import free_port
 from workflows.enforcement import make_reconciler
@@ -83,9 +83,10 @@ class Served:
 
 
 @contextmanager
-def served_fabric(home: Path, fabric_file: Path = SMALL) -> Iterator[Served]:
-    """The golden fabric on a running TLS server; every agent started through it is stopped at the end."""
-    env = open_env(make_settings(home, enforcer_poll_seconds=0.2))
+def served_fabric(home: Path, fabric_file: Path = SMALL, td: str = TD) -> Iterator[Served]:
+    """A fabric file (the golden one by default) on a running TLS server; every agent started through it is
+    stopped at the end. Also the propagation benchmark's server (bench/propagation.py)."""
+    env = open_env(make_settings(home, enforcer_poll_seconds=0.2, trust_domain=td), td=td)
     with env.ctx.db.session() as s:
         import_fabric(s, Who(Actor.system("t"), env.clock), env.ctx.settings.pools(), fabric_file.read_text())
     activate_shipped_policy(env)
