@@ -20,7 +20,6 @@ import base64
 import json
 import os
 import ssl
-import tempfile
 import threading
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from core.errors import TrustfabricError
+from core.files import write_private_file
 from pki.errors import InvalidSpiffeId
 from pki.spiffe_id import parse_spiffe_id
 
@@ -42,21 +42,6 @@ BUNDLE_FILE = "bundle.json"
 
 class AgentError(TrustfabricError):
     """The agent cannot go on: what is wrong and what to do."""
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Atomically replace `path` with `data`, mode 0600 from the start."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def new_key_and_csr(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, str]:
@@ -164,7 +149,7 @@ class NodeIdentity:
         data = key_pem(key) + chain_pem(issued)
         svid = parse_node_pem(data, self.node)
         with self._lock:
-            write_private(self.dir / NODE_FILE, data)
+            write_private_file(self.dir / NODE_FILE, data, overwrite=True)
             self.svid = svid
             self.generation += 1
         return svid
@@ -175,7 +160,7 @@ class NodeIdentity:
         with self._lock:
             if bundle == self.bundle:
                 return False
-            write_private(self.dir / BUNDLE_FILE, json.dumps(bundle, sort_keys=True).encode())
+            write_private_file(self.dir / BUNDLE_FILE, json.dumps(bundle, sort_keys=True).encode(), overwrite=True)
             self.bundle = bundle
             self.generation += 1
             return True

@@ -15,20 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi.testclient import TestClient
 
 from agent.device_loop import LoopSettings
 from agent.runner import Agent, AgentConfig
-from api.app import create_app
 from api.auth.mtls import PeerCertH11Protocol
 from api.tls import ServerTls, prepare_server_tls
 from audit import Actor
 from pki.service import create_join_token
-from tests.api.conftest import TD, Env, activate_shipped_policy, make_settings, open_env
+from tests.api.conftest import TD, Env
+from tests.api.test_devices import fabric_env
 from tests.enforcer.helpers import SMALL
 from tests.policy.conftest import free_port
-from workflows.enforcement import make_reconciler
-from workflows.fabric import Who, import_fabric
 
 FAST = LoopSettings(wait=20, drift_every=0.5, report_every=2.0, backoff_min=0.1, backoff_max=1.0)
 
@@ -86,15 +83,7 @@ class Served:
 def served_fabric(home: Path, fabric_file: Path = SMALL, td: str = TD) -> Iterator[Served]:
     """A fabric file (the golden one by default) on a running TLS server; every agent started through it is
     stopped at the end. Also the propagation benchmark's server (bench/propagation.py)."""
-    env = open_env(make_settings(home, enforcer_poll_seconds=0.2, trust_domain=td), td=td)
-    with env.ctx.db.session() as s:
-        import_fabric(s, Who(Actor.system("t"), env.clock), env.ctx.settings.pools(), fabric_file.read_text())
-    activate_shipped_policy(env)
-    rec = make_reconciler(env.ctx)
-    assert rec.run_once("start").published
-    env.client.close()
-    env.app = create_app(env.ctx, enforcer=rec)
-    env.client = TestClient(env.app, raise_server_exceptions=False)  # in-process calls: same app, same reconciler
+    env = fabric_env(home, running=True, fabric_file=fabric_file, td=td)  # the reconciler runs with the server
     tls = prepare_server_tls(env.ctx, hosts=("localhost",), ips=("127.0.0.1",))
     served = Served(env, tls, free_port(), home)
     runtime = env.app.state.enforcer

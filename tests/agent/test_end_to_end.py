@@ -27,12 +27,12 @@ from agent.runner import Agent
 from enforcer.equivalence import Walker
 from enforcer.ir import DeviceRuleSet
 from lab import build, operations, state
-from lab.probe import Endpoint, connect, connect_many, endpoint, listening
+from lab.probe import Endpoint, connect, endpoint, listening
 from lab.standalone import Installed
 from policy.decide import expand_allowed
 from tests.agent.harness import Served, served_fabric
 from tests.enforcer.helpers import SMALL
-from tests.lab.conftest import OPEN, require_lab
+from tests.lab.conftest import require_lab, wire_answers
 from workflows.enforcement import verify_published
 
 pytestmark = [pytest.mark.netns, pytest.mark.xdist_group("lab")]
@@ -125,12 +125,7 @@ def test_the_wire_matches_the_policy_and_the_enforcers_walk(world: World) -> Non
     eps = [world.ep(k) for k in sorted(world.st["workloads"])]
     items = [(s, d, port, fam) for s in eps for d in eps if s is not d for port in PORTS for fam in (4, 6)
              if (s.ipv4 if fam == 4 else s.ipv6) and (d.ipv4 if fam == 4 else d.ipv6)]
-    with listening([(d, fam, port) for _, d, port, fam in items]):
-        wire = connect_many(items, timeout=1.0, workers=len(items))
-        again = [i for i, (s, d, port, _) in enumerate(items)
-                 if not wire[i] and (_group(s.workload), _group(d.workload), port) in policy]
-        for i, ok in zip(again, connect_many([items[i] for i in again], timeout=OPEN, workers=64), strict=True):
-            wire[i] = ok
+    wire = wire_answers(items, lambda s, d, port: (_group(s.workload), _group(d.workload), port) in policy)
     installed = world.applied()
     assert set(installed.devices) == {f"nic:{n}" for n in NODES[:4]} | {"leaf:leaf1", "leaf:leaf2"}
     walker = Walker(installed)
