@@ -75,6 +75,8 @@ class DeviceLoop:
         self.repaired = False
         self.repairs = 0
         self._threads: list[threading.Thread] = []
+        for counter in (metrics.applies, metrics.refused, metrics.drift_repairs, metrics.server_errors):
+            counter.labels(self.device)  # every series exists from the start (a 0 is an answer)
 
     def start(self) -> None:
         for name, fn in (("poll", self._poll_forever), ("check", self._check_forever)):

@@ -31,8 +31,15 @@ class AgentMetrics:
                                          registry=r)
 
     def serve(self, addr: str) -> None:
-        """Expose /metrics on `host:port` (a daemon thread)."""
+        """Expose /metrics on `host:port` (a daemon thread) until `close`."""
         from prometheus_client import start_http_server
 
         host, _, port = addr.rpartition(":")
-        start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        self._http, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+
+    def close(self) -> None:
+        http = getattr(self, "_http", None)
+        if http is not None:
+            http.shutdown()
+            http.server_close()
+            self._http = None

@@ -123,6 +123,7 @@ class Agent:
             loop.join(5)
         if self._maintenance is not None:
             self._maintenance.join(5)
+        self.metrics.close()
 
     def wait(self) -> None:
         self.stop_event.wait()

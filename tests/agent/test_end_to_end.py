@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from agent.runner import Agent
@@ -33,6 +34,7 @@ from policy.decide import expand_allowed
 from tests.agent.harness import Served, served_fabric
 from tests.enforcer.helpers import SMALL
 from tests.lab.conftest import require_lab, wire_answers
+from tests.policy.conftest import free_port
 from workflows.enforcement import verify_published
 
 pytestmark = [pytest.mark.netns, pytest.mark.xdist_group("lab")]
@@ -103,7 +105,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert st is not None
         with served_fabric(root / "server") as served:
             for node in NODES:
-                served.agent(node, lab=lab_home)
+                served.agent(node, lab=lab_home, metrics_addr=f"127.0.0.1:{free_port()}" if node == "gpu1" else None)
             w = World(served, lab_home, st)
             wait_until(w.in_sync, 30, "every device applied its first rule set")
             yield w
@@ -276,6 +278,18 @@ def test_a_bad_rule_set_is_refused_and_the_last_good_one_stays(world: World) -> 
     # the reconciler's next full run publishes the compiled set again; the agent takes it
     env.app.state.enforcer.reconciler.run_once("test", full=True)
     wait_until(world.in_sync, what="back in sync after the good set was published again")
+
+
+def test_metrics_are_served(world: World) -> None:
+    gpu1 = world.agents["gpu1"]
+    assert gpu1.config.metrics_addr is not None
+    text = httpx.get(f"http://{gpu1.config.metrics_addr}/metrics", timeout=10).text
+    loop = gpu1.loops[0]
+    assert f'trustfabric_agent_applied_version{{device="nic:gpu1"}} {float(loop.good.version)}' in text
+    for name in ("trustfabric_agent_apply_seconds_bucket", "trustfabric_agent_drift_repairs_total",
+                 "trustfabric_agent_rule_packets{", "trustfabric_agent_svid_expiry_seconds{"):
+        assert name in text, name
+    assert f'trustfabric_agent_drift_repairs_total{{device="nic:gpu1"}} {float(loop.repairs)}' in text
 
 
 def test_a_revoked_workload_loses_its_connections(world: World) -> None:

@@ -152,3 +152,22 @@ def test_a_direct_connection_to_the_grpc_port_is_not_attested(gpu1: Agent) -> No
             next(iter(stub.FetchX509SVID(workload_pb2.X509SVIDRequest(), timeout=5,
                                          metadata=[("workload.spiffe.io", "true")])))
         assert exc.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_ca_rotation_reaches_the_workload_through_its_stream(served: Served, gpu1: Agent) -> None:
+    """After a forced rotation the bundle changes; the agent renews every workload SVID under the new issuing
+    CA and the open stream delivers it, with the new bundle; the agent still reaches the server."""
+    sock = f"unix:{gpu1.workload_api.socket_path}"
+    with X509Source(socket_path=sock, timeout_in_seconds=10) as source:
+        first = source.get_x509_context().default_svid
+        r = served.env.call("POST", "/v1/ca/rotate", "admin", json={"force": True})
+        assert r.status_code == 200, r.text
+        gpu1.maintain()  # what the maintenance thread does every 30 s
+        deadline = time.monotonic() + 10
+        while source.get_x509_context().default_svid.leaf.issuer == first.leaf.issuer and time.monotonic() < deadline:
+            time.sleep(0.05)
+        svid = source.get_x509_context().default_svid
+        assert svid.leaf.issuer != first.leaf.issuer and str(svid.spiffe_id) == W1
+        bundle = source.get_bundle_for_trust_domain(svid.spiffe_id.trust_domain)
+        assert bundle is not None and len(bundle.x509_authorities) >= 2  # old and new roots during the overlap
+    assert gpu1.api.placements()
