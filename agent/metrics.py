@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -35,7 +37,7 @@ class AgentMetrics:
         from prometheus_client import start_http_server
 
         host, _, port = addr.rpartition(":")
-        self._http, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        self._http: Any = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)[0]
 
     def close(self) -> None:
         http = getattr(self, "_http", None)
