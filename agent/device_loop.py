@@ -159,9 +159,8 @@ class DeviceLoop:
         if rules.content_hash != doc.get("content_hash"):
             raise BadRuleSet(f"its IR hashes to {rules.content_hash}, not to the content hash it came with")
         fabric = fabric_of_view(self.api.leaf_view(self.device)) if self.wiring.kind == "leaf" else None
-        backend = self.wiring.make(fabric)
-        backend.render(rules)  # a set that cannot render is refused before the device is touched
-        return version, rules, backend
+        # a set that cannot render is refused by apply itself, which renders before it touches the device
+        return version, rules, self.wiring.make(fabric)
 
     def _in_sync(self, backend: Any, rules: DeviceRuleSet) -> bool:
         try:

@@ -8,7 +8,7 @@ Files (the directory is 0711: not listable, traversable to the Workload API sock
                the file mode; it is never logged.
   bundle.json  the trust bundle (SPIFFE JWKS: the X.509 roots as x5c, the JWT-SVID keys), fetched from the
                server over the verified connection and refreshed, so roots prepared by a CA rotation are
-               trusted before they sign anything. Until the first fetch the `--ca` file is the trust anchor.
+               trusted before they sign anything. The `--ca` file stays a trust anchor beside it.
 
 Renewal: at half life (`renew_due`), with a fresh key, over mTLS with the current SVID (POST /v1/nodes/renew);
 the new file replaces the old one only once the server answered, so nothing is dropped meanwhile.
@@ -127,12 +127,15 @@ class NodeIdentity:
         return parse_spiffe_id(self.svid.spiffe_id).trust_domain
 
     def roots_pem(self) -> str:
-        """The trust anchors for the server's certificate: the fetched bundle's roots, else the --ca file."""
-        if self.bundle is not None:
-            return "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in roots_of(self.bundle))
+        """The trust anchors for the server's certificate: the fetched bundle's roots and the --ca file (an
+        agent that was down through a whole CA rotation finds its way back through the operator's anchor)."""
+        bundle = "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in roots_of(self.bundle)) \
+            if self.bundle is not None else ""
         try:
-            return self.ca_file.read_text(encoding="utf-8")
+            return bundle + self.ca_file.read_text(encoding="utf-8")
         except OSError as exc:
+            if bundle:
+                return bundle
             raise AgentError(f"--ca {self.ca_file}: {exc.strerror}") from None
 
     def ssl_context(self, *, client_cert: bool = True) -> ssl.SSLContext:

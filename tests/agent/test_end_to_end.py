@@ -37,7 +37,7 @@ from tests.lab.conftest import require_lab, wire_answers
 from tests.policy.conftest import free_port
 from workflows.enforcement import verify_published
 
-pytestmark = [pytest.mark.netns, pytest.mark.xdist_group("lab")]
+pytestmark = [pytest.mark.netns, pytest.mark.xdist_group("agent-e2e")]  # its own lab: beside the lab tests
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4", "leaf1", "leaf2")
 PORTS = (53, 443, 5432, 8443, 9999)
 SETTLE = 10.0  # the longest a change may take to reach the wire on a loaded machine (typically well under 1 s)
