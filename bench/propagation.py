@@ -16,7 +16,8 @@ whatever else runs here: the load average is printed with every scale.
    connect over an open path.
 2. 1,000 simulated agents: protocol-level clients (no namespaces; one mTLS client with its own node SVID
    each, asyncio in this process) long-poll their device's rule set and report status against the server
-   (a fabric of 1,000 nodes), while a grant is approved and revoked every second: p99 of a conditional
+   (a fabric of 1,000 nodes; the fleet comes up over BENCH_SIM_RAMP s), while a grant is approved and
+   revoked every BENCH_SIM_CHURN s: p99 of a conditional
    rule-set fetch (304, or 200 with the IR) vs a plain GET /healthz on the same connections, errors (goal
    0), and the server process's CPU per second of the run.
 3. Agent CPU and memory at idle and during the grant churn of (1) at the largest scale: the agent
@@ -59,7 +60,9 @@ from lab.probe import Endpoint, connect, endpoint, listening  # noqa: E402
 GRANTS = int(os.environ.get("BENCH_GRANTS", "20"))
 SCALES = [int(x) for x in os.environ.get("BENCH_SCALES", "1,10,50").split(",") if x.strip()]
 SIM_AGENTS = int(os.environ.get("BENCH_SIM_AGENTS", "1000"))
-SIM_SECONDS = float(os.environ.get("BENCH_SIM_SECONDS", "20"))
+SIM_SECONDS = float(os.environ.get("BENCH_SIM_SECONDS", "30"))
+RAMP = float(os.environ.get("BENCH_SIM_RAMP", "20"))  # seconds over which the simulated fleet comes up
+CHURN = float(os.environ.get("BENCH_SIM_CHURN", "5"))  # seconds between grant changes (each touches ~40% of NICs)
 AGENT_PROCS = int(os.environ.get("BENCH_AGENT_PROCS", "4"))
 CONNECT_TIMEOUT = 0.02
 TD = "bench.example"
@@ -417,9 +420,9 @@ async def _sim_agent(url: str, device: str, ctx: ssl.SSLContext, stop: asyncio.E
                 await take(r)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # every failure is an error of the run
+            except Exception as exc:  # every failure is an error of the run; back off like the agent
                 errors.append(f"{type(exc).__name__}: {exc}")
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(1.0)
 
 
 def run_simulated(work: Path) -> None:
@@ -481,8 +484,10 @@ def run_simulated(work: Path) -> None:
                 ctx = ssl.create_default_context(cafile=str(server.ca_file))
                 ctx.load_cert_chain(str(pem))
                 contexts.append((device, ctx))
-            tasks = [asyncio.create_task(_sim_agent(server.url, d, c, stop, fetch, health, errors))
-                     for d, c in contexts]
+            tasks = []
+            for d, c in contexts:  # a fleet comes up over RAMP seconds, not in one instant
+                tasks.append(asyncio.create_task(_sim_agent(server.url, d, c, stop, fetch, health, errors)))
+                await asyncio.sleep(RAMP / len(contexts))
             deadline = time.monotonic() + 300
             while len(fetch) < SIM_AGENTS and time.monotonic() < deadline:  # every client connected once
                 await asyncio.sleep(0.5)
@@ -491,9 +496,9 @@ def run_simulated(work: Path) -> None:
             cpu0, t0 = proc_cpu(server.proc.pid), time.monotonic()
             pairs = [(f"t{a}", f"t{b}") for a in range(5) for b in range(5) if a != b]
             loop = asyncio.get_running_loop()
-            while time.monotonic() - t0 < SIM_SECONDS:  # churn: a grant approved and revoked every second
+            while time.monotonic() - t0 < SIM_SECONDS:  # churn: a grant approved and revoked every CHURN s
                 await loop.run_in_executor(None, churn, *random.choice(pairs))
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(CHURN)
             cpu, seconds = proc_cpu(server.proc.pid) - cpu0, time.monotonic() - t0
             stop.set()
             for t in tasks:
@@ -504,8 +509,9 @@ def run_simulated(work: Path) -> None:
         cpu, seconds = asyncio.run(main())
         for c in tenants.values():
             c.close()
-    print(f"# {SIM_AGENTS} simulated agents (mTLS, long-poll wait=10 s, status after each new set), "
-          f"{seconds:.0f} s with a grant approved and revoked every second; {len(fetch)} fetches; "
+    print(f"# {SIM_AGENTS} simulated agents (mTLS, long-poll wait=10 s, status after each new set; up over "
+          f"{RAMP:g} s), {seconds:.0f} s with a grant approved and revoked every {CHURN:g} s (each reaches ~40% of "
+          f"the NICs: a tenant's groups span a fifth of the nodes); {len(fetch)} fetches; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     line(f"sim_agents ruleset fetch p99 ({SIM_AGENTS})", pct(fetch, 99) * 1000, "ms", pct(health, 99) * 1000,
          "GET /healthz p99 ")
