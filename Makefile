@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SYSTEM_TOOLS := softhsm2-util:softhsm2 nft:nftables openssl:openssl initdb:postgresql ip:iproute2 \
-	ovs-vswitchd:openvswitch-switch ethtool:ethtool chromium:chromium
+	ovs-vswitchd:openvswitch-switch ethtool:ethtool chromium:chromium curl:curl
 
 .PHONY: run test lint bench system-deps clean
 
@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml requirements.lock requirements-regorus.txt
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
+# development mode: the embedded defaults, and a policy version activates without a signature (README)
 run: $(STAMP)
-	$(BIN)/trustfabric serve
+	TRUSTFABRIC_MODE=development $(BIN)/trustfabric serve
 
 # Installs the Debian packages the tests use when running as root and one is missing.
 system-deps:

@@ -16,7 +16,8 @@ from api.caches import cache_on, check_names
 from api.console import install_console
 from api.enforcement import EnforcerRuntime, PublicationWatch, WakeOnWrite
 from api.errors import install_error_handlers
-from api.limits import TokenBucket
+from api.limits import ClientRateLimit, TokenBucket
+from api.observe import Observe
 from api.readcache import ChangeWatch, ReadCache
 from api.routes import (
     audit,
@@ -27,6 +28,7 @@ from api.routes import (
     grants,
     health,
     inventory,
+    metrics,
     pki,
     policy,
     security,
@@ -45,7 +47,7 @@ _CONFIGURED: Any = object()  # the authz engine the settings choose (policy.engi
 # ImportError when the app is built (and a lint error before that), never a router silently left out.
 ROUTERS: tuple[APIRouter, ...] = (
     health.router, pki.router, audit.router, policy.router, inventory.router, grants.router, security.router,
-    tokens.router, flows.router, grant_explain.router, fabric.router, devices.router,
+    tokens.router, flows.router, grant_explain.router, fabric.router, devices.router, metrics.router,
 )
 
 
@@ -64,6 +66,8 @@ def create_app(
     checkpoints) and the enforcer's reconciler for the app's lifetime; `enforcer` runs that reconciler
     (tests hand one with their clock) even without the other jobs; `extra_routers` are mounted after the
     API's own (e.g. a console)."""
+    from api import docs, tracing
+    from pki.revocation import CrlPublisher
     from policy.flowset import FlowSets
     from policy.grant_decider import RegoGrantDecider
 
@@ -75,6 +79,7 @@ def create_app(
 
         enforcer = make_reconciler(ctx)
     runtime = EnforcerRuntime(enforcer, watch) if enforcer is not None else None
+    traces = tracing.setup(ctx.settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -89,13 +94,18 @@ def create_app(
                 runtime.stop()
             if jobs is not None:
                 jobs.stop()
+            if traces is not None:
+                traces.shutdown()
 
     app = FastAPI(
         title="trustfabric",
         version="0.1.0",
         description="Zero-trust identity, policy and audit for a multi-tenant AI cloud.",
         lifespan=lifespan,
+        docs_url=None,  # served from the package by api/docs.py: FastAPI's pages load a CDN
+        redoc_url=None,
     )
+    app.state.tracing = traces
     app.state.ctx = ctx
     app.state.authenticators = (
         authenticators if authenticators is not None else default_authenticators(ctx)
@@ -115,6 +125,7 @@ def create_app(
     app.state.background = jobs
     app.state.enforcer = runtime
     app.state.device_watch = watch
+    app.state.crl = CrlPublisher()
     app.state.trust_anchors = anchors
     pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")
     app.state.grant_pages = ReadCache[bytes](ChangeWatch(ctx.db.engine, enabled=pages_on))
@@ -124,19 +135,29 @@ def create_app(
     install_error_handlers(app)
     for router in (*ROUTERS, *extra_routers):
         app.include_router(router)
+    docs.install(app)
     install_console(app)  # the web console under /console: pages that call the routes above
     if runtime is not None:  # after every committed write, the reconciler looks at once
         app.add_middleware(WakeOnWrite, wake=runtime.reconciler.wake)
     app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes,
                        larger={"/v1/fabric/import": MAX_IMPORT_BYTES + 64 * 1024})
+    app.add_middleware(Observe, tracing=traces)  # sees every answer past the address limit, the 413s included
+    # outermost: a flood from one address is refused before anything else runs (issue 13, item 7), not even
+    # an access-log line each (a flood must not flood the log); the refusals are counted (api/limits.py)
+    app.add_middleware(ClientRateLimit, rate=ctx.settings.ip_rate_limit_per_second,
+                       burst=ctx.settings.ip_rate_limit_burst)
     return app
 
 
 def app_from_env() -> FastAPI:
-    """Factory for `uvicorn --factory` (used by `trustfabric serve --workers N`)."""
+    """Factory for `uvicorn --factory` (used by `trustfabric serve --workers N`): each worker logs in the
+    configured format (core/logs.py) and builds its app over the data directory."""
+    from core import logs
     from workflows.settings import Settings
 
-    ctx = AppContext.open(Settings.from_env())
+    settings = Settings.from_env()
+    logs.configure(settings.log_format, settings.log_level)
+    ctx = AppContext.open(settings)
     return create_app(ctx, background=True)
 
 

@@ -15,7 +15,9 @@ from typing import Any, Protocol
 
 from fastapi import Request
 
+from api.metrics import DECISIONS, EVALUATION, timed
 from api.principal import Principal
+from api.tracing import span
 from core.errors import Forbidden
 from policy.engines import EngineSettings, make_engine
 from policy.shipped import authz_modules
@@ -61,16 +63,19 @@ class Authorizer:
         key = (principal.role, action, principal.tenant, tenant)
         hit = self._cache.get(key)
         if hit is not None:
+            DECISIONS.labels("authz", "allow" if hit[0] else "deny").inc()
             return hit
         engine = self._get_engine()
         if engine is None:
             return False, [f"authorization policy unavailable ({self._error or 'no engine configured'})"]
-        decision = policy_authorize(
-            engine,  # type: ignore[arg-type]
-            {"id": principal.id, "role": principal.role, "tenant": principal.tenant},
-            action,
-            {"tenant": tenant} if tenant is not None else {},
-        )
+        with timed(EVALUATION, "authz"):
+            decision = policy_authorize(
+                engine,  # type: ignore[arg-type]
+                {"id": principal.id, "role": principal.role, "tenant": principal.tenant},
+                action,
+                {"tenant": tenant} if tenant is not None else {},
+            )
+        DECISIONS.labels("authz", "allow" if decision.allow else "deny").inc()
         result = (True, decision.reasons) if decision.allow else (
             False, decision.reasons or ["default-deny: no rule allows this"])
         if self._use_cache and not any(r.startswith(("engine-error", "no-policy")) for r in decision.reasons):
@@ -98,4 +103,5 @@ def authorize(request: Request, principal: Principal, action: str, tenant: str |
     authorizer: Authorizer | None = getattr(request.app.state, "authorizer", None)
     if authorizer is None:
         raise Forbidden(f"{principal.role} {principal.id} may not {action}: no authorization policy loaded")
-    authorizer.require(principal, action, tenant)
+    with span(getattr(request.app.state, "tracing", None), "policy.authorize", action=action):
+        authorizer.require(principal, action, tenant)

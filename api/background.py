@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from api.metrics import JOB_DURATION, JOB_FAILURES, JOB_RUNS, timed
 from audit import Actor
 from workflows.context import AppContext
 
@@ -45,11 +46,14 @@ class BackgroundJobs:
             if now < job.next_at:
                 continue
             job.next_at = now + job.interval
+            JOB_RUNS.labels(job.name).inc()
             try:
-                result = job.run()
+                with timed(JOB_DURATION, job.name):
+                    result = job.run()
                 if result:
                     log.info("%s: %s", job.name, result)
             except Exception:
+                JOB_FAILURES.labels(job.name).inc()
                 log.exception("background job %s failed; retrying in %.0fs", job.name, job.interval)
             ran.append(job.name)
         return ran

@@ -19,22 +19,23 @@ not kept "just in case"). Each can be switched off for measurement with TRUSTFAB
 - `grant_pages` (api/routes/grants.py, a ReadCache): the JSON body of a GET /v1/grants page per (viewer
   scope, filters, cursor, limit). Exact like `token_row`, and refused from the next instant any grant's
   effective state changes without a write (the earliest expiry, read with the page).
-- `grant_data` (policy/grant_decider.py): the data document grant decisions are made on. Exact: kept
-  only while a one-statement fingerprint of every row build_data reads, taken in the request's own
-  transaction, is unchanged and no grant in it has expired since (any commit anywhere changes it).
+- `grant_data` (policy/grant_decider.py): the data document grant decisions and explain are made on.
+  Exact: kept only while the policy data version (one row that database triggers bump in every
+  transaction changing a row build_data reads), read in the request's own transaction, is unchanged and
+  no grant in it has expired since; stored only when the document and the version come from one snapshot.
 - `flow_set` (policy/flowset.py, FlowSets, built in api/app.py): the allowed flow set under the active
   version (`data.flows.allowed_flows`, ~1 s to compute at 1,000 tenants) that GET /v1/policy/flows/matrix
   and GET /v1/policy/flows read, one per process. Reused only while a fresh evaluation would give the same
   answer: (a) SQLite's `PRAGMA data_version` (api/readcache.py's ChangeWatch) is what it was when the set
   was last known current, read *before* the data, so any commit by any connection of any worker since then
-  makes the next request check again; or (b) in one read transaction, the fingerprint of every row the data
-  document is built from (policy.data.data_fingerprint, the one `grant_data` uses) and the active version's
-  content hash are the kept ones; and in both cases only while `now` lies between the instant it was
+  makes the next request check again; or (b) in one read transaction (one snapshot: REPEATABLE READ on
+  PostgreSQL), the policy data version (policy.data.data_fingerprint, the one `grant_data` uses) and the
+  active version's content hash are the kept ones; and in both cases only while `now` lies between the instant it was
   computed and the earliest expiry of a grant in it. Exact for the shipped flows.rego, which reads the
   time only to compare it with a grant's expiry (tests/api/test_caches.py checks the text); an uploaded
   version whose allowed flows depend on the time in another way would be answered as of the instant the
-  set was computed until a row under the document changes or the version does. PostgreSQL: there is
-  neither a change counter nor a fingerprint, so nothing is kept and every request evaluates afresh.
+  set was computed until a row under the document changes or the version does. PostgreSQL: no change
+  counter, so (b) is asked on every request (one row read); the set is evaluated again only when it fails.
   Measured by bench/console.py (1,000 tenants x 10 groups, 5,000 grants, SQLite, medians of 3): GET
   /v1/policy/flows/matrix 8.9 ms with the set kept, 1,337 ms when it is evaluated (after a grant change):
   it stays.
@@ -43,6 +44,11 @@ Measured by bench/api.py (this branch, two runs on the shared 2-core machine at 
 all on, alternating runs; ratio = throughput off / on): authz GET 0.79 / 0.73; token_signature GET
 0.59 / 0.43; token_row GET 0.90 / 0.86; grant_pages GET 0.08 / 0.06; grant_data POST 0.78 / 0.69. Each
 pays on the path it serves, so all five stay.
+
+Not a switchable cache but a bound: the CRL publisher (pki/revocation.py, CrlPublisher, app.state.crl)
+keeps the signed CRLs until a revocation or a CA state changes (two aggregate reads tell) or half their
+validity passes. Signing per GET let any unauthenticated client buy a CA signature per request (issue 13,
+item 7); it is exact by construction (the signed list is what the rows say at the time it was signed).
 
 Off our database, on the console's OIDC sign-in path (not switchable): the issuer's discovery document,
 kept five minutes per issuer (api/console/oidc.py), and the ID token's keys, read through

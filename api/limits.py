@@ -1,16 +1,23 @@
-"""Request limits of the control-plane API: page sizes and a per-principal rate limit. (The body-size limit,
-shared with the PDP, is pure ASGI in core/asgi.py.)"""
+"""Request limits of the control-plane API: page sizes, a rate limit per client address applied before
+anything else runs (ASGI middleware, so an unauthenticated flood costs one dictionary lookup per request,
+never a token check or a database read), and a rate limit per authenticated principal. (The body-size
+limit, shared with the PDP, is pure ASGI in core/asgi.py.)"""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
+from typing import Any
 
+from api.metrics import REQUESTS
+from core.asgi import ASGIApp, Receive, Scope, Send
 from core.errors import PayloadTooLarge, RateLimited
 
-__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "PayloadTooLarge", "RateLimited", "TokenBucket"]
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "ClientRateLimit", "PayloadTooLarge", "RateLimited", "TokenBucket"]
 
+RATE_LIMITED_ROUTE = "<rate-limited>"  # the route label of requests refused by ClientRateLimit (never routed)
 MAX_PAGE_SIZE = 200
 DEFAULT_PAGE_SIZE = 50
 
@@ -46,3 +53,32 @@ class TokenBucket:
         if wait > 0:
             retry = max(1, math.ceil(wait))
             raise RateLimited(f"rate limit exceeded for {key}; retry after {retry}s", retry)
+
+
+class ClientRateLimit:
+    """A token bucket per client address (the TCP peer uvicorn reports), checked before routing,
+    authentication and body reading: over the limit is 429 with Retry-After and the project's error shape.
+    Per process: with N workers a client gets up to N times the rate."""
+
+    def __init__(self, app: ASGIApp, rate: float, burst: int) -> None:
+        self.app = app
+        self.bucket = TokenBucket(rate, burst)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.bucket.rate <= 0:
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        address = str(client[0]) if client else "unknown"
+        wait = self.bucket.take(address)
+        if wait <= 0:
+            await self.app(scope, receive, send)
+            return
+        REQUESTS.labels(scope["method"], RATE_LIMITED_ROUTE, "429").inc()  # counted, not logged: a flood
+        retry = max(1, math.ceil(wait))
+        body = json.dumps({"error": "rate_limited",
+                           "reason": f"too many requests from {address}; retry after {retry}s"}).encode()
+        headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                              (b"retry-after", str(retry).encode())]
+        await send({"type": "http.response.start", "status": 429, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -29,6 +29,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.progress import Progress
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = str(Path(sys.executable).parent / "trustfabric")
 WORKERS = 2
@@ -298,18 +301,16 @@ def cache_figures(env: dict[str, str], work: Path, port: int, token: str, grant:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="tf-bench-api-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
-    env.update({"TRUSTFABRIC_HOME": str(work / "home"), "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0",
-                "TRUSTFABRIC_SWEEP_INTERVAL_SECONDS": "30"})
+    env = bench_env(work, TRUSTFABRIC_SWEEP_INTERVAL_SECONDS="30")
     procs: list[subprocess.Popen[bytes]] = []
+    progress = Progress("api")
     try:
+        progress.step("starting the servers, seeding grants")
         subprocess.run([BIN, "init", "--trust-domain", "bench.example"], env=env, cwd=work, check=True,
                        capture_output=True)
 
         def token(*args: str) -> str:
-            out = subprocess.run([BIN, "token", "create", *args, "--ttl", "1h"], env=env, cwd=work, check=True,
-                                 capture_output=True, text=True)
-            return out.stdout.strip().splitlines()[-1]
+            return mint(env, work, *args)
 
         port = free_port()
         procs.append(subprocess.Popen([BIN, "serve", "--port", str(port), "--workers", str(WORKERS),
@@ -351,6 +352,7 @@ def main() -> int:
                                       cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_healthy(cold_port, "/healthz", procs[-1])
 
+        progress.step("closed loop: GET and POST /v1/grants, trustfabric, uncached and bare")
         get_tf = median_runs(lambda: measure(port, "GET", "/v1/grants", acme))
         get_cold = median_runs(lambda: measure(cold_port, "GET", "/v1/grants", acme))
         get_bare = median_runs(lambda: measure(bare_port, "GET", "/v1/grants", acme))
@@ -359,6 +361,7 @@ def main() -> int:
         # open loop at a fixed offered rate: half of what the closed loop reached on trustfabric
         post_rate = OPEN_FRACTION * post_tf["rps"]
         get_rate = OPEN_FRACTION * get_tf["rps"]
+        progress.step("open loop at half the closed-loop rate")
         post_open = measure_open(port, "POST", "/v1/grants", acme, post_rate, grant)
         post_open_bare = measure_open(bare_port, "POST", "/v1/grants", acme, post_rate, grant)
         get_open = measure_open(port, "GET", "/v1/grants", acme, get_rate)
@@ -386,6 +389,7 @@ def main() -> int:
         print(open_line(f"post_grants_p99_at_{pct}pct", "p99", post_open["p99"], post_open_bare["p99"]))
         print(open_line(f"get_grants_p50_at_{pct}pct", "p50", get_open["p50"], get_open_bare["p50"]))
         print(open_line(f"get_grants_p99_at_{pct}pct", "p99", get_open["p99"], get_open_bare["p99"]))
+        progress.step("each request-path cache off and on")
         for figure in cache_figures(env, work, port, acme, grant, procs):
             print(figure, flush=True)
         read_ok = get_tf["rps"] >= 0.5 * get_bare["rps"]
@@ -396,14 +400,36 @@ def main() -> int:
               f"at {pct}% {'met' if post_open['p99'] <= 25 else 'NOT met'}")
         return 0
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+        progress.done()
+        stop_all(procs, work)
+
+
+def bench_env(work: Path, **extra: str) -> dict[str, str]:
+    """The environment a bench runs `trustfabric` in: its own data directory, development mode (the policy
+    activates unsigned), no rate limits (the load comes from one address and a few principals)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
+    env.update({"TRUSTFABRIC_HOME": str(work / "home"), "TRUSTFABRIC_MODE": "development",
+                "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0", "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND": "0", **extra})
+    return env
+
+
+def mint(env: dict[str, str], work: Path, *args: str) -> str:
+    """An API token from `trustfabric token create ARGS` (an hour)."""
+    out = subprocess.run([BIN, "token", "create", *args, "--ttl", "1h"], env=env, cwd=work, check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], work: Path) -> None:
+    """Stop the servers a bench started (SIGINT, then kill after 15 s) and remove its data directory."""
+    for p in procs:
+        p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ if str(ROOT) not in sys.path:
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, Text, event, insert  # noqa: E402
 
 from audit import Actor, record  # noqa: E402
+from bench.progress import Progress  # noqa: E402
 from core.clock import system_clock  # noqa: E402
 from store.db import Database, sqlite_url  # noqa: E402
 from workflows.schema import migrate  # noqa: E402
@@ -282,7 +283,9 @@ def main() -> None:
     parser.add_argument("--verify-events", type=int, default=200_000)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tf-bench-audit-"))
+    progress = Progress("audit")
     try:
+        progress.step("appends on SQLite")
         db = sqlite_db(tmp / "sqlite")
         bench_appends("sqlite", db, args.runs)
         db.dispose()
@@ -292,6 +295,7 @@ def main() -> None:
             print(f"postgresql durable appends: skipped ({exc})")
         else:
             try:
+                progress.step("appends on PostgreSQL (fsync on)")
                 pdb = Database(pg.url)
                 migrate(pdb.engine)
                 bench_appends("postgresql", pdb, args.runs)
@@ -299,8 +303,10 @@ def main() -> None:
             finally:
                 pg.stop()
         (tmp / "verify").mkdir()
+        progress.step(f"offline verification of {args.verify_events} events")
         bench_verify(tmp / "verify", args.runs, args.verify_events)
     finally:
+        progress.done()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -36,6 +36,7 @@ from sqlalchemy import insert  # noqa: E402
 from api.app import create_app  # noqa: E402
 from api.routes.common import encode_cursor  # noqa: E402
 from audit import Actor, record  # noqa: E402
+from bench.progress import Progress  # noqa: E402
 from inventory.models import Tenant, Workload, WorkloadGroup  # noqa: E402
 from pki.tokens.service import mint_token  # noqa: E402
 from policy.models import Grant  # noqa: E402
@@ -118,7 +119,9 @@ async def timed(client: httpx.AsyncClient, calls: list[tuple[str, dict[str, str]
 
 
 async def run(args: argparse.Namespace, home: Path) -> None:
-    settings = Settings(home=home, trust_domain=TD, rate_limit_per_second=0)
+    # development mode: the shipped policy activates unsigned; no rate limits (one client, a few principals)
+    settings = Settings(home=home, trust_domain=TD, rate_limit_per_second=0, ip_rate_limit_per_second=0,
+                        mode="development")
     ctx = AppContext.open(settings, create=True)
     initialize(ctx, TD, "ec-p256")  # trust domain, audit and API-issuer keys, the shipped policy active
     t0 = time.perf_counter()
@@ -239,9 +242,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--runs", type=int, default=5)
     base = Path(tempfile.mkdtemp(prefix="tf-bench-console-"))
+    progress = Progress("console")
+    progress.step("seeding 1,000 tenants and measuring every page (takes a while)")
     try:
         asyncio.run(run(parser.parse_args(), base / "home"))
     finally:
+        progress.done()
         shutil.rmtree(base, ignore_errors=True)
 
 

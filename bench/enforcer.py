@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import regorus  # noqa: E402
 
+from bench.progress import Progress  # noqa: E402
 from enforcer.compiler import Budget, compile_fabric, recompile  # noqa: E402
 from enforcer.equivalence import verify  # noqa: E402
 from enforcer.fabric import (  # noqa: E402
@@ -130,6 +131,8 @@ def main() -> None:
                                                            "inside it)")
     args = ap.parse_args()
     med = statistics.median
+    progress = Progress("enforcer")
+    progress.step("building the fabric, evaluating allowed_flows")
     fabric = build_fabric(args.tenants, args.groups, args.nodes, args.leaves, args.grants)
     print(f"scale: {len(fabric.tenants)} tenants, {len(fabric.groups)} groups, {len(fabric.workloads)} workloads on "
           f"{len(fabric.nodes)} nodes behind {len(fabric.leaves)} leaves, {len(fabric.grants)} grants, "
@@ -153,6 +156,7 @@ def main() -> None:
 
     compile_times = []
     compiled = None
+    progress.step("full compiles")
     for _ in range(args.runs):
         fabric = build_fabric(args.tenants, args.groups, args.nodes, args.leaves, args.grants)  # cold indexes
         t, compiled = timed(lambda f=fabric: compile_fabric(f, allowed, revoked, budget))
@@ -171,6 +175,7 @@ def main() -> None:
     src, dst = "t0001", "t0002"
     extra = {"dst_tenant": dst, "dst_group": "g2", "proto": "tcp", "ports": [9443], "reason": "grant:bench-new",
              "sources": [f"{src}/g1"]}
+    progress.step("incremental recompiles")
     added_t, removed_t, touched = [], [], []
     state = compiled
     for _ in range(max(5, args.runs)):

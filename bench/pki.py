@@ -35,6 +35,9 @@ from pki import service
 from store.db import Database, sqlite_url
 from workflows.schema import migrate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.progress import Progress
+
 RUNS = 5
 N = 200
 TD = "bench.example"
@@ -65,6 +68,14 @@ def line(figure: str, value: float, unit: str, base_name: str, base: float, base
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="tf-bench-pki-"))
+    try:
+        run(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the database and key files of this run, whatever happened
+
+
+def run(tmp: Path) -> None:
+    progress = Progress("pki")
     db = Database(sqlite_url(tmp))
     migrate(db.engine)
     ks = FileKeyStore.open(tmp / "keys", key_file=FileKeyStore.create_key_file(tmp / "master.key"))
@@ -115,9 +126,11 @@ def main() -> None:
         claims = {"sub": f"spiffe://{TD}/w", "aud": ["a"], "exp": 2_000_000_000, "iat": 1_900_000_000}
         return _rate(lambda: jwt.encode(claims, ca_key, algorithm="ES256", headers={"kid": "k"}), N * 5)
 
+    progress.step("X.509-SVID issuance")
     issue = _median(issue_run)
     raw_cert = _median(raw_cert_run)
     raw_sign = _median(raw_sign_run)
+    progress.step("JWT-SVID minting")
     jwt_rate = _median(jwt_run)
     raw_jwt = _median(raw_jwt_run)
     print(f"# scale: {RUNS} runs x {N} issuances (one committed transaction each), SQLite WAL, file key store, "
@@ -125,8 +138,8 @@ def main() -> None:
     print(line("x509-svid issued (service)", issue, "svid/s", "raw CertificateBuilder.sign P-256", raw_cert, "cert/s"))
     print(line("x509-svid issued vs raw sign", issue, "svid/s", "raw ECDSA P-256 sign", raw_sign, "sig/s"))
     print(line("jwt-svid minted (service)", jwt_rate, "jwt/s", "raw jwt.encode ES256", raw_jwt, "jwt/s"))
+    progress.done()
     db.dispose()
-    shutil.rmtree(tmp, ignore_errors=True)  # the database and key files of this run
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 import regorus  # noqa: E402
 import uvicorn  # noqa: E402
 
+from bench.progress import Progress  # noqa: E402
 from pdp.server import create_pdp_app  # noqa: E402
 from policy.decide import ALLOWED_FLOWS_QUERY, FLOW_QUERY, sync_data  # noqa: E402
 from policy.engines import diff_documents  # noqa: E402
@@ -126,6 +127,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--decisions", type=int, default=2000)
     args = ap.parse_args()
+    progress = Progress("policy")
+    progress.step("building the data document")
     modules = load_dir(ROOT / "rego")
     doc = build_doc(args.tenants, args.groups, args.grants)
     print(f"scale: {args.tenants} tenants x {args.groups} groups, {args.grants} grants, runs {args.runs}", flush=True)
@@ -163,6 +166,7 @@ def main() -> None:
     line("decision p99 (PolicyEngine vs raw regorus)", med(ours_p99) * 1e6, "us", med(raw_p99) * 1e6)
     line("decisions/s (PolicyEngine vs raw regorus)", med(ours_rate), "1/s", med(raw_rate))
 
+    progress.step("the whole allowed flow set")
     full_ours = [timed(lambda: engine.evaluate(ALLOWED_FLOWS_QUERY, {})) for _ in range(args.runs)]
     raw.set_input_json("{}")
     full_raw = [timed(lambda: raw.eval_rule_as_json(ALLOWED_FLOWS_QUERY)) for _ in range(args.runs)]

@@ -1,6 +1,6 @@
 """The `trustfabric` entry point: the root command and its groups, registered explicitly (an unknown module
 is an ImportError at start, never skipped). See cli/__init__.py for which commands run locally and which
-through the API."""
+through the API; `--help` groups every command under the panel that says so."""
 
 from __future__ import annotations
 
@@ -9,38 +9,79 @@ import sys
 
 import typer
 
+from cli import config
 from cli.local import agent, audit, enforcer, lab, pdp, pki, policy, setup, tokens
-from cli.output import err_console
-from cli.remote import fabric, grants, inventory, whoami
+from cli.output import err_console, fit_to_terminal
+from cli.remote import fabric, grants, inventory, login, whoami
 from core.errors import TrustfabricError
+
+VERSION = "0.1.0"  # the package's version (pyproject.toml); tests/cli check they agree
 
 app = typer.Typer(
     name="trustfabric",
-    help="Zero-trust identity, policy and audit for a multi-tenant AI cloud.",
+    help="Zero-trust identity, policy and audit for a multi-tenant AI cloud.\n\n"
+         "Each command says where it runs: over the API (your token, any machine), locally on the server "
+         "host (the data directory: TRUSTFABRIC_HOME or the profile's), offline (files only), or on a node "
+         "(the agent).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"trustfabric {VERSION}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    profile: str = typer.Option(None, "--profile", "-p", metavar="NAME",
+                                help="config-file profile to use (else TRUSTFABRIC_PROFILE, else the current one)"),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    config.select(profile)
+
+
 # The order is the order of `trustfabric --help`.
-for _group in (setup, pki, audit, policy, pdp, inventory, grants, fabric, enforcer, tokens, whoami, lab, agent):
+for _group in (login, setup, pki, audit, policy, pdp, inventory, grants, fabric, enforcer, tokens, whoami, lab, agent):
     _group.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run one command (`argv`, default sys.argv[1:]); exits 0, 1 with one readable line, or 2 for usage."""
+    """Run one command (`argv`, default sys.argv[1:]); exits 0, 1 with one readable line, or 2 for usage
+    (a bad argument: one line naming it, before any work)."""
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    from typer.exceptions import Abort
+
+    fit_to_terminal()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    config.select(None)
     try:
-        app(args=argv, prog_name="trustfabric", standalone_mode=True)
+        code = app(args=argv, prog_name="trustfabric", standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        if exc.ctx is not None:
+            print(exc.ctx.get_help())
+        sys.exit(0)
+    except ClickException as exc:
+        where = getattr(exc, "ctx", None)
+        hint = f" (see `{where.command_path} --help`)" if where is not None else ""
+        message = " ".join(exc.format_message().split())
+        err_console.print(f"error: {message}{hint}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
     except TrustfabricError as exc:
-        err_console.print(f"error: {exc}", highlight=False, markup=False)
+        err_console.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, EOFError, Abort):
+        err_console.print("aborted", highlight=False, markup=False)
         sys.exit(130)
     except Exception as exc:  # one readable line, never a traceback
         logging.getLogger("trustfabric.cli").debug("unexpected error", exc_info=True)
-        err_console.print(f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False)
+        err_console.print(f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,51 @@
-"""What every CLI command shares: opening the context, printing for people or --json, failing in one line."""
+"""What every CLI command shares: where it runs, its output formats, printing for people, failing in one line.
+
+How a command adopts all of it (one decorator, then `emit`):
+
+    from cli.output import API, Col, View, add_group, command, emit
+
+    device = add_group(app, "device", "Devices: list, show, ...", API)   # was: typer.Typer(...) + add_typer
+    DEVICES = View("devices", (Col("name", "name", kind="id"), Col("state", "state"),
+                               Col("applied", "applied_at", kind="time"), Col("drift", "drift", drop=1)))
+
+    @command(device, "list", API)            # was: @device.command("list")
+    def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        emit(client(server, cacert).pages("/v1/devices"), DEVICES)   # was: show(items, json_out, ...)
+
+`command(group, name, where)` registers the command under the help panel that says where it runs (API,
+LOCAL, OFFLINE or NODE: `--help` shows it; `add_group(..., None)` for a group whose commands run in several
+places), and gives it `--output table|json|yaml` (`-o`) and `--json` (a command that already has a
+`json_out: bool = JsonOpt` parameter keeps it: it is set when either is given; `command(..., output=False)`
+for one that prints a PEM, a token or serves). `emit(data, view)` then prints the API's data unchanged for
+machines (`--json`: indented, sorted keys, as before; yaml), and for people a table (a list) or
+`key: value` lines (a mapping) in which ids are never cut (a `kind="id"` column never shrinks), times are
+local (`kind="time"`, or `kind="when"` for `in 1h 59m`), columns with the highest `drop` are hidden first
+on a narrow terminal, and no Python repr (`None`, `{'a': 1}`, `datetime.datetime(...)`) can appear
+(cli/humanize.py). `machine_output()` tells a command with its own human layout whether to print it.
+Ids may be given back as unique prefixes: cli/ids.py. Arguments are checked while parsed, before any work
+(cli/params.py: `typer.Option(..., parser=PORT, metavar=PORT.metavar)`; tests/cli/test_bad_arguments.py
+then feeds each a bad value); an error ends the command with one line (`fail`, `guard`,
+`one_line_errors`); `open_context()` opens the data directory of local commands (TRUSTFABRIC_HOME, else
+the profile's `home`).
+"""
 
 from __future__ import annotations
 
+import functools
 import getpass
+import inspect
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from cli.params import choice
 from core.errors import TrustfabricError
 
 if TYPE_CHECKING:
@@ -23,46 +56,239 @@ if TYPE_CHECKING:
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
+
+
+def fit_to_terminal() -> None:
+    """Size both consoles for this invocation (COLUMNS, else the terminal, else 80) and take the local time
+    zone (TZ) afresh: the consoles are made once, at import, and one process may run several commands
+    (tests, `main(argv)`)."""
+    import shutil
+    import time
+
+    time.tzset()
+    width = shutil.get_terminal_size((80, 24)).columns
+    console.width = width
+    err_console.width = width
+
+
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
-JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
+JsonOpt = typer.Option(False, "--json", help="Machine-readable output (same as --output json).")
+
+# ---- where a command runs: the help panel that groups it in `--help` (and the README's table)
+
+Where = Literal["api", "local", "offline", "node"]
+API: Where = "api"
+LOCAL: Where = "local"
+OFFLINE: Where = "offline"
+NODE: Where = "node"
+PANELS: dict[Where, str] = {
+    "api": "Over the API (your token; any machine)",
+    "local": "Local (on the server host: the data directory)",
+    "offline": "Offline (files only: no server, no data directory)",
+    "node": "On a node (a GPU node or a leaf: its join token, then its node SVID over mTLS)",
+}
+
+MIXED_PANEL = "Mixed (each command's --help panel says where it runs)"
 
 
-@contextmanager
-def open_context(*, create: bool = False) -> Iterator[AppContext]:
-    from workflows.context import AppContext
-    from workflows.settings import Settings
-
-    ctx = AppContext.open(Settings.from_env(), create=create)
-    try:
-        yield ctx
-    finally:
-        ctx.close()
+def add_group(parent: typer.Typer, name: str, help: str, where: Where | None) -> typer.Typer:
+    """A command group under `parent`, in the help panel of `where` (None: its commands run in several
+    places, each says which in the group's --help)."""
+    group = typer.Typer(help=help, no_args_is_help=True)
+    parent.add_typer(group, name=name, rich_help_panel=PANELS[where] if where else MIXED_PANEL)
+    return group
 
 
-def local_operator(kind: ActorKind = "admin") -> Actor:
-    """Who acts when a local CLI command changes state: whoever can read the data directory and key store
-    is the operator, recorded as cli:<user> (admin, or security for policy changes)."""
-    from audit import Actor
+# ---- output formats
 
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return Actor(id=f"cli:{user}", kind=kind)
+Format = Literal["table", "json", "yaml"]
+FORMATS: tuple[Format, ...] = ("table", "json", "yaml")
+_FORMAT: ContextVar[Format] = ContextVar("trustfabric_output", default="table")
+
+
+def current_format() -> Format:
+    return _FORMAT.get()
+
+
+def machine_output() -> bool:
+    """True when --json or --output json|yaml was given: print data, not prose."""
+    return _FORMAT.get() != "table"
+
+
+def command(group: typer.Typer, name: str, where: Where, *, output: bool = True, **kwargs: Any) -> Callable[[F], F]:
+    """Register `fn` as `name` in `group` under the panel for `where`; with `output`, add --output/-o and
+    --json (see the module docstring)."""
+
+    def register(fn: F) -> F:
+        target: Callable[..., Any] = _with_output(fn) if output else fn
+        target.__dict__["trustfabric_where"] = where
+        group.command(name, rich_help_panel=PANELS[where], **kwargs)(target)
+        return fn
+
+    return register
+
+
+def _with_output(fn: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(fn)
+    has_json = "json_out" in sig.parameters
+    extra = [inspect.Parameter(
+        "output_format", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+        default=typer.Option("table", "--output", "-o", parser=choice(*FORMATS), metavar="|".join(FORMATS),
+                             help="Output format."))]
+    if not has_json:
+        extra.append(inspect.Parameter("json_out", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=JsonOpt))
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kw: Any) -> Any:
+        fmt: Format = kw.pop("output_format", "table")
+        flag = bool(kw.get("json_out") if has_json else kw.pop("json_out", False))
+        if flag:
+            fmt = "json"
+        if has_json:
+            kw["json_out"] = fmt == "json"
+        token = _FORMAT.set(fmt)
+        try:
+            return fn(*args, **kw)
+        finally:
+            _FORMAT.reset(token)
+
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+              else p for p in sig.parameters.values()]
+    run.__signature__ = sig.replace(parameters=[*params, *extra])  # type: ignore[attr-defined]
+    run.__annotations__ = {**getattr(fn, "__annotations__", {}), "output_format": str, "json_out": bool}
+    return run
+
+
+# ---- views: how a list or one object reads for people
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column: a header, the key (or a function of the item) and its kind: text, id (never shrinks,
+    never cut, never hidden), time (local, to the minute; the zone in the header), when (the distance from
+    now, `in 1h 59m`). `drop`: when the terminal is too narrow for every column, those with the highest
+    `drop` are hidden first (0: always shown); a note names what was hidden."""
+
+    header: str
+    key: str | Callable[[Any], Any]
+    kind: Literal["text", "id", "time", "when"] = "text"
+    drop: int = 0
+
+    def value(self, item: Mapping[str, Any]) -> Any:
+        return self.key(item) if callable(self.key) else item.get(self.key)
+
+    def title(self) -> str:
+        if self.kind == "time":
+            from cli.humanize import zone_name
+
+            return f"{self.header} ({zone_name()})"
+        return self.header
+
+    def cell(self, item: Mapping[str, Any]) -> str:
+        from cli.humanize import local_time, relative, text
+
+        value = self.value(item)
+        if self.kind == "time" and value is not None:
+            return local_time(value, seconds=False, zone=False)
+        if self.kind == "when" and value is not None:
+            return relative(value) or text(value)
+        return text(value)
+
+
+@dataclass(frozen=True)
+class View:
+    """A table for lists; for one object, `key: value` lines (every field, humanized)."""
+
+    title: str
+    columns: tuple[Col, ...]
+
+    def table(self, items: Sequence[Mapping[str, Any]]) -> None:
+        cells = {c: [c.cell(item) for item in items] for c in self.columns}
+        shown = list(self.columns)
+        width = console.width
+        while _needed(shown, cells) > width and any(c.drop for c in shown):
+            worst = max(c.drop for c in shown)
+            shown = [c for c in shown if c.drop != worst]
+        hidden = [c.header for c in self.columns if c not in shown]
+        emit_table(self.title, [c.title() for c in shown], [[cells[c][i] for c in shown] for i in range(len(items))],
+                   ids=[i for i, c in enumerate(shown) if c.kind in ("id", "time")])
+        if hidden and items:
+            err_console.print(f"({', '.join(hidden)} hidden at {width} columns: widen the terminal or use --json)",
+                              style="dim", highlight=False, markup=False)
+
+
+def _needed(columns: Sequence[Col], cells: Mapping[Col, Sequence[str]]) -> int:
+    """The width the columns need without breaking ids, times or words of up to 16 characters."""
+    total = 3 * (len(columns) - 1)  # a rule and a space either side between columns
+    for c in columns:
+        whole = c.kind in ("id", "time")  # never wrapped, header included
+        words = [len(w) for v in [c.title(), *cells[c]] for w in ([v] if whole else v.split())]
+        total += max(words, default=0) if whole else min(max(words, default=0), 16)
+    return total
+
+
+def emit(data: Any, view: View | None = None) -> None:
+    """Print `data` in the chosen format: JSON/YAML unchanged, for people a table or `key: value` lines."""
+    fmt = _FORMAT.get()
+    if fmt == "json":
+        emit_json(data)
+    elif fmt == "yaml":
+        emit_yaml(data)
+    elif isinstance(data, list) and view is not None:
+        view.table(data)
+    else:
+        emit_human(data)
+
+
+def emit_human(data: Any) -> None:
+    from cli.humanize import field_lines, text
+
+    if isinstance(data, Mapping):
+        for line in field_lines(data):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    elif isinstance(data, list) and data and all(isinstance(d, Mapping) for d in data):
+        keys = list(dict.fromkeys(k for d in data for k in d))
+        emit_table("", keys, [[text(d.get(k)) for k in keys] for d in data])
+    else:
+        console.print(text(data), highlight=False, markup=False, soft_wrap=True)
 
 
 def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*[("" if v is None else str(v)) for v in row])
+def emit_yaml(data: Any) -> None:
+    import yaml
+
+    plain = json.loads(json.dumps(data, default=str))  # the same values --json prints
+    sys.stdout.write(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False))
+
+
+def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
+               ids: Sequence[int] = ()) -> None:
+    """A rich table without vertical rules; the columns in `ids` hold identifiers (or times): they never wrap
+    or shrink (the others do)."""
+    from rich import box
+    from rich.table import Table
+
+    from cli.humanize import text
+
+    cells = [[v if isinstance(v, str) else text(v) for v in row] for row in rows]
+    table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, col in enumerate(columns):
+        if i in ids:
+            width = max([0, *(len(r[i]) for r in cells)])
+            table.add_column(col, no_wrap=True, min_width=width, overflow="ignore")
+        else:
+            table.add_column(col, overflow="fold")
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
+
+
+# ---- failing in one line
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -85,3 +311,46 @@ def guard(fn: Callable[[], T]) -> T:
     with one_line_errors():
         return fn()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ---- local commands: the data directory and the operator
+
+
+@contextmanager
+def open_context(*, create: bool = False) -> Iterator[AppContext]:
+    """The data directory of a local command: TRUSTFABRIC_HOME, else the profile's `home`, else ./.trustfabric."""
+    from workflows.context import AppContext
+
+    ctx = AppContext.open(local_settings(), create=create)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+def local_settings() -> Any:
+    """Settings from the environment; with TRUSTFABRIC_HOME unset, the selected profile's `home`."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from cli.config import selected_profile
+    from workflows.settings import ClientSettings, Settings
+
+    settings = Settings.from_env()
+    if ClientSettings.from_env().home is None:
+        home = selected_profile().home
+        if home:
+            settings = replace(settings, home=Path(home).expanduser())
+    return settings
+
+
+def local_operator(kind: ActorKind = "admin") -> Actor:
+    """Who acts when a local CLI command changes state: whoever can read the data directory and key store
+    is the operator, recorded as cli:<user> (admin, or security for policy changes)."""
+    from audit import Actor
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return Actor(id=f"cli:{user}", kind=kind)

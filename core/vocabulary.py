@@ -23,6 +23,9 @@ GRANT_STATES: tuple[str, ...] = get_args(GrantState)
 FINAL_GRANT_STATES: tuple[str, ...] = ("expired", "revoked", "rejected", "denied")
 GRANT_STATE_PATTERN = "^(" + "|".join(GRANT_STATES) + ")$"
 
+# ---- the tenant whose groups are services offered to every tenant (rego/flows.rego: platform_tenant)
+PLATFORM_TENANT = "platform"
+
 # ---- trust domain used until `init` stores one
 DEFAULT_TRUST_DOMAIN = "trustfabric.local"
 

@@ -6,11 +6,11 @@ import sqlalchemy as sa
 
 from store.migrations import Migration
 
-_v8 = sa.MetaData()
-_TABLES_V8 = (
+_v11 = sa.MetaData()
+_TABLES_V11 = (
     sa.Table(
         "enforcer_rulesets",
-        _v8,
+        _v11,
         sa.Column('id', sa.Integer(), primary_key=True, nullable=False),
         sa.Column('device', sa.String(80), nullable=False, index=True),
         sa.Column('version', sa.Integer(), nullable=False),
@@ -23,7 +23,7 @@ _TABLES_V8 = (
     ),
     sa.Table(
         "enforcer_devices",
-        _v8,
+        _v11,
         sa.Column('device', sa.String(80), primary_key=True, nullable=False),
         sa.Column('kind', sa.String(8), nullable=False),
         sa.Column('in_fabric', sa.Boolean(), nullable=False),
@@ -44,10 +44,10 @@ _TABLES_V8 = (
 )
 
 
-def _step_8(conn: sa.Connection) -> None:
-    _v8.create_all(conn)
+def _step_11(conn: sa.Connection) -> None:
+    _v11.create_all(conn)
 
 
 STEPS: tuple[Migration, ...] = (
-    Migration(8, 'enforcer: versioned rule sets per device, device state and status', _step_8),
+    Migration(11, 'enforcer: versioned rule sets per device, device state and status', _step_11),
 )

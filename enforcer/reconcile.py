@@ -394,24 +394,45 @@ class Reconciler:
 # ---------------------------------------------------------------- reads for plan, staged plan, verify
 
 
-def staged_compile(session: Session, modules: dict[str, str] | None, *, now: datetime, budget: Budget
-                   ) -> Compiled:
-    """Policy `modules` (a candidate version; None: nothing allowed) compiled on the stored fabric and data
-    with a private engine, publishing nothing: what every device would run under that version."""
+@dataclass(frozen=True)
+class StagedInputs:
+    """What a staged compile reads: the stored fabric and the policy data document at `now`."""
+
+    fabric: Fabric
+    data: dict[str, Any]
+    now_ns: int
+
+
+def staged_inputs(session: Session, now: datetime) -> StagedInputs:
     from pki.service import trust_domain
 
-    fabric = compile_fabric_of(session, trust_domain(session) or "")
-    data = build_data(session, now)
-    allowed: Any = []
-    if modules is not None:
+    return StagedInputs(compile_fabric_of(session, trust_domain(session) or ""), build_data(session, now), to_ns(now))
+
+
+def allowed_flows_under(versions: list[dict[str, str] | None], data: dict[str, Any], now_ns: int) -> list[Any]:
+    """`data.flows.allowed_flows` of each policy version's modules (None: nothing allowed) on `data`, each on a
+    private engine. Module-level and on plain data: workflows run it in the policy sandbox (a candidate version
+    is user-supplied Rego, issue 13 item 5)."""
+    out: list[Any] = []
+    for modules in versions:
+        if modules is None:
+            out.append([])
+            continue
         engine = scratch_engine(dict(modules), data)
         try:
-            allowed = engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": to_ns(now)})
+            allowed = engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": now_ns})
         finally:
             engine.close()
         if not isinstance(allowed, list):
             raise InvalidInput(f"the policy version gives no {ALLOWED_FLOWS_QUERY} list")
-    return compile_fabric(fabric, allowed, frozenset(data["tf"]["revoked"]), budget)
+        out.append(allowed)
+    return out
+
+
+def staged_compile(inputs: StagedInputs, allowed: Any, budget: Budget) -> Compiled:
+    """What every device would run under a policy version whose allowed flows are `allowed` (from
+    allowed_flows_under), compiled on the stored fabric and data, publishing nothing."""
+    return compile_fabric(inputs.fabric, allowed, frozenset(inputs.data["tf"]["revoked"]), budget)
 
 
 def with_devices(compiled: Compiled, devices: dict[str, DeviceRuleSet]) -> Compiled:

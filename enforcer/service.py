@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
@@ -79,6 +80,18 @@ def version_row(session: Session, device: str, version: int | None = None) -> Ru
     if row is None:
         raise NotFound(f"device {device} has no version {version}")
     return row
+
+
+def versions(session: Session, device: str) -> list[dict[str, Any]]:
+    """Every version published for `device`, newest first (without the IR); NotFound when there is none."""
+    v = RuleSetVersion
+    query = (sa_select(col(v.version), col(v.content_hash), col(v.cause), col(v.published_by), col(v.created_at))
+             .where(col(v.device) == check_device(device)).order_by(col(v.version).desc()))
+    rows = session.connection().execute(query).all()
+    if not rows:
+        raise NotFound(f"device {device} has no published rule set (not in the fabric, or never compiled)")
+    return [{"device": device, "version": version, "content_hash": digest, "cause": cause, "published_by": by,
+             "published_at": as_utc(at)} for version, digest, cause, by, at in rows]
 
 
 def ruleset_of(row: RuleSetVersion) -> DeviceRuleSet:
@@ -244,16 +257,22 @@ def record_status(session: Session, device: str, report: Mapping[str, Any], *, a
 
 def status_rows(session: Session) -> list[dict[str, Any]]:
     """Every device: desired vs applied version, pin, pending plan, drift, last apply and report, counters."""
-    out = []
-    for st in states(session).values():
-        out.append({
-            "device": st.device, "kind": st.kind, "in_fabric": st.in_fabric, "desired_version": st.version,
-            "desired_hash": st.content_hash, "pinned": st.pinned, "pending_hash": st.pending_hash,
-            "applied_version": st.applied_version, "applied_hash": st.applied_hash,
-            "in_sync": st.applied_hash is not None and st.applied_hash == st.content_hash,
-            "applied_at": as_utc(st.applied_at) if st.applied_at else None,
-            "reported_at": as_utc(st.reported_at) if st.reported_at else None,
-            "drift": list(st.drift), "drift_repaired": st.drift_repaired, "last_error": st.last_error,
-            "counters": dict(st.counters),
-        })
-    return out
+    return [_status(st) for st in states(session).values()]
+
+
+def status_row(session: Session, device: str) -> dict[str, Any]:
+    """One device's status_rows entry; NotFound when it never had a rule set."""
+    return _status(get_state(session, device))
+
+
+def _status(st: DeviceState) -> dict[str, Any]:
+    return {
+        "device": st.device, "kind": st.kind, "in_fabric": st.in_fabric, "desired_version": st.version,
+        "desired_hash": st.content_hash, "pinned": st.pinned, "pending_hash": st.pending_hash,
+        "applied_version": st.applied_version, "applied_hash": st.applied_hash,
+        "in_sync": st.applied_hash is not None and st.applied_hash == st.content_hash,
+        "applied_at": as_utc(st.applied_at) if st.applied_at else None,
+        "reported_at": as_utc(st.reported_at) if st.reported_at else None,
+        "drift": list(st.drift), "drift_repaired": st.drift_repaired, "last_error": st.last_error,
+        "counters": dict(st.counters),
+    }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import Conflict, InvalidInput, NotFound
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 
 class TenantNotFound(NotFound):
@@ -23,3 +23,8 @@ class AlreadyExists(Conflict):
 
 class InvalidInventory(InvalidInput):
     pass
+
+
+class Quarantined(Forbidden):
+    """The tenant or group is quarantined: it gets no identities (X.509- or JWT-SVIDs) and no new workloads
+    until security lifts the quarantine (HTTP 403; the message names what is quarantined)."""

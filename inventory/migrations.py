@@ -50,11 +50,11 @@ def _step_2(conn: sa.Connection) -> None:
     _v2.create_all(conn)
 
 
-_v7 = sa.MetaData()
-_TABLES_V7 = (
+_v10 = sa.MetaData()
+_TABLES_V10 = (
     sa.Table(
         "fabric_nodes",
-        _v7,
+        _v10,
         sa.Column('name', sa.String(63), primary_key=True, nullable=False),
         sa.Column('uplinks', sa.JSON(), nullable=False),
         sa.Column('host_ports', sa.JSON(), nullable=False),
@@ -62,7 +62,7 @@ _TABLES_V7 = (
     ),
     sa.Table(
         "fabric_switches",
-        _v7,
+        _v10,
         sa.Column('name', sa.String(63), primary_key=True, nullable=False),
         sa.Column('role', sa.String(8), nullable=False),
         sa.Column('ports', sa.JSON(), nullable=False),
@@ -71,7 +71,7 @@ _TABLES_V7 = (
     ),
     sa.Table(
         "fabric_links",
-        _v7,
+        _v10,
         sa.Column('id', sa.Integer(), primary_key=True, nullable=False),
         sa.Column('leaf', sa.String(63), nullable=False),
         sa.Column('leaf_port', sa.String(63), nullable=False),
@@ -84,7 +84,7 @@ _TABLES_V7 = (
     ),
     sa.Table(
         "fabric_placements",
-        _v7,
+        _v10,
         sa.Column('workload', sa.String(191), primary_key=True, nullable=False),
         sa.Column('tenant', sa.String(63), nullable=False, index=True),
         sa.Column('node', sa.String(63), nullable=False, index=True),
@@ -96,8 +96,8 @@ _TABLES_V7 = (
         sa.UniqueConstraint('node', 'port'),
     ),
 )
-# Columns step 7 adds to a table an earlier step made (tests/store/test_migrations.py reads this name).
-_added_v7: dict[str, tuple[sa.Column[object], ...]] = {
+# Columns step 10 adds to a table an earlier step made (tests/store/test_migrations.py reads this name).
+_added_v10: dict[str, tuple[sa.Column[object], ...]] = {
     "tenants": (
         sa.Column('vlan', sa.Integer(), nullable=True, unique=True, index=True),
         sa.Column('prefix6', sa.String(64), nullable=True),
@@ -105,11 +105,11 @@ _added_v7: dict[str, tuple[sa.Column[object], ...]] = {
 }
 
 
-def _step_7(conn: sa.Connection) -> None:
+def _step_10(conn: sa.Connection) -> None:
     """The fabric inventory (nodes, switches, links, placements); tenants gain their attachment VLAN (also
     their conntrack zone) and an IPv6 prefix. Existing tenants get them allocated when first needed."""
-    _v7.create_all(conn)
-    for table, columns in _added_v7.items():
+    _v10.create_all(conn)
+    for table, columns in _added_v10.items():
         for column in columns:
             kind = column.type.compile(dialect=conn.dialect)
             conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column.name} {kind}")
@@ -118,5 +118,5 @@ def _step_7(conn: sa.Connection) -> None:
 
 STEPS: tuple[Migration, ...] = (
     Migration(2, 'inventory: tenants, workload groups, workloads', _step_2),
-    Migration(7, 'inventory: the fabric (nodes, switches, links, placements); tenant VLAN and IPv6 prefix', _step_7),
+    Migration(10, 'inventory: the fabric (nodes, switches, links, placements); tenant VLAN and IPv6 prefix', _step_10),
 )

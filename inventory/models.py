@@ -19,7 +19,7 @@ class Tenant(SQLModel, table=True):
     prefix: str | None = Field(default=None, max_length=64)  # CIDR the enforcer allocates from
     quarantined: bool = Field(default=False)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
-    # added by schema step 7 (hence last): the attachment VLAN on leaf ports, also the tenant's conntrack
+    # added by schema step 10 (hence last): the attachment VLAN on leaf ports, also the tenant's conntrack
     # zone on every SuperNIC; an IPv6 prefix beside the IPv4 `prefix`
     vlan: int | None = Field(default=None, unique=True, index=True)
     prefix6: str | None = Field(default=None, max_length=64)

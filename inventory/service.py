@@ -6,15 +6,17 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from audit import Actor, record
 from core.clock import Clock, system_clock
+from core.quotas import QuotaName, Quotas
 from core.slugs import require_slug
 from inventory.errors import (
     AlreadyExists,
     GroupNotFound,
     InvalidInventory,
+    Quarantined,
     TenantNotFound,
     WorkloadNotFound,
 )
@@ -54,6 +56,16 @@ def get_tenant(session: Session, slug: str) -> Tenant:
     return tenant
 
 
+def check_quota(session: Session, quotas: Quotas | None, tenant: str, name: QuotaName, held: Any) -> None:
+    """QuotaExceeded when `tenant` may not add one more of `name`; `held` is a COUNT statement. The tenant's
+    row is locked first (PostgreSQL; SQLite's writer lock serialises writers already), so two concurrent
+    additions cannot both pass the last free place."""
+    if quotas is None or getattr(quotas, name) <= 0:
+        return
+    session.exec(select(Tenant.slug).where(col(Tenant.slug) == tenant).with_for_update()).first()
+    quotas.check(tenant, name, int(session.exec(held).one()))
+
+
 def get_group(session: Session, tenant: str, name: str) -> WorkloadGroup:
     group = session.exec(
         select(WorkloadGroup).where(WorkloadGroup.tenant == tenant, WorkloadGroup.name == name)
@@ -70,6 +82,26 @@ def get_workload(session: Session, tenant: str, group: str, name: str) -> Worklo
     if workload is None:
         raise WorkloadNotFound(f"workload {name!r} not registered in {tenant}/{group}")
     return workload
+
+
+def require_not_quarantined(session: Session, tenant: str, group: str) -> None:
+    """Quarantined (403) when the tenant or the group is quarantined: a quarantined tenant or group gets no
+    identities and no new workloads. One indexed read (on the SVID issuance path). A missing tenant or
+    group is left to the caller's own lookup."""
+    row = session.exec(
+        select(Tenant.quarantined, WorkloadGroup.quarantined)
+        .join(WorkloadGroup, col(WorkloadGroup.tenant) == col(Tenant.slug))
+        .where(col(Tenant.slug) == tenant, col(WorkloadGroup.name) == group)
+    ).first()
+    if row is None:
+        return
+    tenant_quarantined, group_quarantined = row
+    if tenant_quarantined:
+        raise Quarantined(f"tenant {tenant} is quarantined: no identities are issued and no workloads registered "
+                          "until security lifts the quarantine")
+    if group_quarantined:
+        raise Quarantined(f"group {tenant}/{group} is quarantined: no identities are issued and no workloads "
+                          "registered in it until security lifts the quarantine")
 
 
 def workload_by_spiffe_id(session: Session, spiffe_id: str) -> Workload | None:
@@ -182,9 +214,12 @@ def create_group(
     sensitivity: str = "normal",
     clock: Clock = system_clock,
     request_id: str | None = None,
+    quotas: Quotas | None = None,
 ) -> WorkloadGroup:
     require_slug(name, "group")
     get_tenant(session, tenant)
+    check_quota(session, quotas, tenant, "groups",
+                select(func.count()).select_from(WorkloadGroup).where(col(WorkloadGroup.tenant) == tenant))
     if sensitivity not in SENSITIVITIES:
         raise InvalidInventory(f"sensitivity must be one of {', '.join(SENSITIVITIES)}")
     clean_ports = normalize_ports(ports)
@@ -217,10 +252,14 @@ def register_workload(
     actor: Actor,
     clock: Clock = system_clock,
     request_id: str | None = None,
+    quotas: Quotas | None = None,
 ) -> Workload:
     """The SPIFFE ID is derived here, from tenant/group/name: nothing the caller sends can choose it."""
     require_slug(name, "workload")
     get_group(session, tenant, group)
+    require_not_quarantined(session, tenant, group)
+    check_quota(session, quotas, tenant, "workloads",
+                select(func.count()).select_from(Workload).where(col(Workload.tenant) == tenant))
     spiffe_id = f"spiffe://{trust_domain}/tenant/{tenant}/group/{group}/{name}"
     if session.exec(select(Workload).where(Workload.spiffe_id == spiffe_id)).first():
         raise AlreadyExists(f"workload {spiffe_id} is already registered")

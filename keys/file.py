@@ -102,15 +102,19 @@ class FileKeyStore:
 
     @classmethod
     def open(
-        cls, directory: Path, *, passphrase: str | None = None, key_file: Path | None = None
+        cls, directory: Path, *, passphrase: str | None = None, key_file: Path | None = None,
+        master_key: bytes | None = None,
     ) -> FileKeyStore:
-        """Open (creating when missing) the store; exactly one of passphrase / key_file unlocks it."""
-        if (passphrase is None) == (key_file is None):
-            raise KeyStoreError("give exactly one of passphrase or key_file to open the key store")
+        """Open (creating when missing) the store; exactly one of passphrase / key_file / master_key (from
+        elsewhere: a PKCS#11 token, keys.pkcs11.Pkcs11KeyStore.unwrap_master) unlocks it."""
+        if sum(x is not None for x in (passphrase, key_file, master_key)) != 1:
+            raise KeyStoreError("give exactly one of passphrase, key_file or master_key to open the key store")
         directory = Path(directory)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(directory, 0o700)  # mkdir's mode is filtered by umask and ignored for existing dirs
-        if key_file is not None:
+        if master_key is not None:
+            master = master_key
+        elif key_file is not None:
             master = cls._read_key_file(Path(key_file))
         else:
             assert passphrase is not None

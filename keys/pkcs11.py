@@ -8,7 +8,9 @@ so `x509.CertificateBuilder.sign`, CRL builders and pyjwt work unchanged (checke
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import pkcs11
@@ -20,6 +22,7 @@ from pkcs11.util.ec import encode_named_curve_parameters
 from keys.errors import KeyExists, KeyNotFound, KeyStoreError
 from keys.store import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
 
+MASTER_WRAP_LABEL = "trustfabric-master-wrap"  # the AES key that wraps a file key store's master key
 _CURVE_NAMES = {KeyKind.EC_P256: "secp256r1", KeyKind.EC_P384: "secp384r1"}
 _ED25519_OID = "1.3.101.112"
 
@@ -188,6 +191,38 @@ class Pkcs11KeyStore:
         """Log out and close the session."""
         with self.lock:
             self._session.close()
+
+    def unwrap_master(self, path: Path) -> bytes:
+        """The 32-byte master key of a file key store, kept in `path` encrypted (AES-256-CBC) under an AES key
+        that lives in this token and never leaves it (made on first use, with the master key). Without the
+        token the file is useless; a wrong token or a damaged file fails the file store's master check."""
+        with self.lock:
+            wrapping: Any = self._find(MASTER_WRAP_LABEL, ObjectClass.SECRET_KEY)
+            if wrapping is None:
+                if path.exists():
+                    raise KeyStoreError(f"{path} is wrapped under a key this token does not hold "
+                                        f"({MASTER_WRAP_LABEL!r})")
+                wrapping = self._session.generate_key(
+                    KeyType.AES, 256, label=MASTER_WRAP_LABEL, store=True,
+                    template={Attribute.SENSITIVE: True, Attribute.EXTRACTABLE: False, Attribute.TOKEN: True},
+                )
+            if not path.exists():
+                master, iv = os.urandom(32), os.urandom(16)
+                blob = iv + bytes(wrapping.encrypt(master, mechanism=Mechanism.AES_CBC_PAD, mechanism_param=iv))
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.write(fd, blob)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            blob = path.read_bytes()
+            try:
+                master = bytes(wrapping.decrypt(blob[16:], mechanism=Mechanism.AES_CBC_PAD, mechanism_param=blob[:16]))
+            except pkcs11.exceptions.PKCS11Error as exc:
+                raise KeyStoreError(f"{path} does not unwrap with the token's key: {exc!r}") from None
+            if len(master) != 32:
+                raise KeyStoreError(f"{path} does not hold a 32-byte master key")
+            return master
 
     def _find(self, key_id: str, cls: ObjectClass) -> Any | None:
         found = list(self._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: cls}))

@@ -3,12 +3,15 @@ then revoked: no new SVIDs, and the enforcer withdraws its flows). CRLs are sign
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from audit import Actor, record
 from core.clock import Clock, as_utc
@@ -17,7 +20,7 @@ from core.slugs import require_slug
 from keys.store import KeyStore, hash_for
 from pki.ca import PUBLISHED_STATES, certificate, generation_cas, load_settings, truncate
 from pki.errors import AlreadyRevoked, IdentityOutOfScope, SvidNotFound
-from pki.models import IssuedSvid, RevokedIdentity
+from pki.models import CertificateAuthority, IssuedSvid, RevokedIdentity
 from pki.spiffe_id import SpiffeId, identity_prefix, parse_spiffe_id
 
 MAX_REASON = 500
@@ -192,3 +195,68 @@ def crl_der(session: Session, keystore: KeyStore, clock: Clock) -> bytes:
 def crl_pem(session: Session, keystore: KeyStore, clock: Clock) -> bytes:
     """The CRLs of every published issuing CA (active first), PEM, concatenated."""
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in crls(session, keystore, clock))
+
+
+@dataclass(frozen=True)
+class PublishedCrl:
+    """The signed CRLs as served: DER of the active issuing CA's, PEM of all, each with its strong ETag."""
+
+    der: bytes
+    pem: bytes
+    signed_at: datetime
+    state: tuple[Any, ...]
+
+    @staticmethod
+    def etag_of(body: bytes) -> str:
+        return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+class CrlPublisher:
+    """Signs the CRLs once per change and serves the signed bytes until the next one (issue 13, item 7:
+    every GET /v1/crl used to sign a fresh CRL, a signature per unauthenticated request).
+
+    A change is a revocation or a CA changing state (one aggregate read tells); with none, the CRLs are
+    re-signed once `refresh` has passed (half their validity by default), so nextUpdate never lapses.
+    One per process; thread-safe, and a request that finds a signing in progress waits for it."""
+
+    def __init__(self, refresh: timedelta = CRL_VALIDITY / 2) -> None:
+        self.refresh = refresh
+        self._current: PublishedCrl | None = None
+        self._lock = threading.Lock()
+        self.signings = 0  # for tests and profiling
+
+    @staticmethod
+    def state(session: Session) -> tuple[Any, ...]:
+        """What the CRLs are made of, in two indexed aggregate reads."""
+        count, latest = session.exec(
+            select(func.count(), func.max(IssuedSvid.revoked_at)).where(col(IssuedSvid.revoked_at).is_not(None))
+        ).one()
+        cas = session.exec(
+            select(CertificateAuthority.id, CertificateAuthority.state)
+            .where(col(CertificateAuthority.role) == "issuing").order_by(col(CertificateAuthority.id))
+        ).all()
+        return int(count), str(latest), tuple(map(tuple, cas))
+
+    def current(self, session: Session, keystore: KeyStore, clock: Clock) -> PublishedCrl:
+        """The CRLs for now: the kept ones while nothing changed and they are fresh, else newly signed."""
+        state = self.state(session)
+        now = clock()
+        kept = self._current
+        if kept is not None and kept.state == state and kept.signed_at <= now < kept.signed_at + self.refresh:
+            return kept
+        with self._lock:
+            kept = self._current
+            if kept is not None and kept.state == state and kept.signed_at <= now < kept.signed_at + self.refresh:
+                return kept
+            signed = crls(session, keystore, clock)
+            if not signed:
+                from pki.errors import CAUnavailable
+
+                raise CAUnavailable("no active issuing CA to sign a CRL")
+            self.signings += 1
+            self._current = PublishedCrl(
+                der=signed[0].public_bytes(serialization.Encoding.DER),
+                pem=b"".join(c.public_bytes(serialization.Encoding.PEM) for c in signed),
+                signed_at=now, state=state,
+            )
+            return self._current

@@ -3,6 +3,7 @@ audit event commit together or not at all), the key store and the clock explicit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ from core.clock import Clock, as_utc, system_clock
 from core.errors import InvalidInput
 from core.slugs import require_slug
 from inventory.models import Placement, Workload
+from inventory.service import require_not_quarantined
 from keys.store import KeyKind, KeyStore
 from pki import attestation, revocation, rotation
 from pki.bundle import bundle_document, bundle_roots_pem
@@ -141,6 +143,7 @@ def _registered_identity(
     ).first()
     if row is None:
         raise UnknownWorkload(f"workload {tenant}/{group}/{workload} is not registered; register it first")
+    require_not_quarantined(session, tenant, group)
     try:
         sid = parse_spiffe_id(row.spiffe_id)
     except InvalidSpiffeId as exc:
@@ -382,3 +385,28 @@ def status_dict(status: RotationStatus) -> dict[str, Any]:
 def node_spiffe_id(session: Session, node_name: str) -> str:
     """spiffe://<td>/node/<name> in this trust domain (NotInitialized before init)."""
     return str(node_id(load_settings(session).trust_domain, node_name))
+
+
+@dataclass(frozen=True)
+class SvidValidity:
+    """The SVIDs of one kind that are valid now: how many, and when the first and the last of them expire."""
+
+    kind: str
+    valid: int
+    first_expiry: datetime | None
+    last_expiry: datetime | None
+
+
+def svid_validity(session: Session, now: datetime) -> list[SvidValidity]:
+    """Per kind (workload, node, server), the unrevoked X.509-SVIDs not yet expired at `now`: for metrics."""
+    from sqlalchemy import func
+
+    from pki.models import IssuedSvid
+
+    rows = session.exec(
+        select(IssuedSvid.kind, func.count(), func.min(IssuedSvid.not_after), func.max(IssuedSvid.not_after))
+        .where(IssuedSvid.revoked_at == None, IssuedSvid.not_after > now)  # noqa: E711
+        .group_by(IssuedSvid.kind)
+    ).all()
+    return [SvidValidity(str(kind), int(n), as_utc(first) if first else None, as_utc(last) if last else None)
+            for kind, n, first, last in rows]

@@ -29,7 +29,7 @@ from core.clock import as_utc
 from core.errors import InvalidInput
 from inventory.models import Tenant, Workload, WorkloadGroup
 from pki.models import RevokedIdentity
-from policy.models import Grant
+from policy.models import Grant, PolicyDataVersion
 
 log = logging.getLogger(__name__)
 
@@ -123,36 +123,15 @@ def build_data(session: Session, now: datetime) -> dict[str, Any]:
     return {DATA_KEY: {"tenants": tenants, "grants": grants, "revoked": revoked}}
 
 
-# Everything build_data reads, as one SQLite statement (one round trip, no ORM): per section, every row
-# the document is built from, each column quote()d (an SQL literal: quotes escaped, NULL distinct) and
-# joined with ',' between columns and ';' between rows, so the text determines the rows exactly. Keep it
-# in step with build_data: a column build_data starts reading must be added here.
-_FINGERPRINT_SQL = """SELECT
- (SELECT group_concat(r, ';') FROM (SELECT quote(slug) || ',' || quote(quarantined) AS r
-   FROM tenants ORDER BY slug)),
- (SELECT group_concat(r, ';') FROM (SELECT quote(tenant) || ',' || quote(name) || ',' || quote(labels) || ','
-   || quote(ports) || ',' || quote(sensitivity) || ',' || quote(quarantined) AS r
-   FROM workload_groups ORDER BY tenant, name)),
- (SELECT group_concat(r, ';') FROM (SELECT quote(spiffe_id) AS r
-   FROM workloads WHERE revoked IS 1 ORDER BY spiffe_id)),
- (SELECT group_concat(r, ';') FROM (SELECT quote(spiffe_id_prefix) || ',' || quote(tenant) || ','
-   || quote("group") || ',' || quote(workload) AS r FROM pki_revoked_identities ORDER BY id)),
- (SELECT group_concat(r, ';') FROM (SELECT quote(id) || ',' || quote(src_tenant) || ',' || quote(dst_tenant)
-   || ',' || quote(src_group) || ',' || quote(dst_group) || ',' || quote(proto) || ',' || quote(ports) || ','
-   || quote(state) || ',' || quote(expires_at) AS r FROM grants WHERE state = 'active' ORDER BY id))"""
-
-
 def data_fingerprint(session: Session) -> tuple[Any, ...] | None:
-    """The rows build_data would read, in this session's transaction (pending changes flushed first), as
-    a value that is equal for two states exactly when build_data reads the same rows in both: two
-    documents built at the same `now` from states with equal fingerprints are equal. SQLite only (None
-    elsewhere); one statement, so a caller can keep a document and rebuild it only when this changes."""
-    bind = session.get_bind()
-    if bind.dialect.name != "sqlite":
-        return None
+    """A value that changes whenever a row build_data reads changes, as this session's transaction sees it
+    (pending changes flushed first): the policy data version, which database triggers bump in every
+    transaction that inserts, updates or deletes such a row (policy/migrations.py step 9; keep its column
+    lists in step with build_data). Two documents built at the same `now` under equal fingerprints are
+    equal. One indexed read of one row; None when the row is missing (a database not migrated)."""
     session.flush()  # as the autoflush of build_data's queries would
-    row = session.connection().exec_driver_sql(_FINGERPRINT_SQL).one()
-    return tuple(row)
+    n = session.exec(select(PolicyDataVersion.n).where(col(PolicyDataVersion.id) == 1)).first()
+    return None if n is None else (int(n),)
 
 
 def live_until(data: Mapping[str, Any]) -> int | None:

@@ -31,7 +31,7 @@ from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from core.clock import Clock, as_utc, require_aware, system_clock
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotFound
 from core.slugs import is_slug
 from policy.decide import AuthzDecision, FlowDecision, GrantDecision
 from policy.models import DecisionRecord
@@ -41,16 +41,6 @@ log = logging.getLogger(__name__)
 
 Decision = FlowDecision | GrantDecision | AuthzDecision
 KINDS = ("flow", "grant", "authz")
-
-
-def _tenant_of(kind: str, input: Mapping[str, Any]) -> str | None:
-    for path in (("src", "tenant"), ("requester", "tenant"), ("principal", "tenant"), ("resource", "tenant")):
-        node: Any = input
-        for key in path:
-            node = node.get(key) if isinstance(node, Mapping) else None
-        if isinstance(node, str):
-            return node
-    return None
 
 
 def _outcome(decision: Decision) -> tuple[bool, str]:
@@ -84,9 +74,11 @@ class DecisionLog:
             return True
         return self.rng.random() < self.sample_rate
 
-    def record(self, kind: str, input: Mapping[str, Any], decision: Decision, policy_hash: str | None) -> bool:
+    def record(
+        self, kind: str, input: Mapping[str, Any], decision: Decision, policy_hash: str | None, *, owner: str | None
+    ) -> bool:
         """True when the decision was written; a logging failure is logged, never raised."""
-        row = self.row(kind, input, decision, policy_hash)
+        row = self.row(kind, input, decision, policy_hash, owner=owner)
         if row is None:
             return False
         try:
@@ -98,10 +90,16 @@ class DecisionLog:
         return True
 
     def row(
-        self, kind: str, input: Mapping[str, Any], decision: Decision, policy_hash: str | None
+        self, kind: str, input: Mapping[str, Any], decision: Decision, policy_hash: str | None, *, owner: str | None
     ) -> DecisionRecord | None:
         """The record to write when this decision is sampled (None otherwise), for a caller that adds it
-        to its own transaction (the decision commits with what it decided)."""
+        to its own transaction (the decision commits with what it decided).
+
+        `owner` is whose log the record lands in: the tenant of the principal that asked, or None (the
+        operator's log) for a platform principal. Never taken from the input: explaining `B -> A` as
+        tenant A is A's question, and B must not read it (issue 13, item 9)."""
+        if owner is not None and not is_slug(owner):
+            raise InvalidInput(f"decision record owner {owner!r} is not a tenant slug")
         if kind not in KINDS:
             raise InvalidInput(f"decision kind {kind!r} is not one of {', '.join(KINDS)}")
         allowed, outcome = _outcome(decision)
@@ -110,7 +108,7 @@ class DecisionLog:
         return DecisionRecord(
             ts=self.clock(),
             kind=kind,
-            tenant=_tenant_of(kind, input),
+            tenant=owner,
             allowed=allowed,
             outcome=outcome,
             input=dict(input),
@@ -150,6 +148,14 @@ def query_decisions(
         stmt = stmt.where(col(DecisionRecord.ts) < require_aware(until, "until"))
     stmt = stmt.order_by(col(DecisionRecord.id).desc()).limit(limit)
     return list(session.exec(stmt).all())
+
+
+def get_decision(session: Session, record_id: int) -> DecisionRecord:
+    """One sampled decision record, or NotFound."""
+    row = session.get(DecisionRecord, record_id)
+    if row is None:
+        raise NotFound(f"decision record {record_id} not found")
+    return row
 
 
 # --- export -------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from core.errors import Conflict, Forbidden, InvalidInput, TrustfabricError, Unavailable
@@ -30,6 +31,9 @@ class PolicyCompileError(InvalidInput):
         more = f" (+{len(issues) - 5} more)" if len(issues) > 5 else ""
         super().__init__(f"policy does not compile: {shown}{more}")
 
+    def __reduce__(self) -> tuple[type[PolicyCompileError], tuple[list[SourceLocation]]]:
+        return (PolicyCompileError, (self.issues,))  # crosses the policy sandbox's pipe intact
+
 
 class PolicyEngineError(TrustfabricError):
     """The engine could not answer (evaluation error, server unreachable, timeout): callers deny."""
@@ -43,12 +47,24 @@ class PolicyEngineUnavailable(PolicyEngineError, Unavailable):
     http_status = 503
 
 
-class PolicyTestsFailed(Conflict):
-    """A version whose Rego unit tests fail cannot be activated; names the failing tests."""
+class PolicyBudgetExceeded(InvalidInput):
+    """Evaluating a policy went over a stated budget: the CPU time or memory of a policy job (policy/sandbox.py),
+    or the time of a decision at activation (policy/budget.py). HTTP 422; the message names the budget and,
+    where one was measured, the figure."""
 
-    def __init__(self, failing: list[str]) -> None:
+    http_status = 422
+
+
+class PolicyTestsFailed(Conflict):
+    """A version whose Rego unit tests fail (or that carries none) cannot be activated; names the failing tests."""
+
+    def __init__(self, failing: list[str], message: str | None = None) -> None:
         self.failing = failing
-        super().__init__("Rego unit tests failed: " + ", ".join(failing))
+        super().__init__(message or "Rego unit tests failed: " + ", ".join(failing))
+
+
+class TwoPersonRule(Forbidden):
+    """With the two-person rule on, the uploader of a version cannot put it in force alone (HTTP 403)."""
 
 
 class SignatureRequired(Forbidden):
@@ -57,6 +73,28 @@ class SignatureRequired(Forbidden):
 
 _LOC_RE = re.compile(r"-->\s*(?P<file>[^\n]+?):(?P<line>\d+):(?P<col>\d+)")
 _MSG_RE = re.compile(r"^error:\s*(?P<msg>.+)$", re.MULTILINE)
+
+
+def char_column(source: str, line: int, col: int) -> int:
+    """The 1-based character column (an editor's, OPA's) of regorus's `col` on `line` of `source`: regorus
+    counts a tab as four columns."""
+    lines = source.splitlines()
+    if not 1 <= line <= len(lines):
+        return col
+    width = 0
+    for index, char in enumerate(lines[line - 1]):
+        if width + 1 >= col:
+            return index + 1
+        width += 4 if char == "\t" else 1
+    return len(lines[line - 1]) + 1 if width + 1 <= col else col
+
+
+def located(issue: SourceLocation, modules: Mapping[str, str]) -> SourceLocation:
+    """`issue` with its column counted in characters when its module is known."""
+    source = modules.get(issue.file)
+    if source is None:
+        return issue
+    return SourceLocation(issue.file, issue.line, char_column(source, issue.line, issue.col), issue.message)
 
 
 def strip_backtrace(text: str) -> str:

@@ -7,8 +7,8 @@ is api/caches.py's `flow_set`):
 
 - no commit anywhere since it was known current (a change counter the caller supplies: SQLite's
   `PRAGMA data_version`, read before the data, so a later commit only makes the next call check again);
-- or else, in one read transaction, the same rows under the data document (policy.data.data_fingerprint,
-  SQLite only) and the same active version (content hash);
+- or else, in one read transaction (one snapshot: REPEATABLE READ on PostgreSQL), the same policy data
+  version (policy.data.data_fingerprint) and the same active version (content hash);
 - and in both cases only from the instant it was computed until the earliest expiry of a grant in it.
 """
 
@@ -80,6 +80,8 @@ class FlowSets:
                 return found
             kept = self._kept
             with self._db.read_session() as session:
+                if self._db.dialect == "postgresql":  # the version and the data from one snapshot
+                    session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
                 fingerprint = data_fingerprint(session) if self._keep else None
                 active = active_version(session)
                 digest = active.content_hash if active is not None else None

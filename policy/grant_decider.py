@@ -4,11 +4,17 @@ needed to decide a grant): `data.grants.decision` of the ACTIVE policy version
 policy engine, on the data document of the same session (so the decision sees exactly what will be
 written).
 
-The document is rebuilt only when it would differ: on SQLite, one statement in the request's own
-transaction reads every row build_data reads (policy.data.data_fingerprint); while that text is the
-one the kept document was built from, and no grant in it has expired since, the kept document is the
-one build_data would return, and the engine already holds it (no rebuild, no diff). A change committed
-by any connection or process changes the text, so it is seen by the next decision.
+The document is rebuilt only when it would differ: one statement in the request's own transaction reads
+every row build_data reads (policy.data.data_fingerprint); while that fingerprint is the one the kept
+document was built from, and no grant in it has expired since, the kept document is the one build_data
+would return, and the engine already holds it (no rebuild, no diff). A change committed by any connection
+or process changes the fingerprint, so it is seen by the next decision. A document is kept only when it
+and its fingerprint were read in one snapshot (SQLite's transactions; a REPEATABLE READ or SERIALIZABLE
+transaction on PostgreSQL, as explain opens), so a kept pair is always exact.
+
+Explain (`decide_flow`) answers on the same engine and kept document: as cheap as a grant decision, never
+a new engine or a rebuilt document per call (issue 13, item 6: one tenant looping explain must not slow the
+others down).
 
 Fail closed: no active version, or an active version without `data.grants.decision`, denies the
 request with a `no-policy:` reason (policy.decide logs it).
@@ -86,7 +92,7 @@ class RegoGrantDecider:
                 return kept.data
         data = build_data(session, now)
         self.rebuilds += 1
-        if fingerprint is not None:
+        if fingerprint is not None and _one_snapshot(session):
             with self._lock:
                 self._kept = _Kept(fingerprint, now_ns, live_until(data), data)
         return data
@@ -108,3 +114,11 @@ class RegoGrantDecider:
             decision = decide_grant_request(self._engine_for(session), data, request)
             digest = self._hash
         return GrantDecision(decision.outcome, list(decision.approvers), list(decision.reasons), digest)
+
+
+def _one_snapshot(session: Session) -> bool:
+    """Whether every statement of the session's transaction reads one snapshot of the database."""
+    if session.get_bind().dialect.name == "sqlite":
+        return True
+    level = str(session.connection().get_isolation_level()).upper()
+    return level in ("REPEATABLE READ", "SERIALIZABLE")

@@ -27,6 +27,7 @@ from sqlmodel import Session, col, select
 from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.quotas import Quotas
 from core.vocabulary import FINAL_GRANT_STATES
 from policy.models import Grant
 
@@ -175,6 +176,20 @@ def decide_closed(
         return GrantDecision("deny", [], [f"engine-error: {type(exc).__name__}: {exc}"[:500]])
 
 
+def seen_by(session: Session, caller: Caller, request: GrantRequest, decision: GrantDecision) -> GrantDecision:
+    """The decision as the asking tenant may see it: reasons about the other tenant's inventory only when it
+    holds a grant naming that group (policy/disclosure.py); a platform caller sees it whole."""
+    if caller.tenant is None:
+        return decision
+    from policy.disclosure import grant_reasons_for
+
+    shown = grant_reasons_for(session, caller.tenant, (request.dst_tenant, request.dst_group), decision.outcome,
+                              decision.reasons)
+    if shown == decision.reasons:
+        return decision
+    return GrantDecision(decision.outcome, decision.approvers, shown, decision.policy_hash)
+
+
 def explain_request(
     session: Session, request: GrantRequest, *, caller: Caller, decide: GrantDecider, now: datetime
 ) -> tuple[GrantDecision, dict[str, Any]]:
@@ -183,7 +198,7 @@ def explain_request(
     if caller.tenant is not None and request.src_tenant != caller.tenant:
         raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
     policy_input = request.policy_input(caller.tenant if caller.tenant is not None else request.src_tenant)
-    return decide_closed(decide, session, now, policy_input), policy_input
+    return seen_by(session, caller, request, decide_closed(decide, session, now, policy_input)), policy_input
 
 
 def request_grant(
@@ -196,10 +211,14 @@ def request_grant(
     pending_ttl: timedelta = DEFAULT_PENDING_TTL,
     clock: Clock = system_clock,
     request_id: str | None = None,
+    quotas: Quotas | None = None,
+    max_ttl: timedelta | None = None,
 ) -> tuple[Grant, bool]:
     """Record a request and its decision; returns (grant, created). A retry with the same Idempotency-Key
     and the same request returns the first grant unchanged; the same key with a different request is
-    a Conflict."""
+    a Conflict. With `quotas`, a request that would take the source tenant past its active-grant or
+    pending-request quota is QuotaExceeded (409), and with `max_ttl` a longer TTL is InvalidInput (400):
+    nothing is written either way."""
     if idempotency_key is not None:
         previous = session.exec(
             select(Grant).where(Grant.requested_by == caller.id, Grant.idempotency_key == idempotency_key)
@@ -210,10 +229,17 @@ def request_grant(
             return previous, False
     if caller.tenant is not None and request.src_tenant != caller.tenant:
         raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
+    if max_ttl is not None and request.ttl_seconds > max_ttl.total_seconds():
+        # grants.rego denies it too; the code does not rely on whichever version is active to say so
+        raise InvalidInput(f"ttl_seconds {request.ttl_seconds} is above the maximum grant TTL of "
+                           f"{int(max_ttl.total_seconds())} s")
     now = clock()
     requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
-    decision = decide_closed(decide, session, now, request.policy_input(requester_tenant))
+    decision = seen_by(session, caller, request, decide_closed(decide, session, now,
+                                                               request.policy_input(requester_tenant)))
     state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
+    if state != "denied":
+        _check_quota(session, quotas, request.src_tenant, state, now)
     grant = Grant(
         id=new_grant_id(now),
         src_tenant=request.src_tenant, src_group=request.src_group,
@@ -264,6 +290,14 @@ def request_of(grant: Grant) -> GrantRequest:
     )
 
 
+def _check_quota(session: Session, quotas: Quotas | None, tenant: str, state: str, now: datetime) -> None:
+    """QuotaExceeded when one more `state` (active | pending) grant would take `tenant` past its quota."""
+    from inventory.service import check_quota
+
+    held = select(func.count()).select_from(Grant).where(col(Grant.src_tenant) == tenant, _state_filter(state, now))
+    check_quota(session, quotas, tenant, "grants" if state == "active" else "pending", held)
+
+
 def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: datetime) -> GrantDecision:
     """The policy in force, asked again about a pending request (fail closed: an error denies)."""
     return decide_closed(decide, session, now, request_of(grant).policy_input(grant.src_tenant))
@@ -272,6 +306,7 @@ def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: dat
 def approve_grant(
     session: Session, grant_id: str, *, caller: Caller, clock: Clock = system_clock,
     request_id: str | None = None, comment: str = "", decide: GrantDecider | None = None,
+    quotas: Quotas | None = None,
 ) -> Grant:
     """Add the caller's approval; when every named approver has approved, the grant becomes active.
 
@@ -312,6 +347,7 @@ def approve_grant(
             values["required_approvers"] = sorted(required)
     complete = required <= approved
     if complete:
+        _check_quota(session, quotas, grant.src_tenant, "active", now)
         values.update(state="active", decided_at=now, expires_at=now + timedelta(seconds=grant.ttl_seconds))
     grant = _cas(session, grant, **values)
     record(
@@ -504,3 +540,13 @@ def decode_cursor(cursor: str) -> str:
     if not value or len(value) > 128:
         raise InvalidInput("cursor is not one this API returned")
     return value
+
+
+def count_by_state(session: Session) -> dict[str, int]:
+    """How many grants are in each state (every state named, zero included): for metrics."""
+    from core.vocabulary import GRANT_STATES
+
+    counts = dict.fromkeys(GRANT_STATES, 0)
+    rows = session.exec(select(col(Grant.state), func.count()).group_by(col(Grant.state))).all()
+    counts.update({str(state): int(n) for state, n in rows})
+    return counts

@@ -71,6 +71,54 @@ def _step_4(conn: sa.Connection) -> None:
     _v4.create_all(conn)
 
 
+_v9 = sa.MetaData()
+_TABLES_V9 = (
+    sa.Table(
+        "policy_data_version",
+        _v9,
+        sa.Column('id', sa.Integer(), primary_key=True, nullable=False),
+        sa.Column('n', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+    ),
+)
+
+# Every row change that policy.data.build_data can see bumps policy_data_version.n, in the changing
+# transaction (table, columns build_data reads, the rows it reads as a WHEN condition or None).
+_WATCHED_V9: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
+    ("tenants", ("slug", "quarantined"), None),
+    ("workload_groups", ("tenant", "name", "labels", "ports", "sensitivity", "quarantined"), None),
+    ("workloads", ("spiffe_id", "revoked"), "{row}.revoked"),
+    ("pki_revoked_identities", ("spiffe_id_prefix", "tenant", '"group"', "workload"), None),
+    ("grants", ("id", "src_tenant", "dst_tenant", "src_group", "dst_group", "proto", "ports", "state", "expires_at"),
+     "{row}.state = 'active'"),
+)
+
+
+def _step_9(conn: sa.Connection) -> None:
+    """A counter every change to the policy data bumps (triggers), so a kept data document is validated by
+    reading one row instead of every row it was built from (issue 13, item 6)."""
+    _v9.create_all(conn)
+    conn.execute(_TABLES_V9[0].insert().values(id=1, n=0))
+    bump = "UPDATE policy_data_version SET n = n + 1 WHERE id = 1"
+    postgres = conn.dialect.name == "postgresql"
+    if postgres:
+        conn.exec_driver_sql("CREATE FUNCTION tf_policy_data_bump() RETURNS trigger LANGUAGE plpgsql AS "
+                             f"$$ BEGIN {bump}; RETURN NULL; END $$")
+    for table, columns, rows in _WATCHED_V9:
+        for event, when in (("INSERT", rows and rows.format(row="NEW")),
+                            ("UPDATE OF " + ", ".join(columns),
+                             rows and f"{rows.format(row='OLD')} OR {rows.format(row='NEW')}"),
+                            ("DELETE", rows and rows.format(row="OLD"))):
+            name = f"tf_pdv_{table}_{event.split()[0].lower()}"
+            if postgres:
+                cond = f" WHEN ({when})" if when else ""
+                conn.exec_driver_sql(f"CREATE TRIGGER {name} AFTER {event} ON {table} FOR EACH ROW{cond} "
+                                     "EXECUTE FUNCTION tf_policy_data_bump()")
+            else:
+                cond = f" WHEN {when}" if when else ""
+                conn.exec_driver_sql(f"CREATE TRIGGER {name} AFTER {event} ON {table}{cond} BEGIN {bump}; END")
+
+
 STEPS: tuple[Migration, ...] = (
     Migration(4, 'policy: grants, policy versions, decision log', _step_4),
+    Migration(9, 'policy: the policy data version, bumped by triggers on every change build_data can see', _step_9),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -38,6 +38,16 @@ class Grant(SQLModel, table=True):
     version: int = Field(default=1)  # optimistic concurrency: approvals compare-and-set on it
 
 
+
+
+class PolicyDataVersion(SQLModel, table=True):
+    """One row whose `n` every change to the rows policy.data.build_data reads bumps, in the changing
+    transaction (database triggers, policy/migrations.py step 9): a kept data document is exact while n is."""
+
+    __tablename__ = "policy_data_version"
+
+    id: int = Field(primary_key=True)
+    n: int = Field(sa_column=Column(BigInteger().with_variant(Integer(), "sqlite"), nullable=False))
 
 
 POLICY_STATES = ("candidate", "active", "retired")

@@ -16,50 +16,24 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from core.errors import Conflict, InvalidInput, NotFound
+from policy.authoring import PreparedVersion as PreparedVersion
+from policy.authoring import evaluate_query as evaluate_query
+from policy.authoring import prepare as prepare
+from policy.authoring import test as test
+from policy.authoring import validate as validate
 from policy.data import build_data, to_ns
 from policy.decide import FlowDecision, decide_flow, flow_input
 from policy.engines import PolicyEngine, scratch_engine
-from policy.engines.embedded import compile_modules
-from policy.errors import PolicyTestsFailed
+from policy.errors import PolicyTestsFailed, SignatureRequired, TwoPersonRule
 from policy.impact import ImpactReport, impact_of
 from policy.models import PolicyVersion
-from policy.testing import TestReport, run_tests
-from policy.versions import VerifyKey, check_modules, verify_signature, version_hash
+from policy.versions import VerifyKey, verify_signature
 
 log = logging.getLogger(__name__)
 
 OBJECT_TYPE = "policy_version"
-
-
-def validate(modules: Mapping[str, str]) -> str:
-    """Compile every module; the content hash, or PolicyCompileError with file:line:col."""
-    mods = check_modules(modules)
-    compile_modules(mods)
-    return version_hash(mods)
-
-
-def test(modules: Mapping[str, str]) -> TestReport:
-    """Compile, then run every `test_*` rule."""
-    mods = check_modules(modules)
-    compile_modules(mods)
-    return run_tests(mods)
-
-
-@dataclass(frozen=True)
-class PreparedVersion:
-    """Modules compiled and tested, ready to store: prepare outside the write transaction (the Rego
-    tests take a while and SQLite holds its writer lock for the whole transaction)."""
-
-    modules: dict[str, str]
-    content_hash: str
-    report: TestReport
-
-
-def prepare(modules: Mapping[str, str]) -> PreparedVersion:
-    """Check, compile (PolicyCompileError with file:line:col) and run the Rego tests."""
-    mods = check_modules(modules)
-    compile_modules(mods)
-    return PreparedVersion(mods, version_hash(mods), run_tests(mods))
+# validate, test, prepare and evaluate_query need no database: they live in policy/authoring.py (the offline
+# CLI commands import that alone) and are this module's API too (re-exported above).
 
 
 def upload(
@@ -151,6 +125,34 @@ def impact(session: Session, ref: str | int, *, now: datetime) -> ImpactReport:
     )
 
 
+@dataclass(frozen=True)
+class SwitchRules:
+    """What activation (and rollback) demands beyond passing tests, as the deployment configures it."""
+
+    verify_keys: Sequence[VerifyKey] = ()  # security-team keys; with any, a valid signature is required
+    require_signature: bool = False  # a signature is required even when no key is configured (refused then)
+    two_person: bool = False  # the version's uploader cannot put it in force
+
+
+def preflight(target: PolicyVersion, actor: Actor, signature: str | None, rules: SwitchRules) -> str | None:
+    """The checks a version must pass to be put in force, cheapest first; the fingerprint of the key that
+    signed it (None when signing is off). PolicyTestsFailed, SignatureRequired or TwoPersonRule otherwise."""
+    if not target.tests:
+        raise PolicyTestsFailed([], f"policy version {target.number} carries no Rego tests: a version needs at "
+                                    "least one test_* rule, and every one passing, to be activated")
+    if not target.tests_passed:
+        failing = [str(t["name"]) for t in target.tests if not t.get("passed")]
+        raise PolicyTestsFailed(failing or ["(unknown)"])
+    if rules.two_person and actor.id == target.uploaded_by:
+        raise TwoPersonRule(f"two-person rule: policy version {target.number} was uploaded by {actor.id}; "
+                            "someone else must put it in force")
+    if rules.require_signature and not rules.verify_keys:
+        raise SignatureRequired(
+            f"activation requires a security-team signature over the content hash {target.content_hash}, and no "
+            "policy signing key is configured (TRUSTFABRIC_POLICY_VERIFY_KEYS; or run in development mode)")
+    return verify_signature(target.content_hash, signature or target.signature, rules.verify_keys)
+
+
 def _switch(
     session: Session,
     target: PolicyVersion,
@@ -161,11 +163,10 @@ def _switch(
     signature: str | None,
     verify_keys: Sequence[VerifyKey],
     reason: str | None,
+    rules: SwitchRules | None,
 ) -> PolicyVersion:
-    if not target.tests_passed:
-        failing = [str(t["name"]) for t in target.tests if not t.get("passed")]
-        raise PolicyTestsFailed(failing or ["(unknown)"])
-    signed_by = verify_signature(target.content_hash, signature or target.signature, verify_keys)
+    rules = rules if rules is not None else SwitchRules(verify_keys=verify_keys)
+    signed_by = preflight(target, actor, signature, rules)
     # Lock every version row and read its latest committed state (not only the rows that were active
     # in this transaction's snapshot): a concurrent activation that committed while we waited for the
     # lock is seen and retired here, so exactly one version is ever active.
@@ -213,12 +214,14 @@ def activate(
     signature: str | None = None,
     verify_keys: Sequence[VerifyKey] = (),
     reason: str | None = None,
+    rules: SwitchRules | None = None,
 ) -> PolicyVersion:
-    """Make a version the one in force. Its tests must pass; with verify keys configured, a valid
-    signature over its content hash is required (SignatureRequired otherwise)."""
+    """Make a version the one in force. It must carry tests, all passing; with verify keys configured, a
+    valid signature over its content hash is required (SignatureRequired otherwise); `rules` (the
+    deployment's, which then carry the keys) may demand a signature and a second person."""
     return _switch(
         session, get_version(session, ref), actor, "policy.activate",
-        now=now, signature=signature, verify_keys=verify_keys, reason=reason,
+        now=now, signature=signature, verify_keys=verify_keys, reason=reason, rules=rules,
     )
 
 
@@ -231,6 +234,7 @@ def rollback(
     signature: str | None = None,
     verify_keys: Sequence[VerifyKey] = (),
     reason: str | None = None,
+    rules: SwitchRules | None = None,
 ) -> PolicyVersion:
     """Go back to an earlier version (lower number than the active one); same checks as activate."""
     target = get_version(session, ref)
@@ -244,7 +248,7 @@ def rollback(
         )
     return _switch(
         session, target, actor, "policy.rollback",
-        now=now, signature=signature, verify_keys=verify_keys, reason=reason,
+        now=now, signature=signature, verify_keys=verify_keys, reason=reason, rules=rules,
     )
 
 

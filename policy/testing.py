@@ -1,7 +1,9 @@
 """Our Rego unit-test runner: every `test_*` rule of every loaded module, run through regorus.
 
 A test passes when its rule evaluates to true; false, undefined or an evaluation error fail it
-(the error carries file:line:col). Each result has its name (`<package>.<rule>`) and its time.
+(the error carries file:line:col). Each result has its name (`<package>.<rule>`) and its time. Like
+`opa test`: `run` (a regular expression searched in the names) picks the tests, and `coverage` reports
+per module which lines the tests evaluated (regorus's coverage report; test modules are left out).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from core.errors import InvalidInput
 from policy.engines.embedded import new_engine
 from policy.errors import parse_regorus_error
 
@@ -46,25 +49,61 @@ class TestResult:
 
 
 @dataclass(frozen=True)
+class FileCoverage:
+    file: str
+    covered: list[int]
+    not_covered: list[int]
+
+    @property
+    def percent(self) -> float:
+        total = len(self.covered) + len(self.not_covered)
+        return 100.0 if total == 0 else round(100.0 * len(self.covered) / total, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "percent": self.percent, "covered": self.covered, "not_covered": self.not_covered}
+
+
+@dataclass(frozen=True)
 class TestReport:
     results: list[TestResult] = field(default_factory=list)
+    coverage: list[FileCoverage] | None = None
+
+    @property
+    def coverage_percent(self) -> float | None:
+        """Lines evaluated over lines that could be, across every covered module."""
+        if self.coverage is None:
+            return None
+        covered = sum(len(c.covered) for c in self.coverage)
+        total = covered + sum(len(c.not_covered) for c in self.coverage)
+        return 100.0 if total == 0 else round(100.0 * covered / total, 1)
+
+    @property
+    def summary(self) -> str:
+        """`PASS: 61/61` or `FAIL: 1/61` (failed / total), as `opa test` counts."""
+        total = len(self.results)
+        failed = len(self.failing)
+        return f"FAIL: {failed}/{total}" if failed else f"PASS: {total}/{total}"
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.results)
+        """Every test passed, and there was at least one: a version with no tests has shown nothing."""
+        return bool(self.results) and all(r.passed for r in self.results)
 
     @property
     def failing(self) -> list[str]:
         return [r.name for r in self.results if not r.passed]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "passed": self.passed,
             "total": len(self.results),
             "failed": len(self.failing),
             "failing": self.failing,
             "results": [r.to_dict() for r in self.results],
         }
+        if self.coverage is not None:
+            out["coverage"] = {"percent": self.coverage_percent, "files": [c.to_dict() for c in self.coverage]}
+        return out
 
 
 def _ref_name(node: Any) -> str | None:
@@ -121,12 +160,26 @@ def discover(modules: Mapping[str, str]) -> list[RegoTest]:
     return found
 
 
-def run_tests(modules: Mapping[str, str], data: Mapping[str, Any] | None = None) -> TestReport:
-    """Run every test rule; PolicyCompileError if a module does not parse (nothing is run then)."""
+def is_test_module(path: str) -> bool:
+    return path.endswith("_test.rego")
+
+
+def run_tests(modules: Mapping[str, str], data: Mapping[str, Any] | None = None, *, run: str | None = None,
+              coverage: bool = False) -> TestReport:
+    """Run every test rule (those whose name `run` matches, when given); PolicyCompileError if a module does
+    not parse (nothing is run then); InvalidInput for a `run` that is no regular expression."""
     tests = discover(modules)
+    if run is not None:
+        try:
+            pattern = re.compile(run)
+        except re.error as exc:
+            raise InvalidInput(f"--run {run!r} is not a regular expression: {exc}") from None
+        tests = [t for t in tests if pattern.search(t.name)]
     engine = new_engine(modules)
     engine.add_data_json(json.dumps(dict(data or {})))
     engine.set_input_json("{}")
+    if coverage:
+        engine.set_enable_coverage(True)
     results: list[TestResult] = []
     for test in tests:
         start = time.perf_counter()
@@ -145,4 +198,15 @@ def run_tests(modules: Mapping[str, str], data: Mapping[str, Any] | None = None)
         results.append(
             TestResult(test.name, test.file, test.line, passed, round((time.perf_counter() - start) * 1000, 3), error)
         )
-    return TestReport(results)
+    files = _coverage(engine) if coverage else None
+    del engine
+    return TestReport(results, files)
+
+
+def _coverage(engine: Any) -> list[FileCoverage]:
+    report = json.loads(engine.get_coverage_report_as_json())
+    return [
+        FileCoverage(str(f["path"]), sorted(int(n) for n in f.get("covered", [])),
+                     sorted(int(n) for n in f.get("not_covered", [])))
+        for f in report.get("files", []) if not is_test_module(str(f["path"]))
+    ]

@@ -7,12 +7,14 @@ later fails with SQLITE_BUSY instead of waiting). Read-only sessions use `read_s
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, make_url
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
@@ -26,6 +28,7 @@ def sqlite_url(data_dir: Path) -> str:
 def make_engine(url: str, *, echo: bool = False) -> Engine:
     """An engine with the per-backend settings this project relies on."""
     if url.startswith("sqlite"):
+        private_sqlite_files(url)
         engine = create_engine(
             url, echo=echo, connect_args={"check_same_thread": False, "timeout": 30}
         )
@@ -34,6 +37,22 @@ def make_engine(url: str, *, echo: bool = False) -> Engine:
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     return create_engine(url, echo=echo, pool_pre_ping=True)
+
+
+def private_sqlite_files(url: str) -> None:
+    """The database file (and its WAL and shared-memory files) readable by the owner only, mode 0600: made
+    empty with that mode before SQLite opens it (SQLite gives the -wal and -shm files the database file's
+    mode), and an existing file's mode tightened. In-memory databases have no file."""
+    path = make_url(url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    if not os.path.exists(path):
+        with contextlib.suppress(OSError):  # a missing directory and the like: SQLite reports it on connect
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(name).st_mode & 0o077:
+                os.chmod(name, 0o600)
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -106,3 +106,26 @@ def postgres_db(postgres_server: PostgresServer) -> Iterator[Database]:
 def db(request: pytest.FixtureRequest) -> Database:
     """A migrated, empty database: every store-touching test runs on both real backends."""
     return request.getfixturevalue(f"{request.param}_db")  # type: ignore[no-any-return]
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+# What this closed machine needs: no sandbox (root in a container), no GPU, no network beyond 127.0.0.1.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """One Debian chromium for the whole test session, driven by Playwright (never a downloaded browser); shared by
+    the console's browser tests and the API's /docs test. While it lives, Playwright's event loop runs in this
+    worker's main thread: a test that needs asyncio.run does it on a thread of its own (tests/core/test_asgi.py)."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium; `make test` installs it as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()

@@ -18,27 +18,53 @@ from workflows.schema import migrate
 from workflows.settings import Settings
 
 if TYPE_CHECKING:
+    from keys.pkcs11 import Pkcs11KeyStore
     from keys.store import KeyStore
 
 
-def open_keystore(settings: Settings, *, create: bool) -> KeyStore:
-    """The configured KeyStore; with create=True a missing key file is made (mode 0600)."""
-    if settings.keystore == "pkcs11":
-        from keys.pkcs11 import Pkcs11KeyStore
+def _token(settings: Settings, what: str) -> Pkcs11KeyStore:
+    from keys.pkcs11 import Pkcs11KeyStore
 
-        if not (settings.pkcs11_module and settings.pkcs11_token and settings.pkcs11_pin):
-            raise InvalidInput(
-                "pkcs11 key store needs TRUSTFABRIC_PKCS11_MODULE, TRUSTFABRIC_PKCS11_TOKEN "
-                "and TRUSTFABRIC_PKCS11_PIN"
-            )
-        return Pkcs11KeyStore(settings.pkcs11_module, settings.pkcs11_token, settings.pkcs11_pin)
+    if not (settings.pkcs11_module and settings.pkcs11_token and settings.pkcs11_pin):
+        raise InvalidInput(
+            f"{what} needs TRUSTFABRIC_PKCS11_MODULE, TRUSTFABRIC_PKCS11_TOKEN and TRUSTFABRIC_PKCS11_PIN"
+        )
+    return Pkcs11KeyStore(settings.pkcs11_module, settings.pkcs11_token, settings.pkcs11_pin)
+
+
+def _passphrase(settings: Settings) -> str | None:
+    if settings.passphrase_file is not None:
+        try:
+            return settings.passphrase_file.read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise InvalidInput(f"cannot read TRUSTFABRIC_PASSPHRASE_FILE {settings.passphrase_file}: {exc}") from None
+    return settings.passphrase
+
+
+def open_keystore(settings: Settings, *, create: bool) -> KeyStore:
+    """The configured KeyStore; with create=True a missing key file is made (mode 0600). The file store's
+    master key comes from a key file (default, beside the keys), a passphrase (TRUSTFABRIC_PASSPHRASE or
+    _PASSPHRASE_FILE, through scrypt) or a PKCS#11 token (TRUSTFABRIC_MASTER_KEY=pkcs11: wrapped under an
+    AES key that never leaves the token)."""
+    if settings.keystore == "pkcs11":
+        return _token(settings, "the pkcs11 key store")
     if settings.keystore != "file":
         raise InvalidInput(f"unknown key store {settings.keystore!r} (use file or pkcs11)")
+    if settings.master_key not in ("file", "pkcs11"):
+        raise InvalidInput(f"unknown master key source {settings.master_key!r} (use file or pkcs11)")
     from keys.file import FileKeyStore
 
     settings.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if settings.passphrase:
-        return FileKeyStore.open(settings.keys_dir, passphrase=settings.passphrase)
+    if settings.master_key == "pkcs11":
+        token = _token(settings, "TRUSTFABRIC_MASTER_KEY=pkcs11")
+        try:
+            master = token.unwrap_master(settings.keys_dir / "master.wrapped")
+        finally:
+            token.close()
+        return FileKeyStore.open(settings.keys_dir, master_key=master)
+    passphrase = _passphrase(settings)
+    if passphrase:
+        return FileKeyStore.open(settings.keys_dir, passphrase=passphrase)
     key_file = settings.default_key_file
     if create and not key_file.exists():
         FileKeyStore.create_key_file(key_file)

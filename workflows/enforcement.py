@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from sqlmodel import Session
-
 from enforcer import service
-from enforcer.compiler import Budget
+from enforcer.compiler import all_devices
 from enforcer.equivalence import verify as equivalence
 from enforcer.fabric import Fabric
 from enforcer.ir import DeviceRuleSet
 from enforcer.plan import DevicePlan, plan
-from enforcer.reconcile import EnforcerConfig, Reconciler, staged_compile, with_devices
+from enforcer.reconcile import (
+    EnforcerConfig,
+    Reconciler,
+    StagedInputs,
+    allowed_flows_under,
+    staged_compile,
+    staged_inputs,
+    with_devices,
+)
 from workflows.context import AppContext
 
 FORMATS = ("openflow", "nvue", "nv-set", "nft", "ir")
@@ -52,7 +57,9 @@ def plans(ctx: AppContext, reconciler: Reconciler, staged: str | None = None) ->
 
         with ctx.db.read_session() as session:
             modules = dict(get_version(session, staged).modules)
-            new = staged_compile(session, modules, now=ctx.clock(), budget=reconciler.config.budget).devices
+            inputs = staged_inputs(session, ctx.clock())
+        [allowed] = _allowed_in_sandbox(ctx, [modules], inputs, f"the staged compile of policy version {staged}")
+        new = staged_compile(inputs, allowed, reconciler.config.budget).devices
     with ctx.db.read_session() as session:
         old = service.last_applied(session)
     return plan(old, new, reconciler.config.budget)
@@ -128,30 +135,46 @@ def _wrong(rs: DeviceRuleSet, fmt: str) -> Exception:
                         f"apply (use {fits})")
 
 
-def device_impact(session: Session, candidate: dict[str, str], baseline: dict[str, str] | None, *, now: datetime,
-                  budget: Budget) -> dict[str, Any] | None:
+def _allowed_in_sandbox(ctx: AppContext, versions: list[dict[str, str] | None], inputs: StagedInputs,
+                        what: str) -> list[Any]:
+    """The allowed flows of each version on `inputs`' data, evaluated in the policy sandbox: a candidate version
+    is user-supplied Rego, run with the CPU and memory limits of every other policy job (issue 13 item 5)."""
+    from policy.sandbox import run_limited
+    from workflows.policy import limits
+
+    return run_limited(allowed_flows_under, versions, inputs.data, inputs.now_ns, limits=limits(ctx.settings),
+                       what=what)
+
+
+def device_impact(ctx: AppContext, ref: str | int) -> dict[str, Any] | None:
     """The impact report's per-device section: the candidate and the active version compiled on the current
     fabric and data, and which devices' rule sets differ (rules added and removed); None without a fabric."""
-    new = staged_compile(session, candidate, now=now, budget=budget)
-    if not new.devices:
-        return None
-    old = staged_compile(session, baseline, now=now, budget=budget)
-    changes = plan(old.devices, new.devices, budget)
-    return {"devices": len(new.devices), "touched": len(changes),
+    from policy import service as policy
+
+    with ctx.db.read_session() as session:
+        candidate = dict(policy.get_version(session, ref).modules)
+        active = policy.active_version(session)
+        baseline = dict(active.modules) if active is not None else None
+        inputs = staged_inputs(session, ctx.clock())
+    if not all_devices(inputs.fabric):
+        return None  # no fabric: nothing to evaluate
+    budget = ctx.settings.budget()
+    new_allowed, old_allowed = _allowed_in_sandbox(ctx, [candidate, baseline], inputs,
+                                                   "the impact report's device section")
+    new = staged_compile(inputs, new_allowed, budget).devices
+    changes = plan(staged_compile(inputs, old_allowed, budget).devices, new, budget)
+    return {"devices": len(new), "touched": len(changes),
             "by_device": [{"device": p.device, "rules_added": len(p.added), "rules_removed": len(p.removed),
                            "leaks_added": len(p.leaks_added), "leaks_removed": len(p.leaks_removed),
                            "budget": {"before": p.cost_before, "after": p.cost_after, "limit": p.limit}}
                           for p in changes]}
 
 
-def impact(session: Session, ref: str, *, now: datetime, budget: Budget, limit: int | None) -> dict[str, Any]:
-    """policy.service.impact's report (flows opened and closed), with the per-device section when a fabric
-    exists (`devices`: null otherwise)."""
-    from policy import service as policy
+def impact(ctx: AppContext, ref: str | int, *, limit: int | None) -> dict[str, Any]:
+    """workflows.policy.impact's report (flows opened and closed, in the policy sandbox), with the per-device
+    section when a fabric exists (`devices`: null otherwise)."""
+    from workflows import policy as policy_flows
 
-    report = policy.impact(session, ref, now=now).to_dict(limit=limit)
-    candidate = policy.get_version(session, ref)
-    active = policy.active_version(session)
-    report["devices"] = device_impact(session, dict(candidate.modules), dict(active.modules) if active else None,
-                                      now=now, budget=budget)
+    report = policy_flows.impact(ctx, ref).to_dict(limit=limit)
+    report["devices"] = device_impact(ctx, ref)
     return report

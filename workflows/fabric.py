@@ -29,6 +29,7 @@ from sqlmodel import Session
 from audit import Actor
 from core.clock import Clock
 from core.errors import Conflict, InvalidInput, NotFound
+from core.quotas import Quotas
 from enforcer.allocate import Pools, allocate
 from enforcer.errors import FabricError
 from enforcer.fabric import Fabric
@@ -64,11 +65,13 @@ class FabricChange:
 
 @dataclass(frozen=True)
 class Who:
-    """Who changes the fabric, when, and the request (for the audit events)."""
+    """Who changes the fabric, when, and the request (for the audit events); the per-tenant quotas the groups
+    and workloads an import creates count against, as when created one by one (None: no limit)."""
 
     actor: Actor
     clock: Clock
     request_id: str | None = None
+    quotas: Quotas | None = None
 
 
 def _trust_domain(session: Session) -> str:
@@ -141,7 +144,7 @@ def _sync_inventory(session: Session, stored: dict[str, Any], fabric: Fabric, wh
             _new_allowed(allow_new, f"group {g.key}")
             inventory.create_group(session, tenant=g.tenant, name=g.name,
                                    ports=[{"proto": p.split("/")[0], "port": int(p.split("/")[1])} for p in ports],
-                                   **kw)  # type: ignore[arg-type]
+                                   quotas=who.quotas, **kw)  # type: ignore[arg-type]
             out["groups_created"].append(g.key)
             continue
         if have["ports"] != ports:
@@ -153,7 +156,7 @@ def _sync_inventory(session: Session, stored: dict[str, Any], fabric: Fabric, wh
         if have is None:
             _new_allowed(allow_new, f"workload {w.key}")
             inventory.register_workload(session, trust_domain=td, tenant=w.tenant, group=w.group, name=w.name,
-                                        **kw)  # type: ignore[arg-type]
+                                        quotas=who.quotas, **kw)  # type: ignore[arg-type]
             out["workloads_registered"].append(w.key)
         elif have["revoked"] != w.revoked:
             raise Conflict(f"workloads.{w.key}.revoked: revocation is changed with `trustfabric workload revoke`")

@@ -1,6 +1,6 @@
 """Initialise a data directory: trust domain CAs, the audit and API-issuer keys, the bootstrap admin token
-and the shipped policies as version 1. Run by `trustfabric init` and by `trustfabric serve` before it
-serves; a second run changes nothing."""
+(expiring: TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS, a day by default) and the shipped policies as version
+1. Run by `trustfabric init` and by `trustfabric serve` before it serves; a second run changes nothing."""
 
 from __future__ import annotations
 
@@ -27,20 +27,24 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
         created = init_trust_domain(
             session, ctx.keystore, trust_domain=trust_domain, key_kind=KeyKind(key_kind), clock=ctx.clock
         )
-        token = None
+        token = expires_at = None
         if not has_admin_token(session):
+            ttl = ctx.settings.bootstrap_token_ttl
             token = create_opaque_token(
-                session, role="admin", subject="admin", actor=Actor.system("init"),
+                session, role="admin", subject="admin", actor=Actor.system("init"), ttl=ttl, clock=ctx.clock,
                 description="bootstrap admin token created by init",
             )
+            expires_at = ctx.clock() + ttl
     policy_version = seed_shipped_policy(ctx)
-    return {"created": created, "trust_domain": trust_domain, "admin_token": token, "policy_version": policy_version}
+    return {"created": created, "trust_domain": trust_domain, "admin_token": token,
+            "admin_token_expires_at": expires_at, "policy_version": policy_version}
 
 
 def seed_shipped_policy(ctx: AppContext) -> int | None:
     """With no policy version at all, the shipped rego/ becomes version 1 and is activated, so a fresh
     install decides flows instead of denying everything for want of a policy. Skipped (None) when
-    versions exist, or when activation needs a signature (the security team activates it then)."""
+    versions exist, or when activation needs a signature (outside development mode, or with policy keys
+    configured: the security team signs and activates it then)."""
     actor = Actor.system("init")
     with ctx.db.session() as session:
         if policy_service.list_versions(session):
@@ -50,7 +54,7 @@ def seed_shipped_policy(ctx: AppContext) -> int | None:
         version, _created = policy_service.upload(
             session, prepared, actor, now=ctx.clock(), note="shipped policies, seeded by init"
         )
-        if ctx.settings.policy_verify_keys:
+        if ctx.settings.require_policy_signature:
             return None
         policy_service.activate(session, version.number or 0, actor, now=ctx.clock(), reason="initial policy")
         return version.number

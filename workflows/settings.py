@@ -10,10 +10,17 @@ from datetime import timedelta
 from pathlib import Path
 
 from core.errors import InvalidInput
+from core.quotas import Quotas
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
 from enforcer.allocate import Pools
 from enforcer.compiler import Budget
 from policy.engines import EngineSettings
+
+MODES = ("production", "development")
+
+
+def _flag(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,8 @@ class Settings:
     keystore: str = "file"  # file | pkcs11
     key_file: Path | None = None
     passphrase: str | None = None
+    passphrase_file: Path | None = None  # the passphrase read from a file (e.g. a systemd credential)
+    master_key: str = "file"  # file store's master key: file (key file or passphrase) | pkcs11 (token-wrapped)
     pkcs11_module: str | None = None
     pkcs11_token: str | None = None
     pkcs11_pin: str | None = None
@@ -34,6 +43,7 @@ class Settings:
     api_issuer: str = "trustfabric"
     api_audience: str = "trustfabric-api"
     max_token_ttl: timedelta = timedelta(days=30)
+    bootstrap_token_ttl: timedelta = timedelta(hours=24)  # the admin token init makes (token recover: a new one)
     # Optional external OIDC issuer: issuer URL + JWKS (file path or URL); role/tenant from claims
     oidc_issuer: str | None = None
     oidc_jwks: str | None = None
@@ -50,6 +60,18 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     rate_limit_per_second: float = 50.0  # per principal; 0 disables
     rate_limit_burst: int = 100
+    ip_rate_limit_per_second: float = 100.0  # per client address, before authentication; 0 disables
+    ip_rate_limit_burst: int = 200
+    # Slow and numerous clients (api/server.py: what uvicorn enforces and what we add)
+    request_read_timeout_seconds: float = 10.0
+    keep_alive_timeout_seconds: float = 5.0
+    max_connections: int = 1000  # per worker process
+    max_header_bytes: int = 16 * 1024
+    # Per-tenant quotas (core/quotas.py); 0 = no limit
+    quota_groups: int = Quotas.groups
+    quota_workloads: int = Quotas.workloads
+    quota_grants: int = Quotas.grants
+    quota_pending: int = Quotas.pending
     read_cache: bool = True  # exact caches of hot reads (SQLite; see api/readcache.py)
     cache_off: frozenset[str] = frozenset()  # request-path caches switched off (names in api/caches.py)
     # Grants
@@ -57,6 +79,17 @@ class Settings:
     sweep_interval_seconds: float = 5.0
     ca_rotation_check_seconds: float = 60.0
     policy_verify_keys: tuple[Path, ...] = ()  # PEM public keys; when set, activation needs a signature
+    # development: `make run`'s embedded defaults (unsigned activation when no key is configured);
+    # production (the default): activation always needs a signature, so verify keys must be configured
+    mode: str = "production"  # production | development
+    policy_two_person: bool = False  # the uploader of a version cannot activate (or roll back to) it
+    max_grant_ttl: timedelta = timedelta(days=7)  # enforced in code as well as in grants.rego
+    # User-supplied Rego runs in limited processes (policy/sandbox.py); decisions have a budget at activation
+    policy_job_cpu_seconds: float = 5.0
+    policy_job_memory_mb: int = 1024
+    policy_job_workers: int = 2
+    policy_decision_budget_ms: float = 50.0
+    policy_flow_set_budget_ms: float = 2000.0
     # Policy engines (policy/engines: make_engine decides which serves what)
     policy_engine: str = "embedded"  # embedded | opa: grant decisions and the PDP
     authz_engine: str = "embedded"  # embedded | opa: the API's own authorization policy
@@ -80,6 +113,15 @@ class Settings:
     leaf_acl_budget: int = 36_000
     leaf_acl_mode: str = "atomic"  # NVUE atomic ACL updates keep a shadow copy: half the entries usable
     device_wait_max_seconds: int = 60  # the longest a device's long-poll (GET .../ruleset?wait=) is held
+    # Observability
+    log_format: str = "auto"  # auto (logfmt on a terminal, else JSON lines) | json | logfmt
+    log_level: str = "info"
+    metrics_token: str | None = None  # a bearer token for scrapers of GET /metrics (else admin/security)
+    metrics_port: int | None = None  # also serve /metrics, unauthenticated, on this port of metrics_host
+    metrics_host: str = "127.0.0.1"
+    metrics_multiproc_dir: str | None = None  # PROMETHEUS_MULTIPROC_DIR (serve --workers N sets it)
+    otel_endpoint: str | None = None  # where spans go (OTLP/HTTP); None: tracing off
+    otel_service_name: str = "trustfabric"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -93,6 +135,8 @@ class Settings:
             keystore=e.get("TRUSTFABRIC_KEYSTORE", "file"),
             key_file=Path(key_file) if key_file else None,
             passphrase=e.get("TRUSTFABRIC_PASSPHRASE") or None,
+            passphrase_file=Path(e["TRUSTFABRIC_PASSPHRASE_FILE"]) if e.get("TRUSTFABRIC_PASSPHRASE_FILE") else None,
+            master_key=e.get("TRUSTFABRIC_MASTER_KEY", "file"),
             pkcs11_module=e.get("TRUSTFABRIC_PKCS11_MODULE") or None,
             pkcs11_token=e.get("TRUSTFABRIC_PKCS11_TOKEN") or None,
             pkcs11_pin=e.get("TRUSTFABRIC_PKCS11_PIN") or None,
@@ -102,6 +146,7 @@ class Settings:
             api_issuer=e.get("TRUSTFABRIC_API_ISSUER", "trustfabric"),
             api_audience=e.get("TRUSTFABRIC_API_AUDIENCE", "trustfabric-api"),
             max_token_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_TOKEN_TTL_SECONDS", str(30 * 86400)))),
+            bootstrap_token_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS", str(86400)))),
             oidc_issuer=e.get("TRUSTFABRIC_OIDC_ISSUER") or None,
             oidc_jwks=e.get("TRUSTFABRIC_OIDC_JWKS") or None,
             oidc_audience=e.get("TRUSTFABRIC_OIDC_AUDIENCE", "trustfabric-api"),
@@ -115,12 +160,30 @@ class Settings:
             max_body_bytes=int(e.get("TRUSTFABRIC_MAX_BODY_BYTES", str(64 * 1024))),
             rate_limit_per_second=float(e.get("TRUSTFABRIC_RATE_LIMIT_PER_SECOND", "50")),
             rate_limit_burst=int(e.get("TRUSTFABRIC_RATE_LIMIT_BURST", "100")),
+            ip_rate_limit_per_second=float(e.get("TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND", "100")),
+            ip_rate_limit_burst=int(e.get("TRUSTFABRIC_IP_RATE_LIMIT_BURST", "200")),
+            request_read_timeout_seconds=float(e.get("TRUSTFABRIC_REQUEST_READ_TIMEOUT_SECONDS", "10")),
+            keep_alive_timeout_seconds=float(e.get("TRUSTFABRIC_KEEP_ALIVE_TIMEOUT_SECONDS", "5")),
+            max_connections=int(e.get("TRUSTFABRIC_MAX_CONNECTIONS", "1000")),
+            max_header_bytes=int(e.get("TRUSTFABRIC_MAX_HEADER_BYTES", str(16 * 1024))),
+            quota_groups=int(e.get("TRUSTFABRIC_QUOTA_GROUPS", str(Quotas.groups))),
+            quota_workloads=int(e.get("TRUSTFABRIC_QUOTA_WORKLOADS", str(Quotas.workloads))),
+            quota_grants=int(e.get("TRUSTFABRIC_QUOTA_GRANTS", str(Quotas.grants))),
+            quota_pending=int(e.get("TRUSTFABRIC_QUOTA_PENDING", str(Quotas.pending))),
             grant_pending_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_GRANT_PENDING_TTL_SECONDS", str(3 * 86400)))),
             sweep_interval_seconds=float(e.get("TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "5")),
             ca_rotation_check_seconds=float(e.get("TRUSTFABRIC_CA_ROTATION_CHECK_SECONDS", "60")),
             policy_verify_keys=tuple(
                 Path(p.strip()) for p in e.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
             ),
+            mode=e.get("TRUSTFABRIC_MODE", "production"),
+            policy_two_person=_flag(e.get("TRUSTFABRIC_POLICY_TWO_PERSON", "0")),
+            max_grant_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_GRANT_TTL_SECONDS", str(7 * 86400)))),
+            policy_job_cpu_seconds=float(e.get("TRUSTFABRIC_POLICY_JOB_CPU_SECONDS", "5")),
+            policy_job_memory_mb=int(e.get("TRUSTFABRIC_POLICY_JOB_MEMORY_MB", "1024")),
+            policy_job_workers=int(e.get("TRUSTFABRIC_POLICY_JOB_WORKERS", "2")),
+            policy_decision_budget_ms=float(e.get("TRUSTFABRIC_POLICY_DECISION_BUDGET_MS", "50")),
+            policy_flow_set_budget_ms=float(e.get("TRUSTFABRIC_POLICY_FLOW_SET_BUDGET_MS", "2000")),
             read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
             cache_off=frozenset(n.strip() for n in e.get("TRUSTFABRIC_CACHE_OFF", "").split(",") if n.strip()),
             policy_engine=e.get("TRUSTFABRIC_POLICY_ENGINE", "embedded"),
@@ -143,7 +206,28 @@ class Settings:
             leaf_acl_budget=int(e.get("TRUSTFABRIC_LEAF_ACL_BUDGET", "36000")),
             leaf_acl_mode=e.get("TRUSTFABRIC_LEAF_ACL_MODE", "atomic"),
             device_wait_max_seconds=int(e.get("TRUSTFABRIC_DEVICE_WAIT_MAX_SECONDS", "60")),
+            log_format=_one_of(e, "TRUSTFABRIC_LOG_FORMAT", "auto", ("auto", "json", "logfmt")),
+            log_level=_one_of(e, "TRUSTFABRIC_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
+            metrics_token=e.get("TRUSTFABRIC_METRICS_TOKEN") or None,
+            metrics_port=_port(e, "TRUSTFABRIC_METRICS_PORT"),
+            metrics_host=e.get("TRUSTFABRIC_METRICS_HOST", "127.0.0.1"),
+            metrics_multiproc_dir=e.get("PROMETHEUS_MULTIPROC_DIR") or None,
+            otel_endpoint=_traces_endpoint(e),
+            otel_service_name=e.get("OTEL_SERVICE_NAME") or "trustfabric",
         )
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidInput(f"TRUSTFABRIC_MODE must be one of {', '.join(MODES)}, not {self.mode!r}")
+
+    @property
+    def development(self) -> bool:
+        return self.mode == "development"
+
+    @property
+    def require_policy_signature(self) -> bool:
+        """Activation needs a verified signature: always outside development mode, and whenever keys are set."""
+        return not self.development or bool(self.policy_verify_keys)
 
     def pools(self) -> Pools:
         """The pools tenants' missing addressing comes from (enforcer.allocate)."""
@@ -163,6 +247,12 @@ class Settings:
             kind=self.policy_engine, authz_kind=self.authz_engine, opa_url=self.opa_url, opa_token=self.opa_token,
             opa_ca_bundle=self.opa_ca_file, opa_timeout=self.opa_timeout_seconds,
         )
+
+    @property
+    def quotas(self) -> Quotas:
+        """The per-tenant quotas the services enforce."""
+        return Quotas(groups=self.quota_groups, workloads=self.quota_workloads, grants=self.quota_grants,
+                      pending=self.quota_pending)
 
     @property
     def db_url(self) -> str:
@@ -190,6 +280,31 @@ def _range(text: str, name: str) -> tuple[int, int]:
     return out
 
 
+def _one_of(e: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = (e.get(name) or default).lower()
+    if value not in allowed:
+        raise InvalidInput(f"{name}={value!r}: use one of {', '.join(allowed)}")
+    return value
+
+
+def _port(e: Mapping[str, str], name: str) -> int | None:
+    value = e.get(name)
+    if not value:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise InvalidInput(f"{name}={value!r} is not a port number (1-65535)")
+    return int(value)
+
+
+def _traces_endpoint(e: Mapping[str, str]) -> str | None:
+    """OTLP/HTTP traces URL from the standard variables: the traces one as given, the generic one + /v1/traces."""
+    traces = e.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return traces
+    base = e.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return base.rstrip("/") + "/v1/traces" if base else None
+
+
 @dataclass(frozen=True)
 class ClientSettings:
     """What the CLI's HTTP client takes from the environment; the config file fills what is missing."""
@@ -197,7 +312,10 @@ class ClientSettings:
     server: str | None = None
     token: str | None = None
     ca_file: str | None = None
-    config: str | None = None  # path of the config file (default ~/.config/trustfabric/config.json)
+    config: str | None = None  # path of the config file (default $XDG_CONFIG_HOME/trustfabric/config.yaml)
+    profile: str | None = None  # the profile to use (else the config file's `current`)
+    xdg_config_home: str | None = None  # where config files live (default ~/.config)
+    home: str | None = None  # TRUSTFABRIC_HOME when set: local commands use it before the profile's `home`
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ClientSettings:
@@ -207,4 +325,7 @@ class ClientSettings:
             token=e.get("TRUSTFABRIC_TOKEN") or None,
             ca_file=e.get("TRUSTFABRIC_CA_FILE") or None,
             config=e.get("TRUSTFABRIC_CONFIG") or None,
+            profile=e.get("TRUSTFABRIC_PROFILE") or None,
+            xdg_config_home=e.get("XDG_CONFIG_HOME") or None,
+            home=e.get("TRUSTFABRIC_HOME") or None,
         )

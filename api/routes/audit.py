@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -197,6 +197,23 @@ def list_events(
     return EventPage(items=[event_out(e) for e in rows], next_cursor=nxt)
 
 
+def _visible_event(session: Any, seq: int, own: str | None) -> AuditEvent:
+    """Event `seq`, or NotFound when it does not exist or belongs to another tenant than the caller's."""
+    event = service.get_event(session, seq)
+    if event is None or (own is not None and event.tenant != own):
+        raise NotFound(f"audit event {seq} not found")
+    return event
+
+
+@router.get("/events/{seq}", response_model=EventOut, responses=ERRORS_404, summary="One audit event")
+def get_event(
+    seq: Annotated[int, Path(ge=0, le=MAX_INDEX)], request: Request, ctx: CtxDep, principal: PrincipalDep
+) -> EventOut:
+    own = _scope(request, principal, "audit.read", None)
+    with ctx.db.read_session() as session:
+        return event_out(_visible_event(session, seq, own))
+
+
 def _signer(ctx: CtxDep) -> cp.CheckpointSigner:
     return cp.audit_signer(ctx.keystore)
 
@@ -239,9 +256,7 @@ def inclusion(
 ) -> InclusionOut:
     own = _scope(request, principal, "audit.read", None)
     with ctx.db.read_session() as session:
-        event = service.get_event(session, index)
-        if event is None or (own is not None and event.tenant != own):
-            raise NotFound(f"audit event {index} not found")
+        event = _visible_event(session, index, own)
         note = None
         if tree_size is None:
             latest = cp.latest_checkpoint(session)

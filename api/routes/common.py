@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from fastapi import Request
 
 from api.principal import Principal
+from inventory.errors import Quarantined
+from pki.errors import NotPlacedOnNode
 from policy.grants import Caller, GrantDecider, GrantDecision, decode_cursor, encode_cursor
+from workflows.context import AppContext
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
-__all__ = ["caller_of", "decode_cursor", "encode_cursor", "grant_decider", "request_id"]
+__all__ = ["caller_of", "decode_cursor", "denial_logged", "encode_cursor", "grant_decider", "request_id"]
 
 
 def request_id(request: Request) -> str:
@@ -29,6 +35,26 @@ def request_id(request: Request) -> str:
 
 def caller_of(principal: Principal) -> Caller:
     return Caller(id=principal.id, role=principal.role, tenant=principal.scope_tenant, actor=principal.actor())
+
+
+@contextmanager
+def denial_logged(ctx: AppContext, principal: Principal, action: str, resource: dict[str, Any]) -> Iterator[None]:
+    """A refusal because the tenant or group is quarantined, or because a node asked for a workload not placed
+    on it (issue 13 item 1), is written to the decision log (kind `authz`, where denials are logged) of the
+    principal that asked, in its own transaction after the request's own rolled back; then it propagates
+    (403 with the reason)."""
+    try:
+        yield
+    except (Quarantined, NotPlacedOnNode) as exc:
+        from policy.decide import AuthzDecision
+        from policy.decisionlog import DecisionLog
+
+        reason = f"quarantined: {exc}" if isinstance(exc, Quarantined) else str(exc)
+        asked = {"principal": {"id": principal.id, "role": principal.role, "tenant": principal.tenant},
+                 "action": action, "resource": resource}
+        DecisionLog(ctx.db, clock=ctx.clock).record(
+            "authz", asked, AuthzDecision(False, [reason]), None, owner=principal.scope_tenant)
+        raise
 
 
 def grant_decider(request: Request) -> GrantDecider:

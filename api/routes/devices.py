@@ -1,4 +1,5 @@
-"""The device API the node agents use, and the device list the console and `enforcer status` read.
+"""The device API the node agents use, and the device list (and one device) the console, `device list|show`
+and `enforcer status` read.
 
 - `GET /v1/devices/{device}/ruleset`: the desired version, its content hash and the IR (agents render it
   locally with the pure renderers, so the hash signed off here is the one applied). Strong `ETag` = the
@@ -118,16 +119,15 @@ def _scope(request: Request, principal: Principal, device: str, action: str) -> 
 
 
 def log_denial(request: Request, principal: Principal, action: str, device: str, reason: str) -> None:
-    """An out-of-scope node request, kept in the decision log as a denied authorization. `device` names what
-    was reached for: a device id, `node:<n>` or `workload:<t>/<g>/<w>`."""
+    """An out-of-scope node request, kept in the decision log as a denied authorization."""
     from policy.decide import AuthzDecision
     from policy.decisionlog import DecisionLog
 
     ctx = request.app.state.ctx
-    kind, _, name = device.partition(":")
-    resource = {"workload": name, "tenant": name.split("/", 1)[0]} if kind == "workload" else {"device": device}
-    asked = {"principal": {"id": principal.id, "role": principal.role}, "action": action, "resource": resource}
-    DecisionLog(ctx.db, clock=ctx.clock).record("authz", asked, AuthzDecision(False, [reason]), None)
+    asked = {"principal": {"id": principal.id, "role": principal.role}, "action": action,
+             "resource": {"device": device}}
+    DecisionLog(ctx.db, clock=ctx.clock).record("authz", asked, AuthzDecision(False, [reason]), None,
+                                                owner=principal.scope_tenant)  # a node: the operator's log
 
 
 @router.get("/devices", response_model=list[DeviceOut], responses=READ_ERRORS,
@@ -138,6 +138,14 @@ def list_devices(request: Request, ctx: CtxDep, principal: PrincipalDep) -> list
         raise Forbidden("a node reads its own devices through GET /v1/devices/{device}/ruleset")
     with ctx.db.read_session() as session:
         return service.status_rows(session)
+
+
+@router.get("/devices/{device}", response_model=DeviceOut, responses=READ_ERRORS,
+            summary="One device: desired vs applied version, pin, pending plan, drift, last apply, counters")
+def get_device(device: DevicePath, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
+    _scope(request, principal, device, "device.read")
+    with ctx.db.read_session() as session:
+        return service.status_row(session, device)
 
 
 def _current(ctx: Any, device: str) -> tuple[int, str, str, str, str]:
@@ -216,5 +224,5 @@ def report_status(device: DevicePath, body: StatusReport, request: Request, ctx:
     with ctx.db.session() as session:
         service.record_status(session, device, body.model_dump(), actor=principal.actor(), now=ctx.clock(),
                               request_id=request_id(request))
-        return next(r for r in service.status_rows(session) if r["device"] == device)
+        return service.status_row(session, device)
 

@@ -83,7 +83,7 @@ class NodePlacement(BaseModel):
 
 
 def _who(request: Request, ctx: Any, principal: Any) -> Who:
-    return Who(principal.actor(), ctx.clock, request_id(request))
+    return Who(principal.actor(), ctx.clock, request_id(request), ctx.settings.quotas)
 
 
 def _run(request: Request, ctx: Any, principal: Any, fn: Any, *args: Any, **kw: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.metrics import DECISIONS, EVALUATION, timed
 from api.principal import Principal
 from api.readcache import ReadCache
 from api.routes.common import caller_of, decode_cursor, encode_cursor, grant_decider, request_id
@@ -77,13 +78,16 @@ class _Recording:
 
     def __call__(self, session: Any, now: datetime, policy_input: dict[str, Any]) -> svc.GrantDecision:
         self.input = policy_input
-        self.decision = self.decide(session, now, policy_input)
+        with timed(EVALUATION, "grant"):
+            self.decision = self.decide(session, now, policy_input)
+        DECISIONS.labels("grant", self.decision.outcome).inc()
         return self.decision
 
 
-def _log_decision(ctx: Any, session: Any, recorded: _Recording, grant: Grant) -> None:
-    """Every grant decision goes to the decision log (input, outcome, reasons, policy version hash), in the
-    grant's own transaction; a decider that failed is logged as the denial the grant service made of it."""
+def _log_decision(ctx: Any, session: Any, recorded: _Recording, grant: Grant, owner: str | None) -> None:
+    """Every grant decision goes to the decision log of the principal that asked (`owner`: its tenant, or None
+    for the operator's), in the grant's own transaction, with the reasons the grant carries (what the asker
+    may see, policy/disclosure.py); a decider that failed is logged as the denial the grant service made."""
     from policy.decide import GrantDecision as LoggedDecision
     from policy.decisionlog import DecisionLog
 
@@ -92,10 +96,10 @@ def _log_decision(ctx: Any, session: Any, recorded: _Recording, grant: Grant) ->
         logged = LoggedDecision("deny", [], list(grant.reasons))
         digest = None
     else:
-        logged = LoggedDecision(d.outcome, list(d.approvers), list(d.reasons))  # type: ignore[arg-type]
+        logged = LoggedDecision(d.outcome, list(d.approvers), list(grant.reasons))  # type: ignore[arg-type]
         digest = d.policy_hash
     policy_input = recorded.input or {"requester": {"tenant": grant.src_tenant}}
-    row = DecisionLog(ctx.db, clock=ctx.clock).row("grant", policy_input, logged, digest)
+    row = DecisionLog(ctx.db, clock=ctx.clock).row("grant", policy_input, logged, digest, owner=owner)
     if row is not None:
         session.add(row)
 
@@ -134,9 +138,10 @@ def request_grant(
             grant, created = svc.request_grant(
                 session, req, caller=caller, decide=recorded, idempotency_key=idempotency_key,
                 pending_ttl=settings.grant_pending_ttl, clock=ctx.clock, request_id=request_id(request),
+                quotas=settings.quotas, max_ttl=settings.max_grant_ttl,
             )
             if created:
-                _log_decision(ctx, session, recorded, grant)
+                _log_decision(ctx, session, recorded, grant, principal.scope_tenant)
     except IntegrityError:
         # A concurrent retry with the same Idempotency-Key won the insert: answer with its grant.
         if idempotency_key is None:
@@ -232,7 +237,7 @@ def approve_grant(grant_id: GrantId, request: Request, ctx: CtxDep, principal: P
     with grant_writer(ctx), ctx.db.session() as session:
         grant = svc.approve_grant(session, grant_id, caller=caller_of(principal), clock=ctx.clock,
                                   request_id=request_id(request), comment=body.comment if body else "",
-                                  decide=grant_decider(request))
+                                  decide=grant_decider(request), quotas=ctx.settings.quotas)
     return grant_out(grant, ctx.clock())
 
 

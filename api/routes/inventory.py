@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
-from api.routes.common import decode_cursor, encode_cursor, request_id
+from api.routes.common import decode_cursor, denial_logged, encode_cursor, request_id
 from api.schemas import (
     COMMON_ERRORS,
     CursorQuery,
@@ -101,7 +101,7 @@ def create_group(
         group = service.create_group(
             session, tenant=tenant, name=body.name, labels=body.labels,
             ports=[p.model_dump() for p in body.ports], sensitivity=body.sensitivity,
-            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request),
+            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request), quotas=ctx.settings.quotas,
         )
         return group_out(group)
 
@@ -138,10 +138,11 @@ def register_workload(
     principal: PrincipalDep,
 ) -> WorkloadOut:
     authorize(request, principal, "inventory.write", tenant)
-    with ctx.db.session() as session:
+    resource = {"tenant": tenant, "group": group, "workload": body.name}
+    with denial_logged(ctx, principal, "workload.register", resource), ctx.db.session() as session:
         workload = service.register_workload(
             session, trust_domain=trust_domain(ctx, session), tenant=tenant, group=group, name=body.name,
-            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request),
+            actor=principal.actor(), clock=ctx.clock, request_id=request_id(request), quotas=ctx.settings.quotas,
         )
         return workload_out(workload)
 

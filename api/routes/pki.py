@@ -11,12 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.metrics import SVID_TTL, SVIDS_ISSUED
 from api.principal import Principal
-from api.routes.common import request_id
+from api.routes.common import denial_logged, request_id
 from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
 from core.errors import Forbidden
 from pki import service
-from pki.errors import NotPlacedOnNode, SvidNotFound
+from pki.errors import SvidNotFound
+from pki.revocation import CrlPublisher, PublishedCrl
 
 router = APIRouter(prefix="/v1", tags=["pki"])
 
@@ -118,16 +120,13 @@ def _on_node(principal: Principal) -> str | None:
     return principal.id.rsplit("/node/", 1)[1] if principal.role == "node" else None
 
 
-def _denied_if_off_node(request: Request, principal: Principal, action: str, workload: str, exc: Exception) -> None:
-    """A node reaching for a workload not placed on it: kept in the decision log as a denied authorization."""
-    from api.routes.devices import log_denial
-
-    if isinstance(exc, NotPlacedOnNode):
-        log_denial(request, principal, action, f"workload:{workload}", str(exc))
-
-
 def _ttl(seconds: int | None) -> timedelta | None:
     return None if seconds is None else timedelta(seconds=seconds)
+
+
+def issued_svid(kind: str, expires_at: datetime, now: datetime) -> None:
+    SVIDS_ISSUED.labels(kind).inc()
+    SVID_TTL.labels(kind).observe(max(0.0, (expires_at - now).total_seconds()))
 
 
 def _x509_out(issued: service.IssuedX509) -> X509SvidOut:
@@ -156,13 +155,28 @@ def get_bundle(ctx: CtxDep, format: Annotated[Literal["jwks", "pem"], Query()] =
         return service.bundle_jwks(session, ctx.clock)
 
 
-@router.get("/crl", responses={**_CRL_200, **error_responses(400, 409, 422)},
+@router.get("/crl", responses={**_CRL_200, 304: {"description": "unchanged since the ETag in If-None-Match"},
+                               **error_responses(400, 409, 422)},
             summary="Certificate revocation list of the active issuing CA (public); ?format=pem for all")
-def get_crl(ctx: CtxDep, format: Annotated[Literal["der", "pem"], Query()] = "der") -> Response:
+def get_crl(request: Request, ctx: CtxDep, format: Annotated[Literal["der", "pem"], Query()] = "der") -> Response:
+    publisher: CrlPublisher = request.app.state.crl
     with ctx.db.read_session() as session:
-        if format == "pem":
-            return Response(service.crl_pem(session, ctx.keystore, ctx.clock), media_type="application/x-pem-file")
-        return Response(service.crl_der(session, ctx.keystore, ctx.clock), media_type="application/pkix-crl")
+        published = publisher.current(session, ctx.keystore, ctx.clock)  # signed once per change, not per GET
+    body = published.pem if format == "pem" else published.der
+    etag = PublishedCrl.etag_of(body)
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}  # revalidate each time: a 304 costs nothing
+    if etag_matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers=headers)
+    media = "application/x-pem-file" if format == "pem" else "application/pkix-crl"
+    return Response(body, media_type=media, headers=headers)
+
+
+def etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """RFC 9110 weak comparison of If-None-Match (a list, or *) with our ETag."""
+    if not if_none_match:
+        return False
+    tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in tags or etag in tags
 
 
 @router.post("/svids/x509", status_code=201, response_model=X509SvidOut,
@@ -170,17 +184,15 @@ def get_crl(ctx: CtxDep, format: Annotated[Literal["der", "pem"], Query()] = "de
              summary="Issue an X.509-SVID to a registered workload from a CSR")
 def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> X509SvidOut:
     authorize(request, principal, "svid.issue", body.tenant)
-    try:
-        with ctx.db.session() as session:
-            issued = service.issue_x509_svid(
-                session, ctx.keystore, csr_pem=body.csr.encode(), tenant=body.tenant, group=body.group,
-                workload=body.workload, ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
-                scope_tenant=principal.scope_tenant, clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
-                request_id=request_id(request), on_node=_on_node(principal),
-            )
-    except NotPlacedOnNode as exc:
-        _denied_if_off_node(request, principal, "svid.issue", f"{body.tenant}/{body.group}/{body.workload}", exc)
-        raise
+    resource = {"tenant": body.tenant, "group": body.group, "workload": body.workload, "kind": "x509"}
+    with denial_logged(ctx, principal, "svid.issue", resource), ctx.db.session() as session:
+        issued = service.issue_x509_svid(
+            session, ctx.keystore, csr_pem=body.csr.encode(), tenant=body.tenant, group=body.group,
+            workload=body.workload, ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
+            scope_tenant=principal.scope_tenant, clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
+            request_id=request_id(request), on_node=_on_node(principal),
+        )
+    issued_svid("x509", issued.expires_at, ctx.clock())
     return _x509_out(issued)
 
 
@@ -188,17 +200,15 @@ def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: 
              responses=error_responses(*COMMON_ERRORS, 404, 409), summary="Issue a JWT-SVID to a registered workload")
 def issue_jwt(body: JwtSvidRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> JwtSvidOut:
     authorize(request, principal, "svid.issue", body.tenant)
-    try:
-        with ctx.db.session() as session:
-            issued = service.issue_jwt_svid(
-                session, ctx.keystore, tenant=body.tenant, group=body.group, workload=body.workload,
-                audience=list(body.audience), ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
-                scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=request_id(request),
-                on_node=_on_node(principal),
-            )
-    except NotPlacedOnNode as exc:
-        _denied_if_off_node(request, principal, "svid.jwt.issue", f"{body.tenant}/{body.group}/{body.workload}", exc)
-        raise
+    resource = {"tenant": body.tenant, "group": body.group, "workload": body.workload, "kind": "jwt"}
+    with denial_logged(ctx, principal, "svid.issue", resource), ctx.db.session() as session:
+        issued = service.issue_jwt_svid(
+            session, ctx.keystore, tenant=body.tenant, group=body.group, workload=body.workload,
+            audience=list(body.audience), ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
+            scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=request_id(request),
+            on_node=_on_node(principal),
+        )
+    issued_svid("jwt", issued.expires_at, ctx.clock())
     return JwtSvidOut(token=issued.token, spiffe_id=issued.spiffe_id, audience=issued.audience,
                       expires_at=issued.expires_at, kid=issued.kid)
 
@@ -255,6 +265,7 @@ def attest(body: AttestRequest, request: Request, ctx: CtxDep) -> X509SvidOut:
         issued = service.attest_node(session, ctx.keystore, token=body.token, csr_pem=body.csr.encode(),
                                      clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
                                      request_id=request_id(request))
+    issued_svid("node", issued.expires_at, ctx.clock())
     return _x509_out(issued)
 
 

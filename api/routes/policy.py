@@ -12,14 +12,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.metrics import DECISIONS, EVALUATION, timed
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
 from policy import service
-from policy.decide import parse_identity
+from policy.decide import FlowDecision, parse_identity
 from policy.decisionlog import DecisionLog, query_decisions
+from policy.disclosure import flow_reasons_for
 from policy.grant_decider import RegoGrantDecider
-from policy.versions import MAX_MODULES, load_verify_keys
+from policy.versions import MAX_MODULES
 from policy.views import DecisionOut, VersionDetail, VersionOut, decision_out, version_out
+from workflows import policy as policy_flows
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 
@@ -57,23 +60,23 @@ class ExplainOut(BaseModel):
 
 @router.post("/validate", response_model=ValidateOut, responses=error_responses(*COMMON_ERRORS),
              summary="Compile modules (errors carry file:line:col); nothing is stored")
-def validate(body: ModulesBody, request: Request, principal: PrincipalDep) -> ValidateOut:
+def validate(body: ModulesBody, request: Request, ctx: CtxDep, principal: PrincipalDep) -> ValidateOut:
     authorize(request, principal, "policy.validate", None)
-    return ValidateOut(content_hash=service.validate(body.modules), modules=sorted(body.modules))
+    return ValidateOut(content_hash=policy_flows.validate(ctx.settings, body.modules), modules=sorted(body.modules))
 
 
 @router.post("/test", responses=error_responses(*COMMON_ERRORS),
              summary="Compile and run every test_* rule; per-test pass/fail and time")
-def run_tests(body: ModulesBody, request: Request, principal: PrincipalDep) -> dict[str, Any]:
+def run_tests(body: ModulesBody, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
     authorize(request, principal, "policy.test", None)
-    return service.test(body.modules).to_dict()
+    return policy_flows.test(ctx.settings, body.modules).to_dict()
 
 
 @router.post("/versions", status_code=201, response_model=VersionOut, responses=WRITE_ERRORS,
              summary="Upload a version: compiled, its Rego tests run; identical content returns the stored one")
 def upload(body: ModulesBody, request: Request, ctx: CtxDep, principal: PrincipalDep) -> VersionOut:
     authorize(request, principal, "policy.upload", None)
-    prepared = service.prepare(body.modules)  # compile + Rego tests before the write transaction
+    prepared = policy_flows.prepare(ctx.settings, body.modules)  # compile + Rego tests, sandboxed, before the write
     with ctx.db.session() as session:
         version, _created = service.upload(session, prepared, principal.actor(), now=ctx.clock(),
                                            note=body.note)
@@ -114,19 +117,17 @@ def impact(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalD
     from workflows.enforcement import impact as with_devices
 
     authorize(request, principal, "policy.impact", None)
-    with ctx.db.read_session() as session:
-        return with_devices(session, ref, now=ctx.clock(), budget=ctx.settings.budget(), limit=limit)
+    return with_devices(ctx, ref, limit=limit)
 
 
 @router.post("/versions/{ref}/activate", response_model=VersionOut, responses=WRITE_ERRORS,
-             summary="Put a version in force (tests must pass; signature when keys are configured)")
+             summary="Put a version in force (tests present and passing, a signature outside development mode, "
+                     "the two-person rule when on, decisions within their budget on the current data)")
 def activate(ref: VersionRef, body: ActivateBody, request: Request, ctx: CtxDep,
              principal: PrincipalDep) -> VersionOut:
     authorize(request, principal, "policy.activate", None)
-    with ctx.db.session() as session:
-        v = service.activate(session, ref, principal.actor(), now=ctx.clock(), signature=body.signature,
-                             verify_keys=load_verify_keys(ctx.settings.policy_verify_keys), reason=body.reason)
-        return version_out(v)
+    v = policy_flows.switch(ctx, "activate", ref, principal.actor(), signature=body.signature, reason=body.reason)
+    return version_out(v)
 
 
 @router.post("/versions/{ref}/rollback", response_model=VersionOut, responses=WRITE_ERRORS,
@@ -134,10 +135,8 @@ def activate(ref: VersionRef, body: ActivateBody, request: Request, ctx: CtxDep,
 def rollback(ref: VersionRef, body: ActivateBody, request: Request, ctx: CtxDep,
              principal: PrincipalDep) -> VersionOut:
     authorize(request, principal, "policy.rollback", None)
-    with ctx.db.session() as session:
-        v = service.rollback(session, ref, principal.actor(), now=ctx.clock(), signature=body.signature,
-                             verify_keys=load_verify_keys(ctx.settings.policy_verify_keys), reason=body.reason)
-        return version_out(v)
+    v = policy_flows.switch(ctx, "rollback", ref, principal.actor(), signature=body.signature, reason=body.reason)
+    return version_out(v)
 
 
 @router.get("/explain", response_model=ExplainOut, responses=READ_ERRORS,
@@ -157,10 +156,17 @@ def explain(
     decider = getattr(request.app.state, "grant_decider", None)
     kept = decider if isinstance(decider, RegoGrantDecider) else None  # its engine and document: no rebuild
     with ctx.db.read_session() as session:
-        decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock(), kept=kept)
+        if ctx.db.dialect == "postgresql":  # one snapshot, so the decider may keep the document it builds
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        with timed(EVALUATION, "flow"):
+            decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock(), kept=kept)
+        reasons = flow_reasons_for(session, scope, (src_id["tenant"], src_id["group"]),
+                                   (dst_id["tenant"], dst_id["group"]), proto, port, decision.allow, decision.reasons)
+    DECISIONS.labels("flow", "allow" if decision.allow else "deny").inc()
+    shown = FlowDecision(decision.allow, reasons)
     asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}
-    DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, decision, digest)
-    return ExplainOut(allow=decision.allow, reasons=decision.reasons, policy_hash=digest, input=asked)
+    DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, shown, digest, owner=scope)
+    return ExplainOut(allow=shown.allow, reasons=shown.reasons, policy_hash=digest, input=asked)
 
 
 @router.get("/decisions", response_model=list[DecisionOut], responses=READ_ERRORS,

@@ -71,6 +71,14 @@ def list_tokens(request: Request, ctx: CtxDep, principal: PrincipalDep,
     return Page[TokenOut](items=[token_out(r) for r in rows], next_cursor=encode_cursor(rows[-1].id) if more else None)
 
 
+@router.get("/tokens/{token_id}", response_model=TokenOut, responses=error_responses(*COMMON_ERRORS, 404),
+            summary="One API token (admin; never the secret)")
+def get_token(token_id: TokenId, request: Request, ctx: CtxDep, principal: PrincipalDep) -> TokenOut:
+    authorize(request, principal, "token.read", None)
+    with ctx.db.read_session() as session:
+        return token_out(tokens.require_token(session, token_id))
+
+
 @router.post("/tokens/{token_id}/revoke", response_model=TokenOut,
              responses=error_responses(*COMMON_ERRORS, 404, 409), summary="Revoke an API token (admin)")
 def revoke(token_id: TokenId, body: ReasonBody, request: Request, ctx: CtxDep, principal: PrincipalDep) -> TokenOut:

@@ -1,7 +1,7 @@
 """`trustfabric agent --node NAME --server URL --ca FILE`: the node agent (agent/), in the foreground.
 
-Local: it runs on the node it serves (a GPU node, or in the lab a leaf) with a data directory of its own and
-no server database; it reaches the server over HTTPS only. Stops on SIGTERM or Ctrl-C.
+On a node: it runs on the node it serves (a GPU node, or in the lab a leaf) with a data directory of its own
+and no server database; it reaches the server over HTTPS only. Stops on SIGTERM or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -10,27 +10,33 @@ from pathlib import Path
 
 import typer
 
-from cli.output import fail
+from cli.output import NODE, command, fail
+from cli.params import HOST_PORT, HTTPS_URL, JOIN_TOKEN, SLUG, existing_dir, existing_file
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("agent")
+    @command(app, "agent", NODE, output=False)
     def agent_cmd(
-        node: str = typer.Option(..., "--node", help="this node's name (a GPU node; in the lab also a leaf)"),
-        server: str = typer.Option(..., "--server", help="the API, e.g. https://127.0.0.1:8443"),
-        ca: Path = typer.Option(..., "--ca", help="the trust domain's roots (PEM) to verify the server with until "
-                                "the agent holds the bundle: `curl -s URL/v1/bundle?format=pem`"),
-        join_token: str | None = typer.Option(None, "--join-token", help="one-time token "
+        node: str = typer.Option(..., "--node", parser=SLUG, metavar=SLUG.metavar,
+                                 help="this node's name (a GPU node; in the lab also a leaf)"),
+        server: str = typer.Option(..., "--server", parser=HTTPS_URL, metavar=HTTPS_URL.metavar,
+                                   help="the API, e.g. https://127.0.0.1:8443"),
+        ca: Path = typer.Option(..., "--ca", help="the trust domain's roots (PEM) to verify the server with, beside "
+                                "the bundle the agent fetches: `trustfabric bundle show --pem`", **existing_file()),
+        join_token: str | None = typer.Option(None, "--join-token", parser=JOIN_TOKEN, metavar=JOIN_TOKEN.metavar,
+                                              help="one-time token "
                                               "(`trustfabric node token create --node NAME`); needed only until "
                                               "the node holds an SVID"),
-        join_token_file: Path | None = typer.Option(None, "--join-token-file", help="read the token from a file"),
-        data_dir: Path | None = typer.Option(None, "--data-dir", help="node key, SVID and bundle "
+        join_token_file: Path | None = typer.Option(None, "--join-token-file", help="read the token from a file",
+                                                    **existing_file()),
+        data_dir: Path | None = typer.Option(None, "--data-dir", file_okay=False, help="node key, SVID and bundle "
                                              "(default ./.trustfabric-agent/NODE)"),
-        socket: Path | None = typer.Option(None, "--socket", help="the SPIFFE Workload API socket "
+        socket: Path | None = typer.Option(None, "--socket", dir_okay=False, help="the SPIFFE Workload API socket "
                                            "(default DATA_DIR/public/api.sock)"),
-        metrics: str | None = typer.Option(None, "--metrics", help="serve Prometheus metrics on HOST:PORT"),
+        metrics: str | None = typer.Option(None, "--metrics", parser=HOST_PORT, metavar=HOST_PORT.metavar,
+                                           help="serve Prometheus metrics on HOST:PORT"),
         lab: Path | None = typer.Option(None, "--lab", help="apply rule sets to the lab of this TRUSTFABRIC_HOME "
-                                        "(`lab up FILE --mode agent`)"),
+                                        "(`lab up FILE --mode agent`)", **existing_dir()),
     ) -> None:
         """Run the node agent: attest, apply this node's rule sets, serve the SPIFFE Workload API."""
         import logging
@@ -44,13 +50,11 @@ def register(app: typer.Typer) -> None:
         token = join_token
         if join_token_file is not None:
             try:
-                token = join_token_file.read_text(encoding="utf-8").strip()
+                token = JOIN_TOKEN(join_token_file.read_text(encoding="utf-8"))
             except OSError as exc:
                 fail(f"--join-token-file {join_token_file}: {exc.strerror}", code=2)
-        if metrics is not None and not metrics.rpartition(":")[2].isdigit():
-            fail(f"--metrics {metrics!r}: expected HOST:PORT", code=2)
-        if not server.startswith("https://"):
-            fail(f"--server {server!r}: the agent talks to the API over HTTPS only (https://HOST:PORT)", code=2)
+            except typer.BadParameter as exc:
+                fail(f"--join-token-file {join_token_file}: {exc}", code=2)
         home = data_dir or Path(".trustfabric-agent") / node
         logging.getLogger("trustfabric.agent").setLevel(logging.INFO)
         try:

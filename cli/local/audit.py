@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from cli.output import JsonOpt, emit_json, err_console, fail, open_context
-from core.clock import parse_when
+from cli.output import LOCAL, OFFLINE, add_group, command, emit, err_console, fail, machine_output, open_context
+from cli.params import SLUG, WHEN, choice, existing_file
 from core.errors import InvalidInput, TrustfabricError
 
 if TYPE_CHECKING:
@@ -30,16 +30,16 @@ if TYPE_CHECKING:  # imported when a command runs: `trustfabric --help` stays li
     from audit.checkpoint import Checkpoint
 
 
-def _when(value: str | None, name: str) -> datetime | None:
-    return None if value is None else parse_when(value, name)
-
-
 def export_cmd(
-    out: Path = typer.Option(..., "--out", help="file to write (replaced only when the export succeeds)"),
-    fmt: str = typer.Option("jsonl", "--format", help="jsonl | csv | ocsf"),
-    since: str | None = typer.Option(None, "--since", help="ISO 8601 with timezone, inclusive"),
-    until: str | None = typer.Option(None, "--until", help="ISO 8601 with timezone, exclusive"),
-    tenant: str | None = typer.Option(None, "--tenant", help="only this tenant's events"),
+    out: Path = typer.Option(..., "--out", help="file to write (replaced only when the export succeeds)",
+                             dir_okay=False),
+    fmt: str = typer.Option("jsonl", "--format", parser=choice("jsonl", "csv", "ocsf"), metavar="jsonl|csv|ocsf"),
+    since: datetime | None = typer.Option(None, "--since", parser=WHEN, metavar="TIME",
+                                          help="ISO 8601 with timezone, inclusive"),
+    until: datetime | None = typer.Option(None, "--until", parser=WHEN, metavar="TIME",
+                                          help="ISO 8601 with timezone, exclusive"),
+    tenant: str | None = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT",
+                                      help="only this tenant's events"),
     action: str | None = typer.Option(None, "--action", help="only this action, e.g. svid.issue"),
     with_decisions: bool = typer.Option(
         False,
@@ -47,9 +47,9 @@ def export_cmd(
         help="also write the policy decision records (same --since/--until/--tenant) to <out>.decisions.jsonl",
     ),
     since_checkpoint: Path | None = typer.Option(
-        None, "--since-checkpoint", help="a checkpoint kept earlier: the export carries the consistency proof from it"
+        None, "--since-checkpoint", help="a checkpoint kept earlier: the export carries the consistency proof from it",
+        **existing_file(),
     ),
-    json_out: bool = JsonOpt,
 ) -> None:
     """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
     from audit.export import FORMATS, ExportFilter
@@ -58,14 +58,14 @@ def export_cmd(
 
     if fmt not in FORMATS:
         fail(f"--format must be one of {', '.join(FORMATS)}", code=2)
-    filters = ExportFilter(since=_when(since, "since"), until=_when(until, "until"), tenant=tenant, action=action)
+    filters = ExportFilter(since=since, until=until, tenant=tenant, action=action)
     check_filters(filters, with_decisions=with_decisions)  # a bad filter writes nothing
     kept_note = _read_checkpoint(since_checkpoint) if since_checkpoint else None
     tmp = out.with_name(out.name + ".part")
     dec_out = out.with_name(out.name + ".decisions.jsonl")
     dec_tmp = dec_out.with_name(dec_out.name + ".part")
     with open_context() as ctx:
-        show = sys.stderr.isatty() and not json_out
+        show = sys.stderr.isatty() and not machine_output()
         try:
             with open(tmp, "wb") as fh, (open(dec_tmp, "wb") if with_decisions else nullcontext()) as dec_fh:
                 def run(progress: Callable[[int, int], None] | None) -> ExportOutcome:
@@ -104,8 +104,8 @@ def export_cmd(
     }
     if decisions is not None:
         summary["decisions"] = {"out": str(dec_out), "count": decisions.count, "sha256": decisions.sha256}
-    if json_out:
-        emit_json(summary)
+    if machine_output():
+        emit(summary)
     else:
         print(
             f"exported {result.events} event(s) of {result.tree_size} to {out} ({fmt}); checkpoint "
@@ -131,14 +131,15 @@ def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
 
 
 def verify_cmd(
-    file: Path = typer.Argument(..., help="an export written by `trustfabric audit export`"),
-    public_key: Path = typer.Option(..., "--public-key", help="the audit public key (PEM from `audit public-key`)"),
+    file: Path = typer.Argument(..., help="an export written by `trustfabric audit export`", **existing_file()),
+    public_key: Path = typer.Option(..., "--public-key", help="the audit public key (PEM from `audit public-key`)",
+                                    **existing_file()),
     since_checkpoint: Path | None = typer.Option(
         None,
         "--since-checkpoint",
-        help="a signed checkpoint kept earlier (GET /v1/audit/checkpoint `note`): the export must extend it",
+        help="a signed checkpoint kept earlier (`audit checkpoint`): the export must extend it",
+        **existing_file(),
     ),
-    json_out: bool = JsonOpt,
 ) -> None:
     """Verify an export offline; exit 0 when proven intact, 1 naming the first bad event, 3 when unproven."""
     from audit.checkpoint import load_public_key
@@ -150,23 +151,23 @@ def verify_cmd(
         kept = _kept_checkpoint(since_checkpoint, key) if since_checkpoint else None
         report = verify_export(file, key, since=kept)
     except Unproven as exc:
-        if json_out:
-            emit_json({"ok": False, "kind": exc.kind, "index": None, "line": None, "reason": str(exc)})
+        if machine_output():
+            emit({"ok": False, "kind": exc.kind, "index": None, "line": None, "reason": str(exc)})
         else:
             err_console.print(f"UNPROVEN: nothing was found altered, but {exc}", highlight=False, markup=False)
         raise typer.Exit(3) from None
     except VerificationError as exc:
-        if json_out:
-            emit_json({"ok": False, "kind": exc.kind, "index": exc.index, "line": exc.line, "reason": str(exc)})
+        if machine_output():
+            emit({"ok": False, "kind": exc.kind, "index": exc.index, "line": exc.line, "reason": str(exc)})
             raise typer.Exit(1) from None
         fail(f"FAILED ({exc.kind}): {exc}")
     except (OSError, TrustfabricError) as exc:
-        if json_out:
-            emit_json({"ok": False, "kind": "unreadable", "index": None, "line": None, "reason": str(exc)})
+        if machine_output():
+            emit({"ok": False, "kind": "unreadable", "index": None, "line": None, "reason": str(exc)})
             raise typer.Exit(1) from None
         fail(f"cannot verify: {exc}")
-    if json_out:
-        emit_json(
+    if machine_output():
+        emit(
             {
                 "ok": True,
                 "origin": report.origin,
@@ -205,8 +206,11 @@ def public_key_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="Tamper-evident audit log: export, verify offline, public key.", no_args_is_help=True)
-    group.command("export")(export_cmd)
-    group.command("verify")(verify_cmd)
-    group.command("public-key")(public_key_cmd)
-    app.add_typer(group, name="audit")
+    from cli.remote import audit as remote_audit
+
+    group = add_group(app, "audit", "Tamper-evident audit log: events, checkpoint, export, verify offline, "
+                      "public key.", None)
+    command(group, "export", LOCAL)(export_cmd)
+    command(group, "verify", OFFLINE)(verify_cmd)
+    command(group, "public-key", LOCAL, output=False)(public_key_cmd)
+    remote_audit.register(group)

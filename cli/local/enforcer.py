@@ -1,8 +1,8 @@
-"""`trustfabric enforcer compile|plan|apply|rollback|verify|show|status`.
+"""`trustfabric enforcer compile|plan|apply|rollback|verify|show|versions|status`.
 
 All but `status` run on the server host, against the data directory: they compile from the database (with a
 progress display on the terminal, compiles can take seconds) and publish through the same services the
-server's reconciler uses. `status` reads GET /v1/devices through the API, like the console.
+server's reconciler uses. `status` reads GET /v1/devices through the API, like the console and `device list`.
 Semantics of apply, plan and rollback: workflows/enforcement.py.
 """
 
@@ -10,11 +10,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from cli.output import JsonOpt, console, emit_json, emit_table, err_console, fail, guard, local_operator, open_context
+from cli.output import (
+    API,
+    LOCAL,
+    Col,
+    View,
+    add_group,
+    command,
+    console,
+    emit,
+    err_console,
+    fail,
+    guard,
+    local_operator,
+    machine_output,
+    open_context,
+)
+from cli.params import DEVICE, POLICY_REF, choice
 from cli.remote.common import CaOpt, ServerOpt
 
 if TYPE_CHECKING:
@@ -22,6 +39,18 @@ if TYPE_CHECKING:
     from workflows.context import AppContext
 
 T = TypeVar("T")
+FORMATS = ("ir", "openflow", "nvue", "nv-set", "nft")  # workflows.enforcement.FORMATS (kept light: no import)
+DeviceOpt = typer.Option(..., "--device", parser=DEVICE, metavar=DEVICE.metavar, help="nic:<node> or leaf:<name>")
+PLANS = View("plan", (
+    Col("device", "device", kind="id"), Col("rules +", "rules_added"), Col("rules -", "rules_removed"),
+    Col("leaks +", "leaks_added"), Col("leaks -", "leaks_removed"),
+    Col("budget before", lambda p: p["budget"]["before"], drop=1), Col("after", lambda p: p["budget"]["after"]),
+    Col("limit", lambda p: p["budget"]["limit"], drop=1),
+))
+VERSIONS = View("versions", (
+    Col("version", "version"), Col("content hash", "content_hash", kind="id", drop=2),
+    Col("published", "published_at", kind="time"), Col("by", "published_by", drop=1), Col("cause", "cause"),
+))
 
 
 @contextmanager
@@ -53,9 +82,9 @@ def _with_reconciler(what: str, quiet: bool, fn: Callable[[AppContext, Reconcile
     return guard(run)
 
 
-def _outcome(out: Outcome, json_out: bool) -> None:
-    if json_out:
-        emit_json(out.to_dict())
+def _outcome(out: Outcome) -> None:
+    if machine_output():
+        emit(out.to_dict())
     else:
         what = (f"full compile of {len(out.changed)} device(s)" if out.full
                 else f"incremental compile, {len(out.changed)} device(s) changed")
@@ -74,47 +103,42 @@ def _outcome(out: Outcome, json_out: bool) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    enforcer = typer.Typer(help="Device rule sets: compile, plan, apply, roll back, verify, show, status.",
-                           no_args_is_help=True)
-    app.add_typer(enforcer, name="enforcer")
+    enforcer = add_group(app, "enforcer", "Device rule sets: compile, plan, apply, roll back, verify, show, status.",
+                         None)
 
-    @enforcer.command("compile")
-    def compile_cmd(full: bool = typer.Option(False, "--full", help="from scratch, not incrementally"),
-                    json_out: bool = JsonOpt) -> None:
+    @command(enforcer, "compile", LOCAL)
+    def compile_cmd(full: bool = typer.Option(False, "--full", help="from scratch, not incrementally")) -> None:
         """Compile from the database once and publish what changed (in manual mode: hold it as the plan)."""
-        out = _with_reconciler("compiling", json_out, lambda _ctx, rec: rec.run_once("trustfabric enforcer compile",
-                                                                                      full=full))
-        _outcome(out, json_out)
+        out = _with_reconciler("compiling", machine_output(),
+                               lambda _ctx, rec: rec.run_once("trustfabric enforcer compile", full=full))
+        _outcome(out)
 
-    @enforcer.command("apply")
-    def apply_cmd(device: list[str] = typer.Option([], "--device", help="only this device (unpins it); "
-                                                   "repeatable"), json_out: bool = JsonOpt) -> None:
+    @command(enforcer, "apply", LOCAL)
+    def apply_cmd(device: list[str] = typer.Option([], "--device", parser=DEVICE, metavar=DEVICE.metavar,
+                                                   help="only this device (unpins it); repeatable")) -> None:
         """Publish the pending plan: every changed device, or the named ones (unpinning them)."""
-        out = _with_reconciler("compiling", json_out, lambda _ctx, rec: rec.apply(device or None))
-        _outcome(out, json_out)
+        out = _with_reconciler("compiling", machine_output(), lambda _ctx, rec: rec.apply(list(device) or None))
+        _outcome(out)
 
-    @enforcer.command("plan")
-    def plan_cmd(staged: str = typer.Option(None, "--staged", help="a candidate policy version (not active)"),
-                 json_out: bool = JsonOpt) -> None:
+    @command(enforcer, "plan", LOCAL)
+    def plan_cmd(staged: str = typer.Option(None, "--staged", parser=POLICY_REF, metavar=POLICY_REF.metavar,
+                                            help="a candidate policy version (not active)")) -> None:
         """What applying would change on each device, against what it last applied."""
         from workflows.enforcement import plans
 
-        out = _with_reconciler("compiling", json_out, lambda ctx, rec: [p.summary() for p in plans(ctx, rec, staged)])
-        if json_out:
-            emit_json(out)
-            return
-        if not out:
+        out = _with_reconciler("compiling", machine_output(),
+                               lambda ctx, rec: [p.summary() for p in plans(ctx, rec, staged)])
+        if machine_output():
+            emit(out)
+        elif not out:
             console.print("no device would change", highlight=False)
-            return
-        emit_table(f"plan{f' (staged: policy version {staged})' if staged else ''}",
-                   ("device", "rules +", "rules -", "leaks +", "leaks -", "budget before", "after", "limit"),
-                   [(p["device"], p["rules_added"], p["rules_removed"], p["leaks_added"], p["leaks_removed"],
-                     p["budget"]["before"], p["budget"]["after"], p["budget"]["limit"]) for p in out])
+        else:
+            View(f"plan{f' (staged: policy version {staged})' if staged else ''}", PLANS.columns).table(out)
 
-    @enforcer.command("rollback")
-    def rollback_cmd(device: str = typer.Option(..., "--device"),
-                     to: int = typer.Option(..., "--to", help="an earlier version of the device"),
-                     reason: str = typer.Option(None, "--reason"), json_out: bool = JsonOpt) -> None:
+    @command(enforcer, "rollback", LOCAL)
+    def rollback_cmd(device: str = DeviceOpt,
+                     to: int = typer.Option(..., "--to", min=1, help="an earlier version of the device"),
+                     reason: str = typer.Option(None, "--reason")) -> None:
         """Publish an earlier version's content as a new version and pin the device there."""
         from enforcer import service
 
@@ -125,26 +149,26 @@ def register(app: typer.Typer) -> None:
                 return {"device": device, "version": row.version, "content_hash": row.content_hash, "pinned": True,
                         "rolled_back_to": to}
         out = guard(run)
-        if json_out:
-            emit_json(out)
+        if machine_output():
+            emit(out)
         else:
             console.print(f"{device}: version {out['version']} = version {to}'s content, pinned "
                           f"(`trustfabric enforcer apply --device {device}` unpins)", highlight=False)
 
-    @enforcer.command("verify")
-    def verify_cmd(json_out: bool = JsonOpt) -> None:
+    @command(enforcer, "verify", LOCAL)
+    def verify_cmd() -> None:
         """Walk every flow through the published rule sets and compare with the active policy; exit 1 naming
         each mismatch (the flow, the policy's answer and the devices')."""
         from workflows.enforcement import verify_published
 
-        findings, mismatches = _with_reconciler("verifying", json_out, verify_published)
-        if json_out:
-            emit_json({"ok": not findings and not mismatches,
-                       "findings": [{"device": f.device, "problem": f.problem} for f in findings],
-                       "mismatches": [{"src": m.src, "dst": m.dst, "proto": m.proto, "port": m.port,
-                                       "family": m.family, "policy": "allow" if m.policy else "deny",
-                                       "devices": "allow" if m.devices else "deny", "detail": m.detail}
-                                      for m in mismatches]})
+        findings, mismatches = _with_reconciler("verifying", machine_output(), verify_published)
+        if machine_output():
+            emit({"ok": not findings and not mismatches,
+                  "findings": [{"device": f.device, "problem": f.problem} for f in findings],
+                  "mismatches": [{"src": m.src, "dst": m.dst, "proto": m.proto, "port": m.port,
+                                  "family": m.family, "policy": "allow" if m.policy else "deny",
+                                  "devices": "allow" if m.devices else "deny", "detail": m.detail}
+                                 for m in mismatches]})
         else:
             for f in findings:
                 err_console.print(f"{f.device}: {f.problem}", highlight=False, markup=False)
@@ -155,45 +179,46 @@ def register(app: typer.Typer) -> None:
         if findings or mismatches:
             raise typer.Exit(1)
 
-    @enforcer.command("show")
-    def show_cmd(device: str = typer.Option(..., "--device"),
-                 fmt: str = typer.Option("ir", "--format", help="openflow | nvue | nv-set | nft | ir"),
-                 version: int = typer.Option(None, "--version", help="an earlier version (default: desired)"),
-                 json_out: bool = JsonOpt) -> None:
-        """A device's published rule set in its native format."""
+    @command(enforcer, "show", LOCAL)
+    def show_cmd(device: str = DeviceOpt,
+                 fmt: str = typer.Option("ir", "--format", parser=choice(*FORMATS), metavar="|".join(FORMATS),
+                                         help="the device's native format, or the IR"),
+                 version: int = typer.Option(None, "--version", min=1, help="an earlier version (default: desired)"),
+                 ) -> None:
+        """A device's published rule set in its native format (--json: with its version and hash)."""
         from enforcer import service
         from enforcer.fabric_db import compile_fabric_of
         from pki.service import trust_domain
-        from workflows.enforcement import FORMATS, render
-
-        if fmt not in FORMATS:
-            fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}", 2)
+        from workflows.enforcement import render
 
         def run() -> tuple[Any, str]:
             with open_context() as ctx, ctx.db.read_session() as session:
-                row = service.version_row(session, service.check_device(device), version)
+                row = service.version_row(session, device, version)
                 rs = service.ruleset_of(row)
                 fabric = compile_fabric_of(session, trust_domain(session) or "")
                 return row, render(rs, fmt, fabric)
         row, text = guard(run)
-        if json_out:
-            emit_json({"device": device, "version": row.version, "content_hash": row.content_hash, "format": fmt,
-                       "text": text})
+        if machine_output():
+            emit({"device": device, "version": row.version, "content_hash": row.content_hash, "format": fmt,
+                  "text": text})
         else:
             print(text, end="")
 
-    @enforcer.command("status")
-    def status_cmd(server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
-        """Every device: desired vs applied version, pin, pending plan, drift, last apply (through the API)."""
-        from cli.remote.common import client
+    @command(enforcer, "versions", LOCAL)
+    def versions_cmd(device: str = DeviceOpt) -> None:
+        """Every version published for a device, newest first: hash, time, who, why (`show --version N`
+        prints one, `rollback --to N` goes back to one)."""
+        from enforcer import service
 
-        rows = client(server, cacert).get("/v1/devices")
-        if json_out:
-            emit_json(rows)
-            return
-        emit_table("devices", ("device", "desired", "applied", "in sync", "pinned", "pending", "drift", "applied at",
-                               "last error"),
-                   [(r["device"] + ("" if r["in_fabric"] else " (retired)"), r["desired_version"],
-                     r["applied_version"] or "-", "yes" if r["in_sync"] else "no", "yes" if r["pinned"] else "",
-                     (r["pending_hash"] or "")[:12], len(r["drift"]) or "", r["applied_at"] or "",
-                     r["last_error"] or "") for r in rows])
+        def run() -> list[dict[str, Any]]:
+            with open_context() as ctx, ctx.db.read_session() as session:
+                return service.versions(session, device)
+        emit(guard(run), VERSIONS)
+
+    @command(enforcer, "status", API)
+    def status_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """Every device: desired vs applied version, pin, pending plan, drift, last apply (as `device list`)."""
+        from cli.remote.common import client
+        from cli.remote.fabric import DEVICES
+
+        emit(client(server, cacert).get("/v1/devices"), DEVICES)

@@ -11,57 +11,58 @@ from typing import Any
 
 import typer
 
-from cli.output import JsonOpt, console, emit_json, emit_table, guard
+from cli.output import LOCAL, add_group, command, console, emit, emit_table, guard, machine_output
+from cli.params import PORT, choice, existing_file
 
 
 def _home() -> Path:
-    from workflows.settings import Settings
+    from cli.output import local_settings
 
-    return Settings.from_env().home
+    return Path(local_settings().home)
 
 
 def register(app: typer.Typer) -> None:
-    lab = typer.Typer(help="The lab fabric: namespaces, Open vSwitch SuperNICs and Linux leaves on this machine "
-                      "(root).", no_args_is_help=True)
-    app.add_typer(lab, name="lab")
+    lab = add_group(app, "lab", "The lab fabric: namespaces, Open vSwitch SuperNICs and Linux leaves on this "
+                    "machine (root).", LOCAL)
 
-    @lab.command("up")
-    def up_cmd(fabric_file: Path = typer.Argument(..., help="fabric YAML (the enforcer's format)"),
-               mode: str = typer.Option("standalone", "--mode", help="standalone: compile the file with the "
+    @command(lab, "up", LOCAL)
+    def up_cmd(fabric_file: Path = typer.Argument(..., help="fabric YAML (the enforcer's format)",
+                                                  **existing_file()),
+               mode: str = typer.Option("standalone", "--mode", parser=choice("standalone", "agent"),
+                                        metavar="standalone|agent", help="standalone: compile the file with the "
                                         "shipped Rego and apply every device; agent: build the topology only, "
-                                        "node agents apply the rule sets"),
-               json_out: bool = JsonOpt) -> None:
+                                        "node agents apply the rule sets")) -> None:
         """Build the lab for FABRIC_FILE (one lab per TRUSTFABRIC_HOME)."""
         from lab import operations
 
         report = guard(lambda: operations.up(_home(), fabric_file, mode))
-        if json_out:
-            emit_json(report)
+        if machine_output():
+            emit(report)
             return
         console.print(f"lab {report['lab']} up in {report['seconds']:.2f} s: {report['namespaces']} namespaces, "
                       f"{len(report['devices'])} devices, {report['workloads']} workloads; "
                       f"{len(report['applied'])} rule sets applied ({report['mode']})", highlight=False, soft_wrap=True)
 
-    @lab.command("down")
-    def down_cmd(json_out: bool = JsonOpt) -> None:
+    @command(lab, "down", LOCAL)
+    def down_cmd() -> None:
         """Remove the lab of this TRUSTFABRIC_HOME, also after a crash (found by its name prefix)."""
         from lab import operations
 
         report = guard(lambda: operations.down(_home()))
-        if json_out:
-            emit_json(report)
+        if machine_output():
+            emit(report)
             return
         console.print(f"lab {report['lab']} down: {len(report['namespaces'])} namespaces and "
                       f"{report['processes']} processes removed", highlight=False, soft_wrap=True)
 
-    @lab.command("status")
-    def status_cmd(json_out: bool = JsonOpt) -> None:
+    @command(lab, "status", LOCAL)
+    def status_cmd() -> None:
         """The lab's state: devices (bridge / namespace of each device id), workloads, applied rule sets."""
         from lab import operations
 
         st = guard(lambda: operations.status(_home()))
-        if json_out:
-            emit_json(st)
+        if machine_output():
+            emit(st)
             return
         console.print(f"lab {st['lab']}: {st['status']}", highlight=False, soft_wrap=True)
         if "devices" in st:
@@ -73,34 +74,33 @@ def register(app: typer.Typer) -> None:
         if st.get("missing_namespaces"):
             console.print(f"missing namespaces: {', '.join(st['missing_namespaces'])}", highlight=False, soft_wrap=True)
 
-    @lab.command("apply")
-    def apply_cmd(fabric_file: Path = typer.Argument(None, help="default: the file the lab was built from"),
-                  json_out: bool = JsonOpt) -> None:
+    @command(lab, "apply", LOCAL)
+    def apply_cmd(fabric_file: Path = typer.Argument(None, help="default: the file the lab was built from",
+                                                     **existing_file())) -> None:
         """Compile the (edited) fabric file again and apply only the devices whose rule set changed."""
         from lab import operations
 
         report = guard(lambda: operations.apply(_home(), fabric_file))
-        if json_out:
-            emit_json(report)
+        if machine_output():
+            emit(report)
             return
         changed = ", ".join(report["applied"]) or "none"
         console.print(f"applied: {changed} ({len(report['unchanged'])} unchanged)", highlight=False, soft_wrap=True)
 
-    @lab.command("probe")
+    @command(lab, "probe", LOCAL)
     def probe_cmd(src: str = typer.Argument(..., help="tenant/group/name"),
                   dst: str = typer.Argument(..., help="tenant/group/name"),
-                  port: int = typer.Argument(..., min=1, max=65535),
+                  port: int = typer.Argument(..., parser=PORT, metavar="PORT"),
                   ipv6: bool = typer.Option(False, "--ipv6", help="over the workloads' IPv6 addresses"),
                   timeout: float = typer.Option(0.5, "--timeout", min=0.05, max=30.0,
-                                                help="seconds to wait for the handshake"),
-                  json_out: bool = JsonOpt) -> None:
+                                                help="seconds to wait for the handshake")) -> None:
         """Open a real TCP connection from SRC to DST:PORT; print OPEN or BLOCKED and which rule decided."""
         from lab import operations
 
         result = guard(lambda: operations.probe(_home(), src, dst, port, 6 if ipv6 else 4, timeout))
         out: dict[str, Any] = result.to_dict()
-        if json_out:
-            emit_json(out)
+        if machine_output():
+            emit(out)
             return
         console.print(f"{out['result']}  {src} -> {dst} tcp/{port} (IPv{out['family']}, "
                       f"{out['seconds'] * 1000:.1f} ms)", highlight=False, soft_wrap=True)

@@ -8,32 +8,33 @@ from typing import Any
 
 import typer
 
-from cli.output import JsonOpt, console, emit_json, fail, guard, one_line_errors, open_context
+from cli.output import LOCAL, command, console, emit, fail, guard, machine_output, one_line_errors, open_context
+from cli.params import PORT, existing_dir, existing_file
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("pdp")
+    @command(app, "pdp", LOCAL)
     def pdp_cmd(
         host: str = typer.Option("127.0.0.1", "--host"),
-        port: int = typer.Option(8181, "--port", min=1, max=65535),
+        port: int = typer.Option(8181, "--port", parser=PORT, metavar="PORT"),
         rego: Path = typer.Option(None, "--rego", help="serve these modules (default: the active version, "
-                                  "with data from the database, refreshed)"),
-        refresh: float = typer.Option(2.0, "--refresh", min=0.1, help="seconds between database refreshes"),
-        tls_cert: Path = typer.Option(None, "--tls-cert"),
-        tls_key: Path = typer.Option(None, "--tls-key"),
-        json_out: bool = JsonOpt,
+                                  "with data from the database, refreshed)", **existing_dir()),
+        refresh: float = typer.Option(2.0, "--refresh", min=0.1, max=3600, help="seconds between database refreshes"),
+        tls_cert: Path = typer.Option(None, "--tls-cert", **existing_file()),
+        tls_key: Path = typer.Option(None, "--tls-key", **existing_file()),
     ) -> None:
         """Serve the OPA REST API subset (health, policies, data, query) over the configured policy engine.
+
         Bearer token from TRUSTFABRIC_PDP_TOKEN (required when binding beyond loopback)."""
         import uvicorn
 
+        from cli.output import local_settings
         from pdp.server import create_pdp_app
         from pdp.sync import PdpSync
         from policy.engines import make_engine
         from policy.versions import load_dir
-        from workflows.settings import Settings
 
-        settings = Settings.from_env()
+        settings = local_settings()
         token = settings.pdp_token
         if token is None and host not in ("127.0.0.1", "::1", "localhost"):
             fail("set TRUSTFABRIC_PDP_TOKEN to serve beyond loopback", 2)
@@ -54,8 +55,8 @@ def register(app: typer.Typer) -> None:
         modules = sorted(engine.modules())
         info: dict[str, Any] = {"url": f"{'https' if tls_cert else 'http'}://{host}:{port}", "modules": modules,
                 "active_hash": sync.active_hash if sync else None, "token_required": token is not None}
-        if json_out:
-            emit_json(info)
+        if machine_output():
+            emit(info)
         else:
             console.print(f"pdp serving {info['url']} ({len(modules)} modules)", highlight=False)
         options: dict[str, Any] = {}

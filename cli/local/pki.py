@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -11,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from cli.output import JsonOpt, emit_json, emit_table, local_operator, open_context
+from cli.output import LOCAL, Col, View, add_group, command, emit, local_operator, machine_output, open_context
+from cli.params import SLUG, existing_file
 
 if TYPE_CHECKING:
     from pki import service
@@ -32,28 +32,33 @@ def _x509_dict(issued: service.IssuedX509) -> dict[str, Any]:
             "chain": [c.decode() for c in issued.chain_pem], "expires_at": issued.expires_at.isoformat()}
 
 
+CAS = View("CA generations", (
+    Col("id", "id", kind="id"), Col("state", "state"), Col("key", "key_kind"),
+    Col("valid from", "not_before", kind="time"), Col("valid until", "not_after", kind="time"),
+    Col("signs until", "signed_until", kind="time", drop=1),
+))
+KEYS = View("trust bundle", (Col("use", "use"), Col("kid", "kid", kind="id"), Col("kty", "kty"), Col("crv", "crv")))
+Tenant = typer.Option(..., "--tenant", parser=SLUG, metavar="TENANT")
+Group = typer.Option(..., "--group", parser=SLUG, metavar="GROUP")
+Workload = typer.Option(..., "--workload", parser=SLUG, metavar="WORKLOAD")
+TtlSeconds = typer.Option(None, "--ttl", min=1, max=365 * 86400, help="seconds")
+
+
 def register(app: typer.Typer) -> None:
     """Add the PKI command groups to the root CLI."""
-    svid = typer.Typer(help="Issue and revoke SVIDs.", no_args_is_help=True)
-    bundle = typer.Typer(help="The trust bundle.", no_args_is_help=True)
-    ca = typer.Typer(help="CA generations: status and rotation.", no_args_is_help=True)
-    node = typer.Typer(help="Nodes: join tokens.", no_args_is_help=True)
-    node_token = typer.Typer(help="One-time node join tokens.", no_args_is_help=True)
-    node.add_typer(node_token, name="token")
-    app.add_typer(svid, name="svid")
-    app.add_typer(bundle, name="bundle")
-    app.add_typer(ca, name="ca")
-    app.add_typer(node, name="node")
+    svid = add_group(app, "svid", "Issue and revoke SVIDs.", LOCAL)
+    bundle = add_group(app, "bundle", "The trust bundle.", LOCAL)
+    ca = add_group(app, "ca", "CA generations: status and rotation.", LOCAL)
+    node = add_group(app, "node", "Nodes: join tokens.", LOCAL)
+    node_token = add_group(node, "token", "One-time node join tokens.", LOCAL)
 
-    @svid.command("issue")
+    @command(svid, "issue", LOCAL)
     def svid_issue(
-        csr: Path = typer.Option(..., "--csr", help="PKCS#10 CSR in PEM ('-' for stdin)"),
-        tenant: str = typer.Option(..., "--tenant"),
-        group: str = typer.Option(..., "--group"),
-        workload: str = typer.Option(..., "--workload"),
-        ttl: int | None = typer.Option(None, "--ttl", help="seconds (default 1 h)"),
-        out: Path | None = typer.Option(None, "--out", help="write leaf + chain PEM here"),
-        json_out: bool = JsonOpt,
+        csr: Path = typer.Option(..., "--csr", help="PKCS#10 CSR in PEM ('-' for stdin)",
+                                 **existing_file(allow_dash=True)),
+        tenant: str = Tenant, group: str = Group, workload: str = Workload,
+        ttl: int | None = TtlSeconds,
+        out: Path | None = typer.Option(None, "--out", help="write leaf + chain PEM here", dir_okay=False),
     ) -> None:
         """Issue an X.509-SVID to a registered workload from a CSR."""
         from pki import service
@@ -66,21 +71,20 @@ def register(app: typer.Typer) -> None:
             )
         if out is not None:
             out.write_bytes(issued.full_chain_pem)
-        if json_out:
-            emit_json(_x509_dict(issued))
+        if machine_output():
+            emit(_x509_dict(issued))
         elif out is None:
             sys.stdout.write(issued.full_chain_pem.decode())
         else:
-            print(f"{issued.spiffe_id} serial {issued.serial} until {issued.expires_at.isoformat()} -> {out}")
+            from cli.humanize import when
 
-    @svid.command("jwt")
+            print(f"{issued.spiffe_id} serial {issued.serial} until {when(issued.expires_at)} -> {out}")
+
+    @command(svid, "jwt", LOCAL)
     def svid_jwt(
-        tenant: str = typer.Option(..., "--tenant"),
-        group: str = typer.Option(..., "--group"),
-        workload: str = typer.Option(..., "--workload"),
+        tenant: str = Tenant, group: str = Group, workload: str = Workload,
         audience: list[str] = typer.Option(..., "--audience", help="repeat for several audiences"),
-        ttl: int | None = typer.Option(None, "--ttl", help="seconds (default 5 min)"),
-        json_out: bool = JsonOpt,
+        ttl: int | None = TtlSeconds,
     ) -> None:
         """Issue a JWT-SVID to a registered workload."""
         from pki import service
@@ -90,20 +94,19 @@ def register(app: typer.Typer) -> None:
                 session, ctx.keystore, tenant=tenant, group=group, workload=workload, audience=list(audience),
                 ttl=_ttl(ttl), actor=local_operator(), scope_tenant=None, clock=ctx.clock,
             )
-        if json_out:
-            emit_json({"token": issued.token, "spiffe_id": issued.spiffe_id, "audience": issued.audience,
-                       "expires_at": issued.expires_at.isoformat(), "kid": issued.kid})
+        if machine_output():
+            emit({"token": issued.token, "spiffe_id": issued.spiffe_id, "audience": issued.audience,
+                  "expires_at": issued.expires_at.isoformat(), "kid": issued.kid})
         else:
             print(issued.token)
 
-    @svid.command("revoke")
+    @command(svid, "revoke", LOCAL)
     def svid_revoke(
         reason: str = typer.Option(..., "--reason"),
-        serial: str | None = typer.Option(None, "--serial"),
-        tenant: str | None = typer.Option(None, "--tenant"),
-        group: str | None = typer.Option(None, "--group"),
-        workload: str | None = typer.Option(None, "--workload"),
-        json_out: bool = JsonOpt,
+        serial: str | None = typer.Option(None, "--serial", help="the SVID's serial (hex)"),
+        tenant: str | None = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT"),
+        group: str | None = typer.Option(None, "--group", parser=SLUG, metavar="GROUP"),
+        workload: str | None = typer.Option(None, "--workload", parser=SLUG, metavar="WORKLOAD"),
     ) -> None:
         """Revoke one SVID (--serial) or an identity (--tenant [--group [--workload]])."""
         from pki import service
@@ -111,15 +114,14 @@ def register(app: typer.Typer) -> None:
         with open_context() as ctx, ctx.db.session() as session:
             serials = service.revoke(session, serial=serial, tenant=tenant, group=group, workload=workload,
                                      reason=reason, actor=local_operator(), scope_tenant=None, clock=ctx.clock)
-        if json_out:
-            emit_json({"revoked": serials})
+        if machine_output():
+            emit({"revoked": serials})
         else:
             print(f"revoked {len(serials)} SVID(s)" + (": " + ", ".join(serials) if serials else ""))
 
-    @bundle.command("show")
+    @command(bundle, "show", LOCAL)
     def bundle_show(
         pem: bool = typer.Option(False, "--pem", help="the X.509 roots as PEM instead of the JWKS"),
-        json_out: bool = JsonOpt,
     ) -> None:
         """Print the trust bundle (SPIFFE JWKS; --pem for the X.509 roots)."""
         from pki import service
@@ -129,38 +131,38 @@ def register(app: typer.Typer) -> None:
                 sys.stdout.write(service.bundle_pem(session, ctx.clock).decode())
                 return
             doc = service.bundle_jwks(session, ctx.clock)
-        if json_out:
-            emit_json(doc)
+        if machine_output():
+            emit(doc)
             return
-        rows = [(k["use"], k.get("kid", ""), k["kty"], k.get("crv", "")) for k in doc["keys"]]
-        emit_table(f"bundle (sequence {doc['spiffe_sequence']})", ["use", "kid", "kty", "crv"], rows)
+        print(f"trust bundle, sequence {doc['spiffe_sequence']}")
+        KEYS.table(doc["keys"])
 
-    def _print_status(data: dict[str, Any], json_out: bool) -> None:
-        if json_out:
-            emit_json(data)
+    def _print_status(data: dict[str, Any]) -> None:
+        if machine_output():
+            emit(data)
             return
-        emit_table("CA generations", ["id", "state", "key", "not_before", "not_after", "signed_until"],
-                   [(c["id"], c["state"], c["key_kind"], c["not_before"], c["not_after"], c["signed_until"])
-                    for c in data["cas"]])
-        print(f"active generation: {data['active_generation']}; next prepare: {data['next_prepare_at']}; "
-              f"next activate: {data['next_activate_at']}")
+        from cli.humanize import text, when
+
+        CAS.table(data["cas"])
+        print(f"active generation: {data['active_generation']}")
+        print(f"next prepare: {when(data['next_prepare_at'])}")
+        print(f"next activate: {when(data['next_activate_at'])}")
         done = {k: data[k] for k in ("prepared", "activated", "retired") if data.get(k)}
         if done:
-            print("this run: " + json.dumps(done))
+            print("this run: " + "; ".join(f"{k} {text(v)}" for k, v in done.items()))
 
-    @ca.command("status")
-    def ca_status(json_out: bool = JsonOpt) -> None:
+    @command(ca, "status", LOCAL)
+    def ca_status() -> None:
         """CA generations and the next scheduled rotation steps."""
         from pki import service
 
         with open_context() as ctx, ctx.db.read_session() as session:
             data = service.status_dict(service.ca_status(session, ctx.clock))
-        _print_status(data, json_out)
+        _print_status(data)
 
-    @ca.command("rotate")
+    @command(ca, "rotate", LOCAL)
     def ca_rotate(
         force: bool = typer.Option(False, "--force", help="prepare (if needed) and activate the next CA now"),
-        json_out: bool = JsonOpt,
     ) -> None:
         """Run the rotation schedule once (prepare at 1/2 life, activate at 1/6 before expiry, retire drained)."""
         from pki import service
@@ -168,13 +170,12 @@ def register(app: typer.Typer) -> None:
         with open_context() as ctx, ctx.db.session() as session:
             status = service.rotate(session, ctx.keystore, force=force, actor=local_operator(), clock=ctx.clock)
             data = service.status_dict(status)
-        _print_status(data, json_out)
+        _print_status(data)
 
-    @node_token.command("create")
+    @command(node_token, "create", LOCAL)
     def node_token_create(
-        node_name: str = typer.Option(..., "--node", help="node name (DNS label)"),
-        ttl: int | None = typer.Option(None, "--ttl", help="seconds (default 1 h, max 7 days)"),
-        json_out: bool = JsonOpt,
+        node_name: str = typer.Option(..., "--node", parser=SLUG, metavar="NODE", help="node name (DNS label)"),
+        ttl: int | None = typer.Option(None, "--ttl", min=1, max=7 * 86400, help="seconds (default 1 h, max 7 days)"),
     ) -> None:
         """Create a one-time join token for a node (shown once)."""
         from pki import service
@@ -183,8 +184,8 @@ def register(app: typer.Typer) -> None:
             token = service.create_join_token(session, node_name=node_name, ttl=_ttl(ttl), actor=local_operator(),
                                               clock=ctx.clock)
             spiffe_id = service.node_spiffe_id(session, node_name)
-        if json_out:
-            emit_json({"token": token, "node_name": node_name, "spiffe_id": spiffe_id})
+        if machine_output():
+            emit({"token": token, "node_name": node_name, "spiffe_id": spiffe_id})
         else:
             print("join token (shown once):")
             print(token)

@@ -1,26 +1,55 @@
-"""`trustfabric policy validate|test|upload|impact|activate|rollback|list|show|explain|decisions`.
+"""`trustfabric policy validate|test|eval|upload|impact|activate|rollback|list|show|explain|decisions|decision`.
 
-validate and test work on a directory alone; the others open the local data directory (run them on the
-server host). Exit 0 ok, 1 failure (one readable line), 2 usage.
+validate and test work on a directory alone (offline); eval on files, or on a stored version; the others
+open the local data directory (run them on the server host). Exit 0 ok, 1 failure (one readable line),
+2 usage. There is no `policy fmt`: no Rego formatter exists for Python or regorus (`opa fmt` formats
+where OPA is installed).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
 from cli.output import (
-    JsonOpt,
+    LOCAL,
+    OFFLINE,
+    Col,
+    View,
+    add_group,
+    command,
     console,
-    emit_json,
-    emit_table,
+    emit,
+    err_console,
     fail,
     guard,
     local_operator,
+    local_settings,
+    machine_output,
     open_context,
 )
+from cli.params import PORT, PROTO, SLUG, WHEN, choice, existing_dir, existing_file
+
+VERSIONS = View("policy versions", (
+    Col("#", "number", kind="id"), Col("state", "state"), Col("hash", lambda r: r["content_hash"][:16], kind="id"),
+    Col("tests", lambda r: "pass" if r["tests_passed"] else f"{len(r['tests_failing'])} failing"),
+    Col("uploaded by", "uploaded_by", drop=1), Col("created", "created_at", kind="time"), Col("note", "note", drop=2),
+))
+DECISIONS = View("policy decisions", (
+    Col("id", "id", kind="id"), Col("time", "ts", kind="time"), Col("kind", "kind"), Col("tenant", "tenant"),
+    Col("outcome", "outcome"), Col("policy", lambda r: (r["policy_hash"] or "")[:16], drop=2),
+    Col("reasons", "reasons", drop=1),
+))
+TESTS = View("Rego tests", (
+    Col("test", "name"), Col("result", lambda r: "pass" if r["passed"] else "FAIL"),
+    Col("ms", lambda r: f"{r['duration_ms']:.2f}"), Col("error", "error"),
+))
+COVERAGE = View("coverage", (Col("module", "file"), Col("lines covered", lambda c: f"{c['percent']:.1f}%"),
+                             Col("not covered", "not_covered")))
+
+Directory = typer.Argument(..., help="a folder of .rego modules (recursively)", **existing_dir())
 
 
 def _signature(signature: str | None, signature_file: Path | None) -> str | None:
@@ -35,82 +64,229 @@ def _version_dict(v: Any) -> dict[str, Any]:
     return version_out(v).model_dump(mode="json")
 
 
+def _compile_errors(directory: Path, exc: Any) -> NoReturn:
+    """Every problem of a PolicyCompileError at DIRECTORY/file:line:col, then exit 1."""
+    issues = [{"file": str(directory / i.file), "line": i.line, "col": i.col, "message": i.message}
+              for i in exc.issues]
+    if machine_output():
+        emit({"ok": False, "errors": issues})
+    else:
+        for i in issues:
+            err_console.print(f"{i['file']}:{i['line']}:{i['col']}: {i['message']}", highlight=False,
+                              markup=False, soft_wrap=True)
+    fail(f"{len(issues)} problem(s) in {directory}")
+
+
+def _load_json_or_yaml(path: Path) -> Any:
+    """A JSON or YAML document; InvalidInput naming the file when it is neither."""
+    import json
+
+    from core.errors import InvalidInput
+
+    text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except ValueError:
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InvalidInput(f"{path} is neither JSON nor YAML: {str(exc).splitlines()[0]}") from None
+
+
 def register(app: typer.Typer) -> None:
-    policy = typer.Typer(help="Rego policy versions: validate, test, upload, impact, activate, rollback.",
-                         no_args_is_help=True)
-    app.add_typer(policy, name="policy")
+    policy = add_group(app, "policy", "Rego policies: validate, test, eval, upload, impact, activate, rollback.\n\n"
+                       "No `policy fmt`: no Rego formatter exists for Python or regorus (`opa fmt` formats where OPA "
+                       "is installed).", None)
 
-    @policy.command("validate")
-    def validate_cmd(directory: Path, json_out: bool = JsonOpt) -> None:
-        """Compile every .rego under DIRECTORY; errors carry file:line:col."""
-        from policy import service
+    @command(policy, "validate", OFFLINE)
+    def validate_cmd(directory: Path = Directory) -> None:
+        """Compile and check every .rego under DIRECTORY as `opa check` does; each problem at file:line:col.
+
+        Syntax, unsafe variables, undefined functions and references, arity, type errors on constants."""
+        from policy import authoring
+        from policy.errors import PolicyCompileError
         from policy.versions import load_dir
 
-        def run() -> tuple[str, list[str]]:
-            modules = load_dir(directory)
-            return service.validate(modules), sorted(modules)
-        digest, names = guard(run)
-        if json_out:
-            emit_json({"content_hash": digest, "modules": names})
+        modules = guard(lambda: load_dir(directory))
+        try:
+            digest = authoring.validate(modules)
+        except PolicyCompileError as exc:
+            _compile_errors(directory, exc)
+        if machine_output():
+            emit({"ok": True, "content_hash": digest, "modules": sorted(modules)})
         else:
-            console.print(f"ok: {len(names)} modules compile, content hash {digest}", highlight=False)
+            console.print(f"ok: {len(modules)} modules compile and check clean, content hash {digest}",
+                          highlight=False)
 
-    @policy.command("test")
-    def test_cmd(directory: Path, json_out: bool = JsonOpt) -> None:
-        """Run every test_* rule under DIRECTORY; exit 1 naming the failing tests."""
-        from policy import service
+    @command(policy, "test", OFFLINE)
+    def test_cmd(
+        directory: Path = Directory,
+        run: str = typer.Option(None, "--run", "-r", metavar="REGEX",
+                                help="only tests whose name (package.rule) this regular expression finds"),
+        coverage: bool = typer.Option(False, "--coverage", help="per-module line coverage of the tests"),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="list every test, not only failures"),
+    ) -> None:
+        """Run the test_* rules under DIRECTORY; prints `PASS: n/n` or `FAIL: k/n` with the failures (exit 1)."""
+        import re
+
+        from policy import authoring
+        from policy.errors import PolicyCompileError
         from policy.versions import load_dir
 
-        report = guard(lambda: service.test(load_dir(directory)))
-        if json_out:
-            emit_json(report.to_dict())
+        if run is not None:
+            try:
+                re.compile(run)
+            except re.error as exc:
+                fail(f"--run {run!r} is not a regular expression: {exc}", 2)
+        modules = guard(lambda: load_dir(directory))
+        try:
+            report = authoring.test(modules, run=run, coverage=coverage)
+        except PolicyCompileError as exc:
+            _compile_errors(directory, exc)
+        out = report.to_dict()
+        if not report.results:
+            fail(f"no test matches --run {run!r}" if run else f"no test_* rules in {directory}")
+        if machine_output():
+            emit({**out, "summary": report.summary})
         else:
-            emit_table("Rego tests", ("test", "result", "ms", "error"),
-                       [(r.name, "pass" if r.passed else "FAIL", f"{r.duration_ms:.2f}", r.error or "")
-                        for r in report.results])
+            shown = out["results"] if verbose else [r for r in out["results"] if not r["passed"]]
+            if shown:
+                TESTS.table(shown)
+            if coverage and report.coverage is not None:
+                COVERAGE.table(out["coverage"]["files"])
+                console.print(f"coverage: {report.coverage_percent:.1f}% of the lines of "
+                              f"{len(report.coverage)} module(s)", highlight=False)
+            console.print(report.summary, highlight=False)
         if not report.passed:
-            fail(f"{len(report.failing)} of {len(report.results)} tests failed: {', '.join(report.failing)}", 1)
+            fail(f"{len(report.failing)} of {len(report.results)} tests failed: {', '.join(report.failing)}")
 
-    @policy.command("upload")
-    def upload_cmd(directory: Path, note: str = typer.Option("", "--note", help="why this version"),
-                   json_out: bool = JsonOpt) -> None:
-        """Upload DIRECTORY as a candidate version (compiled, tests run; nothing stored on a compile error)."""
-        from policy import service
+    @command(policy, "eval", LOCAL)
+    def eval_cmd(
+        query: str = typer.Argument(..., help="a Rego query, e.g. data.flows.decision"),
+        input_file: Path = typer.Option(None, "--input", "-i", help="the input document (JSON or YAML)",
+                                        **existing_file()),
+        data: list[Path] = typer.Option([], "--data", "-d", exists=True, readable=True,
+                                        help="a .rego module, a JSON/YAML data file, or a folder of both "
+                                             "(repeatable); with only data files, the active version's modules"),
+        version: str = typer.Option(None, "--version", metavar="N|HASH",
+                                    help="evaluate a stored version (local data directory), with the live data"),
+    ) -> None:
+        """Evaluate QUERY like `opa eval`, on --data files or a stored version.
+
+        Against modules given with --data (offline), or against a stored version (--version; the active one
+        when no module is given) with the live data document."""
+        from policy import authoring
         from policy.versions import load_dir
+
+        def collect() -> tuple[dict[str, str], dict[str, Any]]:
+            modules: dict[str, str] = {}
+            doc: dict[str, Any] = {}
+            for path in data:
+                if path.is_dir():
+                    modules.update({f"{path.name}/{k}": v for k, v in load_dir(path).items()})
+                    for extra in sorted([*path.rglob("*.json"), *path.rglob("*.yaml")]):
+                        _merge(doc, _load_json_or_yaml(extra), extra)
+                elif path.suffix == ".rego":
+                    modules[path.name] = path.read_text(encoding="utf-8")
+                else:
+                    _merge(doc, _load_json_or_yaml(path), path)
+            return modules, doc
+
+        def run() -> dict[str, Any]:
+            modules, doc = collect()
+            given_input = _load_json_or_yaml(input_file) if input_file is not None else None
+            if version is None and modules:  # the operator's own files only: offline, in this process
+                return authoring.evaluate_query(modules, query, input=given_input, data=doc)
+            from policy import service
+            from policy.data import build_data
+            from workflows import policy as flows
+
+            with open_context() as ctx:
+                with ctx.db.read_session() as session:
+                    v = service.get_version(session, version) if version else service.active_version(session)
+                    if v is None:
+                        from core.errors import NotFound
+
+                        raise NotFound("no policy version is active: give --version or .rego files with --data")
+                    modules = {**dict(v.modules), **modules}
+                    doc = {**build_data(session, ctx.clock()), **doc}
+                # stored Rego runs where the server runs it: in the policy sandbox, within its limits
+                return flows.evaluate(ctx.settings, modules, query, input=given_input, data=doc)
+
+        out = guard(run)
+        if machine_output():
+            emit(out)
+            return
+        import json
+
+        results = out["result"]
+        if not results:
+            console.print("undefined", highlight=False)
+            return
+        for result in results:
+            values = [e.get("value") for e in result.get("expressions", [])]
+            bindings = result.get("bindings") or {}
+            if bindings:
+                console.print("  ".join(f"{k} = {json.dumps(v)}" for k, v in bindings.items()), highlight=False,
+                              markup=False)
+            for value in values:
+                if not bindings or value is not True:
+                    print(json.dumps(value, indent=2, sort_keys=True))
+
+    @command(policy, "upload", LOCAL)
+    def upload_cmd(directory: Path = Directory,
+                   note: str = typer.Option("", "--note", help="why this version")) -> None:
+        """Store DIRECTORY as a candidate version; exit 1 when its Rego tests fail.
+
+        Nothing is stored when it does not compile or check clean; with failing tests it is stored but cannot
+        be activated."""
+        from policy import service
+        from policy.authoring import PreparedVersion
+        from policy.errors import PolicyCompileError
+        from policy.versions import load_dir
+        from workflows import policy as flows
+
+        modules = guard(lambda: load_dir(directory))
+
+        def prepare() -> PreparedVersion:  # compiled and tested in the policy sandbox, as the API does it
+            try:
+                return flows.prepare(local_settings(), modules)
+            except PolicyCompileError as exc:
+                _compile_errors(directory, exc)
+        prepared = guard(prepare)
 
         def run() -> tuple[dict[str, Any], bool]:
-            prepared = service.prepare(load_dir(directory))
             with open_context() as ctx, ctx.db.session() as session:
                 v, created = service.upload(session, prepared, local_operator("security"), now=ctx.clock(), note=note)
                 return _version_dict(v), created
         out, created = guard(run)
-        if json_out:
-            emit_json({**out, "created": created})
-            return
-        state = "uploaded" if created else "already stored"
-        tests = "tests pass" if out["tests_passed"] else f"TESTS FAIL: {', '.join(out['tests_failing'])}"
-        console.print(f"version {out['number']} {state} ({out['content_hash'][:16]}), {tests}", highlight=False)
+        if machine_output():
+            emit({**out, "created": created})
+        else:
+            state = "uploaded" if created else "already stored"
+            tests = "tests pass" if out["tests_passed"] else f"TESTS FAIL: {', '.join(out['tests_failing'])}"
+            console.print(f"version {out['number']} {state} ({out['content_hash'][:16]}), {tests}", highlight=False)
+        if not out["tests_passed"]:
+            fail(f"version {out['number']} is stored but cannot be activated: {len(out['tests_failing'])} of "
+                 f"{out['tests_total']} Rego tests fail (fix them and upload again; `trustfabric policy test "
+                 f"{directory}` shows why)")
 
-    @policy.command("list")
-    def list_cmd(json_out: bool = JsonOpt) -> None:
+    @command(policy, "list", LOCAL)
+    def list_cmd() -> None:
         """Every version and its state."""
         from policy import service
 
         def run() -> list[dict[str, Any]]:
             with open_context() as ctx, ctx.db.read_session() as session:
                 return [_version_dict(v) for v in service.list_versions(session)]
-        rows = guard(run)
-        if json_out:
-            emit_json(rows)
-            return
-        emit_table("policy versions", ("#", "state", "hash", "tests", "uploaded by", "created", "note"),
-                   [(r["number"], r["state"], r["content_hash"][:16],
-                     "pass" if r["tests_passed"] else f"{len(r['tests_failing'])} failing",
-                     r["uploaded_by"], r["created_at"], r["note"]) for r in rows])
+        emit(guard(run), VERSIONS)
 
-    @policy.command("show")
-    def show_cmd(version: str = typer.Argument(None, help="number or hash prefix; the active one by default"),
-                 json_out: bool = JsonOpt) -> None:
+    @command(policy, "show", LOCAL)
+    def show_cmd(version: str = typer.Argument(None, metavar="[N|HASH]",
+                                                help="number or hash prefix; the active one by default"),
+                 sources: bool = typer.Option(False, "--sources", help="print the modules' Rego text too")) -> None:
         """One version: state, modules, test results."""
         from policy import service
         from policy.views import version_out
@@ -124,83 +300,88 @@ def register(app: typer.Typer) -> None:
                     raise NotFound("no policy version is active")
                 return version_out(v, detail=True).model_dump(mode="json")
         out = guard(run)
-        if json_out:
-            emit_json(out)
+        if machine_output():
+            emit(out)
             return
-        for key in ("number", "state", "content_hash", "tests_passed", "tests_total", "tests_failing", "modules",
-                    "uploaded_by", "created_at", "activated_at", "signed_by", "note"):
-            console.print(f"{key}: {out[key]}", highlight=False)
+        keys = ("number", "state", "content_hash", "tests_passed", "tests_total", "tests_failing", "modules",
+                "uploaded_by", "created_at", "activated_at", "signed_by", "note")
+        emit({k: out[k] for k in keys})
+        if sources:
+            for name, text in sorted(out["sources"].items()):
+                print(f"\n# ---- {name}\n{text}", end="" if text.endswith("\n") else "\n")
 
-    @policy.command("impact")
-    def impact_cmd(version: str, limit: int = typer.Option(50, "--limit", min=0, help="flows listed per side"),
-                   json_out: bool = JsonOpt) -> None:
+    @command(policy, "impact", LOCAL)
+    def impact_cmd(version: str = typer.Argument(..., metavar="N|HASH"),
+                   limit: int = typer.Option(50, "--limit", min=0, max=100_000, help="flows listed per side")) -> None:
         """Flows VERSION would open and close against the active version, on the current inventory; with a
-        fabric, the devices whose rule sets it would change."""
+        fabric, the devices whose rule sets it would change (both in the policy sandbox)."""
         from workflows.enforcement import impact
 
         def run() -> dict[str, Any]:
-            with open_context() as ctx, ctx.db.read_session() as session:
-                return impact(session, version, now=ctx.clock(), budget=ctx.settings.budget(), limit=limit)
+            with open_context() as ctx:
+                return impact(ctx, version, limit=limit)
         out = guard(run)
-        if json_out:
-            emit_json(out)
+        if machine_output():
+            emit(out)
             return
         console.print(f"opened {out['opened_count']}, closed {out['closed_count']}, unchanged {out['unchanged']} "
-                      f"(candidate {out['candidate_hash'][:16]} vs active {str(out['baseline_hash'])[:16]})",
+                      f"(candidate {out['candidate_hash'][:16]} vs active {(out['baseline_hash'] or 'none')[:16]})",
                       highlight=False)
+        flows = View("", (Col("src", lambda f: f"{f['src_tenant']}/{f['src_group']}"),
+                          Col("dst", lambda f: f"{f['dst_tenant']}/{f['dst_group']}"), Col("proto", "proto"),
+                          Col("port", "port")))
         for side in ("opened", "closed"):
             if out[side]:
-                emit_table(f"flows {side}", ("src", "dst", "proto", "port"),
-                           [(f"{f['src_tenant']}/{f['src_group']}", f"{f['dst_tenant']}/{f['dst_group']}",
-                             f["proto"], f["port"]) for f in out[side]])
+                View(f"flows {side}", flows.columns).table(out[side])
         if out["by_tenant"]:
-            emit_table("by tenant", ("tenant", "opened", "closed"),
-                       [(t, c["opened"], c["closed"]) for t, c in out["by_tenant"].items()])
+            View("by tenant", (Col("tenant", "tenant", kind="id"), Col("opened", "opened"),
+                               Col("closed", "closed"))).table(
+                [{"tenant": t, **c} for t, c in out["by_tenant"].items()])
         devices = out.get("devices")
         if devices:
             console.print(f"devices: {devices['touched']} of {devices['devices']} would change", highlight=False)
             if devices["by_device"]:
-                emit_table("by device", ("device", "rules +", "rules -", "leaks +", "leaks -"),
-                           [(d["device"], d["rules_added"], d["rules_removed"], d["leaks_added"], d["leaks_removed"])
-                            for d in devices["by_device"]])
+                View("by device", (Col("device", "device", kind="id"), Col("rules +", "rules_added"),
+                                   Col("rules -", "rules_removed"), Col("leaks +", "leaks_added"),
+                                   Col("leaks -", "leaks_removed"))).table(devices["by_device"])
 
     def _switch(kind: str, version: str, signature: str | None, signature_file: Path | None,
-                reason: str | None, json_out: bool) -> None:
-        from policy import service
-        from policy.versions import load_verify_keys
+                reason: str | None) -> None:
+        from workflows import policy as flows
 
         def run() -> dict[str, Any]:
             sig = _signature(signature, signature_file)
-            with open_context() as ctx, ctx.db.session() as session:
-                fn = service.activate if kind == "activate" else service.rollback
-                v = fn(session, version, local_operator("security"), now=ctx.clock(), signature=sig,
-                       verify_keys=load_verify_keys(ctx.settings.policy_verify_keys), reason=reason)
+            with open_context() as ctx:
+                v = flows.switch(ctx, "activate" if kind == "activate" else "rollback", version,
+                                 local_operator("security"), signature=sig, reason=reason)
                 return _version_dict(v)
         out = guard(run)
-        if json_out:
-            emit_json(out)
+        if machine_output():
+            emit(out)
         else:
             console.print(f"version {out['number']} ({out['content_hash'][:16]}) is active", highlight=False)
 
-    @policy.command("activate")
-    def activate_cmd(version: str, signature: str = typer.Option(None, "--signature", help="base64"),
-                     signature_file: Path = typer.Option(None, "--signature-file"),
-                     reason: str = typer.Option(None, "--reason"), json_out: bool = JsonOpt) -> None:
-        """Put VERSION in force (tests must pass; a signature when policy keys are configured)."""
-        _switch("activate", version, signature, signature_file, reason, json_out)
+    Signature = typer.Option(None, "--signature", help="base64, over the content hash")
+    SignatureFile = typer.Option(None, "--signature-file", **existing_file())
 
-    @policy.command("rollback")
-    def rollback_cmd(version: str, signature: str = typer.Option(None, "--signature", help="base64"),
-                     signature_file: Path = typer.Option(None, "--signature-file"),
-                     reason: str = typer.Option(None, "--reason"), json_out: bool = JsonOpt) -> None:
+    @command(policy, "activate", LOCAL)
+    def activate_cmd(version: str = typer.Argument(..., metavar="N|HASH"), signature: str = Signature,
+                     signature_file: Path = SignatureFile, reason: str = typer.Option(None, "--reason")) -> None:
+        """Put VERSION in force: tests present and passing, a signature outside development mode (and whenever
+        policy keys are configured), the two-person rule when on, decisions within their budget."""
+        _switch("activate", version, signature, signature_file, reason)
+
+    @command(policy, "rollback", LOCAL)
+    def rollback_cmd(version: str = typer.Argument(..., metavar="N|HASH"), signature: str = Signature,
+                     signature_file: Path = SignatureFile, reason: str = typer.Option(None, "--reason")) -> None:
         """Go back to an earlier VERSION."""
-        _switch("rollback", version, signature, signature_file, reason, json_out)
+        _switch("rollback", version, signature, signature_file, reason)
 
-    @policy.command("explain")
-    def explain_cmd(src: str = typer.Option(..., "--src", help="SPIFFE ID or tenant/group"),
-                    dst: str = typer.Option(..., "--dst", help="SPIFFE ID or tenant/group"),
-                    port: int = typer.Option(..., "--port", min=1, max=65535),
-                    proto: str = typer.Option("tcp", "--proto"), json_out: bool = JsonOpt) -> None:
+    @command(policy, "explain", LOCAL)
+    def explain_cmd(src: str = typer.Option(..., "--src", help="SPIFFE ID or TENANT/GROUP"),
+                    dst: str = typer.Option(..., "--dst", help="SPIFFE ID or TENANT/GROUP"),
+                    port: int = typer.Option(..., "--port", parser=PORT, metavar="PORT"),
+                    proto: str = typer.Option("tcp", "--proto", parser=PROTO, metavar=PROTO.metavar)) -> None:
         """The decision on one flow under the active version, and why. Exit 0 whatever the decision."""
         from policy import service
 
@@ -209,41 +390,51 @@ def register(app: typer.Typer) -> None:
                 d, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock())
                 return {**d.to_dict(), "policy_hash": digest}
         out = guard(run)
-        if json_out:
-            emit_json(out)
+        if machine_output():
+            emit(out)
             return
         console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {proto}/{port}", highlight=False)
         for reason in out["reasons"]:
-            console.print(f"  {reason}", highlight=False)
+            console.print(f"  {reason}", highlight=False, markup=False)
 
-    @policy.command("decisions")
-    def decisions_cmd(since: str = typer.Option(None, "--since", help="ISO 8601 with timezone, inclusive"),
-                      until: str = typer.Option(None, "--until", help="ISO 8601 with timezone, exclusive"),
-                      tenant: str = typer.Option(None, "--tenant", help="only this tenant's decisions"),
-                      kind: str = typer.Option(None, "--kind", help="flow | grant | authz"),
+    @command(policy, "decisions", LOCAL)
+    def decisions_cmd(since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME",
+                                                help="ISO 8601 with timezone, inclusive"),
+                      until: Any = typer.Option(None, "--until", parser=WHEN, metavar="TIME",
+                                                help="ISO 8601 with timezone, exclusive"),
+                      tenant: str = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT",
+                                                 help="only this tenant's decisions"),
+                      kind: str = typer.Option(None, "--kind", parser=choice("flow", "grant", "authz"),
+                                               metavar="flow|grant|authz"),
                       allowed: bool = typer.Option(None, "--allowed/--denied", help="only allowed / denied ones"),
-                      limit: int = typer.Option(100, "--limit", min=1, max=10_000),
-                      json_out: bool = JsonOpt) -> None:
+                      limit: int = typer.Option(100, "--limit", min=1, max=10_000)) -> None:
         """Sampled decision records (input, result, reasons, policy hash), newest first."""
-        from core.clock import parse_when
-        from policy.decisionlog import KINDS, format_ts, query_decisions
+        from policy.decisionlog import format_ts, query_decisions
         from policy.views import decision_out
 
         def run() -> list[dict[str, Any]]:
-            if kind is not None and kind not in KINDS:
-                from core.errors import InvalidInput
-
-                raise InvalidInput(f"--kind must be one of {', '.join(KINDS)}")
-            start = parse_when(since, "since") if since is not None else None
-            end = parse_when(until, "until") if until is not None else None
             with open_context() as ctx, ctx.db.read_session() as session:
-                rows = query_decisions(session, kind=kind, tenant=tenant, allowed=allowed, since=start, until=end,
+                rows = query_decisions(session, kind=kind, tenant=tenant, allowed=allowed, since=since, until=until,
                                        limit=limit)
                 return [{**decision_out(r).model_dump(mode="json"), "ts": format_ts(r.ts)} for r in rows]
-        rows = guard(run)
-        if json_out:
-            emit_json(rows)
-            return
-        emit_table("policy decisions", ("id", "ts", "kind", "tenant", "outcome", "policy", "reasons"),
-                   [(r["id"], r["ts"], r["kind"], r["tenant"] or "", r["outcome"], (r["policy_hash"] or "")[:16],
-                     "; ".join(r["reasons"])) for r in rows])
+        emit(guard(run), DECISIONS)
+
+    @command(policy, "decision", LOCAL)
+    def decision_cmd(record_id: int = typer.Argument(..., min=1, metavar="ID")) -> None:
+        """One sampled decision record: input, result, reasons, policy hash."""
+        from policy.decisionlog import format_ts, get_decision
+        from policy.views import decision_out
+
+        def run() -> dict[str, Any]:
+            with open_context() as ctx, ctx.db.read_session() as session:
+                r = get_decision(session, record_id)
+                return {**decision_out(r).model_dump(mode="json"), "ts": format_ts(r.ts)}
+        emit(guard(run), DECISIONS)
+
+
+def _merge(doc: dict[str, Any], value: Any, source: Path) -> None:
+    from core.errors import InvalidInput
+
+    if not isinstance(value, dict):
+        raise InvalidInput(f"--data {source}: a data file must hold an object")
+    doc.update(value)

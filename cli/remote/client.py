@@ -1,27 +1,24 @@
-"""The CLI's HTTP client: server URL and credentials from flags, environment or a config file.
+"""The CLI's HTTP client: server URL and credentials from flags, the environment or the selected profile.
+Python's own http.client (a third of httpx's start-up time: every remote command pays it).
 
-Token: `TRUSTFABRIC_TOKEN` (read, like every variable, in workflows/settings.py), else the config file
-(`TRUSTFABRIC_CONFIG`, default `~/.config/trustfabric/config.json`). A config file readable by group or
-others is refused: it holds a bearer secret. Config keys: server, token, ca_file (to verify an HTTPS
-server), cert + key (mTLS).
+Each value, first found wins: the command's flag (--server, --cacert), the environment
+(TRUSTFABRIC_SERVER, TRUSTFABRIC_TOKEN, TRUSTFABRIC_CA_FILE; read, like every variable, in
+workflows/settings.py), the profile `trustfabric login` stored (cli/config.py), the default server.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
-import stat
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import httpx
+from urllib.parse import urlencode, urlsplit
 
 from core.errors import InvalidInput, TrustfabricError
 from workflows.settings import ClientSettings
 
 DEFAULT_SERVER = "http://127.0.0.1:8443"
-DEFAULT_CONFIG = Path("~/.config/trustfabric/config.json")
 
 
 class ApiError(TrustfabricError):
@@ -36,24 +33,14 @@ class ApiError(TrustfabricError):
         self.body = body
 
 
-def load_config(path: Path) -> dict[str, Any]:
-    """The config file's settings; {} when there is none. Refuses files others can read or write."""
+def check_server(url: str, source: str) -> str:
+    """The URL when it is http(s)://host[:port]; InvalidInput naming where it came from otherwise."""
+    from cli.params import URL
+
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        return {}
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise InvalidInput(
-            f"config file {path} is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-            f"it holds a bearer token: run `chmod 600 {path}`"
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InvalidInput(f"config file {path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"config file {path} must hold a JSON object")
-    return data
+        return str(URL._parse(url))
+    except InvalidInput as exc:
+        raise InvalidInput(f"{source}: {exc}") from None
 
 
 @dataclass
@@ -67,59 +54,83 @@ class Client:
 
     @classmethod
     def from_env(cls, server: str | None = None, *, ca_file: str | None = None, cert: str | None = None,
-                 key: str | None = None, env: dict[str, str] | None = None) -> Client:
-        e = ClientSettings.from_env(env)
-        conf = load_config(Path(e.config or DEFAULT_CONFIG).expanduser())
+                 key: str | None = None, token: str | None = None) -> Client:
+        from cli.config import selected_profile
+
+        e = ClientSettings.from_env()
+        prof = selected_profile()
+        if server:
+            url = check_server(server, "--server")
+        elif e.server:
+            url = check_server(e.server, "TRUSTFABRIC_SERVER")
+        elif prof.server:
+            url = check_server(prof.server, f"profile {prof.name!r}")
+        else:
+            url = DEFAULT_SERVER
         return cls(
-            server=(server or e.server or conf.get("server") or DEFAULT_SERVER).rstrip("/"),
-            token=e.token or conf.get("token"),
-            ca_file=ca_file or e.ca_file or conf.get("ca_file"),
-            cert=cert or conf.get("cert"),
-            key=key or conf.get("key"),
+            server=url,
+            token=token or e.token or prof.token,
+            ca_file=ca_file or e.ca_file or prof.ca_file,
+            cert=cert or prof.cert,
+            key=key or prof.key,
         )
 
-    def _http(self) -> httpx.Client:
-        verify: Any = True
-        if self.server.startswith("https://"):
+    def _connection(self) -> http.client.HTTPConnection:
+        """A connection to the server; TLS verified against `ca_file` (else the system's roots), with the
+        client certificate when one is configured. OSError for unreadable TLS material."""
+        parts = urlsplit(self.server)
+        if parts.scheme == "https":
             import ssl
 
             ctx = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else ssl.create_default_context()
             if self.cert and self.key:
                 ctx.load_cert_chain(self.cert, self.key)
-            verify = ctx
-        return httpx.Client(base_url=self.server, timeout=self.timeout, verify=verify)
+            return http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=self.timeout, context=ctx)
+        return http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout)
 
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
                 headers: dict[str, str] | None = None, retries: int = 2) -> Any:
         """The decoded JSON answer, or ApiError with the server's reason. Connection failures are retried
         (POSTs carry an Idempotency-Key when the caller gives one, so a retry is safe)."""
-        h = dict(headers or {})
+        h = {"Accept": "application/json", "User-Agent": "trustfabric-cli", **(headers or {})}
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
-        clean = {k: v for k, v in (params or {}).items() if v is not None}
-        r: httpx.Response | None = None
+        body: bytes | None = None
+        if json_body is not None:
+            body = json.dumps(json_body).encode()
+            h["Content-Type"] = "application/json"
+        query = urlencode([(k, _param(v)) for k, v in (params or {}).items() if v is not None])
+        target = urlsplit(self.server).path.rstrip("/") + path + (f"?{query}" if query else "")
+        status: int | None = None
+        raw = b""
         error: Exception | None = None
         for _attempt in range(retries + 1):
             try:
-                with self._http() as http:
-                    r = http.request(method, path, json=json_body, params=clean, headers=h)
+                conn = self._connection()
+            except OSError as exc:  # unreadable CA / client certificate files, bad TLS material
+                raise ApiError(f"cannot set up the connection to {self.server}: {exc}") from None
+            try:
+                conn.request(method, target, body=body, headers=h)
+                response = conn.getresponse()
+                status, raw = response.status, response.read()
                 break
-            except httpx.TransportError as exc:
+            except (OSError, http.client.HTTPException) as exc:
                 error = exc
                 if method != "GET" and "Idempotency-Key" not in h:
                     break
-            except OSError as exc:  # unreadable CA / client certificate files, bad TLS material
-                raise ApiError(f"cannot set up the connection to {self.server}: {exc}") from None
-        if r is None:
+            finally:
+                conn.close()
+        if status is None:
             raise ApiError(f"cannot reach {self.server}: {error}")
         try:
-            body = r.json()
+            answer = json.loads(raw) if raw else None
         except ValueError:
-            body = None
-        if r.status_code >= 400:
-            reason = body.get("reason") if isinstance(body, dict) else None
-            raise ApiError(f"{reason or r.text[:200] or 'request failed'} (HTTP {r.status_code})", r.status_code, body)
-        return body
+            answer = None
+        if status >= 400:
+            reason = answer.get("reason") if isinstance(answer, dict) else None
+            text = raw[:200].decode(errors="replace")
+            raise ApiError(f"{reason or text or 'request failed'} (HTTP {status})", status, answer)
+        return answer
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params)
@@ -138,6 +149,13 @@ class Client:
             cursor = page.get("next_cursor")
             if not cursor:
                 return items
+
+
+def _param(value: Any) -> str:
+    """A query value as the API parses it (booleans lowercase)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def new_idempotency_key() -> str:

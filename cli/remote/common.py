@@ -1,38 +1,24 @@
-"""What the CLI commands that talk to the API share: --server/--cacert options, the client, output."""
+"""What the CLI commands that talk to the API share: --server/--cacert options and the client."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
-from cli.output import emit_json, emit_table
+from cli.params import URL, existing_file
 
 if TYPE_CHECKING:
     from cli.remote.client import Client
 
-ServerOpt = typer.Option(None, "--server", help="API URL (env TRUSTFABRIC_SERVER, config file, or local default)")
-CaOpt = typer.Option(None, "--cacert", help="CA bundle (PEM) to verify an HTTPS server")
+ServerOpt = typer.Option(None, "--server", parser=URL, metavar=URL.metavar,
+                         help="API URL, e.g. https://tf.example.org:8443 (else TRUSTFABRIC_SERVER, the profile, "
+                              "http://127.0.0.1:8443)")
+CaOpt = typer.Option(None, "--cacert", "--ca", help="CA bundle (PEM) to verify an HTTPS server",
+                     **existing_file())
 
 
-def client(server: str | None, cacert: str | None = None) -> Client:
+def client(server: str | None, cacert: object = None) -> Client:
     from cli.remote.client import Client
 
-    return Client.from_env(server, ca_file=cacert)
-
-
-def show(data: Any, json_out: bool, *, title: str = "", columns: Sequence[str] = (),
-         rows: Sequence[Sequence[Any]] | None = None) -> None:
-    """JSON for machines, a table (or key: value lines) for people."""
-    if json_out:
-        emit_json(data)
-        return
-    if rows is not None:
-        emit_table(title, columns, rows)
-        return
-    if isinstance(data, dict):
-        for key, value in data.items():
-            print(f"{key}: {value}")
-    else:
-        print(data)
+    return Client.from_env(server, ca_file=str(cacert) if cacert else None)

@@ -1,4 +1,9 @@
-"""`trustfabric fabric import|show|node|leaf|spine|link ...` and `workload place|unplace`, through the API."""
+"""`trustfabric fabric import|show|node|leaf|spine|link|placement ...`, `workload place|unplace` and
+`device list|show|ruleset`, through the API.
+
+Lists and shows are read from GET /v1/fabric (the stored fabric as a fabric document) and reshaped into one
+object per node, switch, cable or placement, so `--json` lists are lists of objects like every other list
+command's; `fabric show` prints the document itself (YAML for people)."""
 
 from __future__ import annotations
 
@@ -7,16 +12,47 @@ from typing import Any
 
 import typer
 
-from cli.output import JsonOpt, emit_json, emit_table, fail
+from cli.output import API, Col, View, add_group, command, emit, fail, machine_output
+from cli.params import DEVICE, ENDPOINT, IPV4, IPV6, MODEL, PORT_NAME, SELECTOR, SLUG, WORKLOAD, existing_file
 from cli.remote.common import CaOpt, ServerOpt, client
 
 SECTIONS = {"node": "nodes", "leaf": "leaves", "spine": "spines"}
 
+NODES = View("nodes", (
+    Col("name", "name", kind="id"), Col("uplinks", lambda n: " ".join(n["uplinks"])),
+    Col("cabled to", lambda n: " ".join(n["links"]), drop=2), Col("host ports", lambda n: " ".join(n["host_ports"]),
+                                                                  drop=1),
+    Col("placed", lambda n: len(n["placements"])),
+))
+SWITCHES = View("switches", (
+    Col("name", "name", kind="id"), Col("model", "model"), Col("ports", lambda s: " ".join(s["ports"]), drop=1),
+    Col("cabled", lambda s: len(s["links"])),
+))
+LINKS = View("links", (Col("leaf port", "leaf", kind="id"), Col("peer port", "peer", kind="id")))
+PLACEMENTS = View("placements", (
+    Col("workload", "workload", kind="id"), Col("node", "node", kind="id"), Col("port", "port"),
+    Col("ipv4", "ipv4"), Col("ipv6", "ipv6", drop=1), Col("selectors", lambda p: " ".join(p["selectors"]), drop=2),
+))
+DEVICES = View("devices", (
+    Col("device", lambda d: d["device"] + ("" if d["in_fabric"] else " (retired)"), kind="id"),
+    Col("desired", "desired_version"), Col("applied", "applied_version"),
+    Col("in sync", lambda d: "yes" if d["in_sync"] else "no"), Col("pinned", lambda d: "yes" if d["pinned"] else "no"),
+    Col("pending", lambda d: "yes" if d["pending_hash"] else "no", drop=2),
+    Col("drift", lambda d: len(d["drift"]) or "", drop=2),
+    Col("applied at", "applied_at", kind="time", drop=1), Col("last error", "last_error", drop=3),
+))
 
-def _summary(out: dict[str, Any], json_out: bool) -> None:
+NameArg = typer.Argument(..., parser=SLUG, metavar="NAME", help="a DNS label, e.g. gpu1")
+WorkloadArg = typer.Argument(..., parser=WORKLOAD, metavar=WORKLOAD.metavar, help="e.g. acme/train/w1")
+DeviceArg = typer.Argument(..., parser=DEVICE, metavar=DEVICE.metavar, help="nic:<node> or leaf:<name>")
+EndA = typer.Argument(..., parser=ENDPOINT, metavar="A", help="DEVICE:PORT, e.g. leaf1:swp1")
+EndB = typer.Argument(..., parser=ENDPOINT, metavar="B", help="DEVICE:PORT, e.g. gpu1:p0")
+
+
+def _summary(out: dict[str, Any]) -> None:
     """What a fabric change did, one line per kind of object."""
-    if json_out:
-        emit_json(out)
+    if machine_output():
+        emit(out)
         return
     if out["unchanged"]:
         print("unchanged: the stored fabric already is like that")
@@ -31,123 +67,214 @@ def _summary(out: dict[str, Any], json_out: bool) -> None:
               "grants are requested and approved: `trustfabric grant request ...`")
 
 
-def register(app: typer.Typer) -> None:
-    fabric = typer.Typer(help="The fabric inventory: nodes, leaves, spines, cables (remote).", no_args_is_help=True)
-    app.add_typer(fabric, name="fabric")
+# ---- the stored fabric document, one object per noun
 
-    @fabric.command("import")
-    def import_cmd(file: Path, server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+
+def _links(doc: dict[str, Any]) -> list[dict[str, str]]:
+    return [{"leaf": a, "peer": b} for a, b in doc["links"]]
+
+
+def _placements(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"workload": key, "node": p["node"], "port": p["port"], "ipv4": p.get("ipv4"), "ipv6": p.get("ipv6"),
+             "selectors": list(p.get("selectors", ()))} for key, p in doc["placements"].items()]
+
+
+def _cabled(doc: dict[str, Any], name: str) -> list[str]:
+    """The cables of device `name`, each as `<its port> -> <peer>:<port>`."""
+    out = []
+    for a, b in doc["links"]:
+        for mine, other in ((a, b), (b, a)):
+            if mine.split(":", 1)[0] == name:
+                out.append(f"{mine.split(':', 1)[1]}->{other}")
+    return out
+
+
+def items(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The nodes, leaves or spines of a fabric document, one object each with its cables (and, for a node,
+    the workloads placed on it)."""
+    if kind == "node":
+        placed = _placements(doc)
+        return [{"name": name, "uplinks": body["nic"]["uplinks"], "host_ports": body["nic"]["host_ports"],
+                 "links": _cabled(doc, name),
+                 "placements": [p for p in placed if p["node"] == name]} for name, body in doc["nodes"].items()]
+    return [{"name": name, "model": body["model"], "ports": body["ports"], "links": _cabled(doc, name)}
+            for name, body in doc[SECTIONS[kind]].items()]
+
+
+def _one(found: list[dict[str, Any]], key: str, value: str, what: str) -> dict[str, Any]:
+    for item in found:
+        if item[key] == value:
+            return item
+    fail(f"no {what} {value!r} in the fabric")
+
+
+def register(app: typer.Typer) -> None:
+    fabric = add_group(app, "fabric", "The fabric inventory: nodes, leaves, spines, cables, placements.", API)
+
+    @command(fabric, "import", API)
+    def import_cmd(file: Path = typer.Argument(..., metavar="FILE", help="a fabric YAML file", **existing_file()),
+                   server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Merge FILE (the fabric YAML) onto the stored fabric: all or nothing; grants are never imported."""
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             fail(f"cannot read {file}: {exc}")
-        out = client(server, cacert).post("/v1/fabric/import", {"yaml": text, "source": file.name})
-        _summary(out, json_out)
+        _summary(client(server, cacert).post("/v1/fabric/import", {"yaml": text, "source": file.name}))
 
-    @fabric.command("show")
-    def show_cmd(server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
-        """The whole stored fabric as a fabric document (YAML, or --json)."""
+    @command(fabric, "show", API)
+    def show_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """The whole stored fabric as a fabric document (YAML; --json / -o yaml for machines)."""
         doc = client(server, cacert).get("/v1/fabric")
-        if json_out:
-            emit_json(doc)
+        if machine_output():
+            emit(doc)
             return
         import yaml
 
         print(yaml.safe_dump(doc, sort_keys=False, default_flow_style=None), end="")
 
-    for kind, section in SECTIONS.items():
-        _device_group(fabric, kind, section)
+    for kind in SECTIONS:
+        _device_group(fabric, kind)
     _link_group(fabric)
+    _placement_group(fabric)
+    register_devices(app)
 
 
-def _device_group(fabric: typer.Typer, kind: str, section: str) -> None:
-    group = typer.Typer(help=f"{kind.title()}s: add, list, remove.", no_args_is_help=True)
-    fabric.add_typer(group, name=kind)
+def _device_group(fabric: typer.Typer, kind: str) -> None:
+    section = SECTIONS[kind]
+    noun = "GPU nodes (and their SuperNICs)" if kind == "node" else f"{kind.title()} switches"
+    group = add_group(fabric, kind, f"{noun}: add, list, show, remove.", API)
+    view = NODES if kind == "node" else View(section, SWITCHES.columns)
 
     if kind == "node":
-        @group.command("add")
-        def add_node(name: str, uplink: list[str] = typer.Option(..., "--uplink", help="SuperNIC uplink port, "
-                                                                 "repeatable"),
-                     host_port: list[str] = typer.Option([], "--host-port", help="VF representor, repeatable"),
-                     server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+        @command(group, "add", API)
+        def add_node(name: str = NameArg,
+                     uplink: list[str] = typer.Option(..., "--uplink", parser=PORT_NAME, metavar="PORT",
+                                                      help="SuperNIC uplink port, repeatable"),
+                     host_port: list[str] = typer.Option([], "--host-port", parser=PORT_NAME, metavar="PORT",
+                                                         help="VF representor, repeatable"),
+                     server: str = ServerOpt, cacert: Path = CaOpt) -> None:
             """Add a GPU node with its SuperNIC's ports."""
-            body = {"name": name, "uplinks": uplink, "host_ports": host_port}
-            _summary(client(server, cacert).post("/v1/fabric/nodes", body), json_out)
+            body = {"name": name, "uplinks": list(uplink), "host_ports": list(host_port)}
+            _summary(client(server, cacert).post("/v1/fabric/nodes", body))
     else:
-        @group.command("add")
-        def add_switch(name: str, port: list[str] = typer.Option(..., "--port", help="switch port, repeatable"),
-                       model: str = typer.Option("sn5600", "--model"),
-                       server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+        @command(group, "add", API)
+        def add_switch(name: str = NameArg,
+                       port: list[str] = typer.Option(..., "--port", parser=PORT_NAME, metavar="PORT",
+                                                      help="switch port, repeatable"),
+                       model: str = typer.Option("sn5600", "--model", parser=MODEL, metavar=MODEL.metavar),
+                       server: str = ServerOpt, cacert: Path = CaOpt) -> None:
             """Add a switch with its ports."""
-            body = {"name": name, "ports": port, "model": model}
-            _summary(client(server, cacert).post(f"/v1/fabric/{section}", body), json_out)
+            body = {"name": name, "ports": list(port), "model": model}
+            _summary(client(server, cacert).post(f"/v1/fabric/{section}", body))
 
-    @group.command("list")
-    def list_cmd(server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
-        """Every one, with its ports."""
-        items = client(server, cacert).get("/v1/fabric")[section]
-        if json_out:
-            emit_json(items)
-        elif kind == "node":
-            emit_table("nodes", ("name", "uplinks", "host ports"),
-                       [(n, ", ".join(b["nic"]["uplinks"]), ", ".join(b["nic"]["host_ports"]))
-                        for n, b in items.items()])
-        else:
-            emit_table(section, ("name", "model", "ports"),
-                       [(n, b["model"], ", ".join(b["ports"])) for n, b in items.items()])
+    @command(group, "list", API)
+    def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """Every one, with its ports and cables."""
+        emit(items(client(server, cacert).get("/v1/fabric"), kind), view)
 
-    @group.command("remove")
-    def remove_cmd(name: str, server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(group, "show", API)
+    def show_cmd(name: str = NameArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """One, with its ports, cables (and, for a node, the workloads placed on it)."""
+        found = _one(items(client(server, cacert).get("/v1/fabric"), kind), "name", name, kind)
+        if machine_output() or kind != "node":
+            emit(found)
+            return
+        emit({k: v for k, v in found.items() if k != "placements"})
+        if found["placements"]:
+            PLACEMENTS.table(found["placements"])
+
+    @command(group, "remove", API)
+    def remove_cmd(name: str = NameArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Remove it and its cables (refused while a placed workload depends on it)."""
-        _summary(client(server, cacert).request("DELETE", f"/v1/fabric/{section}/{name}"), json_out)
+        _summary(client(server, cacert).request("DELETE", f"/v1/fabric/{section}/{name}"))
 
 
 def _link_group(fabric: typer.Typer) -> None:
-    link = typer.Typer(help="Cables: add, list, remove.", no_args_is_help=True)
-    fabric.add_typer(link, name="link")
+    link = add_group(fabric, "link", "Cables: add, list, remove.", API)
 
-    @link.command("add")
-    def add(a: str, b: str, server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(link, "add", API)
+    def add(a: str = EndA, b: str = EndB, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Cable A to B (`leaf1:swp1 gpu1:p0`: a leaf port to a node uplink or a spine port)."""
-        _summary(client(server, cacert).post("/v1/fabric/links", {"a": a, "b": b}), json_out)
+        _summary(client(server, cacert).post("/v1/fabric/links", {"a": a, "b": b}))
 
-    @link.command("list")
-    def list_cmd(server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
-        """Every cable."""
-        links = client(server, cacert).get("/v1/fabric")["links"]
-        if json_out:
-            emit_json(links)
-        else:
-            emit_table("links", ("leaf port", "peer port"), [tuple(x) for x in links])
+    @command(link, "list", API)
+    def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """Every cable: a leaf port and what it faces."""
+        emit(_links(client(server, cacert).get("/v1/fabric")), LINKS)
 
-    @link.command("remove")
-    def remove(a: str, b: str, server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(link, "remove", API)
+    def remove(a: str = EndA, b: str = EndB, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Remove the cable between A and B."""
-        _summary(client(server, cacert).post("/v1/fabric/links/remove", {"a": a, "b": b}), json_out)
+        _summary(client(server, cacert).post("/v1/fabric/links/remove", {"a": a, "b": b}))
+
+
+def _placement_group(fabric: typer.Typer) -> None:
+    placement = add_group(fabric, "placement", "Where workloads run: list, show (`workload place` sets them).", API)
+
+    @command(placement, "list", API)
+    def list_cmd(node: str = typer.Option(None, "--node", parser=SLUG, metavar="NODE",
+                                          help="only this node's (what its agent reads)"),
+                 server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """Every placed workload: node, host port, addresses, attestation selectors."""
+        api = client(server, cacert)
+        if node is None:
+            emit(_placements(api.get("/v1/fabric")), PLACEMENTS)
+            return
+        rows = api.get(f"/v1/nodes/{node}/placements")
+        emit([{"workload": r["workload"], "node": node, "port": r["port"], "ipv4": r["ipv4"], "ipv6": r["ipv6"],
+               "selectors": r["selectors"], "spiffe_id": r["spiffe_id"]} for r in rows], PLACEMENTS)
+
+    @command(placement, "show", API)
+    def show_cmd(workload: str = WorkloadArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """Where one workload runs."""
+        emit(_one(_placements(client(server, cacert).get("/v1/fabric")), "workload", workload, "placement of"))
 
 
 def register_placement(workload: typer.Typer) -> None:
     """`workload place|unplace` (the `workload` group belongs to cli/remote/inventory.py)."""
 
-    def _path(key: str) -> str:
-        parts = key.split("/")
-        if len(parts) != 3 or not all(parts):
-            raise typer.BadParameter(f"{key!r}: name the workload TENANT/GROUP/NAME")
-        return "/v1/fabric/placements/" + "/".join(parts)
-
-    @workload.command("place")
-    def place(key: str = typer.Argument(..., metavar="TENANT/GROUP/NAME"),
-              node: str = typer.Option(..., "--node"), port: str = typer.Option(..., "--port", help="host port"),
-              ipv4: str = typer.Option(None, "--ipv4"), ipv6: str = typer.Option(None, "--ipv6"),
-              selector: list[str] = typer.Option([], "--selector", help="e.g. unix:uid:1001, repeatable"),
-              server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(workload, "place", API)
+    def place(key: str = WorkloadArg,
+              node: str = typer.Option(..., "--node", parser=SLUG, metavar="NODE"),
+              port: str = typer.Option(..., "--port", parser=PORT_NAME, metavar="PORT", help="host port"),
+              ipv4: str = typer.Option(None, "--ipv4", parser=IPV4, metavar=IPV4.metavar),
+              ipv6: str = typer.Option(None, "--ipv6", parser=IPV6, metavar=IPV6.metavar),
+              selector: list[str] = typer.Option([], "--selector", parser=SELECTOR, metavar=SELECTOR.metavar,
+                                                 help="e.g. unix:uid:1001, repeatable"),
+              server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Place (or move) a registered workload on a node's host port, with its addresses."""
-        body = {"node": node, "port": port, "ipv4": ipv4, "ipv6": ipv6, "selectors": selector}
-        _summary(client(server, cacert).request("PUT", _path(key), json_body=body), json_out)
+        body = {"node": node, "port": port, "ipv4": ipv4, "ipv6": ipv6, "selectors": list(selector)}
+        _summary(client(server, cacert).request("PUT", f"/v1/fabric/placements/{key}", json_body=body))
 
-    @workload.command("unplace")
-    def unplace(key: str = typer.Argument(..., metavar="TENANT/GROUP/NAME"), server: str = ServerOpt,
-                cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(workload, "unplace", API)
+    def unplace(key: str = WorkloadArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Take a workload off its node (its flows are withdrawn from every device)."""
-        _summary(client(server, cacert).request("DELETE", _path(key)), json_out)
+        _summary(client(server, cacert).request("DELETE", f"/v1/fabric/placements/{key}"))
+
+
+def register_devices(app: typer.Typer) -> None:
+    """`device list|show|ruleset`: what the agents run, through the API (admins, security, auditors)."""
+    device = add_group(app, "device", "Devices (SuperNICs, leaves): list, show, ruleset.", API)
+
+    @command(device, "list", API)
+    def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """Every device: desired vs applied version, pin, pending plan, drift, last apply."""
+        emit(client(server, cacert).get("/v1/devices"), DEVICES)
+
+    @command(device, "show", API)
+    def show_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """One device: its versions, pin, drift, last error and per-rule counters."""
+        emit(client(server, cacert).get(f"/v1/devices/{name}"))
+
+    @command(device, "ruleset", API)
+    def ruleset_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """The rule set the device should run (what its agent fetches): version, hash, cause; --json has the
+        IR (`enforcer show --format` renders it on the server host)."""
+        out = client(server, cacert).get(f"/v1/devices/{name}/ruleset")
+        if machine_output():
+            emit(out)
+            return
+        ir = out["ir"]
+        emit({"device": out["device"], "version": out["version"], "content_hash": out["content_hash"],
+              "cause": out["cause"], "published_at": out["published_at"], "vrfs": len(ir.get("vrfs", ())),
+              "rules": len(ir.get("rules", ()))})

@@ -1,104 +1,145 @@
-"""`trustfabric grant request|list|show|revoke|approve|reject`, through the API."""
+"""`trustfabric grant request|list|show|approve|reject|revoke`, through the API. Grant ids may be given
+as unique prefixes (cli/ids.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from cli.output import JsonOpt, err_console
-from cli.remote.common import CaOpt, ServerOpt, client, show
-from core.clock import parse_ttl
-from core.vocabulary import GRANT_STATES, one_of
+from cli.output import API, Col, View, add_group, command, emit, err_console, machine_output
+from cli.params import PORT, PROTO, SLUG, TENANT_GROUP, TTL, choice
+from cli.remote.common import CaOpt, ServerOpt, client
+from core.vocabulary import GRANT_STATES
 
-COLUMNS = ("id", "state", "src", "dst", "proto", "ports", "expires", "waiting for / reasons")
+if TYPE_CHECKING:
+    from cli.remote.client import Client
 
-
-def _row(g: dict[str, Any]) -> list[Any]:
-    why = ", ".join(g["pending_approvers"]) if g["state"] == "pending" else "; ".join(g["reasons"][-2:])
-    return [g["id"], g["state"], f"{g['src_tenant']}/{g['src_group']}", f"{g['dst_tenant']}/{g['dst_group']}",
-            g["proto"], ",".join(str(p) for p in g["ports"]), g.get("expires_at") or "", why]
+FULL_ID = re.compile(r"^g-[0-9a-f]{12}-[0-9a-f]{16}$")
 
 
-def _show_grant(g: dict[str, Any], json_out: bool) -> None:
-    if json_out:
-        show(g, True)
-        return
-    print(f"grant {g['id']}: {g['state']}")
-    print(f"  {g['src_tenant']}/{g['src_group']} -> {g['dst_tenant']}/{g['dst_group']} "
-          f"{g['proto']}/{','.join(str(p) for p in g['ports'])} for {g['ttl_seconds']}s")
+def _why(g: dict[str, Any]) -> str:
     if g["state"] == "pending":
-        print(f"  waiting for: {', '.join(g['pending_approvers'])} (until {g['pending_until']})")
+        return "waiting for " + ", ".join(g["pending_approvers"])
+    return "; ".join(g["reasons"][-2:])
+
+
+GRANTS = View("grants", (
+    Col("id", "id", kind="id"), Col("state", "state"),
+    Col("from", lambda g: f"{g['src_tenant']}/{g['src_group']}"),
+    Col("to", lambda g: f"{g['dst_tenant']}/{g['dst_group']}"),
+    Col("ports", lambda g: f"{g['proto']}/{','.join(str(p) for p in g['ports'])}"),
+    Col("expires", "expires_at", kind="when", drop=2), Col("why", _why, drop=1),
+))
+
+GrantId = typer.Argument(..., metavar="GRANT_ID", help="a grant id, or a prefix naming exactly one")
+
+
+def grant_id(api: Client, given: str) -> str:
+    """The full id of the grant `given` names (itself, or a unique prefix among the grants you can see)."""
+    from cli.ids import resolve_lazily
+
+    return resolve_lazily(given, lambda g: bool(FULL_ID.match(g)),
+                          lambda: [g["id"] for g in api.pages("/v1/grants")], "grant")
+
+
+def show_grant(g: dict[str, Any]) -> None:
+    """One grant for people: who, what, its state and why; machines get the API's object."""
+    if machine_output():
+        emit(g)
+        return
+    from cli.humanize import duration, local_time, when
+
+    lines = [f"grant {g['id']}: {g['state']}",
+             f"  {g['src_tenant']}/{g['src_group']} -> {g['dst_tenant']}/{g['dst_group']} "
+             f"{g['proto']}/{','.join(str(p) for p in g['ports'])} for {duration(timedelta(seconds=g['ttl_seconds']))}",
+             f"  requested by {g['requested_by']} at {local_time(g['created_at'])}"]
+    if g.get("justification"):
+        lines.append(f"  justification: {g['justification']}")
+    if g["state"] == "pending":
+        lines.append(f"  waiting for: {', '.join(g['pending_approvers'])} (until {when(g['pending_until'])})")
+    for a in g.get("approvals") or []:
+        lines.append(f"  approved as {a.get('as')} by {a.get('by')} at {local_time(a.get('at'))}")
     if g.get("expires_at"):
-        print(f"  expires at: {g['expires_at']}")
-    for reason in g["reasons"]:
-        print(f"  reason: {reason}")
+        lines.append(f"  expires: {when(g['expires_at'])}")
+    lines.extend(f"  reason: {reason}" for reason in g["reasons"])
+    for line in lines:
+        print(line)
 
 
 def register(app: typer.Typer) -> None:
-    grant = typer.Typer(help="Access grants: request, list, approve, reject, revoke.", no_args_is_help=True)
-    app.add_typer(grant, name="grant")
+    grant = add_group(app, "grant", "Access grants: request, list, show, approve, reject, revoke.", API)
 
-    @grant.command("request")
+    @command(grant, "request", API)
     def request_cmd(
-        src_group: str = typer.Option(..., "--src-group", help="your group that needs access"),
-        dst: str = typer.Option(..., "--dst", help="destination TENANT/GROUP"),
-        port: list[int] = typer.Option(..., "--port", help="destination port (repeatable)"),
-        proto: str = typer.Option("tcp", "--proto", help="tcp or udp"),
-        ttl: str = typer.Option("24h", "--ttl", help="e.g. 1h, 24h, 7d"),
+        src_group: str = typer.Option(..., "--src-group", parser=SLUG, metavar="GROUP",
+                                      help="your group that needs access"),
+        dst: Any = typer.Option(..., "--dst", parser=TENANT_GROUP, metavar=TENANT_GROUP.metavar,
+                                            help="destination TENANT/GROUP"),
+        port: list[int] = typer.Option(..., "--port", parser=PORT, metavar="PORT",
+                                       help="destination port (repeatable)"),
+        proto: str = typer.Option("tcp", "--proto", parser=PROTO, metavar=PROTO.metavar),
+        ttl: timedelta = typer.Option("24h", "--ttl", parser=TTL, metavar="TTL", help="e.g. 1h, 24h, 7d"),
         justification: str = typer.Option("", "--justification", "-j"),
-        src_tenant: str = typer.Option(None, "--src-tenant", help="platform principals only"),
+        src_tenant: str = typer.Option(None, "--src-tenant", parser=SLUG, metavar="TENANT",
+                                       help="platform principals only"),
         idempotency_key: str = typer.Option(None, "--idempotency-key", help="reuse to retry safely"),
-        server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt,
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Ask for flows to another tenant's group; prints the decision (exit 1 when denied)."""
-        dst_tenant, sep, dst_group = dst.partition("/")
-        if not sep or not dst_tenant or not dst_group:
-            raise typer.BadParameter("--dst must be TENANT/GROUP")
-        body = {"src_group": src_group, "dst_tenant": dst_tenant, "dst_group": dst_group, "proto": proto,
-                "ports": port, "ttl_seconds": int(parse_ttl(ttl).total_seconds()), "justification": justification}
-        if src_tenant:
-            body["src_tenant"] = src_tenant
         from cli.remote.client import new_idempotency_key
 
+        dst_tenant, dst_group = dst
+        body: dict[str, Any] = {
+            "src_group": src_group, "dst_tenant": dst_tenant, "dst_group": dst_group, "proto": proto,
+            "ports": list(port), "ttl_seconds": int(ttl.total_seconds()), "justification": justification}
+        if src_tenant:
+            body["src_tenant"] = src_tenant
         g = client(server, cacert).post("/v1/grants", body, idempotency_key=idempotency_key or new_idempotency_key())
-        _show_grant(g, json_out)
+        show_grant(g)
         if g["state"] == "denied":
-            if json_out:
+            if machine_output():
                 err_console.print("error: grant request denied: " + "; ".join(g["reasons"]), markup=False)
             raise typer.Exit(1)
 
-    @grant.command("list")
+    @command(grant, "list", API)
     def list_cmd(
-        state: str = typer.Option(None, "--state", help=one_of(GRANT_STATES)),
-        src_tenant: str = typer.Option(None, "--src-tenant"),
-        dst_tenant: str = typer.Option(None, "--dst-tenant"),
-        server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt,
+        state: str = typer.Option(None, "--state", parser=choice(*GRANT_STATES), metavar="STATE",
+                                  help="|".join(GRANT_STATES)),
+        src_tenant: str = typer.Option(None, "--src-tenant", parser=SLUG, metavar="TENANT"),
+        dst_tenant: str = typer.Option(None, "--dst-tenant", parser=SLUG, metavar="TENANT"),
+        server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Grants you can see (as a tenant: where you are source or destination)."""
-        items = client(server, cacert).pages("/v1/grants", state=state, src_tenant=src_tenant, dst_tenant=dst_tenant)
-        show(items, json_out, title="grants", columns=COLUMNS, rows=[_row(g) for g in items])
+        emit(client(server, cacert).pages("/v1/grants", state=state, src_tenant=src_tenant, dst_tenant=dst_tenant),
+             GRANTS)
 
-    @grant.command("show")
-    def show_cmd(grant_id: str, server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(grant, "show", API)
+    def show_cmd(gid: str = GrantId, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """One grant, with its state, approvers and reasons."""
-        _show_grant(client(server, cacert).get(f"/v1/grants/{grant_id}"), json_out)
+        api = client(server, cacert)
+        show_grant(api.get(f"/v1/grants/{grant_id(api, gid)}"))
 
-    @grant.command("approve")
-    def approve_cmd(grant_id: str, comment: str = typer.Option("", "--comment"),
-                    server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(grant, "approve", API)
+    def approve_cmd(gid: str = GrantId, comment: str = typer.Option("", "--comment"),
+                    server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Approve as a named approver."""
-        _show_grant(client(server, cacert).post(f"/v1/grants/{grant_id}/approve", {"comment": comment}), json_out)
+        api = client(server, cacert)
+        show_grant(api.post(f"/v1/grants/{grant_id(api, gid)}/approve", {"comment": comment}))
 
-    @grant.command("reject")
-    def reject_cmd(grant_id: str, reason: str = typer.Option(..., "--reason"),
-                   server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(grant, "reject", API)
+    def reject_cmd(gid: str = GrantId, reason: str = typer.Option(..., "--reason"),
+                   server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Reject a pending grant as a named approver."""
-        _show_grant(client(server, cacert).post(f"/v1/grants/{grant_id}/reject", {"reason": reason}), json_out)
+        api = client(server, cacert)
+        show_grant(api.post(f"/v1/grants/{grant_id(api, gid)}/reject", {"reason": reason}))
 
-    @grant.command("revoke")
-    def revoke_cmd(grant_id: str, reason: str = typer.Option(..., "--reason"),
-                   server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(grant, "revoke", API)
+    def revoke_cmd(gid: str = GrantId, reason: str = typer.Option(..., "--reason"),
+                   server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Withdraw a pending or active grant."""
-        _show_grant(client(server, cacert).post(f"/v1/grants/{grant_id}/revoke", {"reason": reason}), json_out)
-
+        api = client(server, cacert)
+        show_grant(api.post(f"/v1/grants/{grant_id(api, gid)}/revoke", {"reason": reason}))

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
-from cli.output import JsonOpt
-from cli.remote.common import CaOpt, ServerOpt, client, show
+from cli.output import API, command, emit
+from cli.remote.common import CaOpt, ServerOpt, client
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("whoami")
-    def whoami(server: str = ServerOpt, cacert: str = CaOpt, json_out: bool = JsonOpt) -> None:
+    @command(app, "whoami", API)
+    def whoami(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Who the server thinks you are."""
-        show(client(server, cacert).get("/v1/whoami"), json_out)
+        emit(client(server, cacert).get("/v1/whoami"))

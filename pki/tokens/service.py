@@ -170,12 +170,18 @@ def mint_token(
     return token, row
 
 
+def require_token(session: Session, token_id: str) -> ApiToken:
+    """The token's row (never its secret: only hashes are stored), or NotFound."""
+    row = get_token(session, token_id)
+    if row is None:
+        raise NotFound(f"token {token_id!r} not found")
+    return row
+
+
 def revoke_token(
     session: Session, token_id: str, *, actor: Actor, reason: str, clock: Clock = system_clock
 ) -> ApiToken:
-    row = session.get(ApiToken, token_id)
-    if row is None:
-        raise NotFound(f"token {token_id!r} not found")
+    row = require_token(session, token_id)
     if row.revoked_at is not None:
         raise Conflict(f"token {token_id!r} is already revoked")
     row.revoked_at = clock()
@@ -245,6 +251,24 @@ def has_admin_token(session: Session) -> bool:
     return session.exec(
         select(ApiToken).where(ApiToken.role == "admin", ApiToken.token_hash != None)  # noqa: E711
     ).first() is not None
+
+
+def recover_bootstrap_token(
+    session: Session, *, actor: Actor, ttl: timedelta, clock: Clock = system_clock
+) -> tuple[str, list[str]]:
+    """A new bootstrap admin token for the operator on the host (whoever can open the data directory and
+    the key store): every opaque admin token still unrevoked is revoked, a fresh one (expiring after `ttl`)
+    made; (the secret, the ids revoked). Each step is audited in the caller's transaction."""
+    now = clock()
+    old = session.exec(
+        select(ApiToken).where(ApiToken.role == "admin", col(ApiToken.token_hash).is_not(None),
+                               col(ApiToken.revoked_at).is_(None))
+    ).all()
+    for row in old:
+        revoke_token(session, row.id, actor=actor, reason="replaced by token recover", clock=clock)
+    secret = create_opaque_token(session, role="admin", subject="admin", actor=actor, ttl=ttl, clock=clock,
+                                 description=f"bootstrap admin token made by token recover at {now.isoformat()}")
+    return secret, [row.id for row in old]
 
 
 def opaque_token(session: Session, secret: str, clock: Clock = system_clock) -> ApiToken:

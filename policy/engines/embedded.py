@@ -36,6 +36,7 @@ from policy.errors import (
     PolicyCompileError,
     PolicyEngineError,
     SourceLocation,
+    located,
     parse_regorus_error,
     strip_backtrace,
 )
@@ -73,7 +74,7 @@ def new_engine(modules: Mapping[str, str]) -> regorus.Engine:
         except BaseException as exc:
             if _is_fatal(exc):
                 raise
-            issues.append(parse_regorus_error(str(exc), default_file=path))
+            issues.append(located(parse_regorus_error(str(exc), default_file=path), modules))
     if issues:
         del engine  # no traceback frame may keep a regorus Engine alive (see RegorusEngine.evaluate)
         raise PolicyCompileError(issues)

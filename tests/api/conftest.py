@@ -62,7 +62,8 @@ class Env:
 
 
 def make_settings(home: Path, database_url: str | None = None, **overrides: Any) -> Settings:
-    base = Settings(home=home, database_url=database_url, trust_domain=TD, rate_limit_per_second=0)
+    base = Settings(home=home, database_url=database_url, trust_domain=TD, rate_limit_per_second=0,
+                    ip_rate_limit_per_second=0, mode="development")
     return replace(base, **overrides)
 
 
@@ -120,9 +121,10 @@ def activate_shipped_policy(env: Env) -> int:
 
 
 @contextmanager
-def seeded_env(home: Path, database_url: str | None = None) -> Iterator[Env]:
-    """An environment with seed()'s tenants and the shipped policy, closed when the block ends."""
-    e = open_env(make_settings(home, database_url))
+def seeded_env(home: Path, database_url: str | None = None, **overrides: Any) -> Iterator[Env]:
+    """An environment with seed()'s tenants and the shipped policy (settings `overrides`), closed when the
+    block ends."""
+    e = open_env(make_settings(home, database_url, **overrides))
     try:
         seed(e)
         yield e
@@ -137,13 +139,18 @@ def env(tmp_path: Path) -> Iterator[Env]:
         yield e
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+BOTH_DATABASES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def database_for(request: pytest.FixtureRequest) -> str | None:
+    """The database URL a fixture parametrised over BOTH_DATABASES runs on (None: SQLite in the home)."""
+    return request.getfixturevalue("postgres_server").create_database() if request.param == "postgres" else None
+
+
+@pytest.fixture(params=BOTH_DATABASES)
 def env_both(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     """The same environment on both real databases."""
-    url = None
-    if request.param == "postgres":
-        url = request.getfixturevalue("postgres_server").create_database()
-    with seeded_env(tmp_path / "home", url) as e:
+    with seeded_env(tmp_path / "home", database_for(request)) as e:
         yield e
 
 

@@ -156,6 +156,8 @@ def test_status_reports_are_stored_and_audited_only_when_the_state_changes(denv:
     assert denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json=drift).status_code == 200
     assert len(events()) == 2 and events()[-1].summary["drift"] == 1
     row = next(x for x in denv.call("GET", "/v1/devices", "admin").json() if x["device"] == "nic:gpu1")
+    assert denv.call("GET", "/v1/devices/nic:gpu1", "auditor").json() == row  # one device: the list's row
+    assert denv.call("GET", "/v1/devices/nic:gpu9", "admin").status_code == 404
     assert row["counters"] == {"0x1a2b": {"packets": 99, "bytes": 9000}} and row["drift_repaired"] is True
     assert row["applied_version"] == row["desired_version"] == 1 and row["applied_at"] is not None
     bad = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json={**report, "applied_hash": "0" * 64})
@@ -240,12 +242,14 @@ def test_a_node_svid_reads_and_reports_only_its_own_devices(tmp_path: Path) -> N
             status = gpu1.post("/v1/devices/nic:gpu1/status", json={"applied_version": 1,
                                                                      "applied_hash": own.json()["content_hash"]})
             assert status.status_code == 200 and status.json()["in_sync"] is True
+            assert gpu1.get("/v1/devices/nic:gpu1").json() == status.json()
             mine = gpu1.get("/v1/nodes/gpu1/placements").json()
             assert [(p["workload"], p["spiffe_id"], p["selectors"]) for p in mine] == [
                 ("acme/train/w1", "spiffe://example.org/tenant/acme/group/train/w1", ["unix:uid:1001"]),
                 ("globex/batch/b1", "spiffe://example.org/tenant/globex/batch/b1".replace("batch", "group/batch"),
                  [])]
-            for r in (gpu1.get("/v1/devices/nic:gpu3/ruleset"), gpu1.post("/v1/devices/nic:gpu3/status", json={}),
+            for r in (gpu1.get("/v1/devices/nic:gpu3/ruleset"), gpu1.get("/v1/devices/nic:gpu3"),
+                      gpu1.post("/v1/devices/nic:gpu3/status", json={}),
                       gpu1.get("/v1/devices/leaf:leaf1/ruleset"), gpu1.get("/v1/nodes/gpu3/placements"),
                       gpu1.get("/v1/devices"), leaf1.get("/v1/devices/leaf:leaf2/ruleset"),
                       gpu1.post("/v1/fabric/nodes", json={"name": "x", "uplinks": ["p0"]})):
@@ -254,7 +258,7 @@ def test_a_node_svid_reads_and_reports_only_its_own_devices(tmp_path: Path) -> N
         with env.ctx.db.read_session() as s:
             denied = s.exec(select(DecisionRecord).where(DecisionRecord.kind == "authz")).all()
         asked = sorted(json.dumps(d.input["resource"]) for d in denied if not d.allowed)
-        assert asked == sorted(json.dumps({"device": d}) for d in ("nic:gpu3", "nic:gpu3", "leaf:leaf1",
+        assert asked == sorted(json.dumps({"device": d}) for d in ("nic:gpu3", "nic:gpu3", "nic:gpu3", "leaf:leaf1",
                                                                     "node:gpu3", "leaf:leaf2"))
         assert all("out-of-scope" in d.reasons[0] for d in denied)
     finally:

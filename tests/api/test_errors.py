@@ -27,6 +27,7 @@ from core.errors import (
     Unauthenticated,
     Unavailable,
 )
+from policy.errors import PolicyBudgetExceeded
 from store.db import Database
 from tests.api.conftest import Env, make_settings
 from workflows.context import AppContext
@@ -53,14 +54,14 @@ def _all_error_classes() -> set[type[TrustfabricError]]:
 def test_every_error_class_names_a_status_and_none_falls_back_to_500() -> None:
     classes = _all_error_classes()
     assert len(classes) > 30
-    allowed = {400, 401, 403, 404, 409, 413, 429, 503}
+    allowed = {400, 401, 403, 404, 409, 413, 422, 429, 503}
     upstream = {"ApiError"}  # the CLI's client: the server it asked failed (502)
     unmapped = sorted(c.__qualname__ for c in classes
                       if c.http_status not in allowed and not (c.__qualname__ in upstream and c.http_status == 502))
     assert unmapped == [], f"error classes without a status of their own (would be 500): {unmapped}"
     assert {InvalidInput.http_status, Unauthenticated.http_status, Forbidden.http_status, NotFound.http_status,
             Conflict.http_status, PayloadTooLarge.http_status, RateLimited.http_status,
-            Unavailable.http_status} == allowed
+            Unavailable.http_status, PolicyBudgetExceeded.http_status} == allowed
     assert TrustfabricError.http_status == 500
 
 

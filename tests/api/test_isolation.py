@@ -109,6 +109,7 @@ CASES: dict[str, Case] = {
     "POST /v1/grants/{grant_id}/revoke": on_b("/v1/grants/{grant}/revoke", lambda o: REASON),
     # audit: B's events by filter, by index, by export; proofs and checkpoints carry hashes only
     "GET /v1/audit/events": on_b(f"/v1/audit/events?tenant={B}"),
+    "GET /v1/audit/events/{seq}": on_b("/v1/audit/events/{b_event}"),
     "GET /v1/audit/proof/inclusion": on_b("/v1/audit/proof/inclusion?index={b_event}"),
     "GET /v1/audit/proof/consistency": Case("global", "/v1/audit/proof/consistency?first=1&second=2"),
     "GET /v1/audit/checkpoint": Case("global"),
@@ -146,6 +147,7 @@ CASES: dict[str, Case] = {
     "DELETE /v1/fabric/placements/{tenant}/{group}/{name}": on_b(f"/v1/fabric/placements/{B}/api/api-1"),
     "GET /v1/nodes/{name}/placements": platform("/v1/nodes/gpu1/placements"),
     "GET /v1/devices": platform("/v1/devices"),
+    "GET /v1/devices/{device}": platform("/v1/devices/nic:gpu1"),
     "GET /v1/devices/{device}/ruleset": platform("/v1/devices/nic:gpu1/ruleset"),
     "POST /v1/devices/{device}/status": platform("/v1/devices/nic:gpu1/status", lambda o: {}),
     "GET /v1/devices/{device}/fabric": platform("/v1/devices/leaf:leaf1/fabric"),
@@ -153,6 +155,7 @@ CASES: dict[str, Case] = {
     "GET /v1/whoami": Case("own_scope", "/v1/whoami"),
     "POST /v1/tokens": platform("/v1/tokens", lambda o: {"role": "tenant-admin", "tenant": B, "ttl_seconds": 60}),
     "GET /v1/tokens": platform("/v1/tokens"),
+    "GET /v1/tokens/{token_id}": platform("/v1/tokens/{token}"),
     "POST /v1/tokens/{token_id}/revoke": platform("/v1/tokens/{token}/revoke", lambda o: REASON),
 }
 

@@ -7,9 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlmodel import func, select
 
-from api.limits import TokenBucket
+from api.limits import RATE_LIMITED_ROUTE, TokenBucket
+from api.metrics import LOCAL
 from audit.models import AuditEvent
 from tests.api.conftest import Env, make_settings, open_env, seed
 
@@ -109,3 +111,27 @@ def test_openapi_contract(env: Env) -> None:
                 model = spec["components"]["schemas"][name]
                 assert model.get("additionalProperties") is False, f"{name} accepts unknown fields"
                 assert model.get("examples"), f"{name} has no example"
+
+
+def test_rate_limit_per_client_address_before_authentication(tmp_path: Path) -> None:
+    """Issue 13, item 7: the limiter ran after authentication, so a flood of requests without (or with bad)
+    credentials was never throttled on the code before the fix."""
+    env = open_env(make_settings(tmp_path / "home", ip_rate_limit_per_second=0.01, ip_rate_limit_burst=3))
+    try:
+        bogus = {"Authorization": "Bearer tfo_not_a_token_at_all"}
+        codes = [env.client.get("/v1/whoami", headers=bogus).status_code for _ in range(3)]
+        assert codes == [401, 401, 401]  # within the burst: authentication runs (and fails)
+        r = env.client.get("/v1/whoami", headers=bogus)
+        assert r.status_code == 429 and r.json()["error"] == "rate_limited"
+        assert int(r.headers["retry-after"]) >= 1 and "testclient" in r.json()["reason"]
+        assert env.client.get("/healthz").status_code == 429  # every path, authenticated or not
+        refused = LOCAL.get_sample_value("trustfabric_http_requests_total",
+                                         {"method": "GET", "route": RATE_LIMITED_ROUTE, "status": "429"}) or 0
+        assert env.client.get("/healthz").status_code == 429
+        assert LOCAL.get_sample_value("trustfabric_http_requests_total",  # counted for the operators, unlogged
+                                      {"method": "GET", "route": RATE_LIMITED_ROUTE, "status": "429"}) == refused + 1
+        other = TestClient(env.app, client=("203.0.113.9", 4000))  # another address has its own bucket
+        assert other.get("/healthz").status_code == 200
+    finally:
+        env.client.close()
+        env.ctx.close()

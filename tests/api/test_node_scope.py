@@ -1,9 +1,10 @@
 """Issue 13 item 1 over real mTLS: a node's SVID obtains X.509- and JWT-SVIDs only for the workloads placed on
 that node (as a SPIRE agent obtains only the entries parented to it); anything else -- another node's
 workload, a workload placed nowhere, an unknown one -- is the same 403, writes nothing (no SVID, no audit
-event) and is kept in the decision log as a denied authorization. A revoked workload gets nothing even from
-its own node. Also the node's own endpoints: renewal over mTLS (a bearer cannot renew a node), and a leaf's
-fabric view (its own leaf only; a SuperNIC has none)."""
+event) and is kept in the decision log as a denied authorization (api/routes/common.denial_logged, where a
+quarantine refusal is logged too). A revoked or quarantined workload gets nothing even from its own node.
+Also the node's own endpoints: renewal over mTLS (a bearer cannot renew a node), and a leaf's fabric view
+(its own leaf only; a SuperNIC has none)."""
 
 from __future__ import annotations
 
@@ -61,11 +62,14 @@ def test_a_node_obtains_identities_only_for_its_own_workloads(tmp_path: Path) ->
             with env.ctx.db.read_session() as s:
                 denied = [d for d in s.exec(select(DecisionRecord).where(DecisionRecord.kind == "authz")).all()
                           if not d.allowed]
-            assert sorted((d.input["principal"]["id"].rsplit("/", 1)[1], d.input["action"],
-                           d.input["resource"]["workload"]) for d in denied) == [
-                ("gpu1", "svid.issue", "acme/train/nobody"), ("gpu1", "svid.issue", "globex/api/a1"),
-                ("gpu1", "svid.jwt.issue", "globex/api/a1"), ("leaf1", "svid.issue", "acme/train/w1")]
-            assert all(d.input["resource"]["tenant"] for d in denied)  # visible in the tenant's decision log
+            seen = sorted((d.input["principal"]["id"].rsplit("/", 1)[1], d.input["action"],
+                           "/".join(d.input["resource"][k] for k in ("tenant", "group", "workload")),
+                           d.input["resource"]["kind"]) for d in denied)
+            assert seen == [("gpu1", "svid.issue", "acme/train/nobody", "x509"),
+                            ("gpu1", "svid.issue", "globex/api/a1", "jwt"),
+                            ("gpu1", "svid.issue", "globex/api/a1", "x509"),
+                            ("leaf1", "svid.issue", "acme/train/w1", "x509")]
+            assert all("out-of-scope" in d.reasons[0] for d in denied)
 
             # a revoked workload gets nothing, also from its own node
             r = env.call("POST", "/v1/tenants/acme/groups/train/workloads/w1/revoke", "security",
@@ -74,6 +78,13 @@ def test_a_node_obtains_identities_only_for_its_own_workloads(tmp_path: Path) ->
             gone = gpu1.post("/v1/svids/x509", json={"csr": csr.decode(), "tenant": "acme", "group": "train",
                                                      "workload": "w1"})
             assert gone.status_code == 403 and "revoked" in gone.json()["reason"]
+
+            # a quarantined tenant's workload neither (the hardening's rule holds for nodes too)
+            r = env.call("POST", "/v1/tenants/globex/quarantine", "security", json={"reason": "incident"})
+            assert r.status_code == 200, r.text
+            held = gpu1.post("/v1/svids/jwt", json={"tenant": "globex", "group": "batch", "workload": "b1",
+                                                    "audience": ["x"]})
+            assert held.status_code == 403 and "quarantined" in held.json()["reason"], held.text
 
             # renewal: the node's own SVID over mTLS, a new key; a bearer token cannot renew a node
             renewed = gpu1.post("/v1/nodes/renew", json={"csr": csr.decode()})

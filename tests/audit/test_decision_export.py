@@ -32,12 +32,12 @@ def _log_decisions(env: Env) -> None:
         tenant = ("acme", "globex")[i % 2]
         if i % 4 == 3:
             grant = GrantDecision("deny", [f"no {i}"])
-            log.record("grant", {"requester": {"tenant": tenant}, "i": i}, grant, "ab" * 32)
+            log.record("grant", {"requester": {"tenant": tenant}, "i": i}, grant, "ab" * 32, owner=tenant)
         else:
             log.record("flow", {"src": {"tenant": tenant, "group": "web"}, "i": i},
-                       FlowDecision(i % 3 == 0, [f"r{i}"]), "cd" * 32)
+                       FlowDecision(i % 3 == 0, [f"r{i}"]), "cd" * 32, owner=tenant)
         env.clock.advance(timedelta(seconds=5))
-    log.record("authz", {"action": "x.y"}, AuthzDecision(False, ["no tenant"]), None)
+    log.record("authz", {"action": "x.y"}, AuthzDecision(False, ["no tenant"]), None, owner=None)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

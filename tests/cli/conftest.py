@@ -28,14 +28,14 @@ class Run:
     stderr: str
 
 
-def run_cli(args: list[str], env: dict[str, str]) -> Run:
+def run_cli(args: list[str], env: dict[str, str | None], input: str | None = None) -> Run:
     """One command, in-process, with `env` as its environment (the rest of os.environ's TRUSTFABRIC_*
-    variables removed)."""
+    variables removed; a None value removes that variable) and `input` as its standard input."""
     import os
 
     clean: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TRUSTFABRIC_")}
     clean.update(env)
-    with CliRunner().isolation(env=clean) as (out, err, _):
+    with CliRunner().isolation(input=input, env=clean) as (out, err, _):
         try:
             main(args)
             code = 0
@@ -49,14 +49,15 @@ def run_cli(args: list[str], env: dict[str, str]) -> Run:
 class Cli:
     def __init__(self, home: Path, server: str, cwd: Path) -> None:
         self.env = {"TRUSTFABRIC_HOME": str(home), "TRUSTFABRIC_SERVER": server,
-                    "TRUSTFABRIC_CONFIG": str(cwd / "no-config.json"), "COLUMNS": "200"}
+                    "TRUSTFABRIC_CONFIG": str(cwd / "no-config.json"), "COLUMNS": "200",
+                    "TRUSTFABRIC_MODE": "development"}
         self.cwd = cwd
 
-    def run(self, *args: str, token: str | None = None, **env: str) -> Run:
-        e = dict(self.env, **env)
+    def run(self, *args: str, token: str | None = None, input: str | None = None, **env: str | None) -> Run:
+        e: dict[str, str | None] = {**self.env, **env}
         if token:
             e["TRUSTFABRIC_TOKEN"] = token
-        return run_cli(list(args), e)
+        return run_cli(list(args), e, input=input)
 
     def json(self, *args: str, token: str | None = None) -> object:
         r = self.run(*args, "--json", token=token)
@@ -132,6 +133,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
     monkeypatch.setenv("TRUSTFABRIC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TRUSTFABRIC_CONFIG", str(tmp_path / "none.json"))
+    monkeypatch.setenv("TRUSTFABRIC_MODE", "development")
     monkeypatch.delenv("TRUSTFABRIC_DATABASE_URL", raising=False)
     r = CliRunner().invoke(app, ["init", "--trust-domain", "example.org", "--json"])
     assert r.exit_code == 0, r.output

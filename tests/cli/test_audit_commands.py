@@ -74,7 +74,7 @@ def test_verify_names_the_first_bad_event_in_one_line(home: dict[str, str], tmp_
     code, text = _run({}, "audit", "verify", str(out), "--public-key", str(key), "--json")
     assert code == 1 and json.loads(text)["index"] == 7 and json.loads(text)["kind"] == "modified"
     code, text = _run({}, "audit", "verify", str(tmp_path / "missing"), "--public-key", str(key))
-    assert code == 1 and "Traceback" not in text and text.strip().count("\n") == 0
+    assert code == 2 and "Traceback" not in text and "does not exist" in text  # refused while parsing
 
 
 def test_note_form_of_the_public_key(home: dict[str, str]) -> None:
@@ -92,7 +92,7 @@ def test_bad_input_fails_in_one_line_without_traceback(home: dict[str, str], tmp
     out = tmp_path / "never"
     for args in (["--since", "yesterday"], ["--tenant", "Not_A_Slug"], ["--since", "2026-01-01T00:00:00"]):
         proc = run_cli(["audit", "export", "--out", str(out), *args], home)  # main(): the binary's error path
-        assert proc.returncode == 1, proc.stderr
+        assert proc.returncode == 2, proc.stderr  # a usage error: refused while the arguments are parsed
         assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
         assert not out.exists()
 

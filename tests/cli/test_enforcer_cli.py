@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tests.cli.conftest import Cli
+from tests.cli.test_views import ISO_UTC, REPRS
 from tests.enforcer.helpers import ROOT, SMALL
 
 TRAIN_TO_API = {"nic:gpu1", "nic:gpu3", "leaf:leaf1", "leaf:leaf2"}
@@ -29,8 +32,14 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     assert "placements: added 6" in imported.stdout and "not imported: 1 grant(s) (g-train-api)" in imported.stdout
     assert cli.json("fabric", "import", str(SMALL), token=admin)["unchanged"] is True  # type: ignore[index]
     nodes = cli.json("fabric", "node", "list", token=admin)
-    assert sorted(nodes) == ["gpu1", "gpu2", "gpu3", "gpu4"]  # type: ignore[arg-type]
-    assert len(cli.json("fabric", "link", "list", token=admin)) == 6  # type: ignore[arg-type]
+    assert [n["name"] for n in nodes] == ["gpu1", "gpu2", "gpu3", "gpu4"]  # type: ignore[union-attr,index]
+    links = cli.json("fabric", "link", "list", token=admin)
+    assert len(links) == 6 and {"leaf": "leaf1:swp1", "peer": "gpu1:p0"} in links  # type: ignore[arg-type,operator]
+    gpu1 = cli.json("fabric", "node", "show", "gpu1", token=admin)
+    assert gpu1["links"] == ["p0->leaf1:swp1"] and gpu1["uplinks"] == ["p0"]  # type: ignore[index]
+    leaf1 = cli.json("fabric", "leaf", "show", "leaf1", token=admin)
+    assert leaf1["model"] == "sn5600" and "swp1->gpu1:p0" in leaf1["links"]  # type: ignore[index,operator]
+    one_error_line(cli.run("fabric", "spine", "show", "spine9", token=admin), "no spine 'spine9'")
     one_error_line(cli.run("fabric", "link", "add", "leaf1:swp9", "gpu4:p0", token=admin),
                    "leaf leaf1 has no port 'swp9'", "HTTP 400")
     one_error_line(cli.run("workload", "place", "acme/train/w1", "--node", "gpu1", "--port", "pf0vf2", "--ipv4",
@@ -38,6 +47,9 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     placed = cli.run("workload", "place", "acme/train/w1", "--node", "gpu1", "--port", "pf0vf0", "--ipv4",
                      "10.1.0.11", "--ipv6", "fd00:1::11", "--selector", "unix:uid:1001", token=admin)
     assert placed.returncode == 0 and "placements: changed 1" in placed.stdout, placed.stderr
+    placed_on = cli.json("fabric", "placement", "list", "--node", "gpu1", token=admin)
+    assert {p["workload"]: p["selectors"] for p in placed_on}["acme/train/w1"] == ["unix:uid:1001"]  # type: ignore[union-attr,index]
+    assert cli.json("fabric", "placement", "show", "acme/train/w1", token=admin)["node"] == "gpu1"  # type: ignore[index]
     acme = cli.token("--role", "tenant-admin", "--tenant", "acme", "--ttl", "1h")
     one_error_line(cli.run("fabric", "node", "list", token=acme), "HTTP 403")
 
@@ -58,6 +70,11 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     one_error_line(cli.run("enforcer", "show", "--device", "nic:gpu9"), "nic:gpu9 has no published rule set")
     status = cli.json("enforcer", "status", token=admin)
     assert {r["device"]: r["desired_version"] for r in status} == dict.fromkeys(first["published"], 1)  # type: ignore[index,union-attr]
+    assert cli.json("device", "list", token=admin) == status
+    assert cli.json("device", "show", "nic:gpu1", token=admin) == next(r for r in status if r["device"] == "nic:gpu1")  # type: ignore[union-attr,index]
+    ruleset = cli.json("device", "ruleset", "leaf:leaf1", token=admin)
+    assert ruleset["version"] == 1 and ruleset["ir"]["device"] == "leaf:leaf1"  # type: ignore[index]
+    one_error_line(cli.run("device", "show", "nic:gpu9", token=admin), "nic:gpu9 has no published rule set")
 
     globex = cli.token("--role", "tenant-admin", "--tenant", "globex", "--ttl", "1h")
     g = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/api", "--port", "8443", token=acme)
@@ -74,6 +91,9 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     one_error_line(cli.run("enforcer", "rollback", "--device", "nic:gpu1", "--to", "9"), "earlier version")
     applied = cli.json("enforcer", "apply", "--device", "nic:gpu1")
     assert applied["published"] == {"nic:gpu1": 4}  # type: ignore[index]
+    versions = cli.json("enforcer", "versions", "--device", "nic:gpu1")
+    assert [v["version"] for v in versions] == [4, 3, 2, 1]  # type: ignore[union-attr,index]
+    assert versions[1]["content_hash"] == versions[3]["content_hash"]  # type: ignore[index]  # the rollback
     ok = cli.run("enforcer", "verify")
     assert ok.returncode == 0 and "ok:" in ok.stdout, ok.stderr
 
@@ -85,10 +105,41 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
             text = text.replace("array.concat(array.concat(intra_tenant_flows, platform_flows), granted_flows)",
                                 "array.concat(intra_tenant_flows, granted_flows)")
         (candidate / f.name).write_text(text)
-    assert cli.run("policy", "upload", str(candidate)).returncode == 0
+    uploaded = cli.run("policy", "upload", str(candidate))  # its flows tests fail: stored, not activatable
+    assert uploaded.returncode == 1 and "version 2 uploaded" in uploaded.stdout, uploaded.stderr
     staged = cli.json("enforcer", "plan", "--staged", "2")
     assert staged and all(p["rules_removed"] > 0 for p in staged)  # type: ignore[union-attr,index]
     impact = cli.json("policy", "impact", "2")
     assert impact["devices"]["touched"] == len(staged)  # type: ignore[index,arg-type]
     table = cli.run("policy", "impact", "2")
     assert table.returncode == 0 and f"devices: {len(staged)} of 6 would change" in table.stdout  # type: ignore[arg-type]
+    human_output_reads_well(cli, admin)
+
+
+def human_output_reads_well(cli: Cli, admin: str) -> None:
+    """Every fabric, device and enforcer list/show for people: no Python repr, times local, ids whole at 80
+    columns; yaml is the same data as --json."""
+    for argv in (["fabric", "node", "list"], ["fabric", "node", "show", "gpu1"], ["fabric", "leaf", "list"],
+                 ["fabric", "spine", "show", "spine1"], ["fabric", "link", "list"], ["fabric", "placement", "list"],
+                 ["fabric", "placement", "show", "acme/train/w1"], ["device", "list"], ["device", "show", "nic:gpu1"],
+                 ["device", "ruleset", "nic:gpu1"], ["enforcer", "status"], ["enforcer", "plan", "--staged", "2"],
+                 ["enforcer", "versions", "--device", "nic:gpu1"], ["tenant", "show", "acme"]):
+        r = cli.run(*argv, token=admin, COLUMNS="80")
+        assert r.returncode == 0 and r.stdout.strip(), (argv, r.stderr)
+        found = REPRS.search(r.stdout)
+        assert found is None, (argv, found.group(0), r.stdout)
+        assert ISO_UTC.search(r.stdout) is None, (argv, "times are shown in local form", r.stdout)
+        assert max(len(line) for line in r.stdout.splitlines()) <= 80, (argv, r.stdout)
+        if argv[0] != "enforcer" or argv[1] in ("status", "versions"):
+            as_yaml = yaml.safe_load(cli.run(*argv, "-o", "yaml", token=admin).stdout)
+            assert as_yaml == cli.json(*argv, token=admin), argv
+    listed = cli.run("device", "list", token=admin, COLUMNS="80").stdout
+    for device in ("nic:gpu1", "nic:gpu2", "nic:gpu3", "nic:gpu4", "leaf:leaf1", "leaf:leaf2"):
+        assert device in listed, listed
+
+
+def test_show_offers_every_format_the_renderers_have() -> None:
+    from cli.local.enforcer import FORMATS
+    from workflows.enforcement import FORMATS as RENDERED
+
+    assert sorted(FORMATS) == sorted(RENDERED)

@@ -1,6 +1,6 @@
 """The installed `trustfabric` binary, once per command group (everything else runs in-process): init and
-serve make and serve a data directory; token, whoami, tenant, group, workload, grant, fabric and enforcer
-status go through that server; svid, bundle, ca, node, policy, audit, enforcer compile and lab work on the
+serve make and serve a data directory; token, whoami, tenant, group, workload, grant, fabric, device and
+enforcer status go through that server; svid, bundle, ca, node, policy, audit, enforcer compile and lab work on the
 data directory beside it. (`pdp` runs as a
 binary in tests/policy/test_routes_cli.py.) And `--help` loads neither FastAPI nor a database."""
 
@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.cli.conftest import free_port
+from tests.servers import serve_binary
 
 BIN = str(Path(sys.executable).parent / "trustfabric")
 pytestmark = pytest.mark.xdist_group("cli-smoke")
@@ -28,7 +26,8 @@ class Binary:
     def __init__(self, base: Path, port: int) -> None:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
         self.env.update({"TRUSTFABRIC_HOME": str(base / "home"), "TRUSTFABRIC_SERVER": f"http://127.0.0.1:{port}",
-                         "TRUSTFABRIC_CONFIG": str(base / "none.json"), "COLUMNS": "200"})
+                         "TRUSTFABRIC_CONFIG": str(base / "none.json"), "COLUMNS": "200",
+                         "TRUSTFABRIC_MODE": "development"})
         self.base = base
 
     def run(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -48,26 +47,8 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Binary]:
     b = Binary(base, port)
     init = b.run("init", "--trust-domain", "example.org")
     assert init.returncode == 0 and "initialised trust domain spiffe://example.org" in init.stdout, init.stderr
-    proc = subprocess.Popen([BIN, "serve", "--port", str(port), "--log-level", "warning"], env=b.env, cwd=base,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {proc.stderr.read() if proc.stderr else ''}")
-            time.sleep(0.1)
+    with serve_binary([BIN, "serve", "--port", str(port), "--log-level", "warning"], port=port, env=b.env, cwd=base):
         yield b
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_every_command_group_runs_as_the_installed_binary(binary: Binary) -> None:
@@ -88,6 +69,7 @@ def test_every_command_group_runs_as_the_installed_binary(binary: Binary) -> Non
     assert binary.run("enforcer", "compile").returncode == 0  # publishes, unless the server's reconciler did first
     devices = binary.json("enforcer", "status", token=admin)
     assert {(d["device"], d["desired_version"]) for d in devices} == {("nic:n1", 1), ("leaf:l1", 1)}  # type: ignore[index,union-attr]
+    assert binary.json("device", "show", "nic:n1", token=admin)["desired_version"] == 1  # type: ignore[index]
     jwt = binary.run("svid", "jwt", "--tenant", "acme", "--group", "web", "--workload", "w1", "--audience", "a")
     assert jwt.returncode == 0 and jwt.stdout.count(".") == 2, jwt.stderr
     assert binary.json("bundle", "show")["spiffe_sequence"] == 1  # type: ignore[index]

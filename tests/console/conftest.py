@@ -50,25 +50,8 @@ def console_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         yield env
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-# What this closed machine needs: no sandbox (root in a container), no GPU, no network beyond 127.0.0.1.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[object]:
-    """One Debian chromium for the whole test session, driven by Playwright (never a downloaded browser)."""
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium; `make test` installs it as root)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
+# The browser (one Debian chromium per test session) is tests/conftest.py's `browser`: the console's browser
+# tests and the API's /docs test share it (two Playwright instances in one process would clash).
 
 
 @dataclass
@@ -80,30 +63,17 @@ class LiveServer:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """The app served by uvicorn on 127.0.0.1 and a free port, in a thread: what the browser talks to."""
-    import threading
-    import time
 
-    import uvicorn
 
     from tests.conftest import _free_port
+    from tests.servers import serve_app
 
     home = Path(tmp_path_factory.mktemp("console-live")) / "home"
     env = open_env(make_settings(home, audit_checkpoint_every=1))  # a fresh checkpoint covers every event
     seed(env)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(env.app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the console test server did not start")
-        time.sleep(0.02)
     try:
-        yield LiveServer(env, f"http://127.0.0.1:{port}")
+        with serve_app(env.app, _free_port()) as url:
+            yield LiveServer(env, url)
     finally:
-        server.should_exit = True
-        thread.join(10)
         env.client.close()
         env.ctx.close()

@@ -156,7 +156,8 @@ def a_tenant_requests_a_grant_and_sees_it_pending_with_the_approver(
     page.get_by_label("Ports").fill("9999")
     preview = page.locator("#preview")
     preview.get_by_text("Would be denied.").wait_for()
-    assert "port-not-exposed: globex/api does not expose tcp/9999" in preview.inner_text()
+    # acme holds no grant with globex/api yet: whether it exists or exposes 9999 is not disclosed to it
+    assert "not-disclosed: tenant acme holds no grant with globex/api" in preview.inner_text()
     page.get_by_label("Ports").fill("8443")
     preview.get_by_text("Needs approval by tenant-admin:globex.").wait_for()
     page.get_by_label("Why").fill("feature store reads")

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from core.asgi import BodySizeLimit
+
+
+def run(coroutine: Any) -> None:
+    """asyncio.run on a thread of its own: a session-scoped Playwright (the browser tests) keeps an event loop
+    running in the worker's main thread, where asyncio.run refuses to start another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, coroutine).result()
 
 
 def _call(limit: int, chunks: list[bytes], length: int | None) -> tuple[int, dict[str, Any], list[bytes]]:
@@ -35,11 +43,7 @@ def _call(limit: int, chunks: list[bytes], length: int | None) -> tuple[int, dic
         sent.append(message)
 
     headers = [(b"content-length", str(length).encode())] if length is not None else []
-    limited = BodySizeLimit(app, max_bytes=limit)
-    # on a thread of its own: a worker whose thread already runs an event loop (Playwright's sync API, left by
-    # the console's browser session on the same xdist worker) refuses asyncio.run
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, limited({"type": "http", "headers": headers}, receive, send)).result()
+    run(BodySizeLimit(app, max_bytes=limit)({"type": "http", "headers": headers}, receive, send))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], (json.loads(body) if sent[0]["status"] != 200 else {}), seen
 
@@ -73,8 +77,6 @@ def test_a_malformed_content_length_is_a_400() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    limited = BodySizeLimit(app, max_bytes=10)
-    with ThreadPoolExecutor(1) as pool:  # see _call
-        pool.submit(asyncio.run, limited({"type": "http", "headers": [(b"content-length", b"ten")]}, receive,
-                                         send)).result()
+    run(BodySizeLimit(app, max_bytes=10)({"type": "http", "headers": [(b"content-length", b"ten")]},
+                                                 receive, send))
     assert sent[0]["status"] == 400 and b"Content-Length is not a number" in sent[1]["body"]

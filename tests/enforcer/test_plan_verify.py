@@ -4,6 +4,7 @@ naming the device or the flow with both answers when a stored rule set is altere
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
 
 from audit import Actor
@@ -11,7 +12,7 @@ from enforcer import service
 from enforcer.ir import DeviceRuleSet
 from policy import service as policy
 from tests.enforcer.helpers import modules
-from tests.enforcer.stored import Stack
+from tests.enforcer.stored import ADMIN, Stack
 from workflows.enforcement import impact, plans, verify_published
 
 TRAIN_TO_API = {"nic:gpu1", "nic:gpu3", "leaf:leaf1", "leaf:leaf2"}
@@ -54,14 +55,40 @@ def test_staged_plan_and_impact_name_the_devices_a_candidate_touches_and_publish
                                                                     for r in rule.reasons}}
     assert {p.device for p in staged} == platform_devices and len(platform_devices) >= 4
     assert all(p.removed and not p.added for p in staged)
-    with stack.ctx.db.read_session() as s:
-        report = impact(s, number, now=stack.clock(), budget=stack.rec.config.budget, limit=10)
+    report = impact(stack.ctx, number, limit=10)
     assert report["closed_count"] > 0 and report["opened_count"] == 0
     devices = report["devices"]
     assert devices["devices"] == 6 and devices["touched"] == len(staged)
     assert {d["device"] for d in devices["by_device"]} == platform_devices
     assert all(d["rules_removed"] > 0 and d["rules_added"] == 0 for d in devices["by_device"])
     assert stack.versions() == before  # staged: nothing was published
+
+
+def test_a_candidate_is_evaluated_in_the_policy_sandbox_for_staged_plans_and_impact(stack: Stack) -> None:
+    """Issue 13 item 5 holds for the enforcer's reads of a candidate too: its allowed flows are user-supplied
+    Rego, so a staged plan and the impact report's device section evaluate them in a limited process; one over
+    the CPU budget is refused naming it, and the server never runs it."""
+    from dataclasses import replace
+
+    from policy.authoring import PreparedVersion
+    from policy.errors import PolicyBudgetExceeded
+    from policy.testing import TestReport
+    from policy.versions import version_hash
+
+    mods = {k: v for k, v in modules().items() if not k.endswith("_test.rego")}
+    spin = "count([1 | some i in numbers.range(1, 20000); some j in numbers.range(1, 20000); i == j]) > 0"
+    mods["flows.rego"] = mods["flows.rego"].replace(
+        "allowed_flows := array.concat(array.concat(intra_tenant_flows, platform_flows), granted_flows)",
+        f"allowed_flows := intra_tenant_flows if {{ {spin} }}")
+    with stack.ctx.db.session() as s:  # stored as it is (its tests are not the point): a candidate
+        v, _ = policy.upload(s, PreparedVersion(mods, version_hash(mods), TestReport()), ADMIN, now=stack.clock())
+    stack.ctx.settings = replace(stack.ctx.settings, policy_job_cpu_seconds=1)
+    stack.rec.run_once("start")
+    with pytest.raises(PolicyBudgetExceeded, match=f"the staged compile of policy version {v.number} exceeded "
+                                                   "the 1 s CPU budget"):
+        plans(stack.ctx, stack.rec, str(v.number))
+    with pytest.raises(PolicyBudgetExceeded, match="exceeded the 1 s CPU budget"):
+        impact(stack.ctx, str(v.number), limit=10)
 
 
 def _alter(stack: Stack, device: str, ir: str, digest: str | None = None) -> None:

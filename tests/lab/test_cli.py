@@ -90,8 +90,8 @@ def test_bad_input_builds_nothing(cli: LabCli, tmp_path: Path) -> None:
     two_leaves = tmp_path / "nospine.yaml"
     two_leaves.write_text("\n".join(line for line in SMALL.read_text().splitlines() if "spine1" not in line) + "\n")
     _one_line_error(cli("up", str(two_leaves)), 1, "no spine links")
-    _one_line_error(cli("up", str(tmp_path / "missing.yaml")), 1, "missing.yaml")
+    _one_line_error(cli("up", str(tmp_path / "missing.yaml")), 2, "missing.yaml")  # refused while parsing
     _one_line_error(cli("apply"), 1, "no lab is up")
     _one_line_error(cli("probe", "a/b/c", "d/e/f", "1"), 1, "no lab is up")
-    assert cli("up", str(SMALL), "--mode", "sideways").returncode == 1
+    _one_line_error(cli("up", str(SMALL), "--mode", "sideways"), 2, "'sideways' is not one of standalone, agent")
     assert netops.namespaces_with_prefix(build.names_for(Path(cli.env["TRUSTFABRIC_HOME"])).prefix) == []

@@ -167,3 +167,29 @@ def test_ca_rotate_and_status(env: Env) -> None:
     assert [c["state"] for c in st["cas"]] == ["retired", "retired", "active", "active"]
     assert r.json()["retired"] == [1]
     assert env.client.get("/v1/bundle").json()["spiffe_sequence"] == 3
+
+
+def test_crl_is_signed_once_per_change_and_served_with_an_etag(env: Env) -> None:
+    """Issue 13, item 7: every GET /v1/crl signed a fresh CRL (ECDSA signatures differ each time, so two
+    answers were never the same bytes) and there was no ETag, on the code before the fix."""
+    first, second = env.client.get("/v1/crl"), env.client.get("/v1/crl")
+    assert first.status_code == second.status_code == 200
+    assert first.content == second.content and first.headers["etag"] == second.headers["etag"]
+    publisher = env.app.state.crl
+    assert publisher.signings == 1
+    etag = first.headers["etag"]
+    r = env.client.get("/v1/crl", headers={"If-None-Match": etag})
+    assert r.status_code == 304 and r.content == b"" and r.headers["etag"] == etag
+    assert env.client.get("/v1/crl", headers={"If-None-Match": f'"other", W/{etag}'}).status_code == 304
+    pem = env.client.get("/v1/crl", params={"format": "pem"})
+    assert pem.headers["etag"] != etag and publisher.signings == 1  # one signing serves both formats
+    # a revocation is a change: the next GET signs a CRL that lists it
+    serial = env.call("POST", "/v1/svids/x509", "admin", json=_x509_body()).json()["serial"]
+    assert env.call("POST", "/v1/svids/revoke", "admin", json={"serial": serial, "reason": "x"}).status_code == 200
+    r = env.client.get("/v1/crl", headers={"If-None-Match": etag})
+    assert r.status_code == 200 and r.headers["etag"] != etag and publisher.signings == 2
+    assert x509.load_der_x509_crl(r.content).get_revoked_certificate_by_serial_number(int(serial, 16)) is not None
+    # with no change, the CRL is signed again once half its validity has passed (nextUpdate never lapses)
+    env.clock.advance(publisher.refresh)
+    again = env.client.get("/v1/crl")
+    assert again.content != r.content and publisher.signings == 3

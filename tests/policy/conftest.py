@@ -21,6 +21,7 @@ from pdp.server import create_pdp_app
 from policy.engines import PolicyEngine
 from policy.engines.embedded import RegorusEngine
 from policy.engines.opa_server import OpaServerEngine, OpaSettings
+from tests.servers import start_app, stop_app
 
 
 def free_port() -> int:
@@ -37,22 +38,13 @@ class Served:
     thread: threading.Thread
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        stop_app(self.server, self.thread)
 
 
 def serve_pdp(token: str | None = None, **ssl: str) -> Served:
     port = free_port()
     app = create_pdp_app(RegorusEngine(), token=token)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", **ssl)  # type: ignore[arg-type]
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"pdp-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("trustfabric pdp did not start")
-        time.sleep(0.02)
+    server, thread = start_app(app, port, **ssl)
     scheme = "https" if ssl else "http"
     return Served(f"{scheme}://127.0.0.1:{port}", token, server, thread)
 

@@ -33,12 +33,13 @@ def _log(db: Database, n: int = 30) -> None:
         tenant = TENANTS[i % 3]
         if i % 5 == 4:
             log.record("grant", {"requester": {"tenant": tenant}, "n": i},
-                       GrantDecision("pending", ["tenant-admin:b"], [f"why {i}\nsecond line, \"quoted\""]), "ab" * 32)
+                       GrantDecision("pending", ["tenant-admin:b"], [f"why {i}\nsecond line, \"quoted\""]), "ab" * 32,
+                       owner=tenant)
         elif i % 7 == 6:
-            log.record("authz", {"action": "x.y", "n": i}, AuthzDecision(False, ["no tenant here"]), None)
+            log.record("authz", {"action": "x.y", "n": i}, AuthzDecision(False, ["no tenant here"]), None, owner=None)
         else:
             log.record("flow", {"src": {"tenant": tenant, "group": "é-web"}, "port": 443, "n": i},
-                       FlowDecision(i % 2 == 0, [f"reason {i}"]), "cd" * 32)
+                       FlowDecision(i % 2 == 0, [f"reason {i}"]), "cd" * 32, owner=tenant)
         clock.advance(timedelta(seconds=10))
 
 

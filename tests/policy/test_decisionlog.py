@@ -26,10 +26,11 @@ def test_records_are_written_and_queryable(db: Database) -> None:
     digest = version_hash(shipped())
     for args in [("acme", "web", "acme", "batch", "tcp", 8080), ("globex", "api", "acme", "web", "tcp", 443)]:
         i = flow(*args)
-        assert log.record("flow", i, decide_flow(engine, i), digest)
+        assert log.record("flow", i, decide_flow(engine, i), digest, owner=args[0])
         clock.advance(timedelta(seconds=10))
-    log.record("grant", {"requester": {"tenant": "acme"}}, GrantDecision("pending", ["tenant-admin:b"], ["x"]), digest)
-    log.record("authz", {"principal": {"tenant": "globex"}}, AuthzDecision(False, ["nope"]), None)
+    log.record("grant", {"requester": {"tenant": "acme"}}, GrantDecision("pending", ["tenant-admin:b"], ["x"]), digest,
+               owner="acme")
+    log.record("authz", {"principal": {"tenant": "globex"}}, AuthzDecision(False, ["nope"]), None, owner="globex")
     with db.read_session() as s:
         everything = query_decisions(s)
         denied_flows = query_decisions(s, kind="flow", allowed=False)
@@ -47,19 +48,19 @@ def test_records_are_written_and_queryable(db: Database) -> None:
 
 def test_sampling_keeps_every_deny_and_a_fraction_of_allows(db: Database) -> None:
     log = DecisionLog(db, sample_rate=0.1, rng=random.Random(3))
-    allows = sum(log.record("flow", {}, FlowDecision(True, ["ok"]), None) for _ in range(400))
-    denies = sum(log.record("flow", {}, FlowDecision(False, ["no"]), None) for _ in range(20))
+    allows = sum(log.record("flow", {}, FlowDecision(True, ["ok"]), None, owner=None) for _ in range(400))
+    denies = sum(log.record("flow", {}, FlowDecision(False, ["no"]), None, owner=None) for _ in range(20))
     assert 10 < allows < 80 and denies == 20
     with db.read_session() as s:
         assert len(query_decisions(s, limit=1000)) == allows + denies
     none = DecisionLog(db, sample_rate=0.0, always_log_denies=False)
-    assert not none.record("flow", {}, FlowDecision(False, ["no"]), None)
+    assert not none.record("flow", {}, FlowDecision(False, ["no"]), None, owner=None)
 
 
 def test_bad_arguments_are_rejected(db: Database) -> None:
     with pytest.raises(InvalidInput):
         DecisionLog(db, sample_rate=1.5)
     with pytest.raises(InvalidInput):
-        DecisionLog(db).record("nonsense", {}, FlowDecision(True), None)
+        DecisionLog(db).record("nonsense", {}, FlowDecision(True), None, owner=None)
     with pytest.raises(InvalidInput), db.read_session() as s:
         query_decisions(s, limit=0)

@@ -57,11 +57,15 @@ LANDED = {
         "sqlite": "9d45ce42596df2289c8492490d35f240a7ca78c555103ce17d13ce6ad1e0bab8",
         "postgresql": "b9c069df7c94c46ccef211bd3cb221f1a07df8af8513dd3c82702454b6b8f93a",
     },
-    7: {
+    9: {
+        "sqlite": "1eb07daefafdf025c243ff74e56babb9b6a0c49c77caacbdf78e30072ff1eb58",
+        "postgresql": "817795101834bcae1421fc9d349180ca01cd4aeb177fc30f712e1fc5a1429d1a",
+    },
+    10: {
         "sqlite": "41d055756be5281b870a4168f071a9013f0668826d277f2eb124323b1be0019f",
         "postgresql": "18c71dadf367023833ea91ef1a2438cbf2431101105aaa7cc656388f5db3f20a",
     },
-    8: {
+    11: {
         "sqlite": "6f7c350ffe8ba05ff0a8fdf5004567eeb181a1166a4e9596696fce1b8969602f",
         "postgresql": "fb1fab0d5fb36c71a1f791de95e68694a2c6534c12e05b750b9c8131813f38d5",
     },
@@ -132,7 +136,7 @@ def test_a_landed_step_never_changes(version: int) -> None:
 
 
 def test_versions_are_global_and_in_order() -> None:
-    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11]
     with pytest.raises(ValueError, match="distinct, increasing"):
         from store.migrations import migrate as run
 

@@ -15,6 +15,7 @@ from audit import Actor
 from audit.models import AuditEvent
 from core.clock import FrozenClock
 from core.errors import TrustfabricError
+from core.quotas import Quotas
 from enforcer.allocate import Pools
 from inventory import service as inventory
 from inventory.models import Tenant
@@ -117,6 +118,10 @@ BAD: list[tuple[str, Callable[[Session, Who], Any], str]] = [
     ("import: quarantine through a file", lambda s, w: fabric.import_fabric(
         s, w, Pools(), GOLDEN.replace("globex/batch: {}", "globex/batch: {quarantined: true}")),
      "groups.globex/batch: quarantine and revocation are changed with their own commands"),
+    ("import: over a tenant's quota", lambda s, w: fabric.import_fabric(
+        s, Who(w.actor, w.clock, w.request_id, Quotas(workloads=3)), Pools(),
+        GOLDEN.replace("  acme/train/w2:\n", "  acme/train/w2:\n  acme/train/w3:\n")),
+     "quota exceeded: tenant acme holds 3 registered workloads"),  # as one by one (issue 13 item 6)
     # all or nothing: the new node, tenant and group are valid; the placement after them is not
     ("import: one bad line", lambda s, w: fabric.import_fabric(s, w, Pools(), GOLDEN.replace(
         "  gpu4: {nic:", "  gpu5: {nic: {uplinks: [p0], host_ports: [pf0vf0]}}\n  gpu4: {nic:").replace(
@@ -206,7 +211,7 @@ def test_tenants_get_vni_vlan_and_prefix_from_the_pools_without_clashes(fab: App
 
 
 def test_a_tenant_made_before_the_fabric_gets_its_vlan_when_first_placed(fab: AppContext) -> None:
-    with fab.db.session() as s:  # as tenants were created before schema step 7: no VLAN, no prefix
+    with fab.db.session() as s:  # as tenants were created before schema step 10: no VLAN, no prefix
         inventory.create_tenant(s, slug="legacy", display_name="Legacy", l3vni=42, actor=ADMIN)
         inventory.create_group(s, tenant="legacy", name="app", actor=ADMIN)
         inventory.register_workload(s, trust_domain="example.org", tenant="legacy", group="app", name="a1",

@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
+from core.errors import InvalidInput
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
 from policy.engines import EngineSettings
 from workflows.settings import ClientSettings, Settings
@@ -60,3 +63,26 @@ def test_fabric_pools_enforcer_mode_and_budget_from_the_environment() -> None:
 
     with pytest.raises(InvalidInput, match="auto or manual"):
         EnforcerConfig(mode="sometimes")
+
+
+def test_the_hardening_settings() -> None:
+    """Issue 13: production mode by default (activation needs a signature), the limits and budgets."""
+    assert Settings().mode == "production" and Settings().require_policy_signature
+    s = Settings.from_env({
+        "TRUSTFABRIC_MODE": "development", "TRUSTFABRIC_POLICY_TWO_PERSON": "yes",
+        "TRUSTFABRIC_QUOTA_GROUPS": "7", "TRUSTFABRIC_QUOTA_PENDING": "0", "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND": "5",
+        "TRUSTFABRIC_POLICY_JOB_CPU_SECONDS": "2", "TRUSTFABRIC_POLICY_DECISION_BUDGET_MS": "25",
+        "TRUSTFABRIC_MAX_GRANT_TTL_SECONDS": "3600", "TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS": "600",
+        "TRUSTFABRIC_REQUEST_READ_TIMEOUT_SECONDS": "3", "TRUSTFABRIC_MAX_CONNECTIONS": "50",
+        "TRUSTFABRIC_MASTER_KEY": "pkcs11", "TRUSTFABRIC_PASSPHRASE_FILE": "/run/credentials/tf",
+    })
+    assert s.development and not s.require_policy_signature and s.policy_two_person
+    assert (s.quotas.groups, s.quotas.pending, s.quotas.workloads) == (7, 0, 10_000)
+    assert (s.ip_rate_limit_per_second, s.policy_job_cpu_seconds, s.policy_decision_budget_ms) == (5, 2, 25)
+    assert s.max_grant_ttl == timedelta(hours=1) and s.bootstrap_token_ttl == timedelta(minutes=10)
+    assert (s.request_read_timeout_seconds, s.max_connections) == (3, 50)
+    assert s.master_key == "pkcs11" and s.passphrase_file == Path("/run/credentials/tf")
+    with_keys = Settings.from_env({"TRUSTFABRIC_MODE": "development", "TRUSTFABRIC_POLICY_VERIFY_KEYS": "k.pem"})
+    assert with_keys.require_policy_signature  # keys configured: a signature is required in every mode
+    with pytest.raises(InvalidInput, match="TRUSTFABRIC_MODE must be one of production, development"):
+        Settings.from_env({"TRUSTFABRIC_MODE": "prod"})

@@ -1,0 +1,160 @@
+"""Serving the API with uvicorn, bounded against slow and numerous clients, and shut down cleanly on a signal.
+
+What uvicorn 0.54 enforces by itself, read from its h11 protocol and checked with real sockets
+(tests/api/test_server.py): `h11_max_incomplete_event_size` (an *incomplete* request head larger than it
+is a 400; a complete head arriving in one read is parsed whatever its size, up to the 256 KiB the
+transport reads at a time), `timeout_keep_alive` (an idle connection after a response is closed), and
+`limit_concurrency` (503 once that many connections or tasks exist). What it does not: a connection that
+sends its request head (or body) a byte at a time, or nothing at all, is never timed out, and connections
+are accepted without bound. `BoundedH11Protocol` adds both: a request read deadline armed when a
+connection opens and when the next request on it begins, cancelled once the whole request is read; and a
+maximum number of open connections, beyond which a new one is closed at once.
+
+`serve` removes the TLS temporary directory on SIGTERM, SIGINT and SIGHUP (issue 13, item 12): uvicorn
+re-raises the signal it handled after restoring the previous handler, which, left at the default, ended
+the process before any `finally` ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from uvicorn.supervisors import Multiprocess
+
+from api.auth.mtls import PeerCertH11Protocol
+
+log = logging.getLogger("trustfabric.api.server")
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    request_read_timeout: float = 10.0  # seconds from a request's first byte (or the connection) to its end
+    keep_alive_timeout: float = 5.0  # idle seconds after a response before the connection is closed
+    max_connections: int = 1000  # open connections per worker process; more are closed at once
+    max_header_bytes: int = 16 * 1024  # a request head (line and headers) larger than this is a 400
+
+
+class _Refusals:
+    """Counts refused connections and logs them at most once a second (a flood must not flood the log)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._logged_at = 0.0
+
+    def note(self, client: str, limit: int) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._logged_at >= 1.0:
+            self._logged_at = now
+            log.warning("refusing connections at the limit of %d open (TRUSTFABRIC_MAX_CONNECTIONS): %d so far, "
+                        "the latest from %s", limit, self.count, client)
+
+
+_refused = _Refusals()
+
+
+class BoundedH11Protocol(PeerCertH11Protocol):
+    """PeerCertH11Protocol with a request read deadline and a cap on open connections. The limits come from
+    the uvicorn Config (`config.tf_limits`, set by `uvicorn_config`; it travels to worker processes)."""
+
+    _read_timer: Any = None
+    _cycle_at_arm: Any = None
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        found = getattr(self.config, "tf_limits", None)
+        return found if isinstance(found, ConnectionLimits) else ConnectionLimits()
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            _refused.note(self.client[0] if self.client else "?", self.limits.max_connections)
+            transport.abort()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm()  # the first byte of the next request on a kept-alive connection
+        super().data_received(data)
+        cycle = self.cycle
+        if cycle is not None and cycle is not self._cycle_at_arm and not cycle.more_body:
+            self._disarm()  # this request was read whole
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._cycle_at_arm = self.cycle
+        self._read_timer = self.loop.call_later(self.limits.request_read_timeout, self._read_timed_out)
+
+    def _disarm(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        if not self.transport.is_closing():
+            log.info("closing a connection from %s: request not read within %.0f s",
+                     self.client[0] if self.client else "?", self.limits.request_read_timeout)
+            self.transport.close()
+
+
+def uvicorn_config(app: Any, *, host: str, port: int, workers: int, log_level: str, limits: ConnectionLimits,
+                   **options: Any) -> uvicorn.Config:
+    """The uvicorn Config `serve` runs: our protocol, the limits uvicorn enforces itself, ours on the side."""
+    config = uvicorn.Config(
+        app, host=host, port=port, workers=workers, log_level=log_level, http=BoundedH11Protocol,
+        timeout_keep_alive=max(1, round(limits.keep_alive_timeout)),
+        h11_max_incomplete_event_size=limits.max_header_bytes, limit_concurrency=limits.max_connections,
+        **options,
+    )
+    config.tf_limits = limits  # type: ignore[attr-defined]
+    return config
+
+
+class _Supervisor(Multiprocess):
+    """uvicorn's worker supervisor, except that SIGHUP stops the server (as it does with one process)
+    instead of restarting the workers."""
+
+    def handle_hup(self) -> None:
+        self.handle_term()
+
+
+def serve(config: uvicorn.Config, *, cleanup: Callable[[], None] = lambda: None) -> int | None:
+    """Run the server until it stops; `cleanup` runs however it stops, a shutdown signal included.
+    Returns the signal that stopped it (None otherwise); the caller re-raises it after its own cleanup."""
+    received: list[int] = []
+    server = uvicorn.Server(config)
+
+    def stop(sig: int, _frame: FrameType | None) -> None:
+        received.append(sig)
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in SHUTDOWN_SIGNALS}
+    try:
+        if config.workers > 1:
+            sock = config.bind_socket()
+            _Supervisor(config, sockets=[sock]).run()
+        else:
+            server.run()
+    except KeyboardInterrupt:
+        received.append(signal.SIGINT)
+    finally:
+        try:
+            cleanup()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return received[0] if received else None

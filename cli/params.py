@@ -1,0 +1,266 @@
+"""Command-line values checked while the arguments are parsed, before a command does any work: a bad one is
+a usage error (exit 2) in one line naming the option, never a traceback from deep inside.
+
+Each checker is a `Check`: it parses the text and knows a value it accepts (`good`) and one it refuses
+(`bad`), so tests/cli/test_bad_arguments.py can feed every option of every command a bad value (with good
+ones for the rest) without a table kept beside the commands. Use one as
+`typer.Option(..., parser=PORT, metavar=PORT.metavar)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import typer
+
+from core.errors import InvalidInput
+
+
+class Check:
+    """A parser for one kind of command-line value; `good` and `bad` are values it accepts and refuses."""
+
+    def __init__(self, parse: Callable[[str], Any], *, good: str, bad: str, metavar: str) -> None:
+        self._parse = parse
+        self.good = good
+        self.bad = bad
+        self.metavar = metavar
+        self.__name__ = metavar.lower()
+
+    def __call__(self, value: Any) -> Any:
+        if not isinstance(value, str):  # a default already parsed, or typer passing one through
+            return value
+        try:
+            return self._parse(value)
+        except (InvalidInput, ValueError) as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+
+def _port(text: str) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+        raise InvalidInput(f"{text!r} is not a port number (1-65535)")
+    return int(text)
+
+
+def _url(text: str) -> str:
+    """An http(s) URL with a host (and a port in range); the trailing slash dropped."""
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        hint = f"http://{text}" if "://" not in text else "http://127.0.0.1:8443"
+        raise InvalidInput(f"{text!r} is not an http:// or https:// URL (e.g. {hint})")
+    try:
+        port = parts.port
+    except ValueError:
+        raise InvalidInput(f"{text!r}: the port is not a number from 1 to 65535") from None
+    if port is not None and not 1 <= port <= 65535:
+        raise InvalidInput(f"{text!r}: the port is not a number from 1 to 65535")
+    if not parts.hostname:
+        raise InvalidInput(f"{text!r} names no host")
+    return text.strip().rstrip("/")
+
+
+def _slug(text: str) -> str:
+    from core.slugs import require_slug
+
+    return require_slug(text, "name")
+
+
+def _trust_domain(text: str) -> str:
+    from pki.errors import InvalidSpiffeId
+    from pki.spiffe_id import validate_trust_domain
+
+    try:
+        return validate_trust_domain(text)
+    except InvalidSpiffeId as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _tenant_group(text: str) -> tuple[str, str]:
+    tenant, sep, group = text.partition("/")
+    if not sep or not tenant or not group:
+        raise InvalidInput(f"{text!r} is not TENANT/GROUP (e.g. globex/api)")
+    return _slug(tenant), _slug(group)
+
+
+def _proto_port(text: str) -> dict[str, object]:
+    proto, sep, number = text.partition("/")
+    if not sep or proto not in ("tcp", "udp"):
+        raise InvalidInput(f"{text!r} is not PROTO/PORT (e.g. tcp/443)")
+    return {"proto": proto, "port": _port(number)}
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise InvalidInput(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _ttl(text: str) -> timedelta:
+    from core.clock import parse_ttl
+
+    return parse_ttl(text)
+
+
+def _when(text: str) -> datetime:
+    from core.clock import parse_when
+
+    try:
+        return parse_when(text, "time")
+    except InvalidInput:
+        raise InvalidInput(f"{text!r} is not an ISO 8601 time with a timezone (e.g. 2026-01-01T00:00:00Z)") from None
+
+
+def _seconds(text: str) -> int:
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise InvalidInput(f"{text!r} is not a positive number of seconds")
+    return int(text)
+
+
+def _https_url(text: str) -> str:
+    """An https:// URL (the node agent talks to the API over mTLS only)."""
+    url = _url(text)
+    if not url.startswith("https://"):
+        raise InvalidInput(f"{text!r}: the agent talks to the API over HTTPS only (https://HOST:PORT)")
+    return url
+
+
+def _join_token(text: str) -> str:
+    token = text.strip()
+    if not token.startswith("tfjt_") or len(token) > 256:
+        raise InvalidInput("not a join token (tfjt_...: `trustfabric node token create --node NAME` prints one)")
+    return token
+
+
+def _host_port(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise InvalidInput(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9100)")
+    _port(port)
+    return text
+
+
+def _cidr(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=True))
+    except ValueError as exc:
+        raise InvalidInput(f"{text!r} is not a CIDR network ({exc})") from None
+
+
+def _cidr6(text: str) -> str:
+    out = _cidr(text)
+    if ":" not in out:
+        raise InvalidInput(f"{text!r} is not an IPv6 network (e.g. fd00:1::/48)")
+    return out
+
+
+def _address(version: int) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        import ipaddress
+
+        try:
+            addr = ipaddress.ip_address(text.strip())
+        except ValueError:
+            raise InvalidInput(f"{text!r} is not an IPv{version} address") from None
+        if addr.version != version:
+            raise InvalidInput(f"{text!r} is not an IPv{version} address")
+        return str(addr)
+
+    return parse
+
+
+def _word(what: str) -> Callable[[str], str]:
+    """A name of the fabric file's kind (a port, a switch model): 1-63 characters, no spaces, no ':'."""
+
+    def parse(text: str) -> str:
+        if not text or len(text) > 63 or ":" in text or any(c.isspace() for c in text):
+            raise InvalidInput(f"{text!r} is not a {what} (1-63 characters, no spaces or ':')")
+        return text
+
+    return parse
+
+
+def _endpoint(text: str) -> str:
+    device, sep, port = text.partition(":")
+    if not sep:
+        raise InvalidInput(f"{text!r} is not DEVICE:PORT (e.g. leaf1:swp1)")
+    return f"{_slug(device)}:{_word('port name')(port)}"
+
+
+def _device(text: str) -> str:
+    kind, sep, name = text.partition(":")
+    if not sep or kind not in ("nic", "leaf"):
+        raise InvalidInput(f"{text!r} is not a device: nic:<node> or leaf:<name> (e.g. nic:gpu1)")
+    return f"{kind}:{_slug(name)}"
+
+
+def _workload(text: str) -> str:
+    parts = text.split("/")
+    if len(parts) != 3:
+        raise InvalidInput(f"{text!r} is not TENANT/GROUP/NAME (e.g. acme/train/w1)")
+    return "/".join(_slug(p) for p in parts)
+
+
+def _selector(text: str) -> str:
+    from pki.selectors import parse_selector
+
+    return ":".join(parse_selector(text))
+
+
+def _policy_ref(text: str) -> str:
+    t = text.strip().lower()
+    if not (t.isdigit() and int(t) >= 1) and not (len(t) >= 8 and all(c in "0123456789abcdef" for c in t)):
+        raise InvalidInput(f"{text!r} is neither a policy version number nor a content-hash prefix (8+ hex digits)")
+    return t
+
+
+def choice(*values: str) -> Check:
+    """One of `values`; the error lists them."""
+
+    def parse(text: str) -> str:
+        if text not in values:
+            raise InvalidInput(f"{text!r} is not one of {', '.join(values)}")
+        return text
+
+    return Check(parse, good=values[0], bad="nope", metavar="|".join(values) if len(values) <= 6 else "CHOICE")
+
+
+PORT = Check(_port, good="8443", bad="99999", metavar="PORT")
+URL = Check(_url, good="http://127.0.0.1:1", bad="127.0.0.1:8443", metavar="URL")
+HTTPS_URL = Check(_https_url, good="https://127.0.0.1:1", bad="http://127.0.0.1:8443", metavar="URL")
+JOIN_TOKEN = Check(_join_token, good="tfjt_x", bad="tfo_admin", metavar="TOKEN")
+HOST_PORT = Check(_host_port, good="127.0.0.1:9100", bad="127.0.0.1", metavar="HOST:PORT")
+SLUG = Check(_slug, good="acme", bad="Not_A_Slug", metavar="NAME")
+TRUST_DOMAIN = Check(_trust_domain, good="example.org", bad="Example.ORG/path", metavar="DOMAIN")
+TENANT_GROUP = Check(_tenant_group, good="acme/web", bad="globex", metavar="TENANT/GROUP")
+PROTO_PORT = Check(_proto_port, good="tcp/443", bad="tcp/99999", metavar="PROTO/PORT")
+LABEL = Check(_label, good="tier=gpu", bad="no-equals-sign", metavar="KEY=VALUE")
+TTL = Check(_ttl, good="1h", bad="soon", metavar="TTL")
+WHEN = Check(_when, good="2026-01-01T00:00:00Z", bad="yesterday", metavar="TIME")
+SECONDS = Check(_seconds, good="60", bad="-5", metavar="SECONDS")
+PROTO = choice("tcp", "udp")
+CIDR = Check(_cidr, good="10.1.0.0/16", bad="10.1.0.1/16", metavar="CIDR")
+CIDR6 = Check(_cidr6, good="fd00:1::/48", bad="10.1.0.0/16", metavar="CIDR6")
+IPV4 = Check(_address(4), good="10.1.0.11", bad="10.1.0.300", metavar="IPV4")
+IPV6 = Check(_address(6), good="fd00:1::11", bad="10.1.0.11", metavar="IPV6")
+PORT_NAME = Check(_word("port name"), good="swp1", bad="swp 1", metavar="PORT")
+MODEL = Check(_word("switch model"), good="sn5600", bad="sn 5600", metavar="MODEL")
+ENDPOINT = Check(_endpoint, good="leaf1:swp1", bad="leaf1", metavar="DEVICE:PORT")
+DEVICE = Check(_device, good="nic:gpu1", bad="gpu1", metavar="DEVICE")
+WORKLOAD = Check(_workload, good="acme/train/w1", bad="acme/train", metavar="TENANT/GROUP/NAME")
+SELECTOR = Check(_selector, good="unix:uid:1001", bad="uid:1001", metavar="SELECTOR")
+POLICY_REF = Check(_policy_ref, good="2", bad="v2", metavar="N|HASH")
+
+
+def existing_file(**kw: Any) -> dict[str, Any]:
+    """typer.Option/Argument keywords for a file that must exist (a folder is refused)."""
+    return {"exists": True, "file_okay": True, "dir_okay": False, "readable": True, **kw}
+
+
+def existing_dir(**kw: Any) -> dict[str, Any]:
+    """typer.Option/Argument keywords for a folder that must exist (a file is refused)."""
+    return {"exists": True, "file_okay": False, "dir_okay": True, "readable": True, **kw}

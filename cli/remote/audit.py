@@ -1,0 +1,57 @@
+"""`trustfabric audit events|show|checkpoint`, through the API: what an auditor or a tenant reads from
+their own machine (a tenant sees only its own tenant's events). Exports and offline verification are in
+cli/local/audit.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cli.output import API, Col, View, command, emit, machine_output
+from cli.params import SLUG, WHEN
+from cli.remote.common import CaOpt, ServerOpt, client
+
+EVENTS = View("audit events", (
+    Col("seq", "seq", kind="id"), Col("time", "ts", kind="time"), Col("actor", lambda e: e["actor"]["id"], drop=1),
+    Col("tenant", "tenant", drop=2), Col("action", "action"),
+    Col("object", lambda e: f"{e['object']['type']}:{e['object']['id']}"), Col("reason", "reason", drop=3),
+))
+
+
+def _iso(value: Any) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def register(audit: typer.Typer) -> None:
+    @command(audit, "events", API)
+    def events_cmd(
+        tenant: str = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT", help="only this tenant's"),
+        action: str = typer.Option(None, "--action", help="only this action, e.g. grant.approve"),
+        actor: str = typer.Option(None, "--actor", help="only this actor's, e.g. cli:alice"),
+        since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME", help="ISO 8601, inclusive"),
+        until: Any = typer.Option(None, "--until", parser=WHEN, metavar="TIME", help="ISO 8601, exclusive"),
+        limit: int = typer.Option(100, "--limit", min=1, max=1000, help="events shown (oldest first)"),
+        server: str = ServerOpt, cacert: Path = CaOpt,
+    ) -> None:
+        """Audit events, oldest first (a tenant principal sees its own tenant's only)."""
+        page = client(server, cacert).get("/v1/audit/events", tenant=tenant, action=action, actor=actor,
+                                          since=_iso(since),
+                                          until=_iso(until), limit=limit)
+        emit(page["items"], EVENTS)
+
+    @command(audit, "show", API)
+    def show_cmd(seq: int = typer.Argument(..., min=0, help="the event's sequence number"),
+                 server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """One audit event: who did what to which object, why, and its place in the hash chain."""
+        emit(client(server, cacert).get(f"/v1/audit/events/{seq}"), EVENTS)
+
+    @command(audit, "checkpoint", API)
+    def checkpoint_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """The latest signed checkpoint note (keep it: later exports must extend it)."""
+        cp = client(server, cacert).get("/v1/audit/checkpoint")
+        if machine_output():
+            emit(cp)
+        else:
+            print(cp["note"], end="" if cp["note"].endswith("\n") else "\n")

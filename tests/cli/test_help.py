@@ -1,0 +1,60 @@
+"""`--help` says where every command runs; `--version`; shell completion."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from cli.output import PANELS
+from tests.cli.conftest import run_cli
+from tests.cli.test_bad_arguments import leaf_commands
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_command_sits_in_the_panel_for_where_it_runs() -> None:
+    panels = set(PANELS.values())
+    for path, cmd in leaf_commands():
+        assert cmd.rich_help_panel in panels, (path, cmd.rich_help_panel)
+    r = run_cli(["policy", "--help"], {"COLUMNS": "120"})
+    assert r.returncode == 0
+    for panel in (PANELS["offline"], PANELS["local"]):
+        assert panel in r.stdout
+    assert "No `policy fmt`" in r.stdout
+
+
+def test_version_is_the_package_s() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    r = run_cli(["--version"], {})
+    assert r.returncode == 0 and r.stdout.strip() == f"trustfabric {version}"
+
+
+def test_shell_completion_script_and_answers() -> None:
+    r = run_cli(["--show-completion", "bash"], {})
+    assert r.returncode == 0 and "_TRUSTFABRIC_COMPLETE" in r.stdout
+    r = run_cli([], {"_TRUSTFABRIC_COMPLETE": "complete_bash", "COMP_WORDS": "trustfabric pol", "COMP_CWORD": "1"})
+    assert "policy" in r.stdout.split()
+
+
+def test_no_arguments_prints_the_help() -> None:
+    r = run_cli([], {})
+    assert r.returncode == 0 and "Usage: trustfabric" in r.stdout
+    r = run_cli(["grant"], {})
+    assert r.returncode == 0 and "request" in r.stdout
+
+
+def test_the_readme_lists_every_command_where_it_runs() -> None:
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## The command line"):text.index("## Logs, metrics, traces")]
+    rows = {"over the API": "api", "locally, on the server host": "local", "offline": "offline", "on a node": "node"}
+    documented: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in rows:
+            for name in re.findall(r"`([a-z][a-z -]*?)`", cells[2]):
+                documented[name] = rows[cells[0]]
+    actual = {" ".join(path): next(k for k, v in PANELS.items() if v == cmd.rich_help_panel)
+              for path, cmd in leaf_commands()}
+    assert documented == actual

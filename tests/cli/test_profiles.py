@@ -1,0 +1,113 @@
+"""Sign-in like `tsh login`: profiles in the config file (0600 in a 0700 directory, written atomically),
+several of them, --profile / TRUSTFABRIC_PROFILE, the environment overriding, logout, status; a file others
+can read that holds a token is refused; local commands take the data directory from the profile."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli.conftest import Cli
+
+
+@pytest.fixture
+def signed(cli: Cli, tmp_path: Path) -> dict[str, object]:
+    """The CLI environment of a person with no token or server in the environment, only a config home."""
+    env: dict[str, str | None] = {"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "TRUSTFABRIC_CONFIG": None,
+                                  "TRUSTFABRIC_SERVER": None, "TRUSTFABRIC_TOKEN": None}
+    admin = cli.token("--role", "admin", "--ttl", "1h")
+    cli.run("tenant", "create", "acme", "--display-name", "Acme", token=admin)
+    acme = cli.token("--role", "tenant-admin", "--tenant", "acme", "--ttl", "1h")
+    return {"env": env, "admin": admin, "acme": acme, "server": cli.env["TRUSTFABRIC_SERVER"],
+            "config": tmp_path / "xdg" / "trustfabric" / "config.yaml"}
+
+
+def test_login_keeps_a_private_profile_and_commands_use_it(cli: Cli, signed: dict[str, object]) -> None:
+    env = signed["env"]
+    assert isinstance(env, dict)
+    r = cli.run("login", "--server", str(signed["server"]), "--token-stdin", input=f"{signed['admin']}\n", **env)
+    assert r.returncode == 0 and "signed in to" in r.stdout and "(admin)" in r.stdout, r.stderr
+    config = signed["config"]
+    assert isinstance(config, Path)
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600 and stat.S_IMODE(config.parent.stat().st_mode) == 0o700
+    doc = yaml.safe_load(config.read_text())
+    assert doc["current"] == "default" and doc["profiles"]["default"]["server"] == signed["server"]
+    who = cli.run("whoami", "--json", **env)
+    assert who.returncode == 0 and json.loads(who.stdout)["role"] == "admin"
+
+    # a second, named profile: the current one stays; --profile and TRUSTFABRIC_PROFILE choose
+    r = cli.run("--profile", "acme", "login", "--server", str(signed["server"]), "--token", str(signed["acme"]), **env)
+    assert r.returncode == 0 and "(tenant-admin@acme)" in r.stdout and "current profile stays 'default'" in r.stdout
+    assert json.loads(cli.run("whoami", "--json", **env).stdout)["role"] == "admin"
+    assert json.loads(cli.run("--profile", "acme", "whoami", "--json", **env).stdout)["tenant"] == "acme"
+    assert json.loads(cli.run("whoami", "--json", **env, TRUSTFABRIC_PROFILE="acme").stdout)["tenant"] == "acme"
+    # the file is plain YAML: make acme current by hand
+    config_doc = yaml.safe_load(Path(str(signed["config"])).read_text())
+    config_doc["current"] = "acme"
+    Path(str(signed["config"])).write_text(yaml.safe_dump(config_doc))
+    # the environment overrides the profile
+    over = cli.run("whoami", "--json", **{**env, "TRUSTFABRIC_TOKEN": str(signed["admin"])})
+    assert json.loads(over.stdout)["role"] == "admin"
+
+    status = cli.run("status", **env)
+    assert status.returncode == 0 and "signed in as" in status.stdout and "acme" in status.stdout
+    assert str(signed["acme"]) not in status.stdout and str(signed["admin"]) not in status.stdout
+    as_json = json.loads(cli.run("status", "--json", **env).stdout)
+    assert [p["name"] for p in as_json["profiles"]] == ["acme", "default"] and as_json["profile"] == "acme"
+    assert str(signed["acme"]) not in json.dumps(as_json)
+
+    unknown = cli.run("--profile", "nope", "whoami", **env)
+    assert unknown.returncode == 1 and "no profile 'nope'" in unknown.stderr
+
+    out = cli.run("logout", **env)
+    assert out.returncode == 0 and "'acme'" in out.stdout
+    refused = cli.run("whoami", **env)
+    assert refused.returncode == 1 and "HTTP 401" in refused.stderr
+    assert cli.run("status", **env).returncode == 1  # the server refuses: not signed in
+    assert cli.run("--profile", "default", "whoami", **env).returncode == 0
+    assert cli.run("logout", "--all", **env).returncode == 0
+    assert all("token" not in p for p in yaml.safe_load(config.read_text())["profiles"].values())
+
+
+def test_a_refused_token_writes_nothing(cli: Cli, signed: dict[str, object]) -> None:
+    env = signed["env"]
+    assert isinstance(env, dict)
+    r = cli.run("login", "--server", str(signed["server"]), "--token", "tfo_wrong", **env)
+    assert r.returncode == 1 and "HTTP 401" in r.stderr
+    assert not Path(str(signed["config"])).exists()
+    r = cli.run("login", "--server", "127.0.0.1:8443", "--token", "x", **env)
+    assert r.returncode == 2 and "http://" in r.stderr
+    r = cli.run("login", "--token-stdin", input="x\n", **env)
+    assert r.returncode == 2 and "no server yet" in r.stderr
+
+
+def test_a_config_file_others_can_read_is_refused_when_it_holds_a_token(cli: Cli, signed: dict[str, object]) -> None:
+    env = signed["env"]
+    assert isinstance(env, dict)
+    assert cli.run("login", "--server", str(signed["server"]), "--token", str(signed["admin"]), **env).returncode == 0
+    config = Path(str(signed["config"]))
+    config.chmod(0o640)
+    r = cli.run("whoami", **env)
+    assert r.returncode == 1 and "chmod 600" in r.stderr and r.stderr.count("\n") == 1
+    config.write_text(yaml.safe_dump({"current": "x", "profiles": {"x": {"server": str(signed["server"])}}}))
+    r = cli.run("whoami", **env)  # no token in it: readable is fine, the server says who is missing
+    assert r.returncode == 1 and "HTTP 401" in r.stderr
+
+
+def test_local_commands_take_the_data_directory_from_the_profile(cli: Cli, signed: dict[str, object],
+                                                                tmp_path: Path) -> None:
+    env = signed["env"]
+    assert isinstance(env, dict)
+    home = cli.env["TRUSTFABRIC_HOME"]
+    r = cli.run("login", "--server", str(signed["server"]), "--token", str(signed["admin"]), "--home", str(home),
+                **env)
+    assert r.returncode == 0, r.stderr
+    without = {**env, "TRUSTFABRIC_HOME": None}
+    listed = cli.run("policy", "list", "--json", **without)
+    assert listed.returncode == 0 and json.loads(listed.stdout)[0]["number"] == 1, listed.stderr
+    elsewhere = cli.run("policy", "list", **{**env, "TRUSTFABRIC_HOME": str(tmp_path / "nowhere")})
+    assert elsewhere.returncode == 1 and "does not exist" in elsewhere.stderr  # the environment wins

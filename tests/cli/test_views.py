@@ -1,0 +1,114 @@
+"""Human output of every list and show command, against the real API and data directory: no Python repr
+anywhere, ids whole at 80 columns, times in local form; --json unchanged, --output yaml the same data;
+ids accepted back as unique prefixes (and a prefix naming none or several refused, naming the candidates)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cli.conftest import Cli
+
+REPRS = re.compile(r"\bNone\b|\bTrue\b|\bFalse\b|\{'|\['|\[\{|datetime\.|UUID\(|timedelta\(")
+ISO_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(\+00:00|Z)")
+
+
+@pytest.fixture(scope="module")
+def world(cli: Cli) -> dict[str, Any]:
+    """Two tenants with groups and workloads, a pending and an active grant, some tokens."""
+    admin = cli.token("--role", "admin", "--ttl", "1h")
+    for slug, vni in (("acme", "10001"), ("globex", "10002")):
+        assert cli.run("tenant", "create", slug, "--display-name", slug.title(), "--l3vni", vni, "--prefix",
+                       f"10.{vni[-1]}.0.0/16", token=admin).returncode == 0
+    assert cli.run("group", "create", "acme", "web", "--port", "tcp/443", "--label", "tier=gpu",
+                   token=admin).returncode == 0
+    assert cli.run("group", "create", "globex", "api", "--port", "tcp/8443", "--port", "udp/53",
+                   token=admin).returncode == 0
+    assert cli.run("workload", "register", "acme", "web", "w1", token=admin).returncode == 0
+    acme = cli.token("--role", "tenant-admin", "--tenant", "acme", "--ttl", "1h")
+    globex = cli.token("--role", "tenant-admin", "--tenant", "globex", "--ttl", "1h")
+    grants = []
+    for port in ("8443", "53"):
+        g = cli.json("grant", "request", "--src-group", "web", "--dst", "globex/api", "--port", port,
+                     *(["--proto", "udp"] if port == "53" else []), "--ttl", "2h", token=acme)
+        grants.append(g["id"])  # type: ignore[index]
+    assert cli.json("grant", "approve", grants[0], token=globex)["state"] == "active"  # type: ignore[index]
+    assert cli.run("policy", "explain", "--src", "acme/web", "--dst", "globex/api", "--port", "8443").returncode == 0
+    tokens = cli.json("token", "list", token=admin)
+    return {"admin": admin, "acme": acme, "globex": globex, "grants": grants,
+            "tokens": [t["id"] for t in tokens]}  # type: ignore[union-attr,index]
+
+
+def human_commands(world: dict[str, Any]) -> list[list[str]]:
+    g0, t0 = world["grants"][0], world["tokens"][0]
+    return [
+        ["tenant", "list"], ["tenant", "show", "acme"], ["group", "list", "acme"], ["group", "show", "globex", "api"],
+        ["workload", "list", "acme"], ["workload", "show", "acme", "web", "w1"], ["grant", "list"],
+        ["grant", "show", g0], ["token", "list"], ["token", "show", t0], ["audit", "events", "--limit", "50"],
+        ["audit", "show", "1"], ["audit", "checkpoint"], ["whoami"], ["policy", "list"], ["policy", "show"],
+        ["policy", "decisions"], ["policy", "decision", "1"], ["ca", "status"], ["bundle", "show"],
+        ["tenant", "create", "initech", "--display-name", "Initech"],
+    ]
+
+
+def test_no_python_repr_in_any_human_output(cli: Cli, world: dict[str, Any]) -> None:
+    for argv in human_commands(world):
+        r = cli.run(*argv, token=world["admin"], COLUMNS="80")
+        assert r.returncode == 0, (argv, r.stderr)
+        assert r.stdout.strip(), argv
+        found = REPRS.search(r.stdout)
+        assert found is None, (argv, found.group(0), r.stdout)
+        if argv[:2] not in (["audit", "checkpoint"], ["policy", "show"]):
+            assert ISO_UTC.search(r.stdout) is None, (argv, "times are shown in local form", r.stdout)
+
+
+def test_ids_are_never_cut_at_80_columns(cli: Cli, world: dict[str, Any]) -> None:
+    for argv, ids in ((["grant", "list"], world["grants"]), (["token", "list"], world["tokens"])):
+        out = cli.run(*argv, token=world["admin"], COLUMNS="80").stdout
+        for i in ids:
+            assert i in out, (argv, i, out)
+        assert max(len(line) for line in out.splitlines()) <= 80
+    spiffe = "spiffe://example.org/tenant/acme/group/web/w1"
+    assert spiffe in cli.run("workload", "list", "acme", token=world["admin"], COLUMNS="80").stdout
+
+
+def test_times_are_local(cli: Cli, world: dict[str, Any]) -> None:
+    out = cli.run("tenant", "show", "acme", token=world["admin"], TZ="Asia/Tokyo").stdout
+    # a tenant shown within its first minute reads "(now)"
+    assert re.search(r"created at: \d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} JST \((now|\S.* ago)\)", out), out
+    out = cli.run("grant", "list", "--state", "active", token=world["admin"]).stdout
+    assert re.search(r"in 1h 5\dm", out), out  # expires in about two hours
+
+
+def test_json_is_the_api_s_data_and_yaml_the_same(cli: Cli, world: dict[str, Any]) -> None:
+    as_json = cli.json("grant", "show", world["grants"][0], token=world["admin"])
+    assert isinstance(as_json, dict) and as_json["id"] == world["grants"][0] and "created_at" in as_json
+    r = cli.run("grant", "show", world["grants"][0], "--output", "yaml", token=world["admin"])
+    assert r.returncode == 0 and yaml.safe_load(r.stdout) == as_json
+    r = cli.run("grant", "show", world["grants"][0], "-o", "json", token=world["admin"])
+    assert json.loads(r.stdout) == as_json
+    listed = cli.json("tenant", "list", token=world["admin"])
+    assert {t["slug"] for t in listed} >= {"acme", "globex"}  # type: ignore[union-attr,index]
+
+
+def test_ids_are_accepted_as_unique_prefixes(cli: Cli, world: dict[str, Any]) -> None:
+    g0, g1 = world["grants"]
+    common = len(next(i for i, (a, b) in enumerate(zip(g0, g1, strict=True)) if a != b) * "x")
+    unique = g0[: common + 1]
+    r = cli.run("grant", "show", unique, token=world["globex"])
+    assert r.returncode == 0 and f"grant {g0}:" in r.stdout, r.stderr
+    shared = g0[:common]
+    r = cli.run("grant", "show", shared, token=world["globex"])
+    assert r.returncode == 1 and "ambiguous" in r.stderr and g0 in r.stderr and g1 in r.stderr
+    assert r.stderr.count("\n") == 1
+    r = cli.run("grant", "show", "g-fffffff", token=world["globex"])
+    assert r.returncode == 1 and "no grant id starts with" in r.stderr
+    r = cli.run("grant", "revoke", g1[: common + 1], "--reason", "not needed", token=world["acme"])
+    assert r.returncode == 0 and f"grant {g1}: revoked" in r.stdout
+    t0 = world["tokens"][0]
+    shown = cli.json("token", "show", t0[:10], token=world["admin"])
+    assert shown["id"] == t0  # type: ignore[index]
