@@ -150,7 +150,9 @@ def server_for(work: Path, fabric_file: Path, prepare: Callable[[Any], None] | N
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")},
            "TRUSTFABRIC_HOME": str(home), "TRUSTFABRIC_TRUST_DOMAIN": TD, "TRUSTFABRIC_MODE": "development",
-           "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0", "TRUSTFABRIC_ENFORCER_POLL_SECONDS": "0.2"}
+           "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0", "TRUSTFABRIC_ENFORCER_POLL_SECONDS": "0.2",
+           # every simulated agent and every agent process dials from 127.0.0.1: one address, not a flood
+           "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND": "0"}
     ctx = AppContext.open(Settings.from_env(env), create=True)
     try:
         admin = initialize(ctx, TD, "ec-p256")["admin_token"]
