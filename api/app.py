@@ -16,7 +16,7 @@ from api.caches import cache_on, check_names
 from api.console import install_console
 from api.enforcement import EnforcerRuntime, PublicationWatch, WakeOnWrite
 from api.errors import install_error_handlers
-from api.limits import ClientRateLimit, TokenBucket
+from api.limits import ClientRateLimit, EvaluationSlots, TokenBucket
 from api.observe import Observe
 from api.readcache import ChangeWatch, ReadCache
 from api.routes import (
@@ -122,6 +122,7 @@ def create_app(
             engine_factory=lambda: ctx.engine("grants"), keep_data=cache_on(off, "grant_data"))
     )
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
+    app.state.evaluation_slots = EvaluationSlots(ctx.settings.policy_concurrency)
     app.state.background = jobs
     app.state.enforcer = runtime
     app.state.device_watch = watch

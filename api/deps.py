@@ -7,11 +7,13 @@ credential is absent and raises Unauthenticated when it is present but bad.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from api.auth import Authenticator
+from api.limits import EvaluationSlots
 from api.principal import Principal
 from core.errors import Forbidden, Unauthenticated
 from workflows.context import AppContext
@@ -40,6 +42,18 @@ async def current_principal(request: Request, ctx: Annotated[AppContext, Depends
     if request.headers.get("authorization"):
         raise Unauthenticated("invalid bearer token")
     raise Unauthenticated("authentication required: send 'Authorization: Bearer <token>'")
+
+
+def evaluation_slot(request: Request, principal: Principal) -> AbstractContextManager[None]:
+    """One of the caller's policy evaluation slots (api.limits.EvaluationSlots) for the block: its tenant's
+    share for a tenant principal (however many tokens the tenant holds), its own for a platform one."""
+    slots: EvaluationSlots | None = getattr(request.app.state, "evaluation_slots", None)
+    if slots is None:
+        return nullcontext()
+    tenant = principal.scope_tenant
+    if tenant is not None:
+        return slots.hold(f"tenant:{tenant}", f"tenant {tenant}")
+    return slots.hold(f"principal:{principal.id}", f"principal {principal.id}")
 
 
 def require_roles(*roles: str) -> Callable[..., Awaitable[Principal]]:

@@ -1,7 +1,8 @@
 """Request limits of the control-plane API: page sizes, a rate limit per client address applied before
 anything else runs (ASGI middleware, so an unauthenticated flood costs one dictionary lookup per request,
-never a token check or a database read), and a rate limit per authenticated principal. (The body-size
-limit, shared with the PDP, is pure ASGI in core/asgi.py.)"""
+never a token check or a database read), a rate limit per authenticated principal, and a limit on the policy
+evaluations one tenant has in progress at once (EvaluationSlots). (The body-size limit, shared with the PDP,
+is pure ASGI in core/asgi.py.)"""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import json
 import math
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from api.metrics import REQUESTS
 from core.asgi import ASGIApp, Receive, Scope, Send
 from core.errors import PayloadTooLarge, RateLimited
 
-__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "ClientRateLimit", "PayloadTooLarge", "RateLimited", "TokenBucket"]
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "ClientRateLimit", "EvaluationSlots", "PayloadTooLarge", "RateLimited",
+           "TokenBucket"]
 
 RATE_LIMITED_ROUTE = "<rate-limited>"  # the route label of requests refused by ClientRateLimit (never routed)
 MAX_PAGE_SIZE = 200
@@ -82,3 +86,49 @@ class ClientRateLimit:
                               (b"retry-after", str(retry).encode())]
         await send({"type": "http.response.start", "status": 429, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+class EvaluationSlots:
+    """At most `limit` policy evaluations in progress at once per key (a tenant, or a platform principal),
+    per process; one more is refused at once with 429 and Retry-After, naming the limit (issue 13, item 6).
+
+    Why beside the rate limit: a token bucket bounds how often, not how much at once; a tenant looping an
+    evaluating endpoint from many connections would otherwise hold as many worker threads, and as large a
+    share of the interpreter, as it opens connections, and every other tenant's requests queue behind it.
+    One at a time costs the tenant little: evaluations in one process take turns on the interpreter lock
+    anyway (bench/noisy.py: its explain rate stays about the same). Refused at once rather than queued: a
+    queued request would still hold a worker thread while it waits."""
+
+    SETTING = "TRUSTFABRIC_POLICY_CONCURRENCY"
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # 0: no limit
+        self._busy: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self, key: str, who: str) -> Iterator[None]:
+        """One slot of `key` for the block; RateLimited naming `who` and the limit when none is free."""
+        if self.limit <= 0:
+            yield
+            return
+        with self._lock:
+            busy = self._busy.get(key, 0)
+            if busy >= self.limit:
+                plural = "s" if self.limit != 1 else ""
+                raise RateLimited(f"{who} is at its limit of {self.limit} policy evaluation{plural} in progress at "
+                                  f"once ({self.SETTING}={self.limit}); retry after 1s", 1)
+            self._busy[key] = busy + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._busy[key] - 1
+                if left:
+                    self._busy[key] = left
+                else:
+                    del self._busy[key]
+
+    def busy(self, key: str) -> int:
+        with self._lock:
+            return self._busy.get(key, 0)

@@ -7,7 +7,7 @@ fewer for a NIC where conjunctions share dimension flows), so the two can never 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from functools import cache
+from functools import cache, lru_cache
 
 from enforcer.ir import ANY, AddressSet, FlowRule, Port
 
@@ -33,11 +33,13 @@ def port_masks(lo: int, hi: int) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=4096)  # port lists repeat: every rule of an entry has the entry's
 def mask_count(ports: tuple[tuple[int, int], ...]) -> int:
     return sum(len(port_masks(lo, hi)) for lo, hi in ports) if ports else 1
 
 
 Sizes = Mapping[str, tuple[int, int]]  # address set name -> (IPv4 CIDRs, IPv6 CIDRs)
+ANY_SIZE = (1, 1)  # `*` counts as one address of each family
 
 
 def set_sizes(sets: Iterable[AddressSet]) -> dict[str, tuple[int, int]]:
@@ -55,24 +57,31 @@ def nic_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
     """Flows for one NIC rule before conjunctions share dimension flows (an upper bound of the render)."""
     if rule.src == ANY and rule.dst == ANY:
         return 1
-    total = 0
-    m = mask_count(rule.ports)
-    s4, s6 = sizes[rule.src] if rule.src != ANY else (1, 1)
-    d4, d6 = sizes[rule.dst] if rule.dst != ANY else (1, 1)
-    for a, b in ((s4, d4), (s6, d6)):
-        if a and b:
-            total += min(a * b * m, a + b + (m if rule.ports else 0) + 1)
-    return total
+    s4, s6 = sizes[rule.src] if rule.src != ANY else ANY_SIZE
+    d4, d6 = sizes[rule.dst] if rule.dst != ANY else ANY_SIZE
+    return nic_cost(s4, s6, d4, d6, rule.ports)
+
+
+def nic_cost(s4: int, s6: int, d4: int, d6: int, ports: tuple[tuple[int, int], ...]) -> int:
+    """nic_rule_cost of a rule between sets (not both `*`) of these sizes per family: what the compiler sums."""
+    m = mask_count(ports)
+    extra = m + 1 if ports else 1
+    return ((min(s4 * d4 * m, s4 + d4 + extra) if s4 and d4 else 0)
+            + (min(s6 * d6 * m, s6 + d6 + extra) if s6 and d6 else 0))
 
 
 def leaf_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
     """ACL entries for one leaf rule: NVUE takes one source, one destination and one port range per entry."""
     if rule.src == ANY and rule.dst == ANY:
         return 2  # one per address family (the ipv4 and the ipv6 ACL)
-    n = len(rule.ports) or 1
-    s4, s6 = sizes[rule.src] if rule.src != ANY else (1, 1)
-    d4, d6 = sizes[rule.dst] if rule.dst != ANY else (1, 1)
-    return (s4 * d4 + s6 * d6) * n
+    s4, s6 = sizes[rule.src] if rule.src != ANY else ANY_SIZE
+    d4, d6 = sizes[rule.dst] if rule.dst != ANY else ANY_SIZE
+    return leaf_cost(s4, s6, d4, d6, rule.ports)
+
+
+def leaf_cost(s4: int, s6: int, d4: int, d6: int, ports: tuple[tuple[int, int], ...]) -> int:
+    """leaf_rule_cost of a rule between sets (not both `*`) of these sizes per family."""
+    return (s4 * d4 + s6 * d6) * (len(ports) or 1)
 
 
 def nic_fixed_cost(ports: tuple[Port, ...]) -> int:

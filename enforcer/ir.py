@@ -15,10 +15,8 @@ A NIC rule's `state` is `new` (first packet of a connection: it is committed to 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain
 from typing import Any, NamedTuple
 
 from core.canonical import canonical_json, sha256_hex
@@ -113,12 +111,12 @@ class DeviceRuleSet:
 
     @cached_property
     def canonical(self) -> bytes:
-        """RFC 8785 bytes of to_dict(). The IR holds only ASCII strings, integers, lists and objects, for which
-        sorted-key compact json.dumps is byte-identical to RFC 8785 (tests hold the two equal); anything
-        else goes through core.canonical."""
-        d = self.to_dict()
-        text = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return text.encode() if text.isascii() and _plain(d) else canonical_json(d)
+        """RFC 8785 bytes of to_dict(): written straight from the tuples (enforcer.hashing) when every value is
+        of the types the IR holds, else through core.canonical."""
+        from enforcer.hashing import canonical_bytes  # it reads this module's types
+
+        fast = canonical_bytes(self)
+        return fast if fast is not None else canonical_json(self.to_dict())
 
     @cached_property
     def content_hash(self) -> str:
@@ -137,25 +135,6 @@ class DeviceRuleSet:
                            tuple(Leak(x["prefix"], x["from_vrf"], tuple(x["reasons"])) for x in v["leaks"]))
                        for v in d["vrfs"]),
             cost=d["cost"])
-
-
-_PLAIN = frozenset({str, int, dict, list})
-
-
-def _plain(value: Any) -> bool:
-    """Only str, int (not bool: its type is not int), list and dict: the JSON subset where json.dumps equals
-    RFC 8785. Checked one depth at a time, the types of every member of that depth collected in C
-    (set(map(type, ...))): a leaf's rule set of tens of thousands of rules costs a few passes, not a Python
-    step per value."""
-    level = [value]
-    while level:
-        kinds = set(map(type, level))
-        if not kinds <= _PLAIN:
-            return False
-        dicts = [v for v in level if type(v) is dict] if dict in kinds else []
-        lists = [v for v in level if type(v) is list] if list in kinds else []
-        level = [*chain.from_iterable(map(dict.values, dicts)), *chain.from_iterable(lists)]
-    return True
 
 
 def rule_order(rule: FlowRule) -> tuple[Any, ...]:

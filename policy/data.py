@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from core.clock import as_utc
@@ -129,9 +130,24 @@ def data_fingerprint(session: Session) -> tuple[Any, ...] | None:
     transaction that inserts, updates or deletes such a row (policy/migrations.py step 9; keep its column
     lists in step with build_data). Two documents built at the same `now` under equal fingerprints are
     equal. One indexed read of one row; None when the row is missing (a database not migrated)."""
+    row = _data_version_row(session)
+    return None if row is None else (int(row[0]),)
+
+
+def fingerprint_and_active(session: Session) -> tuple[tuple[Any, ...], str | None] | None:
+    """(data_fingerprint(session), the active policy version's content hash or None) in one statement: all a
+    kept engine checks before each decision (policy/grant_decider.py). None when the data version row is
+    missing (a database not migrated)."""
+    from policy.models import PolicyVersion
+
+    active = sa_select(col(PolicyVersion.content_hash)).where(col(PolicyVersion.state) == "active").scalar_subquery()
+    row = _data_version_row(session, active)
+    return None if row is None else ((int(row[0]),), None if row[1] is None else str(row[1]))
+
+
+def _data_version_row(session: Session, *also: Any) -> Any:
     session.flush()  # as the autoflush of build_data's queries would
-    n = session.exec(select(PolicyDataVersion.n).where(col(PolicyDataVersion.id) == 1)).first()
-    return None if n is None else (int(n),)
+    return session.execute(sa_select(col(PolicyDataVersion.n), *also).where(col(PolicyDataVersion.id) == 1)).first()
 
 
 def live_until(data: Mapping[str, Any]) -> int | None:

@@ -38,6 +38,7 @@ from policy.models import DecisionRecord
 from store.db import Database
 
 log = logging.getLogger(__name__)
+_TABLE: Any = DecisionRecord.__table__  # type: ignore[attr-defined]
 
 Decision = FlowDecision | GrantDecision | AuthzDecision
 KINDS = ("flow", "grant", "authz")
@@ -82,8 +83,10 @@ class DecisionLog:
         if row is None:
             return False
         try:
-            with self.db.session() as session:
-                session.add(row)
+            # one INSERT on a plain connection, no ORM session: explain writes a record per call, and the
+            # session's unit of work cost more than the decision (issue 13, item 6)
+            with self.db.engine.begin() as conn:
+                conn.execute(_TABLE.insert(), [row.model_dump(exclude={"id"})])
         except Exception:
             log.exception("could not write the decision log record")
             return False

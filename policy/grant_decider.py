@@ -57,14 +57,26 @@ class RegoGrantDecider:
         self._lock = threading.Lock()
         self._keep_data = keep_data
         self._kept: _Kept | None = None
+        self._held: Any = None  # the document object the engine was last brought up to (see _bring_up)
         self.rebuilds = 0  # documents built by build_data (for tests and profiling)
 
-    def _engine_for(self, session: Session) -> PolicyEngine:
-        """The engine loaded with the active version's modules (reloaded when another version is activated);
-        an empty engine (every decision: no-policy) when none is active. Call with the lock held."""
-        digest = session.exec(
-            select(PolicyVersion.content_hash).where(col(PolicyVersion.state) == "active")
-        ).first()
+    def _state(self, session: Session) -> tuple[tuple[Any, ...] | None, str | None]:
+        """(the policy data fingerprint, or None when documents are not kept; the active version's hash), read
+        in one statement: what each decision checks before it may answer on the kept engine and document."""
+        from policy.data import fingerprint_and_active
+
+        state = fingerprint_and_active(session)
+        if state is None:  # a database without the data version row: nothing can be kept
+            digest = session.exec(
+                select(PolicyVersion.content_hash).where(col(PolicyVersion.state) == "active")
+            ).first()
+            return None, digest
+        fingerprint, digest = state
+        return (fingerprint if self._keep_data else None), digest
+
+    def _engine_for(self, session: Session, digest: str | None) -> PolicyEngine:
+        """The engine loaded with the active version's modules (`digest`; reloaded when another version is
+        activated); an empty engine (every decision: no-policy) when none is active. Call with the lock held."""
         if self._engine is None:
             self._engine = self._factory()
         if digest != self._hash:
@@ -76,11 +88,10 @@ class RegoGrantDecider:
             self._hash = digest
         return self._engine
 
-    def _data(self, session: Session, now: datetime) -> dict[str, Any]:
-        """build_data(session, now), or the kept document when it is provably the same."""
-        from policy.data import build_data, data_fingerprint, live_until, to_ns
+    def _data(self, session: Session, now: datetime, fingerprint: tuple[Any, ...] | None) -> dict[str, Any]:
+        """build_data(session, now), or the kept document when `fingerprint` (the session's) proves it the same."""
+        from policy.data import build_data, live_until, to_ns
 
-        fingerprint = data_fingerprint(session) if self._keep_data else None
         now_ns = to_ns(now)
         if fingerprint is not None:
             with self._lock:
@@ -102,18 +113,42 @@ class RegoGrantDecider:
         engine and kept document as grant decisions instead of a fresh engine and document per call."""
         from policy.decide import decide_flow
 
-        data = self._data(session, now)
+        fingerprint, digest = self._state(session)
+        data = self._data(session, now, fingerprint)
         with self._lock:
-            return decide_flow(self._engine_for(session), flow, data), self._hash
+            engine = self._engine_for(session, digest)
+            if not self._bring_up(engine, data):
+                return decide_flow(engine, flow, data), self._hash  # fails closed with the reason
+            return decide_flow(engine, flow, None), self._hash
 
     def __call__(self, session: Session, now: datetime, request: dict[str, Any]) -> GrantDecision:
         from policy.decide import decide_grant_request
 
-        data = self._data(session, now)
+        fingerprint, digest = self._state(session)
+        data = self._data(session, now, fingerprint)
         with self._lock:  # the engine's modules and data must be this request's while it decides
-            decision = decide_grant_request(self._engine_for(session), data, request)
+            engine = self._engine_for(session, digest)
+            decision = decide_grant_request(engine, None if self._bring_up(engine, data) else data, request)
             digest = self._hash
         return GrantDecision(decision.outcome, list(decision.approvers), list(decision.reasons), digest)
+
+    def _bring_up(self, engine: PolicyEngine, data: dict[str, Any]) -> bool:
+        """Make the engine hold `data`; False when that failed (the caller's decision then fails closed with the
+        reason). Call with the lock held. Free when the engine already holds this very object (the kept
+        document): comparing the engine's own copy with an equal but distinct document walks all of it, which
+        at 500 large groups cost more than the decision (issue 13, item 6), and an engine's copy never becomes
+        the caller's object (set_data copies, a patch builds a new document)."""
+        from policy.decide import sync_data
+
+        if data is self._held:
+            return True
+        self._held = None
+        try:
+            sync_data(engine, data)
+        except Exception:
+            return False
+        self._held = data
+        return True
 
 
 def _one_snapshot(session: Session) -> bool:

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel
 
 from api.authz import authorize
-from api.deps import CtxDep, PrincipalDep
+from api.deps import CtxDep, PrincipalDep, evaluation_slot
 from api.routes.common import caller_of, grant_decider
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden, InvalidInput
@@ -57,7 +57,7 @@ def explain_grant(
         raise InvalidInput("ports are numbers from 0 to 65535 (the policy says which it accepts)")
     asked = GrantRequest(src_tenant=source, src_group=src_group, dst_tenant=dst_tenant, dst_group=dst_group,
                          proto=proto, ports=list(ports), ttl_seconds=ttl_seconds)
-    with ctx.db.read_session() as session:
+    with evaluation_slot(request, principal), ctx.db.read_session() as session:
         decision, policy_input = explain_request(session, asked, caller=caller_of(principal),
                                                  decide=grant_decider(request), now=ctx.clock())
     return GrantExplainOut(outcome=decision.outcome, approvers=sorted(set(decision.approvers)),

@@ -11,7 +11,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
-from api.deps import CtxDep, PrincipalDep
+from api.deps import CtxDep, PrincipalDep, evaluation_slot
 from api.metrics import DECISIONS, EVALUATION, timed
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
@@ -155,17 +155,19 @@ def explain(
         raise Forbidden(f"tenant {scope} may only explain flows from or to its own groups")
     decider = getattr(request.app.state, "grant_decider", None)
     kept = decider if isinstance(decider, RegoGrantDecider) else None  # its engine and document: no rebuild
-    with ctx.db.read_session() as session:
-        if ctx.db.dialect == "postgresql":  # one snapshot, so the decider may keep the document it builds
-            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        with timed(EVALUATION, "flow"):
-            decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock(), kept=kept)
-        reasons = flow_reasons_for(session, scope, (src_id["tenant"], src_id["group"]),
-                                   (dst_id["tenant"], dst_id["group"]), proto, port, decision.allow, decision.reasons)
-    DECISIONS.labels("flow", "allow" if decision.allow else "deny").inc()
-    shown = FlowDecision(decision.allow, reasons)
-    asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}
-    DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, shown, digest, owner=scope)
+    with evaluation_slot(request, principal):  # the decision and its record: the work one explain costs
+        with ctx.db.read_session() as session:
+            if ctx.db.dialect == "postgresql":  # one snapshot, so the decider may keep the document it builds
+                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            with timed(EVALUATION, "flow"):
+                decision, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock(), kept=kept)
+            reasons = flow_reasons_for(session, scope, (src_id["tenant"], src_id["group"]),
+                                       (dst_id["tenant"], dst_id["group"]), proto, port, decision.allow,
+                                       decision.reasons)
+        DECISIONS.labels("flow", "allow" if decision.allow else "deny").inc()
+        shown = FlowDecision(decision.allow, reasons)
+        asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}
+        DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, shown, digest, owner=scope)
     return ExplainOut(allow=shown.allow, reasons=shown.reasons, policy_hash=digest, input=asked)
 
 

@@ -129,6 +129,43 @@ def test_activation_refuses_a_version_over_the_decision_budget(served: tuple[Env
     assert status == 200 and body["state"] == "active", body  # the shipped policy decides in well under 20 ms
 
 
+def test_explain_never_holds_other_requests_beyond_the_budget(served: tuple[Env, int]) -> None:
+    """Item 5, the hot path: a decision on the request path (here explain) holds the interpreter while it
+    evaluates, so a version whose flow decision takes ~2 s would make every request wait that long while a
+    tenant explains. Activation measures the version first and refuses it, so the decisions a tenant can
+    trigger stay within the budget and /healthz keeps answering. Without the activation check this version
+    went in force and /healthz waited for each explain."""
+    env, port = served
+    security = env.headers("security")
+    slow = {**SLOW_FLOWS, "flows.rego": SLOW_FLOWS["flows.rego"].replace(  # ~2 s of CPU, little memory
+        "[i | some i in numbers.range(1, 400000); i % 3 == 0]",
+        "[1 | some i in numbers.range(1, 2000); some j in numbers.range(1, 2000); i == j]")}
+    status, version, _ = call(port, "POST", "/v1/policy/versions", security, {"modules": slow})
+    assert status == 201 and version["tests_passed"], version
+    activated, body, _ = call(port, "POST", f"/v1/policy/versions/{version['number']}/activate", security, {})
+    tenant = env.headers("tenant-admin", "acme")
+    done: list[int] = []
+
+    def explain() -> None:
+        for port_number in range(5430, 5434):
+            status, _, _ = call(port, "GET", f"/v1/policy/explain?src=acme/web&dst=acme/db&port={port_number}",
+                                tenant)
+            done.append(status)
+
+    worker = threading.Thread(target=explain)
+    worker.start()
+    waits = []
+    while worker.is_alive() or len(waits) < 5:
+        status, _, took = call(port, "GET", "/healthz", {})
+        assert status == 200
+        waits.append(took)
+        time.sleep(0.02)
+    worker.join()
+    assert done == [200] * 4
+    assert max(waits) < 1.0, waits  # the slow version's one decision alone held it ~2 s
+    assert activated == 422 and f"policy version {version['number']}" in body["reason"], body
+
+
 @pytest.fixture
 def rules_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Env]:
     env = open_env(make_settings(tmp_path / "home", **request.param))
