@@ -60,9 +60,15 @@ class Served:
             time.sleep(0.02)
 
     def stop(self) -> None:
+        """Stop listening; held long-polls are not waited for (a loaded machine once kept one open for minutes)."""
         if self.server is not None and self.thread is not None:
             self.server.should_exit = True
-            self.thread.join(timeout=15)
+            self.thread.join(timeout=3)
+            if self.thread.is_alive():
+                self.server.force_exit = True
+                self.thread.join(timeout=15)
+            if self.thread.is_alive():
+                raise RuntimeError("the test server did not stop")
             self.server = None
 
     def join_token(self, node: str) -> str:
