@@ -10,7 +10,7 @@ import sys
 import typer
 
 from cli import config
-from cli.local import audit, enforcer, lab, pdp, pki, policy, setup, tokens
+from cli.local import agent, audit, enforcer, lab, pdp, pki, policy, setup, tokens
 from cli.output import err_console, fit_to_terminal
 from cli.remote import fabric, grants, inventory, login, whoami
 from core.errors import TrustfabricError
@@ -21,7 +21,8 @@ app = typer.Typer(
     name="trustfabric",
     help="Zero-trust identity, policy and audit for a multi-tenant AI cloud.\n\n"
          "Each command says where it runs: over the API (your token, any machine), locally on the server "
-         "host (the data directory: TRUSTFABRIC_HOME or the profile's), or offline (files only).",
+         "host (the data directory: TRUSTFABRIC_HOME or the profile's), offline (files only), or on a node "
+         "(the agent).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
@@ -45,7 +46,7 @@ def root(
 
 
 # The order is the order of `trustfabric --help`.
-for _group in (login, setup, pki, audit, policy, pdp, inventory, grants, fabric, enforcer, tokens, whoami, lab):
+for _group in (login, setup, pki, audit, policy, pdp, inventory, grants, fabric, enforcer, tokens, whoami, lab, agent):
     _group.register(app)
 
 

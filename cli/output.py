@@ -13,7 +13,7 @@ How a command adopts all of it (one decorator, then `emit`):
         emit(client(server, cacert).pages("/v1/devices"), DEVICES)   # was: show(items, json_out, ...)
 
 `command(group, name, where)` registers the command under the help panel that says where it runs (API,
-LOCAL or OFFLINE: `--help` shows it; `add_group(..., None)` for a group whose commands run in several
+LOCAL, OFFLINE or NODE: `--help` shows it; `add_group(..., None)` for a group whose commands run in several
 places), and gives it `--output table|json|yaml` (`-o`) and `--json` (a command that already has a
 `json_out: bool = JsonOpt` parameter keeps it: it is set when either is given; `command(..., output=False)`
 for one that prints a PEM, a token or serves). `emit(data, view)` then prints the API's data unchanged for
@@ -78,14 +78,16 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable output (same as -
 
 # ---- where a command runs: the help panel that groups it in `--help` (and the README's table)
 
-Where = Literal["api", "local", "offline"]
+Where = Literal["api", "local", "offline", "node"]
 API: Where = "api"
 LOCAL: Where = "local"
 OFFLINE: Where = "offline"
+NODE: Where = "node"
 PANELS: dict[Where, str] = {
     "api": "Over the API (your token; any machine)",
     "local": "Local (on the server host: the data directory)",
     "offline": "Offline (files only: no server, no data directory)",
+    "node": "On a node (a GPU node or a leaf: its join token, then its node SVID over mTLS)",
 }
 
 MIXED_PANEL = "Mixed (each command's --help panel says where it runs)"

@@ -119,6 +119,29 @@ def _seconds(text: str) -> int:
     return int(text)
 
 
+def _https_url(text: str) -> str:
+    """An https:// URL (the node agent talks to the API over mTLS only)."""
+    url = _url(text)
+    if not url.startswith("https://"):
+        raise InvalidInput(f"{text!r}: the agent talks to the API over HTTPS only (https://HOST:PORT)")
+    return url
+
+
+def _join_token(text: str) -> str:
+    token = text.strip()
+    if not token.startswith("tfjt_") or len(token) > 256:
+        raise InvalidInput("not a join token (tfjt_...: `trustfabric node token create --node NAME` prints one)")
+    return token
+
+
+def _host_port(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise InvalidInput(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9100)")
+    _port(port)
+    return text
+
+
 def _cidr(text: str) -> str:
     import ipaddress
 
@@ -208,6 +231,9 @@ def choice(*values: str) -> Check:
 
 PORT = Check(_port, good="8443", bad="99999", metavar="PORT")
 URL = Check(_url, good="http://127.0.0.1:1", bad="127.0.0.1:8443", metavar="URL")
+HTTPS_URL = Check(_https_url, good="https://127.0.0.1:1", bad="http://127.0.0.1:8443", metavar="URL")
+JOIN_TOKEN = Check(_join_token, good="tfjt_x", bad="tfo_admin", metavar="TOKEN")
+HOST_PORT = Check(_host_port, good="127.0.0.1:9100", bad="127.0.0.1", metavar="HOST:PORT")
 SLUG = Check(_slug, good="acme", bad="Not_A_Slug", metavar="NAME")
 TRUST_DOMAIN = Check(_trust_domain, good="example.org", bad="Example.ORG/path", metavar="DOMAIN")
 TENANT_GROUP = Check(_tenant_group, good="acme/web", bad="globex", metavar="TENANT/GROUP")

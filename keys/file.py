@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
+from core.files import fsync_dir, write_private_file
 from keys.errors import KeyExists, KeyNotFound, KeyStoreError
 from keys.store import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
 
@@ -73,34 +74,11 @@ def _new_private_key(kind: KeyKind) -> PrivateKey:
 
 
 def _write_private_file(path: Path, data: bytes, *, overwrite: bool) -> None:
-    """Write `data` to `path` with mode 0600 atomically: tmp file (0600 from birth), fsync, link/rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    """core.files.write_private_file; an existing key file is KeyExists: keys are never overwritten."""
     try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if path exists: no silent overwrite, even when racing
-            except FileExistsError:
-                raise KeyExists(f"key file {path.name} exists already; keys are never overwritten") from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        write_private_file(path, data, overwrite=overwrite)
+    except FileExistsError:
+        raise KeyExists(f"key file {path.name} exists already; keys are never overwritten") from None
 
 
 def _b64(data: bytes) -> str:
@@ -286,4 +264,4 @@ class FileKeyStore:
             path.unlink()
         except FileNotFoundError:
             raise KeyNotFound(f"no key {key_id!r} in the key store at {self.directory}") from None
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)

@@ -92,3 +92,21 @@ def attest_node(
         actor=Actor(id=f"node:{name}", kind="node"), clock=clock, action="node.attest", node=name,
         extra_summary={"join_token": digest}, request_id=request_id,
     )
+
+
+def renew_node(
+    session: Session, keystore: KeyStore, *, node_name: str, csr_pem: bytes, clock: Clock,
+    max_ttl: timedelta | None = None, request_id: str | None = None,
+) -> IssuedX509:
+    """A new SVID for `node_name`, whose current SVID the caller proved (mTLS): the node agent renews before
+    expiry with a key it generated, so the join token stays single use and nothing is dropped meanwhile."""
+    public_key = parse_csr(csr_pem)
+    settings = load_settings(session)
+    ttl_resolved = resolve_ttl(None, default_seconds=settings.svid_default_ttl_seconds,
+                               max_seconds=settings.svid_max_ttl_seconds, what="node SVID", cap=max_ttl)
+    sid = node_id(settings.trust_domain, node_name)
+    return issue_certificate(
+        session, keystore, public_key=public_key, spiffe_id=sid, ttl=ttl_resolved, kind="node",
+        actor=Actor(id=f"node:{node_name}", kind="node"), clock=clock, action="node.renew", node=node_name,
+        request_id=request_id,
+    )

@@ -25,6 +25,11 @@ class IdentityOutOfScope(Forbidden):
     """A tenant principal asked for (or about) an identity outside its /tenant/<id>/ namespace."""
 
 
+class NotPlacedOnNode(Forbidden):
+    """A node asked for the identity of a workload that is not placed on it (as a SPIRE agent obtains only the
+    entries parented to it)."""
+
+
 class IdentityRevoked(Forbidden):
     """The identity was revoked by security; nothing more is issued to it."""
 

@@ -16,7 +16,7 @@ from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
 from core.errors import InvalidInput, TrustfabricError
 from core.slugs import require_slug
-from inventory.models import Tenant, Workload, WorkloadGroup
+from inventory.models import Placement, Tenant, Workload, WorkloadGroup
 from inventory.service import raise_if_quarantined
 from keys.store import KeyKind, KeyStore
 from pki import attestation, revocation, rotation
@@ -28,6 +28,7 @@ from pki.errors import (
     IdentityRevoked,
     InvalidSpiffeId,
     IssuerChanged,
+    NotPlacedOnNode,
     SvidNotFound,
     TokenInvalid,
     TrustDomainMismatch,
@@ -132,13 +133,20 @@ def trust_domain(session: Session) -> str | None:
 
 
 def _registered_identity(
-    session: Session, *, tenant: str, group: str, workload: str, scope_tenant: str | None
+    session: Session, *, tenant: str, group: str, workload: str, scope_tenant: str | None, on_node: str | None = None
 ) -> tuple[TrustDomainSettings, SpiffeId]:
-    """The registered workload's SPIFFE ID, after scope, registration and revocation checks."""
+    """The registered workload's SPIFFE ID, after scope, placement (a node's request), registration and
+    revocation checks. A node learns nothing about a workload not placed on it: the placement check comes
+    before the registration lookup, so an unknown workload and another node's workload answer alike."""
     require_slug(tenant, "tenant")
     require_slug(group, "group")
     if not isinstance(workload, str) or not workload or len(workload) > 63:
         raise InvalidInput("workload must be a name of 1-63 characters")
+    if on_node is not None:
+        placed = session.get(Placement, f"{tenant}/{group}/{workload}")
+        if placed is None or placed.node != on_node:
+            raise NotPlacedOnNode(f"out-of-scope: node {on_node} obtains identities only for the workloads placed "
+                                  f"on it, and {tenant}/{group}/{workload} is not one of them")
     if scope_tenant is not None and tenant != scope_tenant:
         raise IdentityOutOfScope(
             f"tenant {scope_tenant!r} may only obtain identities under /tenant/{scope_tenant}/, "
@@ -197,12 +205,14 @@ def issue_x509_svid(
     clock: Clock = system_clock,
     max_ttl: timedelta | None = None,
     request_id: str | None = None,
+    on_node: str | None = None,
 ) -> IssuedX509:
     """An X.509-SVID for a registered workload; only the CSR's (signature-checked) public key is used.
-    `max_ttl` tightens the trust domain's maximum (deployment setting)."""
+    `max_ttl` tightens the trust domain's maximum (deployment setting); `on_node` (a node's request) confines
+    it to the workloads placed on that node (NotPlacedOnNode)."""
     public_key = parse_csr(csr_pem)
     settings, sid = _registered_identity(
-        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant
+        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant, on_node=on_node
     )
     ttl_resolved = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
                                max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID", cap=max_ttl)
@@ -228,6 +238,7 @@ def issue_x509_svid_grouped(
     clock: Clock = system_clock,
     max_ttl: timedelta | None = None,
     request_id: str | None = None,
+    on_node: str | None = None,
 ) -> IssuedX509:
     """issue_x509_svid, with the CSR checked and the certificate signed outside any write transaction and the
     SVID row and its audit event group-committed (store/groupcommit.py) with other writes. Returned only
@@ -241,14 +252,15 @@ def issue_x509_svid_grouped(
     signed from facts that changed meanwhile (its CA rotated out, the TTL rules changed) is refused there and
     signed again from fresh facts, once."""
     public_key = parse_csr(csr_pem)
-    key = (db.url, tenant, group, workload, scope_tenant)
+    key = (db.url, tenant, group, workload, scope_tenant, on_node)
 
     def attempt(fresh: bool) -> IssuedX509:
         facts = None if fresh else _facts.get(key, clock())
         if facts is None:
             with db.read_session() as session:
                 settings, sid = _registered_identity(
-                    session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant)
+                    session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant,
+                    on_node=on_node)
                 issuer = active_issuing(session, clock(), lock=False)
             facts = _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer)
             _facts.put(key, facts)
@@ -262,7 +274,8 @@ def issue_x509_svid_grouped(
             if key not in seen:
                 try:
                     seen[key] = _registered_identity(
-                        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant)
+                        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant,
+                        on_node=on_node)
                 except TrustfabricError as exc:
                     seen[key] = exc
             found = seen[key]
@@ -350,11 +363,13 @@ def issue_jwt_svid(
     scope_tenant: str | None,
     clock: Clock = system_clock,
     request_id: str | None = None,
+    on_node: str | None = None,
 ) -> IssuedJWT:
-    """A JWT-SVID (ES256, kid, sub, aud, exp, iat) signed by the active generation's JWT key."""
+    """A JWT-SVID (ES256, kid, sub, aud, exp, iat) signed by the active generation's JWT key; `on_node` as for
+    issue_x509_svid."""
     audience = check_audience(audience)
     settings, sid = _registered_identity(
-        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant
+        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant, on_node=on_node
     )
     ttl_resolved = resolve_ttl(ttl, default_seconds=settings.jwt_default_ttl_seconds,
                                max_seconds=settings.jwt_max_ttl_seconds, what="JWT-SVID")
@@ -476,6 +491,15 @@ def attest_node(
     """Exchange a join token and a CSR for the node's SVID spiffe://<td>/node/<name>."""
     return attestation.attest_node(session, keystore, token=token, csr_pem=csr_pem, clock=clock, max_ttl=max_ttl,
                                    request_id=request_id)
+
+
+def renew_node(
+    session: Session, keystore: KeyStore, *, node_name: str, csr_pem: bytes, clock: Clock = system_clock,
+    max_ttl: timedelta | None = None, request_id: str | None = None,
+) -> IssuedX509:
+    """A fresh SVID for a node that proves its current one (mTLS), for the CSR's new key."""
+    return attestation.renew_node(session, keystore, node_name=node_name, csr_pem=csr_pem, clock=clock,
+                                  max_ttl=max_ttl, request_id=request_id)
 
 
 def svid_tenant(session: Session, serial: str) -> str | None:

@@ -45,8 +45,8 @@ from store.db import Database
 # (issuing credentials, the enforcer's own events, uploads of candidate versions, exports): the kept set
 # and the reconciler's inputs stay what they were after these. Anything else, including an action added
 # later, counts as a change.
-UNRELATED = ("svid.issue", "svid.jwt.", "node.attest", "node.token.", "token.", "ca.", "policy.upload", "audit.",
-             "enforcer.", "device.")
+UNRELATED = ("svid.issue", "svid.jwt.", "node.attest", "node.renew", "node.token.", "token.", "ca.", "policy.upload",
+             "audit.", "enforcer.", "device.")
 MAX_PATCHED_EVENTS = 1000  # more changes than this since the kept set: build the document again
 
 

@@ -12,6 +12,7 @@ from fastapi import Request
 
 from api.principal import Principal
 from inventory.errors import Quarantined
+from pki.errors import NotPlacedOnNode
 from policy.grants import Caller, GrantDecider, GrantDecision, decode_cursor, encode_cursor
 from workflows.context import AppContext
 
@@ -38,19 +39,21 @@ def caller_of(principal: Principal) -> Caller:
 
 @contextmanager
 def denial_logged(ctx: AppContext, principal: Principal, action: str, resource: dict[str, Any]) -> Iterator[None]:
-    """A refusal because the tenant or group is quarantined is written to the decision log (kind `authz`,
-    where denials are logged) of the principal that asked, in its own transaction after the request's
-    own rolled back; then it propagates (403 with the reason)."""
+    """A refusal because the tenant or group is quarantined, or because a node asked for a workload not placed
+    on it (issue 13 item 1), is written to the decision log (kind `authz`, where denials are logged) of the
+    principal that asked, in its own transaction after the request's own rolled back; then it propagates
+    (403 with the reason)."""
     try:
         yield
-    except Quarantined as exc:
+    except (Quarantined, NotPlacedOnNode) as exc:
         from policy.decide import AuthzDecision
         from policy.decisionlog import DecisionLog
 
+        reason = f"quarantined: {exc}" if isinstance(exc, Quarantined) else str(exc)
         asked = {"principal": {"id": principal.id, "role": principal.role, "tenant": principal.tenant},
                  "action": action, "resource": resource}
         DecisionLog(ctx.db, clock=ctx.clock).record(
-            "authz", asked, AuthzDecision(False, [f"quarantined: {exc}"]), None, owner=principal.scope_tenant)
+            "authz", asked, AuthzDecision(False, [reason]), None, owner=principal.scope_tenant)
         raise
 
 

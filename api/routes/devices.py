@@ -8,6 +8,8 @@ and `enforcer status` read.
   thread and no database connection (api/enforcement.py).
 - `GET /v1/devices/{device}/versions`: the versions published for the device, newest first, with why
   (cause), by whom and when (paged by `before`); the rule sets themselves through .../ruleset.
+- `GET /v1/devices/leaf:<name>/fabric`: what a Linux leaf routes by besides its rule set (enforcer/leaf_view.py):
+  tenants, cables, placed addresses; the lab's leaf agents read it after each new rule set.
 - `POST /v1/devices/{device}/status`: what the agent applied, per-rule counters, drift, last error; stored
   (the latest per device) and audited when the applied version or the drift state changes.
 
@@ -226,6 +228,22 @@ def list_versions(
         rows = service.versions(session, device, limit=limit + 1, before=before)
     return {"device": device, "items": rows[:limit],
             "next_before": rows[limit - 1]["version"] if len(rows) > limit else None}
+
+
+@router.get("/devices/{device}/fabric", responses=READ_ERRORS,
+            summary="A leaf's fabric view: tenants, cables and placed addresses its Linux realisation routes by")
+def leaf_fabric(device: DevicePath, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
+    from enforcer.fabric_db import compile_fabric_of
+    from enforcer.leaf_view import leaf_view
+    from workflows.context import trust_domain
+
+    _scope(request, principal, device, "device.read")
+    if not device.startswith("leaf:"):
+        raise NotFound(f"{device} is not a leaf: a SuperNIC's rule set is all its agent needs")
+    with ctx.db.read_session() as session:
+        if not service.get_state(session, device).in_fabric:
+            raise NotFound(f"device {device} is not in the fabric")
+        return leaf_view(compile_fabric_of(session, trust_domain(ctx, session)))
 
 
 @router.post("/devices/{device}/status", response_model=DeviceOut, responses=WRITE_ERRORS,

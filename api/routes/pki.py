@@ -12,8 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.metrics import SVID_TTL, SVIDS_ISSUED
+from api.principal import Principal
 from api.routes.common import denial_logged, request_id
 from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
+from core.errors import Forbidden
 from pki import service
 from pki.errors import SvidNotFound
 from pki.revocation import CrlPublisher, PublishedCrl
@@ -113,6 +115,11 @@ class RevocationsOut(BaseModel):
     identities: list[dict[str, Any]]
 
 
+def _on_node(principal: Principal) -> str | None:
+    """The node a node principal's SVID requests are confined to (issue 13 item 1); None for anyone else."""
+    return principal.id.rsplit("/node/", 1)[1] if principal.role == "node" else None
+
+
 def _ttl(seconds: int | None) -> timedelta | None:
     return None if seconds is None else timedelta(seconds=seconds)
 
@@ -183,7 +190,7 @@ def issue_x509(body: X509SvidRequest, request: Request, ctx: CtxDep, principal: 
             ctx.db, ctx.committer, ctx.keystore, csr_pem=body.csr.encode(), tenant=body.tenant, group=body.group,
             workload=body.workload, ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
             scope_tenant=principal.scope_tenant, clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
-            request_id=request_id(request),
+            request_id=request_id(request), on_node=_on_node(principal),
         )
     issued_svid("x509", issued.expires_at, ctx.clock())
     return _x509_out(issued)
@@ -199,6 +206,7 @@ def issue_jwt(body: JwtSvidRequest, request: Request, ctx: CtxDep, principal: Pr
             session, ctx.keystore, tenant=body.tenant, group=body.group, workload=body.workload,
             audience=list(body.audience), ttl=_ttl(body.ttl_seconds), actor=principal.actor(),
             scope_tenant=principal.scope_tenant, clock=ctx.clock, request_id=request_id(request),
+            on_node=_on_node(principal),
         )
     issued_svid("jwt", issued.expires_at, ctx.clock())
     return JwtSvidOut(token=issued.token, spiffe_id=issued.spiffe_id, audience=issued.audience,
@@ -258,6 +266,25 @@ def attest(body: AttestRequest, request: Request, ctx: CtxDep) -> X509SvidOut:
                                      clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
                                      request_id=request_id(request))
     issued_svid("node", issued.expires_at, ctx.clock())
+    return _x509_out(issued)
+
+
+class RenewRequest(Strict):
+    csr: Csr
+
+
+@router.post("/nodes/renew", status_code=201, response_model=X509SvidOut,
+             responses=error_responses(*COMMON_ERRORS, 409),
+             summary="A node renews its SVID before expiry: its current SVID (mTLS) and a CSR for a new key")
+def renew(body: RenewRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> X509SvidOut:
+    authorize(request, principal, "node.attest", None)
+    node = _on_node(principal)
+    if node is None or principal.auth != "mtls":
+        raise Forbidden("only a node, authenticated with its current SVID over mTLS, renews its SVID")
+    with ctx.db.session() as session:
+        issued = service.renew_node(session, ctx.keystore, node_name=node, csr_pem=body.csr.encode(),
+                                    clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
+                                    request_id=request_id(request))
     return _x509_out(issued)
 
 

@@ -71,6 +71,7 @@ _AUTHZ_ACTIONS = {
     "jwtsvid.issue",
     "jwt.issue",
     "node.attest",
+    "node.renew",
     "token.issue",
     "session.authorize",
     "session.assign",

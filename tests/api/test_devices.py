@@ -24,7 +24,7 @@ from audit import Actor
 from audit.models import AuditEvent
 from enforcer.ir import DeviceRuleSet
 from policy.models import DecisionRecord
-from tests.api.conftest import Env, activate_shipped_policy, make_settings, open_env
+from tests.api.conftest import TD, Env, activate_shipped_policy, make_settings, open_env
 from tests.api.test_mtls import TlsServer, client_ctx, key_pem, new_csr
 from tests.enforcer.helpers import SMALL
 from tests.policy.conftest import free_port
@@ -35,12 +35,13 @@ pytestmark = pytest.mark.xdist_group("devices")
 TRAIN_TO_API = {"nic:gpu1", "nic:gpu3", "leaf:leaf1", "leaf:leaf2"}
 
 
-def fabric_env(home: Path, *, running: bool, database_url: str | None = None) -> Env:
-    """The golden fabric imported, the shipped policy active, every device published once; with `running`
-    the app runs the reconciler (woken after every write) for the TestClient's lifetime."""
-    env = open_env(make_settings(home, database_url, enforcer_poll_seconds=0.2))
+def fabric_env(home: Path, *, running: bool, database_url: str | None = None, fabric_file: Path = SMALL,
+               td: str = TD) -> Env:
+    """The golden fabric (or `fabric_file`) imported, the shipped policy active, every device published once;
+    with `running` the app runs the reconciler (woken after every write) for the TestClient's lifetime."""
+    env = open_env(make_settings(home, database_url, enforcer_poll_seconds=0.2, trust_domain=td), td=td)
     with env.ctx.db.session() as s:
-        import_fabric(s, Who(Actor.system("t"), env.clock), env.ctx.settings.pools(), SMALL.read_text())
+        import_fabric(s, Who(Actor.system("t"), env.clock), env.ctx.settings.pools(), fabric_file.read_text())
     activate_shipped_policy(env)
     rec = make_reconciler(env.ctx)
     assert rec.run_once("start").published

@@ -75,6 +75,7 @@ CASES: dict[str, Case] = {
     "POST /v1/nodes/tokens": platform("/v1/nodes/tokens", lambda o: {"node_name": "n1"}),
     "POST /v1/nodes/attest": Case("credential", "/v1/nodes/attest", lambda o: {
         "token": "not-a-join-token", "csr": o["csr"]}, frozenset({400, 401, 403, 404})),
+    "POST /v1/nodes/renew": platform("/v1/nodes/renew", lambda o: {"csr": o["csr"]}),
     "GET /v1/ca/status": platform("/v1/ca/status"),
     "POST /v1/ca/rotate": platform("/v1/ca/rotate", lambda o: {"force": True}),
     # inventory
@@ -150,6 +151,7 @@ CASES: dict[str, Case] = {
     "GET /v1/devices/{device}/ruleset": platform("/v1/devices/nic:gpu1/ruleset"),
     "GET /v1/devices/{device}/versions": platform("/v1/devices/nic:gpu1/versions"),
     "POST /v1/devices/{device}/status": platform("/v1/devices/nic:gpu1/status", lambda o: {}),
+    "GET /v1/devices/{device}/fabric": platform("/v1/devices/leaf:leaf1/fabric"),
     # principals
     "GET /v1/whoami": Case("own_scope", "/v1/whoami"),
     "POST /v1/tokens": platform("/v1/tokens", lambda o: {"role": "tenant-admin", "tenant": B, "ttl_seconds": 60}),

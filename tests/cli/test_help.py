@@ -48,7 +48,7 @@ def test_the_readme_lists_every_command_where_it_runs() -> None:
 
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## The command line"):text.index("## Logs, metrics, traces")]
-    rows = {"over the API": "api", "locally, on the server host": "local", "offline": "offline"}
+    rows = {"over the API": "api", "locally, on the server host": "local", "offline": "offline", "on a node": "node"}
     documented: dict[str, str] = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]

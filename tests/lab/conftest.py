@@ -6,7 +6,7 @@ whatever the tests did."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,20 @@ from tests.enforcer.helpers import SMALL
 LAB = [pytest.mark.netns, pytest.mark.xdist_group("lab")]
 OPEN = 3.0  # the timeout of a connection a test expects to open: generous for a loaded machine, it costs
 # nothing when the connection opens (a BLOCKED expectation uses a short one)
+
+
+def wire_answers(items: list[tuple[Any, Any, int, int]], allowed: Callable[[Any, Any, int], bool]) -> list[bool]:
+    """Connect every (src, dst, port, family) at once (listeners open for the block); on a loaded machine an
+    allowed handshake may miss the first second: those get a second, longer try (a denied connection never
+    opens by waiting, so the denials are not retried)."""
+    from lab.probe import connect_many, listening
+
+    with listening([(d, fam, port) for _, d, port, fam in items]):
+        wire = connect_many(items, timeout=1.0, workers=len(items))
+        again = [i for i, (s, d, port, _) in enumerate(items) if not wire[i] and allowed(s, d, port)]
+        for i, ok in zip(again, connect_many([items[i] for i in again], timeout=OPEN, workers=64), strict=True):
+            wire[i] = ok
+    return wire
 
 
 def require_lab() -> None:

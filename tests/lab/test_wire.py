@@ -9,9 +9,9 @@ from typing import Any
 
 from enforcer.equivalence import Walker, verify
 from lab import standalone
-from lab.probe import Endpoint, connect_many, endpoint, listening, probe
+from lab.probe import Endpoint, endpoint, probe
 from policy.decide import expand_allowed
-from tests.lab.conftest import LAB, OPEN, GoldenLab
+from tests.lab.conftest import LAB, OPEN, GoldenLab, wire_answers
 
 pytestmark = LAB
 PORTS = (53, 443, 5432, 5433, 8443, 9999)  # every exposed port of the fabric and one nobody exposes
@@ -31,14 +31,7 @@ def test_every_pair_connects_exactly_where_the_policy_allows(golden_lab: GoldenL
     items = _matrix(golden_lab)
     policy = {(f"{f.src_tenant}/{f.src_group}", f"{f.dst_tenant}/{f.dst_group}", f.port)
               for f in expand_allowed(golden_lab.allowed) if f.proto == "tcp"}
-    with listening([(d, fam, port) for _, d, port, fam in items]):
-        wire = connect_many(items, timeout=1.0, workers=len(items))
-        # on a loaded machine an allowed handshake may miss the first second: those get a second, longer try
-        # (a denied connection never opens by waiting, so the denials are not retried)
-        again = [i for i, (s, d, port, _) in enumerate(items)
-                 if not wire[i] and (_group(s.workload), _group(d.workload), port) in policy]
-        for i, ok in zip(again, connect_many([items[i] for i in again], timeout=OPEN, workers=64), strict=True):
-            wire[i] = ok
+    wire = wire_answers(items, lambda s, d, port: (_group(s.workload), _group(d.workload), port) in policy)
     walker = Walker(standalone.installed(golden_lab.st, golden_lab.fabric))
     placement = golden_lab.fabric.placement
     wrong: list[Any] = []

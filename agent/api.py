@@ -1,0 +1,129 @@
+"""The agent's HTTPS client: mTLS with the node SVID, the server verified against the trust bundle.
+
+The connection pool is rebuilt whenever the identity changes (a renewed SVID, a refreshed bundle); requests
+in flight finish on the old pool, which is closed once the next request of every thread moved on.
+Errors: `Unreachable` (no answer: the caller keeps what it has and retries later) and `Refused` (an answer
+that is not a success, with the server's reason).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+
+from agent.identity import AgentError, NodeIdentity, new_key_and_csr
+
+
+class Unreachable(AgentError):
+    """The server did not answer (connection refused, timeout, TLS failure)."""
+
+
+class Refused(AgentError):
+    """The server answered with an error status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+
+
+def _reason(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text[:300]
+    return str(body.get("reason") or body.get("detail") or body)[:300] if isinstance(body, dict) else str(body)[:300]
+
+
+class ApiClient:
+    def __init__(self, server: str, identity: NodeIdentity, *, timeout: float = 10.0) -> None:
+        self.server = server.rstrip("/")
+        self.identity = identity
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._client: httpx.Client | None = None
+        self._generation = -1
+        self._closed = False
+
+    def _http(self) -> httpx.Client:
+        with self._lock:
+            if self._closed:
+                raise Unreachable("the agent is stopping")
+            if self._client is None or self._generation != self.identity.generation:
+                old = self._client
+                self._generation = self.identity.generation
+                self._client = httpx.Client(base_url=self.server, verify=self.identity.ssl_context(),
+                                            timeout=self.timeout,
+                                            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
+                if old is not None:
+                    old.close()
+            return self._client
+
+    def close(self) -> None:
+        """Close the pool, which also ends requests in flight (a held long-poll) on other threads."""
+        with self._lock:
+            self._closed = True
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def request(self, method: str, path: str, *, ok: tuple[int, ...] = (200, 201), timeout: float | None = None,
+                **kw: Any) -> httpx.Response:
+        try:
+            r = self._http().request(method, path, timeout=timeout or self.timeout, **kw)
+        except (httpx.TransportError, OSError) as exc:
+            raise Unreachable(f"{self.server}{path}: {type(exc).__name__}: {exc}") from None
+        if r.status_code not in ok:
+            raise Refused(r.status_code, _reason(r))
+        return r
+
+    # ------------------------------------------------------------------ identity
+    def attest(self, token: str) -> None:
+        """Exchange a join token for the node SVID (no client certificate: the token is the credential)."""
+        key, csr = new_key_and_csr(f"node {self.identity.node}")
+        try:
+            with httpx.Client(base_url=self.server, verify=self.identity.ssl_context(client_cert=False),
+                              timeout=self.timeout) as c:
+                r = c.post("/v1/nodes/attest", json={"token": token, "csr": csr})
+        except (httpx.TransportError, OSError) as exc:
+            raise Unreachable(f"{self.server}: {type(exc).__name__}: {exc}") from None
+        if r.status_code != 201:
+            raise Refused(r.status_code, f"attestation refused: {_reason(r)}")
+        self.identity.store_svid(key, r.json())
+
+    def renew(self) -> None:
+        key, csr = new_key_and_csr(f"node {self.identity.node}")
+        r = self.request("POST", "/v1/nodes/renew", json={"csr": csr})
+        self.identity.store_svid(key, r.json())
+
+    def refresh_bundle(self) -> bool:
+        return self.identity.store_bundle(self.request("GET", "/v1/bundle").json())
+
+    # ------------------------------------------------------------------ devices
+    def ruleset(self, device: str, etag: str | None, wait: int) -> dict[str, Any] | None:
+        """The desired rule set, or None when `etag` is still current (304)."""
+        headers = {"If-None-Match": f'"{etag}"'} if etag else {}
+        r = self.request("GET", f"/v1/devices/{device}/ruleset", ok=(200, 304), params={"wait": wait} if etag else {},
+                         headers=headers, timeout=self.timeout + wait)
+        return None if r.status_code == 304 else dict(r.json())
+
+    def leaf_view(self, device: str) -> dict[str, Any]:
+        return dict(self.request("GET", f"/v1/devices/{device}/fabric").json())
+
+    def report(self, device: str, status: dict[str, Any]) -> None:
+        self.request("POST", f"/v1/devices/{device}/status", json=status)
+
+    # ------------------------------------------------------------------ workloads
+    def placements(self) -> list[dict[str, Any]]:
+        return list(self.request("GET", f"/v1/nodes/{self.identity.node}/placements").json())
+
+    def x509_svid(self, workload: str, csr: str) -> dict[str, Any]:
+        t, g, w = workload.split("/")
+        return dict(self.request("POST", "/v1/svids/x509", json={"csr": csr, "tenant": t, "group": g,
+                                                                  "workload": w}).json())
+
+    def jwt_svid(self, workload: str, audience: list[str]) -> dict[str, Any]:
+        t, g, w = workload.split("/")
+        return dict(self.request("POST", "/v1/svids/jwt", json={"tenant": t, "group": g, "workload": w,
+                                                                 "audience": audience}).json())

@@ -1,0 +1,254 @@
+"""One device's reconciliation: the desired rule set from the server, applied atomically, reported, and
+kept in place on the device.
+
+Two threads per device share the backend under one lock:
+- the poller long-polls `GET /v1/devices/{id}/ruleset` (If-None-Match: the last hash fetched) and applies
+  each new version;
+- the checker reads the device back every `drift_every` seconds and re-applies the last good set when it
+  differs (someone edited the flows or the nftables table by hand), then reports; it also reports
+  counters every `report_every` seconds and retries a desired version that failed to apply.
+
+What never happens: the device is never opened. A rule set is refused whole (content hash that does not
+match its IR, an IR that does not parse or render, an apply the device rejects) and the last good one stays;
+the server not answering changes nothing on the device (fail static) while the checker keeps repairing
+drift against the last good set; on start nothing is cleared: the installed rules are compared with the
+desired set and applied only when they differ (a restart after a crash mid-apply converges, and a restart
+of a healthy agent disturbs no connection).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agent.api import ApiClient, Refused, Unreachable
+from agent.metrics import AgentMetrics
+from agent.wiring import DeviceWiring
+from enforcer.errors import NotApplied
+from enforcer.ir import DeviceRuleSet
+from enforcer.leaf_view import fabric_of_view
+
+log = logging.getLogger("trustfabric.agent")
+
+MAX_DRIFT_LINES = 200
+MAX_COUNTERS = 10_000
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    wait: int = 30  # seconds a long-poll is held by the server
+    drift_every: float = 2.0
+    report_every: float = 10.0
+    backoff_min: float = 0.2
+    backoff_max: float = 5.0
+
+
+@dataclass
+class Applied:
+    version: int
+    rules: DeviceRuleSet
+    backend: Any
+
+
+class BadRuleSet(Exception):
+    """The server's rule set cannot be applied as it is (the reason goes into the status report)."""
+
+
+class DeviceLoop:
+    def __init__(self, wiring: DeviceWiring, api: ApiClient, metrics: AgentMetrics, stop: threading.Event,
+                 settings: LoopSettings | None = None) -> None:
+        self.wiring = wiring
+        self.device = wiring.device
+        self.api = api
+        self.metrics = metrics
+        self.stop = stop
+        self.settings = settings or LoopSettings()
+        self.lock = threading.RLock()
+        self.good: Applied | None = None
+        self.etag: str | None = None  # the hash last fetched, applied or refused
+        self.pending: dict[str, Any] | None = None  # a desired version that failed to apply
+        self.last_error: str | None = None
+        self.drift: list[str] = []
+        self.repaired = False
+        self.repairs = 0
+        self._threads: list[threading.Thread] = []
+        for counter in (metrics.applies, metrics.refused, metrics.drift_repairs, metrics.server_errors):
+            counter.labels(self.device)  # every series exists from the start (a 0 is an answer)
+
+    def start(self) -> None:
+        for name, fn in (("poll", self._poll_forever), ("check", self._check_forever)):
+            t = threading.Thread(target=fn, name=f"agent-{name}-{self.device}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Wait for the checker; a poller held in a long-poll ends when its request does (it applies nothing
+        once stopped: see take)."""
+        for t in self._threads:
+            t.join(timeout if t.name.startswith("agent-check") else 0.1)
+
+    # ------------------------------------------------------------------ poller
+    def _poll_forever(self) -> None:
+        backoff = self.settings.backoff_min
+        while not self.stop.is_set():
+            try:
+                doc = self.api.ruleset(self.device, self.etag if self.good or self.pending else None,
+                                       self.settings.wait)
+                backoff = self.settings.backoff_min
+                if doc is not None:
+                    self.take(doc)
+            except Unreachable as exc:  # fail static: the device keeps what it has
+                self.metrics.server_errors.labels(self.device).inc()
+                log.warning("%s: server unreachable, keeping the last applied rules: %s", self.device, exc)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, self.settings.backoff_max)
+            except Refused as exc:
+                log.warning("%s: the server refused the rule set request: %s", self.device, exc)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, self.settings.backoff_max)
+            except Exception:
+                log.exception("%s: unexpected error in the poller", self.device)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, self.settings.backoff_max)
+
+    def take(self, doc: dict[str, Any]) -> bool:
+        """Apply a rule set document from the server; False (and reported) when it was refused."""
+        digest = str(doc.get("content_hash", ""))
+        with self.lock:
+            if self.stop.is_set():  # a long-poll answered after the agent stopped: not ours to apply any more
+                return False
+            previous, self.etag = self.etag, digest or self.etag
+            try:
+                version, rules, backend = self._check(doc)
+                installed_already = self.good is None and self._in_sync(backend, rules)
+                if not installed_already:
+                    started = time.perf_counter()
+                    backend.apply(rules)
+                    self.metrics.apply_seconds.labels(self.device).observe(time.perf_counter() - started)
+                    self.metrics.applies.labels(self.device).inc()
+            except Unreachable:  # not refused: fetched again (no If-None-Match for it) once the server answers
+                self.etag = previous
+                raise
+            except Exception as exc:  # refused: the last good set stays (every backend applies atomically)
+                self.pending = doc
+                self.last_error = f"version {doc.get('version')} refused: {_one_line(exc)}"
+                self.metrics.refused.labels(self.device).inc()
+                log.error("%s: %s; keeping version %s", self.device, self.last_error,
+                          self.good.version if self.good else None)
+                self._report()
+                return False
+            self.good = Applied(version, rules, backend)
+            self.pending, self.last_error, self.drift, self.repaired = None, None, [], False
+            self.metrics.applied_version.labels(self.device).set(version)
+            log.info("%s: version %d %s (%s)", self.device, version,
+                     "already installed" if installed_already else "applied", digest[:12])
+            self._report()
+            return True
+
+    def _check(self, doc: dict[str, Any]) -> tuple[int, DeviceRuleSet, Any]:
+        try:
+            version = int(doc["version"])
+            rules = DeviceRuleSet.from_dict(doc["ir"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadRuleSet(f"the rule set does not parse: {exc!r}") from None
+        if rules.device != self.device:
+            raise BadRuleSet(f"the rule set is for {rules.device}, not {self.device}")
+        if rules.content_hash != doc.get("content_hash"):
+            raise BadRuleSet(f"its IR hashes to {rules.content_hash}, not to the content hash it came with")
+        fabric = fabric_of_view(self.api.leaf_view(self.device)) if self.wiring.kind == "leaf" else None
+        # a set that cannot render is refused by apply itself, which renders before it touches the device
+        return version, rules, self.wiring.make(fabric)
+
+    def _in_sync(self, backend: Any, rules: DeviceRuleSet) -> bool:
+        try:
+            return not backend.drift(rules)
+        except NotApplied:
+            return False
+
+    # ------------------------------------------------------------------ checker
+    def _check_forever(self) -> None:
+        last_report = time.monotonic()
+        while not self.stop.wait(self.settings.drift_every):
+            try:
+                repaired = self.check_drift()
+                due = time.monotonic() - last_report >= self.settings.report_every
+                if self.pending is not None and due:
+                    self.take(self.pending)  # a failed apply is retried (it may have been transient)
+                elif repaired or due:
+                    self._report()
+                if repaired or due:
+                    last_report = time.monotonic()
+            except Unreachable:
+                pass
+            except Exception:
+                log.exception("%s: unexpected error in the drift check", self.device)
+
+    def check_drift(self) -> bool:
+        """Compare the device with the last good set; re-apply it on any difference. True when repaired."""
+        with self.lock:
+            if self.good is None:
+                return False
+            try:
+                drift = self.good.backend.drift(self.good.rules)
+            except NotApplied as exc:
+                drift = [f"nothing of ours installed: {exc}"]
+            if not drift:
+                if self.drift and not self.repaired:
+                    self.drift = []
+                return False
+            log.warning("%s: drift from version %d (%d lines), repairing", self.device, self.good.version,
+                        len(drift))
+            try:
+                self.good.backend.apply(self.good.rules)
+            except Exception as exc:
+                self.drift, self.repaired = drift[:MAX_DRIFT_LINES], False
+                self.last_error = f"drift repair failed: {_one_line(exc)}"
+                self._report()
+                return False
+            self.drift, self.repaired = drift[:MAX_DRIFT_LINES], True
+            self.repairs += 1
+            self.metrics.drift_repairs.labels(self.device).inc()
+            self._report()
+            self.drift, self.repaired = [], False
+            return True
+
+    # ------------------------------------------------------------------ reporting
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            good = self.good
+            counters: dict[str, dict[str, int]] = {}
+            if good is not None and hasattr(good.backend, "counters"):
+                try:
+                    for c in good.backend.counters(good.rules):
+                        key = f"{c.where} {','.join(c.reasons)}"[:128]
+                        slot = counters.setdefault(key, {"packets": 0, "bytes": 0})
+                        slot["packets"] += c.packets
+                        slot["bytes"] += c.bytes
+                        if len(counters) >= MAX_COUNTERS:
+                            break
+                except Exception as exc:  # counters are informative: their failure is reported, not fatal
+                    log.debug("%s: counters unreadable: %s", self.device, exc)
+            for key, c in counters.items():
+                self.metrics.rule_packets.labels(self.device, key).set(c["packets"])
+                self.metrics.rule_bytes.labels(self.device, key).set(c["bytes"])
+            return {"applied_version": good.version if good else None,
+                    "applied_hash": good.rules.content_hash if good else None,
+                    "counters": counters, "drift": [line[:500] for line in self.drift[:MAX_DRIFT_LINES]],
+                    "drift_repaired": self.repaired, "last_error": self.last_error[:2000] if self.last_error else None}
+
+    def _report(self) -> None:
+        try:
+            self.api.report(self.device, self.status())
+        except Unreachable as exc:
+            self.metrics.server_errors.labels(self.device).inc()
+            log.warning("%s: status not reported (server unreachable): %s", self.device, exc)
+        except Refused as exc:
+            log.warning("%s: status report refused: %s", self.device, exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:1000]

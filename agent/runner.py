@@ -1,0 +1,129 @@
+"""The agent as one object: identity first, then the device loops, the Workload API, metrics and the
+maintenance thread (node SVID renewal at half life, trust bundle refresh, workload SVID renewal)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.api import ApiClient, Refused, Unreachable
+from agent.device_loop import DeviceLoop, LoopSettings
+from agent.identity import AgentError, NodeIdentity
+from agent.metrics import AgentMetrics
+from agent.svids import WorkloadSvids
+from agent.wiring import lab_devices
+from agent.workload_api import WorkloadApiServer
+from core.slugs import require_slug
+
+log = logging.getLogger("trustfabric.agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    server: str
+    ca_file: Path
+    data_dir: Path
+    join_token: str | None = None
+    socket: Path | None = None
+    metrics_addr: str | None = None
+    lab_home: Path | None = None
+    loop: LoopSettings = field(default_factory=LoopSettings)
+    placements_every: float = 5.0
+    bundle_every: float = 30.0
+    maintenance_every: float = 1.0
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        require_slug(config.node, "node name")
+        self.config = config
+        self.stop_event = threading.Event()
+        self.metrics = AgentMetrics()
+        self.identity = NodeIdentity(config.data_dir, config.node, config.ca_file)
+        self.api = ApiClient(config.server, self.identity)
+        self.svids = WorkloadSvids(self.api, self.metrics, refresh_every=config.placements_every)
+        self.loops: list[DeviceLoop] = []
+        self.workload_api: WorkloadApiServer | None = None
+        self._maintenance: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ identity
+    def ensure_identity(self) -> None:
+        """Attest with the join token when there is no usable node SVID; otherwise keep the stored one."""
+        svid = self.identity.svid
+        now = datetime.now(UTC)
+        if svid is not None and now < svid.not_after:
+            return
+        if not self.config.join_token:
+            what = "has expired" if svid is not None else "does not exist yet"
+            raise AgentError(f"the node SVID in {self.config.data_dir} {what}: start the agent with a new join token "
+                             f"(`trustfabric node token create --node {self.config.node}`)")
+        self.api.attest(self.config.join_token)
+        log.info("node %s attested: %s", self.config.node, self.identity.svid.spiffe_id if self.identity.svid else "")
+
+    def maintain(self, *, bundle: bool = True) -> None:
+        """One maintenance round: renew the node SVID at half life, refresh the bundle (a changed bundle renews
+        every workload SVID: a new CA generation signs them), renew workload SVIDs past half life."""
+        svid = self.identity.svid
+        if svid is not None:
+            if datetime.now(UTC) >= svid.renew_due():
+                self.api.renew()
+                svid = self.identity.svid
+                log.info("node SVID renewed, valid until %s", svid.not_after if svid else "?")
+            if svid is not None:
+                self.metrics.svid_expiry.labels(svid.spiffe_id).set(svid.not_after.timestamp())
+        if bundle and self.api.refresh_bundle():
+            log.info("trust bundle changed: workload SVIDs are renewed")
+            self.svids.rotate_all()
+        self.svids.renew_due()
+
+    def _maintain_forever(self) -> None:
+        last_bundle = time.monotonic()
+        while not self.stop_event.wait(self.config.maintenance_every):
+            due = time.monotonic() - last_bundle >= self.config.bundle_every
+            try:
+                self.maintain(bundle=due)
+                if due:
+                    last_bundle = time.monotonic()
+            except (Unreachable, Refused) as exc:
+                log.warning("maintenance: %s", exc)
+            except Exception:
+                log.exception("maintenance failed")
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> Agent:
+        self.ensure_identity()
+        try:
+            self.api.refresh_bundle()
+        except (Unreachable, Refused) as exc:  # the stored bundle (or --ca) serves until the server answers
+            log.warning("trust bundle not refreshed: %s", exc)
+        if self.config.lab_home is not None:
+            for wiring in lab_devices(self.config.lab_home, self.config.node):
+                loop = DeviceLoop(wiring, self.api, self.metrics, self.stop_event, self.config.loop)
+                self.loops.append(loop)
+                loop.start()
+        if self.config.socket is not None:
+            self.workload_api = WorkloadApiServer(self.config.socket, self.identity, self.svids, self.metrics)
+        if self.config.metrics_addr:
+            self.metrics.serve(self.config.metrics_addr)
+        self._maintenance = threading.Thread(target=self._maintain_forever, name="agent-maintenance", daemon=True)
+        self._maintenance.start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.api.close()  # ends the held long-polls at once
+        if self.workload_api is not None:
+            self.workload_api.stop()
+        for loop in self.loops:
+            loop.join(5)
+        if self._maintenance is not None:
+            self._maintenance.join(5)
+        self.metrics.close()
+
+    def wait(self) -> None:
+        self.stop_event.wait()

@@ -1,0 +1,75 @@
+"""`trustfabric agent --node NAME --server URL --ca FILE`: the node agent (agent/), in the foreground.
+
+On a node: it runs on the node it serves (a GPU node, or in the lab a leaf) with a data directory of its own
+and no server database; it reaches the server over HTTPS only. Stops on SIGTERM or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cli.output import NODE, command, fail
+from cli.params import HOST_PORT, HTTPS_URL, JOIN_TOKEN, SLUG, existing_dir, existing_file
+
+
+def register(app: typer.Typer) -> None:
+    @command(app, "agent", NODE, output=False)
+    def agent_cmd(
+        node: str = typer.Option(..., "--node", parser=SLUG, metavar=SLUG.metavar,
+                                 help="this node's name (a GPU node; in the lab also a leaf)"),
+        server: str = typer.Option(..., "--server", parser=HTTPS_URL, metavar=HTTPS_URL.metavar,
+                                   help="the API, e.g. https://127.0.0.1:8443"),
+        ca: Path = typer.Option(..., "--ca", help="the trust domain's roots (PEM) to verify the server with, beside "
+                                "the bundle the agent fetches: `trustfabric bundle show --pem`", **existing_file()),
+        join_token: str | None = typer.Option(None, "--join-token", parser=JOIN_TOKEN, metavar=JOIN_TOKEN.metavar,
+                                              help="one-time token "
+                                              "(`trustfabric node token create --node NAME`); needed only until "
+                                              "the node holds an SVID"),
+        join_token_file: Path | None = typer.Option(None, "--join-token-file", help="read the token from a file",
+                                                    **existing_file()),
+        data_dir: Path | None = typer.Option(None, "--data-dir", file_okay=False, help="node key, SVID and bundle "
+                                             "(default ./.trustfabric-agent/NODE)"),
+        socket: Path | None = typer.Option(None, "--socket", dir_okay=False, help="the SPIFFE Workload API socket "
+                                           "(default DATA_DIR/public/api.sock)"),
+        metrics: str | None = typer.Option(None, "--metrics", parser=HOST_PORT, metavar=HOST_PORT.metavar,
+                                           help="serve Prometheus metrics on HOST:PORT"),
+        lab: Path | None = typer.Option(None, "--lab", help="apply rule sets to the lab of this TRUSTFABRIC_HOME "
+                                        "(`lab up FILE --mode agent`)", **existing_dir()),
+    ) -> None:
+        """Run the node agent: attest, apply this node's rule sets, serve the SPIFFE Workload API."""
+        import logging
+        import signal
+
+        from agent.runner import Agent, AgentConfig
+        from core.errors import TrustfabricError
+
+        if join_token and join_token_file:
+            fail("give --join-token or --join-token-file, not both", code=2)
+        token = join_token
+        if join_token_file is not None:
+            try:
+                token = JOIN_TOKEN(join_token_file.read_text(encoding="utf-8"))
+            except OSError as exc:
+                fail(f"--join-token-file {join_token_file}: {exc.strerror}", code=2)
+            except typer.BadParameter as exc:
+                fail(f"--join-token-file {join_token_file}: {exc}", code=2)
+        home = data_dir or Path(".trustfabric-agent") / node
+        logging.getLogger("trustfabric.agent").setLevel(logging.INFO)
+        try:
+            agent = Agent(AgentConfig(node=node, server=server, ca_file=ca, data_dir=home, join_token=token,
+                                      socket=socket or home / "public" / "api.sock", metrics_addr=metrics,
+                                      lab_home=lab)).start()
+        except TrustfabricError as exc:
+            fail(str(exc))
+        signal.signal(signal.SIGTERM, lambda *_: agent.stop_event.set())
+        typer.echo(f"agent {node}: {agent.identity.svid.spiffe_id if agent.identity.svid else '?'}; "
+                   f"devices: {', '.join(x.device for x in agent.loops) or 'none'}; Workload API: "
+                   f"{agent.workload_api.socket_path if agent.workload_api else 'off'}")
+        try:
+            agent.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            agent.stop()

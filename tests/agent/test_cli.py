@@ -1,0 +1,31 @@
+"""`trustfabric agent`: its arguments are checked while parsed (exit 2, one line; tests/cli/test_bad_arguments.py
+feeds every option a bad value too), two ways of giving the token at once are refused, and a node without an
+SVID and without a join token ends with one line saying what to do (exit 1), never a traceback; the running
+command is covered by the end-to-end tests through the same Agent object and by the README's quickstart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import run_cli
+
+
+@pytest.mark.parametrize("extra, code, says", [
+    ([], 1, "join token"),
+    (["--join-token", "tfjt_a", "--join-token-file", "{ca}"], 2, "not both"),
+    (["--join-token-file", "{ca}"], 2, "not a join token"),
+    (["--server", "http://127.0.0.1:1"], 2, "HTTPS only"),
+    (["--node", "Not_A_Slug"], 2, "--node"),
+    (["--metrics", "nope"], 2, "HOST:PORT"),
+])
+def test_what_is_wrong_ends_in_one_line(tmp_path: Path, extra: list[str], code: int, says: str) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    args = ["agent", "--node", "gpu1", "--server", "https://127.0.0.1:1", "--ca", str(ca),
+            "--data-dir", str(tmp_path / "agent"), *[x.format(ca=ca) for x in extra]]
+    out = run_cli(args, {})
+    assert out.returncode == code, (out.stdout, out.stderr)
+    assert says in out.stderr and "Traceback" not in out.stderr + out.stdout
+    assert out.stderr.count("\n") == 1, out.stderr

@@ -1,0 +1,173 @@
+"""The node agent's identity and its SPIFFE Workload API, against a real server over TLS on 127.0.0.1, with
+py-spiffe as the workload: the join token is used once (the key stays on the node, 0600), the node SVID
+renews over mTLS without a restart; X.509- and JWT-SVIDs reach exactly the callers whose uid the placement's
+selectors name (a caller running as another uid gets nothing), streams deliver the rotated SVID, and the
+JWT-SVID validates through the agent."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from spiffe import JwtSource, WorkloadApiClient, X509Source
+
+from agent.identity import AgentError
+from agent.runner import Agent
+from tests.agent.harness import Served, served_fabric
+
+pytestmark = pytest.mark.xdist_group("agent-wlapi")
+W1 = "spiffe://example.org/tenant/acme/group/train/w1"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with served_fabric(tmp_path_factory.mktemp("agent-wlapi")) as s:
+        # w1 runs on gpu1 as this test's uid; b1 (also on gpu1) has no selector: nobody gets its identity
+        r = s.env.call("PUT", "/v1/fabric/placements/acme/train/w1", "admin", json={
+            "node": "gpu1", "port": "pf0vf0", "ipv4": "10.1.0.11", "ipv6": "fd00:1::11",
+            "selectors": [f"unix:uid:{os.getuid()}"]})
+        assert r.status_code == 200, r.text
+        yield s
+
+
+@pytest.fixture(scope="module")
+def gpu1(served: Served) -> Iterator[Agent]:
+    public = Path(tempfile.mkdtemp(prefix=f"tfa{os.getpid()}-"))  # reachable by other uids (the test's tmp is not)
+    public.chmod(0o755)
+    try:
+        yield served.agent("gpu1", socket=public / "api.sock")
+    finally:
+        served.agents.pop("gpu1").stop()
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def _client(agent: Agent) -> WorkloadApiClient:
+    assert agent.workload_api is not None
+    return WorkloadApiClient(socket_path=f"unix:{agent.workload_api.socket_path}", default_timeout=10)
+
+
+def test_the_join_token_is_used_once_and_the_key_stays_private(served: Served, gpu1: Agent) -> None:
+    node_file = gpu1.config.data_dir / "node.pem"
+    assert stat.S_IMODE(node_file.stat().st_mode) == 0o600
+    assert gpu1.identity.svid is not None and gpu1.identity.svid.spiffe_id == "spiffe://example.org/node/gpu1"
+    # the token is spent: a second agent with it is refused, and says so in one line
+    first = served.agent("gpu2", start=False)
+    first.ensure_identity()
+    again = Agent(replace(first.config, data_dir=served.home / "agents" / "gpu2-copy"))
+    with pytest.raises(AgentError, match="already used"):
+        again.ensure_identity()
+    # a restart needs no token: the stored SVID is used
+    restarted = Agent(replace(gpu1.config, join_token=None, socket=None))
+    restarted.ensure_identity()
+    assert restarted.identity.svid == gpu1.identity.svid
+
+
+def test_the_node_svid_renews_over_mtls_without_a_restart(served: Served, gpu1: Agent) -> None:
+    before = gpu1.identity.svid
+    assert before is not None
+    gpu1.api.renew()
+    after = gpu1.identity.svid
+    assert after is not None and after.pem != before.pem and after.spiffe_id == before.spiffe_id
+    assert gpu1.api.placements()  # the new SVID authenticates at once
+    events = served.env.call("GET", "/v1/audit/events?action=node.renew", "admin").json()
+    assert any(e["action"] == "node.renew" for e in events.get("items", events) if isinstance(e, dict))
+
+
+def test_py_spiffe_fetches_x509_and_jwt_svids_and_validates(gpu1: Agent) -> None:
+    with _client(gpu1) as client:
+        svid = client.fetch_x509_svid()
+        assert str(svid.spiffe_id) == W1
+        assert len(client.fetch_x509_svids()) == 1  # b1 on the same node has no selector: not ours
+        bundles = client.fetch_x509_bundles()
+        assert bundles.get_bundle_for_trust_domain(svid.spiffe_id.trust_domain) is not None
+        jwt_svid = client.fetch_jwt_svid(audience={"globex-api"})
+        assert str(jwt_svid.spiffe_id) == W1
+        checked = client.validate_jwt_svid(jwt_svid.token, "globex-api")
+        assert str(checked.spiffe_id) == W1
+        with pytest.raises(Exception, match=r"(?i)invalid"):
+            client.validate_jwt_svid(jwt_svid.token, "another-audience")
+        assert client.fetch_jwt_bundles().get_bundle_for_trust_domain(svid.spiffe_id.trust_domain) is not None
+
+
+def test_sources_receive_the_rotated_svid(gpu1: Agent) -> None:
+    with X509Source(socket_path=f"unix:{gpu1.workload_api.socket_path}", timeout_in_seconds=10) as source, \
+            JwtSource(socket_path=f"unix:{gpu1.workload_api.socket_path}", timeout_in_seconds=10) as jwts:
+        first = source.get_x509_context().default_svid.leaf.serial_number
+        assert str(source.get_x509_context().default_svid.spiffe_id) == W1
+        assert str(jwts.fetch_svid(audience={"a"}).spiffe_id) == W1
+        gpu1.svids.rotate_all()  # what a renewal at half life or a CA rotation does
+        deadline = time.monotonic() + 10
+        while source.get_x509_context().default_svid.leaf.serial_number == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert source.get_x509_context().default_svid.leaf.serial_number != first
+        assert str(source.get_x509_context().default_svid.spiffe_id) == W1
+
+
+def test_a_caller_without_the_header_or_with_another_uid_gets_nothing(gpu1: Agent) -> None:
+    import grpc
+    from spiffe._proto import workload_pb2, workload_pb2_grpc
+
+    sock = gpu1.workload_api.socket_path
+    with grpc.insecure_channel(f"unix:{sock}") as ch:
+        stub = workload_pb2_grpc.SpiffeWorkloadAPIStub(ch)
+        with pytest.raises(grpc.RpcError) as exc:
+            next(iter(stub.FetchX509SVID(workload_pb2.X509SVIDRequest(), timeout=5)))
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    if os.getuid() != 0:
+        pytest.skip("running a caller as another uid needs root (os.setuid in a forked child)")
+    # a fresh interpreter as nobody (gRPC does not survive a fork): the same client code, another uid. The venv's
+    # interpreter may live where nobody cannot read (root's home): the system's of the same version, our packages
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if not system.exists():
+        pytest.skip(f"{system} is needed to run a caller as nobody (the venv's interpreter may be unreadable to it)")
+    code = (f"from spiffe import WorkloadApiClient\n"
+            f"try:\n"
+            f"    WorkloadApiClient(socket_path='unix:{sock}', default_timeout=5).fetch_x509_svid()\n"
+            f"    print('GOT-AN-SVID')\n"
+            f"except Exception as e:\n"
+            f"    print('denied' if 'no identity issued' in str(e) else repr(e))\n")
+    out = subprocess.run([str(system), "-S", "-c", code], user=65534, group=65534, extra_groups=[], capture_output=True,
+                         text=True, timeout=60, cwd="/", env={"PYTHONPATH": sysconfig.get_paths()["purelib"]})
+    assert out.stdout.strip() == "denied", (out.stdout, out.stderr[-500:])
+
+
+def test_a_direct_connection_to_the_grpc_port_is_not_attested(gpu1: Agent) -> None:
+    import grpc
+    from spiffe._proto import workload_pb2, workload_pb2_grpc
+
+    port = gpu1.workload_api.relay.target_port
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = workload_pb2_grpc.SpiffeWorkloadAPIStub(ch)
+        with pytest.raises(grpc.RpcError) as exc:
+            next(iter(stub.FetchX509SVID(workload_pb2.X509SVIDRequest(), timeout=5,
+                                         metadata=[("workload.spiffe.io", "true")])))
+        assert exc.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_ca_rotation_reaches_the_workload_through_its_stream(served: Served, gpu1: Agent) -> None:
+    """After a forced rotation the bundle changes; the agent renews every workload SVID under the new issuing
+    CA and the open stream delivers it, with the new bundle; the agent still reaches the server."""
+    sock = f"unix:{gpu1.workload_api.socket_path}"
+    with X509Source(socket_path=sock, timeout_in_seconds=10) as source:
+        first = source.get_x509_context().default_svid
+        r = served.env.call("POST", "/v1/ca/rotate", "admin", json={"force": True})
+        assert r.status_code == 200, r.text
+        gpu1.maintain()  # what the maintenance thread does every 30 s
+        deadline = time.monotonic() + 10
+        while source.get_x509_context().default_svid.leaf.issuer == first.leaf.issuer and time.monotonic() < deadline:
+            time.sleep(0.05)
+        svid = source.get_x509_context().default_svid
+        assert svid.leaf.issuer != first.leaf.issuer and str(svid.spiffe_id) == W1
+        bundle = source.get_bundle_for_trust_domain(svid.spiffe_id.trust_domain)
+        assert bundle is not None and len(bundle.x509_authorities) >= 2  # old and new roots during the overlap
+    assert gpu1.api.placements()
