@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -30,8 +32,12 @@ def test_version_is_the_package_s() -> None:
 
 
 def test_shell_completion_script_and_answers() -> None:
-    r = run_cli(["--show-completion", "bash"], {})
-    assert r.returncode == 0 and "_TRUSTFABRIC_COMPLETE" in r.stdout
+    # typer finds the shell from the parent processes: run the binary under bash (two commands, so bash
+    # does not exec it away), as a user's shell would, not under whatever started the test session
+    binary = Path(sys.executable).parent / "trustfabric"
+    r = subprocess.run(["bash", "-c", f'"{binary}" --show-completion; exit $?'], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0 and "_TRUSTFABRIC_COMPLETE" in r.stdout, r.stderr
     r = run_cli([], {"_TRUSTFABRIC_COMPLETE": "complete_bash", "COMP_WORDS": "trustfabric pol", "COMP_CWORD": "1"})
     assert "policy" in r.stdout.split()
 
