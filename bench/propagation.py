@@ -152,7 +152,10 @@ def server_for(work: Path, fabric_file: Path, prepare: Callable[[Any], None] | N
            "TRUSTFABRIC_HOME": str(home), "TRUSTFABRIC_TRUST_DOMAIN": TD, "TRUSTFABRIC_MODE": "development",
            "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0", "TRUSTFABRIC_ENFORCER_POLL_SECONDS": "0.2",
            # every simulated agent and every agent process dials from 127.0.0.1: one address, not a flood
-           "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND": "0"}
+           "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND": "0",
+           # each agent holds a long-poll open: a fleet of SIM_AGENTS needs more than the default bound of
+           # 1,000 connections per worker (uvicorn answers the ones beyond it 503), as a deployment sizes it
+           "TRUSTFABRIC_MAX_CONNECTIONS": str(max(1000, 2 * SIM_AGENTS))}
     ctx = AppContext.open(Settings.from_env(env), create=True)
     try:
         admin = initialize(ctx, TD, "ec-p256")["admin_token"]
