@@ -40,6 +40,9 @@ class ConnectionLimits:
     keep_alive_timeout: float = 5.0  # idle seconds after a response before the connection is closed
     max_connections: int = 1000  # open connections per worker process; more are closed at once
     max_header_bytes: int = 16 * 1024  # a request head (line and headers) larger than this is a 400
+    # seconds a stopping server waits for requests in flight: a held long-poll (up to 60 s) must not keep a
+    # SIGTERM waiting past a supervisor's kill, which would leave the TLS temp directory behind
+    graceful_shutdown_timeout: int = 5
 
 
 class _Refusals:
@@ -118,7 +121,7 @@ def uvicorn_config(app: Any, *, host: str, port: int, workers: int, log_level: s
         app, host=host, port=port, workers=workers, log_level=log_level, http=BoundedH11Protocol,
         timeout_keep_alive=max(1, round(limits.keep_alive_timeout)),
         h11_max_incomplete_event_size=limits.max_header_bytes, limit_concurrency=limits.max_connections,
-        **options,
+        timeout_graceful_shutdown=limits.graceful_shutdown_timeout, **options,
     )
     config.tf_limits = limits  # type: ignore[attr-defined]
     return config

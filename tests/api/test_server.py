@@ -126,3 +126,32 @@ def test_what_uvicorn_enforces_itself(served: int) -> None:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
         assert b"200 OK" in s.recv(65536)
         assert closed_within(s, 3)
+
+
+def test_a_stopping_server_does_not_wait_for_a_held_long_poll() -> None:
+    """A device long-poll is held up to 60 s; uvicorn's default waits for it on shutdown, so a SIGTERM'd
+    `serve` outlived its supervisor's patience, was killed, and left its TLS temp directory behind. The
+    config bounds the wait (graceful_shutdown_timeout)."""
+    import asyncio
+
+    async def held(scope: dict[str, object], receive: object, send: object) -> None:  # a long-poll that never ends
+        if scope["type"] == "http":
+            await asyncio.sleep(60)
+
+    port = free_port()
+    limits = ConnectionLimits(graceful_shutdown_timeout=1)
+    server = uvicorn.Server(uvicorn_config(held, host="127.0.0.1", port=port, workers=1, log_level="critical",
+                                           limits=limits, lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.02)
+    with connect(port) as s:
+        s.sendall(b"GET /v1/devices/nic:n1/ruleset?wait=60 HTTP/1.1\r\nHost: t\r\n\r\n")
+        time.sleep(0.3)  # the request is in flight
+        started = time.monotonic()
+        server.should_exit = True
+        thread.join(timeout=20)
+        assert not thread.is_alive() and time.monotonic() - started < 5, "shutdown waited for the held request"
