@@ -20,18 +20,24 @@ from tests.policy.conftest import free_port
 LIMITS = ConnectionLimits(request_read_timeout=0.8, keep_alive_timeout=1, max_connections=4, max_header_bytes=4096)
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[int]:
-    env: Env = open_env(make_settings(tmp_path / "home"))
-    port = free_port()
-    server = uvicorn.Server(uvicorn_config(env.app, host="127.0.0.1", port=port, workers=1, log_level="warning",
-                                           limits=LIMITS, lifespan="off"))
+def start(server: uvicorn.Server) -> threading.Thread:
+    """`server` running on a thread of its own, returned once it accepts connections."""
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
         time.sleep(0.02)
+    return thread
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[int]:
+    env: Env = open_env(make_settings(tmp_path / "home"))
+    port = free_port()
+    server = uvicorn.Server(uvicorn_config(env.app, host="127.0.0.1", port=port, workers=1, log_level="warning",
+                                           limits=LIMITS, lifespan="off"))
+    thread = start(server)
     try:
         yield port
     finally:
@@ -142,12 +148,7 @@ def test_a_stopping_server_does_not_wait_for_a_held_long_poll() -> None:
     limits = ConnectionLimits(graceful_shutdown_timeout=1)
     server = uvicorn.Server(uvicorn_config(held, host="127.0.0.1", port=port, workers=1, log_level="critical",
                                            limits=limits, lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
+    thread = start(server)
     with connect(port) as s:
         s.sendall(b"GET /v1/devices/nic:n1/ruleset?wait=60 HTTP/1.1\r\nHost: t\r\n\r\n")
         time.sleep(0.3)  # the request is in flight
