@@ -34,8 +34,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
+# --max-worker-restart 0: a crashed worker ends the run with its test named; xdist 3.8 replacing a worker
+# under --dist loadgroup re-queues finished work and then waits for ever (pytest-xdist#1378).
 test: system-deps $(STAMP) lint
-	$(BIN)/pytest -n 2 --dist loadgroup
+	$(BIN)/pytest -n 2 --dist loadgroup --max-worker-restart 0
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
