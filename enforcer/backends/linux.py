@@ -30,6 +30,7 @@ import contextlib
 import ipaddress
 import json
 import subprocess
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -44,6 +45,11 @@ from enforcer.render.linux import RULE_PRIORITY_BASE, render_linux
 OWN_RULES_END = 32000  # our ip rule priorities: [RULE_PRIORITY_BASE, OWN_RULES_END)
 FABRIC_RULE_BASE = 30000  # `iif <L3VNI vxlan device> lookup <vni>`, one per VNI
 RESERVED_TABLES = frozenset({0, 253, 254, 255})  # unspec, default, main, local
+
+# One libnftables call at a time in this process: nft_ctx_new's one-time set-up (GMP, xtables) is not
+# synchronised, and the library does not promise that contexts on several threads are safe. Agents run a
+# device loop per leaf on its own thread; a leaf's transaction takes milliseconds, so the lock costs nothing.
+_LIBNFTABLES = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -200,18 +206,22 @@ class LinuxBackend:
         def body() -> Any:
             import nftables
 
-            nft = nftables.Nftables()
-            nft.set_json_output(True)
-            if apply is not None:
-                rc, _, err = nft.json_cmd(apply)
-                if rc != 0:
-                    raise ApplyError(f"nftables refused the rule set: {err.strip()[:500]}")
-            if not listing:
-                return None
-            rc, out, err = nft.cmd(f"list table inet {table}")
-            if rc != 0:
-                return None  # no such table
-            return json.loads(out)["nftables"]
+            with _LIBNFTABLES:
+                nft = nftables.Nftables()
+                try:
+                    nft.set_json_output(True)
+                    if apply is not None:
+                        rc, _, err = nft.json_cmd(apply)
+                        if rc != 0:
+                            raise ApplyError(f"nftables refused the rule set: {err.strip()[:500]}")
+                    if not listing:
+                        return None
+                    rc, out, err = nft.cmd(f"list table inet {table}")
+                    if rc != 0:
+                        return None  # no such table
+                    return json.loads(out)["nftables"]
+                finally:
+                    del nft  # nft_ctx_free, still under the lock
 
         try:
             return run_in(self.netns, body)
