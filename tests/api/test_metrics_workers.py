@@ -37,24 +37,31 @@ def test_counts_are_summed_across_workers(tmp_path: Path) -> None:
                 "TRUSTFABRIC_METRICS_PORT": str(metrics_port), "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
                 "TRUSTFABRIC_LOG_LEVEL": "warning"})
     base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": "Bearer scrape-me"}
+
+    def scraped() -> float:
+        r = httpx.get(f"{base}/metrics", headers=auth, timeout=30)  # answered by either worker
+        assert r.status_code == 200
+        return _healthz_count(r.text)
+
     with serve_binary([BIN, "serve", "--port", str(port), "--workers", "2"], port=port, env=env, cwd=tmp_path):
-        served = 1  # the readiness probe's answer
-        deadline = time.monotonic() + 30
-        while not any(multiproc.glob("counter_*.db")) or len(
-                {p.name for p in multiproc.glob("counter_*.db")}) < 2:  # both workers have answered once
-            assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        # the readiness probes are counted too, and one that timed out on our side may still be answered late:
+        # start from a count that has settled
+        start, deadline = scraped(), time.monotonic() + 30
+        while (now := (time.sleep(0.3), scraped())[1]) != start:
+            start = now
+            assert time.monotonic() < deadline, "the readiness probes' count never settled"
+        served = 0
+        while len({p.name for p in multiproc.glob("counter_*.db")}) < 2:  # both workers have answered once
+            assert httpx.get(f"{base}/healthz", timeout=30).status_code == 200
             served += 1
             assert time.monotonic() < deadline, "the second worker never answered"
         for _ in range(20):
-            assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+            assert httpx.get(f"{base}/healthz", timeout=30).status_code == 200
             served += 1
-        counts = set()
-        for _ in range(6):  # answered by either worker
-            r = httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer scrape-me"}, timeout=5)
-            assert r.status_code == 200
-            counts.add(_healthz_count(r.text))
-        assert counts == {float(served)}
-        aside = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
-        assert aside.status_code == 200 and _healthz_count(aside.text) == served
+        counts = {scraped() for _ in range(6)}
+        assert counts == {start + served}
+        aside = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30)
+        assert aside.status_code == 200 and _healthz_count(aside.text) == start + served
         writers = {p.name.rsplit("_", 1)[-1] for p in multiproc.glob("counter_*.db")}
         assert len(writers) >= 2, writers  # two worker processes wrote their own files
