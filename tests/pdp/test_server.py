@@ -15,7 +15,7 @@ from cryptography.x509.oid import NameOID
 
 from policy.decide import decide_flow
 from policy.engines.opa_server import OpaServerEngine, OpaSettings
-from tests.policy.conftest import Served, serve_pdp
+from tests.policy.conftest import LOADED, Served, serve_pdp
 from tests.policy.helpers import flow, shipped, small_doc
 
 
@@ -74,7 +74,7 @@ def test_opa_engine_over_tls_with_bearer_token(tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)
     served = serve_pdp(token="tls-token", ssl_certfile=cert, ssl_keyfile=key)
     try:
-        engine = OpaServerEngine(OpaSettings(url=served.url, token="tls-token", ca_bundle=cert))
+        engine = OpaServerEngine(OpaSettings(url=served.url, token="tls-token", ca_bundle=cert, timeout=LOADED))
         engine.load(shipped(), small_doc())
         assert decide_flow(engine, flow("acme", "web", "acme", "batch", "tcp", 8080)).allow
         engine.close()

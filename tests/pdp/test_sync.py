@@ -13,7 +13,7 @@ import httpx
 from policy.decide import decide_flow
 from policy.engines.opa_server import OpaServerEngine, OpaSettings
 from tests.api.conftest import make_settings
-from tests.policy.conftest import free_port
+from tests.policy.conftest import LOADED, free_port
 from tests.policy.helpers import REGO_DIR, ROOT, flow, shipped, small_doc
 from workflows.context import AppContext
 
@@ -36,7 +36,7 @@ def test_trustfabric_pdp_serves_decisions(tmp_path: Path) -> None:
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.1)
-        engine = OpaServerEngine(OpaSettings(url=url, token="cli-token"))
+        engine = OpaServerEngine(OpaSettings(url=url, token="cli-token", timeout=LOADED))
         engine._modules = shipped()  # already served by --rego
         engine.set_data(small_doc())
         assert decide_flow(engine, flow("acme", "web", "acme", "batch", "tcp", 8080)).allow

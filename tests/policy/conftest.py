@@ -23,6 +23,9 @@ from policy.engines.embedded import RegorusEngine
 from policy.engines.opa_server import OpaServerEngine, OpaSettings
 from tests.servers import start_app, stop_app
 
+LOADED = 30.0  # a server engine's per-request timeout in tests: a loaded machine answers a wide bulk query
+# slower than the production default (2 s), and these tests are about answers, not latency
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -20,6 +20,7 @@ from policy.engines import PolicyEngine
 from policy.engines.embedded import RegorusEngine
 from policy.engines.opa_server import OpaServerEngine, OpaSettings
 from policy.errors import PolicyCompileError, PolicyEngineError
+from tests.policy.conftest import LOADED
 from tests.policy.helpers import NOW_NS, corpus, flow, reference_allowed, reference_allows, shipped, small_doc
 
 Factory = Callable[[], PolicyEngine]
@@ -162,9 +163,9 @@ def test_wrong_bearer_token_fails_closed(pdp: object) -> None:
 def test_embedded_and_server_engines_agree_on_a_generated_corpus(pdp: object, opa_url: str | None) -> None:
     data = small_doc()
     embedded = RegorusEngine(shipped(), data)
-    servers: list[PolicyEngine] = [OpaServerEngine(OpaSettings(url=pdp.url, token=pdp.token))]  # type: ignore[attr-defined]
+    servers: list[PolicyEngine] = [OpaServerEngine(OpaSettings(url=pdp.url, token=pdp.token, timeout=LOADED))]  # type: ignore[attr-defined]
     if opa_url:
-        servers.append(OpaServerEngine(OpaSettings(url=opa_url)))
+        servers.append(OpaServerEngine(OpaSettings(url=opa_url, timeout=LOADED)))
     flows_in = corpus(data)
     grants_in = [
         {"requester": {"tenant": st}, "src": {"tenant": st, "group": sg}, "dst": {"tenant": dt, "group": dg},

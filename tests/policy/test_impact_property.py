@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from policy.impact import diff_flow_sets, impact_of
 from policy.versions import version_hash
+from tests.policy.conftest import LOADED
 from tests.policy.helpers import NOW_NS, doc, group, reference_allowed, shipped
 
 TENANTS = ["a", "b", "c", "platform"]
@@ -79,7 +80,7 @@ def test_embedded_and_pdp_agree_on_generated_inventories(pdp: Any, data: dict[st
     from tests.policy.helpers import corpus
 
     embedded = RegorusEngine(CANDIDATE, data)
-    server = OpaServerEngine(OpaSettings(url=pdp.url, token=pdp.token))
+    server = OpaServerEngine(OpaSettings(url=pdp.url, token=pdp.token, timeout=LOADED))
     server.load(CANDIDATE, data)
     batch = corpus(data)
     assert server.evaluate_many(FLOW_QUERY, batch) == embedded.evaluate_many(FLOW_QUERY, batch)
