@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlmodel import Session, col, select
 
@@ -27,7 +27,10 @@ from policy.engines import PolicyEngine, scratch_engine
 from policy.errors import PolicyTestsFailed, SignatureRequired, TwoPersonRule
 from policy.impact import ImpactReport, impact_of
 from policy.models import PolicyVersion
-from policy.versions import VerifyKey, verify_signature
+from policy.versions import verify_signature
+
+if TYPE_CHECKING:
+    from policy.versions import VerifyKey
 
 log = logging.getLogger(__name__)
 
