@@ -7,13 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from core.clock import as_utc
 from pki.errors import NotInitialized
 
 if TYPE_CHECKING:
-    from store.readonly import ReadOnlyDb
+    from pki.models import CertificateAuthority
+    from store.readonly import ReadOnlyDb, Record
+
+    CARow: TypeAlias = CertificateAuthority | Record  # an ORM row, or one read through sqlite3
 
 CAS_TABLE = "pki_cas"  # pki.models.CertificateAuthority.__tablename__ (tests/cli/test_read_path.py checks)
 SETTINGS_TABLE = "pki_settings"  # pki.models.TrustDomainSettings.__tablename__
@@ -21,19 +24,6 @@ ALL_CAS = f"SELECT * FROM {CAS_TABLE}"  # noqa: S608 (constants, no input)
 SETTINGS = f"SELECT * FROM {SETTINGS_TABLE} WHERE id = 1"  # noqa: S608
 NOT_INITIALIZED = "the trust domain is not initialised: run `trustfabric init --trust-domain <td>`"
 LIVE_STATES = ("prepared", "active", "retiring")  # the generations the schedule acts on
-
-
-class CARow(Protocol):
-    """What the schedule reads of a CA (pki.models.CertificateAuthority has it)."""
-
-    id: str
-    generation: int
-    role: str
-    state: str
-    key_kind: str
-    not_before: datetime
-    not_after: datetime
-    signed_until: datetime | None
 
 
 @dataclass(frozen=True)
