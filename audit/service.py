@@ -34,10 +34,11 @@ from audit import counters, merkle
 from audit.actor import ACTOR_KINDS, Actor
 from audit.errors import InvalidAuditEvent, ProofError
 from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditCounter, AuditEvent, AuditHead, AuditNode, node_key
+from audit.wire import GENESIS_HASH as GENESIS_HASH
+from audit.wire import format_ts as format_ts
 from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 
-GENESIS_HASH = "0" * 64
 DOCUMENT_VERSION = 2
 MAX_EVENT_BYTES = 64 * 1024  # an event's hashed bytes; the field limits keep real events far below it
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$")
@@ -61,12 +62,6 @@ _UPDATE_HEAD = (
         last_ts=bindparam("h_ts"),
     )
 )
-
-
-def format_ts(ts: datetime) -> str:
-    """The one textual form of an event time: UTC, microseconds, 'Z'. isoformat, not strftime: strftime
-    does not pad years below 1000, which fromisoformat then refuses."""
-    return ts.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def event_document(event: AuditEvent) -> dict[str, Any]:

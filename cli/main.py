@@ -5,6 +5,7 @@ through the API; `--help` groups every command under the panel that says so."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import typer
@@ -56,6 +57,12 @@ def main(argv: list[str] | None = None) -> None:
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
     from typer.exceptions import Abort
 
+    if argv is None:  # a process of its own (not a test calling in), still single-threaded: safe to setenv
+        # regorus reports errors through Rust's anyhow, which captures a stack backtrace with each one when
+        # RUST_BACKTRACE is set (and symbolises it at the first, ~0.15 s); the policy commands strip it from
+        # what they print. RUST_LIB_BACKTRACE covers library errors only (panics still follow
+        # RUST_BACKTRACE); an operator who sets it keeps their choice.
+        os.environ.setdefault("RUST_LIB_BACKTRACE", "0")
     fit_to_terminal()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     config.select(None)

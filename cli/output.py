@@ -51,6 +51,7 @@ from core.errors import TrustfabricError
 if TYPE_CHECKING:
     from audit import Actor
     from audit.actor import ActorKind
+    from store.readonly import ReadOnlyDb
     from workflows.context import AppContext
 
 console = Console()
@@ -326,6 +327,23 @@ def open_context(*, create: bool = False) -> Iterator[AppContext]:
         yield ctx
     finally:
         ctx.close()
+
+
+def read_local(fast: Callable[[ReadOnlyDb], T], full: Callable[[AppContext], T]) -> T:
+    """What a read-only local command reads: `fast` over the database opened read-only through sqlite3 (the
+    command then starts without SQLAlchemy, workflows/readonly.py), else (PostgreSQL, another schema, no
+    database yet) `full` over the full context, as every local command opens it. Both run the domain's one
+    SQL text, so they give the same answer."""
+    from workflows.readonly import open_read_only
+
+    db = open_read_only(local_settings())
+    if db is not None:
+        try:
+            return fast(db)
+        finally:
+            db.close()
+    with open_context() as ctx:
+        return full(ctx)
 
 
 def local_settings() -> Any:

@@ -21,6 +21,7 @@ from core.clock import as_utc
 from keys.store import KeyKind, KeyStore, PublicKey, Signer, hash_for
 from pki.errors import CAUnavailable, NotInitialized
 from pki.models import CertificateAuthority, TrustDomainSettings
+from pki.schedule import NOT_INITIALIZED
 from pki.spiffe_id import SpiffeId
 
 # SPIRE backdates NotBefore a little so that peers with slightly slow clocks accept new certs.
@@ -41,7 +42,7 @@ def load_settings(session: Session) -> TrustDomainSettings:
     """The trust domain settings, or NotInitialized."""
     row = session.get(TrustDomainSettings, 1)
     if row is None:
-        raise NotInitialized("the trust domain is not initialised: run `trustfabric init --trust-domain <td>`")
+        raise NotInitialized(NOT_INITIALIZED)
     return row
 
 

@@ -8,9 +8,9 @@ the last SVID or JWT it signed expires, then leaves the bundle (state `retired`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy import text
 from sqlmodel import Session, select
 
 from audit import Actor, record
@@ -18,41 +18,8 @@ from core.clock import Clock, as_utc
 from keys.store import KeyStore
 from pki.ca import create_generation, generation_cas, load_settings
 from pki.models import CertificateAuthority, TrustDomainSettings
-
-
-@dataclass(frozen=True)
-class CAInfo:
-    id: str
-    generation: int
-    role: str
-    state: str
-    key_kind: str
-    not_before: datetime
-    not_after: datetime
-    signed_until: datetime | None
-
-
-@dataclass(frozen=True)
-class RotationStatus:
-    """What rotate() did (prepared/activated/retired generation numbers) and where things stand."""
-
-    prepared: int | None
-    activated: int | None
-    retired: list[int]
-    active_generation: int | None
-    next_prepare_at: datetime | None
-    next_activate_at: datetime | None
-    cas: list[CAInfo]
-
-
-def prepare_at(ca: CertificateAuthority) -> datetime:
-    nb, na = as_utc(ca.not_before), as_utc(ca.not_after)
-    return nb + (na - nb) / 2
-
-
-def activate_at(ca: CertificateAuthority) -> datetime:
-    nb, na = as_utc(ca.not_before), as_utc(ca.not_after)
-    return na - (na - nb) / 6
+from pki.schedule import ALL_CAS, LIVE_STATES, activate_at, prepare_at, status_of
+from pki.schedule import RotationStatus as RotationStatus
 
 
 def _set_state(rows: list[CertificateAuthority], state: str, now: datetime, session: Session) -> None:
@@ -67,7 +34,7 @@ def _set_state(rows: list[CertificateAuthority], state: str, now: datetime, sess
 
 def _by_generation(session: Session) -> dict[int, list[CertificateAuthority]]:
     out: dict[int, list[CertificateAuthority]] = {}
-    for ca in generation_cas(session, ("prepared", "active", "retiring")):
+    for ca in generation_cas(session, LIVE_STATES):
         out.setdefault(ca.generation, []).append(ca)
     return out
 
@@ -77,23 +44,8 @@ def _issuing(rows: list[CertificateAuthority]) -> CertificateAuthority:
 
 
 def _status(session: Session, prepared: int | None, activated: int | None, retired: list[int]) -> RotationStatus:
-    gens = _by_generation(session)
-    active = next((g for g, rows in gens.items() if rows[0].state == "active"), None)
-    nxt_prepare = nxt_activate = None
-    if active is not None:
-        issuing = _issuing(gens[active])
-        nxt_activate = activate_at(issuing)
-        if not any(rows[0].state == "prepared" for rows in gens.values()):
-            nxt_prepare = prepare_at(issuing)
-    cas = [
-        CAInfo(id=ca.id, generation=ca.generation, role=ca.role, state=ca.state, key_kind=ca.key_kind,
-               not_before=as_utc(ca.not_before), not_after=as_utc(ca.not_after),
-               signed_until=as_utc(ca.signed_until) if ca.signed_until else None)
-        for ca in session.exec(select(CertificateAuthority)).all()
-    ]
-    cas.sort(key=lambda c: (c.generation, c.role != "root"))
-    return RotationStatus(prepared=prepared, activated=activated, retired=retired, active_generation=active,
-                          next_prepare_at=nxt_prepare, next_activate_at=nxt_activate, cas=cas)
+    cas = session.scalars(select(CertificateAuthority).from_statement(text(ALL_CAS))).all()
+    return status_of(cas, prepared, activated, retired)
 
 
 def ca_status(session: Session, clock: Clock) -> RotationStatus:

@@ -47,6 +47,7 @@ from pki.jwtsvid import check_audience, mint
 from pki.models import CertificateAuthority, RevokedIdentity, TrustDomainSettings
 from pki.revocation import RevokedIdentityInfo
 from pki.rotation import RotationStatus
+from pki.schedule import status_dict as status_dict
 from pki.spiffe_id import (
     SpiffeId,
     node_id,
@@ -522,21 +523,6 @@ def join_token_expires_at(session: Session, token: str) -> datetime:
     if row is None:
         raise TokenInvalid("join token not found")
     return as_utc(row.expires_at)
-
-
-def status_dict(status: RotationStatus) -> dict[str, Any]:
-    """RotationStatus as JSON-friendly data (the API and the CLI show the same)."""
-    def ts(value: datetime | None) -> str | None:
-        return value.isoformat() if value else None
-
-    return {
-        "prepared": status.prepared, "activated": status.activated, "retired": status.retired,
-        "active_generation": status.active_generation, "next_prepare_at": ts(status.next_prepare_at),
-        "next_activate_at": ts(status.next_activate_at),
-        "cas": [{"id": c.id, "generation": c.generation, "role": c.role, "state": c.state, "key_kind": c.key_kind,
-                 "not_before": ts(c.not_before), "not_after": ts(c.not_after), "signed_until": ts(c.signed_until)}
-                for c in status.cas],
-    }
 
 
 def node_spiffe_id(session: Session, node_name: str) -> str:

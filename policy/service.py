@@ -10,12 +10,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from core.errors import Conflict, InvalidInput, NotFound
+from policy import reads
 from policy.authoring import PreparedVersion as PreparedVersion
 from policy.authoring import evaluate_query as evaluate_query
 from policy.authoring import prepare as prepare
@@ -27,7 +29,10 @@ from policy.engines import PolicyEngine, scratch_engine
 from policy.errors import PolicyTestsFailed, SignatureRequired, TwoPersonRule
 from policy.impact import ImpactReport, impact_of
 from policy.models import PolicyVersion
-from policy.versions import VerifyKey, verify_signature
+from policy.versions import verify_signature
+
+if TYPE_CHECKING:
+    from policy.versions import VerifyKey
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +88,8 @@ def upload(
 
 
 def list_versions(session: Session) -> list[PolicyVersion]:
-    return list(session.exec(select(PolicyVersion).order_by(col(PolicyVersion.number))).all())
+    """Every version, oldest first (the SQL is policy/reads.py's, which the CLI's read-only path runs too)."""
+    return list(session.scalars(select(PolicyVersion).from_statement(text(reads.LIST_VERSIONS))).all())
 
 
 def get_version(session: Session, ref: str | int) -> PolicyVersion:

@@ -6,19 +6,19 @@ import base64
 import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from typing import TYPE_CHECKING, TypeAlias
 
 from core.canonical import content_hash
 from core.errors import InvalidInput
 from policy.errors import SignatureRequired
 
+if TYPE_CHECKING:  # cryptography loads where keys are used: `policy validate|test` need none
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    VerifyKey: TypeAlias = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
+
 MAX_MODULE_BYTES = 1_000_000
 MAX_MODULES = 200
-
-VerifyKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 
 
 def version_hash(modules: Mapping[str, str]) -> str:
@@ -60,6 +60,9 @@ def load_dir(directory: Path) -> dict[str, str]:
 
 def load_verify_key(pem: bytes) -> VerifyKey:
     """An Ed25519 or ECDSA public key from PEM; InvalidInput for anything else."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
     try:
         key = serialization.load_pem_public_key(pem)
     except ValueError as exc:
@@ -70,6 +73,8 @@ def load_verify_key(pem: bytes) -> VerifyKey:
 
 
 def key_fingerprint(key: VerifyKey) -> str:
+    from cryptography.hazmat.primitives import serialization
+
     der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return "sha256:" + hashlib.sha256(der).hexdigest()[:32]
 
@@ -87,6 +92,10 @@ def verify_signature(content_hash_hex: str, signature_b64: str | None, keys: Seq
         signature = base64.b64decode(signature_b64, validate=True)
     except ValueError as exc:
         raise SignatureRequired("the signature is not valid base64") from exc
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
     message = content_hash_hex.encode("ascii")
     for key in keys:
         try:

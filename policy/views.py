@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from core.clock import as_utc
-from policy.models import DecisionRecord, PolicyVersion
+
+if TYPE_CHECKING:  # the models (SQLModel) load where rows are read through the ORM, not for showing them
+    from policy.models import DecisionRecord, PolicyVersion
+    from store.readonly import Record
 
 
 class VersionOut(BaseModel):
@@ -45,7 +48,8 @@ class DecisionOut(BaseModel):
     policy_hash: str | None
 
 
-def version_out(v: PolicyVersion, detail: bool = False) -> VersionOut:
+def version_out(v: PolicyVersion | Record, detail: bool = False) -> VersionOut:
+    """A version as the API and the CLI show it; `v` from the ORM or from the CLI's read-only path."""
     fields: dict[str, Any] = dict(
         number=v.number or 0, content_hash=v.content_hash, state=v.state, tests_passed=v.tests_passed,
         tests_total=len(v.tests), tests_failing=[str(t["name"]) for t in v.tests if not t.get("passed")],

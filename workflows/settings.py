@@ -8,13 +8,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.errors import InvalidInput
 from core.quotas import Quotas
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
-from enforcer.allocate import Pools
-from enforcer.compiler import Budget
-from policy.engines import EngineSettings
+
+if TYPE_CHECKING:  # loaded where built: every local command reads settings, few compile or evaluate
+    from enforcer.allocate import Pools
+    from enforcer.compiler import Budget
+    from policy.engines import EngineSettings
 
 MODES = ("production", "development")
 
@@ -233,11 +236,15 @@ class Settings:
 
     def pools(self) -> Pools:
         """The pools tenants' missing addressing comes from (enforcer.allocate)."""
+        from enforcer.allocate import Pools
+
         return Pools(vni=self.vni_pool, vlan=self.vlan_pool, ipv4=self.prefix_pool, ipv4_len=self.prefix_length,
                      ipv6=self.prefix6_pool, ipv6_len=self.prefix6_length)
 
     def budget(self) -> Budget:
         """Per-device capacity the compiler checks every rule set against."""
+        from enforcer.compiler import Budget
+
         if self.leaf_acl_mode not in ("atomic", "non-atomic"):
             raise InvalidInput(f"TRUSTFABRIC_LEAF_ACL_MODE must be atomic or non-atomic, not {self.leaf_acl_mode!r}")
         return Budget(nic_flows=self.nic_flow_budget, leaf_acl_entries=self.leaf_acl_budget,
@@ -245,6 +252,8 @@ class Settings:
 
     def engines(self) -> EngineSettings:
         """What policy.engines.make_engine needs to choose and reach an engine."""
+        from policy.engines import EngineSettings
+
         return EngineSettings(
             kind=self.policy_engine, authz_kind=self.authz_engine, opa_url=self.opa_url, opa_token=self.opa_token,
             opa_ca_bundle=self.opa_ca_file, opa_timeout=self.opa_timeout_seconds,

@@ -149,3 +149,14 @@ def header_output(first_line: bytes) -> str | None:
         return None
     output = header.get("output") if isinstance(header, dict) else None
     return output if isinstance(output, str) else None
+
+
+def context_positions(flt: dict[str, Any], start: int, end: int, size: int) -> tuple[int | None, int | None]:
+    """Sequence numbers of the context events an export of [start, end) carries: the event before the
+    range when --since cut it, the event after it when --until did; None where there is none. Only for
+    exports that do not narrow by tenant or action. Shared with the verifier."""
+    if flt.get("tenant") is not None or flt.get("action") is not None:
+        return None, None
+    before = start - 1 if flt.get("since") is not None and start > 0 else None
+    after = end if flt.get("until") is not None and end < size else None
+    return before, after

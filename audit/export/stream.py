@@ -50,7 +50,7 @@ from audit import counters, merkle
 from audit.checkpoint import DEFAULT_ORIGIN, Checkpoint, CheckpointSigner, checkpoint_proving
 from audit.errors import InvalidAuditEvent
 from audit.export.formats import FORMATS
-from audit.export.records import EXPORT_FORMAT, EXPORT_VERSION
+from audit.export.records import EXPORT_FORMAT, EXPORT_VERSION, context_positions
 from audit.models import AuditCheckpoint, AuditEvent
 from audit.service import ACTION_RE, consistency_proof, format_ts, node_hashes, root_at
 from core.clock import Clock, system_clock
@@ -261,17 +261,6 @@ def _consistency(session: Session, kept: Checkpoint, size: int) -> dict[str, Any
         )
     proof = consistency_proof(session, kept.size, size)
     return {"size": kept.size, "proof": [base64.b64encode(h).decode() for h in proof]}
-
-
-def context_positions(flt: dict[str, Any], start: int, end: int, size: int) -> tuple[int | None, int | None]:
-    """Sequence numbers of the context events an export of [start, end) carries: the event before the
-    range when --since cut it, the event after it when --until did; None where there is none. Only for
-    exports that do not narrow by tenant or action. Shared with the verifier."""
-    if flt.get("tenant") is not None or flt.get("action") is not None:
-        return None, None
-    before = start - 1 if flt.get("since") is not None and start > 0 else None
-    after = end if flt.get("until") is not None and end < size else None
-    return before, after
 
 
 def _stored_gap(session: Session, start: int, end: int) -> list[tuple[int, int, bytes]]:

@@ -28,10 +28,10 @@ from typing import IO, Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from audit import merkle
-from audit.checkpoint import Checkpoint, verify_checkpoint
 from audit.errors import CheckpointError, ProofError
 from audit.export.jsonl import EVENT_PREFIX, LEAF_INFIX
 from audit.export.records import EXPORT_FORMAT, EXPORT_VERSION, MAX_LINE_BYTES
+from audit.note import Checkpoint, verify_checkpoint
 from audit.verify.report import VerifyReport
 
 _TAIL = len(LEAF_INFIX) + 64 + 2  # ,"leaf_hash":"<64 hex>"}

@@ -42,7 +42,6 @@ from typing import IO, Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from audit import counters, merkle
-from audit.checkpoint import Checkpoint, verify_checkpoint
 from audit.errors import (
     BadCheckpoint,
     BadHeader,
@@ -73,12 +72,13 @@ from audit.export.records import (
     Gap,
     Header,
     Record,
+    context_positions,
     malformed,
 )
-from audit.export.stream import context_positions
-from audit.service import GENESIS_HASH
+from audit.note import Checkpoint, verify_checkpoint
 from audit.verify import fast as whole_file
 from audit.verify.report import VerifyReport
+from audit.wire import GENESIS_HASH
 
 
 def verify_export(

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:  # imported when a command runs: `trustfabric --help` stays light
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from audit.checkpoint import Checkpoint
+    from audit.note import Checkpoint
 
 
 def export_cmd(
@@ -125,7 +125,7 @@ def _read_checkpoint(path: Path) -> str:
 
 def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
     """A checkpoint note the auditor kept, verified with the audit public key (CheckpointError if not)."""
-    from audit.checkpoint import verify_checkpoint
+    from audit.note import verify_checkpoint
 
     return verify_checkpoint(_read_checkpoint(path), key)
 
@@ -142,8 +142,8 @@ def verify_cmd(
     ),
 ) -> None:
     """Verify an export offline; exit 0 when proven intact, 1 naming the first bad event, 3 when unproven."""
-    from audit.checkpoint import load_public_key
     from audit.errors import Unproven, VerificationError
+    from audit.note import load_public_key
     from audit.verify import verify_export
 
     try:

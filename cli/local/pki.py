@@ -10,11 +10,23 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from cli.output import LOCAL, Col, View, add_group, command, emit, local_operator, machine_output, open_context
+from cli.output import (
+    LOCAL,
+    Col,
+    View,
+    add_group,
+    command,
+    emit,
+    local_operator,
+    machine_output,
+    open_context,
+    read_local,
+)
 from cli.params import SLUG, existing_file
 
 if TYPE_CHECKING:
     from pki import service
+    from workflows.context import AppContext
 
 
 def _ttl(seconds: int | None) -> timedelta | None:
@@ -154,11 +166,14 @@ def register(app: typer.Typer) -> None:
     @command(ca, "status", LOCAL)
     def ca_status() -> None:
         """CA generations and the next scheduled rotation steps."""
-        from pki import service
+        from pki import schedule
 
-        with open_context() as ctx, ctx.db.read_session() as session:
-            data = service.status_dict(service.ca_status(session, ctx.clock))
-        _print_status(data)
+        def full(ctx: AppContext) -> dict[str, Any]:
+            from pki import service
+
+            with ctx.db.read_session() as session:
+                return schedule.status_dict(service.ca_status(session, ctx.clock))
+        _print_status(read_local(lambda db: schedule.status_dict(schedule.ca_status(db)), full))
 
     @command(ca, "rotate", LOCAL)
     def ca_rotate(

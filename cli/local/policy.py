@@ -9,7 +9,7 @@ where OPA is installed).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -29,8 +29,13 @@ from cli.output import (
     local_settings,
     machine_output,
     open_context,
+    read_local,
 )
 from cli.params import PORT, PROTO, SLUG, WHEN, choice, existing_dir, existing_file
+
+if TYPE_CHECKING:
+    from store.readonly import ReadOnlyDb
+    from workflows.context import AppContext
 
 VERSIONS = View("policy versions", (
     Col("#", "number", kind="id"), Col("state", "state"), Col("hash", lambda r: r["content_hash"][:16], kind="id"),
@@ -276,12 +281,17 @@ def register(app: typer.Typer) -> None:
     @command(policy, "list", LOCAL)
     def list_cmd() -> None:
         """Every version and its state."""
-        from policy import service
+        def fast(db: ReadOnlyDb) -> list[dict[str, Any]]:
+            from policy import reads
 
-        def run() -> list[dict[str, Any]]:
-            with open_context() as ctx, ctx.db.read_session() as session:
+            return [_version_dict(v) for v in reads.list_versions(db)]
+
+        def full(ctx: AppContext) -> list[dict[str, Any]]:
+            from policy import service
+
+            with ctx.db.read_session() as session:
                 return [_version_dict(v) for v in service.list_versions(session)]
-        emit(guard(run), VERSIONS)
+        emit(guard(lambda: read_local(fast, full)), VERSIONS)
 
     @command(policy, "show", LOCAL)
     def show_cmd(version: str = typer.Argument(None, metavar="[N|HASH]",
