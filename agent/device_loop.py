@@ -27,6 +27,7 @@ from typing import Any
 from agent.api import ApiClient, Refused, Unreachable
 from agent.metrics import AgentMetrics
 from agent.wiring import DeviceWiring
+from core.testpoints import pause_point
 from enforcer.errors import NotApplied
 from enforcer.ir import DeviceRuleSet
 from enforcer.leaf_view import fabric_of_view
@@ -127,6 +128,7 @@ class DeviceLoop:
                 if not installed_already:
                     started = time.perf_counter()
                     backend.apply(rules)
+                    pause_point("agent.apply.unrecorded")
                     self.metrics.apply_seconds.labels(self.device).observe(time.perf_counter() - started)
                     self.metrics.applies.labels(self.device).inc()
             except Unreachable:  # not refused: fetched again (no If-None-Match for it) once the server answers

@@ -1,0 +1,201 @@
+"""Killed mid-apply, restart converges: the installed `trustfabric agent` binary, run as its own process for
+gpu1 against a real server over TLS and the golden lab in agent mode (the other nodes' agents on threads of
+this process), is stopped by `kill -9` at a named step of its apply and started again.
+
+The moment is deterministic: the process runs with TRUSTFABRIC_TEST_PAUSE (core.testpoints), reaches the
+point, writes a ready file and waits; the test sees the file, checks the wire in that in-between state and
+kills. Two windows:
+  - the OVS backend wrote its flow file but did not commit the bundle: the SuperNIC still runs the old set
+    (the new grant is not open yet); the restarted agent must apply the new one;
+  - the bundle is committed but the agent neither recorded nor reported it: the wire is already open, the
+    server still shows the old version; the restarted agent must find it installed, apply nothing and report.
+Either way the device converges to the desired set, the server sees it in sync and the wire is right."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from lab import build, operations, state
+from lab.probe import connect, endpoint, listening
+from tests.agent.harness import Served, served_fabric
+from tests.enforcer.helpers import SMALL
+from tests.lab.conftest import require_lab
+from tests.policy.conftest import free_port
+
+pytestmark = [pytest.mark.netns, pytest.mark.xdist_group("agent-e2e")]  # one lab at a time beside the e2e's
+BIN = str(Path(sys.executable).parent / "trustfabric")
+VICTIM = "gpu1"  # holds acme/train/w1, the grant's source
+THREADS = ("gpu2", "gpu3", "gpu4", "leaf1", "leaf2")
+SETTLE = 20.0  # bound on every wait (a loaded machine); typically well under a second
+
+
+@dataclass
+class Rig:
+    served: Served
+    lab_home: Path
+    st: dict[str, Any]
+    logs: Path
+    proc: subprocess.Popen[bytes] | None = None
+    metrics_port: int = field(default_factory=free_port)
+    runs: int = 0
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        r = self.served.env.call("GET", "/v1/devices", "admin")
+        assert r.status_code == 200, r.text
+        return {d["device"]: d for d in r.json()}
+
+    def start(self, pause: str | None = None, ready: Path | None = None) -> subprocess.Popen[bytes]:
+        """The real binary as a node would run it (its own data directory; a join token on the first run)."""
+        data = self.served.home / "agents" / VICTIM
+        args = [BIN, "agent", "--node", VICTIM, "--server", self.served.url, "--ca", str(self.served.tls.ca_file),
+                "--data-dir", str(data), "--lab", str(self.lab_home), "--metrics", f"127.0.0.1:{self.metrics_port}"]
+        if not (data / "node.pem").exists():
+            args += ["--join-token", self.served.join_token(VICTIM)]
+        env = {k: v for k, v in os.environ.items() if k != "TRUSTFABRIC_TEST_PAUSE"}
+        if pause is not None:
+            env["TRUSTFABRIC_TEST_PAUSE"] = f"{pause}={ready}"
+        self.runs += 1
+        log = (self.logs / f"run{self.runs}.log").open("wb")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        return self.proc
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.logs.glob("run*.log")))
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout=SETTLE)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: only this agent and its children
+            proc.wait(timeout=10)
+
+    def wait(self, check: Any, what: str, timeout: float = SETTLE) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"the agent exited ({self.proc.returncode}) while waiting for {what}:\n"
+                                     f"{self.log_text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not within {timeout} s: {what}\n{self.log_text()}")
+            time.sleep(0.05)
+
+    def victim_in_sync(self) -> bool:
+        d = self.devices()[f"nic:{VICTIM}"]
+        return bool(d["in_sync"]) and not d["last_error"]
+
+    def applies(self) -> float:
+        """The running process's apply count for its NIC, from its Prometheus endpoint."""
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+        series = f'trustfabric_agent_applies_total{{device="nic:{VICTIM}"}}'
+        line = next(x for x in text.splitlines() if x.startswith(series))
+        return float(line.rsplit(" ", 1)[1])
+
+    def metrics_up(self) -> bool:
+        try:
+            self.applies()
+        except (httpx.HTTPError, StopIteration):
+            return False
+        return True
+
+    def is_open(self, src: str, dst: str, port: int) -> bool:
+        s, d = endpoint(self.st, src), endpoint(self.st, dst)
+        with listening([(d, 4, port)]):
+            return connect(s, d, port, 4, timeout=0.5)[0]
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    require_lab()
+    root = tmp_path_factory.mktemp("agent-kill")
+    lab_home = root / "lab"
+    try:
+        operations.up(lab_home, SMALL, "agent")
+        st = state.load(lab_home)
+        assert st is not None
+        with served_fabric(root / "server") as served:
+            for node in THREADS:
+                served.agent(node, lab=lab_home)
+            logs = root / "logs"
+            logs.mkdir()
+            r = Rig(served, lab_home, st, logs)
+            try:
+                r.start()
+                r.wait(lambda: all(d["in_sync"] for d in r.devices().values()), "every device applied")
+                yield r
+            finally:
+                r.stop()
+    finally:
+        build.teardown(lab_home)
+
+
+def approve(rig: Rig) -> str:
+    env = rig.served.env
+    r = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={
+        "src_group": "train", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [8443],
+        "ttl_seconds": 3600})
+    assert r.status_code == 201, r.text
+    gid = str(r.json()["id"])
+    r = env.call("POST", f"/v1/grants/{gid}/approve", "tenant-admin", "globex", json={})
+    assert r.status_code < 300, r.text
+    return gid
+
+
+def revoke(rig: Rig, gid: str) -> None:
+    r = rig.served.env.call("POST", f"/v1/grants/{gid}/revoke", "tenant-admin", "globex", json={"reason": "over"})
+    assert r.status_code < 300, r.text
+
+
+@pytest.mark.parametrize(("point", "open_at_kill", "applies_after"), [
+    ("ovs.apply.before-commit", False, 1.0),
+    ("agent.apply.unrecorded", True, 0.0),
+])
+def test_killed_mid_apply_the_restarted_agent_converges(rig: Rig, tmp_path: Path, point: str, open_at_kill: bool,
+                                                        applies_after: float) -> None:
+    src, dst = "acme/train/w1", "globex/api/a1"
+    rig.stop()
+    before = rig.devices()[f"nic:{VICTIM}"]
+    gid = approve(rig)
+    try:
+        rig.wait(lambda: rig.devices()[f"nic:{VICTIM}"]["desired_version"] > before["desired_version"],
+                 "the grant published for the victim's NIC")
+        # the other devices take the grant; the victim's NIC, which its absent agent did not change, decides
+        rig.wait(lambda: all(d["in_sync"] for n, d in rig.devices().items() if n != f"nic:{VICTIM}"),
+                 "every other device applied the grant")
+        assert not rig.is_open(src, dst, 8443)
+
+        ready = tmp_path / "paused"
+        proc = rig.start(point, ready)
+        rig.wait(ready.exists, f"the agent paused at {point}")
+        assert int(ready.read_text()) == proc.pid
+        assert rig.is_open(src, dst, 8443) is open_at_kill  # the in-between state, as the wire shows it
+        d = rig.devices()[f"nic:{VICTIM}"]
+        assert d["applied_version"] == before["applied_version"] and not d["in_sync"]  # nothing reported yet
+        rig.stop(signal.SIGKILL)
+        assert proc.returncode == -signal.SIGKILL
+
+        rig.start()
+        rig.wait(rig.victim_in_sync, "the restarted agent converged and reported")
+        rig.wait(rig.metrics_up, "the restarted agent's metrics")
+        assert rig.applies() == applies_after  # the missing set applied, or the installed one recognised
+        assert rig.is_open(src, dst, 8443)
+        assert not rig.is_open(dst, src, 443)  # one way, as ever
+    finally:
+        revoke(rig, gid)
+    rig.wait(lambda: not rig.is_open(src, dst, 8443), "the revocation reached the wire")
+    rig.wait(rig.victim_in_sync, "the victim in sync after the revocation")
