@@ -31,6 +31,10 @@ def register(app: typer.Typer) -> None:
                                                     **existing_file()),
         data_dir: Path | None = typer.Option(None, "--data-dir", file_okay=False, help="node key, SVID and bundle "
                                              "(default ./.trustfabric-agent/NODE)"),
+        key_file: Path | None = typer.Option(None, "--key-file", dir_okay=False, help="the 32-byte secret (mode "
+                                             "0600) that encrypts the node key and SVID cache at rest; created on "
+                                             "first start (default $CREDENTIALS_DIRECTORY/trustfabric-agent.key "
+                                             "under systemd, else DATA_DIR.key beside the data directory)"),
         socket: Path | None = typer.Option(None, "--socket", dir_okay=False, help="the SPIFFE Workload API socket "
                                            "(default DATA_DIR/public/api.sock)"),
         metrics: str | None = typer.Option(None, "--metrics", parser=HOST_PORT, metavar=HOST_PORT.metavar,
@@ -60,7 +64,7 @@ def register(app: typer.Typer) -> None:
         try:
             agent = Agent(AgentConfig(node=node, server=server, ca_file=ca, data_dir=home, join_token=token,
                                       socket=socket or home / "public" / "api.sock", metrics_addr=metrics,
-                                      lab_home=lab)).start()
+                                      lab_home=lab, key_file=key_file)).start()
         except TrustfabricError as exc:
             fail(str(exc))
         signal.signal(signal.SIGTERM, lambda *_: agent.stop_event.set())
