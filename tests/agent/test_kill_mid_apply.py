@@ -13,13 +13,10 @@ Either way the device converges to the desired set, the server sees it in sync a
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,26 +26,22 @@ import pytest
 from lab import build, operations, state
 from lab.probe import connect, endpoint, listening
 from tests.agent.harness import Served, served_fabric
+from tests.agent.process import AgentProcess
 from tests.enforcer.helpers import SMALL
 from tests.lab.conftest import require_lab
 from tests.policy.conftest import free_port
 
 pytestmark = [pytest.mark.netns, pytest.mark.xdist_group("agent-e2e")]  # one lab at a time beside the e2e's
-BIN = str(Path(sys.executable).parent / "trustfabric")
 VICTIM = "gpu1"  # holds acme/train/w1, the grant's source
 THREADS = ("gpu2", "gpu3", "gpu4", "leaf1", "leaf2")
-SETTLE = 20.0  # bound on every wait (a loaded machine); typically well under a second
 
 
 @dataclass
 class Rig:
     served: Served
-    lab_home: Path
     st: dict[str, Any]
-    logs: Path
-    proc: subprocess.Popen[bytes] | None = None
-    metrics_port: int = field(default_factory=free_port)
-    runs: int = 0
+    agent: AgentProcess
+    metrics_port: int
 
     def devices(self) -> dict[str, dict[str, Any]]:
         r = self.served.env.call("GET", "/v1/devices", "admin")
@@ -56,48 +49,16 @@ class Rig:
         return {d["device"]: d for d in r.json()}
 
     def start(self, pause: str | None = None, ready: Path | None = None) -> subprocess.Popen[bytes]:
-        """The real binary as a node would run it (its own data directory; a join token on the first run)."""
-        data = self.served.home / "agents" / VICTIM
-        args = [BIN, "agent", "--node", VICTIM, "--server", self.served.url, "--ca", str(self.served.tls.ca_file),
-                "--data-dir", str(data), "--lab", str(self.lab_home), "--metrics", f"127.0.0.1:{self.metrics_port}"]
-        if not (data / "node.pem").exists():
-            args += ["--join-token", self.served.join_token(VICTIM)]
-        env = {k: v for k, v in os.environ.items() if k != "TRUSTFABRIC_TEST_PAUSE"}
-        if pause is not None:
-            env["TRUSTFABRIC_TEST_PAUSE"] = f"{pause}={ready}"
-        self.runs += 1
-        log = (self.logs / f"run{self.runs}.log").open("wb")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        log.close()
-        return self.proc
-
-    def log_text(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.logs.glob("run*.log")))
+        return self.agent.start({"TRUSTFABRIC_TEST_PAUSE": f"{pause}={ready}"} if pause else None)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, sig)
-        try:
-            proc.wait(timeout=SETTLE)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: only this agent and its children
-            proc.wait(timeout=10)
+        self.agent.stop(sig)
 
-    def wait(self, check: Any, what: str, timeout: float = SETTLE) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"the agent exited ({self.proc.returncode}) while waiting for {what}:\n"
-                                     f"{self.log_text()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not within {timeout} s: {what}\n{self.log_text()}")
-            time.sleep(0.05)
+    def wait(self, check: Any, what: str) -> None:
+        self.agent.wait(check, what)
 
     def victim_in_sync(self) -> bool:
-        d = self.devices()[f"nic:{VICTIM}"]
-        return bool(d["in_sync"]) and not d["last_error"]
+        return self.agent.in_sync(f"nic:{VICTIM}")
 
     def applies(self) -> float:
         """The running process's apply count for its NIC, from its Prometheus endpoint."""
@@ -131,9 +92,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         with served_fabric(root / "server") as served:
             for node in THREADS:
                 served.agent(node, lab=lab_home)
-            logs = root / "logs"
-            logs.mkdir()
-            r = Rig(served, lab_home, st, logs)
+            port = free_port()
+            r = Rig(served, st, AgentProcess(served, VICTIM, root / "logs", "--lab", str(lab_home), "--metrics",
+                                             f"127.0.0.1:{port}"), port)
             try:
                 r.start()
                 r.wait(lambda: all(d["in_sync"] for d in r.devices().values()), "every device applied")
@@ -187,7 +148,7 @@ def test_killed_mid_apply_the_restarted_agent_converges(rig: Rig, tmp_path: Path
         d = rig.devices()[f"nic:{VICTIM}"]
         assert d["applied_version"] == before["applied_version"] and not d["in_sync"]  # nothing reported yet
         rig.stop(signal.SIGKILL)
-        assert proc.returncode == -signal.SIGKILL
+        assert proc.wait(timeout=10) == -signal.SIGKILL
 
         rig.start()
         rig.wait(rig.victim_in_sync, "the restarted agent converged and reported")
