@@ -16,6 +16,8 @@ from cryptography import x509
 
 from agent.identity import AgentError, NodeIdentity, new_key_and_csr
 
+VIEW_KEY = "x-fabric-view"
+
 
 class Unreachable(AgentError):
     """The server did not answer (connection refused, timeout, TLS failure)."""
@@ -107,7 +109,11 @@ class ApiClient:
         headers = {"If-None-Match": f'"{etag}"'} if etag else {}
         r = self.request("GET", f"/v1/devices/{device}/ruleset", ok=(200, 304), params={"wait": wait} if etag else {},
                          headers=headers, timeout=self.timeout + wait)
-        return None if r.status_code == 304 else dict(r.json())
+        if r.status_code == 304:
+            return None
+        doc = dict(r.json())
+        doc[VIEW_KEY] = r.headers.get("X-Fabric-View")  # a leaf's fabric view hash (None: a NIC, or not sent)
+        return doc
 
     def leaf_view(self, device: str) -> dict[str, Any]:
         return dict(self.request("GET", f"/v1/devices/{device}/fabric").json())

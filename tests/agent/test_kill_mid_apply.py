@@ -9,7 +9,10 @@ kills. Two windows:
     (the new grant is not open yet); the restarted agent must apply the new one;
   - the bundle is committed but the agent neither recorded nor reported it: the wire is already open, the
     server still shows the old version; the restarted agent must find it installed, apply nothing and report.
-Either way the device converges to the desired set, the server sees it in sync and the wire is right."""
+Either way the device converges to the desired set, the server sees it in sync and the wire is right.
+
+On the same lab: a leaf's agent reads its fabric view again only when the hash the server sends with the
+rule set (X-Fabric-View) changed: a grant costs it no second request, a moved address does."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from enforcer.leaf_view import view_hash
 from lab import build, operations, state
 from lab.probe import connect, endpoint, listening
 from tests.agent.harness import Served, served_fabric
@@ -160,3 +164,46 @@ def test_killed_mid_apply_the_restarted_agent_converges(rig: Rig, tmp_path: Path
         revoke(rig, gid)
     rig.wait(lambda: not rig.is_open(src, dst, 8443), "the revocation reached the wire")
     rig.wait(rig.victim_in_sync, "the victim in sync after the revocation")
+
+
+def test_a_leaf_reads_its_fabric_view_again_only_when_it_changed(rig: Rig) -> None:
+    env = rig.served.env
+    r = env.call("GET", "/v1/devices/leaf:leaf1/ruleset", "admin")
+    view = env.call("GET", "/v1/devices/leaf:leaf1/fabric", "admin")
+    assert r.status_code == view.status_code == 200
+    assert r.headers["X-Fabric-View"] == view_hash(view.json()) == view.headers["ETag"].strip('"')
+    assert "X-Fabric-View" not in env.call("GET", "/v1/devices/nic:gpu2/ruleset", "admin").headers
+    loop = rig.served.agents["leaf1"].loops[0]
+    assert loop.good is not None
+
+    def applied_after(version: int) -> Any:
+        return lambda: loop.good is not None and loop.good.version > version and rig.victim_in_sync() and \
+            all(d["in_sync"] for d in rig.devices().values())
+
+    fetches, version = loop.view_fetches, loop.good.version
+    gid = approve(rig)
+    try:
+        rig.wait(applied_after(version), "leaf1 applied the grant")
+        assert loop.view_fetches == fetches  # the rule set changed, the view did not: no second request
+    finally:
+        revoke(rig, gid)
+    rig.wait(applied_after(version + 1), "leaf1 applied the revocation")
+    assert loop.view_fetches == fetches
+
+    def place(ipv4: str) -> None:
+        r = env.call("PUT", "/v1/fabric/placements/globex/batch/b1", "admin",
+                     json={"node": "gpu1", "port": "pf0vf1", "ipv4": ipv4})
+        assert r.status_code == 200, r.text
+
+    version = loop.good.version
+    place("10.2.0.22")  # the view changes: its routes need it
+    try:
+        rig.wait(applied_after(version), "leaf1 applied the moved address")
+        assert loop.view_fetches == fetches + 1
+        assert not loop.good.backend.drift(loop.good.rules)
+        assert "10.2.0.22/32" in loop.good.backend.installed()
+    finally:
+        version = loop.good.version
+        place("10.2.0.21")
+    rig.wait(applied_after(version), "leaf1 applied the address moved back")
+    assert loop.view_fetches == fetches + 2
