@@ -32,7 +32,7 @@ from lab.probe import connect, endpoint, listening
 from tests.agent.harness import Served, served_fabric
 from tests.agent.process import AgentProcess
 from tests.enforcer.helpers import SMALL
-from tests.lab.conftest import require_lab
+from tests.lab.conftest import OPEN, require_lab
 from tests.policy.conftest import free_port
 
 pytestmark = [pytest.mark.netns, pytest.mark.xdist_group("agent-e2e")]  # one lab at a time beside the e2e's
@@ -78,10 +78,12 @@ class Rig:
             return False
         return True
 
-    def is_open(self, src: str, dst: str, port: int) -> bool:
+    def is_open(self, src: str, dst: str, port: int, expect: bool = False) -> bool:
+        """One connection; one expected to open gets the lab's generous timeout (a loaded machine), a blocked
+        one never opens by waiting, so it gets a short one."""
         s, d = endpoint(self.st, src), endpoint(self.st, dst)
         with listening([(d, 4, port)]):
-            return connect(s, d, port, 4, timeout=0.5)[0]
+            return connect(s, d, port, 4, timeout=OPEN if expect else 0.5)[0]
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +150,7 @@ def test_killed_mid_apply_the_restarted_agent_converges(rig: Rig, tmp_path: Path
         proc = rig.start(point, ready)
         rig.wait(ready.exists, f"the agent paused at {point}")
         assert int(ready.read_text()) == proc.pid
-        assert rig.is_open(src, dst, 8443) is open_at_kill  # the in-between state, as the wire shows it
+        assert rig.is_open(src, dst, 8443, expect=open_at_kill) is open_at_kill  # the in-between state, on the wire
         d = rig.devices()[f"nic:{VICTIM}"]
         assert d["applied_version"] == before["applied_version"] and not d["in_sync"]  # nothing reported yet
         rig.stop(signal.SIGKILL)
@@ -158,7 +160,7 @@ def test_killed_mid_apply_the_restarted_agent_converges(rig: Rig, tmp_path: Path
         rig.wait(rig.victim_in_sync, "the restarted agent converged and reported")
         rig.wait(rig.metrics_up, "the restarted agent's metrics")
         assert rig.applies() == applies_after  # the missing set applied, or the installed one recognised
-        assert rig.is_open(src, dst, 8443)
+        assert rig.is_open(src, dst, 8443, expect=True)
         assert not rig.is_open(dst, src, 443)  # one way, as ever
     finally:
         revoke(rig, gid)

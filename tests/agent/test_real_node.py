@@ -93,7 +93,11 @@ def test_the_agent_drives_a_leaf_through_nvue(served: Served, tmp_path: Path) ->
                 del switch.applied["acl"][acl]
                 for body in switch.applied.get("interface", {}).values():
                     body.get("acl", {}).pop(acl, None)
-            agent.wait(lambda: managed(switch.applied) == want, "the deleted ACL restored through a new revision")
+            def restored() -> bool:
+                with switch.lock:
+                    return managed(switch.applied) == want
+
+            agent.wait(restored, "the deleted ACL restored through a new revision")
             assert len(switch.revisions) > revisions
             assert all(r["state"] == "applied" for r in switch.revisions.values())
         finally:
