@@ -8,8 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.agent.harness import Served
 
@@ -70,3 +72,24 @@ class AgentProcess:
         assert r.status_code == 200, r.text
         d = next(x for x in r.json() if x["device"] == device)
         return bool(d["in_sync"]) and not d["last_error"]
+
+
+@contextmanager
+def lab_served(root: Path) -> Iterator[tuple[Served, Path, dict[str, Any]]]:
+    """The golden lab built in agent mode and the golden fabric served, for a module's agents; the lab taken
+    down in a finally whatever happened (the agents started through the Served are stopped before)."""
+    from lab import build, operations, state
+    from tests.agent.harness import served_fabric
+    from tests.enforcer.helpers import SMALL
+    from tests.lab.conftest import require_lab
+
+    require_lab()
+    lab_home = root / "lab"
+    try:
+        operations.up(lab_home, SMALL, "agent")
+        st = state.load(lab_home)
+        assert st is not None
+        with served_fabric(root / "server") as served:
+            yield served, lab_home, st
+    finally:
+        build.teardown(lab_home)

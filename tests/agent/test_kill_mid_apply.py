@@ -27,12 +27,10 @@ import httpx
 import pytest
 
 from enforcer.leaf_view import view_hash
-from lab import build, operations, state
 from lab.probe import connect, endpoint, listening
-from tests.agent.harness import Served, served_fabric
-from tests.agent.process import AgentProcess
-from tests.enforcer.helpers import SMALL
-from tests.lab.conftest import OPEN, require_lab
+from tests.agent.harness import Served
+from tests.agent.process import AgentProcess, lab_served
+from tests.lab.conftest import OPEN
 from tests.policy.conftest import free_port
 
 pytestmark = [pytest.mark.netns, pytest.mark.xdist_group("agent-e2e")]  # one lab at a time beside the e2e's
@@ -88,27 +86,19 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    require_lab()
     root = tmp_path_factory.mktemp("agent-kill")
-    lab_home = root / "lab"
-    try:
-        operations.up(lab_home, SMALL, "agent")
-        st = state.load(lab_home)
-        assert st is not None
-        with served_fabric(root / "server") as served:
-            for node in THREADS:
-                served.agent(node, lab=lab_home)
-            port = free_port()
-            r = Rig(served, st, AgentProcess(served, VICTIM, root / "logs", "--lab", str(lab_home), "--metrics",
-                                             f"127.0.0.1:{port}"), port)
-            try:
-                r.start()
-                r.wait(lambda: all(d["in_sync"] for d in r.devices().values()), "every device applied")
-                yield r
-            finally:
-                r.stop()
-    finally:
-        build.teardown(lab_home)
+    with lab_served(root) as (served, lab_home, st):
+        for node in THREADS:
+            served.agent(node, lab=lab_home)
+        port = free_port()
+        r = Rig(served, st, AgentProcess(served, VICTIM, root / "logs", "--lab", str(lab_home), "--metrics",
+                                         f"127.0.0.1:{port}"), port)
+        try:
+            r.start()
+            r.wait(lambda: all(d["in_sync"] for d in r.devices().values()), "every device applied")
+            yield r
+        finally:
+            r.stop()
 
 
 def approve(rig: Rig) -> str:
