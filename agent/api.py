@@ -12,8 +12,11 @@ import threading
 from typing import Any
 
 import httpx
+from cryptography import x509
 
 from agent.identity import AgentError, NodeIdentity, new_key_and_csr
+
+VIEW_KEY = "x-fabric-view"
 
 
 class Unreachable(AgentError):
@@ -106,7 +109,11 @@ class ApiClient:
         headers = {"If-None-Match": f'"{etag}"'} if etag else {}
         r = self.request("GET", f"/v1/devices/{device}/ruleset", ok=(200, 304), params={"wait": wait} if etag else {},
                          headers=headers, timeout=self.timeout + wait)
-        return None if r.status_code == 304 else dict(r.json())
+        if r.status_code == 304:
+            return None
+        doc = dict(r.json())
+        doc[VIEW_KEY] = r.headers.get("X-Fabric-View")  # a leaf's fabric view hash (None: a NIC, or not sent)
+        return doc
 
     def leaf_view(self, device: str) -> dict[str, Any]:
         return dict(self.request("GET", f"/v1/devices/{device}/fabric").json())
@@ -115,8 +122,21 @@ class ApiClient:
         self.request("POST", f"/v1/devices/{device}/status", json=status)
 
     # ------------------------------------------------------------------ workloads
-    def placements(self) -> list[dict[str, Any]]:
-        return list(self.request("GET", f"/v1/nodes/{self.identity.node}/placements").json())
+    def placements(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        return list(self.request("GET", f"/v1/nodes/{self.identity.node}/placements", timeout=timeout).json())
+
+    def revoked_serials(self, timeout: float | None = None) -> set[int]:
+        """The serials on the CRLs of every CA generation (fetched over the verified connection)."""
+        pem = self.request("GET", "/v1/crl", params={"format": "pem"}, timeout=timeout).content
+        marker = b"-----BEGIN X509 CRL-----"
+        out: set[int] = set()
+        for part in pem.split(marker)[1:]:
+            try:
+                crl = x509.load_pem_x509_crl(marker + part)
+            except ValueError as exc:
+                raise Refused(200, f"the CRL does not parse: {exc}") from None
+            out |= {r.serial_number for r in crl}
+        return out
 
     def x509_svid(self, workload: str, csr: str) -> dict[str, Any]:
         t, g, w = workload.split("/")

@@ -24,12 +24,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.api import ApiClient, Refused, Unreachable
+from agent.api import VIEW_KEY, ApiClient, Refused, Unreachable
 from agent.metrics import AgentMetrics
 from agent.wiring import DeviceWiring
+from core.testpoints import pause_point
 from enforcer.errors import NotApplied
+from enforcer.fabric import Fabric
 from enforcer.ir import DeviceRuleSet
-from enforcer.leaf_view import fabric_of_view
+from enforcer.leaf_view import fabric_of_view, view_hash
 
 log = logging.getLogger("trustfabric.agent")
 
@@ -74,6 +76,8 @@ class DeviceLoop:
         self.drift: list[str] = []
         self.repaired = False
         self.repairs = 0
+        self.view: tuple[str, Fabric] | None = None  # a Linux leaf's fabric view: (its hash, the Fabric)
+        self.view_fetches = 0
         self._threads: list[threading.Thread] = []
         for counter in (metrics.applies, metrics.refused, metrics.drift_repairs, metrics.server_errors):
             counter.labels(self.device)  # every series exists from the start (a 0 is an answer)
@@ -127,6 +131,7 @@ class DeviceLoop:
                 if not installed_already:
                     started = time.perf_counter()
                     backend.apply(rules)
+                    pause_point("agent.apply.unrecorded")
                     self.metrics.apply_seconds.labels(self.device).observe(time.perf_counter() - started)
                     self.metrics.applies.labels(self.device).inc()
             except Unreachable:  # not refused: fetched again (no If-None-Match for it) once the server answers
@@ -158,9 +163,20 @@ class DeviceLoop:
             raise BadRuleSet(f"the rule set is for {rules.device}, not {self.device}")
         if rules.content_hash != doc.get("content_hash"):
             raise BadRuleSet(f"its IR hashes to {rules.content_hash}, not to the content hash it came with")
-        fabric = fabric_of_view(self.api.leaf_view(self.device)) if self.wiring.kind == "leaf" else None
+        fabric = self._leaf_fabric(doc.get(VIEW_KEY)) if self.wiring.kind == "leaf" else None
         # a set that cannot render is refused by apply itself, which renders before it touches the device
         return version, rules, self.wiring.make(fabric)
+
+    def _leaf_fabric(self, want: str | None) -> Fabric:
+        """The fabric view the server named with the rule set: the one held when its hash matches, else fetched
+        (a server that names none: always fetched)."""
+        if want is not None and self.view is not None and self.view[0] == want:
+            return self.view[1]
+        doc = self.api.leaf_view(self.device)
+        self.view_fetches += 1
+        fabric = fabric_of_view(doc)
+        self.view = (view_hash(doc), fabric)
+        return fabric
 
     def _in_sync(self, backend: Any, rules: DeviceRuleSet) -> bool:
         try:

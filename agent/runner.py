@@ -11,11 +11,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.api import ApiClient, Refused, Unreachable
+from agent.at_rest import AtRest, default_key_file
 from agent.device_loop import DeviceLoop, LoopSettings
-from agent.identity import AgentError, NodeIdentity
+from agent.identity import NODE_FILE, SEALED_KEY, AgentError, NodeIdentity
 from agent.metrics import AgentMetrics
-from agent.svids import WorkloadSvids
-from agent.wiring import lab_devices
+from agent.svids import CACHE_FILE, SvidCache, WorkloadSvids
+from agent.wiring import NvueLeaf, OvsNode, lab_devices, node_devices
 from agent.workload_api import WorkloadApiServer
 from core.slugs import require_slug
 
@@ -32,6 +33,9 @@ class AgentConfig:
     socket: Path | None = None
     metrics_addr: str | None = None
     lab_home: Path | None = None
+    ovs: OvsNode | None = None  # a real node's OVS bridge (instead of the lab's)
+    nvue: NvueLeaf | None = None  # a real leaf's NVUE API (instead of the lab's)
+    key_file: Path | None = None  # the at-rest secret (agent/at_rest.py); default beside the data directory
     loop: LoopSettings = field(default_factory=LoopSettings)
     placements_every: float = 5.0
     bundle_every: float = 30.0
@@ -41,12 +45,20 @@ class AgentConfig:
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         require_slug(config.node, "node name")
+        if config.lab_home is not None and (config.ovs or config.nvue):
+            raise AgentError("--lab drives the lab's devices, --ovs-bridge and --nvue a real node's: give one or the "
+                             "other")
         self.config = config
         self.stop_event = threading.Event()
         self.metrics = AgentMetrics()
-        self.identity = NodeIdentity(config.data_dir, config.node, config.ca_file)
+        node_file = Path(config.data_dir) / NODE_FILE
+        sealed = node_file.exists() and SEALED_KEY in node_file.read_bytes()
+        # a new key file only for a new node or one migrating from a plaintext key: a sealed key needs its own
+        at_rest = AtRest.open(config.key_file or default_key_file(config.data_dir), config.node, create=not sealed)
+        self.identity = NodeIdentity(config.data_dir, config.node, config.ca_file, at_rest)
         self.api = ApiClient(config.server, self.identity)
-        self.svids = WorkloadSvids(self.api, self.metrics, refresh_every=config.placements_every)
+        self.svids = WorkloadSvids(self.api, self.metrics, refresh_every=config.placements_every,
+                                   cache=SvidCache(self.identity.dir / CACHE_FILE, at_rest))
         self.loops: list[DeviceLoop] = []
         self.workload_api: WorkloadApiServer | None = None
         self._maintenance: threading.Thread | None = None
@@ -101,11 +113,17 @@ class Agent:
             self.api.refresh_bundle()
         except (Unreachable, Refused) as exc:  # the stored bundle (or --ca) serves until the server answers
             log.warning("trust bundle not refreshed: %s", exc)
-        if self.config.lab_home is not None:
-            for wiring in lab_devices(self.config.lab_home, self.config.node):
-                loop = DeviceLoop(wiring, self.api, self.metrics, self.stop_event, self.config.loop)
-                self.loops.append(loop)
-                loop.start()
+        wirings = lab_devices(self.config.lab_home, self.config.node) if self.config.lab_home is not None \
+            else node_devices(self.config.node, self.config.ovs, self.config.nvue)
+        for wiring in wirings:
+            loop = DeviceLoop(wiring, self.api, self.metrics, self.stop_event, self.config.loop)
+            self.loops.append(loop)
+            loop.start()
+        try:  # re-sync the workload SVIDs kept by the last run before the Workload API serves them
+            self.svids.refresh_placements(force=True)
+        except (Unreachable, Refused) as exc:
+            log.warning("workload identities not re-synced yet (the Workload API answers UNAVAILABLE until they "
+                        "are): %s", exc)
         if self.config.socket is not None:
             self.workload_api = WorkloadApiServer(self.config.socket, self.identity, self.svids, self.metrics)
         if self.config.metrics_addr:

@@ -8,7 +8,9 @@ unix socket, as the SPIFFE Workload Endpoint and Workload API specifications des
   ("no identity issued"), as SPIRE answers;
 - FetchX509SVID and FetchX509Bundles, FetchJWTBundles stream: the first answer at once, then a new one
   whenever what the caller would get changes (an SVID renewed at half life, the bundle after a CA rotation,
-  the workload placed or removed); FetchJWTSVID and ValidateJWTSVID answer once.
+  the workload placed or removed); FetchJWTSVID and ValidateJWTSVID answer once;
+- a restarted agent answers UNAVAILABLE ("retry") until it re-synced its cached SVIDs with the server
+  (agent/svids.py), never from an unconfirmed cache.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from agent.api import Unreachable
 from agent.identity import NodeIdentity, roots_of
 from agent.metrics import AgentMetrics
 from agent.peercred import Caller, PeerCredRelay
-from agent.svids import WorkloadSvids
+from agent.svids import NotSynced, WorkloadSvids
 
 log = logging.getLogger("trustfabric.agent.workload_api")
 
@@ -60,8 +62,13 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         assert caller is not None
         return caller
 
-    def _placements(self, caller: Caller) -> list[Any]:
-        return self.svids.for_caller(caller.matches)
+    def _placements(self, caller: Caller, context: grpc.ServicerContext) -> list[Any]:
+        try:
+            return self.svids.for_caller(caller.matches)
+        except NotSynced as exc:  # a restarted agent's cache is not served before the server confirmed it
+            self.metrics.workload_requests.labels("any", "not-synced").inc()
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise  # abort raises; this is for the type checker
 
     def _deny(self, context: grpc.ServicerContext, method: str) -> None:
         self.metrics.workload_requests.labels(method, "denied").inc()
@@ -95,11 +102,12 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
                     break
 
     # ------------------------------------------------------------------ X.509
-    def _x509_response(self, caller: Caller) -> workload_pb2.X509SVIDResponse | None:
+    def _x509_response(self, caller: Caller, context: grpc.ServicerContext) -> workload_pb2.X509SVIDResponse | None:
+        placements = self._placements(caller, context)
         self.svids.renew_due()
         bundle = self._bundle_der()
         out = []
-        for p in self._placements(caller):
+        for p in placements:
             entry = self.svids.x509(p.workload)
             if entry is not None:
                 out.append(workload_pb2.X509SVID(spiffe_id=entry.spiffe_id, x509_svid=entry.chain_der,
@@ -108,13 +116,13 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
 
     def FetchX509SVID(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         caller = self._caller(context, "FetchX509SVID")
-        yield from self._stream(context, "FetchX509SVID", lambda: self._x509_response(caller))
+        yield from self._stream(context, "FetchX509SVID", lambda: self._x509_response(caller, context))
 
     def FetchX509Bundles(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         caller = self._caller(context, "FetchX509Bundles")
 
         def answer() -> Any:
-            if not self._placements(caller):
+            if not self._placements(caller, context):
                 return None
             return workload_pb2.X509BundlesResponse(bundles={self.identity.trust_domain: self._bundle_der()})
 
@@ -127,7 +135,8 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         if not audience:
             self.metrics.workload_requests.labels("FetchJWTSVID", "bad-request").inc()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "audience must be specified")
-        placements = [p for p in self._placements(caller) if not request.spiffe_id or p.spiffe_id == request.spiffe_id]
+        placements = [p for p in self._placements(caller, context)
+                      if not request.spiffe_id or p.spiffe_id == request.spiffe_id]
         svids = []
         for p in placements:
             try:
@@ -145,7 +154,7 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         caller = self._caller(context, "FetchJWTBundles")
 
         def answer() -> Any:
-            if not self._placements(caller):
+            if not self._placements(caller, context):
                 return None
             jwks = json.dumps(self._jwks(), sort_keys=True).encode()
             return workload_pb2.JWTBundlesResponse(bundles={self.identity.trust_domain: jwks})

@@ -127,6 +127,24 @@ def _https_url(text: str) -> str:
     return url
 
 
+def _device_url(text: str) -> str:
+    """A switch's NVUE API: https://, or http:// on this machine only (its credentials never travel in clear)."""
+    url = _url(text)
+    host = urlsplit(url).hostname or ""
+    if not url.startswith("https://") and host not in ("127.0.0.1", "::1", "localhost"):
+        raise InvalidInput(f"{text!r}: a switch's API is reached over https:// (http:// only on 127.0.0.1)")
+    return url
+
+
+def _port_map(text: str) -> str:
+    name, sep, port = text.partition("=")
+    if not sep:
+        raise InvalidInput(f"{text!r} is not FABRIC-PORT=BRIDGE-PORT (e.g. pf0vf0=pf0vf0_r)")
+    _word("port name")(name)
+    _word("bridge port name")(port)
+    return text
+
+
 def _join_token(text: str) -> str:
     token = text.strip()
     if not token.startswith("tfjt_") or len(token) > 256:
@@ -233,6 +251,8 @@ PORT = Check(_port, good="8443", bad="99999", metavar="PORT")
 URL = Check(_url, good="http://127.0.0.1:1", bad="127.0.0.1:8443", metavar="URL")
 HTTPS_URL = Check(_https_url, good="https://127.0.0.1:1", bad="http://127.0.0.1:8443", metavar="URL")
 JOIN_TOKEN = Check(_join_token, good="tfjt_x", bad="tfo_admin", metavar="TOKEN")
+DEVICE_URL = Check(_device_url, good="https://leaf1:8765", bad="http://leaf1:8765", metavar="URL")
+PORT_MAP = Check(_port_map, good="p0=p0", bad="p0", metavar="PORT=NAME")
 HOST_PORT = Check(_host_port, good="127.0.0.1:9100", bad="127.0.0.1", metavar="HOST:PORT")
 SLUG = Check(_slug, good="acme", bad="Not_A_Slug", metavar="NAME")
 TRUST_DOMAIN = Check(_trust_domain, good="example.org", bad="Example.ORG/path", metavar="DOMAIN")
@@ -248,6 +268,8 @@ CIDR6 = Check(_cidr6, good="fd00:1::/48", bad="10.1.0.0/16", metavar="CIDR6")
 IPV4 = Check(_address(4), good="10.1.0.11", bad="10.1.0.300", metavar="IPV4")
 IPV6 = Check(_address(6), good="fd00:1::11", bad="10.1.0.11", metavar="IPV6")
 PORT_NAME = Check(_word("port name"), good="swp1", bad="swp 1", metavar="PORT")
+BRIDGE = Check(_word("bridge name"), good="br-int", bad="br int", metavar="BRIDGE")
+USER = Check(_word("user name"), good="cumulus", bad="a user", metavar="USER")
 MODEL = Check(_word("switch model"), good="sn5600", bad="sn 5600", metavar="MODEL")
 ENDPOINT = Check(_endpoint, good="leaf1:swp1", bad="leaf1", metavar="DEVICE:PORT")
 DEVICE = Check(_device, good="nic:gpu1", bad="gpu1", metavar="DEVICE")

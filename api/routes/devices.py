@@ -9,7 +9,8 @@ and `enforcer status` read.
 - `GET /v1/devices/{device}/versions`: the versions published for the device, newest first, with why
   (cause), by whom and when (paged by `before`); the rule sets themselves through .../ruleset.
 - `GET /v1/devices/leaf:<name>/fabric`: what a Linux leaf routes by besides its rule set (enforcer/leaf_view.py):
-  tenants, cables, placed addresses; the lab's leaf agents read it after each new rule set.
+  tenants, cables, placed addresses; ETag its hash (enforcer.leaf_view.view_hash), which a leaf's rule set
+  names in `X-Fabric-View`: the lab's leaf agents read the view again only when that hash changed.
 - `POST /v1/devices/{device}/status`: what the agent applied, per-rule counters, drift, last error; stored
   (the latest per device) and audited when the applied version or the drift state changes.
 
@@ -43,6 +44,7 @@ from enforcer import service
 from enforcer.service import DEVICE_PATTERN
 
 log = logging.getLogger("trustfabric.api.devices")
+VIEW_HEADER = "X-Fabric-View"
 router = APIRouter(prefix="/v1", tags=["devices"])
 
 DevicePath = Annotated[str, PathParam(min_length=5, max_length=80, pattern=DEVICE_PATTERN,
@@ -212,8 +214,10 @@ async def get_ruleset(
     head = json.dumps({"device": device, "version": version, "content_hash": digest, "cause": cause,
                        "published_at": published_at}, separators=(",", ":"))
     body = head[:-1] + ',"ir":' + ir + "}"
-    return Response(content=body.encode(), media_type="application/json",
-                    headers={"ETag": f'"{digest}"', "Cache-Control": "no-cache"})
+    headers = {"ETag": f'"{digest}"', "Cache-Control": "no-cache"}
+    if device.startswith("leaf:"):  # the agent applies at once when it holds this view (no second request)
+        headers[VIEW_HEADER] = (await run_in_threadpool(_leaf_view, ctx, device))[1]
+    return Response(content=body.encode(), media_type="application/json", headers=headers)
 
 
 @router.get("/devices/{device}/versions", response_model=VersionPage, responses=READ_ERRORS,
@@ -232,18 +236,26 @@ def list_versions(
 
 @router.get("/devices/{device}/fabric", responses=READ_ERRORS,
             summary="A leaf's fabric view: tenants, cables and placed addresses its Linux realisation routes by")
-def leaf_fabric(device: DevicePath, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
-    from enforcer.fabric_db import compile_fabric_of
-    from enforcer.leaf_view import leaf_view
-    from workflows.context import trust_domain
-
+def leaf_fabric(device: DevicePath, request: Request, ctx: CtxDep, principal: PrincipalDep) -> Response:
     _scope(request, principal, device, "device.read")
     if not device.startswith("leaf:"):
         raise NotFound(f"{device} is not a leaf: a SuperNIC's rule set is all its agent needs")
+    view, digest = _leaf_view(ctx, device)
+    return Response(content=json.dumps(view, separators=(",", ":")).encode(), media_type="application/json",
+                    headers={"ETag": f'"{digest}"', "Cache-Control": "no-cache"})
+
+
+def _leaf_view(ctx: Any, device: str) -> tuple[dict[str, Any], str]:
+    """A leaf's fabric view and its hash (the ETag of GET .../fabric, the X-Fabric-View of its rule set)."""
+    from enforcer.fabric_db import compile_fabric_of
+    from enforcer.leaf_view import leaf_view, view_hash
+    from workflows.context import trust_domain
+
     with ctx.db.read_session() as session:
         if not service.get_state(session, device).in_fabric:
             raise NotFound(f"device {device} is not in the fabric")
-        return leaf_view(compile_fabric_of(session, trust_domain(ctx, session)))
+        view = leaf_view(compile_fabric_of(session, trust_domain(ctx, session)))
+    return view, view_hash(view)
 
 
 @router.post("/devices/{device}/status", response_model=DeviceOut, responses=WRITE_ERRORS,

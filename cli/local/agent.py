@@ -1,7 +1,8 @@
 """`trustfabric agent --node NAME --server URL --ca FILE`: the node agent (agent/), in the foreground.
 
 On a node: it runs on the node it serves (a GPU node, or in the lab a leaf) with a data directory of its own
-and no server database; it reaches the server over HTTPS only. Stops on SIGTERM or Ctrl-C.
+and no server database; it reaches the server over HTTPS only. Its devices: the lab's (`--lab`), or a real
+node's OVS bridge (`--ovs-bridge`) and/or a real leaf's NVUE API (`--nvue`). Stops on SIGTERM or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -11,7 +12,18 @@ from pathlib import Path
 import typer
 
 from cli.output import NODE, command, fail
-from cli.params import HOST_PORT, HTTPS_URL, JOIN_TOKEN, SLUG, existing_dir, existing_file
+from cli.params import (
+    BRIDGE,
+    DEVICE_URL,
+    HOST_PORT,
+    HTTPS_URL,
+    JOIN_TOKEN,
+    PORT_MAP,
+    SLUG,
+    USER,
+    existing_dir,
+    existing_file,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -31,19 +43,51 @@ def register(app: typer.Typer) -> None:
                                                     **existing_file()),
         data_dir: Path | None = typer.Option(None, "--data-dir", file_okay=False, help="node key, SVID and bundle "
                                              "(default ./.trustfabric-agent/NODE)"),
+        key_file: Path | None = typer.Option(None, "--key-file", dir_okay=False, help="the 32-byte secret (mode "
+                                             "0600) that encrypts the node key and SVID cache at rest; created on "
+                                             "first start (default $CREDENTIALS_DIRECTORY/trustfabric-agent.key "
+                                             "under systemd, else DATA_DIR.key beside the data directory)"),
         socket: Path | None = typer.Option(None, "--socket", dir_okay=False, help="the SPIFFE Workload API socket "
                                            "(default DATA_DIR/public/api.sock)"),
         metrics: str | None = typer.Option(None, "--metrics", parser=HOST_PORT, metavar=HOST_PORT.metavar,
                                            help="serve Prometheus metrics on HOST:PORT"),
         lab: Path | None = typer.Option(None, "--lab", help="apply rule sets to the lab of this TRUSTFABRIC_HOME "
                                         "(`lab up FILE --mode agent`)", **existing_dir()),
+        ovs_bridge: str | None = typer.Option(None, "--ovs-bridge", parser=BRIDGE, metavar=BRIDGE.metavar,
+                                              help="a real node: apply nic:NODE to this OVS (OVS-DOCA) bridge"),
+        ovs_rundir: Path | None = typer.Option(None, "--ovs-rundir", help="the OVS run directory holding the bridge's "
+                                               "OpenFlow socket (default /var/run/openvswitch)", **existing_dir()),
+        ovs_port: list[str] = typer.Option([], "--ovs-port", parser=PORT_MAP, metavar=PORT_MAP.metavar,
+                                           help="a fabric port's name on the bridge, when it differs (repeatable)"),
+        nvue: str | None = typer.Option(None, "--nvue", parser=DEVICE_URL, metavar=DEVICE_URL.metavar,
+                                        help="a real leaf: apply leaf:NODE through this NVUE REST API "
+                                        "(e.g. https://127.0.0.1:8765 on the switch)"),
+        nvue_user: str | None = typer.Option(None, "--nvue-user", parser=USER, metavar=USER.metavar,
+                                             help="the NVUE user (with --nvue-password-file)"),
+        nvue_password_file: Path | None = typer.Option(None, "--nvue-password-file", help="the NVUE password",
+                                                       **existing_file()),
+        nvue_ca: Path | None = typer.Option(None, "--nvue-ca", help="the switch certificate's CA (PEM; default the "
+                                            "system's)", **existing_file()),
     ) -> None:
         """Run the node agent: attest, apply this node's rule sets, serve the SPIFFE Workload API."""
         import logging
         import signal
 
         from agent.runner import Agent, AgentConfig
+        from agent.wiring import SYSTEM_OVS_RUNDIR, NvueLeaf, OvsNode
         from core.errors import TrustfabricError
+
+        if lab is not None and (ovs_bridge or nvue):
+            fail("--lab drives the lab's devices, --ovs-bridge and --nvue a real node's: give one or the other", code=2)
+        if (ovs_rundir or ovs_port) and not ovs_bridge:
+            fail("--ovs-rundir and --ovs-port need --ovs-bridge", code=2)
+        if (nvue_user or nvue_password_file or nvue_ca) and not nvue:
+            fail("--nvue-user, --nvue-password-file and --nvue-ca need --nvue", code=2)
+        if (nvue_user is None) != (nvue_password_file is None):
+            fail("give --nvue-user and --nvue-password-file together", code=2)
+        ovs = OvsNode(ovs_bridge, ovs_rundir or SYSTEM_OVS_RUNDIR,
+                      dict(p.split("=", 1) for p in ovs_port)) if ovs_bridge else None
+        leaf = NvueLeaf(nvue, nvue_user, nvue_password_file, nvue_ca) if nvue else None
 
         if join_token and join_token_file:
             fail("give --join-token or --join-token-file, not both", code=2)
@@ -60,7 +104,7 @@ def register(app: typer.Typer) -> None:
         try:
             agent = Agent(AgentConfig(node=node, server=server, ca_file=ca, data_dir=home, join_token=token,
                                       socket=socket or home / "public" / "api.sock", metrics_addr=metrics,
-                                      lab_home=lab)).start()
+                                      lab_home=lab, ovs=ovs, nvue=leaf, key_file=key_file)).start()
         except TrustfabricError as exc:
             fail(str(exc))
         signal.signal(signal.SIGTERM, lambda *_: agent.stop_event.set())

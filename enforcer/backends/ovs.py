@@ -12,6 +12,7 @@ import re
 import tempfile
 from collections.abc import Mapping
 
+from core.testpoints import pause_point
 from enforcer.backends.base import RuleCounter
 from enforcer.errors import ApplyError, NotApplied
 from enforcer.ir import DeviceRuleSet
@@ -34,11 +35,15 @@ class OvsBackend:
         return render_openflow(rules, self.port_names)
 
     def _with_file(self, text: str, *args: str, check: bool = True) -> str:
-        """Run ovs-ofctl on a flow file; a non-zero exit with output and no error is diff-flows' "differ"."""
+        """Run ovs-ofctl on a flow file; a non-zero exit with output and no error is diff-flows' "differ".
+        A file, not a pipe: an agent killed while writing a pipe would hand ovs-ofctl a truncated flow list,
+        which it would commit as a whole (possibly without the denies that came after the cut)."""
         fd, path = tempfile.mkstemp(prefix="flows-", suffix=".txt", dir=self.daemons.rundir)
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
+            if "replace-flows" in args:
+                pause_point("ovs.apply.before-commit")
             proc = self.daemons.run("ovs-ofctl", *OF, *args, self.daemons.mgmt(self.bridge), path, check=False)
         finally:
             os.unlink(path)
