@@ -27,13 +27,12 @@ import pytest
 from agent.runner import Agent
 from enforcer.equivalence import Walker
 from enforcer.ir import DeviceRuleSet
-from lab import build, operations, state
 from lab.probe import Endpoint, connect, endpoint, listening
 from lab.standalone import Installed
 from policy.decide import expand_allowed
-from tests.agent.harness import Served, served_fabric
-from tests.enforcer.helpers import SMALL
-from tests.lab.conftest import OPEN, require_lab, wire_answers
+from tests.agent.harness import Served
+from tests.agent.process import lab_served
+from tests.lab.conftest import OPEN, wire_answers
 from tests.policy.conftest import free_port
 from workflows.enforcement import verify_published
 
@@ -103,21 +102,12 @@ def becomes(w: World, src: str, dst: str, port: int, want: bool) -> float:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    require_lab()
-    root = tmp_path_factory.mktemp("agent-e2e")
-    lab_home = root / "lab"
-    try:
-        operations.up(lab_home, SMALL, "agent")
-        st = state.load(lab_home)
-        assert st is not None
-        with served_fabric(root / "server") as served:
-            for node in NODES:
-                served.agent(node, lab=lab_home, metrics_addr=f"127.0.0.1:{free_port()}" if node == "gpu1" else None)
-            w = World(served, lab_home, st)
-            wait_until(w.in_sync, 30, "every device applied its first rule set")
-            yield w
-    finally:
-        build.teardown(lab_home)
+    with lab_served(tmp_path_factory.mktemp("agent-e2e")) as (served, lab_home, st):
+        for node in NODES:
+            served.agent(node, lab=lab_home, metrics_addr=f"127.0.0.1:{free_port()}" if node == "gpu1" else None)
+        w = World(served, lab_home, st)
+        wait_until(w.in_sync, 30, "every device applied its first rule set")
+        yield w
 
 
 def _group(workload: str) -> str:
