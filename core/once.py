@@ -43,6 +43,12 @@ class OncePerKey:
         if error is not None:
             raise error
 
+    def running(self, key: Hashable) -> bool:
+        """Whether a job for `key` is queued or running."""
+        with self._lock:
+            job = self._jobs.get(key)
+            return job is not None and not job.done()
+
     def wait(self, timeout: float) -> bool:
         """Whether every job started so far finished within `timeout` seconds (tests, the benchmark)."""
         with self._lock:

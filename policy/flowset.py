@@ -120,6 +120,8 @@ class FlowSets:
         now = clock()
         if not self._keep:
             return self.current(now)
+        if self._jobs is not None and self._jobs.running("current"):
+            return None  # being evaluated: asking again reads nothing meanwhile
         found = self._kept_current(now)
         if found is not None:
             return found

@@ -198,6 +198,8 @@ class ImpactReports:
         now = clock()
         if self._flow_sets is None:
             return self.report(ref, now=now, budget=budget, limits=limits, limit=limit)
+        if self._jobs is not None and self._jobs.running((ref, budget)):
+            return None  # being computed: "computing" without a read (never stale; found on a later ask)
         version = self._changes()  # before any read
         unchanged = self._unchanged(ref, budget, version, to_ns(now))
         if unchanged is not None:
