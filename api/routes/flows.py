@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from api.authz import authorize
+from api.computing import COMPUTING_RESPONSE, computing, prefers_async
 from api.deps import CtxDep, PrincipalDep
-from api.routes.computing import COMPUTING_RESPONSE, computing, prefers_async
 from api.schemas import COMMON_ERRORS, error_responses
 from core.clock import as_utc
 from core.vocabulary import SLUG_PATTERN
@@ -37,7 +37,7 @@ def flow_sets(request: Request) -> FlowSets:
 
 def flow_set(request: Request, ctx: CtxDep) -> FlowSet | None:
     """The set under the active version now; None (answer 202) when the client prefers an answer at once
-    and it is being evaluated (api/routes/computing.py)."""
+    and it is being evaluated (api/computing.py)."""
     if prefers_async(request):
         return flow_sets(request).current_or_start(ctx.clock)
     return flow_sets(request).current(ctx.clock())

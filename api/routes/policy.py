@@ -12,9 +12,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
+from api.computing import COMPUTING_RESPONSE, computing, prefers_async
 from api.deps import CtxDep, PrincipalDep, evaluation_slot
 from api.metrics import DECISIONS, EVALUATION, timed
-from api.routes.computing import COMPUTING_RESPONSE, computing, prefers_async
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
 from policy import service

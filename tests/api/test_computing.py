@@ -1,4 +1,4 @@
-"""`Prefer: respond-async` on the slow reads (api/routes/computing.py): the impact report and the flow set
+"""`Prefer: respond-async` on the slow reads (api/computing.py): the impact report and the flow set
 are answered 202 while they are computed in the background, never with an answer from before a change;
 once computed, the answer is the one a fresh computation gives and reflects the change (real database,
 real Rego, the policy sandbox)."""
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from api.routes.computing import prefers_async
+from api.computing import prefers_async
 from policy.flowset import FlowSets
 from policy.matrix import pair_counts
 from tests.api.conftest import BOTH_DATABASES, Env, database_for

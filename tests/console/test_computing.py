@@ -1,4 +1,4 @@
-"""The console's pages over answers the API computes in the background (api/routes/computing.py): after a
+"""The console's pages over answers the API computes in the background (api/computing.py): after a
 grant change the impact report and the flow matrix say they are being computed (and ask again by
 themselves) instead of showing what was true before; then they show the change."""
 
