@@ -97,6 +97,8 @@ def create_app(
                 jobs.stop()
             if traces is not None:
                 traces.shutdown()
+            _app.state.impacts.stop_background()  # no new background computation (api/computing.py)
+            _app.state.flow_sets.stop_background()
 
     app = FastAPI(
         title="trustfabric",

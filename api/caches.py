@@ -63,6 +63,12 @@ not kept "just in case"). Each can be switched off for measurement with TRUSTFAB
   4.5-6.8 s before (every request evaluated both versions twice and expanded ~240k flows each), now
   computed in about a second once (one evaluation, the diff of the compact answers, two compiles) and
   answered from the cache after.
+  Answered at once (`Prefer: respond-async`, api/computing.py, what the console sends): `flow_set`
+  and `impact` are only looked up, with the same checks (FlowSets.current_or_start,
+  ImpactReports.report_or_start); a miss starts the computation in the background (core/once.py: one job
+  per key at a time) and is answered 202. The job stores its result here under the key it read, so a
+  change committed meanwhile makes the next look-up miss again: an answer from before a change is never
+  served as current.
 
 Measured by bench/api.py (this branch, two runs on the shared 2-core machine at load 3-9, each cache off vs
 all on, alternating runs; ratio = throughput off / on): authz GET 0.79 / 0.73; token_signature GET

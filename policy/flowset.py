@@ -32,6 +32,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from audit.service import changes_since, tree_size
+from core.once import OncePerKey
 from policy.data import build_data, data_fingerprint, grant_ops, live_until, to_ns
 from policy.decide import ALLOWED_FLOWS_QUERY
 from policy.engines import PolicyEngine, scratch_engine
@@ -88,10 +89,18 @@ class FlowSets:
         self._engine: PolicyEngine | None = None  # loaded with the kept set's version and document
         self._engine_hash: str | None = None  # the version loaded in it
         self._worker: ThreadPoolExecutor | None = None  # the one thread the kept engine evaluates on
+        self._jobs: OncePerKey | None = None  # evaluations current_or_start began, made on the first
+        self._lock_jobs = threading.Lock()
         self.evaluations = 0  # for tests and the benchmark
         self.patched = 0  # evaluations on a patched document (tests, the benchmark)
 
+    def stop_background(self) -> None:
+        """Start no more background evaluations (a running one ends on its own)."""
+        if self._jobs is not None:
+            self._jobs.close()
+
     def close(self) -> None:
+        self.stop_background()
         with self._lock:
             self._drop_engine()
             if self._worker is not None:
@@ -103,6 +112,52 @@ class FlowSets:
         if kept is not None and version is not None and kept.change_version == version and kept.fresh_at(now):
             return kept
         return None
+
+    def current_or_start(self, clock: Callable[[], datetime]) -> FlowSet | None:
+        """The set at clock() when it is kept and provably current; otherwise None, with an evaluation
+        started in the background (one at a time, at the instant it starts) for a later call to find, or
+        the error of the last one raised once (core.once). With keep=False: current(), waited for."""
+        now = clock()
+        if not self._keep:
+            return self.current(now)
+        if self._jobs is not None and self._jobs.running("current"):
+            return None  # being evaluated: asking again reads nothing meanwhile
+        found = self._kept_current(now)
+        if found is not None:
+            return found
+        with self._lock_jobs:
+            jobs = self._jobs = self._jobs or OncePerKey("tf-flowset-refresh")
+        jobs.start("current", lambda: self.current(clock()))
+        return None
+
+    def wait_started(self, timeout: float) -> bool:
+        """Whether the evaluations started by current_or_start finished within `timeout` s (tests, bench)."""
+        return self._jobs is None or self._jobs.wait(timeout)
+
+    def _kept_current(self, now: datetime) -> FlowSet | None:
+        """The kept set when it is provably current at `now` by current()'s checks (the change counter, else
+        one snapshot's data version and active version), evaluating nothing and never waiting for an
+        evaluation in progress; None otherwise."""
+        version = self._changes()
+        found = self._unchanged(version, now)
+        if found is not None:
+            return found
+        kept = self._kept
+        if kept is None or not kept.fresh_at(now):
+            return None
+        with self._db.read_session(snapshot=True) as session:
+            fingerprint = data_fingerprint(session)
+            active = active_version(session)
+        digest = active.content_hash if active is not None else None
+        if fingerprint is None or kept.fingerprint != fingerprint or kept.policy_hash != digest:
+            return None
+        if self._lock.acquire(blocking=False):  # remember it for the counter, unless an evaluation is storing
+            try:
+                if self._kept is kept:
+                    self._kept = replace(kept, change_version=version)
+            finally:
+                self._lock.release()
+        return kept
 
     def current(self, now: datetime) -> FlowSet:
         """The allowed flow set at `now`; InvalidInput when the active version answers something malformed."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlmodel import Session
 
+from core.once import OncePerKey
 from enforcer.compiler import Budget, compile_fabric
 from enforcer.fabric import Fabric
 from enforcer.fabric_db import compile_fabric_of
@@ -158,6 +159,7 @@ class ImpactReports:
         # committed since (the counter is the same), that key is still the one a read would find
         self._seen: dict[tuple[str, Budget], tuple[tuple[Any, ...], int]] = {}
         self._lock = threading.Lock()
+        self._jobs: OncePerKey | None = None  # reports report_or_start began, made on the first
         self.computations = 0  # for tests and the benchmark
 
     def report(self, ref: str, *, now: datetime, budget: Budget, limits: Limits, limit: int | None
@@ -171,11 +173,8 @@ class ImpactReports:
         kept = self._flow_sets.current(now) if self._flow_sets is not None else None
         with self._db.read_session(snapshot=True) as session:  # the key and the inputs agree
             if kept is not None:
-                key = self._key(session, ref, budget)
-                with self._lock:
-                    hit = self._kept.get(key) if key is not None else None
-                if key is not None and hit is not None and hit.fresh_at(to_ns(now)):
-                    self._remember(ref, budget, key, version)
+                _key, hit = self._hit(session, ref, budget, version, to_ns(now))
+                if hit is not None:
                     return hit.to_dict(limit)
             inputs = read(session, ref, now=now, budget=budget, kept=kept)
         impact = evaluate(inputs, budget=budget, limits=limits)  # outside the read transaction
@@ -190,6 +189,41 @@ class ImpactReports:
             self._remember(ref, budget, key, version)
         return impact.to_dict(limit)
 
+    def report_or_start(self, ref: str, *, clock: Callable[[], datetime], budget: Budget, limits: Limits,
+                        limit: int | None) -> dict[str, Any] | None:
+        """Version `ref`'s report at clock() when it is kept and provably current; otherwise None, with its
+        computation started in the background (one per version and budget at a time, at the instant it
+        starts) for a later call to find, or the error of the last one raised once (core.once). A report
+        that cannot be kept (keep=False, a database without the data version) is computed and waited for."""
+        now = clock()
+        if self._flow_sets is None:
+            return self.report(ref, now=now, budget=budget, limits=limits, limit=limit)
+        if self._jobs is not None and self._jobs.running((ref, budget)):
+            return None  # being computed: "computing" without a read (never stale; found on a later ask)
+        version = self._changes()  # before any read
+        unchanged = self._unchanged(ref, budget, version, to_ns(now))
+        if unchanged is not None:
+            return unchanged.to_dict(limit)
+        with self._db.read_session(snapshot=True) as session:
+            key, hit = self._hit(session, ref, budget, version, to_ns(now))
+        if hit is not None:
+            return hit.to_dict(limit)
+        if key is None:
+            return self.report(ref, now=now, budget=budget, limits=limits, limit=limit)
+        with self._lock:
+            jobs = self._jobs = self._jobs or OncePerKey("tf-impact")
+        jobs.start((ref, budget), lambda: self.report(ref, now=clock(), budget=budget, limits=limits, limit=0))
+        return None
+
+    def wait_started(self, timeout: float) -> bool:
+        """Whether the reports started by report_or_start finished within `timeout` s (tests, the benchmark)."""
+        return self._jobs is None or self._jobs.wait(timeout)
+
+    def stop_background(self) -> None:
+        """Start no more background reports (a running one ends on its own, within the sandbox's limits)."""
+        if self._jobs is not None:
+            self._jobs.close()
+
     def _unchanged(self, ref: str, budget: Budget, version: int | None, now_ns: int) -> Impact | None:
         if version is None:
             return None
@@ -197,6 +231,17 @@ class ImpactReports:
             seen = self._seen.get((ref, budget))
             hit = self._kept.get(seen[0]) if seen is not None and seen[1] == version else None
         return hit if hit is not None and hit.fresh_at(now_ns) else None
+
+    def _hit(self, session: Session, ref: str, budget: Budget, version: int | None, now_ns: int
+             ) -> tuple[tuple[Any, ...] | None, Impact | None]:
+        """(this session's cache key, the report kept under it when fresh at `now_ns`, else None)."""
+        key = self._key(session, ref, budget)
+        with self._lock:
+            hit = self._kept.get(key) if key is not None else None
+        if key is None or hit is None or not hit.fresh_at(now_ns):
+            return key, None
+        self._remember(ref, budget, key, version)
+        return key, hit
 
     def _remember(self, ref: str, budget: Budget, key: tuple[Any, ...], version: int | None) -> None:
         if version is None:

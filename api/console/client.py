@@ -55,19 +55,31 @@ class Api:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}", "X-Request-ID": self.request_id}
 
-    async def call(self, method: str, path: str, *, params: Params | None = None, body: Any = None,
-                   headers: Mapping[str, str] | None = None) -> Any:
-        """The decoded JSON answer, or ApiError with the API's status and reason."""
+    async def _send(self, method: str, path: str, *, params: Params | None = None, body: Any = None,
+                    headers: Mapping[str, str] | None = None) -> httpx.Response:
+        """The answer when it is not an error, else ApiError with the API's status and reason."""
         transport = httpx.ASGITransport(app=self.app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
             response = await client.request(method, path, params=_clean(params), json=body,
                                             headers={**self._headers(), **(headers or {})})
         if response.status_code >= 400:
             raise ApiError(response.status_code, _reason(response))
+        return response
+
+    async def call(self, method: str, path: str, *, params: Params | None = None, body: Any = None,
+                   headers: Mapping[str, str] | None = None) -> Any:
+        """The decoded JSON answer, or ApiError with the API's status and reason."""
+        response = await self._send(method, path, params=params, body=body, headers=headers)
         return response.json() if response.content else None
 
     async def get(self, path: str, **params: Any) -> Any:
         return await self.call("GET", path, params=params)
+
+    async def get_when_ready(self, path: str, **params: Any) -> Any | None:
+        """GET of an answer that may take seconds to compute: the decoded JSON when the API has it current,
+        else None while the API computes it (it answered 202 to `Prefer: respond-async`; ask again)."""
+        response = await self._send("GET", path, params=params, headers={"Prefer": "respond-async"})
+        return None if response.status_code == 202 else response.json()
 
     async def post(self, path: str, body: Any = None, headers: Mapping[str, str] | None = None) -> Any:
         return await self.call("POST", path, body=body if body is not None else {}, headers=headers)

@@ -22,6 +22,7 @@ Csrf = Annotated[str, Form(max_length=200)]
 IMPACT_ROWS = 200
 MATRIX_PAGE = 20
 MAX_UPLOAD_FILES = 200
+RETRY_SECONDS = 1  # how soon a page being computed asks again
 
 
 def modules_from_upload(files: list[UploadFile], texts: list[bytes]) -> dict[str, str]:
@@ -93,18 +94,28 @@ async def version(request: Request, ref: str) -> Response:
     return render(request, session, "version.html", version=v, active=active, verb=_verb(v, active))
 
 
+def computing(request: Request, session: Session, what: str) -> Response:
+    """The page (or htmx fragment) saying `what` is being computed, which asks again by itself."""
+    url = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return render(request, session, "computing.html", status=202, what=what, url=url, retry=RETRY_SECONDS)
+
+
 @router.get("/policy/versions/{ref}/impact")
 async def impact(request: Request, ref: str) -> Response:
     session = await signed_in(request)
-    report = await session.api.get(f"/v1/policy/versions/{seg(ref)}/impact", limit=IMPACT_ROWS)
+    report = await session.api.get_when_ready(f"/v1/policy/versions/{seg(ref)}/impact", limit=IMPACT_ROWS)
+    if report is None:
+        return computing(request, session, f"The impact report of version {ref}")
     return render(request, session, "impact.html", ref=ref, report=report, rows=IMPACT_ROWS)
 
 
 async def _confirmation(request: Request, session: Session, ref: str, verb: str, changed: bool = False,
                         status: int = 200) -> Response:
+    report = await session.api.get_when_ready(f"/v1/policy/versions/{seg(ref)}/impact", limit=0)
+    if report is None:
+        return computing(request, session, f"The impact of version {ref}, to confirm")
     v = await session.api.get(f"/v1/policy/versions/{seg(ref)}")
     _versions_list, active = await _versions(session)
-    report = await session.api.get(f"/v1/policy/versions/{seg(ref)}/impact", limit=0)
     return render(request, session, "confirm.html", status=status, version=v, active=active, verb=verb,
                   report=report, changed=changed)
 
@@ -180,7 +191,10 @@ def heat(n: int, top: int) -> int:
 async def flows(request: Request, search: Annotated[str, Query(max_length=63)] = "",
                 offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0) -> Response:
     session = await signed_in(request)
-    matrix = await session.api.get("/v1/policy/flows/matrix", search=search, offset=offset, limit=MATRIX_PAGE)
+    matrix = await session.api.get_when_ready("/v1/policy/flows/matrix", search=search, offset=offset,
+                                              limit=MATRIX_PAGE)
+    if matrix is None:
+        return computing(request, session, "The flow matrix")
     cells = {(c["src_tenant"], c["dst_tenant"]): c["flows"] for c in matrix["cells"]}
     top = max([*cells.values(), *(t["out_other"] for t in matrix["tenants"]),
                *(t["in_other"] for t in matrix["tenants"]), 0])
@@ -192,7 +206,10 @@ async def flows(request: Request, search: Annotated[str, Query(max_length=63)] =
 async def flow_cell(request: Request, src: str, dst: str,
                     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0) -> Response:
     session = await signed_in(request)
-    listing = await session.api.get("/v1/policy/flows", src_tenant=src, dst_tenant=dst, offset=offset, limit=200)
+    listing = await session.api.get_when_ready("/v1/policy/flows", src_tenant=src, dst_tenant=dst, offset=offset,
+                                               limit=200)
+    if listing is None:
+        return computing(request, session, f"The flows from {src} to {dst}")
     return render(request, session, "flow_cell.html", listing=listing, src=src, dst=dst, offset=offset)
 
 

@@ -11,25 +11,36 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from api.authz import authorize
+from api.computing import COMPUTING_RESPONSE, computing, prefers_async
 from api.deps import CtxDep, PrincipalDep
 from api.schemas import COMMON_ERRORS, error_responses
 from core.clock import as_utc
 from core.vocabulary import SLUG_PATTERN
-from policy.flowset import FlowSets
+from policy.flowset import FlowSet, FlowSets
 from policy.matrix import flows_between, matrix_page
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
+ASYNC_READ = {**READ_ERRORS, **COMPUTING_RESPONSE}
 TenantQuery = Annotated[str, Query(min_length=1, max_length=63, pattern=SLUG_PATTERN)]
 
 
 def flow_sets(request: Request) -> FlowSets:
     sets: FlowSets = request.app.state.flow_sets
     return sets
+
+
+def flow_set(request: Request, ctx: CtxDep) -> FlowSet | None:
+    """The set under the active version now; None (answer 202) when the client prefers an answer at once
+    and it is being evaluated (api/computing.py)."""
+    if prefers_async(request):
+        return flow_sets(request).current_or_start(ctx.clock)
+    return flow_sets(request).current(ctx.clock())
 
 
 class TenantRow(BaseModel):
@@ -73,16 +84,18 @@ class FlowListOut(BaseModel):
     next_offset: int | None
 
 
-@router.get("/flows/matrix", response_model=FlowMatrixOut, responses=READ_ERRORS,
+@router.get("/flows/matrix", response_model=FlowMatrixOut, responses=ASYNC_READ,
             summary="Allowed flows by tenant pair under the active version: one page of tenants, most flows first")
 def flow_matrix(
     request: Request, ctx: CtxDep, principal: PrincipalDep,
     search: Annotated[str, Query(max_length=63, description="tenant name contains")] = "",
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-) -> FlowMatrixOut:
+) -> FlowMatrixOut | JSONResponse:
     authorize(request, principal, "policy.read", None)
-    flows = flow_sets(request).current(ctx.clock())
+    flows = flow_set(request, ctx)
+    if flows is None:
+        return computing()
     page = matrix_page(flows.counts, search=search, offset=offset, limit=limit)
     return FlowMatrixOut(
         policy_hash=flows.policy_hash, computed_at=as_utc(flows.computed_at), flows=page.flows,
@@ -93,15 +106,17 @@ def flow_matrix(
     )
 
 
-@router.get("/flows", response_model=FlowListOut, responses=READ_ERRORS,
+@router.get("/flows", response_model=FlowListOut, responses=ASYNC_READ,
             summary="The allowed flows from one tenant to another under the active version, with their reasons")
 def flow_list(
     request: Request, ctx: CtxDep, principal: PrincipalDep, src_tenant: TenantQuery, dst_tenant: TenantQuery,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-) -> FlowListOut:
+) -> FlowListOut | JSONResponse:
     authorize(request, principal, "policy.read", None)
-    flows = flow_sets(request).current(ctx.clock())
+    flows = flow_set(request, ctx)
+    if flows is None:
+        return computing()
     between = flows_between(flows.raw, src_tenant, dst_tenant)
     items = [FlowOut(**f._asdict(), reasons=reasons) for f, reasons in list(between.items())[offset:offset + limit]]
     return FlowListOut(

@@ -8,9 +8,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
+from api.computing import COMPUTING_RESPONSE, computing, prefers_async
 from api.deps import CtxDep, PrincipalDep, evaluation_slot
 from api.metrics import DECISIONS, EVALUATION, timed
 from api.schemas import COMMON_ERRORS, error_responses
@@ -23,6 +25,7 @@ from policy.grant_decider import RegoGrantDecider
 from policy.versions import MAX_MODULES
 from policy.views import DecisionOut, VersionDetail, VersionOut, decision_out, version_out
 from workflows import policy as policy_flows
+from workflows.impacts import ImpactReports
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 
@@ -110,13 +113,17 @@ def show(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep
         return version_out(service.get_version(session, ref), detail=True)
 
 
-@router.get("/versions/{ref}/impact", responses=READ_ERRORS,
+@router.get("/versions/{ref}/impact", response_model=dict[str, Any], responses={**READ_ERRORS, **COMPUTING_RESPONSE},
             summary="Flows the version opens and closes against the active one, on the current inventory")
 def impact(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalDep,
-           limit: Annotated[int, Query(ge=0, le=100_000)] = 1000) -> dict[str, Any]:
+           limit: Annotated[int, Query(ge=0, le=100_000)] = 1000) -> dict[str, Any] | JSONResponse:
     authorize(request, principal, "policy.impact", None)
-    return request.app.state.impacts.report(ref, now=ctx.clock(), budget=ctx.settings.budget(),  # type: ignore[no-any-return]
-                                            limits=policy_flows.limits(ctx.settings), limit=limit)
+    reports: ImpactReports = request.app.state.impacts
+    budget, limits = ctx.settings.budget(), policy_flows.limits(ctx.settings)
+    if not prefers_async(request):
+        return reports.report(ref, now=ctx.clock(), budget=budget, limits=limits, limit=limit)
+    report = reports.report_or_start(ref, clock=ctx.clock, budget=budget, limits=limits, limit=limit)
+    return computing() if report is None else report
 
 
 @router.post("/versions/{ref}/activate", response_model=VersionOut, responses=WRITE_ERRORS,

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -42,6 +43,20 @@ def csrf_of(client: TestClient, page: str = "/console/grants") -> str:
     r = client.get(page)
     assert r.status_code == 200, r.text
     return hidden(r.text, "csrf")
+
+
+def when_ready(env: Env, client: TestClient, page: str, **kw: Any) -> Any:
+    """A page whose data the API computes in the background (the flow matrix, an impact report): its
+    'computing' answer (202, which refreshes itself) first when the data changed, then, once the app's
+    background work is done, the page itself."""
+    r = client.get(page, **kw)
+    if r.status_code == 202:
+        asks_again = 'hx-trigger="load delay:1s"' if "hx-request" in kw.get("headers", {}) else 'http-equiv="refresh"'
+        assert "updates by itself" in r.text and asks_again in r.text, r.text
+        state = env.app.state
+        assert state.flow_sets.wait_started(120) and state.impacts.wait_started(120)
+        r = client.get(page, **kw)
+    return r
 
 
 @pytest.fixture(scope="module")

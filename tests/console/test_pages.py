@@ -21,7 +21,7 @@ from audit.checkpoint import load_public_key
 from audit.verify import verify_export
 from inventory.service import create_group, create_tenant
 from tests.api.conftest import Env
-from tests.console.conftest import csrf_of, hidden, sign_in
+from tests.console.conftest import csrf_of, hidden, sign_in, when_ready
 
 
 def _proof_inputs(env: Env, seq: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -129,7 +129,7 @@ def test_the_flow_matrix_pages_and_searches_at_many_tenants(console_env: Env) ->
                 create_group(s, tenant=f"m{i:02d}", name=f"g{g}", ports=[{"proto": "tcp", "port": 443}],
                              actor=Actor.system("t"))
     client = sign_in(env, "auditor")
-    r = client.get("/console/flows")
+    r = when_ready(env, client, "/console/flows")  # the tenants changed: computed first
     assert r.status_code == 200 and "showing 1\u201320" in r.text and "offset=20" in r.text
     assert r.text.count('<th scope="row">') == 20 and '<th scope="row" class="other">other tenants' in r.text
     r = client.get("/console/flows", params={"search": "m2", "offset": 0})
