@@ -6,7 +6,8 @@ Concurrency: an append locks the single `audit_head` row for the rest of the tra
 BEGIN IMMEDIATE and holds the database writer lock), so two transactions never read the same head
 and sequence numbers stay contiguous. Within one transaction the head is cached on the session, so a
 batch of appends costs one head read; the cache is dropped whenever any transaction of that session
-ends (commit, rollback, savepoint release or rollback).
+ends (commit or rollback) and whenever a savepoint rolls back (a released savepoint keeps it: its appends
+stay in the transaction, so a batch of group-committed writes, each in its own savepoint, reads the head once).
 
 Under the same lock each event gets its time -- never earlier than the event before it, at full
 precision (a caller's time truncated to the second is raised to the last event's time) -- and its
@@ -109,8 +110,14 @@ class _HeadState:
 
 
 @event.listens_for(OrmSession, "after_transaction_end")
-def _drop_head_cache(session: OrmSession, _transaction: SessionTransaction) -> None:
-    session.info.pop(_HEAD_CACHE, None)
+def _drop_head_cache(session: OrmSession, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the outermost: not a savepoint, nor the inner transaction of a flush
+        session.info.pop(_HEAD_CACHE, None)
+
+
+@event.listens_for(OrmSession, "after_soft_rollback")
+def _drop_head_cache_on_rollback(session: OrmSession, _transaction: SessionTransaction) -> None:
+    session.info.pop(_HEAD_CACHE, None)  # any rollback, a savepoint's included: its appends are gone
 
 
 def _locked_head(session: Session) -> _HeadState:

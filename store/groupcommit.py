@@ -6,9 +6,12 @@ takes whatever is queued (up to `max_batch`), runs every function in one write t
 BEGIN, one audit head lock, one COMMIT (one fsync) for the lot. Each caller's result is returned only after
 that COMMIT succeeded, so nobody is told "done" for a row that is not durable.
 
-When a function raises, the whole batch is rolled back and every item is run again alone, each in its own
-transaction: the one that failed fails alone, the others commit (and functions must therefore be safe to run
-twice: they only write, from values computed before). The same happens when the COMMIT itself fails. A
+Each item runs in a SAVEPOINT of its own: an item whose check or function raises is rolled back to it and
+fails alone (its exception is its caller's), and the batch goes on with the next; nothing of a failed item
+commits and nothing of the others is lost. When the COMMIT itself fails (or a savepoint cannot be rolled back,
+the connection being lost, say), the batch is rolled back whole and every item is run again alone, each in its
+own transaction, so a caller hears of a database failure only when its own write failed (functions must
+therefore be safe to run twice: they only write, from values computed before). A
 batch waits for nothing: the thread starts the next transaction as soon as the last one committed, so a lone
 request pays no delay, and under load the batch is whatever arrived during the previous commit.
 """
@@ -45,11 +48,12 @@ class GroupCommitter:
         self._closed = False
         self.batches = 0  # committed transactions (for tests and benches)
         self.items = 0
+        self.refused = 0  # items that failed alone inside a batch that committed the others
 
     def submit(self, fn: Callable[[Session], T], check: Check | None = None) -> T:
         """fn's result after the transaction it ran in committed; fn's own exception, or the database's.
-        `check` runs first in the same transaction and only reads: its exception fails this item alone,
-        without disturbing the batch (a refusal, such as a revoked identity, costs the others nothing)."""
+        `check` runs first, in the same savepoint (a refusal, such as a revoked identity, fails this item
+        alone and costs the others nothing)."""
         future: Future[T] = Future()
         with self._lock:
             if self._closed:
@@ -59,6 +63,10 @@ class GroupCommitter:
                 self._thread.start()
             self._queue.put((fn, check, future))
         return future.result()
+
+    def queued(self) -> int:
+        """Items waiting for the next batch (approximate; for tests)."""
+        return self._queue.qsize()
 
     def close(self) -> None:
         """Commit what is queued, then stop the thread."""
@@ -98,14 +106,16 @@ class GroupCommitter:
         try:
             with self._db.session() as session:
                 for fn, check, fut in live:
-                    if check is not None:
-                        try:
-                            check(session)
-                        except Exception as exc:  # the caller gets it
-                            refused.append((fut, exc))
-                            continue
-                    done.append((fut, fn(session)))
-        except BaseException as exc:  # one item (or the commit) failed: each alone, so only the culprit fails
+                    try:
+                        with session.begin_nested():  # this item's writes, undone alone if it fails
+                            if check is not None:
+                                check(session)
+                            result = fn(session)
+                    except Exception as exc:  # the caller gets it; the others go on
+                        refused.append((fut, exc))
+                        continue
+                    done.append((fut, result))
+        except BaseException as exc:  # the commit (or a rollback) failed: each alone, so only the culprit fails
             if len(live) == 1:
                 live[0][2].set_exception(exc)
                 return
@@ -115,6 +125,7 @@ class GroupCommitter:
             return
         self.batches += 1
         self.items += len(done)
+        self.refused += len(refused)
         for fut, result in done:
             fut.set_result(result)
         for fut, error in refused:

@@ -4,6 +4,7 @@ returns only once its rows are committed (a fresh reader sees them), and a faili
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -94,3 +95,49 @@ def test_a_closed_committer_refuses_new_writes(db: Database) -> None:
     committer.close()
     with pytest.raises(RuntimeError, match="closed"):
         committer.submit(_create("late"))  # type: ignore[arg-type]
+
+
+def test_a_member_failing_after_its_writes_is_undone_alone_inside_the_shared_transaction(db: Database) -> None:
+    """Each member runs in a savepoint: one that wrote its row and its audit event and then failed leaves
+    neither behind, the others commit in the same transaction, and the sequence stays gap-free."""
+    committer = GroupCommitter(db)
+    hold, held = threading.Event(), threading.Event()
+
+    def first(session: Session) -> str:  # keeps the committer busy while the batch under test queues up
+        held.set()
+        assert hold.wait(timeout=30)
+        return str(_create("first")(session))  # type: ignore[operator]
+
+    def late_failure(session: Session) -> str:
+        _create("doomed")(session)  # type: ignore[operator]
+        raise LookupError("failed after writing its row and its event")
+
+    outcomes: dict[str, object] = {}
+
+    def one(name: str, fn: object) -> None:
+        try:
+            outcomes[name] = committer.submit(fn)  # type: ignore[arg-type]
+        except Exception as exc:
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=one, args=("first", first))]
+    threads[0].start()
+    assert held.wait(timeout=30)
+    batch = [("a", _create("a")), ("doomed", late_failure), ("b", _create("b"))]
+    for name, fn in batch:
+        threads.append(threading.Thread(target=one, args=(name, fn)))
+        threads[-1].start()
+        deadline = time.monotonic() + 30
+        while committer.queued() < len(threads) - 1 and time.monotonic() < deadline:
+            time.sleep(0.001)  # waits for the queue, bounded: the order of the batch is the test's
+    hold.set()
+    for t in threads:
+        t.join(timeout=60)
+    committer.close()
+    assert outcomes["a"] == "a" and outcomes["b"] == "b" and outcomes["first"] == "first"
+    assert isinstance(outcomes["doomed"], LookupError) and not _visible(db, "doomed")
+    assert committer.batches == 2 and committer.refused == 1  # the three shared one transaction
+    with db.read_session() as s:
+        events = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all()
+    assert [e.object_id for e in events if e.action == "tenant.create"] == ["first", "a", "b"]
+    assert [e.seq for e in events] == list(range(len(events)))
