@@ -37,6 +37,7 @@ from audit.errors import InvalidAuditEvent, ProofError
 from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditCounter, AuditEvent, AuditHead, AuditNode, node_key
 from core.clock import as_utc, system_clock
 from core.slugs import is_slug
+from store import deferred
 
 GENESIS_HASH = "0" * 64
 DOCUMENT_VERSION = 2
@@ -291,13 +292,13 @@ def record(
     """
     if not isinstance(actor, Actor) or actor.kind not in ACTOR_KINDS:
         raise InvalidAuditEvent(f"unknown actor kind {getattr(actor, 'kind', actor)!r}")
-    actor_id = _text(actor.id, "actor id", 512, required=True)
+    actor_id = str(_text(actor.id, "actor id", 512, required=True))
     if not isinstance(action, str) or len(action) > 64 or not ACTION_RE.fullmatch(action):
         raise InvalidAuditEvent(
             f"audit action {action!r} must look like 'noun.verb' (lowercase, dot-separated, <= 64 chars)"
         )
-    otype = _text(object_type, "object type", 64, required=True)
-    oid = _text(object_id, "object id", 512, required=True)
+    otype = str(_text(object_type, "object type", 64, required=True))
+    oid = str(_text(object_id, "object id", 512, required=True))
     if tenant is not None and (not isinstance(tenant, str) or not is_slug(tenant)):
         raise InvalidAuditEvent(f"audit event tenant {tenant!r} is not a DNS-label slug")
     why = _text(reason, "reason", 2000, required=False)
@@ -306,7 +307,20 @@ def record(
         raise InvalidAuditEvent("audit event time must be a timezone-aware datetime")
     requested = (at or system_clock()).astimezone(UTC)
     body = _canonical_summary(summary)
+    if deferred.later(session, lambda: _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why,
+                                               rid, requested)):
+        # a group commit's member: appended under the head lock once every member made its change
+        # (store/deferred.py); numbered then, so this event has no sequence number yet
+        return AuditEvent.model_construct(seq=-1, actor_id=actor_id, actor_kind=actor.kind, tenant=tenant,
+                                          action=action, object_type=otype, object_id=oid, summary=body,
+                                          reason=why, request_id=rid)
+    return _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why, rid, requested)
 
+
+def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype: str,
+            oid: str, tenant: str | None, body: dict[str, Any], why: str | None, rid: str | None,
+            requested: datetime) -> AuditEvent:
+    """Append one validated event: lock the head, number, hash and write it."""
     current = _locked_head(session)
     head = _HeadState(current.tree.copy(), current.last_leaf, current.last_ts, current.counts)
     seq = head.size
@@ -318,7 +332,7 @@ def record(
         "seq": seq,
         "ts": ts,
         "actor_id": actor_id,
-        "actor_kind": actor.kind,
+        "actor_kind": actor_kind,
         "tenant": tenant,
         "action": action,
         "object_type": otype,
@@ -332,7 +346,7 @@ def record(
         "v": DOCUMENT_VERSION,
         "seq": seq,
         "ts": format_ts(ts),
-        "actor": {"id": actor_id, "kind": actor.kind},
+        "actor": {"id": actor_id, "kind": actor_kind},
         "tenant": tenant,
         "action": action,
         "object": {"type": otype, "id": oid},

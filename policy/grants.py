@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, event, func, or_, update
+from sqlalchemy import Connection, and_, bindparam, event, func, or_, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DBAPIError, PendingRollbackError
 from sqlalchemy.orm.attributes import set_committed_value
@@ -34,6 +34,7 @@ from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.quotas import Quotas
 from core.vocabulary import FINAL_GRANT_STATES
 from policy.models import Grant
+from store import deferred
 
 log = logging.getLogger("trustfabric.policy.grants")
 
@@ -231,6 +232,14 @@ class StaleDecision(GrantConflict):
 # identity issuance, which changes no policy data. Anything else (a quarantine, a policy activation, a
 # revocation, an inventory change) makes a prepared decision stale.
 _DECISION_KEEPING_EVENTS = ("grant.", "svid.issue", "svid.jwt.issue")
+_EVENTS = AuditEvent.__table__  # type: ignore[attr-defined]
+# built once (constructing it per write cost more than running it): the first event from :since to :until that
+# may change a decision
+_UNSETTLING = sa_select(_EVENTS.c.action).where(
+    _EVENTS.c.seq >= bindparam("since"), _EVENTS.c.seq < bindparam("until"),
+    ~or_(*(_EVENTS.c.action.startswith(p, autoescape=True) if p.endswith(".") else _EVENTS.c.action == p
+           for p in _DECISION_KEEPING_EVENTS)),
+).limit(1)
 
 
 def prepare_request(
@@ -291,16 +300,17 @@ def commit_request(
     recheck: bool = True,
 ) -> Grant:
     """Write a prepared grant and its audit event. With `recheck` (the decision was read in another
-    transaction), the audit head is locked first and every event since the decision's marker is looked at:
-    one that may change the decision raises StaleDecision and nothing is written. The quota is counted here,
-    under the tenant row's lock, so concurrent requests never pass its last free place together."""
+    transaction), every event since the decision's marker is looked at under the head lock, just before this
+    request's own event: one that may change the decision raises StaleDecision and nothing is written. The
+    quota is counted here, under the tenant row's lock, so concurrent requests never pass its last free place
+    together."""
     grant, request, decision = prepared.grant, prepared.request, prepared.decision
-    if recheck:
-        _still_holds(session, prepared.marker)
     if grant.state != "denied":
         _check_quota(session, quotas, request.src_tenant, grant.state, as_utc(grant.created_at))
     session.add(grant)
     session.flush()
+    if recheck and not deferred.later(session, lambda: _still_holds(session, prepared.marker)):
+        _still_holds(session, prepared.marker)  # under the head lock (deferred: after every member's change)
     record(
         session, actor=caller.actor, action="grant.request", object_type="grant", object_id=grant.id,
         tenant=request.src_tenant,
@@ -319,12 +329,7 @@ def _still_holds(session: Session, marker: int) -> None:
     size = lock_head(session)
     if size == marker:
         return
-    events = AuditEvent.__table__  # type: ignore[attr-defined]
-    keeping = or_(*(events.c.action.startswith(p) if p.endswith(".") else events.c.action == p
-                    for p in _DECISION_KEEPING_EVENTS))
-    changed = session.execute(
-        sa_select(events.c.action).where(events.c.seq >= marker, events.c.seq < size, ~keeping).limit(1)
-    ).first()
+    changed = session.connection().execute(_UNSETTLING, {"since": marker, "until": size}).first()
     if changed is not None:
         raise StaleDecision(f"the decision is stale: {changed[0]} committed meanwhile; decide again")
 
