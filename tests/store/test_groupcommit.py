@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
@@ -141,3 +142,77 @@ def test_a_member_failing_after_its_writes_is_undone_alone_inside_the_shared_tra
         events = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all()
     assert [e.object_id for e in events if e.action == "tenant.create"] == ["first", "a", "b"]
     assert [e.seq for e in events] == list(range(len(events)))
+
+
+def test_a_batch_takes_its_row_locks_before_the_audit_head_and_cannot_deadlock(postgres_db: Database) -> None:
+    """A transaction of its own locks its row, then appends its event (the head's lock). A batch whose first member
+    appended before its second member asked for that row would hold the head while waiting for the row: a
+    deadlock PostgreSQL breaks by failing one of them. The batch appends after every member's change instead, so
+    the outside transaction appends and commits, and then the whole batch does (PostgreSQL: SQLite's writer lock
+    lets one write transaction run at a time, so the interleaving cannot happen there)."""
+    db = postgres_db
+    committer = GroupCommitter(db)
+    committer.submit(_create("contended"))  # type: ignore[arg-type]
+    hold, held, row_locked, done = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def outside() -> None:  # locks the tenant row, waits until the batch waits for it, then appends
+        try:
+            with db.session() as s:
+                s.exec(select(Tenant).where(col(Tenant.slug) == "contended").with_for_update()).one()
+                row_locked.set()
+                deadline = time.monotonic() + 30
+                while not _someone_waits_for_a_lock(db) and time.monotonic() < deadline:
+                    time.sleep(0.01)  # bounded: the batch's second member is about to wait for this row
+                record(s, actor=Actor.system("test"), action="tenant.update", object_type="tenant",
+                       object_id="contended", tenant="contended", at=NOW)
+            outcomes["outside"] = "committed"
+        except Exception as exc:
+            outcomes["outside"] = exc
+        finally:
+            done.set()
+
+    def first(session: Session) -> str:  # keeps the committer busy while the batch under test queues up
+        held.set()
+        assert hold.wait(timeout=30)
+        return "first"
+
+    def touch(session: Session) -> str:
+        session.exec(select(Tenant).where(col(Tenant.slug) == "contended").with_for_update()).one()
+        record(session, actor=Actor.system("test"), action="tenant.update", object_type="tenant",
+               object_id="contended", tenant="contended", at=NOW)
+        return "touched"
+
+    def one(name: str, fn: object) -> None:
+        try:
+            outcomes[name] = committer.submit(fn)  # type: ignore[arg-type]
+        except Exception as exc:
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=one, args=("first", first))]
+    threads[0].start()
+    assert held.wait(timeout=30)
+    for name, fn in (("appends", _create("appends")), ("touch", touch)):  # one batch: an append, then the row
+        threads.append(threading.Thread(target=one, args=(name, fn)))
+        threads[-1].start()
+        deadline = time.monotonic() + 30
+        while committer.queued() < len(threads) - 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    threads.append(threading.Thread(target=outside))
+    threads[-1].start()
+    assert row_locked.wait(timeout=30)
+    hold.set()
+    assert done.wait(timeout=60)
+    for t in threads:
+        t.join(timeout=60)
+    committer.close()
+    assert outcomes == {"first": "first", "appends": "appends", "touch": "touched", "outside": "committed"}
+    assert committer.batches == 3  # the contended one, the blocker, and the batch under test, not retried alone
+    with db.read_session() as s:
+        seqs = list(s.exec(select(AuditEvent.seq).order_by(col(AuditEvent.seq))).all())
+    assert seqs == list(range(len(seqs)))
+
+
+def _someone_waits_for_a_lock(db: Database) -> bool:
+    with db.read_session() as s:
+        return bool(s.exec(select(text("count(*) > 0 FROM pg_locks WHERE NOT granted"))).one())  # type: ignore[call-overload]
