@@ -6,7 +6,8 @@ Concurrency: an append locks the single `audit_head` row for the rest of the tra
 BEGIN IMMEDIATE and holds the database writer lock), so two transactions never read the same head
 and sequence numbers stay contiguous. Within one transaction the head is cached on the session, so a
 batch of appends costs one head read; the cache is dropped whenever any transaction of that session
-ends (commit, rollback, savepoint release or rollback).
+ends (commit or rollback) and whenever a savepoint rolls back (a released savepoint keeps it: its appends
+stay in the transaction, so a batch of group-committed writes, each in its own savepoint, reads the head once).
 
 Under the same lock each event gets its time -- never earlier than the event before it, at full
 precision (a caller's time truncated to the second is raised to the last event's time) -- and its
@@ -38,6 +39,7 @@ from audit.wire import GENESIS_HASH as GENESIS_HASH
 from audit.wire import format_ts as format_ts
 from core.clock import as_utc, system_clock
 from core.slugs import is_slug
+from store import deferred
 
 DOCUMENT_VERSION = 2
 MAX_EVENT_BYTES = 64 * 1024  # an event's hashed bytes; the field limits keep real events far below it
@@ -104,8 +106,14 @@ class _HeadState:
 
 
 @event.listens_for(OrmSession, "after_transaction_end")
-def _drop_head_cache(session: OrmSession, _transaction: SessionTransaction) -> None:
-    session.info.pop(_HEAD_CACHE, None)
+def _drop_head_cache(session: OrmSession, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the outermost: not a savepoint, nor the inner transaction of a flush
+        session.info.pop(_HEAD_CACHE, None)
+
+
+@event.listens_for(OrmSession, "after_soft_rollback")
+def _drop_head_cache_on_rollback(session: OrmSession, _transaction: SessionTransaction) -> None:
+    session.info.pop(_HEAD_CACHE, None)  # any rollback, a savepoint's included: its appends are gone
 
 
 def _locked_head(session: Session) -> _HeadState:
@@ -279,13 +287,13 @@ def record(
     """
     if not isinstance(actor, Actor) or actor.kind not in ACTOR_KINDS:
         raise InvalidAuditEvent(f"unknown actor kind {getattr(actor, 'kind', actor)!r}")
-    actor_id = _text(actor.id, "actor id", 512, required=True)
+    actor_id = str(_text(actor.id, "actor id", 512, required=True))
     if not isinstance(action, str) or len(action) > 64 or not ACTION_RE.fullmatch(action):
         raise InvalidAuditEvent(
             f"audit action {action!r} must look like 'noun.verb' (lowercase, dot-separated, <= 64 chars)"
         )
-    otype = _text(object_type, "object type", 64, required=True)
-    oid = _text(object_id, "object id", 512, required=True)
+    otype = str(_text(object_type, "object type", 64, required=True))
+    oid = str(_text(object_id, "object id", 512, required=True))
     if tenant is not None and (not isinstance(tenant, str) or not is_slug(tenant)):
         raise InvalidAuditEvent(f"audit event tenant {tenant!r} is not a DNS-label slug")
     why = _text(reason, "reason", 2000, required=False)
@@ -294,7 +302,20 @@ def record(
         raise InvalidAuditEvent("audit event time must be a timezone-aware datetime")
     requested = (at or system_clock()).astimezone(UTC)
     body = _canonical_summary(summary)
+    if deferred.later(session, lambda: _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why,
+                                               rid, requested)):
+        # a group commit's member: appended under the head lock once every member made its change
+        # (store/deferred.py); numbered then, so this event has no sequence number yet
+        return AuditEvent.model_construct(seq=-1, actor_id=actor_id, actor_kind=actor.kind, tenant=tenant,
+                                          action=action, object_type=otype, object_id=oid, summary=body,
+                                          reason=why, request_id=rid)
+    return _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why, rid, requested)
 
+
+def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype: str,
+            oid: str, tenant: str | None, body: dict[str, Any], why: str | None, rid: str | None,
+            requested: datetime) -> AuditEvent:
+    """Append one validated event: lock the head, number, hash and write it."""
     current = _locked_head(session)
     head = _HeadState(current.tree.copy(), current.last_leaf, current.last_ts, current.counts)
     seq = head.size
@@ -306,7 +327,7 @@ def record(
         "seq": seq,
         "ts": ts,
         "actor_id": actor_id,
-        "actor_kind": actor.kind,
+        "actor_kind": actor_kind,
         "tenant": tenant,
         "action": action,
         "object_type": otype,
@@ -320,7 +341,7 @@ def record(
         "v": DOCUMENT_VERSION,
         "seq": seq,
         "ts": format_ts(ts),
-        "actor": {"id": actor_id, "kind": actor.kind},
+        "actor": {"id": actor_id, "kind": actor_kind},
         "tenant": tenant,
         "action": action,
         "object": {"type": otype, "id": oid},

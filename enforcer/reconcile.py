@@ -353,6 +353,12 @@ class Reconciler:
         now = self.clock()
         known = self._compiled.devices if self._compiled is not None else {}
         cause = outcome.cause
+        if not compiled.devices and select is None:
+            with self.db.read_session() as r:
+                if not any(st.in_fabric for st in service.states(r).values()):
+                    # no device to publish to, hold or retire: nothing to write, so no write transaction and
+                    # no audit head lock (taken on every grant change, it queued the grant writers behind it)
+                    return
         with self.db.session() as s:
             size = lock_head(s)
             if size != inputs.marker:

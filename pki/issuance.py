@@ -10,6 +10,9 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from sqlalchemy import event, insert
+from sqlalchemy.orm import Session as OrmSession
+from sqlalchemy.orm import SessionTransaction
 from sqlmodel import Session
 
 from audit import Actor, record
@@ -122,9 +125,24 @@ def sign_leaf(
     return SignedLeaf(cert, issuer_cert, issuer.id, format(serial, "x"), spiffe_id, now, not_before, not_after)
 
 
+_HELD_ISSUERS = "tf_issuers"
+_INSERT_SVID = insert(IssuedSvid.__table__)  # type: ignore[attr-defined]
+
+
+@event.listens_for(OrmSession, "after_transaction_end")
+def _drop_held_issuers(session: OrmSession, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the next transaction reads the CA afresh
+        session.info.pop(_HELD_ISSUERS, None)
+
+
 def signing_issuer(session: Session, signed: SignedLeaf) -> CertificateAuthority:
-    """The CA that signed `signed`, still the active issuing CA in this transaction, or IssuerChanged."""
+    """The CA that signed `signed`, still the active issuing CA in this transaction, or IssuerChanged. Held by
+    the session (session.info) for the rest of its transaction: the identity map holds an unmodified object
+    weakly, so without it every issuance of a group commit loaded the CA row again."""
+    held: dict[str, CertificateAuthority] = session.info.setdefault(_HELD_ISSUERS, {})
     issuer = session.get(CertificateAuthority, signed.issuer_ca_id)
+    if issuer is not None:
+        held[issuer.id] = issuer
     if issuer is None or issuer.state != "active" or issuer.role != "issuing":
         raise IssuerChanged(f"issuing CA {signed.issuer_ca_id} is no longer the active one; sign again")
     return issuer
@@ -147,11 +165,13 @@ def record_issued(
     """Persist the SVID row, keep its CA published until it expires, record the event: only writes, from
     values computed before, so a group commit may run it again in a transaction of its own."""
     issuer = signing_issuer(session, signed)
-    session.add(IssuedSvid(
-        serial=signed.serial, kind=kind, spiffe_id=str(signed.spiffe_id), tenant=tenant, group=group,
-        workload=workload, node=node, issuer_ca_id=issuer.id, not_before=signed.not_before,
-        not_after=signed.not_after, created_at=signed.issued_at,
-    ))
+    # a Core insert: building the SQLModel object (validation, ORM state) cost more than the statement
+    session.connection().execute(_INSERT_SVID, {
+        "serial": signed.serial, "kind": kind, "spiffe_id": str(signed.spiffe_id), "tenant": tenant,
+        "group": group, "workload": workload, "node": node, "issuer_ca_id": issuer.id,
+        "not_before": signed.not_before, "not_after": signed.not_after, "revoked_at": None,
+        "revocation_reason": None, "created_at": signed.issued_at,
+    })
     extend_signed_until(issuer, signed.not_after)
     session.add(issuer)
     record(

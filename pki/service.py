@@ -293,7 +293,8 @@ def issue_x509_svid_grouped(
             return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue",
                                  tenant=tenant, group=group, workload=workload, request_id=request_id)
 
-        return committer.submit(write, check)
+        # record_issued only writes (its refusals are the check's): no savepoint needed around it
+        return committer.submit(write, check, savepoint=False)
 
     try:
         return attempt(fresh=False)

@@ -20,17 +20,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, event, func, or_, update
+from sqlalchemy import Connection, and_, bindparam, event, func, or_, update
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DBAPIError, PendingRollbackError
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
+from audit.models import AuditEvent
+from audit.service import lock_head, tree_size
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.quotas import Quotas
 from core.vocabulary import FINAL_GRANT_STATES
 from policy.models import Grant
+from store import deferred
 
 log = logging.getLogger("trustfabric.policy.grants")
 
@@ -206,6 +210,130 @@ def explain_request(
     return seen_by(session, caller, request, decide_closed(decide, session, now, policy_input)), policy_input
 
 
+@dataclass(frozen=True)
+class PreparedGrant:
+    """A grant request decided, not yet written: `commit_request` writes it (in the same transaction, or in a
+    later write transaction: a group commit). `marker` is the audit log's size before anything the decision
+    read was read: every change since then has its event at or after it (see `commit_request`)."""
+
+    request: GrantRequest
+    grant: Grant  # transient: added to no session yet
+    decision: GrantDecision
+    marker: int
+
+
+class StaleDecision(GrantConflict):
+    """A change that may alter the decision (not a grant's own lifecycle, nor an issuance) committed between the
+    decision and its write: the caller decides again."""
+
+
+# Events after which a decision made before them still holds: the lifecycle of other grants (as when deciding
+# and writing in one READ COMMITTED transaction, which never serialised two grant requests' decisions) and
+# identity issuance, which changes no policy data. Anything else (a quarantine, a policy activation, a
+# revocation, an inventory change) makes a prepared decision stale.
+_DECISION_KEEPING_EVENTS = ("grant.", "svid.issue", "svid.jwt.issue")
+_EVENTS = AuditEvent.__table__  # type: ignore[attr-defined]
+# built once (constructing it per write cost more than running it): the first event from :since to :until that
+# may change a decision
+_UNSETTLING = sa_select(_EVENTS.c.action).where(
+    _EVENTS.c.seq >= bindparam("since"), _EVENTS.c.seq < bindparam("until"),
+    ~or_(*(_EVENTS.c.action.startswith(p, autoescape=True) if p.endswith(".") else _EVENTS.c.action == p
+           for p in _DECISION_KEEPING_EVENTS)),
+).limit(1)
+
+
+def prepare_request(
+    session: Session,
+    request: GrantRequest,
+    *,
+    caller: Caller,
+    decide: GrantDecider,
+    idempotency_key: str | None = None,
+    pending_ttl: timedelta = DEFAULT_PENDING_TTL,
+    clock: Clock = system_clock,
+    max_ttl: timedelta | None = None,
+) -> Grant | PreparedGrant:
+    """Everything request_grant does before it writes: the earlier grant of a retry with the same
+    Idempotency-Key (returned as is), or the request checked and decided (read only; a read transaction will
+    do). Same errors as request_grant."""
+    if idempotency_key is not None:
+        previous = find_by_idempotency_key(session, caller.id, idempotency_key)
+        if previous is not None:
+            if not request.same_as(previous):
+                raise GrantConflict("Idempotency-Key was already used for a different grant request")
+            return previous
+    if caller.tenant is not None and request.src_tenant != caller.tenant:
+        raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
+    if max_ttl is not None and request.ttl_seconds > max_ttl.total_seconds():
+        # grants.rego denies it too; the code does not rely on whichever version is active to say so
+        raise InvalidInput(f"ttl_seconds {request.ttl_seconds} is above the maximum grant TTL of "
+                           f"{int(max_ttl.total_seconds())} s")
+    marker = tree_size(session)
+    now = clock()
+    requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
+    decision = seen_by(session, caller, request, decide_closed(decide, session, now,
+                                                               request.policy_input(requester_tenant)))
+    state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
+    grant = Grant(
+        id=new_grant_id(now),
+        src_tenant=request.src_tenant, src_group=request.src_group,
+        dst_tenant=request.dst_tenant, dst_group=request.dst_group,
+        proto=request.proto, ports=list(request.ports), justification=request.justification,
+        ttl_seconds=request.ttl_seconds, state=state, requested_by=caller.id,
+        idempotency_key=idempotency_key,
+        required_approvers=sorted(set(decision.approvers)) if state == "pending" else [],
+        approvals=[], reasons=list(decision.reasons), created_at=now,
+        decided_at=now if state != "pending" else None,
+        expires_at=now + timedelta(seconds=request.ttl_seconds) if state == "active" else None,
+        pending_until=now + pending_ttl if state == "pending" else None,
+    )
+    return PreparedGrant(request, grant, decision, marker)
+
+
+def commit_request(
+    session: Session,
+    prepared: PreparedGrant,
+    *,
+    caller: Caller,
+    quotas: Quotas | None = None,
+    request_id: str | None = None,
+    recheck: bool = True,
+) -> Grant:
+    """Write a prepared grant and its audit event. With `recheck` (the decision was read in another
+    transaction), every event since the decision's marker is looked at under the head lock, just before this
+    request's own event: one that may change the decision raises StaleDecision and nothing is written. The
+    quota is counted here, under the tenant row's lock, so concurrent requests never pass its last free place
+    together."""
+    grant, request, decision = prepared.grant, prepared.request, prepared.decision
+    if grant.state != "denied":
+        _check_quota(session, quotas, request.src_tenant, grant.state, as_utc(grant.created_at))
+    session.add(grant)
+    session.flush()
+    if recheck and not deferred.later(session, lambda: _still_holds(session, prepared.marker)):
+        _still_holds(session, prepared.marker)  # under the head lock (deferred: after every member's change)
+    record(
+        session, actor=caller.actor, action="grant.request", object_type="grant", object_id=grant.id,
+        tenant=request.src_tenant,
+        summary={
+            "src": f"{request.src_tenant}/{request.src_group}", "dst": f"{request.dst_tenant}/{request.dst_group}",
+            "proto": request.proto, "ports": list(request.ports), "ttl_seconds": request.ttl_seconds,
+            "outcome": decision.outcome, "state": grant.state, "approvers": grant.required_approvers,
+        },
+        reason="; ".join(decision.reasons)[:2000] or None, request_id=request_id, at=as_utc(grant.created_at),
+    )
+    return grant
+
+
+def _still_holds(session: Session, marker: int) -> None:
+    """StaleDecision unless every event from `marker` to the (now locked) head keeps a decision made before it."""
+    size = lock_head(session)
+    if size == marker:
+        return
+    changed = session.connection().execute(_UNSETTLING, {"since": marker, "until": size}).first()
+    if changed is not None:
+        raise StaleDecision(f"the decision is stale: {changed[0]} committed meanwhile; decide again")
+
+
 def request_grant(
     session: Session,
     request: GrantRequest,
@@ -223,54 +351,14 @@ def request_grant(
     and the same request returns the first grant unchanged; the same key with a different request is
     a Conflict. With `quotas`, a request that would take the source tenant past its active-grant or
     pending-request quota is QuotaExceeded (409), and with `max_ttl` a longer TTL is InvalidInput (400):
-    nothing is written either way."""
-    if idempotency_key is not None:
-        previous = session.exec(
-            select(Grant).where(Grant.requested_by == caller.id, Grant.idempotency_key == idempotency_key)
-        ).first()
-        if previous is not None:
-            if not request.same_as(previous):
-                raise GrantConflict("Idempotency-Key was already used for a different grant request")
-            return previous, False
-    if caller.tenant is not None and request.src_tenant != caller.tenant:
-        raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
-    if max_ttl is not None and request.ttl_seconds > max_ttl.total_seconds():
-        # grants.rego denies it too; the code does not rely on whichever version is active to say so
-        raise InvalidInput(f"ttl_seconds {request.ttl_seconds} is above the maximum grant TTL of "
-                           f"{int(max_ttl.total_seconds())} s")
-    now = clock()
-    requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
-    decision = seen_by(session, caller, request, decide_closed(decide, session, now,
-                                                               request.policy_input(requester_tenant)))
-    state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
-    if state != "denied":
-        _check_quota(session, quotas, request.src_tenant, state, now)
-    grant = Grant(
-        id=new_grant_id(now),
-        src_tenant=request.src_tenant, src_group=request.src_group,
-        dst_tenant=request.dst_tenant, dst_group=request.dst_group,
-        proto=request.proto, ports=list(request.ports), justification=request.justification,
-        ttl_seconds=request.ttl_seconds, state=state, requested_by=caller.id,
-        idempotency_key=idempotency_key,
-        required_approvers=sorted(set(decision.approvers)) if state == "pending" else [],
-        approvals=[], reasons=list(decision.reasons), created_at=now,
-        decided_at=now if state != "pending" else None,
-        expires_at=now + timedelta(seconds=request.ttl_seconds) if state == "active" else None,
-        pending_until=now + pending_ttl if state == "pending" else None,
-    )
-    session.add(grant)
-    session.flush()
-    record(
-        session, actor=caller.actor, action="grant.request", object_type="grant", object_id=grant.id,
-        tenant=request.src_tenant,
-        summary={
-            "src": f"{request.src_tenant}/{request.src_group}", "dst": f"{request.dst_tenant}/{request.dst_group}",
-            "proto": request.proto, "ports": list(request.ports), "ttl_seconds": request.ttl_seconds,
-            "outcome": decision.outcome, "state": state, "approvers": grant.required_approvers,
-        },
-        reason="; ".join(decision.reasons)[:2000] or None, request_id=request_id, at=now,
-    )
-    return grant, True
+    nothing is written either way. Decided and written in the caller's one transaction (prepare_request then
+    commit_request; the API group-commits the second half instead)."""
+    prepared = prepare_request(session, request, caller=caller, decide=decide, idempotency_key=idempotency_key,
+                               pending_ttl=pending_ttl, clock=clock, max_ttl=max_ttl)
+    if isinstance(prepared, Grant):
+        return prepared, False
+    return commit_request(session, prepared, caller=caller, quotas=quotas, request_id=request_id,
+                          recheck=False), True
 
 
 def get_grant(session: Session, grant_id: str, *, viewer_tenant: str | None) -> Grant:

@@ -6,9 +6,14 @@ takes whatever is queued (up to `max_batch`), runs every function in one write t
 BEGIN, one audit head lock, one COMMIT (one fsync) for the lot. Each caller's result is returned only after
 that COMMIT succeeded, so nobody is told "done" for a row that is not durable.
 
-When a function raises, the whole batch is rolled back and every item is run again alone, each in its own
-transaction: the one that failed fails alone, the others commit (and functions must therefore be safe to run
-twice: they only write, from values computed before). The same happens when the COMMIT itself fails. A
+Each item runs in a SAVEPOINT of its own (unless submitted with savepoint=False), and its audit events are
+appended after every such item ran (store/deferred.py: row locks before the head's, as in every other write
+transaction, so no deadlock with one). An item whose check or function raises is rolled back to its savepoint
+and fails alone (its exception is its caller's), and the batch goes on with the next; nothing of a failed item
+commits and nothing of the others is lost. When the appends or the COMMIT fail (or a savepoint cannot be rolled
+back, the connection being lost, say), the batch is rolled back whole and every item is run again alone, each
+in its own transaction, so a caller hears of a failure only when its own write failed (functions must
+therefore be safe to run twice: they only write, from values computed before). A
 batch waits for nothing: the thread starts the next transaction as soon as the last one committed, so a lone
 request pays no delay, and under load the batch is whatever arrived during the previous commit.
 """
@@ -24,13 +29,14 @@ from typing import Any, TypeVar
 
 from sqlmodel import Session
 
+from store import deferred
 from store.db import Database
 
 log = logging.getLogger("trustfabric.store.groupcommit")
 T = TypeVar("T")
 Write = Callable[[Session], Any]
 Check = Callable[[Session], None]
-_Item = tuple[Write, "Check | None", "Future[Any]"]
+_Item = tuple[Write, "Check | None", "Future[Any]", bool]
 
 
 class GroupCommitter:
@@ -45,11 +51,14 @@ class GroupCommitter:
         self._closed = False
         self.batches = 0  # committed transactions (for tests and benches)
         self.items = 0
+        self.refused = 0  # items that failed alone inside a batch that committed the others
 
-    def submit(self, fn: Callable[[Session], T], check: Check | None = None) -> T:
+    def submit(self, fn: Callable[[Session], T], check: Check | None = None, *, savepoint: bool = True) -> T:
         """fn's result after the transaction it ran in committed; fn's own exception, or the database's.
-        `check` runs first in the same transaction and only reads: its exception fails this item alone,
-        without disturbing the batch (a refusal, such as a revoked identity, costs the others nothing)."""
+        `check` runs first, in the same savepoint (a refusal, such as a revoked identity, fails this item
+        alone and costs the others nothing). `savepoint=False` for an item whose fn fails only when the
+        database does (its refusals all in a `check` that only reads): it saves the SAVEPOINT's statements and
+        bookkeeping, and an exception of its fn then fails the batch, whose items are run again alone."""
         future: Future[T] = Future()
         with self._lock:
             if self._closed:
@@ -57,8 +66,12 @@ class GroupCommitter:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="trustfabric-group-commit", daemon=True)
                 self._thread.start()
-            self._queue.put((fn, check, future))
+            self._queue.put((fn, check, future, savepoint))
         return future.result()
+
+    def queued(self) -> int:
+        """Items waiting for the next batch (approximate; for tests)."""
+        return self._queue.qsize()
 
     def close(self) -> None:
         """Commit what is queued, then stop the thread."""
@@ -97,15 +110,36 @@ class GroupCommitter:
         refused: list[tuple[Future[Any], BaseException]] = []
         try:
             with self._db.session() as session:
-                for fn, check, fut in live:
-                    if check is not None:
-                        try:
+                # savepointed items first, their audit appends deferred: their row locks are all taken before
+                # the head's lock (store/deferred.py says why)
+                deferred.begin(session)
+                for fn, check, fut, isolated in live:
+                    if not isolated:
+                        continue
+                    mark = deferred.mark(session)
+                    try:
+                        with session.begin_nested():  # this item's writes, undone alone if it fails
+                            if check is not None:
+                                check(session)
+                            result = fn(session)
+                            session.flush()  # its rows now: a constraint fails this item, not the commit
+                    except Exception as exc:  # the caller gets it; the others go on
+                        deferred.drop(session, mark)
+                        refused.append((fut, exc))
+                        continue
+                    done.append((fut, result))
+                deferred.finish(session)  # the head locked; raising fails the batch: each alone below
+                for fn, check, fut, isolated in live:
+                    if isolated:
+                        continue
+                    try:
+                        if check is not None:
                             check(session)
-                        except Exception as exc:  # the caller gets it
-                            refused.append((fut, exc))
-                            continue
-                    done.append((fut, fn(session)))
-        except BaseException as exc:  # one item (or the commit) failed: each alone, so only the culprit fails
+                    except Exception as exc:  # a refusal: the caller gets it; only reads were made
+                        refused.append((fut, exc))
+                        continue
+                    done.append((fut, fn(session)))  # raising fails the batch: each alone below
+        except BaseException as exc:  # the commit (or a rollback) failed: each alone, so only the culprit fails
             if len(live) == 1:
                 live[0][2].set_exception(exc)
                 return
@@ -115,13 +149,14 @@ class GroupCommitter:
             return
         self.batches += 1
         self.items += len(done)
+        self.refused += len(refused)
         for fut, result in done:
             fut.set_result(result)
         for fut, error in refused:
             fut.set_exception(error)
 
     def _alone(self, item: _Item) -> None:
-        fn, check, fut = item
+        fn, check, fut, _isolated = item
         try:
             with self._db.session() as session:
                 if check is not None:

@@ -84,10 +84,11 @@ class _Recording:
         return self.decision
 
 
-def _log_decision(ctx: Any, session: Any, recorded: _Recording, grant: Grant, owner: str | None) -> None:
+def _decision_row(ctx: Any, recorded: _Recording, grant: Grant, owner: str | None) -> Any:
     """Every grant decision goes to the decision log of the principal that asked (`owner`: its tenant, or None
     for the operator's), in the grant's own transaction, with the reasons the grant carries (what the asker
-    may see, policy/disclosure.py); a decider that failed is logged as the denial the grant service made."""
+    may see, policy/disclosure.py); a decider that failed is logged as the denial the grant service made.
+    The row to add (None: not sampled)."""
     from policy.decide import GrantDecision as LoggedDecision
     from policy.decisionlog import DecisionLog
 
@@ -99,9 +100,7 @@ def _log_decision(ctx: Any, session: Any, recorded: _Recording, grant: Grant, ow
         logged = LoggedDecision(d.outcome, list(d.approvers), list(grant.reasons))  # type: ignore[arg-type]
         digest = d.policy_hash
     policy_input = recorded.input or {"requester": {"tenant": grant.src_tenant}}
-    row = DecisionLog(ctx.db, clock=ctx.clock).row("grant", policy_input, logged, digest, owner=owner)
-    if row is not None:
-        session.add(row)
+    return DecisionLog(ctx.db, clock=ctx.clock).row("grant", policy_input, logged, digest, owner=owner)
 
 
 def _src_tenant(principal: Principal, body: GrantCreate) -> str:
@@ -131,17 +130,10 @@ def request_grant(
         proto=body.proto, ports=list(body.ports), ttl_seconds=body.ttl_seconds, justification=body.justification,
     )
     caller = caller_of(principal)
-    settings = ctx.settings
     recorded = _Recording(grant_decider(request))
     try:
-        with grant_writer(ctx), ctx.db.session() as session:
-            grant, created = svc.request_grant(
-                session, req, caller=caller, decide=recorded, idempotency_key=idempotency_key,
-                pending_ttl=settings.grant_pending_ttl, clock=ctx.clock, request_id=request_id(request),
-                quotas=settings.quotas, max_ttl=settings.max_grant_ttl,
-            )
-            if created:
-                _log_decision(ctx, session, recorded, grant, principal.scope_tenant)
+        grant, created = _request(ctx, req, caller, recorded, idempotency_key, request_id(request),
+                                  principal.scope_tenant)
     except IntegrityError:
         # A concurrent retry with the same Idempotency-Key won the insert: answer with its grant.
         if idempotency_key is None:
@@ -156,6 +148,50 @@ def request_grant(
     if not created:
         response.status_code = 200
     return grant_out(grant, ctx.clock())
+
+
+STALE_RETRIES = 3  # decisions made again when a change that may alter them committed before their write
+
+
+def _request(ctx: Any, req: svc.GrantRequest, caller: svc.Caller, recorded: _Recording, key: str | None,
+             rid: str, owner: str | None) -> tuple[Grant, bool]:
+    """(grant, created). Decided in a read transaction (one snapshot), then written by the group committer
+    (store/groupcommit.py): the grant, its audit event and its decision record share one durable commit with
+    other small writes, so no request holds the audit head's lock through a COMMIT of its own, and the answer
+    is given only after that commit. The write checks, under the head lock, that nothing able to change the
+    decision committed since it was made (policy.grants.commit_request); when something did, the request is
+    decided again, and after STALE_RETRIES such races decided and written in one transaction."""
+    settings = ctx.settings
+    for _attempt in range(STALE_RETRIES):
+        with ctx.db.read_session(snapshot=True) as session:
+            prepared = svc.prepare_request(session, req, caller=caller, decide=recorded, idempotency_key=key,
+                                           pending_ttl=settings.grant_pending_ttl, clock=ctx.clock,
+                                           max_ttl=settings.max_grant_ttl)
+        if isinstance(prepared, Grant):
+            return prepared, False
+        row = _decision_row(ctx, recorded, prepared.grant, owner)
+
+        def write(session: Any, prepared: svc.PreparedGrant = prepared, row: Any = row) -> Grant:
+            grant = svc.commit_request(session, prepared, caller=caller, quotas=settings.quotas, request_id=rid)
+            if row is not None:
+                session.add(row)
+            return grant
+
+        try:
+            return ctx.committer.submit(write), True
+        except svc.StaleDecision:
+            continue
+    with grant_writer(ctx), ctx.db.session() as session:
+        grant, created = svc.request_grant(
+            session, req, caller=caller, decide=recorded, idempotency_key=key,
+            pending_ttl=settings.grant_pending_ttl, clock=ctx.clock, request_id=rid,
+            quotas=settings.quotas, max_ttl=settings.max_grant_ttl,
+        )
+        if created:
+            row = _decision_row(ctx, recorded, grant, owner)
+            if row is not None:
+                session.add(row)
+    return grant, created
 
 
 @router.get("/grants", response_model=Page[GrantOut], responses=READ_ERRORS,
@@ -247,9 +283,10 @@ def reject_grant(
     grant_id: GrantId, body: ReasonBody, request: Request, ctx: CtxDep, principal: PrincipalDep
 ) -> GrantOut:
     authorize(request, principal, "grant.reject", principal.scope_tenant)
-    with grant_writer(ctx), ctx.db.session() as session:
-        grant = svc.reject_grant(session, grant_id, caller=caller_of(principal), reason=body.reason,
-                                 clock=ctx.clock, request_id=request_id(request))
+    caller, rid = caller_of(principal), request_id(request)
+    grant = ctx.committer.submit(lambda session: svc.reject_grant(session, grant_id, caller=caller,
+                                                                   reason=body.reason, clock=ctx.clock,
+                                                                   request_id=rid))
     return grant_out(grant, ctx.clock())
 
 
@@ -259,7 +296,8 @@ def revoke_grant(
     grant_id: GrantId, body: ReasonBody, request: Request, ctx: CtxDep, principal: PrincipalDep
 ) -> GrantOut:
     authorize(request, principal, "grant.revoke", principal.scope_tenant)
-    with grant_writer(ctx), ctx.db.session() as session:
-        grant = svc.revoke_grant(session, grant_id, caller=caller_of(principal), reason=body.reason,
-                                 clock=ctx.clock, request_id=request_id(request))
+    caller, rid = caller_of(principal), request_id(request)
+    grant = ctx.committer.submit(lambda session: svc.revoke_grant(session, grant_id, caller=caller,
+                                                                   reason=body.reason, clock=ctx.clock,
+                                                                   request_id=rid))
     return grant_out(grant, ctx.clock())

@@ -28,11 +28,11 @@ class _Between(GroupCommitter):
         super().__init__(db)
         self._change: Callable[[], None] | None = change
 
-    def submit(self, fn: Callable[[Session], Any], check: Any = None) -> Any:
+    def submit(self, fn: Callable[[Session], Any], check: Any = None, *, savepoint: bool = True) -> Any:
         if self._change is not None:
             change, self._change = self._change, None
             change()
-        return super().submit(fn, check)
+        return super().submit(fn, check, savepoint=savepoint)
 
 
 def _issue(db: Database, committer: GroupCommitter, ks: FileKeyStore, clock: FrozenClock) -> service.IssuedX509:

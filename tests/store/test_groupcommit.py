@@ -4,9 +4,12 @@ returns only once its rows are committed (a fresh reader sees them), and a faili
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
@@ -94,3 +97,122 @@ def test_a_closed_committer_refuses_new_writes(db: Database) -> None:
     committer.close()
     with pytest.raises(RuntimeError, match="closed"):
         committer.submit(_create("late"))  # type: ignore[arg-type]
+
+
+class _OneBatch:
+    """Submits `items` (name, function) so that they form one batch: a first item, `first`, keeps the committer
+    busy until `release()`, and each item is submitted once the one before it is queued (bounded waits)."""
+
+    def __init__(self, committer: GroupCommitter, first: Callable[[Session], object],
+                 items: list[tuple[str, Callable[[Session], object]]]) -> None:
+        self.outcomes: dict[str, object] = {}
+        self._committer, self._hold, held = committer, threading.Event(), threading.Event()
+
+        def blocker(session: Session) -> object:
+            held.set()
+            assert self._hold.wait(timeout=30)
+            return first(session)
+
+        self._threads = [threading.Thread(target=self._one, args=("first", blocker))]
+        self._threads[0].start()
+        assert held.wait(timeout=30)
+        for name, fn in items:
+            self._threads.append(threading.Thread(target=self._one, args=(name, fn)))
+            self._threads[-1].start()
+            deadline = time.monotonic() + 30
+            while committer.queued() < len(self._threads) - 1 and time.monotonic() < deadline:
+                time.sleep(0.001)  # waits for the queue, bounded: the order of the batch is the test's
+
+    def _one(self, name: str, fn: Callable[[Session], object]) -> None:
+        try:
+            self.outcomes[name] = self._committer.submit(fn)
+        except Exception as exc:
+            self.outcomes[name] = exc
+
+    def release(self) -> None:
+        self._hold.set()
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join(timeout=60)
+
+
+def test_a_member_failing_after_its_writes_is_undone_alone_inside_the_shared_transaction(db: Database) -> None:
+    """Each member runs in a savepoint: one that wrote its row and its audit event and then failed leaves
+    neither behind, the others commit in the same transaction, and the sequence stays gap-free."""
+    committer = GroupCommitter(db)
+
+    def late_failure(session: Session) -> str:
+        _create("doomed")(session)  # type: ignore[operator]
+        raise LookupError("failed after writing its row and its event")
+
+    batch = _OneBatch(committer, _create("first"),  # type: ignore[arg-type]
+                      [("a", _create("a")), ("doomed", late_failure), ("b", _create("b"))])  # type: ignore[list-item]
+    batch.release()
+    batch.join()
+    committer.close()
+    outcomes = batch.outcomes
+    assert outcomes["a"] == "a" and outcomes["b"] == "b" and outcomes["first"] == "first"
+    assert isinstance(outcomes["doomed"], LookupError) and not _visible(db, "doomed")
+    assert committer.batches == 2 and committer.refused == 1  # the three shared one transaction
+    with db.read_session() as s:
+        events = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all()
+    assert [e.object_id for e in events if e.action == "tenant.create"] == ["first", "a", "b"]
+    assert [e.seq for e in events] == list(range(len(events)))
+
+
+def test_a_batch_takes_its_row_locks_before_the_audit_head_and_cannot_deadlock(postgres_db: Database) -> None:
+    """A transaction of its own locks its row, then appends its event (the head's lock). A batch whose first member
+    appended before its second member asked for that row would hold the head while waiting for the row: a
+    deadlock PostgreSQL breaks by failing one of them. The batch appends after every member's change instead, so
+    the outside transaction appends and commits, and then the whole batch does (PostgreSQL: SQLite's writer lock
+    lets one write transaction run at a time, so the interleaving cannot happen there)."""
+    db = postgres_db
+    committer = GroupCommitter(db)
+    committer.submit(_create("contended"))  # type: ignore[arg-type]
+    row_locked, done = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def outside() -> None:  # locks the tenant row, waits until the batch waits for it, then appends
+        try:
+            with db.session() as s:
+                s.exec(select(Tenant).where(col(Tenant.slug) == "contended").with_for_update()).one()
+                row_locked.set()
+                deadline = time.monotonic() + 30
+                while not _someone_waits_for_a_lock(db) and time.monotonic() < deadline:
+                    time.sleep(0.01)  # bounded: the batch's second member is about to wait for this row
+                record(s, actor=Actor.system("test"), action="tenant.update", object_type="tenant",
+                       object_id="contended", tenant="contended", at=NOW)
+            outcomes["outside"] = "committed"
+        except Exception as exc:
+            outcomes["outside"] = exc
+        finally:
+            done.set()
+
+    def touch(session: Session) -> str:
+        session.exec(select(Tenant).where(col(Tenant.slug) == "contended").with_for_update()).one()
+        record(session, actor=Actor.system("test"), action="tenant.update", object_type="tenant",
+               object_id="contended", tenant="contended", at=NOW)
+        return "touched"
+
+    # one batch: an append, then the row
+    batch = _OneBatch(committer, lambda _s: "first", [("appends", _create("appends")), ("touch", touch)])  # type: ignore[list-item]
+    holder = threading.Thread(target=outside)
+    holder.start()
+    assert row_locked.wait(timeout=30)
+    batch.release()
+    assert done.wait(timeout=60)
+    batch.join()
+    holder.join(timeout=60)
+    committer.close()
+    outcomes.update(batch.outcomes)
+    assert outcomes == {"first": "first", "appends": "appends", "touch": "touched", "outside": "committed"}
+    assert committer.batches == 3  # the contended one, the blocker, and the batch under test, not retried alone
+    with db.read_session() as s:
+        seqs = list(s.exec(select(AuditEvent.seq).order_by(col(AuditEvent.seq))).all())
+    assert seqs == list(range(len(seqs)))
+
+
+def _someone_waits_for_a_lock(db: Database) -> bool:
+    with db.read_session() as s:
+        return bool(s.exec(select(text("count(*) > 0 FROM pg_locks WHERE NOT granted"))).one())  # type: ignore[call-overload]

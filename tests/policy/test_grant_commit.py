@@ -1,0 +1,75 @@
+"""A grant request decided in one transaction and written in another (policy.grants.prepare_request, then
+commit_request: how the API group-commits grant writes): the write refuses a decision that a change committed
+in between may have altered, and keeps one that only other grants' lifecycle or an issuance followed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlmodel import Session, col, select
+
+from audit import Actor, record
+from audit.models import AuditEvent
+from policy.grants import (
+    Caller,
+    GrantDecision,
+    GrantRequest,
+    PreparedGrant,
+    StaleDecision,
+    commit_request,
+    prepare_request,
+)
+from policy.models import Grant
+from store.db import Database
+
+NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+CALLER = Caller("acme-admin", "tenant-admin", "acme", Actor("acme-admin", "tenant"))
+REQUEST = GrantRequest("acme", "web", "globex", "api", "tcp", [443], 3600)
+
+
+def _approve(_session: Session, _now: datetime, _input: dict[str, Any]) -> GrantDecision:
+    return GrantDecision("approve", [], ["auto-approved"])
+
+
+def _prepare(db: Database, key: str) -> PreparedGrant:
+    with db.read_session(snapshot=True) as s:
+        prepared = prepare_request(s, REQUEST, caller=CALLER, decide=_approve, idempotency_key=key,
+                                   clock=lambda: NOW)
+    assert isinstance(prepared, PreparedGrant)
+    return prepared
+
+
+def _event(db: Database, action: str) -> None:
+    with db.session() as s:
+        record(s, actor=Actor("admin", "admin"), action=action, object_type="tenant", object_id="globex",
+               tenant="globex", at=NOW)
+
+
+def _stored(db: Database) -> tuple[list[str], list[str]]:
+    with db.read_session() as s:
+        grants = sorted(str(g) for g in s.exec(select(Grant.idempotency_key)).all())
+        requested = list(s.exec(select(AuditEvent.object_id).where(col(AuditEvent.action) == "grant.request")
+                                .order_by(col(AuditEvent.seq))).all())
+    return grants, requested
+
+
+def test_a_prepared_decision_survives_grant_and_issuance_events_but_not_other_changes(db: Database) -> None:
+    first, second = _prepare(db, "first"), _prepare(db, "second")
+    with db.session() as s:
+        commit_request(s, first, caller=CALLER)
+    _event(db, "svid.issue")
+    with db.session() as s:  # only another grant and an issuance since its decision: it holds
+        commit_request(s, second, caller=CALLER)
+
+    third = _prepare(db, "third")
+    _event(db, "tenant.quarantine")  # may change the decision (the shipped policy denies quarantined groups)
+    with pytest.raises(StaleDecision, match=r"tenant\.quarantine committed meanwhile"), db.session() as s:
+        commit_request(s, third, caller=CALLER)
+    assert _stored(db) == (["first", "second"], [first.grant.id, second.grant.id])  # nothing of the third
+
+    again = _prepare(db, "third")  # decided afresh, after the change
+    with db.session() as s:
+        commit_request(s, again, caller=CALLER)
+    assert _stored(db)[0] == ["first", "second", "third"]
