@@ -85,7 +85,9 @@ class PostgresServer:
         import psycopg
 
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            # FILE_COPY copies the template's files without writing them to the WAL as well: measured 0.06 s a
+            # database against 0.16 s (WAL_LOG, the default), and a smaller cluster to remove at the end.
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
     def create_database(self, *, migrated: bool = True) -> str:
