@@ -14,11 +14,17 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from store.db import Database, sqlite_url
 from workflows.schema import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Property tests draw the same examples on every run (derandomize: a seed derived from the test), so a failure
+# in CI reproduces on a laptop and a run's time does not depend on luck; each test states how many it draws.
+settings.register_profile("trustfabric", derandomize=True)
+settings.load_profile("trustfabric")
 SHARED_TESTDATA = ROOT.parent / "shared" / "testdata"
 
 
