@@ -61,7 +61,7 @@ class PostgresServer:
         )
         self.start()
         self.admin_url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-        self._template = self._migrated_template()
+        self._template: str | None = None  # made by the first create_database() that asks for the schema
 
     def start(self) -> None:
         opts = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
@@ -98,6 +98,8 @@ class PostgresServer:
 
     def create_database(self, *, migrated: bool = True) -> str:
         """A new database of its own: the current schema with no rows of a test's (`migrated`), else empty."""
+        if migrated and self._template is None:
+            self._template = self._migrated_template()
         return self._create("t_" + uuid.uuid4().hex[:12], template=self._template if migrated else "template1")
 
     def stop(self) -> None:
