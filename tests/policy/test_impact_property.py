@@ -79,7 +79,7 @@ def test_embedded_and_pdp_agree_on_generated_inventories(pdp: Any, data: dict[st
     from tests.policy.helpers import corpus
 
     embedded = RegorusEngine(CANDIDATE, data)
-    server = OpaServerEngine(OpaSettings(url=pdp.url, token=pdp.token))
+    server = OpaServerEngine(OpaSettings(url=pdp.url, token=pdp.token, timeout=10.0))  # agreement, not latency
     server.load(CANDIDATE, data)
     batch = corpus(data)
     assert server.evaluate_many(FLOW_QUERY, batch) == embedded.evaluate_many(FLOW_QUERY, batch)
