@@ -17,11 +17,12 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from audit import Actor
 from audit.checkpoint import ensure_audit_key
-from core.clock import FrozenClock
+from core.clock import Clock, FrozenClock, system_clock
 from inventory import service as inv
 from keys.store import KeyKind
 from pki.service import init_trust_domain
 from pki.tokens.service import create_opaque_token, ensure_issuer_key, mint_token
+from tests.conftest import place_migrated_sqlite
 from workflows.context import AppContext
 from workflows.settings import Settings
 
@@ -67,9 +68,17 @@ def make_settings(home: Path, database_url: str | None = None, **overrides: Any)
     return replace(base, **overrides)
 
 
+def open_context(settings: Settings, clock: Clock = system_clock) -> AppContext:
+    """AppContext.open(create=True) on a data directory whose SQLite database (when the settings name none
+    other) starts as a copy of a migrated one (tests/conftest.py): the same schema, without the steps."""
+    if settings.database_url is None:
+        place_migrated_sqlite(settings.home)
+    return AppContext.open(settings, create=True, clock=clock)
+
+
 def open_env(settings: Settings, *, background: bool = False, td: str = TD) -> Env:
     clock = MovableClock(datetime.now(UTC).replace(microsecond=0))
-    ctx = AppContext.open(settings, create=True, clock=clock)
+    ctx = open_context(settings, clock)
     with ctx.db.session() as session:
         init_trust_domain(session, ctx.keystore, trust_domain=td, key_kind=KeyKind.EC_P256, clock=clock)
     ensure_issuer_key(ctx.keystore)
@@ -109,12 +118,11 @@ def seed(env: Env, td: str = TD, *, policy: bool = True) -> None:
 def activate_shipped_policy(env: Env) -> int:
     """What `trustfabric init` does: the shipped rego/ uploaded and activated as the policy in force."""
     from policy import service as policy_service
-    from policy.shipped import REGO_DIR
-    from policy.versions import load_dir
+    from tests.policy.helpers import prepared_shipped
 
     actor = Actor.system("seed")
     with env.ctx.db.session() as s:
-        version, _ = policy_service.upload(s, policy_service.prepare(load_dir(REGO_DIR)), actor, now=env.clock())
+        version, _ = policy_service.upload(s, prepared_shipped(), actor, now=env.clock())
         if version.state != "active":
             policy_service.activate(s, version.number or 0, actor, now=env.clock())
         return version.number or 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,9 @@ from pki.service import init_trust_domain
 from policy import service as policy
 from policy.grant_decider import RegoGrantDecider
 from policy.grants import Caller, GrantRequest, approve_grant, request_grant
-from tests.api.conftest import make_settings
+from tests.api.conftest import make_settings, open_context
 from tests.enforcer.helpers import SMALL
+from tests.policy.helpers import prepared_shipped
 from workflows.context import AppContext
 from workflows.enforcement import make_reconciler
 from workflows.fabric import Who, import_fabric
@@ -85,25 +85,16 @@ class Stack:
 
 def open_stack(home: Path, url: str | None = None, **settings: Any) -> Stack:
     clock = FrozenClock(datetime.now(UTC).replace(microsecond=0))
-    ctx = AppContext.open(make_settings(home, url, **settings), create=True, clock=clock)
+    ctx = open_context(make_settings(home, url, **settings), clock)
     with ctx.db.session() as s:
         init_trust_domain(s, ctx.keystore, trust_domain=TD, key_kind=KeyKind.EC_P256, clock=clock)
     with ctx.db.session() as s:
         import_fabric(s, Who(ADMIN, clock), ctx.settings.pools(), SMALL.read_text(), source="small.yaml")
 
     with ctx.db.session() as s:
-        v, _ = policy.upload(s, shipped(), ADMIN, now=clock())
+        v, _ = policy.upload(s, prepared_shipped(), ADMIN, now=clock())
         policy.activate(s, v.number or 0, ADMIN, now=clock())
     return Stack(ctx, clock, make_reconciler(ctx))
-
-
-@cache
-def shipped() -> policy.PreparedVersion:
-    """The shipped rego/ compiled and its Rego tests run once per test process (they take a while)."""
-    from policy.shipped import REGO_DIR
-    from policy.versions import load_dir
-
-    return policy.prepare(load_dir(REGO_DIR))
 
 
 def reasons(rs: DeviceRuleSet) -> set[str]:

@@ -31,7 +31,7 @@ def _shuffled(fabric: Fabric, rng: random.Random) -> Fabric:
                   mix(fabric.grants))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fabrics())
 def test_same_input_gives_byte_identical_rule_sets_whatever_the_order(fabric: Fabric) -> None:
     allowed = allowed_flows(fabric)
@@ -184,7 +184,7 @@ def test_rules_come_in_evaluation_order_and_addresses_collapse_like_ipaddress() 
         assert ctx._collapse(ints, 4) == want
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fabrics(), st.randoms(use_true_random=False))
 def test_any_chain_of_recompiles_equals_a_full_compile(fabric: Fabric, rnd: random.Random) -> None:
     """Entries dropped, added back, changed and workloads revoked, in any order: recompile keeps up."""

@@ -14,7 +14,7 @@ from enforcer.ir import FlowRule, Leak
 from tests.enforcer.gen import fabrics
 from tests.enforcer.helpers import allowed_flows, compile_small
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

@@ -42,7 +42,7 @@ def _reference(rs: DeviceRuleSet) -> bytes | None:
         return None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_rule_sets(strs, odd_ints))
 def test_direct_bytes_equal_rfc8785_or_step_aside(rs: DeviceRuleSet) -> None:
     fast = canonical_bytes(rs)
@@ -57,7 +57,7 @@ def test_direct_bytes_equal_rfc8785_or_step_aside(rs: DeviceRuleSet) -> None:
 unescaped = st.text(st.characters(blacklist_characters='"\\', blacklist_categories=("Cc", "Cs")), max_size=10)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(_rule_sets(unescaped, st.integers(-(2**53) + 1, 2**53 - 1)))
 def test_values_of_the_ir_types_take_the_fast_path_and_equal_rfc8785(rs: DeviceRuleSet) -> None:
     assert canonical_bytes(rs) == canonical_json(rs.to_dict())

@@ -4,9 +4,12 @@ of the flow rules (written from the issue's rules, not from the Rego)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from policy.authoring import PreparedVersion, prepare
 from policy.decide import Flow
 from policy.versions import load_dir
 
@@ -18,6 +21,19 @@ NOW_NS = 1_800_000_000 * 10**9
 
 def shipped() -> dict[str, str]:
     return load_dir(REGO_DIR)
+
+
+def prepared_shipped() -> PreparedVersion:
+    """The shipped rego/ checked, compiled and its Rego tests run, as `init` uploads it: once per test process
+    for a given content (about a second each time, and a pure function of the modules), a fresh copy of the
+    modules each call so no test can change what the next one gets."""
+    prepared = _prepared(tuple(sorted(shipped().items())))
+    return replace(prepared, modules=dict(prepared.modules))
+
+
+@cache
+def _prepared(modules: tuple[tuple[str, str], ...]) -> PreparedVersion:
+    return prepare(dict(modules))
 
 
 def group(ports: list[tuple[str, int]], *, sensitivity: str = "normal", quarantined: bool = False,

@@ -45,7 +45,7 @@ def inventories(draw: st.DrawFn) -> dict[str, Any]:
     return doc(tenants, grants)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(inventories())
 def test_impact_diff_equals_the_independent_set_difference(data: dict[str, Any]) -> None:
     after = reference_allowed(data)

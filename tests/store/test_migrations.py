@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Column, MetaData, Table
@@ -23,8 +24,9 @@ import inventory.models
 import pki.models
 import pki.tokens.models
 import policy.models
-from store.db import Database
+from store.db import Database, sqlite_url
 from store.migrations import current_version
+from tests.conftest import PostgresServer
 from workflows.schema import STEPS, migrate
 
 DIALECTS: dict[str, Dialect] = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}
@@ -146,3 +148,23 @@ def test_versions_are_global_and_in_order() -> None:
 def test_migrating_a_real_database_applies_every_step_once(db: Database) -> None:
     assert current_version(db.engine) == STEPS[-1].version  # the fixture migrated it
     assert migrate(db.engine) == []
+
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_an_empty_database_takes_every_step_once(backend: str, request: pytest.FixtureRequest,
+                                                 tmp_path: Path) -> None:
+    """The `db` fixture's databases are copies of one database migrated once per test process
+    (tests/conftest.py): here the steps run on an empty database of each kind, as on a fresh install."""
+    if backend == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        db = Database(server.create_database(migrated=False))
+    else:
+        db = Database(sqlite_url(tmp_path))
+    try:
+        assert current_version(db.engine) == 0
+        assert migrate(db.engine) == [step.version for step in STEPS]
+        assert migrate(db.engine) == []
+        assert current_version(db.engine) == STEPS[-1].version
+    finally:
+        db.dispose()

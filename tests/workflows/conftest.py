@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import make_settings
+from tests.api.conftest import make_settings, open_context
 from workflows.context import AppContext
 
 
@@ -15,6 +15,6 @@ from workflows.context import AppContext
 def ctx(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AppContext]:
     """An opened (not yet initialised) data directory on each real database."""
     url = request.getfixturevalue("postgres_server").create_database() if request.param == "postgres" else None
-    c = AppContext.open(make_settings(tmp_path / "home", url), create=True)
+    c = open_context(make_settings(tmp_path / "home", url))
     yield c
     c.close()
