@@ -21,12 +21,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
 from store.changes import CHANNEL, PostgresChanges
+from store.readonly import DB_FILE
 
 _WRITE_OPTION = "tf_write"
 
 
 def sqlite_url(data_dir: Path) -> str:
-    return f"sqlite:///{data_dir / 'trustfabric.db'}"
+    return f"sqlite:///{data_dir / DB_FILE}"
 
 
 def make_engine(url: str, *, echo: bool = False) -> Engine:

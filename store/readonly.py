@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-DB_FILE = "trustfabric.db"  # store.db.sqlite_url's file name in the data directory
+DB_FILE = "trustfabric.db"  # the embedded database's file in the data directory (store.db.sqlite_url too)
 _DECODERS: dict[str, Callable[[Any], Any]] = {
     "JSON": json.loads,
     "BOOLEAN": bool,
