@@ -395,10 +395,20 @@ def tree_size(session: Session) -> int:
 def changes_since(session: Session, since: int, until: int, limit: int) -> tuple[list[tuple[str, str]], bool]:
     """(action, object id) of the events numbered since..until-1 in order (at most `limit`), and whether that
     is all of them: every committed change has its event, so these say what changed between two tree sizes."""
-    query = (select(_events.c.action, _events.c.object_id)
-             .where(_events.c.seq >= since, _events.c.seq < until).order_by(_events.c.seq).limit(limit))
-    rows = session.connection().execute(query).all()
-    return [(r[0], r[1]) for r in rows], len(rows) == until - since
+    rows = events_since(session, since, until, limit)
+    return [(action, oid) for action, oid, _leaf in rows], len(rows) == until - since
+
+
+def events_since(session: Session, since: int, until: int, limit: int) -> list[tuple[str, str, str]]:
+    """(action, object id, leaf hash) of the events numbered since..until-1 in order, at most `limit`: the leaf
+    hash says which history a cache's marker belongs to (each leaf hashes its predecessor's)."""
+    rows = session.connection().execute(_EVENTS_SINCE, {"since": since, "until": until, "limit": limit})
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+_EVENTS_SINCE = (select(_events.c.action, _events.c.object_id, _events.c.leaf_hash)
+                 .where(_events.c.seq >= bindparam("since"), _events.c.seq < bindparam("until"))
+                 .order_by(_events.c.seq).limit(bindparam("limit")))
 
 
 def node_hashes(session: Session, nodes: Iterable[merkle.Node]) -> dict[merkle.Node, bytes]:

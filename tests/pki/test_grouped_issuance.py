@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
+from audit import record
 from core.clock import FrozenClock
 from keys.file import FileKeyStore
-from pki import service
+from pki import registrations, service
 from pki.errors import IdentityRevoked
+from pki.spiffe_id import SpiffeId
 from store.db import Database
 from store.groupcommit import GroupCommitter
-from tests.pki.helpers import ADMIN, actions, counts, make_csr
+from tests.pki.helpers import ADMIN, TD, actions, counts, make_csr
 
 
 class _Between(GroupCommitter):
@@ -83,3 +85,60 @@ def test_a_rotation_between_signing_and_recording_signs_again_with_the_new_ca(
         active = service.ca_status(s, clock)
     assert second.issuer_ca_id != first.issuer_ca_id
     assert second.issuer_ca_id in str(active)
+
+
+def test_a_cached_registration_is_read_again_once_the_log_shows_a_change(
+        pki_db: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:
+    """The committing check's reads are kept per process (pki/registrations.py) while only issuances were
+    appended; a quarantine committed elsewhere (its audit event) empties the cache, and the next issuance is
+    refused, then lifting it issues again."""
+    from inventory.errors import Quarantined
+    from inventory.service import set_quarantine
+
+    committer = GroupCommitter(pki_db)
+    _issue(pki_db, committer, keystore, clock)
+    cleared = registrations.cleared(pki_db)
+    _issue(pki_db, committer, keystore, clock)  # only svid.issue since: served from the cache
+    assert registrations.cleared(pki_db) == cleared
+    before = counts(pki_db)
+    with pki_db.session() as s:
+        set_quarantine(s, tenant="acme", group="web", quarantined=True, reason="incident", actor=ADMIN)
+    with pytest.raises(Quarantined):
+        _issue(pki_db, committer, keystore, clock)
+    assert counts(pki_db) == (before[0], before[1] + 1)  # the quarantine's event only
+    assert registrations.cleared(pki_db) == cleared + 1
+    with pki_db.session() as s:
+        set_quarantine(s, tenant="acme", group="web", quarantined=False, reason="fixed", actor=ADMIN)
+    _issue(pki_db, committer, keystore, clock)
+    committer.close()
+
+
+def _registered(n: int) -> registrations.Registered:
+    return registrations.Registered(SpiffeId(TD, f"w{n}"), 3600, 86400)
+
+
+def test_a_registration_read_in_a_rolled_back_transaction_does_not_outlive_it(pki_db: Database) -> None:
+    """A transaction that appended a registration change, read (and cached) the registration it changed, and
+    rolled back: the next transaction's log has another event at that number (another leaf hash), so the
+    cache is emptied and the registration read again."""
+    reads: list[str] = []
+
+    def read(key: str, n: int) -> Callable[[], registrations.Registered]:
+        def reader() -> registrations.Registered:
+            reads.append(key)
+            return _registered(n)
+        return reader
+
+    with pki_db.session() as s:
+        registrations.lookup(pki_db, s, "a", read("a", 1))
+    with pytest.raises(RuntimeError), pki_db.session() as s:
+        record(s, actor=ADMIN, action="workload.revoke", object_type="workload", object_id="acme/web/frontend")
+        assert registrations.lookup(pki_db, s, "a", read("a", 2)) == _registered(2)  # emptied, read afresh
+        raise RuntimeError("rolled back")
+    with pki_db.session() as s:  # the same number, now a harmless event with another leaf
+        record(s, actor=ADMIN, action="svid.issue", object_type="svid", object_id="1")
+    with pki_db.session() as s:
+        assert registrations.lookup(pki_db, s, "a", read("a", 3)) == _registered(3)
+    with pki_db.session() as s:
+        assert registrations.lookup(pki_db, s, "a", read("a", 4)) == _registered(3)  # unchanged since: kept
+    assert reads == ["a", "a", "a"]

@@ -1,0 +1,130 @@
+"""The registration checks of group-committed issuance, kept per process and proven current by the audit log.
+
+Every change to what an issuance checks (a workload registered, revoked or unregistered, a tenant or group
+quarantined, an identity prefix revoked, a placement, the trust domain's TTL rules) records an audit event in
+its own transaction, under the audit head lock. So a check read under that lock at tree size S stays true
+until an event numbered >= S says otherwise. A batch (one transaction, the committing one) takes the head lock,
+reads the events appended since the cache's marker, and empties the cache when any of them is not one of the
+few actions that never touch a registration (SAFE_ACTIONS: an allowlist, so an action added later invalidates
+until it is listed); then it moves the marker to the head. A batch costs one small read instead of one
+registration read per member.
+
+The marker is the size and the leaf hash of the event just before it: a transaction that moved the marker and
+then rolled back leaves a marker whose leaf is not in the log (its number gets another event, whose leaf hash
+differs because leaves hash their time and predecessor), so the next batch finds the mismatch and empties the
+cache. Refusals (unknown, revoked, quarantined) are never cached: they are read afresh each time. One state per
+`Database` object (weakly held): a database re-created under the same URL starts empty.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session as OrmSession
+from sqlalchemy.orm import SessionTransaction
+from sqlmodel import Session
+
+from audit.service import events_since, lock_head
+from pki.spiffe_id import SpiffeId
+from store.db import Database
+
+SAFE_ACTIONS = frozenset({
+    "svid.issue", "svid.jwt.issue", "node.renew",
+    "grant.request", "grant.approve", "grant.reject", "grant.revoke", "grant.expire",
+})
+MAX_SCAN = 4096  # events read per batch; more than that since the marker: empty the cache instead
+MAX_ENTRIES = 65_536
+_VALIDATED = "tf_registrations_validated"
+
+
+@dataclass(frozen=True)
+class Registered:
+    """What a current registration lets an issuance sign: the SPIFFE ID and the TTL rules."""
+
+    sid: SpiffeId
+    default_ttl: int
+    max_ttl: int
+
+
+@dataclass
+class _State:
+    size: int = -1  # events 0..size-1 were scanned; -1: never
+    last_leaf: str | None = None  # leaf hash of event size-1
+    entries: dict[Hashable, Registered] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    cleared: int = 0  # times the cache was emptied (for tests)
+
+
+_states: weakref.WeakKeyDictionary[Database, _State] = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def _state(db: Database) -> _State:
+    with _states_lock:
+        found = _states.get(db)
+        if found is None:
+            found = _states[db] = _State()
+        return found
+
+
+def lookup(db: Database, session: Session, key: Hashable, read: Callable[[], Registered]) -> Registered:
+    """The registration for `key`, from the cache when no event since it was read can have changed it, else
+    `read()` (in `session`, the committing write transaction; its exception propagates, nothing is cached)."""
+    state = _state(db)
+    with state.lock:
+        validated = session.info.get(_VALIDATED)
+        if not isinstance(validated, int):
+            validated = session.info[_VALIDATED] = _validate(session, state)
+        found = state.entries.get(key)
+    if found is not None:
+        return found
+    found = read()
+    # kept only when what this transaction appended since the check is safe too: a registration read after
+    # an uncommitted change to it must not outlive a rollback of that change
+    size = lock_head(session)
+    if size != validated and not _all_safe(events_since(session, validated, size, MAX_SCAN), size - validated):
+        return found
+    with state.lock:
+        state.entries[key] = found
+        while len(state.entries) > MAX_ENTRIES:
+            state.entries.pop(next(iter(state.entries)))
+    return found
+
+
+def cleared(db: Database) -> int:
+    """How many times the cache of `db` was emptied (for tests)."""
+    return _state(db).cleared
+
+
+def _all_safe(rows: list[tuple[str, str, str]], expected: int) -> bool:
+    return len(rows) == expected and all(action in SAFE_ACTIONS for action, _oid, _leaf in rows)
+
+
+def _validate(session: Session, state: _State) -> int:
+    """Under the head lock: empty the cache unless every event since the marker is a safe one, then move the
+    marker to the head; returns the head's size."""
+    size = lock_head(session)
+    start = max(state.size - 1, 0)  # from the marker's last event: its leaf hash says whose history this is
+    keep = 0 <= state.size <= size and size - start <= MAX_SCAN
+    rows = events_since(session, start, size, MAX_SCAN) if keep else []
+    if keep and state.size > 0:
+        keep = bool(rows) and rows[0][2] == state.last_leaf
+    if keep:
+        keep = _all_safe(rows[1:] if state.size > 0 else rows, size - state.size)
+    if not keep:
+        state.entries.clear()
+        state.cleared += 1
+        rows = events_since(session, size - 1, size, 1) if size else []
+    state.size = size
+    state.last_leaf = rows[-1][2] if rows else None
+    return size
+
+
+@event.listens_for(OrmSession, "after_transaction_end")
+def _forget_validation(session: OrmSession, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the next transaction validates again, under its own head lock
+        session.info.pop(_VALIDATED, None)
