@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import rfc8785
 from sqlalchemy import bindparam, event, insert, select, update
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import SessionTransaction, configure_mappers
@@ -37,6 +36,7 @@ from audit.errors import InvalidAuditEvent, ProofError
 from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditCounter, AuditEvent, AuditHead, AuditNode, node_key
 from audit.wire import GENESIS_HASH as GENESIS_HASH
 from audit.wire import format_ts as format_ts
+from core.canonical import canonical_json
 from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 from store import deferred
@@ -90,7 +90,7 @@ def event_document(event: AuditEvent) -> dict[str, Any]:
 
 def leaf_hash(document: Mapping[str, Any]) -> str:
     """RFC 6962 leaf hash, hex: SHA-256(0x00 || RFC 8785 canonical JSON)."""
-    return merkle.hash_leaf(bytes(rfc8785.dumps(dict(document)))).hex()
+    return merkle.hash_leaf(canonical_json(dict(document))).hex()
 
 
 @dataclass
@@ -154,7 +154,7 @@ def _canonical_summary(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(summary, Mapping):
         raise InvalidAuditEvent("audit event summary must be a JSON object")
     try:
-        data = bytes(rfc8785.dumps(dict(summary)))
+        data = canonical_json(dict(summary))
     except Exception as exc:  # rfc8785 raises several unrelated types for unrepresentable values
         raise InvalidAuditEvent(f"audit event summary is not representable as canonical JSON: {exc}") from exc
     if len(data) > 16_384:
@@ -194,18 +194,33 @@ _DRIVER_SQL = {
         _UPSERT_COUNTER.format(p="?"),
     ),
 }
-# PostgreSQL: the event, its completed subtrees, its counters and the new head in one round trip.
-_PG_APPEND = (
-    "WITH ev AS (INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
+# PostgreSQL: the event, its completed subtrees, its counters and the new head in one round trip; a batch of
+# events (store/deferred.py) as one pipelined executemany, then the rest in one round trip.
+_PG_EVENT = (
+    "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
     "summary, reason, request_id, prev_hash, leaf_hash, data) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s)), "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s)"
+)
+_PG_TREE = (
     "nd AS (INSERT INTO audit_nodes (key, hash) SELECT * FROM unnest(%s::bigint[], %s::bytea[])), "
     "ct AS (INSERT INTO audit_counters (key, count, last_leaf) "
     "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
     "ON CONFLICT (key) DO UPDATE SET count = excluded.count, last_leaf = excluded.last_leaf) "
     "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json, last_ts = %s WHERE id = 1"
 )
+_PG_APPEND = f"WITH ev AS ({_PG_EVENT}), {_PG_TREE}"
+_PG_TREE_ONLY = f"WITH {_PG_TREE}"
 assert HEAD_ID == 1
+
+
+@dataclass
+class _Batch:
+    """A group commit's appends, written together at its flush: the head and each counter as they end."""
+
+    events: list[dict[str, Any]]
+    nodes: list[tuple[int, bytes]]
+    counted: dict[str, tuple[int, str]]
+    head: _HeadState | None = None
 
 
 def _write(
@@ -215,13 +230,37 @@ def _write(
     counted: list[tuple[str, int, str]],
     head: _HeadState,
 ) -> None:
+    batch = deferred.batched(session, "audit", lambda: _Batch([], [], {}), lambda b: _write_batch(session, b))
+    if batch is None:
+        _write_rows(session, [fields], nodes, counted, head)
+        return
+    batch.events.append(fields)
+    batch.nodes += nodes
+    batch.counted.update((key, (count, last)) for key, count, last in counted)
+    batch.head = head
+
+
+def _write_batch(session: Session, batch: _Batch) -> None:
+    if batch.head is not None:
+        counted = [(key, count, last) for key, (count, last) in batch.counted.items()]
+        _write_rows(session, batch.events, batch.nodes, counted, batch.head)
+
+
+def _write_rows(
+    session: Session,
+    events: list[dict[str, Any]],
+    nodes: list[tuple[int, bytes]],
+    counted: list[tuple[str, int, str]],
+    head: _HeadState,
+) -> None:
+    """The events, their completed subtrees, the counters' new values (one per key) and the head after them."""
     conn = session.connection()
     dialect = conn.dialect.name
     frontier = [h.hex() for h in head.tree.hashes]
     pg = dialect == "postgresql" and conn.dialect.driver == "psycopg"
     sql = _DRIVER_SQL.get(dialect)
     if sql is None and not pg:  # any other backend: the portable (slower) path
-        conn.execute(_INSERT_EVENT, fields)
+        conn.execute(_INSERT_EVENT, events)
         if nodes:
             conn.execute(_INSERT_NODE, [{"key": k, "hash": h} for k, h in nodes])
         for key, count, last in counted:
@@ -234,21 +273,28 @@ def _write(
             {"h_size": head.size, "h_last": head.last_leaf.hex(), "h_frontier": frontier, "h_ts": head.last_ts},
         )
         return
-    values = [fields[c] for c in _COLUMNS]
-    values[8] = json.dumps(fields["summary"], ensure_ascii=False)
+    rows = []
     last_ts: Any = head.last_ts
-    if dialect == "sqlite":  # SQLAlchemy's SQLite DateTime text form; the value is UTC
-        values[1] = last_ts = fields["ts"].strftime("%Y-%m-%d %H:%M:%S.%f")
+    for fields in events:
+        values = [fields[c] for c in _COLUMNS]
+        values[8] = json.dumps(fields["summary"], ensure_ascii=False)
+        if dialect == "sqlite":  # SQLAlchemy's SQLite DateTime text form; the value is UTC
+            values[1] = last_ts = fields["ts"].strftime("%Y-%m-%d %H:%M:%S.%f")
+        rows.append(values)
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         if pg:
             keys, hashes = [k for k, _ in nodes], [h for _, h in nodes]
             names, counts, lasts = [k for k, _, _ in counted], [c for _, c, _ in counted], [x for _, _, x in counted]
-            new_head = [head.size, head.last_leaf.hex(), json.dumps(frontier), last_ts]
-            cur.execute(_PG_APPEND, [*values, keys, hashes, names, counts, lasts, *new_head])
+            tree = [keys, hashes, names, counts, lasts, head.size, head.last_leaf.hex(), json.dumps(frontier), last_ts]
+            if len(rows) == 1:
+                cur.execute(_PG_APPEND, [*rows[0], *tree])
+            else:
+                cur.executemany(_PG_EVENT, rows)
+                cur.execute(_PG_TREE_ONLY, tree)
             return
         assert sql is not None
-        cur.execute(sql[0], values)
+        cur.executemany(sql[0], rows)
         if nodes:
             cur.executemany(sql[1], nodes)
         cur.executemany(sql[3], counted)
@@ -351,7 +397,7 @@ def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype
         "prev_hash": prev,
         "counters": {dim: counts[key] for dim, key in keys.items()},
     }
-    data = bytes(rfc8785.dumps(document))
+    data = canonical_json(document)
     if len(data) > MAX_EVENT_BYTES:
         raise InvalidAuditEvent(f"audit event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
     leaf = merkle.hash_leaf(data)

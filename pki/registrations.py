@@ -12,8 +12,10 @@ registration read per member.
 The marker is the size and the leaf hash of the event just before it: a transaction that moved the marker and
 then rolled back leaves a marker whose leaf is not in the log (its number gets another event, whose leaf hash
 differs because leaves hash their time and predecessor), so the next batch finds the mismatch and empties the
-cache. Refusals (unknown, revoked, quarantined) are never cached: they are read afresh each time. One state per
-`Database` object (weakly held): a database re-created under the same URL starts empty.
+cache. What a transaction read joins the cache only once it committed, so a read made after an uncommitted
+change never outlives the change's rollback. Refusals (unknown, revoked, quarantined) are never cached: they
+are read afresh each time. One state per `Database` object (weakly held): a database re-created under the same
+URL starts empty.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ SAFE_ACTIONS = frozenset({
 })
 MAX_SCAN = 4096  # events read per batch; more than that since the marker: empty the cache instead
 MAX_ENTRIES = 65_536
-_VALIDATED = "tf_registrations_validated"
+_TX = "tf_registrations"
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,16 @@ class _State:
     entries: dict[Hashable, Registered] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     cleared: int = 0  # times the cache was emptied (for tests)
+    validations: int = 0
+
+
+@dataclass
+class _Tx:
+    """One transaction's view: the validation it made and the registrations it read (kept if it commits)."""
+
+    state: _State
+    validation: int
+    read: dict[Hashable, Registered]
 
 
 _states: weakref.WeakKeyDictionary[Database, _State] = weakref.WeakKeyDictionary()
@@ -73,25 +85,18 @@ def _state(db: Database) -> _State:
 
 def lookup(db: Database, session: Session, key: Hashable, read: Callable[[], Registered]) -> Registered:
     """The registration for `key`, from the cache when no event since it was read can have changed it, else
-    `read()` (in `session`, the committing write transaction; its exception propagates, nothing is cached)."""
+    `read()` (in `session`, the committing write transaction; its exception propagates, nothing is cached).
+    What this transaction reads is kept only once it commits: a read after an uncommitted change must not
+    outlive a rollback of that change (and the next batch's scan sees whatever this one appended)."""
     state = _state(db)
     with state.lock:
-        validated = session.info.get(_VALIDATED)
-        if not isinstance(validated, int):
-            validated = session.info[_VALIDATED] = _validate(session, state)
-        found = state.entries.get(key)
-    if found is not None:
-        return found
-    found = read()
-    # kept only when what this transaction appended since the check is safe too: a registration read after
-    # an uncommitted change to it must not outlive a rollback of that change
-    size = lock_head(session)
-    if size != validated and not _all_safe(events_since(session, validated, size, MAX_SCAN), size - validated):
-        return found
-    with state.lock:
-        state.entries[key] = found
-        while len(state.entries) > MAX_ENTRIES:
-            state.entries.pop(next(iter(state.entries)))
+        tx = session.info.get(_TX)
+        if not isinstance(tx, _Tx):
+            _validate(session, state)
+            tx = session.info[_TX] = _Tx(state, state.validations, {})
+        found = state.entries.get(key) or tx.read.get(key)
+    if found is None:
+        found = tx.read[key] = read()
     return found
 
 
@@ -101,12 +106,14 @@ def cleared(db: Database) -> int:
 
 
 def _all_safe(rows: list[tuple[str, str, str]], expected: int) -> bool:
+    """All `expected` events are there and none can have changed a registration."""
     return len(rows) == expected and all(action in SAFE_ACTIONS for action, _oid, _leaf in rows)
 
 
-def _validate(session: Session, state: _State) -> int:
+def _validate(session: Session, state: _State) -> None:
     """Under the head lock: empty the cache unless every event since the marker is a safe one, then move the
-    marker to the head; returns the head's size."""
+    marker to the head."""
+    state.validations += 1
     size = lock_head(session)
     start = max(state.size - 1, 0)  # from the marker's last event: its leaf hash says whose history this is
     keep = 0 <= state.size <= size and size - start <= MAX_SCAN
@@ -121,10 +128,20 @@ def _validate(session: Session, state: _State) -> int:
         rows = events_since(session, size - 1, size, 1) if size else []
     state.size = size
     state.last_leaf = rows[-1][2] if rows else None
-    return size
+
+
+@event.listens_for(OrmSession, "after_commit")
+def _keep_reads(session: OrmSession) -> None:
+    tx = session.info.pop(_TX, None)
+    if isinstance(tx, _Tx) and tx.read:
+        with tx.state.lock:
+            if tx.state.validations == tx.validation:  # no other transaction moved the marker meanwhile
+                tx.state.entries.update(tx.read)
+                while len(tx.state.entries) > MAX_ENTRIES:
+                    tx.state.entries.pop(next(iter(tx.state.entries)))
 
 
 @event.listens_for(OrmSession, "after_transaction_end")
-def _forget_validation(session: OrmSession, transaction: SessionTransaction) -> None:
-    if transaction.parent is None:  # the next transaction validates again, under its own head lock
-        session.info.pop(_VALIDATED, None)
+def _forget_reads(session: OrmSession, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # rolled back (a commit took them above); the next validates again
+        session.info.pop(_TX, None)

@@ -58,7 +58,9 @@ class GroupCommitter:
         `check` runs first, in the same savepoint (a refusal, such as a revoked identity, fails this item
         alone and costs the others nothing). `savepoint=False` for an item whose fn fails only when the
         database does (its refusals all in a `check` that only reads): it saves the SAVEPOINT's statements and
-        bookkeeping, and an exception of its fn then fails the batch, whose items are run again alone."""
+        bookkeeping, and an exception of its fn then fails the batch, whose items are run again alone. Such an
+        fn's rows (and audit events) may be queued and written once for the batch (store/deferred.py `batched`),
+        so it must not read back what it wrote."""
         future: Future[T] = Future()
         with self._lock:
             if self._closed:
@@ -129,6 +131,7 @@ class GroupCommitter:
                         continue
                     done.append((fut, result))
                 deferred.finish(session)  # the head locked; raising fails the batch: each alone below
+                deferred.batch(session)  # the rest's rows written once, below (store/deferred.py)
                 for fn, check, fut, isolated in live:
                     if isolated:
                         continue
@@ -139,6 +142,7 @@ class GroupCommitter:
                         refused.append((fut, exc))
                         continue
                     done.append((fut, fn(session)))  # raising fails the batch: each alone below
+                deferred.flush(session)  # raising fails the batch: each alone below
         except BaseException as exc:  # the commit (or a rollback) failed: each alone, so only the culprit fails
             if len(live) == 1:
                 live[0][2].set_exception(exc)

@@ -117,10 +117,11 @@ def _registered(n: int) -> registrations.Registered:
     return registrations.Registered(SpiffeId(TD, f"w{n}"), 3600, 86400)
 
 
-def test_a_registration_read_in_a_rolled_back_transaction_does_not_outlive_it(pki_db: Database) -> None:
-    """A transaction that appended a registration change, read (and cached) the registration it changed, and
-    rolled back: the next transaction's log has another event at that number (another leaf hash), so the
-    cache is emptied and the registration read again."""
+def test_a_marker_moved_by_a_rolled_back_transaction_is_not_trusted(pki_db: Database) -> None:
+    """A batch validated the cache at a head that included its own (uncommitted) event, then rolled back; the
+    number of that event went to a registration change committed elsewhere. Same size, another leaf hash: the
+    next batch empties the cache and reads the registration again. And a read made in the rolled-back
+    transaction is not kept."""
     reads: list[str] = []
 
     def read(key: str, n: int) -> Callable[[], registrations.Registered]:
@@ -131,14 +132,17 @@ def test_a_registration_read_in_a_rolled_back_transaction_does_not_outlive_it(pk
 
     with pki_db.session() as s:
         registrations.lookup(pki_db, s, "a", read("a", 1))
+    with pki_db.session() as s:
+        assert registrations.lookup(pki_db, s, "a", read("a", 9)) == _registered(1)  # kept
     with pytest.raises(RuntimeError), pki_db.session() as s:
-        record(s, actor=ADMIN, action="workload.revoke", object_type="workload", object_id="acme/web/frontend")
-        assert registrations.lookup(pki_db, s, "a", read("a", 2)) == _registered(2)  # emptied, read afresh
-        raise RuntimeError("rolled back")
-    with pki_db.session() as s:  # the same number, now a harmless event with another leaf
         record(s, actor=ADMIN, action="svid.issue", object_type="svid", object_id="1")
+        registrations.lookup(pki_db, s, "b", read("b", 2))  # validated with the uncommitted event
+        raise RuntimeError("rolled back")
+    with pki_db.session() as s:  # that number, now a registration change
+        record(s, actor=ADMIN, action="workload.revoke", object_type="workload", object_id="acme/web/frontend")
     with pki_db.session() as s:
         assert registrations.lookup(pki_db, s, "a", read("a", 3)) == _registered(3)
+        assert registrations.lookup(pki_db, s, "b", read("b", 4)) == _registered(4)
     with pki_db.session() as s:
-        assert registrations.lookup(pki_db, s, "a", read("a", 4)) == _registered(3)  # unchanged since: kept
-    assert reads == ["a", "a", "a"]
+        assert registrations.lookup(pki_db, s, "a", read("a", 5)) == _registered(3)  # nothing since: kept
+    assert reads == ["a", "b", "a", "b"]
