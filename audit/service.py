@@ -194,8 +194,8 @@ _DRIVER_SQL = {
         _UPSERT_COUNTER.format(p="?"),
     ),
 }
-# PostgreSQL: the event, its completed subtrees, its counters and the new head in one round trip; a batch of
-# events (store/deferred.py) as one pipelined executemany, then the rest in one round trip.
+# PostgreSQL: the event(s), their completed subtrees, the counters and the new head in one round trip (a batch's
+# events, store/deferred.py, as one array per column).
 _PG_EVENT = (
     "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
     "summary, reason, request_id, prev_hash, leaf_hash, data) "
@@ -208,8 +208,17 @@ _PG_TREE = (
     "ON CONFLICT (key) DO UPDATE SET count = excluded.count, last_leaf = excluded.last_leaf) "
     "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json, last_ts = %s WHERE id = 1"
 )
+_PG_EVENTS = (  # many events in one statement: one array per column
+    "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
+    "summary, reason, request_id, prev_hash, leaf_hash, data) "
+    "SELECT seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, summary::json, reason, "
+    "request_id, prev_hash, leaf_hash, data FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[], %s::text[], "
+    "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], "
+    "%s::text[]) AS e(seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, summary, reason, "
+    "request_id, prev_hash, leaf_hash, data)"
+)
 _PG_APPEND = f"WITH ev AS ({_PG_EVENT}), {_PG_TREE}"
-_PG_TREE_ONLY = f"WITH {_PG_TREE}"
+_PG_APPEND_MANY = f"WITH ev AS ({_PG_EVENTS}), {_PG_TREE}"
 assert HEAD_ID == 1
 
 
@@ -290,8 +299,7 @@ def _write_rows(
             if len(rows) == 1:
                 cur.execute(_PG_APPEND, [*rows[0], *tree])
             else:
-                cur.executemany(_PG_EVENT, rows)
-                cur.execute(_PG_TREE_ONLY, tree)
+                cur.execute(_PG_APPEND_MANY, [[row[c] for row in rows] for c in range(len(_COLUMNS))] + tree)
             return
         assert sql is not None
         cur.executemany(sql[0], rows)
