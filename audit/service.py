@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, event, insert, select, update
+from sqlalchemy import bindparam, event, insert, or_, select, update
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import SessionTransaction, configure_mappers
 from sqlmodel import Session, col
@@ -460,6 +460,26 @@ def events_since(session: Session, since: int, until: int, limit: int) -> list[t
     return [(r[0], r[1], r[2]) for r in rows]
 
 
+def events_since_except(session: Session, since: int, until: int, common: frozenset[str]
+                        ) -> list[tuple[int, str, str]]:
+    """(seq, action, leaf hash) of the first and the last event numbered since..until-1 and of every one between
+    whose action is not in `common`: what a cache needs to know that nothing but `common` happened since it was
+    filled, without reading every event (the numbers have no gaps: each append takes the next under the lock)."""
+    if until <= since:
+        return []
+    stmt = _EVENTS_EXCEPT.get(common)
+    if stmt is None:
+        stmt = _EVENTS_EXCEPT[common] = (
+            select(_events.c.seq, _events.c.action, _events.c.leaf_hash)
+            .where(_events.c.seq >= bindparam("since"), _events.c.seq < bindparam("until"),
+                   or_(_events.c.seq == bindparam("since"), _events.c.seq == bindparam("last"),
+                       _events.c.action.not_in(sorted(common))))
+            .order_by(_events.c.seq))
+    rows = session.connection().execute(stmt, {"since": since, "until": until, "last": until - 1})
+    return [(int(r[0]), r[1], r[2]) for r in rows]
+
+
+_EVENTS_EXCEPT: dict[frozenset[str], Any] = {}
 _EVENTS_SINCE = (select(_events.c.action, _events.c.object_id, _events.c.leaf_hash)
                  .where(_events.c.seq >= bindparam("since"), _events.c.seq < bindparam("until"))
                  .order_by(_events.c.seq).limit(bindparam("limit")))

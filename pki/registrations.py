@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import SessionTransaction
 from sqlmodel import Session
 
-from audit.service import events_since, lock_head
+from audit.service import events_since_except, lock_head
 from pki.spiffe_id import SpiffeId
 from store.db import Database
 
@@ -38,7 +38,6 @@ SAFE_ACTIONS = frozenset({
     "svid.issue", "svid.jwt.issue", "node.renew",
     "grant.request", "grant.approve", "grant.reject", "grant.revoke", "grant.expire",
 })
-MAX_SCAN = 4096  # events read per batch; more than that since the marker: empty the cache instead
 MAX_ENTRIES = 65_536
 _TX = "tf_registrations"
 
@@ -105,29 +104,29 @@ def cleared(db: Database) -> int:
     return _state(db).cleared
 
 
-def _all_safe(rows: list[tuple[str, str, str]], expected: int) -> bool:
-    """All `expected` events are there and none can have changed a registration."""
-    return len(rows) == expected and all(action in SAFE_ACTIONS for action, _oid, _leaf in rows)
-
-
 def _validate(session: Session, state: _State) -> None:
     """Under the head lock: empty the cache unless every event since the marker is a safe one, then move the
     marker to the head."""
     state.validations += 1
     size = lock_head(session)
     start = max(state.size - 1, 0)  # from the marker's last event: its leaf hash says whose history this is
-    keep = 0 <= state.size <= size and size - start <= MAX_SCAN
-    rows = events_since(session, start, size, MAX_SCAN) if keep else []
+    rows = events_since_except(session, start, size, SAFE_ACTIONS) if 0 <= state.size <= size else []
+    keep = 0 <= state.size <= size and (size == 0 or (rows[:1] and rows[0][0] == start and rows[-1][0] == size - 1))
     if keep and state.size > 0:
-        keep = bool(rows) and rows[0][2] == state.last_leaf
-    if keep:
-        keep = _all_safe(rows[1:] if state.size > 0 else rows, size - state.size)
+        keep = rows[0][2] == state.last_leaf
+    between = rows[1:] if state.size > 0 else rows
+    if keep and any(action not in SAFE_ACTIONS for _seq, action, _leaf in between):
+        keep = False
     if not keep:
         state.entries.clear()
         state.cleared += 1
-        rows = events_since(session, size - 1, size, 1) if size else []
     state.size = size
-    state.last_leaf = rows[-1][2] if rows else None
+    state.last_leaf = rows[-1][2] if rows and rows[-1][0] == size - 1 else _leaf_at(session, size - 1)
+
+
+def _leaf_at(session: Session, seq: int) -> str | None:
+    rows = events_since_except(session, seq, seq + 1, SAFE_ACTIONS) if seq >= 0 else []
+    return rows[0][2] if rows else None
 
 
 @event.listens_for(OrmSession, "after_commit")
