@@ -29,16 +29,25 @@ def canonical_json(value: Any) -> bytes:
 
 
 def _plain(value: Any) -> bool:
-    kind = type(value)
-    if kind is str or kind is bool or value is None:
-        return True
-    if kind is int:
-        return bool(-_MAX_SAFE_INT <= value <= _MAX_SAFE_INT)
-    if kind is dict:
-        return all(type(k) is str and k.isascii() and _plain(v) for k, v in value.items())
-    if kind is list:
-        return all(_plain(v) for v in value)
-    return False
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
+                return False
+        elif kind is dict:
+            for key in item:
+                if type(key) is not str or not key.isascii():
+                    return False
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        else:
+            return False
+    return True
 
 
 def sha256_hex(data: bytes) -> str:
