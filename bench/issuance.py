@@ -58,7 +58,7 @@ from store.groupcommit import GroupCommitter
 from workflows.schema import migrate
 
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
-N = int(os.environ.get("BENCH_ISSUANCES", "640"))
+N = int(os.environ.get("BENCH_ISSUANCES", "1920"))  # per run (30 per requester); the single streams take N // 8
 REQUESTERS = 64
 PROCS = int(os.environ.get("BENCH_PROCS", str(os.cpu_count() or 1)))
 PER_PROC = 32  # requester threads per process in the deployment-shaped figure
@@ -232,8 +232,8 @@ def bench_backend(name: str, db: Database, ks: KeyStore, keys: tuple[Path, Path]
         cpu.append((time.process_time() - cpu0) / per)
         server.append((_server_cpu(pg) - server0) / per)
         batches.append((committer.items - before[1]) / max(1, committer.batches - before[0]))
-        single.append(_threads_rate(1, N // 4, grouped, csrs))
-        single_tx.append(_threads_rate(1, N // 4, alone, csrs))
+        single.append(_threads_rate(1, N // 8, grouped, csrs))
+        single_tx.append(_threads_rate(1, N // 8, alone, csrs))
         raw_procs.append(_processes_rate(_raw_worker, lambda p: (RAW_N,), RAW_N * PROCS))
         many_procs.append(_processes_rate(
             _issue_worker, lambda p: (db.url, str(keys[0]), str(keys[1]), p, N, csrs), N * PROCS))
