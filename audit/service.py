@@ -36,7 +36,7 @@ from audit.errors import InvalidAuditEvent, ProofError
 from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditCounter, AuditEvent, AuditHead, AuditNode, node_key
 from audit.wire import GENESIS_HASH as GENESIS_HASH
 from audit.wire import format_ts as format_ts
-from core.canonical import canonical_json
+from core.canonical import canonical_json, is_plain, plain_canonical_json
 from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 from store import deferred
@@ -148,19 +148,22 @@ def _text(value: str | None, what: str, max_len: int, *, required: bool) -> str 
     return value
 
 
-def _canonical_summary(summary: Mapping[str, Any] | None) -> dict[str, Any]:
+def _canonical_summary(summary: Mapping[str, Any] | None) -> tuple[dict[str, Any], bool]:
+    """The summary as its canonical JSON parses back, and whether it is plain (core.canonical.is_plain): then
+    so is its event's document, which the C encoder serializes without another walk."""
     if summary is None:
-        return {}
+        return {}, True
     if not isinstance(summary, Mapping):
         raise InvalidAuditEvent("audit event summary must be a JSON object")
+    plain = is_plain(dict(summary))
     try:
-        data = canonical_json(dict(summary))
+        data = plain_canonical_json(dict(summary)) if plain else canonical_json(dict(summary))
     except Exception as exc:  # rfc8785 raises several unrelated types for unrepresentable values
         raise InvalidAuditEvent(f"audit event summary is not representable as canonical JSON: {exc}") from exc
     if len(data) > 16_384:
         raise InvalidAuditEvent(f"audit event summary is {len(data)} bytes; the limit is 16384")
     parsed: dict[str, Any] = json.loads(data)
-    return parsed
+    return parsed, plain
 
 
 _COLUMNS = (
@@ -360,21 +363,22 @@ def record(
     if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
         raise InvalidAuditEvent("audit event time must be a timezone-aware datetime")
     requested = (at or system_clock()).astimezone(UTC)
-    body = _canonical_summary(summary)
+    body, plain = _canonical_summary(summary)
     if deferred.later(session, lambda: _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why,
-                                               rid, requested)):
+                                               rid, requested, plain)):
         # a group commit's member: appended under the head lock once every member made its change
         # (store/deferred.py); numbered then, so this event has no sequence number yet
         return AuditEvent.model_construct(seq=-1, actor_id=actor_id, actor_kind=actor.kind, tenant=tenant,
                                           action=action, object_type=otype, object_id=oid, summary=body,
                                           reason=why, request_id=rid)
-    return _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why, rid, requested)
+    return _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why, rid, requested, plain)
 
 
 def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype: str,
             oid: str, tenant: str | None, body: dict[str, Any], why: str | None, rid: str | None,
-            requested: datetime) -> AuditEvent:
-    """Append one validated event: lock the head, number, hash and write it."""
+            requested: datetime, plain: bool) -> AuditEvent:
+    """Append one validated event: lock the head, number, hash and write it. `plain`: the body is (then so is the
+    document: every other part is a validated string, a small integer or null)."""
     current = _locked_head(session)
     head = _HeadState(current.tree.copy(), current.last_leaf, current.last_ts, current.counts)
     seq = head.size
@@ -410,7 +414,7 @@ def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype
         "prev_hash": prev,
         "counters": {dim: counts[key] for dim, key in keys.items()},
     }
-    data = canonical_json(document)
+    data = plain_canonical_json(document) if plain else canonical_json(document)
     if len(data) > MAX_EVENT_BYTES:
         raise InvalidAuditEvent(f"audit event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
     leaf = merkle.hash_leaf(data)

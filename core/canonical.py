@@ -20,15 +20,20 @@ def canonical_json(value: Any) -> bytes:
     both escape exactly `"`, `\\`, and the controls below 0x20 (short forms for \\b \\t \\n \\f \\r, else \\u00xx
     in lowercase); integers print alike in the safe range. Anything else (floats, big integers, tuples, lone
     surrogates, other types) goes to rfc8785, which also raises for what JCS cannot represent."""
-    if _plain(value):
-        try:
-            return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-        except UnicodeEncodeError:  # a lone surrogate: rfc8785 refuses it
-            pass
-    return bytes(rfc8785.dumps(value))
+    return plain_canonical_json(value) if is_plain(value) else bytes(rfc8785.dumps(value))
 
 
-def _plain(value: Any) -> bool:
+def plain_canonical_json(value: Any) -> bytes:
+    """canonical_json of a value its caller knows `is_plain` (made of plain parts), without walking it again."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate: rfc8785 refuses it
+        return bytes(rfc8785.dumps(value))
+
+
+def is_plain(value: Any) -> bool:
+    """Only strings, safe integers, booleans, null, lists and objects with ASCII keys: what the C encoder
+    serializes exactly as RFC 8785 does."""
     stack = [value]
     while stack:
         item = stack.pop()

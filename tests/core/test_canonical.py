@@ -10,7 +10,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.canonical import _plain, canonical_json
+from core.canonical import canonical_json, is_plain
 
 _scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**53) - 2, max_value=2**53 + 2)
             | st.text() | st.floats(allow_nan=False, allow_infinity=False))
@@ -55,5 +55,5 @@ def test_edge_values(value: Any) -> None:
 
 def test_the_fast_path_takes_audit_like_documents() -> None:
     doc = {"v": 2, "seq": 7, "actor": {"id": "a", "kind": "admin"}, "summary": {"n": [1, "x", None]}, "r": None}
-    assert _plain(doc)
-    assert not _plain({"x": 1.0}) and not _plain({"x": (1,)}) and not _plain({"é": 1})
+    assert is_plain(doc)
+    assert not is_plain({"x": 1.0}) and not is_plain({"x": (1,)}) and not is_plain({"é": 1})
