@@ -22,10 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import rfc8785
-
 from audit import merkle
 from audit.errors import ProofError
+from core.canonical import canonical_json
 
 DIMENSIONS = ("action", "tenant", "tenant_action")
 
@@ -58,7 +57,7 @@ class Head:
 
 
 def _leaf(head: Head) -> bytes:
-    return merkle.hash_leaf(bytes(rfc8785.dumps([head.key, head.count, head.last])))
+    return merkle.hash_leaf(canonical_json([head.key, head.count, head.last]))
 
 
 def heads_root(heads: Sequence[Head]) -> bytes:

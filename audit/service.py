@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import rfc8785
-from sqlalchemy import bindparam, event, insert, select, update
+from sqlalchemy import bindparam, event, insert, or_, select, update
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import SessionTransaction, configure_mappers
 from sqlmodel import Session, col
@@ -37,6 +36,7 @@ from audit.errors import InvalidAuditEvent, ProofError
 from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditCounter, AuditEvent, AuditHead, AuditNode, node_key
 from audit.wire import GENESIS_HASH as GENESIS_HASH
 from audit.wire import format_ts as format_ts
+from core.canonical import canonical_json, is_plain, plain_canonical_json
 from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 from store import deferred
@@ -90,7 +90,7 @@ def event_document(event: AuditEvent) -> dict[str, Any]:
 
 def leaf_hash(document: Mapping[str, Any]) -> str:
     """RFC 6962 leaf hash, hex: SHA-256(0x00 || RFC 8785 canonical JSON)."""
-    return merkle.hash_leaf(bytes(rfc8785.dumps(dict(document)))).hex()
+    return merkle.hash_leaf(canonical_json(dict(document))).hex()
 
 
 @dataclass
@@ -148,19 +148,22 @@ def _text(value: str | None, what: str, max_len: int, *, required: bool) -> str 
     return value
 
 
-def _canonical_summary(summary: Mapping[str, Any] | None) -> dict[str, Any]:
+def _canonical_summary(summary: Mapping[str, Any] | None) -> tuple[dict[str, Any], bool]:
+    """The summary as its canonical JSON parses back, and whether it is plain (core.canonical.is_plain): then
+    so is its event's document, which the C encoder serializes without another walk."""
     if summary is None:
-        return {}
+        return {}, True
     if not isinstance(summary, Mapping):
         raise InvalidAuditEvent("audit event summary must be a JSON object")
+    plain = is_plain(dict(summary))
     try:
-        data = bytes(rfc8785.dumps(dict(summary)))
+        data = plain_canonical_json(dict(summary)) if plain else canonical_json(dict(summary))
     except Exception as exc:  # rfc8785 raises several unrelated types for unrepresentable values
         raise InvalidAuditEvent(f"audit event summary is not representable as canonical JSON: {exc}") from exc
     if len(data) > 16_384:
         raise InvalidAuditEvent(f"audit event summary is {len(data)} bytes; the limit is 16384")
     parsed: dict[str, Any] = json.loads(data)
-    return parsed
+    return parsed, plain
 
 
 _COLUMNS = (
@@ -194,18 +197,42 @@ _DRIVER_SQL = {
         _UPSERT_COUNTER.format(p="?"),
     ),
 }
-# PostgreSQL: the event, its completed subtrees, its counters and the new head in one round trip.
-_PG_APPEND = (
-    "WITH ev AS (INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
+# PostgreSQL: the event(s), their completed subtrees, the counters and the new head in one round trip (a batch's
+# events, store/deferred.py, as one array per column).
+_PG_EVENT = (
+    "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
     "summary, reason, request_id, prev_hash, leaf_hash, data) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s)), "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s)"
+)
+_PG_TREE = (
     "nd AS (INSERT INTO audit_nodes (key, hash) SELECT * FROM unnest(%s::bigint[], %s::bytea[])), "
     "ct AS (INSERT INTO audit_counters (key, count, last_leaf) "
     "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
     "ON CONFLICT (key) DO UPDATE SET count = excluded.count, last_leaf = excluded.last_leaf) "
     "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json, last_ts = %s WHERE id = 1"
 )
+_PG_EVENTS = (  # many events in one statement, as one JSON array the server takes apart (psycopg adapting an
+    # array per column cost ~80 us of client CPU per event)
+    "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
+    "summary, reason, request_id, prev_hash, leaf_hash, data) "
+    "SELECT seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, summary, reason, "
+    "request_id, prev_hash, leaf_hash, data FROM json_to_recordset(%s::json) AS e(seq bigint, ts timestamptz, "
+    "actor_id text, actor_kind text, tenant text, action text, object_type text, object_id text, summary json, "
+    "reason text, request_id text, prev_hash text, leaf_hash text, data text)"
+)
+_PG_APPEND = f"WITH ev AS ({_PG_EVENT}), {_PG_TREE}"
+_PG_APPEND_MANY = f"WITH ev AS ({_PG_EVENTS}), {_PG_TREE}"
 assert HEAD_ID == 1
+
+
+@dataclass
+class _Batch:
+    """A group commit's appends, written together at its flush: the head and each counter as they end."""
+
+    events: list[dict[str, Any]]
+    nodes: list[tuple[int, bytes]]
+    counted: dict[str, tuple[int, str]]
+    head: _HeadState | None = None
 
 
 def _write(
@@ -215,13 +242,37 @@ def _write(
     counted: list[tuple[str, int, str]],
     head: _HeadState,
 ) -> None:
+    batch = deferred.batched(session, "audit", lambda: _Batch([], [], {}), lambda b: _write_batch(session, b))
+    if batch is None:
+        _write_rows(session, [fields], nodes, counted, head)
+        return
+    batch.events.append(fields)
+    batch.nodes += nodes
+    batch.counted.update((key, (count, last)) for key, count, last in counted)
+    batch.head = head
+
+
+def _write_batch(session: Session, batch: _Batch) -> None:
+    if batch.head is not None:
+        counted = [(key, count, last) for key, (count, last) in batch.counted.items()]
+        _write_rows(session, batch.events, batch.nodes, counted, batch.head)
+
+
+def _write_rows(
+    session: Session,
+    events: list[dict[str, Any]],
+    nodes: list[tuple[int, bytes]],
+    counted: list[tuple[str, int, str]],
+    head: _HeadState,
+) -> None:
+    """The events, their completed subtrees, the counters' new values (one per key) and the head after them."""
     conn = session.connection()
     dialect = conn.dialect.name
     frontier = [h.hex() for h in head.tree.hashes]
     pg = dialect == "postgresql" and conn.dialect.driver == "psycopg"
     sql = _DRIVER_SQL.get(dialect)
     if sql is None and not pg:  # any other backend: the portable (slower) path
-        conn.execute(_INSERT_EVENT, fields)
+        conn.execute(_INSERT_EVENT, events)
         if nodes:
             conn.execute(_INSERT_NODE, [{"key": k, "hash": h} for k, h in nodes])
         for key, count, last in counted:
@@ -234,27 +285,38 @@ def _write(
             {"h_size": head.size, "h_last": head.last_leaf.hex(), "h_frontier": frontier, "h_ts": head.last_ts},
         )
         return
-    values = [fields[c] for c in _COLUMNS]
-    values[8] = json.dumps(fields["summary"], ensure_ascii=False)
     last_ts: Any = head.last_ts
-    if dialect == "sqlite":  # SQLAlchemy's SQLite DateTime text form; the value is UTC
-        values[1] = last_ts = fields["ts"].strftime("%Y-%m-%d %H:%M:%S.%f")
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         if pg:
             keys, hashes = [k for k, _ in nodes], [h for _, h in nodes]
             names, counts, lasts = [k for k, _, _ in counted], [c for _, c, _ in counted], [x for _, _, x in counted]
-            new_head = [head.size, head.last_leaf.hex(), json.dumps(frontier), last_ts]
-            cur.execute(_PG_APPEND, [*values, keys, hashes, names, counts, lasts, *new_head])
+            tree = [keys, hashes, names, counts, lasts, head.size, head.last_leaf.hex(), json.dumps(frontier), last_ts]
+            if len(events) == 1:
+                cur.execute(_PG_APPEND, [*_driver_values(events[0]), *tree])
+            else:
+                batch = [{**fields, "ts": fields["ts"].isoformat()} for fields in events]
+                cur.execute(_PG_APPEND_MANY, [json.dumps(batch, ensure_ascii=False), *tree])
             return
         assert sql is not None
-        cur.execute(sql[0], values)
+        rows = []
+        for fields in events:
+            values = _driver_values(fields)
+            values[1] = last_ts = fields["ts"].strftime("%Y-%m-%d %H:%M:%S.%f")  # SQLAlchemy's SQLite form (UTC)
+            rows.append(values)
+        cur.executemany(sql[0], rows)
         if nodes:
             cur.executemany(sql[1], nodes)
         cur.executemany(sql[3], counted)
         cur.execute(sql[2], (head.size, head.last_leaf.hex(), json.dumps(frontier), last_ts))
     finally:
         cur.close()
+
+
+def _driver_values(fields: dict[str, Any]) -> list[Any]:
+    values = [fields[c] for c in _COLUMNS]
+    values[8] = json.dumps(fields["summary"], ensure_ascii=False)
+    return values
 
 
 def _counts(session: Session, head: _HeadState, keys: Iterable[str]) -> dict[str, int]:
@@ -301,21 +363,22 @@ def record(
     if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
         raise InvalidAuditEvent("audit event time must be a timezone-aware datetime")
     requested = (at or system_clock()).astimezone(UTC)
-    body = _canonical_summary(summary)
+    body, plain = _canonical_summary(summary)
     if deferred.later(session, lambda: _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why,
-                                               rid, requested)):
+                                               rid, requested, plain)):
         # a group commit's member: appended under the head lock once every member made its change
         # (store/deferred.py); numbered then, so this event has no sequence number yet
         return AuditEvent.model_construct(seq=-1, actor_id=actor_id, actor_kind=actor.kind, tenant=tenant,
                                           action=action, object_type=otype, object_id=oid, summary=body,
                                           reason=why, request_id=rid)
-    return _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why, rid, requested)
+    return _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why, rid, requested, plain)
 
 
 def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype: str,
             oid: str, tenant: str | None, body: dict[str, Any], why: str | None, rid: str | None,
-            requested: datetime) -> AuditEvent:
-    """Append one validated event: lock the head, number, hash and write it."""
+            requested: datetime, plain: bool) -> AuditEvent:
+    """Append one validated event: lock the head, number, hash and write it. `plain`: the body is (then so is the
+    document: every other part is a validated string, a small integer or null)."""
     current = _locked_head(session)
     head = _HeadState(current.tree.copy(), current.last_leaf, current.last_ts, current.counts)
     seq = head.size
@@ -351,7 +414,7 @@ def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype
         "prev_hash": prev,
         "counters": {dim: counts[key] for dim, key in keys.items()},
     }
-    data = bytes(rfc8785.dumps(document))
+    data = plain_canonical_json(document) if plain else canonical_json(document)
     if len(data) > MAX_EVENT_BYTES:
         raise InvalidAuditEvent(f"audit event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
     leaf = merkle.hash_leaf(data)
@@ -395,10 +458,40 @@ def tree_size(session: Session) -> int:
 def changes_since(session: Session, since: int, until: int, limit: int) -> tuple[list[tuple[str, str]], bool]:
     """(action, object id) of the events numbered since..until-1 in order (at most `limit`), and whether that
     is all of them: every committed change has its event, so these say what changed between two tree sizes."""
-    query = (select(_events.c.action, _events.c.object_id)
-             .where(_events.c.seq >= since, _events.c.seq < until).order_by(_events.c.seq).limit(limit))
-    rows = session.connection().execute(query).all()
-    return [(r[0], r[1]) for r in rows], len(rows) == until - since
+    rows = events_since(session, since, until, limit)
+    return [(action, oid) for action, oid, _leaf in rows], len(rows) == until - since
+
+
+def events_since(session: Session, since: int, until: int, limit: int) -> list[tuple[str, str, str]]:
+    """(action, object id, leaf hash) of the events numbered since..until-1 in order, at most `limit`: the leaf
+    hash says which history a cache's marker belongs to (each leaf hashes its predecessor's)."""
+    rows = session.connection().execute(_EVENTS_SINCE, {"since": since, "until": until, "limit": limit})
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def events_since_except(session: Session, since: int, until: int, common: frozenset[str]
+                        ) -> list[tuple[int, str, str]]:
+    """(seq, action, leaf hash) of the first and the last event numbered since..until-1 and of every one between
+    whose action is not in `common`: what a cache needs to know that nothing but `common` happened since it was
+    filled, without reading every event (the numbers have no gaps: each append takes the next under the lock)."""
+    if until <= since:
+        return []
+    stmt = _EVENTS_EXCEPT.get(common)
+    if stmt is None:
+        stmt = _EVENTS_EXCEPT[common] = (
+            select(_events.c.seq, _events.c.action, _events.c.leaf_hash)
+            .where(_events.c.seq >= bindparam("since"), _events.c.seq < bindparam("until"),
+                   or_(_events.c.seq == bindparam("since"), _events.c.seq == bindparam("last"),
+                       _events.c.action.not_in(sorted(common))))
+            .order_by(_events.c.seq))
+    rows = session.connection().execute(stmt, {"since": since, "until": until, "last": until - 1})
+    return [(int(r[0]), r[1], r[2]) for r in rows]
+
+
+_EVENTS_EXCEPT: dict[frozenset[str], Any] = {}
+_EVENTS_SINCE = (select(_events.c.action, _events.c.object_id, _events.c.leaf_hash)
+                 .where(_events.c.seq >= bindparam("since"), _events.c.seq < bindparam("until"))
+                 .order_by(_events.c.seq).limit(bindparam("limit")))
 
 
 def node_hashes(session: Session, nodes: Iterable[merkle.Node]) -> dict[merkle.Node, bytes]:

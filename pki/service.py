@@ -19,7 +19,7 @@ from core.slugs import require_slug
 from inventory.models import Placement, Tenant, Workload, WorkloadGroup
 from inventory.service import raise_if_quarantined
 from keys.store import KeyKind, KeyStore
-from pki import attestation, revocation, rotation
+from pki import attestation, registrations, revocation, rotation
 from pki.bundle import bundle_document, bundle_roots_pem
 from pki.ca import active_issuing, create_generation, extend_signed_until, load_settings, truncate
 from pki.errors import (
@@ -245,8 +245,8 @@ def issue_x509_svid_grouped(
     SVID row and its audit event group-committed (store/groupcommit.py) with other writes. Returned only
     once committed. The registration is checked in the committing transaction, under the audit head lock
     that every change to a registration also takes: a workload revoked, unregistered or quarantined after the
-    signature gets nothing (the signed certificate is dropped, never shown). Within one batch the check runs
-    once per identity (the transaction sees one state of the registrations).
+    signature gets nothing (the signed certificate is dropped, never shown). The check's reads are kept per
+    process while the audit log shows no change that could alter them (pki/registrations.py).
 
     What signing needs (the SPIFFE ID, the TTL rules, the active CA) is kept per process from the last
     issuance to the same identity: the committing transaction's check is authoritative, and a certificate
@@ -271,21 +271,16 @@ def issue_x509_svid_grouped(
                            clock=clock, issuer=facts.issuer)
 
         def check(session: Session) -> None:
-            seen: dict[Any, Any] = session.info.setdefault("tf_registered", {})
-            if key not in seen:
-                try:
-                    seen[key] = _registered_identity(
-                        session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant,
-                        on_node=on_node)
-                except TrustfabricError as exc:
-                    seen[key] = exc
-            found = seen[key]
-            if isinstance(found, Exception):
-                raise found
-            settings, sid = found
-            current = resolve_ttl(ttl, default_seconds=settings.svid_default_ttl_seconds,
-                                  max_seconds=settings.svid_max_ttl_seconds, what="X.509-SVID", cap=max_ttl)
-            if sid != signed.spiffe_id or current != ttl_resolved:
+            def read() -> registrations.Registered:
+                settings, sid = _registered_identity(
+                    session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant,
+                    on_node=on_node)
+                return registrations.Registered(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds)
+
+            found = registrations.lookup(db, session, key, read)
+            current = resolve_ttl(ttl, default_seconds=found.default_ttl, max_seconds=found.max_ttl,
+                                  what="X.509-SVID", cap=max_ttl)
+            if found.sid != signed.spiffe_id or current != ttl_resolved:
                 raise StaleFacts(f"the registration of {tenant}/{group}/{workload} changed while signing")
             signing_issuer(session, signed)
 

@@ -52,6 +52,40 @@ def parse_csr(csr_pem: bytes | str) -> LeafPublicKey:
     raise InvalidCSR(f"CSR key type {type(key).__name__} is not accepted (use ECDSA P-256/P-384, Ed25519 or RSA)")
 
 
+_TEMPLATES: dict[x509.Certificate, tuple[x509.CertificateBuilder, x509.AuthorityKeyIdentifier]] = {}
+_TEMPLATES_MAX = 64  # issuing CAs in use at once: a few generations per trust domain
+
+
+def _template(issuer_cert: x509.Certificate) -> tuple[x509.CertificateBuilder, x509.AuthorityKeyIdentifier]:
+    """What every leaf of this issuer shares (issuer name, the constraint, usage and EKU extensions) and its
+    AKI: built once per issuing CA instead of once per leaf (builders are immutable, so sharing is safe)."""
+    found = _TEMPLATES.get(issuer_cert)
+    if found is None:
+        issuer_ski = issuer_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        template = (
+            x509.CertificateBuilder()
+            .issuer_name(issuer_cert.subject)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True, content_commitment=False, key_encipherment=False,
+                    data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+                    encipher_only=False, decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
+        )
+        found = (template, x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_ski))
+        if len(_TEMPLATES) >= _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+        _TEMPLATES[issuer_cert] = found
+    return found
+
+
 def build_leaf(
     *,
     public_key: LeafPublicKey,
@@ -66,37 +100,23 @@ def build_leaf(
 ) -> x509.Certificate:
     """The leaf: exactly one URI SAN (the SPIFFE ID), CA=false and digitalSignature (both critical),
     EKU serverAuth + clientAuth, AKI pointing at the issuing CA."""
-    issuer_ski = issuer_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    template, aki = _template(issuer_cert)
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(str(spiffe_id))]
     sans += [x509.DNSName(name) for name in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     cn = spiffe_id.segments[-1] if spiffe_id.segments else spiffe_id.trust_domain
     builder = (
-        x509.CertificateBuilder()
+        template
         .subject_name(x509.Name([
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "trustfabric"),
             x509.NameAttribute(NameOID.COMMON_NAME, cn[:64]),
         ]))
-        .issuer_name(issuer_cert.subject)
         .public_key(public_key)
         .serial_number(serial)
         .not_valid_before(not_before)
         .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-            critical=False,
-        )
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_ski), critical=False)
+        .add_extension(aki, critical=False)
     )
     return sign_certificate(builder, issuer_key)

@@ -10,6 +10,7 @@ head. With `begin`, `later(session, fn)` queues fn instead of running it; `finis
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar, cast
 
 from sqlmodel import Session
 
@@ -47,3 +48,37 @@ def finish(session: Session) -> None:
     """Run the queue in order; from now on nothing is deferred."""
     for fn in session.info.pop(_KEY, None) or ():
         fn()
+
+
+# --- rows written once per batch --------------------------------------------------------------------------
+# A group commit's members that cannot fail alone (store/groupcommit.py: savepoint=False) write rows that
+# nothing in the transaction reads back; queued per writer and written at `flush` (one executemany, one round
+# trip), they cost a statement per batch instead of per member. A failing flush fails the batch, whose members
+# are then run again alone, unbatched.
+
+_BATCH = "tf_batch"
+S = TypeVar("S")
+
+
+def batch(session: Session) -> None:
+    """From now on, until `flush`, writers that support it queue their rows (`batched`)."""
+    session.info[_BATCH] = {}
+
+
+def batched(session: Session, key: str, make: Callable[[], S], write: Callable[[S], None]) -> S | None:
+    """When the session batches: the writer `key`'s queue (made, and `write` registered for `flush`, on first
+    use); otherwise None (the caller writes now)."""
+    queues = session.info.get(_BATCH)
+    if not isinstance(queues, dict):
+        return None
+    found = queues.get(key)
+    if found is None:
+        found = queues[key] = (make(), write)
+    return cast(S, found[0])
+
+
+def flush(session: Session) -> None:
+    """Write every queue, in the order of their first use; from now on nothing is batched."""
+    queues = session.info.pop(_BATCH, None)
+    for queue, write in (queues or {}).values():
+        write(queue)

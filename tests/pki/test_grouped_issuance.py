@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
+from audit import record
 from core.clock import FrozenClock
 from keys.file import FileKeyStore
-from pki import service
+from pki import registrations, service
 from pki.errors import IdentityRevoked
+from pki.spiffe_id import SpiffeId
 from store.db import Database
 from store.groupcommit import GroupCommitter
-from tests.pki.helpers import ADMIN, actions, counts, make_csr
+from tests.pki.helpers import ADMIN, TD, actions, counts, make_csr
 
 
 class _Between(GroupCommitter):
@@ -83,3 +85,64 @@ def test_a_rotation_between_signing_and_recording_signs_again_with_the_new_ca(
         active = service.ca_status(s, clock)
     assert second.issuer_ca_id != first.issuer_ca_id
     assert second.issuer_ca_id in str(active)
+
+
+def test_a_cached_registration_is_read_again_once_the_log_shows_a_change(
+        pki_db: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:
+    """The committing check's reads are kept per process (pki/registrations.py) while only issuances were
+    appended; a quarantine committed elsewhere (its audit event) empties the cache, and the next issuance is
+    refused, then lifting it issues again."""
+    from inventory.errors import Quarantined
+    from inventory.service import set_quarantine
+
+    committer = GroupCommitter(pki_db)
+    _issue(pki_db, committer, keystore, clock)
+    cleared = registrations.cleared(pki_db)
+    _issue(pki_db, committer, keystore, clock)  # only svid.issue since: served from the cache
+    assert registrations.cleared(pki_db) == cleared
+    before = counts(pki_db)
+    with pki_db.session() as s:
+        set_quarantine(s, tenant="acme", group="web", quarantined=True, reason="incident", actor=ADMIN)
+    with pytest.raises(Quarantined):
+        _issue(pki_db, committer, keystore, clock)
+    assert counts(pki_db) == (before[0], before[1] + 1)  # the quarantine's event only
+    assert registrations.cleared(pki_db) == cleared + 1
+    with pki_db.session() as s:
+        set_quarantine(s, tenant="acme", group="web", quarantined=False, reason="fixed", actor=ADMIN)
+    _issue(pki_db, committer, keystore, clock)
+    committer.close()
+
+
+def _registered(n: int) -> registrations.Registered:
+    return registrations.Registered(SpiffeId(TD, f"w{n}"), 3600, 86400)
+
+
+def test_a_marker_moved_by_a_rolled_back_transaction_is_not_trusted(pki_db: Database) -> None:
+    """A batch validated the cache at a head that included its own (uncommitted) event, then rolled back; the
+    number of that event went to a registration change committed elsewhere. Same size, another leaf hash: the
+    next batch empties the cache and reads the registration again. And a read made in the rolled-back
+    transaction is not kept."""
+    reads: list[str] = []
+
+    def read(key: str, n: int) -> Callable[[], registrations.Registered]:
+        def reader() -> registrations.Registered:
+            reads.append(key)
+            return _registered(n)
+        return reader
+
+    with pki_db.session() as s:
+        registrations.lookup(pki_db, s, "a", read("a", 1))
+    with pki_db.session() as s:
+        assert registrations.lookup(pki_db, s, "a", read("a", 9)) == _registered(1)  # kept
+    with pytest.raises(RuntimeError), pki_db.session() as s:
+        record(s, actor=ADMIN, action="svid.issue", object_type="svid", object_id="1")
+        registrations.lookup(pki_db, s, "b", read("b", 2))  # validated with the uncommitted event
+        raise RuntimeError("rolled back")
+    with pki_db.session() as s:  # that number, now a registration change
+        record(s, actor=ADMIN, action="workload.revoke", object_type="workload", object_id="acme/web/frontend")
+    with pki_db.session() as s:
+        assert registrations.lookup(pki_db, s, "a", read("a", 3)) == _registered(3)
+        assert registrations.lookup(pki_db, s, "b", read("b", 4)) == _registered(4)
+    with pki_db.session() as s:
+        assert registrations.lookup(pki_db, s, "a", read("a", 5)) == _registered(3)  # nothing since: kept
+    assert reads == ["a", "b", "a", "b"]

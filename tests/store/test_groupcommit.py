@@ -15,6 +15,7 @@ from sqlmodel import Session, col, select
 from audit import Actor, record
 from audit.models import AuditEvent
 from inventory.models import Tenant
+from store import deferred
 from store.db import Database
 from store.groupcommit import GroupCommitter
 
@@ -104,9 +105,10 @@ class _OneBatch:
     busy until `release()`, and each item is submitted once the one before it is queued (bounded waits)."""
 
     def __init__(self, committer: GroupCommitter, first: Callable[[Session], object],
-                 items: list[tuple[str, Callable[[Session], object]]]) -> None:
+                 items: list[tuple[str, Callable[[Session], object]]], *, savepoint: bool = True) -> None:
         self.outcomes: dict[str, object] = {}
         self._committer, self._hold, held = committer, threading.Event(), threading.Event()
+        self._savepoint = savepoint
 
         def blocker(session: Session) -> object:
             held.set()
@@ -125,7 +127,7 @@ class _OneBatch:
 
     def _one(self, name: str, fn: Callable[[Session], object]) -> None:
         try:
-            self.outcomes[name] = self._committer.submit(fn)
+            self.outcomes[name] = self._committer.submit(fn, savepoint=self._savepoint)
         except Exception as exc:
             self.outcomes[name] = exc
 
@@ -159,6 +161,61 @@ def test_a_member_failing_after_its_writes_is_undone_alone_inside_the_shared_tra
         events = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all()
     assert [e.object_id for e in events if e.action == "tenant.create"] == ["first", "a", "b"]
     assert [e.seq for e in events] == list(range(len(events)))
+
+
+def _create_batched(slug: str) -> Callable[[Session], str]:
+    """_create for a member without a savepoint: its row queued (store/deferred.py) and written at the flush."""
+    def write(session: Session) -> str:
+        def write_all(rows: list[Tenant]) -> None:
+            session.add_all(rows)
+            session.flush()
+
+        row = Tenant(slug=slug, display_name=slug, created_at=NOW)
+        rows: list[Tenant] | None = deferred.batched(session, "test.tenants", list, write_all)
+        if rows is None:
+            session.add(row)
+            session.flush()
+        else:
+            rows.append(row)
+        record(session, actor=Actor.system("test"), action="tenant.create", object_type="tenant", object_id=slug,
+               tenant=slug, at=NOW)
+        return slug
+    return write
+
+
+def _creates(db: Database) -> list[str]:
+    with db.read_session() as s:
+        events = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all()
+    assert [e.seq for e in events] == list(range(len(events)))  # one gap-free sequence
+    return [e.object_id for e in events if e.action == "tenant.create"]
+
+
+def test_members_without_savepoints_write_their_rows_once_per_batch(db: Database) -> None:
+    committer = GroupCommitter(db)
+    batch = _OneBatch(committer, _create_batched("first"),
+                      [(n, _create_batched(n)) for n in ("a", "b", "c")], savepoint=False)
+    batch.release()
+    batch.join()
+    committer.close()
+    assert batch.outcomes == {"first": "first", "a": "a", "b": "b", "c": "c"}
+    assert committer.batches == 2 and all(_visible(db, n) for n in ("a", "b", "c"))
+    assert _creates(db) == ["first", "a", "b", "c"]
+
+
+def test_a_batch_whose_queued_rows_fail_to_write_runs_each_member_alone(db: Database) -> None:
+    """The flush of queued rows fails (a duplicate): the batch is rolled back whole, each member is run again
+    alone, and only the duplicate fails; no event without its row, the sequence gap-free."""
+    committer = GroupCommitter(db)
+    committer.submit(_create("taken"))  # type: ignore[arg-type]
+    batch = _OneBatch(committer, _create_batched("first"),
+                      [(n, _create_batched(n)) for n in ("a", "taken", "b")], savepoint=False)
+    batch.release()
+    batch.join()
+    committer.close()
+    assert batch.outcomes["a"] == "a" and batch.outcomes["b"] == "b" and batch.outcomes["first"] == "first"
+    assert isinstance(batch.outcomes["taken"], Exception)
+    assert committer.batches == 1 + 1 + 2  # "taken", "first", then a and b alone
+    assert _creates(db) == ["taken", "first", "a", "b"]
 
 
 def test_a_batch_takes_its_row_locks_before_the_audit_head_and_cannot_deadlock(postgres_db: Database) -> None:
