@@ -219,7 +219,7 @@ def _report(label: str, r: dict[str, Any]) -> list[str]:
     return out
 
 
-def run(work: Path, database_url: str) -> list[str]:
+def run(work: Path, database_url: str, _database_pid: int) -> list[str]:
     lines = [f"# scale: {USERS} locust users (60% node agents renewing SVIDs, 30% tenants requesting, listing and "
              f"approving grants, 10% members explaining), one request per {PACING:g} s each on average, "
              f"{SECONDS:g} s per run after spawning over {10:g} s; {TENANTS} tenants x {WORKLOADS} workloads; "
