@@ -185,10 +185,21 @@ class Reconciler:
             events, complete = _scan(s, self._marker, size, 10_000)
         if not complete:
             return _cause(events) or f"{size - self._marker} changes"
-        if not events:
+        if not events or self._idle_past(events):
             self._marker = size  # nothing the inputs depend on: move past it
             return None
         return _cause(events)
+
+    def _idle_past(self, events: list[tuple[str, str]]) -> bool:
+        """Whether these (complete) events leave an idle reconciler idle: no device in the fabric, none compiled
+        for, and none of them can change the fabric (a run would read nothing and compile nothing, _read)."""
+        compiled, fabric = self._compiled, self._fabric
+        if compiled is None or compiled.devices or fabric is None or all_devices(fabric):
+            return False
+        if all(a.startswith(LEAVE_FABRIC) for a, _ in events):
+            self._data_stale = True
+            return True
+        return False
 
     def serve(self, stop: threading.Event) -> None:
         """Until `stop` is set: look whether a run is due every poll_seconds, and at once when woken (a wake

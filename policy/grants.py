@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, bindparam, event, func, or_, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DBAPIError, PendingRollbackError
+from sqlalchemy.orm import make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
@@ -307,8 +308,7 @@ def commit_request(
     grant, request, decision = prepared.grant, prepared.request, prepared.decision
     if grant.state != "denied":
         _check_quota(session, quotas, request.src_tenant, grant.state, as_utc(grant.created_at))
-    session.add(grant)
-    session.flush()
+    _insert(session, grant)
     if recheck and not deferred.later(session, lambda: _still_holds(session, prepared.marker)):
         _still_holds(session, prepared.marker)  # under the head lock (deferred: after every member's change)
     record(
@@ -322,6 +322,21 @@ def commit_request(
         reason="; ".join(decision.reasons)[:2000] or None, request_id=request_id, at=as_utc(grant.created_at),
     )
     return grant
+
+
+_GRANTS = Grant.__table__  # type: ignore[attr-defined]
+_GRANT_COLUMNS = tuple(c.name for c in _GRANTS.columns)
+_INSERT_GRANT = _GRANTS.insert()
+_BY_IDEMPOTENCY_KEY = sa_select(_GRANTS.c.id).where(
+    _GRANTS.c.requested_by == bindparam("by"), _GRANTS.c.idempotency_key == bindparam("key"))
+
+
+def _insert(session: Session, grant: Grant) -> None:
+    """INSERT the new grant as one Core statement, then attach it to the session as the persistent row it now
+    is (no unit-of-work flush: it cost a fifth of a grant write's CPU and bought nothing for one new row)."""
+    session.connection().execute(_INSERT_GRANT, {name: getattr(grant, name) for name in _GRANT_COLUMNS})
+    make_transient_to_detached(grant)
+    session.add(grant)
 
 
 def _still_holds(session: Session, marker: int) -> None:
@@ -585,10 +600,10 @@ def grant_rows(
 
 
 def find_by_idempotency_key(session: Session, requested_by: str, key: str) -> Grant | None:
-    """The grant a caller already requested under this Idempotency-Key, if any."""
-    return session.exec(
-        select(Grant).where(Grant.requested_by == requested_by, Grant.idempotency_key == key)
-    ).first()
+    """The grant a caller already requested under this Idempotency-Key, if any (a first request, the usual
+    case, costs one indexed Core SELECT, not an ORM query)."""
+    found = session.connection().execute(_BY_IDEMPOTENCY_KEY, {"by": requested_by, "key": key}).first()
+    return session.get(Grant, found[0]) if found is not None else None
 
 
 def sweep(session: Session, *, clock: Clock = system_clock, limit: int = 500) -> list[str]:
