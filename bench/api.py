@@ -111,13 +111,15 @@ def call(port: int, method: str, path: str, token: str | None = None, body: Any 
 
 def _send(conn: http.client.HTTPConnection, port: int, method: str, path: str, token: str,
           body: Any) -> tuple[http.client.HTTPConnection, bool]:
-    """One request on a keep-alive connection (a fresh Idempotency-Key per POST); a broken connection
-    is replaced and the request counted as failed."""
+    """One request on a keep-alive connection (a fresh Idempotency-Key per POST, and a body of its own when it
+    has a justification: every grant request distinct); a broken connection is replaced and the request
+    counted as failed."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     payload = None
     if body is not None:
-        headers["Idempotency-Key"] = uuid.uuid4().hex
-        payload = json.dumps(body)
+        key = headers["Idempotency-Key"] = uuid.uuid4().hex
+        payload = json.dumps({**body, "justification": f"{body['justification']} {key}"}
+                             if isinstance(body, dict) and "justification" in body else body)
     try:
         conn.request(method, path, body=payload, headers=headers)
         r = conn.getresponse()
