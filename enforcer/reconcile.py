@@ -158,6 +158,7 @@ class Reconciler:
         self._expiry_ns: int | None = None
         self._last_full = 0.0
         self._data_stale = False  # the engine's data document missed changes while idle: rebuild it
+        self._idle = False  # no device in the fabric and none compiled for (see _read)
         self._run_lock = threading.Lock()
         self._wake = threading.Event()
         self.last: Outcome | None = None
@@ -165,9 +166,12 @@ class Reconciler:
 
     # ---------------------------------------------------------------- when
 
-    def wake(self) -> None:
-        """Run soon (from the loop of `serve`): something committed in this process."""
-        self._wake.set()
+    def wake(self, *, fabric: bool = True) -> None:
+        """Run soon (from the loop of `serve`): something committed in this process. `fabric=False`: the change
+        cannot change the fabric (a grant's, an identity's): while idle (no device), nothing can come of it, so
+        no look is taken (the poll still moves past it)."""
+        if fabric or not self._idle:
+            self._wake.set()
 
     def due(self) -> str | None:
         """Why a run is due now (None: nothing to do). Cheap: one read of the audit log's size."""
@@ -197,7 +201,7 @@ class Reconciler:
         if compiled is None or compiled.devices or fabric is None or all_devices(fabric):
             return False
         if all(a.startswith(LEAVE_FABRIC) for a, _ in events):
-            self._data_stale = True
+            self._data_stale = self._idle = True
             return True
         return False
 
@@ -283,6 +287,7 @@ class Reconciler:
             return outcome
 
     def _keep(self, compiled: Compiled, inputs: Inputs) -> None:
+        self._idle = not compiled.devices and not all_devices(inputs.fabric)
         self._compiled = compiled
         self._marker = inputs.marker
         self._expiry_ns = inputs.expiry_ns

@@ -34,6 +34,7 @@ from api.writelock import grant_writer
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
 from core.vocabulary import GRANT_STATE_PATTERN
+from policy import decisionlog
 from policy import grants as svc
 from policy.models import Grant
 
@@ -174,7 +175,7 @@ def _request(ctx: Any, req: svc.GrantRequest, caller: svc.Caller, recorded: _Rec
         def write(session: Any, prepared: svc.PreparedGrant = prepared, row: Any = row) -> Grant:
             grant = svc.commit_request(session, prepared, caller=caller, quotas=settings.quotas, request_id=rid)
             if row is not None:
-                session.add(row)
+                decisionlog.add(session, row)
             return grant
 
         try:

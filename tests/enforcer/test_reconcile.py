@@ -322,6 +322,10 @@ def test_without_devices_a_grant_costs_no_evaluation_and_the_first_device_gets_e
         idle = s.rec.run_once("grant")  # and a run anyway (a resync, a CLI) reads and compiles nothing
         assert idle.error is None and idle.published == {} and s.rec.due() is None
         assert builds == [] and evaluations == []  # nothing read or evaluated for no device
+        s.rec.wake(fabric=False)  # a grant request's write: no look is taken while idle
+        assert not s.rec._wake.is_set()
+        s.rec.wake()  # any other write (it may import the fabric): a look at once
+        assert s.rec._wake.is_set()
         with s.ctx.db.session() as session:
             import_fabric(session, s.who, s.ctx.settings.pools(), SMALL.read_text(), source="small.yaml")
         out = s.rec.run_once("devices")
