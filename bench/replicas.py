@@ -7,6 +7,13 @@ sending back to back, spread over the replicas connection by connection as a TCP
 medians of RUNS runs of DURATION seconds. Open loop: requests sent on a fixed schedule at half the 3-replica
 closed-loop throughput for STALL_SECONDS, each timed from its scheduled send time (queueing counted).
 Goal (issue 11): POST /v1/grants p99 <= 25 ms closed loop at 8 connections on PostgreSQL with 3 replicas.
+
+CPU per grant request, sampled around each closed-loop run (user + system time / requests): the replicas'
+(every replica, also in the 1-replica run: the others still poll), PostgreSQL's (the postmaster and its
+backends) and the load generator's. Unlike the wall figures it hardly depends on what else the shared cores
+run, so it is the figure to compare before/after; on 2 cores a closed loop of 8 connections waits about
+8 x (total CPU per request) / 2, so the p99 goal needs about 3 ms in all. Every request is a distinct grant
+(its own Idempotency-Key and justification).
 """
 
 from __future__ import annotations
