@@ -207,7 +207,7 @@ def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
     return {"rows": rows, "rps": total.num_requests / wall, "fail": total.num_failures, "n": total.num_requests,
             "p50": total.get_response_time_percentile(0.5), "p99": total.get_response_time_percentile(0.99),
             "cpu": cpu / wall, "load_cpu": load_cpu / wall, "races": Fleet.approve_races, "wall": wall,
-            "errors": {f"{e.method} {e.name}: {str(e.error)[:160]}": e.occurrences for e in env.stats.errors.values()}}
+            "errors": {f"{e.name}: {str(e.error)[:160]}": e.occurrences for e in env.stats.errors.values()}}
 
 
 def _report(label: str, r: dict[str, Any]) -> list[str]:
