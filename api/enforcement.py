@@ -27,12 +27,16 @@ from store.db import Database
 log = logging.getLogger("trustfabric.api.enforcement")
 _rulesets = RuleSetVersion.__table__  # type: ignore[attr-defined]
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Writes under these paths never change the fabric (grants, credentials: enforcer.reconcile.LEAVE_FABRIC and
+# IRRELEVANT): an idle reconciler (no device) is not woken for them.
+LEAVE_FABRIC_PATHS = ("/v1/grants", "/v1/svids")
 
 
 class WakeOnWrite:
-    """Pure ASGI: after a write request answered below 400 (it committed), wake the reconciler."""
+    """Pure ASGI: after a write request answered below 400 (it committed), wake the reconciler (saying whether
+    the write may have changed the fabric)."""
 
-    def __init__(self, app: ASGIApp, wake: Callable[[], None]) -> None:
+    def __init__(self, app: ASGIApp, wake: Callable[..., None]) -> None:
         self.app = app
         self.wake = wake
 
@@ -50,7 +54,7 @@ class WakeOnWrite:
 
         await self.app(scope, receive, watch)
         if status < 400:
-            self.wake()
+            self.wake(fabric=not str(scope.get("path", "")).startswith(LEAVE_FABRIC_PATHS))
 
 
 class PublicationWatch:

@@ -16,6 +16,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import resource
 import signal
 import socket
 import statistics
@@ -110,13 +111,15 @@ def call(port: int, method: str, path: str, token: str | None = None, body: Any 
 
 def _send(conn: http.client.HTTPConnection, port: int, method: str, path: str, token: str,
           body: Any) -> tuple[http.client.HTTPConnection, bool]:
-    """One request on a keep-alive connection (a fresh Idempotency-Key per POST); a broken connection
-    is replaced and the request counted as failed."""
+    """One request on a keep-alive connection (a fresh Idempotency-Key per POST, and a body of its own when it
+    has a justification: every grant request distinct); a broken connection is replaced and the request
+    counted as failed."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     payload = None
     if body is not None:
-        headers["Idempotency-Key"] = uuid.uuid4().hex
-        payload = json.dumps(body)
+        key = headers["Idempotency-Key"] = uuid.uuid4().hex
+        payload = json.dumps({**body, "justification": f"{body['justification']} {key}"}
+                             if isinstance(body, dict) and "justification" in body else body)
     try:
         conn.request(method, path, body=payload, headers=headers)
         r = conn.getresponse()
@@ -177,11 +180,13 @@ def _load_worker(ports: Ports, method: str, path: str, token: str, body: Any, de
             errors[0] += bad
 
     _run_threads(loop, threads)
-    out.put((latencies, errors[0]))
+    used = resource.getrusage(resource.RUSAGE_SELF)  # this forked process only: the client's own CPU
+    out.put((latencies, errors[0], used.ru_utime + used.ru_stime))
 
 
 def measure(port: Ports, method: str, path: str, token: str, body: Any = None) -> dict[str, float]:
-    """Throughput (req/s) and p50/p99/max (ms) over DURATION seconds from LOAD_PROCESSES processes."""
+    """Throughput (req/s), p50/p99/max (ms) over DURATION seconds from LOAD_PROCESSES processes, and the load
+    generator's CPU per request (client_cpu_ms: user + system time of its processes / requests)."""
     q: Any = mp.get_context("fork").Queue()
     start = time.monotonic() + 0.3
     deadline = start + DURATION
@@ -193,17 +198,19 @@ def measure(port: Ports, method: str, path: str, token: str, body: Any = None) -
         p.start()
     lat: list[float] = []
     errors = 0
+    cpu = 0.0
     for _ in procs:
-        got, bad = q.get()
+        got, bad, used = q.get()
         lat.extend(got)
         errors += bad
+        cpu += used
     for p in procs:
         p.join()
     if errors:
         raise RuntimeError(f"{errors} of {len(lat)} {method} {path} requests failed")
     lat.sort()
     return {"rps": len(lat) / DURATION, "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000,
-            "max": lat[-1] * 1000}
+            "max": lat[-1] * 1000, "client_cpu_ms": cpu * 1000 / max(1, len(lat))}
 
 
 def _open_worker(ports: Ports, method: str, path: str, token: str, body: Any, start: float, rate: float,

@@ -206,7 +206,8 @@ def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
     total = env.stats.total
     return {"rows": rows, "rps": total.num_requests / wall, "fail": total.num_failures, "n": total.num_requests,
             "p50": total.get_response_time_percentile(0.5), "p99": total.get_response_time_percentile(0.99),
-            "cpu": cpu / wall, "load_cpu": load_cpu / wall, "races": Fleet.approve_races, "wall": wall}
+            "cpu": cpu / wall, "load_cpu": load_cpu / wall, "races": Fleet.approve_races, "wall": wall,
+            "errors": {f"{e.name}: {str(e.error)[:160]}": e.occurrences for e in env.stats.errors.values()}}
 
 
 def _report(label: str, r: dict[str, Any]) -> list[str]:
@@ -216,10 +217,12 @@ def _report(label: str, r: dict[str, Any]) -> list[str]:
     for name, row in r["rows"].items():
         out.append(f"  {label} {name}: {row['rps']:.1f} req/s, p50 {row['p50']:.0f} ms, p99 {row['p99']:.0f} ms, "
                    f"errors {row['fail']}")
+    for what, count in r["errors"].items():  # what failed, so an error count is never a mystery
+        out.append(f"  {label} error x{count}: {what}")
     return out
 
 
-def run(work: Path, database_url: str) -> list[str]:
+def run(work: Path, database_url: str, _database_pid: int) -> list[str]:
     lines = [f"# scale: {USERS} locust users (60% node agents renewing SVIDs, 30% tenants requesting, listing and "
              f"approving grants, 10% members explaining), one request per {PACING:g} s each on average, "
              f"{SECONDS:g} s per run after spawning over {10:g} s; {TENANTS} tenants x {WORKLOADS} workloads; "

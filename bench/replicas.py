@@ -7,6 +7,13 @@ sending back to back, spread over the replicas connection by connection as a TCP
 medians of RUNS runs of DURATION seconds. Open loop: requests sent on a fixed schedule at half the 3-replica
 closed-loop throughput for STALL_SECONDS, each timed from its scheduled send time (queueing counted).
 Goal (issue 11): POST /v1/grants p99 <= 25 ms closed loop at 8 connections on PostgreSQL with 3 replicas.
+
+CPU per grant request, sampled around each closed-loop run (user + system time / requests): the replicas'
+(every replica, also in the 1-replica run: the others still poll), PostgreSQL's (the postmaster and its
+backends) and the load generator's. Unlike the wall figures it hardly depends on what else the shared cores
+run, so it is the figure to compare before/after; on 2 cores a closed loop of 8 connections waits about
+8 x (total CPU per request) / 2, so the p99 goal needs about 3 ms in all. Every request is a distinct grant
+(its own Idempotency-Key and justification).
 """
 
 from __future__ import annotations
@@ -63,26 +70,55 @@ def renewal() -> dict[str, Any]:
     return {"csr": _csr().decode(), "tenant": "acme", "group": "web", "workload": "w1", "ttl_seconds": 3600}
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes and all their descendants (the live ones)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for proc in (root, *root.children(recursive=True)):
+                t = proc.cpu_times()
+                total += t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def with_cpu(servers: list[int], database: list[int], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`fn()`'s figures plus the servers' and the database's CPU per request (ms), sampled around it: CPU time
+    per request does not depend on what else the shared cores run, so before/after compare on it."""
+    s0, d0 = cpu_seconds(servers), cpu_seconds(database)
+    out = fn()
+    s1, d1 = cpu_seconds(servers), cpu_seconds(database)
+    n = max(1.0, out["rps"] * DURATION)
+    return {**out, "server_cpu_ms": (s1 - s0) * 1000 / n, "db_cpu_ms": (d1 - d0) * 1000 / n}
+
+
 def fmt(figure: str, value: float, unit: str, base_name: str, base: float) -> str:
     return f"{figure}: {value:.1f} {unit} (baseline {base_name} {base:.1f} {unit}, ratio {value / base:.2f})"
 
 
-def run(work: Path, database_url: str) -> list[str]:
+def run(work: Path, database_url: str, database_pid: int) -> list[str]:
     progress = Progress("replicas")
     env = replica_env(dict(os.environ), home=work / "home", database_url=database_url,
                       TRUSTFABRIC_SWEEP_INTERVAL_SECONDS="30", TRUSTFABRIC_QUOTA_PENDING="0",
                       TRUSTFABRIC_QUOTA_GRANTS="0")  # every POST makes a grant: no quota may refuse the load
     ports = [_free_port() for _ in range(REPLICAS)]
     progress.step(f"starting {REPLICAS} replicas")
-    with serve_replicas(BIN, REPLICAS, env=env, cwd=work, ports=ports):
+    with serve_replicas(BIN, REPLICAS, env=env, cwd=work, ports=ports) as replicas:
+        pids, db = [r.proc.pid for r in replicas], [database_pid]
         admin = mint(env, work, "--role", "admin")
         seed(ports[0], admin)
         acme = mint(env, work, "--role", "tenant-admin", "--tenant", "acme")
         for port in ports:  # each replica's first decision builds its engines: not the steady state
             assert call(port, "POST", "/v1/grants", acme, GRANT)[0] == 201
         progress.step("closed loop: POST /v1/grants on 3 replicas and on 1")
-        three: dict[str, Any] = median_runs(lambda: measure(ports, "POST", "/v1/grants", acme, GRANT))
-        one: dict[str, Any] = median_runs(lambda: measure(ports[0], "POST", "/v1/grants", acme, GRANT))
+        three: dict[str, Any] = median_runs(
+            lambda: with_cpu(pids, db, lambda: measure(ports, "POST", "/v1/grants", acme, GRANT)))
+        one: dict[str, Any] = median_runs(
+            lambda: with_cpu(pids, db, lambda: measure(ports[0], "POST", "/v1/grants", acme, GRANT)))
         body = renewal()
         progress.step("closed loop: POST /v1/svids/x509 on 3 replicas and on 1")
         svid3: dict[str, Any] = median_runs(lambda: measure(ports, "POST", "/v1/svids/x509", acme, body))
@@ -100,6 +136,14 @@ def run(work: Path, database_url: str) -> list[str]:
         fmt("post_grants_p50_3_replicas", three["p50"], "ms", "1 replica", one["p50"]),
         fmt("post_grants_p99_3_replicas", three["p99"], "ms", "1 replica", one["p99"]),
         fmt("post_grants_p99_3_replicas vs goal", three["p99"], "ms", "goal", 25.0),
+        fmt("post_grants_server_cpu_per_request_3_replicas", three["server_cpu_ms"], "ms", "1 replica",
+            one["server_cpu_ms"]),
+        fmt("post_grants_db_cpu_per_request_3_replicas", three["db_cpu_ms"], "ms", "1 replica", one["db_cpu_ms"]),
+        fmt("post_grants_client_cpu_per_request_3_replicas", three["client_cpu_ms"], "ms", "1 replica",
+            one["client_cpu_ms"]),
+        f"post_grants_total_cpu_per_request_3_replicas: "
+        f"{three['server_cpu_ms'] + three['db_cpu_ms'] + three['client_cpu_ms']:.2f} ms "
+        f"(server + database + client; the goal needs about 3 ms on 2 cores)",
         f"post_grants_max_closed_loop: {three['max']:.0f} ms (3 replicas), {one['max']:.0f} ms (1 replica)",
         f"open loop, {STALL_SECONDS:g} s at {rate:.0f} req/s (50% of the 3-replica closed loop), {tail['n']:.0f} "
         f"requests: p50 {tail['p50']:.1f} ms, p99 {tail['p99']:.1f} ms, p99.9 {tail['p999']:.1f} ms, "
@@ -112,7 +156,7 @@ def run(work: Path, database_url: str) -> list[str]:
     ]
 
 
-def with_postgres(name: str, run_on: Callable[[Path, str], list[str]]) -> int:
+def with_postgres(name: str, run_on: Callable[[Path, str, int], list[str]]) -> int:
     """Run `run_on(work directory, PostgreSQL URL)` on a durable cluster of its own and print its lines; the
     cluster and the directory are removed whatever happens (skipped, and said, without PostgreSQL)."""
     work = Path(tempfile.mkdtemp(prefix=f"tf-bench-{name}-"))
@@ -123,7 +167,8 @@ def with_postgres(name: str, run_on: Callable[[Path, str], list[str]]) -> int:
             print(f"{name}: skipped, no PostgreSQL ({exc})")
             return 0
         try:
-            lines = run_on(work, pg.url)
+            postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
+            lines = run_on(work, pg.url, postmaster)
         finally:
             pg.stop()
         for line in lines:

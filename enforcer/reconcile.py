@@ -47,7 +47,7 @@ from audit.service import changes_since, lock_head, tree_size
 from core.clock import Clock, system_clock
 from core.errors import Conflict, InvalidInput
 from enforcer import service
-from enforcer.compiler import Budget, Compiled, compile_fabric, recompile
+from enforcer.compiler import Budget, Compiled, all_devices, compile_fabric, recompile
 from enforcer.fabric import Fabric
 from enforcer.fabric_db import compile_fabric_of
 from enforcer.ir import DeviceRuleSet
@@ -96,7 +96,7 @@ class Inputs:
     now: datetime
     fabric: Fabric
     policy_hash: str | None
-    allowed: Any  # the compact data.flows.allowed_flows
+    allowed: Any  # the compact data.flows.allowed_flows (None: idle, see Reconciler._read)
     revoked: frozenset[str]
     expiry_ns: int | None  # the earliest grant expiry in the data document
     events: tuple[tuple[str, str], ...]  # relevant (action, object id) since the previous run, for the cause
@@ -157,6 +157,8 @@ class Reconciler:
         self._marker = -1
         self._expiry_ns: int | None = None
         self._last_full = 0.0
+        self._data_stale = False  # the engine's data document missed changes while idle: rebuild it
+        self._idle = False  # no device in the fabric and none compiled for (see _read)
         self._run_lock = threading.Lock()
         self._wake = threading.Event()
         self.last: Outcome | None = None
@@ -164,9 +166,12 @@ class Reconciler:
 
     # ---------------------------------------------------------------- when
 
-    def wake(self) -> None:
-        """Run soon (from the loop of `serve`): something committed in this process."""
-        self._wake.set()
+    def wake(self, *, fabric: bool = True) -> None:
+        """Run soon (from the loop of `serve`): something committed in this process. `fabric=False`: the change
+        cannot change the fabric (a grant's, an identity's): while idle (no device), nothing can come of it, so
+        no look is taken (the poll still moves past it)."""
+        if fabric or not self._idle:
+            self._wake.set()
 
     def due(self) -> str | None:
         """Why a run is due now (None: nothing to do). Cheap: one read of the audit log's size."""
@@ -184,10 +189,21 @@ class Reconciler:
             events, complete = _scan(s, self._marker, size, 10_000)
         if not complete:
             return _cause(events) or f"{size - self._marker} changes"
-        if not events:
+        if not events or self._idle_past(events):
             self._marker = size  # nothing the inputs depend on: move past it
             return None
         return _cause(events)
+
+    def _idle_past(self, events: list[tuple[str, str]]) -> bool:
+        """Whether these (complete) events leave an idle reconciler idle: no device in the fabric, none compiled
+        for, and none of them can change the fabric (a run would read nothing and compile nothing, _read)."""
+        compiled, fabric = self._compiled, self._fabric
+        if compiled is None or compiled.devices or fabric is None or all_devices(fabric):
+            return False
+        if all(a.startswith(LEAVE_FABRIC) for a, _ in events):
+            self._data_stale = self._idle = True
+            return True
+        return False
 
     def serve(self, stop: threading.Event) -> None:
         """Until `stop` is set: look whether a run is due every poll_seconds, and at once when woken (a wake
@@ -240,7 +256,11 @@ class Reconciler:
             outcome = Outcome(cause)
             for _attempt in range(MAX_ATTEMPTS):
                 try:
-                    inputs = self._read()
+                    inputs = self._read(idle_ok=not (full or force or select is not None))
+                    if inputs.allowed is None:  # no device, none compiled for: nothing to compile or publish
+                        assert self._compiled is not None
+                        self._keep(self._compiled, inputs)
+                        break
                     start = time.perf_counter()
                     compiled, was_full = self._compile(inputs, full)
                     outcome = Outcome(_cause(inputs.events) or cause, was_full,
@@ -267,16 +287,23 @@ class Reconciler:
             return outcome
 
     def _keep(self, compiled: Compiled, inputs: Inputs) -> None:
+        self._idle = not compiled.devices and not all_devices(inputs.fabric)
         self._compiled = compiled
         self._marker = inputs.marker
         self._expiry_ns = inputs.expiry_ns
 
     # ---------------------------------------------------------------- how
 
-    def _read(self) -> Inputs:
+    def _read(self, *, idle_ok: bool = False) -> Inputs:
         """The inputs, in one snapshot. What provably did not change since the last run is not read again: the
         fabric after only LEAVE_FABRIC events; the data document after only grant events (those grants are
-        patched into the engine's document, as the grants service patches its decider: policy.data.grant_ops)."""
+        patched into the engine's document, as the grants service patches its decider: policy.data.grant_ops).
+
+        `idle_ok`: when the fabric has no device and the kept compile has none either (every replica of a
+        control plane without enforced devices, or before the fabric is imported), the policy and its data
+        are neither read nor evaluated (allowed is None): a compile for no device is empty whatever the
+        grants say, and the grant writers' replicas must not spend a decision's CPU on it per grant. The
+        engine's document is rebuilt in full by the first run that has a device again."""
         from pki.service import trust_domain
 
         now = self.clock()
@@ -294,14 +321,19 @@ class Reconciler:
             fabric = self._fabric
             if fabric is None or resync or not complete or not all(a.startswith(LEAVE_FABRIC) for a, _ in events):
                 fabric = compile_fabric_of(s, td)
+            if idle_ok and not all_devices(fabric) and self._compiled is not None and not self._compiled.devices:
+                self._fabric, self._data_stale = fabric, True
+                if resync:
+                    self._last_full = time.monotonic()
+                return Inputs(marker, now, fabric, self._policy_hash, None, frozenset(), None, tuple(events))
             digest = s.exec(select(PolicyVersion.content_hash).where(col(PolicyVersion.state) == "active")).first()
             engine = self._engine_for(digest)
             modules = None
             if digest is not None and (not self._loaded or digest != self._policy_hash):
                 modules = dict(s.exec(select(PolicyVersion.modules).where(col(PolicyVersion.content_hash) == digest))
                                .one())
-            if (engine is not None and modules is None and complete and not (resync or expired) and events
-                    and all(a.startswith("grant.") for a, _ in events)):
+            if (engine is not None and modules is None and complete and not (resync or expired or self._data_stale)
+                    and events and all(a.startswith("grant.") for a, _ in events)):
                 from policy.data import grant_ops
                 from policy.models import Grant
 
@@ -316,6 +348,7 @@ class Reconciler:
                         self._policy_hash, self._loaded = digest, True
                     else:
                         sync_data(engine, data)
+                self._data_stale = False
         allowed = self._allowed(engine, digest, now)
         self._fabric = fabric
         revoked = frozenset(data["tf"]["revoked"])

@@ -30,7 +30,7 @@ from core.clock import as_utc
 from core.errors import InvalidInput
 from inventory.models import Tenant, Workload, WorkloadGroup
 from pki.models import RevokedIdentity
-from policy.models import Grant, PolicyDataVersion
+from policy.models import Grant, PolicyDataVersion, PolicyVersion
 
 log = logging.getLogger(__name__)
 
@@ -138,16 +138,21 @@ def fingerprint_and_active(session: Session) -> tuple[tuple[Any, ...], str | Non
     """(data_fingerprint(session), the active policy version's content hash or None) in one statement: all a
     kept engine checks before each decision (policy/grant_decider.py). None when the data version row is
     missing (a database not migrated)."""
-    from policy.models import PolicyVersion
-
-    active = sa_select(col(PolicyVersion.content_hash)).where(col(PolicyVersion.state) == "active").scalar_subquery()
-    row = _data_version_row(session, active)
+    row = _data_version_row(session, _FINGERPRINT_AND_ACTIVE)
     return None if row is None else ((int(row[0]),), None if row[1] is None else str(row[1]))
 
 
-def _data_version_row(session: Session, *also: Any) -> Any:
+# built once: per decision, building them cost more than running them
+_DATA_VERSION = sa_select(col(PolicyDataVersion.n)).where(col(PolicyDataVersion.id) == 1)
+_FINGERPRINT_AND_ACTIVE = sa_select(
+    col(PolicyDataVersion.n),
+    sa_select(col(PolicyVersion.content_hash)).where(col(PolicyVersion.state) == "active").scalar_subquery(),
+).where(col(PolicyDataVersion.id) == 1)
+
+
+def _data_version_row(session: Session, query: Any = _DATA_VERSION) -> Any:
     session.flush()  # as the autoflush of build_data's queries would
-    return session.execute(sa_select(col(PolicyDataVersion.n), *also).where(col(PolicyDataVersion.id) == 1)).first()
+    return session.execute(query).first()
 
 
 def live_until(data: Mapping[str, Any]) -> int | None:

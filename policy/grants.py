@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, bindparam, event, func, or_, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DBAPIError, PendingRollbackError
+from sqlalchemy.orm import make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
@@ -31,7 +32,7 @@ from audit.models import AuditEvent
 from audit.service import lock_head, tree_size
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from core.quotas import Quotas
+from core.quotas import QuotaName, Quotas
 from core.vocabulary import FINAL_GRANT_STATES
 from policy.models import Grant
 from store import deferred
@@ -307,8 +308,7 @@ def commit_request(
     grant, request, decision = prepared.grant, prepared.request, prepared.decision
     if grant.state != "denied":
         _check_quota(session, quotas, request.src_tenant, grant.state, as_utc(grant.created_at))
-    session.add(grant)
-    session.flush()
+    _insert(session, grant)
     if recheck and not deferred.later(session, lambda: _still_holds(session, prepared.marker)):
         _still_holds(session, prepared.marker)  # under the head lock (deferred: after every member's change)
     record(
@@ -322,6 +322,21 @@ def commit_request(
         reason="; ".join(decision.reasons)[:2000] or None, request_id=request_id, at=as_utc(grant.created_at),
     )
     return grant
+
+
+_GRANTS = Grant.__table__  # type: ignore[attr-defined]
+_GRANT_COLUMNS = tuple(c.name for c in _GRANTS.columns)
+_INSERT_GRANT = _GRANTS.insert()
+_BY_IDEMPOTENCY_KEY = sa_select(_GRANTS.c.id).where(
+    _GRANTS.c.requested_by == bindparam("by"), _GRANTS.c.idempotency_key == bindparam("key"))
+
+
+def _insert(session: Session, grant: Grant) -> None:
+    """INSERT the new grant as one Core statement, then attach it to the session as the persistent row it now
+    is (no unit-of-work flush: it cost a fifth of a grant write's CPU and bought nothing for one new row)."""
+    session.connection().execute(_INSERT_GRANT, {name: getattr(grant, name) for name in _GRANT_COLUMNS})
+    make_transient_to_detached(grant)
+    session.add(grant)
 
 
 def _still_holds(session: Session, marker: int) -> None:
@@ -384,11 +399,15 @@ def request_of(grant: Grant) -> GrantRequest:
 
 
 def _check_quota(session: Session, quotas: Quotas | None, tenant: str, state: str, now: datetime) -> None:
-    """QuotaExceeded when one more `state` (active | pending) grant would take `tenant` past its quota."""
+    """QuotaExceeded when one more `state` (active | pending) grant would take `tenant` past its quota. The
+    COUNT is built only when a quota is set (building it cost more than the rest of the check)."""
     from inventory.service import check_quota
 
+    name: QuotaName = "grants" if state == "active" else "pending"
+    if quotas is None or getattr(quotas, name) <= 0:
+        return
     held = select(func.count()).select_from(Grant).where(col(Grant.src_tenant) == tenant, _state_filter(state, now))
-    check_quota(session, quotas, tenant, "grants" if state == "active" else "pending", held)
+    check_quota(session, quotas, tenant, name, held)
 
 
 def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: datetime) -> GrantDecision:
@@ -585,10 +604,10 @@ def grant_rows(
 
 
 def find_by_idempotency_key(session: Session, requested_by: str, key: str) -> Grant | None:
-    """The grant a caller already requested under this Idempotency-Key, if any."""
-    return session.exec(
-        select(Grant).where(Grant.requested_by == requested_by, Grant.idempotency_key == key)
-    ).first()
+    """The grant a caller already requested under this Idempotency-Key, if any (a first request, the usual
+    case, costs one indexed Core SELECT, not an ORM query)."""
+    found = session.connection().execute(_BY_IDEMPOTENCY_KEY, {"by": requested_by, "key": key}).first()
+    return session.get(Grant, found[0]) if found is not None else None
 
 
 def sweep(session: Session, *, clock: Clock = system_clock, limit: int = 500) -> list[str]:

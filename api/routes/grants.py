@@ -34,6 +34,7 @@ from api.writelock import grant_writer
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
 from core.vocabulary import GRANT_STATE_PATTERN
+from policy import decisionlog
 from policy import grants as svc
 from policy.models import Grant
 
@@ -120,9 +121,9 @@ def _src_tenant(principal: Principal, body: GrantCreate) -> str:
     summary="Request a grant: active now, pending with named approvers, or denied with reasons",
 )
 def request_grant(
-    body: GrantCreate, request: Request, response: Response, ctx: CtxDep, principal: PrincipalDep,
+    body: GrantCreate, request: Request, ctx: CtxDep, principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_PATTERN)] = None,
-) -> GrantOut:
+) -> Response:
     src_tenant = _src_tenant(principal, body)
     authorize(request, principal, "grant.create", src_tenant)
     req = svc.GrantRequest(
@@ -145,9 +146,10 @@ def request_grant(
         if not req.same_as(existing):
             raise svc.GrantConflict("Idempotency-Key was already used for a different grant request") from None
         grant, created = existing, False
-    if not created:
-        response.status_code = 200
-    return grant_out(grant, ctx.clock())
+    # shaped straight into GrantOut's JSON (grant_view, as the list does; schemathesis holds both to the
+    # schema): building the model and validating it again cost a tenth of the request's CPU on the event loop
+    return Response(json.dumps(grant_view(grant, ctx.clock()), separators=(",", ":")).encode(),
+                    status_code=201 if created else 200, media_type="application/json")
 
 
 STALE_RETRIES = 3  # decisions made again when a change that may alter them committed before their write
@@ -174,7 +176,7 @@ def _request(ctx: Any, req: svc.GrantRequest, caller: svc.Caller, recorded: _Rec
         def write(session: Any, prepared: svc.PreparedGrant = prepared, row: Any = row) -> Grant:
             grant = svc.commit_request(session, prepared, caller=caller, quotas=settings.quotas, request_id=rid)
             if row is not None:
-                session.add(row)
+                decisionlog.add(session, row)
             return grant
 
         try:

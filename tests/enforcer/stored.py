@@ -83,13 +83,16 @@ class Stack:
         self.ctx.close()
 
 
-def open_stack(home: Path, url: str | None = None, **settings: Any) -> Stack:
+def open_stack(home: Path, url: str | None = None, fabric: str | dict[str, Any] | None = None,
+               **settings: Any) -> Stack:
+    """`fabric`: what is imported (the golden small.yaml by default)."""
     clock = FrozenClock(datetime.now(UTC).replace(microsecond=0))
     ctx = open_context(make_settings(home, url, **settings), clock)
     with ctx.db.session() as s:
         init_trust_domain(s, ctx.keystore, trust_domain=TD, key_kind=KeyKind.EC_P256, clock=clock)
     with ctx.db.session() as s:
-        import_fabric(s, Who(ADMIN, clock), ctx.settings.pools(), SMALL.read_text(), source="small.yaml")
+        import_fabric(s, Who(ADMIN, clock), ctx.settings.pools(), SMALL.read_text() if fabric is None else fabric,
+                      source="small.yaml")
 
     with ctx.db.session() as s:
         v, _ = policy.upload(s, prepared_shipped(), ADMIN, now=clock())

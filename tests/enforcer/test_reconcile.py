@@ -20,7 +20,7 @@ from policy.grants import Caller, revoke_grant
 from tests.enforcer.stored import ADMIN, TD, Stack, addresses, open_stack, with_mode
 from workflows import security
 from workflows.context import AppContext
-from workflows.fabric import place_workload, remove_device, unplace_workload
+from workflows.fabric import import_fabric, place_workload, remove_device, unplace_workload
 
 DEVICES = {"nic:gpu1", "nic:gpu2", "nic:gpu3", "nic:gpu4", "leaf:leaf1", "leaf:leaf2"}
 # acme/train (w1 on gpu1 under leaf1, w2 on gpu3 under leaf2) -> globex/api (a1 on gpu3 under leaf2)
@@ -293,3 +293,44 @@ def test_what_the_reconciler_keeps_between_runs_equals_a_fresh_read(stack: Stack
     stack.rec.run_once("moved")
     with stack.ctx.db.read_session() as s:
         assert stack.rec._fabric is not fabric and stack.rec._fabric == compile_fabric_of(s, TD) and builds == [1]
+
+
+def test_without_devices_a_grant_costs_no_evaluation_and_the_first_device_gets_every_grant(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A control plane with no enforced device (the replicas serving grant requests before a fabric is
+    imported) neither reads the policy data nor evaluates after a grant; when devices appear, their first
+    rule sets carry the grants approved meanwhile (the engine's document is rebuilt, not patched)."""
+    import yaml
+
+    from enforcer import reconcile
+    from policy.data import build_data
+    from tests.enforcer.helpers import SMALL
+
+    full = yaml.safe_load(SMALL.read_text())
+    bare = {k: full[k] for k in ("trust_domain", "tenants", "groups", "workloads")}
+    s = open_stack(tmp_path / "home", fabric=bare)
+    try:
+        first = s.rec.run_once("start")
+        assert first.error is None and first.published == {}
+        builds: list[int] = []
+        monkeypatch.setattr(reconcile, "build_data", lambda ses, now: builds.append(1) or build_data(ses, now))
+        evaluations: list[int] = []
+        allowed = s.rec._allowed
+        monkeypatch.setattr(s.rec, "_allowed", lambda *a: evaluations.append(1) or allowed(*a))
+        gid = s.grant("acme/train", "globex/api", 8443)
+        assert s.rec.due() is None  # a grant cannot give a device-less fabric a device: no run is due
+        idle = s.rec.run_once("grant")  # and a run anyway (a resync, a CLI) reads and compiles nothing
+        assert idle.error is None and idle.published == {} and s.rec.due() is None
+        assert builds == [] and evaluations == []  # nothing read or evaluated for no device
+        s.rec.wake(fabric=False)  # a grant request's write: no look is taken while idle
+        assert not s.rec._wake.is_set()
+        s.rec.wake()  # any other write (it may import the fabric): a look at once
+        assert s.rec._wake.is_set()
+        with s.ctx.db.session() as session:
+            import_fabric(session, s.who, s.ctx.settings.pools(), SMALL.read_text(), source="small.yaml")
+        out = s.rec.run_once("devices")
+        assert out.error is None and set(out.published) == DEVICES and builds == [1] and evaluations == [1]
+        carrying = {d for d in DEVICES if f"grant:{gid}" in all_reasons(s.desired(d))}
+        assert carrying == TRAIN_TO_API
+    finally:
+        s.close()
