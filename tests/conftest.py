@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -32,6 +33,12 @@ SHARED_TESTDATA = ROOT.parent / "shared" / "testdata"
 # Every SQLite database, key file and PostgreSQL database the tests make is written and fsynced, and on a disk
 # shared with other work each CREATE DATABASE waited 0.07-0.4 s for its checkpoint (0.03 s on tmpfs). No test
 # is about power loss: surviving kill -9 needs no fsync (a killed process leaves the page cache behind).
+# Bytecode caches are written even where PYTHONDONTWRITEBYTECODE is set (this machine sets it): the tests start
+# the installed binary, servers and agents ~150 times, and each of those processes compiled every module it
+# imports from source again (~0.3 s of CPU for the API's). The test processes write the caches as they import
+# (__pycache__ is in .gitignore); a process started with the variable set still reads them.
+sys.dont_write_bytecode = False
+
 _TMPFS = Path("/dev/shm")
 TEMP_ROOT: Path | None = _TMPFS if _TMPFS.is_dir() and os.access(_TMPFS, os.W_OK | os.X_OK) else None
 if TEMP_ROOT is not None:
