@@ -218,3 +218,11 @@ def browser() -> Iterator[object]:
             yield launched
         finally:
             launched.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Test clients left open (tests/api/conftest.py Client) are closed: their event loop's thread would hold the
+    interpreter's exit."""
+    harness = sys.modules.get("tests.api.conftest")
+    if harness is not None:
+        harness.close_open_clients()
