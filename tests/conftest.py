@@ -28,19 +28,22 @@ settings.register_profile("trustfabric", derandomize=True)
 settings.load_profile("trustfabric")
 SHARED_TESTDATA = ROOT.parent / "shared" / "testdata"
 
-# The tests' files live on tmpfs when the machine has one (/dev/shm): pytest's tmp_path (PYTEST_DEBUG_TEMPROOT,
-# read when the session makes its base directory, after this module is imported) and the PostgreSQL clusters.
-# Every SQLite database, key file and PostgreSQL database the tests make is written and fsynced, and on a disk
-# shared with other work each CREATE DATABASE waited 0.07-0.4 s for its checkpoint (0.03 s on tmpfs). No test
-# is about power loss: surviving kill -9 needs no fsync (a killed process leaves the page cache behind).
 # Bytecode caches are written even where PYTHONDONTWRITEBYTECODE is set (this machine sets it): the tests start
 # the installed binary, servers and agents ~150 times, and each of those processes compiled every module it
 # imports from source again (~0.3 s of CPU for the API's). The test processes write the caches as they import
 # (__pycache__ is in .gitignore); a process started with the variable set still reads them.
 sys.dont_write_bytecode = False
 
-_TMPFS = Path("/dev/shm")
-TEMP_ROOT: Path | None = _TMPFS if _TMPFS.is_dir() and os.access(_TMPFS, os.W_OK | os.X_OK) else None
+# The tests' files live on tmpfs when the machine has one (/dev/shm): pytest's tmp_path (PYTEST_DEBUG_TEMPROOT,
+# read when the session makes its base directory, after this module is imported) and the PostgreSQL clusters.
+# Every SQLite database, key file and PostgreSQL database the tests make is written and fsynced, and on a disk
+# shared with other work each CREATE DATABASE waited 0.07-0.4 s for its checkpoint (0.03 s on tmpfs). No test
+# is about power loss: surviving kill -9 needs no fsync (a killed process leaves the page cache behind).
+# Only a tmpfs with room: a container's /dev/shm may be a few MB (Docker's default is 64 MB), and a run needs
+# about 1 GB at its peak (the export memory test's logs).
+_TMPFS, _TMPFS_NEEDED = Path("/dev/shm"), 4 << 30
+TEMP_ROOT: Path | None = (_TMPFS if _TMPFS.is_dir() and os.access(_TMPFS, os.W_OK | os.X_OK)
+                          and shutil.disk_usage(_TMPFS).free >= _TMPFS_NEEDED else None)
 if TEMP_ROOT is not None:
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(TEMP_ROOT))
 
