@@ -16,6 +16,7 @@ from api.caches import cache_on, check_names
 from api.console import install_console
 from api.enforcement import EnforcerRuntime, PublicationWatch, WakeOnWrite
 from api.errors import install_error_handlers
+from api.inclusion import include_shared
 from api.limits import ClientRateLimit, EvaluationSlots, TokenBucket
 from api.observe import Observe
 from api.readcache import ChangeWatch, ReadCache
@@ -139,7 +140,9 @@ def create_app(
     app.state.impacts = ImpactReports(ctx.db, app.state.flow_sets, keep=flows_on and cache_on(off, "impact"),
                                       changes=flow_changes.version)
     install_error_handlers(app)
-    for router in (*ROUTERS, *extra_routers):
+    for router in ROUTERS:
+        include_shared(app, router)
+    for router in extra_routers:
         app.include_router(router)
     docs.install(app)
     install_console(app)  # the web console under /console: pages that call the routes above

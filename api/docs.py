@@ -15,6 +15,8 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
+from api.inclusion import include_shared
+
 STATIC = Path(__file__).resolve().parent / "static" / "docs"
 PREFIX = "/static/docs"
 
@@ -49,5 +51,5 @@ def redoc() -> HTMLResponse:
 
 def install(app: FastAPI) -> None:
     """Mount the pages and their assets on `app` (created with docs_url=None, redoc_url=None)."""
-    app.include_router(router)
+    include_shared(app, router)
     app.mount(PREFIX, StaticFiles(directory=STATIC), name="docs-static")

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -26,6 +27,25 @@ ROOT = Path(__file__).resolve().parent.parent
 settings.register_profile("trustfabric", derandomize=True)
 settings.load_profile("trustfabric")
 SHARED_TESTDATA = ROOT.parent / "shared" / "testdata"
+
+# Bytecode caches are written even where PYTHONDONTWRITEBYTECODE is set (this machine sets it): the tests start
+# the installed binary, servers and agents ~150 times, and each of those processes compiled every module it
+# imports from source again (~0.3 s of CPU for the API's). The test processes write the caches as they import
+# (__pycache__ is in .gitignore); a process started with the variable set still reads them.
+sys.dont_write_bytecode = False
+
+# The tests' files live on tmpfs when the machine has one (/dev/shm): pytest's tmp_path (PYTEST_DEBUG_TEMPROOT,
+# read when the session makes its base directory, after this module is imported) and the PostgreSQL clusters.
+# Every SQLite database, key file and PostgreSQL database the tests make is written and fsynced, and on a disk
+# shared with other work each CREATE DATABASE waited 0.07-0.4 s for its checkpoint (0.03 s on tmpfs). No test
+# is about power loss: surviving kill -9 needs no fsync (a killed process leaves the page cache behind).
+# Only a tmpfs with room: a container's /dev/shm may be a few MB (Docker's default is 64 MB), and a run needs
+# about 1 GB at its peak (the export memory test's logs).
+_TMPFS, _TMPFS_NEEDED = Path("/dev/shm"), 4 << 30
+TEMP_ROOT: Path | None = (_TMPFS if _TMPFS.is_dir() and os.access(_TMPFS, os.W_OK | os.X_OK)
+                          and shutil.disk_usage(_TMPFS).free >= _TMPFS_NEEDED else None)
+if TEMP_ROOT is not None:
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(TEMP_ROOT))
 
 
 def _pg_bin(name: str) -> str | None:
@@ -47,7 +67,7 @@ class PostgresServer:
         if not initdb or not pg_ctl:
             raise RuntimeError("PostgreSQL server binaries not installed (Debian package postgresql)")
         self.pg_ctl = pg_ctl
-        self.base = Path(tempfile.mkdtemp(prefix="tf-pg-"))
+        self.base = Path(tempfile.mkdtemp(prefix="tf-pg-", dir=TEMP_ROOT))
         self.data = self.base / "data"
         self.port = _free_port()
         self.as_user: list[str] = []
@@ -101,6 +121,13 @@ class PostgresServer:
         if migrated and self._template is None:
             self._template = self._migrated_template()
         return self._create("t_" + uuid.uuid4().hex[:12], template=self._template if migrated else "template1")
+
+    def drop_database(self, url: str) -> None:
+        """Remove a database create_database made (its connections ended first), so the cluster stays small."""
+        import psycopg
+
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
 
     def stop(self) -> None:
         subprocess.run(
@@ -159,10 +186,12 @@ def sqlite_db(tmp_path: Path) -> Iterator[Database]:
 
 @pytest.fixture
 def postgres_db(postgres_server: PostgresServer) -> Iterator[Database]:
-    db = Database(postgres_server.create_database())
+    url = postgres_server.create_database()
+    db = Database(url)
     migrate(db.engine)
     yield db
     db.dispose()
+    postgres_server.drop_database(url)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -192,3 +221,11 @@ def browser() -> Iterator[object]:
             yield launched
         finally:
             launched.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Test clients left open (tests/api/conftest.py Client) are closed: their event loop's thread would hold the
+    interpreter's exit."""
+    harness = sys.modules.get("tests.api.conftest")
+    if harness is not None:
+        harness.close_open_clients()

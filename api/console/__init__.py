@@ -7,6 +7,7 @@ its security headers.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
@@ -17,6 +18,7 @@ from api.console.client import ApiError
 from api.console.headers import ConsoleHeaders
 from api.console.session import PATH
 from api.console.web import CsrfRefused, NeedSignIn, on_api_error, on_csrf_refused, on_need_sign_in
+from api.inclusion import include_shared
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -40,7 +42,9 @@ def console_routes() -> list[tuple[str, str]]:
     return sorted(set(out))
 
 
+@cache
 def console_router() -> APIRouter:
+    """Every page under /console: one router per process (api/inclusion.py shares its inclusion)."""
     router = APIRouter(prefix=PATH, include_in_schema=False)
     for pages in page_routers():
         router.include_router(pages)
@@ -48,7 +52,7 @@ def console_router() -> APIRouter:
 
 
 def install_console(app: FastAPI) -> None:
-    app.include_router(console_router())
+    include_shared(app, console_router())
     app.mount(f"{PATH}/static", StaticFiles(directory=STATIC), name="console-static")
     app.add_exception_handler(NeedSignIn, on_need_sign_in)
     app.add_exception_handler(CsrfRefused, on_csrf_refused)

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 from sqlmodel import select
 
 from api.app import create_app
@@ -24,7 +23,7 @@ from audit import Actor
 from audit.models import AuditEvent
 from enforcer.ir import DeviceRuleSet
 from policy.models import DecisionRecord
-from tests.api.conftest import TD, Env, activate_shipped_policy, make_settings, open_env
+from tests.api.conftest import TD, Client, Env, activate_shipped_policy, make_settings, open_env
 from tests.api.test_mtls import TlsServer, client_ctx, key_pem, new_csr
 from tests.enforcer.helpers import SMALL
 from tests.policy.conftest import free_port
@@ -47,7 +46,7 @@ def fabric_env(home: Path, *, running: bool, database_url: str | None = None, fa
     assert rec.run_once("start").published
     env.client.close()
     env.app = create_app(env.ctx, enforcer=rec if running else None)
-    env.client = TestClient(env.app, raise_server_exceptions=False)
+    env.client = Client(env.app, raise_server_exceptions=False)
     return env
 
 
@@ -56,6 +55,7 @@ def denv(tmp_path: Path) -> Iterator[Env]:
     env = fabric_env(tmp_path / "home", running=True)
     with env.client:  # runs the lifespan: the reconciler's thread
         yield env
+    env.client.close()
     env.ctx.close()
 
 

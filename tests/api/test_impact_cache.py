@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from api.app import create_app
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
-from tests.api.conftest import Env
+from tests.api.conftest import Client, Env
 from tests.api.test_devices import approve_grant_over_the_api, fabric_env
 from workflows.enforcement import impact as fresh_impact
 
@@ -51,7 +50,7 @@ def test_an_impact_report_is_computed_once_per_state_and_equals_a_fresh_one(
         env.ctx.settings = replace(env.ctx.settings, cache_off=frozenset({"impact"}))
         env.client.close()
         env.app = create_app(env.ctx)
-        env.client = TestClient(env.app, raise_server_exceptions=False)
+        env.client = Client(env.app, raise_server_exceptions=False)
     try:
         r = env.call("POST", "/v1/policy/versions", "security", json={"modules": candidate(), "note": "no platform"})
         assert r.status_code == 201, r.text

@@ -9,12 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.policy.conftest import free_port
-from tests.servers import serve_binary
+from tests.servers import HTTP, serve_binary
 
 BIN = str(Path(sys.executable).parent / "trustfabric")
 pytestmark = pytest.mark.xdist_group("binary-servers")
@@ -40,7 +39,7 @@ def test_counts_are_summed_across_workers(tmp_path: Path) -> None:
     auth = {"Authorization": "Bearer scrape-me"}
 
     def scraped() -> float:
-        r = httpx.get(f"{base}/metrics", headers=auth, timeout=30)  # answered by either worker
+        r = HTTP.get(f"{base}/metrics", headers=auth, timeout=30)  # answered by either worker
         assert r.status_code == 200
         return _healthz_count(r.text)
 
@@ -53,15 +52,15 @@ def test_counts_are_summed_across_workers(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the readiness probes' count never settled"
         served, deadline = 0, time.monotonic() + 90  # a loaded machine starts the second worker late
         while len({p.name for p in multiproc.glob("counter_*.db")}) < 2:  # both workers have answered once
-            assert httpx.get(f"{base}/healthz", timeout=30).status_code == 200
+            assert HTTP.get(f"{base}/healthz", timeout=30).status_code == 200
             served += 1
             assert time.monotonic() < deadline, "the second worker never answered"
         for _ in range(20):
-            assert httpx.get(f"{base}/healthz", timeout=30).status_code == 200
+            assert HTTP.get(f"{base}/healthz", timeout=30).status_code == 200
             served += 1
         counts = {scraped() for _ in range(6)}
         assert counts == {start + served}
-        aside = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30)
+        aside = HTTP.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30)
         assert aside.status_code == 200 and _healthz_count(aside.text) == start + served
         writers = {p.name.rsplit("_", 1)[-1] for p in multiproc.glob("counter_*.db")}
         assert len(writers) >= 2, writers  # two worker processes wrote their own files

@@ -28,7 +28,7 @@ import pytest
 
 from tests.conftest import PostgresServer
 from tests.policy.conftest import free_port
-from tests.servers import Replica, replica_env, serve_replicas
+from tests.servers import HTTP, Replica, replica_env, serve_replicas
 
 BIN = str(Path(sys.executable).parent / "trustfabric")
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("binary-servers")]
@@ -46,8 +46,8 @@ class Cluster:
 
     def call(self, i: int, method: str, path: str, token: str, body: Any = None,
              params: dict[str, Any] | None = None) -> httpx.Response:
-        return httpx.request(method, self.replicas[i].url + path, json=body, params=params,
-                             headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        return HTTP.request(method, self.replicas[i].url + path, json=body, params=params,
+                            headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([BIN, *args], env=self.env, cwd=self.work, capture_output=True, text=True, timeout=120)

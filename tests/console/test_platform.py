@@ -44,6 +44,7 @@ def fenv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                                **extra})
             assert r.status_code == 200, r.text
         yield env
+    env.client.close()
     env.ctx.close()
 
 

@@ -12,7 +12,8 @@ import pytest
 from core.errors import InvalidInput
 from policy.decide import FLOW_QUERY, decide_flow, sync_data
 from policy.engines import PolicyEngine, apply_patch, diff_documents
-from policy.engines.embedded import RegorusEngine, ShardedJson
+from policy.engines.embedded import PARSED_PER_THREAD, RegorusEngine, ShardedJson, _engines, new_engine
+from policy.errors import PolicyCompileError
 from tests.policy.helpers import NOW_NS, corpus, doc, flow, group, reference_allows, shipped, small_doc
 
 
@@ -241,3 +242,29 @@ def test_grant_removal_reloads_only_grants_and_inventory_changes_rebuild_the_bas
     assert decide_flow(engine, flow("acme", "web", "globex", "api", "tcp", 9443)).allow
     engine.patch_data([{"op": "replace", "path": "/tf/tenants/acme/quarantined", "value": True}])
     assert not decide_flow(engine, flow("acme", "web", "acme", "new", "tcp", 7)).allow
+
+
+def test_engines_of_the_same_modules_share_nothing_a_caller_changes() -> None:
+    """new_engine clones this thread's parsed copy of the modules: data, input and policies given to one engine
+    never reach the next engine of the same modules (nor the parsed copy)."""
+    modules = {"a.rego": "package a\n\nx := data.v\n\ny := input.y\n"}
+    first = new_engine(modules)
+    first.add_data_json('{"v": 1}')
+    first.set_input_json('{"y": 2}')
+    first.add_policy("b.rego", "package b\n\nz := 3\n")
+    assert [first.eval_rule_as_json(r) for r in ("data.a.x", "data.a.y", "data.b.z")] == ["1", "2", "3"]
+    second = new_engine(dict(modules))
+    second.set_input_json("{}")
+    assert [second.eval_rule_as_json(r) for r in ("data.a.x", "data.a.y")] == ['"<undefined>"'] * 2
+    with pytest.raises(RuntimeError, match="not a valid rule path"):
+        second.eval_rule_as_json("data.b.z")
+
+
+def test_a_module_that_does_not_parse_fails_each_time_and_the_parsed_sets_are_bounded() -> None:
+    for _ in range(2):
+        with pytest.raises(PolicyCompileError, match=r"bad\.rego:4:1: expecting expression"):
+            new_engine({"bad.rego": "package p\n\nx := [\n"})
+    for n in range(PARSED_PER_THREAD + 3):
+        assert new_engine({"n.rego": f"package n\n\nx := {n}\n"}).eval_rule_as_json("data.n.x") == str(n)
+    assert len(_engines().parsed) == PARSED_PER_THREAD
+    assert new_engine({"n.rego": "package n\n\nx := 0\n"}).eval_rule_as_json("data.n.x") == "0"  # parsed again

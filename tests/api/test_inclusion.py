@@ -1,0 +1,51 @@
+"""api/inclusion.py: every app a process builds shares one built inclusion of each route module's router, serves
+exactly what `app.include_router` would have served, and answers from its own state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from api import docs
+from api.app import ROUTERS
+from api.console import console_router
+from tests.api.conftest import make_settings, open_env, seeded_env
+
+
+def test_two_apps_share_the_built_routes_and_each_answers_from_its_own_state(tmp_path: Path) -> None:
+    bare = open_env(make_settings(tmp_path / "bare"))
+    try:
+        with seeded_env(tmp_path / "seeded") as seeded:
+            shared = {id(r) for r in seeded.app.routes} & {id(r) for r in bare.app.routes}
+            assert len(shared) >= len(ROUTERS) + 2  # the API's routers, the docs pages and the console
+            assert sorted(t["slug"] for t in seeded.call("GET", "/v1/tenants", "admin").json()["items"]) == [
+                "acme", "globex"]
+            assert bare.call("GET", "/v1/tenants", "admin").json()["items"] == []
+            for env in (seeded, bare):
+                assert env.client.get("/console/").status_code in (200, 303)
+                assert env.client.get("/docs").status_code == 200
+    finally:
+        bare.client.close()
+        bare.ctx.close()
+
+
+def test_the_shared_inclusion_serves_what_include_router_serves(tmp_path: Path) -> None:
+    """The OpenAPI document and the (method, path) of every route equal those of an app that includes the same
+    routers itself: the holder router's defaults are an app's."""
+    env = open_env(make_settings(tmp_path / "home"))
+    try:
+        reference = FastAPI(title=env.app.title, version=env.app.version, description=env.app.description,
+                            docs_url=None, redoc_url=None)
+        for router in (*ROUTERS, docs.router, console_router()):
+            reference.include_router(router)
+        assert env.app.openapi() == reference.openapi()
+
+        def served(app: FastAPI) -> set[tuple[str, str]]:
+            return {(m, p) for c in app.router.routes if hasattr(c, "effective_route_contexts")
+                    for r in c.effective_route_contexts() for m in (r.methods or ()) for p in [r.path]}
+
+        assert served(env.app) == served(reference) and len(served(reference)) > 100
+    finally:
+        env.client.close()
+        env.ctx.close()
