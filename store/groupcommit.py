@@ -13,7 +13,10 @@ and fails alone (its exception is its caller's), and the batch goes on with the 
 commits and nothing of the others is lost. When the appends or the COMMIT fail (or a savepoint cannot be rolled
 back, the connection being lost, say), the batch is rolled back whole and every item is run again alone, each
 in its own transaction, so a caller hears of a failure only when its own write failed (functions must
-therefore be safe to run twice: they only write, from values computed before). A
+therefore be safe to run twice: they only write, from values computed before). A deadlock or a serialization
+failure (PostgreSQL's SQLSTATE 40P01, 40001) says nothing about the write itself: the batch is rolled back whole,
+releasing every lock it held, and each item is run alone, again up to TRANSIENT_ATTEMPTS times, as PostgreSQL's
+manual asks of an application (so such a failure reaches a caller only when it repeats). A
 batch waits for nothing: the thread starts the next transaction as soon as the last one committed, so a lone
 request pays no delay, and under load the batch is whatever arrived during the previous commit.
 """
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -36,6 +41,13 @@ T = TypeVar("T")
 Write = Callable[[Session], Any]
 Check = Callable[[Session], None]
 _Item = tuple[Write, "Check | None", "_Waiter", bool]
+TRANSIENT = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure: retry the transaction
+TRANSIENT_ATTEMPTS = 3
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether `exc` is a failure that running the same transaction again may not meet (a deadlock victim)."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) in TRANSIENT
 
 
 class _Waiter:
@@ -151,6 +163,8 @@ class GroupCommitter:
                             result = fn(session)
                             session.flush()  # its rows now: a constraint fails this item, not the commit
                     except Exception as exc:  # the caller gets it; the others go on
+                        if transient(exc):  # this transaction's locks are part of the cycle: all of it again
+                            raise
                         deferred.drop(session, mark)
                         refused.append((fut, exc))
                         continue
@@ -169,7 +183,7 @@ class GroupCommitter:
                     done.append((fut, fn(session)))  # raising fails the batch: each alone below
                 deferred.flush(session)  # raising fails the batch: each alone below
         except BaseException as exc:  # the commit (or a rollback) failed: each alone, so only the culprit fails
-            if len(live) == 1:
+            if len(live) == 1 and not transient(exc):
                 live[0][2].set_exception(exc)
                 return
             log.info("group commit of %d writes failed (%s); committing each alone", len(live), exc)
@@ -186,14 +200,20 @@ class GroupCommitter:
 
     def _alone(self, item: _Item) -> None:
         fn, check, fut, _isolated = item
-        try:
-            with self._db.session() as session:
-                if check is not None:
-                    check(session)
-                result = fn(session)
-        except BaseException as exc:
-            fut.set_exception(exc)
-        else:
+        for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+            try:
+                with self._db.session() as session:
+                    if check is not None:
+                        check(session)
+                    result = fn(session)
+            except BaseException as exc:
+                if attempt < TRANSIENT_ATTEMPTS and transient(exc):
+                    log.info("write failed transiently (%s); running it again", str(exc).splitlines()[0][:200])
+                    time.sleep(random.uniform(0.005, 0.05) * attempt)  # backoff: the other side commits first
+                    continue
+                fut.set_exception(exc)
+                return
             self.batches += 1
             self.items += 1
             fut.set_result(result)
+            return

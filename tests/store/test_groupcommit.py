@@ -273,3 +273,47 @@ def test_a_batch_takes_its_row_locks_before_the_audit_head_and_cannot_deadlock(p
 def _someone_waits_for_a_lock(db: Database) -> bool:
     with db.read_session() as s:
         return bool(s.exec(select(text("count(*) > 0 FROM pg_locks WHERE NOT granted"))).one())  # type: ignore[call-overload]
+
+
+@pytest.mark.postgres
+def test_a_deadlock_victim_is_run_again_and_its_caller_never_hears_of_it(postgres_db: Database) -> None:
+    """PostgreSQL breaks a deadlock by failing one of its transactions (40P01); the manual asks the application
+    to run it again. Here a write locks row 1 then row 2 while another transaction locks 2 then 1; the other
+    waits longer before deadlock detection, so the batch is the victim: it is rolled back, run again once the
+    other committed, and its caller gets its result, not the database's error."""
+    db = postgres_db
+    with db.session() as s:
+        s.connection().execute(text("CREATE TABLE tf_deadlock (id int PRIMARY KEY, n int NOT NULL)"))
+        s.connection().execute(text("INSERT INTO tf_deadlock VALUES (1, 0), (2, 0)"))
+    first_locked, other_locked = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def write(session: Session) -> str:
+        runs.append(1)
+        session.connection().execute(text("UPDATE tf_deadlock SET n = n + 1 WHERE id = 1"))
+        if len(runs) == 1:  # the first run meets the other transaction half-way
+            first_locked.set()
+            assert other_locked.wait(10)
+        session.connection().execute(text("UPDATE tf_deadlock SET n = n + 1 WHERE id = 2"))
+        return "written"
+
+    def other() -> None:
+        with db.session() as s:
+            s.connection().execute(text("SET LOCAL deadlock_timeout = '10s'"))  # the batch detects it first
+            s.connection().execute(text("UPDATE tf_deadlock SET n = n + 10 WHERE id = 2"))
+            assert first_locked.wait(10)
+            other_locked.set()
+            s.connection().execute(text("UPDATE tf_deadlock SET n = n + 10 WHERE id = 1"))
+
+    committer = GroupCommitter(db)
+    rival = threading.Thread(target=other)
+    rival.start()
+    try:
+        assert committer.submit(write) == "written"
+    finally:
+        rival.join(timeout=30)
+        committer.close()
+    assert not rival.is_alive() and len(runs) == 2
+    with db.read_session() as s:
+        rows = {int(r[0]): int(r[1]) for r in s.connection().execute(text("SELECT id, n FROM tf_deadlock"))}
+    assert rows == {1: 11, 2: 11}  # both transactions committed once each: the victim's first run left nothing
