@@ -143,9 +143,7 @@ def signing_issuer(session: Session, signed: SignedLeaf) -> CertificateAuthority
     held: dict[str, CertificateAuthority] = session.info.setdefault(_HELD_ISSUERS, {})
     issuer = held.get(signed.issuer_ca_id)  # what session.get would answer from its identity map, cheaper
     if issuer is None:
-        # locked now, as the signed_until update will: a rotation locks CA rows before the audit head, so an
-        # issuance must too, or the two deadlock on PostgreSQL (issue_x509_svid_grouped's check calls this first)
-        issuer = session.get(CertificateAuthority, signed.issuer_ca_id, with_for_update=True)
+        issuer = session.get(CertificateAuthority, signed.issuer_ca_id)
         if issuer is not None:
             held[issuer.id] = issuer
     if issuer is None or issuer.state != "active" or issuer.role != "issuing":

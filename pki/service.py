@@ -277,12 +277,12 @@ def issue_x509_svid_grouped(
                     on_node=on_node)
                 return registrations.Registered(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds)
 
-            signing_issuer(session, signed)  # the CA row's lock before the audit head's (lookup), as rotation
             found = registrations.lookup(db, session, key, read)
             current = resolve_ttl(ttl, default_seconds=found.default_ttl, max_seconds=found.max_ttl,
                                   what="X.509-SVID", cap=max_ttl)
             if found.sid != signed.spiffe_id or current != ttl_resolved:
                 raise StaleFacts(f"the registration of {tenant}/{group}/{workload} changed while signing")
+            signing_issuer(session, signed)
 
         def write(session: Session) -> IssuedX509:
             return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue",

@@ -5,17 +5,13 @@ active CA. The changes are real transactions committed in that gap."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 from audit import record
-from audit.service import lock_head
 from core.clock import FrozenClock
 from keys.file import FileKeyStore
 from pki import registrations, service
@@ -23,7 +19,7 @@ from pki.errors import IdentityRevoked
 from pki.spiffe_id import SpiffeId
 from store.db import Database
 from store.groupcommit import GroupCommitter
-from tests.pki.helpers import ADMIN, TD, actions, counts, make_csr, register
+from tests.pki.helpers import ADMIN, TD, actions, counts, make_csr
 
 
 class _Between(GroupCommitter):
@@ -150,49 +146,3 @@ def test_a_marker_moved_by_a_rolled_back_transaction_is_not_trusted(pki_db: Data
     with pki_db.session() as s:
         assert registrations.lookup(pki_db, s, "a", read("a", 5)) == _registered(3)  # nothing since: kept
     assert reads == ["a", "b", "a", "b"]
-
-
-
-def _waiting_on_a_lock(db: Database) -> bool:
-    """Whether a session of this database waits on a row lock, polled for up to 10 s."""
-    for _ in range(200):
-        with db.read_session() as probe:
-            if probe.exec(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"  # type: ignore[call-overload]
-                               " AND datname = current_database()")).one()[0]:
-                return True
-        threading.Event().wait(0.05)
-    return False
-
-
-@pytest.mark.postgres
-def test_an_issuance_batch_locks_the_ca_row_before_the_audit_head(
-        postgres_db: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:
-    """A rotation locks CA rows, then the audit head (its ca.* events). An issuance batch locks both too (the CA
-    row for signed_until, the head for its event and its registration check); in the other order the two
-    deadlock on PostgreSQL. Here a transaction holds the active CA row as a rotation would: the batch must wait
-    for it without holding the head, so the head stays free to lock until the row is released."""
-    with postgres_db.session() as s:
-        assert service.init_trust_domain(s, keystore, trust_domain=TD, clock=clock)
-        register(s, "acme", "web", "frontend")
-    committer = GroupCommitter(postgres_db)
-    first = _issue(postgres_db, committer, keystore, clock)  # the process now knows the active CA
-    results: list[service.IssuedX509] = []
-    worker = threading.Thread(target=lambda: results.append(_issue(postgres_db, committer, keystore, clock)))
-    with postgres_db.session() as holder:
-        holder.exec(text("SELECT id FROM pki_cas WHERE id = :id FOR UPDATE"),  # type: ignore[call-overload]
-                    params={"id": first.issuer_ca_id})
-        worker.start()
-        try:
-            assert _waiting_on_a_lock(postgres_db), "the issuance batch never waited on the held CA row"
-            with postgres_db.session() as other:
-                other.exec(text("SET LOCAL lock_timeout = '2s'"))  # type: ignore[call-overload]
-                try:
-                    lock_head(other)
-                except OperationalError as err:
-                    pytest.fail(f"the issuance batch waiting on the CA row holds the audit head: {err}")
-                other.rollback()
-        finally:
-            holder.rollback()
-    worker.join(timeout=30)
-    committer.close()
-    assert not worker.is_alive() and len(results) == 1 and results[0].issuer_ca_id == first.issuer_ca_id
