@@ -73,3 +73,18 @@ def test_a_prepared_decision_survives_grant_and_issuance_events_but_not_other_ch
     with db.session() as s:
         commit_request(s, again, caller=CALLER)
     assert _stored(db)[0] == ["first", "second", "third"]
+
+
+def test_a_grant_write_runs_again_whole_after_its_transaction_rolled_back(db: Database) -> None:
+    """The group committer runs every item of a failed batch again, alone, with the same prepared grant (a
+    deadlock victim is run again too): the first transaction's rollback must leave the prepared grant usable,
+    and the second run writes it once."""
+    prepared = _prepare(db, "again")
+    with pytest.raises(RuntimeError), db.session() as s:
+        commit_request(s, prepared, caller=CALLER)
+        raise RuntimeError("the batch failed after this item ran")
+    assert _stored(db) == ([], [])
+    with db.session() as s:
+        grant = commit_request(s, prepared, caller=CALLER)
+    assert grant.state == "active" and grant.src_tenant == "acme"
+    assert _stored(db) == (["again"], [grant.id])
