@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from store import deferred
@@ -178,6 +179,8 @@ class GroupCommitter:
                         if check is not None:
                             check(session)
                     except Exception as exc:  # a refusal: the caller gets it; only reads were made
+                        if isinstance(exc, SQLAlchemyError):  # no savepoint: the transaction may be unusable now
+                            raise
                         refused.append((fut, exc))
                         continue
                     done.append((fut, fn(session)))  # raising fails the batch: each alone below
