@@ -242,8 +242,9 @@ def run(work: Path, database_url: str, _database_pid: int) -> list[str]:
                  f"req/s, ratio {three['rps'] / max(one['rps'], 1e-9):.2f})")
     lines.append(f"load_p99_3_replicas: {three['p99']:.0f} ms (baseline 1 replica {one['p99']:.0f} ms, "
                  f"ratio {three['p99'] / max(one['p99'], 1e-9):.2f})")
-    lines.append(f"goal errors = 0: {'met' if three['fail'] == 0 and one['fail'] == 0 else 'NOT met'} "
-                 f"({three['fail']} with 3 replicas, {one['fail']} with 1)")
+    # the goal is the 3-replica run's (issue 11); the 1-replica baseline's errors are printed beside it, not hidden
+    lines.append(f"goal errors = 0 with 3 replicas: {'met' if three['fail'] == 0 else 'NOT met'} "
+                 f"({three['fail']} errors; the 1-replica baseline had {one['fail']}, listed above)")
     return lines
 
 
