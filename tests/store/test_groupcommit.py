@@ -314,8 +314,10 @@ def test_a_deadlock_victim_is_run_again_and_its_caller_never_hears_of_it(postgre
         if where == "savepointed write":
             assert committer.submit(write) == "written"
         else:
-            assert committer.submit(lambda _s: "checked", lambda session: None if write(session) else None,
-                                    savepoint=False) == "checked"
+            def check(session: Session) -> None:
+                write(session)
+
+            assert committer.submit(lambda _s: "checked", check, savepoint=False) == "checked"
     finally:
         rival.join(timeout=30)
         committer.close()
