@@ -40,6 +40,7 @@ from core.canonical import canonical_json, is_plain, plain_canonical_json
 from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 from store import deferred
+from store.db import notified, notify_sql
 
 DOCUMENT_VERSION = 2
 MAX_EVENT_BYTES = 64 * 1024  # an event's hashed bytes; the field limits keep real events far below it
@@ -209,7 +210,8 @@ _PG_TREE = (
     "ct AS (INSERT INTO audit_counters (key, count, last_leaf) "
     "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
     "ON CONFLICT (key) DO UPDATE SET count = excluded.count, last_leaf = excluded.last_leaf) "
-    "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json, last_ts = %s WHERE id = 1"
+    "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json, last_ts = %s WHERE id = 1 "
+    f"RETURNING {notify_sql()}"  # the change feeds' notification (store/db.py), not a statement of its own
 )
 _PG_EVENTS = (  # many events in one statement, as one JSON array the server takes apart (psycopg adapting an
     # array per column cost ~80 us of client CPU per event)
@@ -297,6 +299,7 @@ def _write_rows(
             else:
                 batch = [{**fields, "ts": fields["ts"].isoformat()} for fields in events]
                 cur.execute(_PG_APPEND_MANY, [json.dumps(batch, ensure_ascii=False), *tree])
+            notified(conn)
             return
         assert sql is not None
         rows = []

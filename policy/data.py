@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
+from audit.models import HEAD_ID, AuditHead
 from core.clock import as_utc
 from core.errors import InvalidInput
 from inventory.models import Tenant, Workload, WorkloadGroup
@@ -138,8 +139,32 @@ def fingerprint_and_active(session: Session) -> tuple[tuple[Any, ...], str | Non
     """(data_fingerprint(session), the active policy version's content hash or None) in one statement: all a
     kept engine checks before each decision (policy/grant_decider.py). None when the data version row is
     missing (a database not migrated)."""
-    row = _data_version_row(session, _FINGERPRINT_AND_ACTIVE)
+    row = session.info.pop(_READ_WITH_MARKER, None)
+    if row is None:
+        row = _data_version_row(session, _FINGERPRINT_AND_ACTIVE)
     return None if row is None else ((int(row[0]),), None if row[1] is None else str(row[1]))
+
+
+_READ_WITH_MARKER = "tf_decision_state"
+
+
+def marker_for_decision(session: Session) -> int:
+    """The audit log's size, read in one statement with what the grant decider reads first (fingerprint_and_active,
+    which then takes that row from the session instead of reading it again): a decision made in a transaction
+    per statement (store.db's `statement` or PostgreSQL's autocommit) pays one round trip for both, and the
+    marker is still read no later than anything the decision reads. Call `forget_decision_state` once the
+    decision is made, so an unused row is never taken by a later decision in the same session."""
+    row = _data_version_row(session, _MARKER_FINGERPRINT_AND_ACTIVE)
+    if row is None:  # a database without the data version row: nothing kept, the size alone
+        from audit.service import tree_size
+
+        return tree_size(session)
+    session.info[_READ_WITH_MARKER] = row
+    return int(row[2] or 0)
+
+
+def forget_decision_state(session: Session) -> None:
+    session.info.pop(_READ_WITH_MARKER, None)
 
 
 # built once: per decision, building them cost more than running them
@@ -148,6 +173,9 @@ _FINGERPRINT_AND_ACTIVE = sa_select(
     col(PolicyDataVersion.n),
     sa_select(col(PolicyVersion.content_hash)).where(col(PolicyVersion.state) == "active").scalar_subquery(),
 ).where(col(PolicyDataVersion.id) == 1)
+
+_MARKER_FINGERPRINT_AND_ACTIVE = _FINGERPRINT_AND_ACTIVE.add_columns(
+    sa_select(AuditHead.__table__.c.size).where(AuditHead.__table__.c.id == HEAD_ID).scalar_subquery())
 
 
 def _data_version_row(session: Session, query: Any = _DATA_VERSION) -> Any:

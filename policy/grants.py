@@ -28,11 +28,12 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from audit.models import AuditEvent
-from audit.service import lock_head, tree_size
+from audit.service import lock_head
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.quotas import QuotaName, Quotas
 from core.vocabulary import FINAL_GRANT_STATES
+from policy.data import forget_decision_state, marker_for_decision
 from policy.models import Grant
 from store import deferred
 
@@ -268,11 +269,14 @@ def prepare_request(
         # grants.rego denies it too; the code does not rely on whichever version is active to say so
         raise InvalidInput(f"ttl_seconds {request.ttl_seconds} is above the maximum grant TTL of "
                            f"{int(max_ttl.total_seconds())} s")
-    marker = tree_size(session)
+    marker = marker_for_decision(session)  # the decider's first read comes with it (one statement)
     now = clock()
     requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
-    decision = seen_by(session, caller, request, decide_closed(decide, session, now,
-                                                               request.policy_input(requester_tenant)))
+    try:
+        decided = decide_closed(decide, session, now, request.policy_input(requester_tenant))
+    finally:
+        forget_decision_state(session)
+    decision = seen_by(session, caller, request, decided)
     state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
     grant = Grant(
         id=new_grant_id(now),

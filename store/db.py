@@ -2,7 +2,15 @@
 
 Every write transaction on SQLite starts with BEGIN IMMEDIATE, so the writer lock is taken up front
 and the audit log head cannot be read stale by two writers (a deferred transaction that upgrades
-later fails with SQLITE_BUSY instead of waiting). Read-only sessions use `read_session()`.
+later fails with SQLITE_BUSY instead of waiting). Read-only sessions use `read_session()`; a read that is one
+statement uses `statement()` (no transaction: on PostgreSQL no BEGIN and no ROLLBACK, two round trips fewer).
+
+Round trips are what a request pays most for beside its own work (issue 11: each costs the database ~50 us of
+CPU and this process more in SQLAlchemy and the driver), so: no ping before each checkout (`pool_pre_ping`, one
+round trip per transaction). A connection the server dropped (a PostgreSQL restart) fails on its first use
+instead, as an OperationalError that SQLAlchemy recognises as a disconnect: it invalidates every pooled
+connection opened before then, the request answers 503 with the reason (api/errors.py), and the next request
+gets a fresh connection; a transaction already under way when the server goes fails the same way either way.
 """
 
 from __future__ import annotations
@@ -17,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, make_url
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, create_engine
 
 from store.changes import CHANNEL, PostgresChanges
 from store.readonly import DB_FILE
 
 _WRITE_OPTION = "tf_write"
+_STATEMENT_OPTION = "tf_statement"  # `Database.statement()`: no transaction around a statement
 
 
 def sqlite_url(data_dir: Path) -> str:
@@ -41,7 +50,7 @@ def make_engine(url: str, *, echo: bool = False) -> Engine:
         return engine
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20, pool_timeout=10)
+    engine = create_engine(url, echo=echo, pool_size=10, max_overflow=20, pool_timeout=10)
     _announce_commits(engine)
     return engine
 
@@ -76,18 +85,34 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        write = conn.get_execution_options().get(_WRITE_OPTION, True)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        options = conn.get_execution_options()
+        if options.get(_STATEMENT_OPTION):
+            return  # each statement its own (implicit) transaction: pysqlite's isolation_level is None
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get(_WRITE_OPTION, True) else "BEGIN")
 
 
 _WROTE = "tf_wrote"
+_NOTIFIED = "tf_notified"
 _this_thread = threading.local()  # .wrote: a statement of this thread wrote since its session began
 _WRITES = ("insert", "update", "delete")
 
 
+def notified(conn: Any) -> None:
+    """The transaction of `conn` (a SQLAlchemy Connection) sent `NOTIFY trustfabric_changes` itself (the audit
+    append folds `pg_notify` into its statement): its COMMIT need not send another (a round trip). PostgreSQL
+    delivers a transaction's notifications at its commit, wherever in it they were sent."""
+    conn.info[_NOTIFIED] = True
+
+
+def notify_sql() -> str:
+    """The expression a statement evaluates (once) to notify the change feeds (store/changes.py)."""
+    return f"pg_notify('{CHANNEL}', '')"
+
+
 def _announce_commits(engine: Engine) -> None:
-    """Every PostgreSQL transaction that wrote sends `NOTIFY trustfabric_changes` just before its COMMIT,
-    delivered to listeners (store/changes.py, on every replica) when it commits and never if it rolls back."""
+    """Every PostgreSQL transaction that wrote sends `NOTIFY trustfabric_changes` before its COMMIT (just before,
+    unless a statement of it did, `notified`), delivered to listeners (store/changes.py, on every replica) when
+    it commits and never if it rolls back."""
     @event.listens_for(engine, "after_cursor_execute")
     def _note_write(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         if statement.lstrip()[:6].lower() in _WRITES:
@@ -96,14 +121,20 @@ def _announce_commits(engine: Engine) -> None:
 
     @event.listens_for(engine, "commit")
     def _before_commit(conn: Any) -> None:
-        if conn.info.pop(_WROTE, False):
+        wrote, sent = conn.info.pop(_WROTE, False), conn.info.pop(_NOTIFIED, False)
+        if wrote and not sent:
             # through SQLAlchemy, so a lost connection is its OperationalError (503), like any statement's
             conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+
+    @event.listens_for(engine, "rollback_savepoint")
+    def _unsent(conn: Any, _name: Any, _context: Any) -> None:
+        conn.info.pop(_NOTIFIED, None)  # it may have been sent inside the savepoint: its notification is gone
 
     @event.listens_for(engine, "rollback")
     def _forget(conn: Any) -> None:
         if not conn.invalidated:  # a lost connection has nothing to forget (a stale flag costs one NOTIFY)
             conn.info.pop(_WROTE, None)
+            conn.info.pop(_NOTIFIED, None)
 
 
 class Database:
@@ -113,6 +144,10 @@ class Database:
         self.url = url
         self.engine = make_engine(url, echo=echo)
         self._reader = self.engine.execution_options(**{_WRITE_OPTION: False})
+        # on SQLite not isolation_level=AUTOCOMMIT: resetting it at check-in would run a PRAGMA and hand pysqlite
+        # back its own implicit BEGINs; the connection is in autocommit already, only the BEGIN is skipped
+        self._statements = self.engine.execution_options(**{_WRITE_OPTION: False, _STATEMENT_OPTION: True}, **(
+            {} if self.dialect == "sqlite" else {"isolation_level": "AUTOCOMMIT"}))
         self._changes: PostgresChanges | None = None
         self._changes_lock = threading.Lock()
 
@@ -135,15 +170,28 @@ class Database:
             self._changes.bump()  # this process reads its own writes at once, not a notification later
 
     @contextmanager
-    def read_session(self, *, snapshot: bool = False) -> Iterator[Session]:
+    def read_session(self, *, snapshot: bool = False, statements: bool = False) -> Iterator[Session]:
         """A read-only transaction; never committed. `snapshot`: every statement in it reads one snapshot
         (REPEATABLE READ on PostgreSQL, whose default gives each statement its own; SQLite's read
-        transaction is one already), for reads whose parts must agree (a cache key and the data under it)."""
+        transaction is one already), for reads whose parts must agree (a cache key and the data under it).
+        `statements`: on PostgreSQL no transaction at all (no BEGIN, no ROLLBACK: each statement its own
+        snapshot, as in READ COMMITTED), for reads whose first statement reads what the rest must agree with
+        (a grant decision's marker and data version, policy/grants.py); SQLite keeps its read transaction (one
+        snapshot, which readers there may rely on, and its BEGIN is no round trip)."""
         # Closing (not rolling back) ends the transaction and keeps loaded objects readable.
-        with Session(self._reader, expire_on_commit=False) as session:
+        bind = self._statements if statements and self.dialect == "postgresql" else self._reader
+        with Session(bind, expire_on_commit=False) as session:
             if snapshot and self.dialect == "postgresql":
                 session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             yield session
+
+    @contextmanager
+    def statement(self) -> Iterator[Connection]:
+        """A connection for reads of one statement each, outside any transaction: each statement is its own
+        snapshot (in PostgreSQL as in SQLite), and no BEGIN nor ROLLBACK is sent. For reads whose parts must
+        agree, one statement reads them all; otherwise use `read_session`."""
+        with self._statements.connect() as conn:
+            yield conn
 
     def change_version(self) -> int | None:
         """PostgreSQL: a counter that moves after every commit anywhere (store/changes.py; its thread starts

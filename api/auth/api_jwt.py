@@ -16,7 +16,7 @@ from api.principal import Principal
 from api.readcache import ChangeWatch, ReadCache
 from core.clock import as_utc
 from core.errors import Unauthenticated
-from pki.tokens.service import ISSUED_ROW, IssuerKey, issuer_public_key
+from pki.tokens.service import IssuerKey, issued_row, issuer_public_key
 
 if TYPE_CHECKING:
     from workflows.context import AppContext
@@ -85,8 +85,7 @@ class ApiJwtVerifier:
             raise Unauthenticated("token has no valid jti")
         row, version = self._rows.get(jti, now)
         if row is None:
-            with self.ctx.reader.connect() as conn:
-                row = conn.execute(ISSUED_ROW, {"id": jti}).first()
+            row = issued_row(self.ctx.db, jti)
             if row is not None:
                 self._rows.put(jti, version, row)  # exact: any commit anywhere invalidates it
         if row is None or row.token_hash is not None:

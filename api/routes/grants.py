@@ -157,7 +157,8 @@ STALE_RETRIES = 3  # decisions made again when a change that may alter them comm
 
 def _request(ctx: Any, req: svc.GrantRequest, caller: svc.Caller, recorded: _Recording, key: str | None,
              rid: str, owner: str | None) -> tuple[Grant, bool]:
-    """(grant, created). Decided in a read transaction (one snapshot), then written by the group committer
+    """(grant, created). Decided on reads that follow the audit log's size (the marker: one statement with the
+    data version, policy.grants.prepare_request), then written by the group committer
     (store/groupcommit.py): the grant, its audit event and its decision record share one durable commit with
     other small writes, so no request holds the audit head's lock through a COMMIT of its own, and the answer
     is given only after that commit. The write checks, under the head lock, that nothing able to change the
@@ -165,7 +166,7 @@ def _request(ctx: Any, req: svc.GrantRequest, caller: svc.Caller, recorded: _Rec
     decided again, and after STALE_RETRIES such races decided and written in one transaction."""
     settings = ctx.settings
     for _attempt in range(STALE_RETRIES):
-        with ctx.db.read_session(snapshot=True) as session:
+        with ctx.db.read_session(statements=True) as session:  # the marker first, with the data version
             prepared = svc.prepare_request(session, req, caller=caller, decide=recorded, idempotency_key=key,
                                            pending_ttl=settings.grant_pending_ttl, clock=ctx.clock,
                                            max_ttl=settings.max_grant_ttl)

@@ -32,12 +32,21 @@ from pki.tokens.models import ApiToken
 
 if TYPE_CHECKING:
     from keys.store import KeyStore
+    from store.db import Database
 
 API_ISSUER_KEY_ID = "api-issuer"
 # One indexed lookup through SQLAlchemy Core (an ORM session costs several times more per request).
 ISSUED_ROW = text(
     "SELECT token_hash, role, tenant, subject, expires_at, revoked_at FROM api_tokens WHERE id = :id"
 ).columns(expires_at=DateTime(timezone=True), revoked_at=DateTime(timezone=True))
+
+
+def issued_row(db: Database, jti: str) -> Any:
+    """The `api_tokens` row of a token id (None: not issued here), read as it is committed now: one statement
+    outside any transaction (store.db's `statement`: no BEGIN or ROLLBACK around it, one round trip), so a
+    revocation committed anywhere before the read is seen by it."""
+    with db.statement() as conn:
+        return conn.execute(ISSUED_ROW, {"id": jti}).first()
 
 
 def _b64(data: bytes) -> str:
