@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, event, insert, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, event, insert, or_, select, update
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import SessionTransaction, configure_mappers
 from sqlmodel import Session, col
@@ -40,7 +40,8 @@ from core.canonical import canonical_json, is_plain, plain_canonical_json
 from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 from store import deferred
-from store.db import notified, notify_sql
+from store.changes import CHANNEL
+from store.db import notified
 
 DOCUMENT_VERSION = 2
 MAX_EVENT_BYTES = 64 * 1024  # an event's hashed bytes; the field limits keep real events far below it
@@ -211,8 +212,9 @@ _PG_TREE = (
     "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
     "ON CONFLICT (key) DO UPDATE SET count = excluded.count, last_leaf = excluded.last_leaf) "
     "UPDATE audit_head SET size = %s, last_leaf = %s, frontier = %s::json, last_ts = %s WHERE id = 1 "
-    f"RETURNING {notify_sql()}"  # the change feeds' notification (store/db.py), not a statement of its own
+    "RETURNING pg_notify('trustfabric_changes', '')"  # the change feeds' (store/db.py), no statement of its own
 )
+assert CHANNEL == "trustfabric_changes"
 _PG_EVENTS = (  # many events in one statement, as one JSON array the server takes apart (psycopg adapting an
     # array per column cost ~80 us of client CPU per event)
     "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
@@ -491,10 +493,25 @@ def events_since_except(session: Session, since: int, until: int, common: frozen
     return [(int(r[0]), r[1], r[2]) for r in rows]
 
 
+def size_and_events_since(conn: Connection, since: int, limit: int) -> tuple[int, list[tuple[str, str, str]]]:
+    """(the log's size, events_since(since, size, limit)) in one statement, so one snapshot even outside a
+    transaction (store.db's `statement`: one round trip, where a transaction costs three more): what a reader
+    polling the log for changes needs."""
+    rows = conn.execute(_SIZE_AND_EVENTS, {"since": since, "limit": max(limit, 1)}).all()
+    if not rows:
+        return 0, []  # no head row: a database not migrated, an empty log
+    return int(rows[0][0]), [(r[1], r[2], r[3]) for r in rows if r[1] is not None][:limit]
+
+
 _EVENTS_EXCEPT: dict[frozenset[str], Any] = {}
 _EVENTS_SINCE = (select(_events.c.action, _events.c.object_id, _events.c.leaf_hash)
                  .where(_events.c.seq >= bindparam("since"), _events.c.seq < bindparam("until"))
                  .order_by(_events.c.seq).limit(bindparam("limit")))
+
+_SIZE_AND_EVENTS = (
+    select(_head.c.size, _events.c.action, _events.c.object_id, _events.c.leaf_hash)
+    .select_from(_head.outerjoin(_events, and_(_events.c.seq >= bindparam("since"), _events.c.seq < _head.c.size)))
+    .where(_head.c.id == HEAD_ID).order_by(_events.c.seq).limit(bindparam("limit")))
 
 
 def node_hashes(session: Session, nodes: Iterable[merkle.Node]) -> dict[merkle.Node, bytes]:

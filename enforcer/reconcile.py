@@ -43,7 +43,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from audit import Actor
-from audit.service import changes_since, lock_head, tree_size
+from audit.service import changes_since, lock_head, size_and_events_since, tree_size
 from core.clock import Clock, system_clock
 from core.errors import Conflict, InvalidInput
 from enforcer import service
@@ -174,7 +174,8 @@ class Reconciler:
             self._wake.set()
 
     def due(self) -> str | None:
-        """Why a run is due now (None: nothing to do). Cheap: one read of the audit log's size."""
+        """Why a run is due now (None: nothing to do). Cheap: one statement reads the audit log's size and the
+        events after the marker (on every replica after every write: issue 11)."""
         if self._marker < 0:
             return "start"
         now = self.clock()
@@ -182,11 +183,12 @@ class Reconciler:
             return "grant expiry"
         if time.monotonic() - self._last_full >= self.config.resync_seconds:
             return "periodic resync"
-        with self.db.read_session() as s:
-            size = tree_size(s)
-            if size == self._marker:
-                return None
-            events, complete = _scan(s, self._marker, size, 10_000)
+        with self.db.statement() as conn:  # the size and the events after the marker: one statement
+            size, seen = size_and_events_since(conn, self._marker, 10_000)
+        if size == self._marker:
+            return None
+        complete = len(seen) == size - self._marker
+        events = [(a, o) for a, o, _leaf in seen if relevant(a)]
         if not complete:
             return _cause(events) or f"{size - self._marker} changes"
         if not events or self._idle_past(events):

@@ -175,7 +175,7 @@ _FINGERPRINT_AND_ACTIVE = sa_select(
 ).where(col(PolicyDataVersion.id) == 1)
 
 _MARKER_FINGERPRINT_AND_ACTIVE = _FINGERPRINT_AND_ACTIVE.add_columns(
-    sa_select(AuditHead.__table__.c.size).where(AuditHead.__table__.c.id == HEAD_ID).scalar_subquery())
+    sa_select(col(AuditHead.size)).where(col(AuditHead.id) == HEAD_ID).scalar_subquery())
 
 
 def _data_version_row(session: Session, query: Any = _DATA_VERSION) -> Any:

@@ -104,11 +104,6 @@ def notified(conn: Any) -> None:
     conn.info[_NOTIFIED] = True
 
 
-def notify_sql() -> str:
-    """The expression a statement evaluates (once) to notify the change feeds (store/changes.py)."""
-    return f"pg_notify('{CHANNEL}', '')"
-
-
 def _announce_commits(engine: Engine) -> None:
     """Every PostgreSQL transaction that wrote sends `NOTIFY trustfabric_changes` before its COMMIT (just before,
     unless a statement of it did, `notified`), delivered to listeners (store/changes.py, on every replica) when

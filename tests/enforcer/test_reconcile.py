@@ -71,6 +71,25 @@ def test_a_grant_approval_publishes_exactly_the_touched_devices(stack: Stack) ->
                for e in published)
 
 
+def test_the_look_after_a_write_is_one_statement(stack: Stack) -> None:
+    """due() runs on every replica after every write (issue 11): one statement, no transaction around it, and
+    what it reads is the same answer a transaction's two reads gave."""
+    from tests.roundtrips import watch
+
+    started(stack)
+    with watch(stack.ctx.db.engine) as sent:
+        for _ in range(6):  # the first rounds warm the pool's traced connections
+            sent.next_round()
+            gid = stack.grant("acme/train", "globex/api", 8443)
+            sent.next_round()
+            due = stack.rec.due()
+            assert due is not None and f"grant.approve {gid}" in due
+            sent.next_round()
+            stack.rec.run_once("test")
+    looks = sent.rounds[2::3][2:]
+    assert looks and all(len(r) == 1 for r in looks), looks
+
+
 def test_grant_expiry_withdraws_its_flows_when_it_expires(stack: Stack) -> None:
     started(stack)
     gid = stack.grant("acme/train", "globex/api", 8443, ttl=600)
