@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, event, insert, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, event, insert, null, or_, select, update
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import SessionTransaction, configure_mappers
 from sqlmodel import Session, col
@@ -118,22 +118,101 @@ def _drop_head_cache_on_rollback(session: OrmSession, _transaction: SessionTrans
     session.info.pop(_HEAD_CACHE, None)  # any rollback, a savepoint's included: its appends are gone
 
 
-def _locked_head(session: Session) -> _HeadState:
+def _locked_head(session: Session, keys: Iterable[str] = (), scan: _Scan | None = None) -> _HeadState:
+    """The head, locked for the rest of the transaction (cached in the session once read). When read here, in the
+    same statement: the counters of `keys` and (`scan`) the first event from scan.since whose action scan.keeping
+    does not cover (its result in scan.found), so the first append of a transaction costs one round trip, not
+    two or three.
+
+    Why that is exact: in PostgreSQL's READ COMMITTED a statement reads one snapshot, taken before it waits for
+    the lock; when a writer commits in between, the locked row comes back in its newest version while every
+    other part of the statement still shows the snapshot. So the statement also reads the head's size as its
+    snapshot sees it: only when that equals the locked size did nothing commit in between (every write to the
+    counters and the events is an append, made under this lock, that grows the size), and the counters and
+    the scan are current; otherwise they are read again, in a statement of their own (a new snapshot, under
+    the lock). SQLite takes its writer lock at BEGIN: the two sizes are always equal there."""
     cached = session.info.get(_HEAD_CACHE)
     if isinstance(cached, _HeadState):
         return cached
+    wanted = sorted(set(keys))
     conn = session.connection()
-    row = conn.execute(
-        select(_head.c.size, _head.c.last_leaf, _head.c.frontier, _head.c.last_ts)
-        .where(_head.c.id == HEAD_ID)
-        .with_for_update()
-    ).one_or_none()
-    if row is None:
+    rows = conn.execute(_locked_read(scan), _read_params(wanted, scan)).all()
+    if not rows:
         raise InvalidAuditEvent("the audit log head row is missing: the database was not migrated")
+    row = rows[0]
     tree = merkle.CompactRange(0, int(row.size), [bytes.fromhex(h) for h in row.frontier])
     state = _HeadState(tree, bytes.fromhex(row.last_leaf), as_utc(row.last_ts) if row.last_ts else None, {})
+    if int(row.seen) == int(row.size):
+        found = {r[-2]: int(r[-1]) for r in rows if r[-2] is not None}  # key, count: the last two columns
+        state.counts.update({k: found.get(k, 0) for k in wanted})
+        if scan is not None:
+            scan.found = row.unsettling
+    elif scan is not None or wanted:  # a writer committed while this one waited: read them again, now
+        again = conn.execute(_current_read(scan), _read_params(wanted, scan)).all()
+        found = {r[-2]: int(r[-1]) for r in again if r[-2] is not None}
+        state.counts.update({k: found.get(k, 0) for k in wanted})
+        if scan is not None:
+            scan.found = again[0].unsettling if again else None
     session.info[_HEAD_CACHE] = state
     return state
+
+
+@dataclass
+class _Scan:
+    """The first event from `since` whose action `keeping` does not cover (an entry ending in '.' covers the
+    actions it prefixes), read with the head lock: `found` is its action, or None."""
+
+    since: int
+    keeping: tuple[str, ...]
+    found: str | None = None
+
+
+def _not_kept(keeping: tuple[str, ...]) -> Any:
+    return ~or_(*(_events.c.action.startswith(p, autoescape=True) if p.endswith(".") else _events.c.action == p
+                  for p in keeping))
+
+
+def _unsettling(scan: _Scan | None) -> Any:
+    if scan is None:
+        return null()
+    return (select(_events.c.action).where(_events.c.seq >= bindparam("since"), _not_kept(scan.keeping))
+            .order_by(_events.c.seq).limit(1).scalar_subquery())
+
+
+_LOCKED_READS: dict[tuple[str, ...] | None, Any] = {}
+_CURRENT_READS: dict[tuple[str, ...] | None, Any] = {}
+
+
+def _locked_read(scan: _Scan | None) -> Any:
+    """Built once per `keeping` (building it per write cost more than running it)."""
+    key = None if scan is None else scan.keeping
+    stmt = _LOCKED_READS.get(key)
+    if stmt is None:
+        seen = select(_head.c.size).where(_head.c.id == HEAD_ID).scalar_subquery()  # as the snapshot has it
+        stmt = _LOCKED_READS[key] = (
+            select(_head.c.size, _head.c.last_leaf, _head.c.frontier, _head.c.last_ts, seen.label("seen"),
+                   _unsettling(scan).label("unsettling"), _counters.c.key, _counters.c.count)
+            .select_from(_head.outerjoin(_counters, _counters.c.key.in_(bindparam("keys", expanding=True))))
+            .where(_head.c.id == HEAD_ID).with_for_update(of=_head))
+    return stmt
+
+
+def _current_read(scan: _Scan | None) -> Any:
+    key = None if scan is None else scan.keeping
+    stmt = _CURRENT_READS.get(key)
+    if stmt is None:
+        stmt = _CURRENT_READS[key] = (
+            select(_unsettling(scan).label("unsettling"), _counters.c.key, _counters.c.count)
+            .select_from(_head.outerjoin(_counters, _counters.c.key.in_(bindparam("keys", expanding=True))))
+            .where(_head.c.id == HEAD_ID))
+    return stmt
+
+
+def _read_params(keys: list[str], scan: _Scan | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"keys": keys}
+    if scan is not None:
+        params["since"] = scan.since
+    return params
 
 
 def _text(value: str | None, what: str, max_len: int, *, required: bool) -> str | None:
@@ -384,12 +463,12 @@ def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype
             requested: datetime, plain: bool) -> AuditEvent:
     """Append one validated event: lock the head, number, hash and write it. `plain`: the body is (then so is the
     document: every other part is a validated string, a small integer or null)."""
-    current = _locked_head(session)
+    keys = counters.keys_of(tenant, action)
+    current = _locked_head(session, keys.values())
     head = _HeadState(current.tree.copy(), current.last_leaf, current.last_ts, current.counts)
     seq = head.size
     prev = head.last_leaf.hex() if seq else GENESIS_HASH
     ts = requested if head.last_ts is None or requested >= head.last_ts else head.last_ts  # never back in time
-    keys = counters.keys_of(tenant, action)
     counts = _counts(session, head, keys.values())
     fields: dict[str, Any] = {
         "seq": seq,
@@ -452,6 +531,26 @@ def lock_head(session: Session) -> int:
     """Lock the head for the rest of the transaction, as an append does, and return the log's size: a writer
     that must know nothing was appended since it last looked (the enforcer's publisher) checks under it."""
     return _locked_head(session).size
+
+
+def lock_head_and_check(session: Session, since: int, keeping: tuple[str, ...],
+                        upcoming: Iterable[tuple[str | None, str]] = ()) -> tuple[int, str | None]:
+    """lock_head, and the action of the first event from `since` (up to the head) whose action `keeping` does not
+    cover (an entry ending in '.' covers every action it prefixes), or None: what a writer checks when its
+    decision was read before its transaction (policy.grants). `upcoming`: (tenant, action) of the events the
+    transaction is about to append, whose counters are read with the lock. One round trip when the head is not
+    locked yet and no writer commits while this one waits for it, two when one does."""
+    keys = [k for tenant, action in upcoming for k in counters.keys_of(tenant, action).values()]
+    if isinstance(session.info.get(_HEAD_CACHE), _HeadState):  # locked already: the scan alone (as ever)
+        size = lock_head(session)
+        if size == since:
+            return size, None
+        row = session.connection().execute(
+            select(_unsettling(_Scan(since, keeping)).label("unsettling")), {"since": since}).first()
+        return size, (row.unsettling if row is not None else None)
+    scan = _Scan(since, keeping)
+    size = _locked_head(session, keys, scan).size
+    return size, scan.found
 
 
 def tree_size(session: Session) -> int:

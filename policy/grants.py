@@ -27,8 +27,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
-from audit.models import AuditEvent
-from audit.service import lock_head
+from audit.service import lock_head_and_check
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.quotas import QuotaName, Quotas
@@ -233,14 +232,6 @@ class StaleDecision(GrantConflict):
 # identity issuance, which changes no policy data. Anything else (a quarantine, a policy activation, a
 # revocation, an inventory change) makes a prepared decision stale.
 _DECISION_KEEPING_EVENTS = ("grant.", "svid.issue", "svid.jwt.issue")
-_EVENTS = AuditEvent.__table__  # type: ignore[attr-defined]
-# built once (constructing it per write cost more than running it): the first event from :since to :until that
-# may change a decision
-_UNSETTLING = sa_select(_EVENTS.c.action).where(
-    _EVENTS.c.seq >= bindparam("since"), _EVENTS.c.seq < bindparam("until"),
-    ~or_(*(_EVENTS.c.action.startswith(p, autoescape=True) if p.endswith(".") else _EVENTS.c.action == p
-           for p in _DECISION_KEEPING_EVENTS)),
-).limit(1)
 
 
 def prepare_request(
@@ -312,8 +303,9 @@ def commit_request(
     if grant.state != "denied":
         _check_quota(session, quotas, request.src_tenant, grant.state, as_utc(grant.created_at))
     _insert(session, grant)
-    if recheck and not deferred.later(session, lambda: _still_holds(session, prepared.marker)):
-        _still_holds(session, prepared.marker)  # under the head lock (deferred: after every member's change)
+    if recheck and not deferred.later(session, lambda: _still_holds(session, prepared.marker, request.src_tenant)):
+        _still_holds(session, prepared.marker, request.src_tenant)  # under the head lock (deferred: after every
+        # member's change)
     record(
         session, actor=caller.actor, action="grant.request", object_type="grant", object_id=grant.id,
         tenant=request.src_tenant,
@@ -341,14 +333,13 @@ def _insert(session: Session, grant: Grant) -> None:
     session.connection().execute(_INSERT_GRANT, {name: getattr(grant, name) for name in _GRANT_COLUMNS})
 
 
-def _still_holds(session: Session, marker: int) -> None:
-    """StaleDecision unless every event from `marker` to the (now locked) head keeps a decision made before it."""
-    size = lock_head(session)
-    if size == marker:
-        return
-    changed = session.connection().execute(_UNSETTLING, {"since": marker, "until": size}).first()
+def _still_holds(session: Session, marker: int, tenant: str) -> None:
+    """StaleDecision unless every event from `marker` to the (now locked) head keeps a decision made before it
+    (read with the lock, and with the counters of the grant.request event that follows: one round trip)."""
+    _size, changed = lock_head_and_check(session, marker, _DECISION_KEEPING_EVENTS,
+                                         upcoming=[(tenant, "grant.request")])
     if changed is not None:
-        raise StaleDecision(f"the decision is stale: {changed[0]} committed meanwhile; decide again")
+        raise StaleDecision(f"the decision is stale: {changed} committed meanwhile; decide again")
 
 
 def request_grant(

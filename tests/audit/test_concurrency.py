@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
+import threading
+import time
+from typing import Any
 
 import pytest
+from sqlalchemy import text
 from sqlmodel import select
 
-from audit import Actor, merkle, record, service
+from audit import Actor, counters, merkle, record, service
 from audit.models import AuditEvent, AuditNode
 from store.db import Database
 
@@ -57,6 +62,17 @@ def _check_log(db: Database) -> None:
             merkle.verify_inclusion(i, n, leaves[i], service.inclusion_proof(s, i, n), root)
     per_worker = sorted(r.object_id for r in rows)
     assert len(set(per_worker)) == n
+    _check_counters([json.loads(r.data) for r in rows])
+
+
+def _check_counters(documents: list[dict[str, Any]]) -> None:
+    """Each counter numbers its events 0, 1, 2, ... in log order (a counter read stale under the head lock, as
+    when a writer committed while another waited for the lock, would repeat a number)."""
+    seen: dict[str, int] = {}
+    for doc in documents:
+        for dim, key in counters.keys_of(doc["tenant"], doc["action"]).items():
+            assert doc["counters"][dim] == seen.get(key, 0), f"event {doc['seq']}: {key} out of sequence"
+            seen[key] = seen.get(key, 0) + 1
 
 
 def _run(url: str) -> None:
@@ -81,3 +97,56 @@ def test_concurrent_processes_on_sqlite(sqlite_db: Database) -> None:
     sqlite_db.dispose()
     _run(sqlite_db.url)
     _check_log(sqlite_db)
+
+
+@pytest.mark.postgres
+def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgres_db: Database) -> None:
+    """The first append of a transaction reads the head (locked), its counters and its snapshot's size in one
+    statement: when another writer commits while it waits for the lock, the counters its snapshot shows are
+    stale, and must be read again (audit/service.py _locked_head). Forced here: A holds the lock, B is seen
+    waiting for it in pg_stat_activity, A commits, B goes on."""
+    db = postgres_db
+    actor = Actor("t", "system")
+
+    def append(s: Any, oid: str) -> None:
+        record(s, actor=actor, action="tenant.update", object_type="tenant", object_id=oid, tenant="acme")
+
+    with db.session() as s:
+        append(s, "first")
+    errors: list[BaseException] = []
+    a_holds = db.session()
+    sa = a_holds.__enter__()
+    append(sa, "a")  # A holds the head lock
+    pid = sa.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+
+    def b() -> None:
+        try:
+            with db.session() as sb:
+                append(sb, "b")
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=b)
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        with db.engine.connect() as watch:
+            while True:
+                waiting = watch.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                    ":pid = ANY(pg_blocking_pids(pid))"), {"pid": pid}).scalar_one()
+                if waiting or time.monotonic() > deadline:
+                    break
+                watch.rollback()
+                time.sleep(0.01)  # polling a condition, bounded by the deadline
+        assert waiting, "B never waited for A's head lock"
+    finally:
+        a_holds.__exit__(None, None, None)  # A commits
+        t.join(timeout=30)
+    assert not t.is_alive() and not errors, errors
+    with db.read_session() as s:
+        rows = s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
+    docs = [json.loads(r.data) for r in rows]
+    assert [d["object"]["id"] for d in docs] == ["first", "a", "b"]
+    assert [d["counters"]["tenant"] for d in docs] == [0, 1, 2]
+    _check_counters(docs)
