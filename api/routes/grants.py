@@ -34,7 +34,6 @@ from api.writelock import grant_writer
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
 from core.vocabulary import GRANT_STATE_PATTERN
-from policy import decisionlog
 from policy import grants as svc
 from policy.models import Grant
 
@@ -175,10 +174,8 @@ def _request(ctx: Any, req: svc.GrantRequest, caller: svc.Caller, recorded: _Rec
         row = _decision_row(ctx, recorded, prepared.grant, owner)
 
         def write(session: Any, prepared: svc.PreparedGrant = prepared, row: Any = row) -> Grant:
-            grant = svc.commit_request(session, prepared, caller=caller, quotas=settings.quotas, request_id=rid)
-            if row is not None:
-                decisionlog.add(session, row)
-            return grant
+            return svc.commit_request(session, prepared, caller=caller, quotas=settings.quotas, request_id=rid,
+                                      decision_record=row)
 
         try:
             return ctx.committer.submit(write), True

@@ -384,8 +384,10 @@ def test_grant_decisions_come_from_the_active_policy_version(env: Env) -> None:
     assert d["state"] == "denied" and d["reasons"][0].startswith("no-policy:"), d
 
 
-def test_every_grant_decision_is_in_the_decision_log(env: Env) -> None:
-    """Input, outcome, reasons and the deciding policy version's hash; a replay adds nothing."""
+def test_every_grant_decision_is_in_the_decision_log(env_both: Env) -> None:
+    """Input, outcome, reasons and the deciding policy version's hash; a replay adds nothing. On both databases:
+    on PostgreSQL the record is written in the grant's own INSERT statement (policy.grants._insert)."""
+    env = env_both
     active = env.call("GET", "/v1/policy/active", "auditor").json()["content_hash"]
     pending = request(env, key="log-1").json()
     assert request(env, key="log-1").status_code == 200  # idempotent replay: no second decision
