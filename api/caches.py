@@ -20,8 +20,9 @@ not kept "just in case"). Each can be switched off for measurement with TRUSTFAB
 - `grant_pages` (api/routes/grants.py, a ReadCache): the JSON body of a GET /v1/grants page per (viewer
   scope, filters, cursor, limit). Exact like `token_row` on SQLite, and refused from the next instant any
   grant's effective state changes without a write (the earliest expiry, read with the page). PostgreSQL:
-  the same rule on the process's change feed (store/changes.py: the cluster's transaction snapshot, re-read
-  at every NOTIFY a write transaction sends and every 50 ms; moved at once by this process's own commits),
+  the same rule on the process's change feed (store/changes.py: moved by every NOTIFY a write transaction
+  sends, as it arrives, and by the cluster's transaction snapshot, re-read every 50 ms; moved at once by this
+  process's own commits),
   so a change committed by another process or replica shows here within the feed's delay: about a
   millisecond, 50 ms when a notification is lost (tests/api/test_replicas.py measures it across three
   replicas, tests/store/test_changes.py the fallback).

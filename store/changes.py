@@ -5,10 +5,12 @@ reads it). PostgreSQL has none, so `PostgresChanges` makes one per process: a th
 own reads the cluster's transaction snapshot (`pg_current_snapshot()`: its xmin, xmax and in-progress list
 change whenever a transaction that wrote anything begins or ends, in any session of any replica) and adds
 one to a local counter each time it differs from the last read. It reads it again every `poll` seconds
-(50 ms) and at once when a notification arrives: every write transaction sends `NOTIFY trustfabric_changes`
-(store/db.py), which PostgreSQL delivers at its commit. So a commit on replica A moves the counter of
-replica B within the notification's delivery (about a millisecond on one host), or within `poll` when a
-notification is lost; the snapshot, not the notification, is what makes the counter exact.
+(50 ms); and every write transaction sends `NOTIFY trustfabric_changes` (store/db.py), which PostgreSQL
+delivers once it committed: a notification moves the counter as it arrives, without a read (moving it more
+often than needed only refuses cached values; a read per notification would cost every replica a round trip
+per commit anywhere). So a commit on replica A moves the counter of replica B within the notification's delivery (about
+a millisecond on one host), or within `poll` when a notification is lost or its writer sends none; the
+snapshot, not the notification, is what makes the counter exact.
 
 A value cached under counter value v was read after v was read, so the commit that ends v is after the
 read began... or before it, in which case the value is fresher than needed; either way, once the counter
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger("trustfabric.store.changes")
@@ -91,13 +94,20 @@ class PostgresChanges:
         with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             last = _read(conn)
+            read_at = time.monotonic()
             self._move()
             while not self._stop.is_set():
-                self.notifications += sum(1 for _ in conn.notifies(timeout=self._poll, stop_after=64))
-                now = _read(conn)
-                if now != last:
-                    last = now
+                wait = max(0.0, read_at + self._poll - time.monotonic())
+                # the generator runs until `wait` ends: each notification moves the counter as it arrives
+                for _ in conn.notifies(timeout=wait, stop_after=64):
+                    self.notifications += 1
                     self._move()
+                if time.monotonic() - read_at >= self._poll:
+                    now = _read(conn)
+                    read_at = time.monotonic()
+                    if now != last:
+                        last = now
+                        self._move()
 
     def _move(self) -> None:
         with self._lock:

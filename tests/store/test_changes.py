@@ -63,3 +63,22 @@ def test_the_feed_stops_with_the_database(postgres_db: Database) -> None:
     assert feed is not None
     postgres_db.dispose()
     assert feed._thread is not None and not feed._thread.is_alive()
+
+
+def test_a_notification_moves_the_counter_as_it_arrives_without_waiting_for_the_poll(postgres_db: Database) -> None:
+    """With a poll far longer than the bound, only the notification can move the counter in time: it does so as
+    it arrives (psycopg's notifies() runs until its timeout, so counting them after it returns waited the poll)."""
+    feed = PostgresChanges(_plain(postgres_db), poll=2.0)
+    try:
+        deadline = time.monotonic() + 10
+        while feed.version() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for _ in range(3):
+            before = feed.version()
+            with postgres_db.session() as s:
+                s.exec(text("SELECT 1"))  # type: ignore[call-overload]
+                s.connection().exec_driver_sql("NOTIFY trustfabric_changes")
+            assert _moved_within(feed, before, timeout=1.5) < 0.5
+    finally:
+        feed.stop()
