@@ -68,7 +68,7 @@ def test_the_feed_stops_with_the_database(postgres_db: Database) -> None:
 def test_a_notification_moves_the_counter_as_it_arrives_without_waiting_for_the_poll(postgres_db: Database) -> None:
     """With a poll far longer than the bound, only the notification can move the counter in time: it does so as
     it arrives (psycopg's notifies() runs until its timeout, so counting them after it returns waited the poll)."""
-    feed = PostgresChanges(_plain(postgres_db), poll=2.0)
+    feed = PostgresChanges(_plain(postgres_db), poll=1.0)
     try:
         deadline = time.monotonic() + 10
         while feed.version() is None:
@@ -79,6 +79,6 @@ def test_a_notification_moves_the_counter_as_it_arrives_without_waiting_for_the_
             with postgres_db.session() as s:
                 s.exec(text("SELECT 1"))  # type: ignore[call-overload]
                 s.connection().exec_driver_sql("NOTIFY trustfabric_changes")
-            assert _moved_within(feed, before, timeout=1.5) < 0.5
+            assert _moved_within(feed, before, timeout=1.5) < 0.2
     finally:
         feed.stop()
