@@ -7,10 +7,10 @@ change whenever a transaction that wrote anything begins or ends, in any session
 one to a local counter each time it differs from the last read. It reads it again every `poll` seconds
 (50 ms); and every write transaction sends `NOTIFY trustfabric_changes` (store/db.py), which PostgreSQL
 delivers once it committed: a notification moves the counter as it arrives, without a read (moving it more
-often than needed only refuses cached values; a read per notification would cost every replica a round trip
-per commit anywhere). So a commit on replica A moves the counter of replica B within the notification's delivery (about
-a millisecond on one host), or within `poll` when a notification is lost or its writer sends none; the
-snapshot, not the notification, is what makes the counter exact.
+often than needed only refuses cached values; a read per notification would cost every replica a round
+trip per commit anywhere). So a commit on replica A moves the counter of replica B within the notification's
+delivery (about a millisecond on one host), or within `poll` when a notification is lost or its writer sends
+none; the snapshot, not the notification, is what makes the counter exact.
 
 A value cached under counter value v was read after v was read, so the commit that ends v is after the
 read began... or before it, in which case the value is fresher than needed; either way, once the counter
