@@ -176,5 +176,10 @@ def _one_snapshot(session: Session) -> bool:
     """Whether every statement of the session's transaction reads one snapshot of the database."""
     if session.get_bind().dialect.name == "sqlite":
         return True
-    level = str(session.connection().get_isolation_level()).upper()
+    conn = session.connection()
+    if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        # no transaction (store.db's read_session(statements=True)): each statement its own snapshot, whatever
+        # level the server would report (its default_transaction_isolation, which is not this)
+        return False
+    level = str(conn.get_isolation_level()).upper()
     return level in ("REPEATABLE READ", "SERIALIZABLE")

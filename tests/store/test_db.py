@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlmodel import select
 
 from audit import Actor, record
@@ -62,3 +62,42 @@ def test_sqlite_files_are_private(tmp_path: Path) -> None:
         assert stat.S_IMODE((loose / "trustfabric.db").stat().st_mode) == 0o600
     finally:
         os.umask(old)
+
+
+def test_one_statement_reads_send_no_transaction_and_see_every_commit(db: Database) -> None:
+    """`statement()` (and read_session(statements=True) on PostgreSQL) sends the statement alone: no BEGIN, no
+    ROLLBACK, no ping (issue 11: a round trip each); each statement reads what is committed when it runs."""
+    from tests.roundtrips import watch
+
+    def events() -> int:
+        with db.statement() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM audit_events")).scalar_one())
+
+    counts = []
+    with watch(db.engine) as sent:
+        for _ in range(4):  # rounds of a read, then a write; the first ones warm the pool's traced connections
+            sent.next_round()
+            counts.append(events())
+            sent.next_round()
+            with db.session() as s:
+                record(s, actor=Actor.system("t"), action="test.write", object_type="t", object_id="1")
+    assert counts == list(range(counts[0], counts[0] + 4))
+    reads = sent.rounds[1::2][2:]
+    assert reads == [["SELECT count(*) FROM audit_events"]] * len(reads) and reads
+
+
+@pytest.mark.postgres
+def test_a_statements_read_session_is_never_taken_for_one_snapshot(postgres_db: Database) -> None:
+    """The grant decider keeps a data document only when it was read in one snapshot (policy/grant_decider.py):
+    a session without a transaction is not one, whatever the server's default isolation level says."""
+    from policy.grant_decider import _one_snapshot
+
+    with postgres_db.engine.connect() as conn:
+        conn.execute(text(f'ALTER DATABASE "{postgres_db.engine.url.database}" '
+                          "SET default_transaction_isolation = 'repeatable read'"))
+        conn.commit()
+    postgres_db.engine.dispose()  # new connections take the new default
+    with postgres_db.read_session(statements=True) as s:
+        assert not _one_snapshot(s)
+    with postgres_db.read_session(snapshot=True) as s:
+        assert _one_snapshot(s)
