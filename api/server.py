@@ -74,7 +74,9 @@ class BoundedProtocol(PeerCertHttpToolsProtocol):
     _read_timer: Any = None
     _cycle_at_arm: Any = None
     _in_head = False  # between the first byte of a request and the end of its head
-    _head_bytes = 0  # bytes read while the head was incomplete (a read that began a request counts whole)
+    _head_bytes = 0  # bytes of the reads that ended with the head incomplete (each read counted whole) ...
+    _completed_in_read = False  # ... but for a read that also held the end of the request before it
+    _charge_read = True
 
     @property
     def limits(self) -> ConnectionLimits:
@@ -92,8 +94,9 @@ class BoundedProtocol(PeerCertHttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
             self._arm()  # the first byte of the next request on a kept-alive connection
+        self._completed_in_read, self._charge_read = False, True
         super().data_received(data)
-        if self._in_head and not self.transport.is_closing():
+        if self._in_head and self._charge_read and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_header_bytes:
                 self.send_400_response("Request head too large.")
@@ -105,7 +108,14 @@ class BoundedProtocol(PeerCertHttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._in_head = True
         self._head_bytes = 0
+        # pipelined: this read also held the request before, whose bytes cannot be told from this head's; the
+        # head is charged from the next read on (the bound holds one read later)
+        self._charge_read = not self._completed_in_read
         super().on_message_begin()
+
+    def on_message_complete(self) -> None:
+        self._completed_in_read = True
+        super().on_message_complete()
 
     def on_headers_complete(self) -> None:
         self._in_head = False

@@ -165,6 +165,19 @@ def test_an_incomplete_request_head_is_bounded(served: int) -> None:
             assert response(s).startswith(b"HTTP/1.1 200")
 
 
+def test_a_pipelined_request_is_not_charged_for_the_one_before_it(served: int) -> None:
+    """A read holding a whole request and the start of the next counts nothing against the next one's head
+    (its bytes cannot be told apart): what follows is counted, so the bound still holds, one read later."""
+    first = b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"p" * 3000 + b"\r\n\r\n"
+    second = b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"q" * 1500 + b"\r\n\r\n"
+    with connect(served) as s:
+        s.sendall(first + second[:1200])  # 4.2 KB in one read, over the 4096-byte bound of LIMITS
+        time.sleep(0.2)
+        s.sendall(second[1200:])
+        assert response(s).startswith(b"HTTP/1.1 200")
+        assert response(s).startswith(b"HTTP/1.1 200")
+
+
 def test_what_uvicorn_enforces_itself(served: int) -> None:
     with connect(served) as s:  # an idle kept-alive connection after a response: closed (timeout_keep_alive)
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
