@@ -50,10 +50,10 @@ OPEN_WARMUP = 1.0  # seconds at the same rate before each open-loop figure, not 
 BARE_APP = textwrap.dedent('''
     import json, os, socket
     from fastapi import FastAPI, Request
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class NoDelayH11(H11Protocol):
-        """The same socket option trustfabric serve sets (uvicorn --workers skips TCP_NODELAY)."""
+    class NoDelayHttpTools(HttpToolsProtocol):
+        """serve's parser, with the socket option serve sets (uvicorn --workers skips TCP_NODELAY)."""
         def connection_made(self, transport):
             super().connection_made(transport)
             transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -368,7 +368,7 @@ def main() -> int:
         bare_env = dict(env, BENCH_GET_JSON=str(work / "get.json"), BENCH_POST_JSON=str(work / "post.json"))
         procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "tf_bare_app:app", "--app-dir", str(work),
                                        "--host", "127.0.0.1", "--port", str(bare_port), "--workers", str(WORKERS),
-                                       "--log-level", "warning", "--http", "tf_bare_app:NoDelayH11"],
+                                       "--log-level", "warning", "--http", "tf_bare_app:NoDelayHttpTools"],
                                       env=bare_env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_healthy(bare_port, "/v1/grants", procs[-1])
 

@@ -49,3 +49,36 @@ def test_the_shared_inclusion_serves_what_include_router_serves(tmp_path: Path) 
     finally:
         env.client.close()
         env.ctx.close()
+
+
+def test_the_prefix_gate_answers_as_the_inclusion_does(tmp_path: Path) -> None:
+    """An inclusion gated by its routes' literal prefixes (api/inclusion.py) answers every path the API serves,
+    each with every method, and paths it does not serve, exactly as the inclusion itself: the gate only ever
+    says "no match" where the inclusion's own matching says it too."""
+    import re
+
+    from starlette.routing import Match
+
+    from api.inclusion import literal_prefixes
+
+    env = open_env(make_settings(tmp_path / "home"))
+    try:
+        paths = [re.sub(r"\{[^}]*\}", "x1", p) for p in env.app.openapi()["paths"]]
+        paths += [p + "/" for p in paths] + ["/", "/v1", "/v1/", "/v1/nothing-here", "/console/", "/docs", "/v2/grants"]
+        gated = [r for r in env.app.router.routes if hasattr(r, "tf_prefixes")]
+        assert len(gated) >= len(ROUTERS) - 1 and all(literal_prefixes(r) for r in ROUTERS if r is not None)
+        compared = matched = 0
+        for route in gated:
+            inner = type(route).__mro__[1]  # the inclusion's own class, ungated
+            for path in paths:
+                for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+                    scope = {"type": "http", "method": method, "path": path, "root_path": "", "headers": [],
+                             "app": env.app}
+                    gate = route.matches(dict(scope))[0]
+                    assert gate == inner.matches(route, dict(scope))[0], (path, method, route)
+                    compared += 1
+                    matched += gate != Match.NONE
+        assert compared > 1000 and matched > 100  # both answers were seen, many times
+    finally:
+        env.client.close()
+        env.ctx.close()

@@ -1,9 +1,10 @@
-"""Issue 13, item 7 (slow and numerous clients), with real sockets against uvicorn serving the real app:
-what uvicorn enforces itself (a request head larger than h11_max_incomplete_event_size, an idle kept-alive
-connection) and what api/server.py adds (a request read deadline, a cap on open connections)."""
+"""Issue 13, item 7 (slow and numerous clients), with real sockets against uvicorn serving the real app over
+its httptools protocol: what uvicorn enforces itself (an idle kept-alive connection) and what api/server.py
+adds (a bound on an incomplete request head, a request read deadline, a cap on open connections)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -67,6 +68,23 @@ def closed_within(s: socket.socket, seconds: float) -> bool:
     return False
 
 
+def response(s: socket.socket) -> bytes:
+    """One whole response on a kept-alive connection (its head and body may come in separate reads)."""
+    out = b""
+    while b"\r\n\r\n" not in out:
+        chunk = s.recv(65536)
+        assert chunk, "connection closed before the response head ended"
+        out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = s.recv(65536)
+        assert chunk, "connection closed before the response body ended"
+        body += chunk
+    return out
+
+
 def healthz(port: int) -> bytes:
     with connect(port) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
@@ -117,17 +135,50 @@ def test_open_connections_are_capped_and_the_server_recovers(served: int) -> Non
     assert b"200 OK" in healthz(served)
 
 
-def test_what_uvicorn_enforces_itself(served: int) -> None:
-    # h11_max_incomplete_event_size bounds a request head that is still incomplete: more bytes than that
-    # without the blank line that ends it is a 400 ...
+def test_an_incomplete_request_head_is_bounded(served: int) -> None:
+    """httptools buffers a request head without bound (h11 had h11_max_incomplete_event_size): more than
+    max_header_bytes without the blank line that ends it is a 400, whether it came in one read or many ..."""
     with connect(served) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Big: " + b"b" * 8000)
         assert s.recv(65536).startswith(b"HTTP/1.1 400")
-    # ... while a complete head arriving in one read is parsed whatever its size (the transport reads at
-    # most 256 KiB at a time, which bounds it)
+    with connect(served) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
+        answer = b""
+        try:
+            for i in range(20):  # 20 x 500 bytes, in separate writes: the count spans reads
+                s.sendall(b"X-H%d: " % i + b"h" * 490 + b"\r\n")
+                time.sleep(0.01)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        with contextlib.suppress(ConnectionResetError):
+            answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 400")
+    # ... while a complete head arriving in one read is parsed whatever its size, as h11 did (the transport
+    # reads at most 256 KiB at a time, which bounds it)
     with connect(served) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Big: " + b"b" * 8000 + b"\r\n\r\n")
         assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    # a kept-alive connection's later requests are counted afresh: many small requests are no big head
+    with connect(served) as s:
+        for _ in range(5):
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"p" * 2000 + b"\r\n\r\n")
+            assert response(s).startswith(b"HTTP/1.1 200")
+
+
+def test_a_pipelined_request_is_not_charged_for_the_one_before_it(served: int) -> None:
+    """A read holding a whole request and the start of the next counts nothing against the next one's head
+    (its bytes cannot be told apart): what follows is counted, so the bound still holds, one read later."""
+    first = b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"p" * 3000 + b"\r\n\r\n"
+    second = b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"q" * 1500 + b"\r\n\r\n"
+    with connect(served) as s:
+        s.sendall(first + second[:1200])  # 4.2 KB in one read, over the 4096-byte bound of LIMITS
+        time.sleep(0.2)
+        s.sendall(second[1200:])
+        assert response(s).startswith(b"HTTP/1.1 200")
+        assert response(s).startswith(b"HTTP/1.1 200")
+
+
+def test_what_uvicorn_enforces_itself(served: int) -> None:
     with connect(served) as s:  # an idle kept-alive connection after a response: closed (timeout_keep_alive)
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
         assert b"200 OK" in s.recv(65536)
