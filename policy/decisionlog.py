@@ -67,13 +67,21 @@ class DecisionLog:
         self.db = db
         self.sample_rate = sample_rate
         self.always_log_denies = always_log_denies
-        self.rng = rng or random.Random()  # sampling, not security
+        # sampling, not security; seeded only when it decides anything (0 < rate < 1): the API builds a log per
+        # decision at the default rate 1.0, and seeding a generator from os.urandom was a tenth of the record
+        self._rng = rng
         self.clock = clock
 
     def sampled(self, allowed: bool) -> bool:
         if not allowed and self.always_log_denies:
             return True
-        return self.rng.random() < self.sample_rate
+        if self.sample_rate >= 1.0:
+            return True  # random() < 1.0 always
+        if self.sample_rate <= 0.0:
+            return False
+        if self._rng is None:
+            self._rng = random.Random()
+        return self._rng.random() < self.sample_rate
 
     def record(
         self, kind: str, input: Mapping[str, Any], decision: Decision, policy_hash: str | None, *, owner: str | None
