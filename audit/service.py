@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, and_, bindparam, event, insert, null, or_, select, update
 from sqlalchemy.orm import Session as OrmSession
@@ -41,7 +41,7 @@ from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 from store import deferred
 from store.changes import CHANNEL
-from store.db import notified
+from store.db import driver_rows, notified
 
 DOCUMENT_VERSION = 2
 MAX_EVENT_BYTES = 64 * 1024  # an event's hashed bytes; the field limits keep real events far below it
@@ -136,7 +136,10 @@ def _locked_head(session: Session, keys: Iterable[str] = (), scan: _Scan | None 
         return cached
     wanted = sorted(set(keys))
     conn = session.connection()
-    rows = conn.execute(_locked_read(scan), _read_params(wanted, scan)).all()
+    if _psycopg(conn):  # straight to the driver: the statement every grant and issuance batch starts with
+        rows: Any = [_PgLocked(*r) for r in driver_rows(conn, _pg_locked_read(scan), _pg_read_params(wanted, scan))]
+    else:
+        rows = conn.execute(_locked_read(scan), _read_params(wanted, scan)).all()
     if not rows:
         raise InvalidAuditEvent("the audit log head row is missing: the database was not migrated")
     row = rows[0]
@@ -206,6 +209,56 @@ def _current_read(scan: _Scan | None) -> Any:
             .select_from(_head.outerjoin(_counters, _counters.c.key.in_(bindparam("keys", expanding=True))))
             .where(_head.c.id == HEAD_ID))
     return stmt
+
+
+class _PgLocked(NamedTuple):
+    """A row of _pg_locked_read, named as _locked_read's."""
+
+    size: int
+    last_leaf: str
+    frontier: list[str]
+    last_ts: datetime | None
+    seen: int
+    unsettling: str | None
+    key: str | None
+    counted: int | None  # the counter's count (`count` is a tuple's method)
+
+
+_PG_LOCKED_READS: dict[tuple[str, ...] | None, str] = {}
+
+
+def _psycopg(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
+
+
+def _pg_unsettling(scan: _Scan | None) -> str:
+    """_unsettling in psycopg's SQL; the `keeping` entries are parameters (k0, k1, ...), never SQL text."""
+    if scan is None:
+        return "NULL"
+    kept = " OR ".join(f"starts_with(e.action, %(k{i})s)" if p.endswith(".") else f"e.action = %(k{i})s"
+                       for i, p in enumerate(scan.keeping))
+    return (f"(SELECT e.action FROM audit_events e WHERE e.seq >= %(since)s AND NOT ({kept or 'FALSE'}) "  # noqa: S608
+            "ORDER BY e.seq LIMIT 1)")
+
+
+def _pg_locked_read(scan: _Scan | None) -> str:
+    """_locked_read as psycopg's SQL text, built once per `keeping`."""
+    key = None if scan is None else scan.keeping
+    sql = _PG_LOCKED_READS.get(key)
+    if sql is None:
+        sql = _PG_LOCKED_READS[key] = (
+            "SELECT h.size, h.last_leaf, h.frontier, h.last_ts, "  # noqa: S608 (no input in the text)
+            f"(SELECT s.size FROM audit_head s WHERE s.id = {HEAD_ID}), {_pg_unsettling(scan)}, c.key, c.count "
+            "FROM audit_head h LEFT OUTER JOIN audit_counters c ON c.key = ANY(%(keys)s::text[]) "
+            f"WHERE h.id = {HEAD_ID} FOR UPDATE OF h")
+    return sql
+
+
+def _pg_read_params(keys: list[str], scan: _Scan | None) -> dict[str, Any]:
+    params = _read_params(keys, scan)
+    if scan is not None:
+        params.update((f"k{i}", p) for i, p in enumerate(scan.keeping))
+    return params
 
 
 def _read_params(keys: list[str], scan: _Scan | None) -> dict[str, Any]:

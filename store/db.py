@@ -132,6 +132,24 @@ def _announce_commits(engine: Engine) -> None:
             conn.info.pop(_NOTIFIED, None)
 
 
+def driver_rows(conn: Connection, sql: str, params: Any) -> list[tuple[Any, ...]]:
+    """The rows of one statement in the driver's own SQL (its paramstyle), sent on the driver's cursor: for the
+    hot statements (a grant's head lock, a token's row, a decision's marker), where SQLAlchemy's per-statement
+    work (execution context, result object, events) cost twice the driver's. A driver error goes through
+    SQLAlchemy's own handling, as any statement's: wrapped (an OperationalError answers 503), and a lost
+    connection invalidates the pool as SQLAlchemy would."""
+    dbapi = conn.connection.driver_connection
+    assert dbapi is not None
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+    except Exception as exc:
+        conn._handle_dbapi_exception(exc, sql, params, cursor, None)
+    finally:
+        cursor.close()
+
+
 class Database:
     """The engine plus session factories; one per process, shared by services and the API."""
 
