@@ -43,3 +43,21 @@ def test_a_lost_connection_is_an_invalidating_operational_error(postgres_db: Dat
         assert e.value.connection_invalidated
     with db.statement() as conn:  # the pool hands out a fresh connection: no restart needed
         assert driver_rows(conn, "SELECT 1", {}) == [(1,)]
+
+
+@pytest.mark.postgres
+def test_a_driver_write_is_announced_at_its_commit_as_sqlalchemys_are(postgres_db: Database) -> None:
+    import psycopg
+
+    from store.changes import CHANNEL
+    from store.db import driver_write
+
+    db = postgres_db
+    dsn = db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        with db.session() as session:  # its only statement is the driver's
+            driver_write(session.connection(), "INSERT INTO audit_counters (key, count, last_leaf) "
+                         "VALUES (%(k)s, 1, '')", {"k": "test:driver-write"})
+        heard = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in heard] == [CHANNEL]  # without the announcement the COMMIT sends no NOTIFY
