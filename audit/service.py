@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, and_, bindparam, event, insert, null, or_, select, update
 from sqlalchemy.orm import Session as OrmSession
@@ -41,7 +41,7 @@ from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 from store import deferred
 from store.changes import CHANNEL
-from store.db import notified
+from store.db import driver_rows, notified
 
 DOCUMENT_VERSION = 2
 MAX_EVENT_BYTES = 64 * 1024  # an event's hashed bytes; the field limits keep real events far below it
@@ -101,10 +101,32 @@ class _HeadState:
     last_leaf: bytes
     last_ts: datetime | None
     counts: dict[str, int]  # counters read (or advanced) in this transaction
+    locked: int = 0  # the size when the lock was taken
+    scanned: _Scan | None = None  # the scan read with the lock (exact as of `locked`)
+    appended: tuple[str, ...] = ()  # the actions of the events this transaction appended since, in order
 
     @property
     def size(self) -> int:
         return self.tree.end
+
+    def known_scan(self, since: int, keeping: tuple[str, ...]) -> tuple[str | None] | None:
+        """(the first action from `since` that `keeping` does not cover, or None) when known without reading:
+        the scan read with the lock started at or before `since` under the same `keeping` and found nothing,
+        so only this transaction's own appends can hold one; None when a read must tell (a group commit's
+        first member reads, the rest of its grant decisions are answered here)."""
+        scan = self.scanned
+        if scan is None or scan.keeping != keeping or scan.found is not None or not scan.since <= since <= self.size:
+            return None
+        for action in self.appended[max(0, since - self.locked):]:
+            if not _covers(keeping, action):
+                return (action,)
+        return (None,)
+
+
+def _covers(keeping: tuple[str, ...], action: str) -> bool:
+    """Whether `keeping` covers `action` as _not_kept's SQL has it (an entry ending in '.' covers the actions it
+    prefixes)."""
+    return any(action.startswith(p) if p.endswith(".") else action == p for p in keeping)
 
 
 @event.listens_for(OrmSession, "after_transaction_end")
@@ -136,12 +158,16 @@ def _locked_head(session: Session, keys: Iterable[str] = (), scan: _Scan | None 
         return cached
     wanted = sorted(set(keys))
     conn = session.connection()
-    rows = conn.execute(_locked_read(scan), _read_params(wanted, scan)).all()
+    if _psycopg(conn):  # straight to the driver: the statement every grant and issuance batch starts with
+        rows: Any = [_PgLocked(*r) for r in driver_rows(conn, _pg_locked_read(scan), _pg_read_params(wanted, scan))]
+    else:
+        rows = conn.execute(_locked_read(scan), _read_params(wanted, scan)).all()
     if not rows:
         raise InvalidAuditEvent("the audit log head row is missing: the database was not migrated")
     row = rows[0]
     tree = merkle.CompactRange(0, int(row.size), [bytes.fromhex(h) for h in row.frontier])
-    state = _HeadState(tree, bytes.fromhex(row.last_leaf), as_utc(row.last_ts) if row.last_ts else None, {})
+    state = _HeadState(tree, bytes.fromhex(row.last_leaf), as_utc(row.last_ts) if row.last_ts else None, {},
+                       locked=tree.end, scanned=scan)
     if int(row.seen) == int(row.size):
         found = {r[-2]: int(r[-1]) for r in rows if r[-2] is not None}  # key, count: the last two columns
         state.counts.update({k: found.get(k, 0) for k in wanted})
@@ -197,6 +223,17 @@ def _locked_read(scan: _Scan | None) -> Any:
     return stmt
 
 
+_SCANS_ALONE: dict[tuple[str, ...], Any] = {}
+
+
+def _scan_alone(scan: _Scan) -> Any:
+    """_unsettling as a statement of its own, built once per `keeping`."""
+    stmt = _SCANS_ALONE.get(scan.keeping)
+    if stmt is None:
+        stmt = _SCANS_ALONE[scan.keeping] = select(_unsettling(scan).label("unsettling"))
+    return stmt
+
+
 def _current_read(scan: _Scan | None) -> Any:
     key = None if scan is None else scan.keeping
     stmt = _CURRENT_READS.get(key)
@@ -206,6 +243,56 @@ def _current_read(scan: _Scan | None) -> Any:
             .select_from(_head.outerjoin(_counters, _counters.c.key.in_(bindparam("keys", expanding=True))))
             .where(_head.c.id == HEAD_ID))
     return stmt
+
+
+class _PgLocked(NamedTuple):
+    """A row of _pg_locked_read, named as _locked_read's."""
+
+    size: int
+    last_leaf: str
+    frontier: list[str]
+    last_ts: datetime | None
+    seen: int
+    unsettling: str | None
+    key: str | None
+    counted: int | None  # the counter's count (`count` is a tuple's method)
+
+
+_PG_LOCKED_READS: dict[tuple[str, ...] | None, str] = {}
+
+
+def _psycopg(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
+
+
+def _pg_unsettling(scan: _Scan | None) -> str:
+    """_unsettling in psycopg's SQL; the `keeping` entries are parameters (k0, k1, ...), never SQL text."""
+    if scan is None:
+        return "NULL"
+    kept = " OR ".join(f"starts_with(e.action, %(k{i})s)" if p.endswith(".") else f"e.action = %(k{i})s"
+                       for i, p in enumerate(scan.keeping))
+    return (f"(SELECT e.action FROM audit_events e WHERE e.seq >= %(since)s AND NOT ({kept or 'FALSE'}) "  # noqa: S608
+            "ORDER BY e.seq LIMIT 1)")
+
+
+def _pg_locked_read(scan: _Scan | None) -> str:
+    """_locked_read as psycopg's SQL text, built once per `keeping`."""
+    key = None if scan is None else scan.keeping
+    sql = _PG_LOCKED_READS.get(key)
+    if sql is None:
+        sql = _PG_LOCKED_READS[key] = (
+            "SELECT h.size, h.last_leaf, h.frontier, h.last_ts, "  # noqa: S608 (no input in the text)
+            f"(SELECT s.size FROM audit_head s WHERE s.id = {HEAD_ID}), {_pg_unsettling(scan)}, c.key, c.count "
+            "FROM audit_head h LEFT OUTER JOIN audit_counters c ON c.key = ANY(%(keys)s::text[]) "
+            f"WHERE h.id = {HEAD_ID} FOR UPDATE OF h")
+    return sql
+
+
+def _pg_read_params(keys: list[str], scan: _Scan | None) -> dict[str, Any]:
+    params = _read_params(keys, scan)
+    if scan is not None:
+        params.update((f"k{i}", p) for i, p in enumerate(scan.keeping))
+    return params
 
 
 def _read_params(keys: list[str], scan: _Scan | None) -> dict[str, Any]:
@@ -465,7 +552,8 @@ def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype
     document: every other part is a validated string, a small integer or null)."""
     keys = counters.keys_of(tenant, action)
     current = _locked_head(session, keys.values())
-    head = _HeadState(current.tree.copy(), current.last_leaf, current.last_ts, current.counts)
+    head = _HeadState(current.tree.copy(), current.last_leaf, current.last_ts, current.counts, current.locked,
+                      current.scanned, (*current.appended, action))
     seq = head.size
     prev = head.last_leaf.hex() if seq else GENESIS_HASH
     ts = requested if head.last_ts is None or requested >= head.last_ts else head.last_ts  # never back in time
@@ -541,13 +629,21 @@ def lock_head_and_check(session: Session, since: int, keeping: tuple[str, ...],
     transaction is about to append, whose counters are read with the lock. One round trip when the head is not
     locked yet and no writer commits while this one waits for it, two when one does."""
     keys = [k for tenant, action in upcoming for k in counters.keys_of(tenant, action).values()]
-    if isinstance(session.info.get(_HEAD_CACHE), _HeadState):  # locked already: the scan alone (as ever)
-        size = lock_head(session)
+    cached = session.info.get(_HEAD_CACHE)
+    if isinstance(cached, _HeadState):  # locked already: the scan alone, from memory when it can tell
+        size = cached.size
         if size == since:
             return size, None
-        row = session.connection().execute(
-            select(_unsettling(_Scan(since, keeping)).label("unsettling")), {"since": since}).first()
-        return size, (row.unsettling if row is not None else None)
+        known = cached.known_scan(since, keeping)
+        if known is not None:
+            return size, known[0]
+        scan = _Scan(since, keeping)
+        conn = session.connection()
+        if _psycopg(conn):
+            rows: Any = driver_rows(conn, f"SELECT {_pg_unsettling(scan)}", _pg_read_params([], scan))
+        else:
+            rows = conn.execute(_scan_alone(scan), {"since": since}).all()
+        return size, (rows[0][0] if rows else None)
     scan = _Scan(since, keeping)
     size = _locked_head(session, keys, scan).size
     return size, scan.found

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Any
 
-from sqlalchemy import bindparam, func
+from sqlalchemy import func
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -35,7 +35,7 @@ from core.errors import InvalidInput, NotFound
 from core.slugs import is_slug
 from policy.decide import AuthzDecision, FlowDecision, GrantDecision
 from policy.models import DecisionRecord
-from store.db import Database
+from store.db import Database, DriverInsert
 
 log = logging.getLogger(__name__)
 _TABLE: Any = DecisionRecord.__table__  # type: ignore[attr-defined]
@@ -131,18 +131,10 @@ class DecisionLog:
 
 _INSERT = _TABLE.insert()
 _INSERTED = tuple(c.name for c in _TABLE.columns if c.name != "id")
-_PREFIX = "decision_"
-# the INSERT as a data-modifying CTE that another INSERT carries (PostgreSQL): one round trip writes both rows.
-# Its text and typed parameters (the JSON columns encoded as the ORM would); SQLAlchemy's own Insert.add_cte
-# left a parameter of the CTE unbound at execution (measured), so the text is written out once here.
-INSERT_CTE_SQL = (f"WITH decision AS (INSERT INTO {_TABLE.name} ({', '.join(_INSERTED)}) "  # noqa: S608 (constants)
-                  f"VALUES ({', '.join(':' + _PREFIX + name for name in _INSERTED)})) ")
-INSERT_CTE_PARAMS = tuple(bindparam(_PREFIX + name, type_=_TABLE.c[name].type) for name in _INSERTED)
-
-
-def cte_values(record: DecisionRecord) -> dict[str, Any]:
-    """The parameters of INSERT_CTE_SQL for `record`."""
-    return {_PREFIX + name: getattr(record, name) for name in _INSERTED}
+# the INSERT as a data-modifying CTE that another INSERT carries (PostgreSQL, psycopg's SQL on the driver's cursor):
+# one round trip writes both rows (policy/grants.py).
+PG_INSERT = DriverInsert(_TABLE, prefix="decision_", skip=("id",))
+INSERT_CTE_SQL = f"WITH decision AS ({PG_INSERT.sql}) "
 
 
 def add(session: Session, record: DecisionRecord) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, event, func, or_, text, update
+from sqlalchemy import Connection, and_, bindparam, event, func, or_, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DBAPIError, PendingRollbackError
 from sqlalchemy.orm.attributes import set_committed_value
@@ -36,6 +36,7 @@ from policy import decisionlog
 from policy.data import forget_decision_state, marker_for_decision
 from policy.models import DecisionRecord, Grant
 from store import deferred
+from store.db import DriverInsert, driver_write
 
 log = logging.getLogger("trustfabric.policy.grants")
 
@@ -324,10 +325,8 @@ def commit_request(
 _GRANTS = Grant.__table__  # type: ignore[attr-defined]
 _GRANT_COLUMNS = tuple(c.name for c in _GRANTS.columns)
 _INSERT_GRANT = _GRANTS.insert()
-_INSERT_GRANT_AND_DECISION = text(
-    decisionlog.INSERT_CTE_SQL + f"INSERT INTO {_GRANTS.name} ({', '.join(_GRANT_COLUMNS)}) "  # noqa: S608
-    f"VALUES ({', '.join(':' + name for name in _GRANT_COLUMNS)})"
-).bindparams(*decisionlog.INSERT_CTE_PARAMS, *(bindparam(n, type_=_GRANTS.c[n].type) for n in _GRANT_COLUMNS))
+_PG_INSERT_GRANT = DriverInsert(_GRANTS)
+_PG_INSERT_GRANT_AND_DECISION = decisionlog.INSERT_CTE_SQL + _PG_INSERT_GRANT.sql
 _BY_IDEMPOTENCY_KEY = sa_select(_GRANTS.c.id).where(
     _GRANTS.c.requested_by == bindparam("by"), _GRANTS.c.idempotency_key == bindparam("key"))
 
@@ -339,11 +338,14 @@ def _insert(session: Session, grant: Grant, decision: DecisionRecord | None = No
     the session: a rollback expires what a session holds, and the group committer runs a failed batch's items
     again with the same prepared grant."""
     conn = session.connection()
-    values = {name: getattr(grant, name) for name in _GRANT_COLUMNS}
-    if decision is not None and conn.dialect.name == "postgresql":
-        conn.execute(_INSERT_GRANT_AND_DECISION, {**values, **decisionlog.cte_values(decision)})
+    if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":  # on the driver's cursor
+        if decision is None:
+            driver_write(conn, _PG_INSERT_GRANT.sql, _PG_INSERT_GRANT.values(grant))
+        else:
+            driver_write(conn, _PG_INSERT_GRANT_AND_DECISION,
+                         {**_PG_INSERT_GRANT.values(grant), **decisionlog.PG_INSERT.values(decision)})
         return
-    conn.execute(_INSERT_GRANT, values)
+    conn.execute(_INSERT_GRANT, {name: getattr(grant, name) for name in _GRANT_COLUMNS})
     if decision is not None:
         decisionlog.add(session, decision)
 

@@ -16,6 +16,7 @@ gets a fresh connection; a transaction already under way when the server goes fa
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import weakref
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, make_url
+from sqlalchemy import JSON, Table, event, make_url
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, create_engine
 
@@ -130,6 +131,56 @@ def _announce_commits(engine: Engine) -> None:
         if not conn.invalidated:  # a lost connection has nothing to forget (a stale flag costs one NOTIFY)
             conn.info.pop(_WROTE, None)
             conn.info.pop(_NOTIFIED, None)
+
+
+def driver_rows(conn: Connection, sql: str, params: Any) -> list[tuple[Any, ...]]:
+    """The rows of one statement in the driver's own SQL (its paramstyle), sent on the driver's cursor: for the
+    hot statements (a grant's head lock, a token's row, a decision's marker), where SQLAlchemy's per-statement
+    work (execution context, result object, events) cost twice the driver's. A driver error goes through
+    SQLAlchemy's own handling, as any statement's: wrapped (an OperationalError answers 503), and a lost
+    connection invalidates the pool as SQLAlchemy would."""
+    dbapi = conn.connection.driver_connection
+    assert dbapi is not None
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall()) if cursor.description is not None else []
+    except Exception as exc:
+        conn._handle_dbapi_exception(exc, sql, params, cursor, None)
+    finally:
+        cursor.close()
+
+
+def driver_write(conn: Connection, sql: str, params: Any) -> None:
+    """driver_rows for a statement that writes, announced as SQLAlchemy's writes are (`_announce_commits`): its
+    COMMIT notifies the change feeds, and this process's feed moves at once (Database.session)."""
+    driver_rows(conn, sql, params)
+    conn.info[_WROTE] = True
+    _this_thread.wrote = True
+
+
+class DriverInsert:
+    """One table's INSERT in psycopg's SQL, and its parameters from an object's attributes bound as SQLAlchemy
+    binds them (JSON columns as json.dumps text cast to json; datetimes, numbers and text as they are): for the
+    hot writes, where SQLAlchemy's statement execution cost more than the driver's. `prefix` keeps two tables'
+    parameters apart in one statement (a data-modifying CTE carrying one row into another INSERT)."""
+
+    def __init__(self, table: Table, *, prefix: str = "", skip: tuple[str, ...] = ()) -> None:
+        columns = [c for c in table.columns if c.name not in skip]
+        self._names = tuple(c.name for c in columns)
+        self._json = frozenset(c.name for c in columns if isinstance(c.type, JSON))
+        self._prefix = prefix
+        casts = {name: "::json" if name in self._json else "" for name in self._names}
+        self.sql = (f"INSERT INTO {table.name} ({', '.join(self._names)}) "  # noqa: S608 (the table's own names)
+                    f"VALUES ({', '.join(f'%({prefix}{n})s{casts[n]}' for n in self._names)})")
+
+    def values(self, row: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self._names:
+            value = getattr(row, name)
+            out[self._prefix + name] = json.dumps(value) if name in self._json else value  # None: JSON null, as
+            # SQLAlchemy's JSON type stores it
+        return out
 
 
 class Database:

@@ -1,10 +1,12 @@
 """Group commit: concurrent small writes share one durable transaction.
 
 A request that has done its slow work outside the database (an SVID signed, say) hands the committer a
-function that writes its rows and audit event into a session, and waits. One thread per process and database
-takes whatever is queued (up to `max_batch`), runs every function in one write transaction and commits: one
-BEGIN, one audit head lock, one COMMIT (one fsync) for the lot. Each caller's result is returned only after
-that COMMIT succeeded, so nobody is told "done" for a row that is not durable.
+function that writes its rows and audit event into a session, and waits. One caller at a time leads (in its
+own thread: no hand-off to a committer thread and back): it takes whatever is queued (up to `max_batch`), runs
+every function in one write transaction and commits: one BEGIN, one audit head lock, one COMMIT (one fsync) for
+the lot; then the next batch, until its own item is answered, when it wakes the first caller still queued to
+lead in turn. Each caller's result is returned only after that COMMIT succeeded, so nobody is told "done" for a
+row that is not durable.
 
 Each item runs in a SAVEPOINT of its own (unless submitted with savepoint=False, or alone in its batch: then
 its failure is the batch's, which fails it alone all the same, for two round trips fewer), and its audit events are
@@ -18,14 +20,14 @@ therefore be safe to run twice: they only write, from values computed before). A
 failure (PostgreSQL's SQLSTATE 40P01, 40001) says nothing about the write itself: the batch is rolled back whole,
 releasing every lock it held, and each item is run alone, again up to TRANSIENT_ATTEMPTS times, as PostgreSQL's
 manual asks of an application (so such a failure reaches a caller only when it repeats). A
-batch waits for nothing: the thread starts the next transaction as soon as the last one committed, so a lone
-request pays no delay, and under load the batch is whatever arrived during the previous commit.
+batch waits for nothing: the leader starts the next transaction as soon as the last one committed, so a lone
+request pays no delay (nor any thread switch), and under load the batch is whatever arrived during the previous
+commit.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
@@ -57,27 +59,34 @@ class _Waiter:
     wakes once (concurrent.futures.Future's condition variable woke each of a batch's callers to wait again
     for the lock the committer held while notifying: two context switches a call, ~40 us of CPU at 64)."""
 
-    __slots__ = ("_error", "_lock", "_result")
+    __slots__ = ("_error", "_lock", "_result", "done")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self._result: Any = None
         self._error: BaseException | None = None
+        self.done = False  # the item's answer is set (not a call to lead)
 
     def set_result(self, result: Any) -> None:
         self._result = result
+        self.done = result is not _LEAD
         self._lock.release()
 
     def set_exception(self, error: BaseException) -> None:
         self._error = error
+        self.done = True
         self._lock.release()
 
     def result(self) -> Any:
+        """The answer, or _LEAD; after _LEAD the waiter waits again with the next result() (the lock is held)."""
         self._lock.acquire()
         if self._error is not None:
             raise self._error
         return self._result
+
+
+_LEAD = object()  # a waiter's answer that says: your item is still queued, lead the next batch
 
 
 class GroupCommitter:
@@ -86,9 +95,10 @@ class GroupCommitter:
     def __init__(self, db: Database, *, max_batch: int = 256) -> None:
         self._db = db
         self._max = max_batch
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._pending: list[_Item] = []
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when no caller leads
+        self._leading = False
         self._closed = False
         self.batches = 0  # committed transactions (for tests and benches)
         self.items = 0
@@ -101,49 +111,67 @@ class GroupCommitter:
         database does (its refusals all in a `check` that only reads): it saves the SAVEPOINT's statements and
         bookkeeping, and an exception of its fn then fails the batch, whose items are run again alone. Such an
         fn's rows (and audit events) may be queued and written once for the batch (store/deferred.py `batched`),
-        so it must not read back what it wrote."""
+        so it must not read back what it wrote.
+
+        The caller's own thread commits (no committer thread: handing each write to one and back cost two thread
+        switches per request): the first caller to find nobody leading leads, committing whatever is queued in
+        batches until its own item is done; then, if more is queued, it wakes the first queued caller to lead
+        in turn, and returns. Everyone else waits for its answer (or for that call to lead)."""
         waiter = _Waiter()
         with self._lock:
             if self._closed:
                 raise RuntimeError("the group committer is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="trustfabric-group-commit", daemon=True)
-                self._thread.start()
-            self._queue.put((fn, check, waiter, savepoint))
-        return cast(T, waiter.result())
+            self._pending.append((fn, check, waiter, savepoint))
+            lead = not self._leading
+            self._leading = True
+        while True:
+            if lead:
+                self._lead(waiter)
+            result = waiter.result()
+            if result is not _LEAD:
+                return cast(T, result)
+            lead = True
 
     def queued(self) -> int:
         """Items waiting for the next batch (approximate; for tests)."""
-        return self._queue.qsize()
+        with self._lock:
+            return len(self._pending)
 
     def close(self) -> None:
-        """Commit what is queued, then stop the thread."""
+        """Refuse new writes; wait (bounded) until what is queued committed."""
         with self._lock:
             self._closed = True
-            thread = self._thread
-        if thread is not None:
-            self._queue.put(None)
-            thread.join(timeout=30)
+            self._idle.wait_for(lambda: not self._leading, timeout=30)
 
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            stop = False
-            while len(batch) < self._max:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
+    def _lead(self, own: _Waiter) -> None:
+        """Commit batches of what is queued until `own` is answered; then hand the lead on (or drop it)."""
+        handed = False
+        try:
+            while not own.done:
+                with self._lock:
+                    batch = self._pending[: self._max]
+                    del self._pending[: self._max]
+                if not batch:  # cannot happen while own is queued; never spin
                     break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-            self._commit(batch)
-            if stop:
-                return
+                self._commit(batch)
+            with self._lock:
+                following = self._pending[0][2] if self._pending else None
+                if following is None:
+                    self._leading = False
+                    self._idle.notify_all()
+                    handed = True
+                    return
+            following.set_result(_LEAD)
+            handed = True
+        finally:
+            if not handed:  # an unexpected error escaped a commit: nobody may be left waiting for a leader
+                with self._lock:
+                    following = self._pending[0][2] if self._pending else None
+                    if following is None:
+                        self._leading = False
+                        self._idle.notify_all()
+                if following is not None:
+                    following.set_result(_LEAD)
 
     def _commit(self, batch: list[_Item]) -> None:
         live = batch

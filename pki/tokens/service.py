@@ -15,8 +15,8 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -27,26 +27,43 @@ from audit import Actor, record
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, InvalidInput, NotFound, Unauthenticated
 from core.slugs import is_slug
-from core.vocabulary import MINTABLE_ROLES, ROLES, TENANT_ROLES
+from core.vocabulary import MINTABLE_ROLES, ROLES, TENANT_ROLES, Role
 from pki.tokens.models import ApiToken
+from store.db import driver_rows
 
 if TYPE_CHECKING:
     from keys.store import KeyStore
     from store.db import Database
 
 API_ISSUER_KEY_ID = "api-issuer"
-# One indexed lookup through SQLAlchemy Core (an ORM session costs several times more per request).
-ISSUED_ROW = text(
-    "SELECT token_hash, role, tenant, subject, expires_at, revoked_at FROM api_tokens WHERE id = :id"
-).columns(expires_at=DateTime(timezone=True), revoked_at=DateTime(timezone=True))
+# One indexed lookup through SQLAlchemy Core (an ORM session costs several times more per request); on
+# PostgreSQL on the driver's cursor (store.db.driver_rows: half the client CPU again), whose datetimes need no
+# conversion.
+_ISSUED_SQL = "SELECT token_hash, role, tenant, subject, expires_at, revoked_at FROM api_tokens WHERE id = {p}"
+ISSUED_ROW = text(_ISSUED_SQL.format(p=":id")).columns(
+    expires_at=DateTime(timezone=True), revoked_at=DateTime(timezone=True))
+_PG_ISSUED_ROW = _ISSUED_SQL.format(p="%(id)s")
 
 
-def issued_row(db: Database, jti: str) -> Any:
+class IssuedRow(NamedTuple):
+    token_hash: str | None
+    role: Role  # as stored: minting accepts no other
+    tenant: str | None
+    subject: str
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+def issued_row(db: Database, jti: str) -> IssuedRow | None:
     """The `api_tokens` row of a token id (None: not issued here), read as it is committed now: one statement
     outside any transaction (store.db's `statement`: no BEGIN or ROLLBACK around it, one round trip), so a
     revocation committed anywhere before the read is seen by it."""
     with db.statement() as conn:
-        return conn.execute(ISSUED_ROW, {"id": jti}).first()
+        if db.dialect == "postgresql" and conn.dialect.driver == "psycopg":
+            rows = driver_rows(conn, _PG_ISSUED_ROW, {"id": jti})
+        else:
+            rows = [tuple(r) for r in conn.execute(ISSUED_ROW, {"id": jti})]
+    return IssuedRow(*rows[0]) if rows else None
 
 
 def _b64(data: bytes) -> str:

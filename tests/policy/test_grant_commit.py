@@ -22,6 +22,7 @@ from policy.grants import (
     prepare_request,
 )
 from policy.models import Grant
+from store import deferred
 from store.db import Database
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -88,3 +89,46 @@ def test_a_grant_write_runs_again_whole_after_its_transaction_rolled_back(db: Da
         grant = commit_request(s, prepared, caller=CALLER)
     assert grant.state == "active" and grant.src_tenant == "acme"
     assert _stored(db) == (["again"], [grant.id])
+
+
+def _batch(db: Database, items: list[PreparedGrant | str]) -> str | None:
+    """As a group commit runs its members (store/groupcommit.py): every member's change first, then their checks
+    and events in order under the head lock (a str: another writer's event in the same batch). None when the
+    batch committed, else StaleDecision's message (nothing of the batch written)."""
+    try:
+        with db.session() as s:
+            deferred.begin(s)
+            for item in items:
+                if isinstance(item, str):
+                    record(s, actor=Actor("admin", "admin"), action=item, object_type="tenant", object_id="globex",
+                           tenant="globex", at=NOW)
+                else:
+                    commit_request(s, item, caller=CALLER)
+            deferred.finish(s)
+    except StaleDecision as e:
+        return str(e)
+    return None
+
+
+STALE = "the decision is stale: tenant.quarantine committed meanwhile; decide again"
+
+
+def test_a_batchs_later_grant_checks_are_answered_from_the_first_ones_scan_and_its_own_appends(db: Database) -> None:
+    """The first member's check reads the events since its marker with the head lock; a later member whose
+    marker is no earlier is answered from that and from the batch's own events, without a statement, and one
+    whose marker is earlier is read. Either way an event that may change a decision makes it stale."""
+    from tests.roundtrips import watch
+
+    early = _prepare(db, "early")
+    _event(db, "tenant.quarantine")
+    late, later = _prepare(db, "late"), _prepare(db, "later")
+    _batch(db, [_prepare(db, "warm")])  # the pool's connection traced from its next checkout on
+    with watch(db.engine) as sent:
+        sent.next_round()
+        assert _batch(db, [late, later]) is None
+    reads = [q for q in sent.rounds[-1] if q.lstrip().upper().startswith("SELECT")]
+    assert len(reads) == 1, reads  # the head, the counters and the first member's scan; the second's from memory
+
+    assert _batch(db, [_prepare(db, "late2"), "tenant.quarantine", _prepare(db, "later2")]) == STALE  # its own
+    assert _batch(db, [_prepare(db, "last"), early]) == STALE  # read: its marker is before the first's
+    assert _stored(db)[0] == ["late", "later", "warm"]

@@ -325,3 +325,24 @@ def test_a_deadlock_victim_is_run_again_and_its_caller_never_hears_of_it(postgre
     with db.read_session() as s:
         rows = {int(r[0]): int(r[1]) for r in s.connection().execute(text("SELECT id, n FROM tf_deadlock"))}
     assert rows == {1: 11, 2: 11}  # both transactions committed once each: the victim's first run left nothing
+
+
+def test_a_lone_write_commits_in_its_callers_thread_and_a_busy_leader_hands_the_queue_on(db: Database) -> None:
+    """No committer thread: a caller finding nobody committing commits its own write (no thread switch there and
+    back); callers arriving while it commits are batched, and one of them leads that batch once it is done."""
+    committer = GroupCommitter(db)
+    ran_in: list[int] = []
+
+    def where(session: Session) -> object:
+        ran_in.append(threading.get_ident())
+        return _create("lone")(session)  # type: ignore[operator]
+
+    assert committer.submit(where) == "lone"
+    assert ran_in == [threading.get_ident()]
+    batch = _OneBatch(committer, _create("first"), [("a", _create("a")), ("b", _create("b"))])  # type: ignore[arg-type,list-item]
+    batch.release()
+    batch.join()
+    committer.close()
+    assert batch.outcomes == {"first": "first", "a": "a", "b": "b"}
+    assert committer.batches == 3 and committer.queued() == 0  # lone, first, then a and b together
+    assert all(_visible(db, n) for n in ("lone", "first", "a", "b"))
