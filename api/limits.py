@@ -95,9 +95,10 @@ class EvaluationSlots:
     Why beside the rate limit: a token bucket bounds how often, not how much at once; a tenant looping an
     evaluating endpoint from many connections would otherwise hold as many worker threads, and as large a
     share of the interpreter, as it opens connections, and every other tenant's requests queue behind it.
-    One at a time costs the tenant little: evaluations in one process take turns on the interpreter lock
-    anyway (bench/noisy.py: its explain rate stays about the same). Refused at once rather than queued: a
-    queued request would still hold a worker thread while it waits."""
+    A small bound (2 by default, so two of a tenant's members explaining at the same moment are both served)
+    costs the tenant little: evaluations in one process take turns on the interpreter lock anyway
+    (bench/noisy.py: its explain rate stays about the same). Refused at once rather than queued: a queued
+    request would still hold a worker thread while it waits."""
 
     SETTING = "TRUSTFABRIC_POLICY_CONCURRENCY"
 

@@ -32,7 +32,7 @@ GROUPS = int(os.environ.get("BENCH_GROUPS", "500"))
 FLOODERS = int(os.environ.get("BENCH_FLOODERS", "4"))
 READS = int(os.environ.get("BENCH_READS", "200"))
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
-CONCURRENCY = os.environ.get("TRUSTFABRIC_POLICY_CONCURRENCY", "1")  # the server's default unless set
+CONCURRENCY = os.environ.get("TRUSTFABRIC_POLICY_CONCURRENCY", "2")  # the server's default unless set
 
 
 def _reads(port: int, token: str, path: str, n: int) -> float:
