@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+import gevent
 import gevent.monkey
 
 gevent.monkey.patch_all()  # before anything opens a socket; locust does it too, but only when imported
@@ -38,6 +39,7 @@ from cryptography.x509.oid import NameOID  # noqa: E402
 from locust import between, events, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 from locust.env import Environment  # noqa: E402
+from locust.runners import STATE_RUNNING  # noqa: E402
 
 from bench.api import call  # noqa: E402
 from bench.replicas import with_postgres  # noqa: E402
@@ -47,6 +49,7 @@ from tests.servers import replica_env, serve_replicas  # noqa: E402
 BIN = str(Path(sys.executable).parent / "trustfabric")
 USERS = int(os.environ.get("BENCH_LOAD_USERS", "1000"))
 SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "60"))
+SPAWN_SECONDS = 10.0  # the clients start over this time; measured from when the last has started
 PACING = float(os.environ.get("BENCH_LOAD_PACING", "20"))  # mean seconds between one client's requests
 TENANTS = 20
 WORKLOADS = 50  # per tenant: the node agents' identities
@@ -186,12 +189,20 @@ def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
     for p in procs:
         for child in p.children(recursive=True):
             procs.append(child)
+    # the figures are the steady state's: locust resets its statistics when the last client has started
+    # (reset_stats), and the CPU and wall clocks start there too
+    env = Environment(user_classes=[NodeAgent, Tenant, Member], events=events, reset_stats=True)
+    runner = env.create_local_runner()
+    runner.start(USERS, spawn_rate=max(1, USERS / SPAWN_SECONDS))
+    deadline = time.monotonic() + 6 * SPAWN_SECONDS
+    while runner.state != STATE_RUNNING:
+        if time.monotonic() > deadline:
+            runner.quit()
+            raise RuntimeError(f"locust did not finish spawning {USERS} users in {6 * SPAWN_SECONDS:g} s")
+        gevent.sleep(0.05)
     cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
     me = psutil.Process()
     me0 = sum(me.cpu_times()[:2])
-    env = Environment(user_classes=[NodeAgent, Tenant, Member], events=events)
-    runner = env.create_local_runner()
-    runner.start(USERS, spawn_rate=max(1, USERS / 10))
     started = time.monotonic()
     runner.greenlet.join(timeout=SECONDS)
     runner.quit()
@@ -225,8 +236,8 @@ def _report(label: str, r: dict[str, Any]) -> list[str]:
 def run(work: Path, database_url: str, _database_pid: int) -> list[str]:
     lines = [f"# scale: {USERS} locust users (60% node agents renewing SVIDs, 30% tenants requesting, listing and "
              f"approving grants, 10% members explaining), one request per {PACING:g} s each on average, "
-             f"{SECONDS:g} s per run after spawning over {10:g} s; {TENANTS} tenants x {WORKLOADS} workloads; "
-             f"PostgreSQL (fsync on); {os.cpu_count()} cores shared by load, servers and database"]
+             f"{SECONDS:g} s per run after spawning over {SPAWN_SECONDS:g} s; {TENANTS} tenants x {WORKLOADS} "
+             f"workloads; PostgreSQL (fsync on); {os.cpu_count()} cores shared by load, servers and database"]
     env = replica_env(dict(os.environ), home=work / "home", database_url=database_url,
                       TRUSTFABRIC_SWEEP_INTERVAL_SECONDS="30", TRUSTFABRIC_QUOTA_PENDING="0",
                       TRUSTFABRIC_QUOTA_GRANTS="0", TRUSTFABRIC_MAX_CONNECTIONS="2000")
