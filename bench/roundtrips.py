@@ -14,11 +14,8 @@ from __future__ import annotations
 import collections
 import os
 import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -27,9 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.api import call
-from bench.audit import DurablePostgres
 from bench.progress import Progress
-from bench.replicas import BIN, GRANT, mint, seed
+from bench.replicas import BIN, GRANT, mint, seed, with_postgres
 from tests.conftest import _free_port
 from tests.servers import replica_env, serve_replicas
 
@@ -124,23 +120,14 @@ def run(work: Path, database_url: str, log: Path) -> list[str]:
     ]
 
 
+def _run_on(work: Path, url: str, postmaster: int) -> list[str]:
+    """run() on bench/replicas.py's cluster: its server log lies beside the data directory, which is the
+    postmaster's working directory."""
+    return run(work, url, Path(f"/proc/{postmaster}/cwd").resolve().parent / "log")
+
+
 def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="tf-bench-roundtrips-"))
-    try:
-        try:
-            pg = DurablePostgres()
-        except (RuntimeError, subprocess.CalledProcessError, KeyError, LookupError) as exc:
-            print(f"roundtrips: skipped, no PostgreSQL ({exc})")
-            return 0
-        try:
-            lines = run(work, pg.url, pg.base / "log")
-        finally:
-            pg.stop()
-        for line in lines:
-            print(line, flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return with_postgres("roundtrips", _run_on)
 
 
 if __name__ == "__main__":
