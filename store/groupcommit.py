@@ -144,8 +144,8 @@ class GroupCommitter:
             self._idle.wait_for(lambda: not self._leading, timeout=30)
 
     def _lead(self, own: _Waiter) -> None:
-        """Commit batches of what is queued until `own` is answered; then hand the lead on (or drop it)."""
-        handed = False
+        """Commit batches of what is queued until `own` is answered; then hand the lead on (or drop it), also
+        when an unexpected error escaped a commit: nobody may be left waiting for a leader."""
         try:
             while not own.done:
                 with self._lock:
@@ -154,24 +154,14 @@ class GroupCommitter:
                 if not batch:  # cannot happen while own is queued; never spin
                     break
                 self._commit(batch)
+        finally:
             with self._lock:
                 following = self._pending[0][2] if self._pending else None
                 if following is None:
                     self._leading = False
                     self._idle.notify_all()
-                    handed = True
-                    return
-            following.set_result(_LEAD)
-            handed = True
-        finally:
-            if not handed:  # an unexpected error escaped a commit: nobody may be left waiting for a leader
-                with self._lock:
-                    following = self._pending[0][2] if self._pending else None
-                    if following is None:
-                        self._leading = False
-                        self._idle.notify_all()
-                if following is not None:
-                    following.set_result(_LEAD)
+            if following is not None:
+                following.set_result(_LEAD)
 
     def _commit(self, batch: list[_Item]) -> None:
         live = batch
@@ -188,7 +178,9 @@ class GroupCommitter:
                     if len(live) == 1:  # alone: its failure is the batch's, the same outcome without a savepoint
                         if check is not None:
                             check(session)
-                        done.append((fut, fn(session)))
+                        result = fn(session)
+                        session.flush()  # its rows before the head's lock, as a savepointed item's
+                        done.append((fut, result))
                         continue
                     mark = deferred.mark(session)
                     try:
