@@ -9,6 +9,12 @@ Clients (locust users, gevent, one process), each paced to one request every PAC
 Users are spread over the replicas connection by connection, as a TCP load balancer would. A 409 on an
 approval means another client approved that grant first (a race the workload makes on purpose): counted
 apart, not as an error. Scale printed with the figures; bounded time (SECONDS per run) on loopback.
+
+Each run has two phases, reported apart. The start: the clients start over SPAWN_SECONDS and each sends its
+first request at once, so the servers meet a storm (twice the steady rate, every workload's first renewal on
+cold caches: a control plane restarted under its fleet), followed by SETTLE_SECONDS for its backlog to
+drain; its requests' p50/p99/max and errors are printed on their own line. The steady state: the requests
+started after that, for SECONDS; throughput, p50/p99 per endpoint, errors and CPU are its.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ gevent.monkey.patch_all()  # before anything opens a socket; locust does it too,
 import random  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
+from collections import Counter  # noqa: E402
 from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -49,10 +56,29 @@ from tests.servers import replica_env, serve_replicas  # noqa: E402
 BIN = str(Path(sys.executable).parent / "trustfabric")
 USERS = int(os.environ.get("BENCH_LOAD_USERS", "1000"))
 SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "60"))
-SPAWN_SECONDS = 10.0  # the clients start over this time; measured from when the last has started
+SPAWN_SECONDS = 10.0  # the clients start over this time
+SETTLE_SECONDS = float(os.environ.get("BENCH_LOAD_SETTLE", "10"))  # then the start's backlog drains, not measured
 PACING = float(os.environ.get("BENCH_LOAD_PACING", "20"))  # mean seconds between one client's requests
 TENANTS = 20
 WORKLOADS = 50  # per tenant: the node agents' identities
+
+
+class Requests:
+    """Every request's (name, start time, milliseconds, error), from locust's request event, so that each phase
+    counts the requests that started in it: locust's own statistics, even reset when the steady state begins,
+    count the requests then in flight with all their time, most of it spent in the start's storm."""
+
+    rows: list[tuple[str, float, float, str | None]] = []
+
+
+@events.request.add_listener
+def _record(name: str, start_time: float, response_time: float, exception: Any = None, **_: Any) -> None:
+    Requests.rows.append((name, start_time, response_time, None if exception is None else str(exception)[:160]))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 class Fleet:
@@ -185,13 +211,14 @@ def _seed(env: dict[str, str], work: Path, port: int) -> None:
 def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
     Fleet.urls = urls
     Fleet.approve_races = 0
+    Requests.rows = []
     procs = [psutil.Process(p) for p in pids]
     for p in procs:
         for child in p.children(recursive=True):
             procs.append(child)
-    # the figures are the steady state's: locust resets its statistics when the last client has started
-    # (reset_stats), and the CPU and wall clocks start there too
-    env = Environment(user_classes=[NodeAgent, Tenant, Member], events=events, reset_stats=True)
+    # the figures are the steady state's: the requests started once the last client has started (Requests);
+    # the CPU and wall clocks start there too
+    env = Environment(user_classes=[NodeAgent, Tenant, Member], events=events)
     runner = env.create_local_runner()
     runner.start(USERS, spawn_rate=max(1, USERS / SPAWN_SECONDS))
     deadline = time.monotonic() + 6 * SPAWN_SECONDS
@@ -200,31 +227,43 @@ def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
             runner.quit()
             raise RuntimeError(f"locust did not finish spawning {USERS} users in {6 * SPAWN_SECONDS:g} s")
         gevent.sleep(0.05)
+    gevent.sleep(SETTLE_SECONDS)
     cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
     me = psutil.Process()
     me0 = sum(me.cpu_times()[:2])
-    started = time.monotonic()
+    started, steady = time.monotonic(), time.time()
     runner.greenlet.join(timeout=SECONDS)
     runner.quit()
     wall = time.monotonic() - started
     cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
     load_cpu = sum(me.cpu_times()[:2]) - me0
+    measured = [r for r in Requests.rows if r[1] >= steady]
+    start = [r for r in Requests.rows if r[1] < steady]
+    spawn = [r[2] for r in start]
+    Requests.rows = []
     rows = {}
-    for (name, _method), entry in sorted(env.stats.entries.items()):
-        rows[f"{name}"] = {"n": entry.num_requests, "fail": entry.num_failures, "rps": entry.num_requests / wall,
-                           "p50": entry.get_response_time_percentile(0.5),
-                           "p99": entry.get_response_time_percentile(0.99)}
-    total = env.stats.total
-    return {"rows": rows, "rps": total.num_requests / wall, "fail": total.num_failures, "n": total.num_requests,
-            "p50": total.get_response_time_percentile(0.5), "p99": total.get_response_time_percentile(0.99),
+    for name in sorted({r[0] for r in measured}):
+        times = [r[2] for r in measured if r[0] == name]
+        rows[name] = {"n": len(times), "fail": sum(r[3] is not None for r in measured if r[0] == name),
+                      "rps": len(times) / wall, "p50": _percentile(times, 0.5), "p99": _percentile(times, 0.99)}
+    times = [r[2] for r in measured]
+    return {"rows": rows, "rps": len(measured) / wall, "fail": sum(r[3] is not None for r in measured),
+            "n": len(measured),
+            "p50": _percentile(times, 0.5), "p99": _percentile(times, 0.99), "max": max(times, default=0.0),
+            "start": {"n": len(spawn), "p50": _percentile(spawn, 0.5), "p99": _percentile(spawn, 0.99),
+                      "max": max(spawn, default=0.0), "fail": sum(r[3] is not None for r in start)},
             "cpu": cpu / wall, "load_cpu": load_cpu / wall, "races": Fleet.approve_races, "wall": wall,
-            "errors": {f"{e.name}: {str(e.error)[:160]}": e.occurrences for e in env.stats.errors.values()}}
+            "errors": Counter(f"{r[0]}: {r[3]}" for r in measured if r[3] is not None)}
 
 
 def _report(label: str, r: dict[str, Any]) -> list[str]:
     out = [f"{label}: {r['rps']:.1f} req/s, {r['n']} requests, errors {r['fail']}, p50 {r['p50']:.0f} ms, "
            f"p99 {r['p99']:.0f} ms, server CPU {r['cpu']:.2f} cores, load generator CPU {r['load_cpu']:.2f} cores "
-           f"({r['races']} approval races answered 409)"]
+           f"({r['races']} approval races answered 409); max {r['max']:.0f} ms",
+           f"  {label} start (clients starting over {SPAWN_SECONDS:g} s, each one's first request at once, then "
+           f"{SETTLE_SECONDS:g} s to drain; not in the figures above): {r['start']['n']} requests, p50 "
+           f"{r['start']['p50']:.0f} ms, p99 {r['start']['p99']:.0f} ms, max {r['start']['max']:.0f} ms, errors "
+           f"{r['start']['fail']}"]
     for name, row in r["rows"].items():
         out.append(f"  {label} {name}: {row['rps']:.1f} req/s, p50 {row['p50']:.0f} ms, p99 {row['p99']:.0f} ms, "
                    f"errors {row['fail']}")
@@ -236,8 +275,9 @@ def _report(label: str, r: dict[str, Any]) -> list[str]:
 def run(work: Path, database_url: str, _database_pid: int) -> list[str]:
     lines = [f"# scale: {USERS} locust users (60% node agents renewing SVIDs, 30% tenants requesting, listing and "
              f"approving grants, 10% members explaining), one request per {PACING:g} s each on average, "
-             f"{SECONDS:g} s per run after spawning over {SPAWN_SECONDS:g} s; {TENANTS} tenants x {WORKLOADS} "
-             f"workloads; PostgreSQL (fsync on); {os.cpu_count()} cores shared by load, servers and database"]
+             f"{SECONDS:g} s per run in the steady state (after {SPAWN_SECONDS:g} s of spawning and "
+             f"{SETTLE_SECONDS:g} s of settling); {TENANTS} tenants x {WORKLOADS} workloads; "
+             f"PostgreSQL (fsync on); {os.cpu_count()} cores shared by load, servers and database"]
     env = replica_env(dict(os.environ), home=work / "home", database_url=database_url,
                       TRUSTFABRIC_SWEEP_INTERVAL_SECONDS="30", TRUSTFABRIC_QUOTA_PENDING="0",
                       TRUSTFABRIC_QUOTA_GRANTS="0", TRUSTFABRIC_MAX_CONNECTIONS="2000")
