@@ -146,3 +146,47 @@ def test_a_marker_moved_by_a_rolled_back_transaction_is_not_trusted(pki_db: Data
     with pki_db.session() as s:
         assert registrations.lookup(pki_db, s, "a", read("a", 5)) == _registered(3)  # nothing since: kept
     assert reads == ["a", "b", "a", "b"]
+
+
+def test_a_registration_read_before_queueing_is_taken_by_the_batch_instead_of_a_read_under_the_lock(
+        pki_db: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:
+    """A cold issuance reads its registration before it queues (pki/registrations.py `seed`); the batch takes
+    that read, and the next issuance finds it cached: neither reads it under the head lock."""
+    committer = GroupCommitter(pki_db)
+    seeded = registrations.seeded(pki_db)
+    _issue(pki_db, committer, keystore, clock)
+    assert registrations.seeded(pki_db) == seeded + 1
+    _issue(pki_db, committer, keystore, clock)  # cached now: no read before queueing, nothing seeded
+    committer.close()
+    assert registrations.seeded(pki_db) == seeded + 1
+
+
+def test_a_registration_read_before_a_registration_change_is_not_taken(pki_db: Database) -> None:
+    """A read made at tree size `at` is taken only when every event from `at` to the head is one that never
+    touches a registration: a revocation committed after it makes the batch read again."""
+    from audit.service import tree_size
+
+    reads: list[str] = []
+
+    def read(key: str, n: int) -> Callable[[], registrations.Registered]:
+        def reader() -> registrations.Registered:
+            reads.append(key)
+            return _registered(n)
+        return reader
+
+    def size() -> int:
+        with pki_db.read_session() as r:
+            return tree_size(r)
+
+    with pki_db.session() as s:
+        registrations.lookup(pki_db, s, "a", read("a", 1))  # the cache's first look: emptied at this size
+    registrations.seed(pki_db, "stale", _registered(7), size())
+    with pki_db.session() as s:
+        record(s, actor=ADMIN, action="workload.revoke", object_type="workload", object_id="acme/web/frontend")
+    registrations.seed(pki_db, "fresh", _registered(5), size())
+    with pki_db.session() as s:
+        record(s, actor=ADMIN, action="svid.issue", object_type="svid", object_id="1")  # safe: keeps "fresh"
+    with pki_db.session() as s:
+        assert registrations.lookup(pki_db, s, "stale", read("stale", 8)) == _registered(8)
+        assert registrations.lookup(pki_db, s, "fresh", read("fresh", 6)) == _registered(5)
+    assert reads == ["a", "stale"]
