@@ -220,7 +220,8 @@ def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
     # the CPU and wall clocks start there too
     env = Environment(user_classes=[NodeAgent, Tenant, Member], events=events)
     runner = env.create_local_runner()
-    cpu_start, began = sum(sum(p.cpu_times()[:2]) for p in procs), time.monotonic()
+    me = psutil.Process()
+    cpu_start, me_start, began = sum(sum(p.cpu_times()[:2]) for p in procs), sum(me.cpu_times()[:2]), time.monotonic()
     runner.start(USERS, spawn_rate=max(1, USERS / SPAWN_SECONDS))
     deadline = time.monotonic() + 6 * SPAWN_SECONDS
     while runner.state != STATE_RUNNING:
@@ -230,9 +231,8 @@ def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
         gevent.sleep(0.05)
     gevent.sleep(SETTLE_SECONDS)
     cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
-    start_cpu, start_wall = cpu0 - cpu_start, time.monotonic() - began
-    me = psutil.Process()
     me0 = sum(me.cpu_times()[:2])
+    start_cpu, start_load, start_wall = cpu0 - cpu_start, me0 - me_start, time.monotonic() - began
     started, steady = time.monotonic(), time.time()
     runner.greenlet.join(timeout=SECONDS)
     runner.quit()
@@ -254,7 +254,8 @@ def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
             "p50": _percentile(times, 0.5), "p99": _percentile(times, 0.99), "max": max(times, default=0.0),
             "start": {"n": len(spawn), "p50": _percentile(spawn, 0.5), "p99": _percentile(spawn, 0.99),
                       "max": max(spawn, default=0.0), "fail": sum(r[3] is not None for r in start),
-                      "cpu": start_cpu / start_wall, "cpu_ms": start_cpu * 1000 / max(1, len(spawn))},
+                      "cpu": start_cpu / start_wall, "cpu_ms": start_cpu * 1000 / max(1, len(spawn)),
+                      "load_cpu": start_load / start_wall},
             "cpu": cpu / wall, "load_cpu": load_cpu / wall, "races": Fleet.approve_races, "wall": wall,
             "errors": Counter(f"{r[0]}: {r[3]}" for r in measured if r[3] is not None)}
 
@@ -267,7 +268,8 @@ def _report(label: str, r: dict[str, Any]) -> list[str]:
            f"{SETTLE_SECONDS:g} s to drain; not in the figures above): {r['start']['n']} requests, p50 "
            f"{r['start']['p50']:.0f} ms, p99 {r['start']['p99']:.0f} ms, max {r['start']['max']:.0f} ms, errors "
            f"{r['start']['fail']}, server CPU {r['start']['cpu']:.2f} cores ({r['start']['cpu_ms']:.1f} ms per "
-           f"request; steady state {r['cpu'] * 1000 / max(r['rps'], 1e-9):.1f} ms)"]
+           f"request; steady state {r['cpu'] * 1000 / max(r['rps'], 1e-9):.1f} ms), load generator CPU "
+           f"{r['start']['load_cpu']:.2f} cores"]
     for name, row in r["rows"].items():
         out.append(f"  {label} {name}: {row['rps']:.1f} req/s, p50 {row['p50']:.0f} ms, p99 {row['p99']:.0f} ms, "
                    f"errors {row['fail']}")
