@@ -255,7 +255,8 @@ def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
             "start": {"n": len(spawn), "p50": _percentile(spawn, 0.5), "p99": _percentile(spawn, 0.99),
                       "max": max(spawn, default=0.0), "fail": sum(r[3] is not None for r in start),
                       "cpu": start_cpu / start_wall, "cpu_ms": start_cpu * 1000 / max(1, len(spawn)),
-                      "load_cpu": start_load / start_wall},
+                      "load_cpu": start_load / start_wall,
+                      "errors": Counter(f"{r[0]}: {r[3]}" for r in start if r[3] is not None)},
             "cpu": cpu / wall, "load_cpu": load_cpu / wall, "races": Fleet.approve_races, "wall": wall,
             "errors": Counter(f"{r[0]}: {r[3]}" for r in measured if r[3] is not None)}
 
@@ -275,6 +276,8 @@ def _report(label: str, r: dict[str, Any]) -> list[str]:
                    f"errors {row['fail']}")
     for what, count in r["errors"].items():  # what failed, so an error count is never a mystery
         out.append(f"  {label} error x{count}: {what}")
+    for what, count in r["start"]["errors"].items():
+        out.append(f"  {label} start error x{count}: {what}")
     return out
 
 
