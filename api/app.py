@@ -14,11 +14,11 @@ from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
 from api.caches import cache_on, check_names
 from api.console import install_console
-from api.enforcement import EnforcerRuntime, PublicationWatch, WakeOnWrite
+from api.edge import Edge
+from api.enforcement import EnforcerRuntime, PublicationWatch
 from api.errors import install_error_handlers
 from api.inclusion import include_shared
-from api.limits import ClientRateLimit, EvaluationSlots, TokenBucket
-from api.observe import Observe
+from api.limits import EvaluationSlots, TokenBucket
 from api.readcache import ChangeWatch, ReadCache
 from api.routes import (
     audit,
@@ -36,7 +36,6 @@ from api.routes import (
     tokens,
 )
 from api.tls import TrustAnchors
-from core.asgi import BodySizeLimit
 from enforcer.reconcile import Reconciler
 from workflows.context import AppContext
 from workflows.fabric import MAX_IMPORT_BYTES
@@ -146,15 +145,14 @@ def create_app(
         app.include_router(router)
     docs.install(app)
     install_console(app)  # the web console under /console: pages that call the routes above
-    if runtime is not None:  # after every committed write, the reconciler looks at once
-        app.add_middleware(WakeOnWrite, wake=runtime.reconciler.wake)
-    app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes,
-                       larger={"/v1/fabric/import": MAX_IMPORT_BYTES + 64 * 1024})
-    app.add_middleware(Observe, tracing=traces)  # sees every answer past the address limit, the 413s included
-    # outermost: a flood from one address is refused before anything else runs (issue 13, item 7), not even
-    # an access-log line each (a flood must not flood the log); the refusals are counted (api/limits.py)
-    app.add_middleware(ClientRateLimit, rate=ctx.settings.ip_rate_limit_per_second,
-                       burst=ctx.settings.ip_rate_limit_burst)
+    # our one outer layer (api/edge.py): a flood from one address is refused before anything else runs (issue 13,
+    # item 7), not even an access-log line each; then the request id, access log, metrics and span of every
+    # answer past that limit (the 413s included), the body limit, the console's headers, and after every
+    # committed write the reconciler looks at once
+    app.add_middleware(Edge, rate=ctx.settings.ip_rate_limit_per_second, burst=ctx.settings.ip_rate_limit_burst,
+                       max_body_bytes=ctx.settings.max_body_bytes,
+                       larger={"/v1/fabric/import": MAX_IMPORT_BYTES + 64 * 1024}, tracing=traces,
+                       wake=runtime.reconciler.wake if runtime is not None else None)
     return app
 
 
