@@ -107,6 +107,10 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # served from the package by api/docs.py: FastAPI's pages load a CDN
         redoc_url=None,
+        # FastAPI's own OpenTelemetry instrumentation stays off whatever global providers a process sets: the API
+        # makes its spans itself (api/tracing.py, a provider of its own per app) and its metrics (api/metrics.py);
+        # on, it asked the global providers whether to run on every request and would trace each one twice
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.tracing = traces
     app.state.ctx = ctx
