@@ -7,7 +7,7 @@ The figure is the CPU time of the thread running the event loop per request (tim
 threads' CPU, the route's own work and the group commit, is not in it), medians of RUNS runs of REQUESTS. uvicorn's
 HTTP protocol is not in these figures (bench/http_protocol.py measures it: ~35 us per request).
 
-Then one run with a timer around each layer (each middleware of the built stack, the route's body read, the
+Then RUNS runs with a timer around each layer (each middleware of the built stack, the route's body read, the
 dependencies, the authentication, the endpoint's hand-off to its thread and back, the response's send): the loop
 CPU of each layer, its inner layers' excluded. The timers' own cost is in those figures (about 1 us each), so
 their sum exceeds the untimed total a little. Timing a function means replacing it for that run: done here, in a
@@ -185,15 +185,14 @@ def instrument(app: Any, layers: Layers) -> list[Callable[[], None]]:
         undo.append(lambda: setattr(owner, attr, old))
 
     node = app.middleware_stack
-    app.middleware_stack = layers.asgi(type(node).__name__, node)
-    undo.append(lambda: setattr(app, "middleware_stack", node))
+    swap(app, "middleware_stack", layers.asgi(type(node).__name__, node))
     while hasattr(node, "app") and not isinstance(node, type(app.router)):
         inner = node.app
         swap(node, "app", layers.asgi(type(inner).__name__, inner))
         node = inner
     swap(fr, "solve_dependencies", layers.coroutine("dependencies (less authentication)",
                                                     fr.solve_dependencies))  # type: ignore[attr-defined]
-    swap(fr, "run_endpoint_function", layers.coroutine("endpoint (a def route: its hand-off to a thread and back)",
+    swap(fr, "run_endpoint_function", layers.coroutine("endpoint (its hand-off to a worker thread and back)",
                                                        fr.run_endpoint_function))
     swap(Request, "body", layers.coroutine("body read", Request.body))
     swap(Request, "json", layers.coroutine("JSON parse", Request.json))
@@ -230,13 +229,16 @@ def main() -> int:
                 for _ in range(RUNS):
                     for name, (candidate, tok) in apps.items():
                         figures[name].append(loop.run_until_complete(_loop_cpu(candidate, tok, REQUESTS)))
-                layers = Layers()
-                undo = instrument(app, layers)
-                try:
-                    loop.run_until_complete(_loop_cpu(app, token, REQUESTS))
-                finally:
-                    for step in reversed(undo):
-                        step()
+                timed: list[Layers] = []
+                for _ in range(RUNS):
+                    layers = Layers()
+                    undo = instrument(app, layers)
+                    try:
+                        loop.run_until_complete(_loop_cpu(app, token, REQUESTS))
+                    finally:
+                        for step in reversed(undo):
+                            step()
+                    timed.append(layers)
             finally:
                 loop.close()
         finally:
@@ -249,10 +251,11 @@ def main() -> int:
         value = statistics.median(values)
         print(f"asgi_loop_cpu_per_request[{name}]: {value:.0f} us (baseline bare ASGI app {base:.0f} us, "
               f"ratio {value / base:.2f})")
-    total = sum(layers.own.values()) / 1000 / REQUESTS
-    print(f"# per layer, POST /v1/grants, one timed run (timers included: {total:.0f} us in all)")
-    for name in layers.order:
-        print(f"asgi_layer_loop_cpu[{name}]: {layers.own[name] / 1000 / REQUESTS:.1f} us")
+    own = {name: statistics.median(t.own.get(name, 0.0) for t in timed) / 1000 / REQUESTS for name in timed[0].order}
+    print(f"# per layer, POST /v1/grants, medians of {RUNS} timed runs (timers included: {sum(own.values()):.0f} us "
+          f"in all)")
+    for name, value in own.items():
+        print(f"asgi_layer_loop_cpu[{name}]: {value:.1f} us")
     return 0
 
 
