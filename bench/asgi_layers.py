@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fastapi import Request, Response  # module level: the routes' annotations are resolved from here
 
+import api.app
 from api.schemas import GrantCreate
 
 REQUESTS = int(os.environ.get("BENCH_REQUESTS", "400"))
@@ -225,6 +226,9 @@ def main() -> int:
             try:
                 for candidate, tok in apps.values():  # warm: engines, validators, the first inclusion
                     loop.run_until_complete(_loop_cpu(candidate, tok, 50))
+                settle = getattr(api.app, "settle", None)
+                if settle is not None:  # as a server process does when its app starts (absent before issue 11)
+                    settle()
                 figures: dict[str, list[float]] = {name: [] for name in apps}
                 for _ in range(RUNS):
                     for name, (candidate, tok) in apps.items():
