@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 
@@ -17,6 +17,8 @@ from api.limits import EvaluationSlots
 from api.principal import Principal
 from core.errors import Forbidden, Unauthenticated
 from workflows.context import AppContext
+
+E = TypeVar("E", bound=Callable[..., Any])
 
 
 async def get_ctx(request: Request) -> AppContext:
@@ -30,6 +32,17 @@ async def current_principal(request: Request, ctx: Annotated[AppContext, Depends
     whose work runs in a worker thread anyway authenticates there instead (`authenticate`, in the same
     hand-off: POST /v1/grants), so the token row's read is not made on the loop."""
     return authenticate(request, ctx)
+
+
+AUTHENTICATED_IN_THREAD: set[Callable[..., Any]] = set()  # endpoints calling `authenticate` in their hand-off
+
+
+def authenticated_in_thread(endpoint: E) -> E:
+    """Marks a route that authenticates in its own hand-off to a worker thread (after FastAPI validated its
+    parameters on the loop): a request it refuses as invalid is authenticated first (api/errors.py), so an
+    unauthenticated one is answered 401, as by the routes that authenticate as a dependency, never 422."""
+    AUTHENTICATED_IN_THREAD.add(endpoint)
+    return endpoint
 
 
 def authenticate(request: Request, ctx: AppContext) -> Principal:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
 from api.authz import authorize
-from api.deps import CtxDep, PrincipalDep, authenticate
+from api.deps import CtxDep, PrincipalDep, authenticate, authenticated_in_thread
 from api.metrics import DECISIONS, EVALUATION, timed
 from api.principal import Principal
 from api.readcache import ReadCache
@@ -121,6 +121,7 @@ def _src_tenant(principal: Principal, body: GrantCreate) -> str:
         "model": GrantOut, "description": "a retry with the same Idempotency-Key: the original grant"}},
     summary="Request a grant: active now, pending with named approvers, or denied with reasons",
 )
+@authenticated_in_thread
 async def request_grant(
     body: GrantCreate, request: Request,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_PATTERN)] = None,
@@ -129,7 +130,7 @@ async def request_grant(
     # principal as a dependency checked the token on the event loop (its row read from the database: on
     # PostgreSQL a round trip the loop waited through, every other connection of the replica with it), then
     # handed the route to a thread. The body and the Idempotency-Key are validated on the loop before, as
-    # before; what changes is that a request failing both validation and authentication answers 422, not 401.
+    # before; a request invalid in them is authenticated first all the same (authenticated_in_thread): 401 first.
     return await run_in_threadpool(_request_grant, body, request, idempotency_key)
 
 

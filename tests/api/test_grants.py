@@ -508,3 +508,20 @@ def test_a_grant_request_checks_its_token_off_the_event_loop_and_refuses_as_befo
     r = env.client.post("/v1/grants", json=REQ, headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 401 and r.json()["reason"] == "token revoked", r.text
     assert events(env) == before  # nothing written
+
+
+def test_an_invalid_grant_request_is_refused_for_its_credentials_first(env: Env) -> None:
+    """POST /v1/grants checks its token in its worker thread, after FastAPI validated the body and the
+    Idempotency-Key on the loop; a request invalid in them is still authenticated first, as every route whose
+    principal is a dependency: 401 without (or with a bad) token, 422 with the reason with a good one."""
+    bad_body = {**REQ, "ports": "all"}
+    for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+        r = env.client.post("/v1/grants", json=bad_body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"] == "unauthenticated", r.text
+        r = env.client.post("/v1/grants", json=REQ, headers={**headers, "Idempotency-Key": "no spaces allowed"})
+        assert r.status_code == 401, r.text
+    r = env.call("POST", "/v1/grants", "tenant-admin", "acme", json=bad_body)
+    assert r.status_code == 422 and r.json()["reason"].startswith("body.ports"), r.text
+    r = request(env, key="no spaces allowed")
+    assert r.status_code == 422 and "Idempotency-Key" in r.json()["reason"], r.text
+    assert events(env, "grant.request") == 0
