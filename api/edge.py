@@ -21,7 +21,7 @@ from api.console.headers import console_headers, set_headers
 from api.enforcement import wakes_for
 from api.limits import TokenBucket, refused_address
 from api.observe import headers_of, record, request_id_of
-from core.asgi import ASGIApp, BodyBudget, Message, Receive, Scope, Send, body_limit, declared_refusal, reject
+from core.asgi import ASGIApp, Message, Receive, Scope, Send, budget_for
 
 if TYPE_CHECKING:
     from api.tracing import Tracing
@@ -65,12 +65,9 @@ class Edge:
         span_cm: Any = self.tracing.server_span(scope["method"], headers_of(scope)) if self.tracing else None
         span = span_cm.__enter__() if span_cm is not None else None
         try:
-            limit = body_limit(scope, self.max_body_bytes, self.larger)
-            refusal = declared_refusal(scope, limit)
-            if refusal is not None:
-                await reject(observed, *refusal)
+            budget = await budget_for(scope, receive, observed, self.max_body_bytes, self.larger)
+            if budget is None:  # refused by its Content-Length
                 return
-            budget = BodyBudget(limit, receive, observed)
             console = console_headers(scope)
             app_status = 500
 

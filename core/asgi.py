@@ -2,8 +2,7 @@
 
 No framework import: it refuses by Content-Length before anything reads the body, or by counting a
 streamed body, and answers 413 with the project's error shape. `BodySizeLimit` is the middleware (the PDP's);
-`declared_refusal` and `BodyBudget` are its two checks, which the API's one edge layer (api/edge.py) runs in
-its own pass.
+`budget_for` is its check, which the API's one edge layer (api/edge.py) runs in its own pass.
 """
 
 from __future__ import annotations
@@ -20,13 +19,13 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Refusal = tuple[int, str, str]  # (status, error code, reason)
 
 
-def body_limit(scope: Scope, max_bytes: int, larger: dict[str, int]) -> int:
+def _body_limit(scope: Scope, max_bytes: int, larger: dict[str, int]) -> int:
     """The body limit of this request: `max_bytes`, or more for a path `larger` names (a fabric file import)."""
     more = larger.get(scope.get("path", "")) if larger else None
     return max(max_bytes, more) if more is not None else max_bytes
 
 
-def declared_refusal(scope: Scope, max_bytes: int) -> Refusal | None:
+def _declared_refusal(scope: Scope, max_bytes: int) -> Refusal | None:
     """What to answer a request whose Content-Length is not a number (400) or larger than `max_bytes` (413)."""
     for name, value in scope.get("headers", []):
         if name == b"content-length":
@@ -73,6 +72,18 @@ class BodyBudget:
         return message
 
 
+async def budget_for(scope: Scope, receive: Receive, send: Send, max_bytes: int,
+                     larger: dict[str, int] | None = None) -> BodyBudget | None:
+    """This request's BodyBudget (its limit `max_bytes`, or more for a path `larger` names); None when its
+    Content-Length was refused, answered 400 or 413 through `send`."""
+    limit = _body_limit(scope, max_bytes, larger or {})
+    refusal = _declared_refusal(scope, limit)
+    if refusal is not None:
+        await reject(send, *refusal)
+        return None
+    return BodyBudget(limit, receive, send)
+
+
 class BodySizeLimit:
     """Refuses bodies above `max_bytes` with 413, by Content-Length up front or by counting a stream;
     `larger` names paths allowed more (a fabric file import)."""
@@ -86,12 +97,9 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = body_limit(scope, self.max_bytes, self.larger)
-        refusal = declared_refusal(scope, limit)
-        if refusal is not None:
-            await reject(send, *refusal)
+        budget = await budget_for(scope, receive, send, self.max_bytes, self.larger)
+        if budget is None:
             return
-        budget = BodyBudget(limit, receive, send)
 
         async def tracking_send(message: Message) -> None:
             if budget.refused:
