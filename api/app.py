@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -14,11 +15,11 @@ from api.authz import Authorizer, Evaluator, default_engine_factory
 from api.background import server_jobs
 from api.caches import cache_on, check_names
 from api.console import install_console
-from api.enforcement import EnforcerRuntime, PublicationWatch, WakeOnWrite
+from api.edge import Edge
+from api.enforcement import EnforcerRuntime, PublicationWatch
 from api.errors import install_error_handlers
 from api.inclusion import include_shared
-from api.limits import ClientRateLimit, EvaluationSlots, TokenBucket
-from api.observe import Observe
+from api.limits import EvaluationSlots, TokenBucket
 from api.readcache import ChangeWatch, ReadCache
 from api.routes import (
     audit,
@@ -36,7 +37,6 @@ from api.routes import (
     tokens,
 )
 from api.tls import TrustAnchors
-from core.asgi import BodySizeLimit
 from enforcer.reconcile import Reconciler
 from workflows.context import AppContext
 from workflows.fabric import MAX_IMPORT_BYTES
@@ -59,6 +59,7 @@ def create_app(
     authz_engine_factory: Any = _CONFIGURED,
     grant_decider: Any = None,
     background: bool = False,
+    settle_heap: bool = False,
     extra_routers: Sequence[APIRouter] = (),
     enforcer: Reconciler | None = None,
 ) -> FastAPI:
@@ -66,7 +67,8 @@ def create_app(
     every request is denied); `background` runs the periodic jobs (grant expiry, CA rotation, audit
     checkpoints) and the enforcer's reconciler for the app's lifetime; `enforcer` runs that reconciler
     (tests hand one with their clock) even without the other jobs; `extra_routers` are mounted after the
-    API's own (e.g. a console)."""
+    API's own (e.g. a console); `settle_heap` freezes the heap built at start-up out of the garbage collector's
+    reach as the app starts (`settle`, below: a server process's app only)."""
     from api import docs, tracing
     from pki.revocation import CrlPublisher
     from policy.flowset import FlowSets
@@ -85,6 +87,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if settle_heap:  # before any thread of ours starts: nothing is collected on a thread it was not made on
+            settle()
         if jobs is not None:
             jobs.start()
         if runtime is not None:
@@ -108,6 +112,10 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # served from the package by api/docs.py: FastAPI's pages load a CDN
         redoc_url=None,
+        # FastAPI's own OpenTelemetry instrumentation stays off whatever global providers a process sets: the API
+        # makes its spans itself (api/tracing.py, a provider of its own per app) and its metrics (api/metrics.py);
+        # on, it asked the global providers whether to run on every request and would trace each one twice
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.tracing = traces
     app.state.ctx = ctx
@@ -146,28 +154,39 @@ def create_app(
         app.include_router(router)
     docs.install(app)
     install_console(app)  # the web console under /console: pages that call the routes above
-    if runtime is not None:  # after every committed write, the reconciler looks at once
-        app.add_middleware(WakeOnWrite, wake=runtime.reconciler.wake)
-    app.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes,
-                       larger={"/v1/fabric/import": MAX_IMPORT_BYTES + 64 * 1024})
-    app.add_middleware(Observe, tracing=traces)  # sees every answer past the address limit, the 413s included
-    # outermost: a flood from one address is refused before anything else runs (issue 13, item 7), not even
-    # an access-log line each (a flood must not flood the log); the refusals are counted (api/limits.py)
-    app.add_middleware(ClientRateLimit, rate=ctx.settings.ip_rate_limit_per_second,
-                       burst=ctx.settings.ip_rate_limit_burst)
+    # our one outer layer (api/edge.py): a flood from one address is refused before anything else runs (issue 13,
+    # item 7), not even an access-log line each; then the request id, access log, metrics and span of every
+    # answer past that limit (the 413s included), the body limit, the console's headers, and after every
+    # committed write the reconciler looks at once
+    app.add_middleware(Edge, rate=ctx.settings.ip_rate_limit_per_second, burst=ctx.settings.ip_rate_limit_burst,
+                       max_body_bytes=ctx.settings.max_body_bytes,
+                       larger={"/v1/fabric/import": MAX_IMPORT_BYTES + 64 * 1024}, tracing=traces,
+                       wake=runtime.reconciler.wake if runtime is not None else None)
     return app
 
 
 def app_from_env() -> FastAPI:
     """Factory for `uvicorn --factory` (used by `trustfabric serve --workers N`): each worker logs in the
-    configured format (core/logs.py) and builds its app over the data directory."""
+    configured format (core/logs.py) and builds its app over the data directory, its heap settled as it starts."""
     from core import logs
     from workflows.settings import Settings
 
     settings = Settings.from_env()
     logs.configure(settings.log_format, settings.log_level)
     ctx = AppContext.open(settings)
-    return create_app(ctx, background=True)
+    return create_app(ctx, background=True, settle_heap=True)
+
+
+def settle() -> None:
+    """Move every object alive after start-up (modules, the app, its routes and validators, the SQLAlchemy and
+    pydantic machinery: ~190,000 objects) into the collector's permanent generation (gc.freeze), so its full
+    collections walk only what requests made since. Each walked them all: ~120 ms with the GIL held, every ~1,500
+    grant requests, on whichever thread crossed the threshold (bench/asgi_layers.py's app: 80 us per request on
+    average, and a stall every replica's connections waited through). Objects frozen are never collected as
+    cycles, so it is done once, in a server process only: a process building many apps (the tests) would keep
+    every one."""
+    gc.collect()
+    gc.freeze()
 
 
 __all__ = ["Evaluator", "create_app", "default_authenticators"]

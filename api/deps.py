@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 
@@ -18,6 +18,8 @@ from api.principal import Principal
 from core.errors import Forbidden, Unauthenticated
 from workflows.context import AppContext
 
+E = TypeVar("E", bound=Callable[..., Any])
+
 
 async def get_ctx(request: Request) -> AppContext:
     ctx: AppContext = request.app.state.ctx
@@ -26,13 +28,33 @@ async def get_ctx(request: Request) -> AppContext:
 
 async def current_principal(request: Request, ctx: Annotated[AppContext, Depends(get_ctx)]) -> Principal:
     """The authenticated caller. Async on purpose: authenticators are quick, read-only checks (a signature
-    and one indexed lookup), and running them on the event loop saves two thread hops per request."""
+    and one indexed lookup), and running them on the event loop saves two thread hops per request. A route
+    whose work runs in a worker thread anyway authenticates there instead (`authenticate`, in the same
+    hand-off: POST /v1/grants), so the token row's read is not made on the loop."""
+    return authenticate(request, ctx)
+
+
+AUTHENTICATED_IN_THREAD: set[Callable[..., Any]] = set()  # endpoints calling `authenticate` in their hand-off
+
+
+def authenticated_in_thread(endpoint: E) -> E:
+    """Marks a route that authenticates in its own hand-off to a worker thread (after FastAPI validated its
+    parameters on the loop): a request it refuses as invalid is authenticated first (api/errors.py), so an
+    unauthenticated one is answered 401, as by the routes that authenticate as a dependency, never 422."""
+    AUTHENTICATED_IN_THREAD.add(endpoint)
+    return endpoint
+
+
+def authenticate(request: Request, ctx: AppContext) -> Principal:
+    """The authenticated caller (kept on the request: asked again, the same one), refused by the principal's
+    rate limit; Unauthenticated with the reason otherwise. Reads the database (the token's row): call it on
+    the event loop only where the loop may wait for it."""
     cached: Principal | None = getattr(request.state, "principal", None)
     if cached is not None:
         return cached
     authenticators: list[Authenticator] = request.app.state.authenticators
-    for authenticate in authenticators:
-        principal = authenticate(ctx, request)
+    for authenticator in authenticators:
+        principal = authenticator(ctx, request)
         if principal is not None:
             limiter = getattr(request.app.state, "rate_limiter", None)
             if limiter is not None:

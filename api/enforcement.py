@@ -1,5 +1,5 @@
 """How the server runs the enforcer: the reconciler on its own thread, woken right after every successful write
-(`WakeOnWrite`), and the device API's long-polls woken by publications (`PublicationWatch`).
+(`wakes_for`, by api/edge.py), and the device API's long-polls woken by publications (`PublicationWatch`).
 
 A held long-poll is an awaited asyncio.Event: it holds neither a worker thread nor a database connection.
 Publications of this process wake it at once (the reconciler's `on_publish` hook, from its thread);
@@ -14,12 +14,12 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 
 from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
-from core.asgi import ASGIApp, Message, Receive, Scope, Send
+from core.asgi import Scope
 from enforcer.models import RuleSetVersion
 from enforcer.reconcile import Reconciler
 from store.db import Database
@@ -32,29 +32,12 @@ WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LEAVE_FABRIC_PATHS = ("/v1/grants", "/v1/svids")
 
 
-class WakeOnWrite:
-    """Pure ASGI: after a write request answered below 400 (it committed), wake the reconciler (saying whether
-    the write may have changed the fabric)."""
-
-    def __init__(self, app: ASGIApp, wake: Callable[..., None]) -> None:
-        self.app = app
-        self.wake = wake
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") not in WRITES:
-            await self.app(scope, receive, send)
-            return
-        status = 500
-
-        async def watch(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        await self.app(scope, receive, watch)
-        if status < 400:
-            self.wake(fabric=not str(scope.get("path", "")).startswith(LEAVE_FABRIC_PATHS))
+def wakes_for(scope: Scope) -> bool | None:
+    """After a write request answered below 400 (it committed) the reconciler is woken (api/edge.py): None for
+    a request that is not a write; else whether the write may have changed the fabric."""
+    if scope.get("method") not in WRITES:
+        return None
+    return not str(scope.get("path", "")).startswith(LEAVE_FABRIC_PATHS)
 
 
 class PublicationWatch:

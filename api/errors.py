@@ -12,8 +12,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, PendingRollbackError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.deps import AUTHENTICATED_IN_THREAD, authenticate
 from api.routes.common import request_id
 from core.errors import RateLimited, TrustfabricError
 
@@ -59,7 +61,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(_code(exc), str(exc)), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.scope.get("endpoint") in AUTHENTICATED_IN_THREAD:
+            # its token was not checked yet: refused for that first (off the loop: the check reads the database)
+            try:
+                await run_in_threadpool(authenticate, request, request.app.state.ctx)
+            except TrustfabricError as refused:
+                return await _domain(request, refused)
         problems = [
             {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", ""))} for e in exc.errors()
         ]

@@ -1,25 +1,23 @@
 """Request limits of the control-plane API: page sizes, a rate limit per client address applied before
-anything else runs (ASGI middleware, so an unauthenticated flood costs one dictionary lookup per request,
+anything else runs (by api/edge.py, so an unauthenticated flood costs one dictionary lookup per request,
 never a token check or a database read), a rate limit per authenticated principal, and a limit on the policy
 evaluations one tenant has in progress at once (EvaluationSlots). (The body-size limit, shared with the PDP,
 is pure ASGI in core/asgi.py.)"""
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from api.metrics import REQUESTS
-from core.asgi import ASGIApp, Receive, Scope, Send
+from core.asgi import Scope, Send, reject
 from core.errors import PayloadTooLarge, RateLimited
 
-__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "ClientRateLimit", "EvaluationSlots", "PayloadTooLarge", "RateLimited",
-           "TokenBucket"]
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "EvaluationSlots", "PayloadTooLarge", "RateLimited", "TokenBucket",
+           "refused_address"]
 
 RATE_LIMITED_ROUTE = "<rate-limited>"  # the route label of requests refused by ClientRateLimit (never routed)
 MAX_PAGE_SIZE = 200
@@ -59,33 +57,21 @@ class TokenBucket:
             raise RateLimited(f"rate limit exceeded for {key}; retry after {retry}s", retry)
 
 
-class ClientRateLimit:
-    """A token bucket per client address (the TCP peer uvicorn reports), checked before routing,
-    authentication and body reading: over the limit is 429 with Retry-After and the project's error shape.
-    Per process: with N workers a client gets up to N times the rate."""
-
-    def __init__(self, app: ASGIApp, rate: float, burst: int) -> None:
-        self.app = app
-        self.bucket = TokenBucket(rate, burst)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.bucket.rate <= 0:
-            await self.app(scope, receive, send)
-            return
-        client = scope.get("client")
-        address = str(client[0]) if client else "unknown"
-        wait = self.bucket.take(address)
-        if wait <= 0:
-            await self.app(scope, receive, send)
-            return
-        REQUESTS.labels(scope["method"], RATE_LIMITED_ROUTE, "429").inc()  # counted, not logged: a flood
-        retry = max(1, math.ceil(wait))
-        body = json.dumps({"error": "rate_limited",
-                           "reason": f"too many requests from {address}; retry after {retry}s"}).encode()
-        headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                              (b"retry-after", str(retry).encode())]
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+async def refused_address(bucket: TokenBucket, scope: Scope, send: Send) -> bool:
+    """A token bucket per client address (the TCP peer uvicorn reports), checked before routing, authentication
+    and body reading (api/edge.py): over the limit is answered 429 with Retry-After and the project's error
+    shape, counted, not logged (a flood must not flood the log), and True is returned. Per process: with N
+    workers a client gets up to N times the rate."""
+    client = scope.get("client")
+    address = str(client[0]) if client else "unknown"
+    wait = bucket.take(address)
+    if wait <= 0:
+        return False
+    REQUESTS.labels(scope["method"], RATE_LIMITED_ROUTE, "429").inc()
+    retry = max(1, math.ceil(wait))
+    await reject(send, 429, "rate_limited", f"too many requests from {address}; retry after {retry}s",
+                 ((b"retry-after", str(retry).encode()),))
+    return True
 
 
 class EvaluationSlots:

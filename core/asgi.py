@@ -1,7 +1,8 @@
 """A pure-ASGI request body limit, shared by the API and the PDP (both mount it; neither imports the other).
 
 No framework import: it refuses by Content-Length before anything reads the body, or by counting a
-streamed body, and answers 413 with the project's error shape.
+streamed body, and answers 413 with the project's error shape. `BodySizeLimit` is the middleware (the PDP's);
+`budget_for` is its check, which the API's one edge layer (api/edge.py) runs in its own pass.
 """
 
 from __future__ import annotations
@@ -15,6 +16,72 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Refusal = tuple[int, str, str]  # (status, error code, reason)
+
+
+def _body_limit(scope: Scope, max_bytes: int, larger: dict[str, int]) -> int:
+    """The body limit of this request: `max_bytes`, or more for a path `larger` names (a fabric file import)."""
+    more = larger.get(scope.get("path", "")) if larger else None
+    return max(max_bytes, more) if more is not None else max_bytes
+
+
+def _declared_refusal(scope: Scope, max_bytes: int) -> Refusal | None:
+    """What to answer a request whose Content-Length is not a number (400) or larger than `max_bytes` (413)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                size = int(value)
+            except ValueError:
+                return 400, "invalid_request", "Content-Length is not a number"
+            if size > max_bytes:
+                return 413, "payload_too_large", too_large(max_bytes)
+    return None
+
+
+def too_large(max_bytes: int) -> str:
+    return f"request body larger than {max_bytes} bytes"
+
+
+class BodyBudget:
+    """One request's body, counted as the app receives it: past `max_bytes` the client is answered 413 at
+    once (through `send`, unless the answer has started) and the app sees a disconnect, so nothing downstream
+    runs on a truncated body; `refused` then tells the sender to drop whatever the app sends afterwards."""
+
+    __slots__ = ("_receive", "_send", "max_bytes", "received", "refused", "started")
+
+    def __init__(self, max_bytes: int, receive: Receive, send: Send) -> None:
+        self.max_bytes = max_bytes
+        self._receive = receive
+        self._send = send
+        self.received = 0
+        self.refused = False
+        self.started = False  # set by the caller's sender when the app's answer starts
+
+    async def receive(self) -> Message:
+        if self.refused:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.max_bytes:
+                self.refused = True
+                if not self.started:
+                    self.started = True
+                    await reject(self._send, 413, "payload_too_large", too_large(self.max_bytes))
+                return {"type": "http.disconnect"}
+        return message
+
+
+async def budget_for(scope: Scope, receive: Receive, send: Send, max_bytes: int,
+                     larger: dict[str, int] | None = None) -> BodyBudget | None:
+    """This request's BodyBudget (its limit `max_bytes`, or more for a path `larger` names); None when its
+    Content-Length was refused, answered 400 or 413 through `send`."""
+    limit = _body_limit(scope, max_bytes, larger or {})
+    refusal = _declared_refusal(scope, limit)
+    if refusal is not None:
+        await reject(send, *refusal)
+        return None
+    return BodyBudget(limit, receive, send)
 
 
 class BodySizeLimit:
@@ -30,57 +97,25 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope.get("path") in self.larger:
-            limit = max(self.max_bytes, self.larger[scope["path"]])
-            await BodySizeLimit(self.app, limit)(scope, receive, send)
+        budget = await budget_for(scope, receive, send, self.max_bytes, self.larger)
+        if budget is None:
             return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    size = int(value)
-                except ValueError:
-                    await _reject(send, 400, "invalid_request", "Content-Length is not a number")
-                    return
-                if size > self.max_bytes:
-                    await _reject(send, 413, "payload_too_large", self._reason())
-                    return
-        received = 0
-        started = False
-        refused = False
-
-        async def limited_receive() -> Message:
-            nonlocal received, refused, started
-            if refused:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    # Answer 413 now and make the app see a disconnect: nothing downstream runs on a
-                    # truncated body, and whatever it tries to send afterwards is dropped.
-                    refused = True
-                    if not started:
-                        started = True
-                        await _reject(send, 413, "payload_too_large", self._reason())
-                    return {"type": "http.disconnect"}
-            return message
 
         async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if refused:
+            if budget.refused:
                 return
             if message["type"] == "http.response.start":
-                started = True
+                budget.started = True
             await send(message)
 
-        await self.app(scope, limited_receive, tracking_send)
-
-    def _reason(self) -> str:
-        return f"request body larger than {self.max_bytes} bytes"
+        await self.app(scope, budget.receive, tracking_send)
 
 
-async def _reject(send: Send, status: int, code: str, reason: str) -> None:
+async def reject(send: Send, status: int, code: str, reason: str,
+                 headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Answer with the project's error shape ({"error", "reason"}) and `headers` besides its own."""
     body = json.dumps({"error": code, "reason": reason}).encode()
-    headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
     await send({"type": "http.response.body", "body": body})

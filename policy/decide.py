@@ -41,7 +41,9 @@ class GrantDecision:
     reasons: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # what dataclasses.asdict gives (its fields, lists copied), without its recursive deep copy: every
+        # grant request's decision record is built from it
+        return {"outcome": self.outcome, "approvers": list(self.approvers), "reasons": list(self.reasons)}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The web console: server-rendered pages under /console, each a client of the API routes (see client.py).
 
 `install_console(app)` is the one hook in api/app.py: it mounts the pages (left out of the OpenAPI
-document: they are HTML for people, not API), the vendored static files, the console's error pages and
-its security headers.
+document: they are HTML for people, not API), the vendored static files and the console's error pages (its
+security headers are set by api/edge.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from fastapi.routing import APIRoute
 from starlette.staticfiles import StaticFiles
 
 from api.console.client import ApiError
-from api.console.headers import ConsoleHeaders
 from api.console.session import PATH
 from api.console.web import CsrfRefused, NeedSignIn, on_api_error, on_csrf_refused, on_need_sign_in
 from api.inclusion import include_shared
@@ -57,4 +56,3 @@ def install_console(app: FastAPI) -> None:
     app.add_exception_handler(NeedSignIn, on_need_sign_in)
     app.add_exception_handler(CsrfRefused, on_csrf_refused)
     app.add_exception_handler(ApiError, on_api_error)
-    app.add_middleware(ConsoleHeaders)

@@ -8,7 +8,7 @@ one principal's data); the vendored static files may be.
 from __future__ import annotations
 
 from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Scope
 
 from api.console.session import PATH
 
@@ -24,28 +24,21 @@ HEADERS = {
 }
 
 
-class ConsoleHeaders:
-    """Pure ASGI middleware (streams pass through untouched), active on /console paths only."""
+def console_headers(scope: Scope) -> dict[str, str] | None:
+    """The headers every answer on a /console path carries (None on any other path); api/edge.py sets them
+    on the answer's start (streams pass through untouched)."""
+    path = scope.get("path", "")
+    if not (path == PATH or path.startswith(PATH + "/")):
+        return None
+    headers = dict(HEADERS)
+    headers["cache-control"] = "public, max-age=3600" if path.startswith(PATH + "/static/") else "no-store"
+    if scope.get("scheme") == "https":
+        headers["strict-transport-security"] = "max-age=31536000"
+    return headers
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not (path == PATH or path.startswith(PATH + "/")):
-            await self.app(scope, receive, send)
-            return
-        static = path.startswith(PATH + "/static/")
-        tls = scope.get("scheme") == "https"
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                for name, value in HEADERS.items():
-                    headers[name] = value
-                headers["cache-control"] = "public, max-age=3600" if static else "no-store"
-                if tls:
-                    headers["strict-transport-security"] = "max-age=31536000"
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+def set_headers(message: Message, headers: dict[str, str]) -> None:
+    """Set `headers` on an http.response.start message, replacing any of the same name."""
+    mutable = MutableHeaders(scope=message)
+    for name, value in headers.items():
+        mutable[name] = value

@@ -462,3 +462,66 @@ def test_identities_revoked_through_pki_withdraw_flows_and_grants(env: Env) -> N
     assert not any(f.src_tenant == "acme" and f.src_group == "web" for f in flows)
     g = request(env).json()
     assert g["state"] == "denied" and any(x.startswith("revoked-identity:") for x in g["reasons"]), g
+
+
+def test_a_grant_request_checks_its_token_off_the_event_loop_and_refuses_as_before(env: Env) -> None:
+    """POST /v1/grants authenticates in the worker thread its work runs in (one hand-off): the token's row is
+    read from the database, which must not hold the event loop. The refusals are those of every route: a bad
+    or revoked token 401 with its reason, nothing written; and the principal is the one the access log names."""
+    import asyncio
+
+    import jwt
+
+    from audit import Actor
+    from pki.tokens.service import revoke_token
+
+    seen: list[bool] = []  # per authenticator call: was it made on a thread running an event loop?
+
+    def on_loop() -> bool:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    authenticators = env.app.state.authenticators
+
+    def recording(ctx: Any, req: Any, inner: Any) -> Any:
+        seen.append(on_loop())
+        return inner(ctx, req)
+
+    env.app.state.authenticators = [lambda c, r, a=a: recording(c, r, a) for a in authenticators]
+    assert request(env).status_code == 201
+    assert seen and not any(seen), seen
+    seen.clear()
+    assert env.call("GET", "/v1/grants", "tenant-admin", "acme").status_code == 200
+    assert seen and all(seen)  # a route running on the loop still checks there (no hand-off of its own)
+
+    r = env.client.post("/v1/grants", json=REQ, headers={"Authorization": "Bearer not-a-token"})
+    assert r.status_code == 401 and r.json()["error"] == "unauthenticated", r.text
+    assert r.headers["www-authenticate"] == "Bearer"
+    token = env.token("tenant-admin", "acme")
+    with env.ctx.db.session() as s:
+        revoke_token(s, jwt.decode(token, options={"verify_signature": False})["jti"], actor=Actor.system("t"),
+                     reason="test", clock=env.clock)
+    before = events(env)
+    r = env.client.post("/v1/grants", json=REQ, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 401 and r.json()["reason"] == "token revoked", r.text
+    assert events(env) == before  # nothing written
+
+
+def test_an_invalid_grant_request_is_refused_for_its_credentials_first(env: Env) -> None:
+    """POST /v1/grants checks its token in its worker thread, after FastAPI validated the body and the
+    Idempotency-Key on the loop; a request invalid in them is still authenticated first, as every route whose
+    principal is a dependency: 401 without (or with a bad) token, 422 with the reason with a good one."""
+    bad_body = {**REQ, "ports": "all"}
+    for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+        r = env.client.post("/v1/grants", json=bad_body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"] == "unauthenticated", r.text
+        r = env.client.post("/v1/grants", json=REQ, headers={**headers, "Idempotency-Key": "no spaces allowed"})
+        assert r.status_code == 401, r.text
+    r = env.call("POST", "/v1/grants", "tenant-admin", "acme", json=bad_body)
+    assert r.status_code == 422 and r.json()["reason"].startswith("body.ports"), r.text
+    r = request(env, key="no spaces allowed")
+    assert r.status_code == 422 and "Idempotency-Key" in r.json()["reason"], r.text
+    assert events(env, "grant.request") == 0

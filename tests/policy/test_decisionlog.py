@@ -64,3 +64,15 @@ def test_bad_arguments_are_rejected(db: Database) -> None:
         DecisionLog(db).record("nonsense", {}, FlowDecision(True), None, owner=None)
     with pytest.raises(InvalidInput), db.read_session() as s:
         query_decisions(s, limit=0)
+
+
+def test_a_grant_decision_is_logged_as_its_dataclass_fields() -> None:
+    """GrantDecision.to_dict (every grant request's record is built from it) is dataclasses.asdict without the
+    deep copy: the same keys and values, lists copied; a field added to the class and not to it fails here."""
+    from dataclasses import asdict
+
+    for decision in (GrantDecision("approve"), GrantDecision("pending", ["tenant-admin:globex", "security"], ["x"]),
+                     GrantDecision("deny", [], ["no-policy: none", "quota"])):
+        logged = decision.to_dict()
+        assert logged == asdict(decision)
+        assert logged["approvers"] is not decision.approvers and logged["reasons"] is not decision.reasons
