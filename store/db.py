@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -157,6 +157,24 @@ def driver_write(conn: Connection, sql: str, params: Any) -> None:
     driver_rows(conn, sql, params)
     conn.info[_WROTE] = True
     _this_thread.wrote = True
+
+
+def pg_array(values: Iterable[str | int | bytes]) -> str:
+    """A PostgreSQL array literal (`{...}`) of text, integers or bytes (bytea's hex form), for a parameter the SQL
+    casts to the array's type (`%s::text[]`): psycopg adapts a Python list in Python, element by element (~9 us
+    of client CPU a list, ~45 us for an audit append's five), a string in C. Every text element is quoted, its
+    backslashes and double quotes escaped, so any text comes back as it went."""
+    parts: list[str] = []
+    for value in values:
+        if isinstance(value, bytes):
+            parts.append(f'"\\\\x{value.hex()}"')
+        elif isinstance(value, int) and not isinstance(value, bool):
+            parts.append(str(int(value)))
+        elif isinstance(value, str):
+            parts.append('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        else:
+            raise TypeError(f"pg_array takes text, integers or bytes, not {type(value).__name__}")
+    return "{" + ",".join(parts) + "}"
 
 
 class DriverInsert:
