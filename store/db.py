@@ -177,6 +177,22 @@ def pg_array(values: Iterable[str | int | bytes]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+def driver_write_many(conn: Connection, sql: str, params: list[Any]) -> None:
+    """driver_write of one statement for each of `params`, as psycopg's executemany sends them: pipelined, one
+    round trip for all (a group commit's rows queued by store/deferred.py)."""
+    dbapi = conn.connection.driver_connection
+    assert dbapi is not None
+    cursor = dbapi.cursor()
+    try:
+        cursor.executemany(sql, params)
+    except Exception as exc:
+        conn._handle_dbapi_exception(exc, sql, params, cursor, None)
+    finally:
+        cursor.close()
+    conn.info[_WROTE] = True
+    _this_thread.wrote = True
+
+
 class DriverInsert:
     """One table's INSERT in psycopg's SQL, and its parameters from an object's attributes bound as SQLAlchemy
     binds them (JSON columns as json.dumps text cast to json; datetimes, numbers and text as they are): for the

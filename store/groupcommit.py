@@ -208,6 +208,8 @@ class GroupCommitter:
             # savepointed items first, their audit appends deferred: their row locks are all taken before
             # the head's lock (store/deferred.py says why)
             deferred.begin(session)
+            if not savepoints:  # no savepoint to undo a member's queued rows: they may be queued, and written
+                deferred.batch(session)  # once for the lot, still before the head's lock (below)
             for fn, check, fut, isolated in live:
                 if not isolated:
                     continue
@@ -235,14 +237,17 @@ class GroupCommitter:
                     refused.append((fut, exc))
                     continue
                 done.append((fut, result))
-            try:
-                session.flush()  # the unsavepointed members' rows before the head's lock, as a savepointed one's
+            try:  # the unsavepointed members' rows before the head's lock, as a savepointed one's
+                deferred.flush(session)
+                session.flush()
             except Exception as exc:
                 if len(live) == 1 or not done or transient(exc) or savepoints:
                     raise
                 raise _MemberFailed from exc  # a constraint of some member: the savepoints will tell whose
+            # from here rows and audit events are queued and written once, at the end (store/deferred.py): the
+            # savepointed members' events (appended now, under the head lock) as the rest's, one statement for all
+            deferred.batch(session)
             deferred.finish(session)  # the head locked; raising fails the batch: each alone below
-            deferred.batch(session)  # the rest's rows written once, below (store/deferred.py)
             for fn, check, fut, isolated in live:
                 if isolated:
                     continue
