@@ -174,11 +174,15 @@ def _locked_head(session: Session, keys: Iterable[str] = (), scan: _Scan | None 
         if scan is not None:
             scan.found = row.unsettling
     elif scan is not None or wanted:  # a writer committed while this one waited: read them again, now
-        again = conn.execute(_current_read(scan), _read_params(wanted, scan)).all()
+        # (on PostgreSQL the usual case when several replicas write: each waits for the others' commits)
+        if _psycopg(conn):
+            again: Any = driver_rows(conn, _pg_current_read(scan), _pg_read_params(wanted, scan))
+        else:
+            again = conn.execute(_current_read(scan), _read_params(wanted, scan)).all()
         found = {r[-2]: int(r[-1]) for r in again if r[-2] is not None}
         state.counts.update({k: found.get(k, 0) for k in wanted})
         if scan is not None:
-            scan.found = again[0].unsettling if again else None
+            scan.found = again[0][0] if again else None  # the first column: unsettling
     session.info[_HEAD_CACHE] = state
     return state
 
@@ -285,6 +289,21 @@ def _pg_locked_read(scan: _Scan | None) -> str:
             f"(SELECT s.size FROM audit_head s WHERE s.id = {HEAD_ID}), {_pg_unsettling(scan)}, c.key, c.count "
             "FROM audit_head h LEFT OUTER JOIN audit_counters c ON c.key = ANY(%(keys)s::text[]) "
             f"WHERE h.id = {HEAD_ID} FOR UPDATE OF h")
+    return sql
+
+
+_PG_CURRENT_READS: dict[tuple[str, ...] | None, str] = {}
+
+
+def _pg_current_read(scan: _Scan | None) -> str:
+    """_current_read as psycopg's SQL text, built once per `keeping`."""
+    key = None if scan is None else scan.keeping
+    sql = _PG_CURRENT_READS.get(key)
+    if sql is None:
+        sql = _PG_CURRENT_READS[key] = (
+            f"SELECT {_pg_unsettling(scan)}, c.key, c.count "  # noqa: S608 (no input in the text)
+            "FROM audit_head h LEFT OUTER JOIN audit_counters c ON c.key = ANY(%(keys)s::text[]) "
+            f"WHERE h.id = {HEAD_ID}")
     return sql
 
 
