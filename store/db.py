@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from psycopg.pq import ExecStatus
 from sqlalchemy import JSON, Table, event, make_url
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, create_engine
@@ -32,6 +33,7 @@ from sqlmodel import Session, create_engine
 from store.changes import CHANNEL, PostgresChanges
 from store.readonly import DB_FILE
 
+_TUPLES_OK = ExecStatus.TUPLES_OK
 _WRITE_OPTION = "tf_write"
 _STATEMENT_OPTION = "tf_statement"  # `Database.statement()`: no transaction around a statement
 
@@ -144,6 +146,10 @@ def driver_rows(conn: Connection, sql: str, params: Any) -> list[tuple[Any, ...]
     cursor = dbapi.cursor()
     try:
         cursor.execute(sql, params)
+        result = getattr(cursor, "pgresult", None)  # psycopg's: its status says whether rows came, where
+        # `description` builds a Column object per column first
+        if result is not None:
+            return list(cursor.fetchall()) if result.status == _TUPLES_OK else []
         return list(cursor.fetchall()) if cursor.description is not None else []
     except Exception as exc:
         conn._handle_dbapi_exception(exc, sql, params, cursor, None)
@@ -210,8 +216,9 @@ class DriverInsert:
 
     def values(self, row: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        loaded = row.__dict__  # a mapped object's values, without the instrumented attributes' descriptors
         for name in self._names:
-            value = getattr(row, name)
+            value = loaded[name] if name in loaded else getattr(row, name)
             out[self._prefix + name] = json.dumps(value) if name in self._json else value  # None: JSON null, as
             # SQLAlchemy's JSON type stores it
         return out

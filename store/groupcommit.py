@@ -187,6 +187,10 @@ class GroupCommitter:
                 batch[0][2].set_exception(exc)
                 return
             log.info("group commit of %d writes failed (%s); committing each alone", len(batch), exc)
+            if transient(exc):  # a deadlock's victim: the backoff _alone takes after one, once for the batch, so
+                # the other side, woken by the rollback, takes its locks first (an item run at once could take one
+                # before it, under load, and meet it again)
+                time.sleep(random.uniform(0.005, 0.05))
             for item in batch:
                 self._alone(item)
             return

@@ -346,7 +346,9 @@ def test_a_deadlock_victim_is_run_again_and_its_caller_never_hears_of_it(postgre
     finally:
         rival.join(timeout=30)
         committer.close()
-    assert not rival.is_alive() and len(runs) == 2
+    # run again after a backoff: twice in all, or three times when (on a loaded machine) its second run still took
+    # row 1 before the other side, woken by the rollback, did
+    assert not rival.is_alive() and 2 <= len(runs) <= 3
     with db.read_session() as s:
         rows = {int(r[0]): int(r[1]) for r in s.connection().execute(text("SELECT id, n FROM tf_deadlock"))}
     assert rows == {1: 11, 2: 11}  # both transactions committed once each: the victim's first run left nothing
