@@ -5,7 +5,9 @@ decision record and audit event).
 
 Figures (CPU time, which the other load of the machine changes far less than wall time):
 - CPU per grant write of this process and of PostgreSQL's processes, one writer after another (each write alone
-  in its transaction: the lone write's path) and 8 writer threads (what a replica's thread pool sends: batches);
+  in its transaction: the lone write's path), 8 writer threads (what a replica's thread pool sends: batches), and
+  8 writer threads over 3 committers on 3 Database objects (3 replicas' write paths, in one process: smaller
+  batches, each waiting for the others' commits on the audit head's lock; what a replica costs more than one);
 - per step of a lone write, the thread's CPU time in us (inclusive; nested steps indented): where the write's
   Python time goes, step by step.
 The baseline of each CPU figure is five statements of the same shapes sent by psycopg alone on one connection
@@ -29,8 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from audit import Actor
-from bench.audit import DurablePostgres
-from bench.replicas import cpu_seconds
+from bench.replicas import cpu_seconds, with_postgres
 from policy import grants as svc
 from policy.decide import GrantDecision as LoggedDecision
 from policy.decisionlog import DecisionLog
@@ -41,6 +42,7 @@ from workflows.schema import migrate
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 N = int(os.environ.get("BENCH_GRANT_WRITES", "400"))  # per run and mode
 THREADS = 8
+REPLICAS = 3  # the committers of the cross-replica figure, one per Database as each replica has its own
 CALLER = svc.Caller(id="token:bench", role="tenant-admin", tenant="acme", actor=Actor(id="token:bench", kind="tenant"))
 REQUEST = svc.GrantRequest(src_tenant="acme", src_group="web", dst_tenant="globex", dst_group="api", proto="tcp",
                            ports=[443], ttl_seconds=3600, justification="bench")
@@ -145,7 +147,6 @@ def step_profile(db: Database, committer: GroupCommitter, n: int) -> list[tuple[
     import policy.grants as grants_module
     import store.deferred as deferred_module
 
-    steps = Steps()
     plan = [
         (GroupCommitter, "submit", "submit (the whole write)"),
         (GroupCommitter, "_commit", "  GroupCommitter._commit"),
@@ -163,31 +164,70 @@ def step_profile(db: Database, committer: GroupCommitter, n: int) -> list[tuple[
         (OrmSession, "commit", "    Session.commit (COMMIT)"),
         (OrmSession, "close", "    Session.close"),
     ]
-    for owner, name, label in plan:
-        steps.wrap(owner, name, label)
+    runs: list[dict[str, int]] = []
+    for _run in range(RUNS):  # medians per step: one run's figures move with the machine's other load
+        steps = Steps()
+        for owner, name, label in plan:
+            steps.wrap(owner, name, label)
+        try:
+            items = prepared(db, _marker(db), n)
+            write_all(db, committer, items, 1)
+        finally:
+            steps.undo()
+        runs.append(steps.ns)
+    return [(label, statistics.median(r.get(label, 0) for r in runs) / 1000 / n) for _o, _n, label in plan]
+
+
+def committers_round(dbs: list[Database], committers: list[GroupCommitter], postmaster: int
+                     ) -> tuple[float, float, float, float]:
+    """N grants by THREADS writer threads spread over `committers` (one per database: several replicas' write paths
+    in one process): (CPU us per grant of this process, of PostgreSQL, mean batch, share of batches that waited
+    for another's commit and read the head's counters and scan again)."""
+    import audit.service as audit_service
+
+    items = prepared(dbs[0], _marker(dbs[0]), N)
+    steps = Steps()
+    steps.wrap(audit_service, "_pg_current_read", "again")  # built (from a cache) on every read again only
+    b0, i0 = sum(c.batches for c in committers), sum(c.items for c in committers)
+    c0, d0 = time.process_time(), cpu_seconds([postmaster])
     try:
-        items = prepared(db, _marker(db), n)
-        write_all(db, committer, items, 1)
+        chunks = [items[i::THREADS] for i in range(THREADS)]
+
+        def writer(n: int) -> None:
+            committer = committers[n % len(committers)]
+            for p, row in chunks[n]:
+                committer.submit(lambda s, p=p, row=row: svc.commit_request(s, p, caller=CALLER, request_id="req-bench",
+                                                                            decision_record=row))
+
+        workers = [threading.Thread(target=writer, args=(n,)) for n in range(THREADS)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=300)
     finally:
         steps.undo()
-    return [(label, steps.ns.get(label, 0) / 1000 / n) for _o, _n, label in plan]
+    c1, d1 = time.process_time(), cpu_seconds([postmaster])
+    batches = max(1, sum(c.batches for c in committers) - b0)
+    return ((c1 - c0) * 1e6 / N, (d1 - d0) * 1e6 / N, (sum(c.items for c in committers) - i0) / batches,
+            steps.calls.get("again", 0) / batches)
 
 
-def main() -> int:
-    pg = DurablePostgres()
+def run(_work: Path, url: str, postmaster: int) -> list[str]:
+    import psycopg
+
+    dbs = [Database(url) for _ in range(REPLICAS)]
     try:
-        postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
-        db = Database(pg.url)
-        migrate(db.engine)
-        import psycopg
-
-        with psycopg.connect(pg.url, autocommit=True) as conn:
+        migrate(dbs[0].engine)
+        with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CREATE TABLE bench_raw (id text PRIMARY KEY, body json)")
             conn.execute("CREATE TABLE bench_raw_head (id int PRIMARY KEY, n bigint)")
             conn.execute("INSERT INTO bench_raw_head VALUES (1, 0)")
-        db.change_version()  # the change feed's thread, as every replica runs it (its CPU counts, as there)
-        committer = GroupCommitter(db)
-        write_all(db, committer, prepared(db, _marker(db), 50), THREADS)  # warm: pool, statements, mappers
+        for db in dbs:
+            db.change_version()  # the change feed's thread, as every replica runs it (its CPU counts, as there)
+        committers = [GroupCommitter(db) for db in dbs]
+        db, committer = dbs[0], committers[0]
+        for some in (committers[:1], committers):  # warm: pools, prepared statements, mappers
+            committers_round(dbs, some, postmaster)
         figures: dict[str, list[float]] = {}
         for _run in range(RUNS):
             for threads in (1, THREADS):
@@ -200,28 +240,38 @@ def main() -> int:
                 figures.setdefault(f"db{threads}", []).append((d1 - d0) * 1e6 / N)
                 batches = max(1, committer.batches - b0)
                 figures.setdefault(f"batch{threads}", []).append((committer.items - i0) / batches)
-            raw, rawdb = raw_floor(pg.url, N, postmaster)
+            cpu, dbcpu, batch, again = committers_round(dbs, committers, postmaster)
+            for key, value in (("cpuR", cpu), ("dbR", dbcpu), ("batchR", batch), ("againR", again)):
+                figures.setdefault(key, []).append(value)
+            raw, rawdb = raw_floor(url, N, postmaster)
             figures.setdefault("raw", []).append(raw * 1e6)
             figures.setdefault("rawdb", []).append(rawdb * 1e6)
         profile = step_profile(db, committer, N)
-        committer.close()
-        db.dispose()
+        for c in committers:
+            c.close()
     finally:
-        pg.stop()
+        for db in dbs:
+            db.dispose()
     m = {k: statistics.median(v) for k, v in figures.items()}
     load = os.getloadavg()
-    print(f"# scale: {N} grant writes per run and mode, median of {RUNS} runs, PostgreSQL own cluster fsync on, "
-          f"{os.cpu_count()} cores shared; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    for threads in (1, THREADS):
-        tag = "lone" if threads == 1 else f"{threads}_threads"
-        print(f"grant_write_cpu_{tag}: {m[f'cpu{threads}']:.0f} us per grant (baseline psycopg alone "
-              f"{m['raw']:.0f} us, ratio {m[f'cpu{threads}'] / m['raw']:.2f}); mean batch {m[f'batch{threads}']:.1f}")
-        print(f"grant_write_db_cpu_{tag}: {m[f'db{threads}']:.0f} us per grant (baseline psycopg alone "
-              f"{m['rawdb']:.0f} us, ratio {m[f'db{threads}'] / m['rawdb']:.2f})")
-    print("# per step of a lone write, thread CPU us per grant (inclusive; nested steps indented):")
-    for label, us in profile:
-        print(f"#   {us:7.1f}  {label}")
-    return 0
+    lines = [f"# scale: {N} grant writes per run and mode, median of {RUNS} runs, PostgreSQL own cluster fsync on, "
+             f"{os.cpu_count()} cores shared; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"]
+    for tag, key, what in (("lone", "1", "one writer"), (f"{THREADS}_threads", str(THREADS), "one committer"),
+                           (f"{THREADS}_threads_{REPLICAS}_committers", "R", f"{REPLICAS} replicas' committers")):
+        lines.append(f"grant_write_cpu_{tag}: {m[f'cpu{key}']:.0f} us per grant (baseline psycopg alone "
+                     f"{m['raw']:.0f} us, ratio {m[f'cpu{key}'] / m['raw']:.2f}); {what}, mean batch "
+                     f"{m[f'batch{key}']:.1f}")
+        lines.append(f"grant_write_db_cpu_{tag}: {m[f'db{key}']:.0f} us per grant (baseline psycopg alone "
+                     f"{m['rawdb']:.0f} us, ratio {m[f'db{key}'] / m['rawdb']:.2f})")
+    lines.append(f"# {REPLICAS} committers: {m['againR']:.0%} of batches waited for another's commit and read the "
+                 "head's counters and scan again")
+    lines.append("# per step of a lone write, thread CPU us per grant (inclusive; nested steps indented):")
+    lines += [f"#   {us:7.1f}  {label}" for label, us in profile]
+    return lines
+
+
+def main() -> int:
+    return with_postgres("grantwrite", run)
 
 
 if __name__ == "__main__":
