@@ -41,7 +41,7 @@ from core.clock import as_utc, system_clock
 from core.slugs import is_slug
 from store import deferred
 from store.changes import CHANNEL
-from store.db import driver_rows, notified
+from store.db import driver_rows, notified, pg_array
 
 DOCUMENT_VERSION = 2
 MAX_EVENT_BYTES = 64 * 1024  # an event's hashed bytes; the field limits keep real events far below it
@@ -174,11 +174,15 @@ def _locked_head(session: Session, keys: Iterable[str] = (), scan: _Scan | None 
         if scan is not None:
             scan.found = row.unsettling
     elif scan is not None or wanted:  # a writer committed while this one waited: read them again, now
-        again = conn.execute(_current_read(scan), _read_params(wanted, scan)).all()
+        # (on PostgreSQL the usual case when several replicas write: each waits for the others' commits)
+        if _psycopg(conn):
+            again: Any = driver_rows(conn, _pg_current_read(scan), _pg_read_params(wanted, scan))
+        else:
+            again = conn.execute(_current_read(scan), _read_params(wanted, scan)).all()
         found = {r[-2]: int(r[-1]) for r in again if r[-2] is not None}
         state.counts.update({k: found.get(k, 0) for k in wanted})
         if scan is not None:
-            scan.found = again[0].unsettling if again else None
+            scan.found = again[0][0] if again else None  # the first column: unsettling
     session.info[_HEAD_CACHE] = state
     return state
 
@@ -288,8 +292,24 @@ def _pg_locked_read(scan: _Scan | None) -> str:
     return sql
 
 
+_PG_CURRENT_READS: dict[tuple[str, ...] | None, str] = {}
+
+
+def _pg_current_read(scan: _Scan | None) -> str:
+    """_current_read as psycopg's SQL text, built once per `keeping`."""
+    key = None if scan is None else scan.keeping
+    sql = _PG_CURRENT_READS.get(key)
+    if sql is None:
+        sql = _PG_CURRENT_READS[key] = (
+            f"SELECT {_pg_unsettling(scan)}, c.key, c.count "  # noqa: S608 (no input in the text)
+            "FROM audit_head h LEFT OUTER JOIN audit_counters c ON c.key = ANY(%(keys)s::text[]) "
+            f"WHERE h.id = {HEAD_ID}")
+    return sql
+
+
 def _pg_read_params(keys: list[str], scan: _Scan | None) -> dict[str, Any]:
     params = _read_params(keys, scan)
+    params["keys"] = pg_array(keys)
     if scan is not None:
         params.update((f"k{i}", p) for i, p in enumerate(scan.keeping))
     return params
@@ -459,9 +479,10 @@ def _write_rows(
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         if pg:
-            keys, hashes = [k for k, _ in nodes], [h for _, h in nodes]
-            names, counts, lasts = [k for k, _, _ in counted], [c for _, c, _ in counted], [x for _, _, x in counted]
-            tree = [keys, hashes, names, counts, lasts, head.size, head.last_leaf.hex(), json.dumps(frontier), last_ts]
+            tree = [pg_array([k for k, _ in nodes]), pg_array([h for _, h in nodes]),
+                    pg_array([k for k, _, _ in counted]), pg_array([c for _, c, _ in counted]),
+                    pg_array([x for _, _, x in counted]), head.size, head.last_leaf.hex(), json.dumps(frontier),
+                    last_ts]
             if len(events) == 1:
                 cur.execute(_PG_APPEND, [*_driver_values(events[0]), *tree])
             else:
@@ -542,13 +563,16 @@ def record(
         return AuditEvent.model_construct(seq=-1, actor_id=actor_id, actor_kind=actor.kind, tenant=tenant,
                                           action=action, object_type=otype, object_id=oid, summary=body,
                                           reason=why, request_id=rid)
-    return _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why, rid, requested, plain)
+    fields = _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why, rid, requested, plain)
+    configure_mappers()  # no-op once done; model_construct skips the step that would trigger it
+    return AuditEvent.model_construct(**fields)
 
 
 def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype: str,
             oid: str, tenant: str | None, body: dict[str, Any], why: str | None, rid: str | None,
-            requested: datetime, plain: bool) -> AuditEvent:
-    """Append one validated event: lock the head, number, hash and write it. `plain`: the body is (then so is the
+            requested: datetime, plain: bool) -> dict[str, Any]:
+    """Append one validated event: lock the head, number, hash and write it; its columns (the event is built
+    from them only when a caller gets it: a deferred append's is dropped). `plain`: the body is (then so is the
     document: every other part is a validated string, a small integer or null)."""
     keys = counters.keys_of(tenant, action)
     current = _locked_head(session, keys.values())
@@ -600,8 +624,7 @@ def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype
     for key, count, _last in counted:
         head.counts[key] = count
     session.info[_HEAD_CACHE] = head  # only once every write went through
-    configure_mappers()  # no-op once done; model_construct skips the step that would trigger it
-    return AuditEvent.model_construct(**fields)
+    return fields
 
 
 def _push_leaf(head: _HeadState, leaf: bytes) -> list[tuple[int, bytes]]:

@@ -36,7 +36,7 @@ from policy import decisionlog
 from policy.data import forget_decision_state, marker_for_decision
 from policy.models import DecisionRecord, Grant
 from store import deferred
-from store.db import DriverInsert, driver_write
+from store.db import DriverInsert, driver_write, driver_write_many
 
 log = logging.getLogger("trustfabric.policy.grants")
 
@@ -303,9 +303,10 @@ def commit_request(
     decision raises StaleDecision and nothing is written. The quota is counted here, under the tenant row's
     lock, so concurrent requests never pass its last free place together."""
     grant, request, decision = prepared.grant, prepared.request, prepared.decision
-    if grant.state != "denied":
-        _check_quota(session, quotas, request.src_tenant, grant.state, as_utc(grant.created_at))
-    _insert(session, grant, decision_record)
+    counted = grant.state != "denied" and _check_quota(session, quotas, request.src_tenant, grant.state,
+                                                       as_utc(grant.created_at))
+    _insert(session, grant, decision_record, queue=not counted)  # a counted state's rows at once: the next
+    # member's count must see them
     if recheck and not deferred.later(session, lambda: _still_holds(session, prepared.marker, request.src_tenant)):
         _still_holds(session, prepared.marker, request.src_tenant)  # under the head lock (deferred: after every
         # member's change)
@@ -331,23 +332,37 @@ _BY_IDEMPOTENCY_KEY = sa_select(_GRANTS.c.id).where(
     _GRANTS.c.requested_by == bindparam("by"), _GRANTS.c.idempotency_key == bindparam("key"))
 
 
-def _insert(session: Session, grant: Grant, decision: DecisionRecord | None = None) -> None:
+def _insert(session: Session, grant: Grant, decision: DecisionRecord | None = None, *, queue: bool = False) -> None:
     """INSERT the new grant as one Core statement (no unit-of-work flush: it cost a fifth of a grant write's
     CPU and bought nothing for one new row), and its decision record (policy/decisionlog.py) with it: on
     PostgreSQL in the same statement, as a data-modifying CTE (a round trip fewer). The objects stay out of
     the session: a rollback expires what a session holds, and the group committer runs a failed batch's items
-    again with the same prepared grant."""
+    again with the same prepared grant. With `queue`, in a group commit that batches rows (store/deferred.py),
+    the rows are queued and the batch's written together (one round trip), before the audit head's lock."""
+    rows: list[tuple[Grant, DecisionRecord | None]] | None = (
+        deferred.batched(session, "policy.grants", list, lambda queued: _insert_rows(session, queued))
+        if queue else None)
+    if rows is None:
+        _insert_rows(session, [(grant, decision)])
+    else:
+        rows.append((grant, decision))
+
+
+def _insert_rows(session: Session, rows: list[tuple[Grant, DecisionRecord | None]]) -> None:
     conn = session.connection()
     if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":  # on the driver's cursor
-        if decision is None:
-            driver_write(conn, _PG_INSERT_GRANT.sql, _PG_INSERT_GRANT.values(grant))
-        else:
-            driver_write(conn, _PG_INSERT_GRANT_AND_DECISION,
-                         {**_PG_INSERT_GRANT.values(grant), **decisionlog.PG_INSERT.values(decision)})
+        alone = [_PG_INSERT_GRANT.values(g) for g, d in rows if d is None]
+        logged = [{**_PG_INSERT_GRANT.values(g), **decisionlog.PG_INSERT.values(d)} for g, d in rows if d is not None]
+        for sql, params in ((_PG_INSERT_GRANT.sql, alone), (_PG_INSERT_GRANT_AND_DECISION, logged)):
+            if len(params) == 1:
+                driver_write(conn, sql, params[0])
+            elif params:
+                driver_write_many(conn, sql, params)
         return
-    conn.execute(_INSERT_GRANT, {name: getattr(grant, name) for name in _GRANT_COLUMNS})
-    if decision is not None:
-        decisionlog.add(session, decision)
+    conn.execute(_INSERT_GRANT, [{name: getattr(g, name) for name in _GRANT_COLUMNS} for g, _d in rows])
+    for _g, decision in rows:
+        if decision is not None:
+            decisionlog.add(session, decision)
 
 
 def _still_holds(session: Session, marker: int, tenant: str) -> None:
@@ -408,16 +423,18 @@ def request_of(grant: Grant) -> GrantRequest:
     )
 
 
-def _check_quota(session: Session, quotas: Quotas | None, tenant: str, state: str, now: datetime) -> None:
-    """QuotaExceeded when one more `state` (active | pending) grant would take `tenant` past its quota. The
-    COUNT is built only when a quota is set (building it cost more than the rest of the check)."""
+def _check_quota(session: Session, quotas: Quotas | None, tenant: str, state: str, now: datetime) -> bool:
+    """QuotaExceeded when one more `state` (active | pending) grant would take `tenant` past its quota; whether a
+    quota counted it. The COUNT is built only when a quota is set (building it cost more than the rest of the
+    check)."""
     from inventory.service import check_quota
 
     name: QuotaName = "grants" if state == "active" else "pending"
     if quotas is None or getattr(quotas, name) <= 0:
-        return
+        return False
     held = select(func.count()).select_from(Grant).where(col(Grant.src_tenant) == tenant, _state_filter(state, now))
     check_quota(session, quotas, tenant, name, held)
+    return True
 
 
 def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: datetime) -> GrantDecision:

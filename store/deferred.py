@@ -51,10 +51,11 @@ def finish(session: Session) -> None:
 
 
 # --- rows written once per batch --------------------------------------------------------------------------
-# A group commit's members that cannot fail alone (store/groupcommit.py: savepoint=False) write rows that
-# nothing in the transaction reads back; queued per writer and written at `flush` (one executemany, one round
-# trip), they cost a statement per batch instead of per member. A failing flush fails the batch, whose members
-# are then run again alone, unbatched.
+# A group commit's members that cannot fail alone (store/groupcommit.py: savepoint=False; and the others while a
+# batch runs without their savepoints) write rows that nothing in the transaction reads back; queued per writer and
+# written at `flush` (one executemany, one round trip), they cost a statement per batch instead of per member. A
+# failing flush fails the batch, whose members are then run again alone, unbatched (or, before the head's lock,
+# again with their savepoints).
 
 _BATCH = "tf_batch"
 S = TypeVar("S")

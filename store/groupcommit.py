@@ -8,22 +8,23 @@ the lot; then the next batch, until its own item is answered, when it wakes the 
 lead in turn. Each caller's result is returned only after that COMMIT succeeded, so nobody is told "done" for a
 row that is not durable.
 
-Each item runs in a SAVEPOINT of its own (unless submitted with savepoint=False, or alone in its batch: then
+Each item may need a SAVEPOINT of its own (unless submitted with savepoint=False, or alone in its batch: then
 its failure is the batch's, which fails it alone all the same, for two round trips fewer), and its audit events are
 appended after every such item ran (store/deferred.py: row locks before the head's, as in every other write
-transaction, so no deadlock with one). An item whose check or function raises is rolled back to its savepoint
-and fails alone (its exception is its caller's), and the batch goes on with the next; nothing of a failed item
-commits and nothing of the others is lost. When the appends or the COMMIT fail (or a savepoint cannot be rolled
-back, the connection being lost, say), the batch is rolled back whole and every item is run again alone, each
-in its own transaction, so a caller hears of a failure only when its own write failed (functions must
-therefore be safe to run twice: they only write, from values computed before). A deadlock or a serialization
-failure (PostgreSQL's SQLSTATE 40P01, 40001) says nothing about the write itself: the batch is rolled back whole,
-releasing every lock it held, and each item is run alone, again up to TRANSIENT_ATTEMPTS times, as PostgreSQL's
-manual asks of an application (so such a failure reaches a caller only when it repeats). A
-batch waits for nothing: the leader starts the next transaction as soon as the last one committed, so a lone
-request pays no delay (nor any thread switch), and under load the batch is whatever arrived during the previous
-commit.
-"""
+transaction, so no deadlock with one). A batch first runs its items without their savepoints (they cost two
+statements and the ORM's nested transaction each, more than the rest of a grant's write); only when one of them
+raises is that transaction rolled back whole and the batch run again with them, and the next CAREFUL_BATCHES
+batches take them at once (a stream of refusals costs few extra passes). There an item whose check or function
+raises is rolled back to its savepoint and fails alone (its exception is its caller's), and the batch goes on with
+the next; nothing of a failed item commits and nothing of the others is lost. When the appends or the COMMIT fail
+(or a savepoint cannot be rolled back, the connection being lost, say), the batch is rolled back whole and every
+item is run again alone, each in its own transaction, so a caller hears of a failure only when its own write failed
+(functions must therefore be safe to run twice: they only write, from values computed before). A deadlock or a
+serialization failure (PostgreSQL's SQLSTATE 40P01, 40001) says nothing about the write itself: the batch is rolled
+back whole, releasing every lock it held, and each item is run alone, again up to TRANSIENT_ATTEMPTS times, as
+PostgreSQL's manual asks of an application (so such a failure reaches a caller only when it repeats). A batch waits
+for nothing: the leader starts the next transaction as soon as the last one committed, so a lone request pays no
+delay (nor any thread switch), and under load the batch is whatever arrived during the previous commit."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ Check = Callable[[Session], None]
 _Item = tuple[Write, "Check | None", "_Waiter", bool]
 TRANSIENT = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure: retry the transaction
 TRANSIENT_ATTEMPTS = 3
+CAREFUL_BATCHES = 8  # batches run with savepoints straight away after a member failed in one without
+
+
+class _MemberFailed(Exception):
+    """A member of a batch run without savepoints raised: the batch is run again, each member in its savepoint."""
 
 
 def transient(exc: BaseException) -> bool:
@@ -103,6 +109,7 @@ class GroupCommitter:
         self.batches = 0  # committed transactions (for tests and benches)
         self.items = 0
         self.refused = 0  # items that failed alone inside a batch that committed the others
+        self._careful = 0  # batches still to run with savepoints at once (only the leader touches it)
 
     def submit(self, fn: Callable[[Session], T], check: Check | None = None, *, savepoint: bool = True) -> T:
         """fn's result after the transaction it ran in committed; fn's own exception, or the database's.
@@ -164,59 +171,27 @@ class GroupCommitter:
                 following.set_result(_LEAD)
 
     def _commit(self, batch: list[_Item]) -> None:
-        live = batch
-        done: list[tuple[_Waiter, Any]] = []
-        refused: list[tuple[_Waiter, BaseException]] = []
+        # optimistic first: members without their savepoints (two statements and the ORM's nested transaction
+        # each), the batch run again with them only when a member failed; after such a failure the next
+        # CAREFUL_BATCHES batches take the savepoints at once, so a stream of refusals costs few extra passes
+        optimistic = len(batch) > 1 and self._careful == 0
+        self._careful = max(0, self._careful - 1)
         try:
-            with self._db.session() as session:
-                # savepointed items first, their audit appends deferred: their row locks are all taken before
-                # the head's lock (store/deferred.py says why)
-                deferred.begin(session)
-                for fn, check, fut, isolated in live:
-                    if not isolated:
-                        continue
-                    if len(live) == 1:  # alone: its failure is the batch's, the same outcome without a savepoint
-                        if check is not None:
-                            check(session)
-                        result = fn(session)
-                        session.flush()  # its rows before the head's lock, as a savepointed item's
-                        done.append((fut, result))
-                        continue
-                    mark = deferred.mark(session)
-                    try:
-                        with session.begin_nested():  # this item's writes, undone alone if it fails
-                            if check is not None:
-                                check(session)
-                            result = fn(session)
-                            session.flush()  # its rows now: a constraint fails this item, not the commit
-                    except Exception as exc:  # the caller gets it; the others go on
-                        if transient(exc):  # this transaction's locks are part of the cycle: all of it again
-                            raise
-                        deferred.drop(session, mark)
-                        refused.append((fut, exc))
-                        continue
-                    done.append((fut, result))
-                deferred.finish(session)  # the head locked; raising fails the batch: each alone below
-                deferred.batch(session)  # the rest's rows written once, below (store/deferred.py)
-                for fn, check, fut, isolated in live:
-                    if isolated:
-                        continue
-                    try:
-                        if check is not None:
-                            check(session)
-                    except Exception as exc:  # a refusal: the caller gets it; only reads were made
-                        if isinstance(exc, SQLAlchemyError):  # no savepoint: the transaction may be unusable now
-                            raise
-                        refused.append((fut, exc))
-                        continue
-                    done.append((fut, fn(session)))  # raising fails the batch: each alone below
-                deferred.flush(session)  # raising fails the batch: each alone below
+            try:
+                done, refused = self._run(batch, savepoints=not optimistic)
+            except _MemberFailed:
+                self._careful = CAREFUL_BATCHES
+                done, refused = self._run(batch, savepoints=True)
         except BaseException as exc:  # the commit (or a rollback) failed: each alone, so only the culprit fails
-            if len(live) == 1 and not transient(exc):
-                live[0][2].set_exception(exc)
+            if len(batch) == 1 and not transient(exc):
+                batch[0][2].set_exception(exc)
                 return
-            log.info("group commit of %d writes failed (%s); committing each alone", len(live), exc)
-            for item in live:
+            log.info("group commit of %d writes failed (%s); committing each alone", len(batch), exc)
+            if transient(exc):  # a deadlock's victim: the backoff _alone takes after one, once for the batch, so
+                # the other side, woken by the rollback, takes its locks first (an item run at once could take one
+                # before it, under load, and meet it again)
+                time.sleep(random.uniform(0.005, 0.05))
+            for item in batch:
                 self._alone(item)
             return
         self.batches += 1
@@ -226,6 +201,71 @@ class GroupCommitter:
             fut.set_result(result)
         for fut, error in refused:
             fut.set_exception(error)
+
+    def _run(self, live: list[_Item], *, savepoints: bool) -> tuple[list[tuple[_Waiter, Any]],
+                                                                   list[tuple[_Waiter, BaseException]]]:
+        """One transaction for the batch: (answers, refusals) once it committed. Without `savepoints`, a member
+        (submitted with savepoint=True) that raises makes it raise _MemberFailed, rolled back whole."""
+        done: list[tuple[_Waiter, Any]] = []
+        refused: list[tuple[_Waiter, BaseException]] = []
+        with self._db.session() as session:
+            # savepointed items first, their audit appends deferred: their row locks are all taken before
+            # the head's lock (store/deferred.py says why)
+            deferred.begin(session)
+            if not savepoints:  # no savepoint to undo a member's queued rows: they may be queued, and written
+                deferred.batch(session)  # once for the lot, still before the head's lock (below)
+            for fn, check, fut, isolated in live:
+                if not isolated:
+                    continue
+                if len(live) == 1 or not savepoints:  # alone: its failure is the batch's, the same outcome
+                    try:
+                        if check is not None:
+                            check(session)
+                        done.append((fut, fn(session)))
+                    except Exception as exc:
+                        if len(live) == 1 or transient(exc):
+                            raise
+                        raise _MemberFailed from exc
+                    continue
+                mark = deferred.mark(session)
+                try:
+                    with session.begin_nested():  # this item's writes, undone alone if it fails
+                        if check is not None:
+                            check(session)
+                        result = fn(session)
+                        session.flush()  # its rows now: a constraint fails this item, not the commit
+                except Exception as exc:  # the caller gets it; the others go on
+                    if transient(exc):  # this transaction's locks are part of the cycle: all of it again
+                        raise
+                    deferred.drop(session, mark)
+                    refused.append((fut, exc))
+                    continue
+                done.append((fut, result))
+            try:  # the unsavepointed members' rows before the head's lock, as a savepointed one's
+                deferred.flush(session)
+                session.flush()
+            except Exception as exc:
+                if len(live) == 1 or not done or transient(exc) or savepoints:
+                    raise
+                raise _MemberFailed from exc  # a constraint of some member: the savepoints will tell whose
+            # from here rows and audit events are queued and written once, at the end (store/deferred.py): the
+            # savepointed members' events (appended now, under the head lock) as the rest's, one statement for all
+            deferred.batch(session)
+            deferred.finish(session)  # the head locked; raising fails the batch: each alone below
+            for fn, check, fut, isolated in live:
+                if isolated:
+                    continue
+                try:
+                    if check is not None:
+                        check(session)
+                except Exception as exc:  # a refusal: the caller gets it; only reads were made
+                    if isinstance(exc, SQLAlchemyError):  # no savepoint: the transaction may be unusable now
+                        raise
+                    refused.append((fut, exc))
+                    continue
+                done.append((fut, fn(session)))  # raising fails the batch: each alone below
+            deferred.flush(session)  # raising fails the batch: each alone below
+        return done, refused
 
     def _alone(self, item: _Item) -> None:
         fn, check, fut, _isolated = item

@@ -100,12 +100,18 @@ def test_concurrent_processes_on_sqlite(sqlite_db: Database) -> None:
 
 
 @pytest.mark.postgres
-def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgres_db: Database) -> None:
+@pytest.mark.parametrize("checks", [False, True], ids=["append", "grant check then append"])
+def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgres_db: Database,
+                                                                          checks: bool) -> None:
     """The first append of a transaction reads the head (locked), its counters and its snapshot's size in one
     statement: when another writer commits while it waits for the lock, the counters its snapshot shows are
-    stale, and must be read again (audit/service.py _locked_head). Forced here: A holds the lock, B is seen
-    waiting for it in pg_stat_activity, A commits, B goes on."""
+    stale, and must be read again (audit/service.py _locked_head); so is a grant write's scan of the events since
+    its decision (lock_head_and_check), which must find A's. Forced here: A holds the lock, B is seen waiting for
+    it in pg_stat_activity, A commits, B goes on."""
+    from audit.service import lock_head_and_check
+
     db = postgres_db
+    found: list[str | None] = []
     actor = Actor("t", "system")
 
     def append(s: Any, oid: str) -> None:
@@ -122,6 +128,8 @@ def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgr
     def b() -> None:
         try:
             with db.session() as sb:
+                if checks:  # decided when the log held "first" alone
+                    found.append(lock_head_and_check(sb, 1, ("grant.",), [("acme", "grant.request")])[1])
                 append(sb, "b")
         except BaseException as exc:
             errors.append(exc)
@@ -144,6 +152,7 @@ def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgr
         a_holds.__exit__(None, None, None)  # A commits
         t.join(timeout=30)
     assert not t.is_alive() and not errors, errors
+    assert found == (["tenant.update"] if checks else [])  # A's event, committed while B waited
     with db.read_session() as s:
         rows = s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
     docs = [json.loads(r.data) for r in rows]

@@ -4,6 +4,7 @@ in between may have altered, and keeps one that only other grants' lifecycle or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,6 +13,7 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from audit.models import AuditEvent
+from core.quotas import QuotaExceeded, Quotas
 from policy.grants import (
     Caller,
     GrantDecision,
@@ -132,3 +134,40 @@ def test_a_batchs_later_grant_checks_are_answered_from_the_first_ones_scan_and_i
     assert _batch(db, [_prepare(db, "late2"), "tenant.quarantine", _prepare(db, "later2")]) == STALE  # its own
     assert _batch(db, [_prepare(db, "last"), early]) == STALE  # read: its marker is before the first's
     assert _stored(db)[0] == ["late", "later", "warm"]
+
+
+def _group_committed(db: Database, quotas: Quotas | None, keys: list[str]) -> dict[str, object]:
+    """Grant writes through a group committer, all but the first in one batch (tests/store/test_groupcommit.py's
+    _OneBatch): each key's grant, or the exception its caller got."""
+    from store.groupcommit import GroupCommitter
+    from tests.roundtrips import watch
+    from tests.store.test_groupcommit import _OneBatch
+
+    committer = GroupCommitter(db)
+
+    def write(prepared: PreparedGrant) -> Callable[[Session], object]:
+        return lambda s: commit_request(s, prepared, caller=CALLER, quotas=quotas).idempotency_key
+
+    first, *rest = [(key, write(_prepare(db, key))) for key in keys]
+    with watch(db.engine) as sent:
+        batch = _OneBatch(committer, first[1], rest)
+        sent.next_round()  # the batch's statements: a new connection's, traced from its checkout
+        batch.release()
+        batch.join()
+    committer.close()
+    return {**batch.outcomes, "inserts": sum("INSERT INTO grants" in q for q in sent.rounds[-1])}
+
+
+def test_a_batchs_grants_are_written_together_and_a_quota_still_counts_each_one(db: Database) -> None:
+    """Without a quota to count them, a batch's grant rows are queued and written together before the head's lock
+    (store/deferred.py); with one, each is written at once, so the next member's count sees it: of three asking
+    for the last two places in one batch, the third is refused and nothing of it is written."""
+    outcomes = _group_committed(db, None, ["a", "b", "c", "d"])
+    # the first's INSERT, then the batch's three in one round trip
+    assert outcomes == {"first": "a", "b": "b", "c": "c", "d": "d", "inserts": 2}
+    assert _stored(db)[0] == ["a", "b", "c", "d"] and len(_stored(db)[1]) == 4
+    outcomes = _group_committed(db, Quotas(grants=7), ["e", "f", "g", "h"])
+    assert (outcomes["first"], outcomes["f"], outcomes["g"]) == ("e", "f", "g")
+    assert isinstance(outcomes["h"], QuotaExceeded) and outcomes["inserts"] >= 3  # each at once
+    grants, events = _stored(db)
+    assert grants == ["a", "b", "c", "d", "e", "f", "g"] and len(events) == 7  # no event without its grant

@@ -5,10 +5,12 @@ error carrying the driver's, a lost connection an invalidating OperationalError)
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from store.db import Database, driver_rows
+from store.db import Database, driver_rows, pg_array
 
 
 def _param(db: Database) -> str:
@@ -61,3 +63,26 @@ def test_a_driver_write_is_announced_at_its_commit_as_sqlalchemys_are(postgres_d
                          "VALUES (%(k)s, 1, '')", {"k": "test:driver-write"})
         heard = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.channel for n in heard] == [CHANNEL]  # without the announcement the COMMIT sends no NOTIFY
+
+
+@pytest.mark.postgres
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
+                      max_size=5),
+       numbers=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5),
+       blobs=st.lists(st.binary(max_size=40), max_size=5))
+@example(texts=["NULL", "", " a b ", '"', "\\", "{x,y}", "\\x00"], numbers=[-(2**63), 0], blobs=[b"", b"\x00\\"])
+def test_an_array_literal_comes_back_as_the_list_it_was_made_of(postgres_db: Database, texts: list[str],
+                                                              numbers: list[int], blobs: list[bytes]) -> None:
+    """pg_array (the audit append's arrays, sent as one string each instead of psycopg's list adaptation): any text
+    (quotes, backslashes, braces, commas, blanks, the word NULL), any bigint, any bytes."""
+    with postgres_db.statement() as conn:
+        row = driver_rows(conn, "SELECT %s::text[], %s::bigint[], %s::bytea[]",
+                          [pg_array(texts), pg_array(numbers), pg_array(blobs)])[0]
+    assert (row[0], row[1], [bytes(b) for b in row[2]]) == (texts, numbers, blobs)
+
+
+def test_an_array_literal_refuses_what_it_cannot_spell() -> None:
+    for bad in ([1.5], [None], [True]):
+        with pytest.raises(TypeError):
+            pg_array(bad)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
@@ -161,6 +161,31 @@ def test_a_member_failing_after_its_writes_is_undone_alone_inside_the_shared_tra
         events = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all()
     assert [e.object_id for e in events if e.action == "tenant.create"] == ["first", "a", "b"]
     assert [e.seq for e in events] == list(range(len(events)))
+
+
+def test_a_batch_takes_savepoints_only_once_a_member_failed(db: Database) -> None:
+    """Members run without their savepoints while none fails (two statements each saved); a failure rolls that
+    transaction back and the batch runs again with them (the culprit fails alone, the others commit), and the
+    batches just after take them at once (a stream of refusals pays few second passes)."""
+    committer = GroupCommitter(db)
+    savepoints: list[str] = []
+    event.listen(db.engine, "savepoint", lambda _conn, name: savepoints.append(str(name)))
+
+    def run(first: str, names: list[str]) -> dict[str, object]:
+        batch = _OneBatch(committer, _create(first), [(n, _create(n.rstrip("!"))) for n in names])  # type: ignore[arg-type]
+        batch.release()
+        batch.join()
+        return batch.outcomes
+
+    assert run("first", ["a", "b"]) == {"first": "first", "a": "a", "b": "b"}
+    assert savepoints == [] and committer.batches == 2
+    outcomes = run("second", ["c", "a!", "d"])  # "a!" creates "a" again: a duplicate, found at the batch's flush
+    assert (outcomes["c"], outcomes["d"]) == ("c", "d") and isinstance(outcomes["a!"], Exception)
+    assert len(savepoints) == 3 and committer.batches == 4 and committer.refused == 1  # the second pass's
+    assert run("third", ["e", "f"]) == {"first": "third", "e": "e", "f": "f"}
+    committer.close()
+    assert len(savepoints) == 5  # careful at once: no pass without them first
+    assert _creates(db) == ["first", "a", "b", "second", "c", "d", "third", "e", "f"]
 
 
 def _create_batched(slug: str) -> Callable[[Session], str]:
@@ -321,7 +346,9 @@ def test_a_deadlock_victim_is_run_again_and_its_caller_never_hears_of_it(postgre
     finally:
         rival.join(timeout=30)
         committer.close()
-    assert not rival.is_alive() and len(runs) == 2
+    # run again after a backoff: twice in all, or three times when (on a loaded machine) its second run still took
+    # row 1 before the other side, woken by the rollback, did
+    assert not rival.is_alive() and 2 <= len(runs) <= 3
     with db.read_session() as s:
         rows = {int(r[0]): int(r[1]) for r in s.connection().execute(text("SELECT id, n FROM tf_deadlock"))}
     assert rows == {1: 11, 2: 11}  # both transactions committed once each: the victim's first run left nothing
