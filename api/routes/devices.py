@@ -35,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.handoff import HandedOffRoute
 from api.principal import Principal
 from api.routes.common import request_id
 from api.schemas import COMMON_ERRORS, error_responses
@@ -45,7 +46,7 @@ from enforcer.service import DEVICE_PATTERN
 
 log = logging.getLogger("trustfabric.api.devices")
 VIEW_HEADER = "X-Fabric-View"
-router = APIRouter(prefix="/v1", tags=["devices"])
+router = APIRouter(prefix="/v1", tags=["devices"], route_class=HandedOffRoute)
 
 DevicePath = Annotated[str, PathParam(min_length=5, max_length=80, pattern=DEVICE_PATTERN,
                                       description="nic:<node> or leaf:<name>", examples=["nic:gpu1"])]
