@@ -10,8 +10,8 @@ headers and body on the loop first; a request it refuses as invalid is authentic
 
 What changes for such a route, besides where the token is read: FastAPI validates an `async def` endpoint's return
 value against its response model on the loop, where it did that in a second hand-off for a `def` one (for a model
-instance of the response model's class, an isinstance check). An `async def` endpoint, or one without the principal
-among its parameters, is left as it is.
+instance of the response model's class, an isinstance check). An `async def` endpoint, a generator (streamed by
+FastAPI), or one without the principal among its parameters, is left as it is.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ def _is_principal(annotation: Any) -> bool:
 
 
 def handed_off(endpoint: Callable[..., Any]) -> Callable[..., Any]:
-    """`endpoint` as one hand-off that authenticates and calls it (see the module); itself when it is `async def`
-    or takes no principal."""
-    if inspect.iscoroutinefunction(endpoint) or not callable(endpoint):
+    """`endpoint` as one hand-off that authenticates and calls it (see the module); itself when it is `async def`,
+    a generator, or takes no principal."""
+    if inspect.iscoroutinefunction(endpoint) or inspect.isgeneratorfunction(endpoint) \
+            or inspect.isasyncgenfunction(endpoint):  # FastAPI streams a generator's items itself
         return endpoint
     hints = typing.get_type_hints(endpoint, include_extras=True)
     signature = inspect.signature(endpoint)

@@ -14,7 +14,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from api.app import ROUTERS
-from api.deps import AUTHENTICATED_IN_THREAD, current_principal
+from api.deps import AUTHENTICATED_IN_THREAD, PrincipalDep, current_principal
 from api.handoff import handed_off
 from tests.api.conftest import Env
 from tests.api.test_mtls import new_csr
@@ -55,10 +55,14 @@ def test_an_endpoint_without_the_principal_or_already_async_is_left_as_it_is() -
     def healthz() -> dict[str, str]:
         return {}
 
-    async def stream() -> None:
+    async def read(principal: PrincipalDep) -> None:
         return None
 
-    assert handed_off(healthz) is healthz and handed_off(stream) is stream
+    def stream(principal: PrincipalDep) -> Iterator[bytes]:
+        yield b""
+
+    for endpoint in (healthz, read, stream):
+        assert handed_off(endpoint) is endpoint
 
 
 def _on_loop() -> bool:
