@@ -20,8 +20,8 @@ from tests.api.conftest import Env
 from tests.api.test_mtls import new_csr
 
 # `async def` routes that take the principal as a dependency, so check its token on the loop: each a choice
-# (GET /v1/grants answers its cached pages on the loop; a device's long-poll waits there), not an oversight
-LOOP_AUTHENTICATED = {"list_grants", "get_ruleset"}
+# (GET /v1/grants answers its cached pages on the loop, its page read there too), not an oversight
+LOOP_AUTHENTICATED = {"list_grants"}
 
 
 def _calls(dependant: Any) -> Iterator[Callable[..., Any]]:
@@ -107,6 +107,7 @@ def test_routes_check_their_token_off_the_event_loop(env: Env, recorded: list[bo
     r = env.call("POST", f"/v1/grants/{r.json()['id']}/approve", "tenant-admin", "globex")
     assert r.status_code == 200 and r.json()["state"] == "active", r.text
     assert env.call("GET", "/v1/grants/nothing-here", "admin").status_code == 404
+    assert env.call("GET", "/v1/devices/nic:gpu9/ruleset", "admin").status_code == 404  # async: its own hand-off
     assert recorded and not any(recorded), recorded  # each authenticator tried (the mTLS one, the token one)
     recorded.clear()
     assert env.call("GET", "/v1/grants", "tenant-admin", "acme").status_code == 200
@@ -115,7 +116,7 @@ def test_routes_check_their_token_off_the_event_loop(env: Env, recorded: list[bo
 
 def test_an_invalid_renewal_is_refused_for_its_credentials_first(env: Env) -> None:
     """POST /v1/svids/x509 and POST /v1/nodes/renew validate their body on the loop and check the token in their
-    worker thread; an invalid body is still answered 401 without a token, with a bad or a revoked one (nothing
+    worker thread (GET /v1/devices/{device}/ruleset its query); an invalid body is still answered 401 without a token, with a bad or a revoked one (nothing
     written), and 422 with the reason only for an authenticated caller."""
     from audit import Actor
     from pki.tokens.service import revoke_token
@@ -128,6 +129,10 @@ def test_an_invalid_renewal_is_refused_for_its_credentials_first(env: Env) -> No
             assert r.headers["www-authenticate"] == "Bearer"
     r = env.call("POST", "/v1/svids/x509", "tenant-admin", "acme", json=invalid)
     assert r.status_code == 422 and r.json()["reason"].startswith("body.csr"), r.text
+    # a device's long-poll (async, authenticated in its own hand-off too): the same order
+    assert env.client.get("/v1/devices/nic:gpu1/ruleset?wait=-1").status_code == 401
+    r = env.call("GET", "/v1/devices/nic:gpu1/ruleset?wait=-1", "admin")
+    assert r.status_code == 422 and "wait" in r.json()["reason"], r.text
     token = env.token("tenant-admin", "acme")
     with env.ctx.db.session() as s:
         revoke_token(s, jwt.decode(token, options={"verify_signature": False})["jti"], actor=Actor.system("t"),
