@@ -116,8 +116,9 @@ def test_routes_check_their_token_off_the_event_loop(env: Env, recorded: list[bo
 
 def test_an_invalid_renewal_is_refused_for_its_credentials_first(env: Env) -> None:
     """POST /v1/svids/x509 and POST /v1/nodes/renew validate their body on the loop and check the token in their
-    worker thread (GET /v1/devices/{device}/ruleset its query); an invalid body is still answered 401 without a token, with a bad or a revoked one (nothing
-    written), and 422 with the reason only for an authenticated caller."""
+    worker thread (GET /v1/devices/{device}/ruleset: its query); an invalid request is still answered 401 without
+    a token, with a bad or a revoked one (nothing written), and 422 with the reason only for an authenticated
+    caller."""
     from audit import Actor
     from pki.tokens.service import revoke_token
 
