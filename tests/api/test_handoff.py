@@ -108,6 +108,7 @@ def test_routes_check_their_token_off_the_event_loop(env: Env, recorded: list[bo
     assert r.status_code == 200 and r.json()["state"] == "active", r.text
     assert env.call("GET", "/v1/grants/nothing-here", "admin").status_code == 404
     assert env.call("GET", "/v1/devices/nic:gpu9/ruleset", "admin").status_code == 404  # async: its own hand-off
+    assert env.call("GET", "/metrics", "admin").status_code == 200  # async: its one hand-off
     assert recorded and not any(recorded), recorded  # each authenticator tried (the mTLS one, the token one)
     recorded.clear()
     assert env.call("GET", "/v1/grants", "tenant-admin", "acme").status_code == 200
