@@ -2,11 +2,12 @@
 
 A `def` route taking `principal: PrincipalDep` had FastAPI resolve the principal on the event loop (the token's row
 read from the database: on PostgreSQL a round trip every connection of the replica waited through), then hand the
-route to a worker thread. `HandedOffRoute`, the route class of every API router, makes such an endpoint an `async
-def` with the same parameters less the principal, which authenticates (`api.deps.authenticate`: the principal's rate
-limit included) and calls the endpoint in one `run_in_threadpool`. FastAPI still validates the path, query,
-headers and body on the loop first; a request it refuses as invalid is authenticated first all the same
-(`authenticated_in_thread`, api/errors.py), so 401 (or the principal's 429) still comes before 422.
+route to a worker thread. `HandedOffRoute`, the route class of every API router that authenticates, makes such an
+endpoint an `async def` with the same parameters less the principal, which authenticates
+(`api.deps.authenticate`: the principal's rate limit included) and calls the endpoint in one `run_in_threadpool`.
+FastAPI still validates the path, query, headers and body on the loop first; a request it refuses as invalid is
+authenticated first all the same (`authenticated_in_thread`, api/errors.py), so 401 (or the principal's 429) still
+comes before 422.
 
 What changes for such a route, besides where the token is read: FastAPI validates an `async def` endpoint's return
 value against its response model on the loop, where it did that in a second hand-off for a `def` one (for a model
