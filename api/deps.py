@@ -27,10 +27,10 @@ async def get_ctx(request: Request) -> AppContext:
 
 
 async def current_principal(request: Request, ctx: Annotated[AppContext, Depends(get_ctx)]) -> Principal:
-    """The authenticated caller. Async on purpose: authenticators are quick, read-only checks (a signature
-    and one indexed lookup), and running them on the event loop saves two thread hops per request. A route
-    whose work runs in a worker thread anyway authenticates there instead (`authenticate`, in the same
-    hand-off: POST /v1/grants), so the token row's read is not made on the loop."""
+    """The authenticated caller, as a dependency (`PrincipalDep`). Resolved by FastAPI on the event loop only
+    for an `async def` route (and `require_roles`): a `def` route taking it is run by its route class
+    (api/handoff.py) as one hand-off that authenticates in the worker thread, so the token row's read is not
+    made on the loop."""
     return authenticate(request, ctx)
 
 

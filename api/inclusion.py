@@ -46,11 +46,12 @@ def _inclusion(router: APIRouter) -> tuple[BaseRoute, ...]:
 
 
 def literal_prefixes(router: APIRouter) -> tuple[str, ...] | None:
-    """The literal start of every route's path (up to its first parameter); None when a route is not a plain
-    APIRoute (a mount, a nested router), whose matching the gate does not reason about."""
+    """The literal start of every route's path (up to its first parameter); None when a route does not match as
+    an APIRoute does (a mount, a nested router, a route class with matching of its own), whose matching the gate
+    does not reason about. A route class that changes only how its endpoint runs (api/handoff.py) is gated."""
     prefixes: set[str] = set()
     for route in router.routes:
-        if type(route) is not APIRoute:
+        if not isinstance(route, APIRoute) or type(route).matches is not APIRoute.matches:
             return None
         prefixes.add(route.path.split("{", 1)[0])
     return tuple(sorted(prefixes)) or None

@@ -1,7 +1,9 @@
-"""Where a POST /v1/grants spends the event loop's CPU: the real app (api.app.create_app over a seeded SQLite data
-directory, the shipped policy active) driven in-process through its ASGI interface, one request at a time, each a
-distinct grant (its own Idempotency-Key and justification), beside a bare ASGI app and two minimal FastAPI apps
-(a `def` route, run in FastAPI's worker thread, and an `async def` one) driven the same way (issue 11).
+"""Where a request spends the event loop's CPU: the real app (api.app.create_app over a seeded SQLite data
+directory, the shipped policy active) driven in-process through its ASGI interface, one request at a time, beside
+a bare ASGI app and two minimal FastAPI apps (a `def` route, run in FastAPI's worker thread, and an `async def`
+one) driven the same way (issue 11). The routes (BENCH_ROUTES, comma-separated; both by default): `grants`, POST
+/v1/grants, each request a distinct grant (its own Idempotency-Key and justification); `svid`, POST
+/v1/svids/x509, an SVID renewal of a registered workload (the same CSR each time, as an agent reusing its key).
 
 The figure is the CPU time of the thread running the event loop per request (time.thread_time: the worker
 threads' CPU, the route's own work and the group commit, is not in it), medians of RUNS runs of REQUESTS. uvicorn's
@@ -40,6 +42,7 @@ from api.schemas import GrantCreate
 
 REQUESTS = int(os.environ.get("BENCH_REQUESTS", "400"))
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+ROUTES = [r.strip() for r in os.environ.get("BENCH_ROUTES", "grants,svid").split(",") if r.strip()]
 GRANT = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
          "ttl_seconds": 3600, "justification": "bench"}
 TOKEN = "eyJ" + "x" * 420  # the size of an API token, for the apps that do not check it
@@ -47,21 +50,43 @@ TOKEN = "eyJ" + "x" * 420  # the size of an API token, for the apps that do not 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 
-def _scope(token: str, body: bytes, key: str) -> dict[str, Any]:
-    """What uvicorn's httptools protocol hands the app for a POST of a grant."""
+class Route:
+    """One route's requests: its method and path, and each request's body and extra headers."""
+
+    def __init__(self, name: str, path: str, body: Callable[[str], bytes], keyed: bool) -> None:
+        self.name, self.path, self.body, self.keyed = name, path, body, keyed
+
+    def request(self) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        key = uuid.uuid4().hex
+        return self.body(key), [(b"idempotency-key", key.encode())] if self.keyed else []
+
+
+def routes() -> dict[str, Route]:
+    from bench.pki import _csr
+
+    renewal = json.dumps({"csr": _csr().decode(), "tenant": "acme", "group": "web", "workload": "web-1",
+                          "ttl_seconds": 3600}).encode()
+    return {
+        "grants": Route("POST /v1/grants", "/v1/grants",
+                        lambda key: json.dumps({**GRANT, "justification": f"bench {key}"}).encode(), keyed=True),
+        "svid": Route("POST /v1/svids/x509", "/v1/svids/x509", lambda _key: renewal, keyed=False),
+    }
+
+
+def _scope(token: str, path: str, body: bytes, extra: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """What uvicorn's httptools protocol hands the app for a POST of a JSON body."""
     headers = [(b"host", b"127.0.0.1:8443"), (b"accept-encoding", b"identity"), (b"accept", b"*/*"),
                (b"connection", b"keep-alive"), (b"authorization", f"Bearer {token}".encode()),
-               (b"content-type", b"application/json"), (b"idempotency-key", key.encode()),
+               (b"content-type", b"application/json"), *extra,
                (b"content-length", str(len(body)).encode())]
     return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
             "server": ("127.0.0.1", 8443), "client": ("127.0.0.1", 50000), "scheme": "http", "method": "POST",
-            "root_path": "", "path": "/v1/grants", "raw_path": b"/v1/grants", "query_string": b"",
+            "root_path": "", "path": path, "raw_path": path.encode(), "query_string": b"",
             "headers": headers, "state": {}}
 
 
-async def _one(app: App, token: str) -> int:
-    key = uuid.uuid4().hex
-    body = json.dumps({**GRANT, "justification": f"bench {key}"}).encode()
+async def _one(app: App, token: str, route: Route) -> int:
+    body, extra = route.request()
     sent: list[dict[str, Any]] = []
     given = False
 
@@ -75,17 +100,17 @@ async def _one(app: App, token: str) -> int:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await app(_scope(token, body, key), receive, send)
+    await app(_scope(token, route.path, body, extra), receive, send)
     return int(sent[0]["status"])
 
 
-async def _loop_cpu(app: App, token: str, n: int, process: list[float] | None = None) -> float:
+async def _loop_cpu(app: App, token: str, route: Route, n: int, process: list[float] | None = None) -> float:
     """Event-loop thread CPU (us) per request over `n` requests one after another (and the whole process's,
     its worker threads' included, appended to `process`)."""
     gc.collect()
     start, start_process = time.thread_time(), time.process_time()
     for _ in range(n):
-        status = await _one(app, token)
+        status = await _one(app, token, route)
         if status >= 300:
             raise RuntimeError(f"request answered {status}")
     if process is not None:
@@ -216,38 +241,46 @@ def seeded_app(work: Path) -> tuple[Any, str, Any]:
 
 
 def main() -> int:
+    chosen = routes()
+    unknown = [r for r in ROUTES if r not in chosen]
+    if unknown or not ROUTES:
+        print(f"BENCH_ROUTES: unknown route(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(chosen)}",
+              file=sys.stderr)
+        return 2
+    grant = chosen["grants"]  # the baselines' request (their routes take a GrantCreate)
     with tempfile.TemporaryDirectory(prefix="tf-bench-asgi-") as work:
         app, token, env = seeded_app(Path(work))
         try:
-            apps: dict[str, tuple[App, str]] = {
-                "bare ASGI app": (bare_app(), TOKEN),
-                "FastAPI def route": (fastapi_app(sync=True), TOKEN),
-                "FastAPI async def route": (fastapi_app(sync=False), TOKEN),
-                "trustfabric POST /v1/grants": (app, token),
+            apps: dict[str, tuple[App, str, Route]] = {
+                "bare ASGI app": (bare_app(), TOKEN, grant),
+                "FastAPI def route": (fastapi_app(sync=True), TOKEN, grant),
+                "FastAPI async def route": (fastapi_app(sync=False), TOKEN, grant),
+                **{f"trustfabric {chosen[r].name}": (app, token, chosen[r]) for r in ROUTES},
             }
             loop = asyncio.new_event_loop()
             try:
-                for candidate, tok in apps.values():  # warm: engines, validators, the first inclusion
-                    loop.run_until_complete(_loop_cpu(candidate, tok, 50))
+                for candidate, tok, route in apps.values():  # warm: engines, validators, the first inclusion
+                    loop.run_until_complete(_loop_cpu(candidate, tok, route, 50))
                 settle = getattr(api.app, "settle", None)
                 if settle is not None:  # as a server process does when its app starts (absent before issue 11)
                     settle()
                 figures: dict[str, list[float]] = {name: [] for name in apps}
                 process: dict[str, list[float]] = {name: [] for name in apps}
                 for _ in range(RUNS):
-                    for name, (candidate, tok) in apps.items():
+                    for name, (candidate, tok, route) in apps.items():
                         figures[name].append(loop.run_until_complete(
-                            _loop_cpu(candidate, tok, REQUESTS, process[name])))
-                timed: list[Layers] = []
-                for _ in range(RUNS):
-                    layers = Layers()
-                    undo = instrument(app, layers)
-                    try:
-                        loop.run_until_complete(_loop_cpu(app, token, REQUESTS))
-                    finally:
-                        for step in reversed(undo):
-                            step()
-                    timed.append(layers)
+                            _loop_cpu(candidate, tok, route, REQUESTS, process[name])))
+                timed: dict[str, list[Layers]] = {r: [] for r in ROUTES}
+                for r in ROUTES:
+                    for _ in range(RUNS):
+                        layers = Layers()
+                        undo = instrument(app, layers)
+                        try:
+                            loop.run_until_complete(_loop_cpu(app, token, chosen[r], REQUESTS))
+                        finally:
+                            for step in reversed(undo):
+                                step()
+                        timed[r].append(layers)
             finally:
                 loop.close()
         finally:
@@ -260,14 +293,19 @@ def main() -> int:
         value = statistics.median(values)
         print(f"asgi_loop_cpu_per_request[{name}]: {value:.0f} us (baseline bare ASGI app {base:.0f} us, "
               f"ratio {value / base:.2f})")
-    whole, base_whole = (statistics.median(process[n]) for n in ("trustfabric POST /v1/grants", "bare ASGI app"))
-    print(f"asgi_process_cpu_per_request[trustfabric POST /v1/grants]: {whole:.0f} us (worker threads included; "
-          f"baseline bare ASGI app {base_whole:.0f} us, ratio {whole / base_whole:.2f})")
-    own = {name: statistics.median(t.own.get(name, 0.0) for t in timed) / 1000 / REQUESTS for name in timed[0].order}
-    print(f"# per layer, POST /v1/grants, medians of {RUNS} timed runs (timers included: {sum(own.values()):.0f} us "
-          f"in all)")
-    for name, value in own.items():
-        print(f"asgi_layer_loop_cpu[{name}]: {value:.1f} us")
+    base_whole = statistics.median(process["bare ASGI app"])
+    for r in ROUTES:
+        name = f"trustfabric {chosen[r].name}"
+        whole = statistics.median(process[name])
+        print(f"asgi_process_cpu_per_request[{name}]: {whole:.0f} us (worker threads included; "
+              f"baseline bare ASGI app {base_whole:.0f} us, ratio {whole / base_whole:.2f})")
+    for r in ROUTES:
+        runs = timed[r]
+        own = {n: statistics.median(t.own.get(n, 0.0) for t in runs) / 1000 / REQUESTS for n in runs[0].order}
+        print(f"# per layer, {chosen[r].name}, medians of {RUNS} timed runs (timers included: "
+              f"{sum(own.values()):.0f} us in all)")
+        for n, value in own.items():
+            print(f"asgi_layer_loop_cpu[{chosen[r].name}: {n}]: {value:.1f} us")
     return 0
 
 

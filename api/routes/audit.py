@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.handoff import HandedOffRoute
 from api.principal import Principal
 from api.routes.common import decode_cursor, encode_cursor, request_id
 from api.schemas import COMMON_ERRORS, CursorQuery, error_responses
@@ -31,7 +32,7 @@ from core.errors import Forbidden, InvalidInput, NotFound
 from core.vocabulary import SLUG_PATTERN
 from workflows import exports
 
-router = APIRouter(prefix="/v1/audit", tags=["audit"])
+router = APIRouter(prefix="/v1/audit", tags=["audit"], route_class=HandedOffRoute)
 ERRORS = error_responses(*COMMON_ERRORS)
 ERRORS_404 = error_responses(*COMMON_ERRORS, 404)
 

@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.authz import authorize
-from api.deps import CtxDep, PrincipalDep
+from api.deps import CtxDep, PrincipalDep, authenticate, authenticated_in_thread
+from api.handoff import HandedOffRoute
 from api.principal import Principal
 from api.routes.common import request_id
 from api.schemas import COMMON_ERRORS, error_responses
@@ -45,7 +46,7 @@ from enforcer.service import DEVICE_PATTERN
 
 log = logging.getLogger("trustfabric.api.devices")
 VIEW_HEADER = "X-Fabric-View"
-router = APIRouter(prefix="/v1", tags=["devices"])
+router = APIRouter(prefix="/v1", tags=["devices"], route_class=HandedOffRoute)
 
 DevicePath = Annotated[str, PathParam(min_length=5, max_length=80, pattern=DEVICE_PATTERN,
                                       description="nic:<node> or leaf:<name>", examples=["nic:gpu1"])]
@@ -166,6 +167,10 @@ def get_device(device: DevicePath, request: Request, ctx: CtxDep, principal: Pri
         return service.status_row(session, device)
 
 
+def _authorized(request: Request, ctx: Any, device: str) -> None:
+    _scope(request, authenticate(request, ctx), device, "device.read")
+
+
 def _current(ctx: Any, device: str) -> tuple[int, str, str, str, str]:
     with ctx.db.read_session() as session:
         st = service.get_state(session, device)
@@ -187,13 +192,17 @@ def _matches(if_none_match: str | None, digest: str) -> bool:
                        304: {"description": "the device already has it (If-None-Match), or the wait ended"},
                        **READ_ERRORS},
             summary="A device's desired rule set: ETag, If-None-Match (304), long-poll with ?wait=")
+@authenticated_in_thread
 async def get_ruleset(
-    device: DevicePath, request: Request, ctx: CtxDep, principal: PrincipalDep,
+    device: DevicePath, request: Request, ctx: CtxDep,
     wait: Annotated[int, Query(ge=0, le=MAX_WAIT, description="with If-None-Match: seconds to wait for a newer "
                                                               "version before answering 304")] = 0,
     if_none_match: Annotated[str | None, Header(max_length=1000)] = None,
 ) -> Response:
-    _scope(request, principal, device, "device.read")
+    # The token checked and the device's scope authorized in a worker thread, before anything else (the token's
+    # row is a database read, an out-of-scope node's denial a decision-log write): not on the event loop that
+    # every long-polling agent's request waits on (an async route: its waits are the loop's, not a thread's)
+    await run_in_threadpool(_authorized, request, ctx, device)
     watch = request.app.state.device_watch
     wait_for = float(min(wait, ctx.settings.device_wait_max_seconds))
     loop = asyncio.get_running_loop()

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.handoff import HandedOffRoute
 from api.routes.common import request_id
 from api.routes.devices import log_denial, node_name
 from api.schemas import COMMON_ERRORS, SlugPath, error_responses
@@ -19,7 +20,7 @@ from core.errors import Forbidden
 from workflows import fabric
 from workflows.fabric import FabricChange, Who
 
-router = APIRouter(prefix="/v1", tags=["fabric"])
+router = APIRouter(prefix="/v1", tags=["fabric"], route_class=HandedOffRoute)
 
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)

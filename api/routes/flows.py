@@ -17,13 +17,14 @@ from pydantic import BaseModel, Field
 from api.authz import authorize
 from api.computing import COMPUTING_RESPONSE, computing, prefers_async
 from api.deps import CtxDep, PrincipalDep
+from api.handoff import HandedOffRoute
 from api.schemas import COMMON_ERRORS, error_responses
 from core.clock import as_utc
 from core.vocabulary import SLUG_PATTERN
 from policy.flowset import FlowSet, FlowSets
 from policy.matrix import flows_between, matrix_page
 
-router = APIRouter(prefix="/v1/policy", tags=["policy"])
+router = APIRouter(prefix="/v1/policy", tags=["policy"], route_class=HandedOffRoute)
 
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 ASYNC_READ = {**READ_ERRORS, **COMPUTING_RESPONSE}

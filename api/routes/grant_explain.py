@@ -15,13 +15,14 @@ from pydantic import BaseModel
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep, evaluation_slot
+from api.handoff import HandedOffRoute
 from api.routes.common import caller_of, grant_decider
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden, InvalidInput
 from core.vocabulary import SLUG_PATTERN
 from policy.grants import GrantRequest, explain_request
 
-router = APIRouter(prefix="/v1/policy", tags=["policy"])
+router = APIRouter(prefix="/v1/policy", tags=["policy"], route_class=HandedOffRoute)
 
 SlugQuery = Annotated[str, Query(min_length=1, max_length=63, pattern=SLUG_PATTERN)]
 

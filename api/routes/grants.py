@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from sqlalchemy.exc import IntegrityError
-from starlette.concurrency import run_in_threadpool
 
 from api.authz import authorize
-from api.deps import CtxDep, PrincipalDep, authenticate, authenticated_in_thread
+from api.deps import CtxDep, PrincipalDep
+from api.handoff import HandedOffRoute
 from api.metrics import DECISIONS, EVALUATION, timed
 from api.principal import Principal
 from api.readcache import ReadCache
@@ -39,7 +39,7 @@ from policy import grants as svc
 from policy.models import Grant
 from workflows.context import AppContext
 
-router = APIRouter(prefix="/v1", tags=["grants"])
+router = APIRouter(prefix="/v1", tags=["grants"], route_class=HandedOffRoute)
 
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
@@ -121,22 +121,12 @@ def _src_tenant(principal: Principal, body: GrantCreate) -> str:
         "model": GrantOut, "description": "a retry with the same Idempotency-Key: the original grant"}},
     summary="Request a grant: active now, pending with named approvers, or denied with reasons",
 )
-@authenticated_in_thread
-async def request_grant(
-    body: GrantCreate, request: Request,
+def request_grant(
+    body: GrantCreate, request: Request, principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_PATTERN)] = None,
 ) -> Response:
-    # One hand-off to a worker thread for the whole request, the token check included: a `def` route with the
-    # principal as a dependency checked the token on the event loop (its row read from the database: on
-    # PostgreSQL a round trip the loop waited through, every other connection of the replica with it), then
-    # handed the route to a thread. The body and the Idempotency-Key are validated on the loop before, as
-    # before; a request invalid in them is authenticated first all the same (authenticated_in_thread): 401 first.
-    return await run_in_threadpool(_request_grant, body, request, idempotency_key)
-
-
-def _request_grant(body: GrantCreate, request: Request, idempotency_key: str | None) -> Response:
+    # Run by its route (api/handoff.py) as one hand-off to a worker thread, the token check included.
     ctx: AppContext = request.app.state.ctx
-    principal = authenticate(request, ctx)
     src_tenant = _src_tenant(principal, body)
     authorize(request, principal, "grant.create", src_tenant)
     req = svc.GrantRequest(

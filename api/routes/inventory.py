@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.handoff import HandedOffRoute
 from api.routes.common import decode_cursor, denial_logged, encode_cursor, request_id
 from api.schemas import (
     COMMON_ERRORS,
@@ -31,7 +32,7 @@ from workflows import fabric
 from workflows.context import trust_domain
 from workflows.fabric import Who
 
-router = APIRouter(prefix="/v1", tags=["inventory"])
+router = APIRouter(prefix="/v1", tags=["inventory"], route_class=HandedOffRoute)
 
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)

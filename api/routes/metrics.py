@@ -7,9 +7,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CtxDep, current_principal
+from api.deps import CtxDep, authenticate
 from api.metrics import CONTENT_TYPE, exposition, metrics_token_ok
 from core.errors import Forbidden
+from workflows.context import AppContext
 
 router = APIRouter(include_in_schema=False)
 ROLES = ("admin", "security")
@@ -17,9 +18,14 @@ ROLES = ("admin", "security")
 
 @router.get("/metrics")
 async def metrics(request: Request, ctx: CtxDep) -> Response:
+    # one hand-off: the caller checked (a principal's token is a database read) and the exposition built off the loop
+    return Response(await run_in_threadpool(_exposition_for, request, ctx), media_type=CONTENT_TYPE)
+
+
+def _exposition_for(request: Request, ctx: AppContext) -> bytes:
     if not metrics_token_ok(ctx, request.headers.get("authorization")):
-        principal = await current_principal(request, ctx)
+        principal = authenticate(request, ctx)
         if principal.role not in ROLES:
             raise Forbidden(f"role {principal.role!r} may not read metrics (needs {' or '.join(ROLES)}, or the "
                             "metrics token)")
-    return Response(await run_in_threadpool(exposition, ctx), media_type=CONTENT_TYPE)
+    return exposition(ctx)

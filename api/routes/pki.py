@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.handoff import HandedOffRoute
 from api.metrics import SVID_TTL, SVIDS_ISSUED
 from api.principal import Principal
 from api.routes.common import denial_logged, request_id
@@ -20,7 +21,7 @@ from pki import service
 from pki.errors import SvidNotFound
 from pki.revocation import CrlPublisher, PublishedCrl
 
-router = APIRouter(prefix="/v1", tags=["pki"])
+router = APIRouter(prefix="/v1", tags=["pki"], route_class=HandedOffRoute)
 
 MAX_TTL_SECONDS = 30 * 86400
 Csr = Annotated[str, Field(min_length=1, max_length=16384, description="PKCS#10 CSR, PEM",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.authz import authorize
 from api.computing import COMPUTING_RESPONSE, computing, prefers_async
 from api.deps import CtxDep, PrincipalDep, evaluation_slot
+from api.handoff import HandedOffRoute
 from api.metrics import DECISIONS, EVALUATION, timed
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
@@ -27,7 +28,7 @@ from policy.views import DecisionOut, VersionDetail, VersionOut, decision_out, v
 from workflows import policy as policy_flows
 from workflows.impacts import ImpactReports
 
-router = APIRouter(prefix="/v1/policy", tags=["policy"])
+router = APIRouter(prefix="/v1/policy", tags=["policy"], route_class=HandedOffRoute)
 
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.handoff import HandedOffRoute
 from api.routes.common import request_id
 from api.routes.inventory import group_out, tenant_out, workload_out
 from api.schemas import (
@@ -21,7 +22,7 @@ from api.schemas import (
 from inventory.models import Tenant, WorkloadGroup
 from workflows import security
 
-router = APIRouter(prefix="/v1", tags=["security"])
+router = APIRouter(prefix="/v1", tags=["security"], route_class=HandedOffRoute)
 
 ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Request
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
+from api.handoff import HandedOffRoute
 from api.routes.common import decode_cursor, encode_cursor, request_id
 from api.schemas import (
     COMMON_ERRORS,
@@ -25,7 +26,7 @@ from core.clock import as_utc
 from pki.tokens import service as tokens
 from pki.tokens.models import ApiToken
 
-router = APIRouter(prefix="/v1", tags=["principals"])
+router = APIRouter(prefix="/v1", tags=["principals"], route_class=HandedOffRoute)
 
 TokenId = Annotated[str, Path(min_length=1, max_length=64)]
 
