@@ -16,15 +16,6 @@ cache. What a transaction read joins the cache only once it committed, so a read
 change never outlives the change's rollback. Refusals (unknown, revoked, quarantined) are never cached: they
 are read afresh each time. One state per `Database` object (weakly held): a database re-created under the same
 URL starts empty.
-
-A registration missing from the cache is read by the request's own thread before it queues its write (`seed`),
-with the tree size read first: what it shows is then current as of event `at` (anything committed before is
-in it, anything after has a number >= `at`). Under the lock the batch takes it instead of reading, when every
-event from `at` to the head is known safe: `safe_since` (the number after the unsafe event that last emptied
-the cache, or the head's size then when the marker's history was not the log's) is at most `at`. So a cold
-start (every workload's first renewal) or a cache emptied by a registration change costs each request a read
-in parallel with the others, not a read each, one after another, while the batch holds the head lock that
-every writer of every replica waits for.
 """
 
 from __future__ import annotations
@@ -68,9 +59,6 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     cleared: int = 0  # times the cache was emptied (for tests)
     validations: int = 0
-    safe_since: int = -1  # every event from here up to `size` is safe (known since the last emptying); -1: none
-    seeds: dict[Hashable, tuple[int, Registered]] = field(default_factory=dict)  # read outside the lock at a size
-    seeded: int = 0  # seeds taken in place of a read under the lock (for tests)
 
 
 @dataclass
@@ -106,36 +94,9 @@ def lookup(db: Database, session: Session, key: Hashable, read: Callable[[], Reg
             _validate(session, state)
             tx = session.info[_TX] = _Tx(state, state.validations, {})
         found = state.entries.get(key) or tx.read.get(key)
-        if found is None:
-            at, seeded = state.seeds.pop(key, (-1, None))
-            if seeded is not None and 0 <= state.safe_since <= at <= state.size:
-                found = tx.read[key] = seeded
-                state.seeded += 1
     if found is None:
         found = tx.read[key] = read()
     return found
-
-
-def cached(db: Database, key: Hashable) -> bool:
-    """Whether `key` is in the cache now (it may be emptied before the batch looks: then it reads, as ever)."""
-    state = _state(db)
-    with state.lock:
-        return key in state.entries
-
-
-def seed(db: Database, key: Hashable, found: Registered, at: int) -> None:
-    """`found`, read outside any write transaction after the tree size `at` was read, for the next batch to take
-    in place of its own read once it sees only safe events from `at` on (module docstring)."""
-    state = _state(db)
-    with state.lock:
-        state.seeds[key] = (at, found)
-        while len(state.seeds) > MAX_ENTRIES:
-            state.seeds.pop(next(iter(state.seeds)))
-
-
-def seeded(db: Database) -> int:
-    """How many registrations a batch took from a read made before it (for tests)."""
-    return _state(db).seeded
 
 
 def cleared(db: Database) -> int:
@@ -154,14 +115,11 @@ def _validate(session: Session, state: _State) -> None:
     if keep and state.size > 0:
         keep = rows[0][2] == state.last_leaf
     between = rows[1:] if state.size > 0 else rows
-    unsafe = [seq for seq, action, _leaf in between if action not in SAFE_ACTIONS] if keep else []
-    if not keep or unsafe:
-        # the history is known from the last unsafe event on (the scan lists every one); else only from here
-        safe_since = unsafe[-1] + 1 if keep else size
+    if keep and any(action not in SAFE_ACTIONS for _seq, action, _leaf in between):
+        keep = False
+    if not keep:
         state.entries.clear()
-        state.seeds = {key: seed for key, seed in state.seeds.items() if seed[0] >= safe_since}  # the rest predate it
         state.cleared += 1
-        state.safe_since = safe_since
     state.size = size
     state.last_leaf = rows[-1][2] if rows and rows[-1][0] == size - 1 else _leaf_at(session, size - 1)
 

@@ -13,7 +13,6 @@ from sqlalchemy import and_, bindparam, exists
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
-from audit.service import tree_size
 from core.clock import Clock, as_utc, system_clock
 from core.errors import InvalidInput, TrustfabricError
 from core.slugs import require_slug
@@ -258,17 +257,12 @@ def issue_x509_svid_grouped(
 
     def attempt(fresh: bool) -> IssuedX509:
         facts = None if fresh else _facts.get(key, clock())
-        if facts is None or not registrations.cached(db, key):
-            # read here, beside the other requests, what the batch would otherwise read under the head lock
-            # that every writer waits for (pki/registrations.py `seed`)
-            with db.read_session(statements=True) as session:
-                at = tree_size(session)  # first: what the reads below show is current as of event `at`
+        if facts is None:
+            with db.read_session() as session:
                 settings, sid = _registered_identity(
                     session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant,
                     on_node=on_node)
-                issuer = active_issuing(session, clock(), lock=False) if facts is None else facts.issuer
-            registrations.seed(db, key, registrations.Registered(
-                sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds), at)
+                issuer = active_issuing(session, clock(), lock=False)
             facts = _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer)
             _facts.put(key, facts)
         ttl_resolved = resolve_ttl(ttl, default_seconds=facts.default_ttl, max_seconds=facts.max_ttl,
