@@ -141,26 +141,46 @@ def driver_rows(conn: Connection, sql: str, params: Any) -> list[tuple[Any, ...]
     work (execution context, result object, events) cost twice the driver's. A driver error goes through
     SQLAlchemy's own handling, as any statement's: wrapped (an OperationalError answers 503), and a lost
     connection invalidates the pool as SQLAlchemy would."""
-    dbapi = conn.connection.driver_connection
-    assert dbapi is not None
-    cursor = dbapi.cursor()
-    try:
+    with _driver_cursor(conn, sql, params) as cursor:
         cursor.execute(sql, params)
         result = getattr(cursor, "pgresult", None)  # psycopg's: its status says whether rows came, where
         # `description` builds a Column object per column first
         if result is not None:
             return list(cursor.fetchall()) if result.status == _TUPLES_OK else []
         return list(cursor.fetchall()) if cursor.description is not None else []
-    except Exception as exc:
-        conn._handle_dbapi_exception(exc, sql, params, cursor, None)
-    finally:
-        cursor.close()
 
 
 def driver_write(conn: Connection, sql: str, params: Any) -> None:
     """driver_rows for a statement that writes, announced as SQLAlchemy's writes are (`_announce_commits`): its
     COMMIT notifies the change feeds, and this process's feed moves at once (Database.session)."""
     driver_rows(conn, sql, params)
+    _wrote(conn)
+
+
+def driver_write_many(conn: Connection, sql: str, params: list[Any]) -> None:
+    """driver_write of one statement for each of `params`, as psycopg's executemany sends them: pipelined, one
+    round trip for all (a group commit's rows queued by store/deferred.py)."""
+    with _driver_cursor(conn, sql, params) as cursor:
+        cursor.executemany(sql, params)
+    _wrote(conn)
+
+
+@contextmanager
+def _driver_cursor(conn: Connection, sql: str, params: Any) -> Iterator[Any]:
+    """A cursor of the connection's driver, closed after; an error in the block handled as SQLAlchemy handles a
+    statement's (driver_rows says how)."""
+    dbapi = conn.connection.driver_connection
+    assert dbapi is not None
+    cursor = dbapi.cursor()
+    try:
+        yield cursor
+    except Exception as exc:
+        conn._handle_dbapi_exception(exc, sql, params, cursor, None)
+    finally:
+        cursor.close()
+
+
+def _wrote(conn: Connection) -> None:
     conn.info[_WROTE] = True
     _this_thread.wrote = True
 
@@ -181,22 +201,6 @@ def pg_array(values: Iterable[str | int | bytes]) -> str:
         else:
             raise TypeError(f"pg_array takes text, integers or bytes, not {type(value).__name__}")
     return "{" + ",".join(parts) + "}"
-
-
-def driver_write_many(conn: Connection, sql: str, params: list[Any]) -> None:
-    """driver_write of one statement for each of `params`, as psycopg's executemany sends them: pipelined, one
-    round trip for all (a group commit's rows queued by store/deferred.py)."""
-    dbapi = conn.connection.driver_connection
-    assert dbapi is not None
-    cursor = dbapi.cursor()
-    try:
-        cursor.executemany(sql, params)
-    except Exception as exc:
-        conn._handle_dbapi_exception(exc, sql, params, cursor, None)
-    finally:
-        cursor.close()
-    conn.info[_WROTE] = True
-    _this_thread.wrote = True
 
 
 class DriverInsert:
