@@ -286,6 +286,12 @@ def open_line(figure: str, pct: str, value: float, base: float) -> str:
             f"ratio {value / base:.2f})")
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The value below which a fraction `q` of `values` lies (nearest rank, the one above); 0 when none."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
 def median_runs(fn: Any) -> dict[str, float]:
     runs = [fn() for _ in range(RUNS)]
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}

@@ -48,7 +48,7 @@ from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 from locust.env import Environment  # noqa: E402
 from locust.runners import STATE_RUNNING  # noqa: E402
 
-from bench.api import call  # noqa: E402
+from bench.api import call, percentile  # noqa: E402
 from bench.replicas import with_postgres  # noqa: E402
 from tests.conftest import _free_port  # noqa: E402
 from tests.servers import replica_env, serve_replicas  # noqa: E402
@@ -74,11 +74,6 @@ class Requests:
 @events.request.add_listener
 def _record(name: str, start_time: float, response_time: float, exception: Any = None, **_: Any) -> None:
     Requests.rows.append((name, start_time, response_time, None if exception is None else str(exception)[:160]))
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 class Fleet:
@@ -247,12 +242,12 @@ def _run(urls: list[str], pids: list[int]) -> dict[str, Any]:
     for name in sorted({r[0] for r in measured}):
         times = [r[2] for r in measured if r[0] == name]
         rows[name] = {"n": len(times), "fail": sum(r[3] is not None for r in measured if r[0] == name),
-                      "rps": len(times) / wall, "p50": _percentile(times, 0.5), "p99": _percentile(times, 0.99)}
+                      "rps": len(times) / wall, "p50": percentile(times, 0.5), "p99": percentile(times, 0.99)}
     times = [r[2] for r in measured]
     return {"rows": rows, "rps": len(measured) / wall, "fail": sum(r[3] is not None for r in measured),
             "n": len(measured),
-            "p50": _percentile(times, 0.5), "p99": _percentile(times, 0.99), "max": max(times, default=0.0),
-            "start": {"n": len(spawn), "p50": _percentile(spawn, 0.5), "p99": _percentile(spawn, 0.99),
+            "p50": percentile(times, 0.5), "p99": percentile(times, 0.99), "max": max(times, default=0.0),
+            "start": {"n": len(spawn), "p50": percentile(spawn, 0.5), "p99": percentile(spawn, 0.99),
                       "max": max(spawn, default=0.0), "fail": sum(r[3] is not None for r in start),
                       "cpu": start_cpu / start_wall, "cpu_ms": start_cpu * 1000 / max(1, len(spawn)),
                       "load_cpu": start_load / start_wall,

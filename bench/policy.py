@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 import regorus  # noqa: E402
 import uvicorn  # noqa: E402
 
+from bench.api import percentile  # noqa: E402
 from bench.progress import Progress  # noqa: E402
 from pdp.server import create_pdp_app  # noqa: E402
 from policy.decide import ALLOWED_FLOWS_QUERY, FLOW_QUERY, sync_data  # noqa: E402
@@ -97,8 +98,7 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
-    s = sorted(samples)
-    return s[len(s) // 2], s[min(len(s) - 1, int(len(s) * 0.99))]
+    return percentile(samples, 0.5), percentile(samples, 0.99)
 
 
 def line(figure: str, value: float, unit: str, base: float, base_unit: str | None = None) -> None:
