@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -37,6 +38,7 @@ from api.routes import (
     tokens,
 )
 from api.tls import TrustAnchors
+from api.workers import WorkerThreads
 from enforcer.reconcile import Reconciler
 from workflows.context import AppContext
 from workflows.fabric import MAX_IMPORT_BYTES
@@ -60,6 +62,7 @@ def create_app(
     grant_decider: Any = None,
     background: bool = False,
     settle_heap: bool = False,
+    warm_workers: bool = False,
     extra_routers: Sequence[APIRouter] = (),
     enforcer: Reconciler | None = None,
 ) -> FastAPI:
@@ -68,7 +71,8 @@ def create_app(
     checkpoints) and the enforcer's reconciler for the app's lifetime; `enforcer` runs that reconciler
     (tests hand one with their clock) even without the other jobs; `extra_routers` are mounted after the
     API's own (e.g. a console); `settle_heap` freezes the heap built at start-up out of the garbage collector's
-    reach as the app starts (`settle`, below: a server process's app only)."""
+    reach as the app starts (`settle`, below: a server process's app only); `warm_workers` starts the app's worker
+    threads as it starts, each building its policy engines (api/workers.py: a server process's app only)."""
     from api import docs, tracing
     from pki.revocation import CrlPublisher
     from policy.flowset import FlowSets
@@ -89,6 +93,8 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if settle_heap:  # before any thread of ours starts: nothing is collected on a thread it was not made on
             settle()
+        if warm_workers:
+            _app.state.workers.start_all(_warming(ctx, _app))
         if jobs is not None:
             jobs.start()
         if runtime is not None:
@@ -104,6 +110,7 @@ def create_app(
                 traces.shutdown()
             _app.state.impacts.stop_background()  # no new background computation (api/computing.py)
             _app.state.flow_sets.stop_background()
+            _app.state.workers.close()
 
     app = FastAPI(
         title="trustfabric",
@@ -135,6 +142,7 @@ def create_app(
     )
     app.state.rate_limiter = TokenBucket(ctx.settings.rate_limit_per_second, ctx.settings.rate_limit_burst)
     app.state.evaluation_slots = EvaluationSlots(ctx.settings.policy_concurrency)
+    app.state.workers = WorkerThreads(ctx.settings.worker_threads)
     app.state.background = jobs
     app.state.enforcer = runtime
     app.state.device_watch = watch
@@ -174,7 +182,25 @@ def app_from_env() -> FastAPI:
     settings = Settings.from_env()
     logs.configure(settings.log_format, settings.log_level)
     ctx = AppContext.open(settings)
-    return create_app(ctx, background=True, settle_heap=True)
+    return create_app(ctx, background=True, settle_heap=True, warm_workers=True)
+
+
+def _warming(ctx: AppContext, app: FastAPI) -> Callable[[], None]:
+    """What each worker thread of a starting server does first: bring its copy of the grant decider's engine (grant
+    requests, explain) up to the active policy, one thread after another (the first builds the policy document, the
+    others reuse it; and they do not crowd the first requests off the interpreter all at once)."""
+    from policy.grant_decider import RegoGrantDecider
+
+    turn = threading.Lock()
+
+    def warm() -> None:
+        decider = app.state.grant_decider
+        if not isinstance(decider, RegoGrantDecider):
+            return
+        with turn, ctx.db.read_session() as session:
+            decider.warm(session, ctx.clock())
+
+    return warm
 
 
 def settle() -> None:

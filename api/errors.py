@@ -12,11 +12,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, PendingRollbackError
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.deps import AUTHENTICATED_IN_THREAD, authenticate
 from api.routes.common import request_id
+from api.workers import in_worker
 from core.errors import RateLimited, TrustfabricError
 
 log = logging.getLogger("trustfabric.api")
@@ -65,7 +65,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if request.scope.get("endpoint") in AUTHENTICATED_IN_THREAD:
             # its token was not checked yet: refused for that first (off the loop: the check reads the database)
             try:
-                await run_in_threadpool(authenticate, request, request.app.state.ctx)
+                await in_worker(request, authenticate, request, request.app.state.ctx)
             except TrustfabricError as refused:
                 return await _domain(request, refused)
         problems = [

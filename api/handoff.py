@@ -4,7 +4,8 @@ A `def` route taking `principal: PrincipalDep` had FastAPI resolve the principal
 read from the database: on PostgreSQL a round trip every connection of the replica waited through), then hand the
 route to a worker thread. `HandedOffRoute`, the route class of every API router that authenticates, makes such an
 endpoint an `async def` with the same parameters less the principal, which authenticates
-(`api.deps.authenticate`: the principal's rate limit included) and calls the endpoint in one `run_in_threadpool`.
+(`api.deps.authenticate`: the principal's rate limit included) and calls the endpoint in one hand-off to the app's
+worker threads (api/workers.py).
 FastAPI still validates the path, query, headers and body on the loop first; a request it refuses as invalid is
 authenticated first all the same (`authenticated_in_thread`, api/errors.py), so 401 (or the principal's 429) still
 comes before 422.
@@ -25,9 +26,9 @@ from typing import Annotated, Any, get_args, get_origin
 from fastapi import Request
 from fastapi.params import Depends
 from fastapi.routing import APIRoute
-from starlette.concurrency import run_in_threadpool
 
 from api.deps import authenticate, authenticated_in_thread, current_principal
+from api.workers import in_worker
 
 _REQUEST = "tf_handoff_request"  # the Request parameter added to an endpoint that takes none
 
@@ -68,7 +69,7 @@ def handed_off(endpoint: Callable[..., Any]) -> Callable[..., Any]:
 
     async def route(**values: Any) -> Any:
         request = values.pop(_REQUEST) if added else values[request_name]
-        return await run_in_threadpool(run, request, values)
+        return await in_worker(request, run, request, values)
 
     route.__name__ = endpoint.__name__  # FastAPI names the route (and its OpenAPI operationId) after it
     route.__qualname__ = endpoint.__qualname__

@@ -119,6 +119,22 @@ class RegoGrantDecider:
                 self._kept = _Kept(fingerprint, now_ns, live_until(data), data)
         return data
 
+    @property
+    def engine(self) -> PolicyEngine | None:
+        """The engine decisions are made on; None before the first (for tests and profiling)."""
+        return self._engine
+
+    def warm(self, session: Session, now: datetime) -> None:
+        """Bring this thread's engine up to the active version and document without deciding anything: a worker
+        thread warmed as a server starts (api/workers.py) builds nothing on its first decision, where a build
+        holds every other decision of the process (this lock) for 10-50 ms. Fails as a decision would fail."""
+        fingerprint, digest = self._state(session)
+        data = self._data(session, now, fingerprint)
+        with self._lock:
+            engine = self._engine_for(session, digest)
+            if self._bring_up(engine, data):
+                engine.warm()
+
     def decide_flow(self, session: Session, now: datetime, flow: dict[str, Any]) -> tuple[FlowDecision, str | None]:
         """(the FlowDecision on one flow under the active version, that version's hash): explain, on the same
         engine and kept document as grant decisions instead of a fresh engine and document per call."""

@@ -66,6 +66,7 @@ class Settings:
     ip_rate_limit_per_second: float = 100.0  # per client address, before authentication; 0 disables
     ip_rate_limit_burst: int = 200
     policy_concurrency: int = 2  # explains in progress at once per tenant (or platform principal); 0 disables
+    worker_threads: int = 16  # per worker process: the threads requests hand their blocking work to (api/workers.py)
     # Slow and numerous clients (api/server.py: what uvicorn enforces and what we add)
     request_read_timeout_seconds: float = 10.0
     keep_alive_timeout_seconds: float = 5.0
@@ -167,6 +168,7 @@ class Settings:
             ip_rate_limit_per_second=float(e.get("TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND", "100")),
             ip_rate_limit_burst=int(e.get("TRUSTFABRIC_IP_RATE_LIMIT_BURST", "200")),
             policy_concurrency=int(e.get("TRUSTFABRIC_POLICY_CONCURRENCY", "2")),
+            worker_threads=int(e.get("TRUSTFABRIC_WORKER_THREADS", "16")),
             request_read_timeout_seconds=float(e.get("TRUSTFABRIC_REQUEST_READ_TIMEOUT_SECONDS", "10")),
             keep_alive_timeout_seconds=float(e.get("TRUSTFABRIC_KEEP_ALIVE_TIMEOUT_SECONDS", "5")),
             max_connections=int(e.get("TRUSTFABRIC_MAX_CONNECTIONS", "1000")),

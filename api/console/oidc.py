@@ -26,10 +26,10 @@ import httpx
 import jwt
 from fastapi import Request
 from fastapi.responses import RedirectResponse
-from starlette.concurrency import run_in_threadpool
 
 from api.auth.oidc import JwksSource
 from api.console.session import SignInError, clear_cookie, ctx_of, set_cookie
+from api.workers import in_worker
 from core.errors import Unauthenticated
 from pki.tokens.service import sign_claims, verify_signed
 from workflows.settings import Settings
@@ -183,7 +183,7 @@ async def finish(request: Request, code: str | None, state: str | None, error: s
     id_token, access_token = tokens.get("id_token"), tokens.get("access_token")
     if not isinstance(id_token, str) or not isinstance(access_token, str):
         raise SignInError("the OIDC issuer's answer has no ID token or no access token")
-    claims = await run_in_threadpool(_id_token_claims, found, settings, id_token, str(flow["nonce"]))
+    claims = await in_worker(request, _id_token_claims, found, settings, id_token, str(flow["nonce"]))
     try:
         access_sub = jwt.decode(access_token, options={"verify_signature": False}).get("sub")
     except jwt.PyJWTError:

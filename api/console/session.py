@@ -25,11 +25,11 @@ from datetime import UTC, datetime, timedelta
 
 import jwt
 from fastapi import Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from api.console.client import Api, ApiError
 from api.principal import Principal
 from api.routes.common import request_id
+from api.workers import in_worker
 from core.clock import as_utc
 from core.errors import Unauthenticated
 from core.vocabulary import MINTABLE_ROLES
@@ -165,13 +165,13 @@ async def start_session(request: Request, credential: str) -> tuple[str, Me, dat
     ctx = ctx_of(request)
     now = ctx.clock()
     try:
-        expiry = await run_in_threadpool(credential_expiry, ctx, credential)
+        expiry = await in_worker(request, credential_expiry, ctx, credential)
     except (Unauthenticated, jwt.PyJWTError) as exc:
         raise SignInError(f"cannot tell when this credential expires: {exc}") from None
     expires_at = min(t for t in (now + ctx.settings.console_session_ttl, expiry) if t is not None)
     if expires_at - now < MIN_SESSION:
         raise SignInError("this credential expires in less than 30 seconds: use a fresh one")
-    token = await run_in_threadpool(_mint, ctx, me, expires_at, request_id(request))
+    token = await in_worker(request, _mint, ctx, me, expires_at, request_id(request))
     return token, me, expires_at
 
 
@@ -202,4 +202,4 @@ async def end_session(request: Request, token: str) -> None:
         me = await whoami(request, token)
     except ApiError:
         return  # already expired or revoked
-    await run_in_threadpool(_revoke, ctx_of(request), token, me)
+    await in_worker(request, _revoke, ctx_of(request), token, me)

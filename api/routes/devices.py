@@ -31,7 +31,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep, authenticate, authenticated_in_thread
@@ -39,6 +38,7 @@ from api.handoff import HandedOffRoute
 from api.principal import Principal
 from api.routes.common import request_id
 from api.schemas import COMMON_ERRORS, error_responses
+from api.workers import in_worker
 from core.clock import as_utc
 from core.errors import Forbidden, NotFound
 from enforcer import service
@@ -202,13 +202,13 @@ async def get_ruleset(
     # The token checked and the device's scope authorized in a worker thread, before anything else (the token's
     # row is a database read, an out-of-scope node's denial a decision-log write): not on the event loop that
     # every long-polling agent's request waits on (an async route: its waits are the loop's, not a thread's)
-    await run_in_threadpool(_authorized, request, ctx, device)
+    await in_worker(request, _authorized, request, ctx, device)
     watch = request.app.state.device_watch
     wait_for = float(min(wait, ctx.settings.device_wait_max_seconds))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_for
     async with watch.subscription(device) as event:  # before the read: no publication falls in between
-        current = await run_in_threadpool(_current, ctx, device)
+        current = await in_worker(request, _current, ctx, device)
         while _matches(if_none_match, current[1]):
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -218,14 +218,14 @@ async def get_ruleset(
             except TimeoutError:
                 return Response(status_code=304, headers={"ETag": f'"{current[1]}"'})
             event.clear()  # woken: read again (a wake for a version the device already has keeps waiting)
-            current = await run_in_threadpool(_current, ctx, device)
+            current = await in_worker(request, _current, ctx, device)
     version, digest, ir, cause, published_at = current
     head = json.dumps({"device": device, "version": version, "content_hash": digest, "cause": cause,
                        "published_at": published_at}, separators=(",", ":"))
     body = head[:-1] + ',"ir":' + ir + "}"
     headers = {"ETag": f'"{digest}"', "Cache-Control": "no-cache"}
     if device.startswith("leaf:"):  # the agent applies at once when it holds this view (no second request)
-        headers[VIEW_HEADER] = (await run_in_threadpool(_leaf_view, ctx, device))[1]
+        headers[VIEW_HEADER] = (await in_worker(request, _leaf_view, ctx, device))[1]
     return Response(content=body.encode(), media_type="application/json", headers=headers)
 
 

@@ -5,10 +5,10 @@ not JSON)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from api.deps import CtxDep, authenticate
 from api.metrics import CONTENT_TYPE, exposition, metrics_token_ok
+from api.workers import in_worker
 from core.errors import Forbidden
 from workflows.context import AppContext
 
@@ -19,7 +19,7 @@ ROLES = ("admin", "security")
 @router.get("/metrics")
 async def metrics(request: Request, ctx: CtxDep) -> Response:
     # one hand-off: the caller checked (a principal's token is a database read) and the exposition built off the loop
-    return Response(await run_in_threadpool(_exposition_for, request, ctx), media_type=CONTENT_TYPE)
+    return Response(await in_worker(request, _exposition_for, request, ctx), media_type=CONTENT_TYPE)
 
 
 def _exposition_for(request: Request, ctx: AppContext) -> bytes:

@@ -68,6 +68,10 @@ class PolicyEngine(Protocol):
     def close(self) -> None:
         """Release connections and threads; the engine is unusable afterwards."""
 
+    def warm(self) -> None:
+        """Prepare what this thread's next evaluation would otherwise prepare first; PolicyEngineError if that
+        fails."""
+
     def query(self, query: str, input: Any = None) -> list[dict[str, Any]]:
         """OPA-style ad-hoc query: one dict of variable bindings per result; [] when undefined;
         PolicyEngineError on any failure."""

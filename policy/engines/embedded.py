@@ -271,6 +271,7 @@ class RegorusEngine:
         self._shared = _Shared()
         self._key = next(_KEYS)
         self._closed = False
+        self.thread_builds = 0  # regorus engines built from nothing for a thread (for tests and profiling)
         if modules is not None or data is not None:
             self.load(modules or {}, data)
 
@@ -343,6 +344,7 @@ class RegorusEngine:
             modules, modules_gen = shared.modules, shared.modules_gen
             data, data_gen, base_gen = shared.data, shared.data_gen, shared.base_gen
             fresh = mine is None or mine.modules_gen != modules_gen
+            self.thread_builds += fresh
             catch_up: list[str] | None = None
             if not fresh:
                 assert mine is not None

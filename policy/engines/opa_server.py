@@ -176,6 +176,9 @@ class OpaServerEngine:
     def modules(self) -> dict[str, str]:
         return dict(self._modules)
 
+    def warm(self) -> None:
+        """Nothing to prepare per thread: OPA holds the policy and the data."""
+
     def close(self) -> None:
         with self._lock:
             for client in self._clients:

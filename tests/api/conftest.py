@@ -31,11 +31,11 @@ TD = "example.org"
 
 
 class Client(TestClient):
-    """A TestClient that runs the app on one event loop, with its worker threads, for its whole life, as a server
-    does. A plain TestClient starts an event loop and a worker thread for every request, and each new thread
-    builds its own policy engines: ~10 ms of CPU a request. Like a plain one it runs no lifespan unless entered
-    (`with client:`). close() ends the loop; the session closes any left open (tests/conftest.py), since the
-    loop's thread would hold the interpreter's exit."""
+    """A TestClient that runs the app on one event loop for its whole life, as a server does. A plain TestClient
+    starts an event loop for every request (and anyio a worker thread for each, for FastAPI's own hand-offs). Like a
+    plain one it runs no lifespan unless entered (`with client:`). close() ends the loop and the app's worker
+    threads; the session closes any left open (tests/conftest.py), since the loop's thread would hold the
+    interpreter's exit."""
 
     def __init__(self, app: Any, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
@@ -57,6 +57,10 @@ class Client(TestClient):
             self.portal = self._own_portal = None
             self._loop.close()
             OPEN_CLIENTS.discard(self)
+            # the app's kept threads (api/workers.py) end too
+            workers = getattr(getattr(self.app, "state", None), "workers", None)
+            if workers is not None:
+                workers.close()
 
 
 OPEN_CLIENTS: set[Client] = set()
