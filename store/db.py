@@ -53,7 +53,10 @@ def make_engine(url: str, *, echo: bool = False) -> Engine:
         return engine
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    engine = create_engine(url, echo=echo, pool_size=10, max_overflow=20, pool_timeout=10)
+    # kept connections for a server process's worker threads (16, api/workers.py), its group committer and its
+    # background jobs: beyond pool_size, a connection is opened for the burst and closed at once when returned
+    # (a PostgreSQL backend started and ended each time); the same 30 at most, as before
+    engine = create_engine(url, echo=echo, pool_size=20, max_overflow=10, pool_timeout=10)
     _announce_commits(engine)
     return engine
 
