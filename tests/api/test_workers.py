@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
@@ -18,6 +18,28 @@ from tests.api.conftest import Env
 
 WAIT = 10.0  # every blocking wait in these tests is bounded
 PREFIX = "tf-test-worker"
+T = TypeVar("T")
+
+
+def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run(main()) on a thread of its own, as a server's loop runs beside its workers (and the session's
+    own thread may be inside a loop of another test's)."""
+    out: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        try:
+            out.append((True, asyncio.run(main())))
+        except BaseException as exc:
+            out.append((False, exc))
+
+    thread = threading.Thread(target=target, name="tf-test-loop")
+    thread.start()
+    thread.join(3 * WAIT)
+    assert out, "the loop did not finish"
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def _ours() -> list[threading.Thread]:
@@ -52,7 +74,7 @@ def test_at_most_size_threads_run_at_once() -> None:
         return list(await asyncio.gather(*tasks))
 
     try:
-        assert asyncio.run(main()) == [n * n for n in range(6)]
+        assert _run(main) == [n * n for n in range(6)]
         assert running[1] == 2 and pool.started == 2 and sorted(started) == list(range(6))
     finally:
         pool.close()
@@ -80,7 +102,7 @@ def test_waiting_callers_are_served_in_the_order_they_came() -> None:
         await asyncio.gather(*tasks)
 
     try:
-        asyncio.run(main())
+        _run(main)
         assert order == [0, 1, 2, 3, 4]
     finally:
         pool.close()
@@ -100,7 +122,7 @@ def test_the_threads_are_kept_and_the_most_recently_used_serves_next() -> None:
         return burst, alone
 
     try:
-        burst, alone = asyncio.run(main())
+        burst, alone = _run(main)
         assert len(burst) == 4 and pool.started == 4  # a burst of 4 took 4 threads
         assert len(set(alone)) == 1 and alone[0] in burst  # one warm thread serves the calls one at a time
         assert len(_ours()) == 4  # the others stay, for the next burst
@@ -122,7 +144,7 @@ def test_context_results_and_errors_reach_the_caller() -> None:
         return await pool.run(var.get)
 
     try:
-        assert asyncio.run(main()) == "the request's"
+        assert _run(main) == "the request's"
     finally:
         pool.close()
 
@@ -152,7 +174,7 @@ def test_a_cancelled_caller_leaves_no_thread_taken() -> None:
         return await asyncio.wait_for(pool.run(blocked, "next"), WAIT)
 
     try:
-        assert asyncio.run(main()) == "next"
+        assert _run(main) == "next"
         assert ran == ["running", "next"] and pool.started == 1  # the cancelled waiter's call never ran
     finally:
         pool.close()
@@ -163,12 +185,15 @@ def test_close_ends_the_threads_and_a_later_run_starts_new_ones() -> None:
     def name() -> str:
         return threading.current_thread().name
 
-    first = asyncio.run(pool.run(name))
+    async def one() -> str:
+        return await pool.run(name)
+
+    first = _run(one)
     assert len(_ours()) == 1
     pool.close()
     assert _ours() == [] and pool.started == 0
     try:
-        second = asyncio.run(pool.run(name))
+        second = _run(one)
         assert second != first and pool.started == 1  # a new thread (names count up)
     finally:
         pool.close()
@@ -226,7 +251,7 @@ def test_start_all_prepares_every_thread_before_its_first_call() -> None:
     try:
         pool.start_all(prepare)
         assert pool.started == 3
-        results = asyncio.run(main())
+        results = _run(main)
         assert {name for name, _ in results} == set(prepared) and len(prepared) == 3
         assert all(name in seen for name, seen in results)  # its own prepare ran before its call
     finally:
@@ -273,7 +298,7 @@ def test_a_started_server_s_threads_decide_without_building_an_engine(env: Env) 
             return before, list(await asyncio.gather(*(threads.run(decide) for _ in range(3))))
 
         try:
-            before, outcomes = asyncio.run(main())
+            before, outcomes = _run(main)
         finally:
             threads.close()
         assert outcomes == ["pending"] * 3
