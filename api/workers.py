@@ -107,18 +107,22 @@ class WorkerThreads:
         return worker
 
     def _finished(self, worker: _Worker) -> None:
-        """From `worker`'s thread, its call done: to the first caller still waiting, else idle."""
-        with self._lock:
-            if worker.retired:
-                return
-            while self._waiting:
-                loop, ticket = self._waiting.popleft()
-                try:
-                    loop.call_soon_threadsafe(self._hand_over, ticket, worker)
+        """From `worker`'s thread, its call done: to the first caller still waiting, else idle. The hand-over's
+        wake of the caller's loop (a write to its pipe) is made outside the lock, so the loop never waits for
+        the lock on a thread that is in a system call."""
+        while True:
+            with self._lock:
+                if worker.retired:
                     return
-                except RuntimeError:  # that caller's loop is closed: it is gone
-                    continue
-            self._idle.append(worker)
+                if not self._waiting:
+                    self._idle.append(worker)
+                    return
+                loop, ticket = self._waiting.popleft()
+            try:
+                loop.call_soon_threadsafe(self._hand_over, ticket, worker)
+                return
+            except RuntimeError:  # that caller's loop is closed: it is gone
+                continue
 
     def _hand_over(self, ticket: asyncio.Future[_Worker | None], worker: _Worker | None) -> None:
         if not ticket.cancelled():
