@@ -80,7 +80,13 @@ class WorkerThreads:
                     break
                 ticket: asyncio.Future[_Worker | None] = loop.create_future()
                 self._waiting.append((loop, ticket))
-            handed = await ticket  # a thread that finished its call; None: the threads were closed, ask again
+            try:
+                handed = await ticket  # a thread that finished its call; None: the threads were closed, ask again
+            except asyncio.CancelledError:
+                late = ticket.result() if ticket.done() and not ticket.cancelled() else None
+                if late is not None:  # handed over just as this caller was cancelled: it goes to the next one
+                    self._finished(late)
+                raise
             with self._lock:
                 if handed is not None and not handed.retired:
                     handed.queue.put(item)
@@ -159,7 +165,7 @@ class _Worker(threading.Thread):
         if self.prepare is not None:
             try:
                 self.prepare()
-            except Exception as exc:
+            except BaseException as exc:  # a native panic too (pyo3's derives from BaseException): it must serve
                 log.info("worker thread %s not prepared: %s", self.name, exc)
             self.prepare = None
         while True:

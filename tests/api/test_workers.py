@@ -5,6 +5,7 @@ caller leaves no thread taken; close ends the threads."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 from collections.abc import Callable, Coroutine
@@ -176,6 +177,40 @@ def test_a_cancelled_caller_leaves_no_thread_taken() -> None:
     try:
         assert _run(main) == "next"
         assert ran == ["running", "next"] and pool.started == 1  # the cancelled waiter's call never ran
+    finally:
+        pool.close()
+
+
+def test_a_caller_cancelled_as_a_thread_is_handed_to_it_passes_the_thread_on() -> None:
+    """One thread, handed over to a waiting caller that is cancelled at about that moment (before or after the
+    hand-over, as it falls): many times over, and the thread still serves the next caller each time."""
+    pool = WorkerThreads(1, name=PREFIX)
+
+    async def main() -> int:
+        served = 0
+        for spins in range(60):
+            release = threading.Event()
+            busy = asyncio.create_task(pool.run(release.wait, WAIT))
+            waiter = asyncio.create_task(pool.run(threading.get_ident))
+            for _ in range(1000):
+                await asyncio.sleep(0.001)
+                if pool.waiting == 1:
+                    break
+            release.set()
+            while pool.waiting:  # the thread took the waiter off the line: the hand-over is under way
+                await asyncio.sleep(0)
+            for _ in range(spins % 4):
+                await asyncio.sleep(0)
+            waiter.cancel()
+            await busy
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+            await asyncio.wait_for(pool.run(threading.get_ident), WAIT)
+            served += 1
+        return served
+
+    try:
+        assert _run(main) == 60 and pool.started == 1
     finally:
         pool.close()
 
