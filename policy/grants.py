@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, event, func, or_, update
-from sqlalchemy import select as sa_select
+from sqlalchemy import Connection, and_, event, func, or_, update
 from sqlalchemy.exc import DBAPIError, PendingRollbackError
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
@@ -36,7 +35,7 @@ from policy import decisionlog
 from policy.data import forget_decision_state, marker_for_decision
 from policy.models import DecisionRecord, Grant
 from store import deferred
-from store.db import DriverInsert, driver_write, driver_write_many
+from store.db import DriverInsert, driver_rows, driver_write, driver_write_many, placeholder
 
 log = logging.getLogger("trustfabric.policy.grants")
 
@@ -250,8 +249,13 @@ def prepare_request(
     """Everything request_grant does before it writes: the earlier grant of a retry with the same
     Idempotency-Key (returned as is), or the request checked and decided (read only; a read transaction will
     do). Same errors as request_grant."""
-    if idempotency_key is not None:
-        previous = find_by_idempotency_key(session, caller.id, idempotency_key)
+    # the marker (with the decider's first read) and, with a key, the id of a grant already requested under it: one
+    # statement (a request with a key paid a round trip of its own for the lookup, the usual miss included)
+    marker, earlier = marker_for_decision(
+        session, None if idempotency_key is None else _earlier_grant(session, caller.id, idempotency_key))
+    if earlier is not None:
+        forget_decision_state(session)
+        previous = session.get(Grant, earlier)
         if previous is not None:
             if not request.same_as(previous):
                 raise GrantConflict("Idempotency-Key was already used for a different grant request")
@@ -262,7 +266,6 @@ def prepare_request(
         # grants.rego denies it too; the code does not rely on whichever version is active to say so
         raise InvalidInput(f"ttl_seconds {request.ttl_seconds} is above the maximum grant TTL of "
                            f"{int(max_ttl.total_seconds())} s")
-    marker = marker_for_decision(session)  # the decider's first read comes with it (one statement)
     now = clock()
     requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
     try:
@@ -328,8 +331,11 @@ _GRANT_COLUMNS = tuple(c.name for c in _GRANTS.columns)
 _INSERT_GRANT = _GRANTS.insert()
 _PG_INSERT_GRANT = DriverInsert(_GRANTS)
 _PG_INSERT_GRANT_AND_DECISION = decisionlog.INSERT_CTE_SQL + _PG_INSERT_GRANT.sql
-_BY_IDEMPOTENCY_KEY = sa_select(_GRANTS.c.id).where(
-    _GRANTS.c.requested_by == bindparam("by"), _GRANTS.c.idempotency_key == bindparam("key"))
+# the id of the grant a caller requested under an Idempotency-Key (unique together: one row at most), as a scalar
+# subquery in the SQL of each driver (store.db.placeholder's marks), sent on the driver's cursor
+_EARLIER_GRANT = {
+    mark: f"(SELECT id FROM {_GRANTS.name} WHERE requested_by = {mark} AND idempotency_key = {mark})"  # noqa: S608
+    for mark in ("?", "%s")}  # (the table's own name; the values are parameters)
 
 
 def _insert(session: Session, grant: Grant, decision: DecisionRecord | None = None, *, queue: bool = False) -> None:
@@ -630,11 +636,18 @@ def grant_rows(
     return rows, min((as_utc(t) for t in turn if t is not None), default=None), True
 
 
+def _earlier_grant(session: Session, requested_by: str, key: str) -> tuple[str, tuple[str, str]]:
+    """(the subquery of the id of the grant `requested_by` requested under `key`, its parameters) for the session's
+    driver."""
+    return _EARLIER_GRANT[placeholder(session.connection())], (requested_by, key)
+
+
 def find_by_idempotency_key(session: Session, requested_by: str, key: str) -> Grant | None:
-    """The grant a caller already requested under this Idempotency-Key, if any (a first request, the usual
-    case, costs one indexed Core SELECT, not an ORM query)."""
-    found = session.connection().execute(_BY_IDEMPOTENCY_KEY, {"by": requested_by, "key": key}).first()
-    return session.get(Grant, found[0]) if found is not None else None
+    """The grant a caller already requested under this Idempotency-Key, if any (a miss costs one indexed read on
+    the driver's cursor, no ORM; prepare_request reads it with its marker instead)."""
+    subquery, params = _earlier_grant(session, requested_by, key)
+    found = driver_rows(session.connection(), f"SELECT {subquery}", params)
+    return session.get(Grant, found[0][0]) if found and found[0][0] is not None else None
 
 
 def sweep(session: Session, *, clock: Clock = system_clock, limit: int = 500) -> list[str]:

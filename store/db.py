@@ -150,6 +150,12 @@ def driver_rows(conn: Connection, sql: str, params: Any) -> list[tuple[Any, ...]
         return list(cursor.fetchall()) if cursor.description is not None else []
 
 
+def placeholder(conn: Connection) -> str:
+    """A positional parameter's mark in the SQL of the connection's driver (sqlite3's `?`, psycopg's `%s`): for SQL
+    sent through driver_rows that takes parameters on both databases."""
+    return "?" if conn.dialect.paramstyle == "qmark" else "%s"
+
+
 def driver_write(conn: Connection, sql: str, params: Any) -> None:
     """driver_rows for a statement that writes, announced as SQLAlchemy's writes are (`_announce_commits`): its
     COMMIT notifies the change feeds, and this process's feed moves at once (Database.session)."""

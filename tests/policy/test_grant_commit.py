@@ -78,6 +78,33 @@ def test_a_prepared_decision_survives_grant_and_issuance_events_but_not_other_ch
     assert _stored(db)[0] == ["first", "second", "third"]
 
 
+@pytest.mark.parametrize("version_row", [True, False], ids=["migrated", "without-data-version-row"])
+def test_a_retry_under_its_key_is_answered_with_the_first_grant(db: Database, version_row: bool) -> None:
+    """prepare_request reads the grant already requested under the caller's key in its marker's statement (or,
+    without the data version row, on its own): a retry gets the first grant, the same key with another request
+    is a conflict, and another caller's same key is a request of its own."""
+    from sqlalchemy import text
+
+    from policy.grants import GrantConflict
+
+    if not version_row:
+        with db.session() as s:
+            s.execute(text("DELETE FROM policy_data_version"))
+    first = _prepare(db, "retry")
+    with db.session() as s:
+        commit_request(s, first, caller=CALLER)
+    other = Caller("acme-other", "tenant-admin", "acme", Actor("acme-other", "tenant"))
+    with db.read_session(statements=True) as s:  # as the route reads it
+        again = prepare_request(s, REQUEST, caller=CALLER, decide=_approve, idempotency_key="retry", clock=lambda: NOW)
+        with pytest.raises(GrantConflict, match="Idempotency-Key was already used"):
+            prepare_request(s, GrantRequest("acme", "web", "globex", "api", "tcp", [8443], 3600), caller=CALLER,
+                            decide=_approve, idempotency_key="retry", clock=lambda: NOW)
+        elsewhere = prepare_request(s, REQUEST, caller=other, decide=_approve, idempotency_key="retry",
+                                    clock=lambda: NOW)
+    assert isinstance(again, Grant) and again.id == first.grant.id and again.state == "active"
+    assert isinstance(elsewhere, PreparedGrant) and elsewhere.grant.id != first.grant.id
+
+
 def test_a_grant_write_runs_again_whole_after_its_transaction_rolled_back(db: Database) -> None:
     """The group committer runs every item of a failed batch again, alone, with the same prepared grant (a
     deadlock victim is run again too): the first transaction's rollback must leave the prepared grant usable,
