@@ -33,7 +33,7 @@ from core.quotas import QuotaName, Quotas
 from core.vocabulary import FINAL_GRANT_STATES
 from policy import decisionlog
 from policy.data import forget_decision_state, marker_for_decision
-from policy.models import DecisionRecord, Grant
+from policy.models import Grant
 from store import deferred
 from store.db import DriverInsert, driver_rows, driver_write, driver_write_many, placeholder
 
@@ -298,7 +298,7 @@ def commit_request(
     quotas: Quotas | None = None,
     request_id: str | None = None,
     recheck: bool = True,
-    decision_record: DecisionRecord | None = None,
+    decision_record: decisionlog.DecisionRow | None = None,
 ) -> Grant:
     """Write a prepared grant and its audit event (and `decision_record`, the decision log's row, with the
     grant). With `recheck` (the decision was read in another transaction), every event since the decision's
@@ -338,14 +338,15 @@ _EARLIER_GRANT = {
     for mark in ("?", "%s")}  # (the table's own name; the values are parameters)
 
 
-def _insert(session: Session, grant: Grant, decision: DecisionRecord | None = None, *, queue: bool = False) -> None:
+def _insert(session: Session, grant: Grant, decision: decisionlog.DecisionRow | None = None, *,
+            queue: bool = False) -> None:
     """INSERT the new grant as one Core statement (no unit-of-work flush: it cost a fifth of a grant write's
     CPU and bought nothing for one new row), and its decision record (policy/decisionlog.py) with it: on
     PostgreSQL in the same statement, as a data-modifying CTE (a round trip fewer). The objects stay out of
     the session: a rollback expires what a session holds, and the group committer runs a failed batch's items
     again with the same prepared grant. With `queue`, in a group commit that batches rows (store/deferred.py),
     the rows are queued and the batch's written together (one round trip), before the audit head's lock."""
-    rows: list[tuple[Grant, DecisionRecord | None]] | None = (
+    rows: list[tuple[Grant, decisionlog.DecisionRow | None]] | None = (
         deferred.batched(session, "policy.grants", list, lambda queued: _insert_rows(session, queued))
         if queue else None)
     if rows is None:
@@ -354,7 +355,7 @@ def _insert(session: Session, grant: Grant, decision: DecisionRecord | None = No
         rows.append((grant, decision))
 
 
-def _insert_rows(session: Session, rows: list[tuple[Grant, DecisionRecord | None]]) -> None:
+def _insert_rows(session: Session, rows: list[tuple[Grant, decisionlog.DecisionRow | None]]) -> None:
     conn = session.connection()
     if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":  # on the driver's cursor
         alone = [_PG_INSERT_GRANT.values(g) for g, d in rows if d is None]

@@ -13,6 +13,7 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from audit.models import AuditEvent
+from core.clock import as_utc
 from core.quotas import QuotaExceeded, Quotas
 from policy.grants import (
     Caller,
@@ -23,7 +24,7 @@ from policy.grants import (
     commit_request,
     prepare_request,
 )
-from policy.models import Grant
+from policy.models import DecisionRecord, Grant
 from store import deferred
 from store.db import Database
 
@@ -118,6 +119,46 @@ def test_a_grant_write_runs_again_whole_after_its_transaction_rolled_back(db: Da
         grant = commit_request(s, prepared, caller=CALLER)
     assert grant.state == "active" and grant.src_tenant == "acme"
     assert _stored(db) == (["again"], [grant.id])
+
+
+def _logged(db: Database) -> list[tuple[Any, ...]]:
+    with db.read_session() as s:
+        return [(r.kind, r.tenant, r.outcome, r.input, r.result, r.reasons, r.policy_hash, as_utc(r.ts))
+                for r in s.exec(select(DecisionRecord).order_by(col(DecisionRecord.id))).all()]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "batched"])
+def test_a_grants_decision_record_is_written_in_its_transaction_and_undone_with_it(db: Database, batched: bool) -> None:
+    """The decision log's row goes with its grant (on PostgreSQL in the grant's INSERT; in a group commit's batch
+    with the batch's grant rows): a transaction rolled back after the writes leaves neither, a committed one both,
+    the record holding what was asked and answered."""
+    from policy.decide import GrantDecision as LoggedDecision
+    from policy.decisionlog import DecisionLog
+
+    log = DecisionLog(db, clock=lambda: NOW)
+    asked = REQUEST.policy_input("acme")
+
+    def write(fail: bool) -> None:
+        prepared = [_prepare(db, "logged-1"), _prepare(db, "logged-2")]
+        with db.session() as s:
+            if batched:
+                deferred.batch(s)  # as a group commit's members without savepoints: rows queued, written together
+            for p in prepared:
+                row = log.row("grant", asked, LoggedDecision("approve", [], ["auto-approved"]), "sha256:v1",
+                              owner="acme")
+                commit_request(s, p, caller=CALLER, decision_record=row)
+            deferred.flush(s)
+            if fail:
+                raise RuntimeError("the transaction failed after its writes")
+
+    with pytest.raises(RuntimeError):
+        write(fail=True)
+    assert _stored(db) == ([], []) and _logged(db) == []
+    write(fail=False)
+    assert _stored(db)[0] == ["logged-1", "logged-2"]
+    record = ("grant", "acme", "approve", asked, {"outcome": "approve", "approvers": [], "reasons": ["auto-approved"]},
+              ["auto-approved"], "sha256:v1", NOW)
+    assert _logged(db) == [record, record]
 
 
 def _batch(db: Database, items: list[PreparedGrant | str]) -> str | None:
