@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, event, func, or_, update
 from sqlalchemy.exc import DBAPIError, PendingRollbackError
+from sqlalchemy.orm import configure_mappers
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
@@ -140,6 +141,26 @@ class Caller:
 def new_grant_id(now: datetime) -> str:
     """Time-ordered id (so cursor paging by id is chronological): g-<ms hex>-<random hex>."""
     return f"g-{int(now.timestamp() * 1000):012x}-{secrets.token_hex(8)}"
+
+
+_GRANT_FIELDS = frozenset(Grant.model_fields)
+_MAPPER = Grant.__mapper__  # type: ignore[attr-defined]
+_new_instance = Grant._sa_class_manager.new_instance  # type: ignore[attr-defined]
+
+
+def new_grant(**values: Any) -> Grant:
+    """A transient Grant of `values` (every field), made as the ORM makes an object it loads (the class's __new__
+    and the ORM's instance state) with the values put in its __dict__, not through SQLModel's __init__, which sets
+    each field through its instrumented attribute: ~35 us where this takes ~2, on every grant request. A table
+    model's __init__ validates nothing, so nothing is lost; a missing or unknown field is a TypeError."""
+    if values.keys() != _GRANT_FIELDS:
+        raise TypeError(f"a Grant needs exactly its fields: {sorted(values.keys() ^ _GRANT_FIELDS)}")
+    if not _MAPPER.configured:  # as a model's first __init__ would (its attributes are set up then)
+        configure_mappers()
+    grant: Grant = _new_instance()
+    grant.__dict__.update(values)
+    object.__setattr__(grant, "__pydantic_fields_set__", set(_GRANT_FIELDS))  # as __init__ leaves it: all set
+    return grant
 
 
 def effective_state(grant: Grant, now: datetime) -> str:
@@ -274,7 +295,7 @@ def prepare_request(
         forget_decision_state(session)
     decision = seen_by(session, caller, request, decided)
     state = {"approve": "active", "pending": "pending", "deny": "denied"}[decision.outcome]
-    grant = Grant(
+    grant = new_grant(
         id=new_grant_id(now),
         src_tenant=request.src_tenant, src_group=request.src_group,
         dst_tenant=request.dst_tenant, dst_group=request.dst_group,
@@ -285,7 +306,7 @@ def prepare_request(
         approvals=[], reasons=list(decision.reasons), created_at=now,
         decided_at=now if state != "pending" else None,
         expires_at=now + timedelta(seconds=request.ttl_seconds) if state == "active" else None,
-        pending_until=now + pending_ttl if state == "pending" else None,
+        pending_until=now + pending_ttl if state == "pending" else None, version=1,
     )
     return PreparedGrant(request, grant, decision, marker)
 

@@ -106,6 +106,32 @@ def test_a_retry_under_its_key_is_answered_with_the_first_grant(db: Database, ve
     assert isinstance(elsewhere, PreparedGrant) and elsewhere.grant.id != first.grant.id
 
 
+def test_a_prepared_grant_is_the_grant_its_write_stores(db: Database) -> None:
+    """prepare_request builds its Grant without SQLModel's __init__ (policy.grants.new_grant): the same object as
+    the model's constructor makes (fields, fields set, a transient ORM instance), and what its write stores and a
+    read returns; the ORM's own unit of work can insert one too."""
+    from sqlalchemy import inspect
+
+    from policy.grants import new_grant
+
+    prepared = _prepare(db, "built")
+    built = prepared.grant
+    constructed = Grant(**built.model_dump())
+    assert built.model_dump() == constructed.model_dump() and built.model_fields_set == constructed.model_fields_set
+    assert inspect(built).transient and built.version == 1
+    with db.session() as s:
+        commit_request(s, prepared, caller=CALLER)
+        s.add(new_grant(**{**built.model_dump(), "id": "g-by-the-orm", "idempotency_key": None}))
+    with db.read_session() as s:
+        stored = s.get(Grant, built.id)
+        by_orm = s.get(Grant, "g-by-the-orm")
+        assert stored is not None and by_orm is not None
+        assert stored.model_dump() == built.model_dump()
+        assert by_orm.model_dump() == {**built.model_dump(), "id": "g-by-the-orm", "idempotency_key": None}
+    with pytest.raises(TypeError, match="version"):
+        new_grant(**{k: v for k, v in built.model_dump().items() if k != "version"})
+
+
 def test_a_grant_write_runs_again_whole_after_its_transaction_rolled_back(db: Database) -> None:
     """The group committer runs every item of a failed batch again, alone, with the same prepared grant (a
     deadlock victim is run again too): the first transaction's rollback must leave the prepared grant usable,
