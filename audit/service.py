@@ -635,7 +635,7 @@ def lock_head_and_check(session: Session, since: int, keeping: tuple[str, ...],
     cover (an entry ending in '.' covers every action it prefixes), or None: what a writer checks when its
     decision was read before its transaction (policy.grants). `upcoming`: (tenant, action) of the events the
     transaction is about to append, whose counters are read with the lock. One round trip when the head is not
-    locked yet and no writer commits while this one waits for it, two when one does."""
+    locked yet (on SQLAlchemy's statements, two when a writer commits while this one waits for it)."""
     keys = [k for tenant, action in upcoming for k in counters.keys_of(tenant, action).values()]
     cached = session.info.get(_HEAD_CACHE)
     if isinstance(cached, _HeadState):  # locked already: the scan alone, from memory when it can tell
