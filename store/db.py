@@ -225,8 +225,10 @@ class DriverInsert:
                     f"VALUES ({', '.join(f'%({prefix}{n})s{casts[n]}' for n in self._names)})")
 
     def values(self, row: Any) -> dict[str, Any]:
+        """The parameters of `row`: a mapped object, or a dict of its values by column name."""
         out: dict[str, Any] = {}
-        loaded = row.__dict__  # a mapped object's values, without the instrumented attributes' descriptors
+        loaded = row if isinstance(row, dict) else row.__dict__  # a mapped object's values, without the
+        # instrumented attributes' descriptors
         for name in self._names:
             value = loaded[name] if name in loaded else getattr(row, name)
             out[self._prefix + name] = json.dumps(value) if name in self._json else value  # None: JSON null, as
