@@ -107,12 +107,13 @@ def _step_12(conn: sa.Connection) -> None:
     when another writer commits meanwhile its counters and its scan are stale, and a second statement read them
     again (most batches, with several replicas writing). A volatile function's statements each take a snapshot of
     their own: the second one is taken with the lock held, after every earlier writer committed. Arguments: the
-    counter keys, and the scan (from `since`, the first event whose action is neither one of `exact` nor starts
-    with one of `prefixes`; no scan when `since` is null). SQLite takes its writer lock at BEGIN: nothing to do."""
+    counter keys, and the scan (from `since`, the first event whose action is neither one of `exact` nor LIKE one of
+    `patterns`, prefixes with their LIKE characters escaped; no scan when `since` is null; both are array operators,
+    no subquery per event scanned). SQLite takes its writer lock at BEGIN: nothing to do."""
     if conn.dialect.name != "postgresql":
         return
     conn.exec_driver_sql("""
-CREATE FUNCTION tf_lock_audit_head(p_keys text[], p_since bigint, p_exact text[], p_prefixes text[])
+CREATE FUNCTION tf_lock_audit_head(p_keys text[], p_since bigint, p_exact text[], p_patterns text[])
 RETURNS TABLE (o_size bigint, o_last_leaf text, o_frontier json, o_last_ts timestamptz, o_unsettling text,
                o_key text, o_count bigint)
 LANGUAGE plpgsql VOLATILE AS $$
@@ -122,9 +123,7 @@ BEGIN
     SELECT h.size::bigint, h.last_leaf::text, h.frontier::json, h.last_ts,
            CASE WHEN p_since IS NULL THEN NULL ELSE (
                SELECT e.action::text FROM audit_events e
-               WHERE e.seq >= p_since AND NOT (e.action = ANY(p_exact)
-                                               OR EXISTS (SELECT 1 FROM unnest(p_prefixes) AS p(prefix)
-                                                          WHERE starts_with(e.action, p.prefix)))
+               WHERE e.seq >= p_since AND NOT (e.action = ANY(p_exact) OR e.action LIKE ANY(p_patterns))
                ORDER BY e.seq LIMIT 1) END,
            c.key::text, c.count::bigint
     FROM audit_head h LEFT OUTER JOIN audit_counters c ON c.key = ANY(p_keys)

@@ -277,7 +277,7 @@ def _pg_unsettling(scan: _Scan | None) -> str:
             "ORDER BY e.seq LIMIT 1)")
 
 
-# the head's lock and the reads under it (schema step 12): keys, since (null: no scan), exact actions, prefixes
+# the head's lock and the reads under it (schema step 12): keys, since (null: no scan), exact actions, LIKE patterns
 _PG_LOCK_HEAD = "SELECT * FROM tf_lock_audit_head(%s::text[], %s::bigint, %s::text[], %s::text[])"
 _KEEPING_ARRAYS: dict[tuple[str, ...], tuple[str, str]] = {}
 
@@ -287,9 +287,15 @@ def _pg_lock_params(keys: list[str], scan: _Scan | None) -> tuple[str, int | Non
         return pg_array(keys), None, "{}", "{}"
     arrays = _KEEPING_ARRAYS.get(scan.keeping)
     if arrays is None:  # as _pg_unsettling has them: an entry ending in '.' is a prefix, any other an action
-        arrays = _KEEPING_ARRAYS[scan.keeping] = (pg_array([k for k in scan.keeping if not k.endswith(".")]),
-                                                 pg_array([k for k in scan.keeping if k.endswith(".")]))
+        arrays = _KEEPING_ARRAYS[scan.keeping] = (
+            pg_array([k for k in scan.keeping if not k.endswith(".")]),
+            pg_array([_like_prefix(k) for k in scan.keeping if k.endswith(".")]))
     return pg_array(keys), scan.since, *arrays
+
+
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern matching what starts with `prefix` (its backslashes, % and _ escaped: LIKE's own escape)."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _pg_read_params(keys: list[str], scan: _Scan | None) -> dict[str, Any]:

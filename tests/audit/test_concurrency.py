@@ -168,3 +168,24 @@ def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgr
     assert [d["object"]["id"] for d in docs] == ["first", "a", "b"]
     assert [d["counters"]["tenant"] for d in docs] == [0, 1, 2]
     _check_counters(docs)
+
+
+@pytest.mark.parametrize(("keeping", "found"), [
+    (("tenant_x.",), "tenantax.update"),  # `_` is a character of the prefix, not LIKE's any one
+    (("tenant%.",), "tenantax.update"),  # nor is `%`
+    (("tenantax%",), "tenantax.update"),  # an entry not ending in '.' is one action
+    (("tenantax.",), None),
+    (("svid.issue", "tenantax.update"), None),
+    (("tenant.", "svid.issue"), "tenantax.update"),
+])
+def test_a_writers_scan_under_the_head_lock_takes_its_actions_literally(db: Database, keeping: tuple[str, ...],
+                                                                        found: str | None) -> None:
+    """lock_head_and_check's scan (on PostgreSQL inside tf_lock_audit_head, with prefixes as LIKE patterns):
+    an entry ending in '.' covers the actions it prefixes, character for character; any other entry one action."""
+    from audit.service import lock_head_and_check
+
+    with db.session() as s:
+        record(s, actor=Actor("t", "system"), action="tenantax.update", object_type="tenant", object_id="a",
+               tenant="acme")
+    with db.session() as s:
+        assert lock_head_and_check(s, 0, keeping)[1] == found
