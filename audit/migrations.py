@@ -98,7 +98,42 @@ def _step_6(conn: sa.Connection) -> None:
     conn.exec_driver_sql("UPDATE audit_head SET last_ts = (SELECT max(ts) FROM audit_events), counted_from = size")
 
 
+_v12 = sa.MetaData()  # no table: a function (tests/store/test_migrations.py reads this name)
+
+
+def _step_12(conn: sa.Connection) -> None:
+    """PostgreSQL: the head's lock and what a writer reads with it, in one call (audit/service.py `_locked_head`).
+    One statement cannot do both exactly in READ COMMITTED: its snapshot is taken before it waits for the lock, so
+    when another writer commits meanwhile its counters and its scan are stale, and a second statement read them
+    again (most batches, with several replicas writing). A volatile function's statements each take a snapshot of
+    their own: the second one is taken with the lock held, after every earlier writer committed. Arguments: the
+    counter keys, and the scan (from `since`, the first event whose action is neither one of `exact` nor LIKE one of
+    `patterns`, prefixes with their LIKE characters escaped; no scan when `since` is null; both are array operators,
+    no subquery per event scanned). SQLite takes its writer lock at BEGIN: nothing to do."""
+    if conn.dialect.name != "postgresql":
+        return
+    conn.exec_driver_sql("""
+CREATE FUNCTION tf_lock_audit_head(p_keys text[], p_since bigint, p_exact text[], p_patterns text[])
+RETURNS TABLE (o_size bigint, o_last_leaf text, o_frontier json, o_last_ts timestamptz, o_unsettling text,
+               o_key text, o_count bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM 1 FROM audit_head h WHERE h.id = 1 FOR UPDATE;
+    RETURN QUERY
+    SELECT h.size::bigint, h.last_leaf::text, h.frontier::json, h.last_ts,
+           CASE WHEN p_since IS NULL THEN NULL ELSE (
+               SELECT e.action::text FROM audit_events e
+               WHERE e.seq >= p_since AND NOT (e.action = ANY(p_exact) OR e.action LIKE ANY(p_patterns))
+               ORDER BY e.seq LIMIT 1) END,
+           c.key::text, c.count::bigint
+    FROM audit_head h LEFT OUTER JOIN audit_counters c ON c.key = ANY(p_keys)
+    WHERE h.id = 1;
+END
+$$""")
+
+
 STEPS: tuple[Migration, ...] = (
     Migration(1, 'audit log', _step_1),
     Migration(6, 'audit: per-key event counters and a monotonic clock (events v2)', _step_6),
+    Migration(12, "audit: the head's lock and the reads under it in one call (PostgreSQL)", _step_12),
 )

@@ -148,7 +148,10 @@ def _locked_head(session: Session, keys: Iterable[str] = (), scan: _Scan | None 
 
     Why that is exact: in PostgreSQL's READ COMMITTED a statement reads one snapshot, taken before it waits for
     the lock; when a writer commits in between, the locked row comes back in its newest version while every
-    other part of the statement still shows the snapshot. So the statement also reads the head's size as its
+    other part of the statement still shows the snapshot. So on psycopg the lock and the reads are one call of
+    tf_lock_audit_head (schema step 12), whose second statement takes its snapshot with the lock held: one round
+    trip whether or not it waited (it did in most batches with several replicas writing, and a second statement
+    then read the counters and the scan again). Elsewhere the statement also reads the head's size as its
     snapshot sees it: only when that equals the locked size did nothing commit in between (every write to the
     counters and the events is an append, made under this lock, that grows the size), and the counters and
     the scan are current; otherwise they are read again, in a statement of their own (a new snapshot, under
@@ -158,8 +161,9 @@ def _locked_head(session: Session, keys: Iterable[str] = (), scan: _Scan | None 
         return cached
     wanted = sorted(set(keys))
     conn = session.connection()
-    if _psycopg(conn):  # straight to the driver: the statement every grant and issuance batch starts with
-        rows: Any = [_PgLocked(*r) for r in driver_rows(conn, _pg_locked_read(scan), _pg_read_params(wanted, scan))]
+    if _psycopg(conn):  # straight to the driver: the call every grant and issuance batch starts with
+        rows: Any = [_PgLocked(r[0], r[1], r[2], r[3], r[0], r[4], r[5], r[6])  # read under the lock: seen = size
+                     for r in driver_rows(conn, _PG_LOCK_HEAD, _pg_lock_params(wanted, scan))]
     else:
         rows = conn.execute(_locked_read(scan), _read_params(wanted, scan)).all()
     if not rows:
@@ -173,12 +177,9 @@ def _locked_head(session: Session, keys: Iterable[str] = (), scan: _Scan | None 
         state.counts.update({k: found.get(k, 0) for k in wanted})
         if scan is not None:
             scan.found = row.unsettling
-    elif scan is not None or wanted:  # a writer committed while this one waited: read them again, now
-        # (on PostgreSQL the usual case when several replicas write: each waits for the others' commits)
-        if _psycopg(conn):
-            again: Any = driver_rows(conn, _pg_current_read(scan), _pg_read_params(wanted, scan))
-        else:
-            again = conn.execute(_current_read(scan), _read_params(wanted, scan)).all()
+    elif scan is not None or wanted:  # a writer committed while this one waited: read them again, now (on
+        # PostgreSQL through SQLAlchemy's statements only; psycopg's call read them with the lock held)
+        again = conn.execute(_current_read(scan), _read_params(wanted, scan)).all()
         found = {r[-2]: int(r[-1]) for r in again if r[-2] is not None}
         state.counts.update({k: found.get(k, 0) for k in wanted})
         if scan is not None:
@@ -250,7 +251,7 @@ def _current_read(scan: _Scan | None) -> Any:
 
 
 class _PgLocked(NamedTuple):
-    """A row of _pg_locked_read, named as _locked_read's."""
+    """A row of tf_lock_audit_head (`seen`: its size), named as _locked_read's."""
 
     size: int
     last_leaf: str
@@ -260,9 +261,6 @@ class _PgLocked(NamedTuple):
     unsettling: str | None
     key: str | None
     counted: int | None  # the counter's count (`count` is a tuple's method)
-
-
-_PG_LOCKED_READS: dict[tuple[str, ...] | None, str] = {}
 
 
 def _psycopg(conn: Connection) -> bool:
@@ -279,32 +277,25 @@ def _pg_unsettling(scan: _Scan | None) -> str:
             "ORDER BY e.seq LIMIT 1)")
 
 
-def _pg_locked_read(scan: _Scan | None) -> str:
-    """_locked_read as psycopg's SQL text, built once per `keeping`."""
-    key = None if scan is None else scan.keeping
-    sql = _PG_LOCKED_READS.get(key)
-    if sql is None:
-        sql = _PG_LOCKED_READS[key] = (
-            "SELECT h.size, h.last_leaf, h.frontier, h.last_ts, "  # noqa: S608 (no input in the text)
-            f"(SELECT s.size FROM audit_head s WHERE s.id = {HEAD_ID}), {_pg_unsettling(scan)}, c.key, c.count "
-            "FROM audit_head h LEFT OUTER JOIN audit_counters c ON c.key = ANY(%(keys)s::text[]) "
-            f"WHERE h.id = {HEAD_ID} FOR UPDATE OF h")
-    return sql
+# the head's lock and the reads under it (schema step 12): keys, since (null: no scan), exact actions, LIKE patterns
+_PG_LOCK_HEAD = "SELECT * FROM tf_lock_audit_head(%s::text[], %s::bigint, %s::text[], %s::text[])"
+_KEEPING_ARRAYS: dict[tuple[str, ...], tuple[str, str]] = {}
 
 
-_PG_CURRENT_READS: dict[tuple[str, ...] | None, str] = {}
+def _pg_lock_params(keys: list[str], scan: _Scan | None) -> tuple[str, int | None, str, str]:
+    if scan is None:
+        return pg_array(keys), None, "{}", "{}"
+    arrays = _KEEPING_ARRAYS.get(scan.keeping)
+    if arrays is None:  # as _pg_unsettling has them: an entry ending in '.' is a prefix, any other an action
+        arrays = _KEEPING_ARRAYS[scan.keeping] = (
+            pg_array([k for k in scan.keeping if not k.endswith(".")]),
+            pg_array([_like_prefix(k) for k in scan.keeping if k.endswith(".")]))
+    return pg_array(keys), scan.since, *arrays
 
 
-def _pg_current_read(scan: _Scan | None) -> str:
-    """_current_read as psycopg's SQL text, built once per `keeping`."""
-    key = None if scan is None else scan.keeping
-    sql = _PG_CURRENT_READS.get(key)
-    if sql is None:
-        sql = _PG_CURRENT_READS[key] = (
-            f"SELECT {_pg_unsettling(scan)}, c.key, c.count "  # noqa: S608 (no input in the text)
-            "FROM audit_head h LEFT OUTER JOIN audit_counters c ON c.key = ANY(%(keys)s::text[]) "
-            f"WHERE h.id = {HEAD_ID}")
-    return sql
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern matching what starts with `prefix` (its backslashes, % and _ escaped: LIKE's own escape)."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _pg_read_params(keys: list[str], scan: _Scan | None) -> dict[str, Any]:
@@ -650,7 +641,7 @@ def lock_head_and_check(session: Session, since: int, keeping: tuple[str, ...],
     cover (an entry ending in '.' covers every action it prefixes), or None: what a writer checks when its
     decision was read before its transaction (policy.grants). `upcoming`: (tenant, action) of the events the
     transaction is about to append, whose counters are read with the lock. One round trip when the head is not
-    locked yet and no writer commits while this one waits for it, two when one does."""
+    locked yet (on SQLAlchemy's statements, two when a writer commits while this one waits for it)."""
     keys = [k for tenant, action in upcoming for k in counters.keys_of(tenant, action).values()]
     cached = session.info.get(_HEAD_CACHE)
     if isinstance(cached, _HeadState):  # locked already: the scan alone, from memory when it can tell

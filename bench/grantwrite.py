@@ -179,37 +179,28 @@ def step_profile(db: Database, committer: GroupCommitter, n: int) -> list[tuple[
 
 
 def committers_round(dbs: list[Database], committers: list[GroupCommitter], postmaster: int
-                     ) -> tuple[float, float, float, float]:
+                     ) -> tuple[float, float, float]:
     """N grants by THREADS writer threads spread over `committers` (one per database: several replicas' write paths
-    in one process): (CPU us per grant of this process, of PostgreSQL, mean batch, share of batches that waited
-    for another's commit and read the head's counters and scan again)."""
-    import audit.service as audit_service
-
+    in one process): (CPU us per grant of this process, of PostgreSQL, mean batch)."""
     items = prepared(dbs[0], _marker(dbs[0]), N)
-    steps = Steps()
-    steps.wrap(audit_service, "_pg_current_read", "again")  # built (from a cache) on every read again only
     b0, i0 = sum(c.batches for c in committers), sum(c.items for c in committers)
     c0, d0 = time.process_time(), cpu_seconds([postmaster])
-    try:
-        chunks = [items[i::THREADS] for i in range(THREADS)]
+    chunks = [items[i::THREADS] for i in range(THREADS)]
 
-        def writer(n: int) -> None:
-            committer = committers[n % len(committers)]
-            for p, row in chunks[n]:
-                committer.submit(lambda s, p=p, row=row: svc.commit_request(s, p, caller=CALLER, request_id="req-bench",
-                                                                            decision_record=row))
+    def writer(n: int) -> None:
+        committer = committers[n % len(committers)]
+        for p, row in chunks[n]:
+            committer.submit(lambda s, p=p, row=row: svc.commit_request(s, p, caller=CALLER, request_id="req-bench",
+                                                                        decision_record=row))
 
-        workers = [threading.Thread(target=writer, args=(n,)) for n in range(THREADS)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=300)
-    finally:
-        steps.undo()
+    workers = [threading.Thread(target=writer, args=(n,)) for n in range(THREADS)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=300)
     c1, d1 = time.process_time(), cpu_seconds([postmaster])
     batches = max(1, sum(c.batches for c in committers) - b0)
-    return ((c1 - c0) * 1e6 / N, (d1 - d0) * 1e6 / N, (sum(c.items for c in committers) - i0) / batches,
-            steps.calls.get("again", 0) / batches)
+    return (c1 - c0) * 1e6 / N, (d1 - d0) * 1e6 / N, (sum(c.items for c in committers) - i0) / batches
 
 
 def run(_work: Path, url: str, postmaster: int) -> list[str]:
@@ -240,8 +231,8 @@ def run(_work: Path, url: str, postmaster: int) -> list[str]:
                 figures.setdefault(f"db{threads}", []).append((d1 - d0) * 1e6 / N)
                 batches = max(1, committer.batches - b0)
                 figures.setdefault(f"batch{threads}", []).append((committer.items - i0) / batches)
-            cpu, dbcpu, batch, again = committers_round(dbs, committers, postmaster)
-            for key, value in (("cpuR", cpu), ("dbR", dbcpu), ("batchR", batch), ("againR", again)):
+            cpu, dbcpu, batch = committers_round(dbs, committers, postmaster)
+            for key, value in (("cpuR", cpu), ("dbR", dbcpu), ("batchR", batch)):
                 figures.setdefault(key, []).append(value)
             raw, rawdb = raw_floor(url, N, postmaster)
             figures.setdefault("raw", []).append(raw * 1e6)
@@ -263,8 +254,6 @@ def run(_work: Path, url: str, postmaster: int) -> list[str]:
                      f"{m[f'batch{key}']:.1f}")
         lines.append(f"grant_write_db_cpu_{tag}: {m[f'db{key}']:.0f} us per grant (baseline psycopg alone "
                      f"{m['rawdb']:.0f} us, ratio {m[f'db{key}'] / m['rawdb']:.2f})")
-    lines.append(f"# {REPLICAS} committers: {m['againR']:.0%} of batches waited for another's commit and read the "
-                 "head's counters and scan again")
     lines.append("# per step of a lone write, thread CPU us per grant (inclusive; nested steps indented):")
     lines += [f"#   {us:7.1f}  {label}" for label, us in profile]
     return lines

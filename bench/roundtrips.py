@@ -120,8 +120,8 @@ def run(work: Path, database_url: str, log: Path) -> list[str]:
         f"{a:.1f} statements, ratio {b / a:.2f})",
         "# one replica, one request at a time, the kinds sent most:",
         *(f"#   {n / N:5.2f} per grant: {k}" for k, n in kinds.most_common(10)),
-        "# 3 replicas, 8 requesters (BEGIN and COMMIT per grant: 1 / the mean group-commit batch; the head's counters "
-        "and scan read again after waiting for another replica's commit show as a SELECT of their own):",
+        "# 3 replicas, 8 requesters (BEGIN and COMMIT per grant: 1 / the mean group-commit batch; the head's lock, its "
+        "counters and scan are one call, tf_lock_audit_head, whether or not it waited for another replica's commit):",
         *(f"#   {n / (N // 8 * 8):5.2f} per grant: {k}" for k, n in kinds3.most_common(12)),
         f"goal <= {GOAL:g} statements per grant on one replica: {'met' if a <= GOAL else 'NOT met'} ({a:.1f})",
     ]

@@ -148,19 +148,28 @@ def fingerprint_and_active(session: Session) -> tuple[tuple[Any, ...], str | Non
 _READ_WITH_MARKER = "tf_decision_state"
 
 
-def marker_for_decision(session: Session) -> int:
+def marker_for_decision(session: Session, also: tuple[str, tuple[Any, ...]] | None = None) -> tuple[int, Any]:
     """The audit log's size, read in one statement with what the grant decider reads first (fingerprint_and_active,
     which then takes that row from the session instead of reading it again): a decision made in a transaction
     per statement (store.db's `statement` or PostgreSQL's autocommit) pays one round trip for both, and the
     marker is still read no later than anything the decision reads. Call `forget_decision_state` once the
-    decision is made, so an unused row is never taken by a later decision in the same session."""
-    row = _data_version_row(session, _MARKER_FINGERPRINT_AND_ACTIVE)
-    if row is None:  # a database without the data version row: nothing kept, the size alone
+    decision is made, so an unused row is never taken by a later decision in the same session. `also`: a scalar
+    subquery in the driver's SQL and its parameters, read in the same statement (the caller's own first read, a
+    round trip fewer), whose value comes back beside the size."""
+    query, params = _MARKER_FINGERPRINT_AND_ACTIVE, ()
+    if also is not None:
+        query, params = f"{_MARKER_COLUMNS}, {also[0]}{_MARKER_FROM}", also[1]
+    row = _data_version_row(session, query, params)
+    if row is None:  # a database without the data version row: nothing kept, the size alone (and `also` alone)
         from audit.service import tree_size
 
-        return tree_size(session)
+        size = tree_size(session)
+        if also is None:
+            return size, None
+        rows = driver_rows(session.connection(), f"SELECT {also[0]}", also[1])
+        return size, rows[0][0] if rows else None
     session.info[_READ_WITH_MARKER] = row
-    return int(row[2] or 0)
+    return int(row[2] or 0), row[3] if also is not None else None
 
 
 def forget_decision_state(session: Session) -> None:
@@ -172,16 +181,17 @@ def forget_decision_state(session: Session) -> None:
 _DATA_VERSION = "SELECT n FROM policy_data_version WHERE id = 1"
 _FINGERPRINT_AND_ACTIVE = (
     "SELECT n, (SELECT content_hash FROM policy_versions WHERE state = 'active') FROM policy_data_version WHERE id = 1")
-_MARKER_FINGERPRINT_AND_ACTIVE = (
-    "SELECT n, (SELECT content_hash FROM policy_versions WHERE state = 'active'), "
-    "(SELECT size FROM audit_head WHERE id = 1) FROM policy_data_version WHERE id = 1")
+_MARKER_COLUMNS = ("SELECT n, (SELECT content_hash FROM policy_versions WHERE state = 'active'), "
+                   "(SELECT size FROM audit_head WHERE id = 1)")
+_MARKER_FROM = " FROM policy_data_version WHERE id = 1"
+_MARKER_FINGERPRINT_AND_ACTIVE = _MARKER_COLUMNS + _MARKER_FROM
 assert PolicyDataVersion.__tablename__ == "policy_data_version" and PolicyVersion.__tablename__ == "policy_versions"
 assert AuditHead.__tablename__ == "audit_head" and HEAD_ID == 1
 
 
-def _data_version_row(session: Session, query: str = _DATA_VERSION) -> Any:
+def _data_version_row(session: Session, query: str = _DATA_VERSION, params: tuple[Any, ...] = ()) -> Any:
     session.flush()  # as the autoflush of build_data's queries would
-    rows = driver_rows(session.connection(), query, ())
+    rows = driver_rows(session.connection(), query, params)
     return rows[0] if rows else None
 
 

@@ -153,6 +153,12 @@ def driver_rows(conn: Connection, sql: str, params: Any) -> list[tuple[Any, ...]
         return list(cursor.fetchall()) if cursor.description is not None else []
 
 
+def placeholder(conn: Connection) -> str:
+    """A positional parameter's mark in the SQL of the connection's driver (sqlite3's `?`, psycopg's `%s`): for SQL
+    sent through driver_rows that takes parameters on both databases."""
+    return "?" if conn.dialect.paramstyle == "qmark" else "%s"
+
+
 def driver_write(conn: Connection, sql: str, params: Any) -> None:
     """driver_rows for a statement that writes, announced as SQLAlchemy's writes are (`_announce_commits`): its
     COMMIT notifies the change feeds, and this process's feed moves at once (Database.session)."""
@@ -222,8 +228,10 @@ class DriverInsert:
                     f"VALUES ({', '.join(f'%({prefix}{n})s{casts[n]}' for n in self._names)})")
 
     def values(self, row: Any) -> dict[str, Any]:
+        """The parameters of `row`: a mapped object, or a dict of its values by column name."""
         out: dict[str, Any] = {}
-        loaded = row.__dict__  # a mapped object's values, without the instrumented attributes' descriptors
+        loaded = row if isinstance(row, dict) else row.__dict__  # a mapped object's values, without the
+        # instrumented attributes' descriptors
         for name in self._names:
             value = loaded[name] if name in loaded else getattr(row, name)
             out[self._prefix + name] = json.dumps(value) if name in self._json else value  # None: JSON null, as

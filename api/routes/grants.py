@@ -35,6 +35,7 @@ from api.writelock import grant_writer
 from core.clock import as_utc
 from core.errors import Forbidden, InvalidInput
 from core.vocabulary import GRANT_STATE_PATTERN
+from policy import decisionlog
 from policy import grants as svc
 from policy.models import Grant
 from workflows.context import AppContext
@@ -194,7 +195,7 @@ def _request(ctx: Any, req: svc.GrantRequest, caller: svc.Caller, recorded: _Rec
         if created:
             row = _decision_row(ctx, recorded, grant, owner)
             if row is not None:
-                session.add(row)
+                decisionlog.add(session, row)
     return grant, created
 
 

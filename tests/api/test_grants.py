@@ -189,7 +189,8 @@ def test_pending_times_out(env: Env) -> None:
     assert r.status_code == 409 and "expired" in r.json()["reason"]
 
 
-def test_idempotent_retries(env: Env) -> None:
+def test_idempotent_retries(env_both: Env) -> None:
+    env = env_both
     first = request(env, key="req-42")
     assert first.status_code == 201
     n = events(env)

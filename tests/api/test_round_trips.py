@@ -32,14 +32,18 @@ def _grant(env: Env, headers: dict[str, str]) -> Any:
     return r.json()
 
 
-def test_a_grant_request_sends_at_most_its_budget_of_statements(env_bench: Env) -> None:
+@pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "idempotency-key"])
+def test_a_grant_request_sends_at_most_its_budget_of_statements(env_bench: Env, keyed: bool) -> None:
+    """With an Idempotency-Key (each request its own, as clients retrying send them) the same budget: the lookup of
+    an earlier grant under the key is read in the decision marker's statement, not in one of its own."""
     env = env_bench
     headers = env.headers("tenant-admin", "acme")
     engine = env.ctx.db.engine
     with watch(engine) as sent:
-        for _ in range(5):  # the first two warm up the decider's document and the pool's traced connections
+        for i in range(5):  # the first two warm up the decider's document and the pool's traced connections
             sent.next_round()
-            assert _grant(env, headers)["state"] == "pending"
+            assert _grant(env, {**headers, "Idempotency-Key": f"round-trips-{i}"} if keyed else headers
+                          )["state"] == "pending"
     worst = max(sent.rounds[3:], key=len)
     budget = MAX_STATEMENTS[engine.dialect.name]
     assert len(worst) <= budget, f"{len(worst)} statements (budget {budget}):\n{listing(worst)}"

@@ -103,12 +103,14 @@ def test_concurrent_processes_on_sqlite(sqlite_db: Database) -> None:
 @pytest.mark.parametrize("checks", [False, True], ids=["append", "grant check then append"])
 def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgres_db: Database,
                                                                           checks: bool) -> None:
-    """The first append of a transaction reads the head (locked), its counters and its snapshot's size in one
-    statement: when another writer commits while it waits for the lock, the counters its snapshot shows are
-    stale, and must be read again (audit/service.py _locked_head); so is a grant write's scan of the events since
-    its decision (lock_head_and_check), which must find A's. Forced here: A holds the lock, B is seen waiting for
-    it in pg_stat_activity, A commits, B goes on."""
+    """The first append of a transaction locks the head and reads its counters: when another writer commits while
+    it waits for the lock, a statement's snapshot (taken before the wait) shows stale counters, so they are read
+    with the lock held (audit/service.py _locked_head: tf_lock_audit_head, whose second statement takes a
+    snapshot of its own); so is a grant write's scan of the events since its decision (lock_head_and_check),
+    which must find A's. Forced here: A holds the lock, B is seen waiting for it in pg_stat_activity, A commits,
+    B goes on; B's lock and reads were one round trip (a statement read them again after the wait before)."""
     from audit.service import lock_head_and_check
+    from tests.roundtrips import watch
 
     db = postgres_db
     found: list[str | None] = []
@@ -134,24 +136,31 @@ def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgr
         except BaseException as exc:
             errors.append(exc)
 
+    poller = Database(db.url)  # its statements are not B's
+    sent_by_b = watch(db.engine)  # B's connection is traced from its checkout (A's was checked out before)
+    sent = sent_by_b.__enter__()
     t = threading.Thread(target=b)
     t.start()
     try:
         deadline = time.monotonic() + 30
-        with db.engine.connect() as watch:
+        with poller.engine.connect() as watch_conn:
             while True:
-                waiting = watch.execute(text(
+                waiting = watch_conn.execute(text(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
                     ":pid = ANY(pg_blocking_pids(pid))"), {"pid": pid}).scalar_one()
                 if waiting or time.monotonic() > deadline:
                     break
-                watch.rollback()
+                watch_conn.rollback()
                 time.sleep(0.01)  # polling a condition, bounded by the deadline
         assert waiting, "B never waited for A's head lock"
     finally:
         a_holds.__exit__(None, None, None)  # A commits
         t.join(timeout=30)
+        sent_by_b.__exit__(None, None, None)
+        poller.dispose()
     assert not t.is_alive() and not errors, errors
+    heads = [q for q in sent.rounds[-1] if "audit_head" in q]
+    assert len(heads) == 1, heads  # the lock, the counters and the scan: one call, though B waited
     assert found == (["tenant.update"] if checks else [])  # A's event, committed while B waited
     with db.read_session() as s:
         rows = s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
@@ -159,3 +168,24 @@ def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgr
     assert [d["object"]["id"] for d in docs] == ["first", "a", "b"]
     assert [d["counters"]["tenant"] for d in docs] == [0, 1, 2]
     _check_counters(docs)
+
+
+@pytest.mark.parametrize(("keeping", "found"), [
+    (("tenant_x.",), "tenantax.update"),  # `_` is a character of the prefix, not LIKE's any one
+    (("tenant%.",), "tenantax.update"),  # nor is `%`
+    (("tenantax%",), "tenantax.update"),  # an entry not ending in '.' is one action
+    (("tenantax.",), None),
+    (("svid.issue", "tenantax.update"), None),
+    (("tenant.", "svid.issue"), "tenantax.update"),
+])
+def test_a_writers_scan_under_the_head_lock_takes_its_actions_literally(db: Database, keeping: tuple[str, ...],
+                                                                        found: str | None) -> None:
+    """lock_head_and_check's scan (on PostgreSQL inside tf_lock_audit_head, with prefixes as LIKE patterns):
+    an entry ending in '.' covers the actions it prefixes, character for character; any other entry one action."""
+    from audit.service import lock_head_and_check
+
+    with db.session() as s:
+        record(s, actor=Actor("t", "system"), action="tenantax.update", object_type="tenant", object_id="a",
+               tenant="acme")
+    with db.session() as s:
+        assert lock_head_and_check(s, 0, keeping)[1] == found

@@ -13,6 +13,7 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from audit.models import AuditEvent
+from core.clock import as_utc
 from core.quotas import QuotaExceeded, Quotas
 from policy.grants import (
     Caller,
@@ -23,7 +24,7 @@ from policy.grants import (
     commit_request,
     prepare_request,
 )
-from policy.models import Grant
+from policy.models import DecisionRecord, Grant
 from store import deferred
 from store.db import Database
 
@@ -78,6 +79,59 @@ def test_a_prepared_decision_survives_grant_and_issuance_events_but_not_other_ch
     assert _stored(db)[0] == ["first", "second", "third"]
 
 
+@pytest.mark.parametrize("version_row", [True, False], ids=["migrated", "without-data-version-row"])
+def test_a_retry_under_its_key_is_answered_with_the_first_grant(db: Database, version_row: bool) -> None:
+    """prepare_request reads the grant already requested under the caller's key in its marker's statement (or,
+    without the data version row, on its own): a retry gets the first grant, the same key with another request
+    is a conflict, and another caller's same key is a request of its own."""
+    from sqlalchemy import text
+
+    from policy.grants import GrantConflict
+
+    if not version_row:
+        with db.session() as s:
+            s.execute(text("DELETE FROM policy_data_version"))
+    first = _prepare(db, "retry")
+    with db.session() as s:
+        commit_request(s, first, caller=CALLER)
+    other = Caller("acme-other", "tenant-admin", "acme", Actor("acme-other", "tenant"))
+    with db.read_session(statements=True) as s:  # as the route reads it
+        again = prepare_request(s, REQUEST, caller=CALLER, decide=_approve, idempotency_key="retry", clock=lambda: NOW)
+        with pytest.raises(GrantConflict, match="Idempotency-Key was already used"):
+            prepare_request(s, GrantRequest("acme", "web", "globex", "api", "tcp", [8443], 3600), caller=CALLER,
+                            decide=_approve, idempotency_key="retry", clock=lambda: NOW)
+        elsewhere = prepare_request(s, REQUEST, caller=other, decide=_approve, idempotency_key="retry",
+                                    clock=lambda: NOW)
+    assert isinstance(again, Grant) and again.id == first.grant.id and again.state == "active"
+    assert isinstance(elsewhere, PreparedGrant) and elsewhere.grant.id != first.grant.id
+
+
+def test_a_prepared_grant_is_the_grant_its_write_stores(db: Database) -> None:
+    """prepare_request builds its Grant without SQLModel's __init__ (policy.grants.new_grant): the same object as
+    the model's constructor makes (fields, fields set, a transient ORM instance), and what its write stores and a
+    read returns; the ORM's own unit of work can insert one too."""
+    from sqlalchemy import inspect
+
+    from policy.grants import new_grant
+
+    prepared = _prepare(db, "built")
+    built = prepared.grant
+    constructed = Grant(**built.model_dump())
+    assert built.model_dump() == constructed.model_dump() and built.model_fields_set == constructed.model_fields_set
+    assert inspect(built).transient and built.version == 1
+    with db.session() as s:
+        commit_request(s, prepared, caller=CALLER)
+        s.add(new_grant(**{**built.model_dump(), "id": "g-by-the-orm", "idempotency_key": None}))
+    with db.read_session() as s:
+        stored = s.get(Grant, built.id)
+        by_orm = s.get(Grant, "g-by-the-orm")
+        assert stored is not None and by_orm is not None
+        assert stored.model_dump() == built.model_dump()
+        assert by_orm.model_dump() == {**built.model_dump(), "id": "g-by-the-orm", "idempotency_key": None}
+    with pytest.raises(TypeError, match="version"):
+        new_grant(**{k: v for k, v in built.model_dump().items() if k != "version"})
+
+
 def test_a_grant_write_runs_again_whole_after_its_transaction_rolled_back(db: Database) -> None:
     """The group committer runs every item of a failed batch again, alone, with the same prepared grant (a
     deadlock victim is run again too): the first transaction's rollback must leave the prepared grant usable,
@@ -91,6 +145,46 @@ def test_a_grant_write_runs_again_whole_after_its_transaction_rolled_back(db: Da
         grant = commit_request(s, prepared, caller=CALLER)
     assert grant.state == "active" and grant.src_tenant == "acme"
     assert _stored(db) == (["again"], [grant.id])
+
+
+def _logged(db: Database) -> list[tuple[Any, ...]]:
+    with db.read_session() as s:
+        return [(r.kind, r.tenant, r.outcome, r.input, r.result, r.reasons, r.policy_hash, as_utc(r.ts))
+                for r in s.exec(select(DecisionRecord).order_by(col(DecisionRecord.id))).all()]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "batched"])
+def test_a_grants_decision_record_is_written_in_its_transaction_and_undone_with_it(db: Database, batched: bool) -> None:
+    """The decision log's row goes with its grant (on PostgreSQL in the grant's INSERT; in a group commit's batch
+    with the batch's grant rows): a transaction rolled back after the writes leaves neither, a committed one both,
+    the record holding what was asked and answered."""
+    from policy.decide import GrantDecision as LoggedDecision
+    from policy.decisionlog import DecisionLog
+
+    log = DecisionLog(db, clock=lambda: NOW)
+    asked = REQUEST.policy_input("acme")
+
+    def write(fail: bool) -> None:
+        prepared = [_prepare(db, "logged-1"), _prepare(db, "logged-2")]
+        with db.session() as s:
+            if batched:
+                deferred.batch(s)  # as a group commit's members without savepoints: rows queued, written together
+            for p in prepared:
+                row = log.row("grant", asked, LoggedDecision("approve", [], ["auto-approved"]), "sha256:v1",
+                              owner="acme")
+                commit_request(s, p, caller=CALLER, decision_record=row)
+            deferred.flush(s)
+            if fail:
+                raise RuntimeError("the transaction failed after its writes")
+
+    with pytest.raises(RuntimeError):
+        write(fail=True)
+    assert _stored(db) == ([], []) and _logged(db) == []
+    write(fail=False)
+    assert _stored(db)[0] == ["logged-1", "logged-2"]
+    record = ("grant", "acme", "approve", asked, {"outcome": "approve", "approvers": [], "reasons": ["auto-approved"]},
+              ["auto-approved"], "sha256:v1", NOW)
+    assert _logged(db) == [record, record]
 
 
 def _batch(db: Database, items: list[PreparedGrant | str]) -> str | None:
