@@ -78,14 +78,21 @@ class RegoGrantDecider:
 
     def _engine_for(self, session: Session, digest: str | None) -> PolicyEngine:
         """The engine loaded with the active version's modules (`digest`; reloaded when another version is
-        activated); an empty engine (every decision: no-policy) when none is active. Call with the lock held."""
+        activated); an empty engine (every decision: no-policy) when none is active. Call with the lock held.
+
+        Its *_test.rego modules stay out: they are the version's tests (`trustfabric policy test` runs them), no
+        decision reads them, and a regorus engine prepares every rule it holds, on its first evaluation and again
+        on its first after each change of the data: with the shipped tests loaded, 3.6 ms instead of 0.7 ms
+        after a change (each worker thread pays it once per change)."""
+        from policy.testing import is_test_module
+
         if self._engine is None:
             self._engine = self._factory()
         if digest != self._hash:
             modules: dict[str, str] = {}
             if digest is not None:
                 row = session.exec(select(PolicyVersion).where(col(PolicyVersion.content_hash) == digest)).one()
-                modules = dict(row.modules)
+                modules = {path: text for path, text in row.modules.items() if not is_test_module(path)}
             self._engine.load(modules)
             self._hash = digest
         return self._engine

@@ -212,3 +212,17 @@ def test_write_requests_reuse_the_document_on_postgresql_too(env_both: Env) -> N
         other.dispose()
     g = post(env)
     assert g["state"] == "denied" and d.rebuilds == built + 1
+
+
+def test_decisions_load_the_active_version_without_its_tests(env: Env) -> None:
+    """The decider's engine holds the active version's policy modules, not its *_test.rego ones: regorus prepares
+    every rule it holds after each change of the data, and no decision reads a test."""
+    from policy.models import PolicyVersion
+
+    post(env)
+    with env.ctx.db.read_session() as s:
+        active = s.exec(select(PolicyVersion).where(PolicyVersion.state == "active")).one()
+    tests = {p for p in active.modules if p.endswith("_test.rego")}
+    engine = decider(env).engine
+    assert tests and engine is not None
+    assert set(engine.modules()) == set(active.modules) - tests
