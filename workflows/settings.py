@@ -226,6 +226,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise InvalidInput(f"TRUSTFABRIC_MODE must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.worker_threads < 1:
+            raise InvalidInput(f"TRUSTFABRIC_WORKER_THREADS must be at least 1, not {self.worker_threads}")
 
     @property
     def development(self) -> bool:

@@ -86,3 +86,11 @@ def test_the_hardening_settings() -> None:
     assert with_keys.require_policy_signature  # keys configured: a signature is required in every mode
     with pytest.raises(InvalidInput, match="TRUSTFABRIC_MODE must be one of production, development"):
         Settings.from_env({"TRUSTFABRIC_MODE": "prod"})
+
+
+def test_the_worker_threads_setting() -> None:
+    """TRUSTFABRIC_WORKER_THREADS: 16 by default, at least 1 (api/workers.py)."""
+    assert Settings().worker_threads == 16
+    assert Settings.from_env({"TRUSTFABRIC_WORKER_THREADS": "4"}).worker_threads == 4
+    with pytest.raises(InvalidInput, match="TRUSTFABRIC_WORKER_THREADS must be at least 1, not 0"):
+        Settings.from_env({"TRUSTFABRIC_WORKER_THREADS": "0"})
