@@ -16,6 +16,7 @@ import hmac
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -136,9 +137,7 @@ def scrape_registry(ctx: AppContext) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     directory = ctx.settings.metrics_multiproc_dir
     if directory:
-        from prometheus_client import multiprocess
-
-        multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+        registry.register(WorkerFiles(directory))
     else:
         registry.register(_Local())
     registry.register(StateCollector(ctx))
@@ -148,6 +147,31 @@ def scrape_registry(ctx: AppContext) -> CollectorRegistry:
 def exposition(ctx: AppContext) -> bytes:
     """The Prometheus text exposition of `scrape_registry`."""
     return generate_latest(scrape_registry(ctx))
+
+
+class WorkerFiles(Collector):
+    """Every worker's metrics files (prometheus-client's multiprocess mode), summed, leaving out a file a worker is
+    creating at this moment: MmapedDict creates its file before sizing it, and MultiProcessCollector, meeting it
+    empty, fails the whole scrape (prometheus/client_python#1199: a worker's first request during a scrape made
+    /metrics answer 500). Such a file holds nothing yet; once sized it reads as empty until written."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        files = []
+        for path in sorted(Path(self._directory).glob("*.db")):
+            try:
+                if path.stat().st_size >= _HEADER:
+                    files.append(str(path))
+            except FileNotFoundError:  # removed since the glob (a dead process's live gauge)
+                continue
+        return iter(MultiProcessCollector.merge(files, accumulate=True))  # type: ignore[no-untyped-call]
+
+
+_HEADER = 8  # a metrics file's header: the bytes in use, and padding
 
 
 class _Local(Collector):
