@@ -457,12 +457,24 @@ def _check_quota(session: Session, quotas: Quotas | None, tenant: str, state: st
     check)."""
     from inventory.service import check_quota
 
-    name: QuotaName = "grants" if state == "active" else "pending"
-    if quotas is None or getattr(quotas, name) <= 0:
+    name = _counted_quota(quotas, state)
+    if name is None:
         return False
     held = select(func.count()).select_from(Grant).where(col(Grant.src_tenant) == tenant, _state_filter(state, now))
     check_quota(session, quotas, tenant, name, held)
     return True
+
+
+def _counted_quota(quotas: Quotas | None, state: str) -> QuotaName | None:
+    """The quota a new grant in `state` (active | pending) counts against, when one is set."""
+    name: QuotaName = "grants" if state == "active" else "pending"
+    return name if quotas is not None and getattr(quotas, name) > 0 else None
+
+
+def locks_rows(prepared: PreparedGrant, quotas: Quotas | None) -> bool:
+    """Whether commit_request takes a row lock for this grant (its tenant's, to count a quota): one that does not
+    only reads and inserts, so a group commit may run it after the audit head's lock (store/groupcommit.py late)."""
+    return prepared.grant.state != "denied" and _counted_quota(quotas, prepared.grant.state) is not None
 
 
 def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: datetime) -> GrantDecision:

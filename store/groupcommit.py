@@ -24,7 +24,13 @@ serialization failure (PostgreSQL's SQLSTATE 40P01, 40001) says nothing about th
 back whole, releasing every lock it held, and each item is run alone, again up to TRANSIENT_ATTEMPTS times, as
 PostgreSQL's manual asks of an application (so such a failure reaches a caller only when it repeats). A batch waits
 for nothing: the leader starts the next transaction as soon as the last one committed, so a lone request pays no
-delay (nor any thread switch), and under load the batch is whatever arrived during the previous commit."""
+delay (nor any thread switch), and under load the batch is whatever arrived during the previous commit.
+
+An item that takes no row lock (submitted with late=True: it only reads and inserts new rows) may also join a batch
+after that batch took the audit head's lock, when it was queued meanwhile: with several replicas the head's lock is
+often held by another replica's transaction (a wait of 2-3 ms, through its COMMIT), and what arrived during that wait
+rides along instead of paying a transaction of its own. Only an item without row locks may: one taking a row lock
+after the head's would take them the other way round from every other write transaction (store/deferred.py)."""
 
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ log = logging.getLogger("trustfabric.store.groupcommit")
 T = TypeVar("T")
 Write = Callable[[Session], Any]
 Check = Callable[[Session], None]
-_Item = tuple[Write, "Check | None", "_Waiter", bool]
+_Item = tuple[Write, "Check | None", "_Waiter", bool, bool]  # fn, check, waiter, savepoint, late
 TRANSIENT = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure: retry the transaction
 TRANSIENT_ATTEMPTS = 3
 CAREFUL_BATCHES = 8  # batches run with savepoints straight away after a member failed in one without
@@ -111,14 +117,17 @@ class GroupCommitter:
         self.refused = 0  # items that failed alone inside a batch that committed the others
         self._careful = 0  # batches still to run with savepoints at once (only the leader touches it)
 
-    def submit(self, fn: Callable[[Session], T], check: Check | None = None, *, savepoint: bool = True) -> T:
+    def submit(self, fn: Callable[[Session], T], check: Check | None = None, *, savepoint: bool = True,
+               late: bool = False) -> T:
         """fn's result after the transaction it ran in committed; fn's own exception, or the database's.
         `check` runs first, in the same savepoint (a refusal, such as a revoked identity, fails this item
         alone and costs the others nothing). `savepoint=False` for an item whose fn fails only when the
         database does (its refusals all in a `check` that only reads): it saves the SAVEPOINT's statements and
         bookkeeping, and an exception of its fn then fails the batch, whose items are run again alone. Such an
         fn's rows (and audit events) may be queued and written once for the batch (store/deferred.py `batched`),
-        so it must not read back what it wrote.
+        so it must not read back what it wrote. `late=True` for an item whose check and fn take no row lock (they
+        read, and insert new rows): it may join a batch that already holds the audit head's lock (the module says
+        why).
 
         The caller's own thread commits (no committer thread: handing each write to one and back cost two thread
         switches per request): the first caller to find nobody leading leads, committing whatever is queued in
@@ -128,7 +137,7 @@ class GroupCommitter:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the group committer is closed")
-            self._pending.append((fn, check, waiter, savepoint))
+            self._pending.append((fn, check, waiter, savepoint, late))
             lead = not self._leading
             self._leading = True
         while True:
@@ -174,7 +183,7 @@ class GroupCommitter:
         # optimistic first: members without their savepoints (two statements and the ORM's nested transaction
         # each), the batch run again with them only when a member failed; after such a failure the next
         # CAREFUL_BATCHES batches take the savepoints at once, so a stream of refusals costs few extra passes
-        optimistic = len(batch) > 1 and self._careful == 0
+        optimistic = self._careful == 0  # (a lone member is run without one either way; late members may join it)
         self._careful = max(0, self._careful - 1)
         try:
             try:
@@ -214,7 +223,7 @@ class GroupCommitter:
             deferred.begin(session)
             if not savepoints:  # no savepoint to undo a member's queued rows: they may be queued, and written
                 deferred.batch(session)  # once for the lot, still before the head's lock (below)
-            for fn, check, fut, isolated in live:
+            for fn, check, fut, isolated, _late in live:
                 if not isolated:
                     continue
                 if len(live) == 1 or not savepoints:  # alone: its failure is the batch's, the same outcome
@@ -252,8 +261,21 @@ class GroupCommitter:
             # savepointed members' events (appended now, under the head lock) as the rest's, one statement for all
             deferred.batch(session)
             deferred.finish(session)  # the head locked; raising fails the batch: each alone below
-            for fn, check, fut, isolated in live:
-                if isolated:
+            first_late = len(live)
+            if not savepoints:  # what was queued meanwhile and may come after the head's lock joins this batch (it is
+                live.extend(self._take_late(self._max - len(live)))  # the caller's batch too: a second pass runs it)
+            for index, (fn, check, fut, isolated, _late) in enumerate(live):
+                if isolated and index < first_late:
+                    continue  # ran before the head's lock
+                if isolated:  # joined late, without its savepoint: a failure runs the batch again with them
+                    try:
+                        if check is not None:
+                            check(session)
+                        done.append((fut, fn(session)))
+                    except Exception as exc:
+                        if transient(exc):
+                            raise
+                        raise _MemberFailed from exc
                     continue
                 try:
                     if check is not None:
@@ -267,8 +289,19 @@ class GroupCommitter:
             deferred.flush(session)  # raising fails the batch: each alone below
         return done, refused
 
+    def _take_late(self, room: int) -> list[_Item]:
+        """Up to `room` queued items submitted with late=True, out of the queue, in their order."""
+        if room <= 0:
+            return []
+        with self._lock:
+            taken = [item for item in self._pending if item[4]][:room]
+            if taken:
+                chosen = {id(item) for item in taken}
+                self._pending[:] = [item for item in self._pending if id(item) not in chosen]
+        return taken
+
     def _alone(self, item: _Item) -> None:
-        fn, check, fut, _isolated = item
+        fn, check, fut, _isolated, _late = item
         for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
             try:
                 with self._db.session() as session:

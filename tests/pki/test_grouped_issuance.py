@@ -30,11 +30,12 @@ class _Between(GroupCommitter):
         super().__init__(db)
         self._change: Callable[[], None] | None = change
 
-    def submit(self, fn: Callable[[Session], Any], check: Any = None, *, savepoint: bool = True) -> Any:
+    def submit(self, fn: Callable[[Session], Any], check: Any = None, *, savepoint: bool = True,
+               late: bool = False) -> Any:
         if self._change is not None:
             change, self._change = self._change, None
             change()
-        return super().submit(fn, check, savepoint=savepoint)
+        return super().submit(fn, check, savepoint=savepoint, late=late)
 
 
 def _issue(db: Database, committer: GroupCommitter, ks: FileKeyStore, clock: FrozenClock) -> service.IssuedX509:

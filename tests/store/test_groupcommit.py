@@ -373,3 +373,59 @@ def test_a_lone_write_commits_in_its_callers_thread_and_a_busy_leader_hands_the_
     assert batch.outcomes == {"first": "first", "a": "a", "b": "b"}
     assert committer.batches == 3 and committer.queued() == 0  # lone, first, then a and b together
     assert all(_visible(db, n) for n in ("lone", "first", "a", "b"))
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_writes_without_row_locks_join_a_batch_that_waits_for_the_audit_head(postgres_db: Database,
+                                                                              duplicate: bool) -> None:
+    """Another transaction (another replica's, say) holds the audit head's lock through its COMMIT. The batch
+    waiting for it takes, once it holds the lock, what was queued meanwhile and takes no row lock (late=True),
+    savepointed or not: one transaction instead of two. A write that may lock a row waits for the next batch (taken
+    after the head's lock, it would deadlock with a transaction holding that row and waiting for the head). A late
+    member that fails (a duplicate) fails alone: the batch is run again with savepoints, the others commit."""
+    db = postgres_db
+    committer = GroupCommitter(db)
+    if duplicate:
+        committer.submit(_create("taken"))  # type: ignore[arg-type]
+    holding, release = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def outside() -> None:
+        with db.session() as s:
+            _create("outside")(s)  # appends its event: holds the head's lock until its COMMIT
+            holding.set()
+            assert release.wait(timeout=30)
+
+    def one(name: str, fn: Callable[[Session], object], **how: bool) -> None:
+        try:
+            outcomes[name] = committer.submit(fn, **how)
+        except Exception as exc:
+            outcomes[name] = exc
+
+    holder = threading.Thread(target=outside)
+    holder.start()
+    assert holding.wait(timeout=30)
+    late_slug = "taken" if duplicate else "late"
+    members = [("first", _create("first"), {}), ("late", _create(late_slug), {"late": True}),
+               ("batched", _create_batched("batched"), {"savepoint": False, "late": True}),
+               ("locks", _create("locks"), {})]
+    threads = []
+    for n, (name, fn, how) in enumerate(members):
+        threads.append(threading.Thread(target=one, args=(name, fn), kwargs=how))
+        threads[-1].start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+                _someone_waits_for_a_lock(db) if n == 0 else committer.queued() == n):
+            time.sleep(0.005)  # bounded: the first leads and waits for the head's lock, the rest queue behind it
+    release.set()
+    holder.join(timeout=60)
+    for t in threads:
+        t.join(timeout=60)
+    committer.close()
+    assert outcomes.pop("late") == "late" if not duplicate else isinstance(outcomes.pop("late"), Exception)
+    assert outcomes == {"first": "first", "batched": "batched", "locks": "locks"}
+    assert committer.batches == 2 + duplicate  # first, late and batched in one; then locks alone
+    assert committer.refused == int(duplicate)
+    expected = ["outside", "first", "late", "batched", "locks"]
+    assert _creates(db) == (["taken", *[e for e in expected if e != "late"]] if duplicate else expected)
