@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from audit import Actor
+from audit.service import lock_head
 from bench.audit import DurablePostgres
 from bench.pki import _csr
 from bench.progress import Progress
@@ -153,7 +154,7 @@ def _issue_worker(gate: Any, results: Any, url: str, keys: str, master: str, pro
                   csrs: list[bytes]) -> None:
     db = Database(url)
     ks = FileKeyStore.open(Path(keys), key_file=Path(master))
-    committer = GroupCommitter(db)
+    committer = GroupCommitter(db, head_lock=lock_head)
     one = _grouped(db, committer, ks)
     try:
         _threads_rate(PER_PROC, PER_PROC * 2, one, csrs, first=proc * PER_PROC)  # warm: connections, caches
@@ -210,7 +211,7 @@ def _server_cpu(pg: DurablePostgres | None) -> float:
 
 def bench_backend(name: str, db: Database, ks: KeyStore, keys: tuple[Path, Path], csrs: list[bytes],
                   pg: DurablePostgres | None) -> list[str]:
-    committer = GroupCommitter(db)
+    committer = GroupCommitter(db, head_lock=lock_head)
     grouped = _grouped(db, committer, ks)
 
     def alone(i: int, csr: bytes) -> None:

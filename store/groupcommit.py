@@ -104,8 +104,13 @@ _LEAD = object()  # a waiter's answer that says: your item is still queued, lead
 class GroupCommitter:
     """submit(fn) runs fn(session) in a shared write transaction and returns its result once committed."""
 
-    def __init__(self, db: Database, *, max_batch: int = 256) -> None:
+    def __init__(self, db: Database, *, max_batch: int = 256,
+                 head_lock: Callable[[Session], object] | None = None) -> None:
+        """`head_lock(session)` takes the audit head's lock (audit.lock_head; store may not import audit): a batch
+        takes it before its members that run under it, so that what queued while it waited can join (late=True).
+        Without it, late members join only a batch whose earlier members took the lock themselves (grants)."""
         self._db = db
+        self._head_lock = head_lock
         self._max = max_batch
         self._pending: list[_Item] = []
         self._lock = threading.Lock()
@@ -263,7 +268,9 @@ class GroupCommitter:
             deferred.finish(session)  # the head locked; raising fails the batch: each alone below
             first_late = len(live)
             if not savepoints:  # what was queued meanwhile and may come after the head's lock joins this batch (it is
-                live.extend(self._take_late(self._max - len(live)))  # the caller's batch too: a second pass runs it)
+                if self._head_lock is not None:  # the caller's batch too: a second pass runs it)
+                    self._head_lock(session)  # (held already when a member's deferred work took it: no round trip)
+                live.extend(self._take_late(self._max - len(live)))
             for index, (fn, check, fut, isolated, _late) in enumerate(live):
                 if isolated and index < first_late:
                     continue  # ran before the head's lock

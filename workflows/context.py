@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from audit.service import lock_head
 from core.clock import Clock, system_clock
 from core.errors import InvalidInput
 from policy.engines import PolicyEngine, ServingRole, make_engine
@@ -106,7 +107,7 @@ class AppContext:
         """The process's group committer for small writes (store/groupcommit.py), started on first use."""
         found: GroupCommitter | None = self.__dict__.get("_committer")
         if found is None:
-            found = self.__dict__.setdefault("_committer", GroupCommitter(self.db))
+            found = self.__dict__.setdefault("_committer", GroupCommitter(self.db, head_lock=lock_head))
         return found
 
     def engine(self, role: ServingRole) -> PolicyEngine:

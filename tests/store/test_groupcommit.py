@@ -14,6 +14,7 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from audit.models import AuditEvent
+from audit.service import lock_head
 from inventory.models import Tenant
 from store import deferred
 from store.db import Database
@@ -385,7 +386,7 @@ def test_writes_without_row_locks_join_a_batch_that_waits_for_the_audit_head(pos
     after the head's lock, it would deadlock with a transaction holding that row and waiting for the head). A late
     member that fails (a duplicate) fails alone: the batch is run again with savepoints, the others commit."""
     db = postgres_db
-    committer = GroupCommitter(db)
+    committer = GroupCommitter(db)  # no head_lock: "first" takes it itself, in its deferred append
     if duplicate:
         committer.submit(_create("taken"))  # type: ignore[arg-type]
     holding, release = threading.Event(), threading.Event()
@@ -429,3 +430,45 @@ def test_writes_without_row_locks_join_a_batch_that_waits_for_the_audit_head(pos
     assert committer.refused == int(duplicate)
     expected = ["outside", "first", "late", "batched", "locks"]
     assert _creates(db) == (["taken", *[e for e in expected if e != "late"]] if duplicate else expected)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("head_lock", [True, False])
+def test_a_batch_of_issuances_takes_the_head_first_so_those_queued_while_it_waits_join(postgres_db: Database,
+                                                                                      head_lock: bool) -> None:
+    """Members without savepoints (issuances) run under the head's lock: given `head_lock`, the batch takes it before
+    them, and what queued while it waited joins (one transaction); without it, the lock is taken by the first member
+    (its audit append at the flush here) and the one queued meanwhile waits for the next batch."""
+    db = postgres_db
+    committer = GroupCommitter(db, head_lock=lock_head if head_lock else None)
+    holding, release = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def outside() -> None:
+        with db.session() as s:
+            _create("outside")(s)
+            holding.set()
+            assert release.wait(timeout=30)
+
+    def one(name: str) -> None:
+        outcomes[name] = committer.submit(_create_batched(name), savepoint=False, late=True)
+
+    holder = threading.Thread(target=outside)
+    holder.start()
+    assert holding.wait(timeout=30)
+    first = threading.Thread(target=one, args=("first",))
+    first.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not _someone_waits_for_a_lock(db):
+        time.sleep(0.005)  # bounded: the leader waits for the head's lock (without head_lock: at its append)
+    second = threading.Thread(target=one, args=("second",))
+    second.start()
+    while time.monotonic() < deadline and committer.queued() < 1:
+        time.sleep(0.005)
+    release.set()
+    for t in (holder, first, second):
+        t.join(timeout=60)
+    committer.close()
+    assert outcomes == {"first": "first", "second": "second"}
+    assert committer.batches == (1 if head_lock else 2)
+    assert _creates(db) == ["outside", "first", "second"]
