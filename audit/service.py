@@ -629,6 +629,11 @@ def _push_leaf(head: _HeadState, leaf: bytes) -> list[tuple[int, bytes]]:
 # --- reading the tree -------------------------------------------------------------------------------
 
 
+def head_locked(session: Session) -> bool:
+    """Whether this session's transaction holds the head's lock already (an append or lock_head took it)."""
+    return isinstance(session.info.get(_HEAD_CACHE), _HeadState)
+
+
 def lock_head(session: Session) -> int:
     """Lock the head for the rest of the transaction, as an append does, and return the log's size: a writer
     that must know nothing was appended since it last looked (the enforcer's publisher) checks under it."""

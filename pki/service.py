@@ -288,8 +288,9 @@ def issue_x509_svid_grouped(
             return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue",
                                  tenant=tenant, group=group, workload=workload, request_id=request_id)
 
-        # record_issued only writes (its refusals are the check's): no savepoint needed around it; neither takes a
-        # row lock, so it may join a batch already holding the audit head's lock
+        # record_issued only writes (its refusals are the check's): no savepoint needed around it. Both run under the
+        # audit head's lock whether or not they join late (the check reads, the write inserts and may move the CA
+        # row's signed_until, at most once a second), so joining a batch that holds it changes no lock order
         return committer.submit(write, check, savepoint=False, late=True)
 
     try:

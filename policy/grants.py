@@ -27,7 +27,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
-from audit.service import lock_head_and_check
+from audit.service import head_locked, lock_head_and_check
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.quotas import QuotaName, Quotas
@@ -36,7 +36,7 @@ from policy import decisionlog
 from policy.data import forget_decision_state, marker_for_decision
 from policy.models import Grant
 from store import deferred
-from store.db import DriverInsert, driver_rows, driver_write, driver_write_many, placeholder
+from store.db import DriverInsert, driver_rows, driver_write, driver_write_batches, driver_write_many, placeholder
 
 log = logging.getLogger("trustfabric.policy.grants")
 
@@ -347,6 +347,7 @@ def commit_request(
     return grant
 
 
+HEAD_HELD_LOCK_WAIT_MS = 20  # the longest a grant's INSERT under the audit head's lock waits for a lock (_insert_rows)
 _GRANTS = Grant.__table__  # type: ignore[attr-defined]
 _GRANT_COLUMNS = tuple(c.name for c in _GRANTS.columns)
 _INSERT_GRANT = _GRANTS.insert()
@@ -381,10 +382,17 @@ def _insert_rows(session: Session, rows: list[tuple[Grant, decisionlog.DecisionR
     if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":  # on the driver's cursor
         alone = [_PG_INSERT_GRANT.values(g) for g, d in rows if d is None]
         logged = [{**_PG_INSERT_GRANT.values(g), **decisionlog.PG_INSERT.values(d)} for g, d in rows if d is not None]
-        for sql, params in ((_PG_INSERT_GRANT.sql, alone), (_PG_INSERT_GRANT_AND_DECISION, logged)):
+        batches = [(sql, params) for sql, params in ((_PG_INSERT_GRANT.sql, alone),
+                                                     (_PG_INSERT_GRANT_AND_DECISION, logged)) if params]
+        if head_locked(session) and any(g.idempotency_key is not None for g, _d in rows):
+            # written under the head's lock (a group commit's late members): an Idempotency-Key another transaction
+            # inserted and has not committed would make this INSERT wait for it, while it waits for the head
+            driver_write_batches(conn, batches, lock_timeout_ms=HEAD_HELD_LOCK_WAIT_MS)
+            return
+        for sql, params in batches:
             if len(params) == 1:
                 driver_write(conn, sql, params[0])
-            elif params:
+            else:
                 driver_write_many(conn, sql, params)
         return
     conn.execute(_INSERT_GRANT, [{name: getattr(g, name) for name in _GRANT_COLUMNS} for g, _d in rows])
@@ -473,7 +481,10 @@ def _counted_quota(quotas: Quotas | None, state: str) -> QuotaName | None:
 
 def locks_rows(prepared: PreparedGrant, quotas: Quotas | None) -> bool:
     """Whether commit_request takes a row lock for this grant (its tenant's, to count a quota): one that does not
-    only reads and inserts, so a group commit may run it after the audit head's lock (store/groupcommit.py late)."""
+    only reads and inserts, so a group commit may run it after the audit head's lock (store/groupcommit.py late).
+    Its INSERT can still meet the same Idempotency-Key inserted by a transaction not yet committed, which waits
+    for that head: written under the head, it waits HEAD_HELD_LOCK_WAIT_MS at most and then fails its batch,
+    whose members are run again alone (_insert_rows), instead of a deadlock PostgreSQL breaks after a second."""
     return prepared.grant.state != "denied" and _counted_quota(quotas, prepared.grant.state) is not None
 
 

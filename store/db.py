@@ -174,6 +174,28 @@ def driver_write_many(conn: Connection, sql: str, params: list[Any]) -> None:
     _wrote(conn)
 
 
+def driver_write_batches(conn: Connection, batches: list[tuple[str, list[Any]]], *,
+                         lock_timeout_ms: int | None = None) -> None:
+    """driver_write_many of several statements in one pipeline (one round trip). With `lock_timeout_ms` (PostgreSQL),
+    they wait at most that long for a lock (`SET LOCAL lock_timeout` around them, put back after): for writes made
+    while this transaction holds the audit head's lock, where waiting for another transaction can only be waiting
+    for one that waits for that head, a deadlock PostgreSQL would break only after deadlock_timeout (1 s, every
+    writer of every replica stalled behind the head meanwhile). They fail instead (lock_not_available), the
+    transaction with them."""
+    if not batches:
+        return
+    sql = batches[0][0]
+    dbapi: Any = conn.connection.driver_connection
+    with _driver_cursor(conn, sql, batches[0][1]) as cursor, dbapi.pipeline():
+        if lock_timeout_ms is not None:
+            cursor.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+        for statement, params in batches:
+            cursor.executemany(statement, params)
+        if lock_timeout_ms is not None:
+            cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
+    _wrote(conn)
+
+
 @contextmanager
 def _driver_cursor(conn: Connection, sql: str, params: Any) -> Iterator[Any]:
     """A cursor of the connection's driver, closed after; an error in the block handled as SQLAlchemy handles a

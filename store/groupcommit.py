@@ -30,7 +30,9 @@ An item that takes no row lock (submitted with late=True: it only reads and inse
 after that batch took the audit head's lock, when it was queued meanwhile: with several replicas the head's lock is
 often held by another replica's transaction (a wait of 2-3 ms, through its COMMIT), and what arrived during that wait
 rides along instead of paying a transaction of its own. Only an item without row locks may: one taking a row lock
-after the head's would take them the other way round from every other write transaction (store/deferred.py)."""
+after the head's would take them the other way round from every other write transaction (store/deferred.py). An
+insert that may meet a unique key another transaction inserted and has not committed (a grant's Idempotency-Key)
+bounds its wait when written under the head (policy.grants._insert_rows): that transaction may be waiting for it."""
 
 from __future__ import annotations
 
@@ -108,7 +110,7 @@ class GroupCommitter:
                  head_lock: Callable[[Session], object] | None = None) -> None:
         """`head_lock(session)` takes the audit head's lock (audit.lock_head; store may not import audit): a batch
         takes it before its members that run under it, so that what queued while it waited can join (late=True).
-        Without it, late members join only a batch whose earlier members took the lock themselves (grants)."""
+        Without it, late members join when the earlier members are done, whoever took the lock."""
         self._db = db
         self._head_lock = head_lock
         self._max = max_batch

@@ -4,17 +4,21 @@ in between may have altered, and keeps one that only other grants' lifecycle or 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from audit.models import AuditEvent
+from audit.service import lock_head
 from core.clock import as_utc
 from core.quotas import QuotaExceeded, Quotas
+from policy import grants
 from policy.grants import (
     Caller,
     GrantDecision,
@@ -265,3 +269,39 @@ def test_a_batchs_grants_are_written_together_and_a_quota_still_counts_each_one(
     assert isinstance(outcomes["h"], QuotaExceeded) and outcomes["inserts"] >= 3  # each at once
     grants, events = _stored(db)
     assert grants == ["a", "b", "c", "d", "e", "f", "g"] and len(events) == 7  # no event without its grant
+
+
+@pytest.mark.postgres
+def test_a_grant_written_under_the_audit_head_never_waits_for_an_uncommitted_idempotency_key(
+        postgres_db: Database) -> None:
+    """A group commit may write a grant after taking the audit head's lock (a late member). Another transaction that
+    inserted the same Idempotency-Key (the same request sent to another replica at once) and has not committed is
+    waiting for that head, or will: waiting for it would be a deadlock, broken by PostgreSQL only after
+    deadlock_timeout with every writer stalled behind the head. The INSERT gives up after a few milliseconds instead,
+    failing its transaction (the group committer then runs each member alone), and leaves the other untouched."""
+    db = postgres_db
+    inserted, release = threading.Event(), threading.Event()
+
+    def other() -> None:  # the same key inserted (its append, and so the head, still to come), held uncommitted
+        with db.session() as s:
+            grants._insert_rows(s, [(_prepare(db, "same-key").grant, None)])
+            inserted.set()
+            release.wait(timeout=30)
+            s.rollback()
+
+    rival = threading.Thread(target=other)
+    rival.start()
+    try:
+        assert inserted.wait(timeout=30)
+        prepared = _prepare(db, "same-key")
+        with db.session() as s:
+            lock_head(s)  # as a batch that took the head, the rival now waiting for it at its append
+            with pytest.raises(OperationalError, match="lock timeout"):
+                grants._insert_rows(s, [(prepared.grant, None)])
+            s.rollback()
+    finally:
+        release.set()
+        rival.join(timeout=60)
+    with db.session() as s:  # no head held: the same INSERT now simply writes (the rival rolled back)
+        grants._insert_rows(s, [(prepared.grant, None)])
+    assert _stored(db)[0] == ["same-key"]
