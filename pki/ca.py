@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
+from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from core.clock import as_utc
@@ -23,6 +24,7 @@ from pki.errors import CAUnavailable, NotInitialized
 from pki.models import CertificateAuthority, TrustDomainSettings
 from pki.schedule import NOT_INITIALIZED
 from pki.spiffe_id import SpiffeId
+from store.db import Database
 
 # SPIRE backdates NotBefore a little so that peers with slightly slow clocks accept new certs.
 BACKDATE = timedelta(seconds=10)
@@ -212,3 +214,32 @@ def extend_signed_until(ca: CertificateAuthority, expiry: datetime) -> None:
     """Keep the CA published at least until `expiry` (the latest thing it signed)."""
     if ca.signed_until is None or as_utc(ca.signed_until) < expiry:
         ca.signed_until = expiry
+
+
+_published: dict[tuple[str, str], datetime] = {}  # (database URL, CA id): a signed_until this process knows stored
+_published_lock = threading.Lock()
+
+
+def publish_until(db: Database, ca: CertificateAuthority, expiry: datetime) -> None:
+    """The CA's signed_until raised to `expiry` (never lowered), committed in a transaction of its own, unless this
+    process knows it is stored already (`ca` as read, or its own last raise): what a group-committed issuance does
+    before handing its SVID to the batch. In the batch the row would be written under the audit head's lock, the
+    other way round from every transaction that locks the CA row first and appends after (a JWT-SVID, a node's
+    certificate, a rotation): a deadlock PostgreSQL breaks after a second. Raised first, the CA is published at
+    least as long as every SVID it signed at any moment, even one whose batch then fails. X.509 times have second
+    precision: a replica raises it at most once a second."""
+    key = (db.url, ca.id)
+    with _published_lock:
+        known = _published.get(key)
+    if known is None and ca.signed_until is not None:
+        known = as_utc(ca.signed_until)  # a stored value: signed_until only ever grows
+    if known is not None and known >= expiry:
+        return
+    table = CertificateAuthority.__table__  # type: ignore[attr-defined]
+    with db.session() as session:
+        session.connection().execute(
+            update(table).where(table.c.id == ca.id, or_(table.c.signed_until.is_(None), table.c.signed_until < expiry))
+            .values(signed_until=expiry))
+    with _published_lock:
+        if _published.get(key) is None or _published[key] < expiry:
+            _published[key] = expiry

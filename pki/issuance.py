@@ -164,9 +164,11 @@ def record_issued(
     node: str | None = None,
     extra_summary: Mapping[str, Any] | None = None,
     request_id: str | None = None,
+    published: bool = False,
 ) -> IssuedX509:
-    """Persist the SVID row, keep its CA published until it expires, record the event: only writes, from
-    values computed before, so a group commit may run it again in a transaction of its own."""
+    """Persist the SVID row, keep its CA published until it expires (unless `published`: pki.ca.publish_until
+    did, before), record the event: only writes, from values computed before, so a group commit may run it again
+    in a transaction of its own."""
     issuer = signing_issuer(session, signed)
     spiffe_id = str(signed.spiffe_id)
     # a Core insert: building the SQLModel object (validation, ORM state) cost more than the statement; in a
@@ -182,7 +184,8 @@ def record_issued(
         _insert_svids(session, [row])
     else:
         rows.append(row)
-    extend_signed_until(issuer, signed.not_after)  # the row is in the session (signing_issuer): flushed with it
+    if not published:
+        extend_signed_until(issuer, signed.not_after)  # the row is in the session (signing_issuer): flushed with it
     record(
         session, actor=actor, action=action, object_type="svid", object_id=signed.serial, tenant=tenant,
         summary={"serial": signed.serial, "spiffe_id": spiffe_id, "kind": kind, "issuer": issuer.id,

@@ -21,7 +21,7 @@ from inventory.service import raise_if_quarantined
 from keys.store import KeyKind, KeyStore
 from pki import attestation, registrations, revocation, rotation
 from pki.bundle import bundle_document, bundle_roots_pem
-from pki.ca import active_issuing, create_generation, extend_signed_until, load_settings, truncate
+from pki.ca import active_issuing, create_generation, extend_signed_until, load_settings, publish_until, truncate
 from pki.errors import (
     CAUnavailable,
     IdentityOutOfScope,
@@ -269,6 +269,7 @@ def issue_x509_svid_grouped(
                                    what="X.509-SVID", cap=max_ttl)
         signed = sign_leaf(None, keystore, public_key=public_key, spiffe_id=facts.sid, ttl=ttl_resolved,
                            clock=clock, issuer=facts.issuer)
+        publish_until(db, facts.issuer, signed.not_after)  # before the batch: never the CA row under the head
 
         def check(session: Session) -> None:
             def read() -> registrations.Registered:
@@ -286,11 +287,12 @@ def issue_x509_svid_grouped(
 
         def write(session: Session) -> IssuedX509:
             return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue",
-                                 tenant=tenant, group=group, workload=workload, request_id=request_id)
+                                 tenant=tenant, group=group, workload=workload, request_id=request_id,
+                                 published=True)
 
         # record_issued only writes (its refusals are the check's): no savepoint needed around it. Both run under the
-        # audit head's lock whether or not they join late (the check reads, the write inserts and may move the CA
-        # row's signed_until, at most once a second), so joining a batch that holds it changes no lock order
+        # audit head's lock whether or not they join late, and lock no row (they read and insert; the CA's
+        # signed_until was raised before), so joining a batch that holds it changes no lock order
         return committer.submit(write, check, savepoint=False, late=True)
 
     try:

@@ -5,21 +5,27 @@ active CA. The changes are real transactions committed in that gap."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlmodel import Session
 
 from audit import record
-from core.clock import FrozenClock
+from audit.service import lock_head
+from core.clock import FrozenClock, as_utc
 from keys.file import FileKeyStore
 from pki import registrations, service
+from pki.ca import active_issuing
 from pki.errors import IdentityRevoked
+from pki.models import CertificateAuthority
 from pki.spiffe_id import SpiffeId
 from store.db import Database
 from store.groupcommit import GroupCommitter
-from tests.pki.helpers import ADMIN, TD, actions, counts, make_csr
+from tests.pki.helpers import ADMIN, TD, actions, counts, make_csr, register
 
 
 class _Between(GroupCommitter):
@@ -147,3 +153,66 @@ def test_a_marker_moved_by_a_rolled_back_transaction_is_not_trusted(pki_db: Data
     with pki_db.session() as s:
         assert registrations.lookup(pki_db, s, "a", read("a", 5)) == _registered(3)  # nothing since: kept
     assert reads == ["a", "b", "a", "b"]
+
+
+@pytest.mark.postgres
+def test_an_issuance_batch_never_waits_for_the_ca_row_while_holding_the_audit_head(
+        postgres_db: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:
+    """A JWT-SVID, a node's certificate or a rotation locks the CA row, then appends its event (the audit head's
+    lock). A group-committed issuance that wrote its CA's signed_until in its batch did so under the head, waiting
+    for that row while the other waited for the head: a deadlock PostgreSQL broke after deadlock_timeout, every
+    writer stalled meanwhile. The issuance raises signed_until before its batch instead. Deadlock detection is put
+    off here (30 s), so such a wait would hang: both must finish, and the SVID's CA stays published past it."""
+    db = postgres_db
+    with db.session() as s:
+        assert service.init_trust_domain(s, keystore, trust_domain=TD, clock=clock)
+        register(s, "acme", "web", "frontend")
+        s.connection().exec_driver_sql(f'ALTER DATABASE "{db.engine.url.database}" SET deadlock_timeout = \'30s\'')
+    db.engine.dispose()  # new connections take it
+    committer = GroupCommitter(db, head_lock=lock_head)
+    _issue(db, committer, keystore, clock)  # the process now knows the CA and its signed_until
+    clock.advance(timedelta(seconds=5))  # the next SVID expires later: its CA's signed_until must move
+    ca_locked, done = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def jwt_like() -> None:  # as issue_jwt_svid: the CA row first, the head at its append
+        try:
+            with db.session() as s:
+                ca = active_issuing(s, clock())
+                ca_locked.set()
+                deadline = time.monotonic() + 10
+                while not _someone_waits_for_a_lock(db) and time.monotonic() < deadline:
+                    time.sleep(0.01)  # bounded: the issuance is about to wait for the CA row
+                record(s, actor=ADMIN, action="svid.jwt.issue", object_type="jwt_svid", object_id=ca.id, at=clock())
+            outcomes["jwt"] = "committed"
+        except Exception as exc:
+            outcomes["jwt"] = exc
+
+    def issuance() -> None:
+        try:
+            outcomes["svid"] = _issue(db, committer, keystore, clock)
+        except Exception as exc:
+            outcomes["svid"] = exc
+        finally:
+            done.set()
+
+    rival = threading.Thread(target=jwt_like)
+    rival.start()
+    assert ca_locked.wait(timeout=30)
+    issuer = threading.Thread(target=issuance)
+    issuer.start()
+    finished = done.wait(timeout=20)
+    rival.join(timeout=40)
+    issuer.join(timeout=40)
+    committer.close()
+    assert finished, "the issuance hung: a deadlock between the CA row and the audit head"
+    svid = outcomes["svid"]
+    assert outcomes["jwt"] == "committed" and isinstance(svid, service.IssuedX509)
+    with db.read_session() as s:
+        ca = s.get(CertificateAuthority, svid.issuer_ca_id)
+        assert ca is not None and ca.signed_until is not None and as_utc(ca.signed_until) >= svid.expires_at
+
+
+def _someone_waits_for_a_lock(db: Database) -> bool:
+    with db.read_session() as s:
+        return bool(s.connection().exec_driver_sql("SELECT count(*) > 0 FROM pg_locks WHERE NOT granted").scalar())
