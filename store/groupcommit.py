@@ -130,7 +130,9 @@ class GroupCommitter:
         `check` runs first, in the same savepoint (a refusal, such as a revoked identity, fails this item
         alone and costs the others nothing). `savepoint=False` for an item whose fn fails only when the
         database does (its refusals all in a `check` that only reads): it saves the SAVEPOINT's statements and
-        bookkeeping, and an exception of its fn then fails the batch, whose items are run again alone. Such an
+        bookkeeping, and an exception of its fn then fails the batch, whose items are run again alone. It runs under
+        the audit head's lock (after every savepointed member's change), so neither it nor its check may lock a row
+        (one taken after the head's is the other way round from every other write transaction). Such an
         fn's rows (and audit events) may be queued and written once for the batch (store/deferred.py `batched`),
         so it must not read back what it wrote. `late=True` for an item whose check and fn take no row lock (they
         read, and insert new rows): it may join a batch that already holds the audit head's lock (the module says

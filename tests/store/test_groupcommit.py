@@ -416,9 +416,9 @@ def test_writes_without_row_locks_join_a_batch_that_waits_for_the_audit_head(pos
         threads.append(threading.Thread(target=one, args=(name, fn), kwargs=how))
         threads[-1].start()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (
-                _someone_waits_for_a_lock(db) if n == 0 else committer.queued() == n):
-            time.sleep(0.005)  # bounded: the first leads and waits for the head's lock, the rest queue behind it
+        while not (_someone_waits_for_a_lock(db) if n == 0 else committer.queued() == n):
+            assert time.monotonic() < deadline, f"{name} never queued behind the leader waiting for the head"
+            time.sleep(0.005)  # the first leads and waits for the head's lock, the rest queue behind it
     release.set()
     holder.join(timeout=60)
     for t in threads:
@@ -459,11 +459,13 @@ def test_a_batch_of_issuances_takes_the_head_first_so_those_queued_while_it_wait
     first = threading.Thread(target=one, args=("first",))
     first.start()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not _someone_waits_for_a_lock(db):
-        time.sleep(0.005)  # bounded: the leader waits for the head's lock (without head_lock: at its append)
+    while not _someone_waits_for_a_lock(db):
+        assert time.monotonic() < deadline, "the leader never waited for the head's lock"
+        time.sleep(0.005)  # the leader waits for the head's lock (without head_lock: at its append)
     second = threading.Thread(target=one, args=("second",))
     second.start()
-    while time.monotonic() < deadline and committer.queued() < 1:
+    while committer.queued() < 1:
+        assert time.monotonic() < deadline, "the second issuance never queued"
         time.sleep(0.005)
     release.set()
     for t in (holder, first, second):
