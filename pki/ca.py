@@ -10,7 +10,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -217,6 +217,7 @@ def extend_signed_until(ca: CertificateAuthority, expiry: datetime) -> None:
 
 
 _published: dict[tuple[str, str], datetime] = {}  # (database URL, CA id): a signed_until this process knows stored
+_raising: dict[tuple[str, str], threading.Lock] = {}  # one raise at a time per CA and database
 _published_lock = threading.Lock()
 
 
@@ -227,19 +228,31 @@ def publish_until(db: Database, ca: CertificateAuthority, expiry: datetime) -> N
     other way round from every transaction that locks the CA row first and appends after (a JWT-SVID, a node's
     certificate, a rotation): a deadlock PostgreSQL breaks after a second. Raised first, the CA is published at
     least as long as every SVID it signed at any moment, even one whose batch then fails. X.509 times have second
-    precision: a replica raises it at most once a second."""
+    precision, so a process raises it at most once a second: one caller raises, and the others of that second wait
+    for its commit (each raising for itself, 64 requesters made a burst of transactions on one row every second)."""
     key = (db.url, ca.id)
+    if _known_until(key, ca) >= expiry:
+        return
+    with _published_lock:
+        raising = _raising.setdefault(key, threading.Lock())
+    with raising:
+        if _known_until(key, ca) >= expiry:  # raised meanwhile, by the caller this one waited for
+            return
+        table = CertificateAuthority.__table__  # type: ignore[attr-defined]
+        with db.session() as session:
+            session.connection().execute(
+                update(table).where(table.c.id == ca.id,
+                                    or_(table.c.signed_until.is_(None), table.c.signed_until < expiry))
+                .values(signed_until=expiry))
+        with _published_lock:
+            if _published.get(key) is None or _published[key] < expiry:
+                _published[key] = expiry
+
+
+def _known_until(key: tuple[str, str], ca: CertificateAuthority) -> datetime:
+    """The latest signed_until this process knows stored for the CA (signed_until only ever grows)."""
     with _published_lock:
         known = _published.get(key)
-    if known is None and ca.signed_until is not None:
-        known = as_utc(ca.signed_until)  # a stored value: signed_until only ever grows
-    if known is not None and known >= expiry:
-        return
-    table = CertificateAuthority.__table__  # type: ignore[attr-defined]
-    with db.session() as session:
-        session.connection().execute(
-            update(table).where(table.c.id == ca.id, or_(table.c.signed_until.is_(None), table.c.signed_until < expiry))
-            .values(signed_until=expiry))
-    with _published_lock:
-        if _published.get(key) is None or _published[key] < expiry:
-            _published[key] = expiry
+    stored = as_utc(ca.signed_until) if ca.signed_until is not None else None
+    candidates = [t for t in (known, stored) if t is not None]
+    return max(candidates) if candidates else datetime.min.replace(tzinfo=UTC)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import event as sqlalchemy_event
 from sqlmodel import Session
 
 from audit import record
@@ -19,7 +20,7 @@ from audit.service import lock_head
 from core.clock import FrozenClock, as_utc
 from keys.file import FileKeyStore
 from pki import registrations, service
-from pki.ca import active_issuing
+from pki.ca import active_issuing, publish_until
 from pki.errors import IdentityRevoked
 from pki.models import CertificateAuthority
 from pki.spiffe_id import SpiffeId
@@ -216,3 +217,37 @@ def test_an_issuance_batch_never_waits_for_the_ca_row_while_holding_the_audit_he
 def _someone_waits_for_a_lock(db: Database) -> bool:
     with db.read_session() as s:
         return bool(s.connection().exec_driver_sql("SELECT count(*) > 0 FROM pg_locks WHERE NOT granted").scalar())
+
+
+def test_concurrent_issuances_of_one_second_raise_their_cas_signed_until_once(pki_db: Database,
+                                                                               clock: FrozenClock) -> None:
+    """Every requester of a second needs the same signed_until: one raises it (one UPDATE, committed), the others
+    wait for that commit instead of each writing the row in a transaction of its own; a later expiry raises it
+    again, and an earlier one never lowers it."""
+    with pki_db.read_session() as s:
+        ca = active_issuing(s, clock(), lock=False)
+    updates: list[str] = []
+
+    def watch(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith(f"UPDATE {CertificateAuthority.__tablename__.upper()} "):
+            updates.append(statement)
+
+    sqlalchemy_event.listen(pki_db.engine, "before_cursor_execute", watch)
+    expiry = clock() + timedelta(days=3)
+    threads = [threading.Thread(target=publish_until, args=(pki_db, ca, expiry)) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(updates) == 1 and _stored_until(pki_db, ca.id) == expiry
+    publish_until(pki_db, ca, expiry - timedelta(seconds=5))  # known to be covered: nothing written
+    assert len(updates) == 1
+    publish_until(pki_db, ca, expiry + timedelta(seconds=1))
+    assert len(updates) == 2 and _stored_until(pki_db, ca.id) == expiry + timedelta(seconds=1)
+
+
+def _stored_until(db: Database, ca_id: str) -> datetime:
+    with db.read_session() as s:
+        ca = s.get(CertificateAuthority, ca_id)
+        assert ca is not None and ca.signed_until is not None
+        return as_utc(ca.signed_until)
