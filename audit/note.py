@@ -22,7 +22,6 @@ verifier (`audit verify`) loads it without SQLAlchemy. Stored checkpoints and th
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,6 +79,14 @@ def public_key_pem(signer: CheckpointSigner) -> str:
     )
 
 
+def _b64(text: str, what: str) -> bytes:
+    """Strict base64 of a note's field; CheckpointError naming it otherwise (non-ASCII text included)."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError as exc:  # binascii.Error, and b64decode's own ValueError for non-ASCII text
+        raise CheckpointError(f"{what} is not base64") from exc
+
+
 def load_public_key(data: bytes | str) -> Ed25519PublicKey:
     """An Ed25519 public key from PEM, or from a signed-note verifier key `<name>+<hash>+<base64>`."""
     raw = data.encode() if isinstance(data, str) else data
@@ -94,10 +101,7 @@ def load_public_key(data: bytes | str) -> Ed25519PublicKey:
         return key
     parts = text.decode(errors="replace").split("+", 2)
     if len(parts) == 3:
-        try:
-            blob = base64.b64decode(parts[2], validate=True)
-        except binascii.Error as exc:
-            raise CheckpointError("the verifier key's key material is not base64") from exc
+        blob = _b64(parts[2], "the verifier key's key material")
         if len(blob) == 33 and blob[:1] == ED25519_NOTE_KEY_TYPE:
             key = Ed25519PublicKey.from_public_bytes(blob[1:])
             if key_hash(parts[0], key).hex() != parts[1]:
@@ -205,10 +209,7 @@ def _extensions(lines: list[str]) -> tuple[datetime | None, CountersHead | None]
             parts = value.split(" ")
             if len(parts) != 3:
                 raise CheckpointError("checkpoint counters line needs counted_from, keys and root")
-            try:
-                root = base64.b64decode(parts[2], validate=True)
-            except binascii.Error as exc:
-                raise CheckpointError("checkpoint counters root is not base64") from exc
+            root = _b64(parts[2], "checkpoint counters root")
             if len(root) != merkle.HASH_SIZE:
                 raise CheckpointError("checkpoint counters root is not 32 bytes")
             heads = CountersHead(_decimal(parts[0], "counted_from"), _decimal(parts[1], "key count"), root)
@@ -228,10 +229,7 @@ def verify_checkpoint(note: str, public_key: Ed25519PublicKey, *, origin: str | 
     if origin is not None and cp_origin != origin:
         raise CheckpointError(f"checkpoint origin is {cp_origin!r}, expected {origin!r}")
     size = _decimal(size_text, "tree size")
-    try:
-        root = base64.b64decode(root_text, validate=True)
-    except binascii.Error as exc:
-        raise CheckpointError("checkpoint root hash is not base64") from exc
+    root = _b64(root_text, "checkpoint root hash")
     if len(root) != merkle.HASH_SIZE:
         raise CheckpointError(f"checkpoint root hash is {len(root)} bytes, want 32")
     want = key_hash(cp_origin, public_key)
@@ -240,10 +238,7 @@ def verify_checkpoint(note: str, public_key: Ed25519PublicKey, *, origin: str | 
         if not line.startswith(SIG_PREFIX):
             raise CheckpointError(f"malformed signature line {line[:60]!r}")
         name, _, b64 = line[len(SIG_PREFIX) :].rpartition(" ")
-        try:
-            blob = base64.b64decode(b64, validate=True)
-        except binascii.Error as exc:
-            raise CheckpointError("checkpoint signature is not base64") from exc
+        blob = _b64(b64, "checkpoint signature")
         seen_names.append(name)
         if name != cp_origin or blob[:4] != want:
             continue

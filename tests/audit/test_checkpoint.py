@@ -82,6 +82,26 @@ def test_resigned_checkpoint_is_rejected(signer: KeySigner) -> None:
         cpm.verify_checkpoint(note, signer.public_key())
 
 
+def test_non_ascii_in_a_base64_field_is_a_checkpoint_error(signer: KeySigner) -> None:
+    """b64decode raises a bare ValueError, not binascii.Error, for non-ASCII text: it leaked to the CLI."""
+    root = hashlib.sha256(b"r").digest()
+    note = cpm.sign_checkpoint(signer, "trustfabric/audit", 42, root)
+    counted = cpm.sign_checkpoint(signer, "trustfabric/audit", 42, root, ["trustfabric-counters 0 1 r\u00e9=="])
+    for bad, field in [
+        (note.replace("\n42\n", "\n42\n\u00e9", 1), "root hash"),
+        (note[:-3] + "\u00e9=\n", "signature"),
+        (counted, "counters root"),  # signed as it is: parsed once the signature verified
+    ]:
+        with pytest.raises(CheckpointError, match=f"checkpoint {field} is not base64"):
+            cpm.verify_checkpoint(bad, signer.public_key())
+
+
+def test_a_file_that_is_no_key_is_a_checkpoint_error() -> None:
+    """A text with two '+' (a README, say) is read as a verifier key: its non-ASCII 'key material' is refused."""
+    with pytest.raises(CheckpointError, match="not base64"):
+        cpm.load_public_key("# notes\nC++ and a+b \u2014 caf\u00e9\n")
+
+
 def test_write_checkpoint_signs_the_head(db: Database, signer: KeySigner) -> None:
     empty = cpm.write_checkpoint(db, signer)
     assert empty.size == 0 and empty.root_hash == merkle.EMPTY_ROOT.hex()

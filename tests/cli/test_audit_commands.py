@@ -75,6 +75,10 @@ def test_verify_names_the_first_bad_event_in_one_line(home: dict[str, str], tmp_
     assert code == 1 and json.loads(text)["index"] == 7 and json.loads(text)["kind"] == "modified"
     code, text = _run({}, "audit", "verify", str(tmp_path / "missing"), "--public-key", str(key))
     assert code == 2 and "Traceback" not in text and "does not exist" in text  # refused while parsing
+    not_a_key = tmp_path / "README.md"
+    not_a_key.write_text("C++ and a+b \u2014 caf\u00e9\n")
+    code, text = _run({}, "audit", "verify", str(out), "--public-key", str(not_a_key))
+    assert code == 1 and text == "error: cannot verify: the verifier key's key material is not base64\n", text
 
 
 def test_note_form_of_the_public_key(home: dict[str, str]) -> None:
