@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # loaded where built: every local command reads settings, few
     from policy.engines import EngineSettings
 
 MODES = ("production", "development")
+DATABASE_SCHEMES = ("postgresql", "postgres", "sqlite")  # what store.db.make_engine opens
 
 
 def _flag(text: str) -> bool:
@@ -145,52 +146,52 @@ class Settings:
             pkcs11_module=e.get("TRUSTFABRIC_PKCS11_MODULE") or None,
             pkcs11_token=e.get("TRUSTFABRIC_PKCS11_TOKEN") or None,
             pkcs11_pin=e.get("TRUSTFABRIC_PKCS11_PIN") or None,
-            max_svid_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_SVID_TTL_SECONDS", str(24 * 3600)))),
-            audit_checkpoint_every=int(e.get("TRUSTFABRIC_AUDIT_CHECKPOINT_EVERY", "1000")),
-            audit_checkpoint_seconds=int(e.get("TRUSTFABRIC_AUDIT_CHECKPOINT_SECONDS", "60")),
+            max_svid_ttl=timedelta(seconds=_int(e, "TRUSTFABRIC_MAX_SVID_TTL_SECONDS", str(24 * 3600))),
+            audit_checkpoint_every=_int(e, "TRUSTFABRIC_AUDIT_CHECKPOINT_EVERY", "1000"),
+            audit_checkpoint_seconds=_int(e, "TRUSTFABRIC_AUDIT_CHECKPOINT_SECONDS", "60"),
             api_issuer=e.get("TRUSTFABRIC_API_ISSUER", "trustfabric"),
             api_audience=e.get("TRUSTFABRIC_API_AUDIENCE", "trustfabric-api"),
-            max_token_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_TOKEN_TTL_SECONDS", str(30 * 86400)))),
-            bootstrap_token_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS", str(86400)))),
+            max_token_ttl=timedelta(seconds=_int(e, "TRUSTFABRIC_MAX_TOKEN_TTL_SECONDS", str(30 * 86400))),
+            bootstrap_token_ttl=timedelta(seconds=_int(e, "TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS", str(86400))),
             oidc_issuer=e.get("TRUSTFABRIC_OIDC_ISSUER") or None,
             oidc_jwks=e.get("TRUSTFABRIC_OIDC_JWKS") or None,
             oidc_audience=e.get("TRUSTFABRIC_OIDC_AUDIENCE", "trustfabric-api"),
             oidc_role_claim=e.get("TRUSTFABRIC_OIDC_ROLE_CLAIM", "trustfabric_role"),
             oidc_tenant_claim=e.get("TRUSTFABRIC_OIDC_TENANT_CLAIM", "trustfabric_tenant"),
-            console_session_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_CONSOLE_SESSION_SECONDS", "3600"))),
+            console_session_ttl=timedelta(seconds=_int(e, "TRUSTFABRIC_CONSOLE_SESSION_SECONDS", "3600")),
             oidc_client_id=e.get("TRUSTFABRIC_OIDC_CLIENT_ID") or None,
             oidc_client_secret=e.get("TRUSTFABRIC_OIDC_CLIENT_SECRET") or None,
             oidc_redirect_uri=e.get("TRUSTFABRIC_OIDC_REDIRECT_URI") or None,
             oidc_scopes=e.get("TRUSTFABRIC_OIDC_SCOPES", "openid"),
-            max_body_bytes=int(e.get("TRUSTFABRIC_MAX_BODY_BYTES", str(64 * 1024))),
-            rate_limit_per_second=float(e.get("TRUSTFABRIC_RATE_LIMIT_PER_SECOND", "50")),
-            rate_limit_burst=int(e.get("TRUSTFABRIC_RATE_LIMIT_BURST", "100")),
-            ip_rate_limit_per_second=float(e.get("TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND", "100")),
-            ip_rate_limit_burst=int(e.get("TRUSTFABRIC_IP_RATE_LIMIT_BURST", "200")),
-            policy_concurrency=int(e.get("TRUSTFABRIC_POLICY_CONCURRENCY", "2")),
-            worker_threads=int(e.get("TRUSTFABRIC_WORKER_THREADS", "16")),
-            request_read_timeout_seconds=float(e.get("TRUSTFABRIC_REQUEST_READ_TIMEOUT_SECONDS", "10")),
-            keep_alive_timeout_seconds=float(e.get("TRUSTFABRIC_KEEP_ALIVE_TIMEOUT_SECONDS", "5")),
-            max_connections=int(e.get("TRUSTFABRIC_MAX_CONNECTIONS", "1000")),
-            max_header_bytes=int(e.get("TRUSTFABRIC_MAX_HEADER_BYTES", str(16 * 1024))),
-            quota_groups=int(e.get("TRUSTFABRIC_QUOTA_GROUPS", str(Quotas.groups))),
-            quota_workloads=int(e.get("TRUSTFABRIC_QUOTA_WORKLOADS", str(Quotas.workloads))),
-            quota_grants=int(e.get("TRUSTFABRIC_QUOTA_GRANTS", str(Quotas.grants))),
-            quota_pending=int(e.get("TRUSTFABRIC_QUOTA_PENDING", str(Quotas.pending))),
-            grant_pending_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_GRANT_PENDING_TTL_SECONDS", str(3 * 86400)))),
-            sweep_interval_seconds=float(e.get("TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "5")),
-            ca_rotation_check_seconds=float(e.get("TRUSTFABRIC_CA_ROTATION_CHECK_SECONDS", "60")),
+            max_body_bytes=_int(e, "TRUSTFABRIC_MAX_BODY_BYTES", str(64 * 1024)),
+            rate_limit_per_second=_float(e, "TRUSTFABRIC_RATE_LIMIT_PER_SECOND", "50"),
+            rate_limit_burst=_int(e, "TRUSTFABRIC_RATE_LIMIT_BURST", "100"),
+            ip_rate_limit_per_second=_float(e, "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND", "100"),
+            ip_rate_limit_burst=_int(e, "TRUSTFABRIC_IP_RATE_LIMIT_BURST", "200"),
+            policy_concurrency=_int(e, "TRUSTFABRIC_POLICY_CONCURRENCY", "2"),
+            worker_threads=_int(e, "TRUSTFABRIC_WORKER_THREADS", "16"),
+            request_read_timeout_seconds=_float(e, "TRUSTFABRIC_REQUEST_READ_TIMEOUT_SECONDS", "10"),
+            keep_alive_timeout_seconds=_float(e, "TRUSTFABRIC_KEEP_ALIVE_TIMEOUT_SECONDS", "5"),
+            max_connections=_int(e, "TRUSTFABRIC_MAX_CONNECTIONS", "1000"),
+            max_header_bytes=_int(e, "TRUSTFABRIC_MAX_HEADER_BYTES", str(16 * 1024)),
+            quota_groups=_int(e, "TRUSTFABRIC_QUOTA_GROUPS", str(Quotas.groups)),
+            quota_workloads=_int(e, "TRUSTFABRIC_QUOTA_WORKLOADS", str(Quotas.workloads)),
+            quota_grants=_int(e, "TRUSTFABRIC_QUOTA_GRANTS", str(Quotas.grants)),
+            quota_pending=_int(e, "TRUSTFABRIC_QUOTA_PENDING", str(Quotas.pending)),
+            grant_pending_ttl=timedelta(seconds=_int(e, "TRUSTFABRIC_GRANT_PENDING_TTL_SECONDS", str(3 * 86400))),
+            sweep_interval_seconds=_float(e, "TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "5"),
+            ca_rotation_check_seconds=_float(e, "TRUSTFABRIC_CA_ROTATION_CHECK_SECONDS", "60"),
             policy_verify_keys=tuple(
                 Path(p.strip()) for p in e.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
             ),
             mode=e.get("TRUSTFABRIC_MODE", "production"),
             policy_two_person=_flag(e.get("TRUSTFABRIC_POLICY_TWO_PERSON", "0")),
-            max_grant_ttl=timedelta(seconds=int(e.get("TRUSTFABRIC_MAX_GRANT_TTL_SECONDS", str(7 * 86400)))),
-            policy_job_cpu_seconds=float(e.get("TRUSTFABRIC_POLICY_JOB_CPU_SECONDS", "5")),
-            policy_job_memory_mb=int(e.get("TRUSTFABRIC_POLICY_JOB_MEMORY_MB", "1024")),
-            policy_job_workers=int(e.get("TRUSTFABRIC_POLICY_JOB_WORKERS", "2")),
-            policy_decision_budget_ms=float(e.get("TRUSTFABRIC_POLICY_DECISION_BUDGET_MS", "50")),
-            policy_flow_set_budget_ms=float(e.get("TRUSTFABRIC_POLICY_FLOW_SET_BUDGET_MS", "2000")),
+            max_grant_ttl=timedelta(seconds=_int(e, "TRUSTFABRIC_MAX_GRANT_TTL_SECONDS", str(7 * 86400))),
+            policy_job_cpu_seconds=_float(e, "TRUSTFABRIC_POLICY_JOB_CPU_SECONDS", "5"),
+            policy_job_memory_mb=_int(e, "TRUSTFABRIC_POLICY_JOB_MEMORY_MB", "1024"),
+            policy_job_workers=_int(e, "TRUSTFABRIC_POLICY_JOB_WORKERS", "2"),
+            policy_decision_budget_ms=_float(e, "TRUSTFABRIC_POLICY_DECISION_BUDGET_MS", "50"),
+            policy_flow_set_budget_ms=_float(e, "TRUSTFABRIC_POLICY_FLOW_SET_BUDGET_MS", "2000"),
             read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
             cache_off=frozenset(n.strip() for n in e.get("TRUSTFABRIC_CACHE_OFF", "").split(",") if n.strip()),
             policy_engine=e.get("TRUSTFABRIC_POLICY_ENGINE", "embedded"),
@@ -198,21 +199,21 @@ class Settings:
             opa_url=e.get("TRUSTFABRIC_OPA_URL", "http://127.0.0.1:8181"),
             opa_token=e.get("TRUSTFABRIC_OPA_TOKEN") or None,
             opa_ca_file=e.get("TRUSTFABRIC_OPA_CA_FILE") or None,
-            opa_timeout_seconds=float(e.get("TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "2")),
+            opa_timeout_seconds=_float(e, "TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "2"),
             pdp_token=e.get("TRUSTFABRIC_PDP_TOKEN") or None,
             vni_pool=_range(e.get("TRUSTFABRIC_VNI_POOL", "10000-16777215"), "TRUSTFABRIC_VNI_POOL"),
             vlan_pool=_range(e.get("TRUSTFABRIC_VLAN_POOL", "100-4094"), "TRUSTFABRIC_VLAN_POOL"),
             prefix_pool=e.get("TRUSTFABRIC_PREFIX_POOL", "10.0.0.0/8"),
-            prefix_length=int(e.get("TRUSTFABRIC_PREFIX_LENGTH", "20")),
+            prefix_length=_int(e, "TRUSTFABRIC_PREFIX_LENGTH", "20"),
             prefix6_pool=e.get("TRUSTFABRIC_PREFIX6_POOL") or None,
-            prefix6_length=int(e.get("TRUSTFABRIC_PREFIX6_LENGTH", "48")),
+            prefix6_length=_int(e, "TRUSTFABRIC_PREFIX6_LENGTH", "48"),
             enforcer_mode=e.get("TRUSTFABRIC_ENFORCER_MODE", "auto"),
-            enforcer_poll_seconds=float(e.get("TRUSTFABRIC_ENFORCER_POLL_SECONDS", "0.5")),
-            enforcer_resync_seconds=float(e.get("TRUSTFABRIC_ENFORCER_RESYNC_SECONDS", "300")),
-            nic_flow_budget=int(e.get("TRUSTFABRIC_NIC_FLOW_BUDGET", "65536")),
-            leaf_acl_budget=int(e.get("TRUSTFABRIC_LEAF_ACL_BUDGET", "36000")),
+            enforcer_poll_seconds=_float(e, "TRUSTFABRIC_ENFORCER_POLL_SECONDS", "0.5"),
+            enforcer_resync_seconds=_float(e, "TRUSTFABRIC_ENFORCER_RESYNC_SECONDS", "300"),
+            nic_flow_budget=_int(e, "TRUSTFABRIC_NIC_FLOW_BUDGET", "65536"),
+            leaf_acl_budget=_int(e, "TRUSTFABRIC_LEAF_ACL_BUDGET", "36000"),
             leaf_acl_mode=e.get("TRUSTFABRIC_LEAF_ACL_MODE", "atomic"),
-            device_wait_max_seconds=int(e.get("TRUSTFABRIC_DEVICE_WAIT_MAX_SECONDS", "60")),
+            device_wait_max_seconds=_int(e, "TRUSTFABRIC_DEVICE_WAIT_MAX_SECONDS", "60"),
             log_format=_one_of(e, "TRUSTFABRIC_LOG_FORMAT", "auto", ("auto", "json", "logfmt")),
             log_level=_one_of(e, "TRUSTFABRIC_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
             metrics_token=e.get("TRUSTFABRIC_METRICS_TOKEN") or None,
@@ -228,6 +229,9 @@ class Settings:
             raise InvalidInput(f"TRUSTFABRIC_MODE must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.worker_threads < 1:
             raise InvalidInput(f"TRUSTFABRIC_WORKER_THREADS must be at least 1, not {self.worker_threads}")
+        scheme = (self.database_url or "sqlite:").partition(":")[0].lower()
+        if scheme.partition("+")[0] not in DATABASE_SCHEMES:  # only the scheme: the URL may hold a password
+            raise InvalidInput(f"TRUSTFABRIC_DATABASE_URL must be a postgresql:// or sqlite:/// URL, not {scheme}:...")
 
     @property
     def development(self) -> bool:
@@ -300,6 +304,22 @@ def _one_of(e: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
     if value not in allowed:
         raise InvalidInput(f"{name}={value!r}: use one of {', '.join(allowed)}")
     return value
+
+
+def _int(e: Mapping[str, str], name: str, default: str) -> int:
+    value = e.get(name) or default
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidInput(f"{name}={value!r} is not a whole number") from None
+
+
+def _float(e: Mapping[str, str], name: str, default: str) -> float:
+    value = e.get(name) or default
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidInput(f"{name}={value!r} is not a number") from None
 
 
 def _port(e: Mapping[str, str], name: str) -> int | None:

@@ -94,3 +94,17 @@ def test_the_worker_threads_setting() -> None:
     assert Settings.from_env({"TRUSTFABRIC_WORKER_THREADS": "4"}).worker_threads == 4
     with pytest.raises(InvalidInput, match="TRUSTFABRIC_WORKER_THREADS must be at least 1, not 0"):
         Settings.from_env({"TRUSTFABRIC_WORKER_THREADS": "0"})
+
+
+def test_a_bad_number_or_database_url_names_its_variable() -> None:
+    """A user's typo in the environment is one line naming the variable, not int()'s or SQLAlchemy's words."""
+    with pytest.raises(InvalidInput, match=r"TRUSTFABRIC_MAX_SVID_TTL_SECONDS='1h' is not a whole number"):
+        Settings.from_env({"TRUSTFABRIC_MAX_SVID_TTL_SECONDS": "1h"})
+    with pytest.raises(InvalidInput, match=r"TRUSTFABRIC_RATE_LIMIT_PER_SECOND='fast' is not a number"):
+        Settings.from_env({"TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "fast"})
+    assert Settings.from_env({"TRUSTFABRIC_QUOTA_GROUPS": ""}).quota_groups == Settings().quota_groups  # unset
+    with pytest.raises(InvalidInput, match=r"must be a postgresql:// or sqlite:/// URL, not mysql:\.\.\.$") as refused:
+        Settings.from_env({"TRUSTFABRIC_DATABASE_URL": "mysql://tf:s3cret@db/tf"})
+    assert "s3cret" not in str(refused.value)
+    for url in ("postgresql://tf@db/tf", "postgres://db/tf", "postgresql+psycopg://db/tf", "sqlite:///x.db"):
+        assert Settings.from_env({"TRUSTFABRIC_DATABASE_URL": url}).db_url == url
