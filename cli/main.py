@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except Exception as exc:  # one readable line, never a traceback
         logging.getLogger("trustfabric.cli").debug("unexpected error", exc_info=True)
-        err_console.print(f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False, soft_wrap=True)
+        first = str(exc).strip().split("\n", 1)[0]  # a driver's message runs on (hints, a link to its docs)
+        err_console.print(f"error: {type(exc).__name__}: {first}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 
