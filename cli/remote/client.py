@@ -128,8 +128,13 @@ class Client:
             answer = None
         if status >= 400:
             reason = answer.get("reason") if isinstance(answer, dict) else None
-            text = raw[:200].decode(errors="replace")
-            raise ApiError(f"{reason or text or 'request failed'} (HTTP {status})", status, answer)
+            if not reason:  # not the API's error shape (a proxy's or another server's page): never its HTML
+                raise ApiError(f"{self.server} answered {method} {target} with HTTP {status} and no error reason: "
+                               "is it the trustfabric API's URL?", status, answer)
+            if status == 404 and isinstance(answer, dict) and answer.get("error") == "http_error":  # no route
+                raise ApiError(f"{self.server} has no route {method} {target} (HTTP 404): is it the trustfabric "
+                               "API's base URL?", status, answer)
+            raise ApiError(f"{reason} (HTTP {status})", status, answer)
         return answer
 
     def get(self, path: str, **params: Any) -> Any:
