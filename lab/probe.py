@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from enforcer.backends.base import RuleCounter
+from enforcer.backends.ovs import SPOOFING
 from enforcer.equivalence import Walker
 from enforcer.fabric import Fabric
 from enforcer.netns import run_in
@@ -203,11 +204,19 @@ def _path(fabric: Fabric, src_node: str, dst_node: str) -> list[str]:
 
 
 def _decided_by(ok: bool, moved: list[tuple[tuple[str, str, tuple[str, ...], str], int]], detail: str) -> list[str]:
+    """The rules that counted the probe's packets. A blocked probe: the first deny on the path that counted,
+    the anti-spoofing drop only when no other deny did. The probe sends from the workload's own address, so
+    that drop counts its packets only when the NIC does not know the address; it also counts what the
+    interfaces send by themselves from no workload address in their first seconds (IPv6 start-up traffic:
+    three packets in the first two seconds after `lab up` here), and it comes first on the path (table 0),
+    so taken first it named that traffic instead of the rule that refused the connection."""
     if ok:
         opened = sorted({r for (_, _, rs, action), _ in moved if action == "allow" for r in rs}
                         - {"conntrack-return"})
         return opened or ["conntrack-return"]
-    for (device, where, why, action), _ in moved:
-        if action == "deny":
-            return [f"{device} {where}: deny ({', '.join(why)})"]
+    denies = sorted(((device, where, why) for (device, where, why, action), _ in moved if action == "deny"),
+                    key=lambda d: d[2] == SPOOFING)  # a stable sort: path order otherwise
+    if denies:
+        device, where, why = denies[0]
+        return [f"{device} {where}: deny ({', '.join(why)})"]
     return [f"no deny rule counted the packets; the enforcer says: {detail}"]

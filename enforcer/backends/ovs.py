@@ -23,6 +23,7 @@ _FLOW_STATS = re.compile(r"cookie=(0x[0-9a-f]+).*?table=(\d+), n_packets=(\d+), 
                          r"(?:,\S*)? actions=(\S+)")
 
 OF = ("-O", "OpenFlow13")
+SPOOFING = ("anti-spoofing",)  # the reasons of the classifier's final drop: traffic from no known address
 
 
 class OvsBackend:
@@ -87,7 +88,7 @@ class OvsBackend:
             c = int(cookie, 16)
             if c == 0 and not (table == "0" and prio == "0"):
                 continue
-            why = reasons.get(c, ("anti-spoofing",) if c == 0 else (f"cookie:{cookie}",))
+            why = reasons.get(c, SPOOFING if c == 0 else (f"cookie:{cookie}",))
             action = "deny" if actions == "drop" else "allow"
             counters.append(RuleCounter(f"table {table} priority {prio}", why, action, int(packets), int(nbytes)))
         if not counters:

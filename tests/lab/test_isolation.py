@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,6 +84,36 @@ def test_the_supernic_drops_a_forged_source(golden_lab: GoldenLab) -> None:
         honest = connect(w1, a1, 8443, timeout=OPEN)[0]
     assert honest and not forged
     assert _nic_counter(lab, "nic:gpu1", "table 0 priority 0") > before  # the classifier's anti-spoofing drop
+
+
+def test_a_blocked_probe_names_its_deny_while_the_source_sends_forged_traffic(golden_lab: GoldenLab) -> None:
+    """Traffic from no address of the workload (here forged datagrams; after `lab up`, the interfaces' own
+    IPv6 start-up traffic) moves the classifier's anti-spoofing drop during the probe: the probe still names the rule
+    that refused its connection, and the anti-spoofing count is shown among the counters that moved."""
+    lab = golden_lab
+    inst = standalone.installed(lab.st, lab.fabric)
+    b1, db1 = endpoint(lab.st, "globex/batch/b1"), endpoint(lab.st, "acme/data/db1")
+    stop = threading.Event()
+
+    def chatter() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((FORGED, 0))
+            while not stop.wait(0.01):
+                s.sendto(b"chatter", (db1.ipv4, 9))
+
+    sender = threading.Thread(target=run_in, args=(b1.netns, chatter))
+    with forged_address(lab, "globex/batch/b1", FORGED):
+        sender.start()
+        try:
+            time.sleep(0.05)  # sending before the probe's first counter snapshot
+            blocked = probe(lab.st, inst, "globex/batch/b1", "acme/data/db1", 5432, timeout=0.5)
+        finally:
+            stop.set()
+            sender.join()
+    assert not blocked.open and blocked.agrees
+    spoofed = [m for m in blocked.moved if m["device"] == "nic:gpu1" and m["reasons"] == ["anti-spoofing"]]
+    assert spoofed and spoofed[0]["packets"] > 0  # the forged datagrams were counted in the probe's window
+    assert blocked.decided_by == ["nic:gpu1 table 1 priority 0: deny (default-deny)"]
 
 
 def _try_connect(src: str, dst: str, port: int) -> bool:
