@@ -110,10 +110,10 @@ def call(port: int, method: str, path: str, token: str | None = None, body: Any 
 
 
 def _send(conn: http.client.HTTPConnection, port: int, method: str, path: str, token: str,
-          body: Any) -> tuple[http.client.HTTPConnection, bool]:
+          body: Any) -> tuple[http.client.HTTPConnection, str | None]:
     """One request on a keep-alive connection (a fresh Idempotency-Key per POST, and a body of its own when it
-    has a justification: every grant request distinct); a broken connection is replaced and the request
-    counted as failed."""
+    has a justification: every grant request distinct): None, or what went wrong (a status of 400 or more
+    with the start of its body, or a broken connection, which is replaced)."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     payload = None
     if body is not None:
@@ -123,11 +123,34 @@ def _send(conn: http.client.HTTPConnection, port: int, method: str, path: str, t
     try:
         conn.request(method, path, body=payload, headers=headers)
         r = conn.getresponse()
-        r.read()
-        return conn, r.status < 400
-    except OSError:
+        answer = r.read()
+        return conn, None if r.status < 400 else f"HTTP {r.status}: {answer[:200].decode(errors='replace')}"
+    except OSError as exc:
         conn.close()
-        return http.client.HTTPConnection("127.0.0.1", port, timeout=30), False
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=30), f"connection: {exc}"
+
+
+class _Failures:
+    """The failed requests of a load process: how many, and the first one's description (a bench that fails
+    says why: a quota, a rate limit, a broken connection)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: str | None = None
+        self._lock = threading.Lock()
+
+    def add(self, failure: str | None) -> None:
+        if failure is not None:
+            with self._lock:
+                self.count += 1
+                self.first = self.first or failure
+
+
+def _check(failures: list[tuple[int, str | None]], total: int, method: str, path: str) -> None:
+    count = sum(n for n, _ in failures)
+    if count:
+        first = next(f for n, f in failures if n)
+        raise RuntimeError(f"{count} of {total} {method} {path} requests failed; the first: {first}")
 
 
 Ports = int | list[int]  # one server, or replicas: connection i goes to ports[i % len(ports)]
@@ -160,7 +183,7 @@ def _load_worker(ports: Ports, method: str, path: str, token: str, body: Any, de
                  out: Any, threads: int, offset: int = 0) -> None:
     """Closed-loop load: `threads` keep-alive connections, each sending back-to-back until the deadline."""
     latencies: list[float] = []
-    errors = [0]
+    failures = _Failures()
     lock = threading.Lock()
     spread = _Spread(ports, offset)
 
@@ -168,20 +191,17 @@ def _load_worker(ports: Ports, method: str, path: str, token: str, body: Any, de
         port = spread.next()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         mine: list[float] = []
-        bad = 0
         while time.monotonic() < deadline:
             t0 = time.perf_counter()
-            conn, ok = _send(conn, port, method, path, token, body)
+            conn, failure = _send(conn, port, method, path, token, body)
             mine.append(time.perf_counter() - t0)
-            if not ok:
-                bad += 1
+            failures.add(failure)
         with lock:
             latencies.extend(mine)
-            errors[0] += bad
 
     _run_threads(loop, threads)
     used = resource.getrusage(resource.RUSAGE_SELF)  # this forked process only: the client's own CPU
-    out.put((latencies, errors[0], used.ru_utime + used.ru_stime))
+    out.put((latencies, (failures.count, failures.first), used.ru_utime + used.ru_stime))
 
 
 def measure(port: Ports, method: str, path: str, token: str, body: Any = None) -> dict[str, float]:
@@ -197,17 +217,16 @@ def measure(port: Ports, method: str, path: str, token: str, body: Any = None) -
     for p in procs:
         p.start()
     lat: list[float] = []
-    errors = 0
+    failed: list[tuple[int, str | None]] = []
     cpu = 0.0
     for _ in procs:
         got, bad, used = q.get()
         lat.extend(got)
-        errors += bad
+        failed.append(bad)
         cpu += used
     for p in procs:
         p.join()
-    if errors:
-        raise RuntimeError(f"{errors} of {len(lat)} {method} {path} requests failed")
+    _check(failed, len(lat), method, path)
     lat.sort()
     return {"rps": len(lat) / DURATION, "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000,
             "max": lat[-1] * 1000, "client_cpu_ms": cpu * 1000 / max(1, len(lat))}
@@ -219,7 +238,7 @@ def _open_worker(ports: Ports, method: str, path: str, token: str, body: Any, st
     server did with the earlier ones; its latency runs from that due time to the end of the response, so
     time spent waiting for a free connection or behind a slow answer counts (no coordinated omission)."""
     latencies: list[float] = []
-    errors = [0]
+    failures = _Failures()
     lock = threading.Lock()
     counter = [first]
     spread = _Spread(ports, first * threads)
@@ -228,7 +247,6 @@ def _open_worker(ports: Ports, method: str, path: str, token: str, body: Any, st
         port = spread.next()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         mine: list[float] = []
-        bad = 0
         while True:
             with lock:
                 k = counter[0]
@@ -239,16 +257,14 @@ def _open_worker(ports: Ports, method: str, path: str, token: str, body: Any, st
             delay = due - time.monotonic()  # CLOCK_MONOTONIC: one clock for every process
             if delay > 0:
                 time.sleep(delay)
-            conn, ok = _send(conn, port, method, path, token, body)
+            conn, failure = _send(conn, port, method, path, token, body)
             mine.append(time.monotonic() - due)
-            if not ok:
-                bad += 1
+            failures.add(failure)
         with lock:
             latencies.extend(mine)
-            errors[0] += bad
 
     _run_threads(loop, threads)
-    out.put((latencies, errors[0]))
+    out.put((latencies, (failures.count, failures.first)))
 
 
 def measure_open(port: Ports, method: str, path: str, token: str, rate: float, body: Any = None,
@@ -267,15 +283,14 @@ def measure_open(port: Ports, method: str, path: str, token: str, rate: float, b
     for p in procs:
         p.start()
     lat: list[float] = []
-    errors = 0
+    failed: list[tuple[int, str | None]] = []
     for _ in procs:
         got, bad = q.get()
         lat.extend(got)
-        errors += bad
+        failed.append(bad)
     for p in procs:
         p.join()
-    if errors:
-        raise RuntimeError(f"{errors} of {len(lat)} open-loop {method} {path} requests failed")
+    _check(failed, len(lat), method, f"{path} (open loop)")
     lat.sort()
     return {"rate": rate, "n": len(lat), "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000,
             "p999": lat[int(len(lat) * 0.999)] * 1000, "max": lat[-1] * 1000}
@@ -339,7 +354,8 @@ def cache_figures(env: dict[str, str], work: Path, port: int, token: str, grant:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="tf-bench-api-"))
-    env = bench_env(work, TRUSTFABRIC_SWEEP_INTERVAL_SECONDS="30")
+    env = bench_env(work, TRUSTFABRIC_SWEEP_INTERVAL_SECONDS="30", TRUSTFABRIC_QUOTA_PENDING="0",
+                    TRUSTFABRIC_QUOTA_GRANTS="0")  # every POST makes a grant: no quota may refuse the load
     procs: list[subprocess.Popen[bytes]] = []
     progress = Progress("api")
     try:
