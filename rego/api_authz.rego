@@ -76,9 +76,17 @@ reasons contains sprintf("not-permitted: role %s may not %v", [role, action]) if
 	not role_permits
 }
 
-reasons contains sprintf("out-of-scope: %s is scoped to tenant %v, resource is in tenant %v", [role, object.get(input.principal, "tenant", null), object.get(input.resource, "tenant", null)]) if {
+reasons contains sprintf("out-of-scope: %s is scoped to tenant %v, resource is in tenant %v", [role, object.get(input.principal, "tenant", null), input.resource.tenant]) if {
 	role in tenant_roles
 	not in_scope
+	is_string(input.resource.tenant)
+}
+
+# a platform-wide resource (the tenant list, the fabric, the CA): no tenant role reaches it
+reasons contains sprintf("out-of-scope: %s is scoped to tenant %v, the resource is platform-wide (in no tenant)", [role, object.get(input.principal, "tenant", null)]) if {
+	role in tenant_roles
+	not in_scope
+	not is_string(input.resource.tenant)
 }
 
 decision := {"allow": allow, "reasons": sort(reasons)}

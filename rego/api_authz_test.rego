@@ -31,7 +31,16 @@ test_tenant_admin_other_tenant_denied if {
 	startswith(reason, "out-of-scope:")
 }
 
-test_tenant_role_without_resource_tenant_denied if not ask("tenant-member", "acme", "grant.read", null).allow
+test_tenant_role_without_resource_tenant_denied if {
+	r := ask("tenant-member", "acme", "grant.read", null)
+	not r.allow
+	"out-of-scope: tenant-member is scoped to tenant acme, the resource is platform-wide (in no tenant)" in r.reasons
+}
+
+test_tenant_role_other_tenant_names_both if {
+	r := ask("tenant-member", "acme", "grant.read", "globex")
+	"out-of-scope: tenant-member is scoped to tenant acme, resource is in tenant globex" in r.reasons
+}
 
 test_tenant_role_without_principal_tenant_denied if not ask("tenant-member", null, "grant.read", null).allow
 

@@ -81,3 +81,17 @@ def test_a_broken_authz_policy_denies(env: Env, module: str) -> None:
     app = create_app(env.ctx, authz_engine_factory=lambda: RegorusEngine({"api_authz.rego": module}))
     r = _get(env, app)
     assert r.status_code == 403 and r.json()["reason"], r.text
+
+
+def test_a_tenant_role_refused_a_platform_resource_is_told_so(tmp_path: Path) -> None:
+    """The reason names the resource as platform-wide, not as being 'in tenant null'."""
+    e = open_env(make_settings(tmp_path / "home"))
+    try:
+        seed(e)
+        r = e.call("GET", "/v1/ca/status", "tenant-admin", "acme")
+        assert r.status_code == 403, r.text
+        assert "null" not in r.json()["reason"]
+        assert "scoped to tenant acme, the resource is platform-wide" in r.json()["reason"], r.text
+    finally:
+        e.client.close()
+        e.ctx.close()
