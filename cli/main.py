@@ -13,6 +13,7 @@ import typer
 from typer._click.core import Command
 
 from cli import config
+from cli.helptext import reflow_tree
 from cli.local import agent, audit, enforcer, lab, pdp, pki, policy, setup, tokens
 from cli.output import err_console, fit_to_terminal
 from cli.remote import fabric, grants, inventory, login, whoami
@@ -56,8 +57,11 @@ for _group in (login, setup, pki, audit, policy, pdp, inventory, grants, fabric,
 @cache
 def _command() -> Command:
     """The click command tree typer builds from `app`, built once per process: typer builds the whole tree on
-    every call (~0.02 s), and the tests run hundreds of commands in one process."""
-    return typer.main.get_command(app)
+    every call (~0.02 s), and the tests run hundreds of commands in one process. Its help texts wrap at the
+    terminal's width (cli/helptext.py)."""
+    command = typer.main.get_command(app)
+    reflow_tree(command)
+    return command
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from cli.output import PANELS
 from tests.cli.conftest import run_cli
@@ -64,3 +66,20 @@ def test_the_readme_lists_every_command_where_it_runs() -> None:
     actual = {" ".join(path): next(k for k, v in PANELS.items() if v == cmd.rich_help_panel)
               for path, cmd in leaf_commands()}
     assert documented == actual
+
+
+def test_help_paragraphs_wrap_at_the_terminal_not_at_the_source() -> None:
+    # typer keeps a docstring's line breaks after its first paragraph: `serve --help` broke mid-sentence
+    r = run_cli(["serve", "--help"], {"COLUMNS": "200"})
+    assert r.returncode == 0
+    assert "With several workers their metrics are summed" in r.stdout, r.stdout
+    from cli.main import _command
+
+    def paragraphs(command: Any, path: str) -> Iterator[tuple[str, str]]:
+        for p in (command.help or "").partition("\f")[0].split("\n\n"):
+            yield path, p
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            yield from paragraphs(sub, f"{path} {name}")
+
+    broken = [(path, p) for path, p in paragraphs(_command(), "trustfabric") if "\n" in p.strip("\n")]
+    assert broken == []
