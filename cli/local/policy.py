@@ -403,9 +403,11 @@ def register(app: typer.Typer) -> None:
         if machine_output():
             emit(out)
             return
-        console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {proto}/{port}", highlight=False)
+        # one line per reason whatever the width (soft_wrap: the terminal folds it, a pipe or a grep gets it whole)
+        console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {proto}/{port}", highlight=False,
+                      markup=False, soft_wrap=True)
         for reason in out["reasons"]:
-            console.print(f"  {reason}", highlight=False, markup=False)
+            console.print(f"  {reason}", highlight=False, markup=False, soft_wrap=True)
 
     @command(policy, "decisions", LOCAL)
     def decisions_cmd(since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME",

@@ -112,3 +112,14 @@ def test_ids_are_accepted_as_unique_prefixes(cli: Cli, world: dict[str, Any]) ->
     t0 = world["tokens"][0]
     shown = cli.json("token", "show", t0[:10], token=world["admin"])
     assert shown["id"] == t0  # type: ignore[index]
+
+
+def test_policy_explain_prints_each_reason_on_one_line_at_any_width(cli: Cli, world: dict[str, Any]) -> None:
+    argv = ("policy", "explain", "--src", "acme/web", "--dst", "globex/api", "--port", "8443")
+    reasons = cli.json(*argv)["reasons"]  # type: ignore[index]
+    assert any(len(r) > 40 for r in reasons), reasons  # some would be folded at 40 columns
+    r = cli.run(*argv, COLUMNS="40")
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert lines[0] == "ALLOW acme/web -> globex/api tcp/8443"
+    assert lines[1:] == [f"  {reason}" for reason in reasons]
