@@ -88,7 +88,7 @@ class ApiClient:
         try:
             with httpx.Client(base_url=self.server, verify=self.identity.ssl_context(client_cert=False),
                               timeout=self.timeout) as c:
-                r = c.post("/v1/nodes/attest", json={"token": token, "csr": csr})
+                r = c.post("/v1/nodes/attest", json={"token": token, "csr": csr, "node_name": self.identity.node})
         except (httpx.TransportError, OSError) as exc:
             raise Unreachable(f"{self.server}: {type(exc).__name__}: {exc}") from None
         if r.status_code != 201:

@@ -191,7 +191,7 @@ def probe(st: dict[str, Any], inst: Installed, src_key: str, dst_key: str, port:
     moved.sort(key=lambda kv: (path.index(kv[0][0]), kv[0][1]))
     result = ProbeResult(src_key, dst_key, port, family, ok, seconds, allows, detail, moved=[
         {"device": k[0], "where": k[1], "reasons": list(k[2]), "action": k[3], "packets": n} for k, n in moved])
-    result.decided_by = _decided_by(ok, moved, detail)
+    result.decided_by = _decided_by(ok, moved, detail) if known else [f"counters not read: {detail}"]
     return result
 
 

@@ -56,9 +56,12 @@ def create_join_token(
 
 def attest_node(
     session: Session, keystore: KeyStore, *, token: str, csr_pem: bytes, clock: Clock, ttl: timedelta | None = None,
-    max_ttl: timedelta | None = None, request_id: str | None = None,
+    max_ttl: timedelta | None = None, request_id: str | None = None, node_name: str | None = None,
 ) -> IssuedX509:
-    """Exchange a valid, unused join token and a CSR for spiffe://<td>/node/<name>; TokenInvalid otherwise."""
+    """Exchange a valid, unused join token and a CSR for spiffe://<td>/node/<name>; TokenInvalid otherwise.
+
+    `node_name`, the node the caller says it is (the agent's --node), must be the token's: a token used on the
+    wrong node is refused before it is spent, instead of issuing an SVID the caller then cannot use."""
     if not isinstance(token, str) or not token or len(token) > 256:
         raise TokenInvalid("join token is missing or malformed")
     public_key = parse_csr(csr_pem)
@@ -72,6 +75,9 @@ def attest_node(
         raise TokenInvalid("join token was already used; create a new one with `trustfabric node token create`")
     if as_utc(row.expires_at) <= now:
         raise TokenInvalid("join token expired; create a new one with `trustfabric node token create`")
+    if node_name is not None and node_name != row.node_name:
+        raise TokenInvalid(f"join token is for node {row.node_name}, not {node_name}: use that node's token, or "
+                           f"create one with `trustfabric node token create --node {node_name}`")
     consumed = session.execute(
         update(JoinToken)
         .where(col(JoinToken.token_hash) == digest, col(JoinToken.used_at).is_(None))

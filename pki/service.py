@@ -487,11 +487,12 @@ def create_join_token(
 
 def attest_node(
     session: Session, keystore: KeyStore, *, token: str, csr_pem: bytes, clock: Clock = system_clock,
-    max_ttl: timedelta | None = None, request_id: str | None = None,
+    max_ttl: timedelta | None = None, request_id: str | None = None, node_name: str | None = None,
 ) -> IssuedX509:
-    """Exchange a join token and a CSR for the node's SVID spiffe://<td>/node/<name>."""
+    """Exchange a join token and a CSR for the node's SVID spiffe://<td>/node/<name> (`node_name`: the node the
+    caller says it is, which must be the token's)."""
     return attestation.attest_node(session, keystore, token=token, csr_pem=csr_pem, clock=clock, max_ttl=max_ttl,
-                                   request_id=request_id)
+                                   request_id=request_id, node_name=node_name)
 
 
 def renew_node(

@@ -78,6 +78,8 @@ class JoinTokenRequest(Strict):
 class AttestRequest(Strict):
     token: str = Field(min_length=1, max_length=256)
     csr: Csr
+    node_name: str | None = Field(default=None, min_length=1, max_length=253,
+                                  description="the node the caller is; when given, it must be the one the token is for")
 
 
 class RotateRequest(Strict):
@@ -265,7 +267,7 @@ def attest(body: AttestRequest, request: Request, ctx: CtxDep) -> X509SvidOut:
     with ctx.db.session() as session:
         issued = service.attest_node(session, ctx.keystore, token=body.token, csr_pem=body.csr.encode(),
                                      clock=ctx.clock, max_ttl=ctx.settings.max_svid_ttl,
-                                     request_id=request_id(request))
+                                     request_id=request_id(request), node_name=body.node_name)
     issued_svid("node", issued.expires_at, ctx.clock())
     return _x509_out(issued)
 

@@ -66,6 +66,18 @@ def test_the_join_token_is_used_once_and_the_key_stays_private(served: Served, g
     again = Agent(replace(first.config, data_dir=served.home / "agents" / "gpu2-copy"))
     with pytest.raises(AgentError, match="already used"):
         again.ensure_identity()
+    # another node's token (gpu3's, given to the agent of gpu4) is refused before it is spent, in one line that
+    # names the token's node; nothing is written (it used to spend the token, then blame the data directory)
+    gpu3_token = served.join_token("gpu3")
+    wrong = Agent(replace(first.config, node="gpu4", join_token=gpu3_token,
+                          data_dir=served.home / "agents" / "gpu4-wrong-token"))
+    with pytest.raises(AgentError, match="join token is for node gpu3, not gpu4"):
+        wrong.ensure_identity()
+    assert not (served.home / "agents" / "gpu4-wrong-token" / "node.pem").exists()
+    right = Agent(replace(first.config, node="gpu3", join_token=gpu3_token,
+                          data_dir=served.home / "agents" / "gpu3-right-token"))
+    right.ensure_identity()
+    assert right.identity.svid is not None and right.identity.svid.spiffe_id.endswith("/node/gpu3")
     # a restart needs no token: the stored SVID is used
     restarted = Agent(replace(gpu1.config, join_token=None, socket=None))
     restarted.ensure_identity()

@@ -116,6 +116,11 @@ def test_agent_mode_then_a_crash_then_down(tmp_path: Path, caller_ns: str) -> No
             assert not connect(w1, a1, 9999, timeout=0.5)[0]
         seen = operations.probe(home, "acme/train/w1", "globex/api/a1", 8443, timeout=OPEN)
         assert seen.open and seen.enforcer_allows is None  # the lab holds no rule sets: the wire's answer only
+        # and no counters were read: the probe names no rule (it named "conntrack-return" for an open path)
+        assert seen.decided_by == ["counters not read: no rule sets recorded for this path (agent mode: the node "
+                                   "agents hold them)"]
+        shut = operations.probe(home, "acme/train/w1", "globex/api/a1", 9999, timeout=0.5)
+        assert not shut.open and shut.decided_by == seen.decided_by  # not "no deny rule counted the packets"
         with pytest.raises(LabError, match="agent-driven"):
             operations.apply(home)
 

@@ -60,6 +60,18 @@ def test_unknown_and_expired_tokens(pki_db: Database, keystore: FileKeyStore, cl
     assert counts(pki_db) == before
 
 
+def test_a_token_used_on_another_node_is_refused_unspent(pki_db: Database, keystore: FileKeyStore,
+                                                        clock: FrozenClock) -> None:
+    token = _token(pki_db, clock, name="gpu-02")
+    before = counts(pki_db)
+    with pki_db.session() as s, pytest.raises(TokenInvalid, match="join token is for node gpu-02, not gpu-03"):
+        service.attest_node(s, keystore, token=token, csr_pem=make_csr(), clock=clock, node_name="gpu-03")
+    assert counts(pki_db) == before  # nothing issued, nothing audited, the token not spent
+    with pki_db.session() as s:
+        issued = service.attest_node(s, keystore, token=token, csr_pem=make_csr(), clock=clock, node_name="gpu-02")
+    assert issued.spiffe_id.endswith("/node/gpu-02")
+
+
 def test_bad_csr_does_not_burn_the_token(sqlite_pki: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:
     token = _token(sqlite_pki, clock)
     before = counts(sqlite_pki)

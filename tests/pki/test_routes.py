@@ -155,6 +155,16 @@ def test_node_join_and_attest(env: Env) -> None:
     unknown = env.client.post("/v1/nodes/attest", json={"token": "tfjt_nope", "csr": make_csr().decode()})
     assert unknown.status_code == 401 and "unknown" in unknown.json()["reason"]
     assert _counts(env) == before
+    # the node the caller says it is must be the token's: refused unspent, then used by the right node
+    token = env.call("POST", "/v1/nodes/tokens", "admin", json={"node_name": "gpu-02"}).json()["token"]
+    before = _counts(env)
+    wrong = env.client.post("/v1/nodes/attest", json={"token": token, "csr": make_csr().decode(),
+                                                      "node_name": "gpu-03"})
+    assert wrong.status_code == 401 and "is for node gpu-02, not gpu-03" in wrong.json()["reason"]
+    assert _counts(env) == before
+    right = env.client.post("/v1/nodes/attest", json={"token": token, "csr": make_csr().decode(),
+                                                      "node_name": "gpu-02"})
+    assert right.status_code == 201 and right.json()["spiffe_id"].endswith("/node/gpu-02")
 
 
 def test_ca_rotate_and_status(env: Env) -> None:
