@@ -146,6 +146,7 @@ def create_app(
     app.state.background = jobs
     app.state.enforcer = runtime
     app.state.device_watch = watch
+    app.state.server_stopping = watch.close  # api/server.py: held long-polls answer when the server stops
     app.state.crl = CrlPublisher()
     app.state.trust_anchors = anchors
     pages_on = ctx.settings.read_cache and cache_on(off, "grant_pages")

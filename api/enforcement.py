@@ -48,6 +48,7 @@ class PublicationWatch:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: asyncio.Task[None] | None = None
         self._seen: int | None = None
+        self.closing = False  # the server is stopping: a long-poll answers at once (close)
 
     def _latest(self, after: int | None) -> tuple[int, set[str]]:
         with self.db.read_session() as s:
@@ -85,6 +86,15 @@ class PublicationWatch:
             return
         with contextlib.suppress(RuntimeError):  # the loop is shutting down
             loop.call_soon_threadsafe(self._fire, list(devices))
+
+    def close(self) -> None:
+        """The server is stopping (api/server.py, on the event loop): every held long-poll answers now, and
+        none waits from here on. Left waiting, each was cancelled at the end of uvicorn's graceful wait, an
+        error with a traceback in the log per agent, and the agents learned nothing until then."""
+        self.closing = True
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
 
     def _fire(self, devices: list[str]) -> None:
         for d in devices:

@@ -122,6 +122,18 @@ class BoundedProtocol(PeerCertHttpToolsProtocol):
         self._in_head = False
         super().on_headers_complete()
 
+    def shutdown(self) -> None:
+        """The server starts to stop (on the event loop, for each open connection): a request in flight on this
+        connection that the app can end early (a held long-poll: app.state.server_stopping) is ended now,
+        before uvicorn waits for it (graceful_shutdown_timeout) and then cancels it."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            state = getattr(cycle.scope.get("app"), "state", None)  # Starlette puts itself in the scope
+            stopping = getattr(state, "server_stopping", None)
+            if callable(stopping):
+                stopping()
+        super().shutdown()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._watch is not None:

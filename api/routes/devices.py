@@ -211,11 +211,13 @@ async def get_ruleset(
         current = await in_worker(request, _current, ctx, device)
         while _matches(if_none_match, current[1]):
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or watch.closing:  # closing: the server is stopping, the agent asks the next one
                 return Response(status_code=304, headers={"ETag": f'"{current[1]}"'})
             try:
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:
+                return Response(status_code=304, headers={"ETag": f'"{current[1]}"'})
+            if watch.closing:
                 return Response(status_code=304, headers={"ETag": f'"{current[1]}"'})
             event.clear()  # woken: read again (a wake for a version the device already has keeps waiting)
             current = await in_worker(request, _current, ctx, device)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -290,3 +291,53 @@ def test_a_device_that_left_the_fabric_is_gone_for_its_agent(denv: Env) -> None:
     assert got.status_code == 404 and "left the fabric" in got.json()["reason"]
     row = next(x for x in denv.call("GET", "/v1/devices", "admin").json() if x["device"] == "nic:gpu4")
     assert row["in_fabric"] is False
+
+
+def test_a_stopping_server_answers_its_held_long_polls_at_once(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM with agents long-polling: each held poll is answered 304 as the server starts to stop. Left
+    waiting, uvicorn cancelled them after its graceful wait (5 s), each an 'Exception in ASGI application'
+    with a traceback in the log, and the agents got no answer."""
+    import uvicorn
+
+    from api.server import ConnectionLimits, uvicorn_config
+    from tests.api.test_server import start
+
+    env = fabric_env(tmp_path / "home", running=False)
+    port = free_port()
+    server = uvicorn.Server(uvicorn_config(env.app, host="127.0.0.1", port=port, workers=1, log_level="warning",
+                                           limits=ConnectionLimits(graceful_shutdown_timeout=5), lifespan="off",
+                                           log_config=None))
+    thread = start(server)
+    answers: list[tuple[int, str | None, float]] = []
+    try:
+        base, auth = f"http://127.0.0.1:{port}", env.headers("admin")
+        etags = {d: httpx.get(f"{base}/v1/devices/{d}/ruleset", headers=auth).headers["etag"]
+                 for d in ("nic:gpu1", "leaf:leaf1")}
+
+        def hold(device: str) -> None:
+            r = httpx.get(f"{base}/v1/devices/{device}/ruleset?wait=30", timeout=30,
+                          headers={**auth, "If-None-Match": etags[device]})
+            answers.append((r.status_code, r.headers.get("etag"), time.monotonic()))
+
+        polls = [threading.Thread(target=hold, args=(d,)) for d in etags]
+        for t in polls:
+            t.start()
+        time.sleep(0.5)  # both held
+        assert answers == []
+        with caplog.at_level(logging.ERROR):
+            stopping = time.monotonic()
+            server.should_exit = True
+            for t in polls:
+                t.join(timeout=15)
+            thread.join(timeout=15)
+            stopped = time.monotonic() - stopping
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        env.client.close()
+        env.ctx.close()
+    assert sorted((code, tag) for code, tag, _ in answers) == sorted((304, tag) for tag in etags.values())
+    assert all(at - stopping < 2 for _, _, at in answers)
+    assert not thread.is_alive() and stopped < 3, stopped  # not the 5 s graceful wait
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
