@@ -69,6 +69,7 @@ class Agent:
         svid = self.identity.svid
         now = datetime.now(UTC)
         if svid is not None and now < svid.not_after:
+            self._note_node_svid()
             return
         if not self.config.join_token:
             what = "has expired" if svid is not None else "does not exist yet"
@@ -76,6 +77,13 @@ class Agent:
                              f"(`trustfabric node token create --node {self.config.node}`)")
         self.api.attest(self.config.join_token)
         log.info("node %s attested: %s", self.config.node, self.identity.svid.spiffe_id if self.identity.svid else "")
+        self._note_node_svid()
+
+    def _note_node_svid(self) -> None:
+        """The node SVID's expiry in the metrics: from the start, not from the first maintenance round."""
+        svid = self.identity.svid
+        if svid is not None:
+            self.metrics.svid_expiry.labels(svid.spiffe_id).set(svid.not_after.timestamp())
 
     def maintain(self, *, bundle: bool = True) -> None:
         """One maintenance round: renew the node SVID at half life, refresh the bundle (a changed bundle renews
@@ -86,8 +94,7 @@ class Agent:
                 self.api.renew()
                 svid = self.identity.svid
                 log.info("node SVID renewed, valid until %s", svid.not_after if svid else "?")
-            if svid is not None:
-                self.metrics.svid_expiry.labels(svid.spiffe_id).set(svid.not_after.timestamp())
+            self._note_node_svid()
         if bundle and self.api.refresh_bundle():
             log.info("trust bundle changed: workload SVIDs are renewed")
             self.svids.rotate_all()
