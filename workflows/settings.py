@@ -4,11 +4,11 @@ from here, through the run-time context)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from core.errors import InvalidInput
 from core.quotas import Quotas
@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # loaded where built: every local command reads settings, few
     from policy.engines import EngineSettings
 
 MODES = ("production", "development")
+N = TypeVar("N", int, float)
 DATABASE_SCHEMES = ("postgresql", "postgres", "sqlite")  # what store.db.make_engine opens
 
 
@@ -306,20 +307,20 @@ def _one_of(e: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
     return value
 
 
-def _int(e: Mapping[str, str], name: str, default: str) -> int:
+def _number(e: Mapping[str, str], name: str, default: str, kind: Callable[[str], N], what: str) -> N:
     value = e.get(name) or default
     try:
-        return int(value)
+        return kind(value)
     except ValueError:
-        raise InvalidInput(f"{name}={value!r} is not a whole number") from None
+        raise InvalidInput(f"{name}={value!r} is not {what}") from None
+
+
+def _int(e: Mapping[str, str], name: str, default: str) -> int:
+    return _number(e, name, default, int, "a whole number")
 
 
 def _float(e: Mapping[str, str], name: str, default: str) -> float:
-    value = e.get(name) or default
-    try:
-        return float(value)
-    except ValueError:
-        raise InvalidInput(f"{name}={value!r} is not a number") from None
+    return _number(e, name, default, float, "a number")
 
 
 def _port(e: Mapping[str, str], name: str) -> int | None:
