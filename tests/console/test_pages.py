@@ -161,3 +161,16 @@ def test_a_tenant_request_form_with_bad_ports_says_why(console_env: Env) -> None
                    headers={"HX-Request": "true"})
     assert r.status_code == 200 and "Needs approval by security and tenant-admin:globex." in r.text
     assert "<html" not in r.text, "an htmx request gets the fragment alone"
+
+
+def test_an_error_in_a_fragment_is_a_fragment(console_env: Env) -> None:
+    """A part of a page that htmx loads and the API refuses (an auditor may read a policy version but not its
+    impact) shows the reason in that part: not a second whole page (header, navigation) inside the first."""
+    client = sign_in(console_env, "auditor")
+    page = client.get("/console/policy/versions/1")
+    assert page.status_code == 200 and 'hx-get="/console/policy/versions/1/impact"' in page.text
+    r = client.get("/console/policy/versions/1/impact", headers={"hx-request": "true"})
+    assert r.status_code == 403 and "may not policy.impact" in r.text and 'role="alert"' in r.text
+    assert "<header" not in r.text and "<html" not in r.text and "Sign out" not in r.text, r.text
+    r = client.get("/console/policy/versions/1/impact")  # the same without htmx: a whole page
+    assert r.status_code == 403 and "<header" in r.text and "may not policy.impact" in r.text
