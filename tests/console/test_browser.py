@@ -150,6 +150,8 @@ def a_tenant_requests_a_grant_and_sees_it_pending_with_the_approver(
     assert page.get_by_text("spiffe://example.org/tenant/acme/group/web/web-1").is_visible()
     shots.take(page, "tenant")
     page.get_by_role("link", name="Grants").click()
+    previews: list[str] = []  # the live answer's GETs: their URLs carry the request, never the form's secrets
+    page.on("request", lambda r: previews.append(r.url) if "/console/grants/preview" in r.url else None)
     page.get_by_label("From my group").select_option("web")
     page.get_by_label("To tenant").fill("globex")
     page.get_by_label("Group", exact=True).fill("api")
@@ -160,6 +162,8 @@ def a_tenant_requests_a_grant_and_sees_it_pending_with_the_approver(
     assert "not-disclosed: tenant acme holds no grant with globex/api" in preview.inner_text()
     page.get_by_label("Ports").fill("8443")
     preview.get_by_text("Needs approval by tenant-admin:globex.").wait_for()
+    assert any("dst_group=api" in u for u in previews), previews
+    assert not [u for u in previews if "csrf=" in u or "idempotency_key=" in u], previews
     page.get_by_label("Why").fill("feature store reads")
     shots.take(page, "grant-request")
     page.get_by_role("button", name="Request the grant").click()
