@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, get_args, get_origin
 
-from fastapi import Request
+from fastapi import Request, Response
 from fastapi.params import Depends
 from fastapi.routing import APIRoute
 
 from api.deps import authenticate, authenticated_in_thread, current_principal
+from api.input_text import CheckedRequest, refuse_nul_in_url
 from api.workers import in_worker
 
 _REQUEST = "tf_handoff_request"  # the Request parameter added to an endpoint that takes none
@@ -82,7 +83,17 @@ def handed_off(endpoint: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class HandedOffRoute(APIRoute):
-    """An APIRoute whose sync endpoint taking the principal runs as `handed_off` makes it."""
+    """An APIRoute whose sync endpoint taking the principal runs as `handed_off` makes it, and whose request
+    meets api/input_text.py's checks (no NUL in the URL or the JSON body, a UTF-8 body) before FastAPI reads it."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         super().__init__(path, handed_off(endpoint), **kwargs)
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            refuse_nul_in_url(request.scope)
+            return await handler(CheckedRequest(request.scope, request.receive, request._send))
+
+        return checked

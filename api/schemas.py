@@ -68,7 +68,7 @@ class TenantOut(BaseModel):
 
 class PortSpec(Strict):
     proto: Literal["tcp", "udp"]
-    port: int = Field(ge=1, le=65535)
+    port: int = Field(ge=1, le=65535, strict=True)  # a JSON integer: lax mode took `true` for port 1
 
 
 class GroupCreate(Strict):
@@ -137,8 +137,9 @@ class GrantCreate(Strict):
     dst_tenant: Slug
     dst_group: Slug
     proto: Literal["tcp", "udp"]
-    ports: list[Annotated[int, Field(ge=0, le=65535)]] = Field(min_length=0, max_length=64)
-    ttl_seconds: int = Field(ge=1, le=365 * 86400, description="the policy caps it (7 days)")
+    # JSON integers only (strict): lax mode took `true` for port 1 and `"8443"` for 8443, and wrote the grant
+    ports: list[Annotated[int, Field(ge=0, le=65535, strict=True)]] = Field(min_length=0, max_length=64)
+    ttl_seconds: int = Field(ge=1, le=365 * 86400, strict=True, description="the policy caps it (7 days)")
     justification: str = Field(default="", max_length=2000)
 
 

@@ -737,7 +737,7 @@ def decode_cursor(cursor: str) -> str:
         value = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (ValueError, UnicodeDecodeError):
         raise InvalidInput("cursor is not one this API returned") from None
-    if not value or len(value) > 128:
+    if not value or len(value) > 128 or not (value.isascii() and value.isprintable()):  # ids and numbers only
         raise InvalidInput("cursor is not one this API returned")
     return value
 

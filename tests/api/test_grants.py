@@ -526,3 +526,18 @@ def test_an_invalid_grant_request_is_refused_for_its_credentials_first(env: Env)
     r = request(env, key="no spaces allowed")
     assert r.status_code == 422 and "Idempotency-Key" in r.json()["reason"], r.text
     assert events(env, "grant.request") == 0
+
+
+def test_a_port_or_ttl_that_is_not_a_json_integer_is_refused(env: Env) -> None:
+    """`true` was taken as port 1 (and ttl 1 s), `"8443"` as 8443: pydantic's lax mode coerced them and the grant
+    (and its audit event) was written for a port nobody named."""
+    env.headers("tenant-admin", "acme"), env.headers("admin")  # their tokens minted (audited) beforehand
+    before = events(env)
+    for body in ({**REQ, "ports": [True]}, {**REQ, "ports": ["443"]}, {**REQ, "ports": [443.0]},
+                 {**REQ, "ttl_seconds": True}, {**REQ, "ttl_seconds": "3600"}):
+        r = request(env, body)
+        assert r.status_code == 422, (body, r.text)
+    r = env.call("POST", "/v1/tenants/acme/groups", "admin",
+                 json={"name": "g", "ports": [{"proto": "tcp", "port": True}]})
+    assert r.status_code == 422, r.text
+    assert events(env) == before
