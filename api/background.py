@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from api.metrics import JOB_DURATION, JOB_FAILURES, JOB_RUNS, timed
 from audit import Actor
+from store.db import log_failure
 from workflows.context import AppContext
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class BackgroundJobs:
                     log.info("%s: %s", job.name, result)
             except Exception:
                 JOB_FAILURES.labels(job.name).inc()
-                log.exception("background job %s failed; retrying in %.0fs", job.name, job.interval)
+                log_failure(log, "background job %s failed; retrying in %.0fs", job.name, job.interval)
             ran.append(job.name)
         return ran
 

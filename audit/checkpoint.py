@@ -26,7 +26,7 @@ from audit.note import verifier_key as verifier_key
 from audit.note import verify_checkpoint as verify_checkpoint
 from core.clock import Clock, as_utc, system_clock
 from keys import KeyKind, KeyStore
-from store.db import Database
+from store.db import Database, log_failure
 
 _log = logging.getLogger(__name__)
 AUDIT_KEY_ID = "audit-checkpoint"
@@ -155,7 +155,7 @@ class CheckpointWriter:
                 try:
                     self.maybe_write()
                 except Exception:  # keep writing later; the next export writes one anyway
-                    _log.exception("audit checkpoint write failed")
+                    log_failure(_log, "audit checkpoint write failed")
 
         self._thread = threading.Thread(target=_loop, name="audit-checkpoints", daemon=True)
         self._thread.start()

@@ -58,7 +58,7 @@ from policy.errors import PolicyEngineError
 from policy.flowset import UNRELATED
 from policy.impact import answer_under
 from policy.models import PolicyVersion
-from store.db import Database
+from store.db import Database, log_failure
 
 log = logging.getLogger("trustfabric.enforcer")
 
@@ -220,7 +220,7 @@ class Reconciler:
                 if cause is not None:
                     self.run_once(cause)
             except Exception:
-                log.exception("enforcer reconcile failed; retrying on the next poll")
+                log_failure(log, "enforcer reconcile failed; retrying on the next poll")
 
     # ---------------------------------------------------------------- what
 

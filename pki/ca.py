@@ -14,13 +14,14 @@ from datetime import UTC, datetime, timedelta
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import NameOID
 from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from core.clock import as_utc
 from keys.store import KeyKind, KeyStore, PublicKey, Signer, hash_for
-from pki.errors import CAUnavailable, NotInitialized
+from pki.errors import CAUnavailable, ForeignKeyStore, NotInitialized
 from pki.models import CertificateAuthority, TrustDomainSettings
 from pki.schedule import NOT_INITIALIZED
 from pki.spiffe_id import SpiffeId
@@ -180,6 +181,24 @@ def generation_cas(session: Session, states: Sequence[str]) -> list[CertificateA
         .order_by(col(CertificateAuthority.generation), col(CertificateAuthority.role).desc())
     ).all()
     return list(rows)
+
+
+def check_keys(session: Session, keystore: KeyStore) -> None:
+    """ForeignKeyStore unless `keystore` holds the key of every CA generation still in use (and its JWT-SVID
+    key), each the key its certificate names: a process opening a trust domain made elsewhere must bring the
+    key store it was made with, else it would sign what no other replica trusts."""
+    def spki(key: PublicKeyTypes) -> bytes:
+        return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    for ca in generation_cas(session, ("prepared", "active", "retiring")):
+        expected = [(ca.key_id, spki(certificate(ca).public_key()))]
+        if ca.jwt_key_id is not None and ca.jwt_public_pem is not None:
+            expected.append((ca.jwt_key_id, spki(serialization.load_pem_public_key(ca.jwt_public_pem.encode()))))
+        for key_id, public in expected:
+            if not keystore.exists(key_id):
+                raise ForeignKeyStore(f"the key store has no key {key_id!r} (CA {ca.id})")
+            if spki(keystore.get(key_id).public_key()) != public:
+                raise ForeignKeyStore(f"the key store's key {key_id!r} is not the one CA {ca.id} uses")
 
 
 def active_issuing(session: Session, now: datetime, *, lock: bool = True) -> CertificateAuthority:

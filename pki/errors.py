@@ -54,6 +54,11 @@ class TrustDomainMismatch(Conflict):
     """init was asked for a different trust domain than the one already created."""
 
 
+class ForeignKeyStore(Conflict):
+    """The key store lacks a CA key the database's trust domain uses, or holds another key under its name: it is
+    not the key store the trust domain was made with (a replica given a data directory of its own)."""
+
+
 class CAUnavailable(Conflict):
     """No active issuing CA that can still sign (expired, or none): run `trustfabric ca rotate`."""
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -28,6 +30,7 @@ from typing import Any
 from psycopg.pq import ExecStatus
 from sqlalchemy import JSON, Table, event, make_url
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlmodel import Session, create_engine
 
 from store.changes import CHANNEL, PostgresChanges
@@ -336,3 +339,14 @@ class Database:
         if changes is not None:
             changes.stop()
         self.engine.dispose()
+
+
+def log_failure(log: logging.Logger, what: str, *args: object) -> None:
+    """Log the exception being handled by a loop that retries (a background job, the reconciler): a database
+    that is down or restarting as one warning line, as the API logs each request's 503, since a traceback per
+    poll says nothing more; anything else as an error with its traceback."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, OperationalError | InterfaceError):
+        log.warning(what + ": the database is unavailable (%s)", *args, str(exc.orig or exc).splitlines()[0][:300])
+    else:
+        log.exception(what, *args)

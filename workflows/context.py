@@ -73,6 +73,25 @@ def open_keystore(settings: Settings, *, create: bool) -> KeyStore:
     return FileKeyStore.open(settings.keys_dir, key_file=key_file)
 
 
+def _initialised(settings: Settings, db: Database) -> bool:
+    """Whether the database's trust domain exists already; then a missing master key file is an error, not one
+    to make: a new key would not open the keys the trust domain was made with (pki.ca.check_keys)."""
+    from pki.service import trust_domain
+
+    with db.read_session() as session:
+        found = trust_domain(session)
+    if found is None:
+        return False
+    key_file = settings.default_key_file
+    uses_key_file = settings.keystore == "file" and settings.master_key == "file" and not (
+        settings.passphrase or settings.passphrase_file)
+    if uses_key_file and not key_file.exists():
+        raise InvalidInput(
+            f"no master key file {key_file}, and trust domain {found} in the database exists already: give this "
+            "data directory a copy of the first one's keys/ and master key (or the same passphrase or PKCS#11 token)")
+    return True
+
+
 @dataclass
 class AppContext:
     settings: Settings
@@ -90,8 +109,15 @@ class AppContext:
             elif not settings.home.exists():
                 raise InvalidInput(f"{settings.home} does not exist: run `trustfabric init` first")
         db = Database(settings.db_url)
-        migrate(db.engine)
-        return cls(settings=settings, db=db, keystore=open_keystore(settings, create=create), clock=clock)
+        try:
+            migrate(db.engine)
+            # the key store of an initialised database exists: never make a key file for one
+            initialised = _initialised(settings, db)
+            keystore = open_keystore(settings, create=create and not initialised)
+        except BaseException:
+            db.dispose()
+            raise
+        return cls(settings=settings, db=db, keystore=keystore, clock=clock)
 
     @property
     def reader(self) -> Engine:

@@ -8,6 +8,8 @@ from typing import Any
 
 from audit import Actor, ensure_audit_key
 from keys.store import KeyKind
+from pki.ca import check_keys as check_ca_keys
+from pki.errors import ForeignKeyStore
 from pki.service import init_trust_domain
 from pki.service import trust_domain as existing_trust_domain
 from pki.tokens.service import create_opaque_token, ensure_issuer_key, has_admin_token
@@ -18,7 +20,20 @@ from workflows.context import AppContext
 
 
 def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict[str, Any]:
-    """Create the trust domain, audit key and admin token when missing; a second run changes nothing."""
+    """Create the trust domain, audit key and admin token when missing; a second run changes nothing. On a
+    database whose trust domain exists, the key store must be the one it was made with: ForeignKeyStore, with
+    nothing written, instead of new audit and API-issuer keys nobody else trusts (a replica given a data
+    directory of its own)."""
+    with ctx.db.read_session() as session:
+        found = existing_trust_domain(session)
+        if found is not None:
+            try:
+                check_ca_keys(session, ctx.keystore)
+            except ForeignKeyStore as exc:
+                raise ForeignKeyStore(
+                    f"{exc}: it is not the key store trust domain {found} in the database was made with; give this "
+                    "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
+                    "PKCS#11 token)") from None
     ensure_audit_key(ctx.keystore)
     ensure_issuer_key(ctx.keystore)
     with ctx.db.session() as session:

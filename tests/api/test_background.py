@@ -3,13 +3,18 @@ signed audit checkpoints, each job independent of the others' failures."""
 
 from __future__ import annotations
 
+import logging
+import socket
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+from sqlalchemy import text
 from sqlmodel import select
 
 from api.background import BackgroundJobs, Job, server_jobs
 from audit.models import AuditEvent
+from store.db import Database
 from tests.api.conftest import make_settings, open_env
 
 
@@ -89,3 +94,30 @@ def test_module_state_is_bounded_and_closed(tmp_path: Path) -> None:
         ca.certificate(Row(pem))  # type: ignore[arg-type]
     assert len(ca._cert_cache) == ca.CERT_CACHE_SIZE
     assert pems[0] not in ca._cert_cache and pems[-1] in ca._cert_cache
+
+
+def test_a_job_finding_the_database_down_logs_one_line_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: while PostgreSQL restarted, every job run (and every reconciler poll, twice a second) logged an
+    error with a SQLAlchemy traceback, where the API logs one warning line per 503; other failures keep theirs."""
+    with socket.socket() as s:  # a port nothing listens on: the database is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = Database(f"postgresql://postgres@127.0.0.1:{port}/trustfabric")
+
+    def read() -> None:
+        with db.read_session() as session:
+            session.connection().execute(text("SELECT 1"))
+
+    def boom() -> None:
+        raise RuntimeError("broken")
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="trustfabric.background"):
+            assert BackgroundJobs([Job("reads", 5.0, read), Job("bad", 1.0, boom)]).run_due(now=0.0) == ["reads", "bad"]
+    finally:
+        db.dispose()
+    down, bad = caplog.records
+    assert down.levelno == logging.WARNING and down.exc_info is None
+    assert down.getMessage().startswith("background job reads failed; retrying in 5s: the database is unavailable (")
+    assert "Connection refused" in down.getMessage() and "\n" not in down.getMessage()
+    assert bad.levelno == logging.ERROR and bad.exc_info is not None and bad.exc_info[0] is RuntimeError
