@@ -95,3 +95,28 @@ def grant_reasons_for(
     uniform = (f"not-disclosed: tenant {viewer} holds no grant with {dst[0]}/{dst[1]}; whether it exists, "
                "exposes these ports or is quarantined is not disclosed")
     return redact(reasons, hidden[0], uniform)
+
+
+UNDISCLOSED = "undisclosed"  # the outcome of a grant request's live answer that depends on a hidden group
+
+
+def grant_preview_for(
+    session: Session, viewer: str | None, dst: tuple[str, str], outcome: str, reasons: Sequence[str]
+) -> tuple[str, list[str]]:
+    """(outcome, reasons) of the live answer to a grant request not yet made (explain-grant), as `viewer` may
+    see it. A request made shows its outcome (pending and with whom, or denied), and that is accepted: the
+    destination tenant sees the request, it is audited and counts against the pending quota. Asked without a
+    trace, the same outcome would map another tenant's groups, the ports they expose and (by the approvers)
+    which are sensitive. So when the destination is hidden from `viewer` and the answer depends on it, the
+    outcome is UNDISCLOSED with one reason, the same whether the group exists, exposes the ports, is
+    sensitive or is quarantined; a denial that the asking side causes by itself (a wildcard port, a TTL over
+    the maximum, its own group or quarantine) is shown, as a request would show it."""
+    hidden = hidden_side(session, viewer, (dst,))
+    if hidden is None:
+        return outcome, list(reasons)
+    if outcome == "deny" and any(not mentions(r, hidden[0]) for r in reasons):
+        return outcome, grant_reasons_for(session, viewer, dst, outcome, reasons)
+    return UNDISCLOSED, [f"undisclosed: tenant {viewer} holds no grant with {dst[0]}/{dst[1]}, and the answer depends "
+                         f"on it: it is given when the request is made (pending and with whom, or denied), and "
+                         f"{dst[0]} sees the request"]
+

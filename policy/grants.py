@@ -225,11 +225,22 @@ def explain_request(
     session: Session, request: GrantRequest, *, caller: Caller, decide: GrantDecider, now: datetime
 ) -> tuple[GrantDecision, dict[str, Any]]:
     """(the decision request_grant would make now, the policy input it was made on), without making it:
-    the same scope rule, input and decider, and nothing is written (no grant, no audit event)."""
+    the same scope rule, input and decider, and nothing is written (no grant, no audit event). A tenant sees
+    it as policy.disclosure.grant_preview_for allows: `undisclosed` when it depends on another tenant's group
+    the tenant holds no grant with."""
     if caller.tenant is not None and request.src_tenant != caller.tenant:
         raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
     policy_input = request.policy_input(caller.tenant if caller.tenant is not None else request.src_tenant)
-    return seen_by(session, caller, request, decide_closed(decide, session, now, policy_input)), policy_input
+    decision = decide_closed(decide, session, now, policy_input)
+    if caller.tenant is None:
+        return decision, policy_input
+    from policy.disclosure import grant_preview_for
+
+    outcome, shown = grant_preview_for(session, caller.tenant, (request.dst_tenant, request.dst_group),
+                                       decision.outcome, decision.reasons)
+    # undisclosed: nor who would approve (a sensitive group adds security)
+    approvers = decision.approvers if outcome == decision.outcome else []
+    return GrantDecision(outcome, approvers, shown, decision.policy_hash), policy_input
 
 
 @dataclass(frozen=True)

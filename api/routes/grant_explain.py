@@ -28,7 +28,9 @@ SlugQuery = Annotated[str, Query(min_length=1, max_length=63, pattern=SLUG_PATTE
 
 
 class GrantExplainOut(BaseModel):
-    outcome: Literal["approve", "pending", "deny"]
+    # undisclosed: the answer depends on another tenant's group the asking tenant holds no grant with
+    # (policy/disclosure.py): it is given when the request is made, which that tenant then sees
+    outcome: Literal["approve", "pending", "deny", "undisclosed"]
     approvers: list[str]
     reasons: list[str]
     policy_hash: str | None
