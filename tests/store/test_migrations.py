@@ -21,6 +21,7 @@ from sqlmodel import SQLModel
 import audit.models
 import enforcer.models
 import inventory.models
+import keys.models
 import pki.models
 import pki.tokens.models
 import policy.models
@@ -30,7 +31,8 @@ from tests.conftest import PostgresServer
 from workflows.schema import STEPS, migrate
 
 DIALECTS: dict[str, Dialect] = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}
-MODEL_MODULES = (audit.models, inventory.models, pki.models, policy.models, pki.tokens.models, enforcer.models)
+MODEL_MODULES = (audit.models, inventory.models, pki.models, policy.models, pki.tokens.models, enforcer.models,
+                 keys.models)
 
 # sha256 of each landed step's DDL (tables then indexes, in name order), per dialect. A landed step never
 # changes: a schema change is a new step with the next version number.
@@ -74,6 +76,10 @@ LANDED = {
     12: {  # no table (a function)
         "sqlite": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
         "postgresql": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    },
+    13: {
+        "sqlite": "328a4ac8e7186f3342296768d883786a20d3d8532658af39b347744a23f9b6f4",
+        "postgresql": "510e23dea4dd9b27d5ee4086b4ed0bbcac2ae33b004ed244d6a4b2a0f02c4ab8",
     },
 }
 
@@ -142,7 +148,7 @@ def test_a_landed_step_never_changes(version: int) -> None:
 
 
 def test_versions_are_global_and_in_order() -> None:
-    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12]
+    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13]
     with pytest.raises(ValueError, match="distinct, increasing"):
         from store.migrations import migrate as run
 
