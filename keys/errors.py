@@ -16,3 +16,8 @@ class KeyExists(Conflict):
 class KeyStoreError(Unavailable):
     """The key store cannot be opened or used (wrong passphrase, unsafe key file, token missing): the
     server cannot sign until an operator fixes it (HTTP 503)."""
+
+
+class WrongMasterKey(KeyStoreError):
+    """A key another replica published (keys/shared.py) does not decrypt under this key store's master key: this
+    data directory was not given the trust domain's master key (or passphrase and master.salt)."""

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from core.files import fsync_dir, write_private_file
-from keys.errors import KeyExists, KeyNotFound, KeyStoreError
+from keys.errors import KeyExists, KeyNotFound, KeyStoreError, WrongMasterKey
 from keys.store import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
 
 _FORMAT = "trustfabric-key-v1"
@@ -227,29 +227,62 @@ class FileKeyStore:
             cached = self._cache.get(key_id)
         if cached is not None:
             return cached
-        path = self._path(key_id)
-        try:
-            doc = json.loads(path.read_bytes())
-        except FileNotFoundError:
-            raise KeyNotFound(f"no key {key_id!r} in the key store at {self.directory}") from None
-        except ValueError:
-            raise KeyStoreError(f"key file {path.name} is damaged (not JSON)") from None
-        try:
-            if doc.get("format") != _FORMAT or doc.get("key_id") != key_id:
-                raise KeyStoreError(f"key file {path.name} does not hold key {key_id!r}")
-            kind = KeyKind(doc["kind"])
-            der = self._aead.decrypt(
-                base64.b64decode(doc["nonce"]), base64.b64decode(doc["ciphertext"]), self._ad(key_id, kind)
-            )
-        except (KeyError, ValueError, InvalidTag):
-            raise KeyStoreError(f"key file {path.name} does not decrypt: damaged or swapped") from None
-        loaded = serialization.load_der_private_key(der, password=None)
-        if not isinstance(loaded, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey):
-            raise KeyStoreError(f"key file {path.name} holds an unsupported key type")
-        signer = SoftwareSigner(key_id, kind, loaded)
+        signer = self._decode(key_id, self.blob(key_id), f"key file {self._path(key_id).name}")
         with self._lock:
             self._cache[key_id] = signer
         return signer
+
+    def blob(self, key_id: str) -> bytes:
+        """The key file's bytes as they are (ciphertext under the master key, key id and kind bound as associated
+        data), or KeyNotFound: what keys/shared.py publishes for the other replicas."""
+        try:
+            return self._path(key_id).read_bytes()
+        except FileNotFoundError:
+            raise KeyNotFound(f"no key {key_id!r} in the key store at {self.directory}") from None
+
+    def adopt(self, key_id: str, blob: bytes, *, source: str) -> Signer:
+        """Hold `blob` (a key file's bytes from `source`, another replica's key) as the file of key_id, once it
+        decrypts under this store's master key (else WrongMasterKey, nothing written). Written 0600 via tmp + link;
+        a file of that id already here with other bytes is KeyExists (a key is never overwritten)."""
+        signer = self._decode(key_id, blob, f"key {key_id!r} from {source}", foreign=True)
+        path = self._path(key_id)
+        try:
+            write_private_file(path, blob, overwrite=False)
+        except FileExistsError:
+            if path.read_bytes() != blob:
+                raise KeyExists(f"key {key_id!r} from {source} differs from the key file {path.name} in "
+                                f"{self.directory}; keys are never overwritten") from None
+        with self._lock:
+            self._cache.setdefault(key_id, signer)
+        return signer
+
+    def _decode(self, key_id: str, blob: bytes, what: str, *, foreign: bool = False) -> SoftwareSigner:
+        """The key a file's bytes hold; `what` names them in errors. A blob from elsewhere (`foreign`) that fails
+        authentication was made under another master key: WrongMasterKey, not a damaged file."""
+        try:
+            doc = json.loads(blob)
+        except ValueError:
+            raise KeyStoreError(f"{what} is damaged (not JSON)") from None
+        if not isinstance(doc, dict) or doc.get("format") != _FORMAT or doc.get("key_id") != key_id:
+            raise KeyStoreError(f"{what} does not hold key {key_id!r}")
+        try:
+            kind = KeyKind(doc["kind"])
+            nonce, ciphertext = base64.b64decode(doc["nonce"]), base64.b64decode(doc["ciphertext"])
+        except (KeyError, ValueError, TypeError):
+            raise KeyStoreError(f"{what} does not decrypt: damaged or swapped") from None
+        try:
+            der = self._aead.decrypt(nonce, ciphertext, self._ad(key_id, kind))
+        except InvalidTag:
+            if foreign:
+                raise WrongMasterKey(
+                    f"{what} does not decrypt under the master key of the key store at {self.directory}: it was made "
+                    "under another master key; give this data directory the trust domain's master key file (or "
+                    "passphrase and keys/master.salt)") from None
+            raise KeyStoreError(f"{what} does not decrypt: damaged or swapped") from None
+        loaded = serialization.load_der_private_key(der, password=None)
+        if not isinstance(loaded, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey):
+            raise KeyStoreError(f"{what} holds an unsupported key type")
+        return SoftwareSigner(key_id, kind, loaded)
 
     def exists(self, key_id: str) -> bool:
         """Whether a key with this id is held."""
