@@ -20,6 +20,7 @@ from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from core.clock import as_utc
+from keys.errors import WrongMasterKey
 from keys.store import KeyKind, KeyStore, PublicKey, Signer, hash_for
 from pki.errors import CAUnavailable, ForeignKeyStore, NotInitialized
 from pki.models import CertificateAuthority, TrustDomainSettings
@@ -195,7 +196,11 @@ def check_keys(session: Session, keystore: KeyStore) -> None:
         if ca.jwt_key_id is not None and ca.jwt_public_pem is not None:
             expected.append((ca.jwt_key_id, spki(serialization.load_pem_public_key(ca.jwt_public_pem.encode()))))
         for key_id, public in expected:
-            if not keystore.exists(key_id):
+            try:
+                held = keystore.exists(key_id)
+            except WrongMasterKey as exc:  # published by a replica (keys/shared.py) under another master key
+                raise ForeignKeyStore(f"the key store has no key {key_id!r} (CA {ca.id}): {exc}") from None
+            if not held:
                 raise ForeignKeyStore(f"the key store has no key {key_id!r} (CA {ca.id})")
             if spki(keystore.get(key_id).public_key()) != public:
                 raise ForeignKeyStore(f"the key store's key {key_id!r} is not the one CA {ca.id} uses")

@@ -286,15 +286,30 @@ class Database:
     def session(self) -> Iterator[Session]:
         """A write transaction: committed on success, rolled back whole on any exception."""
         _this_thread.wrote = False
+        held: dict[int, Session] = _this_thread.__dict__.setdefault("sessions", {})
+        outer = held.get(id(self))
         with Session(self.engine, expire_on_commit=False) as session:
+            held[id(self)] = session
             try:
                 yield session
                 session.commit()
             except BaseException:
                 session.rollback()
                 raise
+            finally:
+                if outer is None:
+                    held.pop(id(self), None)
+                else:
+                    held[id(self)] = outer
         if self._changes is not None and getattr(_this_thread, "wrote", False):
             self._changes.bump()  # this process reads its own writes at once, not a notification later
+
+    def open_session(self) -> Session | None:
+        """The write session (`session`) this thread has open on this database, innermost first, else None. On SQLite
+        a write transaction of its own would wait for this thread's own writer lock until busy_timeout: a write that
+        must be committed by the time the open one commits (keys/shared.py publishing a key) joins it there."""
+        held: dict[int, Session] = _this_thread.__dict__.get("sessions", {})
+        return held.get(id(self))
 
     @contextmanager
     def read_session(self, *, snapshot: bool = False, statements: bool = False) -> Iterator[Session]:

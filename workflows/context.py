@@ -20,6 +20,7 @@ from workflows.schema import migrate
 from workflows.settings import Settings
 
 if TYPE_CHECKING:
+    from keys.file import FileKeyStore
     from keys.pkcs11 import Pkcs11KeyStore
     from keys.store import KeyStore
 
@@ -43,13 +44,27 @@ def _passphrase(settings: Settings) -> str | None:
     return settings.passphrase
 
 
-def open_keystore(settings: Settings, *, create: bool) -> KeyStore:
+def open_keystore(settings: Settings, *, create: bool, db: Database | None = None) -> KeyStore:
     """The configured KeyStore; with create=True a missing key file is made (mode 0600). The file store's
     master key comes from a key file (default, beside the keys), a passphrase (TRUSTFABRIC_PASSPHRASE or
     _PASSPHRASE_FILE, through scrypt) or a PKCS#11 token (TRUSTFABRIC_MASTER_KEY=pkcs11: wrapped under an
-    AES key that never leaves the token)."""
-    if settings.keystore == "pkcs11":
+    AES key that never leaves the token). With `db`, the file store shares its keys, encrypted, with every replica
+    on that database (keys/shared.py: a key one replica's CA rotation makes signs on all); a PKCS#11 store is one
+    token the replicas share already."""
+    files = _file_keystore(settings, create=create)
+    if files is None:
         return _token(settings, "the pkcs11 key store")
+    if db is None:
+        return files
+    from keys.shared import SharedKeyStore
+
+    return SharedKeyStore(files, db)
+
+
+def _file_keystore(settings: Settings, *, create: bool) -> FileKeyStore | None:
+    """The file key store of open_keystore, or None for the pkcs11 key store."""
+    if settings.keystore == "pkcs11":
+        return None
     if settings.keystore != "file":
         raise InvalidInput(f"unknown key store {settings.keystore!r} (use file or pkcs11)")
     if settings.master_key not in ("file", "pkcs11"):
@@ -113,7 +128,7 @@ class AppContext:
             migrate(db.engine)
             # the key store of an initialised database exists: never make a key file for one
             initialised = _initialised(settings, db)
-            keystore = open_keystore(settings, create=create and not initialised)
+            keystore = open_keystore(settings, create=create and not initialised, db=db)
         except BaseException:
             db.dispose()
             raise

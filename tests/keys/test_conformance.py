@@ -1,5 +1,6 @@
 """The KeyStore contract (SPIRE keymanagertest style): every test taking `store` runs against every
-implementation in keys/ -- encrypted files and a real SoftHSM2 token. A new implementation joins by
+implementation in keys/ -- encrypted files, the same shared through real SQLite and PostgreSQL, and a real SoftHSM2
+token. A new implementation joins by
 adding one entry to IMPLEMENTATIONS; test_every_implementation_is_conformance_tested fails until it does.
 """
 
@@ -21,16 +22,25 @@ from cryptography.x509.oid import NameOID
 from keys.errors import KeyExists, KeyNotFound, KeyStoreError
 from keys.file import FileKeyStore
 from keys.pkcs11 import Pkcs11KeyStore
+from keys.shared import SharedKeyStore
 from keys.store import KeyKind, KeyStore, Signer, hash_for, jwt_alg
+from store.db import Database
 from tests.keys.stores import PIN, softhsm_token
 
 
-def _file_store(tmp_path: Path, _monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyStore]:
+def _file_store(tmp_path: Path, _request: pytest.FixtureRequest) -> Iterator[KeyStore]:
     yield FileKeyStore.open(tmp_path / "keys", key_file=FileKeyStore.create_key_file(tmp_path / "k"))
 
 
-def _pkcs11_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyStore]:
-    module, label = softhsm_token(tmp_path, monkeypatch)
+def _shared_store(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KeyStore]:
+    """A file store sharing its keys through a real database: SQLite, and PostgreSQL (`shared_db` says which)."""
+    db: Database = request.getfixturevalue(request.param[1])
+    files = FileKeyStore.open(tmp_path / "keys", key_file=FileKeyStore.create_key_file(tmp_path / "k"))
+    yield SharedKeyStore(files, db)
+
+
+def _pkcs11_store(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KeyStore]:
+    module, label = softhsm_token(tmp_path, request.getfixturevalue("monkeypatch"))
     ks = Pkcs11KeyStore(module, label, PIN)
     try:
         yield ks
@@ -38,22 +48,28 @@ def _pkcs11_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[K
         ks.close()
 
 
-IMPLEMENTATIONS: dict[type, Callable[[Path, pytest.MonkeyPatch], Iterator[KeyStore]]] = {
+IMPLEMENTATIONS: dict[type, Callable[[Path, pytest.FixtureRequest], Iterator[KeyStore]]] = {
     FileKeyStore: _file_store,
+    SharedKeyStore: _shared_store,
     Pkcs11KeyStore: _pkcs11_store,
 }
+_DATABASES = {SharedKeyStore: ("sqlite_db", "postgres_db")}  # a store over a database runs on each real one
+_MARKS = {Pkcs11KeyStore: [pytest.mark.hsm], "postgres_db": [pytest.mark.postgres]}
 
 
 @pytest.fixture(
     params=[
-        pytest.param(cls, id=cls.__module__, marks=[pytest.mark.hsm] if cls is Pkcs11KeyStore else [])
+        pytest.param((cls, where), id=cls.__module__ + (f"-{where.split('_')[0]}" if where else ""),
+                     marks=[*_MARKS.get(cls, []), *_MARKS.get(where or "", [])])
         for cls in IMPLEMENTATIONS
+        for where in _DATABASES.get(cls, (None,))
     ]
 )
-def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyStore]:
-    built = IMPLEMENTATIONS[request.param](tmp_path, monkeypatch)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KeyStore]:
+    cls = request.param[0]
+    built = IMPLEMENTATIONS[cls](tmp_path, request)
     ks = next(built)
-    assert isinstance(ks, request.param)
+    assert isinstance(ks, cls)
     yield ks
     next(built, None)  # runs the builder's cleanup
 

@@ -12,6 +12,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from audit.checkpoint import AUDIT_KEY_ID
 from core.errors import InvalidInput, Unauthenticated
+from keys.errors import KeyExists
+from keys.shared import SharedKeyStore
 from keys.store import KeyKind
 from pki.ca import generation_cas
 from pki.errors import ForeignKeyStore
@@ -103,7 +105,11 @@ def test_a_replica_with_another_key_store_is_refused_and_writes_nothing(ctx: App
         assert _snapshot(tmp_path / "other") == before
         with ctx.db.read_session() as s:
             root = next(ca for ca in generation_cas(s, ("active",)) if ca.role == "root")
-        joining.keystore.generate(root.key_id, KeyKind.EC_P256)  # the name the database expects, another key
+        shared = joining.keystore
+        assert isinstance(shared, SharedKeyStore)
+        with pytest.raises(KeyExists, match="published in the database's shared keys"):
+            shared.generate(root.key_id, KeyKind.EC_P256)  # an id the trust domain holds is never made again
+        shared.files.generate(root.key_id, KeyKind.EC_P256)  # a key file of the name the database expects, another key
         before = _snapshot(tmp_path / "other")
         with pytest.raises(ForeignKeyStore, match=f"key {root.key_id!r} is not the one CA g1-root uses"):
             initialize(joining, None, "ec-p256")

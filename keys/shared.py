@@ -1,0 +1,115 @@
+"""File keys shared by the replicas of one trust domain through its database (issue 11).
+
+Every replica has a data directory, and so a keys/ directory, of its own; a key one of them generates (a CA
+rotation's, at half of the CA's life, on whichever replica runs the job) must sign on all of them. This store is a
+FileKeyStore whose generated keys are also published to the `key_blobs` table, and whose missing keys are fetched
+from there. A row is exactly the bytes of the key file: AES-256-GCM ciphertext under the master key with the key id
+and kind as associated data. The database and its backups never hold a private byte in clear, and only a holder of
+the master key can use a row, or make one another replica accepts (GCM authenticates it).
+
+- generate: the file, then its row in a transaction of its own, committed before generate returns: the row is
+  there before the CA row naming the key commits. On SQLite, where a rotation generates inside this thread's open
+  write transaction (which holds the one writer lock another transaction would wait for), the row joins that
+  transaction and commits with the CA row. A publish that fails removes the file: no key lives on one replica only.
+- get / exists of a key without a file: its row must decrypt under this store's master key (else WrongMasterKey,
+  nothing written), then it is written as the file (0600, tmp + link) and served. A file here always wins; a row
+  never overwrites a file with other bytes (KeyExists).
+- delete: the row and the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection, Table, delete, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from keys.errors import KeyExists, KeyNotFound
+from keys.file import FileKeyStore
+from keys.models import KeyBlob
+from keys.store import KeyKind, Signer, check_key_id
+from store.db import Database
+
+_TABLE: Table = KeyBlob.__table__  # type: ignore[attr-defined]
+_SOURCE = "the database's shared keys (key_blobs)"
+
+
+class SharedKeyStore:
+    """A FileKeyStore whose keys every replica on the same database and master key can use."""
+
+    def __init__(self, files: FileKeyStore, db: Database) -> None:
+        self.files = files
+        self._db = db
+
+    def __repr__(self) -> str:
+        return f"SharedKeyStore({self.files!r})"
+
+    def generate(self, key_id: str, kind: KeyKind) -> Signer:
+        """Create a key; an existing key_id (here or published by any replica) is KeyExists, never overwritten."""
+        kind = KeyKind(kind)
+        check_key_id(key_id)
+        if self._published(key_id) is not None:
+            raise KeyExists(f"key {key_id!r} exists already (published in {_SOURCE}); keys are never overwritten")
+        signer = self.files.generate(key_id, kind)
+        try:
+            self._publish(key_id, kind, self.files.blob(key_id))
+        except BaseException:
+            with contextlib.suppress(KeyNotFound):
+                self.files.delete(key_id)
+            raise
+        return signer
+
+    def get(self, key_id: str) -> Signer:
+        """The key, or KeyNotFound."""
+        try:
+            return self.files.get(key_id)
+        except KeyNotFound:
+            blob = self._published(key_id)
+            if blob is None:
+                raise KeyNotFound(
+                    f"no key {key_id!r} in the key store at {self.files.directory} nor in {_SOURCE}") from None
+        return self.files.adopt(key_id, blob, source=_SOURCE)
+
+    def exists(self, key_id: str) -> bool:
+        """Whether a key with this id is held (fetched first when only published)."""
+        if self.files.exists(key_id):
+            return True
+        blob = self._published(key_id)
+        if blob is None:
+            return False
+        self.files.adopt(key_id, blob, source=_SOURCE)
+        return True
+
+    def delete(self, key_id: str) -> None:
+        """Destroy the key, for every replica; KeyNotFound when there is none."""
+        check_key_id(key_id)
+        rows = self._write(lambda conn: conn.execute(delete(_TABLE).where(_TABLE.c.key_id == key_id)).rowcount)
+        try:
+            self.files.delete(key_id)
+        except KeyNotFound:
+            if not rows:
+                raise
+
+    def _published(self, key_id: str) -> bytes | None:
+        with self._db.statement() as conn:
+            row = conn.execute(select(_TABLE.c.blob).where(_TABLE.c.key_id == check_key_id(key_id))).first()
+        return None if row is None else bytes(row[0])
+
+    def _publish(self, key_id: str, kind: KeyKind, blob: bytes) -> None:
+        values = {"key_id": key_id, "kind": kind.value, "blob": blob, "created_at": datetime.now(UTC)}
+        try:
+            self._write(lambda conn: conn.execute(insert(_TABLE).values(**values)).rowcount)
+        except IntegrityError:  # another replica published this id between our check and now
+            raise KeyExists(f"key {key_id!r} was published meanwhile by another replica; keys are never "
+                            "overwritten") from None
+
+    def _write(self, statement: Callable[[Connection], int]) -> int:
+        """Run `statement` in a transaction of its own, committed on return; on SQLite inside this thread's open write
+        transaction on the database when there is one (its writer lock is ours: the check before is exact)."""
+        joined = self._db.open_session() if self._db.dialect == "sqlite" else None
+        if joined is not None:
+            return statement(joined.connection())
+        with self._db.engine.begin() as conn:
+            return statement(conn)
