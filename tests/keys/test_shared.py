@@ -70,7 +70,7 @@ def test_a_key_made_on_one_replica_is_fetched_as_an_identical_private_file(db: D
     assert b.get("jwt-g2-x").public_key() == made.public_key()
     with pytest.raises(KeyExists, match="published in the database's shared keys"):
         b.generate("jwt-g2-x", KeyKind.EC_P256)
-    with pytest.raises(KeyNotFound, match="no key 'other' in the key store at .* nor in the database's shared keys"):
+    with pytest.raises(KeyNotFound, match=r"no key 'other' in the key store at .* nor in the database's shared keys"):
         b.get("other")
 
 
@@ -91,7 +91,7 @@ def test_a_blob_never_overwrites_a_key_held_here(db: Database, tmp_path: Path) -
     a.generate("k", KeyKind.ED25519)
     mine = b.files.generate("k", KeyKind.ED25519)  # a file of that id made here, before it was fetched
     before = (tmp_path / "b" / "k.key").read_bytes()
-    with pytest.raises(KeyExists, match="differs from the key file k.key"):
+    with pytest.raises(KeyExists, match=r"differs from the key file k\.key"):
         b.files.adopt("k", a.files.blob("k"), source="the database")
     assert (tmp_path / "b" / "k.key").read_bytes() == before
     assert b.get("k").public_key() == mine.public_key()  # the file here is the key this replica signs with
