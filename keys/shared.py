@@ -92,6 +92,28 @@ class SharedKeyStore:
             if not rows:
                 raise
 
+    def publish_held(self, key_ids: list[str]) -> list[str]:
+        """Publish those of `key_ids` this store holds as files and the table does not: keys made before they were
+        shared (an upgraded install's first CA generation, audit and API-issuer keys). The ids published."""
+        published = []
+        for key_id in key_ids:
+            if not self.files.exists(key_id):
+                continue
+            row = self._published(key_id)
+            blob = self.files.blob(key_id)
+            if row is None:
+                try:
+                    self._publish(key_id, self.files.get(key_id).kind, blob)
+                except KeyExists:  # published meanwhile by another replica starting up: compared below
+                    row = self._published(key_id)
+                else:
+                    published.append(key_id)
+                    continue
+            if row is not None and row != blob:
+                raise KeyExists(f"key {key_id!r} in {_SOURCE} differs from the key file in {self.files.directory}; "
+                                "keys are never overwritten")
+        return published
+
     def _published(self, key_id: str) -> bytes | None:
         with self._db.statement() as conn:
             row = conn.execute(select(_TABLE.c.blob).where(_TABLE.c.key_id == check_key_id(key_id))).first()

@@ -184,6 +184,16 @@ def generation_cas(session: Session, states: Sequence[str]) -> list[CertificateA
     return list(rows)
 
 
+def key_ids_in_use(session: Session) -> list[str]:
+    """The key ids of every CA generation still in use: its CA key and its JWT-SVID key."""
+    ids = []
+    for ca in generation_cas(session, ("prepared", "active", "retiring")):
+        ids.append(ca.key_id)
+        if ca.jwt_key_id is not None:
+            ids.append(ca.jwt_key_id)
+    return ids
+
+
 def check_keys(session: Session, keystore: KeyStore) -> None:
     """ForeignKeyStore unless `keystore` holds the key of every CA generation still in use (and its JWT-SVID
     key), each the key its certificate names: a process opening a trust domain made elsewhere must bring the

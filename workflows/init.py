@@ -7,12 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from audit import Actor, ensure_audit_key
+from audit.checkpoint import AUDIT_KEY_ID
+from keys.shared import SharedKeyStore
 from keys.store import KeyKind
 from pki.ca import check_keys as check_ca_keys
+from pki.ca import key_ids_in_use
 from pki.errors import ForeignKeyStore
 from pki.service import init_trust_domain
 from pki.service import trust_domain as existing_trust_domain
-from pki.tokens.service import create_opaque_token, ensure_issuer_key, has_admin_token
+from pki.tokens.service import API_ISSUER_KEY_ID, create_opaque_token, ensure_issuer_key, has_admin_token
 from policy import service as policy_service
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
@@ -23,7 +26,8 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
     """Create the trust domain, audit key and admin token when missing; a second run changes nothing. On a
     database whose trust domain exists, the key store must be the one it was made with: ForeignKeyStore, with
     nothing written, instead of new audit and API-issuer keys nobody else trusts (a replica given a data
-    directory of its own)."""
+    directory of its own). The file key store's keys made before keys were shared between replicas (an upgraded
+    install) are shared from here on (keys/shared.py)."""
     with ctx.db.read_session() as session:
         found = existing_trust_domain(session)
         if found is not None:
@@ -50,6 +54,10 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
                 description="bootstrap admin token created by init",
             )
             expires_at = ctx.clock() + ttl
+    if isinstance(ctx.keystore, SharedKeyStore):  # keys made before keys were shared (an upgrade): shared now
+        with ctx.db.read_session() as session:
+            in_use = key_ids_in_use(session)
+        ctx.keystore.publish_held([*in_use, AUDIT_KEY_ID, API_ISSUER_KEY_ID])
     policy_version = seed_shipped_policy(ctx)
     return {"created": created, "trust_domain": trust_domain, "admin_token": token,
             "admin_token_expires_at": expires_at, "policy_version": policy_version}

@@ -128,3 +128,32 @@ def test_a_replica_with_another_master_key_is_refused_naming_the_cause(a: AppCon
         assert sorted(p.name for p in (tmp_path / "b" / "keys").iterdir()) == ["master.check"]  # nothing adopted
     finally:
         b.close()
+
+
+def test_keys_made_before_sharing_are_shared_from_the_next_start(ctx: AppContext, tmp_path: Path) -> None:
+    """An install upgraded to shared keys: its first CA generation, audit and API-issuer keys exist as files only,
+    so a replica given only the master key was refused; the next `init` (which `serve` runs) publishes them."""
+    a = replace(ctx, clock=_clock())
+    assert isinstance(a.keystore, SharedKeyStore)
+    initialize(replace(a, keystore=a.keystore.files), TD, "ec-p256")  # as before this version: files only
+    with a.db.session() as s:
+        register(s, "acme", "web", "frontend")
+    early = _replica(a, tmp_path / "early", keys=False)
+    try:
+        with pytest.raises(ForeignKeyStore, match="has no key 'ca-g1-root-"):
+            initialize(early, None, "ec-p256")
+    finally:
+        early.close()
+    initialize(a, None, "ec-p256")  # the upgraded replica starts again
+    b = _replica(a, tmp_path / "b", keys=False)
+    try:
+        assert initialize(b, None, "ec-p256")["created"] is False
+        for key_id in (AUDIT_KEY_ID, API_ISSUER_KEY_ID):
+            assert b.keystore.get(key_id).public_key() == a.keystore.get(key_id).public_key()
+        assert isinstance(b.clock, FrozenClock)
+        b.clock.now = datetime.now(UTC).replace(microsecond=0)
+        x509, token = _issue(b)
+        _verify(a, x509, token)
+        assert a.keystore.publish_held([AUDIT_KEY_ID]) == []  # once published, a start publishes nothing more
+    finally:
+        b.close()
