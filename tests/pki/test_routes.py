@@ -16,7 +16,7 @@ from sqlmodel import func, select
 from audit.models import AuditEvent
 from pki.models import IssuedSvid
 from tests.api.conftest import Env, make_settings, open_env, seed
-from tests.pki.helpers import make_csr, verify_chain
+from tests.pki.helpers import make_csr, openssl_csr, verify_chain
 
 TD = "example.org"
 
@@ -103,6 +103,14 @@ def test_issue_x509_refusals(env: Env, role: str, tenant: str | None, body: dict
     r = env.call("POST", "/v1/svids/x509", role, tenant, json=_x509_body(**body))
     assert r.status_code == status, r.text
     assert fragment in r.json()["reason"], r.json()
+    assert _counts(env) == before
+
+
+def test_issue_x509_refuses_a_sha1_csr_naming_the_algorithm(env: Env) -> None:
+    before = _counts(env)
+    r = env.call("POST", "/v1/svids/x509", "admin", json=_x509_body(csr=openssl_csr("rsa", "sha1").decode()))
+    assert r.status_code == 400, r.text
+    assert "sha1WithRSAEncryption (SHA-1) is not accepted" in r.json()["reason"], r.json()
     assert _counts(env) == before
 
 
