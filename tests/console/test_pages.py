@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from starlette.datastructures import UploadFile
 
 from api.console.pages_audit import check_inclusion, utc_param
@@ -162,6 +163,30 @@ def test_a_tenant_request_form_with_bad_ports_says_why(console_env: Env) -> None
     # acme holds no grant with globex/vault: that it is sensitive (security approves too) is not disclosed
     assert r.status_code == 200 and "Answered when you submit the request." in r.text and "security" not in r.text
     assert "<html" not in r.text, "an htmx request gets the fragment alone"
+
+
+@pytest.mark.parametrize("ttl", ["0", "soon", str(400 * 86400)])
+def test_a_tampered_request_form_gets_the_console_s_error_page(console_env: Env, ttl: str) -> None:
+    """A form value the page's own controls cannot send was answered with the API's raw JSON 422."""
+    env = console_env
+    client = sign_in(env, "tenant-admin", "acme")
+    csrf = csrf_of(client)
+    before = env.call("GET", "/v1/grants", "admin", params={"limit": 200}).json()["items"]
+    form = {"csrf": csrf, "src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp",
+            "ports": "8443", "ttl_seconds": ttl, "justification": "tampered"}
+    r = client.post("/console/grants", data=form)
+    assert r.status_code == 422 and r.headers["content-type"].startswith("text/html"), r.text
+    assert 'role="alert"' in r.text and "ttl_seconds" in r.text and "Sign out" in r.text, r.text
+    assert env.call("GET", "/v1/grants", "admin", params={"limit": 200}).json()["items"] == before
+    r = client.get("/console/grants/preview", params={"src_group": "web", "dst_tenant": "globex",
+                                                      "dst_group": "api", "ports": "8443", "ttl_seconds": ttl},
+                   headers={"HX-Request": "true"})
+    assert r.status_code == 422 and "ttl_seconds" in r.text and "<html" not in r.text, r.text
+    signed_out = TestClient(env.app, raise_server_exceptions=False, follow_redirects=False)
+    r = signed_out.post("/console/grants", data=form)  # no session: signed in first, as any page asks
+    assert r.status_code == 303 and r.headers["location"].startswith("/console/login")
+    api = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={**form, "ports": [8443], "ttl_seconds": 0})
+    assert api.status_code == 422 and api.json()["error"] == "invalid_request"  # the API's answer is unchanged
 
 
 def test_an_error_in_a_fragment_is_a_fragment(console_env: Env) -> None:
