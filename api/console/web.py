@@ -51,7 +51,23 @@ def _when(value: Any) -> str:
     return parsed.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def duration(seconds: Any) -> str:
+    """A TTL as the request form names it: '1 hour', '8 hours', '3 days'; another TTL in the same words, its
+    largest units first ('1 day 2 hours', '90 seconds' stays '1 minute 30 seconds')."""
+    try:
+        left = int(seconds)
+    except (TypeError, ValueError):
+        return str(seconds)
+    parts = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count} {unit}{'' if count == 1 else 's'}")
+    return " ".join(parts) or "0 seconds"
+
+
 env.filters["when"] = _when
+env.filters["duration"] = duration
 env.filters["q"] = lambda v: urllib.parse.quote(str(v), safe="")
 
 
