@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +34,15 @@ def status_for(exc: TrustfabricError) -> int:
 
 def error_body(code: str, reason: str, **extra: object) -> dict[str, object]:
     return {"error": code, "reason": reason, **extra}
+
+
+def validation_reason(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
+    """(the first problem as one line, 'body.ttl_seconds: ...', every problem as {loc, msg})."""
+    problems: list[dict[str, Any]] = [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", ""))} for e in exc.errors()
+    ]
+    first = problems[0] if problems else {"loc": [], "msg": "invalid request"}
+    return (f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else str(first["msg"])), problems
 
 
 def _internal(request: Request, exc: BaseException) -> JSONResponse:
@@ -68,11 +78,7 @@ def install_error_handlers(app: FastAPI) -> None:
                 await in_worker(request, authenticate, request, request.app.state.ctx)
             except TrustfabricError as refused:
                 return await _domain(request, refused)
-        problems = [
-            {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", ""))} for e in exc.errors()
-        ]
-        first = problems[0] if problems else {"loc": [], "msg": "invalid request"}
-        reason = f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else str(first["msg"])
+        reason, problems = validation_reason(exc)
         return JSONResponse(error_body("invalid_request", reason, problems=problems), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)

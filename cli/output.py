@@ -209,7 +209,7 @@ class View:
         cells = {c: [c.cell(item) for item in items] for c in self.columns}
         shown = list(self.columns)
         width = console.width
-        while _needed(shown, cells) > width and any(c.drop for c in shown):
+        while _needed(shown, cells) > table_width() and any(c.drop for c in shown):
             worst = max(c.drop for c in shown)
             shown = [c for c in shown if c.drop != worst]
         hidden = [c.header for c in self.columns if c not in shown]
@@ -286,7 +286,14 @@ def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
             table.add_column(col, overflow="fold")
     for row in cells:
         table.add_row(*row)
-    console.print(table)
+    console.print(table, width=table_width())
+
+
+def table_width() -> int:
+    """The width a table may take: one column short of the terminal's. A line that fills the last column leaves
+    the terminal waiting to wrap, and many terminals then join what comes next (the hidden-columns note on
+    stderr) to that line, or copy the two as one line."""
+    return max(console.width - 1, 1)
 
 
 # ---- failing in one line

@@ -10,7 +10,8 @@ class InvalidSpiffeId(InvalidInput):
 
 
 class InvalidCSR(InvalidInput):
-    """The CSR is not parseable PEM, its signature does not verify, or its key type is not accepted."""
+    """The CSR is not parseable PEM, its signature algorithm or key type is not accepted, or its signature does
+    not verify."""
 
 
 class TTLTooLong(InvalidInput):

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, SignatureAlgorithmOID
 
 from keys.store import Signer
 from pki.ca import sign_certificate
@@ -21,6 +22,39 @@ from pki.spiffe_id import SpiffeId
 
 MAX_CSR_BYTES = 16 * 1024
 LeafPublicKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | rsa.RSAPublicKey
+S = SignatureAlgorithmOID
+# The CSR's self-signature proves possession of its key only with a collision-resistant hash: SHA-2 of 256 bits or
+# more (RSA-PSS: its parameters' hash, checked below), or Ed25519. MD5 and SHA-1 are refused by name.
+ACCEPTED_SIGNATURES = frozenset({
+    S.ECDSA_WITH_SHA256, S.ECDSA_WITH_SHA384, S.ECDSA_WITH_SHA512, S.RSA_WITH_SHA256, S.RSA_WITH_SHA384,
+    S.RSA_WITH_SHA512, S.RSASSA_PSS, S.ED25519,
+})
+SIGNATURE_NAMES = {  # the refused ones a legacy client is likely to send; any other is named by its OID
+    S.RSA_WITH_MD5: "md5WithRSAEncryption (MD5)", S.RSA_WITH_SHA1: "sha1WithRSAEncryption (SHA-1)",
+    S.ECDSA_WITH_SHA1: "ecdsa-with-SHA1 (SHA-1)", S.DSA_WITH_SHA1: "dsa-with-sha1 (SHA-1)",
+    S.RSA_WITH_SHA224: "sha224WithRSAEncryption (SHA-224)", S.ECDSA_WITH_SHA224: "ecdsa-with-SHA224 (SHA-224)",
+    S.DSA_WITH_SHA224: "dsa-with-sha224", S.DSA_WITH_SHA256: "dsa-with-sha256", S.ED448: "Ed448",
+}
+STRONG_HASHES = ("sha256", "sha384", "sha512")
+
+
+def check_signature_algorithm(csr: x509.CertificateSigningRequest) -> None:
+    """InvalidCSR naming the CSR's signature algorithm when it is not accepted: said before the signature is
+    checked, since a weak one may not even be verifiable ("does not verify" would send the person looking for
+    the wrong key)."""
+    oid = csr.signature_algorithm_oid
+    weak = oid not in ACCEPTED_SIGNATURES
+    name = SIGNATURE_NAMES.get(oid, f"OID {oid.dotted_string}")
+    if not weak and oid == S.RSASSA_PSS:
+        try:
+            digest = csr.signature_hash_algorithm
+        except UnsupportedAlgorithm:
+            digest = None
+        weak = digest is None or digest.name not in STRONG_HASHES
+        name = f"RSASSA-PSS with {digest.name if digest is not None else 'an unknown hash'}"
+    if weak:
+        raise InvalidCSR(f"CSR signature algorithm {name} is not accepted: sign the request with SHA-256 or "
+                         "stronger (ECDSA or RSA with SHA-256/384/512, RSA-PSS, or Ed25519)")
 
 
 def parse_csr(csr_pem: bytes | str) -> LeafPublicKey:
@@ -32,6 +66,7 @@ def parse_csr(csr_pem: bytes | str) -> LeafPublicKey:
         csr = x509.load_pem_x509_csr(data)
     except ValueError:
         raise InvalidCSR("CSR is not a PEM-encoded PKCS#10 request (-----BEGIN CERTIFICATE REQUEST-----)") from None
+    check_signature_algorithm(csr)
     try:
         valid = csr.is_signature_valid
         key = csr.public_key()

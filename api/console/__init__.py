@@ -7,16 +7,26 @@ security headers are set by api/edge.py).
 
 from __future__ import annotations
 
+import inspect
 from functools import cache
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.staticfiles import StaticFiles
 
 from api.console.client import ApiError
 from api.console.session import PATH
-from api.console.web import CsrfRefused, NeedSignIn, on_api_error, on_csrf_refused, on_need_sign_in
+from api.console.web import (
+    CsrfRefused,
+    NeedSignIn,
+    on_api_error,
+    on_csrf_refused,
+    on_invalid_form,
+    on_need_sign_in,
+)
 from api.inclusion import include_shared
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -56,3 +66,14 @@ def install_console(app: FastAPI) -> None:
     app.add_exception_handler(NeedSignIn, on_need_sign_in)
     app.add_exception_handler(CsrfRefused, on_csrf_refused)
     app.add_exception_handler(ApiError, on_api_error)
+    api_invalid = app.exception_handlers[RequestValidationError]  # the API's JSON 422 (api/errors.py)
+
+    async def on_invalid(request: Request, exc: Exception) -> Response:
+        """One handler per exception class: a console path's bad form gets the console's page, the rest the API's."""
+        path = request.url.path
+        if isinstance(exc, RequestValidationError) and (path == PATH or path.startswith(PATH + "/")):
+            return await on_invalid_form(request, exc)
+        answer = api_invalid(request, exc)
+        return await answer if inspect.isawaitable(answer) else answer
+
+    app.add_exception_handler(RequestValidationError, on_invalid)

@@ -11,6 +11,7 @@ auditor's own copy of the audit public key.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
@@ -20,6 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from api.console.client import ApiError
 from api.console.web import render, signed_in
+from api.routes.audit import ACTION
 from api.routes.common import encode_cursor
 from audit import merkle
 from audit.checkpoint import load_public_key, verifier_key, verify_checkpoint
@@ -46,6 +48,16 @@ def utc_param(value: str, name: str) -> str | None:
     return parsed.isoformat()
 
 
+def action_param(value: str) -> str | None:
+    """An action filter as the API takes it; ValueError in words (the API's own reason is its pattern)."""
+    if not value:
+        return None
+    if not (3 <= len(value) <= 64 and re.fullmatch(ACTION, value)):
+        raise ValueError("action is an event name such as grant.approve or group.create: lowercase words "
+                         "(letters, digits, - or _) joined by dots, at least two of them")
+    return value
+
+
 @router.get("/audit")
 async def audit(request: Request, tenant: Opt = "", action: Opt = "",
                 actor: Annotated[str, Query(max_length=512)] = "", since: Opt = "", until: Opt = "",
@@ -54,7 +66,7 @@ async def audit(request: Request, tenant: Opt = "", action: Opt = "",
 
     async def read() -> dict[str, Any]:
         page: dict[str, Any] = await session.api.get(
-            "/v1/audit/events", limit=PAGE, cursor=cursor, tenant=tenant or None, action=action or None,
+            "/v1/audit/events", limit=PAGE, cursor=cursor, tenant=tenant or None, action=action_param(action),
             actor=actor.strip() or None, since=utc_param(since, "since"), until=utc_param(until, "until"))
         return page
 
@@ -151,7 +163,7 @@ async def export(request: Request, csrf: Annotated[str, Form(max_length=200)] = 
     session = await signed_in(request, csrf=csrf, change=True)
 
     async def start() -> tuple[int, dict[str, str], AsyncIterator[bytes]] | None:
-        body = {"format": format, "tenant": tenant or None, "action": action or None,
+        body = {"format": format, "tenant": tenant or None, "action": action_param(action),
                 "since": utc_param(since, "since"), "until": utc_param(until, "until")}
         return await session.api.stream("POST", "/v1/audit/exports", body)
 

@@ -11,11 +11,11 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import Response
 
 from api.console.client import ApiError
-from api.console.web import Session, render, see_other, seg, signed_in
+from api.console.web import Session, duration, render, see_other, seg, signed_in
 
 router = APIRouter()
 TENANT_ROLES = ("tenant-admin", "tenant-member")
-TTLS = [(3600, "1 hour"), (8 * 3600, "8 hours"), (86400, "1 day"), (3 * 86400, "3 days"), (7 * 86400, "7 days")]
+TTLS = [(s, duration(s)) for s in (3600, 8 * 3600, 86400, 3 * 86400, 7 * 86400)]  # "1 hour" ... "7 days"
 STATES = ("pending", "active", "expired", "revoked", "rejected", "denied")
 Csrf = Annotated[str, Form(max_length=200)]
 Text = Annotated[str, Form(max_length=2000)]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
@@ -23,6 +24,7 @@ from api.console.session import (
     csrf_token,
     whoami,
 )
+from api.errors import validation_reason
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HOME = {"tenant-admin": "tenant", "tenant-member": "tenant", "security": "/console/policy",
@@ -49,7 +51,23 @@ def _when(value: Any) -> str:
     return parsed.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def duration(seconds: Any) -> str:
+    """A TTL as the request form names it: '1 hour', '8 hours', '3 days'; another TTL in the same words, its
+    largest units first ('1 day 2 hours', '90 seconds' stays '1 minute 30 seconds')."""
+    try:
+        left = int(seconds)
+    except (TypeError, ValueError):
+        return str(seconds)
+    parts = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count} {unit}{'' if count == 1 else 's'}")
+    return " ".join(parts) or "0 seconds"
+
+
 env.filters["when"] = _when
+env.filters["duration"] = duration
 env.filters["q"] = lambda v: urllib.parse.quote(str(v), safe="")
 
 
@@ -139,15 +157,32 @@ async def on_csrf_refused(request: Request, _exc: Exception) -> Response:
                       "Reload the page and try again.")
 
 
+async def _session_if_any(request: Request) -> Session | None:
+    """The request's session for the error page's navigation, None without a live one."""
+    token = request.cookies.get(SESSION_COOKIE)
+    if token:
+        try:
+            return Session(token, await whoami(request, token), api_for(request, token))
+        except ApiError:
+            return None
+    return None
+
+
 async def on_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     if exc.status == 401:
         return await on_need_sign_in(request, exc)
-    session = None
-    token = request.cookies.get(SESSION_COOKIE)
-    if token:
-        try:
-            session = Session(token, await whoami(request, token), api_for(request, token))
-        except ApiError:
-            session = None
-    return error_page(request, session, exc.status, exc.reason)
+    return error_page(request, await _session_if_any(request), exc.status, exc.reason)
+
+
+async def on_invalid_form(request: Request, exc: RequestValidationError) -> Response:
+    """A form or query the page's own controls cannot send (a tampered TTL, a word for a number): refused before
+    the page ran, so nothing was written; shown as the console's error page, after sign-in as any page is."""
+    session = await _session_if_any(request)
+    if session is None:
+        return await on_need_sign_in(request, exc)
+    loc, _problems = validation_reason(exc)
+    field, _, problem = loc.partition(": ")
+    name = field.rsplit(".", 1)[-1]
+    return error_page(request, session, 422, f"The form's field {name!r} was refused: {problem or loc}. "
+                      "Reload the page and use its controls.")

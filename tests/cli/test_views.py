@@ -76,6 +76,22 @@ def test_ids_are_never_cut_at_80_columns(cli: Cli, world: dict[str, Any]) -> Non
     assert spiffe in cli.run("workload", "list", "acme", token=world["admin"], COLUMNS="80").stdout
 
 
+def test_the_hidden_columns_note_starts_on_its_own_line(cli: Cli, world: dict[str, Any]) -> None:
+    """A table line that filled the terminal's last column left the terminal waiting to wrap: the note on
+    stderr then read as the table's last line continued ("tcp/9999(expires, why hidden...", found walking the
+    CLI). No table line reaches the last column, at any width that hides a column."""
+    noted = 0
+    for width in range(50, 121, 5):
+        r = cli.run("grant", "list", token=world["admin"], COLUMNS=str(width))
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert r.stdout.endswith("\n") and max(len(line) for line in lines) < width, (width, r.stdout)
+        if r.stderr:
+            noted += 1
+            assert r.stderr.startswith("(") and r.stderr.count("\n") == 1, (width, r.stderr)
+    assert noted, "no width hid a column: the test saw no note"
+
+
 def test_times_are_local(cli: Cli, world: dict[str, Any]) -> None:
     out = cli.run("tenant", "show", "acme", token=world["admin"], TZ="Asia/Tokyo").stdout
     # a tenant shown within its first minute reads "(now)"

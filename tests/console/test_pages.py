@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from starlette.datastructures import UploadFile
 
 from api.console.pages_audit import check_inclusion, utc_param
 from api.console.pages_grants import parse_ports
 from api.console.pages_policy import heat, modules_from_upload
+from api.console.web import duration
 from audit import Actor
 from audit.checkpoint import load_public_key
 from audit.verify import verify_export
@@ -114,8 +116,10 @@ def test_the_actor_filter_and_bad_filters(console_env: Env) -> None:
     assert r.status_code == 200
     shown = [int(n) for n in re.findall(r'<td><a href="/console/audit/events/(\d+)">', r.text)]
     assert shown == want[:100], "exactly that actor's events, applied by the API"
-    r = client.get("/console/audit", params={"action": "NOT AN ACTION"})
-    assert r.status_code == 422 and 'role="alert"' in r.text
+    for bad in ("NOT AN ACTION", "grant", "x" * 64):  # in words, never the API's regular expression
+        r = client.get("/console/audit", params={"action": bad})
+        assert r.status_code == 400 and 'role="alert"' in r.text and "such as grant.approve" in r.text, r.text
+        assert "[a-z" not in r.text and "pattern" not in r.text, r.text
     r = client.get("/console/decisions", params={"since": "31/12/2026"})
     assert r.status_code == 400
 
@@ -162,6 +166,54 @@ def test_a_tenant_request_form_with_bad_ports_says_why(console_env: Env) -> None
     # acme holds no grant with globex/vault: that it is sensitive (security approves too) is not disclosed
     assert r.status_code == 200 and "Answered when you submit the request." in r.text and "security" not in r.text
     assert "<html" not in r.text, "an htmx request gets the fragment alone"
+
+
+@pytest.mark.parametrize("ttl", ["0", "soon", str(400 * 86400)])
+def test_a_tampered_request_form_gets_the_console_s_error_page(console_env: Env, ttl: str) -> None:
+    """A form value the page's own controls cannot send was answered with the API's raw JSON 422."""
+    env = console_env
+    client = sign_in(env, "tenant-admin", "acme")
+    csrf = csrf_of(client)
+    before = env.call("GET", "/v1/grants", "admin", params={"limit": 200}).json()["items"]
+    form = {"csrf": csrf, "src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp",
+            "ports": "8443", "ttl_seconds": ttl, "justification": "tampered"}
+    r = client.post("/console/grants", data=form)
+    assert r.status_code == 422 and r.headers["content-type"].startswith("text/html"), r.text
+    assert 'role="alert"' in r.text and "ttl_seconds" in r.text and "Sign out" in r.text, r.text
+    assert env.call("GET", "/v1/grants", "admin", params={"limit": 200}).json()["items"] == before
+    r = client.get("/console/grants/preview", params={"src_group": "web", "dst_tenant": "globex",
+                                                      "dst_group": "api", "ports": "8443", "ttl_seconds": ttl},
+                   headers={"HX-Request": "true"})
+    assert r.status_code == 422 and "ttl_seconds" in r.text and "<html" not in r.text, r.text
+    signed_out = TestClient(env.app, raise_server_exceptions=False, follow_redirects=False)
+    r = signed_out.post("/console/grants", data=form)  # no session: signed in first, as any page asks
+    assert r.status_code == 303 and r.headers["location"].startswith("/console/login")
+    api = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={**form, "ports": [8443], "ttl_seconds": 0})
+    assert api.status_code == 422 and api.json()["error"] == "invalid_request"  # the API's answer is unchanged
+
+
+def test_times_ttls_and_the_icon_read_as_on_the_other_pages(console_env: Env) -> None:
+    """The audit event page printed its time as raw ISO with microseconds, the grant page a TTL as '3600 s'
+    where the form said '1 hour', and /favicon.ico was a 404 on every page (found walking the console)."""
+    env = console_env
+    auditor = sign_in(env, "auditor")
+    r = auditor.get("/console/audit/events/0")
+    assert r.status_code == 200
+    assert re.search(r"<dt>Time</dt><dd>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC</dd>", r.text), r.text
+    acme = sign_in(env, "tenant-admin", "acme")
+    form = acme.get("/console/grants").text
+    assert '<option value="3600">1 hour</option>' in form and '<option value="259200">3 days</option>' in form
+    made = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={
+        "src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [8443],
+        "ttl_seconds": 3 * 86400, "justification": "ttl label"}).json()
+    r = acme.get(f"/console/grants/{made['id']}")
+    assert "<dd>3 days once active</dd>" in r.text and " s once active" not in r.text, r.text
+    assert duration(3600) == "1 hour" and duration(93784) == "1 day 2 hours 3 minutes 4 seconds"
+    icon = re.search(r'<link rel="icon" href="([^"]+)"', r.text)
+    assert icon, "no icon link: the browser asks /favicon.ico, a 404"
+    got = acme.get(icon.group(1))
+    assert got.status_code == 200 and got.headers["content-type"].startswith("image/svg+xml")
+    assert got.content.startswith(b"<svg") and "http" not in icon.group(1)  # served here, nothing fetched
 
 
 def test_an_error_in_a_fragment_is_a_fragment(console_env: Env) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 from datetime import UTC, datetime
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -55,6 +58,18 @@ def make_csr(key: ec.EllipticCurvePrivateKey | None = None, *, sans: list[x509.G
         builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
     return builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
+
+
+def openssl_csr(key_type: str, digest: str) -> bytes:
+    """A CSR made and signed by the openssl command with a fresh key ("ec" P-256 or "rsa" 2048) and `digest`
+    (sha1, md5: the library refuses to sign with those, as a legacy client's openssl does not)."""
+    with tempfile.TemporaryDirectory(prefix="tf-csr-") as tmp:
+        key = Path(tmp) / "key.pem"
+        make = (["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)] if key_type == "ec"
+                else ["openssl", "genrsa", "-out", str(key), "2048"])
+        subprocess.run(make, check=True, capture_output=True)
+        return subprocess.run(["openssl", "req", "-new", "-key", str(key), "-subj", "/CN=legacy", f"-{digest}"],
+                              check=True, capture_output=True).stdout
 
 
 def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

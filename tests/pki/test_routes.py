@@ -16,7 +16,7 @@ from sqlmodel import func, select
 from audit.models import AuditEvent
 from pki.models import IssuedSvid
 from tests.api.conftest import Env, make_settings, open_env, seed
-from tests.pki.helpers import make_csr, verify_chain
+from tests.pki.helpers import make_csr, openssl_csr, verify_chain
 
 TD = "example.org"
 
@@ -106,6 +106,14 @@ def test_issue_x509_refusals(env: Env, role: str, tenant: str | None, body: dict
     assert _counts(env) == before
 
 
+def test_issue_x509_refuses_a_sha1_csr_naming_the_algorithm(env: Env) -> None:
+    before = _counts(env)
+    r = env.call("POST", "/v1/svids/x509", "admin", json=_x509_body(csr=openssl_csr("rsa", "sha1").decode()))
+    assert r.status_code == 400, r.text
+    assert "sha1WithRSAEncryption (SHA-1) is not accepted" in r.json()["reason"], r.json()
+    assert _counts(env) == before
+
+
 def test_jwt_svid_route(env: Env) -> None:
     r = env.call("POST", "/v1/svids/jwt", "tenant-admin", "acme",
                  json={"tenant": "acme", "group": "web", "workload": "web-1", "audience": ["svc"]})
@@ -116,6 +124,24 @@ def test_jwt_svid_route(env: Env) -> None:
     bad = env.call("POST", "/v1/svids/jwt", "admin", json={"tenant": "acme", "group": "web", "workload": "web-1",
                                                             "audience": []})
     assert bad.status_code == 422 and "audience" in bad.json()["reason"]
+
+
+@pytest.mark.parametrize(("audience", "fragment"), [
+    (["a\nb"], "audience[0] contains the control character U+000A"),
+    (["svc", "x\u0085y"], "audience[1] contains the control character U+0085"),
+    (["svc", "other", "svc"], "audience[2] repeats 'svc' (audience[0])"),
+])
+def test_jwt_svid_audience_refusals(env: Env, audience: list[str], fragment: str) -> None:
+    """Control characters in an audience, and an audience named twice, were accepted and signed."""
+    before = _counts(env)
+    r = env.call("POST", "/v1/svids/jwt", "admin", json={"tenant": "acme", "group": "web", "workload": "web-1",
+                                                          "audience": audience})
+    assert r.status_code == 400, r.text
+    assert fragment in r.json()["reason"], r.json()
+    assert _counts(env) == before
+    same_case = env.call("POST", "/v1/svids/jwt", "admin", json={"tenant": "acme", "group": "web",
+                                                                 "workload": "web-1", "audience": ["svc", "SVC"]})
+    assert same_case.status_code == 201 and same_case.json()["audience"] == ["svc", "SVC"]  # case-sensitive
 
 
 def test_revoke_and_crl(env: Env) -> None:

@@ -3,6 +3,7 @@ SPIFFE one; every rejected request leaves no SVID row and no audit event."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +33,18 @@ from pki.errors import (
 )
 from pki.models import CertificateAuthority
 from store.db import Database
-from tests.pki.helpers import ADMIN, TD, actions, counts, key_pem, make_csr, make_key, register, verify_chain
+from tests.pki.helpers import (
+    ADMIN,
+    TD,
+    actions,
+    counts,
+    key_pem,
+    make_csr,
+    make_key,
+    openssl_csr,
+    register,
+    verify_chain,
+)
 
 
 def _issue(db: Database, ks: FileKeyStore, clock: FrozenClock, **kw: object) -> service.IssuedX509:
@@ -153,6 +165,20 @@ def test_rejections_store_nothing(
     before = counts(pki_db)
     with pytest.raises(error, match=message):
         _issue(pki_db, keystore, clock, **kwargs)
+    assert counts(pki_db) == before
+
+
+@pytest.mark.parametrize(("key_type", "digest", "named"), [
+    ("ec", "sha1", "ecdsa-with-SHA1 (SHA-1)"), ("rsa", "sha1", "sha1WithRSAEncryption (SHA-1)"),
+    ("rsa", "md5", "md5WithRSAEncryption (MD5)"),
+])
+def test_csr_signed_with_a_weak_hash_is_refused_naming_the_algorithm(
+    pki_db: Database, keystore: FileKeyStore, clock: FrozenClock, key_type: str, digest: str, named: str,
+) -> None:
+    """It was refused as "signature does not verify", which sends the person looking for the wrong key."""
+    before = counts(pki_db)
+    with pytest.raises(InvalidCSR, match=re.escape(f"signature algorithm {named} is not accepted")):
+        _issue(pki_db, keystore, clock, csr_pem=openssl_csr(key_type, digest))
     assert counts(pki_db) == before
 
 
