@@ -73,12 +73,12 @@ def chain_pem(issued: dict[str, Any]) -> bytes:
 
 
 def roots_of(bundle: dict[str, Any]) -> list[x509.Certificate]:
-    """The X.509 roots of a SPIFFE bundle (its x509-svid keys' x5c)."""
+    """The X.509 roots of a SPIFFE bundle: the first x5c value of each x509-svid key; X509-SVID spec 6.2 says
+    the others MUST be ignored (they are the root's own issuers, not anchors of this trust domain)."""
     out = []
     for k in bundle.get("keys") or []:
-        if isinstance(k, dict) and k.get("use") == "x509-svid":
-            for der in k.get("x5c") or []:
-                out.append(x509.load_der_x509_certificate(base64.b64decode(der)))
+        if isinstance(k, dict) and k.get("use") == "x509-svid" and k.get("x5c"):
+            out.append(x509.load_der_x509_certificate(base64.b64decode(k["x5c"][0])))
     if not out:
         raise AgentError("the trust bundle holds no X.509 root")
     return out

@@ -183,3 +183,26 @@ def test_a_ca_rotation_reaches_the_workload_through_its_stream(served: Served, g
         bundle = source.get_bundle_for_trust_domain(svid.spiffe_id.trust_domain)
         assert bundle is not None and len(bundle.x509_authorities) >= 2  # old and new roots during the overlap
     assert gpu1.api.placements()
+
+
+def test_only_the_first_x5c_value_of_a_bundle_key_is_a_root() -> None:
+    """X509-SVID spec 6.2: of an x509-svid key's `x5c`, all but the first MUST be ignored; a key without `x5c`,
+    or of another `use`, is ignored. Every value used to become a trust anchor of the agent and its workloads."""
+    import base64
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    from agent.identity import roots_of
+    from tests.pki.helpers import self_signed_pem
+
+    def der(pem: str) -> str:
+        cert = x509.load_pem_x509_certificate(pem.encode())
+        return base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()
+
+    root, other, stray = self_signed_pem("root"), self_signed_pem("other"), self_signed_pem("stray")
+    bundle = {"keys": [{"use": "x509-svid", "kty": "EC", "x5c": [der(root), der(other)]},
+                       {"use": "x509-svid", "kty": "EC"},
+                       {"use": "x509-svid", "kty": "EC", "x5c": []},
+                       {"use": "future-svid", "kty": "EC", "x5c": [der(stray)]}]}
+    assert [r.subject.rfc4514_string() for r in roots_of(bundle)] == ["CN=root"]
