@@ -34,6 +34,7 @@ from agent.identity import NodeIdentity, roots_of
 from agent.metrics import AgentMetrics
 from agent.peercred import Caller, PeerCredRelay
 from agent.svids import NotSynced, WorkloadSvids
+from pki.spiffe_id import SpiffeId
 
 log = logging.getLogger("trustfabric.agent.workload_api")
 
@@ -77,6 +78,11 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
     def _bundle_der(self) -> bytes:
         bundle = self.identity.bundle or {}
         return b"".join(c.public_bytes(serialization.Encoding.DER) for c in roots_of(bundle))
+
+    def _td_id(self) -> str:
+        """The key of a bundle map: the trust domain's SPIFFE ID, `spiffe://<td>` (workloadapi.proto, Workload API
+        spec 6.3), as SPIRE sends it; a bare name is accepted by lenient clients only."""
+        return str(SpiffeId(self.identity.trust_domain, ""))
 
     def _jwks(self) -> dict[str, Any]:
         bundle = self.identity.bundle or {}
@@ -124,7 +130,7 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         def answer() -> Any:
             if not self._placements(caller, context):
                 return None
-            return workload_pb2.X509BundlesResponse(bundles={self.identity.trust_domain: self._bundle_der()})
+            return workload_pb2.X509BundlesResponse(bundles={self._td_id(): self._bundle_der()})
 
         yield from self._stream(context, "FetchX509Bundles", answer)
 
@@ -157,7 +163,7 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
             if not self._placements(caller, context):
                 return None
             jwks = json.dumps(self._jwks(), sort_keys=True).encode()
-            return workload_pb2.JWTBundlesResponse(bundles={self.identity.trust_domain: jwks})
+            return workload_pb2.JWTBundlesResponse(bundles={self._td_id(): jwks})
 
         yield from self._stream(context, "FetchJWTBundles", answer)
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from spiffe import JwtSource, WorkloadApiClient, X509Source
@@ -183,6 +184,60 @@ def test_a_ca_rotation_reaches_the_workload_through_its_stream(served: Served, g
         bundle = source.get_bundle_for_trust_domain(svid.spiffe_id.trust_domain)
         assert bundle is not None and len(bundle.x509_authorities) >= 2  # old and new roots during the overlap
     assert gpu1.api.placements()
+
+
+def _stub(agent: Agent) -> Any:
+    import grpc
+    from spiffe._proto import workload_pb2_grpc
+
+    channel = grpc.insecure_channel(f"unix:{agent.workload_api.socket_path}")
+    return channel, workload_pb2_grpc.SpiffeWorkloadAPIStub(channel)
+
+
+HEADER = [("workload.spiffe.io", "true")]
+
+
+def test_every_rpc_refuses_a_request_without_the_exact_security_header(gpu1: Agent) -> None:
+    """Workload Endpoint spec 3 and 6: `workload.spiffe.io: true` (case sensitive) on every request, else
+    InvalidArgument, on all five RPCs, before anything else is looked at."""
+    import grpc
+    from spiffe._proto import workload_pb2 as pb
+
+    channel, stub = _stub(gpu1)
+    calls = {
+        "FetchX509SVID": lambda md: next(iter(stub.FetchX509SVID(pb.X509SVIDRequest(), timeout=5, metadata=md))),
+        "FetchX509Bundles": lambda md: next(iter(stub.FetchX509Bundles(pb.X509BundlesRequest(), timeout=5,
+                                                                      metadata=md))),
+        "FetchJWTBundles": lambda md: next(iter(stub.FetchJWTBundles(pb.JWTBundlesRequest(), timeout=5, metadata=md))),
+        "FetchJWTSVID": lambda md: stub.FetchJWTSVID(pb.JWTSVIDRequest(audience=["a"]), timeout=5, metadata=md),
+        "ValidateJWTSVID": lambda md: stub.ValidateJWTSVID(pb.ValidateJWTSVIDRequest(audience="a", svid="x.y.z"),
+                                                           timeout=5, metadata=md),
+    }
+    with channel:
+        for name, call in calls.items():
+            for metadata in (None, [("workload.spiffe.io", "True")], [("workload.spiffe.io", "1")]):
+                with pytest.raises(grpc.RpcError) as exc:
+                    call(metadata)
+                assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, metadata)
+
+
+def test_bundle_maps_are_keyed_by_the_trust_domain_spiffe_id(gpu1: Agent) -> None:
+    """workloadapi.proto and Workload API spec 6.3: FetchX509Bundles' and FetchJWTBundles' maps are keyed by the
+    SPIFFE ID of the trust domain (`spiffe://example.org`, as SPIRE sends); the bare name `example.org` was sent,
+    which py-spiffe happens to accept but a strict client looking up `spiffe://example.org` does not find."""
+    from spiffe import JwtBundle, TrustDomain, X509Bundle
+    from spiffe._proto import workload_pb2 as pb
+
+    channel, stub = _stub(gpu1)
+    with channel:
+        x509_bundles = next(iter(stub.FetchX509Bundles(pb.X509BundlesRequest(), timeout=10, metadata=HEADER)))
+        jwt_bundles = next(iter(stub.FetchJWTBundles(pb.JWTBundlesRequest(), timeout=10, metadata=HEADER)))
+    assert list(x509_bundles.bundles) == ["spiffe://example.org"]
+    assert list(jwt_bundles.bundles) == ["spiffe://example.org"]
+    roots = X509Bundle.parse_raw(TrustDomain("example.org"), x509_bundles.bundles["spiffe://example.org"])
+    assert roots.x509_authorities and all(r.subject == r.issuer for r in roots.x509_authorities)
+    jwks = JwtBundle.parse(TrustDomain("example.org"), jwt_bundles.bundles["spiffe://example.org"])
+    assert jwks.jwt_authorities  # JWT-SVID keys only (each with its kid), which py-spiffe's parser demands
 
 
 def test_only_the_first_x5c_value_of_a_bundle_key_is_a_root() -> None:
