@@ -34,13 +34,16 @@ from agent.identity import NodeIdentity, roots_of
 from agent.metrics import AgentMetrics
 from agent.peercred import Caller, PeerCredRelay
 from agent.svids import NotSynced, WorkloadSvids
-from pki.spiffe_id import SpiffeId
+from pki.errors import InvalidSpiffeId
+from pki.spiffe_id import SpiffeId, parse_spiffe_id
 
 log = logging.getLogger("trustfabric.agent.workload_api")
 
 HEADER = ("workload.spiffe.io", "true")
 STREAM_POLL = 1.0  # seconds between checks of a streaming caller's answer (and of the client still being there)
-JWT_ALGORITHMS = ["ES256", "ES384", "EdDSA"]
+# JWT-SVID spec 2.1: RFC 7518 3.3-3.5 only (RSA PKCS#1, ECDSA, RSA-PSS); any other `alg` (EdDSA, HS*, none) is refused
+JWT_ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"]
+JWT_TYPES = ("JWT", "JOSE")  # JWT-SVID spec 2.3: `typ` is optional, and one of these when set
 
 
 class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
@@ -182,14 +185,21 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         return workload_pb2.ValidateJWTSVIDResponse(spiffe_id=str(claims["sub"]), claims=struct)
 
     def _validate(self, token: str, audience: str) -> dict[str, Any]:
-        kid = jwt.get_unverified_header(token).get("kid")
+        header = jwt.get_unverified_header(token)
+        if "typ" in header and header["typ"] not in JWT_TYPES:
+            raise ValueError(f"typ {header['typ']!r} is neither JWT nor JOSE")
+        kid = header.get("kid")
         key = next((k for k in self._jwks()["keys"] if k.get("kid") == kid), None)
         if key is None:
             raise ValueError(f"no key {kid!r} in the trust bundle")
         claims: dict[str, Any] = jwt.decode(token, jwt.PyJWK(key).key, algorithms=JWT_ALGORITHMS, audience=audience,
                                             options={"require": ["sub", "aud", "exp"]})
-        if not str(claims["sub"]).startswith(f"spiffe://{self.identity.trust_domain}/"):
-            raise ValueError("the subject is not in this trust domain")
+        try:  # sub is a SPIFFE ID (JWT-SVID spec 3.1): parsed by the spec's rules, not matched as a string prefix
+            sub = parse_spiffe_id(claims["sub"])
+        except InvalidSpiffeId as exc:
+            raise ValueError(f"sub is not a SPIFFE ID: {exc}") from None
+        if sub.trust_domain != self.identity.trust_domain or not sub.path:
+            raise ValueError("the subject is not a workload of this trust domain")
         return claims
 
 

@@ -240,6 +240,62 @@ def test_bundle_maps_are_keyed_by_the_trust_domain_spiffe_id(gpu1: Agent) -> Non
     assert jwks.jwt_authorities  # JWT-SVID keys only (each with its kid), which py-spiffe's parser demands
 
 
+def test_validate_jwt_svid_refuses_what_the_jwt_svid_spec_forbids(gpu1: Agent) -> None:
+    """JWT-SVID spec 2.1 (`alg` only RS/ES/PS 256-512: EdDSA was accepted), 2.3 (`typ`, when set, JWT or JOSE:
+    any was accepted) and 3.1 (`sub` a SPIFFE ID: a string prefix was enough, so `.../../x` passed). The tokens are
+    signed by a second JWT authority placed in the agent's trust bundle for the test (as a CA rotation adds one),
+    so only the rule under test differs from the token that validates."""
+    import base64
+
+    import grpc
+    import jwt as pyjwt
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+    from spiffe._proto import workload_pb2 as pb
+
+    from pki.bundle import jwk_for
+
+    ec_key, ed_key = ec.generate_private_key(ec.SECP256R1()), ed25519.Ed25519PrivateKey.generate()
+    extra = [{"use": "jwt-svid", "kid": "test-ec", **jwk_for(ec_key.public_key())},
+             {"use": "jwt-svid", "kid": "test-ed", **jwk_for(ed_key.public_key())}]
+    now = int(time.time())
+
+    def token(*, sub: str = W1, alg: str = "ES256", typ: str | None = "JWT") -> str:
+        headers: dict[str, Any] = {"kid": "test-ed" if alg == "EdDSA" else "test-ec"}
+        if typ is not None:
+            headers["typ"] = typ
+        key = ed_key if alg == "EdDSA" else ec_key
+        return pyjwt.encode({"sub": sub, "aud": ["svc"], "exp": now + 300, "iat": now}, key, algorithm=alg,
+                            headers=headers)
+
+    bundle = gpu1.identity.bundle
+    assert bundle is not None
+    gpu1.identity.bundle = {**bundle, "keys": [*bundle["keys"], *extra]}
+    channel, stub = _stub(gpu1)
+    try:
+        with channel:
+            def validate(svid: str) -> Any:
+                return stub.ValidateJWTSVID(pb.ValidateJWTSVIDRequest(audience="svc", svid=svid), timeout=10,
+                                            metadata=HEADER)
+
+            for good in (token(), token(typ="JOSE"), token(typ=None)):
+                assert validate(good).spiffe_id == W1
+            bad = {
+                "EdDSA": token(alg="EdDSA"), "typ": token(typ="at+jwt"), "dot-segment": token(sub=W1 + "/../w2"),
+                "query": token(sub=W1 + "?x=1"), "no path": token(sub="spiffe://example.org"),
+                "uppercase td": token(sub=W1.replace("example.org", "EXAMPLE.org")),
+            }
+            for name, svid in bad.items():
+                with pytest.raises(grpc.RpcError) as exc:
+                    validate(svid)
+                assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+            unsigned = base64.urlsafe_b64encode(b'{"alg":"none","kid":"test-ec"}').rstrip(b"=").decode()
+            with pytest.raises(grpc.RpcError) as exc:
+                validate(f"{unsigned}.{token().split('.')[1]}.")
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        gpu1.identity.bundle = bundle
+
+
 def test_only_the_first_x5c_value_of_a_bundle_key_is_a_root() -> None:
     """X509-SVID spec 6.2: of an x509-svid key's `x5c`, all but the first MUST be ignored; a key without `x5c`,
     or of another `use`, is ignored. Every value used to become a trust anchor of the agent and its workloads."""
