@@ -217,6 +217,12 @@ class WorkloadApiServer:
         self.servicer.relay = self.relay
         self.socket_path = socket_path
 
+    @property
+    def endpoint(self) -> str:
+        """The socket as a workload's SPIFFE_ENDPOINT_SOCKET wants it (Workload Endpoint spec 4): a `unix` URI with
+        no authority and the absolute path, `unix:///run/x/api.sock` (a relative path is no URI path here)."""
+        return f"unix://{self.socket_path.absolute()}"
+
     def stop(self) -> None:
         self.relay.close()
         self.server.stop(grace=0.5).wait(5)

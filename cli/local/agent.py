@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
         signal.signal(signal.SIGTERM, lambda *_: agent.stop_event.set())
         typer.echo(f"agent {node}: {agent.identity.svid.spiffe_id if agent.identity.svid else '?'}; "
                    f"devices: {', '.join(x.device for x in agent.loops) or 'none'}; Workload API: "
-                   f"{agent.workload_api.socket_path if agent.workload_api else 'off'}")
+                   f"{'SPIFFE_ENDPOINT_SOCKET=' + agent.workload_api.endpoint if agent.workload_api else 'off'}")
         try:
             agent.wait()
         except KeyboardInterrupt:

@@ -112,6 +112,17 @@ def test_py_spiffe_fetches_x509_and_jwt_svids_and_validates(gpu1: Agent) -> None
         assert client.fetch_jwt_bundles().get_bundle_for_trust_domain(svid.spiffe_id.trust_domain) is not None
 
 
+def test_spiffe_endpoint_socket_is_a_unix_uri_py_spiffe_finds(gpu1: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workload Endpoint spec 4: SPIFFE_ENDPOINT_SOCKET is `unix:///absolute/path` (no authority); a client given no
+    socket falls back to the variable. The agent prints this form at start (it printed the bare path)."""
+    assert gpu1.workload_api is not None
+    endpoint = gpu1.workload_api.endpoint
+    assert endpoint == f"unix://{gpu1.workload_api.socket_path.absolute()}" and endpoint.startswith("unix:///")
+    monkeypatch.setenv("SPIFFE_ENDPOINT_SOCKET", endpoint)
+    with WorkloadApiClient(default_timeout=10) as client:
+        assert str(client.fetch_x509_svid().spiffe_id) == W1
+
+
 def test_sources_receive_the_rotated_svid(gpu1: Agent) -> None:
     with X509Source(socket_path=f"unix:{gpu1.workload_api.socket_path}", timeout_in_seconds=10) as source, \
             JwtSource(socket_path=f"unix:{gpu1.workload_api.socket_path}", timeout_in_seconds=10) as jwts:
