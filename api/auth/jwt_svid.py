@@ -19,6 +19,7 @@ log = logging.getLogger("trustfabric.api.auth")
 
 JWT_SVID_AUDIENCE = "trustfabric-api"
 SVID_ALGORITHMS = ("ES256", "ES384", "RS256", "PS256")
+SVID_TYPES = ("JWT", "JOSE")  # JWT-SVID spec 2.3: `typ` is optional, and one of these when set
 
 
 def svid_key(ctx: AppContext, kid: str) -> Any | None:
@@ -66,6 +67,9 @@ class JwtSvidVerifier:
             raise Unauthenticated(f"unknown signing key id {kid!r}")
         if alg not in SVID_ALGORITHMS:
             raise Unauthenticated(f"token algorithm {alg!r} is not accepted for JWT-SVIDs")
+        typ = jwt.get_unverified_header(token).get("typ", "JWT")
+        if typ not in SVID_TYPES:
+            raise Unauthenticated(f"token typ {typ!r} is not accepted for JWT-SVIDs (JWT or JOSE)")
         claims = decode(token, key, [str(alg)], audience=JWT_SVID_AUDIENCE, issuer=None)
         check_times(claims, now)
         return self._principal(str(claims["sub"]))

@@ -180,6 +180,29 @@ def test_jwt_svid_is_a_workload_principal(env: Env) -> None:
     assert_rejected(env, good, "revoked")
 
 
+def test_jwt_svid_typ_must_be_jwt_or_jose(env: Env) -> None:
+    """JWT-SVID spec 2.3: `typ` is optional and, when set, JWT or JOSE. Tokens signed with the trust domain's own
+    JWT-SVID key (as the server signs them), differing only in `typ`: any value used to be accepted."""
+    from pki.ca import active_issuing
+
+    with env.ctx.db.read_session() as s:
+        ca = active_issuing(s, env.clock(), lock=False)
+    assert ca.jwt_key_id is not None and ca.jwt_kid is not None
+    private = env.ctx.keystore.get(ca.jwt_key_id).private_key()
+    now = int(env.clock().timestamp())
+    body = {"sub": "spiffe://example.org/tenant/acme/group/web/web-1", "aud": ["trustfabric-api"], "iat": now,
+            "exp": now + 300}
+
+    def svid(**typ: str) -> str:
+        return jwt.encode(body, private, algorithm="ES256", headers={"kid": ca.jwt_kid, **typ})  # type: ignore[arg-type]
+
+    for good in (svid(), svid(typ="JWT"), svid(typ="JOSE")):
+        r = env.client.get("/v1/whoami", headers={"Authorization": f"Bearer {good}"})
+        assert r.status_code == 200 and r.json()["auth"] == "jwt-svid", r.text
+    assert_rejected(env, svid(typ="at+jwt"), "typ")
+    assert_rejected(env, svid(typ="jwt"), "typ")  # exactly the two values the spec names
+
+
 def test_oidc_issuer_with_jwks_file(tmp_path: Path) -> None:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
