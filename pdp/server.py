@@ -9,8 +9,9 @@ default decision, data.system.main). Answers follow OPA's REST API reference: `{
 bodies, YAML input. With a token configured every request but /health needs `Authorization: Bearer <token>`.
 
 When the PDP follows the database (pdp/sync.py: the active policy version and the current inventory and
-grants), it is read-only: policy and data writes are refused with 403, so no local client can swap a
-module or add a grant behind the control plane's back (and its audit log).
+grants), it is read-only, answering writes as OPA answers them when a bundle owns every path (400
+invalid_parameter), so no local client can swap a module or add a grant behind the control plane's back
+(and its audit log).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def create_pdp_app(
     max_body_bytes: int = MAX_BODY_BYTES, revision: Callable[[], str | None] | None = None,
 ) -> FastAPI:
     """The PDP over `engine` (any PolicyEngine; a fresh, empty embedded one when None); `read_only`: policies and data
-    come from elsewhere (the database), every write is refused with 403.
+    come from elsewhere (the database), every write is refused as OPA refuses a write to a bundle's path.
     Bodies above `max_body_bytes` (also once gunzipped) are refused with 413 before anything parses them.
     `revision`: the served policy's revision (the active version's hash), named in `?provenance`."""
     eng = engine if engine is not None else make_engine(EngineSettings(), "pdp")
@@ -174,8 +175,9 @@ def create_pdp_app(
 
     @app.exception_handler(_ReadOnly)
     async def _read_only(_r: Request, _e: _ReadOnly) -> JSONResponse:
-        return _error(403, "forbidden", "this PDP serves the control plane's active policy version and data: "
-                      "change them through the trustfabric API, not here")
+        # OPA's answer when a bundle owns every path: the control plane's active version is that bundle
+        return _error(400, "invalid_parameter", f"all paths owned by bundle {BUNDLE!r}: this PDP serves the "
+                      "control plane's active policy version and data; change them through the trustfabric API")
 
     @app.exception_handler(_TooLarge)
     async def _too_large(_r: Request, _e: _TooLarge) -> JSONResponse:
