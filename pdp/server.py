@@ -176,7 +176,7 @@ def create_pdp_app(
     @app.exception_handler(_ReadOnly)
     async def _read_only(_r: Request, _e: _ReadOnly) -> JSONResponse:
         # OPA's answer when a bundle owns every path: the control plane's active version is that bundle
-        return _error(400, "invalid_parameter", f"all paths owned by bundle {BUNDLE!r}: this PDP serves the "
+        return _error(400, "invalid_parameter", f'all paths owned by bundle "{BUNDLE}": this PDP serves the '
                       "control plane's active policy version and data; change them through the trustfabric API")
 
     @app.exception_handler(_TooLarge)
