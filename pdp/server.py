@@ -2,13 +2,16 @@
 
 Node agents and other services ask decisions locally; and the OPA-server engine is tested over real
 HTTP against it. Endpoints: /health; /v1/policies (GET), /v1/policies/{id} (GET, PUT, DELETE);
-/v1/data/{path} (GET, PUT, PATCH, POST, DELETE); /v1/query (POST). Answers follow OPA's shapes:
-`{"result": ...}` (no `result` key when undefined), errors `{"code", "message"[, "errors"]}`.
-With a token configured every /v1 request needs `Authorization: Bearer <token>`.
+/v1/data/{path} (GET with ?input=, PUT, PATCH, POST, DELETE); /v1/query (GET ?q=, POST); POST / (the
+default decision, data.system.main). Answers follow OPA's REST API reference: `{"result": ...}` (no
+`result` key when undefined, a `warning` when a POST names no input), errors `{"code", "message"[,
+"errors"]}`, `?pretty`, `?metrics`/`?instrument` (timers), `?provenance`, gzip request and response
+bodies, YAML input. With a token configured every request but /health needs `Authorization: Bearer <token>`.
 
 When the PDP follows the database (pdp/sync.py: the active policy version and the current inventory and
-grants), it is read-only: policy and data writes are refused with 403, so no local client can swap a
-module or add a grant behind the control plane's back (and its audit log).
+grants), it is read-only, answering writes as OPA answers them when a bundle owns every path (400
+invalid_parameter), so no local client can swap a module or add a grant behind the control plane's back
+(and its audit log).
 """
 
 from __future__ import annotations
@@ -17,10 +20,16 @@ import hmac
 import json
 import logging
 import re
+import time
+import zlib
+from collections.abc import Callable
+from importlib import metadata
 from typing import Any
 
+import yaml
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.middleware.gzip import GZipMiddleware
 
 from core.asgi import BodySizeLimit
 from core.errors import InvalidInput
@@ -40,6 +49,15 @@ class _ReadOnly(Exception):
     pass
 
 
+class _TooLarge(Exception):
+    pass
+
+
+BUNDLE = "trustfabric"  # the name this PDP gives the control plane's active version, as OPA names a bundle
+DEFAULT_DECISION = "data.system.main"  # OPA's default `default_decision`
+GZIP_MIN_BYTES = 1024  # OPA's default server.encoding.gzip.min_length
+
+
 def _error(status: int, code: str, message: str, errors: list[dict[str, Any]] | None = None) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
     if errors is not None:
@@ -51,11 +69,19 @@ def _segments(path: str) -> list[str]:
     return [s for s in path.strip("/").split("/") if s]
 
 
+_INT = re.compile(r"^[+-]?[0-9]+$")
+
+
 def data_query(path: str) -> str:
-    """'a/b-c/d' -> 'data.a["b-c"].d'."""
+    """'a/b-c/0' -> 'data.a["b-c"][0]': as OPA, a segment that reads as an integer indexes as one."""
     out = "data"
     for seg in _segments(path):
-        out += f".{seg}" if _IDENT.match(seg) else f"[{json.dumps(seg)}]"
+        if _IDENT.match(seg):
+            out += f".{seg}"
+        elif _INT.match(seg):
+            out += f"[{int(seg)}]"
+        else:
+            out += f"[{json.dumps(seg)}]"
     return out
 
 
@@ -63,14 +89,55 @@ def _pointer(path: str) -> str:
     return "".join("/" + s.replace("~", "~0").replace("/", "~1") for s in _segments(path))
 
 
-async def _json_body(request: Request) -> Any:
+def _flag(request: Request, name: str) -> bool:
+    """OPA's boolean query parameter: present without a value, or any value `true` (any case)."""
+    values = request.query_params.getlist(name)
+    return values == [""] or any(v.lower() == "true" for v in values)
+
+
+def _ok(request: Request, body: Any) -> Response:
+    """200 with `body` as JSON, indented under `?pretty`, as OPA answers."""
+    if _flag(request, "pretty"):
+        return Response(json.dumps(body, indent=2) + "\n", media_type="application/json")
+    return JSONResponse(body)
+
+
+async def _raw_body(request: Request, max_bytes: int) -> bytes:
+    """The body, gunzipped when sent with `Content-Encoding: gzip` (never past `max_bytes`: a small bomb
+    is refused, not inflated)."""
     raw = await request.body()
-    if not raw:
-        return None
+    if raw and request.headers.get("content-encoding", "").strip().lower() == "gzip":
+        inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            out = inflate.decompress(raw, max_bytes + 1)
+        except zlib.error as exc:
+            raise InvalidInput(f"could not decompress the body: {exc}") from exc
+        if len(out) > max_bytes or inflate.unconsumed_tail:
+            raise _TooLarge
+        return out
+    return raw
+
+
+def _parse(raw: bytes | str, content_type: str, what: str) -> Any:
+    """JSON, or YAML when the content type names it (OPA accepts both for input documents)."""
     try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise InvalidInput(f"request body is not JSON: {exc}") from exc
+        return yaml.safe_load(raw) if "yaml" in content_type else json.loads(raw)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise InvalidInput(f"{what} contains malformed input document: {exc}") from exc
+
+
+async def _json_body(request: Request, max_bytes: int) -> Any:
+    raw = await _raw_body(request, max_bytes)
+    if not raw.strip():
+        return None
+    return _parse(raw, request.headers.get("content-type", ""), "body")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("trustfabric")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a whole data document at 1,000 tenants x 5,000 grants is a few MB
@@ -78,11 +145,12 @@ MAX_BODY_BYTES = 64 * 1024 * 1024  # a whole data document at 1,000 tenants x 5,
 
 def create_pdp_app(
     engine: PolicyEngine | None = None, *, token: str | None = None, read_only: bool = False,
-    max_body_bytes: int = MAX_BODY_BYTES,
+    max_body_bytes: int = MAX_BODY_BYTES, revision: Callable[[], str | None] | None = None,
 ) -> FastAPI:
     """The PDP over `engine` (any PolicyEngine; a fresh, empty embedded one when None); `read_only`: policies and data
-    come from elsewhere (the database), every write is refused with 403. Bodies above `max_body_bytes`
-    are refused with 413 before anything reads them."""
+    come from elsewhere (the database), every write is refused as OPA refuses a write to a bundle's path.
+    Bodies above `max_body_bytes` (also once gunzipped) are refused with 413 before anything parses them.
+    `revision`: the served policy's revision (the active version's hash), named in `?provenance`."""
     eng = engine if engine is not None else make_engine(EngineSettings(), "pdp")
 
     async def check_writable() -> None:
@@ -107,8 +175,13 @@ def create_pdp_app(
 
     @app.exception_handler(_ReadOnly)
     async def _read_only(_r: Request, _e: _ReadOnly) -> JSONResponse:
-        return _error(403, "forbidden", "this PDP serves the control plane's active policy version and data: "
-                      "change them through the trustfabric API, not here")
+        # OPA's answer when a bundle owns every path: the control plane's active version is that bundle
+        return _error(400, "invalid_parameter", f'all paths owned by bundle "{BUNDLE}": this PDP serves the '
+                      "control plane's active policy version and data; change them through the trustfabric API")
+
+    @app.exception_handler(_TooLarge)
+    async def _too_large(_r: Request, _e: _TooLarge) -> JSONResponse:
+        return _error(413, "invalid_parameter", "compressed request body too large")
 
     @app.exception_handler(PolicyCompileError)
     async def _compile(_r: Request, exc: PolicyCompileError) -> JSONResponse:
@@ -165,26 +238,53 @@ def create_pdp_app(
         eng.load(modules)
         return JSONResponse({})
 
-    def _value(path: str, input: Any) -> Response:
+    def _value(request: Request, path: str, input: Any, *, named_input: bool = True) -> Response:
+        """A Data API answer: the result (no key when undefined), and what OPA adds on request."""
+        started = time.perf_counter_ns()
         value = eng.evaluate(data_query(path), input)
-        return JSONResponse({} if value is None else {"result": value})
+        elapsed = time.perf_counter_ns() - started
+        body: dict[str, Any] = {} if value is None else {"result": value}
+        if not named_input:
+            body["warning"] = {"code": "api_usage_warning", "message": "'input' key missing from the request"}
+        if _flag(request, "metrics") or _flag(request, "instrument"):
+            body["metrics"] = {"timer_rego_query_eval_ns": elapsed,
+                               "timer_server_handler_ns": time.perf_counter_ns() - started}
+        if _flag(request, "provenance"):
+            current = revision() if revision is not None else None
+            body["provenance"] = {"version": f"trustfabric-{_version()}", "build_commit": "", "build_timestamp": "",
+                                  "build_hostname": "",
+                                  "bundles": {BUNDLE: {"revision": current}} if current else {}}
+        return _ok(request, body)
 
     @v1.get("/v1/data")
     @v1.get("/v1/data/{path:path}")
-    async def get_data(path: str = "") -> Response:
-        return _value(path, None)
+    async def get_data(request: Request, path: str = "") -> Response:
+        inputs = request.query_params.getlist("input")
+        input = _parse(inputs[-1], "application/json", "parameter") if inputs else None
+        return _value(request, path, input)
 
     @v1.post("/v1/data")
     @v1.post("/v1/data/{path:path}")
     async def post_data(request: Request, path: str = "") -> Response:
-        body = await _json_body(request)
-        input = body.get("input") if isinstance(body, dict) else None
-        return _value(path, input)
+        body = await _json_body(request, max_body_bytes)
+        if body is not None and not isinstance(body, dict):
+            raise InvalidInput('body contains malformed input document: expected {"input": ...}')
+        input = body.get("input") if body is not None else None
+        return _value(request, path, input, named_input=input is not None)
+
+    @v1.post("/")
+    async def default_decision(request: Request) -> Response:
+        """OPA's `POST /`: the body is the input, the answer the bare value of data.system.main."""
+        input = await _json_body(request, max_body_bytes)
+        value = eng.evaluate(DEFAULT_DECISION, input)
+        if value is None:
+            return _error(404, "undefined_document", f"document missing: {DEFAULT_DECISION}")
+        return _ok(request, value)
 
     @v1.put("/v1/data", dependencies=[Depends(check_writable)])
     @v1.put("/v1/data/{path:path}", dependencies=[Depends(check_writable)])
     async def put_data(request: Request, path: str = "") -> Response:
-        value = await _json_body(request)
+        value = await _json_body(request, max_body_bytes)
         pointer = _pointer(path)
         if not pointer:
             if not isinstance(value, dict):
@@ -197,7 +297,7 @@ def create_pdp_app(
     @v1.patch("/v1/data", dependencies=[Depends(check_writable)])
     @v1.patch("/v1/data/{path:path}", dependencies=[Depends(check_writable)])
     async def patch_data(request: Request, path: str = "") -> Response:
-        ops = await _json_body(request)
+        ops = await _json_body(request, max_body_bytes)
         if not isinstance(ops, list):
             raise InvalidInput("PATCH body must be a JSON Patch array")
         base = _pointer(path)
@@ -218,14 +318,25 @@ def create_pdp_app(
             return _error(404, "resource_not_found", str(exc))
         return Response(status_code=204)
 
+    def _rows(request: Request, query: str, input: Any) -> Response:
+        rows = eng.query(query, input)
+        return _ok(request, {"result": rows} if rows else {})  # OPA omits an empty result set
+
+    @v1.get("/v1/query")
+    async def query_get(request: Request) -> Response:
+        queries = request.query_params.getlist("q")
+        if not queries:
+            raise InvalidInput("missing parameter 'q'")
+        return _rows(request, queries[-1], None)
+
     @v1.post("/v1/query")
     async def query(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await _json_body(request, max_body_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("query"), str):
             raise InvalidInput('body must be {"query": "...", "input": ...}')
-        rows = eng.query(body["query"], body.get("input"))
-        return JSONResponse({"result": rows})
+        return _rows(request, body["query"], body.get("input"))
 
     app.include_router(v1)
+    app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)  # only when the client accepts gzip
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     return app

@@ -51,7 +51,8 @@ def register(app: typer.Typer) -> None:
                 ctx = ctx_cm.__enter__()
                 sync = PdpSync(ctx.db, engine, interval=refresh, clock=ctx.clock)
                 sync.start()
-        app_ = create_pdp_app(engine, token=token, read_only=sync is not None)
+        app_ = create_pdp_app(engine, token=token, read_only=sync is not None,
+                              revision=(lambda: sync.active_hash) if sync is not None else None)
         modules = sorted(engine.modules())
         info: dict[str, Any] = {"url": f"{'https' if tls_cert else 'http'}://{host}:{port}", "modules": modules,
                 "active_hash": sync.active_hash if sync else None, "token_required": token is not None}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import ipaddress
 from pathlib import Path
 
@@ -107,3 +108,8 @@ def test_oversized_bodies_are_refused_before_parsing() -> None:
         assert c.get("/v1/data/cfg").json() == {}  # nothing stored
         assert c.put("/v1/data/cfg", json={"x": 1}).status_code == 204
         assert c.post("/v1/data/cfg/x", json={"input": {}}).json() == {"result": 1}
+        # a gzip body is held to the same limit once inflated: a small bomb is refused, not inflated
+        bomb = gzip.compress(b'{"input": "' + b"a" * 100_000 + b'"}')
+        assert len(bomb) < 1024
+        r = c.post("/v1/data/cfg/x", content=bomb, headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 413 and r.json()["code"] == "invalid_parameter"

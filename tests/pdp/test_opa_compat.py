@@ -1,0 +1,138 @@
+"""`trustfabric pdp` answers as OPA's REST API reference says OPA answers (docs/rest-api.md of OPA), asked
+over real HTTP with httpx as OPA's docs show the calls and with opa-python-client, the OPA client the
+project depends on."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import secrets
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from opa_client.opa import OpaClient
+
+from tests.policy.conftest import Served
+
+MODULE = """package compat.{pkg}
+
+allow if input.x == 1
+
+servers := [{{"name": "app"}}, {{"name": "db"}}]
+
+big := concat("", [s | some i in numbers.range(1, 300); s := "abcd"])
+"""
+
+
+@pytest.fixture
+def compat(pdp: Served) -> Iterator[tuple[httpx.Client, str]]:
+    """A client of the session PDP with a module of its own (a unique package, removed afterwards)."""
+    pkg = "p" + secrets.token_hex(4)
+    with httpx.Client(base_url=pdp.url, headers={"Authorization": f"Bearer {pdp.token}"}, timeout=10) as c:
+        r = c.put(f"/v1/policies/{pkg}.rego", content=MODULE.format(pkg=pkg), headers={"Content-Type": "text/plain"})
+        assert r.status_code == 200, r.text
+        try:
+            yield c, f"compat/{pkg}"
+        finally:
+            c.delete(f"/v1/policies/{pkg}.rego")
+
+
+def test_get_takes_the_input_as_a_query_parameter(compat: tuple[httpx.Client, str]) -> None:
+    c, path = compat
+    assert c.get(f"/v1/data/{path}/allow", params={"input": '{"x": 1}'}).json() == {"result": True}
+    assert c.get(f"/v1/data/{path}/allow", params={"input": '{"x": 2}'}).json() == {}
+    bad = c.get(f"/v1/data/{path}/allow", params={"input": "{not json"})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_parameter"
+    assert "malformed input document" in bad.json()["message"]
+
+
+def test_post_without_input_warns_and_a_body_not_an_object_is_refused(compat: tuple[httpx.Client, str]) -> None:
+    c, path = compat
+    warning = {"code": "api_usage_warning", "message": "'input' key missing from the request"}
+    assert c.post(f"/v1/data/{path}/servers/0/name", json={}).json() == {"result": "app", "warning": warning}
+    assert c.post(f"/v1/data/{path}/allow").json() == {"warning": warning}  # empty body: undefined input
+    assert "warning" not in c.post(f"/v1/data/{path}/allow", json={"input": {"x": 1}}).json()
+    bad = c.post(f"/v1/data/{path}/allow", json=[1])
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_parameter"
+
+
+def test_integer_path_segments_index_arrays(compat: tuple[httpx.Client, str]) -> None:
+    c, path = compat
+    assert c.get(f"/v1/data/{path}/servers/1/name").json() == {"result": "db"}
+    assert c.get(f"/v1/data/{path}/servers/7").json() == {}
+
+
+def test_pretty_metrics_and_provenance(compat: tuple[httpx.Client, str]) -> None:
+    c, path = compat
+    pretty = c.post(f"/v1/data/{path}/allow?pretty=true", json={"input": {"x": 1}})
+    assert pretty.text == '{\n  "result": true\n}\n' and pretty.headers["content-type"] == "application/json"
+    for flag in ("metrics=true", "metrics", "instrument=true"):
+        body = c.post(f"/v1/data/{path}/allow?{flag}", json={"input": {"x": 1}}).json()
+        assert body["result"] is True and body["metrics"]["timer_rego_query_eval_ns"] >= 0, flag
+    assert "metrics" not in c.post(f"/v1/data/{path}/allow?metrics=false", json={"input": {"x": 1}}).json()
+    prov = c.get(f"/v1/data/{path}/allow", params={"provenance": "", "input": '{"x": 1}'}).json()
+    assert prov["result"] is True and prov["provenance"]["version"].startswith("trustfabric-")
+    assert {"build_commit", "build_timestamp", "build_hostname"} <= prov["provenance"].keys()
+
+
+def test_default_decision_at_the_root(compat: tuple[httpx.Client, str]) -> None:
+    c, _path = compat
+    missing = c.post("/", json={"user": "alice"})
+    assert missing.status_code == 404
+    assert missing.json() == {"code": "undefined_document", "message": "document missing: data.system.main"}
+    main = 'package system\n\nmain := sprintf("hello, %v", [input.user])\n'
+    put = c.put("/v1/policies/system-main.rego", content=main, headers={"Content-Type": "text/plain"})
+    assert put.status_code == 200
+    try:
+        r = c.post("/", json={"user": "alice"})
+        assert r.status_code == 200 and r.json() == "hello, alice"
+    finally:
+        c.delete("/v1/policies/system-main.rego")
+
+
+def test_gzip_and_yaml_bodies_and_gzip_answers(compat: tuple[httpx.Client, str]) -> None:
+    c, path = compat
+    zipped = gzip.compress(json.dumps({"input": {"x": 1}}).encode())
+    r = c.post(f"/v1/data/{path}/allow", content=zipped,
+               headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert r.json() == {"result": True}
+    broken = c.post(f"/v1/data/{path}/allow", content=b"\x1f\x8bnot gzip", headers={"Content-Encoding": "gzip"})
+    assert broken.status_code == 400 and broken.json()["code"] == "invalid_parameter"
+    r = c.post(f"/v1/data/{path}/allow", content=b"input:\n  x: 1\n", headers={"Content-Type": "application/yaml"})
+    assert r.json() == {"result": True}
+    big = c.get(f"/v1/data/{path}/big", headers={"Accept-Encoding": "gzip"})
+    assert big.headers.get("content-encoding") == "gzip" and big.json() == {"result": "abcd" * 300}
+    small = c.get(f"/v1/data/{path}/allow", params={"input": '{"x": 1}'}, headers={"Accept-Encoding": "gzip"})
+    assert "content-encoding" not in small.headers  # under OPA's 1024-byte minimum
+
+
+def test_query_api_get_and_empty_result(compat: tuple[httpx.Client, str]) -> None:
+    c, path = compat
+    pkg = path.replace("/", ".")
+    assert c.get("/v1/query", params={"q": f"data.{pkg}.servers[i].name = n"}).json() == {
+        "result": [{"i": 0, "n": "app"}, {"i": 1, "n": "db"}]}
+    assert c.get("/v1/query", params={"q": "1 == 2"}).json() == {}  # OPA omits an empty result set
+    assert c.post("/v1/query", json={"query": "1 == 2"}).json() == {}
+    missing = c.get("/v1/query")
+    assert missing.status_code == 400 and missing.json()["message"] == "missing parameter 'q'"
+
+
+def test_opa_python_client(pdp: Served, compat: tuple[httpx.Client, str]) -> None:
+    """The calls an OPA user's code makes through opa-python-client, unchanged."""
+    _c, path = compat
+    parts = urlsplit(pdp.url)
+    client = OpaClient(host=parts.hostname, port=parts.port, token=pdp.token, timeout=10)
+    try:
+        assert client.check_health() and client.check_health(query={"bundles": True})
+        assert client.check_health(query={"plugins": True})
+        package = path.replace("/", ".")
+        assert client.query_rule({"x": 1}, package, "allow") == {"result": True}
+        assert client.query_rule({"x": 2}, package, "allow") == {}
+        pretty = client.query_rule({"x": 1}, package, "allow", query_params={"provenance": True, "metrics": True})
+        assert pretty["result"] is True and "provenance" in pretty and "metrics" in pretty
+        assert client.ad_hoc_query("1 == 2") == {}
+        assert client.get_data(f"{path}/servers/0/name") == {"result": "app"}
+    finally:
+        client.close_connection()
