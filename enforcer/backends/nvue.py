@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -117,15 +118,17 @@ class NvueBackend:
         current = managed(self._applied())
         created = self._call("POST", "/revision")
         rev = next(iter(created))
+        # 5.0-5.3 name revisions `changeset/<user>/<time>`: in a path the id is one percent-encoded segment
+        rev_path = f"/revision/{quote(rev, safe='')}"
         # PATCH merges, so an object whose content changes is deleted first and written whole
         for path in sorted(_paths(current)):
             if _get(current, path) != _get(doc, path):
                 self._call("DELETE", "/" + "/".join(path), params={"rev": rev})
         self._call("PATCH", "/", params={"rev": rev}, json=doc)
-        self._call("PATCH", f"/revision/{rev}", json={"state": "apply", "auto-prompt": {"ays": "ays_yes"}})
+        self._call("PATCH", rev_path, json={"state": "apply", "auto-prompt": {"ays": "ays_yes"}})
         deadline = time.monotonic() + self.timeout
         while True:
-            state = (self._call("GET", f"/revision/{rev}") or {}).get("state")
+            state = (self._call("GET", rev_path) or {}).get("state")
             if state == "applied":
                 return rules.content_hash
             if state in ("invalid", "apply_fail", "ays_fail", "failed") or time.monotonic() > deadline:

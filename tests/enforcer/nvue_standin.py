@@ -13,7 +13,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from enforcer.render.nvue import validate_nvue
 
@@ -31,8 +31,13 @@ def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
 
 
 class NvueStandIn:
-    def __init__(self, ports: tuple[str, ...] = tuple(f"swp{i}" for i in range(1, 65))) -> None:
+    """`changeset_ids`: name revisions as Cumulus Linux 5.0-5.3 do (`changeset/<user>/<timestamp>`, slashes and
+    all, so a client must percent-encode the id in a path); otherwise as 5.4+ do ("1", "2", ...)."""
+
+    def __init__(self, ports: tuple[str, ...] = tuple(f"swp{i}" for i in range(1, 65)),
+                 changeset_ids: bool = False) -> None:
         self.ports = set(ports)
+        self.changeset_ids = changeset_ids
         self.applied: dict[str, Any] = {"system": {"hostname": "leaf"}, "interface": {"eth0": {"type": "eth"}}}
         self.revisions: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
@@ -88,7 +93,8 @@ class NvueStandIn:
                 url = urlparse(self.path)
                 if not url.path.startswith(API):
                     return [], {}
-                return [p for p in url.path[len(API):].split("/") if p], parse_qs(url.query)
+                # split the raw path first: an id's %2F is part of one segment, not a separator
+                return [unquote(p) for p in url.path[len(API):].split("/") if p], parse_qs(url.query)
 
             def _body(self) -> Any:
                 n = int(self.headers.get("Content-Length") or 0)
@@ -113,7 +119,8 @@ class NvueStandIn:
                 if parts != ["revision"]:
                     return self._send(404, {})
                 with standin.lock:
-                    rev = str(len(standin.revisions) + 1)
+                    n = len(standin.revisions) + 1
+                    rev = f"changeset/cumulus/2024-01-01_00.00.{n:02d}_AB{n:02d}" if standin.changeset_ids else str(n)
                     standin.revisions[rev] = {"state": "pending", "config": copy.deepcopy(standin.applied)}
                 self._send(200, {rev: {"state": "pending"}})
 
