@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import shlex
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -177,7 +178,9 @@ def nv_set_commands(rs: DeviceRuleSet) -> list[str]:
 
 
 def _quote(word: str) -> str:
-    return f"'{word}'" if any(c in word for c in " '\"") else word
+    """One shell word, whatever it holds (a remark may carry quotes, `$` or `;`): NVUE's reference asks
+    multi-word values to be quoted, and a word wrapped in quotes it contains would break the command line."""
+    return shlex.quote(word)
 
 
 @cache

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
+
 import pytest
 
-from enforcer.render.nvue import render_nvue, validate_nvue
+from enforcer.render.nvue import nv_set_commands, render_nvue, validate_nvue
 from enforcer.render.openflow import render_flows
 from tests.enforcer.golden_gen import render_all
 from tests.enforcer.helpers import GOLDEN, compile_small
@@ -39,3 +42,15 @@ def test_nic_flow_count_never_exceeds_the_budgeted_cost() -> None:
     for rs in compiled.devices.values():
         if rs.kind == "nic":
             assert len(render_flows(rs)) <= rs.cost
+
+
+def test_nv_set_commands_are_one_shell_word_per_token_whatever_a_remark_holds() -> None:
+    compiled, _ = compile_small()
+    rs = compiled.devices["leaf:leaf1"]
+    remark = "grant:it's \"$(reboot)\"; x"
+    odd = dataclasses.replace(rs, rules=tuple(r._replace(reasons=(remark,)) for r in rs.rules))
+    lines = [c for c in nv_set_commands(odd) if " remark " in c]
+    assert lines
+    for line in lines:
+        words = shlex.split(line)
+        assert words[words.index("remark") + 1:] == [remark]
