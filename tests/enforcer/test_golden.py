@@ -54,3 +54,15 @@ def test_nv_set_commands_are_one_shell_word_per_token_whatever_a_remark_holds() 
     for line in lines:
         words = shlex.split(line)
         assert words[words.index("remark") + 1:] == [remark]
+
+
+def test_the_schema_refuses_route_map_and_prefix_list_names_nvue_refuses() -> None:
+    compiled, _ = compile_small()
+    doc = render_nvue(compiled.devices["leaf:leaf1"])
+    policy = doc["router"]["policy"]
+    name = next(iter(policy["prefix-list"]))
+    policy["prefix-list"]["1" + name] = policy["prefix-list"].pop(name)
+    rm = next(iter(policy["route-map"]))
+    policy["route-map"][rm]["rule"]["10"]["match"]["ip-prefix-list"] = "leak.v4"
+    problems = validate_nvue(doc)
+    assert any("prefix-list" in p for p in problems) and any("ip-prefix-list" in p for p in problems)
