@@ -59,7 +59,7 @@ class Budget:
     """Per-device capacity. NVUE's atomic ACL update mode keeps a shadow copy, halving usable entries."""
 
     nic_flows: int = 65_536
-    leaf_acl_entries: int = 36_000
+    leaf_acl_entries: int = 25_000  # IPv4 entries (IPv6: 2 each), enforcer/cost.py
     acl_mode: str = "atomic"  # "atomic" | "non-atomic"
 
     def limit(self, kind: str) -> int:

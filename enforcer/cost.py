@@ -73,15 +73,22 @@ def nic_cost(s4: int, s6: int, d4: int, d6: int, ports: tuple[tuple[int, int], .
 def leaf_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
     """ACL entries for one leaf rule: NVUE takes one source, one destination and one port range per entry."""
     if rule.src == ANY and rule.dst == ANY:
-        return 2  # one per address family (the ipv4 and the ipv6 ACL)
+        return 1 + V6_ACL_WEIGHT  # one entry in the ipv4 ACL and one in the ipv6 ACL
     s4, s6 = sizes[rule.src] if rule.src != ANY else ANY_SIZE
     d4, d6 = sizes[rule.dst] if rule.dst != ANY else ANY_SIZE
     return leaf_cost(s4, s6, d4, d6, rule.ports)
 
 
+# An IPv6 ACL entry takes twice an IPv4 entry's room in a Spectrum-2 and later switch's ATCAM: NVIDIA documents
+# 25,000 IPv4 or 12,500 IPv6 entries (12,500 / 6,250 in atomic update mode). Budgets count IPv4 entries.
+# docs.nvidia.com/networking-ethernet-software/cumulus-linux-512/System-Configuration/Access-Control-Lists/
+# Access-Control-List-Configuration/ ("ATCAM on Spectrum-2 and Later")
+V6_ACL_WEIGHT = 2
+
+
 def leaf_cost(s4: int, s6: int, d4: int, d6: int, ports: tuple[tuple[int, int], ...]) -> int:
-    """leaf_rule_cost of a rule between sets (not both `*`) of these sizes per family."""
-    return (s4 * d4 + s6 * d6) * (len(ports) or 1)
+    """leaf_rule_cost of a rule between sets (not both `*`) of these sizes per family, in IPv4 entries."""
+    return (s4 * d4 + V6_ACL_WEIGHT * s6 * d6) * (len(ports) or 1)
 
 
 def nic_fixed_cost(ports: tuple[Port, ...]) -> int:

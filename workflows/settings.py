@@ -117,7 +117,7 @@ class Settings:
     enforcer_poll_seconds: float = 0.5  # how often the reconciler looks for changes made by other processes
     enforcer_resync_seconds: float = 300.0  # a full recompile from scratch at least this often
     nic_flow_budget: int = 65_536
-    leaf_acl_budget: int = 36_000
+    leaf_acl_budget: int = 25_000
     leaf_acl_mode: str = "atomic"  # NVUE atomic ACL updates keep a shadow copy: half the entries usable
     device_wait_max_seconds: int = 60  # the longest a device's long-poll (GET .../ruleset?wait=) is held
     # Observability
@@ -212,7 +212,7 @@ class Settings:
             enforcer_poll_seconds=_float(e, "TRUSTFABRIC_ENFORCER_POLL_SECONDS", "0.5"),
             enforcer_resync_seconds=_float(e, "TRUSTFABRIC_ENFORCER_RESYNC_SECONDS", "300"),
             nic_flow_budget=_int(e, "TRUSTFABRIC_NIC_FLOW_BUDGET", "65536"),
-            leaf_acl_budget=_int(e, "TRUSTFABRIC_LEAF_ACL_BUDGET", "36000"),
+            leaf_acl_budget=_int(e, "TRUSTFABRIC_LEAF_ACL_BUDGET", "25000"),
             leaf_acl_mode=e.get("TRUSTFABRIC_LEAF_ACL_MODE", "atomic"),
             device_wait_max_seconds=_int(e, "TRUSTFABRIC_DEVICE_WAIT_MAX_SECONDS", "60"),
             log_format=_one_of(e, "TRUSTFABRIC_LOG_FORMAT", "auto", ("auto", "json", "logfmt")),

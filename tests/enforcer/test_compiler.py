@@ -118,14 +118,23 @@ def test_revoking_a_workload_withdraws_its_flows_everywhere() -> None:
 
 def test_budget_overflow_names_the_device_and_its_largest_contributors() -> None:
     with pytest.raises(BudgetExceeded) as info:
-        compile_small(budget=Budget(nic_flows=28, leaf_acl_entries=38, acl_mode="atomic"))
+        compile_small(budget=Budget(nic_flows=28, leaf_acl_entries=44, acl_mode="atomic"))
     msg = str(info.value)
     over = {o.device: o for o in info.value.overflows}
-    assert set(over) == {"nic:gpu1", "nic:gpu3", "leaf:leaf1"}  # leaf2 needs 19: exactly fits
-    assert over["leaf:leaf1"].limit == 19  # atomic mode halves the 38 entries
-    assert "leaf:leaf1: 21 switch ACL entries > budget 19; largest: intra-tenant (10), platform-service (6)" in msg
+    assert set(over) == {"nic:gpu1", "nic:gpu3", "leaf:leaf1"}  # leaf2 needs 22: exactly fits
+    assert over["leaf:leaf1"].limit == 22  # atomic mode halves the 44 entries
+    # in IPv4 entries: an IPv6 entry counts two (enforcer/cost.py V6_ACL_WEIGHT)
+    assert "leaf:leaf1: 27 switch ACL entries > budget 22; largest: intra-tenant (14), default-deny (6)" in msg
     assert "nic:gpu1: 36 NIC flows > budget 28; largest: intra-tenant (5)" in msg
-    compile_small(budget=Budget(nic_flows=36, leaf_acl_entries=21, acl_mode="non-atomic"))  # exactly fits
+    compile_small(budget=Budget(nic_flows=36, leaf_acl_entries=27, acl_mode="non-atomic"))  # exactly fits
+
+
+def test_an_ipv6_acl_entry_counts_two_ipv4_entries_as_in_the_switch_atcam() -> None:
+    from enforcer.cost import leaf_cost
+
+    assert leaf_cost(2, 0, 3, 0, ((443, 443),)) == 6
+    assert leaf_cost(0, 2, 0, 3, ((443, 443),)) == 12  # Spectrum-2+: 25,000 IPv4 or 12,500 IPv6 entries
+    assert Budget().limit("leaf") == 12_500  # the documented atomic-mode IPv4 figure
 
 
 def test_contributors_sum_per_reason() -> None:
