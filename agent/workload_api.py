@@ -144,6 +144,14 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         if not audience:
             self.metrics.workload_requests.labels("FetchJWTSVID", "bad-request").inc()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "audience must be specified")
+        if request.spiffe_id:
+            # a malformed request is InvalidArgument (Workload Endpoint spec 6); PermissionDenied stays for a
+            # well-formed ID this caller is not entitled to (Workload API spec 6.2.1)
+            try:
+                parse_spiffe_id(request.spiffe_id)
+            except InvalidSpiffeId as exc:
+                self.metrics.workload_requests.labels("FetchJWTSVID", "bad-request").inc()
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spiffe_id is malformed: {exc}")
         placements = [p for p in self._placements(caller, context)
                       if not request.spiffe_id or p.spiffe_id == request.spiffe_id]
         svids = []

@@ -232,6 +232,32 @@ def test_every_rpc_refuses_a_request_without_the_exact_security_header(gpu1: Age
                 assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, metadata)
 
 
+def test_fetch_jwt_svid_tells_a_malformed_spiffe_id_from_one_the_caller_may_not_have(gpu1: Agent) -> None:
+    """A malformed `spiffe_id` is a malformed request: InvalidArgument (Workload Endpoint spec 6), as a missing
+    audience is; it was PermissionDenied, which tells a client to back off and retry the same bad request. A
+    well-formed ID the caller is not entitled to stays PermissionDenied (Workload API spec 6.2.1)."""
+    import grpc
+    from spiffe._proto import workload_pb2 as pb
+
+    channel, stub = _stub(gpu1)
+    with channel:
+        def fetch(spiffe_id: str) -> Any:
+            return stub.FetchJWTSVID(pb.JWTSVIDRequest(audience=["svc"], spiffe_id=spiffe_id), timeout=10,
+                                     metadata=HEADER)
+
+        assert [s.spiffe_id for s in fetch(W1).svids] == [W1]
+        for malformed in ("not-a-spiffe-id", "SPIFFE://example.org/tenant/acme/group/train/w1", W1 + "/../w2",
+                          W1 + "?x=1", "spiffe://"):
+            with pytest.raises(grpc.RpcError) as exc:
+                fetch(malformed)
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, malformed
+            assert "spiffe_id is malformed" in (exc.value.details() or ""), malformed
+        for not_ours in (W1.replace("/w1", "/b1"), W1.replace("example.org", "other.org")):
+            with pytest.raises(grpc.RpcError) as exc:
+                fetch(not_ours)
+            assert exc.value.code() == grpc.StatusCode.PERMISSION_DENIED, not_ours
+
+
 def test_bundle_maps_are_keyed_by_the_trust_domain_spiffe_id(gpu1: Agent) -> None:
     """workloadapi.proto and Workload API spec 6.3: FetchX509Bundles' and FetchJWTBundles' maps are keyed by the
     SPIFFE ID of the trust domain (`spiffe://example.org`, as SPIRE sends); the bare name `example.org` was sent,
