@@ -34,7 +34,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from core.asgi import BodySizeLimit
 from core.errors import InvalidInput
 from policy.engines import EngineSettings, PolicyEngine, make_engine
-from policy.errors import PolicyCompileError, PolicyEngineError
+from policy.errors import QUERY_PARSE_MESSAGE, PolicyCompileError, PolicyEngineError, QueryParseError, SourceLocation
 
 log = logging.getLogger("trustfabric.pdp")
 
@@ -63,6 +63,12 @@ def _error(status: int, code: str, message: str, errors: list[dict[str, Any]] | 
     if errors is not None:
         body["errors"] = errors
     return JSONResponse(body, status_code=status)
+
+
+def _parse_error(issue: SourceLocation) -> dict[str, Any]:
+    """One entry of OPA's `errors` list for a module or query that does not parse."""
+    return {"code": "rego_parse_error", "message": issue.message,
+            "location": {"file": issue.file, "row": issue.line, "col": issue.col}}
 
 
 def _segments(path: str) -> list[str]:
@@ -185,12 +191,12 @@ def create_pdp_app(
 
     @app.exception_handler(PolicyCompileError)
     async def _compile(_r: Request, exc: PolicyCompileError) -> JSONResponse:
-        errors = [
-            {"code": "rego_parse_error", "message": i.message,
-             "location": {"file": i.file, "row": i.line, "col": i.col}}
-            for i in exc.issues
-        ]
-        return _error(400, "invalid_parameter", "error(s) occurred while compiling module(s)", errors)
+        return _error(400, "invalid_parameter", "error(s) occurred while compiling module(s)",
+                      [_parse_error(i) for i in exc.issues])
+
+    @app.exception_handler(QueryParseError)
+    async def _query_parse(_r: Request, exc: QueryParseError) -> JSONResponse:
+        return _error(400, "invalid_parameter", QUERY_PARSE_MESSAGE, [_parse_error(exc.issue)])
 
     @app.exception_handler(InvalidInput)
     async def _invalid(_r: Request, exc: InvalidInput) -> JSONResponse:

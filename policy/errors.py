@@ -35,6 +35,21 @@ class PolicyCompileError(InvalidInput):
         return (PolicyCompileError, (self.issues,))  # crosses the policy sandbox's pipe intact
 
 
+QUERY_PARSE_MESSAGE = "error(s) occurred while parsing query"  # OPA's message for a QueryParseError (400)
+
+
+class QueryParseError(InvalidInput):
+    """An ad-hoc query that does not parse: the caller's request is malformed (OPA answers 400 invalid_parameter,
+    "error(s) occurred while parsing query"), unlike a query that parses and then fails to evaluate."""
+
+    def __init__(self, issue: SourceLocation) -> None:
+        self.issue = issue
+        super().__init__(f"query does not parse: {issue.line}:{issue.col}: {issue.message}")
+
+    def __reduce__(self) -> tuple[type[QueryParseError], tuple[SourceLocation]]:
+        return (QueryParseError, (self.issue,))
+
+
 class PolicyEngineError(TrustfabricError):
     """The engine could not answer (evaluation error, server unreachable, timeout): callers deny."""
 

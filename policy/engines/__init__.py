@@ -74,7 +74,7 @@ class PolicyEngine(Protocol):
 
     def query(self, query: str, input: Any = None) -> list[dict[str, Any]]:
         """OPA-style ad-hoc query: one dict of variable bindings per result; [] when undefined;
-        PolicyEngineError on any failure."""
+        QueryParseError when the query does not parse, PolicyEngineError on any other failure."""
 
 
 @dataclass(frozen=True)

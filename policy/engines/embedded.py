@@ -37,6 +37,7 @@ from policy.engines.patch import PatchOp, apply_patch, pointer_parts, split_rule
 from policy.errors import (
     PolicyCompileError,
     PolicyEngineError,
+    QueryParseError,
     SourceLocation,
     located,
     parse_regorus_error,
@@ -430,6 +431,9 @@ class RegorusEngine:
         finally:
             engine = None
         if error is not None:
+            if not _query_parses(query):  # the caller's query is malformed, not an evaluation that failed
+                issue = parse_regorus_error(error)
+                raise QueryParseError(SourceLocation("", issue.line, issue.col, issue.message))
             raise PolicyEngineError(error)
         rows: list[dict[str, Any]] = []
         for result in out.get("result", []):
@@ -482,6 +486,30 @@ def _purge_dead(registry: _Registry) -> None:
     """Drop (on their own thread) the engines of RegorusEngine objects that are gone or closed."""
     for key in [k for k, (ref, _) in registry.items() if ref() is None or ref()._closed]:  # type: ignore[union-attr]
         del registry[key]
+
+
+_QUERY_PACKAGE = "__tf_query_check"
+
+
+def _query_parses(query: str) -> bool:
+    """Whether `query` parses as a Rego query. regorus's Python API parses a query only to evaluate it (and
+    reports a parse error and an evaluation error alike), so the query is parsed by the same parser as the body
+    of a rule in a module of its own; a `}` that closes that body early shows as a second rule. A query of
+    nothing but blanks and comments is empty, which OPA refuses and a rule body accepts. Only asked after a
+    query failed, so the answer costs nothing on success."""
+    if all(not line.strip() or line.lstrip().startswith("#") for line in query.splitlines()):
+        return False
+    parsed = False
+    try:
+        engine = regorus.Engine()  # made and dropped on this thread
+        engine.add_policy("query.rego", f"package {_QUERY_PACKAGE}\nq if {{\n{query}\n}}\n")
+        parsed = len(json.loads(engine.get_ast_as_json())[0]["ast"]["rules"]) == 1
+    except BaseException as exc:
+        if _is_fatal(exc):
+            raise
+    finally:
+        engine = None
+    return parsed
 
 
 def _eval_marshalled(engine: regorus.Engine, query: str) -> Any:

@@ -22,7 +22,14 @@ from opa_client.opa import OpaClient
 
 from core.errors import InvalidInput
 from policy.engines.patch import PatchOp, apply_patch, split_rule_path
-from policy.errors import PolicyCompileError, PolicyEngineError, PolicyEngineUnavailable, SourceLocation
+from policy.errors import (
+    QUERY_PARSE_MESSAGE,
+    PolicyCompileError,
+    PolicyEngineError,
+    PolicyEngineUnavailable,
+    QueryParseError,
+    SourceLocation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +215,9 @@ class OpaServerEngine:
         try:
             out = self._client().ad_hoc_query(query, input if input is not None else {})
         except Exception as exc:
+            issue = _query_parse_issue(exc)
+            if issue is not None:
+                raise QueryParseError(issue) from None
             raise _failure(f"OPA server at {self.settings.url}: querying {query}: {_msg(exc)}", exc) from exc
         rows = out.get("result") if isinstance(out, dict) else None
         return [dict(r) for r in rows or [] if isinstance(r, dict)]
@@ -234,6 +244,24 @@ def _failure(message: str, exc: BaseException) -> PolicyEngineError:
     if response is not None and getattr(response, "status_code", 0) >= 500:
         down = True
     return PolicyEngineUnavailable(message) if down else PolicyEngineError(message)
+
+
+def _query_parse_issue(exc: BaseException) -> SourceLocation | None:
+    """The first problem of the server's "error(s) occurred while parsing query" answer (400), else None."""
+    response = getattr(exc, "response", None)
+    if response is None or getattr(response, "status_code", 0) != 400:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or body.get("message") != QUERY_PARSE_MESSAGE:
+        return None
+    first = next(iter(body.get("errors") or []), None)
+    err: dict[str, Any] = first if isinstance(first, dict) else {}
+    loc: dict[str, Any] = err["location"] if isinstance(err.get("location"), dict) else {}
+    return SourceLocation("", int(loc.get("row") or 1), int(loc.get("col") or 1),
+                          str(err.get("message") or "the query does not parse"))
 
 
 def _msg(exc: BaseException) -> str:

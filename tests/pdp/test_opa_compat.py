@@ -119,6 +119,21 @@ def test_query_api_get_and_empty_result(compat: tuple[httpx.Client, str]) -> Non
     assert missing.status_code == 400 and missing.json()["message"] == "missing parameter 'q'"
 
 
+def test_query_api_answers_a_syntax_error_400_and_an_evaluation_error_500(compat: tuple[httpx.Client, str]) -> None:
+    """OPA's Query API answers a query that does not parse with 400 invalid_parameter, "error(s) occurred while
+    parsing query" and the rego_parse_error located in the query; the PDP answered 500 internal_error, as for a
+    query that parses and then fails to evaluate, which stays 500."""
+    c, _path = compat
+    for bad in (c.get("/v1/query", params={"q": "x := 1 +"}), c.post("/v1/query", json={"query": "data.compat["})):
+        assert bad.status_code == 400, bad.text
+        body = bad.json()
+        assert body["code"] == "invalid_parameter" and body["message"] == "error(s) occurred while parsing query"
+        [err] = body["errors"]
+        assert err["code"] == "rego_parse_error" and err["message"] and err["location"]["row"] == 1
+    failing = c.post("/v1/query", json={"query": "x := 1 / 0"})
+    assert failing.status_code == 500 and failing.json()["code"] == "internal_error", failing.text
+
+
 def test_opa_python_client(pdp: Served, compat: tuple[httpx.Client, str]) -> None:
     """The calls an OPA user's code makes through opa-python-client, unchanged."""
     _c, path = compat

@@ -19,7 +19,7 @@ from policy.decide import (
 from policy.engines import PolicyEngine
 from policy.engines.embedded import RegorusEngine
 from policy.engines.opa_server import OpaServerEngine, OpaSettings
-from policy.errors import PolicyCompileError, PolicyEngineError
+from policy.errors import PolicyCompileError, PolicyEngineError, QueryParseError
 from tests.policy.conftest import LOADED
 from tests.policy.helpers import NOW_NS, corpus, flow, reference_allowed, reference_allows, shipped, small_doc
 
@@ -129,6 +129,22 @@ def test_engine_error_denies_and_logs(make_engine: Factory, caplog: pytest.LogCa
     assert not d.allow and d.reasons[0].startswith(("engine-error:", "no-policy:"))
     assert g.outcome == "deny"
     assert "fail closed" in caplog.text
+
+
+def test_a_query_that_does_not_parse_is_told_from_one_that_fails_to_evaluate(make_engine: Factory) -> None:
+    """An ad-hoc query with a syntax error is the caller's malformed request (QueryParseError, located in the
+    query); a query that parses and fails while evaluating stays a PolicyEngineError. Both were
+    PolicyEngineError, so the PDP answered a typo with 500 where OPA answers 400."""
+    engine = make_engine()
+    engine.load({"q.rego": "package q\n\nn := 2\n"}, small_doc())
+    assert engine.query("x := data.q.n") == [{"x": 2}]
+    for malformed in ("x := 1 +", "data.q.n[", "1 } p if { 2", "x := {", "", "# only a comment"):
+        with pytest.raises(QueryParseError) as exc:
+            engine.query(malformed)
+        assert exc.value.issue.line == 1 and exc.value.issue.message, malformed
+    for failing in ("x := 1 / 0", "x := count(data.q.n)"):
+        with pytest.raises(PolicyEngineError):
+            engine.query(failing)
 
 
 def test_malformed_answer_denies(make_engine: Factory) -> None:
