@@ -8,10 +8,10 @@ ingress in direction. So only rules of one family can share a match: aggregation
 family, a family's rules are final when the family is done, and a recompile redoes the families of the
 changed entries and patches what they put on the devices those entries touch.
 
-Within one device the allow rules, all at one priority, then sort as plain tuples: the order of rule_order
-(match, then ports), because two rules with equal direction, scope, source, destination and protocol also
-have one port side; only a destination group named `tenants:...` (a return rule's destination set) could
-break that, and then the explicit key is used (`exotic`).
+Within one device the allow rules, all at one priority, then sort as plain tuples, which is the order of
+rule_order (it lists the fields in the tuple's order), whatever the names: two rules may share direction,
+scope, source, destination and protocol and differ in port side (a destination group named like a return
+rule's `tenants:...` set; a return rule and a RoCEv2 one, see `_raws`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enforcer.context import Context, FabricIndex
 from enforcer.cost import leaf_cost, leaf_rule_cost, nic_cost, nic_fixed_cost, nic_rule_cost
@@ -59,11 +59,6 @@ NIC_FRAME_COST = sum(nic_rule_cost(r, {}) for r in NIC_HEAD + NIC_TAIL)
 
 def leaf_deny(tenant: str) -> FlowRule:
     return FlowRule(PRIO_DENY, "inbound", tenant, ANY, ANY, "*", (), "dst", "any", "deny", (DEFAULT_DENY,))
-
-
-def match_order(rule: FlowRule) -> tuple[Any, ...]:
-    """rule_order among allow rules (one priority), spelled out: the sort key when names are exotic."""
-    return (rule.direction, rule.scope, rule.src, rule.dst, rule.proto, rule.port_side, rule.ports)
 
 
 class Acc:
@@ -284,8 +279,8 @@ def leaf_ports(fabric: Fabric, leaf: str) -> tuple[Port, ...]:
     return tuple(sorted(out))
 
 
-def sort_allows(rules: list[FlowRule], exotic: bool) -> list[FlowRule]:
-    rules.sort(key=match_order if exotic else None)
+def sort_allows(rules: list[FlowRule]) -> list[FlowRule]:
+    rules.sort()  # rule_order among rules of one priority
     return rules
 
 
@@ -339,7 +334,7 @@ def leaf_vrfs(index: FabricIndex, ports: tuple[Port, ...], leaks: Leaks) -> tupl
 
 
 def patch(prev: DeviceRuleSet, old: Acc | None, new: Acc | None, leaks: Leaks | None,
-          index: FabricIndex, exotic: bool) -> DeviceRuleSet:
+          index: FabricIndex) -> DeviceRuleSet:
     """`prev` with the old rules of some families replaced by their new ones (and its leaks by `leaks`)."""
     rules = prev.rules
     if prev.kind == "nic":
@@ -349,14 +344,13 @@ def patch(prev: DeviceRuleSet, old: Acc | None, new: Acc | None, leaks: Leaks | 
         while hi and rules[hi - 1].priority != PRIO_ALLOW:
             hi -= 1
     allows = list(rules[lo:hi])
-    key = match_order if exotic else None
     for r in old.rules if old is not None else ():
-        i = bisect.bisect_left(allows, key(r) if key else r, key=key)
+        i = bisect.bisect_left(allows, r)
         if i == len(allows) or allows[i] != r:
             raise RuntimeError(f"{prev.device}: the previous compile lost a rule: {r}")
         del allows[i]
     for r in new.rules if new is not None else ():
-        bisect.insort(allows, r, key=key)
+        bisect.insort(allows, r)
     # the sets: the new families' ones in, the old families' ones out unless another rule still names them
     fresh = new.sets if new is not None else {}
     gone = old.sets.keys() - fresh.keys() if old is not None else set()

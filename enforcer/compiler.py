@@ -150,7 +150,6 @@ class _State:
     families: dict[tuple[str, str], tuple[tuple[str, str, str], ...]]  # (dst, proto) -> its entries' keys
     devices: dict[str, DeviceRuleSet]  # as this compile made them (Compiled.devices may be replaced)
     leaks: dict[str, Leaks]  # leaf -> its leak instances
-    exotic: bool  # a destination group named like a return rule's set: sort by the explicit key
 
 
 @dataclass
@@ -215,10 +214,6 @@ def _families(entries: Mapping[tuple[str, str, str], Entry]) -> dict[tuple[str, 
     return {f: tuple(sorted(ks)) for f, ks in out.items()}
 
 
-def _exotic(dst: str) -> bool:
-    return dst.startswith("tenants:")
-
-
 def _compile(fabric: Fabric, allowed: Any, rev: frozenset[str], budget: Budget) -> Compiled:
     ctx = _Context(fabric, rev)
     entries, known, _ = parse_entries(allowed)
@@ -227,13 +222,12 @@ def _compile(fabric: Fabric, allowed: Any, rev: frozenset[str], budget: Budget) 
     for keys in families.values():
         emit.family([entries[k] for k in keys])
     ctx.sets.clear()  # the sets live on in the devices; a recompile rebuilds only those it redoes
-    exotic = any(_exotic(dst) for dst, _ in families)
-    devices = {d: assemble(d, ctx.index, sort_allows(a.rules, exotic), a.sets, a.cost, a.leaks)
+    devices = {d: assemble(d, ctx.index, sort_allows(a.rules), a.sets, a.cost, a.leaks)
                for d, a in emit.accs.items()}
     _check_budget(devices, budget)
     leaks = {d: a.leaks for d, a in emit.accs.items() if a.leaks}
     names = tuple(sorted(devices))
-    return Compiled(fabric, rev, budget, entries, devices, _State(ctx, known, families, dict(devices), leaks, exotic),
+    return Compiled(fabric, rev, budget, entries, devices, _State(ctx, known, families, dict(devices), leaks),
                     names, names)
 
 
@@ -274,7 +268,6 @@ def _recompile(prev: Compiled, st: _State, allowed: Any, revoked: Iterable[str] 
     touched: set[str] = set()
     for k in dirty:
         touched |= was.get(k, set()) | now.get(k, set())
-    exotic = st.exotic or any(_exotic(k[0]) for k in dirty if k in entries)
     devices = dict(prev.devices)
     own = dict(st.devices)
     leaks = dict(st.leaks)
@@ -286,11 +279,11 @@ def _recompile(prev: Compiled, st: _State, allowed: Any, revoked: Iterable[str] 
             patched = leaks[d] = patch_leaks(leaks.get(d, {}), o, n, d)
             if not patched:
                 del leaks[d]
-        own[d] = devices[d] = patch(base, o, n, patched, ctx.index, exotic)
+        own[d] = devices[d] = patch(base, o, n, patched, ctx.index)
     _check_budget({d: devices[d] for d in touched}, prev.budget)
     changed = tuple(sorted(d for d in touched if devices[d] != prev.devices.get(d)))
     return Compiled(prev.fabric, rev, prev.budget, entries, devices,
-                    _State(ctx, known, families, own, leaks, exotic), tuple(sorted(touched)), changed)
+                    _State(ctx, known, families, own, leaks), tuple(sorted(touched)), changed)
 
 
 def contributors(rs: DeviceRuleSet) -> list[tuple[str, int]]:

@@ -138,9 +138,10 @@ class DeviceRuleSet:
 
 
 def rule_order(rule: FlowRule) -> tuple[Any, ...]:
-    """Evaluation order: priority descending, then a canonical order so equal inputs give equal lists."""
-    return (-rule.priority, rule.direction, rule.scope, rule.src, rule.dst, rule.proto, rule.port_side,
-            rule.ports, rule.state, rule.action, rule.reasons)
+    """Evaluation order: priority descending, then a canonical order so equal inputs give equal lists: the
+    fields in FlowRule's own order, so rules of one priority sort as plain tuples (enforcer.aggregate)."""
+    return (-rule.priority, rule.direction, rule.scope, rule.src, rule.dst, rule.proto, rule.ports,
+            rule.port_side, rule.state, rule.action, rule.reasons)
 
 
 def merge_ranges(ports: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
