@@ -1,12 +1,14 @@
 """What the allowed_flows entries put on each device, aggregated, and each device's rule set assembled from it.
 
 Entries are taken by family: the entries of one destination group and protocol. Every match a rule has
-(direction, scope, source set, destination set, port side) names its family's destination group and its
-protocol: an egress or leaf forward rule as its destination set, an ingress rule as `<group>@<node>`, a
-leaf return rule as its source `<group>@<leaf>`; forward and return rules differ in port side, egress and
-ingress in direction. So only rules of one family can share a match: aggregation never looks beyond the
-family, a family's rules are final when the family is done, and a recompile redoes the families of the
-changed entries and patches what they put on the devices those entries touch.
+(direction, scope, source set, destination set, port side, state) names its family's destination group and
+its protocol: an egress or leaf forward rule as its destination set, an ingress rule as `<group>@<node>`, a
+leaf return rule as its source `<group>@<leaf>`; forward and return rules differ in port side (RoCEv2's
+return rule, on destination port 4791, in destination set: the source tenants' `tenants:...` prefixes), egress
+and ingress in direction, a NIC's conntrack and RoCEv2 rules in state. So only rules of one family can share a
+match: aggregation never looks beyond the family, a family's rules are final when the family is done, and a
+recompile redoes the families of the changed entries and patches what they put on the devices those entries
+touch.
 
 Within one device the allow rules, all at one priority, then sort as plain tuples, which is the order of
 rule_order (it lists the fields in the tuple's order), whatever the names: two rules may share direction,
@@ -29,6 +31,8 @@ from enforcer.ir import (
     PRIO_ALLOW,
     PRIO_DENY,
     PRIO_ESTABLISHED,
+    ROCE_PORTS,
+    STATELESS,
     AddressSet,
     DeviceRuleSet,
     FlowRule,
@@ -36,6 +40,7 @@ from enforcer.ir import (
     Port,
     Vrf,
     range_covers,
+    roce_split,
 )
 
 if TYPE_CHECKING:
@@ -47,13 +52,14 @@ DEFAULT_DENY = "default-deny"
 # a leaf's leak instances: importing tenant -> (prefix, from tenant) -> reason -> how many entries need it
 Leaks = dict[str, dict[tuple[str, str], dict[str, int]]]
 Ports = tuple[tuple[int, int], ...]
-# device, direction, scope, source set, destination set, port side: one entry's rule before aggregation
-Raw = tuple["Acc", str, str, AddressSet, AddressSet, str]
+# device, direction, scope, source set, destination set, port side, state, ports: one entry's rule before
+# aggregation
+Raw = tuple["Acc", str, str, AddressSet, AddressSet, str, str, Ports]
 
 NIC_HEAD = tuple(FlowRule(PRIO_ESTABLISHED, d, "", ANY, ANY, "*", (), "dst", "established", "allow",
                           (CONNTRACK_RETURN,)) for d in ("egress", "ingress"))
-NIC_TAIL = tuple(FlowRule(PRIO_DENY, d, "", ANY, ANY, "*", (), "dst", "new", "deny", (DEFAULT_DENY,))
-                 for d in ("egress", "ingress"))
+NIC_TAIL = tuple(FlowRule(PRIO_DENY, d, "", ANY, ANY, "*", (), "dst", s, "deny", (DEFAULT_DENY,))
+                 for d in ("egress", "ingress") for s in ("new", STATELESS))  # STATELESS: RoCEv2 nobody allows
 NIC_FRAME_COST = sum(nic_rule_cost(r, {}) for r in NIC_HEAD + NIC_TAIL)
 
 
@@ -75,7 +81,6 @@ class Acc:
 
 
 _new = tuple.__new__  # a NamedTuple built without its Python-level __new__: the same object, made faster
-_STATE = {"egress": "new", "ingress": "new", "inbound": "any"}
 
 
 class Emitter:
@@ -100,25 +105,25 @@ class Emitter:
             return
         if len(entries) == 1:  # the common case: every match is one raw rule, nothing to merge or shadow
             e = entries[0]
-            self._put(self._raws(e), e.ports, self._reasons(e.reason), e.proto)
+            self._put(self._raws(e), self._reasons(e.reason), e.proto)
             return
         proto = entries[0].proto
-        groups: dict[tuple[str, str, str, str, str, str], tuple[Raw, list[tuple[Ports, str]]]] = {}
+        groups: dict[tuple[str, str, str, str, str, str, str], tuple[Raw, list[tuple[Ports, str]]]] = {}
         for e in entries:
             for raw in self._raws(e):
-                a, direction, scope, s, d, side = raw
-                k = (a.device, direction, scope, s.name, d.name, side)
+                a, direction, scope, s, d, side, state, ports = raw
+                k = (a.device, direction, scope, s.name, d.name, side, state)
                 g = groups.get(k)
                 if g is None:
-                    groups[k] = (raw, [(e.ports, e.reason)])
+                    groups[k] = (raw, [(ports, e.reason)])
                 else:
-                    g[1].append((e.ports, e.reason))
+                    g[1].append((ports, e.reason))
         for raw, pairs in groups.values():
             if len(pairs) == 1:
-                self._put((raw,), pairs[0][0], self._reasons(pairs[0][1]), proto)
+                self._put((raw,), self._reasons(pairs[0][1]), proto)
             else:
                 for ports, reasons in aggregate(pairs):
-                    self._put((raw,), ports, reasons, proto)
+                    self._put((raw,), reasons, proto, ports)
 
     def _reasons(self, reason: str) -> tuple[str, ...]:
         one = self._one.get(reason)
@@ -128,16 +133,20 @@ class Emitter:
 
 
     @staticmethod
-    def _put(raws: Iterable[Raw], ports: Ports, reasons: tuple[str, ...], proto: str) -> None:
-        for a, direction, scope, s, d, side in raws:
+    def _put(raws: Iterable[Raw], reasons: tuple[str, ...], proto: str, ports: Ports | None = None) -> None:
+        """The raws as rules, each with its own ports unless `ports` (an aggregate's) replaces them."""
+        for a, direction, scope, s, d, side, state, own in raws:
             src, dst = s.name, d.name
-            a.rules.append(_new(FlowRule, (PRIO_ALLOW, direction, scope, src, dst, proto, ports, side,
-                                           _STATE[direction], "allow", reasons)))
+            p = own if ports is None else ports
+            a.rules.append(_new(FlowRule, (PRIO_ALLOW, direction, scope, src, dst, proto, p, side, state, "allow",
+                                           reasons)))
             sets = a.sets
             sets[src] = s
             sets[dst] = d
-            a.cost += (leaf_cost if direction == "inbound" else nic_cost)(
-                len(s.v4), len(s.v6), len(d.v4), len(d.v6), ports)
+            if direction == "inbound":
+                a.cost += leaf_cost(len(s.v4), len(s.v6), len(d.v4), len(d.v6), p)
+            else:
+                a.cost += nic_cost(len(s.v4), len(s.v6), len(d.v4), len(d.v6), p, state == STATELESS)
 
     def _raws(self, e: Entry) -> list[Raw]:
         """What one entry becomes (S = its source groups' workloads, D = its destination group's):
@@ -147,7 +156,11 @@ class Emitter:
           - on the leaf of every node hosting part of D: a stateless return rule D-on-this-leaf (source port =
             the service ports) -> the source tenants' prefixes, in the destination tenant's ACL;
           - across tenants, the leaks (counted here): D's addresses into the source VRF on the source leaves,
-            each source tenant's part of S into the destination VRF on the destination leaves."""
+            each source tenant's part of S into the destination VRF on the destination leaves.
+        RoCEv2 (UDP to 4791, ir.roce_split) skips conntrack: the NIC rules' share of it is a `stateless` rule of
+        its own (the same match: it admits S -> D and the mirror D -> S, both to 4791), the stateful rules keep the
+        other ports; on the leaf the forward rule keeps every port (RoCEv2 to D goes to 4791), and RoCEv2 back
+        from D, to 4791 from any port, gets a return rule on destination port 4791 beside the source-port one."""
         ctx = self.ctx
         index = ctx.index
         members = ctx.members
@@ -165,6 +178,13 @@ class Emitter:
         dst_name = e.dst
         tenants_name = f"tenants:{src_tenants[0]}" if len(src_tenants) == 1 else f"tenants:{src_name}"
         leaf_of, tenant_of, nic_dev, leaf_dev = index.leaf_of, index.tenant_of, index.nic_dev, index.leaf_dev
+        kept, roce = roce_split(e.proto, e.ports)
+        # (state, ports) of the NIC rules, (port side, ports) of the leaf return rules
+        nic: list[tuple[str, Ports]] = [] if kept is None else [("new", kept)]
+        ret: list[tuple[str, Ports]] = [] if kept is None else [("src", kept)]
+        if roce:
+            nic.append((STATELESS, ROCE_PORTS))
+            ret.append(("dst", ROCE_PORTS))
         addr = ctx.address_set
         # a source set named after the entry (several source groups) is this entry's alone: no cache
         src_set = addr if len(e.sources) == 1 else ctx.address_set_once
@@ -177,8 +197,10 @@ class Emitter:
         d_nic = addr("nic", dst_name, dmem)
         for node, ps in by_node.items():
             device = nic_dev[node]
-            out.append((accs.get(device) or acc(device), "egress", "", src_set("nic", f"{src_name}@{node}", ps),
-                        d_nic, "dst"))
+            a = accs.get(device) or acc(device)
+            s_node = src_set("nic", f"{src_name}@{node}", ps)
+            for state, ports in nic:
+                out.append((a, "egress", "", s_node, d_nic, "dst", state, ports))
         d_leaf = addr("leaf", dst_name, dmem)
         d_prefixes = d_leaf.v4 + d_leaf.v6
         one_tenant = len(src_tenants) == 1
@@ -186,7 +208,7 @@ class Emitter:
             device = leaf_dev[leaf]
             a = accs.get(device) or acc(device)
             name = f"{src_name}@{leaf}" if one_tenant else f"{src_name}@{leaf}/{ts}"
-            out.append((a, "inbound", ts, src_set("leaf", name, ps), d_leaf, "dst"))
+            out.append((a, "inbound", ts, src_set("leaf", name, ps), d_leaf, "dst", "any", e.ports))
             if ts != dt:
                 by = a.leaks.get(ts)
                 _count(by if by is not None else a.leaks.setdefault(ts, {}), d_prefixes, dt, reason)
@@ -199,14 +221,18 @@ class Emitter:
         s_all = src_set("nic", src_name, smem)
         for node, ps in d_by_node.items():
             device = nic_dev[node]
-            out.append((accs.get(device) or acc(device), "ingress", "", s_all, addr("nic", f"{dst_name}@{node}", ps),
-                        "dst"))
+            a = accs.get(device) or acc(device)
+            d_node = addr("nic", f"{dst_name}@{node}", ps)
+            for state, ports in nic:
+                out.append((a, "ingress", "", s_all, d_node, "dst", state, ports))
         t_set = ctx.prefix_set("leaf", tenants_name, src_tenants)
         back: list[tuple[str, tuple[str, ...]]] | None = None  # each other source tenant's part of S
         for leaf, ps in d_by_leaf.items():
             device = leaf_dev[leaf]
             a = accs.get(device) or acc(device)
-            out.append((a, "inbound", dt, addr("leaf", f"{dst_name}@{leaf}", ps), t_set, "src"))
+            d_here = addr("leaf", f"{dst_name}@{leaf}", ps)
+            for side, ports in ret:
+                out.append((a, "inbound", dt, d_here, t_set, side, "any", ports))
             if back is None:
                 by_tenant: dict[str, list[Placement]] = {}
                 for p in smem:

@@ -15,6 +15,11 @@ What each entry becomes (S = the entry's source groups' workloads, D = the desti
   - across tenants (grants, platform services), route leaking of exactly the needed prefixes: the source
     tenant's VRF imports D's addresses from the destination VRF on the source leaves, and the destination
     VRF imports the source group's addresses back on the destination leaves.
+RoCEv2 (udp to port 4791, in the entry's ports) skips conntrack on the NICs (hardware conntrack on a BlueField-3
+does not take it): the NIC rules' share of it is a `stateless` rule beside the stateful one for the other ports,
+and it admits the mirror D -> S too, since RoCEv2 responses and ACKs also go to 4791 (from a varying port): a
+RoCEv2 allowance is symmetric. On the destination leaves RoCEv2 back gets a return rule on destination port
+4791 (the source-port one cannot match it). Each NIC also gets a RoCEv2 deny per direction.
 Aggregation: addresses are collapsed into prefixes; rules with equal match but different reasons become
 one rule carrying both reasons; a rule whose ports another rule with the same match already covers is
 dropped (shadowed) and its reason moves to the covering rule.

@@ -9,15 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from functools import cache, lru_cache
 
-from enforcer.ir import ANY, AddressSet, FlowRule, Port
+from enforcer.ir import ANY, STATELESS, AddressSet, FlowRule, Port
 
 # Flows a NIC spends per host port and address, whatever the policy (see render/openflow.py):
-# ARP out + in, IP classify out + in, to-host forward = 5 per IPv4 address; IP classify out + in,
-# ND NS/NA out + in, to-host forward = 7 per IPv6 address; one to-network forward per port.
-NIC_PER_V4 = 5
-NIC_PER_V6 = 7
+# ARP out + in, IP classify out + in, RoCEv2 classify out + in, to-host forward = 7 per IPv4 address; IP
+# classify out + in, RoCEv2 classify out + in, ND NS/NA out + in, to-host forward = 9 per IPv6 address; one
+# to-network forward per port.
+NIC_PER_V4 = 7
+NIC_PER_V6 = 9
 NIC_PER_PORT = 1
-NIC_FIXED = 3  # table 0 drop; an invalid-state drop per direction (default deny and established are rules)
+NIC_FIXED = 3  # table 0 drop; an invalid-state drop per direction (default denies and established are rules)
 
 
 @cache
@@ -59,15 +60,17 @@ def nic_rule_cost(rule: FlowRule, sizes: Sizes) -> int:
         return 1
     s4, s6 = sizes[rule.src] if rule.src != ANY else ANY_SIZE
     d4, d6 = sizes[rule.dst] if rule.dst != ANY else ANY_SIZE
-    return nic_cost(s4, s6, d4, d6, rule.ports)
+    return nic_cost(s4, s6, d4, d6, rule.ports, rule.state == STATELESS)
 
 
-def nic_cost(s4: int, s6: int, d4: int, d6: int, ports: tuple[tuple[int, int], ...]) -> int:
-    """nic_rule_cost of a rule between sets (not both `*`) of these sizes per family: what the compiler sums."""
+def nic_cost(s4: int, s6: int, d4: int, d6: int, ports: tuple[tuple[int, int], ...], mirrored: bool = False) -> int:
+    """nic_rule_cost of a rule between sets (not both `*`) of these sizes per family: what the compiler sums.
+    `mirrored`: a stateless (RoCEv2) rule, rendered once per direction (src -> dst and dst -> src)."""
     m = mask_count(ports)
     extra = m + 1 if ports else 1
-    return ((min(s4 * d4 * m, s4 + d4 + extra) if s4 and d4 else 0)
-            + (min(s6 * d6 * m, s6 + d6 + extra) if s6 and d6 else 0))
+    one = ((min(s4 * d4 * m, s4 + d4 + extra) if s4 and d4 else 0)
+           + (min(s6 * d6 * m, s6 + d6 + extra) if s6 and d6 else 0))
+    return 2 * one if mirrored else one
 
 
 def leaf_rule_cost(rule: FlowRule, sizes: Sizes) -> int:

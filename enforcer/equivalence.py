@@ -9,6 +9,12 @@ SuperNIC ingress (committed in the destination tenant's zone); then the reply ba
 (must be admitted as `established`), destination leaf ACL (a stateless return rule), the VRF lookup back,
 source NIC ingress (`established`). The devices' answer is allow only if every step passes.
 
+RoCEv2 (UDP to port 4791) skips conntrack on the NICs: its packets go both ways to 4791 from a varying source
+port, so it is walked as two one-way trips, source -> destination and destination -> source, each through the
+source NIC's `stateless` egress rules, the source leaf's ACL, the VRF lookup and the destination NIC's
+`stateless` ingress rules (a NIC's stateless rule admits its mirror too). Such an allowance is symmetric by
+construction, so the policy's answer for RoCEv2 between two groups is: allowed in either direction.
+
 Port classes are the intervals between every port boundary the policy or any rule mentions, so one port
 per class decides for the whole class. The policy's answer comes from `policy.decide.expand_allowed` over
 the same compact allowed_flows the compiler read, minus revoked workloads.
@@ -29,7 +35,7 @@ from typing import Any, Protocol
 
 from enforcer.compiler import Compiled
 from enforcer.fabric import Fabric, Placement
-from enforcer.ir import ANY, DeviceRuleSet, FlowRule
+from enforcer.ir import ANY, ROCE_V2_PORT, STATELESS, DeviceRuleSet, FlowRule
 from policy.decide import Flow, expand_allowed
 
 EPHEMERAL_PORT = 49_152
@@ -97,6 +103,12 @@ Match = tuple[FlowRule, Any, Any]
 
 
 LOCAL_SIDE = {"egress": "src", "inbound": "src", "ingress": "dst"}  # the side that holds this device's own
+OTHER = {"egress": "ingress", "ingress": "egress"}
+ROCE_NOTE = "RoCEv2, udp/4791: no conntrack, allowed both ways"
+
+
+def is_roce(proto: str, port: int) -> bool:
+    return proto == "udp" and port == ROCE_V2_PORT
 
 
 class _Device:
@@ -109,11 +121,11 @@ class _Device:
         members = {s.name: s.v4 + s.v6 for s in rs.sets}
         self.index: dict[tuple[str, str], tuple[dict[tuple[int, int], list[tuple[int, Match]]],
                                                 list[tuple[int, Match]]]] = {}
-        for pos, r in enumerate(rs.rules):  # already in evaluation order
-            src = _ANY if r.src == ANY else sets[r.src]
-            dst = _ANY if r.dst == ANY else sets[r.dst]
-            by_addr, always = self.index.setdefault((r.direction, r.scope), ({}, []))
-            local = r.src if LOCAL_SIDE[r.direction] == "src" else r.dst
+        def put(pos: int, direction: str, r: FlowRule, src_name: str, dst_name: str) -> None:
+            src = _ANY if src_name == ANY else sets[src_name]
+            dst = _ANY if dst_name == ANY else sets[dst_name]
+            by_addr, always = self.index.setdefault((direction, r.scope), ({}, []))
+            local = src_name if LOCAL_SIDE[direction] == "src" else dst_name
             item = (pos, (r, src, dst))
             addrs = _expand(members[local]) if local != ANY else None
             if addrs is None:
@@ -121,6 +133,11 @@ class _Device:
             else:
                 for a in addrs:
                     by_addr.setdefault(a, []).append(item)
+
+        for pos, r in enumerate(rs.rules):  # already in evaluation order
+            put(pos, r.direction, r, r.src, r.dst)
+            if r.state == STATELESS and r.action == "allow":  # and its mirror, in the other direction
+                put(pos, OTHER[r.direction], r, r.dst, r.src)
         self._merged: dict[tuple[str, str, tuple[int, int]], list[Match]] = {}
         self.vrfs = {v.tenant: v for v in rs.vrfs}
         # per VRF: (version, prefix length, network) -> the tenant VRF it leads into, and the lengths present
@@ -235,6 +252,8 @@ class Walker:
         nic_s, nic_d = self.device(f"nic:{s.node}"), self.device(f"nic:{d.node}")
         leaf_s, leaf_d = self.device(f"leaf:{ls}"), self.device(f"leaf:{ld}")
         eph = EPHEMERAL_PORT
+        if is_roce(proto, port):
+            return self._walk_roce(s, d, sa, da, explain)
         steps: list[tuple[str, FlowRule | None]] = [
             (f"nic:{s.node} egress", nic_s.first(("egress", ""), "new", sa, da, proto, eph, port))]
         if not _allowed(steps[-1][1]):
@@ -269,6 +288,37 @@ class Walker:
             return True, ""
         reasons = sorted({r for _, rule in steps if rule is not None for r in rule.reasons})
         return True, "allowed by " + ", ".join(reasons)
+
+    def _walk_roce(self, s: Placement, d: Placement, sa: tuple[int, int], da: tuple[int, int], explain: bool
+                   ) -> tuple[bool, str]:
+        """RoCEv2 between s and d: both one-way trips (each to 4791 from an ephemeral port) must pass."""
+        att = self.fabric.attachment
+        steps: list[tuple[str, FlowRule | None]] = []
+        for x, y, xa, ya, back in ((s, d, sa, da, ""), (d, s, da, sa, " reply")):
+            tx, ty = x.workload.split("/", 1)[0], y.workload.split("/", 1)[0]
+            lx, ly = att[x.node].leaf, att[y.node].leaf
+            nic_x, nic_y = self.device(f"nic:{x.node}"), self.device(f"nic:{y.node}")
+            leaf_x, leaf_y = self.device(f"leaf:{lx}"), self.device(f"leaf:{ly}")
+            steps.append((f"nic:{x.node} egress{back}", nic_x.first(("egress", ""), STATELESS, xa, ya, "udp",
+                                                                   EPHEMERAL_PORT, ROCE_V2_PORT)))
+            if not _allowed(steps[-1][1]):
+                return False, _why(steps[-1])
+            steps.append((f"leaf:{lx} acl {tx}{back}", leaf_x.first(("inbound", tx), "any", xa, ya, "udp",
+                                                                    EPHEMERAL_PORT, ROCE_V2_PORT)
+                          if (x.node, tx) in leaf_x.members else None))
+            if not _allowed(steps[-1][1]):
+                return False, _why(steps[-1])
+            ok, why = self._route(leaf_x, leaf_y, tx, ty, ya, y)
+            if not ok:
+                return False, f"leaf:{lx} vrf {tx}{back}: {why}"
+            steps.append((f"nic:{y.node} ingress{back}", nic_y.first(("ingress", ""), STATELESS, xa, ya, "udp",
+                                                                     EPHEMERAL_PORT, ROCE_V2_PORT)))
+            if not _allowed(steps[-1][1]):
+                return False, _why(steps[-1])
+        if not explain:
+            return True, ""
+        reasons = sorted({r for _, rule in steps if rule is not None for r in rule.reasons})
+        return True, f"allowed by {', '.join(reasons)} ({ROCE_NOTE})"
 
     def _route(self, here: _Device, there: _Device, tenant: str, dst_tenant: str, addr: tuple[int, int],
                dst: Placement) -> tuple[bool, str]:
@@ -306,7 +356,7 @@ def port_classes(cuts: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def _cuts(compiled: Compiled, flows: Iterable[Flow]) -> dict[str, list[int]]:
-    cuts: dict[str, set[int]] = {"tcp": set(), "udp": set()}
+    cuts: dict[str, set[int]] = {"tcp": set(), "udp": {ROCE_V2_PORT, ROCE_V2_PORT + 1}}  # RoCEv2: a class alone
     for f in flows:
         cuts.setdefault(f.proto, set()).update((f.port, f.port + 1))
     for rs in compiled.devices.values():
@@ -334,7 +384,7 @@ def verify(compiled: Compiled, allowed: Any, exhaustive: bool = False) -> list[M
         if s.workload in revoked or d.workload in revoked or s.workload == d.workload:
             return False
         sg, dg = s.workload.rsplit("/", 1)[0], d.workload.rsplit("/", 1)[0]
-        return (sg, dg, proto, lo) in policy
+        return (sg, dg, proto, lo) in policy or (is_roce(proto, lo) and (dg, sg, proto, lo) in policy)
 
     if exhaustive:
         todo: Iterable[tuple[Placement, Placement, str, tuple[int, int]]] = (
@@ -364,7 +414,8 @@ def _revoked(compiled: Compiled) -> frozenset[str]:
 def _candidates(compiled: Compiled, walker: Walker, by_key: Mapping[str, Placement],
                 classes: Mapping[str, list[tuple[int, int]]], policy: set[tuple[str, str, str, int]],
                 placed: list[Placement]) -> Iterable[tuple[Placement, Placement, str, tuple[int, int]]]:
-    """Flows any NIC egress allow could admit, and every flow the policy allows (each once)."""
+    """Flows any NIC egress allow could admit (a stateless rule of either direction, its mirror too), and every
+    flow the policy allows, RoCEv2 also the other way (each once)."""
     by_addr: dict[tuple[int, int], Placement] = {}
     for p in placed:
         for a in (p.ipv4, p.ipv6):
@@ -391,25 +442,28 @@ def _candidates(compiled: Compiled, walker: Walker, by_key: Mapping[str, Placeme
             continue
         sets = rs.set_by_name
         for r in rs.rules:
-            if r.direction != "egress" or r.action != "allow" or r.state != "new":
+            if r.action != "allow" or not (r.state == STATELESS or (r.direction == "egress" and r.state == "new")):
                 continue
             srcs = placed if r.src == ANY else members(sets[r.src].v4 + sets[r.src].v6)
             dsts = placed if r.dst == ANY else members(sets[r.dst].v4 + sets[r.dst].v6)
+            pairs = [(srcs, dsts), (dsts, srcs)] if r.state == STATELESS else [(srcs, dsts)]
             protos = ("tcp", "udp") if r.proto == "*" else (r.proto,)
             for proto in protos:
                 cls = [c for c in classes[proto] if not r.ports or any(lo <= c[0] <= hi for lo, hi in r.ports)]
-                for s in dict.fromkeys(srcs):
-                    for d in dict.fromkeys(dsts):
-                        for c in cls:
-                            k = (s.workload, d.workload, proto, c[0])
-                            if k not in seen and s is not d:
-                                seen.add(k)
-                                yield s, d, proto, c
+                for froms, tos in pairs:
+                    for s in dict.fromkeys(froms):
+                        for d in dict.fromkeys(tos):
+                            for c in cls:
+                                k = (s.workload, d.workload, proto, c[0])
+                                if k not in seen and s is not d:
+                                    seen.add(k)
+                                    yield s, d, proto, c
     for sg, dg, proto, port in sorted(policy):
         klass = next(c for c in classes[proto] if c[0] <= port <= c[1])
-        for s in by_group.get(sg, ()):
-            for d in by_group.get(dg, ()):
-                k = (s.workload, d.workload, proto, klass[0])
-                if k not in seen and s is not d:
-                    seen.add(k)
-                    yield s, d, proto, klass
+        for a, b in ((sg, dg), (dg, sg)) if is_roce(proto, port) else ((sg, dg),):
+            for s in by_group.get(a, ()):
+                for d in by_group.get(b, ()):
+                    k = (s.workload, d.workload, proto, klass[0])
+                    if k not in seen and s is not d:
+                        seen.add(k)
+                        yield s, d, proto, klass

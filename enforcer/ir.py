@@ -9,19 +9,27 @@ prefixes of the source tenants (`tenants:...`, for a leaf's stateless return rul
 
 Evaluation order on every device: rules by descending priority, first match wins; the compiler always ends
 each direction (NIC) or each ACL (leaf) with a `deny` at priority 0, so nothing is allowed by omission.
-A NIC rule's `state` is `new` (first packet of a connection: it is committed to conntrack when allowed) or
-`established` (a packet of a committed connection, in either direction).
+A NIC rule's `state` is `new` (first packet of a connection: it is committed to conntrack when allowed),
+`established` (a packet of a committed connection, in either direction) or `stateless`: RoCEv2, UDP to port
+4791, which never goes through conntrack (a BlueField-3's hardware conntrack does not take it, so it would stay
+on the Arm cores). Every RoCEv2 packet, requests and responses alike, goes to UDP port 4791 from a varying source
+port, so a `stateless` rule admits its packets (src -> dst, to 4791) and their mirror (dst -> src, to 4791) on
+this NIC: a RoCEv2 allowance is symmetric. Only `stateless` rules and denies see a NIC's UDP/4791 packets; the
+other rules never do (see `roce_split`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
 
 from core.canonical import canonical_json, sha256_hex
 
 ANY = "*"
+STATELESS = "stateless"
+ROCE_V2_PORT = 4791  # IANA's RoCEv2 port: the UDP destination port of every RoCEv2 packet, in both directions
+ROCE_PORTS: tuple[tuple[int, int], ...] = ((ROCE_V2_PORT, ROCE_V2_PORT),)
 PRIO_ESTABLISHED = 200
 PRIO_ALLOW = 100
 PRIO_DENY = 0
@@ -42,7 +50,7 @@ class FlowRule(NamedTuple):
     proto: str  # "tcp" | "udp" | "*"
     ports: tuple[tuple[int, int], ...]  # inclusive ranges; () = any port
     port_side: str = "dst"  # "src" on a leaf's stateless return rule (the service answering)
-    state: str = "new"  # nic: "new" | "established" | "invalid"; leaf rules are stateless: "any"
+    state: str = "new"  # nic: "new" | "established" | "stateless" (RoCEv2); leaf rules are stateless: "any"
     action: str = "allow"  # "allow" | "deny"
     reasons: tuple[str, ...] = ()  # policy rule ("intra-tenant", "platform-service") or "grant:<id>"
 
@@ -162,3 +170,27 @@ def ports_to_ranges(ports: list[int] | tuple[int, ...]) -> tuple[tuple[int, int]
 def range_covers(outer: tuple[tuple[int, int], ...], inner: tuple[tuple[int, int], ...]) -> bool:
     """Every port of `inner` lies in `outer` (both merged)."""
     return all(any(a <= lo and hi <= b for a, b in outer) for lo, hi in inner)
+
+
+@lru_cache(maxsize=4096)  # port lists repeat: every rule of an entry has the entry's
+def roce_split(proto: str, ports: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...] | None, bool]:
+    """What of an allowed (proto, ports) goes through conntrack on a NIC, and whether RoCEv2 (UDP to 4791) is
+    allowed too: (ports left to the stateful rules, None when no port is; RoCEv2 among them). UDP port 4791 is
+    carved out of the ports (a range around it splits in two), except from "any port" (`()`), which stays whole
+    rather than become ~30 masked matches: its 4791 part never reaches a stateful rule anyway."""
+    if proto != "udp":
+        return ports, False
+    if not ports:
+        return ports, True
+    if not any(lo <= ROCE_V2_PORT <= hi for lo, hi in ports):
+        return ports, False
+    rest: list[tuple[int, int]] = []
+    for lo, hi in ports:
+        if lo <= ROCE_V2_PORT <= hi:
+            if lo < ROCE_V2_PORT:
+                rest.append((lo, ROCE_V2_PORT - 1))
+            if hi > ROCE_V2_PORT:
+                rest.append((ROCE_V2_PORT + 1, hi))
+        else:
+            rest.append((lo, hi))
+    return (tuple(rest) or None), True

@@ -3,12 +3,21 @@
 Pipeline of one NIC bridge (U = the uplink, P = a host port / VF representor, V = its tenant's VLAN, which
 is also the tenant's conntrack zone, carried in reg6):
   table 0  classify: ARP and IPv6 ND of a local address pass straight through (tagged with V towards U);
-           IP from P with P's own source address -> ct(zone=V, table=1)  (anything else from P: dropped,
+           RoCEv2 (UDP to 4791) from P with P's own source address -> table 5, from U tagged V to a local
+           address -> untag, table 6: never through conntrack (NVIDIA's BlueField "CT offload" example lets
+           `udp,tp_dst=4791` skip `ct` the same way: hardware conntrack does not support RoCE);
+           other IP from P with P's own source address -> ct(zone=V, table=1)  (anything else from P: dropped,
            so a workload cannot spoof); IP from U tagged V to a local address -> untag, ct(zone=V, table=2)
   table 1  egress (from a local workload), table 2 ingress (to one): `ct_state=+inv` drop; `+est` (a
            committed connection, either direction: conntrack return) continue; allowed `+new` ->
            ct(commit, zone=V) and continue; everything else drop (default deny)
+  table 5  RoCEv2 egress, table 6 RoCEv2 ingress: stateless. A `stateless` rule S -> D puts S -> D into its
+           own direction's table and the mirror D -> S into the other (RoCEv2 responses and ACKs also go to
+           4791, from a varying source port); everything else drop (RoCEv2 that no policy allows)
   table 3  to the network: tag with V, out U          table 4  to the host: out P by destination address
+No stateless table matches reg6 or a VLAN: table 0 let a packet in only with its port's own address (from P)
+or to a local address on that address's tenant VLAN (from U), and a local address belongs to one port, of one
+tenant (tenants' prefixes never overlap), so the address match already pins the tenant.
 An allow rule costs |S| x |D| x |ports| plain flows or, when cheaper, one conjunction: |S| + |D| + |ports|
 dimension flows and one `conj_id` flow (OVS's conjunctive match, as OVN builds it from address sets).
 Dimension flows with the same match are shared between conjunctions (one flow, several conjunction
@@ -23,9 +32,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from enforcer.cost import family_members, port_masks
-from enforcer.ir import ANY, PRIO_ALLOW, DeviceRuleSet, FlowRule
+from enforcer.ir import ANY, PRIO_ALLOW, ROCE_V2_PORT, STATELESS, DeviceRuleSet, FlowRule
 
-T_CLASSIFY, T_EGRESS, T_INGRESS, T_TO_NET, T_TO_HOST = 0, 1, 2, 3, 4
+T_CLASSIFY, T_EGRESS, T_INGRESS, T_TO_NET, T_TO_HOST, T_ROCE_EGRESS, T_ROCE_INGRESS = 0, 1, 2, 3, 4, 5, 6
+ROCE_PRIORITY = 350  # table 0: RoCEv2 of a local address, above the ct classification (300) of its other IP
 ZONE_REG = "NXM_NX_REG6[0..15]"
 PLAIN_PRIORITY = PRIO_ALLOW + 10  # plain allows above the conjunctive ones; both only allow
 
@@ -92,6 +102,10 @@ def render_flows(rs: DeviceRuleSet, port_names: Mapping[str, str] | None = None)
         for a in map(_host, p.v4):
             b.add(T_CLASSIFY, 400, f"in_port={port},arp,arp_spa={a}", f"{tag},output:{up}")
             b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},arp,arp_tpa={a}", f"pop_vlan,output:{port}")
+            b.add(T_CLASSIFY, ROCE_PRIORITY, f"in_port={port},udp,nw_src={a},tp_dst={ROCE_V2_PORT}",
+                  f"resubmit(,{T_ROCE_EGRESS})")
+            b.add(T_CLASSIFY, ROCE_PRIORITY, f"in_port={up},dl_vlan={v},udp,nw_dst={a},tp_dst={ROCE_V2_PORT}",
+                  f"pop_vlan,resubmit(,{T_ROCE_INGRESS})")
             b.add(T_CLASSIFY, 300, f"in_port={port},ip,nw_src={a}", f"{zone},ct(zone={ZONE_REG},table={T_EGRESS})")
             b.add(T_CLASSIFY, 300, f"in_port={up},dl_vlan={v},ip,nw_dst={a}",
                   f"pop_vlan,{zone},ct(zone={ZONE_REG},table={T_INGRESS})")
@@ -103,6 +117,10 @@ def render_flows(rs: DeviceRuleSet, port_names: Mapping[str, str] | None = None)
                   f"pop_vlan,output:{port}")
             b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},icmp6,icmp_type=136,ipv6_dst={a}",
                   f"pop_vlan,output:{port}")
+            b.add(T_CLASSIFY, ROCE_PRIORITY, f"in_port={port},udp6,ipv6_src={a},tp_dst={ROCE_V2_PORT}",
+                  f"resubmit(,{T_ROCE_EGRESS})")
+            b.add(T_CLASSIFY, ROCE_PRIORITY, f"in_port={up},dl_vlan={v},udp6,ipv6_dst={a},tp_dst={ROCE_V2_PORT}",
+                  f"pop_vlan,resubmit(,{T_ROCE_INGRESS})")
             b.add(T_CLASSIFY, 300, f"in_port={port},ipv6,ipv6_src={a}",
                   f"{zone},ct(zone={ZONE_REG},table={T_EGRESS})")
             b.add(T_CLASSIFY, 300, f"in_port={up},dl_vlan={v},ipv6,ipv6_dst={a}",
@@ -117,8 +135,10 @@ def render_flows(rs: DeviceRuleSet, port_names: Mapping[str, str] | None = None)
 
 
 def _rule(b: _Builder, r: FlowRule, sets: Mapping[str, object]) -> None:
-    table = T_EGRESS if r.direction == "egress" else T_INGRESS
-    forward = f"resubmit(,{T_TO_NET if r.direction == 'egress' else T_TO_HOST})"
+    stateless = r.state == STATELESS
+    egress = r.direction == "egress"
+    table = (T_ROCE_EGRESS if egress else T_ROCE_INGRESS) if stateless else (T_EGRESS if egress else T_INGRESS)
+    forward = f"resubmit(,{T_TO_NET if egress else T_TO_HOST})"
     if r.action == "deny":
         if r.src != ANY or r.dst != ANY or r.proto != "*":
             raise ValueError("only the final catch-all deny is rendered; allows are the policy")
@@ -127,18 +147,31 @@ def _rule(b: _Builder, r: FlowRule, sets: Mapping[str, object]) -> None:
     if r.state == "established":
         b.add(table, r.priority, "ct_state=+est+trk", forward, cookie_for(r.reasons))
         return
+    if stateless:
+        if r.proto != "udp" or r.ports != ((ROCE_V2_PORT, ROCE_V2_PORT),):
+            raise ValueError("a stateless rule is RoCEv2: udp to port 4791 only (nothing else skips conntrack)")
+        # its own direction, and the mirror (dst -> src, also to 4791) in the other direction's table
+        _allow(b, table, "", r.src, r.dst, r, sets, forward)
+        back = f"resubmit(,{T_TO_HOST if egress else T_TO_NET})"
+        _allow(b, T_ROCE_INGRESS if egress else T_ROCE_EGRESS, "", r.dst, r.src, r, sets, back)
+        return
+    _allow(b, table, "ct_state=+new+trk,", r.src, r.dst, r, sets, f"ct(commit,zone={ZONE_REG}),{forward}")
+
+
+def _allow(b: _Builder, table: int, state: str, src_set: str, dst_set: str, r: FlowRule,
+           sets: Mapping[str, object], allow: str) -> None:
+    """The flows of one allow from src_set to dst_set in `table`: plain, or one conjunction when cheaper."""
     cookie = cookie_for(r.reasons)
-    allow = f"ct(commit,zone={ZONE_REG}),{forward}"
     masks = [m for lo, hi in r.ports for m in port_masks(lo, hi)]
     for fam in (4, 6):
-        src = family_members(sets.get(r.src), fam) if r.src != ANY else ("*",)  # type: ignore[arg-type]
-        dst = family_members(sets.get(r.dst), fam) if r.dst != ANY else ("*",)  # type: ignore[arg-type]
+        src = family_members(sets.get(src_set), fam) if src_set != ANY else ("*",)  # type: ignore[arg-type]
+        dst = family_members(sets.get(dst_set), fam) if dst_set != ANY else ("*",)  # type: ignore[arg-type]
         if not src or not dst:
             continue
         proto = r.proto if fam == 4 else f"{r.proto}6"
         if r.proto == "*":
             proto = "ip" if fam == 4 else "ipv6"
-        base = f"ct_state=+new+trk,{proto}"
+        base = f"{state}{proto}"
         sf, df = ("nw_src", "nw_dst") if fam == 4 else ("ipv6_src", "ipv6_dst")
         s_m = [f"{sf}={a}" for a in src if a != "*"] or [""]
         d_m = [f"{df}={a}" for a in dst if a != "*"] or [""]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from enforcer.fabric import Fabric, Grant, Group, Link, Node, Placement, Switch, Tenant, Workload
 
-PORTS = (22, 53, 443, 5432, 5433, 8000, 8080, 8443)
+PORTS = (22, 53, 443, 4791, 5432, 5433, 8000, 8080, 8443)  # 4791: RoCEv2 (udp), stateless on a NIC
 NOW = datetime(2027, 1, 15, tzinfo=UTC)
 EXPIRED = datetime(2026, 1, 1, tzinfo=UTC)
 LATER = datetime(2099, 1, 1, tzinfo=UTC)

@@ -118,15 +118,15 @@ def test_revoking_a_workload_withdraws_its_flows_everywhere() -> None:
 
 def test_budget_overflow_names_the_device_and_its_largest_contributors() -> None:
     with pytest.raises(BudgetExceeded) as info:
-        compile_small(budget=Budget(nic_flows=28, leaf_acl_entries=44, acl_mode="atomic"))
+        compile_small(budget=Budget(nic_flows=34, leaf_acl_entries=44, acl_mode="atomic"))
     msg = str(info.value)
     over = {o.device: o for o in info.value.overflows}
     assert set(over) == {"nic:gpu1", "nic:gpu3", "leaf:leaf1"}  # leaf2 needs 22: exactly fits
     assert over["leaf:leaf1"].limit == 22  # atomic mode halves the 44 entries
     # in IPv4 entries: an IPv6 entry counts two (enforcer/cost.py V6_ACL_WEIGHT)
     assert "leaf:leaf1: 27 switch ACL entries > budget 22; largest: intra-tenant (14), default-deny (6)" in msg
-    assert "nic:gpu1: 36 NIC flows > budget 28; largest: intra-tenant (5)" in msg
-    compile_small(budget=Budget(nic_flows=36, leaf_acl_entries=27, acl_mode="non-atomic"))  # exactly fits
+    assert "nic:gpu1: 44 NIC flows > budget 34; largest: intra-tenant (5)" in msg
+    compile_small(budget=Budget(nic_flows=44, leaf_acl_entries=27, acl_mode="non-atomic"))  # exactly fits
 
 
 def test_an_ipv6_acl_entry_counts_two_ipv4_entries_as_in_the_switch_atcam() -> None:
@@ -140,7 +140,7 @@ def test_an_ipv6_acl_entry_counts_two_ipv4_entries_as_in_the_switch_atcam() -> N
 def test_contributors_sum_per_reason() -> None:
     compiled, _ = compile_small()
     top = dict(contributors(compiled.devices["nic:gpu4"]))
-    assert top == {"platform-service": 10, "conntrack-return": 2, "default-deny": 2}
+    assert top == {"platform-service": 10, "conntrack-return": 2, "default-deny": 4}  # RoCEv2's two too
 
 
 def test_incremental_recompile_after_one_grant_matches_a_full_compile() -> None:
