@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
 
+from core.rocev2 import ROCE_V2_PORT, is_rocev2
 from enforcer.compiler import Compiled
 from enforcer.fabric import Fabric, Placement
-from enforcer.ir import ANY, ROCE_V2_PORT, STATELESS, DeviceRuleSet, FlowRule
+from enforcer.ir import ANY, STATELESS, DeviceRuleSet, FlowRule
 from policy.decide import Flow, expand_allowed
 
 EPHEMERAL_PORT = 49_152
@@ -105,10 +106,6 @@ Match = tuple[FlowRule, Any, Any]
 LOCAL_SIDE = {"egress": "src", "inbound": "src", "ingress": "dst"}  # the side that holds this device's own
 OTHER = {"egress": "ingress", "ingress": "egress"}
 ROCE_NOTE = "RoCEv2, udp/4791: no conntrack, allowed both ways"
-
-
-def is_roce(proto: str, port: int) -> bool:
-    return proto == "udp" and port == ROCE_V2_PORT
 
 
 class _Device:
@@ -252,7 +249,7 @@ class Walker:
         nic_s, nic_d = self.device(f"nic:{s.node}"), self.device(f"nic:{d.node}")
         leaf_s, leaf_d = self.device(f"leaf:{ls}"), self.device(f"leaf:{ld}")
         eph = EPHEMERAL_PORT
-        if is_roce(proto, port):
+        if is_rocev2(proto, port):
             return self._walk_roce(s, d, sa, da, explain)
         steps: list[tuple[str, FlowRule | None]] = [
             (f"nic:{s.node} egress", nic_s.first(("egress", ""), "new", sa, da, proto, eph, port))]
@@ -384,7 +381,7 @@ def verify(compiled: Compiled, allowed: Any, exhaustive: bool = False) -> list[M
         if s.workload in revoked or d.workload in revoked or s.workload == d.workload:
             return False
         sg, dg = s.workload.rsplit("/", 1)[0], d.workload.rsplit("/", 1)[0]
-        return (sg, dg, proto, lo) in policy or (is_roce(proto, lo) and (dg, sg, proto, lo) in policy)
+        return (sg, dg, proto, lo) in policy or (is_rocev2(proto, lo) and (dg, sg, proto, lo) in policy)
 
     if exhaustive:
         todo: Iterable[tuple[Placement, Placement, str, tuple[int, int]]] = (
@@ -460,7 +457,7 @@ def _candidates(compiled: Compiled, walker: Walker, by_key: Mapping[str, Placeme
                                     yield s, d, proto, c
     for sg, dg, proto, port in sorted(policy):
         klass = next(c for c in classes[proto] if c[0] <= port <= c[1])
-        for a, b in ((sg, dg), (dg, sg)) if is_roce(proto, port) else ((sg, dg),):
+        for a, b in ((sg, dg), (dg, sg)) if is_rocev2(proto, port) else ((sg, dg),):
             for s in by_group.get(a, ()):
                 for d in by_group.get(b, ()):
                     k = (s.workload, d.workload, proto, klass[0])

@@ -25,10 +25,10 @@ from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
 
 from core.canonical import canonical_json, sha256_hex
+from core.rocev2 import ROCE_V2_PORT
 
 ANY = "*"
 STATELESS = "stateless"
-ROCE_V2_PORT = 4791  # IANA's RoCEv2 port: the UDP destination port of every RoCEv2 packet, in both directions
 ROCE_PORTS: tuple[tuple[int, int], ...] = ((ROCE_V2_PORT, ROCE_V2_PORT),)
 PRIO_ESTABLISHED = 200
 PRIO_ALLOW = 100

@@ -31,8 +31,9 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core.rocev2 import ROCE_V2_PORT
 from enforcer.cost import family_members, port_masks
-from enforcer.ir import ANY, PRIO_ALLOW, ROCE_V2_PORT, STATELESS, DeviceRuleSet, FlowRule
+from enforcer.ir import ANY, PRIO_ALLOW, STATELESS, DeviceRuleSet, FlowRule
 
 T_CLASSIFY, T_EGRESS, T_INGRESS, T_TO_NET, T_TO_HOST, T_ROCE_EGRESS, T_ROCE_INGRESS = 0, 1, 2, 3, 4, 5, 6
 ROCE_PRIORITY = 350  # table 0: RoCEv2 of a local address, above the ct classification (300) of its other IP
