@@ -100,7 +100,8 @@ def parse_entries(raw: Any, known: Known | None = None
                   ) -> tuple[dict[tuple[str, str, str], Entry], Known, set[tuple[str, str, str]]]:
     """The compact allowed_flows set, validated (InvalidInput naming a malformed entry); with, for the next
     call, each item as given, and the keys parsed afresh. An item equal to the one `known` holds for it reuses
-    that entry unparsed (items are compared, not copied: a caller must not mutate them afterwards)."""
+    that entry unparsed (items are compared, not copied: a caller must not mutate them afterwards). An item
+    with no ports allows no flow and becomes no entry."""
     if not isinstance(raw, list):
         raise InvalidInput("data.flows.allowed_flows is undefined or not a set of flow entries")
     out: dict[tuple[str, str, str], Entry] = {}
@@ -129,6 +130,11 @@ def parse_entries(raw: Any, known: Known | None = None
                 raise ValueError("sources must be tenant/group")
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(f"data.flows.allowed_flows has a malformed entry {item!r:.200}: {exc}") from None
+        if not ports:
+            # an entry lists the ports it allows: none, no flow (the Rego's own reading, where `input.port in
+            # ports` never holds, and expand_allowed's). The IR's `()` is "any port", so kept it would widen to
+            # every port: fail closed instead. The shipped Rego never emits one (`count(ports) > 0`).
+            continue
         e = Entry(dst, proto, reason, merge_ranges([(p, p) for p in ports]), sources)
         key = e.key
         prev = out.get(key)

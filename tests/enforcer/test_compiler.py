@@ -16,6 +16,7 @@ from enforcer.equivalence import verify
 from enforcer.errors import BudgetExceeded
 from enforcer.fabric import Fabric, revoked_ids
 from enforcer.plan import plan
+from policy.decide import expand_allowed
 from tests.enforcer.gen import fabrics
 from tests.enforcer.helpers import NOW_NS, allowed_flows, compile_small, small
 
@@ -245,3 +246,24 @@ def test_the_audit_summary_of_a_plan_counts_what_the_plan_lists() -> None:
     for d, rs in after.devices.items():
         for old in (before.devices[d], None):
             assert summary(old, rs, Budget()) == plan_device(old, rs, Budget()).summary()
+
+
+def test_an_entry_with_no_ports_allows_nothing_as_the_policy_reads_it() -> None:
+    """allowed_flows lists the ports an entry allows: `ports: []` is no flow to the Rego (`input.port in
+    ports`) and to expand_allowed, so the compiler must not read it as the IR's "any port"."""
+    f = small()
+    base = allowed_flows(f)
+    empty = {"dst_tenant": "acme", "dst_group": "data", "proto": "tcp", "ports": [], "reason": "grant:none",
+             "sources": ["globex/batch"]}
+    assert expand_allowed([empty]) == {}
+    plain = compile_fabric(f, base, revoked_ids(f))
+    compiled = compile_fabric(f, [*base, empty], revoked_ids(f))
+    assert not [r for rs in compiled.devices.values() for r in rs.rules if "grant:none" in r.reasons]
+    assert {d: rs.canonical for d, rs in compiled.devices.items()} == {
+        d: rs.canonical for d, rs in plain.devices.items()}
+    assert verify(compiled, [*base, empty], exhaustive=True) == []
+    # and a recompile that empties an entry's ports withdraws what it allowed
+    some = {**empty, "ports": [5432]}
+    before = compile_fabric(f, [*base, some], revoked_ids(f))
+    after = recompile(before, [*base, empty])
+    assert {d: rs.canonical for d, rs in after.devices.items()} == {d: rs.canonical for d, rs in plain.devices.items()}
