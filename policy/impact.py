@@ -6,6 +6,14 @@ a target whose entries are the same under both versions allows the same flows, s
 differ are expanded to flows. A policy change touches a few targets; expanding both whole answers (~240k
 flows each at 1,000 tenants x 10 groups) cost seconds. The result is the one `diff_flow_sets` gives on the
 expanded sets (tests/policy/test_impact_diff.py holds the two equal on generated answers).
+
+RoCEv2 (udp/4791, core/rocev2.py) is symmetric on the wire: the SuperNICs let B's RoCEv2 reach A wherever the
+policy allows A -> B udp/4791. `opened` and `closed` stay the policy's flows (their counts are what a console
+confirmation compares); what the devices do besides is reported beside them, never as a policy flow:
+- `mirrors_opened` / `mirrors_closed`: B -> A udp/4791 that opens (closes) on the wire only as the mirror of an
+  opened (closed) A -> B, each marked `"mirror": "rocev2"` (its origin is the same flow reversed);
+- `"wire_unchanged": "rocev2"` on an opened (closed) policy flow that passed before (still passes after) as the
+  mirror of its reverse: the policy line changes, the wire does not.
 """
 
 from __future__ import annotations
@@ -15,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidInput
+from core.rocev2 import MIRROR, is_rocev2
 from policy.decide import ALLOWED_FLOWS_QUERY, Flow, expand_allowed
 from policy.engines import scratch_engine
 from policy.errors import PolicyEngineError
-from policy.matrix import by_target, same_entries, validated
+from policy.matrix import Target, by_target, same_entries, validated
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,9 @@ class ImpactReport:
     closed: list[Flow] = field(default_factory=list)
     unchanged: int = 0
     by_tenant: dict[str, dict[str, int]] = field(default_factory=dict)
+    mirrors_opened: list[Flow] = field(default_factory=list)  # RoCEv2 that opens on the wire as a mirror only
+    mirrors_closed: list[Flow] = field(default_factory=list)
+    wire_unchanged: frozenset[Flow] = frozenset()  # policy flows of opened/closed that pass before and after
 
     def to_dict(self, limit: int | None = None) -> dict[str, Any]:
         return {
@@ -37,10 +49,20 @@ class ImpactReport:
             "opened_count": len(self.opened),
             "closed_count": len(self.closed),
             "unchanged": self.unchanged,
-            "opened": [f._asdict() for f in self.opened[:limit]],
-            "closed": [f._asdict() for f in self.closed[:limit]],
+            "opened": [self._policy_flow(f) for f in self.opened[:limit]],
+            "closed": [self._policy_flow(f) for f in self.closed[:limit]],
             "by_tenant": self.by_tenant,
+            "mirrors_opened_count": len(self.mirrors_opened),
+            "mirrors_closed_count": len(self.mirrors_closed),
+            "mirrors_opened": [{**f._asdict(), "mirror": MIRROR} for f in self.mirrors_opened[:limit]],
+            "mirrors_closed": [{**f._asdict(), "mirror": MIRROR} for f in self.mirrors_closed[:limit]],
         }
+
+    def _policy_flow(self, f: Flow) -> dict[str, Any]:
+        out = f._asdict()
+        if self.wire_unchanged and f in self.wire_unchanged:
+            out["wire_unchanged"] = MIRROR
+        return out
 
 
 def _by_tenant(opened: list[Flow], closed: list[Flow]) -> dict[str, dict[str, int]]:
@@ -79,7 +101,11 @@ def _count(entries: list[Any]) -> int:
 def diff_answers(before: Any, after: Any) -> tuple[list[Flow], list[Flow], int, dict[str, dict[str, int]]]:
     """diff_flow_sets(expand_allowed(before), expand_allowed(after)), without expanding the targets that did
     not change; InvalidInput for a malformed answer."""
-    b, a = by_target(validated(before)), by_target(validated(after))
+    return _diff_targets(by_target(validated(before)), by_target(validated(after)))
+
+
+def _diff_targets(b: dict[Target, list[Any]], a: dict[Target, list[Any]]
+                  ) -> tuple[list[Flow], list[Flow], int, dict[str, dict[str, int]]]:
     opened: list[Flow] = []
     closed: list[Flow] = []
     unchanged = 0
@@ -97,6 +123,53 @@ def diff_answers(before: Any, after: Any) -> tuple[list[Flow], list[Flow], int, 
     return opened, closed, unchanged, _by_tenant(opened, closed)
 
 
+def reverse(f: Flow) -> Flow:
+    """The same flow the other way: B -> A on the same protocol and destination port."""
+    return Flow(f.dst_tenant, f.dst_group, f.src_tenant, f.src_group, f.proto, f.port)
+
+
+class _Allows:
+    """Whether an answer (by target, validated) allows a flow, as expand_allowed would expand it; each target's
+    (source, port) pairs are gathered once, on first use (a platform service's entry names every tenant's
+    groups)."""
+
+    def __init__(self, targets: dict[Target, list[Any]]) -> None:
+        self._targets = targets
+        self._pairs: dict[Target, set[tuple[str, int]]] = {}
+
+    def __call__(self, f: Flow) -> bool:
+        key = (f.dst_tenant, f.dst_group, f.proto)
+        pairs = self._pairs.get(key)
+        if pairs is None:
+            pairs = self._pairs[key] = {(str(s), int(p)) for e in self._targets.get(key, ())
+                                        for s in e["sources"] for p in e["ports"]}
+        return (f"{f.src_tenant}/{f.src_group}", f.port) in pairs
+
+
+def rocev2_mirrors(opened: list[Flow], closed: list[Flow], b: dict[Target, list[Any]], a: dict[Target, list[Any]]
+                   ) -> tuple[list[Flow], list[Flow], frozenset[Flow]]:
+    """(mirrors opened, mirrors closed, the policy flows of opened/closed whose wire state does not change), from
+    the two answers by target. On the wire a flow passes when the policy allows it or, for RoCEv2, its reverse.
+    So B -> A RoCEv2 opens as a mirror only when A -> B opens and neither answer allows B -> A itself (then it is
+    a policy line of its own, or passed already); closing is the same; and an opened (closed) flow whose reverse
+    the answer before (after) allows passed (passes) anyway."""
+    mirrors: tuple[list[Flow], list[Flow]] = ([], [])
+    same: set[Flow] = set()
+    before, after = _Allows(b), _Allows(a)
+    for side, (flows, other, own) in enumerate(((opened, before, after), (closed, after, before))):
+        for f in flows:
+            if not is_rocev2(f.proto, f.port):
+                continue
+            m = reverse(f)
+            if m == f:
+                continue
+            if other(m):  # passed before it opened / still passes after it closed
+                same.add(f)
+            elif not own(m):
+                mirrors[side].append(m)
+    return sorted(mirrors[0]), sorted(mirrors[1]), frozenset(same)
+
+
 def answer_under(modules: Mapping[str, str], data: Mapping[str, Any], now_ns: int | None = None) -> Any:
     """The compact allowed_flows answer of `modules` on `data`, computed on a private embedded engine."""
     engine = scratch_engine(modules, data)
@@ -110,8 +183,11 @@ def answer_under(modules: Mapping[str, str], data: Mapping[str, Any], now_ns: in
 
 def report_of(candidate_hash: str, baseline_hash: str | None, before: Any, after: Any) -> ImpactReport:
     """The report from the two compact answers (`before`: the active version's; [] when none is active)."""
-    opened, closed, unchanged, by_tenant = diff_answers(before, after)
-    return ImpactReport(candidate_hash, baseline_hash, opened, closed, unchanged, by_tenant)
+    b, a = by_target(validated(before)), by_target(validated(after))
+    opened, closed, unchanged, by_tenant = _diff_targets(b, a)
+    mirrors_opened, mirrors_closed, same = rocev2_mirrors(opened, closed, b, a)
+    return ImpactReport(candidate_hash, baseline_hash, opened, closed, unchanged, by_tenant, mirrors_opened,
+                        mirrors_closed, same)
 
 
 def impact_of(

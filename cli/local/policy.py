@@ -8,6 +8,7 @@ where OPA is installed).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -55,6 +56,11 @@ COVERAGE = View("coverage", (Col("module", "file"), Col("lines covered", lambda 
                              Col("not covered", "not_covered")))
 
 Directory = typer.Argument(..., help="a folder of .rego modules (recursively)", **existing_dir())
+
+
+def _if_unchanged(note: str, flow: dict[str, Any]) -> str:
+    """`note` for an impact report's policy flow whose wire state does not change (RoCEv2's mirror), else ''."""
+    return note if flow.get("wire_unchanged") else ""
 
 
 def _signature(signature: str | None, signature_file: Path | None) -> str | None:
@@ -337,12 +343,26 @@ def register(app: typer.Typer) -> None:
         console.print(f"opened {out['opened_count']}, closed {out['closed_count']}, unchanged {out['unchanged']} "
                       f"(candidate {out['candidate_hash'][:16]} vs active {(out['baseline_hash'] or 'none')[:16]})",
                       highlight=False)
-        flows = View("", (Col("src", lambda f: f"{f['src_tenant']}/{f['src_group']}"),
-                          Col("dst", lambda f: f"{f['dst_tenant']}/{f['dst_group']}"), Col("proto", "proto"),
-                          Col("port", "port")))
+        if out["mirrors_opened_count"] or out["mirrors_closed_count"]:
+            console.print(f"RoCEv2 mirrors on the wire (not policy flows): opened {out['mirrors_opened_count']}, "
+                          f"closed {out['mirrors_closed_count']} (udp/4791 is symmetric on the SuperNICs: allowing "
+                          "A -> B lets B's RoCEv2 reach A)", highlight=False, markup=False, soft_wrap=True)
+        src = Col("src", lambda f: f"{f['src_tenant']}/{f['src_group']}")
+        dst = Col("dst", lambda f: f"{f['dst_tenant']}/{f['dst_group']}")
+        flows = (src, dst, Col("proto", "proto"), Col("port", "port"))
         for side in ("opened", "closed"):
             if out[side]:
-                View(f"flows {side}", flows.columns).table(out[side])
+                # a policy flow whose reverse is allowed passes on the wire either way (RoCEv2): say so
+                columns: tuple[Col, ...] = flows
+                if any(f.get("wire_unchanged") for f in out[side]):
+                    note = f"{'passed already' if side == 'opened' else 'still passes'}: RoCEv2 mirror of the reverse"
+                    columns += (Col("on the wire", partial(_if_unchanged, note)),)
+                View(f"flows {side}", columns).table(out[side])
+            if out.get(f"mirrors_{side}"):
+                View(f"RoCEv2 mirrors {side} (not policy flows)",
+                     (src, dst, Col("proto", "proto"), Col("port", "port"),
+                      Col("mirror of", lambda f: f"{f['dst_tenant']}/{f['dst_group']} -> "
+                                                 f"{f['src_tenant']}/{f['src_group']}"))).table(out[f"mirrors_{side}"])
         if out["by_tenant"]:
             View("by tenant", (Col("tenant", "tenant", kind="id"), Col("opened", "opened"),
                                Col("closed", "closed"))).table(

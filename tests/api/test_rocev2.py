@@ -1,0 +1,101 @@
+"""RoCEv2's symmetry told where people decide, through the real app and console: udp/4791 skips conntrack on the
+SuperNICs, so allowing A -> B lets B's RoCEv2 reach A. The impact report shows that mirror beside the policy's
+flows (opening and closing), a grant on udp/4791 tells both sides, and explain says why B -> A passes when only
+A -> B is granted, without changing the policy's answer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from audit import Actor
+from inventory import service as inv
+from tests.api.conftest import Env, make_settings, open_env, seed
+from tests.console.conftest import sign_in, when_ready
+from tests.policy.helpers import shipped
+
+
+def _group(env: Env, tenant: str, name: str, ports: list[dict[str, object]]) -> None:
+    with env.ctx.db.session() as s:
+        inv.create_group(s, tenant=tenant, name=name, ports=ports, actor=Actor.system("test"), clock=env.clock)
+
+
+@pytest.fixture
+def bare(tmp_path: Path) -> Iterator[Env]:
+    """seed()'s tenants without a policy in force, and acme/gpu exposing RoCEv2 (udp/4791) to its tenant."""
+    e = open_env(make_settings(tmp_path / "home"))
+    seed(e, policy=False)
+    _group(e, "acme", "gpu", [{"proto": "udp", "port": 4791}])
+    yield e
+    e.client.close()
+    e.ctx.close()
+
+
+def test_the_impact_report_shows_the_rocev2_mirrors_beside_the_policy_flows(bare: Env) -> None:
+    r = bare.call("POST", "/v1/policy/versions", "security", json={"modules": shipped()})
+    assert r.status_code == 201, r.text
+    imp = bare.call("GET", f"/v1/policy/versions/{r.json()['number']}/impact", "security").json()
+    web_gpu = {"src_tenant": "acme", "src_group": "web", "dst_tenant": "acme", "dst_group": "gpu", "proto": "udp",
+               "port": 4791}
+    gpu_web = {"src_tenant": "acme", "src_group": "gpu", "dst_tenant": "acme", "dst_group": "web", "proto": "udp",
+               "port": 4791}
+    # the policy opens web -> gpu (gpu exposes 4791), not gpu -> web: that opens on the wire as its mirror
+    assert web_gpu in imp["opened"] and gpu_web not in imp["opened"]
+    assert imp["opened_count"] == len(imp["opened"])  # the policy's flows only: what a confirmation compares
+    assert {**gpu_web, "mirror": "rocev2"} in imp["mirrors_opened"]
+    assert imp["mirrors_opened_count"] == 2 and imp["mirrors_closed"] == []  # gpu -> web and gpu -> db
+    # the console: a line in the summary, and the mirrors in a table of their own, never among the policy flows
+    client = sign_in(bare, "security")
+    page = when_ready(bare, client, f"/console/policy/versions/{r.json()['number']}/impact")
+    assert page.status_code == 200, page.text
+    html = page.text
+    assert "RoCEv2 also <strong>opens 2 and closes 0 mirror flows</strong>" in html
+    assert "Opened on the wire as RoCEv2 mirrors, not policy flows" in html
+    mirrors = html[html.index("Opened on the wire as RoCEv2 mirrors"):]
+    mirrors = mirrors[:mirrors.index("</table>")]
+    assert "<td>acme/gpu</td><td>acme/web</td><td>udp/4791</td><td>acme/web → acme/gpu</td>" in mirrors
+    policy_flows = html[html.index("Opened flows"):html.index("Opened on the wire")]
+    assert "<td>acme/gpu</td><td>acme/web</td><td>udp/4791</td>" not in policy_flows
+    confirm = when_ready(bare, client, f"/console/policy/versions/{r.json()['number']}/activate")
+    assert "RoCEv2 also opens 2 and closes 0 mirror flows" in confirm.text
+
+
+def _literal(allowed: str) -> dict[str, str]:
+    """The shipped modules with allowed_flows replaced by a literal answer (its flows tests left out)."""
+    mods = {k: v for k, v in shipped().items() if k != "flows_test.rego"}
+    old = "allowed_flows := array.concat(array.concat(intra_tenant_flows, platform_flows), granted_flows)"
+    assert old in mods["flows.rego"]
+    mods["flows.rego"] = mods["flows.rego"].replace(old, f"allowed_flows := {allowed}")
+    return mods
+
+
+def test_a_policy_flow_whose_reverse_is_allowed_says_the_wire_does_not_change(bare: Env) -> None:
+    """In force: web -> gpu and db -> gpu udp/4791 (gpu exposes it). A candidate allowing only gpu -> web opens
+    that policy flow, which passed already as web -> gpu's mirror, and closes web -> gpu, which still passes as
+    gpu -> web's mirror; db -> gpu closes with its mirror gpu -> db."""
+    from tests.api.conftest import activate_shipped_policy
+
+    activate_shipped_policy(bare)
+    mods = _literal('[{"dst_tenant": "acme", "dst_group": "web", "proto": "udp", "ports": [4791], '
+                    '"reason": "r", "sources": ["acme/gpu"]}]')
+    r = bare.call("POST", "/v1/policy/versions", "security", json={"modules": mods})
+    assert r.status_code == 201, r.text
+    imp = bare.call("GET", f"/v1/policy/versions/{r.json()['number']}/impact", "security").json()
+    flow = {"proto": "udp", "port": 4791}
+    assert imp["opened"] == [{"src_tenant": "acme", "src_group": "gpu", "dst_tenant": "acme", "dst_group": "web",
+                              **flow, "wire_unchanged": "rocev2"}]
+    closed = [f for f in imp["closed"] if f["proto"] == "udp"]
+    assert closed == [
+        {"src_tenant": "acme", "src_group": "db", "dst_tenant": "acme", "dst_group": "gpu", **flow},
+        {"src_tenant": "acme", "src_group": "web", "dst_tenant": "acme", "dst_group": "gpu", **flow,
+         "wire_unchanged": "rocev2"}]
+    assert imp["mirrors_opened"] == [] and imp["mirrors_closed"] == [
+        {"src_tenant": "acme", "src_group": "gpu", "dst_tenant": "acme", "dst_group": "db", **flow, "mirror": "rocev2"}]
+    html = when_ready(bare, sign_in(bare, "security"), f"/console/policy/versions/{r.json()['number']}/impact").text
+    assert ("<td>acme/gpu</td><td>acme/web</td><td>udp/4791 <span class=\"help\">(passed already on the wire: "
+            "RoCEv2 mirror of the reverse)</span></td>") in html
+    assert ("<td>acme/web</td><td>acme/gpu</td><td>udp/4791 <span class=\"help\">(still passes on the wire: "
+            "RoCEv2 mirror of the reverse)</span></td>") in html
+    assert "<td>acme/db</td><td>acme/gpu</td><td>udp/4791</td>" in html

@@ -1,0 +1,80 @@
+"""RoCEv2's symmetry in the CLI's human output, against the real data directory and the served API:
+`policy impact` lists the RoCEv2 mirrors apart from the policy's flows, `grant show` (and request / approve,
+which print the same) tells both sides a udp/4791 grant lets the destination's RoCEv2 reach the source, and
+`policy explain` keeps the policy's DENY for the reverse but says the SuperNICs let it through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli.conftest import Cli
+from tests.policy.helpers import shipped
+
+
+@pytest.fixture(scope="module")
+def world(cli: Cli) -> dict[str, Any]:
+    """acme/train and acme/data (RoCEv2 to data inside acme), globex/gpu (RoCEv2); tenant admins' tokens."""
+    admin = cli.token("--role", "admin", "--ttl", "1h")
+    for slug, vni in (("acme", "10001"), ("globex", "10002")):
+        assert cli.run("tenant", "create", slug, "--display-name", slug.title(), "--l3vni", vni, "--prefix",
+                       f"10.{vni[-1]}.0.0/16", token=admin).returncode == 0
+    for tenant, group, port in (("acme", "train", "tcp/22"), ("acme", "data", "udp/4791"),
+                                ("globex", "gpu", "udp/4791")):
+        assert cli.run("group", "create", tenant, group, "--port", port, token=admin).returncode == 0
+    return {"admin": admin, "acme": cli.token("--role", "tenant-admin", "--tenant", "acme", "--ttl", "1h"),
+            "globex": cli.token("--role", "tenant-admin", "--tenant", "globex", "--ttl", "1h")}
+
+
+def test_policy_impact_lists_the_rocev2_mirrors_apart(cli: Cli, world: dict[str, Any], tmp_path: Path) -> None:
+    """A candidate without intra-tenant flows closes acme/train -> acme/data udp/4791, and on the wire its
+    mirror acme/data -> acme/train too."""
+    candidate = tmp_path / "no-intra"
+    candidate.mkdir()
+    for name, text in shipped().items():
+        if name == "flows_test.rego":
+            continue
+        if name == "flows.rego":
+            text = text.replace("array.concat(array.concat(intra_tenant_flows, platform_flows), granted_flows)",
+                                "array.concat(platform_flows, granted_flows)")
+        (candidate / name).write_text(text)
+    up = cli.json("policy", "upload", str(candidate))
+    r = cli.run("policy", "impact", str(up["number"]))  # type: ignore[index]
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any(line.startswith("RoCEv2 mirrors on the wire (not policy flows): opened 0, closed 1 ") for line in lines)
+    flows = r.stdout[r.stdout.index("flows closed"):r.stdout.index("RoCEv2 mirrors closed")]
+    assert "acme/train" in flows and "4791" in flows
+    mirrors = r.stdout[r.stdout.index("RoCEv2 mirrors closed (not policy flows)"):]
+    assert [line.split() for line in mirrors.splitlines()[3:4]] == [
+        ["acme/data", "acme/train", "udp", "4791", "acme/train", "->", "acme/data"]], mirrors
+    as_json = cli.json("policy", "impact", str(up["number"]))  # type: ignore[index]
+    assert as_json["mirrors_closed"] == [  # type: ignore[index]
+        {"src_tenant": "acme", "src_group": "data", "dst_tenant": "acme", "dst_group": "train", "proto": "udp",
+         "port": 4791, "mirror": "rocev2"}]
+
+
+def test_policy_impact_says_when_a_policy_flow_does_not_change_the_wire(cli: Cli, world: dict[str, Any],
+                                                                        tmp_path: Path) -> None:
+    """In force: acme/train -> acme/data udp/4791. A candidate allowing only acme/data -> acme/train udp/4791
+    opens that (it passed already, as the mirror) and closes train -> data (it still passes, as the mirror)."""
+    candidate = tmp_path / "swap"
+    candidate.mkdir()
+    old = "allowed_flows := array.concat(array.concat(intra_tenant_flows, platform_flows), granted_flows)"
+    for name, text in shipped().items():
+        if name != "flows_test.rego":
+            (candidate / name).write_text(text.replace(old, 'allowed_flows := [{"dst_tenant": "acme", '
+                                                            '"dst_group": "train", "proto": "udp", "ports": [4791], '
+                                                            '"reason": "r", "sources": ["acme/data"]}]'))
+    up = cli.json("policy", "upload", str(candidate))
+    r = cli.run("policy", "impact", str(up["number"]))  # type: ignore[index]
+    assert r.returncode == 0, r.stderr
+    assert "RoCEv2 mirrors" not in r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if "4791" in line]
+    assert ["acme/data", "acme/train", "udp", "4791", "passed", "already:", "RoCEv2", "mirror", "of", "the",
+            "reverse"] in rows
+    assert ["acme/train", "acme/data", "udp", "4791", "still", "passes:", "RoCEv2", "mirror", "of", "the",
+            "reverse"] in rows
+    assert ["acme/data", "acme/train", "tcp", "22", "-"] in [line.split() for line in r.stdout.splitlines()], r.stdout
