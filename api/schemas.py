@@ -168,6 +168,9 @@ class GrantOut(BaseModel):
     pending_approvers: list[str]
     approvals: list[dict[str, Any]]
     reasons: list[str]
+    notes: list[str] = Field(default_factory=list, description=(
+        "what the devices add to the grant's flows, beside the policy's reasons (e.g. udp/4791: RoCEv2 is "
+        "symmetric on the SuperNICs, so the destination group's RoCEv2 can also reach the source group)"))
     created_at: datetime
     decided_at: datetime | None
     expires_at: datetime | None

@@ -31,8 +31,9 @@ from audit.service import head_locked, lock_head_and_check
 from core.clock import Clock, as_utc, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.quotas import QuotaName, Quotas
+from core.rocev2 import includes_rocev2
 from core.vocabulary import FINAL_GRANT_STATES
-from policy import decisionlog
+from policy import decisionlog, rocev2
 from policy.data import forget_decision_state, marker_for_decision
 from policy.models import Grant
 from store import deferred
@@ -219,6 +220,21 @@ def seen_by(session: Session, caller: Caller, request: GrantRequest, decision: G
     if shown == decision.reasons:
         return decision
     return GrantDecision(decision.outcome, decision.approvers, shown, decision.policy_hash)
+
+
+# A grant opens its flows when active, and will once approved when pending; a live answer (explain-grant) would
+# open them unless it is a denial (`undisclosed` may be either: its note, worked out from the request alone,
+# discloses nothing about the destination).
+_OPENING = frozenset({"pending", "active", "approve", "undisclosed"})
+
+
+def grant_notes(grant: GrantRequest | Grant, state: str) -> list[str]:
+    """What the devices add to the flows of `grant` in `state` (a grant's effective state, or the outcome of a
+    live answer): its RoCEv2 mirror (policy/rocev2.py), for both sides to read beside the policy's reasons."""
+    if state not in _OPENING or not includes_rocev2(grant.proto, grant.ports):  # the list's hot path: no strings
+        return []
+    return rocev2.grant_notes(f"{grant.src_tenant}/{grant.src_group}", f"{grant.dst_tenant}/{grant.dst_group}",
+                        grant.proto, grant.ports)
 
 
 def explain_request(

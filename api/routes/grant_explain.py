@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep, evaluation_slot
@@ -20,7 +20,7 @@ from api.routes.common import caller_of, grant_decider
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden, InvalidInput
 from core.vocabulary import SLUG_PATTERN
-from policy.grants import GrantRequest, explain_request
+from policy.grants import GrantRequest, explain_request, grant_notes
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"], route_class=HandedOffRoute)
 
@@ -33,6 +33,9 @@ class GrantExplainOut(BaseModel):
     outcome: Literal["approve", "pending", "deny", "undisclosed"]
     approvers: list[str]
     reasons: list[str]
+    notes: list[str] = Field(default_factory=list, description=(
+        "what the devices would add to the grant's flows, beside the policy's reasons (e.g. udp/4791: RoCEv2 is "
+        "symmetric on the SuperNICs); none for a denial"))
     policy_hash: str | None
     input: dict[str, object]
 
@@ -64,4 +67,5 @@ def explain_grant(
         decision, policy_input = explain_request(session, asked, caller=caller_of(principal),
                                                  decide=grant_decider(request), now=ctx.clock())
     return GrantExplainOut(outcome=decision.outcome, approvers=sorted(set(decision.approvers)),
-                           reasons=list(decision.reasons), policy_hash=decision.policy_hash, input=policy_input)
+                           reasons=list(decision.reasons), notes=grant_notes(asked, decision.outcome),
+                           policy_hash=decision.policy_hash, input=policy_input)

@@ -66,6 +66,7 @@ def grant_out(grant: Grant, now: datetime) -> GrantOut:
         justification=grant.justification, state=state,
         requested_by=grant.requested_by, required_approvers=list(grant.required_approvers),
         pending_approvers=pending, approvals=list(grant.approvals), reasons=reasons,
+        notes=svc.grant_notes(grant, state),
         created_at=as_utc(grant.created_at), decided_at=_utc(grant.decided_at), expires_at=_utc(grant.expires_at),
         pending_until=_utc(grant.pending_until), version=grant.version,
     )
@@ -256,7 +257,8 @@ def grant_view(grant: Any, now: datetime) -> dict[str, Any]:
         "ports": list(grant.ports or []), "ttl_seconds": grant.ttl_seconds, "justification": grant.justification,
         "state": state, "requested_by": grant.requested_by, "required_approvers": required,
         "pending_approvers": [a for a in required if a not in done] if state == "pending" else [],
-        "approvals": approvals, "reasons": reasons, "created_at": _iso(grant.created_at),
+        "approvals": approvals, "reasons": reasons, "notes": svc.grant_notes(grant, state),
+        "created_at": _iso(grant.created_at),
         "decided_at": _iso(grant.decided_at), "expires_at": _iso(grant.expires_at),
         "pending_until": _iso(grant.pending_until), "version": grant.version,
     }

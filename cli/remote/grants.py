@@ -66,6 +66,7 @@ def show_grant(g: dict[str, Any]) -> None:
     if g.get("expires_at"):
         lines.append(f"  expires: {when(g['expires_at'])}")
     lines.extend(f"  reason: {reason}" for reason in g["reasons"])
+    lines.extend(f"  note: {note}" for note in g.get("notes") or ())  # what the devices add (RoCEv2's mirror)
     for line in lines:
         print(line)
 

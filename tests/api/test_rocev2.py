@@ -99,3 +99,69 @@ def test_a_policy_flow_whose_reverse_is_allowed_says_the_wire_does_not_change(ba
     assert ("<td>acme/web</td><td>acme/gpu</td><td>udp/4791 <span class=\"help\">(still passes on the wire: "
             "RoCEv2 mirror of the reverse)</span></td>") in html
     assert "<td>acme/db</td><td>acme/gpu</td><td>udp/4791</td>" in html
+
+
+@pytest.fixture
+def roce(tmp_path: Path) -> Iterator[Env]:
+    """seed()'s tenants and the shipped policy in force, and globex/gpu exposing RoCEv2 (udp/4791)."""
+    e = open_env(make_settings(tmp_path / "home"))
+    seed(e)
+    _group(e, "globex", "gpu", [{"proto": "udp", "port": 4791}, {"proto": "udp", "port": 9000}])
+    yield e
+    e.client.close()
+    e.ctx.close()
+
+
+NOTE = ("rocev2-mirror: udp/4791 is RoCEv2, symmetric on the SuperNICs: globex/gpu's RoCEv2 can also reach "
+        "acme/web, with no grant of its own")
+GPU = {"src_group": "web", "dst_tenant": "globex", "dst_group": "gpu", "proto": "udp", "ttl_seconds": 3600}
+
+
+def _explain(env: Env, **params: object) -> dict[str, object]:
+    r = env.call("GET", "/v1/policy/explain-grant", "tenant-admin", "acme", params={**GPU, **params})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_a_rocev2_grant_tells_both_sides_the_destination_s_rocev2_reaches_the_source(roce: Env) -> None:
+    # the live answer before any request: undisclosed (acme holds no grant with globex/gpu), the note all the
+    # same, worked out from the request alone: a group that does not exist gets the very same answer
+    before = _explain(roce, ports=[4791, 9000])
+    assert before["outcome"] == "undisclosed" and before["notes"] == [NOTE]
+    ghost = _explain(roce, ports=[4791], dst_group="nope")
+    assert ghost["notes"] == [NOTE.replace("globex/gpu", "globex/nope")] and ghost["outcome"] == "undisclosed"
+    assert _explain(roce, ports=[9000])["notes"] == []  # no RoCEv2, nothing to add
+    assert _explain(roce, ports=[4791], ttl_seconds=8 * 86400)["outcome"] == "deny"  # its own side: shown
+    assert _explain(roce, ports=[4791], ttl_seconds=8 * 86400)["notes"] == []  # a denial opens nothing
+
+    r = roce.call("POST", "/v1/grants", "tenant-admin", "acme", json={**GPU, "ports": [4791, 9000]})
+    assert r.status_code == 201 and r.json()["state"] == "pending", r.text
+    gid = r.json()["id"]
+    assert r.json()["notes"] == [NOTE] and NOTE not in r.json()["reasons"]  # beside the policy's reasons
+    seen = roce.call("GET", f"/v1/grants/{gid}", "tenant-admin", "globex").json()  # the approver
+    assert seen["notes"] == [NOTE]
+    listed = roce.call("GET", "/v1/grants", "tenant-admin", "globex", params={"state": "pending"}).json()
+    assert [g["notes"] for g in listed["items"]] == [[NOTE]]
+    assert _explain(roce, ports=[4791])["outcome"] == "pending" and _explain(roce, ports=[4791])["notes"] == [NOTE]
+
+    # the console: the grant page and the waiting list of the approver, the request form's live answer
+    globex = sign_in(roce, "tenant-admin", "globex")
+    page = globex.get(f"/console/grants/{gid}").text
+    assert f'<dt>Note</dt><dd><ul class="reasons notes"><li class="warn">{NOTE}</li></ul></dd>' in page.replace(
+        "&#39;", "'")
+    waiting = globex.get("/console/grants").text.replace("&#39;", "'")
+    assert f'udp/4791,9000<br><small class="warn">{NOTE}</small>' in waiting
+    preview = sign_in(roce, "tenant-admin", "acme").get(
+        "/console/grants/preview", params={**GPU, "ports": "4791", "src_group": "web"}).text.replace("&#39;", "'")
+    assert f'<li class="warn">{NOTE}</li>' in preview
+
+    approved = roce.call("POST", f"/v1/grants/{gid}/approve", "tenant-admin", "globex", json={})
+    assert approved.json()["state"] == "active" and approved.json()["notes"] == [NOTE]
+    revoked = roce.call("POST", f"/v1/grants/{gid}/revoke", "tenant-admin", "globex", json={"reason": "done"})
+    assert revoked.json()["state"] == "revoked" and revoked.json()["notes"] == []  # it opens nothing any more
+    tcp = roce.call("POST", "/v1/grants", "tenant-admin", "acme", json={**GPU, "dst_group": "api", "proto": "tcp",
+                                                                         "ports": [443]})
+    assert tcp.json()["notes"] == []
+    denied = roce.call("POST", "/v1/grants", "tenant-admin", "acme", json={**GPU, "dst_group": "api",
+                                                                            "ports": [4791]})
+    assert denied.json()["state"] == "denied" and denied.json()["notes"] == []

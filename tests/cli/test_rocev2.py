@@ -78,3 +78,23 @@ def test_policy_impact_says_when_a_policy_flow_does_not_change_the_wire(cli: Cli
     assert ["acme/train", "acme/data", "udp", "4791", "still", "passes:", "RoCEv2", "mirror", "of", "the",
             "reverse"] in rows
     assert ["acme/data", "acme/train", "tcp", "22", "-"] in [line.split() for line in r.stdout.splitlines()], r.stdout
+
+
+GRANT_NOTE = ("  note: rocev2-mirror: udp/4791 is RoCEv2, symmetric on the SuperNICs: globex/gpu's RoCEv2 can also "
+              "reach acme/train, with no grant of its own")
+
+
+def test_grant_request_show_and_approve_carry_the_rocev2_note(cli: Cli, world: dict[str, Any]) -> None:
+    asked = cli.run("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--proto", "udp",
+                    "--port", "4791", "--ttl", "2h", token=world["acme"])
+    assert asked.returncode == 0, asked.stderr
+    lines = asked.stdout.splitlines()
+    assert GRANT_NOTE in lines and lines[-1] == GRANT_NOTE  # after the policy's reasons
+    gid = lines[0].split()[1].rstrip(":")
+    shown = cli.run("grant", "show", gid, token=world["globex"])  # the approver
+    assert GRANT_NOTE in shown.stdout.splitlines(), shown.stdout
+    approved = cli.run("grant", "approve", gid, token=world["globex"])
+    assert approved.returncode == 0 and f"grant {gid}: active" in approved.stdout
+    assert GRANT_NOTE in approved.stdout.splitlines()
+    revoked = cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"])
+    assert revoked.returncode == 0 and "note:" not in revoked.stdout  # revoked: it opens nothing
