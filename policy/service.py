@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from core.errors import Conflict, InvalidInput, NotFound
+from core.rocev2 import is_rocev2
 from policy import reads
 from policy.authoring import PreparedVersion as PreparedVersion
 from policy.authoring import evaluate_query as evaluate_query
@@ -24,7 +25,7 @@ from policy.authoring import prepare as prepare
 from policy.authoring import test as test
 from policy.authoring import validate as validate
 from policy.data import build_data, to_ns
-from policy.decide import FlowDecision, decide_flow, flow_input
+from policy.decide import FlowDecision, decide_flow, flow_input, parse_identity
 from policy.engines import PolicyEngine, scratch_engine
 from policy.errors import PolicyTestsFailed, SignatureRequired, TwoPersonRule
 from policy.impact import ImpactReport, impact_of
@@ -265,6 +266,28 @@ def engine_for_active(session: Session, now: datetime) -> tuple[PolicyEngine, st
     if current is None:
         return scratch_engine({}, data), None
     return scratch_engine(current.modules, data), current.content_hash
+
+
+def mirror_notes(
+    session: Session, src: str, dst: str, port: int, decision: FlowDecision, *, proto: str = "tcp", now: datetime,
+    viewer: str | None = None, kept: KeptFlowDecider | None = None,
+) -> list[str]:
+    """What the devices add to `decision` (explain's, on src -> dst), which stays the policy's answer: RoCEv2 the
+    policy denies still passes as the mirror of dst -> src when the policy allows that (core/rocev2.py), so the
+    reverse is asked (on `kept` when given, as explain). Only what `viewer` (a tenant; None: a platform principal)
+    may learn of both sides (policy/disclosure.py): a reverse it could not see is no note, whatever it says."""
+    if decision.allow or not is_rocev2(proto, port):
+        return []
+    from policy.disclosure import hidden_side
+    from policy.rocev2 import mirror_note
+
+    back, _ = explain(session, dst, src, port, proto=proto, now=now, kept=kept)
+    if not back.allow:
+        return []
+    a, b = parse_identity(src), parse_identity(dst)
+    if hidden_side(session, viewer, ((a["tenant"], a["group"]), (b["tenant"], b["group"]))) is not None:
+        return []
+    return [mirror_note(f"{a['tenant']}/{a['group']}", f"{b['tenant']}/{b['group']}", back.reasons)]
 
 
 class KeptFlowDecider(Protocol):

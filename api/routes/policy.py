@@ -58,6 +58,9 @@ class ValidateOut(BaseModel):
 class ExplainOut(BaseModel):
     allow: bool
     reasons: list[str]
+    notes: list[str] = Field(default_factory=list, description=(
+        "what the devices add to the policy's answer, which stays as it is (e.g. RoCEv2, udp/4791, the policy "
+        "denies but the SuperNICs let through as the mirror of the reverse flow the policy allows)"))
     policy_hash: str | None
     input: dict[str, Any]
 
@@ -169,11 +172,13 @@ def explain(
             reasons = flow_reasons_for(session, scope, (src_id["tenant"], src_id["group"]),
                                        (dst_id["tenant"], dst_id["group"]), proto, port, decision.allow,
                                        decision.reasons)
+            notes = service.mirror_notes(session, src, dst, port, decision, proto=proto, now=ctx.clock(),
+                                         viewer=scope, kept=kept)
         DECISIONS.labels("flow", "allow" if decision.allow else "deny").inc()
         shown = FlowDecision(decision.allow, reasons)
         asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}
         DecisionLog(ctx.db, clock=ctx.clock).record("flow", asked, shown, digest, owner=scope)
-    return ExplainOut(allow=shown.allow, reasons=shown.reasons, policy_hash=digest, input=asked)
+    return ExplainOut(allow=shown.allow, reasons=shown.reasons, notes=notes, policy_hash=digest, input=asked)
 
 
 @router.get("/decisions", response_model=list[DecisionOut], responses=READ_ERRORS,

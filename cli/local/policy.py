@@ -417,8 +417,10 @@ def register(app: typer.Typer) -> None:
 
         def run() -> dict[str, Any]:
             with open_context() as ctx, ctx.db.read_session() as session:
-                d, digest = service.explain(session, src, dst, port, proto=proto, now=ctx.clock())
-                return {**d.to_dict(), "policy_hash": digest}
+                now = ctx.clock()
+                d, digest = service.explain(session, src, dst, port, proto=proto, now=now)
+                notes = service.mirror_notes(session, src, dst, port, d, proto=proto, now=now)
+                return {**d.to_dict(), "notes": notes, "policy_hash": digest}
         out = guard(run)
         if machine_output():
             emit(out)
@@ -428,6 +430,8 @@ def register(app: typer.Typer) -> None:
                       markup=False, soft_wrap=True)
         for reason in out["reasons"]:
             console.print(f"  {reason}", highlight=False, markup=False, soft_wrap=True)
+        for note in out["notes"]:  # what the devices add (RoCEv2's mirror); the verdict above is the policy's
+            console.print(f"  note: {note}", highlight=False, markup=False, soft_wrap=True)
 
     @command(policy, "decisions", LOCAL)
     def decisions_cmd(since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME",

@@ -12,7 +12,7 @@ import pytest
 
 from audit import Actor
 from inventory import service as inv
-from tests.api.conftest import Env, make_settings, open_env, seed
+from tests.api.conftest import TD, Env, make_settings, open_env, seed
 from tests.console.conftest import sign_in, when_ready
 from tests.policy.helpers import shipped
 
@@ -165,3 +165,54 @@ def test_a_rocev2_grant_tells_both_sides_the_destination_s_rocev2_reaches_the_so
     denied = roce.call("POST", "/v1/grants", "tenant-admin", "acme", json={**GPU, "dst_group": "api",
                                                                             "ports": [4791]})
     assert denied.json()["state"] == "denied" and denied.json()["notes"] == []
+
+
+def test_explain_keeps_the_policy_s_deny_and_notes_the_rocev2_mirror_of_the_grant(roce: Env) -> None:
+    gid = roce.call("POST", "/v1/grants", "tenant-admin", "acme", json={**GPU, "ports": [4791, 9000]}).json()["id"]
+    back = {"src": "globex/gpu", "dst": "acme/web", "port": 4791, "proto": "udp"}
+    pending = roce.call("GET", "/v1/policy/explain", "security", params=back).json()
+    assert pending["allow"] is False and pending["notes"] == []  # nothing allows web -> gpu yet
+    assert roce.call("POST", f"/v1/grants/{gid}/approve", "tenant-admin", "globex", json={}).status_code == 200
+    note = (f"rocev2-mirror: the SuperNICs let this RoCEv2 through anyway, as the mirror of acme/web -> globex/gpu "
+            f"udp/4791, which grant:{gid} allows (RoCEv2 skips conntrack, so an allowance is symmetric)")
+    for role, tenant in (("security", None), ("tenant-member", "globex"), ("tenant-member", "acme")):
+        r = roce.call("GET", "/v1/policy/explain", role, tenant, params=back)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        # the policy's answer as it was: deny, no grant from gpu to web; the note beside it
+        assert out["allow"] is False and out["reasons"] == [
+            "no-grant: no active grant from globex/gpu to acme/web on udp/4791",
+            "port-not-exposed: acme/web does not expose udp/4791"], out
+        assert out["notes"] == [note], (role, out)
+    logged = roce.call("GET", "/v1/policy/decisions", "auditor", params={"kind": "flow", "limit": 1}).json()[0]
+    assert logged["allowed"] is False and "rocev2-mirror" not in str(logged)  # the log keeps the policy's answer
+    assert roce.call("GET", "/v1/policy/explain", "security", params={**back, "port": 9000}).json()["notes"] == []
+    forward = roce.call("GET", "/v1/policy/explain", "security",
+                        params={"src": "acme/web", "dst": "globex/gpu", "port": 4791, "proto": "udp"}).json()
+    assert forward["allow"] is True and forward["notes"] == []
+    spiffe = roce.call("GET", "/v1/policy/explain", "security", params={
+        **back, "dst": f"spiffe://{TD}/tenant/acme/group/web/web-1"})
+    assert spiffe.status_code == 200 and spiffe.json()["notes"] == [note], spiffe.text
+    page = sign_in(roce, "tenant-member", "globex").get("/console/explain", params=back).text.replace("&#39;", "'")
+    assert "<strong>DENY</strong>" in page and f'<li class="warn">{note.replace(">", "&gt;")}</li>' in page
+
+
+def test_the_explain_note_discloses_no_group_the_tenant_may_not_see(roce: Env) -> None:
+    """A policy (not the shipped one) that lets any group send RoCEv2 to globex/gpu without a grant: the SuperNICs
+    let globex/gpu's RoCEv2 reach acme/web as the mirror, but acme holds no grant with globex/gpu, so its
+    explain gets the policy's redacted denial and no note naming what allows the reverse; security gets it."""
+    from policy import service as policy_service
+    from policy.authoring import prepare
+
+    mods = shipped()
+    mods["flows.rego"] += ('\nallow_reasons contains "open-rdma: globex/gpu takes RoCEv2 from every group" if {\n'
+                           '\tinput.proto == "udp"\n\tinput.port == 4791\n\tdst.tenant == "globex"\n'
+                           '\tdst.group == "gpu"\n}\n')
+    with roce.ctx.db.session() as s:
+        version, _ = policy_service.upload(s, prepare(mods), Actor.system("test"), now=roce.clock())
+        policy_service.activate(s, version.number or 0, Actor.system("test"), now=roce.clock())
+    back = {"src": "globex/gpu", "dst": "acme/web", "port": 4791, "proto": "udp"}
+    seen = roce.call("GET", "/v1/policy/explain", "security", params=back).json()
+    assert seen["allow"] is False and seen["notes"] and "open-rdma" in seen["notes"][0]
+    acme = roce.call("GET", "/v1/policy/explain", "tenant-member", "acme", params=back).json()
+    assert acme["allow"] is False and acme["notes"] == [] and "open-rdma" not in str(acme)

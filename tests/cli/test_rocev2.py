@@ -98,3 +98,27 @@ def test_grant_request_show_and_approve_carry_the_rocev2_note(cli: Cli, world: d
     assert GRANT_NOTE in approved.stdout.splitlines()
     revoked = cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"])
     assert revoked.returncode == 0 and "note:" not in revoked.stdout  # revoked: it opens nothing
+
+
+def test_policy_explain_notes_the_rocev2_mirror_under_the_policy_s_deny(cli: Cli, world: dict[str, Any]) -> None:
+    asked = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--proto", "udp",
+                     "--port", "4791", "--ttl", "2h", token=world["acme"])
+    gid = asked["id"]  # type: ignore[index]
+    try:
+        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"  # type: ignore[index]
+        r = cli.run("policy", "explain", "--src", "globex/gpu", "--dst", "acme/train", "--port", "4791",
+                    "--proto", "udp")
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == "DENY globex/gpu -> acme/train udp/4791"  # the policy's answer, as it was
+        assert lines[-1] == (f"  note: rocev2-mirror: the SuperNICs let this RoCEv2 through anyway, as the mirror "
+                             f"of acme/train -> globex/gpu udp/4791, which grant:{gid} allows (RoCEv2 skips "
+                             "conntrack, so an allowance is symmetric)")
+        out = cli.json("policy", "explain", "--src", "globex/gpu", "--dst", "acme/train", "--port", "4791",
+                       "--proto", "udp")
+        assert out["allow"] is False and len(out["notes"]) == 1  # type: ignore[index]
+        forward = cli.run("policy", "explain", "--src", "acme/train", "--dst", "globex/gpu", "--port", "4791",
+                          "--proto", "udp")
+        assert forward.stdout.startswith("ALLOW") and "note:" not in forward.stdout
+    finally:
+        assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
