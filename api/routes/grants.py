@@ -144,7 +144,7 @@ def request_grant(
         if idempotency_key is None:
             raise
         with ctx.db.read_session() as session:
-            existing = svc.find_by_idempotency_key(session, caller.id, idempotency_key)
+            existing = svc.find_by_idempotency_key(session, caller, idempotency_key)
         if existing is None:
             raise
         if not req.same_as(existing):
