@@ -124,7 +124,11 @@ def _src_tenant(principal: Principal, body: GrantCreate) -> str:
 )
 def request_grant(
     body: GrantCreate, request: Request, principal: PrincipalDep,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_PATTERN)] = None,
+    idempotency_key: Annotated[str | None, Header(
+        alias="Idempotency-Key", pattern=IDEMPOTENCY_PATTERN,
+        description="a retry under the same key answers 200 with the original grant (the key with another request "
+                    "is 409); a key belongs to its requester, the principal's id within its tenant, never to "
+                    "another tenant's principal of the same id")] = None,
 ) -> Response:
     # Run by its route (api/handoff.py) as one hand-off to a worker thread, the token check included.
     ctx: AppContext = request.app.state.ctx
