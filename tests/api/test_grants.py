@@ -233,6 +233,11 @@ def test_an_idempotency_key_is_scoped_by_the_requesters_tenant_not_only_its_subj
     ids = {first.json()["id"], theirs.json()["id"], ours.json()["id"]}
     assert len(ids) == 3
     assert (theirs.json()["src_tenant"], ours.json()["src_tenant"]) == ("globex", "acme")
+    # and each says whose it is: the id alone is all three's
+    assert [g.json()["requester_tenant"] for g in (first, theirs, ours)] == ["acme", "globex", None]
+    listed = env.call("GET", "/v1/grants", "admin").json()["items"]
+    assert {(g["requested_by"], g["requester_tenant"]) for g in listed} == {
+        ("alice", "acme"), ("alice", "globex"), ("alice", None)}
     for call, original in ((acme, first), (globex, theirs), (platform, ours)):
         again = call()
         assert again.status_code == 200 and again.json() == original.json()  # its own grant, and only it
