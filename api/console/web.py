@@ -67,10 +67,10 @@ def duration(seconds: Any) -> str:
 
 
 def requester(grant: Any) -> str:
-    """Who requested a grant: `alice@acme`, or `alice (platform)`; the id alone may be either (API token subjects
-    are free text)."""
+    """Who requested a grant: `alice@acme`, or `alice (platform role)` (never `alice@platform`: that is tenant
+    platform's alice); the id alone may be either (API token subjects are free text)."""
     tenant = grant.get("requester_tenant")
-    return f"{grant.get('requested_by')}@{tenant}" if tenant else f"{grant.get('requested_by')} (platform)"
+    return f"{grant.get('requested_by')}@{tenant}" if tenant else f"{grant.get('requested_by')} (platform role)"
 
 
 env.filters["when"] = _when

@@ -39,10 +39,10 @@ GrantId = typer.Argument(..., metavar="GRANT_ID", help="a grant id, or a prefix 
 
 
 def requester(g: dict[str, Any]) -> str:
-    """`alice@acme`, or `alice (platform)`: the id alone may be another tenant's principal's (token subjects are
-    free text)."""
+    """`alice@acme`, or `alice (platform role)` (never `alice@platform`: that is tenant platform's alice); the id
+    alone may be another tenant's principal's (API token subjects are free text)."""
     tenant = g.get("requester_tenant")
-    return f"{g['requested_by']}@{tenant}" if tenant else f"{g['requested_by']} (platform)"
+    return f"{g['requested_by']}@{tenant}" if tenant else f"{g['requested_by']} (platform role)"
 
 
 def grant_id(api: Client, given: str) -> str:

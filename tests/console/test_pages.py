@@ -233,8 +233,8 @@ def test_a_grant_names_its_requesters_tenant_beside_its_id(console_env: Env) -> 
     platform = request_as_alice("admin", None, {"src_tenant": "acme"})
     globex = sign_in(env, "tenant-admin", "globex")
     waiting = globex.get("/console/grants").text
-    assert "<td>alice@acme</td>" in waiting and "<td>alice (platform)</td>" in waiting, waiting
-    assert "<dt>Requested by</dt><dd>alice (platform) at " in globex.get(f"/console/grants/{platform}").text
+    assert "<td>alice@acme</td>" in waiting and "<td>alice (platform role)</td>" in waiting, waiting
+    assert "<dt>Requested by</dt><dd>alice (platform role) at " in globex.get(f"/console/grants/{platform}").text
 
 
 def test_an_error_in_a_fragment_is_a_fragment(console_env: Env) -> None:
