@@ -58,7 +58,7 @@ def authenticate(request: Request, ctx: AppContext) -> Principal:
         if principal is not None:
             limiter = getattr(request.app.state, "rate_limiter", None)
             if limiter is not None:
-                limiter.check(f"{principal.role}:{principal.id}")
+                limiter.check(f"{principal.role} {principal.qualified_id}")  # never another tenant's namesake's
             request.state.principal = principal
             return principal
     if request.headers.get("authorization"):

@@ -57,6 +57,8 @@ def record(scope: Scope, rid: str, status: int, elapsed: float, span: Any) -> No
         if principal is not None:
             span.set_attribute("enduser.id", principal.id)
             span.set_attribute("enduser.role", principal.role)
+            if principal.tenant is not None:  # the id alone names no one: acme's and globex's `alice` are one id
+                span.set_attribute("trustfabric.tenant", principal.tenant)
         if status >= 500:
             from opentelemetry.trace import Status, StatusCode
 
@@ -66,5 +68,6 @@ def record(scope: Scope, rid: str, status: int, elapsed: float, span: Any) -> No
         extra={"request_id": rid, "method": method, "route": route, "status": status,
                "latency_ms": round(elapsed * 1000, 3),
                "principal": principal.id if principal is not None else None,
-               "role": principal.role if principal is not None else None},
+               "role": principal.role if principal is not None else None,
+               "tenant": principal.tenant if principal is not None else None},
     )

@@ -36,6 +36,13 @@ class Principal:
         """The tenant this principal is confined to, or None for platform roles."""
         return self.tenant if self.role in TENANT_ROLES else None
 
+    @property
+    def qualified_id(self) -> str:
+        """`id@tenant` for a principal confined to a tenant, the id alone for a platform one: what tells principals
+        apart, as `id` does not (API token subjects are free text, so acme's and globex's `alice` are both `alice`).
+        With the role, unique: a tenant role always carries its tenant (a DNS label, no `@`), a platform role never."""
+        return f"{self.id}@{self.scope_tenant}" if self.scope_tenant is not None else self.id
+
     def actor(self) -> Actor:
         return Actor(id=self.id, kind=_ACTOR_KIND[self.role])
 

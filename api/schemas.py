@@ -164,6 +164,9 @@ class GrantOut(BaseModel):
     justification: str
     state: GrantState
     requested_by: str
+    # the requester's tenant, null for a platform principal: an id alone may be another tenant's principal's (API
+    # token subjects are free text)
+    requester_tenant: str | None
     required_approvers: list[str]
     pending_approvers: list[str]
     approvals: list[dict[str, Any]]

@@ -83,7 +83,8 @@ def seed(ctx: AppContext, tenants: int, groups: int, grants: int, events: int) -
             "id": gid, "src_tenant": src, "src_group": f"g{rng.randrange(groups)}", "dst_tenant": dst,
             "dst_group": f"g{rng.randrange(groups - 1)}", "proto": "tcp", "ports": [443], "ttl_seconds": 6 * 86400,
             "justification": "bench", "state": "active" if active else "pending", "requested_by": f"bench@{src}",
-            "idempotency_key": None, "required_approvers": [] if active else [f"tenant-admin:{dst}"],
+            "requester_tenant": src, "idempotency_key": None,
+            "required_approvers": [] if active else [f"tenant-admin:{dst}"],
             "approvals": [], "reasons": [], "created_at": now, "decided_at": now if active else None,
             "expires_at": now + timedelta(days=6) if active else None,
             "pending_until": None if active else now + timedelta(days=3), "version": 1})

@@ -408,8 +408,8 @@ def _in_session(ctx: Any, fn: Callable[[Any], Any]) -> Any:
 def _grant_row(cls: Any, gid: str, g: Grant, state: str, now: datetime, expires: datetime | None) -> Any:
     return cls(id=gid, src_tenant=g.src_tenant, src_group=g.src_group, dst_tenant=g.dst_tenant, dst_group=g.dst_group,
                proto=g.proto, ports=list(g.ports), ttl_seconds=3600, state=state, requested_by="bench",
-               required_approvers=[], approvals=[], reasons=[], created_at=now, decided_at=now if expires else None,
-               expires_at=expires)
+               requester_tenant="", required_approvers=[], approvals=[], reasons=[], created_at=now,
+               decided_at=now if expires else None, expires_at=expires)
 
 
 if __name__ == "__main__":

@@ -59,9 +59,9 @@ def prepared(db: Database, marker: int, n: int) -> list[tuple[svc.PreparedGrant,
         now = datetime.now(UTC)
         grant = svc.Grant(id=svc.new_grant_id(now), src_tenant="acme", src_group="web", dst_tenant="globex",
                           dst_group="api", proto="tcp", ports=[443], justification="bench", ttl_seconds=3600,
-                          state="pending", requested_by=CALLER.id, idempotency_key=None,
-                          required_approvers=["tenant-admin:globex"], approvals=[], reasons=list(decision.reasons),
-                          created_at=now, pending_until=now + timedelta(days=3))
+                          state="pending", requested_by=CALLER.id, requester_tenant=CALLER.requester_tenant,
+                          idempotency_key=None, required_approvers=["tenant-admin:globex"], approvals=[],
+                          reasons=list(decision.reasons), created_at=now, pending_until=now + timedelta(days=3))
         row = log.row("grant", REQUEST.policy_input("acme"),
                       LoggedDecision("pending", ["tenant-admin:globex"], list(decision.reasons)), "sha256:bench",
                       owner="acme")

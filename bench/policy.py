@@ -216,8 +216,8 @@ def main() -> None:
 
     now = datetime.now(UTC)
     row = Grant(id="bench-grant", src_tenant="t0001", src_group="g1", dst_tenant="t0002", dst_group="g2",
-                proto="tcp", ports=[9999], ttl_seconds=3600, state="active", requested_by="bench", created_at=now,
-                expires_at=now + timedelta(hours=1))
+                proto="tcp", ports=[9999], ttl_seconds=3600, state="active", requested_by="bench",
+                requester_tenant="", created_at=now, expires_at=now + timedelta(hours=1))
     op_add: list[float] = []
     op_remove: list[float] = []
     for _ in range(max(5, args.runs)):

@@ -20,7 +20,8 @@ for one that prints a PEM, a token or serves). `emit(data, view)` then prints th
 machines (`--json`: indented, sorted keys, as before; yaml), and for people a table (a list) or
 `key: value` lines (a mapping) in which ids are never cut (a `kind="id"` column never shrinks), times are
 local (`kind="time"`, or `kind="when"` for `in 1h 59m`), columns with the highest `drop` are hidden first
-on a narrow terminal, and no Python repr (`None`, `{'a': 1}`, `datetime.datetime(...)`) can appear
+on a narrow terminal, other cells wrap at word boundaries (a word longer than its cell ends in `…`, never
+broken across lines), and no Python repr (`None`, `{'a': 1}`, `datetime.datetime(...)`) can appear
 (cli/humanize.py). `machine_output()` tells a command with its own human layout whether to print it.
 Ids may be given back as unique prefixes: cli/ids.py. Arguments are checked while parsed, before any work
 (cli/params.py: `typer.Option(..., parser=PORT, metavar=PORT.metavar)`; tests/cli/test_bad_arguments.py
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 
 from cli.params import choice
@@ -207,27 +209,75 @@ class View:
 
     def table(self, items: Sequence[Mapping[str, Any]]) -> None:
         cells = {c: [c.cell(item) for item in items] for c in self.columns}
+        spans = {c: _span(c.title(), cells[c], whole=c.kind in _WHOLE) for c in self.columns}
         shown = list(self.columns)
         width = console.width
-        while _needed(shown, cells) > table_width() and any(c.drop for c in shown):
+        while _needed([spans[c] for c in shown]) > table_width() and any(c.drop for c in shown):
             worst = max(c.drop for c in shown)
             shown = [c for c in shown if c.drop != worst]
         hidden = [c.header for c in self.columns if c not in shown]
         emit_table(self.title, [c.title() for c in shown], [[cells[c][i] for c in shown] for i in range(len(items))],
-                   ids=[i for i, c in enumerate(shown) if c.kind in ("id", "time")])
+                   ids=[i for i, c in enumerate(shown) if c.kind in _WHOLE])
         if hidden and items:
             err_console.print(f"({', '.join(hidden)} hidden at {width} columns: widen the terminal or use --json)",
                               style="dim", highlight=False, markup=False)
 
 
-def _needed(columns: Sequence[Col], cells: Mapping[Col, Sequence[str]]) -> int:
-    """The width the columns need without breaking ids, times or words of up to 16 characters."""
-    total = 3 * (len(columns) - 1)  # a rule and a space either side between columns
-    for c in columns:
-        whole = c.kind in ("id", "time")  # never wrapped, header included
-        words = [len(w) for v in [c.title(), *cells[c]] for w in ([v] if whole else v.split())]
-        total += max(words, default=0) if whole else min(max(words, default=0), 16)
-    return total
+_WHOLE = ("id", "time")  # column kinds never wrapped nor cut, header included
+_GAP = 3  # between two columns: a space of padding, the rule (blank), a space of padding
+LONG_WORD = 16  # a text column may be narrower than a longer word, which is then cut: `abcdefghijklmno…`
+
+
+@dataclass(frozen=True)
+class _Span:
+    """How narrow and how wide one column of a table can be: `least`, without cutting an id, a time or a word of
+    up to LONG_WORD characters; `most`, its longest line unwrapped. `whole`: an id or a time (least is most)."""
+
+    least: int
+    most: int
+    whole: bool
+
+
+def _span(header: str, cells: Sequence[str], *, whole: bool) -> _Span:
+    lines = [line for value in (header, *cells) for line in value.splitlines()]
+    most = max((cell_len(line) for line in lines), default=1)  # terminal cells: a wide character takes two
+    if whole:
+        return _Span(most, most, True)
+    longest_word = max((cell_len(word) for line in lines for word in line.split()), default=1)
+    return _Span(max(min(longest_word, LONG_WORD), 1), max(most, 1), False)
+
+
+def _needed(spans: Sequence[_Span]) -> int:
+    """The width columns need without cutting ids, times or words of up to LONG_WORD characters."""
+    return _GAP * max(len(spans) - 1, 0) + sum(s.least for s in spans)
+
+
+def _fit(spans: Sequence[_Span], room: int) -> list[int]:
+    """The width of each column of a table at most `room` wide. When every column fits at its longest line, that;
+    else each gets at least its `least` (no word cut), and the room beyond goes first to the columns that want the
+    least more, each made as wide as its longest line: as many cells as can stay on one line do, and the others wrap
+    at word boundaries only. Narrower still (only the columns no `drop` hides are left), the widest text columns are
+    cut first, down to one character; ids and times never. When even that cannot fit (the ids and times alone fill
+    the room), nothing is cut: the table is wider than `room` whatever is cut, so it keeps its words."""
+    room -= _GAP * max(len(spans) - 1, 0)
+    if sum(s.most for s in spans) <= room:
+        return [s.most for s in spans]
+    widths = [s.least for s in spans]
+    spare = room - sum(widths)
+    if spare >= 0:
+        for i in sorted(range(len(spans)), key=lambda i: spans[i].most - spans[i].least):
+            more = min(spans[i].most - widths[i], spare)
+            widths[i] += more
+            spare -= more
+        return widths
+    if sum(s.least if s.whole else 1 for s in spans) > room:
+        return widths
+    while spare < 0:
+        cuttable = [i for i, s in enumerate(spans) if not s.whole and widths[i] > 1]
+        widest = max(cuttable, key=lambda i: widths[i])
+        widths[widest] -= 1
+        spare += 1
+    return widths
 
 
 def emit(data: Any, view: View | None = None) -> None:
@@ -269,24 +319,32 @@ def emit_yaml(data: Any) -> None:
 
 def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
                ids: Sequence[int] = ()) -> None:
-    """A rich table without vertical rules; the columns in `ids` hold identifiers (or times): they never wrap
-    or shrink (the others do)."""
+    """A rich table without vertical rules, fitted to the terminal by `_fit`: the columns in `ids` hold identifiers
+    (or times), never wrapped nor cut; the others wrap at word boundaries, and a word longer than its cell ends
+    in `…` (as gh cuts a cell: a cut value never reads as a whole one, where a word broken across two lines does,
+    and --json has every value whole)."""
     from rich import box
     from rich.table import Table
 
     from cli.humanize import text
 
     cells = [[v if isinstance(v, str) else text(v) for v in row] for row in rows]
-    table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for i, col in enumerate(columns):
-        if i in ids:
-            width = max([0, *(len(r[i]) for r in cells)])
+    spans = [_span(col, [r[i] for r in cells], whole=i in ids) for i, col in enumerate(columns)]
+    widths = _fit(spans, table_width())
+    total = sum(widths) + _GAP * max(len(widths) - 1, 0)
+    # wider than the terminal only when its ids and times are: then at that width (rich would shrink every column,
+    # ids included, to the terminal's), its lines left whole for the terminal to fold
+    wider = total if total > table_width() else None
+    table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  width=wider)
+    for col, span, width in zip(columns, spans, widths, strict=True):
+        if span.whole:
             table.add_column(col, no_wrap=True, min_width=width, overflow="ignore")
         else:
-            table.add_column(col, overflow="fold")
+            table.add_column(col, width=width, overflow="ellipsis")
     for row in cells:
         table.add_row(*row)
-    console.print(table, width=table_width())
+    console.print(table, width=table_width(), crop=wider is None)
 
 
 def table_width() -> int:

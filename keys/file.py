@@ -288,6 +288,15 @@ class FileKeyStore:
         """Whether a key with this id is held."""
         return self._path(key_id).exists()
 
+    def key_ids(self) -> list[str]:
+        """The ids of the key files held, sorted (a name that is no key id, a stray file, is not one)."""
+        ids = []
+        for path in self.directory.glob("*.key"):
+            key_id = path.name.removesuffix(".key")
+            with contextlib.suppress(KeyStoreError):
+                ids.append(check_key_id(key_id))
+        return sorted(ids)
+
     def delete(self, key_id: str) -> None:
         """Destroy the key; KeyNotFound when there is none."""
         path = self._path(key_id)

@@ -6,10 +6,11 @@ cRLSign (critical), the trust domain ID as URI SAN, SKI/AKI so chain builders fi
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from cryptography import x509
@@ -31,6 +32,10 @@ from store.db import Database
 # SPIRE backdates NotBefore a little so that peers with slightly slow clocks accept new certs.
 BACKDATE = timedelta(seconds=10)
 PUBLISHED_STATES = ("prepared", "active", "retiring")
+
+# The key ids create_generation gives a generation's keys (root, issuing, JWT-SVID): the only ids
+# unused_ca_key_ids ever names, so an audit, API-issuer or any other key is never taken for an unused CA key.
+CA_KEY_ID_RE = re.compile(r"^(?:ca-g[0-9]+-(?:root|issuing)|jwt-g[0-9]+)-[0-9a-f]{8}$")
 
 CERT_CACHE_SIZE = 64  # CA certificates in use at once: a few generations x (root, issuing), per trust domain
 _cert_cache: OrderedDict[str, x509.Certificate] = OrderedDict()
@@ -121,7 +126,9 @@ def create_generation(
     td = settings.trust_domain
     not_before = truncate(now) - BACKDATE
     not_after = truncate(now) + timedelta(seconds=settings.ca_ttl_seconds)
-    suffix = secrets.token_hex(4)  # a rolled-back attempt's orphan key never collides with a retry
+    # a retry never collides with a rolled-back attempt's key (a file a killed process left, say); CA_KEY_ID_RE
+    # matches these names
+    suffix = secrets.token_hex(4)
     root_key = keystore.generate(f"ca-g{generation}-root-{suffix}", kind)
     issuing_key = keystore.generate(f"ca-g{generation}-issuing-{suffix}", kind)
     jwt_key = keystore.generate(f"jwt-g{generation}-{suffix}", KeyKind.EC_P256)
@@ -192,6 +199,30 @@ def key_ids_in_use(session: Session) -> list[str]:
         if ca.jwt_key_id is not None:
             ids.append(ca.jwt_key_id)
     return ids
+
+
+def unused_ca_key_ids(session: Session, key_ids: Iterable[str], *, lock: bool = True) -> list[str]:
+    """Those of `key_ids` named as create_generation names a generation's keys that no CA row names, in any state
+    (a retired generation's keys are kept): keys of a generation whose transaction rolled back. [] before init.
+
+    With `lock` (in a write transaction), exact: the trust domain settings row is locked first, as a rotation locks
+    it before it makes keys and holds it until it commits (on SQLite the write transaction holds the writer lock
+    already). So any rotation under way has committed (its CA rows are read below: PostgreSQL's READ COMMITTED gives
+    the next statement a new snapshot) or rolled back, and a key it made is never taken for unused. The only other
+    maker of CA keys, init_trust_domain, inserts the settings row in the same transaction: until it commits there is
+    no row, and no key is unused. Without `lock`, a cheap first look that may name a key a rotation under way makes."""
+    candidates = sorted({k for k in key_ids if CA_KEY_ID_RE.fullmatch(k)})
+    if not candidates:
+        return []
+    stmt = select(TrustDomainSettings.id).where(TrustDomainSettings.id == 1)
+    if session.exec(stmt.with_for_update() if lock else stmt).first() is None:
+        return []
+    used: set[str] = set()
+    for key_id, jwt_key_id in session.exec(select(CertificateAuthority.key_id, CertificateAuthority.jwt_key_id)):
+        used.add(key_id)
+        if jwt_key_id is not None:
+            used.add(jwt_key_id)
+    return [k for k in candidates if k not in used]
 
 
 def check_keys(session: Session, keystore: KeyStore) -> None:

@@ -131,6 +131,8 @@ def _leaf_at(session: Session, seq: int) -> str | None:
 
 @event.listens_for(OrmSession, "after_commit")
 def _keep_reads(session: OrmSession) -> None:
+    if session.in_nested_transaction():  # a savepoint's release fires it too: the outer one may still roll back
+        return
     tx = session.info.pop(_TX, None)
     if isinstance(tx, _Tx) and tx.read:
         with tx.state.lock:

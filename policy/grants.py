@@ -123,12 +123,20 @@ GrantDecider = Callable[[Session, datetime, dict[str, Any]], GrantDecision]
 
 @dataclass(frozen=True)
 class Caller:
-    """Who acts on a grant: id, role and (for tenant roles) tenant, all from the authenticated principal."""
+    """Who acts on a grant: id, role and (for tenant roles) tenant, all from the authenticated principal. The id
+    alone names no one: API token subjects are free text, so acme's and globex's `alice` are both `alice`; the
+    requester is (requester_tenant, id)."""
 
     id: str
     role: str
     tenant: str | None
     actor: Actor
+
+    @property
+    def requester_tenant(self) -> str:
+        """The tenant the caller is confined to, '' for a platform role: with the id, whose grant requests (and
+        Idempotency-Keys) are whose (never NULL: NULLs are distinct in a UNIQUE constraint)."""
+        return self.tenant if self.tenant is not None else ""
 
     @property
     def approver_names(self) -> set[str]:
@@ -300,7 +308,7 @@ def prepare_request(
     # the marker (with the decider's first read) and, with a key, the id of a grant already requested under it: one
     # statement (a request with a key paid a round trip of its own for the lookup, the usual miss included)
     marker, earlier = marker_for_decision(
-        session, None if idempotency_key is None else _earlier_grant(session, caller.id, idempotency_key))
+        session, None if idempotency_key is None else _earlier_grant(session, caller, idempotency_key))
     if earlier is not None:
         forget_decision_state(session)
         previous = session.get(Grant, earlier)
@@ -328,7 +336,7 @@ def prepare_request(
         dst_tenant=request.dst_tenant, dst_group=request.dst_group,
         proto=request.proto, ports=list(request.ports), justification=request.justification,
         ttl_seconds=request.ttl_seconds, state=state, requested_by=caller.id,
-        idempotency_key=idempotency_key,
+        requester_tenant=caller.requester_tenant, idempotency_key=idempotency_key,
         required_approvers=sorted(set(decision.approvers)) if state == "pending" else [],
         approvals=[], reasons=list(decision.reasons), created_at=now,
         decided_at=now if state != "pending" else None,
@@ -380,10 +388,11 @@ _GRANT_COLUMNS = tuple(c.name for c in _GRANTS.columns)
 _INSERT_GRANT = _GRANTS.insert()
 _PG_INSERT_GRANT = DriverInsert(_GRANTS)
 _PG_INSERT_GRANT_AND_DECISION = decisionlog.INSERT_CTE_SQL + _PG_INSERT_GRANT.sql
-# the id of the grant a caller requested under an Idempotency-Key (unique together: one row at most), as a scalar
-# subquery in the SQL of each driver (store.db.placeholder's marks), sent on the driver's cursor
+# the id of the grant a caller (its tenant and id) requested under an Idempotency-Key (unique together: one row at
+# most), as a scalar subquery in the SQL of each driver (store.db.placeholder's marks), sent on the driver's cursor
 _EARLIER_GRANT = {
-    mark: f"(SELECT id FROM {_GRANTS.name} WHERE requested_by = {mark} AND idempotency_key = {mark})"  # noqa: S608
+    mark: f"(SELECT id FROM {_GRANTS.name} WHERE requester_tenant = {mark} AND requested_by = {mark} "  # noqa: S608
+          f"AND idempotency_key = {mark})"
     for mark in ("?", "%s")}  # (the table's own name; the values are parameters)
 
 
@@ -509,9 +518,9 @@ def _counted_quota(quotas: Quotas | None, state: str) -> QuotaName | None:
 def locks_rows(prepared: PreparedGrant, quotas: Quotas | None) -> bool:
     """Whether commit_request takes a row lock for this grant (its tenant's, to count a quota): one that does not
     only reads and inserts, so a group commit may run it after the audit head's lock (store/groupcommit.py late).
-    Its INSERT can still meet the same Idempotency-Key inserted by a transaction not yet committed, which waits
-    for that head: written under the head, it waits HEAD_HELD_LOCK_WAIT_MS at most and then fails its batch,
-    whose members are run again alone (_insert_rows), instead of a deadlock PostgreSQL breaks after a second."""
+    Its INSERT can still meet the same requester's Idempotency-Key inserted by a transaction not yet committed,
+    which waits for that head: written under the head, it waits HEAD_HELD_LOCK_WAIT_MS at most and then fails its
+    batch, whose members are run again alone (_insert_rows), instead of a deadlock PostgreSQL breaks after a second."""
     return prepared.grant.state != "denied" and _counted_quota(quotas, prepared.grant.state) is not None
 
 
@@ -708,16 +717,16 @@ def grant_rows(
     return rows, min((as_utc(t) for t in turn if t is not None), default=None), True
 
 
-def _earlier_grant(session: Session, requested_by: str, key: str) -> tuple[str, tuple[str, str]]:
-    """(the subquery of the id of the grant `requested_by` requested under `key`, its parameters) for the session's
-    driver."""
-    return _EARLIER_GRANT[placeholder(session.connection())], (requested_by, key)
+def _earlier_grant(session: Session, caller: Caller, key: str) -> tuple[str, tuple[str, str, str]]:
+    """(the subquery of the id of the grant `caller` requested under `key`, its parameters) for the session's
+    driver: the caller's own, never that of another tenant's principal with the same id."""
+    return _EARLIER_GRANT[placeholder(session.connection())], (caller.requester_tenant, caller.id, key)
 
 
-def find_by_idempotency_key(session: Session, requested_by: str, key: str) -> Grant | None:
-    """The grant a caller already requested under this Idempotency-Key, if any (a miss costs one indexed read on
+def find_by_idempotency_key(session: Session, caller: Caller, key: str) -> Grant | None:
+    """The grant `caller` already requested under this Idempotency-Key, if any (a miss costs one indexed read on
     the driver's cursor, no ORM; prepare_request reads it with its marker instead)."""
-    subquery, params = _earlier_grant(session, requested_by, key)
+    subquery, params = _earlier_grant(session, caller, key)
     found = driver_rows(session.connection(), f"SELECT {subquery}", params)
     return session.get(Grant, found[0][0]) if found and found[0][0] is not None else None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.schema import CreateTable
 
 from store.migrations import Migration
 
@@ -118,7 +119,87 @@ def _step_9(conn: sa.Connection) -> None:
                 conn.exec_driver_sql(f"CREATE TRIGGER {name} AFTER {event} ON {table}{cond} BEGIN {bump}; END")
 
 
+_v14 = sa.MetaData()
+_TABLES_V14 = (
+    sa.Table(  # the grants table as step 14 leaves it (the columns of step 4, then requester_tenant)
+        "grants",
+        _v14,
+        sa.Column('id', sa.String(36), primary_key=True, nullable=False),
+        sa.Column('src_tenant', sa.String(63), nullable=False, index=True),
+        sa.Column('src_group', sa.String(63), nullable=False),
+        sa.Column('dst_tenant', sa.String(63), nullable=False, index=True),
+        sa.Column('dst_group', sa.String(63), nullable=False),
+        sa.Column('proto', sa.String(8), nullable=False),
+        sa.Column('ports', sa.JSON(), nullable=False),
+        sa.Column('justification', sa.String(2000), nullable=False),
+        sa.Column('ttl_seconds', sa.Integer(), nullable=False),
+        sa.Column('state', sa.String(16), nullable=False, index=True),
+        sa.Column('requested_by', sa.String(512), nullable=False),
+        sa.Column('idempotency_key', sa.String(128), nullable=True),
+        sa.Column('required_approvers', sa.JSON(), nullable=False),
+        sa.Column('approvals', sa.JSON(), nullable=False),
+        sa.Column('reasons', sa.JSON(), nullable=False),
+        sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('decided_at', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('expires_at', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('pending_until', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('version', sa.Integer(), nullable=False),
+        sa.Column('requester_tenant', sa.String(63), nullable=False),
+        sa.UniqueConstraint('requester_tenant', 'requested_by', 'idempotency_key',
+                            name='uq_grants_requester_idempotency_key'),
+    ),
+)
+
+# The requester's tenant of a grant already stored. Its grant.request event (written in the grant's transaction,
+# never removed) names the actor's kind: `tenant` or `workload` for a principal confined to a tenant, whose grants
+# have always had that tenant as their source (a tenant principal may request for its own groups only: the route
+# and policy.grants refused any other src_tenant since grants landed); any other kind is a platform principal
+# (''). A grant without that event (none is written so; only a hand-made row) counts as the platform's: its
+# retry then misses it and requests anew, where a wrong tenant could hand it to a principal of that tenant.
+_REQUESTER_TENANT_V14 = (
+    "CASE WHEN id IN (SELECT object_id FROM audit_events WHERE action = 'grant.request' AND object_type = 'grant' "
+    "AND actor_kind IN ('tenant', 'workload')) THEN src_tenant ELSE '' END")
+_PG_OLD_UNIQUE_V14 = "grants_requested_by_idempotency_key_key"  # PostgreSQL's name for step 4's unnamed UNIQUE
+
+
+def _step_14(conn: sa.Connection) -> None:
+    """An Idempotency-Key is unique per (requester's tenant, requester, key), no longer per (requester, key): a
+    principal's id is not unique across tenants (API token subjects are free text, so acme's and globex's `alice`
+    are one id), and one tenant's key blocked, or answered with its grant, the same key of another tenant's
+    same-named principal. The scope is never NULL ('' for a platform principal): NULLs are distinct in a UNIQUE
+    constraint on both databases. Existing rows are backfilled (_REQUESTER_TENANT_V14); the old constraint
+    was the stricter one, so no row can collide under the new one.
+
+    PostgreSQL changes the table in place. SQLite cannot drop a constraint: the table is rebuilt (a new one,
+    the rows copied, the old dropped, the new renamed: SQLite's own procedure for a schema change ALTER TABLE
+    cannot make), its indexes made again, and the triggers the old one carried (step 9's tf_pdv_grants_*, the
+    policy data version's) created again from the very SQL that made them, read before the old table took them
+    away."""
+    grants = _TABLES_V14[0]
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("ALTER TABLE grants ADD COLUMN requester_tenant VARCHAR(63) NOT NULL DEFAULT ''")
+        conn.exec_driver_sql(f"UPDATE grants SET requester_tenant = {_REQUESTER_TENANT_V14}")  # noqa: S608
+        conn.exec_driver_sql("ALTER TABLE grants ALTER COLUMN requester_tenant DROP DEFAULT")
+        conn.exec_driver_sql(f"ALTER TABLE grants DROP CONSTRAINT {_PG_OLD_UNIQUE_V14}")
+        conn.exec_driver_sql("ALTER TABLE grants ADD CONSTRAINT uq_grants_requester_idempotency_key "
+                             "UNIQUE (requester_tenant, requested_by, idempotency_key)")
+        return
+    triggers = [sql for (sql,) in conn.exec_driver_sql(
+        "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'grants' ORDER BY name")]
+    conn.execute(CreateTable(grants.to_metadata(sa.MetaData(), name="grants_new")))  # its indexes below
+    kept = ", ".join(c.name for c in grants.columns if c.name != "requester_tenant")
+    conn.exec_driver_sql(f"INSERT INTO grants_new ({kept}, requester_tenant) "  # noqa: S608
+                         f"SELECT {kept}, {_REQUESTER_TENANT_V14} FROM grants")
+    conn.exec_driver_sql("DROP TABLE grants")  # its indexes and triggers with it
+    conn.exec_driver_sql("ALTER TABLE grants_new RENAME TO grants")
+    for index in sorted(grants.indexes, key=lambda i: str(i.name)):
+        index.create(conn)
+    for sql in triggers:
+        conn.exec_driver_sql(sql)
+
+
 STEPS: tuple[Migration, ...] = (
     Migration(4, 'policy: grants, policy versions, decision log', _step_4),
     Migration(9, 'policy: the policy data version, bumped by triggers on every change build_data can see', _step_9),
+    Migration(14, "policy: a grant's Idempotency-Key scoped by its requester's tenant", _step_14),
 )

@@ -14,7 +14,11 @@ class Grant(SQLModel, table=True):
     or rejected/denied. `expires_at` is authoritative: a grant past it is expired on every read."""
 
     __tablename__ = "grants"
-    __table_args__ = (UniqueConstraint("requested_by", "idempotency_key"),)
+    # An Idempotency-Key belongs to its requester: the principal's id within its tenant (`requester_tenant`, ''
+    # for a platform principal). An id alone names no one: API token subjects are free text, so acme's and
+    # globex's `alice` are both principal `alice` (policy/migrations.py step 14).
+    __table_args__ = (UniqueConstraint("requester_tenant", "requested_by", "idempotency_key",
+                                       name="uq_grants_requester_idempotency_key"),)
 
     id: str = Field(primary_key=True, max_length=36)
     src_tenant: str = Field(max_length=63, index=True)
@@ -36,6 +40,10 @@ class Grant(SQLModel, table=True):
     expires_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
     pending_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
     version: int = Field(default=1)  # optimistic concurrency: approvals compare-and-set on it
+    # the requesting principal's tenant, '' for a platform role (never NULL: NULLs are distinct in a UNIQUE
+    # constraint); no default, so a write that forgets it fails instead of scoping to the platform. Last: the
+    # column step 14 added, in the same place on both databases.
+    requester_tenant: str = Field(max_length=63)
 
 
 

@@ -31,8 +31,9 @@ after that batch took the audit head's lock, when it was queued meanwhile: with 
 often held by another replica's transaction (a wait of 2-3 ms, through its COMMIT), and what arrived during that wait
 rides along instead of paying a transaction of its own. Only an item without row locks may: one taking a row lock
 after the head's would take them the other way round from every other write transaction (store/deferred.py). An
-insert that may meet a unique key another transaction inserted and has not committed (a grant's Idempotency-Key)
-bounds its wait when written under the head (policy.grants._insert_rows): that transaction may be waiting for it."""
+insert that may meet a unique key another transaction inserted and has not committed (a grant's requester and
+Idempotency-Key) bounds its wait when written under the head (policy.grants._insert_rows): that transaction may be
+waiting for it."""
 
 from __future__ import annotations
 

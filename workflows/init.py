@@ -1,17 +1,21 @@
 """Initialise a data directory: trust domain CAs, the audit and API-issuer keys, the bootstrap admin token
 (expiring: TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS, a day by default) and the shipped policies as version
-1. Run by `trustfabric init` and by `trustfabric serve` before it serves; a second run changes nothing."""
+1. Run by `trustfabric init` and by `trustfabric serve` before it serves; a second run changes nothing, but for
+removing CA keys no generation uses (discard_unused_ca_keys)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from typing import Any
 
-from audit import Actor, ensure_audit_key
+from audit import Actor, ensure_audit_key, record
 from audit.checkpoint import AUDIT_KEY_ID
+from keys.errors import KeyNotFound
 from keys.shared import SharedKeyStore
 from keys.store import KeyKind
 from pki.ca import check_keys as check_ca_keys
-from pki.ca import key_ids_in_use
+from pki.ca import key_ids_in_use, unused_ca_key_ids
 from pki.errors import ForeignKeyStore
 from pki.service import init_trust_domain
 from pki.service import trust_domain as existing_trust_domain
@@ -20,6 +24,8 @@ from policy import service as policy_service
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
 from workflows.context import AppContext
+
+_log = logging.getLogger(__name__)
 
 
 def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict[str, Any]:
@@ -58,9 +64,49 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
         with ctx.db.read_session() as session:
             in_use = key_ids_in_use(session)
         ctx.keystore.publish_held([*in_use, AUDIT_KEY_ID, API_ISSUER_KEY_ID])
+        discard_unused_ca_keys(ctx, ctx.keystore)
     policy_version = seed_shipped_policy(ctx)
     return {"created": created, "trust_domain": trust_domain, "admin_token": token,
             "admin_token_expires_at": expires_at, "policy_version": policy_version}
+
+
+def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore) -> list[str]:
+    """Remove the CA keys that no CA generation uses, row and file here, each with an audit event `ca.key.destroy`
+    in the transaction that removes its row, and log one line naming them (ids only, never a key's bytes). The ids.
+
+    Such a key is one a rotation (or init) made in a transaction that then rolled back: before keys/shared.py
+    joined the rotation's transaction, its row stayed behind on PostgreSQL, and its file on every database; a
+    process killed in mid-rotation still leaves its file. Removed rather than kept: nothing can ever use it (no CA
+    row will name it: a retry makes keys of another suffix), the database and its backups would hold it, encrypted,
+    for ever, and a rotation failing on every check of the background job left three a minute.
+
+    What is looked at, so that no key anything could use is ever removed: only ids of the CA key form
+    (pki.ca.CA_KEY_ID_RE; never the audit or API-issuer key), only under the trust domain settings lock every
+    rotation holds from before it makes its keys until it ends (pki.ca.unused_ca_key_ids: a key of a rotation under
+    way on any replica is never taken), and only keys provably this database's: its rows (and then their files
+    here), and files of its keys/ only when the database is the data directory's own SQLite file. A data directory
+    on a server database might hold another database's keys (pointed at another one once); a file there without a
+    row is left. A first look without the lock keeps each start from writing when there is nothing to remove."""
+    held = set(keystore.published_ids())
+    if ctx.settings.database_url is None:
+        held.update(keystore.files.key_ids())
+    with ctx.db.read_session() as session:
+        if not unused_ca_key_ids(session, held, lock=False):
+            return []
+    with ctx.db.session() as session:
+        unused = unused_ca_key_ids(session, held)
+        for key_id in unused:
+            keystore.unpublish(key_id)
+            record(session, actor=Actor.system("init"), action="ca.key.destroy", object_type="key", object_id=key_id,
+                   summary={"reason": "no CA generation uses it (made in a transaction that rolled back)"},
+                   at=ctx.clock())
+    for key_id in unused:  # the file after the row's removal committed; no other replica fetched a key no CA names
+        with contextlib.suppress(KeyNotFound):
+            keystore.files.delete(key_id)
+    if unused:
+        _log.warning("removed %d CA key(s) that no CA generation uses, made by rotations that rolled back: %s",
+                     len(unused), ", ".join(unused))
+    return unused
 
 
 def seed_shipped_policy(ctx: AppContext) -> int | None:

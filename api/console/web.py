@@ -66,8 +66,16 @@ def duration(seconds: Any) -> str:
     return " ".join(parts) or "0 seconds"
 
 
+def requester(grant: Any) -> str:
+    """Who requested a grant: `alice@acme`, or `alice (platform role)` (never `alice@platform`: that is tenant
+    platform's alice); the id alone may be either (API token subjects are free text)."""
+    tenant = grant.get("requester_tenant")
+    return f"{grant.get('requested_by')}@{tenant}" if tenant else f"{grant.get('requested_by')} (platform role)"
+
+
 env.filters["when"] = _when
 env.filters["duration"] = duration
+env.filters["requester"] = requester
 env.filters["q"] = lambda v: urllib.parse.quote(str(v), safe="")
 
 

@@ -64,7 +64,8 @@ def grant_out(grant: Grant, now: datetime) -> GrantOut:
         id=grant.id, src_tenant=grant.src_tenant, src_group=grant.src_group, dst_tenant=grant.dst_tenant,
         dst_group=grant.dst_group, proto=grant.proto, ports=list(grant.ports), ttl_seconds=grant.ttl_seconds,
         justification=grant.justification, state=state,
-        requested_by=grant.requested_by, required_approvers=list(grant.required_approvers),
+        requested_by=grant.requested_by, requester_tenant=grant.requester_tenant or None,
+        required_approvers=list(grant.required_approvers),
         pending_approvers=pending, approvals=list(grant.approvals), reasons=reasons,
         notes=svc.grant_notes(grant, state),
         created_at=as_utc(grant.created_at), decided_at=_utc(grant.decided_at), expires_at=_utc(grant.expires_at),
@@ -125,7 +126,11 @@ def _src_tenant(principal: Principal, body: GrantCreate) -> str:
 )
 def request_grant(
     body: GrantCreate, request: Request, principal: PrincipalDep,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_PATTERN)] = None,
+    idempotency_key: Annotated[str | None, Header(
+        alias="Idempotency-Key", pattern=IDEMPOTENCY_PATTERN,
+        description="a retry under the same key answers 200 with the original grant (the key with another request "
+                    "is 409); a key belongs to its requester, the principal's id within its tenant, never to "
+                    "another tenant's principal of the same id")] = None,
 ) -> Response:
     # Run by its route (api/handoff.py) as one hand-off to a worker thread, the token check included.
     ctx: AppContext = request.app.state.ctx
@@ -145,7 +150,7 @@ def request_grant(
         if idempotency_key is None:
             raise
         with ctx.db.read_session() as session:
-            existing = svc.find_by_idempotency_key(session, caller.id, idempotency_key)
+            existing = svc.find_by_idempotency_key(session, caller, idempotency_key)
         if existing is None:
             raise
         if not req.same_as(existing):
@@ -255,7 +260,8 @@ def grant_view(grant: Any, now: datetime) -> dict[str, Any]:
         "id": grant.id, "src_tenant": grant.src_tenant, "src_group": grant.src_group,
         "dst_tenant": grant.dst_tenant, "dst_group": grant.dst_group, "proto": grant.proto,
         "ports": list(grant.ports or []), "ttl_seconds": grant.ttl_seconds, "justification": grant.justification,
-        "state": state, "requested_by": grant.requested_by, "required_approvers": required,
+        "state": state, "requested_by": grant.requested_by, "requester_tenant": grant.requester_tenant or None,
+        "required_approvers": required,
         "pending_approvers": [a for a in required if a not in done] if state == "pending" else [],
         "approvals": approvals, "reasons": reasons, "notes": svc.grant_notes(grant, state),
         "created_at": _iso(grant.created_at),

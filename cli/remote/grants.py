@@ -38,6 +38,13 @@ GRANTS = View("grants", (
 GrantId = typer.Argument(..., metavar="GRANT_ID", help="a grant id, or a prefix naming exactly one")
 
 
+def requester(g: dict[str, Any]) -> str:
+    """`alice@acme`, or `alice (platform role)` (never `alice@platform`: that is tenant platform's alice); the id
+    alone may be another tenant's principal's (API token subjects are free text)."""
+    tenant = g.get("requester_tenant")
+    return f"{g['requested_by']}@{tenant}" if tenant else f"{g['requested_by']} (platform role)"
+
+
 def grant_id(api: Client, given: str) -> str:
     """The full id of the grant `given` names (itself, or a unique prefix among the grants you can see)."""
     from cli.ids import resolve_lazily
@@ -56,7 +63,7 @@ def show_grant(g: dict[str, Any]) -> None:
     lines = [f"grant {g['id']}: {g['state']}",
              f"  {g['src_tenant']}/{g['src_group']} -> {g['dst_tenant']}/{g['dst_group']} "
              f"{g['proto']}/{','.join(str(p) for p in g['ports'])} for {duration(timedelta(seconds=g['ttl_seconds']))}",
-             f"  requested by {g['requested_by']} at {local_time(g['created_at'])}"]
+             f"  requested by {requester(g)} at {local_time(g['created_at'])}"]
     if g.get("justification"):
         lines.append(f"  justification: {g['justification']}")
     if g["state"] == "pending":

@@ -131,8 +131,9 @@ def _grant(s: Session, state: str, env: Env, **over: Any) -> Grant:
     now = env.clock()
     values: dict[str, Any] = dict(
         id=svc.new_grant_id(now), src_tenant="acme", src_group="web", dst_tenant="globex", dst_group="api",
-        proto="tcp", ports=[443], ttl_seconds=3600, state=state, requested_by="t", required_approvers=[],
-        approvals=[], reasons=[], created_at=now, expires_at=now + timedelta(hours=1) if state == "active" else None,
+        proto="tcp", ports=[443], ttl_seconds=3600, state=state, requested_by="t", requester_tenant="acme",
+        required_approvers=[], approvals=[], reasons=[], created_at=now,
+        expires_at=now + timedelta(hours=1) if state == "active" else None,
     )
     values.update(over)
     return Grant(**values)

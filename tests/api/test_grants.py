@@ -208,6 +208,42 @@ def test_idempotent_retries(env_both: Env) -> None:
     assert r.status_code == 422
 
 
+def test_an_idempotency_key_is_scoped_by_the_requesters_tenant_not_only_its_subject(env_both: Env) -> None:
+    """API token subjects are free text (`token create --subject`): acme's and globex's token for `alice` are both
+    principal `alice`. Each tenant's alice has Idempotency-Keys of her own: the same key is a request of its own for
+    each (never a 409 that tells one tenant another used the key), a retry answers each with her own grant, and
+    the platform's alice (no tenant) is a third requester, never answered with a tenant's grant."""
+    env = env_both
+
+    def as_alice(role: str, tenant: str | None, body: dict[str, Any]) -> Any:
+        token = env.token(role, tenant, subject="alice")
+        return lambda: env.client.post("/v1/grants", json=body,
+                                       headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "k-1"})
+
+    acme = as_alice("tenant-admin", "acme", REQ)
+    globex = as_alice("tenant-admin", "globex", {**REQ, "src_group": "api", "dst_tenant": "acme", "dst_group": "web"})
+    platform = as_alice("admin", None, {**REQ, "src_tenant": "acme"})  # the very request acme's alice made
+
+    first = acme()
+    assert first.status_code == 201, first.text
+    theirs = globex()
+    assert theirs.status_code == 201, theirs.text  # not 409 "already used for a different grant request"
+    ours = platform()
+    assert ours.status_code == 201, ours.text  # not acme's grant handed back
+    ids = {first.json()["id"], theirs.json()["id"], ours.json()["id"]}
+    assert len(ids) == 3
+    assert (theirs.json()["src_tenant"], ours.json()["src_tenant"]) == ("globex", "acme")
+    # and each says whose it is: the id alone is all three's
+    assert [g.json()["requester_tenant"] for g in (first, theirs, ours)] == ["acme", "globex", None]
+    listed = env.call("GET", "/v1/grants", "admin").json()["items"]
+    assert {(g["requested_by"], g["requester_tenant"]) for g in listed} == {
+        ("alice", "acme"), ("alice", "globex"), ("alice", None)}
+    for call, original in ((acme, first), (globex, theirs), (platform, ours)):
+        again = call()
+        assert again.status_code == 200 and again.json() == original.json()  # its own grant, and only it
+    assert events(env, "grant.request") == 3
+
+
 def test_concurrent_retries_with_one_key_create_one_grant(env_both: Env) -> None:
     env = env_both
     env.headers("tenant-admin", "acme")

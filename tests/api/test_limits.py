@@ -60,6 +60,20 @@ def test_rate_limit_per_principal(limited: Env) -> None:
     assert limited.call("GET", "/v1/whoami", "tenant-member", "globex").status_code == 200
 
 
+def test_rate_limit_is_per_principal_within_its_tenant(limited: Env) -> None:
+    """acme's and globex's token for `alice` are one principal id (token subjects are free text): acme's alice
+    spending her rate limit leaves globex's alice's untouched."""
+    def as_alice(tenant: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {limited.token('tenant-member', tenant, subject='alice')}"}
+
+    acme, globex = as_alice("acme"), as_alice("globex")
+    codes = [limited.client.get("/v1/whoami", headers=acme).status_code for _ in range(5)]
+    assert codes[:3] == [200, 200, 200] and codes[-1] == 429
+    r = limited.client.get("/v1/whoami", headers=globex)
+    assert r.status_code == 200 and r.json()["tenant"] == "globex", r.text
+    assert "tenant-member alice@acme" in limited.client.get("/v1/whoami", headers=acme).json()["reason"]
+
+
 def test_token_bucket_refills() -> None:
     bucket = TokenBucket(rate=2.0, burst=2)
     assert bucket.take("a", now=0.0) == 0 and bucket.take("a", now=0.0) == 0

@@ -55,12 +55,24 @@ def test_access_log_lines_carry_request_id_principal_route_status_latency(env: E
     access = [e for e in lines(captured) if e["logger"] == "trustfabric.access"]
     first = next(e for e in access if e["request_id"] == "req-42")
     assert first["route"] == "/v1/tenants/{tenant}" and first["status"] == 200 and first["method"] == "GET"
-    assert first["principal"] and first["role"] == "admin" and first["latency_ms"] > 0
+    assert first["principal"] and first["role"] == "admin" and first["tenant"] is None and first["latency_ms"] > 0
     assert first["ts"].endswith("Z") and first["level"] == "info"
     anonymous = next(e for e in access if e["status"] == 401)
     assert anonymous["principal"] is None and anonymous["route"] == "/v1/tenants/{tenant}"
     assert any(e["route"] == "<unmatched>" and e["status"] == 404 for e in access)
     assert all("/v1/tenants/acme" not in json.dumps(e) for e in access)  # the template, never the raw path
+
+
+def test_an_access_log_line_tells_two_tenants_principals_of_one_id_apart(env: Env, captured: io.StringIO) -> None:
+    """API token subjects are free text: acme's and globex's `alice` are both principal `alice`, and a line naming
+    only the id and the role could be either's. It names the principal's tenant too."""
+    for tenant in ("acme", "globex"):
+        token = env.token("tenant-member", tenant, subject="alice")
+        r = env.client.get("/v1/whoami", headers={"Authorization": f"Bearer {token}", "X-Request-ID": f"r-{tenant}"})
+        assert r.status_code == 200
+    access = {e["request_id"]: e for e in lines(captured) if e["logger"] == "trustfabric.access"}
+    assert [(access[f"r-{t}"]["principal"], access[f"r-{t}"]["tenant"]) for t in ("acme", "globex")] == [
+        ("alice", "acme"), ("alice", "globex")]
 
 
 def test_logfmt_on_a_terminal() -> None:
@@ -254,6 +266,7 @@ def test_traces_reach_an_otlp_receiver(tmp_path: Path) -> None:
         trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
         r = e.call("GET", "/v1/tenants/acme", "admin", headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
         assert r.status_code == 200
+        assert e.call("GET", "/v1/whoami", "tenant-member", "acme").status_code == 200
         e.app.state.tracing.flush()
     finally:
         e.client.close()
@@ -270,6 +283,10 @@ def test_traces_reach_an_otlp_receiver(tmp_path: Path) -> None:
     assert attrs["http.route"].string_value == "/v1/tenants/{tenant}"
     assert attrs["http.response.status_code"].int_value == 200
     assert any(s.name == "policy.authorize" and s.trace_id.hex() == trace_id for s, _ in spans)
+    assert "trustfabric.tenant" not in attrs  # a platform principal
+    tenants = [a.value.string_value for s, _ in spans if s.name == "GET /v1/whoami" for a in s.attributes
+               if a.key == "trustfabric.tenant"]
+    assert tenants == ["acme"]  # the id alone could be another tenant's principal's
     resource = {a.key: a.value.string_value for a in spans[0][1].attributes}
     assert resource["service.name"] == "trustfabric"
 

@@ -54,6 +54,7 @@ def test_grant_flow_through_the_cli(cli: Cli, tmp_path: Path) -> None:
     assert cli.json("grant", "revoke", gid, "--reason", "done", token=acme)["state"] == "revoked"  # type: ignore[index]
     human = cli.run("grant", "show", gid, token=acme)
     assert human.returncode == 0 and f"grant {gid}: revoked" in human.stdout
+    assert f"requested by {g['requested_by']}@acme at" in human.stdout  # type: ignore[index]  # whose id: acme's
 
     r = cli.run("tenant", "quarantine", "globex", "--reason", "incident", token=acme)
     assert r.returncode == 1 and "HTTP 403" in r.stderr

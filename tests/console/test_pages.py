@@ -216,6 +216,27 @@ def test_times_ttls_and_the_icon_read_as_on_the_other_pages(console_env: Env) ->
     assert got.content.startswith(b"<svg") and "http" not in icon.group(1)  # served here, nothing fetched
 
 
+def test_a_grant_names_its_requesters_tenant_beside_its_id(console_env: Env) -> None:
+    """acme's `alice` and the platform's `alice` are one principal id (API token subjects are free text): the list
+    of grants awaiting globex's approval and a grant's page say whose request each is."""
+    env = console_env
+    body = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [8443],
+            "ttl_seconds": 3600}
+
+    def request_as_alice(role: str, tenant: str | None, extra: dict[str, str]) -> str:
+        token = env.token(role, tenant, subject="alice")
+        r = env.client.post("/v1/grants", json={**body, **extra}, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 201 and r.json()["state"] == "pending", r.text
+        return str(r.json()["id"])
+
+    request_as_alice("tenant-admin", "acme", {})
+    platform = request_as_alice("admin", None, {"src_tenant": "acme"})
+    globex = sign_in(env, "tenant-admin", "globex")
+    waiting = globex.get("/console/grants").text
+    assert "<td>alice@acme</td>" in waiting and "<td>alice (platform role)</td>" in waiting, waiting
+    assert "<dt>Requested by</dt><dd>alice (platform role) at " in globex.get(f"/console/grants/{platform}").text
+
+
 def test_an_error_in_a_fragment_is_a_fragment(console_env: Env) -> None:
     """A part of a page that htmx loads and the API refuses (an auditor may read a policy version but not its
     impact) shows the reason in that part: not a second whole page (header, navigation) inside the first."""

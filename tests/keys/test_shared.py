@@ -11,6 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from keys.errors import KeyExists, KeyNotFound, WrongMasterKey
 from keys.file import FileKeyStore
@@ -103,3 +104,71 @@ def test_delete_removes_the_key_for_every_replica(db: Database, tmp_path: Path) 
     a.generate("k", KeyKind.EC_P256)
     a.delete("k")
     assert not b.exists("k") and not a.exists("k")
+
+
+def _row_ids(db: Database) -> set[str]:
+    """The ids in key_blobs, as another connection sees them."""
+    with db.statement() as conn:
+        return {r.key_id for r in conn.execute(text("SELECT key_id FROM key_blobs"))}
+
+
+class _Failed(Exception):
+    pass
+
+
+def test_a_key_made_in_a_transaction_that_rolls_back_leaves_no_row_nor_file(db: Database, tmp_path: Path) -> None:
+    """Should fix: on PostgreSQL the row committed in a transaction of its own before generate returned, so a CA
+    rotation that failed after making its keys left their rows for every replica (and on both databases the files
+    here): keys no CA generation uses."""
+    store = _replica(tmp_path, "a", db)
+    with pytest.raises(_Failed), db.session():
+        store.generate("ca-g2-root-0badc0de", KeyKind.EC_P256)
+        assert _row_ids(db) == set()  # another connection sees it only once the transaction commits
+        raise _Failed
+    assert _row_ids(db) == set() and not store.files.exists("ca-g2-root-0badc0de")
+    with pytest.raises(KeyNotFound):
+        store.get("ca-g2-root-0badc0de")
+    with db.session():
+        made = store.generate("ca-g2-root-0badc0de", KeyKind.EC_P256)  # the same id again, committed this time
+    assert _row_ids(db) == {"ca-g2-root-0badc0de"}
+    assert store.get("ca-g2-root-0badc0de").public_key() == made.public_key()
+
+
+def test_a_key_goes_with_the_savepoint_it_was_made_in_and_stays_with_a_commit(db: Database, tmp_path: Path) -> None:
+    store = _replica(tmp_path, "a", db)
+    with db.session() as session:
+        store.generate("kept", KeyKind.EC_P256)
+        with pytest.raises(_Failed), session.begin_nested():
+            store.generate("in-savepoint", KeyKind.EC_P256)
+            raise _Failed
+        assert not store.files.exists("in-savepoint")
+        with session.begin_nested():
+            store.generate("released", KeyKind.EC_P256)  # a released savepoint's key commits with the transaction
+    assert _row_ids(db) == {"kept", "released"}
+    assert sorted(store.files.key_ids()) == ["kept", "released"]
+    with pytest.raises(_Failed), db.session() as session:
+        with session.begin_nested():
+            store.generate("released-then-rolled-back", KeyKind.ED25519)
+        raise _Failed
+    assert _row_ids(db) == {"kept", "released"} and store.files.key_ids() == ["kept", "released"]
+
+
+def test_a_key_made_outside_a_transaction_is_published_at_once(db: Database, tmp_path: Path) -> None:
+    """The audit and API-issuer keys: generate commits the row itself, before it returns."""
+    store = _replica(tmp_path, "a", db)
+    store.generate("audit-checkpoint", KeyKind.ED25519)
+    assert _row_ids(db) == {"audit-checkpoint"}
+
+
+@pytest.mark.postgres
+def test_a_key_made_in_a_transaction_whose_connection_is_lost_leaves_no_row_nor_file(postgres_db: Database,
+                                                                                     tmp_path: Path) -> None:
+    """The server ends the connection before COMMIT (a restart, a failover): the transaction is gone, and the key
+    with it."""
+    store = _replica(tmp_path, "a", postgres_db)
+    with pytest.raises(OperationalError, match="terminating connection"), postgres_db.session() as session:
+        store.generate("ca-g2-root-0badc0de", KeyKind.EC_P256)
+        backend = session.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        with postgres_db.statement() as other:
+            assert other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend}).scalar()
+    assert _row_ids(postgres_db) == set() and not store.files.exists("ca-g2-root-0badc0de")

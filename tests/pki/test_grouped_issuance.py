@@ -156,6 +156,28 @@ def test_a_marker_moved_by_a_rolled_back_transaction_is_not_trusted(pki_db: Data
     assert reads == ["a", "b", "a", "b"]
 
 
+def test_a_read_is_kept_only_when_the_outermost_transaction_commits(pki_db: Database) -> None:
+    """SQLAlchemy fires `after_commit` when a savepoint is released too. A read made after an uncommitted
+    change (here: the reader returns what the transaction itself wrote) must not join the cache at a savepoint's
+    release: the outer transaction may still roll back, and nothing would invalidate the read (no event of it
+    is ever committed)."""
+    with pytest.raises(RuntimeError), pki_db.session() as s:
+        registrations.lookup(pki_db, s, "a", lambda: _registered(1))  # validated: the head is locked
+        with s.begin_nested():
+            registrations.lookup(pki_db, s, "b", lambda: _registered(2))  # an uncommitted registration
+        raise RuntimeError("rolled back")
+    with pki_db.session() as s:
+        assert registrations.lookup(pki_db, s, "a", lambda: _registered(3)) == _registered(3)
+        assert registrations.lookup(pki_db, s, "b", lambda: _registered(4)) == _registered(4)
+    with pki_db.session() as s:  # and what a committed transaction read across a savepoint is kept
+        with s.begin_nested():
+            registrations.lookup(pki_db, s, "c", lambda: _registered(5))
+        registrations.lookup(pki_db, s, "d", lambda: _registered(6))
+    with pki_db.session() as s:
+        assert registrations.lookup(pki_db, s, "c", lambda: _registered(7)) == _registered(5)
+        assert registrations.lookup(pki_db, s, "d", lambda: _registered(8)) == _registered(6)
+
+
 @pytest.mark.postgres
 def test_an_issuance_batch_never_waits_for_the_ca_row_while_holding_the_audit_head(
         postgres_db: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:

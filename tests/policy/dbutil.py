@@ -29,8 +29,8 @@ def add_workload(s: Session, tenant: str, group: str, name: str, now: datetime, 
 def add_grant(s: Session, gid: str, src: tuple[str, str], dst: tuple[str, str], ports: list[int], now: datetime, *,
               state: str = "active", expires_in: timedelta | None = timedelta(hours=1), proto: str = "tcp") -> None:
     s.add(Grant(id=gid, src_tenant=src[0], src_group=src[1], dst_tenant=dst[0], dst_group=dst[1], proto=proto,
-                ports=ports, ttl_seconds=3600, state=state, requested_by="tester", created_at=now,
-                expires_at=(now + expires_in) if expires_in is not None else None))
+                ports=ports, ttl_seconds=3600, state=state, requested_by="tester", requester_tenant="",
+                created_at=now, expires_at=(now + expires_in) if expires_in is not None else None))
 
 
 def populate(s: Session, now: datetime) -> dict[str, str]:

@@ -41,9 +41,14 @@ def _approve(_session: Session, _now: datetime, _input: dict[str, Any]) -> Grant
     return GrantDecision("approve", [], ["auto-approved"])
 
 
-def _prepare(db: Database, key: str) -> PreparedGrant:
+def _pending(_session: Session, _now: datetime, _input: dict[str, Any]) -> GrantDecision:
+    return GrantDecision("pending", ["tenant-admin:globex"], ["approval-needed: tenant-admin:globex"])
+
+
+def _prepare(db: Database, key: str, caller: Caller = CALLER, request: GrantRequest = REQUEST,
+             decide: Callable[[Session, datetime, dict[str, Any]], GrantDecision] = _approve) -> PreparedGrant:
     with db.read_session(snapshot=True) as s:
-        prepared = prepare_request(s, REQUEST, caller=CALLER, decide=_approve, idempotency_key=key,
+        prepared = prepare_request(s, request, caller=caller, decide=decide, idempotency_key=key,
                                    clock=lambda: NOW)
     assert isinstance(prepared, PreparedGrant)
     return prepared
@@ -108,6 +113,41 @@ def test_a_retry_under_its_key_is_answered_with_the_first_grant(db: Database, ve
                                     clock=lambda: NOW)
     assert isinstance(again, Grant) and again.id == first.grant.id and again.state == "active"
     assert isinstance(elsewhere, PreparedGrant) and elsewhere.grant.id != first.grant.id
+
+
+# acme's caller's id, as another tenant's principal and a platform one may carry it too (token subjects are free text)
+GLOBEX_NAMESAKE = Caller(CALLER.id, "tenant-admin", "globex", Actor(CALLER.id, "tenant"))
+PLATFORM_NAMESAKE = Caller(CALLER.id, "admin", None, Actor(CALLER.id, "admin"))
+GLOBEX_REQUEST = GrantRequest("globex", "api", "acme", "web", "tcp", [443], 3600)
+
+
+def test_a_key_is_the_requesters_within_its_tenant_not_every_principal_of_its_id(db: Database) -> None:
+    """A principal's id is unique only within its tenant: globex's and the platform's principal of acme's caller's id
+    each request under the same Idempotency-Key (never a conflict, never acme's grant), their grants are stored side
+    by side, and find_by_idempotency_key (the route's answer when a concurrent retry won the insert) answers each
+    with its own."""
+    from policy.grants import find_by_idempotency_key
+
+    ours = _prepare(db, "same")
+    with db.session() as s:
+        commit_request(s, ours, caller=CALLER)
+    with db.read_session(statements=True) as s:
+        theirs = prepare_request(s, GLOBEX_REQUEST, caller=GLOBEX_NAMESAKE, decide=_approve, idempotency_key="same",
+                                 clock=lambda: NOW)  # not "already used for a different grant request"
+        platform = prepare_request(s, REQUEST, caller=PLATFORM_NAMESAKE, decide=_approve, idempotency_key="same",
+                                   clock=lambda: NOW)  # the very request acme's caller made: not its grant
+    assert isinstance(theirs, PreparedGrant) and isinstance(platform, PreparedGrant)
+    assert (theirs.grant.requester_tenant, platform.grant.requester_tenant, ours.grant.requester_tenant) == (
+        "globex", "", "acme")
+    with db.session() as s:  # the same (id, key) three times: one per requester's tenant
+        commit_request(s, theirs, caller=GLOBEX_NAMESAKE)
+        commit_request(s, platform, caller=PLATFORM_NAMESAKE)
+    with db.read_session() as s:
+        found = {c.requester_tenant: find_by_idempotency_key(s, c, "same")
+                 for c in (CALLER, GLOBEX_NAMESAKE, PLATFORM_NAMESAKE)}
+        assert {t: g.id if g else None for t, g in found.items()} == {
+            "acme": ours.grant.id, "globex": theirs.grant.id, "": platform.grant.id}
+        assert find_by_idempotency_key(s, CALLER, "other") is None
 
 
 def test_a_prepared_grant_is_the_grant_its_write_stores(db: Database) -> None:
@@ -305,3 +345,33 @@ def test_a_grant_written_under_the_audit_head_never_waits_for_an_uncommitted_ide
     with db.session() as s:  # no head held: the same INSERT now simply writes (the rival rolled back)
         grants._insert_rows(s, [(prepared.grant, None)])
     assert _stored(db)[0] == ["same-key"]
+
+
+@pytest.mark.postgres
+def test_a_namesake_of_another_tenant_never_waits_for_an_uncommitted_grant_under_the_same_key(
+        postgres_db: Database) -> None:
+    """Another tenant's principal of the same id inserting the same Idempotency-Key is not the same key: its INSERT
+    under the audit head's lock writes at once beside the uncommitted one (with the key unique per id alone, it
+    waited for it and failed its batch), and both commit. (Pending grants: an active one's INSERT also updates the
+    policy data version's row, step 9's trigger, which the uncommitted active grant's holds.)"""
+    db = postgres_db
+    inserted, release = threading.Event(), threading.Event()
+
+    def other() -> None:  # acme's caller's grant under the key, held uncommitted
+        with db.session() as s:
+            grants._insert_rows(s, [(_prepare(db, "same-key", decide=_pending).grant, None)])
+            inserted.set()
+            release.wait(timeout=30)
+
+    rival = threading.Thread(target=other)
+    rival.start()
+    try:
+        assert inserted.wait(timeout=30)
+        prepared = _prepare(db, "same-key", GLOBEX_NAMESAKE, GLOBEX_REQUEST, _pending)
+        with db.session() as s:
+            lock_head(s)
+            grants._insert_rows(s, [(prepared.grant, None)])
+    finally:
+        release.set()
+        rival.join(timeout=60)
+    assert _stored(db)[0] == ["same-key", "same-key"]

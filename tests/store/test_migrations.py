@@ -81,6 +81,10 @@ LANDED = {
         "sqlite": "328a4ac8e7186f3342296768d883786a20d3d8532658af39b347744a23f9b6f4",
         "postgresql": "510e23dea4dd9b27d5ee4086b4ed0bbcac2ae33b004ed244d6a4b2a0f02c4ab8",
     },
+    14: {  # grants as the step leaves them (PostgreSQL alters the table in place; SQLite rebuilds it)
+        "sqlite": "fabdc8d9802649d76e38a173077632db90f0d745f2394d5a7f8ecd62de78f859",
+        "postgresql": "290e471b104c02fc7bed79966fee93c0aa19e942bcecdfdb37c991dfc701eb95",
+    },
 }
 
 
@@ -148,7 +152,7 @@ def test_a_landed_step_never_changes(version: int) -> None:
 
 
 def test_versions_are_global_and_in_order() -> None:
-    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13]
+    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14]
     with pytest.raises(ValueError, match="distinct, increasing"):
         from store.migrations import migrate as run
 
@@ -176,5 +180,103 @@ def test_an_empty_database_takes_every_step_once(backend: str, request: pytest.F
         assert migrate(db.engine) == [step.version for step in STEPS]
         assert migrate(db.engine) == []
         assert current_version(db.engine) == STEPS[-1].version
+    finally:
+        db.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backend: str, request: pytest.FixtureRequest,
+                                                                           tmp_path: Path) -> None:
+    """A database at step 13 holding keyed grants of acme's `alice` and the platform's `alice` (one id): after step
+    14 each retry still finds its own grant, globex's `alice` can use the same key, the old UNIQUE(requested_by,
+    idempotency_key) is gone for the scoped one (no default: a write must say whose key it is), and the grants
+    table still bumps the policy data version (SQLite rebuilt it: its triggers are made again as they were)."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import inspect, text
+
+    from audit import Actor, record
+    from audit.actor import ActorKind
+    from policy.grants import Caller, GrantDecision, GrantRequest, PreparedGrant, commit_request, prepare_request
+    from policy.migrations import _TABLES_V1
+    from policy.models import Grant
+    from store.migrations import migrate as run
+
+    if backend == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        db = Database(server.create_database(migrated=False))
+    else:
+        db = Database(sqlite_url(tmp_path))
+    now = datetime(2026, 12, 1, 9, tzinfo=UTC)
+
+    def triggers() -> list[tuple[str, ...]]:
+        query = ("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'grants' ORDER BY name"
+                 if backend == "sqlite" else
+                 "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'grants'::regclass "
+                 "AND NOT tgisinternal ORDER BY tgname")
+        with db.engine.connect() as conn:
+            return [tuple(r) for r in conn.exec_driver_sql(query)]
+
+    def data_version() -> int:
+        with db.engine.connect() as conn:
+            return int(conn.exec_driver_sql("SELECT n FROM policy_data_version WHERE id = 1").scalar_one())
+
+    try:
+        assert run(db.engine, [s for s in STEPS if s.version < 14])[-1] == 13
+        before = triggers()
+        assert [t[0] for t in before] == ["tf_pdv_grants_delete", "tf_pdv_grants_insert", "tf_pdv_grants_update"]
+        old_grants = _TABLES_V1[0]
+        rows: list[tuple[str, str, ActorKind | None, str, str]] = [  # (id, requester, the actor kind of its
+            # grant.request event or None, key, source tenant)
+            ("g-acme-alice", "alice", "tenant", "k-1", "acme"),
+            ("g-platform-alice", "alice", "admin", "k-2", "globex"),
+            ("g-workload", "spiffe://td/tenant/globex/group/api/w", "workload", "k-1", "globex"),
+            ("g-no-event", "bob", None, "k-1", "acme"),  # a hand-made row: no grant.request event
+        ]
+        with db.session() as s:
+            for gid, by, kind, key, src in rows:
+                s.execute(old_grants.insert().values(
+                    id=gid, src_tenant=src, src_group="web", dst_tenant="initech", dst_group="api", proto="tcp",
+                    ports=[443], justification="", ttl_seconds=3600, state="active", requested_by=by,
+                    idempotency_key=key, required_approvers=[], approvals=[], reasons=[], created_at=now,
+                    expires_at=datetime(2027, 1, 1, tzinfo=UTC), version=1))
+                if kind is not None:
+                    record(s, actor=Actor(by, kind), action="grant.request", object_type="grant", object_id=gid,
+                           tenant=src, at=now)
+
+        assert migrate(db.engine) == [14]
+        with db.read_session() as s:
+            scoped = dict(s.execute(text("SELECT id, requester_tenant FROM grants")).all())
+        assert scoped == {"g-acme-alice": "acme", "g-platform-alice": "", "g-workload": "globex", "g-no-event": ""}
+        assert triggers() == before
+        uniques = inspect(db.engine).get_unique_constraints("grants")
+        assert [u["column_names"] for u in uniques] == [["requester_tenant", "requested_by", "idempotency_key"]]
+        column = next(c for c in inspect(db.engine).get_columns("grants") if c["name"] == "requester_tenant")
+        assert column["nullable"] is False and column["default"] is None
+
+        def approve(_s: object, _now: datetime, _input: object) -> GrantDecision:
+            return GrantDecision("approve", [], ["auto-approved"])
+
+        def ask(caller: Caller, src: str, key: str) -> Grant | PreparedGrant:
+            req = GrantRequest(src, "web", "initech", "api", "tcp", [443], 3600)
+            with db.read_session(statements=True) as s:
+                return prepare_request(s, req, caller=caller, decide=approve, idempotency_key=key, clock=lambda: now)
+
+        acme = Caller("alice", "tenant-admin", "acme", Actor("alice", "tenant"))
+        globex = Caller("alice", "tenant-admin", "globex", Actor("alice", "tenant"))
+        platform = Caller("alice", "admin", None, Actor("alice", "admin"))
+        retried = ask(acme, "acme", "k-1")
+        assert isinstance(retried, Grant) and retried.id == "g-acme-alice"
+        retried = ask(platform, "globex", "k-2")
+        assert isinstance(retried, Grant) and retried.id == "g-platform-alice"
+        assert isinstance(ask(acme, "acme", "k-2"), PreparedGrant)  # the platform's alice's key is not acme's
+        theirs = ask(globex, "globex", "k-1")
+        assert isinstance(theirs, PreparedGrant)  # acme's alice's key is not globex's
+        n = data_version()
+        with db.session() as s:
+            commit_request(s, theirs, caller=globex, recheck=False)
+        assert data_version() == n + 1  # an active grant inserted: the trigger made again still bumps
+        retried = ask(globex, "globex", "k-1")
+        assert isinstance(retried, Grant) and retried.id == theirs.grant.id
     finally:
         db.dispose()
