@@ -189,6 +189,22 @@ assert PolicyDataVersion.__tablename__ == "policy_data_version" and PolicyVersio
 assert AuditHead.__tablename__ == "audit_head" and HEAD_ID == 1
 
 
+# The data version's row, locked as the triggers' UPDATE locks it (FOR NO KEY UPDATE: n is no key), or no row when
+# another transaction holds it: SKIP LOCKED never waits. (This transaction's own lock is no reason to skip it.)
+_TAKE_DATA_VERSION = "SELECT id FROM policy_data_version WHERE id = 1 FOR NO KEY UPDATE SKIP LOCKED"
+
+
+def take_data_version_now(session: Session) -> bool:
+    """Lock the policy data version's row for the rest of the transaction if that needs no wait: whether the
+    transaction holds it now (another's lock: False, at once). For a writer holding the audit head's lock, which may
+    not wait for a row (store/groupcommit.py: late members). SQLite: True, its writer lock is this transaction's
+    since BEGIN IMMEDIATE, so no other transaction holds any row."""
+    conn = session.connection()
+    if conn.dialect.name != "postgresql":
+        return True
+    return bool(driver_rows(conn, _TAKE_DATA_VERSION, ()))
+
+
 def _data_version_row(session: Session, query: str = _DATA_VERSION, params: tuple[Any, ...] = ()) -> Any:
     session.flush()  # as the autoflush of build_data's queries would
     rows = driver_rows(session.connection(), query, params)

@@ -34,10 +34,11 @@ from core.quotas import QuotaName, Quotas
 from core.rocev2 import includes_rocev2
 from core.vocabulary import FINAL_GRANT_STATES
 from policy import decisionlog, rocev2
-from policy.data import forget_decision_state, marker_for_decision
+from policy.data import forget_decision_state, marker_for_decision, take_data_version_now
 from policy.models import Grant
 from store import deferred
 from store.db import DriverInsert, driver_rows, driver_write, driver_write_batches, driver_write_many, placeholder
+from store.groupcommit import RowLock, note_held
 
 log = logging.getLogger("trustfabric.policy.grants")
 
@@ -414,6 +415,12 @@ def _insert(session: Session, grant: Grant, decision: decisionlog.DecisionRow | 
 
 
 def _insert_rows(session: Session, rows: list[tuple[Grant, decisionlog.DecisionRow | None]]) -> None:
+    _write_rows(session, rows)
+    if any(g.state == "active" for g, _d in rows):  # the trigger updated the data version's row: it is locked now
+        note_held(session, DATA_VERSION_ROW.name)
+
+
+def _write_rows(session: Session, rows: list[tuple[Grant, decisionlog.DecisionRow | None]]) -> None:
     conn = session.connection()
     if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":  # on the driver's cursor
         alone = [_PG_INSERT_GRANT.values(g) for g, d in rows if d is None]
@@ -515,13 +522,26 @@ def _counted_quota(quotas: Quotas | None, state: str) -> QuotaName | None:
     return name if quotas is not None and getattr(quotas, name) > 0 else None
 
 
-def locks_rows(prepared: PreparedGrant, quotas: Quotas | None) -> bool:
-    """Whether commit_request takes a row lock for this grant (its tenant's, to count a quota): one that does not
-    only reads and inserts, so a group commit may run it after the audit head's lock (store/groupcommit.py late).
-    Its INSERT can still meet the same requester's Idempotency-Key inserted by a transaction not yet committed,
-    which waits for that head: written under the head, it waits HEAD_HELD_LOCK_WAIT_MS at most and then fails its
-    batch, whose members are run again alone (_insert_rows), instead of a deadlock PostgreSQL breaks after a second."""
-    return prepared.grant.state != "denied" and _counted_quota(quotas, prepared.grant.state) is not None
+# The policy data version's row (schema step 9): an active grant's INSERT updates it (its trigger), a row lock.
+DATA_VERSION_ROW = RowLock("policy_data_version", take_data_version_now)
+
+
+def late_join(prepared: PreparedGrant, quotas: Quotas | None) -> bool | RowLock:
+    """How a group commit may run commit_request for this grant after its batch took the audit head's lock
+    (store/groupcommit.py, submit's `late`). False when it counts a quota: its tenant's row lock, which must come
+    before the head's (the next batch). DATA_VERSION_ROW for an active grant: its INSERT updates the policy data
+    version's row (step 9's trigger), so it joins only a batch holding that row already or taking it without a wait.
+    Waiting for it under the head deadlocked with another replica's batch of active grants (or any change of the policy
+    data) holding the row and waiting for the head: PostgreSQL broke the cycle after deadlock_timeout (1 s), or, for a
+    grant with an Idempotency-Key, its lock_timeout failed the batch after 20 ms and every member ran again alone.
+    True otherwise: it only reads and inserts. Its INSERT can still meet the same requester's Idempotency-Key
+    inserted by a transaction not yet committed, which waits for that head: written under the head, it waits
+    HEAD_HELD_LOCK_WAIT_MS at most and then fails its batch, whose members are run again alone (_insert_rows),
+    instead of a deadlock PostgreSQL breaks after a second."""
+    state = prepared.grant.state
+    if state != "denied" and _counted_quota(quotas, state) is not None:
+        return False
+    return DATA_VERSION_ROW if state == "active" else True
 
 
 def _decide_again(session: Session, grant: Grant, decide: GrantDecider, now: datetime) -> GrantDecision:

@@ -29,11 +29,17 @@ delay (nor any thread switch), and under load the batch is whatever arrived duri
 An item that takes no row lock (submitted with late=True: it only reads and inserts new rows) may also join a batch
 after that batch took the audit head's lock, when it was queued meanwhile: with several replicas the head's lock is
 often held by another replica's transaction (a wait of 2-3 ms, through its COMMIT), and what arrived during that wait
-rides along instead of paying a transaction of its own. Only an item without row locks may: one taking a row lock
-after the head's would take them the other way round from every other write transaction (store/deferred.py). An
-insert that may meet a unique key another transaction inserted and has not committed (a grant's requester and
-Idempotency-Key) bounds its wait when written under the head (policy.grants._insert_rows): that transaction may be
-waiting for it."""
+rides along instead of paying a transaction of its own. Only an item that waits for no row lock there may: one waiting
+for a row lock after the head's would take them the other way round from every other write transaction
+(store/deferred.py), and a transaction holding that row while waiting for the head (another replica's batch) closes a
+cycle, a deadlock PostgreSQL breaks only after deadlock_timeout (1 s, every writer stalled behind the head meanwhile).
+An item whose write takes one known row lock (late=RowLock: an active grant's INSERT, whose trigger updates the policy
+data version's row) joins only a batch whose transaction holds that lock already (a member took it before the head's:
+note_held) or takes it then without waiting (RowLock.take_now, SKIP LOCKED): the batch then holds both locks, and
+the member waits for neither; when the lock is another transaction's, the item waits for the next batch, which takes
+it before the head's as every write does. An insert that may meet a unique key another transaction inserted and has
+not committed (a grant's requester and Idempotency-Key) bounds its wait when written under the head
+(policy.grants._insert_rows): that transaction may be waiting for it."""
 
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -54,10 +61,37 @@ log = logging.getLogger("trustfabric.store.groupcommit")
 T = TypeVar("T")
 Write = Callable[[Session], Any]
 Check = Callable[[Session], None]
-_Item = tuple[Write, "Check | None", "_Waiter", bool, bool]  # fn, check, waiter, savepoint, late
+_Item = tuple[Write, "Check | None", "_Waiter", bool, "bool | RowLock"]  # fn, check, waiter, savepoint, late
 TRANSIENT = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure: retry the transaction
 TRANSIENT_ATTEMPTS = 3
 CAREFUL_BATCHES = 8  # batches run with savepoints straight away after a member failed in one without
+
+
+@dataclass(frozen=True)
+class RowLock:
+    """A row lock a late member's write takes (submit's `late`): the member may join a batch under the audit head's
+    lock only when that batch's transaction holds it already, or `take_now` takes it there without waiting."""
+
+    name: str  # what note_held and holds call it
+    take_now: Callable[[Session], bool]  # lock it without waiting (SKIP LOCKED): whether this transaction holds it now
+
+
+_HELD = "tf_row_locks_held"
+
+
+def note_held(session: Session, name: str) -> None:
+    """Record that this session's transaction holds the row lock `name` (a RowLock's): a write that took it says so, and
+    a late member needing it may join the batch without a statement more. Not inside a savepoint, whose rollback
+    would release the lock and not the note."""
+    if not session.in_nested_transaction():
+        held: set[str] = session.info.setdefault(_HELD, set())
+        held.add(name)
+
+
+def holds(session: Session, name: str) -> bool:
+    """Whether note_held recorded the row lock `name` in this session's transaction (the session is the batch's own:
+    one per transaction)."""
+    return name in session.info.get(_HELD, ())
 
 
 class _MemberFailed(Exception):
@@ -126,7 +160,7 @@ class GroupCommitter:
         self._careful = 0  # batches still to run with savepoints at once (only the leader touches it)
 
     def submit(self, fn: Callable[[Session], T], check: Check | None = None, *, savepoint: bool = True,
-               late: bool = False) -> T:
+               late: bool | RowLock = False) -> T:
         """fn's result after the transaction it ran in committed; fn's own exception, or the database's.
         `check` runs first, in the same savepoint (a refusal, such as a revoked identity, fails this item
         alone and costs the others nothing). `savepoint=False` for an item whose fn fails only when the
@@ -137,7 +171,8 @@ class GroupCommitter:
         fn's rows (and audit events) may be queued and written once for the batch (store/deferred.py `batched`),
         so it must not read back what it wrote. `late=True` for an item whose check and fn take no row lock (they
         read, and insert new rows): it may join a batch that already holds the audit head's lock (the module says
-        why).
+        why); `late=RowLock(...)` for one that takes that one row lock besides: it joins such a batch only when the
+        batch holds that lock or takes it without waiting, else it waits for the next batch.
 
         The caller's own thread commits (no committer thread: handing each write to one and back cost two thread
         switches per request): the first caller to find nobody leading leads, committing whatever is queued in
@@ -275,7 +310,7 @@ class GroupCommitter:
             if not savepoints:  # what was queued meanwhile and may come after the head's lock joins this batch (it is
                 if self._head_lock is not None:  # the caller's batch too: a second pass runs it)
                     self._head_lock(session)  # (held already when a member's deferred work took it: no round trip)
-                live.extend(self._take_late(self._max - len(live)))
+                live.extend(self._take_late(session, self._max - len(live)))
             for index, (fn, check, fut, isolated, _late) in enumerate(live):
                 if isolated and index < first_late:
                     continue  # ran before the head's lock
@@ -301,14 +336,32 @@ class GroupCommitter:
             deferred.flush(session)  # raising fails the batch: each alone below
         return done, refused
 
-    def _take_late(self, room: int) -> list[_Item]:
-        """Up to `room` queued items submitted with late=True, out of the queue, in their order."""
+    def _take_late(self, session: Session, room: int) -> list[_Item]:
+        """Up to `room` queued items submitted with `late`, out of the queue, in their order: those needing a row lock
+        only when `session`'s transaction holds it (holds) or takes it now without waiting (once per lock and batch;
+        the others stay queued, for the next batch). Only the leader removes items from the queue: what it saw
+        queued stays there while it takes locks, outside the queue's lock (callers only append meanwhile)."""
         if room <= 0:
             return []
         with self._lock:
-            taken = [item for item in self._pending if item[4]][:room]
-            if taken:
-                chosen = {id(item) for item in taken}
+            queued = [item for item in self._pending if item[4] is not False]
+        taken: list[_Item] = []
+        usable: dict[str, bool] = {}  # RowLock name -> this transaction holds it
+        for item in queued:
+            if len(taken) == room:
+                break
+            lock = item[4]
+            if isinstance(lock, RowLock):
+                if lock.name not in usable:
+                    usable[lock.name] = holds(session, lock.name) or lock.take_now(session)
+                    if usable[lock.name]:
+                        note_held(session, lock.name)
+                if not usable[lock.name]:
+                    continue  # another transaction holds it (it may be waiting for this head): the next batch
+            taken.append(item)
+        if taken:
+            chosen = {id(item) for item in taken}
+            with self._lock:
                 self._pending[:] = [item for item in self._pending if id(item) not in chosen]
         return taken
 

@@ -189,7 +189,7 @@ def _request(ctx: Any, req: svc.GrantRequest, caller: svc.Caller, recorded: _Rec
                                       decision_record=row)
 
         try:
-            return ctx.committer.submit(write, late=not svc.locks_rows(prepared, settings.quotas)), True
+            return ctx.committer.submit(write, late=svc.late_join(prepared, settings.quotas)), True
         except svc.StaleDecision:
             continue
     with grant_writer(ctx), ctx.db.session() as session:

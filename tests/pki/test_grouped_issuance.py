@@ -25,7 +25,7 @@ from pki.errors import IdentityRevoked
 from pki.models import CertificateAuthority
 from pki.spiffe_id import SpiffeId
 from store.db import Database
-from store.groupcommit import GroupCommitter
+from store.groupcommit import GroupCommitter, RowLock
 from tests.pki.helpers import ADMIN, TD, actions, counts, make_csr, register
 
 
@@ -38,7 +38,7 @@ class _Between(GroupCommitter):
         self._change: Callable[[], None] | None = change
 
     def submit(self, fn: Callable[[Session], Any], check: Any = None, *, savepoint: bool = True,
-               late: bool = False) -> Any:
+               late: bool | RowLock = False) -> Any:
         if self._change is not None:
             change, self._change = self._change, None
             change()

@@ -4,7 +4,9 @@ in between may have altered, and keeps one that only other grants' lifecycle or 
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -375,3 +377,115 @@ def test_a_namesake_of_another_tenant_never_waits_for_an_uncommitted_grant_under
         release.set()
         rival.join(timeout=60)
     assert _stored(db)[0] == ["same-key", "same-key"]
+
+
+def _lock_waiters(db: Database) -> int:
+    """Backends of this test's database waiting for a lock (a row's, the audit head's)."""
+    with db.engine.connect() as conn:
+        return int(conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).scalar_one())
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("leader", "rival", "key"), [
+    ("pending", True, None), ("pending", True, "late-key"), ("pending", False, None), ("active", False, None)])
+def test_an_active_grant_joins_a_batch_under_the_audit_head_only_holding_the_data_version_row(
+        postgres_db: Database, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, leader: str,
+        rival: bool, key: str | None) -> None:
+    """An active grant's INSERT also updates the policy data version's row (schema step 9's trigger): a row lock. A
+    group commit's batch that took the audit head's lock before it (its own members pending grants or issuances, say)
+    and let that grant join late would take the two the other way round from every other write transaction, which
+    takes its row locks first. Step by step: a batch (a pending grant) waits for the head, held by another replica's
+    transaction through its COMMIT; an active grant queues behind it; a rival transaction (another replica's batch of
+    active grants) inserts one, so holds the row, and waits for the head behind the batch. The head is released: the
+    batch must not make the late active grant wait for the row the rival holds (a deadlock PostgreSQL breaks after
+    deadlock_timeout, 1 s, failing the rival or the batch; or, for a grant with an Idempotency-Key, a failed batch after
+    20 ms and every member run again alone). It leaves it for its next batch instead: nobody waits for a lock held by a
+    transaction waiting for it, nothing fails, nothing runs twice. Without a rival holding the row, and when the batch
+    holds it already (its own member an active grant), the late grant still joins: one transaction, as before, with
+    no statement more when the batch's own grant locked the row."""
+    from store.groupcommit import GroupCommitter, RowLock
+
+    db = postgres_db
+    tries: list[bool] = []
+
+    def take_now(session: Session) -> bool:
+        tries.append(grants.take_data_version_now(session))
+        return tries[-1]
+
+    monkeypatch.setattr(grants, "DATA_VERSION_ROW", RowLock(grants.DATA_VERSION_ROW.name, take_now))
+    caplog.set_level(logging.INFO, logger="trustfabric.store.groupcommit")
+    committer = GroupCommitter(db, head_lock=lock_head)  # as the API composes it (workflows/context.py)
+    first = _prepare_unkeyed(db, _pending if leader == "pending" else _approve)
+    late = _prepare_unkeyed(db, _approve, key)
+    theirs = _prepare_unkeyed(db, _approve)
+    holding, release = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def head_holder() -> None:  # another replica's transaction, holding the head through its COMMIT
+        with db.session() as s:
+            lock_head(s)
+            holding.set()
+            assert release.wait(timeout=30)
+
+    def submit(name: str, prepared: PreparedGrant) -> None:
+        try:
+            outcomes[name] = committer.submit(lambda s: commit_request(s, prepared, caller=CALLER).id,
+                                              late=grants.late_join(prepared, None))
+        except Exception as exc:
+            outcomes[name] = exc
+
+    def rival_batch() -> None:  # another replica's active grant: the data version row, then (waiting) the head
+        try:
+            with db.session() as s:
+                outcomes["rival"] = commit_request(s, theirs, caller=CALLER, recheck=False).id
+        except Exception as exc:
+            outcomes["rival"] = exc
+
+    threads = [threading.Thread(target=head_holder)]
+    threads[0].start()
+    assert holding.wait(timeout=30)
+    threads.append(threading.Thread(target=submit, args=("first", first)))
+    threads[-1].start()
+    _until(lambda: _lock_waiters(db) == 1, "the batch never waited for the audit head")
+    threads.append(threading.Thread(target=submit, args=("late", late)))
+    threads[-1].start()
+    _until(lambda: committer.queued() == 1, "the active grant never queued behind the batch")
+    if rival:
+        threads.append(threading.Thread(target=rival_batch))
+        threads[-1].start()
+        _until(lambda: _lock_waiters(db) == 2, "the rival never waited for the audit head")
+    release.set()
+    for t in threads:
+        t.join(timeout=60)
+    committer.close()
+    expected = {"first": first.grant.id, "late": late.grant.id} | ({"rival": theirs.grant.id} if rival else {})
+    assert outcomes == expected
+    assert not [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]  # no batch failed or ran again
+    assert committer.batches == 1 + rival  # with a rival, the late grant waited for the batch after
+    assert tries == ([] if leader == "active" else [not rival])  # SKIP LOCKED: the rival's lock, or none
+    grants_stored, requested = _stored_by_id(db)
+    assert grants_stored == sorted(expected.values()) and sorted(requested) == sorted(expected.values())
+
+
+def _prepare_unkeyed(db: Database, decide: Callable[[Session, datetime, dict[str, Any]], GrantDecision],
+                     key: str | None = None) -> PreparedGrant:
+    with db.read_session(snapshot=True) as s:
+        prepared = prepare_request(s, REQUEST, caller=CALLER, decide=decide, idempotency_key=key, clock=lambda: NOW)
+    assert isinstance(prepared, PreparedGrant)
+    return prepared
+
+
+def _stored_by_id(db: Database) -> tuple[list[str], list[str]]:
+    with db.read_session() as s:
+        ids = sorted(str(g) for g in s.exec(select(Grant.id)).all())
+        requested = list(s.exec(select(AuditEvent.object_id).where(col(AuditEvent.action) == "grant.request")).all())
+    return ids, requested
