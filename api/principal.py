@@ -44,7 +44,10 @@ class Principal:
         return f"{self.id}@{self.scope_tenant}" if self.scope_tenant is not None else self.id
 
     def actor(self) -> Actor:
-        return Actor(id=self.id, kind=_ACTOR_KIND[self.role])
+        """Who the audit log says acted: a principal confined to a tenant (tenant roles, a workload, whose tenant is
+        in its SPIFFE ID) with that tenant, so acme's and globex's `alice` are two actors; a platform role or a node
+        with none."""
+        return Actor(id=self.id, kind=_ACTOR_KIND[self.role], tenant=self.scope_tenant)
 
 
 def principal_from_spiffe_id(spiffe_id: str, trust_domain: str, auth: str) -> Principal:

@@ -132,8 +132,25 @@ END
 $$""")
 
 
+_v15 = sa.MetaData()  # no table of its own
+_added_v15: dict[str, tuple[sa.Column[object], ...]] = {
+    "audit_events": (sa.Column('actor_tenant', sa.String(63), nullable=True),),
+}
+
+
+def _step_15(conn: sa.Connection) -> None:
+    """An event's actor names its tenant (audit/actor.py): the column that filters by it. Existing events keep NULL,
+    never a backfill: their hashed bytes carry no actor tenant, and the column is part of what rebuilds them
+    (audit/service.py `event_document`); which tenant an old `alice` belonged to is not in the log to be had."""
+    for table, columns in _added_v15.items():
+        for column in columns:
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column.name} {kind}")
+
+
 STEPS: tuple[Migration, ...] = (
     Migration(1, 'audit log', _step_1),
     Migration(6, 'audit: per-key event counters and a monotonic clock (events v2)', _step_6),
     Migration(12, "audit: the head's lock and the reads under it in one call (PostgreSQL)", _step_12),
+    Migration(15, "audit: an event's actor names its tenant", _step_15),
 )

@@ -58,6 +58,9 @@ class AuditEvent(SQLModel, table=True):
     # The exact RFC 8785 bytes that were hashed (leaf = SHA-256(0x00 || data)); exports stream them
     # verbatim so neither the exporter nor the verifier has to re-canonicalize.
     data: str = Field(default="", sa_column=Column(Text, nullable=False))
+    # Added by schema step 15 (audit/migrations.py), hence last: the actor's tenant (audit/actor.py), NULL for an
+    # actor of no tenant and for every event written before actors named theirs (their hashed bytes lack it).
+    actor_tenant: str | None = Field(default=None, sa_column=Column(String(63), nullable=True))
 
 
 class AuditNode(SQLModel, table=True):

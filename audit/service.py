@@ -31,7 +31,7 @@ from sqlmodel import Session, col
 from sqlmodel import select as sm_select
 
 from audit import counters, merkle
-from audit.actor import ACTOR_KINDS, Actor
+from audit.actor import ACTOR_KINDS, TENANT_KINDS, Actor, actor_document
 from audit.errors import InvalidAuditEvent, ProofError
 from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditCounter, AuditEvent, AuditHead, AuditNode, node_key
 from audit.wire import GENESIS_HASH as GENESIS_HASH
@@ -70,13 +70,14 @@ _UPDATE_HEAD = (
 
 def event_document(event: AuditEvent) -> dict[str, Any]:
     """The hashed content of an event: every field except its own leaf hash. The version and the
-    counters are not columns; they are taken from the stored bytes."""
+    counters are not columns; they are taken from the stored bytes. The actor's tenant is there only when
+    the event has one (audit/actor.py): never in events written before actors named theirs."""
     stored = json.loads(event.data) if event.data else {}
     doc = {
         "v": stored.get("v", 1),
         "seq": event.seq,
         "ts": format_ts(event.ts),
-        "actor": {"id": event.actor_id, "kind": event.actor_kind},
+        "actor": actor_document(event.actor_id, event.actor_kind, event.actor_tenant),
         "tenant": event.tenant,
         "action": event.action,
         "object": {"type": event.object_type, "id": event.object_id},
@@ -360,6 +361,7 @@ _COLUMNS = (
     "prev_hash",
     "leaf_hash",
     "data",
+    "actor_tenant",
 )
 _UPSERT_COUNTER = (
     "INSERT INTO audit_counters (key, count, last_leaf) VALUES ({p}, {p}, {p}) "
@@ -369,8 +371,8 @@ _UPSERT_COUNTER = (
 _DRIVER_SQL = {
     "sqlite": (
         "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
-        "summary, reason, request_id, prev_hash, leaf_hash, data) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "summary, reason, request_id, prev_hash, leaf_hash, data, actor_tenant) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         "INSERT INTO audit_nodes (key, hash) VALUES (?, ?)",
         "UPDATE audit_head SET size = ?, last_leaf = ?, frontier = ?, last_ts = ? WHERE id = 1",
         _UPSERT_COUNTER.format(p="?"),
@@ -380,8 +382,8 @@ _DRIVER_SQL = {
 # events, store/deferred.py, as one array per column).
 _PG_EVENT = (
     "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
-    "summary, reason, request_id, prev_hash, leaf_hash, data) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s)"
+    "summary, reason, request_id, prev_hash, leaf_hash, data, actor_tenant) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s, %s, %s, %s, %s)"
 )
 _PG_TREE = (
     "nd AS (INSERT INTO audit_nodes (key, hash) SELECT * FROM unnest(%s::bigint[], %s::bytea[])), "
@@ -395,11 +397,11 @@ assert CHANNEL == "trustfabric_changes"
 _PG_EVENTS = (  # many events in one statement, as one JSON array the server takes apart (psycopg adapting an
     # array per column cost ~80 us of client CPU per event)
     "INSERT INTO audit_events (seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, "
-    "summary, reason, request_id, prev_hash, leaf_hash, data) "
+    "summary, reason, request_id, prev_hash, leaf_hash, data, actor_tenant) "
     "SELECT seq, ts, actor_id, actor_kind, tenant, action, object_type, object_id, summary, reason, "
-    "request_id, prev_hash, leaf_hash, data FROM json_to_recordset(%s::json) AS e(seq bigint, ts timestamptz, "
-    "actor_id text, actor_kind text, tenant text, action text, object_type text, object_id text, summary json, "
-    "reason text, request_id text, prev_hash text, leaf_hash text, data text)"
+    "request_id, prev_hash, leaf_hash, data, actor_tenant FROM json_to_recordset(%s::json) AS e(seq bigint, "
+    "ts timestamptz, actor_id text, actor_kind text, tenant text, action text, object_type text, object_id text, "
+    "summary json, reason text, request_id text, prev_hash text, leaf_hash text, data text, actor_tenant text)"
 )
 _PG_APPEND = f"WITH ev AS ({_PG_EVENT}), {_PG_TREE}"
 _PG_APPEND_MANY = f"WITH ev AS ({_PG_EVENTS}), {_PG_TREE}"
@@ -528,11 +530,18 @@ def record(
 ) -> AuditEvent:
     """Append one event inside the caller's transaction; it commits or rolls back with the change.
 
-    Bad input raises InvalidAuditEvent (an InvalidInput) before anything is written.
+    Bad input raises InvalidAuditEvent (an InvalidInput) before anything is written; so does an actor of a tenant
+    kind without its tenant, or a platform one with one: an event never leaves open whose `alice` acted.
     """
     if not isinstance(actor, Actor) or actor.kind not in ACTOR_KINDS:
         raise InvalidAuditEvent(f"unknown actor kind {getattr(actor, 'kind', actor)!r}")
     actor_id = str(_text(actor.id, "actor id", 512, required=True))
+    actor_tenant = actor.tenant
+    if actor.kind in TENANT_KINDS:
+        if not isinstance(actor_tenant, str) or not is_slug(actor_tenant):
+            raise InvalidAuditEvent(f"a {actor.kind} actor names its tenant (a DNS-label slug), not {actor_tenant!r}")
+    elif actor_tenant is not None:
+        raise InvalidAuditEvent(f"a {actor.kind} actor belongs to no tenant, yet names {actor_tenant!r}")
     if not isinstance(action, str) or len(action) > 64 or not ACTION_RE.fullmatch(action):
         raise InvalidAuditEvent(
             f"audit action {action!r} must look like 'noun.verb' (lowercase, dot-separated, <= 64 chars)"
@@ -547,19 +556,20 @@ def record(
         raise InvalidAuditEvent("audit event time must be a timezone-aware datetime")
     requested = (at or system_clock()).astimezone(UTC)
     body, plain = _canonical_summary(summary)
-    if deferred.later(session, lambda: _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why,
-                                               rid, requested, plain)):
+    if deferred.later(session, lambda: _append(session, actor.kind, actor_id, actor_tenant, action, otype, oid, tenant,
+                                               body, why, rid, requested, plain)):
         # a group commit's member: appended under the head lock once every member made its change
         # (store/deferred.py); numbered then, so this event has no sequence number yet
-        return AuditEvent.model_construct(seq=-1, actor_id=actor_id, actor_kind=actor.kind, tenant=tenant,
-                                          action=action, object_type=otype, object_id=oid, summary=body,
-                                          reason=why, request_id=rid)
-    fields = _append(session, actor.kind, actor_id, action, otype, oid, tenant, body, why, rid, requested, plain)
+        return AuditEvent.model_construct(seq=-1, actor_id=actor_id, actor_kind=actor.kind, actor_tenant=actor_tenant,
+                                          tenant=tenant, action=action, object_type=otype, object_id=oid,
+                                          summary=body, reason=why, request_id=rid)
+    fields = _append(session, actor.kind, actor_id, actor_tenant, action, otype, oid, tenant, body, why, rid,
+                     requested, plain)
     configure_mappers()  # no-op once done; model_construct skips the step that would trigger it
     return AuditEvent.model_construct(**fields)
 
 
-def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype: str,
+def _append(session: Session, actor_kind: str, actor_id: str, actor_tenant: str | None, action: str, otype: str,
             oid: str, tenant: str | None, body: dict[str, Any], why: str | None, rid: str | None,
             requested: datetime, plain: bool) -> dict[str, Any]:
     """Append one validated event: lock the head, number, hash and write it; its columns (the event is built
@@ -578,6 +588,7 @@ def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype
         "ts": ts,
         "actor_id": actor_id,
         "actor_kind": actor_kind,
+        "actor_tenant": actor_tenant,
         "tenant": tenant,
         "action": action,
         "object_type": otype,
@@ -591,7 +602,7 @@ def _append(session: Session, actor_kind: str, actor_id: str, action: str, otype
         "v": DOCUMENT_VERSION,
         "seq": seq,
         "ts": format_ts(ts),
-        "actor": {"id": actor_id, "kind": actor_kind},
+        "actor": actor_document(actor_id, actor_kind, actor_tenant),
         "tenant": tenant,
         "action": action,
         "object": {"type": otype, "id": oid},
@@ -800,8 +811,10 @@ def list_events(
     after: int | None = None,
     limit: int = 100,
     actor: str | None = None,
+    actor_tenant: str | None = None,
 ) -> list[AuditEvent]:
-    """Events in sequence order, filtered; `after` is the last sequence number of the previous page."""
+    """Events in sequence order, filtered; `after` is the last sequence number of the previous page. `actor` and
+    `actor_tenant` as actor_filter has them."""
     for name, value in (("since", since), ("until", until)):
         if value is not None and value.tzinfo is None:
             raise InvalidAuditEvent(f"{name} must carry a timezone")
@@ -812,8 +825,8 @@ def list_events(
         stmt = stmt.where(col(AuditEvent.tenant) == tenant)
     if action is not None:
         stmt = stmt.where(col(AuditEvent.action) == action)
-    if actor is not None:
-        stmt = stmt.where(col(AuditEvent.actor_id) == actor)
+    if actor is not None or actor_tenant is not None:
+        stmt = stmt.where(actor_filter(actor, actor_tenant))
     if since is not None:  # in UTC: SQLite keeps times as UTC text without an offset
         stmt = stmt.where(col(AuditEvent.ts) >= since.astimezone(UTC))
     if until is not None:
@@ -821,6 +834,32 @@ def list_events(
     if after is not None:
         stmt = stmt.where(col(AuditEvent.seq) > after)
     return list(session.exec(stmt).all())
+
+
+def actor_filter(actor: str | None, actor_tenant: str | None = None) -> Any:
+    """The events of an actor as the log shows it (audit/actor.py `qualified_id`):
+
+    - `alice@acme` (an id, `@`, a tenant slug): acme's alice only -- and an actor of no tenant whose id is
+      `alice@acme` itself (a platform principal so named, or an event from before actors named their tenant);
+    - `alice` (no tenant part): alice of every tenant and of none, as before actors named their tenant;
+    - with `actor_tenant`: `actor` is the bare id (`alice`, or a subject that itself holds an `@`) within that
+      tenant; `actor_tenant` alone: every actor of that tenant.
+
+    Events from before actors named their tenant have none: a tenant's `alice` among them matches `alice`, never
+    `alice@acme` (whose she was is not in the log)."""
+    ev = _events.c
+    if actor_tenant is not None:
+        if not is_slug(actor_tenant):
+            raise InvalidAuditEvent(f"actor tenant {actor_tenant!r} is not a DNS-label slug")
+        in_tenant = ev.actor_tenant == actor_tenant
+        return in_tenant if actor is None else and_(in_tenant, ev.actor_id == actor)
+    if actor is None:
+        raise InvalidAuditEvent("an actor filter names an actor or an actor tenant")
+    name, at, tenant = actor.rpartition("@")
+    if at and name and is_slug(tenant):
+        return or_(and_(ev.actor_id == name, ev.actor_tenant == tenant),
+                   and_(ev.actor_id == actor, ev.actor_tenant.is_(None)))
+    return ev.actor_id == actor
 
 
 def get_event(session: Session, seq: int) -> AuditEvent | None:

@@ -97,7 +97,7 @@ def seed(ctx: AppContext, tenants: int, groups: int, grants: int, events: int) -
         with ctx.db.session() as s:
             for n in range(start, min(events, start + 1000)):
                 t = names[1 + n % (tenants - 1)]
-                record(s, actor=Actor(id=f"tenant-admin@{t}", kind="tenant"), action="grant.request",
+                record(s, actor=Actor(id=f"tenant-admin@{t}", kind="tenant", tenant=t), action="grant.request",
                        object_type="grant", object_id=ids[n % len(ids)], tenant=t, summary={"n": n})
     return ids
 

@@ -374,7 +374,7 @@ def persisted_path(fabric: Fabric, approvals: int) -> None:
         decide = RegoGrantDecider()
         latency, pure, touched = [], [], []
         for gid, dst in pending:
-            caller = Caller(f"{dst}-admin", "tenant-admin", dst, Actor(f"{dst}-admin", "tenant"))
+            caller = Caller(f"{dst}-admin", "tenant-admin", dst, Actor(f"{dst}-admin", "tenant", dst))
             with ctx.db.session() as s:
                 approve_grant(s, gid, caller=caller, clock=clock, decide=decide)
             committed = time.perf_counter()

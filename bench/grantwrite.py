@@ -43,7 +43,8 @@ RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 N = int(os.environ.get("BENCH_GRANT_WRITES", "400"))  # per run and mode
 THREADS = 8
 REPLICAS = 3  # the committers of the cross-replica figure, one per Database as each replica has its own
-CALLER = svc.Caller(id="token:bench", role="tenant-admin", tenant="acme", actor=Actor(id="token:bench", kind="tenant"))
+CALLER = svc.Caller(id="token:bench", role="tenant-admin", tenant="acme",
+                    actor=Actor(id="token:bench", kind="tenant", tenant="acme"))
 REQUEST = svc.GrantRequest(src_tenant="acme", src_group="web", dst_tenant="globex", dst_group="api", proto="tcp",
                            ports=[443], ttl_seconds=3600, justification="bench")
 

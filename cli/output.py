@@ -429,7 +429,9 @@ def local_settings() -> Any:
 
 def local_operator(kind: ActorKind = "admin") -> Actor:
     """Who acts when a local CLI command changes state: whoever can read the data directory and key store
-    is the operator, recorded as cli:<user> (admin, or security for policy changes)."""
+    is the operator, recorded as cli:<user> (admin, or security for policy changes). A platform actor, of no
+    tenant: the server host's operator acts for the platform even when the command touches one tenant's objects
+    (the event's own `tenant` says whose)."""
     from audit import Actor
 
     try:

@@ -60,7 +60,7 @@ def action_param(value: str) -> str | None:
 
 @router.get("/audit")
 async def audit(request: Request, tenant: Opt = "", action: Opt = "",
-                actor: Annotated[str, Query(max_length=512)] = "", since: Opt = "", until: Opt = "",
+                actor: Annotated[str, Query(max_length=576)] = "", since: Opt = "", until: Opt = "",
                 cursor: Annotated[str | None, Query(max_length=200)] = None) -> Response:
     session = await signed_in(request)
 

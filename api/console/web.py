@@ -25,6 +25,7 @@ from api.console.session import (
     whoami,
 )
 from api.errors import validation_reason
+from audit.actor import qualified_id
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HOME = {"tenant-admin": "tenant", "tenant-member": "tenant", "security": "/console/policy",
@@ -73,7 +74,14 @@ def requester(grant: Any) -> str:
     return f"{grant.get('requested_by')}@{tenant}" if tenant else f"{grant.get('requested_by')} (platform role)"
 
 
+def actor_name(actor: Any) -> str:
+    """An audit event's actor as the log shows it: `alice@acme` for acme's alice, the id alone for an actor of no
+    tenant (a platform role, a node, the system, and every actor of an event from before actors named theirs)."""
+    return qualified_id(str(actor.get("id")), actor.get("tenant"))
+
+
 env.filters["when"] = _when
+env.filters["actor"] = actor_name
 env.filters["duration"] = duration
 env.filters["requester"] = requester
 env.filters["q"] = lambda v: urllib.parse.quote(str(v), safe="")

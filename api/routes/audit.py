@@ -46,6 +46,11 @@ MAX_INDEX = 2**53
 class ActorOut(BaseModel):
     id: str
     kind: str
+    tenant: str | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="the tenant of a principal confined to one (a tenant role, a workload): acme's `alice` is "
+        "`alice@acme`; absent for a platform role, a node or the system, and from events written before actors "
+        "named their tenant (absent, not null: the object is the hashed one)")
 
 
 class ObjectOut(BaseModel):
@@ -130,7 +135,7 @@ def event_out(e: AuditEvent) -> EventOut:
         counters=document.get("counters"),
         seq=e.seq,
         ts=service.format_ts(e.ts),
-        actor=ActorOut(id=e.actor_id, kind=e.actor_kind),
+        actor=ActorOut(**document["actor"]),
         tenant=e.tenant,
         action=e.action,
         object=ObjectOut(type=e.object_type, id=e.object_id),
@@ -174,7 +179,14 @@ def list_events(
     until: datetime | None = None,
     cursor: CursorQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    actor: Annotated[str | None, Query(min_length=1, max_length=512, description="exact actor id")] = None,
+    actor: Annotated[str | None, Query(
+        min_length=1, max_length=576,  # an id (512) @ a tenant (63)
+        description="an actor as the log shows it: `alice@acme` is acme's alice only (or an actor of no tenant "
+        "whose id is `alice@acme`); `alice`, with no tenant part, is alice of every tenant and of none; with "
+        "actor_tenant, the bare id within that tenant")] = None,
+    actor_tenant: Annotated[str | None, Query(
+        min_length=1, max_length=63, pattern=SLUG,
+        description="only events whose actor belongs to this tenant (with actor: that actor's id there)")] = None,
 ) -> EventPage:
     scoped = _scope(request, principal, "audit.read", tenant)
     after = None
@@ -193,6 +205,7 @@ def list_events(
             after=after,
             limit=limit,
             actor=actor,
+            actor_tenant=actor_tenant,
         )
     nxt = encode_cursor(str(rows[-1].seq)) if len(rows) == limit else None
     return EventPage(items=[event_out(e) for e in rows], next_cursor=nxt)

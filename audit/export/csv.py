@@ -1,7 +1,10 @@
 """CSV for spreadsheets: one row per record, the event's fields in columns from which the verifier
 rebuilds the exact hashed bytes; header and gap rows use the `data`, `seq`, `level`, `hash` cells.
-The `v` and `counters` columns (events of version 2) come last; a file without them (written before
-they existed) is read as version 1 events."""
+The `v` and `counters` columns (events of version 2) come after the first ones, then `actor_tenant` (the
+actor's tenant, audit/actor.py; empty where the event has none): each added at the end, so a consumer reading
+columns by position keeps reading the ones it knew. A file without them (written before they existed) is
+read as the events of its time: without `v` and `counters`, version 1 events; without `actor_tenant`, actors
+of no tenant."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import IO, Any
 
 import rfc8785
 
+from audit.actor import actor_document
 from audit.errors import Malformed, Truncated
 from audit.export.records import Event, Format, Header, Record, compact, gap_from, lines, malformed
 
@@ -35,7 +39,8 @@ V1_COLUMNS = (
     "hash",
     "data",
 )
-CSV_COLUMNS = (*V1_COLUMNS, "v", "counters")
+V2_COLUMNS = (*V1_COLUMNS, "v", "counters")
+CSV_COLUMNS = (*V2_COLUMNS, "actor_tenant")
 
 
 class CsvWriter:
@@ -60,6 +65,7 @@ class CsvWriter:
             ts=doc["ts"],
             actor_id=doc["actor"]["id"],
             actor_kind=doc["actor"]["kind"],
+            actor_tenant=doc["actor"].get("tenant"),
             tenant=doc["tenant"],
             action=doc["action"],
             object_type=doc["object"]["type"],
@@ -87,7 +93,7 @@ def _document(cell: dict[str, str]) -> dict[str, Any]:
         "v": int(cell.get("v") or 1),
         "seq": int(cell["seq"]),
         "ts": cell["ts"],
-        "actor": {"id": cell["actor_id"], "kind": cell["actor_kind"]},
+        "actor": actor_document(cell["actor_id"], cell["actor_kind"], cell.get("actor_tenant") or None),
         "tenant": cell["tenant"] or None,
         "action": cell["action"],
         "object": {"type": cell["object_type"], "id": cell["object_id"]},
@@ -113,7 +119,7 @@ def read_csv(stream: IO[bytes]) -> Iterator[Record]:
     try:
         first = next(reader, None)
         columns = tuple(first or ())
-        if columns not in (CSV_COLUMNS, V1_COLUMNS):
+        if columns not in (CSV_COLUMNS, V2_COLUMNS, V1_COLUMNS):
             raise malformed(1, "CSV header row does not name the export's columns")
         for row in reader:
             lineno = reader.line_num

@@ -7,6 +7,13 @@
 | `api.*`, `audit.*`, `export.*`                               | API Activity (6003)       |
 | anything else: `tenant.create`, `policy.activate`, `grant.approve`, `ruleset.apply`... | Entity Mgmt (3004) |
 
+The actor is `actor.user`: `name` its id, `uid` (and the account's) its id as the log shows it -- `alice@acme`
+for a principal of a tenant, unique where the id alone is not -- and, for such a principal, `org` (OCSF's
+Organization: "cloud and SaaS logical hierarchies", a tenant) with the tenant as `uid` and `name`. The event's
+own tenant (whose object it is) stays `metadata.tenant_uid`: globex's alice approving acme's grant is
+`actor.user.org.uid` globex, `metadata.tenant_uid` acme. An event whose actor has no tenant (every event written
+before actors named theirs) maps exactly as it always did, so old OCSF exports still verify.
+
 The signed document and its leaf hash ride along in `unmapped.trustfabric`, so an OCSF export verifies
 offline like the others (the verifier re-derives the OCSF fields and rejects any difference).
 Header and gap records are the JSONL ones.
@@ -21,6 +28,7 @@ from typing import IO, Any
 
 import rfc8785
 
+from audit.actor import qualified_id
 from audit.export.jsonl import JsonlWriter
 from audit.export.records import Event, Format, Record, compact, header_output, is_hex64, json_lines, malformed
 
@@ -174,15 +182,7 @@ def to_ocsf(document: dict[str, Any], leaf_hash: str, *, origin: str) -> dict[st
             **({"tenant_uid": document["tenant"]} if document.get("tenant") else {}),
             **({"correlation_uid": document["request_id"]} if document.get("request_id") else {}),
         },
-        actor={
-            "user": {
-                "uid": actor["id"],
-                "name": actor["id"],
-                "type": actor["kind"],
-                "type_id": type_id,
-                "account": {"uid": actor["id"], "name": actor["id"], "type_id": 0, "type": type_name},
-            }
-        },
+        actor={"user": _user(actor, type_id, type_name)},
         unmapped={"trustfabric": {"event": document, "leaf_hash": leaf_hash}},
     )
     cls = event["class_uid"]
@@ -203,6 +203,22 @@ def to_ocsf(document: dict[str, Any], leaf_hash: str, *, origin: str) -> dict[st
         event["src_endpoint"] = _endpoint(summary.get("src", summary.get("source")))
         event["dst_endpoint"] = _endpoint(summary.get("dst", summary.get("destination", obj["id"])))
     return event
+
+
+def _user(actor: dict[str, Any], type_id: int, type_name: str) -> dict[str, Any]:
+    """OCSF `actor.user` of an event's actor (the module's docstring says how its tenant maps)."""
+    tenant = actor.get("tenant")
+    uid = qualified_id(actor["id"], tenant)
+    user: dict[str, Any] = {
+        "uid": uid,
+        "name": actor["id"],
+        "type": actor["kind"],
+        "type_id": type_id,
+        "account": {"uid": uid, "name": actor["id"], "type_id": 0, "type": type_name},
+    }
+    if tenant is not None:
+        user["org"] = {"uid": tenant, "name": tenant}
+    return user
 
 
 class OcsfWriter(JsonlWriter):

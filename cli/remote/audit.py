@@ -9,12 +9,19 @@ from typing import Any
 
 import typer
 
+from audit.actor import qualified_id
 from cli.output import API, Col, View, command, emit, machine_output
 from cli.params import SLUG, WHEN
 from cli.remote.common import CaOpt, ServerOpt, client
 
+
+def _actor(event: dict[str, Any]) -> str:
+    """`alice@acme` for acme's alice, the id alone for an actor of no tenant."""
+    return qualified_id(str(event["actor"]["id"]), event["actor"].get("tenant"))
+
+
 EVENTS = View("audit events", (
-    Col("seq", "seq", kind="id"), Col("time", "ts", kind="time"), Col("actor", lambda e: e["actor"]["id"], drop=1),
+    Col("seq", "seq", kind="id"), Col("time", "ts", kind="time"), Col("actor", _actor, drop=1),
     Col("tenant", "tenant", drop=2), Col("action", "action"),
     Col("object", lambda e: f"{e['object']['type']}:{e['object']['id']}"), Col("reason", "reason", drop=3),
 ))
@@ -29,7 +36,10 @@ def register(audit: typer.Typer) -> None:
     def events_cmd(
         tenant: str = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT", help="only this tenant's"),
         action: str = typer.Option(None, "--action", help="only this action, e.g. grant.approve"),
-        actor: str = typer.Option(None, "--actor", help="only this actor's, e.g. cli:alice"),
+        actor: str = typer.Option(None, "--actor", help="only this actor's: alice@acme (acme's alice), or alice "
+                                  "(every tenant's), cli:root"),
+        actor_tenant: str = typer.Option(None, "--actor-tenant", parser=SLUG, metavar="TENANT",
+                                         help="only actors of this tenant (with --actor: that id there)"),
         since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME", help="ISO 8601, inclusive"),
         until: Any = typer.Option(None, "--until", parser=WHEN, metavar="TIME", help="ISO 8601, exclusive"),
         limit: int = typer.Option(100, "--limit", min=1, max=1000, help="events shown (oldest first)"),
@@ -37,8 +47,8 @@ def register(audit: typer.Typer) -> None:
     ) -> None:
         """Audit events, oldest first (a tenant principal sees its own tenant's only)."""
         page = client(server, cacert).get("/v1/audit/events", tenant=tenant, action=action, actor=actor,
-                                          since=_iso(since),
-                                          until=_iso(until), limit=limit)
+                                          actor_tenant=actor_tenant, since=_iso(since), until=_iso(until),
+                                          limit=limit)
         emit(page["items"], EVENTS)
 
     @command(audit, "show", API)

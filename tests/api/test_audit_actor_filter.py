@@ -3,6 +3,8 @@ still applied (a tenant principal sees its own tenant's events of that actor onl
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.api.conftest import Env
 
 
@@ -21,3 +23,65 @@ def test_actor_filter_is_exact_and_keeps_the_tenant_scope(env_both: Env) -> None
     r = env.call("GET", "/v1/audit/events", "auditor", params={"actor": admin_id[:-1], "limit": 1000})
     assert r.json()["items"] == [], "exact, not a prefix"
     assert env.call("GET", "/v1/audit/events", "auditor", params={"actor": ""}).status_code == 422
+
+
+def test_the_same_subject_in_two_tenants_is_two_actors(env_both: Env) -> None:
+    """API token subjects are free text: acme's and globex's tenant-admin `alice` are both id `alice`. Each makes a
+    change, and globex's alice approves acme's alice's grant (an event filed under acme): the events name each
+    actor's tenant, `?actor=alice@acme` is acme's alice only, `?actor=alice` every alice, `actor_tenant` the actors
+    of a tenant; a tenant principal's filter stays inside its own tenant's events."""
+    env = env_both
+
+    def alice(tenant: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {env.token('tenant-admin', tenant, subject='alice')}"}
+
+    acme, globex = alice("acme"), alice("globex")
+    assert env.client.post("/v1/tenants/acme/groups", json={"name": "a1"}, headers=acme).status_code == 201
+    assert env.client.post("/v1/tenants/globex/groups", json={"name": "g1"}, headers=globex).status_code == 201
+    grant = env.client.post("/v1/grants", headers=acme, json={
+        "src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
+        "ttl_seconds": 3600, "justification": "call the globex API"})
+    assert grant.status_code == 201, grant.text
+    r = env.client.post(f"/v1/grants/{grant.json()['id']}/approve", headers=globex, json={})
+    assert r.status_code == 200, r.text
+
+    def found(role: str = "auditor", tenant: str | None = None, **params: str) -> list[tuple[str, Any, Any]]:
+        r = env.call("GET", "/v1/audit/events", role, tenant, params={"limit": 1000, **params})
+        assert r.status_code == 200, r.text
+        return [(e["action"], e["tenant"], e["actor"].get("tenant")) for e in r.json()["items"]]
+
+    everyone = [("group.create", "acme", "acme"), ("group.create", "globex", "globex"),
+                ("grant.request", "acme", "acme"), ("grant.approve", "acme", "globex")]
+    assert found(actor="alice") == everyone
+    assert found(actor="alice@acme") == [("group.create", "acme", "acme"), ("grant.request", "acme", "acme")]
+    assert found(actor="alice@globex") == [("group.create", "globex", "globex"), ("grant.approve", "acme", "globex")]
+    assert found(actor="alice", actor_tenant="globex") == found(actor="alice@globex")
+    assert found(actor_tenant="globex") == found(actor="alice@globex")  # globex's only actor here
+    assert found(actor="alice@initech") == []
+    # acme's own tenant-admin (another subject) sees globex's alice approving in acme's log, never globex's own
+    assert found("tenant-admin", "acme", actor="alice@globex") == [("grant.approve", "acme", "globex")]
+    assert found("tenant-admin", "acme", actor="alice") == [e for e in everyone if e[1] == "acme"]
+    for bad in ({"actor_tenant": "Not_A_Slug"}, {"actor_tenant": ""}, {"actor": "a" * 577}):
+        assert env.call("GET", "/v1/audit/events", "auditor", params=bad).status_code == 422, bad
+
+    items = env.call("GET", "/v1/audit/events", "auditor", params={"limit": 1000}).json()["items"]
+    approve = next(e for e in items if e["action"] == "grant.approve")
+    assert approve["actor"] == {"id": "alice", "kind": "tenant", "tenant": "globex"}
+    seeded = next(e for e in items if e["actor"]["kind"] == "system")
+    assert "tenant" not in seeded["actor"], "an actor of no tenant has no key (the hashed object), not null"
+    one = env.call("GET", f"/v1/audit/events/{approve['seq']}", "auditor").json()
+    assert one["actor"] == approve["actor"]
+
+
+def test_a_principal_is_an_actor_of_its_tenant() -> None:
+    """Every Actor built from a principal: tenant roles and workloads (the tenant in the SPIFFE ID) name theirs;
+    platform roles and nodes none."""
+    from api.principal import Principal, principal_from_spiffe_id
+    from audit import Actor
+
+    workload = principal_from_spiffe_id("spiffe://td/tenant/acme/group/web/w1", "td", "mtls")
+    assert workload.actor() == Actor("spiffe://td/tenant/acme/group/web/w1", "workload", "acme")
+    assert principal_from_spiffe_id("spiffe://td/node/gpu1", "td", "mtls").actor() == Actor(
+        "spiffe://td/node/gpu1", "node")
+    assert Principal("alice", "tenant-member", "globex").actor() == Actor("alice", "tenant", "globex")
+    assert Principal("alice", "admin", "acme").actor() == Actor("alice", "admin")  # a platform role: none

@@ -50,7 +50,8 @@ def fill(db: Database, count: int, *, start: int = 0, per_tx: int = 50) -> list[
                 out.append(
                     record(
                         s,
-                        actor=Actor(f"user-{i % 7}", "admin" if i % 2 else "tenant"),
+                        actor=Actor(f"user-{i % 7}", "admin") if i % 2 else Actor(f"user-{i % 7}", "tenant",
+                                                                                   TENANTS[(i // 2) % 3]),
                         action=ACTIONS[i % len(ACTIONS)],
                         object_type="thing",
                         object_id=f"obj-{i}",

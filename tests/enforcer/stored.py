@@ -49,12 +49,12 @@ class Stack:
         decide = RegoGrantDecider()
         with self.ctx.db.session() as s:
             g, _ = request_grant(s, GrantRequest(st, sg, dt, dg, "tcp", [port], ttl),
-                                 caller=Caller(f"{st}-admin", "tenant-admin", st, Actor(f"{st}-admin", "tenant")),
+                                 caller=Caller(f"{st}-admin", "tenant-admin", st, Actor(f"{st}-admin", "tenant", st)),
                                  decide=decide, clock=self.clock)
         if g.state == "pending":
             with self.ctx.db.session() as s:
                 g = approve_grant(s, g.id, caller=Caller(f"{dt}-admin", "tenant-admin", dt,
-                                                         Actor(f"{dt}-admin", "tenant")),
+                                                         Actor(f"{dt}-admin", "tenant", dt)),
                                   clock=self.clock, decide=decide)
         assert g.state == "active", (g.state, g.reasons)
         return g.id

@@ -35,7 +35,7 @@ from store import deferred
 from store.db import Database
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
-CALLER = Caller("acme-admin", "tenant-admin", "acme", Actor("acme-admin", "tenant"))
+CALLER = Caller("acme-admin", "tenant-admin", "acme", Actor("acme-admin", "tenant", "acme"))
 REQUEST = GrantRequest("acme", "web", "globex", "api", "tcp", [443], 3600)
 
 
@@ -105,7 +105,7 @@ def test_a_retry_under_its_key_is_answered_with_the_first_grant(db: Database, ve
     first = _prepare(db, "retry")
     with db.session() as s:
         commit_request(s, first, caller=CALLER)
-    other = Caller("acme-other", "tenant-admin", "acme", Actor("acme-other", "tenant"))
+    other = Caller("acme-other", "tenant-admin", "acme", Actor("acme-other", "tenant", "acme"))
     with db.read_session(statements=True) as s:  # as the route reads it
         again = prepare_request(s, REQUEST, caller=CALLER, decide=_approve, idempotency_key="retry", clock=lambda: NOW)
         with pytest.raises(GrantConflict, match="Idempotency-Key was already used"):
@@ -118,7 +118,7 @@ def test_a_retry_under_its_key_is_answered_with_the_first_grant(db: Database, ve
 
 
 # acme's caller's id, as another tenant's principal and a platform one may carry it too (token subjects are free text)
-GLOBEX_NAMESAKE = Caller(CALLER.id, "tenant-admin", "globex", Actor(CALLER.id, "tenant"))
+GLOBEX_NAMESAKE = Caller(CALLER.id, "tenant-admin", "globex", Actor(CALLER.id, "tenant", "globex"))
 PLATFORM_NAMESAKE = Caller(CALLER.id, "admin", None, Actor(CALLER.id, "admin"))
 GLOBEX_REQUEST = GrantRequest("globex", "api", "acme", "web", "tcp", [443], 3600)
 
