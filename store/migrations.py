@@ -35,16 +35,33 @@ class Migration:
     apply: Callable[[Connection], None]
 
 
-def current_version(engine: Engine) -> int:
-    with engine.connect() as conn:
-        _meta.create_all(conn)
-        row = conn.execute(select(schema_version.c.version).order_by(schema_version.c.version.desc())).first()
-        conn.commit()
+# One PostgreSQL advisory lock for schema changes ('tfmi'): replicas starting together take turns.
+_MIGRATION_LOCK = 0x74666D69
+
+
+def _take_turn(conn: Connection) -> None:
+    """Hold the schema's lock until this transaction ends. SQLite needs nothing more: the transaction began with
+    BEGIN IMMEDIATE (store/db.py), the database's one writer lock."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+
+
+def _version(conn: Connection) -> int:
+    row = conn.execute(select(schema_version.c.version).order_by(schema_version.c.version.desc())).first()
     return int(row[0]) if row else 0
 
 
+def current_version(engine: Engine) -> int:
+    with engine.begin() as conn:
+        _take_turn(conn)
+        _meta.create_all(conn)
+        return _version(conn)
+
+
 def migrate(engine: Engine, steps: Sequence[Migration]) -> list[int]:
-    """Apply the steps not yet applied, each in its own transaction; returns the versions applied."""
+    """Apply the steps not yet applied, each in its own transaction; returns the versions applied. Several
+    processes may run it at once on one database (replicas started together): each step is applied by the
+    first to take its turn, and the others find it applied."""
     versions = [step.version for step in steps]
     if versions != sorted(set(versions)):
         raise ValueError(f"schema steps must have distinct, increasing versions, got {versions}")
@@ -54,6 +71,9 @@ def migrate(engine: Engine, steps: Sequence[Migration]) -> list[int]:
         if step.version <= done:
             continue
         with engine.begin() as conn:
+            _take_turn(conn)
+            if _version(conn) >= step.version:
+                continue  # another process applied it while this one waited
             step.apply(conn)
             conn.execute(
                 schema_version.insert().values(

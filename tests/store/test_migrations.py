@@ -189,6 +189,45 @@ def test_an_empty_database_takes_every_step_once(backend: str, request: pytest.F
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_replicas_starting_together_migrate_once_and_both_start(backend: str, request: pytest.FixtureRequest,
+                                                               tmp_path: Path) -> None:
+    """Replicas deployed together each migrate at start, on one empty database: they take turns, every step is
+    applied once by one of them, and neither fails (before, the second one's CREATE TABLE or ADD COLUMN met the
+    first's and its replica exited until restarted)."""
+    import threading
+
+    if backend == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        url = server.create_database(migrated=False)
+    else:
+        url = sqlite_url(tmp_path)
+    replicas = [Database(url) for _ in range(3)]
+    start = threading.Barrier(len(replicas))
+    applied: list[list[int]] = []
+    failures: list[BaseException] = []
+
+    def run(db: Database) -> None:
+        start.wait()
+        try:
+            applied.append(migrate(db.engine))
+        except BaseException as exc:  # reported below, with the replica's error
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(db,)) for db in replicas]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert failures == []
+        assert sorted(v for versions in applied for v in versions) == [step.version for step in STEPS]
+        assert current_version(replicas[0].engine) == STEPS[-1].version
+    finally:
+        for db in replicas:
+            db.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backend: str, request: pytest.FixtureRequest,
                                                                            tmp_path: Path) -> None:
     """A database at step 13 holding keyed grants of acme's `alice` and the platform's `alice` (one id): after step
