@@ -2,7 +2,9 @@
 
 Pipeline of one NIC bridge (U = the uplink, P = a host port / VF representor, V = its tenant's VLAN, which
 is also the tenant's conntrack zone, carried in reg6):
-  table 0  classify: ARP and IPv6 ND of a local address pass straight through (tagged with V towards U);
+  table 0  classify: from P only untagged frames (`vlan_tci=0x0000/0x1fff`: no 802.1Q/802.1ad header, not even
+           a VID 0 priority tag), so the only tag a workload's frame carries on the fabric is V, pushed here;
+           ARP and IPv6 ND of a local address pass straight through (tagged with V towards U);
            RoCEv2 (UDP to 4791) from P with P's own source address -> table 5, from U tagged V to a local
            address -> untag, table 6: never through conntrack (NVIDIA's BlueField "CT offload" example lets
            `udp,tp_dst=4791` skip `ct` the same way: hardware conntrack does not support RoCE);
@@ -38,6 +40,16 @@ from enforcer.ir import ANY, PRIO_ALLOW, STATELESS, DeviceRuleSet, FlowRule
 T_CLASSIFY, T_EGRESS, T_INGRESS, T_TO_NET, T_TO_HOST, T_ROCE_EGRESS, T_ROCE_INGRESS = 0, 1, 2, 3, 4, 5, 6
 ROCE_PRIORITY = 350  # table 0: RoCEv2 of a local address, above the ct classification (300) of its other IP
 ZONE_REG = "NXM_NX_REG6[0..15]"
+# Frames from a host port must be untagged: a tagged one would be tagged again by push_vlan and leave on the
+# uplink double-tagged, its inner tag the workload's choice (VLAN hopping). A VID 0 priority tag is refused
+# too: the PCP would be the workload's choice of fabric priority (its PFC class), and push_vlan would double-tag
+# it (outer V, inner VID 0), which the leaf does not route; lossless RoCEv2 on NVIDIA NICs is classified by
+# DSCP (`mlnx_qos --trust dscp`), which needs no tag. OVS sets a "tag present" bit (0x1000) in vlan_tci for
+# every tagged frame, so present bit and VID all zero is untagged only, whatever the PCP mask (ovs-fields(7);
+# checked with ofproto/trace: a VID 0 PCP 3 frame misses it, and would hit only vlan_tci=0x0000/0x0fff). This
+# is the form OpenFlow 1.3 carries (OXM has no PCP in vlan_vid): a plain `vlan_tci=0` is installed as this and
+# `diff-flows` would report the difference as drift. No flow is added: the match narrows table 0's own flows.
+UNTAGGED = "vlan_tci=0x0000/0x1fff"
 PLAIN_PRIORITY = PRIO_ALLOW + 10  # plain allows above the conjunctive ones; both only allow
 
 
@@ -97,32 +109,33 @@ def render_flows(rs: DeviceRuleSet, port_names: Mapping[str, str] | None = None)
     b.add(T_CLASSIFY, 0, "", "drop")
     for p in rs.ports:
         port = names.get(p.name, p.name)
+        host = f"in_port={port},{UNTAGGED}"  # table 0's match of frames from this host port
         tag, v = _vlan_tag(p.vlan), p.vlan
         zone = f"set_field:{v}->reg6"
         b.add(T_TO_NET, 100, f"in_port={port}", f"{tag},output:{up}")
         for a in map(_host, p.v4):
-            b.add(T_CLASSIFY, 400, f"in_port={port},arp,arp_spa={a}", f"{tag},output:{up}")
+            b.add(T_CLASSIFY, 400, f"{host},arp,arp_spa={a}", f"{tag},output:{up}")
             b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},arp,arp_tpa={a}", f"pop_vlan,output:{port}")
-            b.add(T_CLASSIFY, ROCE_PRIORITY, f"in_port={port},udp,nw_src={a},tp_dst={ROCE_V2_PORT}",
+            b.add(T_CLASSIFY, ROCE_PRIORITY, f"{host},udp,nw_src={a},tp_dst={ROCE_V2_PORT}",
                   f"resubmit(,{T_ROCE_EGRESS})")
             b.add(T_CLASSIFY, ROCE_PRIORITY, f"in_port={up},dl_vlan={v},udp,nw_dst={a},tp_dst={ROCE_V2_PORT}",
                   f"pop_vlan,resubmit(,{T_ROCE_INGRESS})")
-            b.add(T_CLASSIFY, 300, f"in_port={port},ip,nw_src={a}", f"{zone},ct(zone={ZONE_REG},table={T_EGRESS})")
+            b.add(T_CLASSIFY, 300, f"{host},ip,nw_src={a}", f"{zone},ct(zone={ZONE_REG},table={T_EGRESS})")
             b.add(T_CLASSIFY, 300, f"in_port={up},dl_vlan={v},ip,nw_dst={a}",
                   f"pop_vlan,{zone},ct(zone={ZONE_REG},table={T_INGRESS})")
             b.add(T_TO_HOST, 100, f"ip,nw_dst={a}", f"output:{port}")
         for a in map(_host, p.v6):
             for t in (135, 136):
-                b.add(T_CLASSIFY, 400, f"in_port={port},icmp6,ipv6_src={a},icmp_type={t}", f"{tag},output:{up}")
+                b.add(T_CLASSIFY, 400, f"{host},icmp6,ipv6_src={a},icmp_type={t}", f"{tag},output:{up}")
             b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},icmp6,icmp_type=135,nd_target={a}",
                   f"pop_vlan,output:{port}")
             b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},icmp6,icmp_type=136,ipv6_dst={a}",
                   f"pop_vlan,output:{port}")
-            b.add(T_CLASSIFY, ROCE_PRIORITY, f"in_port={port},udp6,ipv6_src={a},tp_dst={ROCE_V2_PORT}",
+            b.add(T_CLASSIFY, ROCE_PRIORITY, f"{host},udp6,ipv6_src={a},tp_dst={ROCE_V2_PORT}",
                   f"resubmit(,{T_ROCE_EGRESS})")
             b.add(T_CLASSIFY, ROCE_PRIORITY, f"in_port={up},dl_vlan={v},udp6,ipv6_dst={a},tp_dst={ROCE_V2_PORT}",
                   f"pop_vlan,resubmit(,{T_ROCE_INGRESS})")
-            b.add(T_CLASSIFY, 300, f"in_port={port},ipv6,ipv6_src={a}",
+            b.add(T_CLASSIFY, 300, f"{host},ipv6,ipv6_src={a}",
                   f"{zone},ct(zone={ZONE_REG},table={T_EGRESS})")
             b.add(T_CLASSIFY, 300, f"in_port={up},dl_vlan={v},ipv6,ipv6_dst={a}",
                   f"pop_vlan,{zone},ct(zone={ZONE_REG},table={T_INGRESS})")

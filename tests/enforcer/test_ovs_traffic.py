@@ -19,10 +19,11 @@ import re
 import secrets
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -72,7 +73,7 @@ def roce_nodes(ovs_daemons: OvsDaemons) -> Iterator[dict[str, str]]:
 @contextmanager
 def _wired(ovs_daemons: OvsDaemons, compiled: Compiled) -> Iterator[dict[str, str]]:
     """Namespaces w1, db1, b1 (by name) wired to the bridges `gpu1` and `gpu2` (their names under those keys)
-    running the compile's rule sets."""
+    running the compile's rule sets; `wire2` names gpu2's end of the wire between the bridges."""
     if shutil.which("ethtool") is None:
         pytest.skip("ethtool not installed (Debian package ethtool): veth checksum offload must be off")
     tok = secrets.token_hex(2)
@@ -118,7 +119,7 @@ def _wired(ovs_daemons: OvsDaemons, compiled: Compiled) -> Iterator[dict[str, st
                                     stdout=subprocess.PIPE, text=True)
             servers.append(proc)
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        yield {**ns, **br}
+        yield {**ns, **br, "wire2": f"tf{tok}ub"}  # wire2: gpu2's end of the wire between the bridges
     finally:
         for proc in servers:
             proc.kill()
@@ -264,3 +265,148 @@ def test_the_grants_other_port_and_tcp_still_go_through_conntrack(roce_nodes: di
     tcp = _dp_flows(ovs_daemons, w1, db1, 6)
     assert tcp and any("ct(" in line for line in tcp), "\n".join(tcp)
     assert not _connects(ns["db1"], w1, 5432)  # acme/train does not expose 5432: db1 opens nothing to w1
+
+
+# ---------------------------------------------------------------- VLAN tags from a workload: untagged only
+# A workload that sends an 802.1Q (or 802.1ad) tagged frame with its own source address must not get it onto
+# the fabric: table 0 would accept it and table 3's push_vlan would tag it again, so a double-tagged frame
+# (outer: the tenant's VLAN, inner: the workload's choice) would leave on the uplink. Frames are written raw
+# (AF_PACKET) in the workload's namespace and read raw on the far end of the wire, where gpu1's uplink leads.
+
+ETH_P_ALL, SOL_PACKET, PACKET_AUXDATA = 0x0003, 263, 8
+TP_STATUS_VLAN_VALID, TP_STATUS_VLAN_TPID_VALID = 0x10, 0x40
+AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
+
+
+def _csum(data: bytes) -> int:
+    """The Internet checksum (RFC 1071) of data."""
+    if len(data) % 2:
+        data += b"\0"
+    total: int = sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def _udp4(src: str, dst: str, sport: int, dport: int, payload: bytes) -> tuple[int, bytes]:
+    udp = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload  # checksum 0: none (IPv4 only)
+    hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0,
+                      socket.inet_aton(src), socket.inet_aton(dst))
+    return 0x0800, hdr[:10] + struct.pack("!H", _csum(hdr)) + hdr[12:] + udp
+
+
+def _arp_request(mac: str, src: str, dst: str) -> tuple[int, bytes]:
+    return 0x0806, struct.pack("!HHBBH6s4s6s4s", 1, 0x0800, 6, 4, 1, bytes.fromhex(mac.replace(":", "")),
+                               socket.inet_aton(src), b"\0" * 6, socket.inet_aton(dst))
+
+
+def _neighbor_solicitation(mac: str, src: str, target: str) -> tuple[int, bytes]:
+    s6, t6 = socket.inet_pton(socket.AF_INET6, src), socket.inet_pton(socket.AF_INET6, target)
+    body = struct.pack("!BBHI16sBB6s", 135, 0, 0, 0, t6, 1, 1, bytes.fromhex(mac.replace(":", "")))
+    group = bytes.fromhex("ff0200000000000000000001ff") + t6[13:]  # the target's solicited-node group
+    body = body[:2] + struct.pack("!H", _csum(s6 + group + struct.pack("!IxxxB", len(body), 58) + body)) + body[4:]
+    return 0x86DD, struct.pack("!IHBB16s16s", 6 << 28, len(body), 58, 255, s6, group) + body
+
+
+def _frame(dst_mac: str, src_mac: str, packet: tuple[int, bytes], tags: tuple[tuple[int, int], ...],
+           token: bytes) -> bytes:
+    """An Ethernet frame: the given (TPID, TCI) tags outermost first, then the packet; the token rides in the
+    trailer after it (padding to any receiver, which reads the IP or ARP length), so the frame is found on the
+    wire whatever was done to its headers."""
+    ethertype, payload = packet
+    head = bytes.fromhex(dst_mac.replace(":", "")) + bytes.fromhex(src_mac.replace(":", ""))
+    return head + b"".join(struct.pack("!HH", tpid, tci) for tpid, tci in tags) + struct.pack(
+        "!H", ethertype) + payload + token
+
+
+def _raw_socket(ifname: str, timeout: float) -> socket.socket:
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
+    s.bind((ifname, 0))
+    s.settimeout(timeout)
+    return s
+
+
+def _vlan_tags(frame: bytes) -> list[str]:
+    """A frame's VLAN tags, outermost first, as "<TPID> vid <VID>"."""
+    tags, at = [], 12
+    while struct.unpack_from("!H", frame, at)[0] in (0x8100, 0x88A8):
+        tpid, tci = struct.unpack_from("!HH", frame, at)
+        tags.append(f"{tpid:#06x} vid {tci & 0xFFF}")
+        at += 4
+    return tags
+
+
+def _on_the_wire(capture: socket.socket, tokens: set[bytes], until: bytes, resend: Callable[[], None]
+                 ) -> dict[bytes, list[str]]:
+    """token -> the VLAN tags of the captured frame that carries it: send, read until the wire is quiet (the
+    capture's timeout), and again (at most 5 times: the first may meet a fresh bridge) until `until` was seen.
+    Reading on until quiet also catches a frame the switch sent after `until`. A receiving kernel takes the
+    outer tag off into the packet's metadata; it is put back here, so a frame is seen as it was on the wire."""
+    seen: dict[bytes, list[str]] = {}
+    for _ in range(5):
+        resend()
+        while True:
+            try:
+                data, anc, _flags, _addr = capture.recvmsg(65535, socket.CMSG_SPACE(AUXDATA.size))
+            except TimeoutError:
+                break
+            for level, kind, value in anc:
+                if level == SOL_PACKET and kind == PACKET_AUXDATA and len(value) >= AUXDATA.size:
+                    status, _len, _snap, _mac, _net, tci, tpid = AUXDATA.unpack_from(value)
+                    if status & TP_STATUS_VLAN_VALID:
+                        tpid = tpid if status & TP_STATUS_VLAN_TPID_VALID else 0x8100
+                        data = data[:12] + struct.pack("!HH", tpid, tci) + data[12:]
+            for token in tokens:
+                if data.endswith(token):
+                    seen[token] = _vlan_tags(data)
+        if until in seen:
+            break
+    return seen
+
+
+def test_a_workload_cannot_put_a_vlan_tag_on_the_fabric(roce_nodes: dict[str, str],
+                                                        ovs_daemons: OvsDaemons) -> None:
+    """Each kind of frame a workload may send (IP through conntrack, RoCEv2, ARP, IPv6 ND) goes out tagged
+    with its tenant's VLAN when the workload sends it untagged; the same frame with an 802.1Q tag, an 802.1ad
+    tag or an 802.1Q priority tag (VID 0, PCP 3: how a PCP-classified PFC class is marked without a VLAN)
+    never leaves the NIC."""
+    ns, w1, db1 = roce_nodes, ADDR["w1"], ADDR["db1"]
+    mac, peer = _mac(ns["w1"]), _mac(ns["db1"])
+    acme_vlan = 101  # acme's VLAN in the small fabric: the only tag a frame of w1 may carry on the wire
+    kinds = {
+        "udp through conntrack": (peer, _udp4(w1, db1, 50010, 9000, b"tagged?")),
+        "rocev2": (peer, _udp4(w1, db1, 50011, 4791, b"tagged?")),
+        "arp": ("ff:ff:ff:ff:ff:ff", _arp_request(mac, w1, db1)),
+        "ipv6 nd": ("33:33:ff:00:00:21", _neighbor_solicitation(mac, "fd00:1::11", "fd00:1::21")),
+    }
+    tags = {"802.1q vid 7": ((0x8100, 7),), "802.1ad vid 7": ((0x88A8, 7),),
+            "802.1q priority tag": ((0x8100, 3 << 13),)}
+    assert ovs_daemons.netns is not None
+    capture = run_in(ovs_daemons.netns, _raw_socket, ns["wire2"], 0.2)
+    sender = run_in(ns["w1"], _raw_socket, "eth0", 1.0)
+    try:
+        found: dict[str, object] = {}
+        for kind, (dst_mac, packet) in kinds.items():
+            plain = secrets.token_bytes(12)
+            tagged = {secrets.token_bytes(12): name for name in tags}
+            frames = [_frame(dst_mac, mac, packet, tags[name], token) for token, name in tagged.items()]
+            frames.append(_frame(dst_mac, mac, packet, (), plain))  # last: when it is seen, the others had their turn
+
+            def send(frames: list[bytes] = frames) -> None:
+                for f in frames:
+                    sender.send(f)
+
+            seen = _on_the_wire(capture, {plain, *tagged}, plain, send)
+            found[f"{kind} untagged"] = seen.get(plain)
+            for token, name in tagged.items():
+                found[f"{kind} {name}"] = seen.get(token)
+        expected: dict[str, object] = {f"{kind} untagged": [f"0x8100 vid {acme_vlan}"] for kind in kinds}
+        expected.update({f"{kind} {name}": None for kind in kinds for name in tags})
+        assert found == expected
+    finally:
+        capture.close()
+        sender.close()
+    # and the workload's untagged traffic still arrives at db1, through conntrack and as RoCEv2
+    assert _datagram(ns["w1"], w1, 50012, ns["db1"], db1, 9000, tries=3)
+    assert _datagram(ns["w1"], w1, 50013, ns["db1"], db1, 4791, tries=3)

@@ -105,8 +105,10 @@ def test_the_exact_openflow_of_a_stateless_rule_both_ways_and_no_ct() -> None:
     ]
     text = [f.text() for f in render_flows(rs)]
     # table 0 sends db1's RoCEv2 (its own address only) and RoCEv2 to it (on acme's VLAN) past conntrack
-    for line in ("table=0,priority=350,in_port=pf0vf0,udp,nw_src=10.1.0.21,tp_dst=4791 actions=resubmit(,5)",
-                 "table=0,priority=350,in_port=pf0vf0,udp6,ipv6_src=fd00:1::21,tp_dst=4791 actions=resubmit(,5)",
+    for line in ("table=0,priority=350,in_port=pf0vf0,vlan_tci=0x0000/0x1fff,udp,nw_src=10.1.0.21,tp_dst=4791 "
+                 "actions=resubmit(,5)",
+                 "table=0,priority=350,in_port=pf0vf0,vlan_tci=0x0000/0x1fff,udp6,ipv6_src=fd00:1::21,tp_dst=4791 "
+                 "actions=resubmit(,5)",
                  "table=0,priority=350,in_port=p0,dl_vlan=101,udp,nw_dst=10.1.0.21,tp_dst=4791 "
                  "actions=pop_vlan,resubmit(,6)",
                  "table=0,priority=350,in_port=p0,dl_vlan=101,udp6,ipv6_dst=fd00:1::21,tp_dst=4791 "
