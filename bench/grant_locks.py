@@ -19,8 +19,11 @@ The grants live BENCH_GRANT_TTL (1 s) and the sweeper runs every BENCH_SWEEP_SEC
 changes the policy data, so the next decision on every replica builds the data document again, from every grant
 still stored as active; grants of an hour piled up by thousands within a run, and those rebuilds were then most
 of each request.
-Per load: the grants' max against their p50, p99, p99.9 (ms), grants/s and renewals/s, and from PostgreSQL the
-deadlocks (pg_stat_database.deadlocks) and its log's `deadlock detected` and `lock timeout` errors.
+Per load: the grants' max against their p50, p99, p99.9 (ms), grants/s and renewals/s, the CPU per request of the
+replicas (with their children) and of PostgreSQL's processes (an active grant's against a pending one's: what each
+change of the policy data costs), and from PostgreSQL the deadlocks (pg_stat_database.deadlocks) and its log's
+`deadlock detected` and `lock timeout` errors. BENCH_PY_SPY=<dir>: py-spy (installed beside the interpreter, not a
+requirement) records the first replica through each load, as collapsed stacks in <dir>/<load>.txt.
 """
 
 from __future__ import annotations
