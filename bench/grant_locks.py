@@ -19,8 +19,11 @@ The grants live BENCH_GRANT_TTL (1 s) and the sweeper runs every BENCH_SWEEP_SEC
 changes the policy data, so the next decision on every replica builds the data document again, from every grant
 still stored as active; grants of an hour piled up by thousands within a run, and those rebuilds were then most
 of each request.
-Per load: the grants' max against their p50, p99, p99.9 (ms), grants/s and renewals/s, and from PostgreSQL the
-deadlocks (pg_stat_database.deadlocks) and its log's `deadlock detected` and `lock timeout` errors.
+Per load: the grants' max against their p50, p99, p99.9 (ms), grants/s and renewals/s, the CPU per request of the
+replicas (with their children) and of PostgreSQL's processes (an active grant's against a pending one's: what each
+change of the policy data costs), and from PostgreSQL the deadlocks (pg_stat_database.deadlocks) and its log's
+`deadlock detected` and `lock timeout` errors. BENCH_PY_SPY=<dir>: py-spy (installed beside the interpreter, not a
+requirement) records the first replica through each load, as collapsed stacks in <dir>/<load>.txt.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.api import call, percentile, seed_tenants
 from bench.progress import Progress
-from bench.replicas import BIN, mint, renewal, with_postgres
+from bench.replicas import BIN, cpu_seconds, mint, renewal, with_postgres
 from tests.conftest import _free_port
 from tests.servers import replica_env, serve_replicas
 
@@ -133,7 +136,7 @@ def _log_counts(log: Path) -> tuple[int, int]:
     return text.count("deadlock detected"), text.count("lock timeout")
 
 
-def run_with_log(work: Path, database_url: str, log: Path) -> list[str]:
+def run_with_log(work: Path, database_url: str, log: Path, postmaster: int | None = None) -> list[str]:
     progress = Progress("grant_locks")
     env = replica_env(dict(os.environ), home=work / "home", database_url=database_url,
                       TRUSTFABRIC_SWEEP_INTERVAL_SECONDS=SWEEP, TRUSTFABRIC_QUOTA_PENDING="0",
@@ -144,7 +147,8 @@ def run_with_log(work: Path, database_url: str, log: Path) -> list[str]:
              f"{CONNECTIONS} keep-alive connections (one load process each; {KEYED:.0%} of the grant ones with an "
              f"Idempotency-Key), closed loop, {SECONDS:g} s per load, grants of {TTL} s swept every {SWEEP} s; "
              f"{os.cpu_count()} cores shared by servers, database and load"]
-    with serve_replicas(BIN, REPLICAS, env=env, cwd=work, ports=ports):
+    with serve_replicas(BIN, REPLICAS, env=env, cwd=work, ports=ports) as replicas:
+        servers = [r.proc.pid for r in replicas]
         admin = mint(env, work, "--role", "admin")
         seed_tenants(ports[0], admin)
         assert call(ports[0], "POST", "/v1/tenants/acme/groups/web/workloads", admin, {"name": "w1"})[0] == 201
@@ -164,17 +168,25 @@ def run_with_log(work: Path, database_url: str, log: Path) -> list[str]:
             progress.step(f"{load}: {SECONDS:g} s")
             deadlocks, (detected, timeouts) = _deadlocks(database_url), _log_counts(log)
             load_avg = os.getloadavg()[0]
+            cpu0 = cpu_seconds(servers), cpu_seconds([postmaster]) if postmaster else 0.0
+            spy = _py_spy(servers[0], load)
             got = _load(ports, plan, acme)
+            cpu1 = cpu_seconds(servers), cpu_seconds([postmaster]) if postmaster else 0.0
+            if spy is not None:
+                spy.wait()
             deadlocks2, (detected2, timeouts2) = _deadlocks(database_url), _log_counts(log)
             grants = sorted(got["/v1/grants"])
             ms = [v * 1000 for v in grants]
             renewals = len(got.get("/v1/svids/x509", []))
+            requests = max(1, len(grants) + renewals)
             p50 = percentile(ms, 0.5)
             lines.append(
                 f"post_grants_{load}_max_3_replicas: {ms[-1]:.0f} ms (baseline p50 {p50:.1f} ms, ratio "
                 f"{ms[-1] / p50:.1f}); p99 {percentile(ms, 0.99):.1f} ms, p99.9 {percentile(ms, 0.999):.1f} ms, "
                 f"{sum(v > 100 for v in ms)} over 100 ms, {len(ms) / SECONDS:.0f} grants/s"
                 + (f", {renewals / SECONDS:.0f} renewals/s" if renewals else "")
+                + f"; CPU per request: replicas {(cpu1[0] - cpu0[0]) * 1000 / requests:.1f} ms, PostgreSQL "
+                f"{(cpu1[1] - cpu0[1]) * 1000 / requests:.1f} ms ({requests} requests)"
                 + f"; deadlocks {deadlocks2 - deadlocks} (log: {detected2 - detected} deadlock detected, "
                 f"{timeouts2 - timeouts} lock timeout); load average {load_avg:.1f} at its start")
             progress.step(lines[-1])
@@ -184,14 +196,28 @@ def run_with_log(work: Path, database_url: str, log: Path) -> list[str]:
     return lines
 
 
+def _py_spy(pid: int, load: str) -> Any:
+    """With BENCH_PY_SPY=<dir>: py-spy records the first replica through the load (a speedscope profile per load,
+    native frames included, idle threads left out), to see where its CPU goes."""
+    out = os.environ.get("BENCH_PY_SPY")
+    if not out:
+        return None
+    import subprocess
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(SECONDS)), "--rate", "200",
+                             "--format", "raw", "--output", str(Path(out) / f"{load}.txt"), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> int:
-    def run(work: Path, database_url: str, _postmaster: int) -> list[str]:
+    def run(work: Path, database_url: str, postmaster: int) -> list[str]:
         import psycopg
 
         with psycopg.connect(database_url, autocommit=True) as conn:  # the cluster's log is beside its data
             row = conn.execute("SHOW data_directory").fetchone()
         assert row is not None
-        return run_with_log(work, database_url, Path(str(row[0])).parent / "log")
+        return run_with_log(work, database_url, Path(str(row[0])).parent / "log", postmaster)
 
     return with_postgres("grant_locks", run)
 

@@ -18,12 +18,13 @@ active, whatever its state column says; an active grant without expires_at is le
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from audit.models import HEAD_ID, AuditHead
 from core.clock import as_utc
@@ -58,7 +59,37 @@ def exposed_ports(ports: list[dict[str, Any]]) -> dict[str, list[int]]:
     return {proto: sorted(ps) for proto, ps in sorted(out.items())}
 
 
-def group_entry(group: WorkloadGroup) -> dict[str, Any]:
+class GroupFields(Protocol):
+    """What group_entry reads: a WorkloadGroup, or a row of those columns (build_data)."""
+
+    @property
+    def labels(self) -> dict[str, str] | None: ...
+    @property
+    def ports(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def sensitivity(self) -> str: ...
+    @property
+    def quarantined(self) -> bool: ...
+
+
+class GrantFields(Protocol):
+    """What grant_is_live and grant_entry read: a Grant, or a row of those columns (build_data)."""
+
+    @property
+    def src_group(self) -> str: ...
+    @property
+    def dst_group(self) -> str: ...
+    @property
+    def proto(self) -> str: ...
+    @property
+    def ports(self) -> list[int]: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def expires_at(self) -> datetime | None: ...
+
+
+def group_entry(group: GroupFields) -> dict[str, Any]:
     return {
         "labels": dict(group.labels or {}),
         "exposed": exposed_ports(list(group.ports or [])),
@@ -67,14 +98,14 @@ def group_entry(group: WorkloadGroup) -> dict[str, Any]:
     }
 
 
-def grant_is_live(grant: Grant, now: datetime) -> bool:
+def grant_is_live(grant: GrantFields, now: datetime) -> bool:
     """Active and unexpired at `now` (expires_at is authoritative over the state column)."""
     if grant.state != "active" or grant.expires_at is None:
         return False
     return as_utc(grant.expires_at) > as_utc(now)
 
 
-def grant_entry(grant: Grant) -> dict[str, Any]:
+def grant_entry(grant: GrantFields) -> dict[str, Any]:
     assert grant.expires_at is not None
     return {
         "src_group": grant.src_group,
@@ -86,43 +117,89 @@ def grant_entry(grant: Grant) -> dict[str, Any]:
 
 
 def build_data(session: Session, now: datetime) -> dict[str, Any]:
-    """The whole data document at `now` (timezone-aware); read-only on the session."""
+    """The whole data document at `now` (timezone-aware); read-only on the session.
+
+    Reads only the columns the document holds, in plain SQL on the driver's cursor (store.db.driver_rows), no ORM:
+    with a stream of active grants every change of the policy data makes each replica's next decision build this
+    again, and loading whole Grant rows as ORM instances (18 columns, four of them JSON) through SQLAlchemy's
+    statement execution was the largest part of that build. Pending changes are flushed first, as the autoflush of
+    the ORM's queries did, and nothing is added to the session."""
     if now.tzinfo is None:
         raise InvalidInput("build_data needs a timezone-aware `now`")
+    session.flush()
+    conn = session.connection()
     tenants: dict[str, Any] = {}
-    for tenant in session.exec(select(Tenant).order_by(col(Tenant.slug))).all():
-        tenants[tenant.slug] = {"quarantined": bool(tenant.quarantined), "groups": {}}
-    for group in session.exec(
-        select(WorkloadGroup).order_by(col(WorkloadGroup.tenant), col(WorkloadGroup.name))
-    ).all():
-        if group.tenant in tenants:
-            tenants[group.tenant]["groups"][group.name] = group_entry(group)
-    revoked = {
-        w.spiffe_id: True
-        for w in session.exec(
-            select(Workload).where(col(Workload.revoked).is_(True)).order_by(col(Workload.spiffe_id))
-        ).all()
-    }
-    for row in session.exec(select(RevokedIdentity).order_by(col(RevokedIdentity.id))).all():
+    for slug, quarantined in driver_rows(conn, _TENANTS, ()):
+        tenants[slug] = {"quarantined": bool(quarantined), "groups": {}}
+    for tenant, name, labels, ports, sensitivity, quarantined in driver_rows(conn, _GROUPS, ()):
+        if tenant in tenants:
+            tenants[tenant]["groups"][name] = group_entry(
+                _GroupRow(_json(labels), _json(ports), sensitivity, bool(quarantined)))
+    revoked = {spiffe_id: True for (spiffe_id,) in driver_rows(conn, _REVOKED_WORKLOADS, ())}
+    for prefix, tenant, group, workload in driver_rows(conn, _REVOKED_IDENTITIES, ()):
         # pki's identity revocations (POST /v1/svids/revoke by tenant / group / workload) withdraw flows too
-        if row.workload is not None:
-            revoked[row.spiffe_id_prefix] = True
+        if workload is not None:
+            revoked[prefix] = True
             continue
-        tenant_entry = tenants.get(row.tenant)
+        tenant_entry = tenants.get(tenant)
         if tenant_entry is None:
             continue
-        if row.group is None:
+        if group is None:
             tenant_entry["revoked"] = True
-        elif row.group in tenant_entry["groups"]:
-            tenant_entry["groups"][row.group]["revoked"] = True
+        elif group in tenant_entry["groups"]:
+            tenant_entry["groups"][group]["revoked"] = True
     revoked = dict(sorted(revoked.items()))
     grants: dict[str, dict[str, dict[str, Any]]] = {}
-    for grant in session.exec(
-        select(Grant).where(col(Grant.state) == "active").order_by(col(Grant.id))
-    ).all():
+    for gid, src_tenant, dst_tenant, src_group, dst_group, proto, ports, state, expires_at in driver_rows(
+        conn, _ACTIVE_GRANTS, ()
+    ):
+        grant = _GrantRow(src_group, dst_group, proto, _json(ports), state, _when(expires_at))
         if grant_is_live(grant, now):
-            grants.setdefault(grant.src_tenant, {}).setdefault(grant.dst_tenant, {})[grant.id] = grant_entry(grant)
+            grants.setdefault(src_tenant, {}).setdefault(dst_tenant, {})[gid] = grant_entry(grant)
     return {DATA_KEY: {"tenants": tenants, "grants": grants, "revoked": revoked}}
+
+
+# build_data's statements: the same SQL on both databases, no parameters (what SQLAlchemy compiled for the ORM
+# queries they replace, less the columns the document does not hold; tests/policy/test_data.py compares the two)
+_TENANTS = "SELECT slug, quarantined FROM tenants ORDER BY slug"
+_GROUPS = ("SELECT tenant, name, labels, ports, sensitivity, quarantined FROM workload_groups "
+           "ORDER BY tenant, name")
+_REVOKED_WORKLOADS = "SELECT spiffe_id FROM workloads WHERE revoked IS true ORDER BY spiffe_id"
+_REVOKED_IDENTITIES = 'SELECT spiffe_id_prefix, tenant, "group", workload FROM pki_revoked_identities ORDER BY id'
+_ACTIVE_GRANTS = ("SELECT id, src_tenant, dst_tenant, src_group, dst_group, proto, ports, state, expires_at "
+                  "FROM grants WHERE state = 'active' ORDER BY id")
+assert Tenant.__tablename__ == "tenants" and WorkloadGroup.__tablename__ == "workload_groups"
+assert Workload.__tablename__ == "workloads" and RevokedIdentity.__tablename__ == "pki_revoked_identities"
+assert Grant.__tablename__ == "grants"
+
+
+class _GroupRow(NamedTuple):
+    labels: dict[str, str] | None
+    ports: list[dict[str, Any]] | None
+    sensitivity: str
+    quarantined: bool
+
+
+class _GrantRow(NamedTuple):
+    src_group: str
+    dst_group: str
+    proto: str
+    ports: list[int]
+    state: str
+    expires_at: datetime | None
+
+
+def _json(value: Any) -> Any:
+    """A JSON column's value from the driver: PostgreSQL's driver decodes it, SQLite's hands back the text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _when(value: Any) -> datetime | None:
+    """A timestamp column's value from the driver: PostgreSQL's an aware datetime, SQLite's the text SQLAlchemy
+    stored (UTC, no offset; as_utc reads a naive value as UTC)."""
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
 
 
 def data_fingerprint(session: Session) -> tuple[Any, ...] | None:

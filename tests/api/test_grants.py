@@ -577,3 +577,42 @@ def test_a_port_or_ttl_that_is_not_a_json_integer_is_refused(env: Env) -> None:
                  json={"name": "g", "ports": [{"proto": "tcp", "port": True}]})
     assert r.status_code == 422, r.text
     assert events(env) == before
+
+
+def test_sweep_expires_each_grant_in_one_update_with_its_event_and_no_savepoint(env_both: Env) -> None:
+    """The sweeper runs after every active grant under a stream of them: per grant one UPDATE and its audit event,
+    no SAVEPOINT around them and no read of the row again (they were most of its CPU); every due grant expired
+    once, its reasons kept with the expiry's appended, its version moved on, its event under its own tenant."""
+    from sqlalchemy import event
+
+    env = env_both
+    pending = request(env).json()
+    active = request(env).json()
+    assert env.call("POST", f"/v1/grants/{active['id']}/approve", "tenant-admin", "globex").json()["state"] == "active"
+    with env.ctx.db.read_session() as s:
+        before = {gid: s.get(Grant, gid) for gid in (pending["id"], active["id"])}
+    env.clock.advance(timedelta(days=4))  # past the active grant's TTL and the pending one's approval window
+    sent: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement.split(None, 1)[0].upper())
+
+    event.listen(env.ctx.db.engine, "before_cursor_execute", count)
+    try:
+        assert sorted(sweep_grants(env.ctx)) == sorted([pending["id"], active["id"]])
+    finally:
+        event.remove(env.ctx.db.engine, "before_cursor_execute", count)
+    assert "SAVEPOINT" not in sent and "RELEASE" not in sent
+    assert sent.count("UPDATE") >= 2 and sent.count("SELECT") <= sent.count("UPDATE")  # no reload per grant
+    assert sweep_grants(env.ctx) == []
+    assert events(env, "grant.expire") == 2
+    with env.ctx.db.read_session() as s:
+        for gid, reason in ((pending["id"], "approval timed out"), (active["id"], "ttl elapsed")):
+            row, old = s.get(Grant, gid), before[gid]
+            assert row is not None and old is not None
+            assert row.state == "expired" and row.version == old.version + 1
+            assert row.reasons == [*old.reasons, f"expired: {reason}"]
+            ev = s.exec(select(AuditEvent).where(AuditEvent.action == "grant.expire",
+                                                 AuditEvent.object_id == gid)).one()
+            assert ev.tenant == "acme" and ev.reason == reason
+    assert not live_in_policy_data(env, active["id"])

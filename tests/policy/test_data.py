@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,97 @@ def test_grant_ops_patch_one_grant_without_a_rebuild(db: Database) -> None:
         assert build_data(s, NOW) == engine.data()
     sync_data(engine, data)  # and back again by diff
     assert decide_flow(engine, flow_input("acme/web", "globex/api", 8443)).allow
+
+
+def _orm_build(s: Any, now: datetime) -> dict[str, Any]:
+    """build_data as it was before it read columns instead of ORM instances (kept verbatim as the reference)."""
+    from sqlmodel import col, select
+
+    from inventory.models import Tenant, Workload, WorkloadGroup
+    from pki.models import RevokedIdentity
+    from policy.data import DATA_KEY, grant_entry, grant_is_live, group_entry
+    from policy.models import Grant
+
+    tenants: dict[str, Any] = {}
+    for tenant in s.exec(select(Tenant).order_by(col(Tenant.slug))).all():
+        tenants[tenant.slug] = {"quarantined": bool(tenant.quarantined), "groups": {}}
+    for group in s.exec(select(WorkloadGroup).order_by(col(WorkloadGroup.tenant), col(WorkloadGroup.name))).all():
+        if group.tenant in tenants:
+            tenants[group.tenant]["groups"][group.name] = group_entry(group)
+    revoked = {w.spiffe_id: True for w in s.exec(
+        select(Workload).where(col(Workload.revoked).is_(True)).order_by(col(Workload.spiffe_id))).all()}
+    for row in s.exec(select(RevokedIdentity).order_by(col(RevokedIdentity.id))).all():
+        if row.workload is not None:
+            revoked[row.spiffe_id_prefix] = True
+            continue
+        tenant_entry = tenants.get(row.tenant)
+        if tenant_entry is None:
+            continue
+        if row.group is None:
+            tenant_entry["revoked"] = True
+        elif row.group in tenant_entry["groups"]:
+            tenant_entry["groups"][row.group]["revoked"] = True
+    revoked = dict(sorted(revoked.items()))
+    grants: dict[str, dict[str, dict[str, Any]]] = {}
+    for grant in s.exec(select(Grant).where(col(Grant.state) == "active").order_by(col(Grant.id))).all():
+        if grant_is_live(grant, now):
+            grants.setdefault(grant.src_tenant, {}).setdefault(grant.dst_tenant, {})[grant.id] = grant_entry(grant)
+    return {DATA_KEY: {"tenants": tenants, "grants": grants, "revoked": revoked}}
+
+
+def test_build_data_from_columns_equals_the_orm_build_and_loads_no_instances(db: Database) -> None:
+    """build_data reads columns, not ORM instances (a decision after every change of the policy data builds it
+    again: whole Grant rows were most of that): the same document as the ORM build, byte for byte once serialised
+    (key order too), over every kind of row it reads, and nothing left in the session's identity map."""
+    import json
+
+    from sqlalchemy import event
+    from sqlmodel import SQLModel
+
+    from pki.models import RevokedIdentity
+    from tests.policy.dbutil import add_group, add_tenant, add_workload
+
+    with db.session() as s:
+        populate(s, NOW)
+        add_tenant(s, "zeta", NOW)
+        add_tenant(s, "beta", NOW)
+        s.flush()
+        add_group(s, "zeta", "b", [("udp", 53), ("tcp", 443), ("tcp", 80), ("tcp", 443), ("sctp", 1)], NOW,
+                  labels={"z": "1", "a": "2"}, quarantined=True)
+        add_group(s, "zeta", "a", [], NOW)
+        add_group(s, "beta", "gone", [("tcp", 22)], NOW)
+        s.flush()
+        add_workload(s, "zeta", "b", "w9", NOW, revoked=True)
+        for i, (tenant, group, workload) in enumerate([("beta", None, None), ("zeta", "a", None),
+                                                       ("zeta", "nosuch", None), ("nosuch", None, None),
+                                                       ("acme", "web", "w7")]):
+            prefix = f"spiffe://td.example/tenant/{tenant}" + (f"/group/{group}" if group else "") + (
+                f"/{workload}" if workload else "")
+            s.add(RevokedIdentity(spiffe_id_prefix=prefix, tenant=tenant, group=group, workload=workload,
+                                  reason="test", revoked_at=NOW, revoked_by=f"tester-{i}"))
+        for i in range(40):  # active (live, expired, without expiry), pending, revoked, over several tenant pairs
+            state = ("active", "active", "pending", "revoked", "active")[i % 5]
+            expires = (timedelta(minutes=i - 10) if i % 7 else None) if state == "active" else timedelta(hours=1)
+            src, dst = (("zeta", "b"), ("acme", "web")) if i % 3 else (("acme", "db"), ("zeta", "a"))
+            add_grant(s, f"g{i:02d}-{'x' * (i % 4)}", src, dst, sorted({443, 80 + i, 8443 - i}, reverse=True), NOW,
+                      state=state, expires_in=expires, proto=("tcp", "udp")[i % 2])
+    loaded: list[object] = []
+
+    def count(target: object, _context: object) -> None:
+        loaded.append(target)
+
+    for at in (NOW, NOW + timedelta(minutes=5), NOW + timedelta(hours=2)):
+        with db.read_session() as s:
+            event.listen(SQLModel, "load", count, propagate=True)
+            try:
+                new = build_data(s, at)
+            finally:
+                event.remove(SQLModel, "load", count)
+            assert loaded == []  # no ORM instance loaded
+            old = _orm_build(s, at)
+        assert json.dumps(new) == json.dumps(old)
+    assert new["tf"]["tenants"]["beta"].get("revoked") is True
+    assert new["tf"]["tenants"]["zeta"]["groups"]["a"].get("revoked") is True
+    with db.read_session() as s:
+        live = build_data(s, NOW)["tf"]["grants"]
+    assert sum(len(by_id) for by_dst in live.values() for by_id in by_dst.values()) > 5
