@@ -120,9 +120,13 @@ def test_activation_refuses_a_version_over_the_decision_budget(served: tuple[Env
     status, body, _ = call(port, "POST", f"/v1/policy/versions/{version['number']}/activate", security, {})
     assert status == 422, body
     reason = body["reason"]
-    assert reason.startswith(f"policy version {version['number']} is not activated: on the current data its ")
-    took = int(reason.split("its flow decision took ")[1].split(" ms, above the 50 ms decision budget")[0])
-    assert took > 50
+    if reason.startswith("the activation check of"):  # ~200 ms a decision quiet; under a full suite on 2 cores the
+        # check's own 1 s CPU budget can run out before the per-decision budget is compared: refused either way
+        assert reason == f"the activation check of policy version {version['number']} exceeded the 1 s CPU budget"
+    else:
+        assert reason.startswith(f"policy version {version['number']} is not activated: on the current data its ")
+        took = int(reason.split("its flow decision took ")[1].split(" ms, above the 50 ms decision budget")[0])
+        assert took > 50
     active = env.call("GET", "/v1/policy/active", "security").json()
     assert active["number"] != version["number"]  # the shipped version stays in force
     status, fast, _ = call(port, "POST", "/v1/policy/versions", security, {"modules": EXTRA})
