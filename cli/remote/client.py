@@ -99,7 +99,9 @@ class Client:
         if json_body is not None:
             body = json.dumps(json_body).encode()
             h["Content-Type"] = "application/json"
-        query = urlencode([(k, _param(v)) for k, v in (params or {}).items() if v is not None])
+        # a list is a repeated parameter (`ports=22&ports=443`), as FastAPI reads a list query
+        query = urlencode([(k, _param(x)) for k, v in (params or {}).items() if v is not None
+                           for x in (v if isinstance(v, list | tuple) else [v])])
         target = urlsplit(self.server).path.rstrip("/") + path + (f"?{query}" if query else "")
         status: int | None = None
         raw = b""
