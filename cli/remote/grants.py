@@ -1,4 +1,4 @@
-"""`trustfabric grant request|list|show|approve|reject|revoke`, through the API. Grant ids may be given
+"""`trustfabric grant request|explain|list|show|approve|reject|revoke`, through the API. Grant ids may be given
 as unique prefixes (cli/ids.py)."""
 
 from __future__ import annotations
@@ -36,6 +36,20 @@ GRANTS = View("grants", (
 ))
 
 GrantId = typer.Argument(..., metavar="GRANT_ID", help="a grant id, or a prefix naming exactly one")
+
+# `grant request` and `grant explain` take the same options (one definition, so they cannot drift): a user
+# swaps one verb for the other on the same line
+SrcGroupOpt = typer.Option(..., "--src-group", parser=SLUG, metavar="GROUP", help="your group that needs access")
+DstOpt = typer.Option(..., "--dst", parser=TENANT_GROUP, metavar=TENANT_GROUP.metavar, help="destination TENANT/GROUP")
+PortOpt = typer.Option(..., "--port", parser=PORT, metavar="PORT", help="destination port (repeatable)")
+ProtoOpt = typer.Option("tcp", "--proto", parser=PROTO, metavar=PROTO.metavar)
+TtlOpt = typer.Option("24h", "--ttl", parser=TTL, metavar="TTL", help="e.g. 1h, 24h, 7d")
+JustificationOpt = typer.Option("", "--justification", "-j")
+SrcTenantOpt = typer.Option(None, "--src-tenant", parser=SLUG, metavar="TENANT", help="platform principals only")
+
+# the live answer's outcome (GET /v1/policy/explain-grant), for people
+WOULD = {"approve": "would be approved", "pending": "would be pending", "deny": "would be denied",
+         "undisclosed": "not disclosed until requested"}
 
 
 def requester(g: dict[str, Any]) -> str:
@@ -78,22 +92,33 @@ def show_grant(g: dict[str, Any]) -> None:
         print(line)
 
 
+def show_answer(a: dict[str, Any]) -> None:
+    """The policy's answer to a grant request not made, in `show_grant`'s style; machines get the API's object."""
+    if machine_output():
+        emit(a)
+        return
+    from cli.humanize import duration
+
+    asked = a["input"]
+    ttl = duration(timedelta(seconds=asked["ttl_seconds"]))
+    lines = [f"{WOULD.get(a['outcome'], a['outcome'])}: {asked['src']['tenant']}/{asked['src']['group']} -> "
+             f"{asked['dst']['tenant']}/{asked['dst']['group']} {asked['proto']}/"
+             f"{','.join(str(p) for p in asked['ports'])} for {ttl} (nothing was requested)"]
+    if a["outcome"] == "pending":
+        lines.append(f"  would wait for: {', '.join(a['approvers'])}")
+    lines.extend(f"  reason: {reason}" for reason in a["reasons"])
+    lines.extend(f"  note: {note}" for note in a.get("notes") or ())  # what the devices would add (RoCEv2)
+    for line in lines:
+        print(line)
+
+
 def register(app: typer.Typer) -> None:
-    grant = add_group(app, "grant", "Access grants: request, list, show, approve, reject, revoke.", API)
+    grant = add_group(app, "grant", "Access grants: explain, request, list, show, approve, reject, revoke.", API)
 
     @command(grant, "request", API)
     def request_cmd(
-        src_group: str = typer.Option(..., "--src-group", parser=SLUG, metavar="GROUP",
-                                      help="your group that needs access"),
-        dst: Any = typer.Option(..., "--dst", parser=TENANT_GROUP, metavar=TENANT_GROUP.metavar,
-                                            help="destination TENANT/GROUP"),
-        port: list[int] = typer.Option(..., "--port", parser=PORT, metavar="PORT",
-                                       help="destination port (repeatable)"),
-        proto: str = typer.Option("tcp", "--proto", parser=PROTO, metavar=PROTO.metavar),
-        ttl: timedelta = typer.Option("24h", "--ttl", parser=TTL, metavar="TTL", help="e.g. 1h, 24h, 7d"),
-        justification: str = typer.Option("", "--justification", "-j"),
-        src_tenant: str = typer.Option(None, "--src-tenant", parser=SLUG, metavar="TENANT",
-                                       help="platform principals only"),
+        src_group: str = SrcGroupOpt, dst: Any = DstOpt, port: list[int] = PortOpt, proto: str = ProtoOpt,
+        ttl: timedelta = TtlOpt, justification: str = JustificationOpt, src_tenant: str = SrcTenantOpt,
         idempotency_key: str = typer.Option(None, "--idempotency-key", help="reuse to retry safely"),
         server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
@@ -111,6 +136,31 @@ def register(app: typer.Typer) -> None:
         if g["state"] == "denied":
             if machine_output():
                 err_console.print("error: grant request denied: " + "; ".join(g["reasons"]), markup=False)
+            raise typer.Exit(1)
+
+    @command(grant, "explain", API)
+    def explain_cmd(
+        src_group: str = SrcGroupOpt, dst: Any = DstOpt, port: list[int] = PortOpt, proto: str = ProtoOpt,
+        ttl: timedelta = TtlOpt,
+        justification: str = typer.Option("", "--justification", "-j",
+                                          help="accepted as `grant request` takes it; the policy does not read it"),
+        src_tenant: str = SrcTenantOpt,
+        idempotency_key: str = typer.Option(None, "--idempotency-key",
+                                            help="accepted as `grant request` takes it; nothing is requested"),
+        server: str = ServerOpt, cacert: Path = CaOpt,
+    ) -> None:
+        """What `grant request` with these options would get now: approved, pending (and whom it would wait for),
+        denied (and why), or undisclosed until requested; nothing is requested or recorded (exit 1 when it would
+        be denied)."""
+        del justification, idempotency_key  # not part of the policy's input; taken so the verbs swap
+        dst_tenant, dst_group = dst
+        a = client(server, cacert).get(
+            "/v1/policy/explain-grant", src_group=src_group, dst_tenant=dst_tenant, dst_group=dst_group,
+            proto=proto, ports=list(port), ttl_seconds=int(ttl.total_seconds()), src_tenant=src_tenant)
+        show_answer(a)
+        if a["outcome"] == "deny":
+            if machine_output():
+                err_console.print("error: grant request would be denied: " + "; ".join(a["reasons"]), markup=False)
             raise typer.Exit(1)
 
     @command(grant, "list", API)
