@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InvalidInput
+from core.rocev2 import is_rocev2
 from policy.decide import Flow, expand_allowed
 
 Pair = tuple[str, str]
@@ -167,6 +168,24 @@ def flows_between(raw: Any, src_tenant: str, dst_tenant: str) -> dict[Flow, list
             picked.append({**entry, "sources": mine})
     flows = expand_allowed(picked)
     return {f: sorted(set(flows[f])) for f in sorted(flows)}
+
+
+def mirrors_between(raw: Any, src_tenant: str, dst_tenant: str, allowed: Mapping[Flow, Any] | None = None
+                    ) -> dict[Flow, list[str]]:
+    """The RoCEv2 flows from src_tenant to dst_tenant that pass on the wire only as mirrors (core/rocev2.py):
+    the policy does not allow them, it allows their reverse (udp/4791 is symmetric on the SuperNICs). Each with
+    the reasons allowing that reverse, sorted by flow. `allowed`: flows_between(raw, src_tenant, dst_tenant)
+    when the caller has it. Only the two tenants' entries are read, as for flows_between."""
+    if allowed is None:
+        allowed = flows_between(raw, src_tenant, dst_tenant)
+    out: dict[Flow, list[str]] = {}
+    for f, reasons in flows_between(raw, dst_tenant, src_tenant).items():
+        if not is_rocev2(f.proto, f.port):
+            continue
+        m = Flow(f.dst_tenant, f.dst_group, f.src_tenant, f.src_group, f.proto, f.port)
+        if m != f and m not in allowed:
+            out[m] = reasons
+    return {f: out[f] for f in sorted(out)}
 
 
 def tenant_totals(counts: Mapping[Pair, int]) -> dict[str, int]:

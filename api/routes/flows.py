@@ -1,6 +1,13 @@
 """The allowed flow set under the active policy, tenant by tenant (the console's flow matrix), and the
 flows of one tenant pair with their reasons. Platform reads (`policy.read`): a tenant asks `explain`.
 
+RoCEv2 (udp/4791, core/rocev2.py) is symmetric on the SuperNICs: where the policy allows A -> B udp/4791, B's
+RoCEv2 reaches A too. The list of a pair's flows shows those beside the policy's, as the impact report does
+(policy/impact.py), never among them: `items` and `total` stay the policy's flows; `mirrors` (+ `mirrors_total`)
+are the pair's udp/4791 flows that pass only as the mirror of an allowed reverse, each `"mirror": "rocev2"` with
+a note naming what allows that reverse. They are read from the two tenants' entries of the same answer, and the
+reader is a platform principal, who may see both directions in full (policy/disclosure.py).
+
 The set comes from the app's policy.flowset.FlowSets, kept per process while provably current
 (api/caches.py, `flow_set`).
 """
@@ -20,9 +27,11 @@ from api.deps import CtxDep, PrincipalDep
 from api.handoff import HandedOffRoute
 from api.schemas import COMMON_ERRORS, error_responses
 from core.clock import as_utc
+from core.rocev2 import MIRROR
 from core.vocabulary import SLUG_PATTERN
 from policy.flowset import FlowSet, FlowSets
-from policy.matrix import flows_between, matrix_page
+from policy.matrix import flows_between, matrix_page, mirrors_between
+from policy.rocev2 import mirror_note
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"], route_class=HandedOffRoute)
 
@@ -77,12 +86,27 @@ class FlowOut(BaseModel):
     reasons: list[str]
 
 
+class MirrorOut(BaseModel):
+    src_tenant: str
+    src_group: str
+    dst_tenant: str
+    dst_group: str
+    proto: str
+    port: int
+    mirror: str = Field(MIRROR, description="passes on the wire only as the RoCEv2 mirror of dst -> src")
+    notes: list[str] = Field(description="what allows the reverse flow it mirrors; the policy itself denies this one")
+
+
 class FlowListOut(BaseModel):
     policy_hash: str | None
     computed_at: datetime
-    total: int
+    total: int = Field(description="the policy's flows from src_tenant to dst_tenant")
     items: list[FlowOut]
-    next_offset: int | None
+    next_offset: int | None = Field(description="the next page of items and mirrors, when either has more")
+    mirrors_total: int = Field(0, description="RoCEv2 flows from src_tenant to dst_tenant that pass on the wire "
+                                              "only as mirrors of allowed dst -> src udp/4791, not policy flows")
+    mirrors: list[MirrorOut] = Field(default_factory=list,
+                                     description="this page's mirrors (the same offset and limit as items)")
 
 
 @router.get("/flows/matrix", response_model=FlowMatrixOut, responses=ASYNC_READ,
@@ -119,8 +143,13 @@ def flow_list(
     if flows is None:
         return computing()
     between = flows_between(flows.raw, src_tenant, dst_tenant)
+    mirrored = mirrors_between(flows.raw, src_tenant, dst_tenant, between)
     items = [FlowOut(**f._asdict(), reasons=reasons) for f, reasons in list(between.items())[offset:offset + limit]]
+    mirrors = [MirrorOut(**f._asdict(),
+                         notes=[mirror_note(f"{f.src_tenant}/{f.src_group}", f"{f.dst_tenant}/{f.dst_group}", origin)])
+               for f, origin in list(mirrored.items())[offset:offset + limit]]
     return FlowListOut(
         policy_hash=flows.policy_hash, computed_at=as_utc(flows.computed_at), total=len(between), items=items,
-        next_offset=offset + limit if offset + limit < len(between) else None,
+        next_offset=offset + limit if offset + limit < max(len(between), len(mirrored)) else None,
+        mirrors_total=len(mirrored), mirrors=mirrors,
     )

@@ -216,3 +216,61 @@ def test_the_explain_note_discloses_no_group_the_tenant_may_not_see(roce: Env) -
     assert seen["allow"] is False and seen["notes"] and "open-rdma" in seen["notes"][0]
     acme = roce.call("GET", "/v1/policy/explain", "tenant-member", "acme", params=back).json()
     assert acme["allow"] is False and acme["notes"] == [] and "open-rdma" not in str(acme)
+
+
+def test_the_flow_list_of_a_pair_shows_the_rocev2_mirrors_beside_the_policy_flows(roce: Env) -> None:
+    """acme/web -> globex/gpu udp/4791 granted: the list of globex -> acme has no policy flow, and its RoCEv2
+    passes all the same as that grant's mirror; the list shows it apart, marked, with what allows the reverse."""
+    gid = roce.call("POST", "/v1/grants", "tenant-admin", "acme", json={**GPU, "ports": [4791, 9000]}).json()["id"]
+    assert roce.call("POST", f"/v1/grants/{gid}/approve", "tenant-admin", "globex", json={}).status_code == 200
+    back = roce.call("GET", "/v1/policy/flows", "security", params={"src_tenant": "globex", "dst_tenant": "acme"})
+    assert back.status_code == 200, back.text
+    out = back.json()
+    assert out["total"] == 0 and out["items"] == [] and out["next_offset"] is None  # the policy's flows: none
+    note = (f"rocev2-mirror: the SuperNICs let this RoCEv2 through anyway, as the mirror of acme/web -> globex/gpu "
+            f"udp/4791, which grant:{gid} allows (RoCEv2 skips conntrack, so an allowance is symmetric)")
+    assert out["mirrors_total"] == 1 and out["mirrors"] == [{
+        "src_tenant": "globex", "src_group": "gpu", "dst_tenant": "acme", "dst_group": "web", "proto": "udp",
+        "port": 4791, "mirror": "rocev2", "notes": [note]}]  # 9000 is conntracked: one way only
+    forward = roce.call("GET", "/v1/policy/flows", "auditor", params={"src_tenant": "acme", "dst_tenant": "globex"})
+    assert [(f["dst_group"], f["port"]) for f in forward.json()["items"]] == [("gpu", 4791), ("gpu", 9000)]
+    assert forward.json()["mirrors"] == [] and forward.json()["mirrors_total"] == 0
+    # inside globex (its groups reach gpu on 4791 and 9000): a mirror is never one of the policy's flows, is
+    # udp/4791 only, and is the reverse of one of them
+    inside = roce.call("GET", "/v1/policy/flows", "security",
+                       params={"src_tenant": "globex", "dst_tenant": "globex"}).json()
+    key = ("src_group", "dst_group", "proto", "port")
+    policy = {tuple(f[k] for k in key) for f in inside["items"]}
+    assert inside["mirrors_total"] == len(inside["mirrors"]) > 0
+    for m in inside["mirrors"]:
+        assert tuple(m[k] for k in key) not in policy and (m["proto"], m["port"]) == ("udp", 4791)
+        assert (m["dst_group"], m["src_group"], "udp", 4791) in policy
+    # still platform reads only: a tenant asks explain
+    assert roce.call("GET", "/v1/policy/flows", "tenant-admin", "acme",
+                     params={"src_tenant": "globex", "dst_tenant": "acme"}).status_code == 403
+    # the console's cell: none of the policy's, the mirror in a table of its own
+    html = when_ready(roce, sign_in(roce, "security"), "/console/flows/globex/acme").text
+    assert "<h2>0 flows from globex to acme</h2>" in html
+    assert "RoCEv2 also passes from globex to acme as the mirror of 1 allowed flow the other way" in html
+    mirrors = html[html.index("Passing on the wire as RoCEv2 mirrors, not policy flows"):]
+    assert ('<tr class="mirror"><td>gpu</td><td>web</td><td>udp/4791</td><td>acme/web → globex/gpu</td></tr>'
+            in mirrors[:mirrors.index("</table>")])
+    assert "RoCEv2 mirrors" not in when_ready(roce, sign_in(roce, "security"), "/console/flows/acme/globex").text
+
+
+def test_the_flow_list_pages_the_mirrors_with_the_policy_flows(bare: Env) -> None:
+    """Intra-tenant: web and db reach acme/gpu on udp/4791 (it exposes it), gpu reaches neither: gpu -> web and
+    gpu -> db pass as mirrors, paged by the same offset and limit as the policy's flows."""
+    from tests.api.conftest import activate_shipped_policy
+
+    activate_shipped_policy(bare)
+    pair = {"src_tenant": "acme", "dst_tenant": "acme"}
+    full = bare.call("GET", "/v1/policy/flows", "security", params=pair).json()
+    assert [(m["src_group"], m["dst_group"]) for m in full["mirrors"]] == [("gpu", "db"), ("gpu", "web")]
+    assert full["mirrors_total"] == 2
+    assert all(not (f["src_group"] == "gpu" and f["port"] == 4791) for f in full["items"])
+    first = bare.call("GET", "/v1/policy/flows", "security", params={**pair, "limit": 1}).json()
+    assert [m["dst_group"] for m in first["mirrors"]] == ["db"] and first["next_offset"] == 1
+    last = bare.call("GET", "/v1/policy/flows", "security",
+                     params={**pair, "limit": 1, "offset": full["total"] - 1}).json()
+    assert full["total"] >= 2 and len(last["items"]) == 1 and last["mirrors"] == [] and last["next_offset"] is None

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidInput
-from policy.decide import expand_allowed
+from policy.decide import Flow, expand_allowed
 from policy.engines.embedded import RegorusEngine
-from policy.matrix import flows_between, pair_counts, tenant_totals, top_tenants
+from policy.matrix import flows_between, mirrors_between, pair_counts, tenant_totals, top_tenants
 from tests.policy.helpers import NOW_NS, doc, group, shipped
 
 TENANTS = ["a", "b", "c", "platform"]
@@ -46,6 +46,22 @@ def test_counts_equal_the_expanded_set_by_pair(raw: list[dict[str, Any]]) -> Non
             between = flows_between(raw, src, dst)
             assert set(between) == {f for f in expanded if (f.src_tenant, f.dst_tenant) == (src, dst)}
             assert all(between[f] == sorted(set(expanded[f])) for f in between)
+
+
+@settings(max_examples=200, deadline=None)
+@given(answers().map(lambda raw: [{**e, "ports": [4791 if p == 53 else p for p in e["ports"]]} for e in raw]))
+def test_mirrors_are_the_wire_s_rocev2_flows_the_policy_does_not_allow(raw: list[dict[str, Any]]) -> None:
+    """On the wire a flow passes when the policy allows it or, for RoCEv2 (udp/4791), its reverse: the mirrors of a
+    pair are the wire's flows of that pair minus the policy's, each with the reasons of the reverse it mirrors."""
+    expanded = expand_allowed(raw)
+    for src in TENANTS:
+        for dst in TENANTS:
+            want = {Flow(f.dst_tenant, f.dst_group, f.src_tenant, f.src_group, f.proto, f.port): sorted(set(r))
+                    for f, r in expanded.items() if (f.src_tenant, f.dst_tenant) == (dst, src)
+                    and (f.proto, f.port) == ("udp", 4791)}
+            want = {m: r for m, r in want.items() if m not in expanded}
+            got = mirrors_between(raw, src, dst)
+            assert got == want and list(got) == sorted(got)
 
 
 def test_counts_of_the_shipped_policy_on_a_real_engine() -> None:
