@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -37,7 +38,7 @@ from policy.data import build_data, data_fingerprint, grant_ops, live_until, to_
 from policy.decide import ALLOWED_FLOWS_QUERY
 from policy.engines import PolicyEngine, scratch_engine
 from policy.impact import answer_under
-from policy.matrix import Pair, TargetCounts, target_counts, totals
+from policy.matrix import Pair, TargetCounts, mirror_counts, target_counts, totals
 from policy.models import Grant
 from policy.service import active_version
 from store.db import Database
@@ -65,6 +66,12 @@ class FlowSet:
     data: Mapping[str, Any] | None = None  # the document it was computed from (the impact report reuses it)
     marker: int | None = None  # the audit log's size when it was read
     targets: TargetCounts | None = None  # the counts by target, for counting again only what changed
+
+    @cached_property
+    def mirror_counts(self) -> dict[Pair, int]:
+        """RoCEv2 mirrors by tenant pair (policy.matrix.mirror_counts), counted once per set: a pass over every
+        entry, kept off each matrix read (a frozen dataclass without slots: the property caches in __dict__)."""
+        return mirror_counts(self.raw)
 
     def fresh_at(self, now: datetime) -> bool:
         """Whether `now` lies in [computed_at, earliest grant expiry): the same grants are live all along."""

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InvalidInput
-from core.rocev2 import is_rocev2
+from core.rocev2 import MIRROR, ROCE_V2_PORT, ROCE_V2_PROTO, is_rocev2
 from policy.decide import Flow, expand_allowed
+from policy.rocev2 import mirror_note
 
 Pair = tuple[str, str]
 
@@ -186,6 +187,45 @@ def mirrors_between(raw: Any, src_tenant: str, dst_tenant: str, allowed: Mapping
         if m != f and m not in allowed:
             out[m] = reasons
     return {f: out[f] for f in sorted(out)}
+
+
+def mirror_counts(raw: Any) -> dict[Pair, int]:
+    """{(src_tenant, dst_tenant): RoCEv2 flows passing only as mirrors}: the sum of mirrors_between over every pair,
+    in one pass over the udp entries that include 4791 (the rest cannot mirror)."""
+    allowed: set[tuple[str, str]] = set()  # (source "tenant/group", destination "tenant/group") on udp/4791
+    for entry in _entries(raw):
+        dst_tenant, dst_group, proto = target_key(entry)
+        if proto != ROCE_V2_PROTO:
+            continue
+        sources, ports = _checked(entry)
+        if ROCE_V2_PORT in ports:
+            allowed.update((str(s), f"{dst_tenant}/{dst_group}") for s in sources)
+    counts: Counter[Pair] = Counter()
+    for src, dst in allowed:
+        if (dst, src) not in allowed:  # dst's RoCEv2 reaches src as the mirror (never src == dst: it is allowed)
+            counts[(dst.split("/", 1)[0], src.split("/", 1)[0])] += 1
+    return dict(counts)
+
+
+def pair_listing(raw: Any, src_tenant: str, dst_tenant: str, *, offset: int = 0, limit: int = 200
+                 ) -> dict[str, Any]:
+    """One page of the flows from src_tenant to dst_tenant, as the API and the CLI list them: `items` (the policy's
+    flows with their reasons) and `total`; beside them, never among them, `mirrors` (RoCEv2 passing only as the
+    mirror of an allowed reverse, mirrors_between) and `mirrors_total`, each `"mirror": "rocev2"` with a note naming
+    what allows the reverse. Both are paged by the same offset and limit; `next_offset` is set while either has
+    more."""
+    between = flows_between(raw, src_tenant, dst_tenant)
+    mirrored = mirrors_between(raw, src_tenant, dst_tenant, between)
+    end = offset + limit
+    return {
+        "total": len(between),
+        "items": [{**f._asdict(), "reasons": reasons} for f, reasons in list(between.items())[offset:end]],
+        "next_offset": end if end < max(len(between), len(mirrored)) else None,
+        "mirrors_total": len(mirrored),
+        "mirrors": [{**f._asdict(), "mirror": MIRROR,
+                     "notes": [mirror_note(f"{f.src_tenant}/{f.src_group}", f"{f.dst_tenant}/{f.dst_group}", why)]}
+                    for f, why in list(mirrored.items())[offset:end]],
+    }
 
 
 def tenant_totals(counts: Mapping[Pair, int]) -> dict[str, int]:

@@ -196,10 +196,11 @@ async def flows(request: Request, search: Annotated[str, Query(max_length=63)] =
     if matrix is None:
         return computing(request, session, "The flow matrix")
     cells = {(c["src_tenant"], c["dst_tenant"]): c["flows"] for c in matrix["cells"]}
+    mirrors = {(c["src_tenant"], c["dst_tenant"]): c["mirrors"] for c in matrix.get("mirror_cells", [])}
     top = max([*cells.values(), *(t["out_other"] for t in matrix["tenants"]),
                *(t["in_other"] for t in matrix["tenants"]), 0])
-    return render(request, session, "flows.html", matrix=matrix, cells=cells, top=top, heat=heat, search=search,
-                  offset=offset, page=MATRIX_PAGE)
+    return render(request, session, "flows.html", matrix=matrix, cells=cells, mirrors=mirrors, top=top, heat=heat,
+                  search=search, offset=offset, page=MATRIX_PAGE)
 
 
 @router.get("/flows/{src}/{dst}")

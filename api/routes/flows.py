@@ -5,8 +5,9 @@ RoCEv2 (udp/4791, core/rocev2.py) is symmetric on the SuperNICs: where the polic
 RoCEv2 reaches A too. The list of a pair's flows shows those beside the policy's, as the impact report does
 (policy/impact.py), never among them: `items` and `total` stay the policy's flows; `mirrors` (+ `mirrors_total`)
 are the pair's udp/4791 flows that pass only as the mirror of an allowed reverse, each `"mirror": "rocev2"` with
-a note naming what allows that reverse. They are read from the two tenants' entries of the same answer, and the
-reader is a platform principal, who may see both directions in full (policy/disclosure.py).
+a note naming what allows that reverse. The matrix's `cells` and counts stay the policy's too; `mirror_cells`
+counts the mirrors between the page's tenants, so a pair with mirrors alone can be opened. All are read from the
+same answer, and the reader is a platform principal, who may see both directions in full (policy/disclosure.py).
 
 The set comes from the app's policy.flowset.FlowSets, kept per process while provably current
 (api/caches.py, `flow_set`).
@@ -30,8 +31,7 @@ from core.clock import as_utc
 from core.rocev2 import MIRROR
 from core.vocabulary import SLUG_PATTERN
 from policy.flowset import FlowSet, FlowSets
-from policy.matrix import flows_between, matrix_page, mirrors_between
-from policy.rocev2 import mirror_note
+from policy.matrix import matrix_page, pair_listing
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"], route_class=HandedOffRoute)
 
@@ -66,6 +66,12 @@ class MatrixCell(BaseModel):
     flows: int
 
 
+class MirrorCell(BaseModel):
+    src_tenant: str
+    dst_tenant: str
+    mirrors: int = Field(description="RoCEv2 flows passing on the wire only as mirrors of allowed dst -> src udp/4791")
+
+
 class FlowMatrixOut(BaseModel):
     policy_hash: str | None
     computed_at: datetime
@@ -74,6 +80,9 @@ class FlowMatrixOut(BaseModel):
     tenants: list[TenantRow] = Field(description="this page: most flows first")
     cells: list[MatrixCell] = Field(description="non-empty cells between this page's tenants")
     next_offset: int | None
+    mirror_cells: list[MirrorCell] = Field(
+        default_factory=list, description="cells between this page's tenants with RoCEv2 mirrors, not policy flows: "
+                                          "a cell of `cells` may have none, a pair with none of `cells` may have some")
 
 
 class FlowOut(BaseModel):
@@ -122,12 +131,16 @@ def flow_matrix(
     if flows is None:
         return computing()
     page = matrix_page(flows.counts, search=search, offset=offset, limit=limit)
+    on_page = {t.tenant for t in page.tenants}
     return FlowMatrixOut(
         policy_hash=flows.policy_hash, computed_at=as_utc(flows.computed_at), flows=page.flows,
         tenants_matching=page.tenants_matching, next_offset=page.next_offset,
         tenants=[TenantRow(tenant=t.tenant, flows=t.flows, out_other=t.out_other, in_other=t.in_other)
                  for t in page.tenants],
         cells=[MatrixCell(src_tenant=src, dst_tenant=dst, flows=n) for src, dst, n in page.cells],
+        mirror_cells=[MirrorCell(src_tenant=src, dst_tenant=dst, mirrors=n)
+                      for (src, dst), n in sorted(flows.mirror_counts.items())
+                      if src in on_page and dst in on_page],
     )
 
 
@@ -142,14 +155,5 @@ def flow_list(
     flows = flow_set(request, ctx)
     if flows is None:
         return computing()
-    between = flows_between(flows.raw, src_tenant, dst_tenant)
-    mirrored = mirrors_between(flows.raw, src_tenant, dst_tenant, between)
-    items = [FlowOut(**f._asdict(), reasons=reasons) for f, reasons in list(between.items())[offset:offset + limit]]
-    mirrors = [MirrorOut(**f._asdict(),
-                         notes=[mirror_note(f"{f.src_tenant}/{f.src_group}", f"{f.dst_tenant}/{f.dst_group}", origin)])
-               for f, origin in list(mirrored.items())[offset:offset + limit]]
-    return FlowListOut(
-        policy_hash=flows.policy_hash, computed_at=as_utc(flows.computed_at), total=len(between), items=items,
-        next_offset=offset + limit if offset + limit < max(len(between), len(mirrored)) else None,
-        mirrors_total=len(mirrored), mirrors=mirrors,
-    )
+    listing = pair_listing(flows.raw, src_tenant, dst_tenant, offset=offset, limit=limit)
+    return FlowListOut(policy_hash=flows.policy_hash, computed_at=as_utc(flows.computed_at), **listing)

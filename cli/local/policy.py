@@ -1,4 +1,4 @@
-"""`trustfabric policy validate|test|eval|upload|impact|activate|rollback|list|show|explain|decisions|decision`.
+"""`trustfabric policy validate|test|eval|upload|impact|activate|rollback|list|show|explain|flows|decisions|decision`.
 
 validate and test work on a directory alone (offline); eval on files, or on a stored version; the others
 open the local data directory (run them on the server host). Exit 0 ok, 1 failure (one readable line),
@@ -432,6 +432,44 @@ def register(app: typer.Typer) -> None:
             console.print(f"  {reason}", highlight=False, markup=False, soft_wrap=True)
         for note in out["notes"]:  # what the devices add (RoCEv2's mirror); the verdict above is the policy's
             console.print(f"  note: {note}", highlight=False, markup=False, soft_wrap=True)
+
+    @command(policy, "flows", LOCAL)
+    def flows_cmd(src_tenant: str = typer.Option(..., "--src-tenant", parser=SLUG, metavar="TENANT"),
+                  dst_tenant: str = typer.Option(..., "--dst-tenant", parser=SLUG, metavar="TENANT"),
+                  offset: int = typer.Option(0, "--offset", min=0, max=1_000_000),
+                  limit: int = typer.Option(200, "--limit", min=1, max=1000)) -> None:
+        """The allowed flows from one tenant to another under the active version, with their reasons (a cell of
+        the console's flow matrix); beside them, the RoCEv2 that passes only as the mirror of an allowed reverse."""
+        from policy.flowset import FlowSets
+        from policy.matrix import pair_listing
+
+        def run() -> dict[str, Any]:
+            with open_context() as ctx:
+                sets = FlowSets(ctx.db, keep=False)
+                try:
+                    found = sets.current(ctx.clock())
+                finally:
+                    sets.close()
+                listing = pair_listing(found.raw, src_tenant, dst_tenant, offset=offset, limit=limit)
+                return {"policy_hash": found.policy_hash, "computed_at": found.computed_at.isoformat(), **listing}
+        out = guard(run)
+        if machine_output():
+            emit(out)
+            return
+        console.print(f"{out['total']} flow{'' if out['total'] == 1 else 's'} from {src_tenant} to {dst_tenant} "
+                      f"(policy {(out['policy_hash'] or 'none')[:16]})", highlight=False, markup=False)
+        groups = (Col("src", "src_group"), Col("dst", "dst_group"), Col("proto", "proto"), Col("port", "port"))
+        if out["items"]:
+            View("flows", (*groups, Col("reasons", lambda f: ", ".join(f["reasons"])))).table(out["items"])
+        if out["mirrors"]:
+            console.print(f"RoCEv2 mirrors on the wire (not policy flows): {out['mirrors_total']} (udp/4791 is "
+                          "symmetric on the SuperNICs: allowing A -> B lets B's RoCEv2 reach A)", highlight=False,
+                          markup=False, soft_wrap=True)
+            View("RoCEv2 mirrors (not policy flows)",
+                 (*groups, Col("mirror of", lambda f: f"{f['dst_tenant']}/{f['dst_group']} -> "
+                                                      f"{f['src_tenant']}/{f['src_group']}"))).table(out["mirrors"])
+        if out["next_offset"] is not None:
+            console.print(f"more: --offset {out['next_offset']}", highlight=False, markup=False)
 
     @command(policy, "decisions", LOCAL)
     def decisions_cmd(since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME",

@@ -248,8 +248,18 @@ def test_the_flow_list_of_a_pair_shows_the_rocev2_mirrors_beside_the_policy_flow
     # still platform reads only: a tenant asks explain
     assert roce.call("GET", "/v1/policy/flows", "tenant-admin", "acme",
                      params={"src_tenant": "globex", "dst_tenant": "acme"}).status_code == 403
+    # the matrix: the policy's cells as they were (globex -> acme has none), the mirror counted apart
+    matrix = roce.call("GET", "/v1/policy/flows/matrix", "security").json()
+    assert ("globex", "acme") not in {(c["src_tenant"], c["dst_tenant"]) for c in matrix["cells"]}
+    assert {"src_tenant": "globex", "dst_tenant": "acme", "mirrors": 1} in matrix["mirror_cells"]
+    assert all(c["src_tenant"] != "acme" or c["dst_tenant"] != "globex" for c in matrix["mirror_cells"])
+    # the console's matrix links that cell, which had no link (no policy flow), and says what it holds
+    security = sign_in(roce, "security")
+    grid = when_ready(roce, security, "/console/flows").text
+    assert ('aria-label="0 flows from globex to acme, and 1 RoCEv2 mirror on the wire">0 '
+            '<small class="mirror">+1 RoCEv2</small></a>') in grid
     # the console's cell: none of the policy's, the mirror in a table of its own
-    html = when_ready(roce, sign_in(roce, "security"), "/console/flows/globex/acme").text
+    html = when_ready(roce, security, "/console/flows/globex/acme").text
     assert "<h2>0 flows from globex to acme</h2>" in html
     assert "RoCEv2 also passes from globex to acme as the mirror of 1 allowed flow the other way" in html
     mirrors = html[html.index("Passing on the wire as RoCEv2 mirrors, not policy flows"):]

@@ -122,3 +122,37 @@ def test_policy_explain_notes_the_rocev2_mirror_under_the_policy_s_deny(cli: Cli
         assert forward.stdout.startswith("ALLOW") and "note:" not in forward.stdout
     finally:
         assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
+
+
+def test_policy_flows_lists_the_rocev2_mirrors_apart(cli: Cli, world: dict[str, Any]) -> None:
+    """acme/train -> globex/gpu udp/4791 granted: `policy flows` from globex to acme has no policy flow and the
+    RoCEv2 mirror in a table of its own; --json carries it as `mirrors`, the API's shape."""
+    asked = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--proto", "udp",
+                     "--port", "4791", "--ttl", "2h", token=world["acme"])
+    gid = asked["id"]  # type: ignore[index]
+    try:
+        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"  # type: ignore[index]
+        r = cli.run("policy", "flows", "--src-tenant", "globex", "--dst-tenant", "acme")
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0].startswith("0 flows from globex to acme (policy ")
+        assert lines[1].startswith("RoCEv2 mirrors on the wire (not policy flows): 1 (udp/4791 is symmetric")
+        mirrors = r.stdout[r.stdout.index("RoCEv2 mirrors (not policy flows)"):]
+        assert [line.split() for line in mirrors.splitlines()[3:4]] == [
+            ["gpu", "train", "udp", "4791", "acme/train", "->", "globex/gpu"]], mirrors
+        out = cli.json("policy", "flows", "--src-tenant", "globex", "--dst-tenant", "acme")
+        assert out["total"] == 0 and out["items"] == [] and out["mirrors_total"] == 1  # type: ignore[index]
+        assert out["mirrors"] == [{  # type: ignore[index]
+            "src_tenant": "globex", "src_group": "gpu", "dst_tenant": "acme", "dst_group": "train", "proto": "udp",
+            "port": 4791, "mirror": "rocev2", "notes": [
+                f"rocev2-mirror: the SuperNICs let this RoCEv2 through anyway, as the mirror of acme/train -> "
+                f"globex/gpu udp/4791, which grant:{gid} allows (RoCEv2 skips conntrack, so an allowance is "
+                "symmetric)"]}]
+        forward = cli.run("policy", "flows", "--src-tenant", "acme", "--dst-tenant", "globex")
+        assert forward.returncode == 0 and "RoCEv2 mirrors" not in forward.stdout, forward.stdout
+        assert [line.split()[:4] for line in forward.stdout.splitlines() if "4791" in line] == [
+            ["train", "gpu", "udp", "4791"]], forward.stdout
+        bad = cli.run("policy", "flows", "--src-tenant", "Not A Slug", "--dst-tenant", "acme")
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    finally:
+        assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from core.errors import InvalidInput
 from policy.decide import Flow, expand_allowed
 from policy.engines.embedded import RegorusEngine
-from policy.matrix import flows_between, mirrors_between, pair_counts, tenant_totals, top_tenants
+from policy.matrix import flows_between, mirror_counts, mirrors_between, pair_counts, tenant_totals, top_tenants
 from tests.policy.helpers import NOW_NS, doc, group, shipped
 
 TENANTS = ["a", "b", "c", "platform"]
@@ -62,6 +62,7 @@ def test_mirrors_are_the_wire_s_rocev2_flows_the_policy_does_not_allow(raw: list
             want = {m: r for m, r in want.items() if m not in expanded}
             got = mirrors_between(raw, src, dst)
             assert got == want and list(got) == sorted(got)
+            assert mirror_counts(raw).get((src, dst), 0) == len(want)
 
 
 def test_counts_of_the_shipped_policy_on_a_real_engine() -> None:
