@@ -65,6 +65,10 @@ class Flow(NamedTuple):
     proto: str
     port: int
 
+    def reversed(self) -> Flow:
+        """The same flow the other way: B -> A on the same protocol and destination port (a RoCEv2 mirror)."""
+        return Flow(self.dst_tenant, self.dst_group, self.src_tenant, self.src_group, self.proto, self.port)
+
 
 def sync_data(engine: PolicyEngine, data: Mapping[str, Any]) -> None:
     """Make the engine's data equal to `data`, sending only the difference (incremental reload)."""

@@ -123,11 +123,6 @@ def _diff_targets(b: dict[Target, list[Any]], a: dict[Target, list[Any]]
     return opened, closed, unchanged, _by_tenant(opened, closed)
 
 
-def reverse(f: Flow) -> Flow:
-    """The same flow the other way: B -> A on the same protocol and destination port."""
-    return Flow(f.dst_tenant, f.dst_group, f.src_tenant, f.src_group, f.proto, f.port)
-
-
 class _Allows:
     """Whether an answer (by target, validated) allows a flow, as expand_allowed would expand it; each target's
     (source, port) pairs are gathered once, on first use (a platform service's entry names every tenant's
@@ -160,7 +155,7 @@ def rocev2_mirrors(opened: list[Flow], closed: list[Flow], b: dict[Target, list[
         for f in flows:
             if not is_rocev2(f.proto, f.port):
                 continue
-            m = reverse(f)
+            m = f.reversed()
             if m == f:
                 continue
             if other(m):  # passed before it opened / still passes after it closed

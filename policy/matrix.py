@@ -183,7 +183,7 @@ def mirrors_between(raw: Any, src_tenant: str, dst_tenant: str, allowed: Mapping
     for f, reasons in flows_between(raw, dst_tenant, src_tenant).items():
         if not is_rocev2(f.proto, f.port):
             continue
-        m = Flow(f.dst_tenant, f.dst_group, f.src_tenant, f.src_group, f.proto, f.port)
+        m = f.reversed()
         if m != f and m not in allowed:
             out[m] = reasons
     return {f: out[f] for f in sorted(out)}

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from core.errors import InvalidInput
 from core.rocev2 import is_rocev2
 from policy.decide import Flow, expand_allowed
-from policy.impact import diff_answers, diff_flow_sets, report_of, reverse
+from policy.impact import diff_answers, diff_flow_sets, report_of
 
 SOURCES = ["a/x", "a/y", "b/x", "c/z", "platform/dns"]
 TARGETS = [("a", "x", "tcp"), ("b", "x", "tcp"), ("b", "x", "udp"), ("platform", "dns", "udp")]
@@ -58,7 +58,7 @@ roce_entries = st.builds(
 
 def _wire(flows: set[Flow]) -> set[Flow]:
     """What passes on the wire: the allowed flows, and the reverse of every allowed RoCEv2 flow."""
-    return flows | {reverse(f) for f in flows if is_rocev2(f.proto, f.port)}
+    return flows | {f.reversed() for f in flows if is_rocev2(f.proto, f.port)}
 
 
 @settings(max_examples=300, deadline=None)
