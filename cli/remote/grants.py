@@ -24,6 +24,8 @@ FULL_ID = re.compile(r"^g-[0-9a-f]{12}-[0-9a-f]{16}$")
 def _why(g: dict[str, Any]) -> str:
     if g["state"] == "pending":
         return "waiting for " + ", ".join(g["pending_approvers"])
+    if g["state"] == "active" and g.get("approvals"):  # not the request's `approval-needed`: that was answered
+        return "approved as " + "; ".join(f"{a.get('as')} by {a.get('by')}" for a in g["approvals"])
     return "; ".join(g["reasons"][-2:])
 
 

@@ -157,3 +157,18 @@ def test_a_port_is_taken_as_the_cli_prints_it(cli: Cli, world: dict[str, Any]) -
             assert bad.returncode == 2 and bad.stdout == "", (command, ports, bad.stdout)
             assert bad.stderr.startswith("error: Invalid value for '--port'") and bad.stderr.count("\n") == 1
             assert "Traceback" not in bad.stderr
+
+
+def test_grant_list_says_an_approved_grant_was_approved(cli: Cli, world: dict[str, Any]) -> None:
+    """Its `why` is who approved it, not the request's `approval-needed: ...`, which reads as still waiting."""
+    asked: Any = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
+                          "--ttl", "1h", token=world["acme"])
+    gid = asked["id"]
+    try:
+        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"  # type: ignore[index]
+        r = cli.run("grant", "list", "--state", "active", token=world["acme"], COLUMNS="200")
+        assert r.returncode == 0, r.stderr
+        row = next(line for line in r.stdout.splitlines() if line.startswith(gid))
+        assert "approved as tenant-admin:globex by " in row and "approval-needed" not in row, row
+    finally:
+        assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
