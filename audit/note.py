@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -100,7 +101,9 @@ def load_public_key(data: bytes | str) -> Ed25519PublicKey:
             raise CheckpointError(f"the audit public key must be Ed25519, not {type(key).__name__}")
         return key
     parts = text.decode(errors="replace").split("+", 2)
-    if len(parts) == 3:
+    # a verifier key is one line `<name>+<8 hex>+<base64>`; any other file with two `+` (an export, a README)
+    # is no key at all, not a key whose material is broken
+    if len(parts) == 3 and b"\n" not in text and re.fullmatch(r"[0-9a-f]{8}", parts[1]):
         blob = _b64(parts[2], "the verifier key's key material")
         if len(blob) == 33 and blob[:1] == ED25519_NOTE_KEY_TYPE:
             key = Ed25519PublicKey.from_public_bytes(blob[1:])

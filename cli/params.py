@@ -9,7 +9,7 @@ ones for the rest) without a table kept beside the commands. Use one as
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -89,6 +89,31 @@ def _proto_port(text: str) -> dict[str, object]:
     if not sep or proto not in ("tcp", "udp"):
         raise InvalidInput(f"{text!r} is not PROTO/PORT (e.g. tcp/443)")
     return {"proto": proto, "port": _port(number)}
+
+
+def _port_maybe_proto(text: str) -> tuple[str | None, int]:
+    """`8443`, or `udp/4791` as groups and grants print ports (the protocol then checked against --proto by
+    `one_protocol`)."""
+    proto, sep, number = text.strip().partition("/")
+    if not sep:
+        return None, _port(text)
+    if proto not in ("tcp", "udp"):
+        raise InvalidInput(f"{text!r} is neither a port number nor PROTO/PORT (e.g. 8443, udp/4791)")
+    return proto, _port(number)
+
+
+def one_protocol(ports: Sequence[tuple[str | None, int]], proto: str | None) -> tuple[str, list[int]]:
+    """The one protocol (--proto, or the one the ports name, else tcp) and the port numbers of a flow given as
+    `--port 4791 --proto udp` or `--port udp/4791`; typer.BadParameter (exit 2, one line) when they disagree."""
+    named = {p for p, _ in ports if p is not None} | ({proto} if proto else set())
+    if len(named) > 1:
+        from typer._click.globals import get_current_context
+
+        given = " ".join([f"--port {p}/{n}" for p, n in ports if p is not None] + ([f"--proto {proto}"] if proto
+                                                                                     else []))
+        raise typer.BadParameter(f"{given}: one flow has one protocol (tcp or udp)",
+                                 ctx=get_current_context(silent=True), param_hint="'--port' / '--proto'")
+    return (named.pop() if named else "tcp"), [n for _, n in ports]
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -248,6 +273,7 @@ def choice(*values: str) -> Check:
 
 
 PORT = Check(_port, good="8443", bad="99999", metavar="PORT")
+PORT_MAYBE_PROTO = Check(_port_maybe_proto, good="udp/4791", bad="icmp/1", metavar="[PROTO/]PORT")
 URL = Check(_url, good="http://127.0.0.1:1", bad="127.0.0.1:8443", metavar="URL")
 HTTPS_URL = Check(_https_url, good="https://127.0.0.1:1", bad="http://127.0.0.1:8443", metavar="URL")
 JOIN_TOKEN = Check(_join_token, good="tfjt_x", bad="tfo_admin", metavar="TOKEN")

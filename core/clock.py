@@ -58,6 +58,14 @@ def parse_when(value: str, option: str) -> datetime:
     return parsed.astimezone(UTC)
 
 
+def format_ttl(seconds: int) -> str:
+    """The largest whole unit `parse_ttl` reads back: 604800 -> `7d`, 5400 -> `90m`, 61 -> `61s`."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 def parse_ttl(text: str) -> timedelta:
     """`90s`, `15m`, `12h`, `7d` or plain seconds."""
     text = text.strip().lower()

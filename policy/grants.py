@@ -28,7 +28,7 @@ from sqlmodel import Session, col, select
 
 from audit import Actor, record
 from audit.service import head_locked, lock_head_and_check
-from core.clock import Clock, as_utc, system_clock
+from core.clock import Clock, as_utc, format_ttl, system_clock
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.quotas import QuotaName, Quotas
 from core.rocev2 import includes_rocev2
@@ -321,8 +321,10 @@ def prepare_request(
         raise Forbidden(f"tenant {caller.tenant} may only request grants for its own groups")
     if max_ttl is not None and request.ttl_seconds > max_ttl.total_seconds():
         # grants.rego denies it too; the code does not rely on whichever version is active to say so
-        raise InvalidInput(f"ttl_seconds {request.ttl_seconds} is above the maximum grant TTL of "
-                           f"{int(max_ttl.total_seconds())} s")
+        # in the units `--ttl` and the console take too (a CLI user asked for `90d`, not 7776000 s)
+        limit = int(max_ttl.total_seconds())
+        raise InvalidInput(f"ttl_seconds {request.ttl_seconds} ({format_ttl(request.ttl_seconds)}) is above the "
+                           f"maximum grant TTL of {limit} s ({format_ttl(limit)})")
     now = clock()
     requester_tenant = caller.tenant if caller.tenant is not None else request.src_tenant
     try:

@@ -142,12 +142,15 @@ def verify_cmd(
     ),
 ) -> None:
     """Verify an export offline; exit 0 when proven intact, 1 naming the first bad event, 3 when unproven."""
-    from audit.errors import Unproven, VerificationError
+    from audit.errors import CheckpointError, Unproven, VerificationError
     from audit.note import load_public_key
     from audit.verify import verify_export
 
     try:
-        key = load_public_key(public_key.read_bytes())
+        try:
+            key = load_public_key(public_key.read_bytes())
+        except CheckpointError as exc:  # which file: an auditor holds several beside the export
+            raise CheckpointError(f"--public-key {public_key}: {exc}") from None
         kept = _kept_checkpoint(since_checkpoint, key) if since_checkpoint else None
         report = verify_export(file, key, since=kept)
     except Unproven as exc:

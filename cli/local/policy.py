@@ -32,7 +32,7 @@ from cli.output import (
     open_context,
     read_local,
 )
-from cli.params import PORT, PROTO, SLUG, WHEN, choice, existing_dir, existing_file
+from cli.params import PORT_MAYBE_PROTO, PROTO, SLUG, WHEN, choice, existing_dir, existing_file, one_protocol
 
 if TYPE_CHECKING:
     from store.readonly import ReadOnlyDb
@@ -410,23 +410,27 @@ def register(app: typer.Typer) -> None:
     @command(policy, "explain", LOCAL)
     def explain_cmd(src: str = typer.Option(..., "--src", help="SPIFFE ID or TENANT/GROUP"),
                     dst: str = typer.Option(..., "--dst", help="SPIFFE ID or TENANT/GROUP"),
-                    port: int = typer.Option(..., "--port", parser=PORT, metavar="PORT"),
-                    proto: str = typer.Option("tcp", "--proto", parser=PROTO, metavar=PROTO.metavar)) -> None:
+                    port: Any = typer.Option(..., "--port", parser=PORT_MAYBE_PROTO,
+                                             metavar=PORT_MAYBE_PROTO.metavar, help="e.g. 8443 or udp/4791"),
+                    proto: str | None = typer.Option(None, "--proto", parser=PROTO, metavar=PROTO.metavar,
+                                                     help="default: the one --port names, else tcp")) -> None:
         """The decision on one flow under the active version, and why. Exit 0 whatever the decision."""
         from policy import service
+
+        protocol, (number,) = one_protocol([port], proto)
 
         def run() -> dict[str, Any]:
             with open_context() as ctx, ctx.db.read_session() as session:
                 now = ctx.clock()
-                d, digest = service.explain(session, src, dst, port, proto=proto, now=now)
-                notes = service.mirror_notes(session, src, dst, port, d, proto=proto, now=now)
+                d, digest = service.explain(session, src, dst, number, proto=protocol, now=now)
+                notes = service.mirror_notes(session, src, dst, number, d, proto=protocol, now=now)
                 return {**d.to_dict(), "notes": notes, "policy_hash": digest}
         out = guard(run)
         if machine_output():
             emit(out)
             return
         # one line per reason whatever the width (soft_wrap: the terminal folds it, a pipe or a grep gets it whole)
-        console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {proto}/{port}", highlight=False,
+        console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {protocol}/{number}", highlight=False,
                       markup=False, soft_wrap=True)
         for reason in out["reasons"]:
             console.print(f"  {reason}", highlight=False, markup=False, soft_wrap=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from cli.output import API, Col, View, add_group, command, emit, err_console, machine_output
-from cli.params import PORT, PROTO, SLUG, TENANT_GROUP, TTL, choice
+from cli.params import PORT_MAYBE_PROTO, PROTO, SLUG, TENANT_GROUP, TTL, choice, one_protocol
 from cli.remote.common import CaOpt, ServerOpt, client
 from core.vocabulary import GRANT_STATES
 
@@ -24,6 +24,8 @@ FULL_ID = re.compile(r"^g-[0-9a-f]{12}-[0-9a-f]{16}$")
 def _why(g: dict[str, Any]) -> str:
     if g["state"] == "pending":
         return "waiting for " + ", ".join(g["pending_approvers"])
+    if g["state"] == "active" and g.get("approvals"):  # not the request's `approval-needed`: that was answered
+        return "approved as " + "; ".join(f"{a.get('as')} by {a.get('by')}" for a in g["approvals"])
     return "; ".join(g["reasons"][-2:])
 
 
@@ -41,8 +43,11 @@ GrantId = typer.Argument(..., metavar="GRANT_ID", help="a grant id, or a prefix 
 # swaps one verb for the other on the same line
 SrcGroupOpt = typer.Option(..., "--src-group", parser=SLUG, metavar="GROUP", help="your group that needs access")
 DstOpt = typer.Option(..., "--dst", parser=TENANT_GROUP, metavar=TENANT_GROUP.metavar, help="destination TENANT/GROUP")
-PortOpt = typer.Option(..., "--port", parser=PORT, metavar="PORT", help="destination port (repeatable)")
-ProtoOpt = typer.Option("tcp", "--proto", parser=PROTO, metavar=PROTO.metavar)
+# a port as the grant prints it (`udp/4791`) is taken back as it is; the protocol then must agree with --proto
+PortOpt = typer.Option(..., "--port", parser=PORT_MAYBE_PROTO, metavar=PORT_MAYBE_PROTO.metavar,
+                       help="destination port, e.g. 8443 or udp/4791 (repeatable)")
+ProtoOpt = typer.Option(None, "--proto", parser=PROTO, metavar=PROTO.metavar,
+                        help="default: the one --port names, else tcp")
 TtlOpt = typer.Option("24h", "--ttl", parser=TTL, metavar="TTL", help="e.g. 1h, 24h, 7d")
 JustificationOpt = typer.Option("", "--justification", "-j")
 SrcTenantOpt = typer.Option(None, "--src-tenant", parser=SLUG, metavar="TENANT", help="platform principals only")
@@ -117,7 +122,7 @@ def register(app: typer.Typer) -> None:
 
     @command(grant, "request", API)
     def request_cmd(
-        src_group: str = SrcGroupOpt, dst: Any = DstOpt, port: list[int] = PortOpt, proto: str = ProtoOpt,
+        src_group: str = SrcGroupOpt, dst: Any = DstOpt, port: list[Any] = PortOpt, proto: str | None = ProtoOpt,
         ttl: timedelta = TtlOpt, justification: str = JustificationOpt, src_tenant: str = SrcTenantOpt,
         idempotency_key: str = typer.Option(None, "--idempotency-key", help="reuse to retry safely"),
         server: str = ServerOpt, cacert: Path = CaOpt,
@@ -126,9 +131,10 @@ def register(app: typer.Typer) -> None:
         from cli.remote.client import new_idempotency_key
 
         dst_tenant, dst_group = dst
+        proto, ports = one_protocol(port, proto)
         body: dict[str, Any] = {
             "src_group": src_group, "dst_tenant": dst_tenant, "dst_group": dst_group, "proto": proto,
-            "ports": list(port), "ttl_seconds": int(ttl.total_seconds()), "justification": justification}
+            "ports": ports, "ttl_seconds": int(ttl.total_seconds()), "justification": justification}
         if src_tenant:
             body["src_tenant"] = src_tenant
         g = client(server, cacert).post("/v1/grants", body, idempotency_key=idempotency_key or new_idempotency_key())
@@ -140,7 +146,7 @@ def register(app: typer.Typer) -> None:
 
     @command(grant, "explain", API)
     def explain_cmd(
-        src_group: str = SrcGroupOpt, dst: Any = DstOpt, port: list[int] = PortOpt, proto: str = ProtoOpt,
+        src_group: str = SrcGroupOpt, dst: Any = DstOpt, port: list[Any] = PortOpt, proto: str | None = ProtoOpt,
         ttl: timedelta = TtlOpt,
         justification: str = typer.Option("", "--justification", "-j",
                                           help="accepted as `grant request` takes it; the policy does not read it"),
@@ -154,9 +160,10 @@ def register(app: typer.Typer) -> None:
         be denied)."""
         del justification, idempotency_key  # not part of the policy's input; taken so the verbs swap
         dst_tenant, dst_group = dst
+        proto, ports = one_protocol(port, proto)
         a = client(server, cacert).get(
             "/v1/policy/explain-grant", src_group=src_group, dst_tenant=dst_tenant, dst_group=dst_group,
-            proto=proto, ports=list(port), ttl_seconds=int(ttl.total_seconds()), src_tenant=src_tenant)
+            proto=proto, ports=ports, ttl_seconds=int(ttl.total_seconds()), src_tenant=src_tenant)
         show_answer(a)
         if a["outcome"] == "deny":
             if machine_output():

@@ -164,7 +164,9 @@ def mint_token(
         raise InvalidInput(f"TTL must be between 1s and {int(max_ttl.total_seconds())}s")
     if len(description) > 200:
         raise InvalidInput("description is at most 200 characters")
-    subject = subject or (f"{role}@{tenant}" if tenant else role) + "-" + secrets.token_hex(3)
+    # no `@` in a generated subject: the audit log and its filters write an actor as `id@tenant`, so
+    # `tenant-admin@acme-1a2b3c` read as id `tenant-admin` of a tenant `acme-1a2b3c` (and printed `...@acme`)
+    subject = subject or f"{role}-{secrets.token_hex(3)}"
     if len(subject) > 256:
         raise InvalidInput("subject is at most 256 characters")
     now = clock().replace(microsecond=0)

@@ -131,6 +131,8 @@ def test_auto_approved_and_denied_requests(env: Env) -> None:
     # above the maximum grant TTL: refused by the code (400, nothing written) before any policy is asked
     r = request(env, {**REQ, "ttl_seconds": 8 * 86400})
     assert r.status_code == 400 and "maximum grant TTL of 604800 s" in r.json()["reason"]
+    # in the units `--ttl` takes, beside the seconds
+    assert r.json()["reason"] == "ttl_seconds 691200 (8d) is above the maximum grant TTL of 604800 s (7d)"
     # quarantine of the destination denies new requests
     r = env.call("POST", "/v1/tenants/globex/quarantine", "security", json={"reason": "incident"})
     assert r.status_code == 200 and r.json()["quarantined"] is True

@@ -97,9 +97,14 @@ def test_non_ascii_in_a_base64_field_is_a_checkpoint_error(signer: KeySigner) ->
 
 
 def test_a_file_that_is_no_key_is_a_checkpoint_error() -> None:
-    """A text with two '+' (a README, say) is read as a verifier key: its non-ASCII 'key material' is refused."""
-    with pytest.raises(CheckpointError, match="not base64"):
-        cpm.load_public_key("# notes\nC++ and a+b \u2014 caf\u00e9\n")
+    """A text with two '+' (a README, an export given as the key by mistake) is no key at all: said as such,
+    not as a verifier key whose 'key material is not base64'; a one-line verifier key with bad material is."""
+    for text in ("# notes\nC++ and a+b \u2014 caf\u00e9\n", '{"note": "a+b"}\n{"note": "c+d"}\n',
+                 "C++ and a+b \u2014 caf\u00e9"):
+        with pytest.raises(CheckpointError, match="neither a PEM Ed25519 key nor a signed-note verifier key"):
+            cpm.load_public_key(text)
+    with pytest.raises(CheckpointError, match="key material is not base64"):
+        cpm.load_public_key("example.org/audit+0a1b2c3d+\u00e9\u00e9\u00e9")
 
 
 def test_write_checkpoint_signs_the_head(db: Database, signer: KeySigner) -> None:

@@ -35,3 +35,24 @@ def test_audit_events_show_and_filter_the_actors_tenant(cli: Cli) -> None:
     created: Any = cli.json("audit", "events", "--action", "token.create", token=admin)
     operator = [e["actor"] for e in created if e["actor"]["kind"] != "system"]  # the others are init's
     assert len(operator) == 3 and all(set(a) == {"id", "kind"} and a["id"].startswith("cli:") for a in operator)
+
+
+def test_a_generated_subject_is_found_as_login_prints_it(cli: Cli) -> None:
+    """`token create` without --subject names the token itself; `login` prints that subject, and the audit log's
+    `--actor` finds its events by it (an `@` in it read as `id@tenant`: `tenant-admin@acme-1a2b3c` found
+    nothing and grants printed `requested by tenant-admin@acme-1a2b3c@acme`)."""
+    admin = cli.token("--role", "admin", "--ttl", "1h")
+    r = cli.run("tenant", "create", "initech", "--display-name", "Initech", token=admin)
+    assert r.returncode == 0, r.stderr
+    made = cli.run("token", "create", "--role", "tenant-admin", "--tenant", "initech", "--ttl", "1h")
+    assert made.returncode == 0, made.stderr
+    subject = made.stdout.split(" for ", 1)[1].split(" (", 1)[0]
+    assert "@" not in subject and subject.startswith("tenant-admin-"), subject
+    assert made.stdout.split(" (", 1)[1].startswith("tenant-admin@initech)")
+    token = made.stdout.strip().splitlines()[-1]
+    r = cli.run("group", "create", "initech", "web", "--port", "tcp/443", token=token)
+    assert r.returncode == 0, r.stderr
+    found: Any = cli.json("audit", "events", "--actor", subject, "--action", "group.create", token=admin)
+    assert [(e["actor"]["id"], e["actor"]["tenant"]) for e in found] == [(subject, "initech")]
+    assert cli.json("audit", "events", "--actor", f"{subject}@initech", "--action", "group.create",
+                    token=admin) == found

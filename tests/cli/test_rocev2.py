@@ -156,3 +156,53 @@ def test_policy_flows_lists_the_rocev2_mirrors_apart(cli: Cli, world: dict[str, 
         assert bad.returncode == 2 and "Traceback" not in bad.stderr
     finally:
         assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
+
+
+def test_a_port_is_taken_as_the_cli_prints_it(cli: Cli, world: dict[str, Any]) -> None:
+    """`udp/4791`, as groups, grants and the RoCEv2 note print it, is taken by `grant explain|request` and
+    `policy explain` as `--proto udp --port 4791`; a protocol that disagrees is a usage error in one line."""
+    split = cli.json("grant", "explain", "--src-group", "train", "--dst", "globex/gpu", "--proto", "udp",
+                     "--port", "4791", token=world["acme"])
+    joined = cli.json("grant", "explain", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
+                      token=world["acme"])
+    assert joined == split and joined["input"]["proto"] == "udp"  # type: ignore[index]
+    asked = cli.run("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
+                    "--ttl", "1h", token=world["acme"])
+    assert asked.returncode == 0, asked.stderr
+    assert " acme/train -> globex/gpu udp/4791 for 1h" in asked.stdout.splitlines()[1] + " "
+    gid = asked.stdout.split()[1].rstrip(":")
+    try:
+        r = cli.run("policy", "explain", "--src", "acme/train", "--dst", "globex/gpu", "--port", "udp/4791")
+        assert r.returncode == 0 and r.stdout.startswith("DENY acme/train -> globex/gpu udp/4791\n"), r.stderr
+        assert "udp/4791" in r.stdout.splitlines()[1]  # the policy was asked about udp, not tcp
+        same = cli.run("policy", "explain", "--src", "acme/train", "--dst", "globex/gpu", "--port", "udp/4791",
+                       "--proto", "udp")
+        assert same.stdout == r.stdout
+    finally:
+        assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
+    for command in (("grant", "explain", "--src-group", "train", "--dst", "globex/gpu"),
+                    ("grant", "request", "--src-group", "train", "--dst", "globex/gpu"),
+                    ("policy", "explain", "--src", "acme/train", "--dst", "globex/gpu")):
+        for ports in (("--port", "udp/4791", "--proto", "tcp"), ("--port", "udp/4791", "--port", "tcp/22"),
+                      ("--port", "icmp/8")):
+            if command[0] == "policy" and ports.count("--port") > 1:
+                continue  # one port there
+            bad = cli.run(*command, *ports, token=world["acme"])
+            assert bad.returncode == 2 and bad.stdout == "", (command, ports, bad.stdout)
+            assert bad.stderr.startswith("error: Invalid value for '--port'") and bad.stderr.count("\n") == 1
+            assert "Traceback" not in bad.stderr
+
+
+def test_grant_list_says_an_approved_grant_was_approved(cli: Cli, world: dict[str, Any]) -> None:
+    """Its `why` is who approved it, not the request's `approval-needed: ...`, which reads as still waiting."""
+    asked: Any = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
+                          "--ttl", "1h", token=world["acme"])
+    gid = asked["id"]
+    try:
+        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"  # type: ignore[index]
+        r = cli.run("grant", "list", "--state", "active", token=world["acme"], COLUMNS="200")
+        assert r.returncode == 0, r.stderr
+        row = next(line for line in r.stdout.splitlines() if line.startswith(gid))
+        assert "approved as tenant-admin:globex by " in row and "approval-needed" not in row, row
+    finally:
+        assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0

@@ -182,7 +182,7 @@ def the_destination_tenant_approves_it(browser: Any, live: LiveServer, shots: Sh
     page.get_by_role("button", name=f"Approve grant {grant}").click()
     page.wait_for_url(re.compile(rf".*/console/grants/{grant}\?notice=approved"))
     assert page.locator("h1 .badge").inner_text() == "active"
-    assert "tenant-admin:globex by tenant-admin@globex" in page.locator("dl.facts").inner_text()
+    assert "tenant-admin:globex by tenant-admin-" in page.locator("dl.facts").inner_text()
 
 
 def the_security_team_uploads_a_change_sees_its_impact_and_activates_it(
@@ -244,7 +244,7 @@ def an_auditor_filters_checks_a_proof_and_exports_a_verifiable_file(
     assert rows.count() == 1 and story["grant"] in rows.first.inner_text()
     approver = rows.first.locator("td").nth(2).get_by_role("link")
     who = approver.inner_text()
-    assert who.startswith("tenant-admin@globex") and who.endswith("@globex"), who  # its subject, then its tenant
+    assert who.startswith("tenant-admin-") and who.endswith("@globex"), who  # its subject, then its tenant
     approver.click()  # every event of that actor: its sign-in (a session token minted) and the approval
     page.wait_for_url(re.compile(r".*/console/audit\?actor=.*"))
     assert page.get_by_label("Actor").input_value() == who
