@@ -85,23 +85,20 @@ class FlowMatrixOut(BaseModel):
                                           "a cell of `cells` may have none, a pair with none of `cells` may have some")
 
 
-class FlowOut(BaseModel):
+class _FlowFields(BaseModel):
     src_tenant: str
     src_group: str
     dst_tenant: str
     dst_group: str
     proto: str
     port: int
+
+
+class FlowOut(_FlowFields):
     reasons: list[str]
 
 
-class MirrorOut(BaseModel):
-    src_tenant: str
-    src_group: str
-    dst_tenant: str
-    dst_group: str
-    proto: str
-    port: int
+class MirrorOut(_FlowFields):
     mirror: str = Field(MIRROR, description="passes on the wire only as the RoCEv2 mirror of dst -> src")
     notes: list[str] = Field(description="what allows the reverse flow it mirrors; the policy itself denies this one")
 
