@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from audit import Actor
-from audit.actor import ActorKind
+from audit.actor import ActorKind, qualified_id
 from core.errors import Unauthenticated
 from core.slugs import is_slug
 from core.vocabulary import ROLES, TENANT_ROLES, Role
@@ -41,7 +41,7 @@ class Principal:
         """`id@tenant` for a principal confined to a tenant, the id alone for a platform one: what tells principals
         apart, as `id` does not (API token subjects are free text, so acme's and globex's `alice` are both `alice`).
         With the role, unique: a tenant role always carries its tenant (a DNS label, no `@`), a platform role never."""
-        return f"{self.id}@{self.scope_tenant}" if self.scope_tenant is not None else self.id
+        return qualified_id(self.id, self.scope_tenant)
 
     def actor(self) -> Actor:
         """Who the audit log says acted: a principal confined to a tenant (tenant roles, a workload, whose tenant is

@@ -41,3 +41,9 @@ def actor_document(actor_id: str, kind: str, tenant: str | None) -> dict[str, st
 def qualified_id(actor_id: str, tenant: str | None) -> str:
     """`alice@acme` for acme's alice, the id alone for an actor of no tenant: how the log shows an actor."""
     return f"{actor_id}@{tenant}" if tenant is not None else actor_id
+
+
+def requester_label(actor_id: str, tenant: str | None) -> str:
+    """A grant's requester for people: `alice@acme`, or `alice (platform role)` for a platform role (tenant None
+    or ''; never `alice@platform`, which is tenant platform's alice)."""
+    return qualified_id(actor_id, tenant) if tenant else f"{actor_id} (platform role)"

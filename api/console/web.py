@@ -25,7 +25,7 @@ from api.console.session import (
     whoami,
 )
 from api.errors import validation_reason
-from audit.actor import qualified_id
+from audit.actor import qualified_id, requester_label
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HOME = {"tenant-admin": "tenant", "tenant-member": "tenant", "security": "/console/policy",
@@ -70,8 +70,7 @@ def duration(seconds: Any) -> str:
 def requester(grant: Any) -> str:
     """Who requested a grant: `alice@acme`, or `alice (platform role)` (never `alice@platform`: that is tenant
     platform's alice); the id alone may be either (API token subjects are free text)."""
-    tenant = grant.get("requester_tenant")
-    return f"{grant.get('requested_by')}@{tenant}" if tenant else f"{grant.get('requested_by')} (platform role)"
+    return requester_label(str(grant.get("requested_by")), grant.get("requester_tenant"))
 
 
 def actor_name(actor: Any) -> str:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from audit.actor import requester_label
 from cli.output import API, Col, View, add_group, command, emit, err_console, machine_output
 from cli.params import PORT_MAYBE_PROTO, PROTO, SLUG, TENANT_GROUP, TTL, choice, one_protocol
 from cli.remote.common import CaOpt, ServerOpt, client
@@ -60,8 +61,7 @@ WOULD = {"approve": "would be approved", "pending": "would be pending", "deny": 
 def requester(g: dict[str, Any]) -> str:
     """`alice@acme`, or `alice (platform role)` (never `alice@platform`: that is tenant platform's alice); the id
     alone may be another tenant's principal's (API token subjects are free text)."""
-    tenant = g.get("requester_tenant")
-    return f"{g['requested_by']}@{tenant}" if tenant else f"{g['requested_by']} (platform role)"
+    return requester_label(g["requested_by"], g.get("requester_tenant"))
 
 
 def grant_id(api: Client, given: str) -> str:
