@@ -37,76 +37,77 @@ now_ns := input.now_ns if {
 # 1,000 tenants x 10 groups give ~15k elements, not ~200k; policy.decide.expand_allowed() turns it into
 # (src, dst, proto, port) flows. Built with array comprehensions (no duplicates by construction):
 # measured ~3x faster in regorus than a partial set of objects at that scale.
+#
+# Written for regorus's costs (issue 11: the whole set at 1,000 tenants): every statement of a comprehension
+# body costs a few thousand instructions per iteration, each variable in scope adds to that, a builtin call
+# costs more (~10k), and a rule referenced inside a loop, or a double index into one, is far dearer still. So:
+# the liveness checks and the "tenant/group" strings are computed once (live_sources) and shared by the three
+# parts; a rule's value is bound to a local once, outside the loops; a destination's sources are one set
+# difference (sorted: the order of the group names, as before) instead of a filter over every group; the
+# element is the comprehension's head (no variable for it).
 
 allowed_flows := array.concat(array.concat(intra_tenant_flows, platform_flows), granted_flows)
 
-intra_tenant_flows := [flow |
+# {tenant: {group: "tenant/group"}}: every tenant and group neither quarantined nor revoked (a withdrawn
+# tenant is absent; a live tenant with no live group maps to {}). The only place those checks are made for
+# the whole set.
+live_sources := {t: {g: concat("/", [t, g]) | some g, grp in tenant.groups; not grp.quarantined; not grp.revoked} |
 	some t, tenant in tenants
 	not tenant.quarantined
 	not tenant.revoked
-	srcs := [concat("/", [t, g]) | some g, grp in tenant.groups; not grp.quarantined; not grp.revoked]
-	some dg, dgroup in tenant.groups
-	not dgroup.quarantined
-	not dgroup.revoked
-	own := concat("/", [t, dg])
-	sources := [s | some s in srcs; s != own]
-	count(sources) > 0
-	some proto, ports in dgroup.exposed
-	count(ports) > 0
-	flow := {
-		"dst_tenant": t, "dst_group": dg, "proto": proto, "ports": ports,
-		"reason": "intra-tenant", "sources": sources,
-	}
+}
+
+# A live group's exposed ports, to every other live group of its tenant.
+intra_tenant_flows := [{
+	"dst_tenant": t, "dst_group": dg, "proto": proto, "ports": ports,
+	"reason": "intra-tenant", "sources": sort(srcset - {own}),
+} |
+	some t, srcmap in live_sources
+	count(srcmap) > 1 # else no other group is left to be a source
+	srcset := {s | some s in srcmap}
+	groups := tenants[t].groups
+	some dg, own in srcmap
+	some proto, ports in groups[dg].exposed
+	ports != []
 ]
 
-every_tenant_source := [concat("/", [t, g]) |
-	some t, tenant in tenants
+# Every live group of every tenant but the platform's.
+every_tenant_source := [s |
+	some t, srcmap in live_sources
 	t != platform_tenant
-	not tenant.quarantined
-	not tenant.revoked
-	some g, grp in tenant.groups
-	not grp.quarantined
-	not grp.revoked
+	some s in srcmap
 ]
 
-platform_flows := [flow |
-	platform := tenants[platform_tenant]
-	not platform.quarantined
-	count(every_tenant_source) > 0
-	not platform.revoked
-	some dg, dgroup in platform.groups
-	not dgroup.quarantined
-	not dgroup.revoked
-	some proto, ports in dgroup.exposed
-	count(ports) > 0
-	flow := {
-		"dst_tenant": platform_tenant, "dst_group": dg, "proto": proto, "ports": ports,
-		"reason": "platform-service", "sources": every_tenant_source,
-	}
+# A live platform group's exposed ports, to every tenant's live groups.
+platform_flows := [{
+	"dst_tenant": platform_tenant, "dst_group": dg, "proto": proto, "ports": ports,
+	"reason": "platform-service", "sources": sources,
+} |
+	srcmap := live_sources[platform_tenant]
+	sources := every_tenant_source
+	sources != []
+	groups := tenants[platform_tenant].groups
+	some dg, _ in srcmap
+	some proto, ports in groups[dg].exposed
+	ports != []
 ]
 
-granted_flows := [flow |
+# An unexpired grant between two tenants, both groups live.
+granted_flows := [{
+	"dst_tenant": dt, "dst_group": g.dst_group, "proto": g.proto, "ports": sort(g.ports),
+	"reason": concat("", ["grant:", id]), "sources": [source],
+} |
+	live := live_sources
+	now := now_ns
 	some st, by_dst in grants
-	src_tenant := tenants[st]
-	not src_tenant.quarantined
+	srcs := live[st]
 	some dt, by_id in by_dst
 	st != dt
-	dst_tenant := tenants[dt]
-	not dst_tenant.quarantined
+	dsts := live[dt]
 	some id, g in by_id
-	g.expires_at_ns > now_ns
-	src_group := src_tenant.groups[g.src_group]
-	src_group.quarantined == false
-	dst_group := dst_tenant.groups[g.dst_group]
-	dst_group.quarantined == false
-	not src_tenant.revoked
-	not dst_tenant.revoked
-	not src_group.revoked
-	not dst_group.revoked
-	flow := {
-		"dst_tenant": dt, "dst_group": g.dst_group, "proto": g.proto, "ports": sort(g.ports),
-		"reason": concat("", ["grant:", id]), "sources": [concat("/", [st, g.src_group])],
-	}
+	g.expires_at_ns > now
+	source := srcs[g.src_group]
+	dsts[g.dst_group]
 ]
 
 # Workload identities the compiler must drop from every flow above.
