@@ -41,7 +41,8 @@ def test_matrix_and_cell_list_follow_grants(env_both: Env) -> None:
         "port": 8443, "reasons": [f"grant:{grant['id']}"]}]
     page = env.call("GET", "/v1/policy/flows/matrix?limit=1", "admin").json()
     assert [t["tenant"] for t in page["tenants"]] == ["globex"] and page["next_offset"] == 1
-    assert page["tenants"][0] == {"tenant": "globex", "flows": 9, "out_other": 0, "in_other": 1}
+    assert page["tenants"][0] == {"tenant": "globex", "flows": 9, "out_other": 0, "in_other": 1,
+                                  "mirrors_out_other": 0, "mirrors_in_other": 0}
     assert env.call("GET", "/v1/policy/flows/matrix?search=acm", "admin").json()["tenants_matching"] == 1
 
 
