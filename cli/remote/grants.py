@@ -72,6 +72,39 @@ def grant_id(api: Client, given: str) -> str:
                           lambda: [g["id"] for g in api.pages("/v1/grants")], "grant")
 
 
+APPROVAL_NEEDED = "approval-needed: "  # rego/grants.rego: the request's reason naming each approver it waits for
+
+
+def approval_history(g: dict[str, Any]) -> list[str]:
+    """A grant's approvals for people. Pending: who approved so far (the request's `approval-needed` reasons stay
+    current, with `waiting for`). Decided: each approval the request needed as history -- needed at request,
+    then who gave it and when, or that it was never given -- instead of the request's `approval-needed: X`, which
+    beside `active` reads as still waiting."""
+    from cli.humanize import local_time
+
+    given = list(g.get("approvals") or [])
+
+    def approved(a: dict[str, Any]) -> str:
+        comment = f" ({a['comment']})" if a.get("comment") else ""
+        return f"approved as {a.get('as')} by {a.get('by')} at {local_time(a.get('at'))}{comment}"
+
+    if g["state"] == "pending":
+        return [f"  {approved(a)}" for a in given]
+    lines = []
+    for reason in g["reasons"]:
+        if not reason.startswith(APPROVAL_NEEDED):
+            continue
+        role = reason[len(APPROVAL_NEEDED):]
+        match = next((a for a in given if a.get("as") == role), None)
+        if match is not None:
+            given.remove(match)
+            lines.append(f"  approval needed at request: {role}; {approved(match)}")
+        else:
+            lines.append(f"  approval needed at request: {role}; never given")
+    lines.extend(f"  {approved(a)}" for a in given)  # one the request did not name (none today): still shown
+    return lines
+
+
 def show_grant(g: dict[str, Any]) -> None:
     """One grant for people: who, what, its state and why; machines get the API's object."""
     if machine_output():
@@ -87,11 +120,11 @@ def show_grant(g: dict[str, Any]) -> None:
         lines.append(f"  justification: {g['justification']}")
     if g["state"] == "pending":
         lines.append(f"  waiting for: {', '.join(g['pending_approvers'])} (until {when(g['pending_until'])})")
-    for a in g.get("approvals") or []:
-        lines.append(f"  approved as {a.get('as')} by {a.get('by')} at {local_time(a.get('at'))}")
+    lines.extend(approval_history(g))
     if g.get("expires_at"):
         lines.append(f"  expires: {when(g['expires_at'])}")
-    lines.extend(f"  reason: {reason}" for reason in g["reasons"])
+    lines.extend(f"  reason: {reason}" for reason in g["reasons"]
+                 if g["state"] == "pending" or not reason.startswith(APPROVAL_NEEDED))
     lines.extend(f"  note: {note}" for note in g.get("notes") or ())  # what the devices add (RoCEv2's mirror)
     for line in lines:
         print(line)

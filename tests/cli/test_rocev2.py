@@ -206,3 +206,39 @@ def test_grant_list_says_an_approved_grant_was_approved(cli: Cli, world: dict[st
         assert "approved as tenant-admin:globex by " in row and "approval-needed" not in row, row
     finally:
         assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
+
+
+def test_grant_show_of_a_decided_grant_tells_its_approval_as_history(cli: Cli, world: dict[str, Any]) -> None:
+    """Pending, the request's `approval-needed` is current (with `waiting for`); approved, it is history: what was
+    needed, who gave it and when -- never `reason: approval-needed: ...` beside `active`, which reads as waiting."""
+    def show(gid: str) -> list[str]:
+        r = cli.run("grant", "show", gid, token=world["acme"], COLUMNS="200")
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+
+    asked: Any = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
+                          "--ttl", "1h", token=world["acme"])
+    gid = asked["id"]
+    try:
+        pending = show(gid)
+        assert "  reason: approval-needed: tenant-admin:globex" in pending
+        assert any(line.startswith("  waiting for: tenant-admin:globex") for line in pending), pending
+        assert cli.run("grant", "approve", gid, "--comment", "ok for the run", token=world["globex"]).returncode == 0
+        active = show(gid)
+        assert active[0] == f"grant {gid}: active"
+        assert not any("approval-needed" in line or "waiting" in line for line in active), active
+        (history,) = [line for line in active if line.startswith("  approval needed at request: ")]
+        assert history.startswith("  approval needed at request: tenant-admin:globex; approved as "
+                                  "tenant-admin:globex by "), history
+        assert history.endswith(" (ok for the run)") and " at " in history, history
+    finally:
+        assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
+    revoked = show(gid)
+    assert "  reason: revoked: done" in revoked and not any("approval-needed" in line for line in revoked)
+    assert any(line.startswith("  approval needed at request: tenant-admin:globex; approved as ") for line in revoked)
+    rejected: Any = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
+                             "--ttl", "2h", token=world["acme"])
+    assert cli.run("grant", "reject", rejected["id"], "--reason", "not now", token=world["globex"]).returncode == 0
+    lines = show(rejected["id"])
+    assert "  approval needed at request: tenant-admin:globex; never given" in lines
+    assert "  reason: rejected: not now" in lines
