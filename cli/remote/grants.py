@@ -55,7 +55,7 @@ SrcTenantOpt = typer.Option(None, "--src-tenant", parser=SLUG, metavar="TENANT",
 
 # the live answer's outcome (GET /v1/policy/explain-grant), for people
 WOULD = {"approve": "would be approved", "pending": "would be pending", "deny": "would be denied",
-         "undisclosed": "not disclosed until requested"}
+         "undisclosed": "undisclosed until requested"}  # the API's outcome word, as the reason's code says it
 
 
 def requester(g: dict[str, Any]) -> str:
