@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from cli.audit_filters import ActionOpt, ActorOpt, ActorTenantOpt, SinceOpt, TenantOpt, UntilOpt
 from cli.output import LOCAL, OFFLINE, add_group, command, emit, err_console, fail, machine_output, open_context
-from cli.params import SLUG, WHEN, choice, existing_file
+from cli.params import choice, existing_file
 from core.errors import InvalidInput, TrustfabricError
 
 if TYPE_CHECKING:
@@ -34,13 +35,8 @@ def export_cmd(
     out: Path = typer.Option(..., "--out", help="file to write (replaced only when the export succeeds)",
                              dir_okay=False),
     fmt: str = typer.Option("jsonl", "--format", parser=choice("jsonl", "csv", "ocsf"), metavar="jsonl|csv|ocsf"),
-    since: datetime | None = typer.Option(None, "--since", parser=WHEN, metavar="TIME",
-                                          help="ISO 8601 with timezone, inclusive"),
-    until: datetime | None = typer.Option(None, "--until", parser=WHEN, metavar="TIME",
-                                          help="ISO 8601 with timezone, exclusive"),
-    tenant: str | None = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT",
-                                      help="only this tenant's events"),
-    action: str | None = typer.Option(None, "--action", help="only this action, e.g. svid.issue"),
+    since: datetime | None = SinceOpt, until: datetime | None = UntilOpt, tenant: str | None = TenantOpt,
+    action: str | None = ActionOpt, actor: str | None = ActorOpt, actor_tenant: str | None = ActorTenantOpt,
     with_decisions: bool = typer.Option(
         False,
         "--with-decisions",
@@ -51,14 +47,19 @@ def export_cmd(
         **existing_file(),
     ),
 ) -> None:
-    """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
+    """Export the audit log with its signed checkpoint and everything needed to verify it offline.
+
+    Filters as `audit events` takes them. A --tenant or --action selection is proven complete by `audit verify`;
+    one narrowed by --actor/--actor-tenant is not (nothing counts an actor's events): each event in it is still
+    proven authentic, in its place and that actor's, but `audit verify` says UNPROVEN (exit 3)."""
     from audit.export import FORMATS, ExportFilter
     from cli.output import local_operator
     from workflows.exports import check_filters, export_audit
 
     if fmt not in FORMATS:
         fail(f"--format must be one of {', '.join(FORMATS)}", code=2)
-    filters = ExportFilter(since=since, until=until, tenant=tenant, action=action)
+    filters = ExportFilter(since=since, until=until, tenant=tenant, action=action, actor=actor,
+                           actor_tenant=actor_tenant)
     check_filters(filters, with_decisions=with_decisions)  # a bad filter writes nothing
     kept_note = _read_checkpoint(since_checkpoint) if since_checkpoint else None
     tmp = out.with_name(out.name + ".part")
@@ -113,6 +114,11 @@ def export_cmd(
         )
         if decisions is not None:
             print(f"exported {decisions.count} decision record(s) to {dec_out} (sha256 {decisions.sha256})")
+    if filters.actors.given:  # said where it is made, not first at verify time
+        from audit.verify.steps import actor_unproven
+
+        err_console.print(f"note: {actor_unproven(filters.actors)}: `audit verify` says UNPROVEN (exit 3)",
+                          highlight=False, markup=False, soft_wrap=True)
 
 
 def _read_checkpoint(path: Path) -> str:
