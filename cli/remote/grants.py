@@ -31,7 +31,7 @@ def _why(g: dict[str, Any]) -> str:
 
 
 GRANTS = View("grants", (
-    Col("id", "id", kind="id"), Col("state", "state"),
+    Col("id", "id", kind="id", short=True), Col("state", "state"),
     Col("from", lambda g: f"{g['src_tenant']}/{g['src_group']}"),
     Col("to", lambda g: f"{g['dst_tenant']}/{g['dst_group']}"),
     Col("ports", lambda g: f"{g['proto']}/{','.join(str(p) for p in g['ports'])}"),
