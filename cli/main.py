@@ -15,7 +15,7 @@ from typer._click.core import Command
 from cli import config
 from cli.helptext import reflow_tree
 from cli.local import agent, audit, enforcer, lab, pdp, pki, policy, setup, tokens
-from cli.output import err_console, fit_to_terminal
+from cli.output import EXIT_ABORTED, EXIT_ERROR, err_console, fit_to_terminal
 from cli.remote import fabric, grants, inventory, login, whoami
 from core.errors import TrustfabricError
 
@@ -65,8 +65,10 @@ def _command() -> Command:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run one command (`argv`, default sys.argv[1:]); exits 0, 1 with one readable line, or 2 for usage
-    (a bad argument: one line naming it, before any work)."""
+    """Run one command (`argv`, default sys.argv[1:]) and exit as cli.output's EXIT_* say: 0 done / yes, 1 the
+    answer is no (the command says so), 2 no answer -- a bad argument (one line naming it, before any work), bad
+    input, an unreadable file, the server unreachable or refusing, any error (one readable line) --, 3 unproven
+    (`audit verify`), 130 interrupted."""
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
     from typer.exceptions import Abort
 
@@ -90,18 +92,18 @@ def main(argv: list[str] | None = None) -> None:
         hint = f" (see `{where.command_path} --help`)" if where is not None else ""
         message = " ".join(exc.format_message().split())
         err_console.print(f"error: {message}{hint}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        sys.exit(EXIT_ERROR)  # a usage error, or click's own (a file it could not open): no answer either way
     except TrustfabricError as exc:
         err_console.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
+        sys.exit(EXIT_ERROR)
     except (KeyboardInterrupt, EOFError, Abort):
         err_console.print("aborted", highlight=False, markup=False)
-        sys.exit(130)
+        sys.exit(EXIT_ABORTED)
     except Exception as exc:  # one readable line, never a traceback
         logging.getLogger("trustfabric.cli").debug("unexpected error", exc_info=True)
         first = str(exc).strip().split("\n", 1)[0]  # a driver's message runs on (hints, a link to its docs)
         err_console.print(f"error: {type(exc).__name__}: {first}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
+        sys.exit(EXIT_ERROR)
     sys.exit(code if isinstance(code, int) else 0)
 
 

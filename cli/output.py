@@ -375,23 +375,39 @@ def table_width() -> int:
     return max(console.width - 1, 1)
 
 
+# ---- exit codes: one scheme for every command (the README's "Exit codes"), as grep and diff answer
+
+EXIT_OK = 0  # done; a question answered yes: allowed, verified, passes, open, signed in
+EXIT_NO = 1  # a question answered no: DENY, FAILED verification, failing tests, a mismatch, a denied request, BLOCKED
+EXIT_ERROR = 2  # no answer: a bad argument or input, an unreadable file, the server unreachable or refusing, any error
+EXIT_UNPROVEN = 3  # `audit verify` only: nothing was found altered, but the selection cannot be proven complete
+EXIT_ABORTED = 130  # interrupted (Ctrl-C, end of input at a prompt)
+
+
+def answer_no() -> NoReturn:
+    """End a command whose answer (already printed) is no: exit EXIT_NO."""
+    raise typer.Exit(EXIT_NO)
+
+
 # ---- failing in one line
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
+def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    """One line `error: message` on stderr, then exit `code`: EXIT_ERROR (no answer) unless the command says the
+    message is its answer (EXIT_NO: `policy test`'s failures, `audit verify`'s FAILED)."""
     err_console.print(f"error: {message}", highlight=False, markup=False)
     raise typer.Exit(code)
 
 
 @contextmanager
 def one_line_errors() -> Iterator[None]:
-    """A domain error or an unreadable file ends the command with one line and exit 1."""
+    """A domain error or an unreadable file ends the command with one line and EXIT_ERROR."""
     try:
         yield
     except TrustfabricError as exc:
-        fail(str(exc), 1)
+        fail(str(exc))
     except OSError as exc:
-        fail(f"{type(exc).__name__}: {exc}", 1)
+        fail(f"{type(exc).__name__}: {exc}")
 
 
 def guard(fn: Callable[[], T]) -> T:

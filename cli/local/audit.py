@@ -2,8 +2,9 @@
 
 `verify` works offline: it opens no database and no key store, only the export file and the public key
 (and, with --since-checkpoint, a checkpoint the auditor kept). Exit codes: 0 proven intact, 1 failed
-(names the first bad event), 3 unproven (nothing found altered, but the export cannot prove its
-selection complete), 2 usage.
+(names the first bad event; a file that is no export is not an intact one), 2 no answer (a bad argument, an
+unreadable file, a file that is no key), 3 unproven (nothing found altered, but the export cannot prove its
+selection complete).
 """
 
 from __future__ import annotations
@@ -18,7 +19,21 @@ from typing import TYPE_CHECKING
 import typer
 
 from cli.audit_filters import ActionOpt, ActorOpt, ActorTenantOpt, SinceOpt, TenantOpt, UntilOpt
-from cli.output import LOCAL, OFFLINE, add_group, command, emit, err_console, fail, machine_output, open_context
+from cli.output import (
+    EXIT_ERROR,
+    EXIT_NO,
+    EXIT_UNPROVEN,
+    LOCAL,
+    OFFLINE,
+    add_group,
+    answer_no,
+    command,
+    emit,
+    err_console,
+    fail,
+    machine_output,
+    open_context,
+)
 from cli.params import choice, existing_file
 from core.errors import InvalidInput, TrustfabricError
 
@@ -57,7 +72,7 @@ def export_cmd(
     from workflows.exports import check_filters, export_audit
 
     if fmt not in FORMATS:
-        fail(f"--format must be one of {', '.join(FORMATS)}", code=2)
+        fail(f"--format must be one of {', '.join(FORMATS)}")
     filters = ExportFilter(since=since, until=until, tenant=tenant, action=action, actor=actor,
                            actor_tenant=actor_tenant)
     check_filters(filters, with_decisions=with_decisions)  # a bad filter writes nothing
@@ -147,7 +162,8 @@ def verify_cmd(
         **existing_file(),
     ),
 ) -> None:
-    """Verify an export offline; exit 0 when proven intact, 1 naming the first bad event, 3 when unproven."""
+    """Verify an export offline; exit 0 when proven intact, 1 naming the first bad event, 2 when it cannot be read
+    (the export, the key or the kept checkpoint), 3 when unproven."""
     from audit.errors import CheckpointError, Unproven, VerificationError
     from audit.note import load_public_key
     from audit.verify import verify_export
@@ -164,16 +180,16 @@ def verify_cmd(
             emit({"ok": False, "kind": exc.kind, "index": None, "line": None, "reason": str(exc)})
         else:
             err_console.print(f"UNPROVEN: nothing was found altered, but {exc}", highlight=False, markup=False)
-        raise typer.Exit(3) from None
+        raise typer.Exit(EXIT_UNPROVEN) from None
     except VerificationError as exc:
         if machine_output():
             emit({"ok": False, "kind": exc.kind, "index": exc.index, "line": exc.line, "reason": str(exc)})
-            raise typer.Exit(1) from None
-        fail(f"FAILED ({exc.kind}): {exc}")
-    except (OSError, TrustfabricError) as exc:
+            answer_no()
+        fail(f"FAILED ({exc.kind}): {exc}", EXIT_NO)
+    except (OSError, TrustfabricError) as exc:  # no answer: not a failed verification
         if machine_output():
             emit({"ok": False, "kind": "unreadable", "index": None, "line": None, "reason": str(exc)})
-            raise typer.Exit(1) from None
+            raise typer.Exit(EXIT_ERROR) from None
         fail(f"cannot verify: {exc}")
     if machine_output():
         emit(

@@ -1,9 +1,11 @@
 """`trustfabric policy validate|test|eval|upload|impact|activate|rollback|list|show|explain|flows|decisions|decision`.
 
 validate and test work on a directory alone (offline); eval on files, or on a stored version; the others
-open the local data directory (run them on the server host). Exit 0 ok, 1 failure (one readable line),
-2 usage. There is no `policy fmt`: no Rego formatter exists for Python or regorus (`opa fmt` formats
-where OPA is installed).
+open the local data directory (run them on the server host). Exit codes (cli.output's EXIT_*): 0 yes / done
+(validates, tests pass, ALLOW), 1 no (problems found, tests fail, DENY, a version stored whose tests fail), 2 no
+answer (a bad argument, an unreadable folder, no test to run, any error). `eval` prints the query's value, as
+`opa eval` does, and exits 0 when it is undefined too. There is no `policy fmt`: no Rego formatter exists for
+Python or regorus (`opa fmt` formats where OPA is installed).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from cli.output import (
+    EXIT_NO,
     LOCAL,
     OFFLINE,
     Col,
     View,
     add_group,
+    answer_no,
     command,
     console,
     emit,
@@ -76,7 +80,7 @@ def _version_dict(v: Any) -> dict[str, Any]:
 
 
 def _compile_errors(directory: Path, exc: Any) -> NoReturn:
-    """Every problem of a PolicyCompileError at DIRECTORY/file:line:col, then exit 1."""
+    """Every problem of a PolicyCompileError at DIRECTORY/file:line:col, then exit 1 (the policy is not valid)."""
     issues = [{"file": str(directory / i.file), "line": i.line, "col": i.col, "message": i.message}
               for i in exc.issues]
     if machine_output():
@@ -85,7 +89,7 @@ def _compile_errors(directory: Path, exc: Any) -> NoReturn:
         for i in issues:
             err_console.print(f"{i['file']}:{i['line']}:{i['col']}: {i['message']}", highlight=False,
                               markup=False, soft_wrap=True)
-    fail(f"{len(issues)} problem(s) in {directory}")
+    fail(f"{len(issues)} problem(s) in {directory}", EXIT_NO)
 
 
 def _load_json_or_yaml(path: Path) -> Any:
@@ -139,7 +143,8 @@ def register(app: typer.Typer) -> None:
         coverage: bool = typer.Option(False, "--coverage", help="per-module line coverage of the tests"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="list every test, not only failures"),
     ) -> None:
-        """Run the test_* rules under DIRECTORY; prints `PASS: n/n` or `FAIL: k/n` with the failures (exit 1)."""
+        """Run the test_* rules under DIRECTORY; prints `PASS: n/n` or `FAIL: k/n` with the failures (exit 1; 2 when
+        there is no test to run)."""
         import re
 
         from policy import authoring
@@ -150,7 +155,7 @@ def register(app: typer.Typer) -> None:
             try:
                 re.compile(run)
             except re.error as exc:
-                fail(f"--run {run!r} is not a regular expression: {exc}", 2)
+                fail(f"--run {run!r} is not a regular expression: {exc}")
         modules = guard(lambda: load_dir(directory))
         try:
             report = authoring.test(modules, run=run, coverage=coverage)
@@ -171,7 +176,7 @@ def register(app: typer.Typer) -> None:
                               f"{len(report.coverage)} module(s)", highlight=False)
             console.print(report.summary, highlight=False)
         if not report.passed:
-            fail(f"{len(report.failing)} of {len(report.results)} tests failed: {', '.join(report.failing)}")
+            fail(f"{len(report.failing)} of {len(report.results)} tests failed: {', '.join(report.failing)}", EXIT_NO)
 
     @command(policy, "eval", LOCAL)
     def eval_cmd(
@@ -282,7 +287,7 @@ def register(app: typer.Typer) -> None:
         if not out["tests_passed"]:
             fail(f"version {out['number']} is stored but cannot be activated: {len(out['tests_failing'])} of "
                  f"{out['tests_total']} Rego tests fail (fix them and upload again; `trustfabric policy test "
-                 f"{directory}` shows why)")
+                 f"{directory}` shows why)", EXIT_NO)
 
     @command(policy, "list", LOCAL)
     def list_cmd() -> None:
@@ -414,7 +419,7 @@ def register(app: typer.Typer) -> None:
                                              metavar=PORT_MAYBE_PROTO.metavar, help="e.g. 8443 or udp/4791"),
                     proto: str | None = typer.Option(None, "--proto", parser=PROTO, metavar=PROTO.metavar,
                                                      help="default: the one --port names, else tcp")) -> None:
-        """The decision on one flow under the active version, and why. Exit 0 whatever the decision."""
+        """The decision on one flow under the active version, and why: exit 0 ALLOW, 1 DENY (as `grant explain`)."""
         from policy import service
 
         protocol, (number,) = one_protocol([port], proto)
@@ -428,14 +433,16 @@ def register(app: typer.Typer) -> None:
         out = guard(run)
         if machine_output():
             emit(out)
-            return
-        # one line per reason whatever the width (soft_wrap: the terminal folds it, a pipe or a grep gets it whole)
-        console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {protocol}/{number}", highlight=False,
-                      markup=False, soft_wrap=True)
-        for reason in out["reasons"]:
-            console.print(f"  {reason}", highlight=False, markup=False, soft_wrap=True)
-        for note in out["notes"]:  # what the devices add (RoCEv2's mirror); the verdict above is the policy's
-            console.print(f"  note: {note}", highlight=False, markup=False, soft_wrap=True)
+        else:
+            # one line per reason whatever the width (soft_wrap: the terminal folds it, a pipe or a grep gets it whole)
+            console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {protocol}/{number}",
+                          highlight=False, markup=False, soft_wrap=True)
+            for reason in out["reasons"]:
+                console.print(f"  {reason}", highlight=False, markup=False, soft_wrap=True)
+            for note in out["notes"]:  # what the devices add (RoCEv2's mirror); the verdict above is the policy's
+                console.print(f"  note: {note}", highlight=False, markup=False, soft_wrap=True)
+        if not out["allow"]:
+            answer_no()
 
     @command(policy, "flows", LOCAL)
     def flows_cmd(src_tenant: str = typer.Option(..., "--src-tenant", parser=SLUG, metavar="TENANT"),

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from audit.actor import requester_label
-from cli.output import API, Col, View, add_group, command, emit, err_console, machine_output
+from cli.output import API, Col, View, add_group, answer_no, command, emit, err_console, machine_output
 from cli.params import PORT_MAYBE_PROTO, PROTO, SLUG, TENANT_GROUP, TTL, choice, one_protocol
 from cli.remote.common import CaOpt, ServerOpt, client
 from core.vocabulary import GRANT_STATES
@@ -175,7 +175,7 @@ def register(app: typer.Typer) -> None:
         if g["state"] == "denied":
             if machine_output():
                 err_console.print("error: grant request denied: " + "; ".join(g["reasons"]), markup=False)
-            raise typer.Exit(1)
+            answer_no()
 
     @command(grant, "explain", API)
     def explain_cmd(
@@ -201,7 +201,7 @@ def register(app: typer.Typer) -> None:
         if a["outcome"] == "deny":
             if machine_output():
                 err_console.print("error: grant request would be denied: " + "; ".join(a["reasons"]), markup=False)
-            raise typer.Exit(1)
+            answer_no()
 
     @command(grant, "list", API)
     def list_cmd(

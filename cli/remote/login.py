@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from cli.output import API, Col, View, command, emit, fail, machine_output
+from cli.output import API, EXIT_ERROR, EXIT_NO, Col, View, command, emit, fail, machine_output
 from cli.params import URL, existing_dir, existing_file
 
 PROFILES = View("profiles", (
@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
     def status(offline: bool = typer.Option(False, "--offline", help="do not ask the server who you are")) -> None:
         """The profiles, the one in use, and who the server says you are with it.
 
-        Exit 1 when the server refuses the token or cannot be reached."""
+        Exit 1 when the server refuses the token (not signed in), 2 when it cannot be reached or answers an error."""
         from cli import config
         from cli.remote.client import ApiError, Client
 
@@ -134,11 +134,13 @@ def register(app: typer.Typer) -> None:
             for n, p in sorted(conf.profiles.items())]
         who: dict[str, Any] | None = None
         problem: str | None = None
+        refused = False
         if not offline:
             try:
                 who = Client.from_env().get("/v1/whoami")
             except ApiError as exc:
                 problem = str(exc)
+                refused = exc.status in (401, 403)
         out = {"config": str(conf.path), "profile": current, "profiles": rows, "whoami": who, "problem": problem}
         if machine_output():
             emit(out)
@@ -154,7 +156,7 @@ def register(app: typer.Typer) -> None:
             elif problem is not None:
                 print(f"profile {current!r}: {problem}")
         if problem is not None:
-            raise typer.Exit(1)
+            raise typer.Exit(EXIT_NO if refused else EXIT_ERROR)
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -78,11 +78,11 @@ def test_verify_names_the_first_bad_event_in_one_line(home: dict[str, str], tmp_
     not_a_key = tmp_path / "README.md"
     not_a_key.write_text("C++ and a+b \u2014 caf\u00e9\n")
     code, text = _run({}, "audit", "verify", str(out), "--public-key", str(not_a_key))
-    assert code == 1 and text == (f"error: cannot verify: --public-key {not_a_key}: the public key is neither a PEM "
+    assert code == 2 and text == (f"error: cannot verify: --public-key {not_a_key}: the public key is neither a PEM "
                                   "Ed25519 key nor a signed-note verifier key\n"), text
     # the export itself given as the key (its lines hold `+`): the same sentence, naming that file
     code, text = _run({}, "audit", "verify", str(out), "--public-key", str(out))
-    assert code == 1 and text.startswith(f"error: cannot verify: --public-key {out}: the public key is neither")
+    assert code == 2 and text.startswith(f"error: cannot verify: --public-key {out}: the public key is neither")
 
 
 def test_note_form_of_the_public_key(home: dict[str, str]) -> None:
@@ -158,7 +158,7 @@ def test_verify_since_a_kept_checkpoint_and_the_unproven_exit_code(tmp_path: Pat
     code, text = _run({}, "audit", "verify", str(first), "--public-key", str(key), "--since-checkpoint", str(newer))
     assert code == 1 and "stale" in text and "older than the one you kept" in text, text
     code, text = _run({}, "audit", "verify", str(first), "--public-key", str(key), "--since-checkpoint", str(key))
-    assert code == 1 and "Traceback" not in text and text.strip().count("\n") == 0, text
+    assert code == 2 and "Traceback" not in text and text.strip().count("\n") == 0, text
 
 
 def test_export_takes_audit_events_filters_and_an_actor_export_says_it_is_unproven(tmp_path: Path) -> None:

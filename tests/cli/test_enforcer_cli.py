@@ -18,7 +18,7 @@ TRAIN_TO_API = {"nic:gpu1", "nic:gpu3", "leaf:leaf1", "leaf:leaf2"}
 
 
 def one_error_line(r: Any, *needles: str) -> None:
-    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
     for n in needles:
