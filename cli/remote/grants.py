@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from cli.remote.client import Client
 
 FULL_ID = re.compile(r"^g-[0-9a-f]{12}-[0-9a-f]{16}$")
+APPROVAL_NEEDED = "approval-needed: "  # rego/grants.rego: the request's reason naming each approver it waits for
 
 
 def _why(g: dict[str, Any]) -> str:
@@ -27,7 +28,8 @@ def _why(g: dict[str, Any]) -> str:
         return "waiting for " + ", ".join(g["pending_approvers"])
     if g["state"] == "active" and g.get("approvals"):  # not the request's `approval-needed`: that was answered
         return "approved as " + "; ".join(f"{a.get('as')} by {a.get('by')}" for a in g["approvals"])
-    return "; ".join(g["reasons"][-2:])
+    # decided: what ended it (revoked:, rejected:, expired:), never the request's `approval-needed` beside it
+    return "; ".join(([r for r in g["reasons"] if not r.startswith(APPROVAL_NEEDED)] or g["reasons"])[-2:])
 
 
 GRANTS = View("grants", (
@@ -70,9 +72,6 @@ def grant_id(api: Client, given: str) -> str:
 
     return resolve_lazily(given, lambda g: bool(FULL_ID.match(g)),
                           lambda: [g["id"] for g in api.pages("/v1/grants")], "grant")
-
-
-APPROVAL_NEEDED = "approval-needed: "  # rego/grants.rego: the request's reason naming each approver it waits for
 
 
 def approval_history(g: dict[str, Any]) -> list[str]:

@@ -237,6 +237,9 @@ def test_grant_show_of_a_decided_grant_tells_its_approval_as_history(cli: Cli, w
         assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
     revoked = show(gid)
     assert "  reason: revoked: done" in revoked and not any("approval-needed" in line for line in revoked)
+    listed = cli.run("grant", "list", "--state", "revoked", token=world["acme"], COLUMNS="200")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(gid))
+    assert row.rstrip().endswith("revoked: done") and "approval-needed" not in row, row  # grant list's why too
     assert any(line.startswith("  approval needed at request: tenant-admin:globex; approved as ") for line in revoked)
     rejected: Any = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
                              "--ttl", "2h", token=world["acme"])
