@@ -375,43 +375,48 @@ def table_width() -> int:
     return max(console.width - 1, 1)
 
 
-# ---- exit codes: one scheme for every command (the README's "Exit codes"), as grep and diff answer
+# ---- exit codes: one scheme for every command (the README's "Exit codes"), as CONVENTIONS.md says: 0 ok, 1 failure,
+# 2 usage; a script tells a wrong command line (2) from a command that failed or answered no (1)
 
-EXIT_OK = 0  # done; a question answered yes: allowed, verified, passes, open, signed in
-EXIT_NO = 1  # a question answered no: DENY, FAILED verification, failing tests, a mismatch, a denied request, BLOCKED
-EXIT_ERROR = 2  # no answer: a bad argument or input, an unreadable file, the server unreachable or refusing, any error
-EXIT_UNPROVEN = 3  # `audit verify` only: nothing was found altered, but the selection cannot be proven complete
+EXIT_OK = 0  # done; a question answered yes: ALLOW, verified OK, tests pass, OPEN, signed in
+EXIT_FAILURE = 1  # the command failed or its answer is no: DENY, FAILED verification, failing tests, a mismatch, a
+# denied request, BLOCKED, a domain error, the server unreachable or refusing (HTTP 4xx/5xx), any unexpected error
+EXIT_USAGE = 2  # the command line was wrong, before any work: a bad option or value, a missing argument, a file
+# argument that cannot be used as what its option says (not a key, unreadable)
+EXIT_UNPROVEN = 3  # `audit verify` only (beyond the conventions): nothing found altered, the selection not provable
 EXIT_ABORTED = 130  # interrupted (Ctrl-C, end of input at a prompt)
 
 
 def answer_no() -> NoReturn:
-    """End a command whose answer (already printed) is no: exit EXIT_NO."""
-    raise typer.Exit(EXIT_NO)
+    """End a command whose answer (already printed) is no: exit EXIT_FAILURE, without an `error:` line."""
+    raise typer.Exit(EXIT_FAILURE)
 
 
 # ---- failing in one line
 
 
-def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
-    """One line `error: message` on stderr, then exit `code`: EXIT_ERROR (no answer) unless the command says the
-    message is its answer (EXIT_NO: `policy test`'s failures, `audit verify`'s FAILED)."""
+def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    """One line `error: message` on stderr, then exit `code`: EXIT_FAILURE, or EXIT_USAGE when the message says
+    the command line was wrong (options that do not go together, a file argument that cannot be used)."""
     err_console.print(f"error: {message}", highlight=False, markup=False)
     raise typer.Exit(code)
 
 
 @contextmanager
-def one_line_errors() -> Iterator[None]:
-    """A domain error or an unreadable file ends the command with one line and EXIT_ERROR."""
+def one_line_errors(code: int = EXIT_FAILURE) -> Iterator[None]:
+    """A domain error or an unreadable file ends the command with one line and `code` (EXIT_FAILURE; EXIT_USAGE
+    around the reading of a file argument, before any work)."""
     try:
         yield
     except TrustfabricError as exc:
-        fail(str(exc))
+        fail(str(exc), code)
     except OSError as exc:
-        fail(f"{type(exc).__name__}: {exc}")
+        fail(f"{type(exc).__name__}: {exc}", code)
 
 
-def guard(fn: Callable[[], T]) -> T:
-    with one_line_errors():
+def guard(fn: Callable[[], T], code: int = EXIT_FAILURE) -> T:
+    """fn(), or one line and exit `code` on a domain error or an OSError (one_line_errors)."""
+    with one_line_errors(code):
         return fn()
     raise AssertionError("unreachable")  # pragma: no cover
 

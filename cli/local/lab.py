@@ -1,8 +1,8 @@
 """`trustfabric lab up|down|status|apply|probe`: the lab fabric on this machine (root; lab/).
 
 Local: it builds namespaces and Open vSwitch bridges here, and keeps its state in TRUSTFABRIC_HOME/lab.
-Exit 0 done (a probe: OPEN), 1 a probe answered BLOCKED (as `nc -z`), 2 no answer: a bad argument, an error (one
-readable line).
+Exit 0 done (a probe: OPEN); 1 failure: a probe answered BLOCKED (as `nc -z`), an error (one readable line);
+2 usage: a bad argument.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from tests.cli.conftest import run_cli
 
 
 @pytest.mark.parametrize("extra, code, says", [
-    ([], 2, "join token"),
+    ([], 1, "join token"),
     (["--join-token", "tfjt_a", "--join-token-file", "{ca}"], 2, "not both"),
     (["--join-token-file", "{ca}"], 2, "not a join token"),
     (["--server", "http://127.0.0.1:1"], 2, "HTTPS only"),

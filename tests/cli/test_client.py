@@ -37,7 +37,7 @@ def other_server() -> Iterator[str]:
 def test_a_server_that_is_not_the_api_is_named_in_one_line(other_server: str, tmp_path: Path) -> None:
     env: dict[str, str | None] = {"TRUSTFABRIC_CONFIG": str(tmp_path / "c.yaml"), "TRUSTFABRIC_TOKEN": "t"}
     r = run_cli(["grant", "list", "--server", other_server], env)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "<" not in r.stderr, r.stderr
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "<" not in r.stderr, r.stderr
     assert r.stderr.startswith(f"error: {other_server} answered GET /v1/grants"), r.stderr
     assert "is it the trustfabric API's URL?" in r.stderr, r.stderr
 
@@ -45,7 +45,7 @@ def test_a_server_that_is_not_the_api_is_named_in_one_line(other_server: str, tm
 def test_a_wrong_base_path_is_told_apart_from_a_missing_object(cli: Cli) -> None:
     admin = cli.token("--role", "admin")
     r = cli.run("tenant", "list", "--server", cli.env["TRUSTFABRIC_SERVER"] + "/api", token=admin)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "has no route GET /api/v1/tenants" in r.stderr and "base URL" in r.stderr, r.stderr
     r = cli.run("tenant", "show", "nosuch", token=admin)  # the API's own 404 keeps its reason
-    assert (r.returncode, r.stderr) == (2, "error: tenant 'nosuch' not found (HTTP 404)\n")
+    assert (r.returncode, r.stderr) == (1, "error: tenant 'nosuch' not found (HTTP 404)\n")

@@ -24,7 +24,7 @@ def test_token_create_prints_the_token_last_and_whoami(cli: Cli) -> None:
     who = cli.json("whoami", token=admin)
     assert isinstance(who, dict) and (who["role"], who["tenant"], who["auth"]) == ("admin", None, "jwt")
     r = cli.run("token", "create", "--role", "tenant-admin", "--ttl", "1h")
-    assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
 
 
@@ -44,7 +44,7 @@ def test_grant_flow_through_the_cli(cli: Cli, tmp_path: Path) -> None:
     denied = cli.run("grant", "request", "--src-group", "web", "--dst", "globex/api", "--port", "22", token=acme)
     assert denied.returncode == 1 and "port-not-exposed" in denied.stdout
     own = cli.run("grant", "approve", gid, token=acme)
-    assert own.returncode == 2 and "own grant request" in own.stderr and "Traceback" not in own.stderr
+    assert own.returncode == 1 and "own grant request" in own.stderr and "Traceback" not in own.stderr
     assert cli.json("grant", "approve", gid, token=globex)["state"] == "active"  # type: ignore[index]
     # the shipped policy (activated by init) now lets the flow through, and says why
     flow = cli.json("policy", "explain", "--src", "acme/web", "--dst", "globex/api", "--port", "443")
@@ -57,7 +57,7 @@ def test_grant_flow_through_the_cli(cli: Cli, tmp_path: Path) -> None:
     assert f"requested by {g['requested_by']}@acme at" in human.stdout  # type: ignore[index]  # whose id: acme's
 
     r = cli.run("tenant", "quarantine", "globex", "--reason", "incident", token=acme)
-    assert r.returncode == 2 and "HTTP 403" in r.stderr
+    assert r.returncode == 1 and "HTTP 403" in r.stderr
     security = cli.token("--role", "security", "--ttl", "1h")
     assert cli.json("tenant", "quarantine", "globex", "--reason", "incident", token=security)[
         "quarantined"] is True  # type: ignore[index]
@@ -73,7 +73,7 @@ def test_grant_flow_through_the_cli(cli: Cli, tmp_path: Path) -> None:
     conf.write_text(json.dumps({"token": acme}))
     conf.chmod(0o644)
     r = cli.run("whoami", TRUSTFABRIC_CONFIG=str(conf))
-    assert r.returncode == 2 and "chmod 600" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 1 and "chmod 600" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     conf.chmod(0o600)
     r = cli.run("whoami", "--json", TRUSTFABRIC_CONFIG=str(conf))
     assert r.returncode == 0 and json.loads(r.stdout)["tenant"] == "acme"
@@ -83,7 +83,7 @@ def test_grant_flow_through_the_cli(cli: Cli, tmp_path: Path) -> None:
     assert cli.run("whoami", token=tok["token"]).returncode == 0
     assert cli.run("token", "revoke", tok["id"], "--reason", "test").returncode == 0
     r = cli.run("whoami", token=tok["token"])
-    assert r.returncode == 2 and "revoked" in r.stderr
+    assert r.returncode == 1 and "revoked" in r.stderr
 
     r = cli.run("whoami", "--server", "http://127.0.0.1:1", token=acme)
-    assert r.returncode == 2 and "cannot reach" in r.stderr
+    assert r.returncode == 1 and "cannot reach" in r.stderr

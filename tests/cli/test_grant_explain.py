@@ -122,9 +122,9 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(cli: Cli, world: dict[str, st
         assert r.returncode == 2 and one_line_error(r) and says in r.stderr and r.stdout == "", (args, r.stderr)
     # the API's refusals too: another tenant's source, a platform principal without one
     r = cli.run("grant", "explain", *GLOBEX_API, "--src-tenant", "globex", token=world["acme"])
-    assert r.returncode == 2 and one_line_error(r) and "HTTP 403" in r.stderr, r.stderr
+    assert r.returncode == 1 and one_line_error(r) and "HTTP 403" in r.stderr, r.stderr
     r = cli.run("grant", "explain", *GLOBEX_API, token=world["admin"])
-    assert r.returncode == 2 and one_line_error(r) and "src_tenant is required" in r.stderr, r.stderr
+    assert r.returncode == 1 and one_line_error(r) and "src_tenant is required" in r.stderr, r.stderr
     assert written(cli, world["admin"]) == before
 
 

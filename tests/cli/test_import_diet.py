@@ -99,7 +99,7 @@ def test_remote_commands_load_no_database_server_or_engine(argv: list[str]) -> N
     env = {"TRUSTFABRIC_SERVER": f"http://127.0.0.1:{free_port()}", "TRUSTFABRIC_TOKEN": "x" * 40,
            "TRUSTFABRIC_CONFIG": "/nonexistent/none.json"}
     codes, loaded = loaded_by(argv, env=env)
-    assert codes == [2]  # refused connection: one line, exit 2 (no answer)
+    assert codes == [1]  # refused connection: one line, exit 1
     assert "http" in loaded  # it did try the API (http.client)
     heavy = loaded & {*DATABASE, *SERVER, "httpx", "regorus"}
     assert not heavy, f"{' '.join(argv)} loaded {sorted(heavy)}"

@@ -40,7 +40,7 @@ def test_summary_line_failures_and_run(rego: Path) -> None:
     r = run_cli(["policy", "test", str(rego), "--run", "double", "-v"], {"COLUMNS": "120"})
     assert "lib_test.test_double_zero" in r.stdout
     r = run_cli(["policy", "test", str(rego), "--run", "nothing-matches"], {})
-    assert r.returncode == 2 and "no test matches" in r.stderr
+    assert r.returncode == 1 and "no test matches" in r.stderr
     r = run_cli(["policy", "test", str(rego), "--run", "("], {})
     assert r.returncode == 2 and "regular expression" in r.stderr
     out = json.loads(run_cli(["policy", "test", str(rego), "--json"], {}).stdout)
@@ -81,7 +81,7 @@ def test_eval_on_files(rego: Path, tmp_path: Path) -> None:
     r = run_cli(["policy", "eval", "data.lib.nope", "-d", str(rego)], {})
     assert r.returncode == 0 and r.stdout.strip() == "undefined"
     r = run_cli(["policy", "eval", "count(1)", "-d", str(rego)], {})
-    assert r.returncode == 2 and "<query.rego>:1:" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 1 and "<query.rego>:1:" in r.stderr and r.stderr.count("\n") == 1
 
 
 def _local(home: Path) -> dict[str, str | None]:
@@ -98,7 +98,7 @@ def test_eval_against_a_stored_version(home: Path) -> None:
     r = run_cli(["policy", "eval", "data.tf.tenants.acme.groups.web.sensitivity", "--version", "1", "--json"], env)
     assert json.loads(r.stdout)["result"][0]["expressions"][0]["value"] == "normal", r.stdout
     r = run_cli(["policy", "eval", "1", "--version", "9"], env)
-    assert r.returncode == 2 and "does not exist" in r.stderr
+    assert r.returncode == 1 and "does not exist" in r.stderr
 
 
 def test_eval_on_a_stored_version_runs_in_the_policy_sandbox(home: Path) -> None:
@@ -106,7 +106,7 @@ def test_eval_on_a_stored_version_runs_in_the_policy_sandbox(home: Path) -> None
     limits (TRUSTFABRIC_POLICY_JOB_*): a query spinning for minutes ends at the CPU budget, in one line."""
     spin = "count([1 | some i in numbers.range(1, 20000); some j in numbers.range(1, 20000); i == j])"
     r = run_cli(["policy", "eval", spin, "--version", "1"], {**_local(home), "TRUSTFABRIC_POLICY_JOB_CPU_SECONDS": "1"})
-    assert r.returncode == 2 and r.stderr == "error: the query exceeded the 1 s CPU budget\n", r.stderr
+    assert r.returncode == 1 and r.stderr == "error: the query exceeded the 1 s CPU budget\n", r.stderr
 
 
 def _flow(home: Path) -> Path:
@@ -126,7 +126,7 @@ def test_upload_with_failing_tests_is_stored_but_exits_1(home: Path, rego: Path)
     listed = json.loads(run_cli(["policy", "list", "--json"], env).stdout)
     assert [(v["number"], v["tests_passed"]) for v in listed] == [(1, True), (2, False)]
     r = run_cli(["policy", "activate", "2"], env)
-    assert r.returncode == 2 and "tests failed" in r.stderr
+    assert r.returncode == 1 and "tests failed" in r.stderr
     (rego / "lib_test.rego").write_text(LIB_TEST.replace("== 3", "== 2"))
     r = run_cli(["policy", "upload", str(rego)], env)
     assert r.returncode == 0 and "version 3 uploaded" in r.stdout and "tests pass" in r.stdout

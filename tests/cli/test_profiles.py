@@ -61,12 +61,12 @@ def test_login_keeps_a_private_profile_and_commands_use_it(cli: Cli, signed: dic
     assert str(signed["acme"]) not in json.dumps(as_json)
 
     unknown = cli.run("--profile", "nope", "whoami", **env)
-    assert unknown.returncode == 2 and "no profile 'nope'" in unknown.stderr
+    assert unknown.returncode == 1 and "no profile 'nope'" in unknown.stderr
 
     out = cli.run("logout", **env)
     assert out.returncode == 0 and "'acme'" in out.stdout
     refused = cli.run("whoami", **env)
-    assert refused.returncode == 2 and "HTTP 401" in refused.stderr
+    assert refused.returncode == 1 and "HTTP 401" in refused.stderr
     assert cli.run("status", **env).returncode == 1  # the server refuses: not signed in
     assert cli.run("--profile", "default", "whoami", **env).returncode == 0
     assert cli.run("logout", "--all", **env).returncode == 0
@@ -77,7 +77,7 @@ def test_a_refused_token_writes_nothing(cli: Cli, signed: dict[str, object]) -> 
     env = signed["env"]
     assert isinstance(env, dict)
     r = cli.run("login", "--server", str(signed["server"]), "--token", "tfo_wrong", **env)
-    assert r.returncode == 2 and "HTTP 401" in r.stderr
+    assert r.returncode == 1 and "HTTP 401" in r.stderr
     assert not Path(str(signed["config"])).exists()
     r = cli.run("login", "--server", "127.0.0.1:8443", "--token", "x", **env)
     assert r.returncode == 2 and "http://" in r.stderr
@@ -92,10 +92,10 @@ def test_a_config_file_others_can_read_is_refused_when_it_holds_a_token(cli: Cli
     config = Path(str(signed["config"]))
     config.chmod(0o640)
     r = cli.run("whoami", **env)
-    assert r.returncode == 2 and "chmod 600" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 1 and "chmod 600" in r.stderr and r.stderr.count("\n") == 1
     config.write_text(yaml.safe_dump({"current": "x", "profiles": {"x": {"server": str(signed["server"])}}}))
     r = cli.run("whoami", **env)  # no token in it: readable is fine, the server says who is missing
-    assert r.returncode == 2 and "HTTP 401" in r.stderr
+    assert r.returncode == 1 and "HTTP 401" in r.stderr
 
 
 def test_local_commands_take_the_data_directory_from_the_profile(cli: Cli, signed: dict[str, object],
@@ -110,4 +110,4 @@ def test_local_commands_take_the_data_directory_from_the_profile(cli: Cli, signe
     listed = cli.run("policy", "list", "--json", **without)
     assert listed.returncode == 0 and json.loads(listed.stdout)[0]["number"] == 1, listed.stderr
     elsewhere = cli.run("policy", "list", **{**env, "TRUSTFABRIC_HOME": str(tmp_path / "nowhere")})
-    assert elsewhere.returncode == 2 and "does not exist" in elsewhere.stderr  # the environment wins
+    assert elsewhere.returncode == 1 and "does not exist" in elsewhere.stderr  # the environment wins

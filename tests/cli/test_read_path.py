@@ -103,7 +103,7 @@ def test_a_missing_data_directory_fails_as_before(tmp_path: Path) -> None:
     env = {"TRUSTFABRIC_HOME": str(tmp_path / "nothing"), "TRUSTFABRIC_CONFIG": str(tmp_path / "none.json")}
     for argv in (["policy", "list"], ["ca", "status"]):
         r = run_cli(argv, env)
-        assert r.returncode == 2 and "does not exist: run `trustfabric init` first" in r.stderr, r.stderr
+        assert r.returncode == 1 and "does not exist: run `trustfabric init` first" in r.stderr, r.stderr
         assert r.stderr.count("\n") == 1
 
 

@@ -1,7 +1,7 @@
 """`trustfabric lab` as the README's quickstart runs it (in-process, real arguments and exit codes): up the
 golden fabric, probe an allowed and a denied pair, add a grant to the file, `lab apply` re-applies only
 the devices whose rule set changed, the probe turns OPEN, down. A probe exits 0 OPEN, 1 BLOCKED (as `nc -z`);
-bad input ends in one line and exit 2 (no answer), and nothing is built."""
+bad input ends in one line and exit 1 (2 for usage: a wrong command line), and nothing is built."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_the_quickstart(cli: LabCli, tmp_path: Path) -> None:
     try:
         up = cli("up", str(fabric))
         assert up.returncode == 0 and "up in" in up.stdout and "6 rule sets applied" in up.stdout, up.stderr
-        _one_line_error(cli("up", str(fabric)), 2, "already up")
+        _one_line_error(cli("up", str(fabric)), 1, "already up")
         allowed = cli("probe", "acme/train/w1", "globex/api/a1", "8443")
         assert allowed.returncode == 0 and allowed.stdout.startswith("OPEN") and "grant:g-train-api" in allowed.stdout
         assert "agrees with the wire" in allowed.stdout
@@ -70,12 +70,12 @@ def test_the_quickstart(cli: LabCli, tmp_path: Path) -> None:
         assert st["applied"]["nic:gpu1"] and not st["missing_namespaces"]  # type: ignore[index]
         assert "leaf:leaf1" in cli("status").stdout
 
-        _one_line_error(cli("probe", "acme/train/nobody", "globex/api/a1", "8443"), 2, "no workload")
-        _one_line_error(cli("probe", "acme/train/w1", "globex/api/a1", "8443", "--ipv6"), 2, "no IPv6 address")
+        _one_line_error(cli("probe", "acme/train/nobody", "globex/api/a1", "8443"), 1, "no workload")
+        _one_line_error(cli("probe", "acme/train/w1", "globex/api/a1", "8443", "--ipv6"), 1, "no IPv6 address")
         assert cli("probe", "acme/train/w1", "globex/api/a1", "0").returncode == 2
         moved = fabric.read_text().replace("w1: {node: gpu1, port: pf0vf0", "w1: {node: gpu2, port: pf0vf2")
         fabric.write_text(moved)
-        _one_line_error(cli("apply"), 2, "topology")
+        _one_line_error(cli("apply"), 1, "topology")
     finally:
         down = cli("down")
     assert down.returncode == 0 and "8 namespaces" in down.stdout
@@ -86,12 +86,12 @@ def test_the_quickstart(cli: LabCli, tmp_path: Path) -> None:
 def test_bad_input_builds_nothing(cli: LabCli, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(SMALL.read_text().replace("gpu2: {nic:", "gpu2: {nick:"))
-    _one_line_error(cli("up", str(bad)), 2, "unknown field")
+    _one_line_error(cli("up", str(bad)), 1, "unknown field")
     two_leaves = tmp_path / "nospine.yaml"
     two_leaves.write_text("\n".join(line for line in SMALL.read_text().splitlines() if "spine1" not in line) + "\n")
-    _one_line_error(cli("up", str(two_leaves)), 2, "no spine links")
+    _one_line_error(cli("up", str(two_leaves)), 1, "no spine links")
     _one_line_error(cli("up", str(tmp_path / "missing.yaml")), 2, "missing.yaml")  # refused while parsing
-    _one_line_error(cli("apply"), 2, "no lab is up")
-    _one_line_error(cli("probe", "a/b/c", "d/e/f", "1"), 2, "no lab is up")
+    _one_line_error(cli("apply"), 1, "no lab is up")
+    _one_line_error(cli("probe", "a/b/c", "d/e/f", "1"), 1, "no lab is up")
     _one_line_error(cli("up", str(SMALL), "--mode", "sideways"), 2, "'sideways' is not one of standalone, agent")
     assert netops.namespaces_with_prefix(build.names_for(Path(cli.env["TRUSTFABRIC_HOME"])).prefix) == []

@@ -101,9 +101,9 @@ def test_cli_policy_commands(env: Env, tmp_path: Path) -> None:
                         "--json")
     assert code == 0 and json.loads(out)["allow"] is True
     code, _, err = _cli(env, "policy", "rollback", "1")
-    assert code == 2 and err.count("\n") == 1 and "earlier" in err
+    assert code == 1 and err.count("\n") == 1 and "earlier" in err
     code, _, err = _cli(env, "policy", "show", "nope")
-    assert code == 2 and err.startswith("error:")
+    assert code == 1 and err.startswith("error:")
     code, _, _ = _cli(env, "policy", "explain", "--src", "acme/web")
     assert code == 2
 
