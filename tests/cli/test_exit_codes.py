@@ -139,8 +139,9 @@ def test_policy_validate_and_test(tmp_path: Path) -> None:
 
 
 def test_a_file_argument_that_cannot_be_used_is_usage(cli: Cli, world: dict[str, str], tmp_path: Path) -> None:
-    """--input, --data, --signature-file and fabric import's FILE are read before any work: a file that cannot be
-    read as what the option says is a wrong command line (2); what the command then does with it fails with 1."""
+    """--input, --data, --signature-file, svid issue's --csr and fabric import's FILE are read before any work: a
+    file that cannot be read as what the option says is a wrong command line (2); what the command then does with
+    it fails with 1."""
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "a.rego").write_text("package a\n\nimport rego.v1\n\nx := input.n * 2\n")
@@ -158,6 +159,12 @@ def test_a_file_argument_that_cannot_be_used_is_usage(cli: Cli, world: dict[str,
     (broken / "b.rego").write_text("package b\n\nimport rego.v1\n\nx if undefined_fn(1)\n")
     r = run_cli(["policy", "eval", "data.b.x", "--data", str(broken)], {})  # read, and does not compile: failure
     assert r.returncode == EXIT_FAILURE, r.stderr
+    unreadable = "/proc/self/mem"  # a regular file that passes the parse-time checks (even as root) and cannot be read
+    r = run_cli(["policy", "eval", "data.a.x", "--data", str(rules), "--input", unreadable], {})
+    assert r.returncode == EXIT_USAGE and one_line(r) and unreadable in r.stderr, r.stderr
+    r = cli.run("svid", "issue", "--csr", unreadable, "--tenant", "acme", "--group", "web", "--workload", "w1",
+                TRUSTFABRIC_HOME=str(tmp_path / "no-home"))  # refused before the data directory is opened
+    assert r.returncode == EXIT_USAGE and one_line(r) and "Input/output error" in r.stderr, r.stderr
     r = cli.run("policy", "activate", "1", "--signature-file", binary)
     assert r.returncode == EXIT_USAGE and one_line(r) and "--signature-file" in r.stderr, r.stderr
     r = cli.run("fabric", "import", binary, token=world["admin"])
