@@ -31,7 +31,7 @@ from sqlmodel import Session, col
 from sqlmodel import select as sm_select
 
 from audit import counters, merkle
-from audit.actor import ACTOR_KINDS, TENANT_KINDS, Actor, actor_document
+from audit.actor import ACTOR_KINDS, TENANT_KINDS, Actor, ActorQuery, actor_document
 from audit.errors import InvalidAuditEvent, ProofError
 from audit.models import HEAD_ID, NODE_LEVEL_SHIFT, AuditCounter, AuditEvent, AuditHead, AuditNode, node_key
 from audit.wire import GENESIS_HASH as GENESIS_HASH
@@ -837,29 +837,19 @@ def list_events(
 
 
 def actor_filter(actor: str | None, actor_tenant: str | None = None) -> Any:
-    """The events of an actor as the log shows it (audit/actor.py `qualified_id`):
-
-    - `alice@acme` (an id, `@`, a tenant slug): acme's alice only -- and an actor of no tenant whose id is
-      `alice@acme` itself (a platform principal so named, or an event from before actors named their tenant);
-    - `alice` (no tenant part): alice of every tenant and of none, as before actors named their tenant;
-    - with `actor_tenant`: `actor` is the bare id (`alice`, or a subject that itself holds an `@`) within that
-      tenant; `actor_tenant` alone: every actor of that tenant.
-
-    Events from before actors named their tenant have none: a tenant's `alice` among them matches `alice`, never
-    `alice@acme` (whose she was is not in the log)."""
+    """The SQL condition selecting the events of an actor as audit.actor.ActorQuery defines it (`alice@acme`: acme's
+    alice; `alice`: every tenant's alice and of none; `actor_tenant`: within that tenant); InvalidAuditEvent for
+    no such filter."""
+    query = ActorQuery(actor, actor_tenant)
+    problem = query.problem()
+    if problem is not None:
+        raise InvalidAuditEvent(problem)
     ev = _events.c
-    if actor_tenant is not None:
-        if not is_slug(actor_tenant):
-            raise InvalidAuditEvent(f"actor tenant {actor_tenant!r} is not a DNS-label slug")
-        in_tenant = ev.actor_tenant == actor_tenant
-        return in_tenant if actor is None else and_(in_tenant, ev.actor_id == actor)
-    if actor is None:
-        raise InvalidAuditEvent("an actor filter names an actor or an actor tenant")
-    name, at, tenant = actor.rpartition("@")
-    if at and name and is_slug(tenant):
-        return or_(and_(ev.actor_id == name, ev.actor_tenant == tenant),
-                   and_(ev.actor_id == actor, ev.actor_tenant.is_(None)))
-    return ev.actor_id == actor
+    return or_(*[
+        and_(*([] if m.id is None else [ev.actor_id == m.id]),
+             *([] if m.any_tenant else [ev.actor_tenant == m.tenant if m.tenant is not None
+                                        else ev.actor_tenant.is_(None)]))
+        for m in query.alternatives])
 
 
 def get_event(session: Session, seq: int) -> AuditEvent | None:

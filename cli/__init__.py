@@ -1,6 +1,8 @@
-"""The `trustfabric` command line: `trustfabric <noun> <verb>`; exit 0 ok, 1 failure (one readable line),
-2 usage (a bad argument, refused in one line before any work); `--json` / `--output table|json|yaml`
-everywhere.
+"""The `trustfabric` command line: `trustfabric <noun> <verb>`; exit codes as CONVENTIONS.md says (cli.output's
+EXIT_*): 0 ok -- done, or a question answered yes; 1 failure -- the command failed or answered no (DENY, FAILED,
+failing tests, a mismatch, a denied request, BLOCKED, a domain error, the server unreachable or refusing, any
+error: one readable line); 2 usage -- the command line was wrong (refused in one line before any work); 3 `audit
+verify` unproven; `--json` / `--output table|wide|json|yaml` everywhere.
 
 Where each command runs, by one rule (and `--help` shows it: every command sits in the panel for its kind,
 cli.output.PANELS):

@@ -15,7 +15,7 @@ from typer._click.core import Command
 from cli import config
 from cli.helptext import reflow_tree
 from cli.local import agent, audit, enforcer, lab, pdp, pki, policy, setup, tokens
-from cli.output import err_console, fit_to_terminal
+from cli.output import EXIT_ABORTED, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, fit_to_terminal
 from cli.remote import fabric, grants, inventory, login, whoami
 from core.errors import TrustfabricError
 
@@ -36,7 +36,7 @@ app = typer.Typer(
 def _version(value: bool) -> None:
     if value:
         print(f"trustfabric {VERSION}")
-        raise typer.Exit(0)
+        raise typer.Exit(EXIT_OK)
 
 
 @app.callback()
@@ -65,8 +65,10 @@ def _command() -> Command:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run one command (`argv`, default sys.argv[1:]); exits 0, 1 with one readable line, or 2 for usage
-    (a bad argument: one line naming it, before any work)."""
+    """Run one command (`argv`, default sys.argv[1:]) and exit as cli.output's EXIT_* say (CONVENTIONS.md: 0 ok,
+    1 failure, 2 usage): 0 done / yes; 1 failure -- the answer is no (the command says so), a domain error, the
+    server unreachable or refusing, any error (one readable line, never a traceback); 2 usage -- a bad argument
+    (one line naming it, before any work); 3 unproven (`audit verify`); 130 interrupted."""
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
     from typer.exceptions import Abort
 
@@ -84,25 +86,25 @@ def main(argv: list[str] | None = None) -> None:
     except NoArgsIsHelpError as exc:
         if exc.ctx is not None:
             print(exc.ctx.get_help())
-        sys.exit(0)
+        sys.exit(EXIT_OK)
     except ClickException as exc:
         where = getattr(exc, "ctx", None)
         hint = f" (see `{where.command_path} --help`)" if where is not None else ""
         message = " ".join(exc.format_message().split())
         err_console.print(f"error: {message}{hint}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        sys.exit(EXIT_USAGE)  # click's errors are all the command line's: parsing it, cli/params.py
     except TrustfabricError as exc:
         err_console.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
+        sys.exit(EXIT_FAILURE)
     except (KeyboardInterrupt, EOFError, Abort):
         err_console.print("aborted", highlight=False, markup=False)
-        sys.exit(130)
+        sys.exit(EXIT_ABORTED)
     except Exception as exc:  # one readable line, never a traceback
         logging.getLogger("trustfabric.cli").debug("unexpected error", exc_info=True)
         first = str(exc).strip().split("\n", 1)[0]  # a driver's message runs on (hints, a link to its docs)
         err_console.print(f"error: {type(exc).__name__}: {first}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+        sys.exit(EXIT_FAILURE)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ places), and gives it `--output table|json|yaml` (`-o`) and `--json` (a command 
 `json_out: bool = JsonOpt` parameter keeps it: it is set when either is given; `command(..., output=False)`
 for one that prints a PEM, a token or serves). `emit(data, view)` then prints the API's data unchanged for
 machines (`--json`: indented, sorted keys, as before; yaml), and for people a table (a list) or
-`key: value` lines (a mapping) in which ids are never cut (a `kind="id"` column never shrinks), times are
+`key: value` lines (a mapping) in which ids are never cut (a `kind="id"` column never shrinks; one marked `short`,
+which its commands take back by unique prefix, is printed as prefixes unique in the table when the table does not
+fit, and `-o wide` prints every column with ids whole, however wide), times are
 local (`kind="time"`, or `kind="when"` for `in 1h 59m`), columns with the highest `drop` are hidden first
 on a narrow terminal, other cells wrap at word boundaries (a word longer than its cell ends in `…`, never
 broken across lines), and no Python repr (`None`, `{'a': 1}`, `datetime.datetime(...)`) can appear
@@ -106,8 +108,8 @@ def add_group(parent: typer.Typer, name: str, help: str, where: Where | None) ->
 
 # ---- output formats
 
-Format = Literal["table", "json", "yaml"]
-FORMATS: tuple[Format, ...] = ("table", "json", "yaml")
+Format = Literal["table", "wide", "json", "yaml"]
+FORMATS: tuple[Format, ...] = ("table", "wide", "json", "yaml")
 _FORMAT: ContextVar[Format] = ContextVar("trustfabric_output", default="table")
 
 
@@ -116,8 +118,9 @@ def current_format() -> Format:
 
 
 def machine_output() -> bool:
-    """True when --json or --output json|yaml was given: print data, not prose."""
-    return _FORMAT.get() != "table"
+    """True when --json or --output json|yaml was given: print data, not prose (`-o wide` is for people: a table with
+    every column and ids whole, as wide as it needs)."""
+    return _FORMAT.get() not in ("table", "wide")
 
 
 def command(group: typer.Typer, name: str, where: Where, *, output: bool = True, **kwargs: Any) -> Callable[[F], F]:
@@ -139,7 +142,7 @@ def _with_output(fn: Callable[..., Any]) -> Callable[..., Any]:
     extra = [inspect.Parameter(
         "output_format", inspect.Parameter.KEYWORD_ONLY, annotation=str,
         default=typer.Option("table", "--output", "-o", parser=choice(*FORMATS), metavar="|".join(FORMATS),
-                             help="Output format."))]
+                             help="Output format (wide: every column, ids whole, however wide)."))]
     if not has_json:
         extra.append(inspect.Parameter("json_out", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=JsonOpt))
 
@@ -178,6 +181,7 @@ class Col:
     key: str | Callable[[Any], Any]
     kind: Literal["text", "id", "time", "when"] = "text"
     drop: int = 0
+    short: bool = False  # an id a command takes back by unique prefix (cli/ids.py): shortened to one when narrow
 
     def value(self, item: Mapping[str, Any]) -> Any:
         return self.key(item) if callable(self.key) else item.get(self.key)
@@ -208,18 +212,35 @@ class View:
     columns: tuple[Col, ...]
 
     def table(self, items: Sequence[Mapping[str, Any]]) -> None:
+        """The table, fitted to the terminal: when its columns do not fit with whole ids, the `short` ids are printed
+        as prefixes unique within it (taken back as ids: cli/ids.py), then the columns with the highest `drop` are
+        hidden, then text is cut; a note on stderr says what was shortened or hidden. `-o wide`: none of that."""
+        from cli.ids import unique_prefix_length
+
         cells = {c: [c.cell(item) for item in items] for c in self.columns}
         spans = {c: _span(c.title(), cells[c], whole=c.kind in _WHOLE) for c in self.columns}
         shown = list(self.columns)
         width = console.width
-        while _needed([spans[c] for c in shown]) > table_width() and any(c.drop for c in shown):
+        wide = current_format() == "wide"
+        shortened = []
+        if not wide and _needed(list(spans.values())) > table_width():
+            for c in self.columns:
+                if c.short and cells[c]:
+                    length = unique_prefix_length(cells[c])
+                    if any(len(v) > length for v in cells[c]):
+                        cells[c] = [v[:length] for v in cells[c]]
+                        spans[c] = _span(c.title(), cells[c], whole=True)
+                        shortened.append(c.header)
+        while not wide and _needed([spans[c] for c in shown]) > table_width() and any(c.drop for c in shown):
             worst = max(c.drop for c in shown)
             shown = [c for c in shown if c.drop != worst]
         hidden = [c.header for c in self.columns if c not in shown]
         emit_table(self.title, [c.title() for c in shown], [[cells[c][i] for c in shown] for i in range(len(items))],
-                   ids=[i for i, c in enumerate(shown) if c.kind in _WHOLE])
-        if hidden and items:
-            err_console.print(f"({', '.join(hidden)} hidden at {width} columns: widen the terminal or use --json)",
+                   ids=[i for i, c in enumerate(shown) if c.kind in _WHOLE], wide=wide)
+        if (hidden or shortened) and items:
+            said = [f"{', '.join(shortened)} shortened to unique prefixes"] if shortened else []
+            said += [f"{', '.join(hidden)} hidden"] if hidden else []
+            err_console.print(f"({'; '.join(said)} at {width} columns: widen the terminal, or use -o wide or --json)",
                               style="dim", highlight=False, markup=False)
 
 
@@ -318,11 +339,11 @@ def emit_yaml(data: Any) -> None:
 
 
 def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
-               ids: Sequence[int] = ()) -> None:
+               ids: Sequence[int] = (), wide: bool = False) -> None:
     """A rich table without vertical rules, fitted to the terminal by `_fit`: the columns in `ids` hold identifiers
     (or times), never wrapped nor cut; the others wrap at word boundaries, and a word longer than its cell ends
     in `…` (as gh cuts a cell: a cut value never reads as a whole one, where a word broken across two lines does,
-    and --json has every value whole)."""
+    and --json has every value whole). `wide`: every column at its longest line, however wide the table."""
     from rich import box
     from rich.table import Table
 
@@ -330,10 +351,10 @@ def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
 
     cells = [[v if isinstance(v, str) else text(v) for v in row] for row in rows]
     spans = [_span(col, [r[i] for r in cells], whole=i in ids) for i, col in enumerate(columns)]
-    widths = _fit(spans, table_width())
+    widths = [s.most for s in spans] if wide else _fit(spans, table_width())
     total = sum(widths) + _GAP * max(len(widths) - 1, 0)
-    # wider than the terminal only when its ids and times are: then at that width (rich would shrink every column,
-    # ids included, to the terminal's), its lines left whole for the terminal to fold
+    # wider than the terminal only when its ids and times are (or -o wide): then at that width (rich would shrink
+    # every column, ids included, to the terminal's), its lines left whole for the terminal to fold
     wider = total if total > table_width() else None
     table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   width=wider)
@@ -354,27 +375,48 @@ def table_width() -> int:
     return max(console.width - 1, 1)
 
 
+# ---- exit codes: one scheme for every command (the README's "Exit codes"), as CONVENTIONS.md says: 0 ok, 1 failure,
+# 2 usage; a script tells a wrong command line (2) from a command that failed or answered no (1)
+
+EXIT_OK = 0  # done; a question answered yes: ALLOW, verified OK, tests pass, OPEN, signed in
+EXIT_FAILURE = 1  # the command failed or its answer is no: DENY, FAILED verification, failing tests, a mismatch, a
+# denied request, BLOCKED, a domain error, the server unreachable or refusing (HTTP 4xx/5xx), any unexpected error
+EXIT_USAGE = 2  # the command line was wrong, before any work: a bad option or value, a missing argument, a file
+# argument that cannot be used as what its option says (not a key, unreadable)
+EXIT_UNPROVEN = 3  # `audit verify` only (beyond the conventions): nothing found altered, the selection not provable
+EXIT_ABORTED = 130  # interrupted (Ctrl-C, end of input at a prompt)
+
+
+def answer_no() -> NoReturn:
+    """End a command whose answer (already printed) is no: exit EXIT_FAILURE, without an `error:` line."""
+    raise typer.Exit(EXIT_FAILURE)
+
+
 # ---- failing in one line
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
+def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    """One line `error: message` on stderr, then exit `code`: EXIT_FAILURE, or EXIT_USAGE when the message says
+    the command line was wrong (options that do not go together, a file argument that cannot be used)."""
     err_console.print(f"error: {message}", highlight=False, markup=False)
     raise typer.Exit(code)
 
 
 @contextmanager
-def one_line_errors() -> Iterator[None]:
-    """A domain error or an unreadable file ends the command with one line and exit 1."""
+def one_line_errors(code: int = EXIT_FAILURE) -> Iterator[None]:
+    """A domain error or an unreadable file ends the command with one line and `code` (EXIT_FAILURE; EXIT_USAGE
+    around the reading of a file argument, before any work)."""
     try:
         yield
     except TrustfabricError as exc:
-        fail(str(exc), 1)
+        fail(str(exc), code)
     except OSError as exc:
-        fail(f"{type(exc).__name__}: {exc}", 1)
+        fail(f"{type(exc).__name__}: {exc}", code)
 
 
-def guard(fn: Callable[[], T]) -> T:
-    with one_line_errors():
+def guard(fn: Callable[[], T], code: int = EXIT_FAILURE) -> T:
+    """fn(), or one line and exit `code` on a domain error or an OSError (one_line_errors)."""
+    with one_line_errors(code):
         return fn()
     raise AssertionError("unreachable")  # pragma: no cover
 

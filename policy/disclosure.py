@@ -92,12 +92,15 @@ def grant_reasons_for(
     hidden = None if outcome != "deny" else hidden_side(session, viewer, (dst,))
     if hidden is None:
         return list(reasons)
-    uniform = (f"not-disclosed: tenant {viewer} holds no grant with {dst[0]}/{dst[1]}; whether it exists, "
-               "exposes these ports or is quarantined is not disclosed")
+    uniform = (f"{UNDISCLOSED}: tenant {viewer} holds no grant with {dst[0]}/{dst[1]}; whether it exists, "
+               "exposes these ports or is quarantined is undisclosed")
     return redact(reasons, hidden[0], uniform)
 
 
-UNDISCLOSED = "undisclosed"  # the outcome of a grant request's live answer that depends on a hidden group
+# The one word for this hiding: the outcome of a grant request's live answer that depends on a hidden group (an
+# API value: explain-grant's `outcome`), and the code of the reason that stands for the hidden ones in a denial.
+# Grants, decision records and audit events written before it was one word say `not-disclosed:` there instead.
+UNDISCLOSED = "undisclosed"
 
 
 def grant_preview_for(
@@ -116,7 +119,7 @@ def grant_preview_for(
         return outcome, list(reasons)
     if outcome == "deny" and any(not mentions(r, hidden[0]) for r in reasons):
         return outcome, grant_reasons_for(session, viewer, dst, outcome, reasons)
-    return UNDISCLOSED, [f"undisclosed: tenant {viewer} holds no grant with {dst[0]}/{dst[1]}, and the answer depends "
-                         f"on it: it is given when the request is made (pending and with whom, or denied), and "
-                         f"{dst[0]} sees the request"]
+    return UNDISCLOSED, [f"{UNDISCLOSED}: tenant {viewer} holds no grant with {dst[0]}/{dst[1]}, and the answer "
+                         f"depends on it: it is given when the request is made (pending and with whom, or denied), "
+                         f"and {dst[0]} sees the request"]
 

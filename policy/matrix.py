@@ -255,6 +255,8 @@ class TenantRow:
     flows: int  # from and to this tenant (inside it counted once)
     out_other: int  # from this tenant to tenants not on the page
     in_other: int  # to this tenant from tenants not on the page
+    mirrors_out_other: int = 0  # RoCEv2 mirrors (mirror_counts) from this tenant to tenants not on the page
+    mirrors_in_other: int = 0  # ... and to this tenant from tenants not on the page
 
 
 @dataclass(frozen=True)
@@ -269,13 +271,15 @@ class MatrixPage:
     next_offset: int | None
 
 
-def matrix_page(counts: Mapping[Pair, int], *, search: str = "", offset: int = 0, limit: int = 20) -> MatrixPage:
-    page, matching = top_tenants(counts, search=search, offset=offset, limit=limit)
+Cell = tuple[str, str, int]  # (source tenant, destination tenant, count)
+
+
+def _other(counts: Mapping[Pair, int], page: list[str]) -> tuple[dict[str, int], dict[str, int], list[Cell]]:
+    """(out to tenants off the page, in from them, the cells between the page's tenants) of `counts`."""
     on_page = set(page)
-    totals = tenant_totals(counts)
     out_other = dict.fromkeys(page, 0)
     in_other = dict.fromkeys(page, 0)
-    cells: list[tuple[str, str, int]] = []
+    cells: list[Cell] = []
     for (src, dst), n in counts.items():
         if src in on_page and dst in on_page:
             cells.append((src, dst, n))
@@ -283,8 +287,21 @@ def matrix_page(counts: Mapping[Pair, int], *, search: str = "", offset: int = 0
             out_other[src] += n
         elif dst in on_page:
             in_other[dst] += n
+    return out_other, in_other, sorted(cells)
+
+
+def matrix_page(counts: Mapping[Pair, int], *, search: str = "", offset: int = 0, limit: int = 20,
+                mirrors: Mapping[Pair, int] | None = None) -> MatrixPage:
+    """One page of tenants; `mirrors` (mirror_counts) are counted apart, beside the flows, in the same way: the
+    cells between the page's tenants are the caller's to show (mirror_cells), and each tenant's mirrors to and
+    from tenants off the page are its `mirrors_out_other` / `mirrors_in_other` (the "other tenants" row and
+    column), so no mirror is left out of the page either."""
+    page, matching = top_tenants(counts, search=search, offset=offset, limit=limit)
+    totals = tenant_totals(counts)
+    out_other, in_other, cells = _other(counts, page)
+    m_out, m_in, _cells = _other(mirrors or {}, page)
     return MatrixPage(
-        tenants=[TenantRow(t, totals[t], out_other[t], in_other[t]) for t in page], cells=sorted(cells),
+        tenants=[TenantRow(t, totals[t], out_other[t], in_other[t], m_out[t], m_in[t]) for t in page], cells=cells,
         tenants_matching=matching, flows=sum(counts.values()),
         next_offset=offset + limit if offset + limit < matching else None,
     )

@@ -159,12 +159,13 @@ async def export_form(request: Request) -> Response:
 async def export(request: Request, csrf: Annotated[str, Form(max_length=200)] = "",
                  format: Annotated[str, Form(max_length=8)] = "jsonl", tenant: Annotated[str, Form(max_length=63)] = "",
                  action: Annotated[str, Form(max_length=64)] = "", since: Annotated[str, Form(max_length=64)] = "",
-                 until: Annotated[str, Form(max_length=64)] = "") -> Response:
+                 until: Annotated[str, Form(max_length=64)] = "",
+                 actor: Annotated[str, Form(max_length=576)] = "") -> Response:
     session = await signed_in(request, csrf=csrf, change=True)
 
     async def start() -> tuple[int, dict[str, str], AsyncIterator[bytes]] | None:
         body = {"format": format, "tenant": tenant or None, "action": action_param(action),
-                "since": utc_param(since, "since"), "until": utc_param(until, "until")}
+                "actor": actor.strip() or None, "since": utc_param(since, "since"), "until": utc_param(until, "until")}
         return await session.api.stream("POST", "/v1/audit/exports", body)
 
     streamed, problem, status = await filtered(start, None)

@@ -25,6 +25,7 @@ from api.routes.common import decode_cursor, encode_cursor, request_id
 from api.schemas import COMMON_ERRORS, CursorQuery, error_responses
 from audit import checkpoint as cp
 from audit import service
+from audit.actor import ACTOR_QUERY_MAX
 from audit.export import FORMATS, ExportFilter, FormatName
 from audit.models import AuditEvent
 from core.clock import as_utc, require_aware
@@ -41,6 +42,19 @@ ACTION = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$"
 TenantQuery = Annotated[str | None, Query(min_length=1, max_length=63, pattern=SLUG)]
 ActionQuery = Annotated[str | None, Query(min_length=3, max_length=64, pattern=ACTION)]
 MAX_INDEX = 2**53
+
+# The actor filter, one definition for the event list's query and the export's body (audit.actor.ActorQuery).
+ACTOR_SPEC: dict[str, Any] = {
+    "min_length": 1, "max_length": ACTOR_QUERY_MAX,  # an id (512) @ a tenant (63)
+    "description": "an actor as the log shows it: `alice@acme` is acme's alice only (or an actor of no tenant whose "
+    "id is `alice@acme`); `alice`, with no tenant part, is alice of every tenant and of none; with actor_tenant, the "
+    "bare id within that tenant"}
+ACTOR_TENANT_SPEC: dict[str, Any] = {
+    "min_length": 1, "max_length": 63, "pattern": SLUG,
+    "description": "only events whose actor belongs to this tenant (with actor: that actor's id there)"}
+EXPORT_ACTOR_NOTE = (". An export narrowed by actor verifies each event it holds (authentic, in place, that actor's) "
+                     "but cannot be proven complete: the log keeps no count of an actor's events, so `audit verify` "
+                     "reports it UNPROVEN (exit 3); a tenant or action selection is proven complete")
 
 
 class ActorOut(BaseModel):
@@ -115,6 +129,8 @@ class ExportRequest(BaseModel):
     until: datetime | None = None
     tenant: str | None = Field(None, min_length=1, max_length=63, pattern=SLUG)
     action: str | None = Field(None, min_length=3, max_length=64, pattern=ACTION)
+    actor: str | None = Field(None, **{**ACTOR_SPEC, "description": ACTOR_SPEC["description"] + EXPORT_ACTOR_NOTE})
+    actor_tenant: str | None = Field(None, **ACTOR_TENANT_SPEC)
     since_checkpoint: str | None = Field(
         None,
         max_length=4096,
@@ -179,14 +195,8 @@ def list_events(
     until: datetime | None = None,
     cursor: CursorQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    actor: Annotated[str | None, Query(
-        min_length=1, max_length=576,  # an id (512) @ a tenant (63)
-        description="an actor as the log shows it: `alice@acme` is acme's alice only (or an actor of no tenant "
-        "whose id is `alice@acme`); `alice`, with no tenant part, is alice of every tenant and of none; with "
-        "actor_tenant, the bare id within that tenant")] = None,
-    actor_tenant: Annotated[str | None, Query(
-        min_length=1, max_length=63, pattern=SLUG,
-        description="only events whose actor belongs to this tenant (with actor: that actor's id there)")] = None,
+    actor: Annotated[str | None, Query(**ACTOR_SPEC)] = None,
+    actor_tenant: Annotated[str | None, Query(**ACTOR_TENANT_SPEC)] = None,
 ) -> EventPage:
     scoped = _scope(request, principal, "audit.read", tenant)
     after = None
@@ -361,7 +371,8 @@ def create_export(body: ExportRequest, request: Request, ctx: CtxDep, principal:
         # a tenant principal's export holds only its tenant's decisions (`tenant` is its own here).
         authorize(request, principal, "decision.read", own)
     filters = ExportFilter(
-        since=_aware(body.since, "since"), until=_aware(body.until, "until"), tenant=tenant, action=body.action
+        since=_aware(body.since, "since"), until=_aware(body.until, "until"), tenant=tenant, action=body.action,
+        actor=body.actor, actor_tenant=body.actor_tenant,
     )
     exports.check_filters(filters, with_decisions=body.include_decisions)
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (closed by the stream)

@@ -6,8 +6,10 @@ RoCEv2 reaches A too. The list of a pair's flows shows those beside the policy's
 (policy/impact.py), never among them: `items` and `total` stay the policy's flows; `mirrors` (+ `mirrors_total`)
 are the pair's udp/4791 flows that pass only as the mirror of an allowed reverse, each `"mirror": "rocev2"` with
 a note naming what allows that reverse. The matrix's `cells` and counts stay the policy's too; `mirror_cells`
-counts the mirrors between the page's tenants, so a pair with mirrors alone can be opened. All are read from the
-same answer, and the reader is a platform principal, who may see both directions in full (policy/disclosure.py).
+counts the mirrors between the page's tenants, so a pair with mirrors alone can be opened, and each tenant row's
+`mirrors_out_other` / `mirrors_in_other` those to and from the tenants off the page (the "other tenants" row and
+column, beside `out_other` / `in_other`). All are read from the same answer, and the reader is a platform
+principal, who may see both directions in full (policy/disclosure.py).
 
 The set comes from the app's policy.flowset.FlowSets, kept per process while provably current
 (api/caches.py, `flow_set`).
@@ -58,6 +60,9 @@ class TenantRow(BaseModel):
     flows: int = Field(description="flows from and to this tenant (inside it counted once)")
     out_other: int = Field(description="flows from this tenant to tenants not on this page")
     in_other: int = Field(description="flows to this tenant from tenants not on this page")
+    mirrors_out_other: int = Field(0, description="RoCEv2 mirrors (not policy flows, as in `mirror_cells`) from this "
+                                                  "tenant to tenants not on this page")
+    mirrors_in_other: int = Field(0, description="RoCEv2 mirrors to this tenant from tenants not on this page")
 
 
 class MatrixCell(BaseModel):
@@ -127,16 +132,18 @@ def flow_matrix(
     flows = flow_set(request, ctx)
     if flows is None:
         return computing()
-    page = matrix_page(flows.counts, search=search, offset=offset, limit=limit)
+    mirror_counts = flows.mirror_counts
+    page = matrix_page(flows.counts, search=search, offset=offset, limit=limit, mirrors=mirror_counts)
     on_page = {t.tenant for t in page.tenants}
     return FlowMatrixOut(
         policy_hash=flows.policy_hash, computed_at=as_utc(flows.computed_at), flows=page.flows,
         tenants_matching=page.tenants_matching, next_offset=page.next_offset,
-        tenants=[TenantRow(tenant=t.tenant, flows=t.flows, out_other=t.out_other, in_other=t.in_other)
+        tenants=[TenantRow(tenant=t.tenant, flows=t.flows, out_other=t.out_other, in_other=t.in_other,
+                           mirrors_out_other=t.mirrors_out_other, mirrors_in_other=t.mirrors_in_other)
                  for t in page.tenants],
         cells=[MatrixCell(src_tenant=src, dst_tenant=dst, flows=n) for src, dst, n in page.cells],
         mirror_cells=[MirrorCell(src_tenant=src, dst_tenant=dst, mirrors=n)
-                      for (src, dst), n in sorted(flows.mirror_counts.items())
+                      for (src, dst), n in sorted(mirror_counts.items())
                       if src in on_page and dst in on_page],
     )
 

@@ -31,6 +31,12 @@ matching events just before and just after the window instead (its numbers conti
 never go backwards from the first counted event on (audit/service.py), which is what makes an event
 before the window (in time) also one before it in the log.
 
+An actor filter (`actor`, `actor_tenant`: audit.actor.ActorQuery, as `audit events` reads them) narrows the same
+way, but nothing numbers an actor's events: its export proves each event shown authentic, in its place and of that
+actor, and cannot prove that none of the actor's events was left out behind a gap hash. It carries no counter
+proof, and the verifier reports it unproven (never proven complete); for a provable selection, export by tenant
+or action and look the actor up in the file.
+
 With `since_checkpoint` (an earlier checkpoint an auditor kept), the header also carries the RFC 6962
 consistency proof from that tree to this one.
 """
@@ -47,12 +53,13 @@ from sqlalchemy import and_, func, select
 from sqlmodel import Session
 
 from audit import counters, merkle
+from audit.actor import ActorQuery
 from audit.checkpoint import DEFAULT_ORIGIN, Checkpoint, CheckpointSigner, checkpoint_proving
 from audit.errors import InvalidAuditEvent
 from audit.export.formats import FORMATS
 from audit.export.records import EXPORT_FORMAT, EXPORT_VERSION, context_positions
 from audit.models import AuditCheckpoint, AuditEvent
-from audit.service import ACTION_RE, consistency_proof, format_ts, node_hashes, root_at
+from audit.service import ACTION_RE, actor_filter, consistency_proof, format_ts, node_hashes, root_at
 from core.clock import Clock, system_clock
 from core.slugs import is_slug
 from store.db import Database
@@ -66,6 +73,8 @@ class ExportFilter:
     until: datetime | None = None
     tenant: str | None = None
     action: str | None = None
+    actor: str | None = None  # actor and actor_tenant: audit.actor.ActorQuery, as `audit events` reads them
+    actor_tenant: str | None = None
 
     def check(self) -> None:
         """InvalidAuditEvent naming the bad filter; nothing is written for a bad filter."""
@@ -78,18 +87,26 @@ class ExportFilter:
             raise InvalidAuditEvent(f"export --tenant {self.tenant!r} is not a DNS-label slug")
         if self.action is not None and not ACTION_RE.fullmatch(self.action):
             raise InvalidAuditEvent(f"export --action {self.action!r} is not an action like 'svid.issue'")
+        if self.actors.given and (problem := self.actors.problem()) is not None:
+            raise InvalidAuditEvent(f"export: {problem}")
+
+    @property
+    def actors(self) -> ActorQuery:
+        return ActorQuery(self.actor, self.actor_tenant)
 
     @property
     def narrows(self) -> bool:
-        """Whether events inside the sequence range may be left out (tenant or action filter)."""
-        return self.tenant is not None or self.action is not None
+        """Whether events inside the sequence range may be left out (tenant, action or actor filter)."""
+        return self.tenant is not None or self.action is not None or self.actors.given
 
     def as_json(self) -> dict[str, Any]:
+        """The header's `filter`; the actor's parts only when given (an export without them is as before)."""
         return {
             "since": format_ts(self.since) if self.since else None,
             "until": format_ts(self.until) if self.until else None,
             "tenant": self.tenant,
             "action": self.action,
+            **self.actors.as_json(),
         }
 
 
@@ -125,8 +142,16 @@ def seq_range(session: Session, size: int, filters: ExportFilter) -> tuple[int, 
     return start, end
 
 
-def _matches(filters: ExportFilter, tenant: str | None, action: str) -> bool:
-    return (filters.tenant is None or tenant == filters.tenant) and (filters.action is None or action == filters.action)
+def _matcher(filters: ExportFilter) -> Callable[[str | None, str, str, str | None], bool]:
+    """Whether an event (tenant, action, actor id, actor tenant) is one the filter selects: built once per export."""
+    tenant_, action_, actors = filters.tenant, filters.action, filters.actors
+    by_actor = actors.given
+
+    def matches(tenant: str | None, action: str, actor_id: str, actor_tenant: str | None) -> bool:
+        return ((tenant_ is None or tenant == tenant_) and (action_ is None or action == action_)
+                and (not by_actor or actors.matches(actor_id, actor_tenant)))
+
+    return matches
 
 
 def export_events(
@@ -151,7 +176,9 @@ def export_events(
     filters.check()
     if fmt not in FORMATS:
         raise InvalidAuditEvent(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
-    proven = counters.filter_dimension(filters.tenant, filters.action)
+    # The counters prove a tenant or action selection complete; nothing counts an actor's events, so an export
+    # narrowed to actors carries no count (the verifier then says it is unproven, never that it is complete).
+    proven = None if filters.actors.given else counters.filter_dimension(filters.tenant, filters.action)
     cp, heads_proof = checkpoint_proving(db, signer, proven[1] if proven else None, origin=origin, clock=clock)
     n = cp.size
     writer = FORMATS[fmt].writer(out, origin)
@@ -188,7 +215,7 @@ def export_events(
 
         def one_event(seq: int) -> None:
             for rows in _stream(session, seq, seq + 1, 1):
-                for _seq, _tenant, _action, data, leaf in rows:
+                for _seq, _tenant, _action, _actor_id, _actor_tenant, data, leaf in rows:
                     writer.event(data, leaf)
 
         if before is not None:
@@ -197,12 +224,13 @@ def export_events(
             stored_gap(before + 1, start)
         else:
             stored_gap(0, start)
+        selected = _matcher(filters)
         left_out = merkle.CompactRange(start)  # the run of events since the last one shown
         total = end - start
         done = 0
         for rows in _stream(session, start, end, batch):
-            for seq, tenant, action, data, leaf in rows:
-                if _matches(filters, tenant, action):
+            for seq, tenant, action, actor_id, actor_tenant, data, leaf in rows:
+                if selected(tenant, action, actor_id, actor_tenant):
                     for level, st, node in left_out.restart(seq + 1):
                         writer.gap(level, st, node)
                         gaps += 1
@@ -236,6 +264,8 @@ def _narrowed_context(
         match.append(_events.c.tenant == filters.tenant)
     if filters.action is not None:
         match.append(_events.c.action == filters.action)
+    if filters.actors.given:
+        match.append(actor_filter(filters.actor, filters.actor_tenant))
     conn = session.connection()
     before = after = None
     if filters.since is not None and start > 0:
@@ -270,12 +300,14 @@ def _stored_gap(session: Session, start: int, end: int) -> list[tuple[int, int, 
 
 
 def _stream(session: Session, start: int, end: int, batch: int) -> Iterator[list[Any]]:
-    """Rows (seq, tenant, action, data, leaf_hash) in order, through a server-side cursor on PostgreSQL."""
+    """Rows (seq, tenant, action, actor_id, actor_tenant, data, leaf_hash) in order, through a server-side cursor on
+    PostgreSQL."""
     if start >= end:
         return
     conn = session.connection().execution_options(yield_per=batch)
+    ev = _events.c
     result = conn.execute(
-        select(_events.c.seq, _events.c.tenant, _events.c.action, _events.c.data, _events.c.leaf_hash)
+        select(ev.seq, ev.tenant, ev.action, ev.actor_id, ev.actor_tenant, ev.data, ev.leaf_hash)
         .where(and_(_events.c.seq >= start, _events.c.seq < end))
         .order_by(_events.c.seq)
     )

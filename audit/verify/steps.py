@@ -23,8 +23,8 @@
    RFC 6962 consistency proof or the rebuilt tree itself (StaleCheckpoint, Inconsistent).
 
 All steps passed but a selection the log cannot prove complete (events or checkpoints from before the
-log kept counters, a context event from before its clock was monotonic, no consistency proof) raises
-Unproven: never OK.
+log kept counters, an actor filter -- nothing counts an actor's events --, a context event from before its clock
+was monotonic, no consistency proof) raises Unproven: never OK.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import IO, Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from audit import counters, merkle
+from audit.actor import ActorQuery
 from audit.errors import (
     BadCheckpoint,
     BadHeader,
@@ -180,10 +181,11 @@ class _Claim:
     after: int | None
     key: tuple[str, str] | None  # (dimension, counter key) that proves a narrowed export complete
     head: counters.Head | None  # the key's head the checkpoint signs (None: it signs none)
+    actors: ActorQuery | None = None  # an actor filter: narrows, and nothing counts its events
 
     @property
     def narrows(self) -> bool:
-        return self.key is not None
+        return self.key is not None or self.actors is not None
 
     @property
     def shown(self) -> tuple[int, int]:
@@ -227,7 +229,8 @@ def _check_header(header: dict[str, Any], cp: Checkpoint) -> _Claim:
         )
     before, after = context_positions(flt, lo, hi, n)
     tenant, action = flt.get("tenant"), flt.get("action")
-    key = counters.filter_dimension(tenant, action)
+    actors = _actors(flt)
+    key = None if actors is not None else counters.filter_dimension(tenant, action)
     head = None
     if key is not None and cp.counters is not None and "counters" in header:
         try:
@@ -235,8 +238,32 @@ def _check_header(header: dict[str, Any], cp: Checkpoint) -> _Claim:
         except ProofError as exc:
             raise BadHeader(f"the header's count of {key[1]!r} is not the one the checkpoint signs: {exc}") from exc
     return _Claim(
-        cp, lo, hi, flt, tenant, action, _bound(flt, "since"), _bound(flt, "until"), before, after, key, head
+        cp, lo, hi, flt, tenant, action, _bound(flt, "since"), _bound(flt, "until"), before, after, key, head, actors
     )
+
+
+def _actors(flt: dict[str, Any]) -> ActorQuery | None:
+    """The header's actor filter (audit.actor.ActorQuery, as the export applied it), or None; BadHeader if bad."""
+    query = ActorQuery(flt.get("actor"), flt.get("actor_tenant"))
+    if not query.given:
+        return None
+    problem = query.problem()
+    if problem is not None:
+        raise BadHeader(f"the header's filter: {problem}")
+    return query
+
+
+def actor_unproven(actors: ActorQuery) -> str:
+    """Why an export narrowed to actors cannot be proven complete (what `audit verify` and the export say)."""
+    if actors.actor_tenant is None:
+        who = f"actor {actors.actor}"
+    elif actors.actor is None:
+        who = f"the actors of tenant {actors.actor_tenant}"
+    else:
+        who = f"actor {actors.actor} of tenant {actors.actor_tenant}"
+    return (f"the export is narrowed to {who}, and the log keeps no count of an actor's events: it cannot prove "
+            "that none was left out (each event shown is proven authentic, in its place and that actor's; export "
+            "by tenant or action for a selection proven complete)")
 
 
 def _bound(flt: dict[str, Any], name: str) -> datetime | None:
@@ -304,6 +331,15 @@ def _check_event(
         )
     if claim.action is not None and doc["action"] != claim.action:
         raise OutsideFilter(f"its action {doc['action']!r} is not the export's {claim.action!r}", seq, rec.line)
+    if claim.actors is not None:
+        actor = doc.get("actor")
+        if not isinstance(actor, dict) or not isinstance(actor.get("id"), str) or not (
+                actor.get("tenant") is None or isinstance(actor.get("tenant"), str)):
+            raise malformed(rec.line, "event lacks its actor's id", index=pos)
+        if not claim.actors.matches(actor["id"], actor.get("tenant")):
+            shown = actor["id"] + (f"@{actor['tenant']}" if actor.get("tenant") is not None else "")
+            raise OutsideFilter(f"its actor {shown!r} is not one the export selects ({claim.actors.as_json()})",
+                                seq, rec.line)
     if pos >= claim.cp.size:
         raise Inserted(f"it lies beyond the checkpoint's tree size {claim.cp.size}", seq, rec.line)
     if claim.narrows:  # the matching event just before / after the window; step 5 checks it is that one
@@ -384,7 +420,7 @@ class _Order:
         self.latest: datetime | None = None
         self.first: tuple[int, int, bool] | None = None  # (seq, number, is context) of the first matching
         self.last: tuple[int, int, bool, bytes] | None = None  # ... and of the last, with its leaf
-        self.unproven: list[str] = []
+        self.unproven: list[str] = [actor_unproven(claim.actors)] if claim.actors is not None else []
 
     def event(self, doc: dict[str, Any], seq: int, leaf: bytes, line: int, is_context: bool) -> None:
         ts = _ts(doc, seq, line)

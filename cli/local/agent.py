@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from cli.output import NODE, command, fail
+from cli.output import EXIT_USAGE, NODE, command, fail
 from cli.params import (
     BRIDGE,
     DEVICE_URL,
@@ -78,27 +78,30 @@ def register(app: typer.Typer) -> None:
         from core.errors import TrustfabricError
 
         if lab is not None and (ovs_bridge or nvue):
-            fail("--lab drives the lab's devices, --ovs-bridge and --nvue a real node's: give one or the other", code=2)
+            fail("--lab drives the lab's devices, --ovs-bridge and --nvue a real node's: give one or the other",
+                 code=EXIT_USAGE)
         if (ovs_rundir or ovs_port) and not ovs_bridge:
-            fail("--ovs-rundir and --ovs-port need --ovs-bridge", code=2)
+            fail("--ovs-rundir and --ovs-port need --ovs-bridge", code=EXIT_USAGE)
         if (nvue_user or nvue_password_file or nvue_ca) and not nvue:
-            fail("--nvue-user, --nvue-password-file and --nvue-ca need --nvue", code=2)
+            fail("--nvue-user, --nvue-password-file and --nvue-ca need --nvue", code=EXIT_USAGE)
         if (nvue_user is None) != (nvue_password_file is None):
-            fail("give --nvue-user and --nvue-password-file together", code=2)
+            fail("give --nvue-user and --nvue-password-file together", code=EXIT_USAGE)
         ovs = OvsNode(ovs_bridge, ovs_rundir or SYSTEM_OVS_RUNDIR,
                       dict(p.split("=", 1) for p in ovs_port)) if ovs_bridge else None
         leaf = NvueLeaf(nvue, nvue_user, nvue_password_file, nvue_ca) if nvue else None
 
         if join_token and join_token_file:
-            fail("give --join-token or --join-token-file, not both", code=2)
+            fail("give --join-token or --join-token-file, not both", code=EXIT_USAGE)
         token = join_token
         if join_token_file is not None:
             try:
                 token = JOIN_TOKEN(join_token_file.read_text(encoding="utf-8"))
             except OSError as exc:
-                fail(f"--join-token-file {join_token_file}: {exc.strerror}", code=2)
+                fail(f"--join-token-file {join_token_file}: {exc.strerror}", code=EXIT_USAGE)
+            except UnicodeDecodeError:
+                fail(f"--join-token-file {join_token_file}: not UTF-8 text", code=EXIT_USAGE)
             except typer.BadParameter as exc:
-                fail(f"--join-token-file {join_token_file}: {exc}", code=2)
+                fail(f"--join-token-file {join_token_file}: {exc}", code=EXIT_USAGE)
         home = data_dir or Path(".trustfabric-agent") / node
         logging.getLogger("trustfabric.agent").setLevel(logging.INFO)
         try:

@@ -1,9 +1,11 @@
 """`trustfabric audit export | verify | public-key`.
 
 `verify` works offline: it opens no database and no key store, only the export file and the public key
-(and, with --since-checkpoint, a checkpoint the auditor kept). Exit codes: 0 proven intact, 1 failed
-(names the first bad event), 3 unproven (nothing found altered, but the export cannot prove its
-selection complete), 2 usage.
+(and, with --since-checkpoint, a checkpoint the auditor kept). Exit codes (cli.output's EXIT_*): 0 proven
+intact, 1 FAILED (names the first bad event; a file that is no export is not an intact one), 2 usage (a bad
+argument; a --public-key that is no key or cannot be read, a --since-checkpoint that is no checkpoint signed by
+that key or cannot be read: checked before the export is read), 3 unproven (nothing found altered, but the
+export cannot prove its selection complete; beyond CONVENTIONS.md's 0/1/2, for `audit verify` alone).
 """
 
 from __future__ import annotations
@@ -13,12 +15,27 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
-from cli.output import LOCAL, OFFLINE, add_group, command, emit, err_console, fail, machine_output, open_context
-from cli.params import SLUG, WHEN, choice, existing_file
+from cli.audit_filters import ActionOpt, ActorOpt, ActorTenantOpt, SinceOpt, TenantOpt, UntilOpt
+from cli.output import (
+    EXIT_FAILURE,
+    EXIT_UNPROVEN,
+    EXIT_USAGE,
+    LOCAL,
+    OFFLINE,
+    add_group,
+    answer_no,
+    command,
+    emit,
+    err_console,
+    fail,
+    machine_output,
+    open_context,
+)
+from cli.params import choice, existing_file
 from core.errors import InvalidInput, TrustfabricError
 
 if TYPE_CHECKING:
@@ -34,13 +51,8 @@ def export_cmd(
     out: Path = typer.Option(..., "--out", help="file to write (replaced only when the export succeeds)",
                              dir_okay=False),
     fmt: str = typer.Option("jsonl", "--format", parser=choice("jsonl", "csv", "ocsf"), metavar="jsonl|csv|ocsf"),
-    since: datetime | None = typer.Option(None, "--since", parser=WHEN, metavar="TIME",
-                                          help="ISO 8601 with timezone, inclusive"),
-    until: datetime | None = typer.Option(None, "--until", parser=WHEN, metavar="TIME",
-                                          help="ISO 8601 with timezone, exclusive"),
-    tenant: str | None = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT",
-                                      help="only this tenant's events"),
-    action: str | None = typer.Option(None, "--action", help="only this action, e.g. svid.issue"),
+    since: datetime | None = SinceOpt, until: datetime | None = UntilOpt, tenant: str | None = TenantOpt,
+    action: str | None = ActionOpt, actor: str | None = ActorOpt, actor_tenant: str | None = ActorTenantOpt,
     with_decisions: bool = typer.Option(
         False,
         "--with-decisions",
@@ -51,16 +63,24 @@ def export_cmd(
         **existing_file(),
     ),
 ) -> None:
-    """Export the audit log with its signed checkpoint and everything needed to verify it offline."""
+    """Export the audit log with its signed checkpoint and everything needed to verify it offline.
+
+    Filters as `audit events` takes them. A --tenant or --action selection is proven complete by `audit verify`;
+    one narrowed by --actor/--actor-tenant is not (nothing counts an actor's events): each event in it is still
+    proven authentic, in its place and that actor's, but `audit verify` says UNPROVEN (exit 3)."""
     from audit.export import FORMATS, ExportFilter
     from cli.output import local_operator
     from workflows.exports import check_filters, export_audit
 
     if fmt not in FORMATS:
-        fail(f"--format must be one of {', '.join(FORMATS)}", code=2)
-    filters = ExportFilter(since=since, until=until, tenant=tenant, action=action)
+        fail(f"--format must be one of {', '.join(FORMATS)}", EXIT_USAGE)
+    filters = ExportFilter(since=since, until=until, tenant=tenant, action=action, actor=actor,
+                           actor_tenant=actor_tenant)
     check_filters(filters, with_decisions=with_decisions)  # a bad filter writes nothing
-    kept_note = _read_checkpoint(since_checkpoint) if since_checkpoint else None
+    try:
+        kept_note = _read_checkpoint(since_checkpoint) if since_checkpoint else None
+    except InvalidInput as exc:  # the file given cannot be read: usage, before any work
+        fail(str(exc), EXIT_USAGE)
     tmp = out.with_name(out.name + ".part")
     dec_out = out.with_name(out.name + ".decisions.jsonl")
     dec_tmp = dec_out.with_name(dec_out.name + ".part")
@@ -113,6 +133,11 @@ def export_cmd(
         )
         if decisions is not None:
             print(f"exported {decisions.count} decision record(s) to {dec_out} (sha256 {decisions.sha256})")
+    if filters.actors.given:  # said where it is made, not first at verify time
+        from audit.verify.steps import actor_unproven
+
+        err_console.print(f"note: {actor_unproven(filters.actors)}: `audit verify` says UNPROVEN (exit 3)",
+                          highlight=False, markup=False, soft_wrap=True)
 
 
 def _read_checkpoint(path: Path) -> str:
@@ -130,6 +155,14 @@ def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
     return verify_checkpoint(_read_checkpoint(path), key)
 
 
+def _cannot_verify(exc: Exception, code: int) -> NoReturn:
+    """`audit verify` could not verify (no FAILED verdict): one line, or the JSON object, then exit `code`."""
+    if machine_output():
+        emit({"ok": False, "kind": "unreadable", "index": None, "line": None, "reason": str(exc)})
+        raise typer.Exit(code) from None
+    fail(f"cannot verify: {exc}", code)
+
+
 def verify_cmd(
     file: Path = typer.Argument(..., help="an export written by `trustfabric audit export`", **existing_file()),
     public_key: Path = typer.Option(..., "--public-key", help="the audit public key (PEM from `audit public-key`)",
@@ -141,34 +174,35 @@ def verify_cmd(
         **existing_file(),
     ),
 ) -> None:
-    """Verify an export offline; exit 0 when proven intact, 1 naming the first bad event, 3 when unproven."""
+    """Verify an export offline; exit 0 when proven intact, 1 naming the first bad event (FAILED), 2 when the key or
+    the kept checkpoint cannot be used (unreadable, not a key, not a checkpoint that key signed), 3 when unproven."""
     from audit.errors import CheckpointError, Unproven, VerificationError
     from audit.note import load_public_key
     from audit.verify import verify_export
 
-    try:
+    try:  # the files that say what to trust, before the export is read: one that cannot be used is usage
         try:
             key = load_public_key(public_key.read_bytes())
         except CheckpointError as exc:  # which file: an auditor holds several beside the export
             raise CheckpointError(f"--public-key {public_key}: {exc}") from None
         kept = _kept_checkpoint(since_checkpoint, key) if since_checkpoint else None
+    except (OSError, TrustfabricError) as exc:
+        _cannot_verify(exc, EXIT_USAGE)
+    try:
         report = verify_export(file, key, since=kept)
     except Unproven as exc:
         if machine_output():
             emit({"ok": False, "kind": exc.kind, "index": None, "line": None, "reason": str(exc)})
         else:
             err_console.print(f"UNPROVEN: nothing was found altered, but {exc}", highlight=False, markup=False)
-        raise typer.Exit(3) from None
+        raise typer.Exit(EXIT_UNPROVEN) from None
     except VerificationError as exc:
         if machine_output():
             emit({"ok": False, "kind": exc.kind, "index": exc.index, "line": exc.line, "reason": str(exc)})
-            raise typer.Exit(1) from None
+            answer_no()
         fail(f"FAILED ({exc.kind}): {exc}")
-    except (OSError, TrustfabricError) as exc:
-        if machine_output():
-            emit({"ok": False, "kind": "unreadable", "index": None, "line": None, "reason": str(exc)})
-            raise typer.Exit(1) from None
-        fail(f"cannot verify: {exc}")
+    except (OSError, TrustfabricError) as exc:  # the export could not be read through: a failure, not FAILED
+        _cannot_verify(exc, EXIT_FAILURE)
     if machine_output():
         emit(
             {

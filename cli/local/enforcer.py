@@ -21,6 +21,7 @@ from cli.output import (
     Col,
     View,
     add_group,
+    answer_no,
     command,
     console,
     emit,
@@ -177,7 +178,7 @@ def register(app: typer.Typer) -> None:
             if not findings and not mismatches:
                 console.print("ok: the published rule sets do what the active policy says", highlight=False)
         if findings or mismatches:
-            raise typer.Exit(1)
+            answer_no()
 
     @command(enforcer, "show", LOCAL)
     def show_cmd(device: str = DeviceOpt,

@@ -1,7 +1,8 @@
 """`trustfabric lab up|down|status|apply|probe`: the lab fabric on this machine (root; lab/).
 
 Local: it builds namespaces and Open vSwitch bridges here, and keeps its state in TRUSTFABRIC_HOME/lab.
-Exit 0 ok (a probe that answers BLOCKED is an answer), 1 failure (one readable line), 2 usage.
+Exit 0 done (a probe: OPEN); 1 failure: a probe answered BLOCKED (as `nc -z`), an error (one readable line);
+2 usage: a bad argument.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import typer
 
-from cli.output import LOCAL, add_group, command, console, emit, emit_table, guard, machine_output
+from cli.output import LOCAL, add_group, answer_no, command, console, emit, emit_table, guard, machine_output
 from cli.params import PORT, choice, existing_file
 
 
@@ -19,6 +20,18 @@ def _home() -> Path:
     from cli.output import local_settings
 
     return Path(local_settings().home)
+
+
+def _print_probe(out: dict[str, Any], src: str, dst: str, port: int) -> None:
+    console.print(f"{out['result']}  {src} -> {dst} tcp/{port} (IPv{out['family']}, "
+                  f"{out['seconds'] * 1000:.1f} ms)", highlight=False, soft_wrap=True)
+    console.print(f"  decided by: {'; '.join(out['decided_by'])}", highlight=False, soft_wrap=True)
+    enf = out["enforcer"]
+    if enf["allows"] is not None:
+        word = "allow" if enf["allows"] else "deny"
+        console.print(f"  enforcer (applied rule sets): {word}: {enf['detail']} -- "
+                      f"{'agrees' if out['agrees'] else 'DISAGREES'} with the wire", highlight=False,
+                      soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -94,20 +107,15 @@ def register(app: typer.Typer) -> None:
                   ipv6: bool = typer.Option(False, "--ipv6", help="over the workloads' IPv6 addresses"),
                   timeout: float = typer.Option(0.5, "--timeout", min=0.05, max=30.0,
                                                 help="seconds to wait for the handshake")) -> None:
-        """Open a real TCP connection from SRC to DST:PORT; print OPEN or BLOCKED and which rule decided."""
+        """Open a real TCP connection from SRC to DST:PORT; print OPEN or BLOCKED and which rule decided (exit 0
+        OPEN, 1 BLOCKED, as `nc -z` answers)."""
         from lab import operations
 
         result = guard(lambda: operations.probe(_home(), src, dst, port, 6 if ipv6 else 4, timeout))
         out: dict[str, Any] = result.to_dict()
         if machine_output():
             emit(out)
-            return
-        console.print(f"{out['result']}  {src} -> {dst} tcp/{port} (IPv{out['family']}, "
-                      f"{out['seconds'] * 1000:.1f} ms)", highlight=False, soft_wrap=True)
-        console.print(f"  decided by: {'; '.join(out['decided_by'])}", highlight=False, soft_wrap=True)
-        enf = out["enforcer"]
-        if enf["allows"] is not None:
-            word = "allow" if enf["allows"] else "deny"
-            console.print(f"  enforcer (applied rule sets): {word}: {enf['detail']} -- "
-                          f"{'agrees' if out['agrees'] else 'DISAGREES'} with the wire", highlight=False,
-                          soft_wrap=True)
+        else:
+            _print_probe(out, src, dst, port)
+        if out["result"] != "OPEN":
+            answer_no()

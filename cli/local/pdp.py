@@ -8,7 +8,18 @@ from typing import Any
 
 import typer
 
-from cli.output import LOCAL, command, console, emit, fail, guard, machine_output, one_line_errors, open_context
+from cli.output import (
+    EXIT_USAGE,
+    LOCAL,
+    command,
+    console,
+    emit,
+    fail,
+    guard,
+    machine_output,
+    one_line_errors,
+    open_context,
+)
 from cli.params import PORT, existing_dir, existing_file
 
 
@@ -37,9 +48,9 @@ def register(app: typer.Typer) -> None:
         settings = local_settings()
         token = settings.pdp_token
         if token is None and host not in ("127.0.0.1", "::1", "localhost"):
-            fail("set TRUSTFABRIC_PDP_TOKEN to serve beyond loopback", 2)
+            fail("set TRUSTFABRIC_PDP_TOKEN to serve beyond loopback", EXIT_USAGE)
         if (tls_cert is None) != (tls_key is None):
-            fail("--tls-cert and --tls-key go together", 2)
+            fail("--tls-cert and --tls-key go together", EXIT_USAGE)
         engine = guard(lambda: make_engine(settings.engines(), "pdp"))
         sync: PdpSync | None = None
         ctx_cm: Any = None

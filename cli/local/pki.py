@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from cli.output import (
+    EXIT_USAGE,
     LOCAL,
     Col,
     View,
     add_group,
     command,
     emit,
+    guard,
     local_operator,
     machine_output,
     open_context,
@@ -75,9 +77,10 @@ def register(app: typer.Typer) -> None:
         """Issue an X.509-SVID to a registered workload from a CSR."""
         from pki import service
 
+        csr_pem = guard(lambda: _read(csr), EXIT_USAGE)  # the file given, before any work: unreadable is usage
         with open_context() as ctx, ctx.db.session() as session:
             issued = service.issue_x509_svid(
-                session, ctx.keystore, csr_pem=_read(csr), tenant=tenant, group=group, workload=workload,
+                session, ctx.keystore, csr_pem=csr_pem, tenant=tenant, group=group, workload=workload,
                 ttl=_ttl(ttl), actor=local_operator(), scope_tenant=None, clock=ctx.clock,
                 max_ttl=ctx.settings.max_svid_ttl,
             )

@@ -1,9 +1,12 @@
 """`trustfabric policy validate|test|eval|upload|impact|activate|rollback|list|show|explain|flows|decisions|decision`.
 
 validate and test work on a directory alone (offline); eval on files, or on a stored version; the others
-open the local data directory (run them on the server host). Exit 0 ok, 1 failure (one readable line),
-2 usage. There is no `policy fmt`: no Rego formatter exists for Python or regorus (`opa fmt` formats
-where OPA is installed).
+open the local data directory (run them on the server host). Exit codes (cli.output's EXIT_*): 0 ok / yes
+(validates, tests pass, ALLOW), 1 failure / no (problems found, tests fail or none to run, DENY, a version stored
+whose tests fail, any error), 2 usage (a bad argument; an --input, --data or --signature-file that cannot be
+read as what it says, before any work). `eval` prints the query's value, as
+`opa eval` does, and exits 0 when it is undefined too. There is no `policy fmt`: no Rego formatter exists for
+Python or regorus (`opa fmt` formats where OPA is installed).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from cli.output import (
+    EXIT_USAGE,
     LOCAL,
     OFFLINE,
     Col,
     View,
     add_group,
+    answer_no,
     command,
     console,
     emit,
@@ -64,8 +69,12 @@ def _if_unchanged(note: str, flow: dict[str, Any]) -> str:
 
 
 def _signature(signature: str | None, signature_file: Path | None) -> str | None:
+    """--signature, or the text of --signature-file; a file that cannot be read as text is usage (exit 2)."""
     if signature_file is not None:
-        return signature_file.read_text(encoding="ascii").strip()
+        try:
+            return signature_file.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"--signature-file {signature_file}: cannot read it as base64 text ({exc})", EXIT_USAGE)
     return signature
 
 
@@ -76,7 +85,7 @@ def _version_dict(v: Any) -> dict[str, Any]:
 
 
 def _compile_errors(directory: Path, exc: Any) -> NoReturn:
-    """Every problem of a PolicyCompileError at DIRECTORY/file:line:col, then exit 1."""
+    """Every problem of a PolicyCompileError at DIRECTORY/file:line:col, then exit 1 (the policy is not valid)."""
     issues = [{"file": str(directory / i.file), "line": i.line, "col": i.col, "message": i.message}
               for i in exc.issues]
     if machine_output():
@@ -89,12 +98,15 @@ def _compile_errors(directory: Path, exc: Any) -> NoReturn:
 
 
 def _load_json_or_yaml(path: Path) -> Any:
-    """A JSON or YAML document; InvalidInput naming the file when it is neither."""
+    """A JSON or YAML document; InvalidInput naming the file when it cannot be read or is neither."""
     import json
 
     from core.errors import InvalidInput
 
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{path}: cannot read it as text ({exc})") from None
     try:
         return json.loads(text)
     except ValueError:
@@ -139,7 +151,8 @@ def register(app: typer.Typer) -> None:
         coverage: bool = typer.Option(False, "--coverage", help="per-module line coverage of the tests"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="list every test, not only failures"),
     ) -> None:
-        """Run the test_* rules under DIRECTORY; prints `PASS: n/n` or `FAIL: k/n` with the failures (exit 1)."""
+        """Run the test_* rules under DIRECTORY; prints `PASS: n/n` or `FAIL: k/n` with the failures (exit 1, as when
+        there is no test to run; 2 for a --run that is no regular expression)."""
         import re
 
         from policy import authoring
@@ -150,7 +163,7 @@ def register(app: typer.Typer) -> None:
             try:
                 re.compile(run)
             except re.error as exc:
-                fail(f"--run {run!r} is not a regular expression: {exc}", 2)
+                fail(f"--run {run!r} is not a regular expression: {exc}", EXIT_USAGE)
         modules = guard(lambda: load_dir(directory))
         try:
             report = authoring.test(modules, run=run, coverage=coverage)
@@ -188,6 +201,7 @@ def register(app: typer.Typer) -> None:
 
         Against modules given with --data (offline), or against a stored version (--version; the active one
         when no module is given) with the live data document."""
+        from core.errors import InvalidInput
         from policy import authoring
         from policy.versions import load_dir
 
@@ -200,14 +214,23 @@ def register(app: typer.Typer) -> None:
                     for extra in sorted([*path.rglob("*.json"), *path.rglob("*.yaml")]):
                         _merge(doc, _load_json_or_yaml(extra), extra)
                 elif path.suffix == ".rego":
-                    modules[path.name] = path.read_text(encoding="utf-8")
+                    try:
+                        modules[path.name] = path.read_text(encoding="utf-8")
+                    except (OSError, UnicodeDecodeError) as exc:
+                        raise InvalidInput(f"{path}: cannot read it as text ({exc})") from None
                 else:
                     _merge(doc, _load_json_or_yaml(path), path)
             return modules, doc
 
-        def run() -> dict[str, Any]:
+        def read() -> tuple[dict[str, str], dict[str, Any], Any]:
             modules, doc = collect()
-            given_input = _load_json_or_yaml(input_file) if input_file is not None else None
+            return modules, doc, _load_json_or_yaml(input_file) if input_file is not None else None
+
+        # the files given (--data, --input), read before any work: one that cannot be used is usage (exit 2)
+        given_modules, given_doc, given_input = guard(read, EXIT_USAGE)
+
+        def run() -> dict[str, Any]:
+            modules, doc = given_modules, given_doc
             if version is None and modules:  # the operator's own files only: offline, in this process
                 return authoring.evaluate_query(modules, query, input=given_input, data=doc)
             from policy import service
@@ -379,8 +402,9 @@ def register(app: typer.Typer) -> None:
                 reason: str | None) -> None:
         from workflows import policy as flows
 
+        sig = _signature(signature, signature_file)  # before any work
+
         def run() -> dict[str, Any]:
-            sig = _signature(signature, signature_file)
             with open_context() as ctx:
                 v = flows.switch(ctx, "activate" if kind == "activate" else "rollback", version,
                                  local_operator("security"), signature=sig, reason=reason)
@@ -414,7 +438,7 @@ def register(app: typer.Typer) -> None:
                                              metavar=PORT_MAYBE_PROTO.metavar, help="e.g. 8443 or udp/4791"),
                     proto: str | None = typer.Option(None, "--proto", parser=PROTO, metavar=PROTO.metavar,
                                                      help="default: the one --port names, else tcp")) -> None:
-        """The decision on one flow under the active version, and why. Exit 0 whatever the decision."""
+        """The decision on one flow under the active version, and why: exit 0 ALLOW, 1 DENY (as `grant explain`)."""
         from policy import service
 
         protocol, (number,) = one_protocol([port], proto)
@@ -428,14 +452,16 @@ def register(app: typer.Typer) -> None:
         out = guard(run)
         if machine_output():
             emit(out)
-            return
-        # one line per reason whatever the width (soft_wrap: the terminal folds it, a pipe or a grep gets it whole)
-        console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {protocol}/{number}", highlight=False,
-                      markup=False, soft_wrap=True)
-        for reason in out["reasons"]:
-            console.print(f"  {reason}", highlight=False, markup=False, soft_wrap=True)
-        for note in out["notes"]:  # what the devices add (RoCEv2's mirror); the verdict above is the policy's
-            console.print(f"  note: {note}", highlight=False, markup=False, soft_wrap=True)
+        else:
+            # one line per reason whatever the width (soft_wrap: the terminal folds it, a pipe or a grep gets it whole)
+            console.print(f"{'ALLOW' if out['allow'] else 'DENY'} {src} -> {dst} {protocol}/{number}",
+                          highlight=False, markup=False, soft_wrap=True)
+            for reason in out["reasons"]:
+                console.print(f"  {reason}", highlight=False, markup=False, soft_wrap=True)
+            for note in out["notes"]:  # what the devices add (RoCEv2's mirror); the verdict above is the policy's
+                console.print(f"  note: {note}", highlight=False, markup=False, soft_wrap=True)
+        if not out["allow"]:
+            answer_no()
 
     @command(policy, "flows", LOCAL)
     def flows_cmd(src_tenant: str = typer.Option(..., "--src-tenant", parser=SLUG, metavar="TENANT"),

@@ -10,8 +10,8 @@ from typing import Any
 import typer
 
 from audit.actor import qualified_id
+from cli.audit_filters import ActionOpt, ActorOpt, ActorTenantOpt, SinceOpt, TenantOpt, UntilOpt
 from cli.output import API, Col, View, command, emit, machine_output
-from cli.params import SLUG, WHEN
 from cli.remote.common import CaOpt, ServerOpt, client
 
 
@@ -34,14 +34,8 @@ def _iso(value: Any) -> str | None:
 def register(audit: typer.Typer) -> None:
     @command(audit, "events", API)
     def events_cmd(
-        tenant: str = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT", help="only this tenant's"),
-        action: str = typer.Option(None, "--action", help="only this action, e.g. grant.approve"),
-        actor: str = typer.Option(None, "--actor", help="only this actor's: alice@acme (acme's alice), or alice "
-                                  "(every tenant's), cli:root"),
-        actor_tenant: str = typer.Option(None, "--actor-tenant", parser=SLUG, metavar="TENANT",
-                                         help="only actors of this tenant (with --actor: that id there)"),
-        since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME", help="ISO 8601, inclusive"),
-        until: Any = typer.Option(None, "--until", parser=WHEN, metavar="TIME", help="ISO 8601, exclusive"),
+        tenant: str = TenantOpt, action: str = ActionOpt, actor: str = ActorOpt, actor_tenant: str = ActorTenantOpt,
+        since: Any = SinceOpt, until: Any = UntilOpt,
         limit: int = typer.Option(100, "--limit", min=1, max=1000, help="events shown (oldest first)"),
         server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from cli.output import API, Col, View, add_group, command, emit, fail, machine_output
+from cli.output import API, EXIT_USAGE, Col, View, add_group, command, emit, fail, machine_output
 from cli.params import DEVICE, ENDPOINT, IPV4, IPV6, MODEL, PORT_NAME, SELECTOR, SLUG, WORKLOAD, existing_file
 from cli.remote.common import CaOpt, ServerOpt, client
 
@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            fail(f"cannot read {file}: {exc}")
+            fail(f"cannot read {file}: {exc}", EXIT_USAGE)  # the FILE given: usage, before any work
         _summary(client(server, cacert).post("/v1/fabric/import", {"yaml": text, "source": file.name}))
 
     @command(fabric, "show", API)

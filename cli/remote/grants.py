@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from audit.actor import requester_label
-from cli.output import API, Col, View, add_group, command, emit, err_console, machine_output
+from cli.output import API, Col, View, add_group, answer_no, command, emit, err_console, machine_output
 from cli.params import PORT_MAYBE_PROTO, PROTO, SLUG, TENANT_GROUP, TTL, choice, one_protocol
 from cli.remote.common import CaOpt, ServerOpt, client
 from core.vocabulary import GRANT_STATES
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from cli.remote.client import Client
 
 FULL_ID = re.compile(r"^g-[0-9a-f]{12}-[0-9a-f]{16}$")
+APPROVAL_NEEDED = "approval-needed: "  # rego/grants.rego: the request's reason naming each approver it waits for
 
 
 def _why(g: dict[str, Any]) -> str:
@@ -27,11 +28,12 @@ def _why(g: dict[str, Any]) -> str:
         return "waiting for " + ", ".join(g["pending_approvers"])
     if g["state"] == "active" and g.get("approvals"):  # not the request's `approval-needed`: that was answered
         return "approved as " + "; ".join(f"{a.get('as')} by {a.get('by')}" for a in g["approvals"])
-    return "; ".join(g["reasons"][-2:])
+    # decided: what ended it (revoked:, rejected:, expired:), never the request's `approval-needed` beside it
+    return "; ".join(([r for r in g["reasons"] if not r.startswith(APPROVAL_NEEDED)] or g["reasons"])[-2:])
 
 
 GRANTS = View("grants", (
-    Col("id", "id", kind="id"), Col("state", "state"),
+    Col("id", "id", kind="id", short=True), Col("state", "state"),
     Col("from", lambda g: f"{g['src_tenant']}/{g['src_group']}"),
     Col("to", lambda g: f"{g['dst_tenant']}/{g['dst_group']}"),
     Col("ports", lambda g: f"{g['proto']}/{','.join(str(p) for p in g['ports'])}"),
@@ -55,7 +57,7 @@ SrcTenantOpt = typer.Option(None, "--src-tenant", parser=SLUG, metavar="TENANT",
 
 # the live answer's outcome (GET /v1/policy/explain-grant), for people
 WOULD = {"approve": "would be approved", "pending": "would be pending", "deny": "would be denied",
-         "undisclosed": "not disclosed until requested"}
+         "undisclosed": "undisclosed until requested"}  # the API's outcome word, as the reason's code says it
 
 
 def requester(g: dict[str, Any]) -> str:
@@ -70,6 +72,36 @@ def grant_id(api: Client, given: str) -> str:
 
     return resolve_lazily(given, lambda g: bool(FULL_ID.match(g)),
                           lambda: [g["id"] for g in api.pages("/v1/grants")], "grant")
+
+
+def approval_history(g: dict[str, Any]) -> list[str]:
+    """A grant's approvals for people. Pending: who approved so far (the request's `approval-needed` reasons stay
+    current, with `waiting for`). Decided: each approval the request needed as history -- needed at request,
+    then who gave it and when, or that it was never given -- instead of the request's `approval-needed: X`, which
+    beside `active` reads as still waiting."""
+    from cli.humanize import local_time
+
+    given = list(g.get("approvals") or [])
+
+    def approved(a: dict[str, Any]) -> str:
+        comment = f" ({a['comment']})" if a.get("comment") else ""
+        return f"approved as {a.get('as')} by {a.get('by')} at {local_time(a.get('at'))}{comment}"
+
+    if g["state"] == "pending":
+        return [f"  {approved(a)}" for a in given]
+    lines = []
+    for reason in g["reasons"]:
+        if not reason.startswith(APPROVAL_NEEDED):
+            continue
+        role = reason[len(APPROVAL_NEEDED):]
+        match = next((a for a in given if a.get("as") == role), None)
+        if match is not None:
+            given.remove(match)
+            lines.append(f"  approval needed at request: {role}; {approved(match)}")
+        else:
+            lines.append(f"  approval needed at request: {role}; never given")
+    lines.extend(f"  {approved(a)}" for a in given)  # one the request did not name (none today): still shown
+    return lines
 
 
 def show_grant(g: dict[str, Any]) -> None:
@@ -87,11 +119,11 @@ def show_grant(g: dict[str, Any]) -> None:
         lines.append(f"  justification: {g['justification']}")
     if g["state"] == "pending":
         lines.append(f"  waiting for: {', '.join(g['pending_approvers'])} (until {when(g['pending_until'])})")
-    for a in g.get("approvals") or []:
-        lines.append(f"  approved as {a.get('as')} by {a.get('by')} at {local_time(a.get('at'))}")
+    lines.extend(approval_history(g))
     if g.get("expires_at"):
         lines.append(f"  expires: {when(g['expires_at'])}")
-    lines.extend(f"  reason: {reason}" for reason in g["reasons"])
+    lines.extend(f"  reason: {reason}" for reason in g["reasons"]
+                 if g["state"] == "pending" or not reason.startswith(APPROVAL_NEEDED))
     lines.extend(f"  note: {note}" for note in g.get("notes") or ())  # what the devices add (RoCEv2's mirror)
     for line in lines:
         print(line)
@@ -142,7 +174,7 @@ def register(app: typer.Typer) -> None:
         if g["state"] == "denied":
             if machine_output():
                 err_console.print("error: grant request denied: " + "; ".join(g["reasons"]), markup=False)
-            raise typer.Exit(1)
+            answer_no()
 
     @command(grant, "explain", API)
     def explain_cmd(
@@ -168,7 +200,7 @@ def register(app: typer.Typer) -> None:
         if a["outcome"] == "deny":
             if machine_output():
                 err_console.print("error: grant request would be denied: " + "; ".join(a["reasons"]), markup=False)
-            raise typer.Exit(1)
+            answer_no()
 
     @command(grant, "list", API)
     def list_cmd(

@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from cli.output import API, Col, View, command, emit, fail, machine_output
+from cli.output import API, EXIT_FAILURE, EXIT_USAGE, Col, View, command, emit, fail, machine_output
 from cli.params import URL, existing_dir, existing_file
 
 PROFILES = View("profiles", (
@@ -37,17 +37,17 @@ def token_expiry(token: str) -> datetime | None:
 
 def _read_token(token: str | None, from_stdin: bool) -> str:
     if token and from_stdin:
-        fail("give --token or --token-stdin, not both", 2)
+        fail("give --token or --token-stdin, not both", EXIT_USAGE)
     if from_stdin:
         token = sys.stdin.readline().strip()
     elif not token:
         if not sys.stdin.isatty():
-            fail("no token: give --token-stdin (and pipe it in) or --token", 2)
+            fail("no token: give --token-stdin (and pipe it in) or --token", EXIT_USAGE)
         import getpass
 
         token = getpass.getpass("API token (input hidden): ").strip()
     if not token:
-        fail("the token is empty", 2)
+        fail("the token is empty", EXIT_USAGE)
     return token
 
 
@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         known = conf.profiles.get(name) or config.Profile(name)
         url = server or known.server
         if not url:
-            fail(f"profile {name!r} has no server yet: give --server URL", 2)
+            fail(f"profile {name!r} has no server yet: give --server URL", EXIT_USAGE)
         secret = _read_token(token, token_stdin)
         ca_file = str(ca.resolve()) if ca else known.ca_file
         who = Client(url, secret, ca_file=ca_file, cert=known.cert, key=known.key).get("/v1/whoami")
@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
     def status(offline: bool = typer.Option(False, "--offline", help="do not ask the server who you are")) -> None:
         """The profiles, the one in use, and who the server says you are with it.
 
-        Exit 1 when the server refuses the token or cannot be reached."""
+        Exit 1 when the server refuses the token (not signed in) or cannot be reached: the last line says which."""
         from cli import config
         from cli.remote.client import ApiError, Client
 
@@ -154,7 +154,7 @@ def register(app: typer.Typer) -> None:
             elif problem is not None:
                 print(f"profile {current!r}: {problem}")
         if problem is not None:
-            raise typer.Exit(1)
+            raise typer.Exit(EXIT_FAILURE)
 
 
 def _iso(value: datetime | None) -> str | None:

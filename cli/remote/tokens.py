@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from cli.remote.client import Client
 
 TOKENS = View("API tokens", (
-    Col("id", "id", kind="id"), Col("role", "role"), Col("tenant", "tenant"), Col("subject", "subject", drop=1),
+    Col("id", "id", kind="id", short=True), Col("role", "role"), Col("tenant", "tenant"),
+    Col("subject", "subject", drop=1),
     Col("expires", "expires_at", kind="when"), Col("revoked", "revoked_at", kind="time", drop=2),
 ))
 FULL_ID = re.compile(r"^[0-9a-f]{32}$")  # a JWT's jti; opaque tokens' 16-hex ids go through the listing

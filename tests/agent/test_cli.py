@@ -16,6 +16,7 @@ from tests.cli.conftest import run_cli
     ([], 1, "join token"),
     (["--join-token", "tfjt_a", "--join-token-file", "{ca}"], 2, "not both"),
     (["--join-token-file", "{ca}"], 2, "not a join token"),
+    (["--join-token-file", "{binary}"], 2, "not UTF-8 text"),  # was a UnicodeDecodeError line, exit 1
     (["--server", "http://127.0.0.1:1"], 2, "HTTPS only"),
     (["--node", "Not_A_Slug"], 2, "--node"),
     (["--metrics", "nope"], 2, "HOST:PORT"),
@@ -23,8 +24,10 @@ from tests.cli.conftest import run_cli
 def test_what_is_wrong_ends_in_one_line(tmp_path: Path, extra: list[str], code: int, says: str) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    binary = tmp_path / "token.bin"
+    binary.write_bytes(b"\xff\xfe tfjt_")
     args = ["agent", "--node", "gpu1", "--server", "https://127.0.0.1:1", "--ca", str(ca),
-            "--data-dir", str(tmp_path / "agent"), *[x.format(ca=ca) for x in extra]]
+            "--data-dir", str(tmp_path / "agent"), *[x.format(ca=ca, binary=binary) for x in extra]]
     out = run_cli(args, {})
     assert out.returncode == code, (out.stdout, out.stderr)
     assert says in out.stderr and "Traceback" not in out.stderr + out.stdout

@@ -85,3 +85,61 @@ def test_a_principal_is_an_actor_of_its_tenant() -> None:
         "spiffe://td/node/gpu1", "node")
     assert Principal("alice", "tenant-member", "globex").actor() == Actor("alice", "tenant", "globex")
     assert Principal("alice", "admin", "acme").actor() == Actor("alice", "admin")  # a platform role: none
+
+
+def test_an_export_takes_the_same_actor_filter_and_says_it_cannot_prove_it_complete(env_both: Env) -> None:
+    """POST /v1/audit/exports takes actor and actor_tenant as GET /v1/audit/events does, and selects the same events.
+    Nothing counts an actor's events, so the verifier proves each one authentic, in place and that actor's, and
+    reports the selection unproven (never OK); a tenant export stays proven complete. An event of another actor
+    slipped into it is caught."""
+    import io
+    import json
+
+    import pytest
+
+    from audit import checkpoint as cpm
+    from audit.errors import OutsideFilter, Unproven
+    from audit.verify import verify_export
+    from audit.verify.report import VerifyReport
+
+    env = env_both
+    for tenant, sub in (("acme", "alice"), ("globex", "alice"), ("acme", "bob")):
+        headers = {"Authorization": f"Bearer {env.token('tenant-admin', tenant, subject=sub)}"}
+        r = env.client.post(f"/v1/tenants/{tenant}/groups", json={"name": f"{sub}-g"}, headers=headers)
+        assert r.status_code == 201, r.text
+    key = cpm.load_public_key(env.call("GET", "/v1/audit/checkpoint", "auditor").json()["public_key"])
+    cases: list[dict[str, str]] = [{"actor": "alice@acme"}, {"actor": "alice"}, {"actor_tenant": "acme"},
+                                   {"actor": "bob", "actor_tenant": "acme"}, {"actor": "alice", "tenant": "globex"}]
+    for flt in cases:
+        listed = env.call("GET", "/v1/audit/events", "auditor", params={"limit": 1000, **flt}).json()["items"]
+        assert listed, flt
+        for fmt in ("jsonl", "csv", "ocsf"):
+            r = env.call("POST", "/v1/audit/exports", "auditor", json={"format": fmt, **flt})
+            assert r.status_code == 200, (flt, r.text)
+            with pytest.raises(Unproven) as unproven:
+                verify_export(io.BytesIO(r.content), key)
+            report = unproven.value.report
+            assert isinstance(report, VerifyReport) and report.events == len(listed), (flt, fmt)
+            assert {k: report.filter[k] for k in flt} == flt
+            assert "the log keeps no count of an actor's events" in str(unproven.value)
+        exported = [json.loads(line)["event"] for line in
+                    env.call("POST", "/v1/audit/exports", "auditor", json=flt).content.splitlines()
+                    if line.startswith(b'{"event":')]
+        assert [e["seq"] for e in exported] == [e["seq"] for e in listed], flt
+    # a tenant principal's export stays inside its tenant, its actor filter within it
+    r = env.call("POST", "/v1/audit/exports", "tenant-admin", "acme", json={"actor": "alice"})
+    with pytest.raises(Unproven) as mine:
+        verify_export(io.BytesIO(r.content), key)
+    assert isinstance(mine.value.report, VerifyReport) and mine.value.report.filter["tenant"] == "acme"
+    # bob's event slipped into alice's export (its leaf hash left as it is) is outside the selection
+    alice = env.call("POST", "/v1/audit/exports", "auditor", json={"actor": "alice@acme"}).content
+    everything = env.call("POST", "/v1/audit/exports", "auditor", json={}).content.splitlines()
+    bob = next(line for line in everything if b'"actor":{"id":"bob"' in line)
+    lines = alice.splitlines()
+    first_event = next(i for i, line in enumerate(lines) if line.startswith(b'{"event":'))
+    forged = b"\n".join([*lines[:first_event], bob, *lines[first_event:]]) + b"\n"
+    with pytest.raises(OutsideFilter, match="its actor 'bob@acme' is not one the export selects"):
+        verify_export(io.BytesIO(forged), key)
+    # the same bad values as the list refuses, and nothing is written for them
+    for bad in ({"actor_tenant": "Not_A_Slug"}, {"actor_tenant": ""}, {"actor": "a" * 577}, {"actor": ""}):
+        assert env.call("POST", "/v1/audit/exports", "auditor", json=bad).status_code == 422, bad

@@ -76,8 +76,8 @@ def test_grant_denials_do_not_tell_a_tenant_about_another_tenants_inventory(env:
     missing = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={**REQ, "dst_group": "nope", "ports": [443]})
     closed = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={**REQ, "dst_group": "api", "ports": [22]})
     assert missing.json()["state"] == closed.json()["state"] == "denied"
-    hidden = ["not-disclosed: tenant acme holds no grant with globex/{g}; whether it exists, exposes these ports "
-              "or is quarantined is not disclosed"]
+    hidden = ["undisclosed: tenant acme holds no grant with globex/{g}; whether it exists, exposes these ports "
+              "or is quarantined is undisclosed"]
     assert missing.json()["reasons"] == [hidden[0].format(g="nope")]
     assert closed.json()["reasons"] == [hidden[0].format(g="api")]
     # the live answer of the request form (nothing written, globex sees nothing) says no more, and the same
@@ -94,6 +94,8 @@ def test_grant_denials_do_not_tell_a_tenant_about_another_tenants_inventory(env:
     assert all({k: a[k] for k in ("outcome", "approvers", "reasons")} == {k: shown[0][k] for k in (
         "outcome", "approvers", "reasons")} for a in shown), answers
     assert shown[0]["outcome"] == "undisclosed"
+    # one word for one hiding: the live answer's outcome is the code of the denial's reason that stands for it
+    assert all(r.startswith(f"{shown[0]['outcome']}: ") for r in [*missing.json()["reasons"], *shown[0]["reasons"]])
     # a malformed request is still told what is wrong with it
     bad = env.call("POST", "/v1/grants", "tenant-admin", "acme",
                    json={**REQ, "dst_group": "nope", "ports": [0]})

@@ -41,7 +41,8 @@ def test_matrix_and_cell_list_follow_grants(env_both: Env) -> None:
         "port": 8443, "reasons": [f"grant:{grant['id']}"]}]
     page = env.call("GET", "/v1/policy/flows/matrix?limit=1", "admin").json()
     assert [t["tenant"] for t in page["tenants"]] == ["globex"] and page["next_offset"] == 1
-    assert page["tenants"][0] == {"tenant": "globex", "flows": 9, "out_other": 0, "in_other": 1}
+    assert page["tenants"][0] == {"tenant": "globex", "flows": 9, "out_other": 0, "in_other": 1,
+                                  "mirrors_out_other": 0, "mirrors_in_other": 0}
     assert env.call("GET", "/v1/policy/flows/matrix?search=acm", "admin").json()["tenants_matching"] == 1
 
 
@@ -88,7 +89,7 @@ def test_explain_grant_answers_like_a_request_and_writes_nothing(env_both: Env) 
     r = env.call("GET", f"/v1/policy/explain-grant?{q}&dst_group=api&ports=22&ports=0", "tenant-admin", "acme")
     reasons = r.json()["reasons"]  # acme holds no grant with globex/api: its inventory is not disclosed
     assert r.json()["outcome"] == "deny" and any(x.startswith("wildcard-ports") for x in reasons)
-    assert any(x.startswith("not-disclosed") for x in reasons) and not any("port-not-exposed" in x for x in reasons)
+    assert any(x.startswith("undisclosed: ") for x in reasons) and not any("port-not-exposed" in x for x in reasons)
     r = env.call("GET", f"/v1/policy/explain-grant?{q}&dst_group=api&ports=22&src_tenant=acme", "admin")
     assert any(x.startswith("port-not-exposed") for x in r.json()["reasons"])  # a platform principal sees all
     r = env.call("GET", f"/v1/policy/explain-grant?{q}&dst_group=api&ports=8443&src_tenant=acme", "security")

@@ -120,7 +120,7 @@ def test_auto_approved_and_denied_requests(env: Env) -> None:
         ({**REQ, "ports": [22]}, "port-not-exposed"),
         ({**REQ, "ports": [0]}, "wildcard-ports"),
         ({**REQ, "ports": []}, "wildcard-ports"),
-        ({**REQ, "dst_group": "nope"}, "not-disclosed"),
+        ({**REQ, "dst_group": "nope"}, "undisclosed: "),
         ({**REQ, "dst_tenant": "acme", "dst_group": "db"}, "same-tenant"),
     ]
     for body, reason in cases:

@@ -268,6 +268,35 @@ def test_the_flow_list_of_a_pair_shows_the_rocev2_mirrors_beside_the_policy_flow
     assert "RoCEv2 mirrors" not in when_ready(roce, sign_in(roce, "security"), "/console/flows/acme/globex").text
 
 
+def test_the_matrix_s_other_tenants_row_and_column_count_the_rocev2_mirrors(roce: Env) -> None:
+    """acme/web -> globex/gpu udp/4791 granted: globex's RoCEv2 reaches acme as its mirror. With acme alone on the
+    page (search), globex is one of the "other tenants": the mirror must be counted there, beside the policy's
+    flows, in the API's tenant row and in the console's row and column, as mirror_cells counts it on the page."""
+    gid = roce.call("POST", "/v1/grants", "tenant-admin", "acme", json={**GPU, "ports": [4791]}).json()["id"]
+    assert roce.call("POST", f"/v1/grants/{gid}/approve", "tenant-admin", "globex", json={}).status_code == 200
+    only_acme = roce.call("GET", "/v1/policy/flows/matrix", "security", params={"search": "acme"}).json()
+    (acme,) = only_acme["tenants"]
+    assert acme["tenant"] == "acme" and only_acme["mirror_cells"] == []
+    assert acme["mirrors_in_other"] == 1 and acme["mirrors_out_other"] == 0  # globex -> acme udp/4791
+    assert acme["out_other"] >= 1  # the grant itself: a policy flow to globex, off the page
+    only_globex = roce.call("GET", "/v1/policy/flows/matrix", "security", params={"search": "globex"}).json()
+    (globex,) = only_globex["tenants"]
+    assert globex["mirrors_out_other"] == 1 and globex["mirrors_in_other"] == 0
+    # both on the page: counted in mirror_cells, not again as "other tenants"
+    both = roce.call("GET", "/v1/policy/flows/matrix", "security").json()
+    rows = {t["tenant"]: t for t in both["tenants"]}
+    assert rows["acme"]["mirrors_in_other"] == 0 and rows["globex"]["mirrors_out_other"] == 0
+    security = sign_in(roce, "security")
+    grid = when_ready(roce, security, "/console/flows?search=acme").text
+    other_row = grid[grid.index('<th scope="row" class="other">other tenants'):]
+    other_row = other_row[:other_row.index("</tr>")]
+    assert '<small class="mirror">+1 RoCEv2</small>' in other_row, other_row
+    grid = when_ready(roce, security, "/console/flows?search=globex").text
+    globex_row = grid[grid.index('<tr><th scope="row">globex</th>'):]
+    globex_row = globex_row[:globex_row.index("</tr>")]
+    assert globex_row.count('<small class="mirror">+1 RoCEv2</small>') == 1, globex_row  # its other-tenants cell
+
+
 def test_the_flow_list_pages_the_mirrors_with_the_policy_flows(bare: Env) -> None:
     """Intra-tenant: web and db reach acme/gpu on udp/4791 (it exposes it), gpu reaches neither: gpu -> web and
     gpu -> db pass as mirrors, paged by the same offset and limit as the policy's flows."""

@@ -78,11 +78,11 @@ def test_verify_names_the_first_bad_event_in_one_line(home: dict[str, str], tmp_
     not_a_key = tmp_path / "README.md"
     not_a_key.write_text("C++ and a+b \u2014 caf\u00e9\n")
     code, text = _run({}, "audit", "verify", str(out), "--public-key", str(not_a_key))
-    assert code == 1 and text == (f"error: cannot verify: --public-key {not_a_key}: the public key is neither a PEM "
+    assert code == 2 and text == (f"error: cannot verify: --public-key {not_a_key}: the public key is neither a PEM "
                                   "Ed25519 key nor a signed-note verifier key\n"), text
     # the export itself given as the key (its lines hold `+`): the same sentence, naming that file
     code, text = _run({}, "audit", "verify", str(out), "--public-key", str(out))
-    assert code == 1 and text.startswith(f"error: cannot verify: --public-key {out}: the public key is neither")
+    assert code == 2 and text.startswith(f"error: cannot verify: --public-key {out}: the public key is neither")
 
 
 def test_note_form_of_the_public_key(home: dict[str, str]) -> None:
@@ -158,4 +158,53 @@ def test_verify_since_a_kept_checkpoint_and_the_unproven_exit_code(tmp_path: Pat
     code, text = _run({}, "audit", "verify", str(first), "--public-key", str(key), "--since-checkpoint", str(newer))
     assert code == 1 and "stale" in text and "older than the one you kept" in text, text
     code, text = _run({}, "audit", "verify", str(first), "--public-key", str(key), "--since-checkpoint", str(key))
-    assert code == 1 and "Traceback" not in text and text.strip().count("\n") == 0, text
+    assert code == 2 and "Traceback" not in text and text.strip().count("\n") == 0, text
+
+
+def test_export_takes_audit_events_filters_and_an_actor_export_says_it_is_unproven(tmp_path: Path) -> None:
+    """`audit export` takes the selection options of `audit events` (one definition: the same names, the same
+    parsing); --actor selects what `--actor` lists (`alice@acme`: acme's alice, `alice`: every tenant's). The
+    log keeps no count of an actor's events, so the export says at once, and `audit verify` answers UNPROVEN
+    (exit 3) with why: never OK, never FAILED."""
+    from cli.main import _command
+
+    def filters(*path: str) -> dict[str, tuple[str, ...]]:
+        cmd = _command()
+        for name in path:
+            cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        return {p.name: tuple(p.opts) for p in cmd.params if p.name in (
+            "tenant", "action", "actor", "actor_tenant", "since", "until")}
+
+    events, export = filters("audit", "events"), filters("audit", "export")
+    assert events == export and len(export) == 6, (events, export)
+    env = {"TRUSTFABRIC_HOME": str(tmp_path / "home"), "TRUSTFABRIC_CONFIG": str(tmp_path / "none.json"),
+           "COLUMNS": "200"}
+    assert run_cli(["init", "--trust-domain", "example.org"], env).returncode == 0
+    ctx = AppContext.open(Settings.from_env(env))
+    try:
+        with ctx.db.session() as s:
+            for i, (who, tenant) in enumerate([("alice", "acme"), ("alice", "globex"), ("bob", "acme")] * 3):
+                record(s, actor=Actor(who, "tenant", tenant), action="group.create", object_type="group",
+                       object_id=f"{tenant}/g{i}", tenant=tenant)
+    finally:
+        ctx.close()
+    key = tmp_path / "audit.pem"
+    key.write_text(run_cli(["audit", "public-key"], env).stdout)
+    for args, shown in ((["--actor", "alice@acme"], 3), (["--actor", "alice"], 6), (["--actor-tenant", "acme"], 6),
+                        (["--actor", "bob", "--actor-tenant", "acme", "--tenant", "acme"], 3)):
+        out = tmp_path / "actor.jsonl"
+        r = run_cli(["audit", "export", "--out", str(out), *args], env)
+        assert r.returncode == 0 and r.stdout.startswith(f"exported {shown} event(s)"), (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("note: the export is narrowed to ") and "UNPROVEN (exit 3)" in r.stderr, r.stderr
+        v = run_cli(["audit", "verify", str(out), "--public-key", str(key)], {})
+        assert v.returncode == 3 and v.stdout == "", (args, v.stdout, v.stderr)
+        assert v.stderr.startswith("UNPROVEN: nothing was found altered, but the export is narrowed to "), v.stderr
+        assert "the log keeps no count of an actor's events" in v.stderr and v.stderr.count("\n") == 1, v.stderr
+        j = run_cli(["audit", "verify", str(out), "--public-key", str(key), "--json"], {})
+        assert j.returncode == 3 and json.loads(j.stdout)["kind"] == "unproven"
+    # a tenant selection of the same log is proven complete (the counters): OK, exit 0
+    out = tmp_path / "acme.jsonl"
+    assert run_cli(["audit", "export", "--out", str(out), "--tenant", "acme"], env).returncode == 0
+    assert run_cli(["audit", "verify", str(out), "--public-key", str(key)], {}).returncode == 0
+    bad = run_cli(["audit", "export", "--out", str(tmp_path / "x.jsonl"), "--actor-tenant", "Not_A_Slug"], env)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and not (tmp_path / "x.jsonl").exists()

@@ -115,6 +115,15 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     assert table.returncode == 0 and f"devices: {len(staged)} of 6 would change" in table.stdout  # type: ignore[arg-type]
     human_output_reads_well(cli, admin)
 
+    # `enforcer verify` answers no (exit 1, naming why) when a device of the fabric has no published rule set yet;
+    # with no data directory it fails (1) too: only a wrong command line is 2
+    assert cli.run("fabric", "node", "add", "gpu9", "--uplink", "p0", token=admin).returncode == 0
+    unpublished = cli.run("enforcer", "verify")
+    assert unpublished.returncode == 1 and "nic:gpu9: no published rule set" in unpublished.stderr, (
+        unpublished.stdout, unpublished.stderr)
+    nothing = cli.run("enforcer", "verify", TRUSTFABRIC_HOME=str(tmp_path / "nothing"))
+    assert nothing.returncode == 1 and "does not exist" in nothing.stderr, nothing.stderr  # a failure, not usage
+
 
 def human_output_reads_well(cli: Cli, admin: str) -> None:
     """Every fabric, device and enforcer list/show for people: no Python repr, times local, ids whole at 80

@@ -49,7 +49,7 @@ def test_toward_a_group_the_tenant_holds_no_grant_with_the_answer_is_undisclosed
     r = cli.run("grant", "explain", *GLOBEX_API, token=world["acme"])
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == "not disclosed until requested: acme/web -> globex/api tcp/443 for 2h (nothing was requested)"
+    assert lines[0] == "undisclosed until requested: acme/web -> globex/api tcp/443 for 2h (nothing was requested)"
     assert lines[1].startswith("  reason: undisclosed: tenant acme holds no grant with globex/api") and len(lines) == 2
     out: Any = cli.json("grant", "explain", *GLOBEX_API, token=world["acme"])
     assert (out["outcome"], out["approvers"], out["notes"]) == ("undisclosed", [], [])

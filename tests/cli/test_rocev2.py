@@ -5,6 +5,7 @@ which print the same) tells both sides a udp/4791 grant lets the destination's R
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -108,18 +109,19 @@ def test_policy_explain_notes_the_rocev2_mirror_under_the_policy_s_deny(cli: Cli
         assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"  # type: ignore[index]
         r = cli.run("policy", "explain", "--src", "globex/gpu", "--dst", "acme/train", "--port", "4791",
                     "--proto", "udp")
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 1, r.stderr  # DENY (the policy's), whatever the wire does
         lines = r.stdout.splitlines()
         assert lines[0] == "DENY globex/gpu -> acme/train udp/4791"  # the policy's answer, as it was
         assert lines[-1] == (f"  note: rocev2-mirror: the SuperNICs let this RoCEv2 through anyway, as the mirror "
                              f"of acme/train -> globex/gpu udp/4791, which grant:{gid} allows (RoCEv2 skips "
                              "conntrack, so an allowance is symmetric)")
-        out = cli.json("policy", "explain", "--src", "globex/gpu", "--dst", "acme/train", "--port", "4791",
-                       "--proto", "udp")
-        assert out["allow"] is False and len(out["notes"]) == 1  # type: ignore[index]
+        as_json = cli.run("policy", "explain", "--src", "globex/gpu", "--dst", "acme/train", "--port", "4791",
+                          "--proto", "udp", "--json")
+        out = json.loads(as_json.stdout)
+        assert as_json.returncode == 1 and out["allow"] is False and len(out["notes"]) == 1
         forward = cli.run("policy", "explain", "--src", "acme/train", "--dst", "globex/gpu", "--port", "4791",
                           "--proto", "udp")
-        assert forward.stdout.startswith("ALLOW") and "note:" not in forward.stdout
+        assert forward.returncode == 0 and forward.stdout.startswith("ALLOW") and "note:" not in forward.stdout
     finally:
         assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
 
@@ -173,7 +175,7 @@ def test_a_port_is_taken_as_the_cli_prints_it(cli: Cli, world: dict[str, Any]) -
     gid = asked.stdout.split()[1].rstrip(":")
     try:
         r = cli.run("policy", "explain", "--src", "acme/train", "--dst", "globex/gpu", "--port", "udp/4791")
-        assert r.returncode == 0 and r.stdout.startswith("DENY acme/train -> globex/gpu udp/4791\n"), r.stderr
+        assert r.returncode == 1 and r.stdout.startswith("DENY acme/train -> globex/gpu udp/4791\n"), r.stderr
         assert "udp/4791" in r.stdout.splitlines()[1]  # the policy was asked about udp, not tcp
         same = cli.run("policy", "explain", "--src", "acme/train", "--dst", "globex/gpu", "--port", "udp/4791",
                        "--proto", "udp")
@@ -206,3 +208,42 @@ def test_grant_list_says_an_approved_grant_was_approved(cli: Cli, world: dict[st
         assert "approved as tenant-admin:globex by " in row and "approval-needed" not in row, row
     finally:
         assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
+
+
+def test_grant_show_of_a_decided_grant_tells_its_approval_as_history(cli: Cli, world: dict[str, Any]) -> None:
+    """Pending, the request's `approval-needed` is current (with `waiting for`); approved, it is history: what was
+    needed, who gave it and when -- never `reason: approval-needed: ...` beside `active`, which reads as waiting."""
+    def show(gid: str) -> list[str]:
+        r = cli.run("grant", "show", gid, token=world["acme"], COLUMNS="200")
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+
+    asked: Any = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
+                          "--ttl", "1h", token=world["acme"])
+    gid = asked["id"]
+    try:
+        pending = show(gid)
+        assert "  reason: approval-needed: tenant-admin:globex" in pending
+        assert any(line.startswith("  waiting for: tenant-admin:globex") for line in pending), pending
+        assert cli.run("grant", "approve", gid, "--comment", "ok for the run", token=world["globex"]).returncode == 0
+        active = show(gid)
+        assert active[0] == f"grant {gid}: active"
+        assert not any("approval-needed" in line or "waiting" in line for line in active), active
+        (history,) = [line for line in active if line.startswith("  approval needed at request: ")]
+        assert history.startswith("  approval needed at request: tenant-admin:globex; approved as "
+                                  "tenant-admin:globex by "), history
+        assert history.endswith(" (ok for the run)") and " at " in history, history
+    finally:
+        assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
+    revoked = show(gid)
+    assert "  reason: revoked: done" in revoked and not any("approval-needed" in line for line in revoked)
+    listed = cli.run("grant", "list", "--state", "revoked", token=world["acme"], COLUMNS="200")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(gid))
+    assert row.rstrip().endswith("revoked: done") and "approval-needed" not in row, row  # grant list's why too
+    assert any(line.startswith("  approval needed at request: tenant-admin:globex; approved as ") for line in revoked)
+    rejected: Any = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
+                             "--ttl", "2h", token=world["acme"])
+    assert cli.run("grant", "reject", rejected["id"], "--reason", "not now", token=world["globex"]).returncode == 0
+    lines = show(rejected["id"])
+    assert "  approval needed at request: tenant-admin:globex; never given" in lines
+    assert "  reason: rejected: not now" in lines

@@ -1,6 +1,8 @@
 """Human output of every list and show command, against the real API and data directory: no Python repr
-anywhere, ids whole at 80 columns, times in local form; --json unchanged, --output yaml the same data;
-ids accepted back as unique prefixes (and a prefix naming none or several refused, naming the candidates)."""
+anywhere, ids never cut (whole, or -- grant and token ids, which commands take back by prefix -- a prefix unique in
+the table when the terminal is narrow), times in local form; --json unchanged, --output yaml the same data, -o wide
+every column with ids whole; ids accepted back as unique prefixes (and a prefix naming none or several refused,
+naming the candidates)."""
 
 from __future__ import annotations
 
@@ -67,12 +69,30 @@ def test_no_python_repr_in_any_human_output(cli: Cli, world: dict[str, Any]) -> 
             assert ISO_UTC.search(r.stdout) is None, (argv, "times are shown in local form", r.stdout)
 
 
+def shown_ids(out: str, ids: list[str]) -> dict[str, str]:
+    """id -> how the table printed it: whole, or the first word of a row that is a prefix of it and of no other."""
+    firsts = [line.split()[0] for line in out.splitlines()[3:] if line and not line.startswith(" ")]
+    shown = {}
+    for i in ids:
+        words = [w for w in firsts if i.startswith(w)]
+        assert len(words) == 1, (i, firsts)
+        assert sum(other.startswith(words[0]) for other in ids) == 1, (i, words[0], "not unique in the table")
+        shown[i] = words[0]
+    return shown
+
+
 def test_ids_are_never_cut_at_80_columns(cli: Cli, world: dict[str, Any]) -> None:
+    """Whole, or (grant and token ids) a prefix unique in the table that the show command takes back; -o wide:
+    whole, the table as wide as it needs."""
     for argv, ids in ((["grant", "list"], world["grants"]), (["token", "list"], world["tokens"])):
         out = cli.run(*argv, token=world["admin"], COLUMNS="80").stdout
-        for i in ids:
-            assert i in out, (argv, i, out)
+        for i, printed in shown_ids(out, ids).items():
+            assert len(printed) >= 8 and CUT not in printed, (argv, i, out)
+            shown = cli.run(argv[0], "show", printed, "--json", token=world["admin"])
+            assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == i, (printed, shown.stderr)
         assert max(len(line) for line in out.splitlines()) <= 80
+        wide = cli.run(*argv, "-o", "wide", token=world["admin"], COLUMNS="80").stdout
+        assert all(shown == i for i, shown in shown_ids(wide, ids).items()), wide
     spiffe = "spiffe://example.org/tenant/acme/group/web/w1"
     assert spiffe in cli.run("workload", "list", "acme", token=world["admin"], COLUMNS="80").stdout
 
@@ -118,8 +138,9 @@ def test_narrow_tables_wrap_at_word_boundaries_and_cut_a_word_only_with_an_ellip
             r = cli.run(*argv, token=world["admin"], COLUMNS=str(width))
             assert r.returncode == 0, r.stderr
             assert width < fits or max(len(line) for line in r.stdout.splitlines()) < width, (argv, width, r.stdout)
+            ids = world["grants"] if argv[0] == "grant" else []
             for word in _words(r.stdout):
-                if word in whole or CLOCK.match(word):
+                if word in whole or CLOCK.match(word) or any(i.startswith(word) for i in ids):  # a short id
                     continue
                 stem = word.removesuffix(CUT)
                 assert word.endswith(CUT) and any(w.startswith(stem) and w != stem for w in whole), (
@@ -127,8 +148,28 @@ def test_narrow_tables_wrap_at_word_boundaries_and_cut_a_word_only_with_an_ellip
                 if argv[0] == "grant" and width >= 80:  # room for the columns no drop hides at their longest word:
                     # only a word longer than LONG_WORD is cut (in `why`, at 100), the others wrap at spaces
                     assert any(len(w) > LONG_WORD for w in whole if w.startswith(stem)), (width, word, r.stdout)
-            if argv[0] == "grant":
-                assert all(g in r.stdout.split() for g in world["grants"]), (width, r.stdout)  # whole, on one line
+            if argv[0] == "grant":  # whole or a unique prefix, on one line
+                assert len(shown_ids(r.stdout, world["grants"])) == 2, (width, r.stdout)
+
+
+def test_a_narrow_grant_list_shortens_the_ids_not_the_state(cli: Cli, world: dict[str, Any]) -> None:
+    """At 60-70 columns the 31-character grant ids stayed whole and every other column was cut (`act…` for active):
+    now the ids are prefixes unique in the table (as git and docker show ids), which `grant show` takes back, and
+    state, from, to and ports are whole; the note says so, and -o wide prints the ids whole."""
+    listed: Any = cli.json("grant", "list", token=world["admin"])
+    for width in range(60, 71):
+        r = cli.run("grant", "list", token=world["admin"], COLUMNS=str(width))
+        assert r.returncode == 0 and CUT not in r.stdout, (width, r.stdout)
+        rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[3:]}
+        for g in listed:
+            printed = shown_ids(r.stdout, [x["id"] for x in listed])[g["id"]]
+            assert len(printed) < len(g["id"]), (width, r.stdout)
+            ports = f"{g['proto']}/{','.join(str(p) for p in g['ports'])}"
+            assert rows[printed][1:5] == [g["state"], f"{g['src_tenant']}/{g['src_group']}",
+                                          f"{g['dst_tenant']}/{g['dst_group']}", ports], (width, r.stdout)
+        assert r.stderr.startswith("(id shortened to unique prefixes; ") and "-o wide" in r.stderr, r.stderr
+    wide = cli.run("grant", "list", "-o", "wide", token=world["admin"], COLUMNS="60")
+    assert wide.returncode == 0 and wide.stderr == "" and all(g["id"] in wide.stdout.split() for g in listed)
 
 
 def test_times_are_local(cli: Cli, world: dict[str, Any]) -> None:

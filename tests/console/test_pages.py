@@ -20,7 +20,9 @@ from api.console.pages_policy import heat, modules_from_upload
 from api.console.web import duration
 from audit import Actor
 from audit.checkpoint import load_public_key
+from audit.errors import Unproven
 from audit.verify import verify_export
+from audit.verify.report import VerifyReport
 from inventory.service import create_group, create_tenant
 from tests.api.conftest import Env
 from tests.console.conftest import csrf_of, hidden, sign_in, when_ready
@@ -103,6 +105,16 @@ def test_the_export_is_streamed_through_and_verifies(console_env: Env, tmp_path:
     assert verify_export(out, key).events > 0
     r = client.post("/console/audit/export", data={"csrf": csrf, "format": "jsonl", "since": "yesterday"})
     assert r.status_code == 400 and "is not a date and time" in r.text
+    # the explorer's actor filter, on the export too: the actor's events only, verified but unproven (said on the form)
+    assert "An export narrowed by actor verifies as UNPROVEN" in client.get("/console/audit/export").text
+    actor = client.get("/console/audit").text.split('title="Only this actor\'s events">', 1)[1].split("<", 1)[0]
+    r = client.post("/console/audit/export", data={"csrf": csrf, "format": "jsonl", "actor": actor})
+    assert r.status_code == 200, r.text
+    out.write_bytes(r.content)
+    with pytest.raises(Unproven) as unproven:
+        verify_export(out, key)
+    assert isinstance(unproven.value.report, VerifyReport) and unproven.value.report.filter["actor"] == actor
+    assert unproven.value.report.events > 0
 
 
 def test_the_actor_filter_and_bad_filters(console_env: Env) -> None:

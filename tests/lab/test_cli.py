@@ -1,7 +1,7 @@
 """`trustfabric lab` as the README's quickstart runs it (in-process, real arguments and exit codes): up the
 golden fabric, probe an allowed and a denied pair, add a grant to the file, `lab apply` re-applies only
-the devices whose rule set changed, the probe turns OPEN, down. Bad input ends in one line and exit 1
-(2 for usage), and nothing is built."""
+the devices whose rule set changed, the probe turns OPEN, down. A probe exits 0 OPEN, 1 BLOCKED (as `nc -z`);
+bad input ends in one line and exit 1 (2 for usage: a wrong command line), and nothing is built."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_the_quickstart(cli: LabCli, tmp_path: Path) -> None:
         assert allowed.returncode == 0 and allowed.stdout.startswith("OPEN") and "grant:g-train-api" in allowed.stdout
         assert "agrees with the wire" in allowed.stdout
         denied = cli("probe", "globex/batch/b1", "acme/data/db1", "5432")
-        assert denied.returncode == 0 and denied.stdout.startswith("BLOCKED") and "default-deny" in denied.stdout
+        assert denied.returncode == 1 and denied.stdout.startswith("BLOCKED") and "default-deny" in denied.stdout
 
         fabric.write_text(fabric.read_text() + GRANT)  # the grants section is the file's last
         applied = cli.json("apply")

@@ -96,7 +96,7 @@ def test_cli_policy_commands(env: Env, tmp_path: Path) -> None:
     code, out, _ = _cli(env, "policy", "show")
     assert code == 0 and "state: active" in out
     code, out, _ = _cli(env, "policy", "explain", "--src", "acme/web", "--dst", "globex/api", "--port", "443")
-    assert code == 0 and out.startswith("DENY") and "no-grant:" in out
+    assert code == 1 and out.startswith("DENY") and "no-grant:" in out
     code, out, _ = _cli(env, "policy", "explain", "--src", "acme/web", "--dst", "acme/db", "--port", "5432",
                         "--json")
     assert code == 0 and json.loads(out)["allow"] is True

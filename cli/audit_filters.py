@@ -1,0 +1,18 @@
+"""The audit selection options, one definition for `audit events` (over the API) and `audit export` (local), so the
+two take the same filters with the same meaning (audit.actor.ActorQuery for the actor): a user swaps one verb for the
+other on the same line."""
+
+from __future__ import annotations
+
+import typer
+
+from cli.params import SLUG, WHEN
+
+TenantOpt = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT", help="only this tenant's events")
+ActionOpt = typer.Option(None, "--action", help="only this action, e.g. grant.approve")
+ActorOpt = typer.Option(None, "--actor", help="only this actor's: alice@acme (acme's alice), or alice (every "
+                        "tenant's), cli:root")
+ActorTenantOpt = typer.Option(None, "--actor-tenant", parser=SLUG, metavar="TENANT",
+                              help="only actors of this tenant (with --actor: that id there)")
+SinceOpt = typer.Option(None, "--since", parser=WHEN, metavar="TIME", help="ISO 8601 with timezone, inclusive")
+UntilOpt = typer.Option(None, "--until", parser=WHEN, metavar="TIME", help="ISO 8601 with timezone, exclusive")
