@@ -63,10 +63,12 @@ def handed_off(endpoint: Callable[..., Any]) -> Callable[..., Any]:
         params.append(inspect.Parameter(_REQUEST, inspect.Parameter.KEYWORD_ONLY, annotation=Request))
 
     def run(request: Request, values: dict[str, Any]) -> Any:
-        principal = authenticate(request, request.app.state.ctx)
-        for name in principals:
-            values[name] = principal
-        return endpoint(**values)
+        ctx = request.app.state.ctx
+        with ctx.db.one_connection():  # the token's row and the endpoint's first reads: one pooled connection
+            principal = authenticate(request, ctx)
+            for name in principals:
+                values[name] = principal
+            return endpoint(**values)
 
     async def route(**values: Any) -> Any:
         request = values.pop(_REQUEST) if added else values[request_name]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy.engine import Connection
 from sqlmodel import Session, col, select
 
 from policy.decide import FlowDecision
@@ -199,7 +200,10 @@ def _snapshot_build(session: Session, now: datetime) -> tuple[dict[str, Any], tu
     """(build_data, data_fingerprint) read in one REPEATABLE READ transaction beside the session's."""
     from policy.data import build_data, data_fingerprint
 
-    with Session(session.get_bind(), expire_on_commit=False) as side:
+    bind = session.get_bind()
+    # its own connection: the session's may be one shared by a request's reads (store.db's one_connection), which a
+    # REPEATABLE READ transaction must not be left on
+    with Session(bind.engine if isinstance(bind, Connection) else bind, expire_on_commit=False) as side:
         side.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         fingerprint = data_fingerprint(side)
         return build_data(side, now), fingerprint

@@ -178,6 +178,7 @@ class GroupCommitter:
         switches per request): the first caller to find nobody leading leads, committing whatever is queued in
         batches until its own item is done; then, if more is queued, it wakes the first queued caller to lead
         in turn, and returns. Everyone else waits for its answer (or for that call to lead)."""
+        self._db.give_back()  # a connection held for this thread's reads waits idle in the pool, not with the caller
         waiter = _Waiter()
         with self._lock:
             if self._closed:

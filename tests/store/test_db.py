@@ -101,3 +101,56 @@ def test_a_statements_read_session_is_never_taken_for_one_snapshot(postgres_db: 
         assert not _one_snapshot(s)
     with postgres_db.read_session(snapshot=True) as s:
         assert _one_snapshot(s)
+
+
+def _backend(conn: object) -> int:
+    return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres
+def test_one_connection_serves_a_threads_reads_and_gives_it_back(postgres_db: Database) -> None:
+    """Inside `one_connection` a thread's reads outside a transaction (a request's token row, then its marker) share
+    one pooled connection, still each statement alone (autocommit: no transaction left open on it); a write
+    transaction gives it back first, and the block's end returns it to the pool."""
+    db = postgres_db
+    pool = db.engine.pool
+    with db.statement() as conn:
+        _backend(conn)  # the pool holds a connection now; outside the block every read checks one out
+    with db.one_connection():
+        assert pool.checkedout() == 0  # taken at the first read, not before
+        with db.statement() as conn:
+            first = _backend(conn)
+        assert pool.checkedout() == 1
+        with db.statement() as conn:
+            assert _backend(conn) == first
+        with db.read_session(statements=True) as s:
+            assert _backend(s.connection()) == first
+            assert s.connection().connection.driver_connection.info.transaction_status == 0  # IDLE: autocommit
+        with db.one_connection(), db.statement() as conn:  # nested: the same one
+            assert _backend(conn) == first
+        with db.session() as s:  # a write: the held one went back to the pool first (the write takes its own)
+            assert pool.checkedout() == 0
+            record(s, actor=Actor.system("t"), action="test.write", object_type="t", object_id="1")
+        assert pool.checkedout() == 0
+        with db.statement() as conn:  # taken again
+            assert int(conn.execute(text("SELECT count(*) FROM audit_events")).scalar_one()) == 1
+        assert pool.checkedout() == 1
+    assert pool.checkedout() == 0
+
+
+@pytest.mark.postgres
+def test_a_snapshot_build_leaves_a_shared_connection_without_a_transaction(postgres_db: Database) -> None:
+    """The grant decider builds a document in a REPEATABLE READ transaction of its own beside a request's read session
+    (policy/grant_decider.py _snapshot_build): on the connection `one_connection` shares, that transaction (and its
+    snapshot) would outlive the build, and every later read of the request would see that snapshot."""
+    from datetime import UTC, datetime
+
+    from policy.grant_decider import _snapshot_build
+
+    db = postgres_db
+    with db.one_connection():
+        with db.read_session(statements=True) as s:
+            _snapshot_build(s, datetime.now(UTC))
+        with db.statement() as conn:
+            conn.execute(text("SELECT 1"))
+            assert conn.connection.driver_connection.info.transaction_status == 0  # IDLE, not INTRANS
