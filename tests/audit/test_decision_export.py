@@ -21,6 +21,7 @@ from audit import checkpoint as cpm
 from audit.models import AuditEvent
 from audit.verify import verify_export
 from cli.main import app as cli_app
+from cli.output import fit_to_terminal
 from policy.decide import AuthzDecision, FlowDecision, GrantDecision
 from policy.decisionlog import DecisionExportError, DecisionLog, verify_decision_export
 from tests.api.conftest import Env, make_settings, open_env, seed
@@ -154,8 +155,11 @@ def test_a_bad_request_writes_nothing(env: Env) -> None:
 
 def _cli(env: Env, *args: str) -> tuple[int, str]:
     env_vars = {"TRUSTFABRIC_HOME": str(env.ctx.settings.home),
-                "TRUSTFABRIC_DATABASE_URL": env.ctx.settings.database_url or ""}
-    result = CliRunner().invoke(cli_app, list(args), env=env_vars)
+                "TRUSTFABRIC_DATABASE_URL": env.ctx.settings.database_url or "", "COLUMNS": "200"}
+    runner = CliRunner()
+    with runner.isolation(env=env_vars):  # the table's width from COLUMNS, not from whatever test ran before
+        fit_to_terminal()
+    result = runner.invoke(cli_app, list(args), env=env_vars)
     return result.exit_code, result.output
 
 
