@@ -23,7 +23,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +264,17 @@ class DriverInsert:
         return out
 
 
+
+class _Held:
+    """`Database.one_connection`'s slot: the shared connection (None until the first read, and after it was given
+    back) and how many read blocks of the thread use it now."""
+
+    __slots__ = ("conn", "users")
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+        self.users = 0
+
 class Database:
     """The engine plus session factories; one per process, shared by services and the API."""
 
@@ -322,23 +333,25 @@ class Database:
         (a grant decision's marker and data version, policy/grants.py); SQLite keeps its read transaction (one
         snapshot, which readers there may rely on, and its BEGIN is no round trip)."""
         # Closing (not rolling back) ends the transaction and keeps loaded objects readable.
-        bind: Engine | Connection = self._reader
-        if statements and self.dialect == "postgresql":
-            bind = self._held() or self._statements  # no transaction: a held connection's reads are as a fresh one's
-        with Session(bind, expire_on_commit=False) as session:
-            if snapshot and self.dialect == "postgresql":
-                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-            yield session
+        with ExitStack() as stack:
+            bind: Engine | Connection = self._reader
+            if statements and self.dialect == "postgresql":
+                # no transaction: a held connection's reads are as a fresh one's
+                bind = stack.enter_context(self._shared()) or self._statements
+            with Session(bind, expire_on_commit=False) as session:
+                if snapshot and self.dialect == "postgresql":
+                    session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+                yield session
 
     @contextmanager
     def statement(self) -> Iterator[Connection]:
         """A connection for reads of one statement each, outside any transaction: each statement is its own
         snapshot (in PostgreSQL as in SQLite), and no BEGIN nor ROLLBACK is sent. For reads whose parts must
         agree, one statement reads them all; otherwise use `read_session`."""
-        held = self._held()
-        if held is not None:
-            yield held
-            return
+        with self._shared() as held:
+            if held is not None:
+                yield held
+                return
         with self._statements.connect() as conn:
             yield conn
 
@@ -355,33 +368,41 @@ class Database:
         if self.dialect != "postgresql":
             yield
             return
-        scopes: dict[int, list[Connection | None]] = _this_thread.__dict__.setdefault("one_connection", {})
+        scopes: dict[int, _Held] = _this_thread.__dict__.setdefault("one_connection", {})
         if id(self) in scopes:
             yield
             return
-        scopes[id(self)] = [None]
+        scopes[id(self)] = _Held()
         try:
             yield
         finally:
             self.give_back()
             del scopes[id(self)]
 
-    def _held(self) -> Connection | None:
-        """The connection `one_connection` holds for this thread (taken now if not yet), or None outside one."""
-        slot: list[Connection | None] | None = _this_thread.__dict__.get("one_connection", {}).get(id(self))
+    @contextmanager
+    def _shared(self) -> Iterator[Connection | None]:
+        """The connection `one_connection` holds for this thread (taken now if not yet), in use until the block
+        ends; None outside one."""
+        slot: _Held | None = _this_thread.__dict__.get("one_connection", {}).get(id(self))
         if slot is None:
-            return None
-        conn = slot[0]
-        if conn is None:
-            conn = slot[0] = self._statements.connect()
-        return conn
+            yield None
+            return
+        if slot.conn is None:
+            slot.conn = self._statements.connect()
+        slot.users += 1
+        try:
+            yield slot.conn
+        finally:
+            slot.users -= 1
 
     def give_back(self) -> None:
         """Return the connection `one_connection` holds for this thread to the pool now (the block goes on: a later
-        read takes one again). For a thread about to wait or write: it holds no idle connection meanwhile."""
-        slot = _this_thread.__dict__.get("one_connection", {}).get(id(self))
-        if slot is not None and slot[0] is not None:
-            conn, slot[0] = slot[0], None
+        read takes one again). For a thread about to wait or write: it holds no idle connection meanwhile. Not while
+        a read of this thread still uses it (a `statement` or `read_session(statements=True)` block around the
+        write): closing it would pull it from under that read; the block's end gives it back then."""
+        slot: _Held | None = _this_thread.__dict__.get("one_connection", {}).get(id(self))
+        if slot is not None and slot.conn is not None and slot.users == 0:
+            conn, slot.conn = slot.conn, None
             conn.close()
 
     def change_version(self) -> int | None:

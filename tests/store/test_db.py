@@ -139,6 +139,25 @@ def test_one_connection_serves_a_threads_reads_and_gives_it_back(postgres_db: Da
 
 
 @pytest.mark.postgres
+def test_a_write_inside_an_open_read_leaves_that_read_its_connection(postgres_db: Database) -> None:
+    """A write transaction (or a wait in the group committer) gives the shared connection back, but not while a read
+    of the same thread still uses it: closing it would fail that read's next statement."""
+    db = postgres_db
+    with db.one_connection():
+        with db.statement() as conn:
+            first = _backend(conn)
+            with db.session() as s:
+                record(s, actor=Actor.system("t"), action="test.write", object_type="t", object_id="1")
+            assert _backend(conn) == first  # still open, still the same
+            with db.read_session(statements=True) as rs:
+                db.give_back()
+                assert _backend(rs.connection()) == first
+        assert db.engine.pool.checkedout() == 1  # the read block ended: kept for the request's next read
+        db.give_back()
+        assert db.engine.pool.checkedout() == 0
+
+
+@pytest.mark.postgres
 def test_a_snapshot_build_leaves_a_shared_connection_without_a_transaction(postgres_db: Database) -> None:
     """The grant decider builds a document in a REPEATABLE READ transaction of its own beside a request's read session
     (policy/grant_decider.py _snapshot_build): on the connection `one_connection` shares, that transaction (and its
