@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidInput
@@ -269,6 +269,7 @@ class MatrixPage:
     tenants_matching: int
     flows: int  # every allowed flow
     next_offset: int | None
+    mirror_cells: list[tuple[str, str, int]] = field(default_factory=list)  # the same for RoCEv2 mirrors, sorted
 
 
 Cell = tuple[str, str, int]  # (source tenant, destination tenant, count)
@@ -293,15 +294,15 @@ def _other(counts: Mapping[Pair, int], page: list[str]) -> tuple[dict[str, int],
 def matrix_page(counts: Mapping[Pair, int], *, search: str = "", offset: int = 0, limit: int = 20,
                 mirrors: Mapping[Pair, int] | None = None) -> MatrixPage:
     """One page of tenants; `mirrors` (mirror_counts) are counted apart, beside the flows, in the same way: the
-    cells between the page's tenants are the caller's to show (mirror_cells), and each tenant's mirrors to and
+    cells between the page's tenants (`mirror_cells`), and each tenant's mirrors to and
     from tenants off the page are its `mirrors_out_other` / `mirrors_in_other` (the "other tenants" row and
     column), so no mirror is left out of the page either."""
     page, matching = top_tenants(counts, search=search, offset=offset, limit=limit)
     totals = tenant_totals(counts)
     out_other, in_other, cells = _other(counts, page)
-    m_out, m_in, _cells = _other(mirrors or {}, page)
+    m_out, m_in, m_cells = _other(mirrors or {}, page)
     return MatrixPage(
         tenants=[TenantRow(t, totals[t], out_other[t], in_other[t], m_out[t], m_in[t]) for t in page], cells=cells,
         tenants_matching=matching, flows=sum(counts.values()),
-        next_offset=offset + limit if offset + limit < matching else None,
+        next_offset=offset + limit if offset + limit < matching else None, mirror_cells=m_cells,
     )

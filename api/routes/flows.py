@@ -132,9 +132,7 @@ def flow_matrix(
     flows = flow_set(request, ctx)
     if flows is None:
         return computing()
-    mirror_counts = flows.mirror_counts
-    page = matrix_page(flows.counts, search=search, offset=offset, limit=limit, mirrors=mirror_counts)
-    on_page = {t.tenant for t in page.tenants}
+    page = matrix_page(flows.counts, search=search, offset=offset, limit=limit, mirrors=flows.mirror_counts)
     return FlowMatrixOut(
         policy_hash=flows.policy_hash, computed_at=as_utc(flows.computed_at), flows=page.flows,
         tenants_matching=page.tenants_matching, next_offset=page.next_offset,
@@ -142,9 +140,7 @@ def flow_matrix(
                            mirrors_out_other=t.mirrors_out_other, mirrors_in_other=t.mirrors_in_other)
                  for t in page.tenants],
         cells=[MatrixCell(src_tenant=src, dst_tenant=dst, flows=n) for src, dst, n in page.cells],
-        mirror_cells=[MirrorCell(src_tenant=src, dst_tenant=dst, mirrors=n)
-                      for (src, dst), n in sorted(mirror_counts.items())
-                      if src in on_page and dst in on_page],
+        mirror_cells=[MirrorCell(src_tenant=src, dst_tenant=dst, mirrors=n) for src, dst, n in page.mirror_cells],
     )
 
 
