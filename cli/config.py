@@ -193,5 +193,13 @@ def selected_profile() -> Profile:
     config = load()
     name = chosen_name(config)
     if named_explicitly() and name not in config.profiles:
-        raise InvalidInput(f"no profile {name!r} in {config.path} (sign in with `trustfabric --profile {name} login`)")
+        login = f"(sign in with `trustfabric --profile {name} login`)"
+        if _selected["profile"]:  # --profile NAME: the command line is wrong (exit 2), before any work
+            from typer._click.exceptions import UsageError
+            from typer._click.globals import get_current_context
+
+            current = get_current_context(silent=True)
+            raise UsageError(f"--profile {name}: no such profile in {config.path} {login}",
+                             ctx=current.find_root() if current is not None else None)
+        raise InvalidInput(f"no profile {name!r} in {config.path} {login}")  # TRUSTFABRIC_PROFILE's: a failure
     return config.profile(name)

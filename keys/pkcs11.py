@@ -11,7 +11,7 @@ import hashlib
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pkcs11
 from cryptography.hazmat.primitives import hashes
@@ -21,6 +21,10 @@ from pkcs11.util.ec import encode_named_curve_parameters
 
 from keys.errors import KeyExists, KeyNotFound, KeyStoreError
 from keys.store import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
+from keys.undo import discard_on_rollback
+
+if TYPE_CHECKING:
+    from store.db import Database
 
 MASTER_WRAP_LABEL = "trustfabric-master-wrap"  # the AES key that wraps a file key store's master key
 _CURVE_NAMES = {KeyKind.EC_P256: "secp256r1", KeyKind.EC_P384: "secp384r1"}
@@ -168,9 +172,14 @@ class Pkcs11Signer:
 
 
 class Pkcs11KeyStore:
-    """Keys in one PKCS#11 token, found by label (= key id); one logged-in session, serialised by a lock."""
+    """Keys in one PKCS#11 token, found by label (= key id); one logged-in session, serialised by a lock.
 
-    def __init__(self, module_path: str, token_label: str, pin: str) -> None:
+    With `db` (what a server opens), a key generated while this thread has a write transaction open on it (a CA
+    rotation's, init's) is destroyed in the token, private and public object, if that transaction rolls back, and
+    kept once it commits (keys/undo.py, the rule the shared file store follows): a rotation that fails after making
+    its keys leaves no orphan private key in the HSM."""
+
+    def __init__(self, module_path: str, token_label: str, pin: str, *, db: Database | None = None) -> None:
         try:
             lib = pkcs11.lib(module_path)
             token = lib.get_token(token_label=token_label)
@@ -183,6 +192,7 @@ class Pkcs11KeyStore:
             raise KeyStoreError(f"cannot open PKCS#11 token {token_label!r} via {module_path}: {exc!r}") from None
         self.token_label = token_label
         self.lock = threading.RLock()
+        self._db = db
 
     def __repr__(self) -> str:
         return f"Pkcs11KeyStore(token={self.token_label!r})"
@@ -231,7 +241,8 @@ class Pkcs11KeyStore:
         return found[0] if found else None
 
     def generate(self, key_id: str, kind: KeyKind) -> Signer:
-        """Create a key inside the token; an existing key_id is KeyExists, never overwritten silently."""
+        """Create a key inside the token; an existing key_id is KeyExists, never overwritten silently. Inside a
+        write transaction on `db`, destroyed again if it rolls back."""
         check_key_id(key_id)
         kind = KeyKind(kind)
         with self.lock:
@@ -264,6 +275,8 @@ class Pkcs11KeyStore:
                 public_template=public_template,
                 private_template=private_template,
             )
+            if self._db is not None:
+                discard_on_rollback(self._db, key_id, self)
             return Pkcs11Signer(self, key_id, kind, priv, self._public_from(pub, kind))
 
     @staticmethod

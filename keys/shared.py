@@ -9,12 +9,12 @@ the master key can use a row, or make one another replica accepts (GCM authentic
 
 - generate: the file, then its row. Inside this thread's open write transaction on the database (Database.session:
   a CA rotation's, or init's), the row joins that transaction, in a savepoint: it commits with the CA row that names
-  the key, or rolls back with it, and then the file goes too (a rotation that fails after making its keys, a
-  deadlock, a lost connection, leaves no key that no CA generation uses: neither a row every replica could fetch nor
-  a file here). On PostgreSQL the row used to commit in a transaction of its own before generate returned, and so
-  stayed behind whenever the rotation rolled back. Outside such a transaction (the audit and API-issuer keys) the row
-  commits in a transaction of its own before generate returns. A publish that fails removes the file: no key lives
-  on one replica only.
+  the key, or rolls back with it, and then the file goes too (keys/undo.py, the rule a PKCS#11 token's keys follow
+  too; a rotation that fails after making its keys, a deadlock, a lost connection, leaves no key that no CA
+  generation uses: neither a row every replica could fetch nor a file here). On PostgreSQL the row used to commit
+  in a transaction of its own before generate returned, and so stayed behind whenever the rotation rolled back.
+  Outside such a transaction (the audit and API-issuer keys) the row commits in a transaction of its own before
+  generate returns. A publish that fails removes the file: no key lives on one replica only.
 - get / exists of a key without a file: its row must decrypt under this store's master key (else WrongMasterKey,
   nothing written), then it is written as the file (0600, tmp + link) and served. A file here always wins; a row
   never overwrites a file with other bytes (KeyExists).
@@ -27,24 +27,21 @@ the master key can use a row, or make one another replica accepts (GCM authentic
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, Table, delete, event, insert, select
+from sqlalchemy import Connection, Table, delete, insert, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, SessionTransaction
 
 from keys.errors import KeyExists, KeyNotFound
 from keys.file import FileKeyStore
 from keys.models import KeyBlob
 from keys.store import KeyKind, Signer, check_key_id
+from keys.undo import discard_on_rollback
 from store.db import Database
 
 _TABLE: Table = KeyBlob.__table__  # type: ignore[attr-defined]
 _SOURCE = "the database's shared keys (key_blobs)"
-_UNDONE = "tf_generated_keys"  # Session.info: the keys generated in the session's open transaction (_Undo)
-_log = logging.getLogger(__name__)
 
 
 class SharedKeyStore:
@@ -152,7 +149,8 @@ class SharedKeyStore:
     def _write(self, statement: Callable[[Connection], int], *, generated: str | None = None) -> int:
         """Run `statement` in this thread's open write transaction on the database when there is one, in a savepoint
         (an IntegrityError leaves that transaction usable), so that it commits or rolls back with it; the file of
-        a key `generated` there is removed if it rolls back. Else in a transaction of its own, committed on return.
+        a key `generated` there is removed if it rolls back (keys/undo.py). Else in a transaction of its own,
+        committed on return.
         (On SQLite a transaction of its own would wait for this thread's writer lock until busy_timeout; there the
         lock is ours, so the check before an insert is exact.)"""
         joined = self._db.open_session()
@@ -162,62 +160,5 @@ class SharedKeyStore:
         with joined.begin_nested():
             done = statement(joined.connection())
         if generated is not None:
-            _Undo.of(joined).add(joined, generated, self.files)
+            discard_on_rollback(self._db, generated, self.files)
         return done
-
-
-class _Undo:
-    """The key files generated in a session's open transaction, each with the (innermost) transaction its row joined:
-    removed when that transaction, or one enclosing it, rolls back (or the session's transaction ends without a
-    commit); kept once the outermost commits. Listeners on that session alone, added by its first generated key:
-    the sessions of every other transaction pay nothing."""
-
-    def __init__(self) -> None:
-        self.keys: list[tuple[SessionTransaction, str, FileKeyStore]] = []
-
-    @classmethod
-    def of(cls, session: Session) -> _Undo:
-        undo = session.info.get(_UNDONE)
-        if not isinstance(undo, _Undo):
-            undo = session.info[_UNDONE] = cls()
-            event.listen(session, "after_commit", undo._committed)
-            event.listen(session, "after_soft_rollback", undo._rolled_back)
-            event.listen(session, "after_transaction_end", undo._ended)
-        return undo
-
-    def add(self, session: Session, key_id: str, files: FileKeyStore) -> None:
-        transaction = session.get_nested_transaction() or session.get_transaction()
-        assert transaction is not None  # the row was just written in it
-        self.keys.append((transaction, key_id, files))
-
-    def _committed(self, session: Session) -> None:
-        if not session.in_nested_transaction():  # the outermost (after_commit fires for a savepoint's release too)
-            self.keys.clear()
-
-    def _rolled_back(self, _session: Session, previous: SessionTransaction) -> None:
-        self._remove([k for k in self.keys if _within(k[0], previous)])
-
-    def _ended(self, _session: Session, transaction: SessionTransaction) -> None:
-        if transaction.parent is None:  # what a commit did not keep: ended without one (closed)
-            self._remove(list(self.keys))
-
-    def _remove(self, undone: list[tuple[SessionTransaction, str, FileKeyStore]]) -> None:
-        for entry in undone:
-            self.keys.remove(entry)
-            _transaction, key_id, files = entry
-            try:
-                files.delete(key_id)
-            except KeyNotFound:
-                pass
-            except Exception as exc:  # a rollback under way must not fail for this: said, not raised
-                _log.warning("key %s, made in a transaction that rolled back, is left in %s: %s", key_id,
-                             files.directory, exc)
-
-
-def _within(transaction: SessionTransaction | None, outer: SessionTransaction) -> bool:
-    """Whether `transaction` is `outer` or nested in it."""
-    while transaction is not None:
-        if transaction is outer:
-            return True
-        transaction = transaction.parent
-    return False

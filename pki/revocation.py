@@ -46,6 +46,35 @@ def _check_reason(reason: str) -> str:
     return reason.strip()
 
 
+def check_request(*, serial: str | None, tenant: str | None, group: str | None, workload: str | None,
+                  reason: str) -> str:
+    """The reason, stripped, when these name one thing to revoke (a serial in hex, or a tenant, optionally with a
+    group and a workload of it); InvalidInput otherwise. Reads nothing: the CLI asks it before any work, so that a
+    wrong combination is a usage error there."""
+    reason = _check_reason(reason)
+    if serial is not None:
+        if tenant is not None or group is not None or workload is not None:
+            raise InvalidInput("revoke either by serial or by tenant/group/workload, not both")
+        _serial(serial)
+        return reason
+    if tenant is None:
+        raise InvalidInput("name what to revoke: a serial, or a tenant (optionally with group and workload)")
+    require_slug(tenant, "tenant")
+    if group is not None:
+        require_slug(group, "group")
+    if workload is not None and group is None:
+        raise InvalidInput("a workload is named within a group: give the group too")
+    return reason
+
+
+def _serial(serial: str) -> str:
+    """A certificate serial as stored: lower-case hex without leading zeros; InvalidInput for anything else."""
+    norm = serial.strip().lower().removeprefix("0x").replace(":", "")
+    if not norm or len(norm) > 40 or set(norm) - _SERIAL_CHARS:
+        raise InvalidInput("serial must be the certificate serial number in hex (up to 40 hex digits)")
+    return norm.lstrip("0") or "0"
+
+
 def revoke(
     session: Session,
     *,
@@ -60,19 +89,11 @@ def revoke(
     request_id: str | None = None,
 ) -> list[str]:
     """Revoke one SVID (serial) or an identity (tenant[/group[/workload]]); returns the serials revoked."""
-    reason = _check_reason(reason)
+    reason = check_request(serial=serial, tenant=tenant, group=group, workload=workload, reason=reason)
     now = clock()
     if serial is not None:
-        if tenant is not None or group is not None or workload is not None:
-            raise InvalidInput("revoke either by serial or by tenant/group/workload, not both")
         return [_revoke_serial(session, serial, reason, actor, scope_tenant, now, request_id)]
-    if tenant is None:
-        raise InvalidInput("name what to revoke: a serial, or a tenant (optionally with group and workload)")
-    require_slug(tenant, "tenant")
-    if group is not None:
-        require_slug(group, "group")
-    if workload is not None and group is None:
-        raise InvalidInput("a workload is named within a group: give the group too")
+    assert tenant is not None  # check_request
     if scope_tenant is not None and tenant != scope_tenant:
         raise IdentityOutOfScope(f"tenant {scope_tenant!r} may only revoke identities under /tenant/{scope_tenant}/")
     settings = load_settings(session)
@@ -104,10 +125,7 @@ def _revoke_serial(
     session: Session, serial: str, reason: str, actor: Actor, scope_tenant: str | None, now: datetime,
     request_id: str | None,
 ) -> str:
-    norm = serial.strip().lower().removeprefix("0x").replace(":", "")
-    if not norm or len(norm) > 40 or set(norm) - _SERIAL_CHARS:
-        raise InvalidInput("serial must be the certificate serial number in hex (up to 40 hex digits)")
-    norm = norm.lstrip("0") or "0"
+    norm = _serial(serial)
     svid = session.get(IssuedSvid, norm)
     if svid is None or (scope_tenant is not None and svid.tenant != scope_tenant):
         raise SvidNotFound(f"no SVID with serial {norm}")

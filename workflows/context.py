@@ -25,14 +25,14 @@ if TYPE_CHECKING:
     from keys.store import KeyStore
 
 
-def _token(settings: Settings, what: str) -> Pkcs11KeyStore:
+def _token(settings: Settings, what: str, db: Database | None = None) -> Pkcs11KeyStore:
     from keys.pkcs11 import Pkcs11KeyStore
 
     if not (settings.pkcs11_module and settings.pkcs11_token and settings.pkcs11_pin):
         raise InvalidInput(
             f"{what} needs TRUSTFABRIC_PKCS11_MODULE, TRUSTFABRIC_PKCS11_TOKEN and TRUSTFABRIC_PKCS11_PIN"
         )
-    return Pkcs11KeyStore(settings.pkcs11_module, settings.pkcs11_token, settings.pkcs11_pin)
+    return Pkcs11KeyStore(settings.pkcs11_module, settings.pkcs11_token, settings.pkcs11_pin, db=db)
 
 
 def _passphrase(settings: Settings) -> str | None:
@@ -50,10 +50,11 @@ def open_keystore(settings: Settings, *, create: bool, db: Database | None = Non
     _PASSPHRASE_FILE, through scrypt) or a PKCS#11 token (TRUSTFABRIC_MASTER_KEY=pkcs11: wrapped under an
     AES key that never leaves the token). With `db`, the file store shares its keys, encrypted, with every replica
     on that database (keys/shared.py: a key one replica's CA rotation makes signs on all); a PKCS#11 store is one
-    token the replicas share already."""
+    token the replicas share already. With `db` either store destroys a key made in a write transaction on it that
+    rolls back (keys/undo.py)."""
     files = _file_keystore(settings, create=create)
     if files is None:
-        return _token(settings, "the pkcs11 key store")
+        return _token(settings, "the pkcs11 key store", db)
     if db is None:
         return files
     from keys.shared import SharedKeyStore

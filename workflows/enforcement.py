@@ -96,18 +96,32 @@ def verify_published(ctx: AppContext, reconciler: Reconciler) -> tuple[list[Find
     return findings, equivalence(with_devices(compiled, published), inputs.allowed)
 
 
+KIND_FORMATS = {"nic": ("openflow", "ir"), "leaf": ("nvue", "nv-set", "nft", "ir")}  # what each device renders
+
+
+def check_format(device: str, kind: str, fmt: str) -> None:
+    """InvalidInput unless `fmt` is one of FORMATS that a device of `kind` (nic, leaf) renders in. Reads nothing:
+    the kind is the device name's prefix, so the CLI asks it before any work (a usage error there)."""
+    if fmt not in FORMATS:
+        from core.errors import InvalidInput
+
+        raise InvalidInput(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt not in KIND_FORMATS[kind]:
+        from core.errors import InvalidInput
+
+        raise InvalidInput(f"{device} is a {'SuperNIC' if kind == 'nic' else 'leaf'}: --format {fmt} does not "
+                           f"apply (use {', '.join(KIND_FORMATS[kind])})")
+
+
 def render(rs: DeviceRuleSet, fmt: str, fabric: Fabric) -> str:
     """A device's rule set in one of FORMATS (the pure renderers the agents run)."""
+    check_format(rs.device, rs.kind, fmt)
     if fmt == "ir":
         return json.dumps(rs.to_dict(), indent=2, sort_keys=True) + "\n"
     if fmt == "openflow":
-        if rs.kind != "nic":
-            raise _wrong(rs, fmt)
         from enforcer.render.openflow import render_openflow
 
         return render_openflow(rs)
-    if rs.kind != "leaf":
-        raise _wrong(rs, fmt)
     if fmt == "nvue":
         from enforcer.render.nvue import nvue_yaml
 
@@ -122,17 +136,7 @@ def render(rs: DeviceRuleSet, fmt: str, fabric: Fabric) -> str:
         cfg = render_linux(rs, fabric)
         return json.dumps({"nftables": cfg.nft, "ip_rules": list(cfg.ip_rules), "routes": list(cfg.routes)},
                           indent=2, sort_keys=True) + "\n"
-    from core.errors import InvalidInput
-
-    raise InvalidInput(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-
-
-def _wrong(rs: DeviceRuleSet, fmt: str) -> Exception:
-    from core.errors import InvalidInput
-
-    fits = "openflow, ir" if rs.kind == "nic" else "nvue, nv-set, nft, ir"
-    return InvalidInput(f"{rs.device} is a {'SuperNIC' if rs.kind == 'nic' else 'leaf'}: --format {fmt} does not "
-                        f"apply (use {fits})")
+    raise AssertionError(f"unreachable: {fmt!r} passed check_format")
 
 
 def impact(ctx: AppContext, ref: str | int, *, limit: int | None) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from cli.output import (
     emit,
     err_console,
     fail,
+    guard,
     machine_output,
     open_context,
 )
@@ -76,7 +77,9 @@ def export_cmd(
         fail(f"--format must be one of {', '.join(FORMATS)}", EXIT_USAGE)
     filters = ExportFilter(since=since, until=until, tenant=tenant, action=action, actor=actor,
                            actor_tenant=actor_tenant)
-    check_filters(filters, with_decisions=with_decisions)  # a bad filter writes nothing
+    # a bad filter (--since not before --until, an --action that is none, an --actor that cannot be) is the command
+    # line's: usage, and nothing written
+    guard(lambda: check_filters(filters, with_decisions=with_decisions), EXIT_USAGE)
     try:
         kept_note = _read_checkpoint(since_checkpoint) if since_checkpoint else None
     except InvalidInput as exc:  # the file given cannot be read: usage, before any work

@@ -17,6 +17,7 @@ import typer
 
 from cli.output import (
     API,
+    EXIT_USAGE,
     LOCAL,
     Col,
     View,
@@ -190,7 +191,10 @@ def register(app: typer.Typer) -> None:
         from enforcer import service
         from enforcer.fabric_db import compile_fabric_of
         from pki.service import trust_domain
-        from workflows.enforcement import render
+        from workflows.enforcement import check_format, render
+
+        # a format the device's kind (its name's prefix) has none of is the command line's: usage, before any work
+        guard(lambda: check_format(device, device.partition(":")[0], fmt), EXIT_USAGE)
 
         def run() -> tuple[Any, str]:
             with open_context() as ctx, ctx.db.read_session() as session:

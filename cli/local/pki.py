@@ -103,7 +103,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Issue a JWT-SVID to a registered workload."""
         from pki import service
+        from pki.jwtsvid import check_audience
 
+        guard(lambda: check_audience(audience), EXIT_USAGE)  # an --audience no service could be: usage, before any work
         with open_context() as ctx, ctx.db.session() as session:
             issued = service.issue_jwt_svid(
                 session, ctx.keystore, tenant=tenant, group=group, workload=workload, audience=list(audience),
@@ -125,7 +127,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Revoke one SVID (--serial) or an identity (--tenant [--group [--workload]])."""
         from pki import service
+        from pki.revocation import check_request
 
+        # one thing named, with a reason: a wrong combination is the command line's, refused before any work
+        guard(lambda: check_request(serial=serial, tenant=tenant, group=group, workload=workload, reason=reason),
+              EXIT_USAGE)
         with open_context() as ctx, ctx.db.session() as session:
             serials = service.revoke(session, serial=serial, tenant=tenant, group=group, workload=workload,
                                      reason=reason, actor=local_operator(), scope_tenant=None, clock=ctx.clock)

@@ -69,7 +69,9 @@ def _if_unchanged(note: str, flow: dict[str, Any]) -> str:
 
 
 def _signature(signature: str | None, signature_file: Path | None) -> str | None:
-    """--signature, or the text of --signature-file; a file that cannot be read as text is usage (exit 2)."""
+    """--signature, or the text of --signature-file; both, or a file that cannot be read as text, is usage (exit 2)."""
+    if signature is not None and signature_file is not None:
+        fail("give --signature or --signature-file, not both", EXIT_USAGE)
     if signature_file is not None:
         try:
             return signature_file.read_text(encoding="ascii").strip()
@@ -513,8 +515,11 @@ def register(app: typer.Typer) -> None:
                       allowed: bool = typer.Option(None, "--allowed/--denied", help="only allowed / denied ones"),
                       limit: int = typer.Option(100, "--limit", min=1, max=10_000)) -> None:
         """Sampled decision records (input, result, reasons, policy hash), newest first."""
+        from cli.audit_filters import check_window
         from policy.decisionlog import format_ts, query_decisions
         from policy.views import decision_out
+
+        check_window(since, until)
 
         def run() -> list[dict[str, Any]]:
             with open_context() as ctx, ctx.db.read_session() as session:

@@ -8,7 +8,17 @@ from typing import Any
 
 import typer
 
-from cli.output import LOCAL, add_group, command, emit, local_operator, machine_output, open_context
+from cli.output import (
+    EXIT_USAGE,
+    LOCAL,
+    add_group,
+    command,
+    emit,
+    guard,
+    local_operator,
+    machine_output,
+    open_context,
+)
 from cli.params import SLUG, TTL, choice
 from cli.remote import tokens as remote_tokens
 from core.vocabulary import MINTABLE_ROLES
@@ -34,9 +44,10 @@ def register(app: typer.Typer) -> None:
         description: str = typer.Option("", "--description"),
     ) -> None:
         """Mint a signed API token; the token is printed alone on the last line (shown once)."""
-        from pki.tokens.service import mint_token
+        from pki.tokens.service import check_role_tenant, mint_token
 
         assert isinstance(ttl, timedelta)
+        guard(lambda: check_role_tenant(role, tenant), EXIT_USAGE)  # --tenant exactly with a tenant role
         with open_context() as ctx, ctx.db.session() as session:
             tok, row = mint_token(
                 session, ctx.keystore, role=role, tenant=tenant, ttl=ttl, actor=local_operator(),

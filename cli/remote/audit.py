@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from audit.actor import qualified_id
-from cli.audit_filters import ActionOpt, ActorOpt, ActorTenantOpt, SinceOpt, TenantOpt, UntilOpt
+from cli.audit_filters import ActionOpt, ActorOpt, ActorTenantOpt, SinceOpt, TenantOpt, UntilOpt, check_window
 from cli.output import API, Col, View, command, emit, machine_output
 from cli.remote.common import CaOpt, ServerOpt, client
 
@@ -40,6 +40,7 @@ def register(audit: typer.Typer) -> None:
         server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
         """Audit events, oldest first (a tenant principal sees its own tenant's only)."""
+        check_window(since, until)
         page = client(server, cacert).get("/v1/audit/events", tenant=tenant, action=action, actor=actor,
                                           actor_tenant=actor_tenant, since=_iso(since), until=_iso(until),
                                           limit=limit)

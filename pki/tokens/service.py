@@ -131,6 +131,21 @@ def verify_signed(
     return claims
 
 
+def check_role_tenant(role: str, tenant: str | None) -> None:
+    """InvalidInput unless `role` is one a token can carry, with a tenant (a DNS label) exactly when the role is
+    confined to one. Reads nothing: the CLI asks it before any work, so that a wrong combination is a usage error
+    there (whether the tenant exists is mint_token's to say)."""
+    if role not in MINTABLE_ROLES:
+        raise InvalidInput(f"role must be one of {', '.join(MINTABLE_ROLES)}, got {role!r}")
+    if role in TENANT_ROLES:
+        if tenant is None:
+            raise InvalidInput(f"role {role} needs --tenant")
+        if not is_slug(tenant):
+            raise InvalidInput(f"tenant {tenant!r} is not a DNS label")
+    elif tenant is not None:
+        raise InvalidInput(f"role {role} is a platform role and takes no tenant")
+
+
 def mint_token(
     session: Session,
     keystore: KeyStore,
@@ -148,18 +163,11 @@ def mint_token(
     request_id: str | None = None,
 ) -> tuple[str, ApiToken]:
     """Sign an API token and store its jti (revocable); returns the token (shown once) and its row."""
-    if role not in MINTABLE_ROLES:
-        raise InvalidInput(f"role must be one of {', '.join(MINTABLE_ROLES)}, got {role!r}")
-    if role in TENANT_ROLES:
-        if tenant is None:
-            raise InvalidInput(f"role {role} needs --tenant")
-        if not is_slug(tenant):
-            raise InvalidInput(f"tenant {tenant!r} is not a DNS label")
+    check_role_tenant(role, tenant)
+    if tenant is not None:
         from inventory.service import get_tenant
 
         get_tenant(session, tenant)
-    elif tenant is not None:
-        raise InvalidInput(f"role {role} is a platform role and takes no tenant")
     if ttl <= timedelta(0) or ttl > max_ttl:
         raise InvalidInput(f"TTL must be between 1s and {int(max_ttl.total_seconds())}s")
     if len(description) > 200:

@@ -23,8 +23,8 @@ def test_token_create_prints_the_token_last_and_whoami(cli: Cli) -> None:
     assert admin.count(".") == 2
     who = cli.json("whoami", token=admin)
     assert isinstance(who, dict) and (who["role"], who["tenant"], who["auth"]) == ("admin", None, "jwt")
-    r = cli.run("token", "create", "--role", "tenant-admin", "--ttl", "1h")
-    assert r.returncode == 1 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    r = cli.run("token", "create", "--role", "tenant-admin", "--ttl", "1h")  # no --tenant: usage
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
 
 

@@ -17,8 +17,8 @@ from tests.enforcer.helpers import ROOT, SMALL
 TRAIN_TO_API = {"nic:gpu1", "nic:gpu3", "leaf:leaf1", "leaf:leaf2"}
 
 
-def one_error_line(r: Any, *needles: str) -> None:
-    assert r.returncode == 1, (r.stdout, r.stderr)
+def one_error_line(r: Any, *needles: str, code: int = 1) -> None:
+    assert r.returncode == code, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
     for n in needles:
@@ -61,7 +61,7 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     assert "ct(commit,zone=NXM_NX_REG6[0..15])" in flows.stdout
     nv = cli.run("enforcer", "show", "--device", "leaf:leaf1", "--format", "nv-set")
     assert nv.returncode == 0 and "nv set vrf vrf10001" in nv.stdout
-    one_error_line(cli.run("enforcer", "show", "--device", "nic:gpu1", "--format", "nvue"), "is a SuperNIC")
+    one_error_line(cli.run("enforcer", "show", "--device", "nic:gpu1", "--format", "nvue"), "is a SuperNIC", code=2)
     nft = cli.json("enforcer", "show", "--device", "leaf:leaf2", "--format", "nft")
     assert nft["version"] == 1 and '"table"' in nft["text"] and "ip_rules" in nft["text"]  # type: ignore[index]
     ir = cli.json("enforcer", "show", "--device", "nic:gpu3", "--format", "ir")

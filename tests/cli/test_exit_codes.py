@@ -202,6 +202,56 @@ def test_an_error_of_any_command_is_a_failure_and_a_wrong_command_line_usage(cli
         assert r.returncode == EXIT_USAGE and one_line(r), (line, r.stderr)
 
 
+def test_options_that_do_not_go_together_or_name_nothing_are_usage(cli: Cli, world: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    """Should fix: these command lines were refused by the domain's own checks, after the data directory was opened,
+    and so exited 1 as a failure would: a script could not tell them from a refusal. Each is refused before any work
+    now, with 2 and one line; beside each, a well-formed line the domain refuses stays 1."""
+    tokens = len(json.loads(cli.run("token", "list", "--json", token=world["admin"]).stdout))
+    usage: list[tuple[tuple[str, ...], str]] = [
+        (("token", "create", "--role", "tenant-admin"), "role tenant-admin needs --tenant"),
+        (("token", "create", "--role", "admin", "--tenant", "acme"), "takes no tenant"),
+        (("--profile", "nope", "whoami"), "--profile nope: no such profile"),
+        (("svid", "revoke", "--reason", "x"), "name what to revoke"),
+        (("svid", "revoke", "--reason", "x", "--serial", "01", "--tenant", "acme"), "not both"),
+        (("svid", "revoke", "--reason", "x", "--tenant", "acme", "--workload", "w1"), "give the group too"),
+        (("svid", "revoke", "--reason", "x", "--serial", "zz"), "in hex"),
+        (("svid", "revoke", "--reason", " ", "--tenant", "acme"), "needs a reason"),
+        (("svid", "jwt", "--tenant", "acme", "--group", "web", "--workload", "w1", "--audience", ""), "audience"),
+        (("policy", "activate", "1", "--signature", "c2ln", "--signature-file", _write(tmp_path / "s", b"c2ln")),
+         "not both"),
+        (("audit", "export", "--out", str(tmp_path / "x.jsonl"), "--since", "2026-02-01T00:00:00Z",
+          "--until", "2026-01-01T00:00:00Z"), "--since must be before --until"),
+        (("audit", "export", "--out", str(tmp_path / "x.jsonl"), "--action", "NOPE"), "is not an action"),
+        (("audit", "events", "--since", "2026-02-01T00:00:00Z", "--until", "2026-01-01T00:00:00Z"),
+         "must be before --until"),
+        (("policy", "decisions", "--since", "2026-02-01T00:00:00Z", "--until", "2026-01-01T00:00:00Z"),
+         "must be before --until"),
+        (("enforcer", "show", "--device", "nic:gpu1", "--format", "nvue"), "is a SuperNIC"),
+        (("enforcer", "show", "--device", "leaf:leaf1", "--format", "openflow"), "is a leaf"),
+    ]
+    for argv, says in usage:
+        r = cli.run(*argv, token=world["admin"])
+        assert r.returncode == EXIT_USAGE and one_line(r) and says in r.stderr, (argv, r.returncode, r.stderr)
+    assert not (tmp_path / "x.jsonl").exists()
+    assert len(json.loads(cli.run("token", "list", "--json", token=world["admin"]).stdout)) == tokens
+    failure: list[tuple[tuple[str, ...], str]] = [
+        (("token", "create", "--role", "tenant-admin", "--tenant", "nosuch"), "nosuch"),  # no such tenant
+        (("svid", "revoke", "--reason", "x", "--serial", "0a"), "no SVID with serial a"),
+        (("svid", "jwt", "--tenant", "acme", "--group", "web", "--workload", "w1", "--audience", "a"),
+         "not registered"),
+        (("enforcer", "show", "--device", "nic:gpu1", "--format", "openflow"), "no published rule set"),
+    ]
+    for argv, says in failure:
+        r = cli.run(*argv, token=world["admin"])
+        assert r.returncode == EXIT_FAILURE and one_line(r) and says in r.stderr, (argv, r.returncode, r.stderr)
+    r = cli.run("whoami", token=world["admin"], TRUSTFABRIC_PROFILE="nope")  # the environment names it: a failure
+    assert r.returncode == EXIT_FAILURE and one_line(r) and "no profile 'nope'" in r.stderr, r.stderr
+    for window in (("audit", "events"), ("policy", "decisions")):  # a window that holds something: answered
+        r = cli.run(*window, "--since", "2026-01-01T00:00:00Z", "--until", "2026-02-01T00:00:00Z", token=world["admin"])
+        assert r.returncode == EXIT_OK, (window, r.stderr)
+
+
 def _literal_exits(tree: ast.AST) -> list[tuple[int, str]]:
     """Calls that end a command with a code written as a number: typer.Exit(n), sys.exit(n), fail(..., n),
     guard(fn, n), one_line_errors(n) (positional or `code=`)."""

@@ -60,8 +60,10 @@ def test_login_keeps_a_private_profile_and_commands_use_it(cli: Cli, signed: dic
     assert [p["name"] for p in as_json["profiles"]] == ["acme", "default"] and as_json["profile"] == "acme"
     assert str(signed["acme"]) not in json.dumps(as_json)
 
-    unknown = cli.run("--profile", "nope", "whoami", **env)
-    assert unknown.returncode == 1 and "no profile 'nope'" in unknown.stderr
+    unknown = cli.run("--profile", "nope", "whoami", **env)  # a name on the command line: usage
+    assert unknown.returncode == 2 and "--profile nope: no such profile" in unknown.stderr, unknown.stderr
+    unknown = cli.run("whoami", **env, TRUSTFABRIC_PROFILE="nope")  # the environment's: a failure
+    assert unknown.returncode == 1 and "no profile 'nope'" in unknown.stderr, unknown.stderr
 
     out = cli.run("logout", **env)
     assert out.returncode == 0 and "'acme'" in out.stdout

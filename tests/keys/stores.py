@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -43,3 +44,22 @@ def softhsm_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str,
     # SoftHSM reads its config and token list at C_Initialize: re-initialise for this test's token dir.
     pkcs11.lib(SOFTHSM_MODULE).reinitialize()
     return SOFTHSM_MODULE, label
+
+
+_LIST_OBJECTS = """
+import sys
+import pkcs11
+from pkcs11 import Attribute
+module, label, pin = sys.argv[1:]
+with pkcs11.lib(module).get_token(token_label=label).open(user_pin=pin) as session:
+    for obj in session.get_objects():
+        print(obj[Attribute.LABEL], obj.object_class.name)
+"""
+
+
+def token_objects(module: str, label: str) -> set[tuple[str, str]]:
+    """(label, object class) of every object in the token, as another process logged in to it sees them: what the
+    token holds on disk, not what the store under test believes (SOFTHSM2_CONF from `softhsm_token`)."""
+    out = subprocess.run([sys.executable, "-c", _LIST_OBJECTS, module, label, PIN], capture_output=True, text=True,
+                         check=True, timeout=60)
+    return {(line.rsplit(" ", 1)[0], line.rsplit(" ", 1)[1]) for line in out.stdout.splitlines() if line}

@@ -4,6 +4,7 @@ and everything verifies with openssl and cryptography."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,13 +12,16 @@ from cryptography import x509
 from pkcs11 import Attribute
 from sqlmodel import select
 
+from audit.errors import InvalidAuditEvent
 from core.clock import FrozenClock
 from keys.pkcs11 import Pkcs11KeyStore, Pkcs11Signer
 from pki import service
 from pki.models import CertificateAuthority
 from store.db import Database
-from tests.keys.stores import PIN, softhsm_token
+from tests.keys.stores import PIN, softhsm_token, token_objects
 from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
+from workflows.context import AppContext
+from workflows.settings import Settings
 
 pytestmark = pytest.mark.hsm
 
@@ -64,3 +68,49 @@ def test_softhsm_backed_ca_issues_svids_that_verify(
         assert tok.token.count(".") == 2
     finally:
         ks.close()
+
+
+class _Failed(Exception):
+    pass
+
+
+def _refused_audit_event(ctx: AppContext) -> None:
+    """A rotation whose ca.prepare event is refused (a request id over the limit), after it made its keys."""
+    with pytest.raises(InvalidAuditEvent, match="request id"), ctx.db.session() as s:
+        service.rotate(s, ctx.keystore, force=True, actor=ADMIN, clock=ctx.clock, request_id="r" * 129)
+
+
+def _failure_after_the_rotation(ctx: AppContext) -> None:
+    """A step after the rotation, in its transaction, fails."""
+    with pytest.raises(_Failed), ctx.db.session() as s:
+        assert service.rotate(s, ctx.keystore, force=True, actor=ADMIN, clock=ctx.clock).prepared == 2
+        raise _Failed
+
+
+@pytest.mark.parametrize("fail", [_refused_audit_event, _failure_after_the_rotation])
+def test_a_rotation_that_rolls_back_leaves_no_key_in_the_token(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: FrozenClock,
+        fail: Callable[[AppContext], None]) -> None:
+    """Should fix: a CA rotation that failed after generating its keys (or was rolled back) left the three new key
+    pairs in the HSM, orphan private keys no CA generation names. Run as a server opens its key store (AppContext:
+    TRUSTFABRIC_KEYSTORE=pkcs11 beside its database); the token's objects as another process lists them."""
+    module, label = softhsm_token(tmp_path, monkeypatch)
+    ctx = AppContext.open(Settings(home=tmp_path / "home", keystore="pkcs11", pkcs11_module=module,
+                                   pkcs11_token=label, pkcs11_pin=PIN), create=True, clock=clock)
+    try:
+        with ctx.db.session() as s:
+            assert service.init_trust_domain(s, ctx.keystore, trust_domain=TD, clock=clock)
+        before = token_objects(module, label)
+        assert len(before) == 6  # generation 1: root, issuing and JWT key pairs, committed with their CA rows
+        fail(ctx)
+        assert token_objects(module, label) == before
+        with ctx.db.session() as s:  # the rotation again, committed: its keys stay, both halves of each
+            assert service.rotate(s, ctx.keystore, force=True, actor=ADMIN, clock=clock).activated == 2
+            named = {k for ca in s.exec(select(CertificateAuthority)).all() for k in (ca.key_id, ca.jwt_key_id) if k}
+        after = token_objects(module, label)
+        assert {key_id for key_id, _ in after} == named and len(named) == 6
+        assert after == {(key_id, cls) for key_id in named for cls in ("PRIVATE_KEY", "PUBLIC_KEY")}
+    finally:
+        assert isinstance(ctx.keystore, Pkcs11KeyStore)
+        ctx.keystore.close()
+        ctx.close()
