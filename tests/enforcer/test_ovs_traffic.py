@@ -34,16 +34,8 @@ from enforcer.fabric import revoked_ids
 from enforcer.netns import run_in
 from enforcer.ovsd import OvsDaemons
 from tests.enforcer.helpers import allowed_flows, compile_small, small
+from tests.flow_watch import ECHO_SERVER
 
-SERVER = (
-    "import socket,sys,threading\n"
-    "def serve(p):\n"
-    "    s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(('0.0.0.0',p)); s.listen()\n"
-    "    while True:\n"
-    "        c,_=s.accept(); c.close()\n"
-    "for p in map(int, sys.argv[1:]): threading.Thread(target=serve,args=(p,),daemon=True).start()\n"
-    "print('ready',flush=True); threading.Event().wait()\n"
-)
 CLIENT = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).close()"
 
 
@@ -110,16 +102,15 @@ def _wired(ovs_daemons: OvsDaemons, compiled: Compiled) -> Iterator[dict[str, st
         # globex/batch/b1 reaches acme's addresses on the wire (no leaf, no VRF here), so what stops it is the NIC
         _sh("ip", "-n", ns["b1"], "route", "add", "10.1.0.0/16", "dev", "eth0")
         _sh("ip", "-n", ns["b1"], "neigh", "add", ADDR["db1"], "lladdr", _mac(ns["db1"]), "dev", "eth0")
-        OvsBackend(ovs_daemons, br["gpu1"], {"p0": f"tf{tok}ua", "pf0vf0": f"tf{tok}h1", "pf0vf1": f"tf{tok}x1"}
-                   ).apply(compiled.devices["nic:gpu1"])
-        OvsBackend(ovs_daemons, br["gpu2"], {"p0": f"tf{tok}ub", "pf0vf0": f"tf{tok}h2"}
-                   ).apply(compiled.devices["nic:gpu2"])
+        for node, backend in backends(ovs_daemons, br, tok).items():
+            backend.apply(compiled.devices[f"nic:{node}"])
         for w in ("w1", "db1"):
-            proc = subprocess.Popen(["ip", "netns", "exec", ns[w], sys.executable, "-c", SERVER, "443", "5432"],
+            proc = subprocess.Popen(["ip", "netns", "exec", ns[w], sys.executable, "-c", ECHO_SERVER, "443", "5432"],
                                     stdout=subprocess.PIPE, text=True)
             servers.append(proc)
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        yield {**ns, **br, "wire2": f"tf{tok}ub"}  # wire2: gpu2's end of the wire between the bridges
+        # wire2: gpu2's end of the wire between the bridges; tok: what backends() names the ports by
+        yield {**ns, **br, "wire2": f"tf{tok}ub", "tok": tok}
     finally:
         for proc in servers:
             proc.kill()
@@ -130,6 +121,13 @@ def _wired(ovs_daemons: OvsDaemons, compiled: Compiled) -> Iterator[dict[str, st
             subprocess.run(["ip", "-n", ovs_ns, "link", "del", link], capture_output=True)
         for b in br.values():
             ovs_daemons.del_bridge(b)
+
+
+def backends(ovs_daemons: OvsDaemons, bridges: dict[str, str], tok: str) -> dict[str, OvsBackend]:
+    """The SuperNIC backends of the wired nodes gpu1 and gpu2 (their bridges, their ports' veth names)."""
+    return {"gpu1": OvsBackend(ovs_daemons, bridges["gpu1"],
+                               {"p0": f"tf{tok}ua", "pf0vf0": f"tf{tok}h1", "pf0vf1": f"tf{tok}x1"}),
+            "gpu2": OvsBackend(ovs_daemons, bridges["gpu2"], {"p0": f"tf{tok}ub", "pf0vf0": f"tf{tok}h2"})}
 
 
 def _connects(ns: str, addr: str, port: int) -> bool:
