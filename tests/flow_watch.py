@@ -14,14 +14,18 @@ import itertools
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 INTERVAL = 0.01
 MESSAGE = struct.Struct("!Q")
 
-# An echo server for `ip netns exec <ns> python -c ECHO_SERVER <port>...`: prints "ready" once listening.
+# An echo server for `ip netns exec <ns> python -c ECHO_SERVER <port>...`: IPv4 and IPv6 on each port (one
+# dual-stack socket, or IPv4 alone where the namespace has no IPv6); prints "ready" once listening.
 ECHO_SERVER = (
     "import socket,sys,threading\n"
     "def echo(c):\n"
@@ -30,15 +34,33 @@ ECHO_SERVER = (
     "            b=c.recv(65536)\n"
     "            if not b: return\n"
     "            c.sendall(b)\n"
-    "def serve(p, family, addr):\n"
-    "    s=socket.socket(family); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
-    "    s.bind((addr,p)); s.listen()\n"
+    "def listener(p):\n"
+    "    try:\n"
+    "        s=socket.socket(socket.AF_INET6); s.setsockopt(socket.IPPROTO_IPV6,socket.IPV6_V6ONLY,0)\n"
+    "        s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(('::',p))\n"
+    "    except OSError:\n"
+    "        s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(('0.0.0.0',p))\n"
+    "    s.listen(); return s\n"
+    "def serve(s):\n"
     "    while True:\n"
     "        c,_=s.accept(); threading.Thread(target=echo,args=(c,),daemon=True).start()\n"
-    "for p in map(int, sys.argv[1:]):\n"
-    "    threading.Thread(target=serve,args=(p,socket.AF_INET,'0.0.0.0'),daemon=True).start()\n"
+    "for s in [listener(int(p)) for p in sys.argv[1:]]:\n"
+    "    threading.Thread(target=serve,args=(s,),daemon=True).start()\n"
     "print('ready',flush=True); threading.Event().wait()\n"
 )
+
+
+@contextmanager
+def echo_server(netns: str, *ports: int) -> Iterator[None]:
+    """ECHO_SERVER on `ports` inside `netns` for the block (listening before it starts, killed after)."""
+    proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", ECHO_SERVER, *map(str, ports)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", f"echo server in {netns}"
+        yield
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def retransmitted_segments(netns: str) -> int:

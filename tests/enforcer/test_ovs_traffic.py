@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import pytest
 
@@ -34,7 +34,7 @@ from enforcer.fabric import revoked_ids
 from enforcer.netns import run_in
 from enforcer.ovsd import OvsDaemons
 from tests.enforcer.helpers import allowed_flows, compile_small, small
-from tests.flow_watch import ECHO_SERVER
+from tests.flow_watch import echo_server
 
 CLIENT = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).close()"
 
@@ -75,7 +75,7 @@ def _wired(ovs_daemons: OvsDaemons, compiled: Compiled) -> Iterator[dict[str, st
           "b1": f"tfw{tok}{os.getpid() % 1000}c"}
     br = {"gpu1": f"tfb{tok}1", "gpu2": f"tfb{tok}2"}
     links: list[str] = []
-    servers: list[subprocess.Popen[str]] = []
+    servers = ExitStack()  # the echo servers: closed first, before the namespaces they run in go
     try:
         for b in br.values():
             ovs_daemons.add_bridge(b)
@@ -105,16 +105,11 @@ def _wired(ovs_daemons: OvsDaemons, compiled: Compiled) -> Iterator[dict[str, st
         for node, backend in backends(ovs_daemons, br, tok).items():
             backend.apply(compiled.devices[f"nic:{node}"])
         for w in ("w1", "db1"):
-            proc = subprocess.Popen(["ip", "netns", "exec", ns[w], sys.executable, "-c", ECHO_SERVER, "443", "5432"],
-                                    stdout=subprocess.PIPE, text=True)
-            servers.append(proc)
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            servers.enter_context(echo_server(ns[w], 443, 5432))
         # wire2: gpu2's end of the wire between the bridges; tok: what backends() names the ports by
         yield {**ns, **br, "wire2": f"tf{tok}ub", "tok": tok}
     finally:
-        for proc in servers:
-            proc.kill()
-            proc.wait(timeout=10)
+        servers.close()
         for n in ns.values():
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
         for link in links:
