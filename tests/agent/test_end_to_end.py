@@ -4,7 +4,8 @@ GPU node and per leaf running the real agent code on threads of this process. Po
 to hold on the wire: every pair of workloads on allowed and denied ports matches the policy and the
 enforcer's walk of what the agents applied; a grant requested and approved through the API opens a
 connection and its revocation closes it; a quarantine closes every cross-tenant connection of the tenant;
-a revoked workload loses its connections; drift is repaired (and audited); the server stopped changes
+a revoked workload loses its connections; busy allowed connections lose no segment while grants
+and a quarantine reach every device through the agents; drift is repaired (and audited); the server stopped changes
 nothing on the wire (fail static); a restarted agent converges without disturbing anything; a bad rule set
 is refused while the last good one stays.
 
@@ -13,9 +14,12 @@ as it found it, except the last, which revokes a workload for good."""
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,11 +31,13 @@ import pytest
 from agent.runner import Agent
 from enforcer.equivalence import Walker
 from enforcer.ir import DeviceRuleSet
+from enforcer.netns import run_in
 from lab.probe import Endpoint, connect, endpoint, listening
 from lab.standalone import Installed
 from policy.decide import expand_allowed
 from tests.agent.harness import Served
 from tests.agent.process import lab_served
+from tests.flow_watch import FlowWatcher, echo_server, retransmitted_segments
 from tests.lab.conftest import OPEN, wire_answers
 from tests.policy.conftest import free_port
 from workflows.enforcement import verify_published
@@ -182,6 +188,88 @@ def test_a_quarantine_closes_every_cross_tenant_connection_of_the_tenant(world: 
     finally:
         world.call("POST", "/v1/tenants/globex/unquarantine", "security", json={"reason": "resolved"})
     becomes(world, "globex/api/a1", "platform/dns/ns1", 53, True)
+
+
+WATCHED = (("acme/train/w1", 4), ("acme/train/w1", 6), ("acme/train/w2", 4))  # to acme/data/db1:5432
+
+
+def _open_from(src: Endpoint, dst: Endpoint, family: int) -> socket.socket:
+    """A connection src -> dst:5432 made inside src's namespace (where it stays): waited for like opens()."""
+    deadline = time.monotonic() + OPEN * 3
+    while True:
+        s = socket.socket(socket.AF_INET6 if family == 6 else socket.AF_INET)
+        try:
+            s.bind((src.address(family), 0))
+            s.settimeout(OPEN)
+            s.connect((dst.address(family), 5432))
+            return s
+        except OSError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _published(w: World) -> dict[str, str | None]:
+    return {d: x["desired_hash"] for d, x in w.devices().items()}
+
+
+def _applied_everywhere(w: World, before: dict[str, str | None], what: str) -> list[str]:
+    """Wait until the change is published and every device reports it applied; the devices it changed."""
+    def done() -> bool:
+        devices = w.devices()
+        return any(x["desired_hash"] != before[d] for d, x in devices.items()) and all(
+            x["in_sync"] and not x["last_error"] for x in devices.values())
+    wait_until(done, what=what)
+    return sorted(d for d, h in _published(w).items() if h != before[d])
+
+
+def test_busy_allowed_flows_lose_nothing_while_grants_and_a_quarantine_reach_every_device(world: World) -> None:
+    """The agents' reconcile path is hitless too: three busy connections to db1 (w1 over IPv4 and IPv6 across
+    leaf1, w2 over IPv4 across the spine) echo a message every 10 ms while a grant is approved and revoked and
+    another tenant is quarantined and released, each change reaching the NICs and leaves on those paths
+    through their agents. No namespace on the paths may send a segment again; afterwards the changes are
+    shown to have taken effect (the grant's flow closed again, the quarantined tenant's flows back)."""
+    db1 = world.ep("acme/data/db1")
+    sources = [(world.ep(k), family) for k, family in WATCHED]
+    namespaces = sorted({db1.netns, *(s.netns for s, _ in sources)})
+    grant = {"src_group": "train", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [8443],
+             "ttl_seconds": 3600}
+    changed: dict[str, list[str]] = {}
+    with ExitStack() as stack:
+        stack.enter_context(echo_server(db1.netns, 5432))
+        before = {ns: retransmitted_segments(ns) for ns in namespaces}
+        watchers = [stack.enter_context(FlowWatcher(run_in(src.netns, _open_from, src, db1, family)))
+                    for src, family in sources]
+        g = world.call("POST", "/v1/grants", "tenant-admin", "acme", json=grant)
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("grant approved", lambda: world.call("POST", f"/v1/grants/{g['id']}/approve", "tenant-admin",
+                                                  "globex", json={})),
+            ("grant revoked", lambda: world.call("POST", f"/v1/grants/{g['id']}/revoke", "tenant-admin", "globex",
+                                                 json={"reason": "test over"})),
+            ("globex quarantined", lambda: world.call("POST", "/v1/tenants/globex/quarantine", "security",
+                                                      json={"reason": "incident INC-2"})),
+            ("globex released", lambda: world.call("POST", "/v1/tenants/globex/unquarantine", "security",
+                                                   json={"reason": "resolved"})),
+        ]
+        for what, step in steps:
+            published = _published(world)
+            step()
+            changed[what] = _applied_everywhere(world, published, what)
+        watches = [w.stop() for w in watchers]
+    again = {ns: retransmitted_segments(ns) - before[ns] for ns in namespaces}
+    context = json.dumps({"segments sent again": again, "devices changed": changed, "watched": [
+        {"flow": f"{src.workload} -> db1 IPv{family}", "error": w.error, "sent": w.sent, "echoed": len(w.echoed),
+         "gaps over 0.1 s (start, length)": w.gaps_over(0.1)} for (src, family), w in zip(sources, watches,
+                                                                                          strict=True)]})
+    for what in ("grant approved", "grant revoked", "globex quarantined"):
+        assert {"nic:gpu1", "nic:gpu3", "leaf:leaf1", "leaf:leaf2"} <= set(changed[what]), context
+    for w in watches:
+        assert w.error is None and w.sent > 50 and len(w.echoed) == w.sent, context
+        assert w.max_gap() < SETTLE / 5, context
+    assert all(n == 0 for n in again.values()), context
+    assert not is_open(world, "acme/train/w1", "globex/api/a1", 8443)  # the revocation is on the wire
+    becomes(world, "globex/api/a1", "platform/dns/ns1", 53, True)  # and the release
 
 
 def test_drift_is_repaired_and_audited(world: World) -> None:
