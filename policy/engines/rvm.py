@@ -6,13 +6,26 @@ and a tenth of that through the VM (issue 11; `bench/policy.py` measures both). 
 reference: the VM answers only when its answer is known to be the interpreter's, and the interpreter answers
 otherwise (counted in `Accelerator.stats()`):
 
-  - `vm_errors`: the VM raised;
+  - `vm_errors`: the VM raised (e.g. its limit of 25,000 instructions per evaluation, which this regorus build
+    does not let us raise; the interpreter has none);
   - `undefined_values`: the VM's answer holds an undefined value (the VM can leave `<undefined>` inside a
     collection where the interpreter omits the element, e.g. a set element built with sprintf over a missing
     input field) -- any `<undefined>` in the answer's text, even inside a string, so nothing is guessed;
   - `not_compiled`: the policy's modules do not compile for that entry point (an uploaded version using what
-    the VM does not support, or without that rule); the refusal is logged once per modules generation;
+    the VM does not support, or without that rule), or the entry point is not vetted (below); logged once per
+    modules generation;
   - `stale_data`: this thread's VM does not hold the current data yet (see below).
+
+Vetted modules only. The VM turns every evaluation error of the interpreter into an undefined value: a builtin
+given the wrong type (count(5), sprintf with a bad format, to_number("x")), a division by zero, two values for
+one complete rule or function. The interpreter fails on those (the decision fails closed); in the VM the
+undefined value then meets a `default` or a `not` and becomes an ordinary answer (measured: `default w := "d";
+w := "v" if input.q / 0 > 1` is an error in the interpreter and "d" in the VM). No marker shows it. So the VM
+answers an entry point only while the modules of its package are, text for text, ones whose agreement with the
+interpreter the tests establish over malformed inputs too (`vetted`, by default the shipped rego/:
+tests/policy/test_rvm.py), and no other module declares a package overlapping that one or `tf` (a rule there
+would shadow what the vetted module reads). Any other uploaded version is still compiled (a refusal is logged)
+but answered by the interpreter, exact as before.
 
 Costs and threads. A `Program` and an `Rvm` are bound to the thread that made them (using one from another
 thread panics), so each thread keeps its own VM, in the thread's own storage like the interpreter's engines.
@@ -36,6 +49,7 @@ import ctypes
 import itertools
 import json
 import logging
+import re
 import threading
 import time
 import weakref
@@ -116,6 +130,61 @@ def compile_program(modules: Mapping[str, str], entry_points: tuple[str, ...] = 
     return Compiled(None, frozenset(), refused)
 
 
+_PACKAGE = re.compile(r"^package[ \t]+([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)[ \t]*(?:#.*)?$", re.M)
+DATA_ROOTS: tuple[tuple[str, ...], ...] = (("tf",),)  # the data the vetted modules read (data.tf.*)
+
+
+def package_of(text: str) -> tuple[str, ...] | None:
+    """The package path of a module ("package a.b" -> ("a", "b")); None when not in that simple form."""
+    match = _PACKAGE.search(text)
+    return tuple(match.group(1).split(".")) if match else None
+
+
+def _related(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def shipped_modules() -> dict[str, str]:
+    """The shipped rego/ modules without their tests: what the VM is vetted for by default."""
+    from policy.shipped import REGO_DIR
+
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(REGO_DIR.glob("*.rego"))
+            if not p.name.endswith("_test.rego")}
+
+
+def vetted_entry_points(modules: Mapping[str, str], vetted: Mapping[str, str],
+                        entry_points: tuple[str, ...]) -> dict[str, str]:
+    """{entry point: why not} for each of `entry_points` the VM may not answer under `modules` (see above)."""
+    packages = {path: package_of(text) for path, text in modules.items()}
+    vetted_by_pkg: dict[tuple[str, ...], list[str]] = {}
+    for text in vetted.values():
+        pkg = package_of(text)
+        if pkg is not None:
+            vetted_by_pkg.setdefault(pkg, []).append(text)
+    out: dict[str, str] = {}
+    for ep in entry_points:
+        parts = tuple(ep.split("."))
+        pkg = parts[1:-1]
+        if parts[0] != "data" or not pkg:
+            out[ep] = "not a rule path"
+            continue
+        if None in packages.values():
+            out[ep] = "a module's package is not a plain dotted name"
+            continue
+        own = sorted(text for path, text in modules.items() if packages[path] == pkg)
+        if not own or own != sorted(vetted_by_pkg.get(pkg, [])):
+            out[ep] = (f"package {'.'.join(pkg)} is not the vetted one (the VM answers only modules tested against "
+                       "the interpreter)")
+            continue
+        for path, other in packages.items():
+            assert other is not None
+            if other != pkg and any(_related(other, root) for root in (pkg, *DATA_ROOTS)):
+                out[ep] = f"{path} (package {'.'.join(other)}) overlaps what package {'.'.join(pkg)} reads"
+                break
+    return out
+
+
 class Source(Protocol):
     """What the accelerator reads from the engine it serves (RegorusEngine)."""
 
@@ -178,7 +247,10 @@ def _keep_vms_of_threads_alive_at_exit() -> None:
 class Accelerator:
     """Answers HOT_ENTRY_POINTS through the compiled VM when that answer is exact; the interpreter otherwise."""
 
-    def __init__(self, entry_points: tuple[str, ...] = HOT_ENTRY_POINTS, *, amortize: bool = True) -> None:
+    def __init__(self, entry_points: tuple[str, ...] = HOT_ENTRY_POINTS, *, amortize: bool = True,
+                 vetted: Mapping[str, str] | None = None) -> None:
+        """`vetted`: the modules the VM may answer for (None: the shipped rego/); `amortize`: see the module."""
+        self._vetted = dict(shipped_modules() if vetted is None else vetted)
         self.entry_points = frozenset(entry_points)
         self._order = tuple(entry_points)
         self._amortize = amortize
@@ -207,7 +279,9 @@ class Accelerator:
             kept = self._compiled
             if kept is not None and kept[0] == modules_gen:
                 return kept[1]
-            compiled = compile_program(modules, self._order)
+            unvetted = vetted_entry_points(modules, self._vetted, self._order)
+            compiled = compile_program(modules, tuple(ep for ep in self._order if ep not in unvetted))
+            compiled = Compiled(compiled.binary, compiled.entry_points, {**compiled.refused, **unvetted})
             self._compiled = (modules_gen, compiled)
             self._counts["compiles"] += 1
         for ep, why in sorted(compiled.refused.items()):
