@@ -128,6 +128,8 @@ def vm_figures(args: argparse.Namespace, modules: dict[str, str], doc: dict[str,
     policy = {p: text for p, text in modules.items() if not p.endswith("_test.rego")}  # as the grant decider loads
     fast = RegorusEngine(policy, doc, accelerator=Accelerator())
     fast.warm()
+    slow = RegorusEngine(policy, doc)  # the interpreter only (TRUSTFABRIC_REGO_VM=off)
+    slow.warm()
     interp = new_engine(policy)
     interp.add_data_json(json.dumps(doc))
     text = json.dumps(doc)
@@ -140,18 +142,23 @@ def vm_figures(args: argparse.Namespace, modules: dict[str, str], doc: dict[str,
     for name, query, batch in (("flows", FLOW_QUERY, flows[:n]), ("grants", GRANT_QUERY, grant_inputs(doc, n)),
                                ("api_authz", AUTHZ_QUERY, authz_inputs(doc, n))):
         texts = [json.dumps(i) for i in batch]
-        for i, s in zip(batch[:20], texts[:20], strict=True):  # warm all three
+        for i, s in zip(batch[:20], texts[:20], strict=True):  # warm all four
             fast.evaluate(query, i)
+            slow.evaluate(query, i)
             interp.set_input_json(s)
             interp.eval_rule_as_json(query)
             vm.set_input_json(s)
             vm.execute_entry_point(query)
-        e50, e99, i50, i99, v50, v99 = [], [], [], [], [], []
+        e50, e99, i50, i99, v50, v99, s50 = [], [], [], [], [], [], []
         for _ in range(args.runs):
             t_e: list[float] = []
             t_i: list[float] = []
             t_v: list[float] = []
+            t_s: list[float] = []
             for i, s in zip(batch, texts, strict=True):
+                ts = time.perf_counter()
+                slow.evaluate(query, i)
+                t_s.append(time.perf_counter() - ts)
                 t0 = time.perf_counter()
                 fast.evaluate(query, i)
                 t1 = time.perf_counter()
@@ -164,7 +171,7 @@ def vm_figures(args: argparse.Namespace, modules: dict[str, str], doc: dict[str,
                 t_e.append(t1 - t0)
                 t_i.append(t2 - t1)
                 t_v.append(t3 - t2)
-            for out, samples in ((e50, t_e), (i50, t_i), (v50, t_v)):
+            for out, samples in ((e50, t_e), (i50, t_i), (v50, t_v), (s50, t_s)):
                 out.append(percentile(samples, 0.5))
             for out, samples in ((e99, t_e), (i99, t_i), (v99, t_v)):
                 out.append(percentile(samples, 0.99))
@@ -172,10 +179,40 @@ def vm_figures(args: argparse.Namespace, modules: dict[str, str], doc: dict[str,
         line(f"{name} decision p99 (PolicyEngine with VM vs raw interpreter)", med(e99) * 1e6, "us", med(i99) * 1e6)
         line(f"{name} decision p50 (raw VM vs raw interpreter)", med(v50) * 1e6, "us", med(i50) * 1e6)
         line(f"{name} decision p50 (PolicyEngine with VM vs raw VM)", med(e50) * 1e6, "us", med(v50) * 1e6)
+        line(f"{name} decision p50 (PolicyEngine with VM vs PolicyEngine, VM off)", med(e50) * 1e6, "us",
+             med(s50) * 1e6)
     stats = fast.accelerator.stats() if fast.accelerator is not None else {}
     answered = stats.get("vm_answers", 0)
     fallbacks = sum(stats.get(k, 0) for k in ("vm_errors", "undefined_values", "not_compiled", "stale_data"))
     line("decisions the interpreter answered instead of the VM (vs the VM's)", fallbacks, "decisions", answered)
+    # grants activated while deciding: each change makes the VM's data stale; the interpreter answers until its
+    # extra cost has paid for a reload (rvm.py). Mean cost per decision, patches included, VM on vs off.
+    grants = grant_inputs(doc, 1000, seed=5)
+    for every in (10, 100, 1000):
+        per: dict[str, list[float]] = {"on": [], "off": []}
+        for run in range(args.runs):
+            for label, engine in (("on", fast), ("off", slow)):
+                start = time.perf_counter()
+                for k, request in enumerate(grants):
+                    if k % every == 0:
+                        src, dst = request["src"]["tenant"], request["dst"]["tenant"]
+                        engine.patch_data([{"op": "add", "path": f"/tf/grants/{src}/{dst}/bench{run}x{every}x{k}",
+                                            "value": {"src_group": "g1", "dst_group": "g2", "proto": "tcp",
+                                                      "ports": [443], "expires_at_ns": FAR_NS}}]
+                                          if dst in engine.data()["tf"]["grants"].get(src, {}) else
+                                          [{"op": "add", "path": f"/tf/grants/{src}/{dst}",
+                                            "value": {f"bench{run}x{every}x{k}": {
+                                                "src_group": "g1", "dst_group": "g2", "proto": "tcp", "ports": [443],
+                                                "expires_at_ns": FAR_NS}}}]
+                                          if src in engine.data()["tf"]["grants"] else
+                                          [{"op": "add", "path": f"/tf/grants/{src}", "value": {dst: {
+                                              f"bench{run}x{every}x{k}": {
+                                                  "src_group": "g1", "dst_group": "g2", "proto": "tcp", "ports": [443],
+                                                  "expires_at_ns": FAR_NS}}}}])
+                    engine.evaluate(GRANT_QUERY, request)
+                per[label].append((time.perf_counter() - start) / len(grants))
+        line(f"grant decision, one grant activated every {every} decisions, mean incl. reloads (VM on vs off)",
+             med(per["on"]) * 1e6, "us", med(per["off"]) * 1e6)
     loads = [timed(lambda: vm.set_data_json(text)) for _ in range(max(3, args.runs))]
     reparse = [timed(lambda: new_engine(policy).add_data_json(text)) for _ in range(max(3, args.runs))]
     line("VM data load, whole document (set_data_json vs interpreter add_data_json)", med(loads) * 1e3, "ms",

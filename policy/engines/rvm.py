@@ -33,10 +33,11 @@ Modules are compiled once per modules generation (~6 ms for the shipped policy) 
 binary form, which each thread deserialises (~0.1 ms). The VM has no incremental data load: set_data_json
 parses the whole document (~20-25 ms at 1,000 tenants x 10 groups x 5,000 grants), once per data generation
 per thread. So a thread does not reload on every change: while its VM's data is stale the interpreter answers
-(which is incremental and exact), and the thread reloads once the time the interpreter took beyond the VM's
-since the change reaches what the last reload cost (ski rental: the total never exceeds twice what the best
-choice in hindsight would have cost; data changing faster than that leaves the interpreter answering, as
-before). `amortize=False` reloads on the first decision after each change (tests).
+(which is incremental and exact), and the thread reloads once the time the interpreter took beyond the VM's in
+this data generation reaches what its last reload cost (ski rental per generation: at most about twice what the
+best choice in hindsight would have cost). A thread whose generations are usually too short for a reload to pay
+back waits three reloads' worth, so data changing faster than that leaves the interpreter answering, as before.
+`amortize=False` reloads on the first decision after each change (tests).
 
 Exactness of generations: a thread's VM holds a (modules generation, data generation) pair taken together with
 the modules and the data text under the engine's lock; it answers only while both are the engine's current ones.
@@ -204,9 +205,32 @@ class _ThreadVm:
         self.modules_gen = -1
         self.data_gen = -1
         self.entry_points: frozenset[str] = frozenset()
-        self.load_seconds = 0.0  # what the last set_data_json cost on this thread
-        self.owed = 0.0  # interpreter time beyond the VM's, spent since the data went stale
+        self.load_seconds = 0.0  # what the last data load (snapshot + set_data_json) cost on this thread
+        self.owed = 0.0  # interpreter time beyond the VM's, spent in this data generation
         self.vm_seconds = 0.0  # a VM answer's cost (moving average)
+        self.saving = 0.0  # an interpreter answer's cost beyond a VM answer's (moving average)
+        self.seen_gen = -1  # the data generation this thread's decisions last saw
+        self.gen_decisions = 0  # decisions this thread made in that generation
+        self.gen_len: float | None = None  # decisions per data generation on this thread (moving average)
+
+    def observe(self, data_gen: int) -> None:
+        """Count one decision at `data_gen`; a new generation closes the last one's count."""
+        if data_gen != self.seen_gen:
+            if self.seen_gen != -1:
+                n = float(self.gen_decisions)
+                self.gen_len = n if self.gen_len is None else 0.7 * self.gen_len + 0.3 * n
+            self.seen_gen = data_gen
+            self.gen_decisions = 0
+            self.owed = 0.0
+        self.gen_decisions += 1
+
+    def rent(self) -> bool:
+        """Whether the interpreter should answer rather than the VM reload now (its data is stale). Ski rental per
+        generation: reload once the interpreter's extra cost in this generation reaches a reload's; when this
+        thread's generations are usually too short for a reload to pay back (decisions x saving below twice a
+        reload), only at three reloads' worth, so a burst of changes leaves the interpreter answering."""
+        worth = self.gen_len is None or self.gen_len * self.saving >= 2 * self.load_seconds
+        return self.owed < self.load_seconds * (1 if worth else 3)
 
 
 _TLS = threading.local()
@@ -300,6 +324,7 @@ class Accelerator:
 
     def _load(self, mine: _ThreadVm, source: Source) -> None:
         """Bring this thread's VM to the engine's current modules and data (raises what regorus raises)."""
+        start = time.perf_counter()
         modules_gen, modules, data_gen, text = source.snapshot(True)
         if mine.modules_gen != modules_gen:
             mine.rvm = None
@@ -313,7 +338,6 @@ class Accelerator:
                 rvm.load_program(program)
                 mine.rvm = rvm
         if mine.rvm is not None:
-            start = time.perf_counter()
             mine.data_gen = -1  # not usable if set_data_json fails halfway
             mine.rvm.set_data_json(text)
             mine.load_seconds = time.perf_counter() - start
@@ -342,6 +366,7 @@ class Accelerator:
         `interpret()`'s (whose errors propagate as the engine's)."""
         mine = self._mine()
         gens = source.generations()
+        mine.observe(gens[1])
         if mine.modules_gen != gens[0]:
             try:
                 self._load(mine, source)
@@ -354,10 +379,12 @@ class Accelerator:
                 log.warning("rego VM: loading failed (the interpreter answers): %s", _first_line(str(exc)))
                 return interpret()
         elif mine.data_gen != gens[1] and mine.rvm is not None and query in mine.entry_points:
-            if self._amortize and mine.owed < mine.load_seconds:
+            if self._amortize and mine.rent():
                 start = time.perf_counter()
                 value = interpret()
-                mine.owed += max(0.0, time.perf_counter() - start - mine.vm_seconds)
+                extra = max(0.0, time.perf_counter() - start - mine.vm_seconds)
+                mine.owed += extra
+                mine.saving = extra if mine.saving == 0.0 else 0.8 * mine.saving + 0.2 * extra
                 self._count("stale_data")
                 return value
             try:

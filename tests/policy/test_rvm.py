@@ -425,3 +425,27 @@ def test_an_empty_or_dataless_engine() -> None:
     empty = RegorusEngine(accelerator=Accelerator())
     assert empty.evaluate(GRANT_QUERY, {}) is None
     assert empty.accelerator is not None and empty.accelerator.stats()["not_compiled"] == 1
+
+
+def test_reloads_are_rented_per_generation() -> None:
+    """The reload rule (rvm._ThreadVm.rent): reload once this generation's extra interpreter cost reaches a reload's;
+    after generations too short to pay a reload back, only at three reloads' worth."""
+    from policy.engines.rvm import _ThreadVm
+
+    m = _ThreadVm()
+    m.load_seconds = 1.0
+    m.observe(1)
+    assert m.rent()
+    m.owed = 1.0
+    assert not m.rent()
+    m.observe(2)  # a new generation: nothing owed yet
+    assert m.owed == 0.0 and m.rent()
+    for gen in range(3, 8):
+        for _ in range(10):
+            m.observe(gen)
+    m.saving = 0.01  # 10 decisions x 0.01 s saved < 2 reloads: not worth reloading soon
+    m.observe(8)
+    m.owed = 1.5
+    assert m.rent()
+    m.owed = 3.0
+    assert not m.rent()
