@@ -31,12 +31,13 @@ Costs and threads. A `Program` and an `Rvm` are bound to the thread that made th
 thread panics), so each thread keeps its own VM, in the thread's own storage like the interpreter's engines.
 Modules are compiled once per modules generation (~6 ms for the shipped policy) and kept as the program's
 binary form, which each thread deserialises (~0.1 ms). The VM has no incremental data load: set_data_json
-parses the whole document (~20-25 ms at 1,000 tenants x 10 groups x 5,000 grants), once per data generation
-per thread. So a thread does not reload on every change: while its VM's data is stale the interpreter answers
-(which is incremental and exact), and the thread reloads once the time the interpreter took beyond the VM's in
-this data generation reaches what its last reload cost (ski rental per generation: at most about twice what the
-best choice in hindsight would have cost). A thread whose generations are usually too short for a reload to pay
-back waits three reloads' worth, so data changing faster than that leaves the interpreter answering, as before.
+parses the whole document (~25-35 ms at 1,000 tenants x 10 groups x 5,000 grants), once per data generation
+per thread, and a thread's VM holds ~10 MB at that scale. So a thread does not reload on every change: while its
+VM's data is stale the interpreter answers (which is incremental and exact), and the thread reloads once the
+time the interpreter took beyond the VM's in this data generation reaches what its last reload cost (ski rental
+per generation: at most about twice what the best choice in hindsight would have cost). A thread whose
+generations are usually too short for a reload to pay back waits three reloads' worth, so data changing faster
+than that leaves the interpreter answering, as before.
 `amortize=False` reloads on the first decision after each change (tests).
 
 Exactness of generations: a thread's VM holds a (modules generation, data generation) pair taken together with
