@@ -111,6 +111,8 @@ def compile_program(modules: Mapping[str, str], entry_points: tuple[str, ...] = 
             program = None  # made and dropped on this thread
         return None, error
 
+    if not entry_points:
+        return Compiled(None, frozenset())
     if not sources:
         return Compiled(None, frozenset(), {ep: "no modules" for ep in entry_points})
     binary, error = attempt(list(entry_points))
