@@ -5,8 +5,10 @@ Figures (medians of several runs), each beside a baseline measured in the same r
   - the full allowed_flows set through PolicyEngine vs raw regorus
   - the same through `trustfabric pdp` over HTTP (OPA engine) vs embedded
   - data reload after one grant change (incremental) vs a full reload
+  - the hot decisions (flows, grants, api_authz) through PolicyEngine with regorus's compiled VM
+    (policy/engines/rvm.py) vs the raw interpreter vs the raw VM, and the VM's whole-document data load
 
-Run: .venv/bin/python bench/policy.py [--tenants 1000 --groups 10 --grants 5000 --runs 3]
+Run: .venv/bin/python bench/policy.py [--tenants 1000 --groups 10 --grants 5000 --runs 3] [--only-vm]
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ import uvicorn  # noqa: E402
 from bench.api import percentile  # noqa: E402
 from bench.progress import Progress  # noqa: E402
 from pdp.server import create_pdp_app  # noqa: E402
-from policy.decide import ALLOWED_FLOWS_QUERY, FLOW_QUERY, sync_data  # noqa: E402
+from policy.decide import ALLOWED_FLOWS_QUERY, AUTHZ_QUERY, FLOW_QUERY, GRANT_QUERY, sync_data  # noqa: E402
 from policy.engines import diff_documents  # noqa: E402
 from policy.engines.embedded import RegorusEngine, new_engine  # noqa: E402
 from policy.engines.opa_server import OpaServerEngine, OpaSettings  # noqa: E402
+from policy.engines.rvm import Accelerator  # noqa: E402
 from policy.versions import load_dir  # noqa: E402
 
 FAR_NS = 9_999_999_999 * 10**9
@@ -91,6 +94,131 @@ def inputs(doc: dict[str, Any], n: int, seed: int = 2) -> list[dict[str, Any]]:
     return out
 
 
+def grant_inputs(doc: dict[str, Any], n: int, seed: int = 3) -> list[dict[str, Any]]:
+    """Grant requests as POST /v1/grants makes them: mostly pending, some denied (port not exposed, quarantined)."""
+    rng = random.Random(seed)
+    names = [t for t in doc["tf"]["tenants"] if t != "platform"]
+    out = []
+    for k in range(n):
+        s, d = rng.sample(names, 2)
+        port = 443 if k % 3 else 9999
+        out.append({"requester": {"tenant": s}, "src": {"tenant": s, "group": f"g{rng.randrange(3)}"},
+                    "dst": {"tenant": d, "group": f"g{rng.randrange(9)}"}, "proto": "tcp", "ports": [port],
+                    "ttl_seconds": 3600})
+    return out
+
+
+def authz_inputs(doc: dict[str, Any], n: int, seed: int = 4) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    names = [t for t in doc["tf"]["tenants"] if t != "platform"]
+    roles = ["tenant-admin", "tenant-member", "security", "auditor", "admin", "node"]
+    actions = ["grant.create", "grant.read", "grant.approve", "policy.activate", "audit.read", "svid.issue"]
+    out = []
+    for _ in range(n):
+        t = rng.choice(names)
+        out.append({"principal": {"id": "p", "role": rng.choice(roles), "tenant": t}, "action": rng.choice(actions),
+                    "resource": {"tenant": t if rng.random() < 0.8 else rng.choice(names)}})
+    return out
+
+
+def vm_figures(args: argparse.Namespace, modules: dict[str, str], doc: dict[str, Any],
+               flows: list[dict[str, Any]]) -> None:
+    """Each hot decision three ways, in the same run: the PolicyEngine with the VM (what the API runs), the raw
+    regorus interpreter (eval_rule_as_json, what the engine did before), the raw VM (Rvm.execute_entry_point)."""
+    policy = {p: text for p, text in modules.items() if not p.endswith("_test.rego")}  # as the grant decider loads
+    fast = RegorusEngine(policy, doc, accelerator=Accelerator())
+    fast.warm()
+    slow = RegorusEngine(policy, doc)  # the interpreter only (TRUSTFABRIC_REGO_VM=off)
+    slow.warm()
+    interp = new_engine(policy)
+    interp.add_data_json(json.dumps(doc))
+    text = json.dumps(doc)
+    program = regorus.Program.compile_from_modules("{}", sorted(policy.items()), [FLOW_QUERY, GRANT_QUERY, AUTHZ_QUERY])
+    vm = regorus.Rvm()
+    vm.load_program(program)
+    vm.set_data_json(text)
+    med = statistics.median
+    n = min(args.decisions, 1000)
+    for name, query, batch in (("flows", FLOW_QUERY, flows[:n]), ("grants", GRANT_QUERY, grant_inputs(doc, n)),
+                               ("api_authz", AUTHZ_QUERY, authz_inputs(doc, n))):
+        texts = [json.dumps(i) for i in batch]
+        for i, s in zip(batch[:20], texts[:20], strict=True):  # warm all four
+            fast.evaluate(query, i)
+            slow.evaluate(query, i)
+            interp.set_input_json(s)
+            interp.eval_rule_as_json(query)
+            vm.set_input_json(s)
+            vm.execute_entry_point(query)
+        e50, e99, i50, i99, v50, v99, s50 = [], [], [], [], [], [], []
+        for _ in range(args.runs):
+            t_e: list[float] = []
+            t_i: list[float] = []
+            t_v: list[float] = []
+            t_s: list[float] = []
+            for i, s in zip(batch, texts, strict=True):
+                ts = time.perf_counter()
+                slow.evaluate(query, i)
+                t_s.append(time.perf_counter() - ts)
+                t0 = time.perf_counter()
+                fast.evaluate(query, i)
+                t1 = time.perf_counter()
+                interp.set_input_json(s)
+                json.loads(interp.eval_rule_as_json(query))
+                t2 = time.perf_counter()
+                vm.set_input_json(s)
+                json.loads(vm.execute_entry_point(query))
+                t3 = time.perf_counter()
+                t_e.append(t1 - t0)
+                t_i.append(t2 - t1)
+                t_v.append(t3 - t2)
+            for out, samples in ((e50, t_e), (i50, t_i), (v50, t_v), (s50, t_s)):
+                out.append(percentile(samples, 0.5))
+            for out, samples in ((e99, t_e), (i99, t_i), (v99, t_v)):
+                out.append(percentile(samples, 0.99))
+        line(f"{name} decision p50 (PolicyEngine with VM vs raw interpreter)", med(e50) * 1e6, "us", med(i50) * 1e6)
+        line(f"{name} decision p99 (PolicyEngine with VM vs raw interpreter)", med(e99) * 1e6, "us", med(i99) * 1e6)
+        line(f"{name} decision p50 (raw VM vs raw interpreter)", med(v50) * 1e6, "us", med(i50) * 1e6)
+        line(f"{name} decision p50 (PolicyEngine with VM vs raw VM)", med(e50) * 1e6, "us", med(v50) * 1e6)
+        line(f"{name} decision p50 (PolicyEngine with VM vs PolicyEngine, VM off)", med(e50) * 1e6, "us",
+             med(s50) * 1e6)
+    stats = fast.accelerator.stats() if fast.accelerator is not None else {}
+    answered = stats.get("vm_answers", 0)
+    fallbacks = sum(stats.get(k, 0) for k in ("vm_errors", "undefined_values", "not_compiled", "stale_data"))
+    line("decisions the interpreter answered instead of the VM (vs the VM's)", fallbacks, "decisions", answered)
+    # grants activated while deciding: each change makes the VM's data stale; the interpreter answers until its
+    # extra cost has paid for a reload (rvm.py). Mean cost per decision, patches included, VM on vs off.
+    grants = grant_inputs(doc, 1000, seed=5)
+    for every in (10, 100, 1000):
+        per: dict[str, list[float]] = {"on": [], "off": []}
+        for run in range(args.runs):
+            for label, engine in (("on", fast), ("off", slow)):
+                start = time.perf_counter()
+                for k, request in enumerate(grants):
+                    if k % every == 0:
+                        src, dst = request["src"]["tenant"], request["dst"]["tenant"]
+                        engine.patch_data([{"op": "add", "path": f"/tf/grants/{src}/{dst}/bench{run}x{every}x{k}",
+                                            "value": {"src_group": "g1", "dst_group": "g2", "proto": "tcp",
+                                                      "ports": [443], "expires_at_ns": FAR_NS}}]
+                                          if dst in engine.data()["tf"]["grants"].get(src, {}) else
+                                          [{"op": "add", "path": f"/tf/grants/{src}/{dst}",
+                                            "value": {f"bench{run}x{every}x{k}": {
+                                                "src_group": "g1", "dst_group": "g2", "proto": "tcp", "ports": [443],
+                                                "expires_at_ns": FAR_NS}}}]
+                                          if src in engine.data()["tf"]["grants"] else
+                                          [{"op": "add", "path": f"/tf/grants/{src}", "value": {dst: {
+                                              f"bench{run}x{every}x{k}": {
+                                                  "src_group": "g1", "dst_group": "g2", "proto": "tcp", "ports": [443],
+                                                  "expires_at_ns": FAR_NS}}}}])
+                    engine.evaluate(GRANT_QUERY, request)
+                per[label].append((time.perf_counter() - start) / len(grants))
+        line(f"grant decision, one grant activated every {every} decisions, mean incl. reloads (VM on vs off)",
+             med(per["on"]) * 1e6, "us", med(per["off"]) * 1e6)
+    loads = [timed(lambda: vm.set_data_json(text)) for _ in range(max(3, args.runs))]
+    reparse = [timed(lambda: new_engine(policy).add_data_json(text)) for _ in range(max(3, args.runs))]
+    line("VM data load, whole document (set_data_json vs interpreter add_data_json)", med(loads) * 1e3, "ms",
+         med(reparse) * 1e3)
+
+
 def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -126,6 +254,7 @@ def main() -> None:
     ap.add_argument("--grants", type=int, default=5000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--decisions", type=int, default=2000)
+    ap.add_argument("--only-vm", action="store_true", help="only the compiled VM's figures")
     args = ap.parse_args()
     progress = Progress("policy")
     progress.step("building the data document")
@@ -133,6 +262,10 @@ def main() -> None:
     doc = build_doc(args.tenants, args.groups, args.grants)
     print(f"scale: {args.tenants} tenants x {args.groups} groups, {args.grants} grants, runs {args.runs}", flush=True)
 
+    if args.only_vm:
+        progress.step("hot decisions through the compiled VM")
+        vm_figures(args, modules, doc, inputs(doc, args.decisions))
+        return
     engine = RegorusEngine(modules, doc)
     raw = new_engine(modules)
     raw.add_data_json(json.dumps(doc))
@@ -262,7 +395,8 @@ def main() -> None:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-    _ = regorus
+    progress.step("hot decisions through the compiled VM")
+    vm_figures(args, modules, doc, batch)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,19 @@ package flows
 
 platform_tenant := "platform"
 
-tenants := object.get(data, ["tf", "tenants"], {})
+# data.tf.* read by path with a default (absent: empty), not object.get(data, ...): regorus's compiled VM
+# (policy/engines/rvm.py) refuses any read of the data root itself.
+default tenants := {}
 
-grants := object.get(data, ["tf", "grants"], {})
+tenants := data.tf.tenants
 
-revoked := object.get(data, ["tf", "revoked"], {})
+default grants := {}
+
+grants := data.tf.grants
+
+default revoked := {}
+
+revoked := data.tf.revoked
 
 # Every identity of the tenant or of the group is revoked.
 group_revoked(t, _) if tenants[t].revoked == true

@@ -93,6 +93,13 @@ test_port_zero_denied if {
 	has_reason_prefix(d, "wildcard-ports:")
 }
 
+# a number is no list: denied with the reason, never an evaluation error (count() of a number fails)
+test_number_ports_denied if {
+	d := decide(req("api", 8443, 3600))
+	d.outcome == "deny"
+	has_reason_prefix(d, "wildcard-ports:")
+}
+
 test_empty_ports_denied if {
 	d := decide(req("api", [], 3600))
 	has_reason_prefix(d, "wildcard-ports:")

@@ -100,6 +100,7 @@ class Settings:
     # Policy engines (policy/engines: make_engine decides which serves what)
     policy_engine: str = "embedded"  # embedded | opa: grant decisions and the PDP
     authz_engine: str = "embedded"  # embedded | opa: the API's own authorization policy
+    rego_vm: str = "auto"  # auto | off: hot decisions through regorus's compiled VM (policy/engines/rvm.py)
     opa_url: str = "http://127.0.0.1:8181"
     opa_token: str | None = None
     opa_ca_file: str | None = None
@@ -197,6 +198,7 @@ class Settings:
             cache_off=frozenset(n.strip() for n in e.get("TRUSTFABRIC_CACHE_OFF", "").split(",") if n.strip()),
             policy_engine=e.get("TRUSTFABRIC_POLICY_ENGINE", "embedded"),
             authz_engine=e.get("TRUSTFABRIC_AUTHZ_ENGINE", "embedded"),
+            rego_vm=_one_of(e, "TRUSTFABRIC_REGO_VM", "auto", ("auto", "off")),
             opa_url=e.get("TRUSTFABRIC_OPA_URL", "http://127.0.0.1:8181"),
             opa_token=e.get("TRUSTFABRIC_OPA_TOKEN") or None,
             opa_ca_file=e.get("TRUSTFABRIC_OPA_CA_FILE") or None,
@@ -265,7 +267,7 @@ class Settings:
 
         return EngineSettings(
             kind=self.policy_engine, authz_kind=self.authz_engine, opa_url=self.opa_url, opa_token=self.opa_token,
-            opa_ca_bundle=self.opa_ca_file, opa_timeout=self.opa_timeout_seconds,
+            opa_ca_bundle=self.opa_ca_file, opa_timeout=self.opa_timeout_seconds, vm=self.rego_vm,
         )
 
     @property

@@ -1,7 +1,9 @@
 """Policy engines: one `PolicyEngine` protocol, its implementations in sibling modules, and the one place
 that chooses between them (`make_engine`).
 
-- `embedded` (`RegorusEngine`): regorus in-process, the default; ~100 µs a decision.
+- `embedded` (`RegorusEngine`): regorus in-process, the default; ~100 µs a decision. Its hot entry points (the
+  grant, flow and authorization decisions) are answered by regorus's compiled VM where that is exact
+  (`rvm.Accelerator`; `EngineSettings.vm`, `TRUSTFABRIC_REGO_VM=auto|off`), the interpreter otherwise.
 - `opa_server` (`OpaServerEngine`): a production OPA server (or `trustfabric pdp`) over its REST API.
 
 Which engine serves which role is decided here and nowhere else:
@@ -87,11 +89,16 @@ class EngineSettings:
     opa_token: str | None = None
     opa_ca_bundle: str | None = None
     opa_timeout: float = 2.0
+    vm: str = "auto"  # auto: the embedded serving engines answer their hot entry points through the compiled VM
 
     def check(self) -> None:
+        from policy.engines.rvm import VM_MODES
+
         for name, value in (("policy engine", self.kind), ("authorization engine", self.authz_kind)):
             if value not in ENGINE_KINDS:
                 raise InvalidInput(f"unknown {name} {value!r} (use {' or '.join(ENGINE_KINDS)})")
+        if self.vm not in VM_MODES:
+            raise InvalidInput(f"unknown rego VM mode {self.vm!r} (use {' or '.join(VM_MODES)})")
 
 
 def make_engine(
@@ -111,8 +118,9 @@ def make_engine(
         ))
     else:
         from policy.engines.embedded import RegorusEngine
+        from policy.engines.rvm import Accelerator
 
-        engine = RegorusEngine()
+        engine = RegorusEngine(accelerator=Accelerator() if settings.vm == "auto" else None)
     if modules is not None or data is not None:
         engine.load(modules or {}, data)
     return engine

@@ -34,6 +34,7 @@ import regorus
 
 from core.errors import InvalidInput
 from policy.engines.patch import PatchOp, apply_patch, pointer_parts, split_rule_path
+from policy.engines.rvm import Accelerator
 from policy.errors import (
     PolicyCompileError,
     PolicyEngineError,
@@ -240,6 +241,7 @@ class _Shared:
     base_gen: int = 0  # bumped by any change outside the HOT subtree
     # data_gen -> JSON of the fragment that generation merged in (absent: a reload is needed)
     fragments: dict[int, str] = field(default_factory=dict)
+    text: tuple[int, str] | None = None  # (data_gen, the whole document's JSON): what the VM loads
 
 
 class _ThreadEngine:
@@ -264,10 +266,13 @@ class RegorusEngine:
         data: Mapping[str, Any] | None = None,
         *,
         large_results: Sequence[str] = ("data.flows.allowed_flows",),
+        accelerator: Accelerator | None = None,
     ) -> None:
         """`large_results`: queries whose answers are big (allowed_flows: ~15k entries at 1,000 tenants); they
-        are decoded with the cyclic collector paused (`_loads_large`)."""
+        are decoded with the cyclic collector paused (`_loads_large`). `accelerator`: the compiled VM answering
+        its entry points where it is exact (policy/engines/rvm.py); None: the interpreter answers everything."""
         self._large = frozenset(large_results)
+        self._vm = accelerator
         self._lock = threading.Lock()
         self._shared = _Shared()
         self._key = next(_KEYS)
@@ -328,6 +333,29 @@ class RegorusEngine:
         """Unusable afterwards; this thread's engine goes now, other threads' when they next look or exit."""
         self._closed = True
         _engines().pop(self._key, None)
+        if self._vm is not None:
+            self._vm.close()
+
+    @property
+    def accelerator(self) -> Accelerator | None:
+        """The compiled VM serving this engine's hot entry points, if any (its stats(): how decisions were answered)."""
+        return self._vm
+
+    # ---- what the accelerator reads (rvm.Source)
+
+    def generations(self) -> tuple[int, int]:
+        shared = self._shared
+        return shared.modules_gen, shared.data_gen
+
+    def snapshot(self, text: bool) -> tuple[int, Mapping[str, str], int, str]:
+        with self._lock:
+            shared = self._shared
+            body = ""
+            if text:
+                if shared.text is None or shared.text[0] != shared.data_gen:
+                    shared.text = (shared.data_gen, shared.data.text())  # once per generation, for every thread
+                body = shared.text[1]
+            return shared.modules_gen, shared.modules, shared.data_gen, body
 
     # ---- evaluation (each thread its own regorus Engine)
 
@@ -382,7 +410,7 @@ class RegorusEngine:
         return mine.engine
 
     def warm(self) -> None:
-        """Bring this thread's engine up to date now (so the next evaluation pays no reload)."""
+        """Bring this thread's engine (and its VM) up to date now (so the next evaluation pays no reload)."""
         error: str | None = None
         try:
             self._thread_engine()
@@ -392,14 +420,26 @@ class RegorusEngine:
             error = f"policy engine failed to load: {strip_backtrace(str(exc))}"
         if error is not None:
             raise PolicyEngineError(error)
+        if self._vm is not None:
+            self._vm.warm(self)
 
     def evaluate(self, query: str, input: Any = None) -> Any:
+        try:
+            input_json = json.dumps(input if input is not None else {})
+        except (TypeError, ValueError) as exc:
+            raise PolicyEngineError(f"evaluating {_short(query)}: the input is not JSON: {exc}") from None
+        vm = self._vm
+        if vm is not None and query in vm.entry_points and not self._closed:
+            return vm.evaluate(query, input_json, self, lambda: self._interpret(query, input_json))
+        return self._interpret(query, input_json)
+
+    def _interpret(self, query: str, input_json: str) -> Any:
         # The error is raised outside the `except` block so no traceback (whose frames reference a
         # regorus Engine) outlives this call: a cycle collected on another thread would drop it there.
         error: str | None = None
         try:
             engine = self._thread_engine()
-            engine.set_input_json(json.dumps(input if input is not None else {}))
+            engine.set_input_json(input_json)
             return _eval(engine, query, _loads_large if query in self._large else json.loads)
         except PolicyEngineError as exc:
             error = str(exc)

@@ -227,3 +227,19 @@ def test_decisions_load_the_active_version_without_its_tests(env: Env) -> None:
     engine = decider(env).engine
     assert tests and engine is not None
     assert set(engine.modules()) == set(active.modules) - tests
+
+
+def test_grant_decisions_go_through_the_compiled_vm(env: Env) -> None:
+    """The decider's engine answers data.grants.decision through regorus's compiled VM (policy/engines/rvm.py) on
+    the shipped policy that init activates: no fallback for a well-formed request."""
+    from policy.engines.embedded import RegorusEngine
+
+    first = post(env)
+    engine = decider(env).engine
+    assert isinstance(engine, RegorusEngine) and engine.accelerator is not None
+    stats = engine.accelerator.stats()
+    assert stats["vm_answers"] >= 1 and stats["vm_errors"] == stats["not_compiled"] == 0, stats
+    assert first["state"] == "pending"
+    again = post(env)
+    assert again["state"] == "pending"
+    assert engine.accelerator.stats()["vm_answers"] + engine.accelerator.stats()["stale_data"] >= 2
