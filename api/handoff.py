@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 from fastapi import Request, Response
 from fastapi.params import Depends
@@ -30,7 +30,10 @@ from fastapi.routing import APIRoute
 from api.deps import authenticate, authenticated_in_thread, current_principal
 from api.input_text import CheckedRequest, refuse_nul_in_url
 from api.workers import in_worker
+from core.errors import Unauthenticated
+from store import carried
 
+E = TypeVar("E", bound=Callable[..., Any])
 _REQUEST = "tf_handoff_request"  # the Request parameter added to an endpoint that takes none
 
 
@@ -62,13 +65,33 @@ def handed_off(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     if added:
         params.append(inspect.Parameter(_REQUEST, inspect.Parameter.KEYWORD_ONLY, annotation=Request))
 
+    carries = getattr(endpoint, CARRIES_CHECKS, False)
+
     def run(request: Request, values: dict[str, Any]) -> Any:
         ctx = request.app.state.ctx
         with ctx.db.one_connection():  # the token's row and the endpoint's first reads: one pooled connection
-            principal = authenticate(request, ctx)
-            for name in principals:
-                values[name] = principal
-            return endpoint(**values)
+            if not carries:
+                principal = authenticate(request, ctx)
+                for name in principals:
+                    values[name] = principal
+                return endpoint(**values)
+            with carried.carrying():
+                try:
+                    principal = authenticate(request, ctx)
+                    for name in principals:
+                        values[name] = principal
+                    result = endpoint(**values)
+                    carried.settle_pending()  # (the endpoint's first statement made them: nothing to do)
+                    return result
+                except BaseException:
+                    # what a check still pending refuses comes first, as when the token's row was read before
+                    # anything else: a revoked token is 401, never the 403, 409 or 429 its request would get
+                    try:
+                        carried.settle_pending()
+                    except Unauthenticated:
+                        request.state.principal = None  # nobody was authenticated (the access log names no one)
+                        raise
+                    raise
 
     async def route(**values: Any) -> Any:
         request = values.pop(_REQUEST) if added else values[request_name]
@@ -82,6 +105,19 @@ def handed_off(endpoint: Callable[..., Any]) -> Callable[..., Any]:
         parameters=params, return_annotation=hints.get("return", signature.return_annotation))
     route.tf_endpoint = endpoint  # type: ignore[attr-defined]  # the sync function it runs
     return authenticated_in_thread(route)
+
+
+CARRIES_CHECKS = "tf_carries_checks"
+
+
+def carries_checks(endpoint: E) -> E:
+    """Marks a handed-off endpoint whose first database statement carries its authentication's checks still to make
+    (store/carried.py: on PostgreSQL, an API token's row, read in a grant decision's marker instead of a round trip of
+    its own). The endpoint must pass `store.carried.pending()` to that statement before it acts; whatever it leaves
+    pending is made before any write (store.db, store.groupcommit) and before it is answered (`handed_off`), and a
+    refusal there comes before the endpoint's own error."""
+    setattr(endpoint, CARRIES_CHECKS, True)
+    return endpoint
 
 
 class HandedOffRoute(APIRoute):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
@@ -32,7 +32,8 @@ from core.errors import InvalidInput
 from inventory.models import Tenant, Workload, WorkloadGroup
 from pki.models import RevokedIdentity
 from policy.models import Grant, PolicyDataVersion, PolicyVersion
-from store.db import driver_rows
+from store.carried import CarriedCheck
+from store.db import driver_rows, placeholder
 
 log = logging.getLogger(__name__)
 
@@ -225,26 +226,41 @@ def fingerprint_and_active(session: Session) -> tuple[tuple[Any, ...], str | Non
 _READ_WITH_MARKER = "tf_decision_state"
 
 
-def marker_for_decision(session: Session, also: tuple[str, tuple[Any, ...]] | None = None) -> tuple[int, Any]:
+def marker_for_decision(session: Session, also: tuple[str, tuple[Any, ...]] | None = None,
+                        carried: Sequence[CarriedCheck] = ()) -> tuple[int, Any]:
     """The audit log's size, read in one statement with what the grant decider reads first (fingerprint_and_active,
     which then takes that row from the session instead of reading it again): a decision made in a transaction
     per statement (store.db's `statement` or PostgreSQL's autocommit) pays one round trip for both, and the
     marker is still read no later than anything the decision reads. Call `forget_decision_state` once the
     decision is made, so an unused row is never taken by a later decision in the same session. `also`: a scalar
     subquery in the driver's SQL and its parameters, read in the same statement (the caller's own first read, a
-    round trip fewer), whose value comes back beside the size."""
+    round trip fewer), whose value comes back beside the size. `carried`: checks (store/carried.py, on PostgreSQL)
+    read in the same statement and settled with their values before anything else is done with it (each raises what
+    it refuses with); elsewhere each is made on its own first."""
+    if carried and placeholder(session.connection()) != "%s":
+        for check in carried:
+            check.make()
+        carried = ()
     query, params = _MARKER_FINGERPRINT_AND_ACTIVE, ()
-    if also is not None:
-        query, params = f"{_MARKER_COLUMNS}, {also[0]}{_MARKER_FROM}", also[1]
+    if also is not None or carried:
+        extra = [] if also is None else [also]
+        extra += [check.subquery() for check in carried]
+        query = f"{_MARKER_COLUMNS}, {', '.join(sql for sql, _p in extra)}{_MARKER_FROM}"
+        params = tuple(p for _sql, values in extra for p in values)
     row = _data_version_row(session, query, params)
     if row is None:  # a database without the data version row: nothing kept, the size alone (and `also` alone)
         from audit.service import tree_size
 
+        for check in carried:
+            check.make()
         size = tree_size(session)
         if also is None:
             return size, None
         rows = driver_rows(session.connection(), f"SELECT {also[0]}", also[1])
         return size, rows[0][0] if rows else None
+    first = 4 if also is not None else 3
+    for i, check in enumerate(carried):  # before the row is kept or anything read is used
+        check.settle(row[first + i])
     session.info[_READ_WITH_MARKER] = row
     return int(row[2] or 0), row[3] if also is not None else None
 

@@ -37,6 +37,7 @@ from policy import decisionlog, rocev2
 from policy.data import forget_decision_state, marker_for_decision, take_data_version_now
 from policy.models import Grant
 from store import deferred
+from store.carried import CarriedCheck
 from store.db import DriverInsert, driver_rows, driver_write, driver_write_batches, driver_write_many, placeholder
 from store.groupcommit import RowLock, note_held
 
@@ -302,14 +303,16 @@ def prepare_request(
     pending_ttl: timedelta = DEFAULT_PENDING_TTL,
     clock: Clock = system_clock,
     max_ttl: timedelta | None = None,
+    carried: Sequence[CarriedCheck] = (),
 ) -> Grant | PreparedGrant:
     """Everything request_grant does before it writes: the earlier grant of a retry with the same
     Idempotency-Key (returned as is), or the request checked and decided (read only; a read transaction will
-    do). Same errors as request_grant."""
+    do). Same errors as request_grant. `carried`: the caller's checks still to make (store/carried.py: its token's
+    row), read in the first statement and settled before anything else is done."""
     # the marker (with the decider's first read) and, with a key, the id of a grant already requested under it: one
     # statement (a request with a key paid a round trip of its own for the lookup, the usual miss included)
     marker, earlier = marker_for_decision(
-        session, None if idempotency_key is None else _earlier_grant(session, caller, idempotency_key))
+        session, None if idempotency_key is None else _earlier_grant(session, caller, idempotency_key), carried)
     if earlier is not None:
         forget_decision_state(session)
         previous = session.get(Grant, earlier)

@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlmodel import Session, create_engine
 
+from store.carried import settle_pending
 from store.changes import CHANNEL, PostgresChanges
 from store.readonly import DB_FILE
 
@@ -295,7 +296,9 @@ class Database:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """A write transaction: committed on success, rolled back whole on any exception."""
+        """A write transaction: committed on success, rolled back whole on any exception. The context's checks still
+        to make (store/carried.py) are made first: nothing is written on one that was not."""
+        settle_pending()
         self.give_back()  # a connection held for this thread's reads (`one_connection`) is not held through a write
         _this_thread.wrote = False
         held: dict[int, Session] = _this_thread.__dict__.setdefault("sessions", {})

@@ -55,6 +55,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from store import deferred
+from store.carried import settle_pending
 from store.db import Database
 
 log = logging.getLogger("trustfabric.store.groupcommit")
@@ -177,7 +178,9 @@ class GroupCommitter:
         The caller's own thread commits (no committer thread: handing each write to one and back cost two thread
         switches per request): the first caller to find nobody leading leads, committing whatever is queued in
         batches until its own item is done; then, if more is queued, it wakes the first queued caller to lead
-        in turn, and returns. Everyone else waits for its answer (or for that call to lead)."""
+        in turn, and returns. Everyone else waits for its answer (or for that call to lead). The caller's checks
+        still to make (store/carried.py) are made first, in its own thread: nothing is written on one that was not."""
+        settle_pending()
         self._db.give_back()  # a connection held for this thread's reads waits idle in the pool, not with the caller
         waiter = _Waiter()
         with self._lock:

@@ -16,7 +16,9 @@ from api.principal import Principal
 from api.readcache import ChangeWatch, ReadCache
 from core.clock import as_utc
 from core.errors import Unauthenticated
-from pki.tokens.service import IssuerKey, issued_row, issuer_public_key
+from core.vocabulary import ROLES
+from pki.tokens.service import IssuerKey, issued_row, issued_row_admits, issuer_public_key
+from store import carried
 
 if TYPE_CHECKING:
     from workflows.context import AppContext
@@ -36,6 +38,10 @@ class ApiJwtVerifier:
         self._sig_cache = cache_on(off, "token_signature")
         rows_on = ctx.settings.read_cache and cache_on(off, "token_row")
         self._rows: ReadCache[Any] = ReadCache(ChangeWatch(ctx.db, enabled=rows_on, bounded=False))
+        # PostgreSQL, where the row is read on every request (no exact cache there): a route that reads the database
+        # first anyway carries the row's check in that statement (api/handoff.py, store/carried.py)
+        engine = ctx.db.engine
+        self._carry = engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
 
     def accepts(self, iss: Any) -> bool:
         return bool(iss == self.ctx.settings.api_issuer)
@@ -83,6 +89,17 @@ class ApiJwtVerifier:
         jti = claims.get("jti")
         if not isinstance(jti, str) or len(jti) > 64:
             raise Unauthenticated("token has no valid jti")
+        if self._carry and carried.deferrable():
+            role, tenant, subject = claims.get("role"), claims.get("tenant"), claims.get("sub")
+            if role in ROLES and isinstance(subject, str) and (tenant is None or isinstance(tenant, str)):
+                # the row is read by the request's first statement (store/carried.py), before it acts or answers
+                carried.defer(RowCheck(self, claims, now))
+                return Principal(id=subject, role=role, tenant=tenant, auth="jwt")
+        return self.checked_principal(claims, now)
+
+    def checked_principal(self, claims: dict[str, Any], now: datetime) -> Principal:
+        """The principal of these (signed, timely) claims once the token's row is read and admits them."""
+        jti = claims["jti"]
         row, version = self._rows.get(jti, now)
         if row is None:
             row = issued_row(self.ctx.db, jti)
@@ -98,3 +115,40 @@ class ApiJwtVerifier:
             raise Unauthenticated("token claims do not match the issued token")
         return Principal(id=row.subject, role=row.role, tenant=row.tenant, auth="jwt")
 
+
+
+class RowCheck:
+    """The check of a JWT's `api_tokens` row (issued here, not revoked, not expired, the claims' role, tenant and
+    subject), made in a later statement of the request (store/carried.py's CarriedCheck): its value true admits; any
+    other is the row read again on its own (`checked_principal`) for the exact reason, which is raised."""
+
+    def __init__(self, verifier: ApiJwtVerifier, claims: dict[str, Any], now: datetime) -> None:
+        self._verifier, self._claims, self._now = verifier, claims, now
+        self._error: Unauthenticated | None = None
+        self._made = False
+
+    @property
+    def pending(self) -> bool:
+        return not self._made and self._error is None
+
+    def subquery(self) -> tuple[str, tuple[Any, ...]]:
+        c = self._claims
+        return issued_row_admits(c["jti"], role=c["role"], tenant=c.get("tenant"), subject=c["sub"], now=self._now)
+
+    def settle(self, value: Any) -> None:
+        if value is True and self._error is None:
+            self._made = True
+            return
+        self.make()
+
+    def make(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._made:
+            return
+        try:
+            self._verifier.checked_principal(self._claims, self._now)
+        except Unauthenticated as exc:
+            self._error = exc
+            raise
+        self._made = True

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
-from api.handoff import HandedOffRoute
+from api.handoff import HandedOffRoute, carries_checks
 from api.metrics import DECISIONS, EVALUATION, timed
 from api.principal import Principal
 from api.readcache import ReadCache
@@ -38,6 +38,7 @@ from core.vocabulary import GRANT_STATE_PATTERN
 from policy import decisionlog
 from policy import grants as svc
 from policy.models import Grant
+from store import carried
 from workflows.context import AppContext
 
 router = APIRouter(prefix="/v1", tags=["grants"], route_class=HandedOffRoute)
@@ -124,6 +125,7 @@ def _src_tenant(principal: Principal, body: GrantCreate) -> str:
         "model": GrantOut, "description": "a retry with the same Idempotency-Key: the original grant"}},
     summary="Request a grant: active now, pending with named approvers, or denied with reasons",
 )
+@carries_checks  # the token's row is read in the decision marker's statement (prepare_request), not one of its own
 def request_grant(
     body: GrantCreate, request: Request, principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header(
@@ -179,7 +181,7 @@ def _request(ctx: Any, req: svc.GrantRequest, caller: svc.Caller, recorded: _Rec
         with ctx.db.read_session(statements=True) as session:  # the marker first, with the data version
             prepared = svc.prepare_request(session, req, caller=caller, decide=recorded, idempotency_key=key,
                                            pending_ttl=settings.grant_pending_ttl, clock=ctx.clock,
-                                           max_ttl=settings.max_grant_ttl)
+                                           max_ttl=settings.max_grant_ttl, carried=carried.pending())
         if isinstance(prepared, Grant):
             return prepared, False
         row = _decision_row(ctx, recorded, prepared.grant, owner)

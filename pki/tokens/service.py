@@ -43,6 +43,20 @@ _ISSUED_SQL = "SELECT token_hash, role, tenant, subject, expires_at, revoked_at 
 ISSUED_ROW = text(_ISSUED_SQL.format(p=":id")).columns(
     expires_at=DateTime(timezone=True), revoked_at=DateTime(timezone=True))
 _PG_ISSUED_ROW = _ISSUED_SQL.format(p="%(id)s")
+# PostgreSQL: whether a token id's row lets a token with these claims in at `now` (issued here as a JWT, not revoked,
+# not expired, the same role, tenant and subject), as a scalar subquery another statement may carry
+# (store/carried.py): true only when every check `issued_row`'s reader makes passes; NULL without a row.
+_PG_ISSUED_ROW_ADMITS = (
+    "(SELECT token_hash IS NULL AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > %s) AND role = %s "
+    "AND tenant IS NOT DISTINCT FROM %s AND subject = %s FROM api_tokens WHERE id = %s)")
+
+
+def issued_row_admits(jti: str, *, role: str, tenant: str | None, subject: str,
+                      now: datetime) -> tuple[str, tuple[Any, ...]]:
+    """(PostgreSQL's scalar subquery, its parameters): true when the row of `jti` admits a JWT of these claims at
+    `now` (see _PG_ISSUED_ROW_ADMITS); anything else (false, NULL) means: read the row (`issued_row`) for the
+    reason."""
+    return _PG_ISSUED_ROW_ADMITS, (now, role, tenant, subject, jti)
 
 
 class IssuedRow(NamedTuple):

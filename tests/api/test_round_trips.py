@@ -16,7 +16,7 @@ from tests.roundtrips import listing, watch
 REQ = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
        "ttl_seconds": 3600, "justification": "round trips"}
 # The figures once the decision's reads are warm (the decider's document kept, the token's row cached on SQLite).
-MAX_STATEMENTS = {"postgresql": 7, "sqlite": 13}
+MAX_STATEMENTS = {"postgresql": 6, "sqlite": 13}
 
 
 @pytest.fixture(params=BOTH_DATABASES)
