@@ -16,7 +16,9 @@ not kept "just in case"). Each can be switched off for measurement with TRUSTFAB
   only: `PRAGMA data_version` on a private connection changes when any connection of any process commits,
   so an entry is used only while nothing at all was written since it was read (api/readcache.py).
   PostgreSQL: off (one indexed read per request): a revoked token is refused from the next request on,
-  on every replica, which a bounded change feed could not promise.
+  on every replica, which a bounded change feed could not promise. A route that reads the database first anyway
+  (POST /v1/grants, `carries_checks` in api/handoff.py) carries that read in its first statement instead
+  (store/carried.py): the same read, as fresh, without a round trip of its own.
 - `grant_pages` (api/routes/grants.py, a ReadCache): the JSON body of a GET /v1/grants page per (viewer
   scope, filters, cursor, limit). Exact like `token_row` on SQLite, and refused from the next instant any
   grant's effective state changes without a write (the earliest expiry, read with the page). PostgreSQL:

@@ -1,7 +1,8 @@
 """Our own API tokens: ES256 JWTs signed by the `api-issuer` key in the KeyStore (pki/tokens mints them),
 revocable by `jti`. The signature check of a token is cached by its exact text (a signature verifies the
 same way every time); times, revocation and the issued row are checked on every request (the row
-through an exact read cache: any commit anywhere invalidates it, see api/caches.py)."""
+through an exact read cache: any commit anywhere invalidates it, see api/caches.py; on PostgreSQL, for a route that
+carries it, in the request's first statement: `RowCheck`, store/carried.py)."""
 
 from __future__ import annotations
 
