@@ -39,10 +39,10 @@ def _counts(env: Env) -> tuple[int, int, int]:
                      for t in (Grant, AuditEvent, DecisionRecord))
 
 
-def _elsewhere(url: str, sql: str, jti: str) -> None:
+def _elsewhere(url: str, sql: str, *params: Any) -> None:
     """A change committed on a connection of its own, as another replica's."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql, (jti,))
+        conn.execute(sql, params)
 
 
 def _post(env: Env, token: str, body: dict[str, Any] = REQ, **headers: str) -> Any:
@@ -65,7 +65,7 @@ def test_the_token_row_rides_in_the_marker_statement(pg: tuple[Env, str]) -> Non
 
 @pytest.mark.parametrize("change, reason", [
     ("UPDATE api_tokens SET revoked_at = now() WHERE id = %s", "token revoked"),
-    ("UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE id = %s", "token expired"),
+    ("UPDATE api_tokens SET expires_at = %s WHERE id = %s", "token expired"),  # a second before the app's now
     ("UPDATE api_tokens SET role = 'tenant-member' WHERE id = %s", "do not match"),
     ("DELETE FROM api_tokens WHERE id = %s", "unknown to this server"),
 ], ids=["revoked", "row-expired", "role-changed", "row-gone"])
@@ -77,7 +77,10 @@ def test_a_token_refused_elsewhere_is_refused_at_once_and_nothing_is_written(
     first = _post(env, token, **{"Idempotency-Key": "carried-1"})
     assert first.status_code == 201, first.text
     before = _counts(env)
-    _elsewhere(url, change, jti)
+    if change.startswith("UPDATE api_tokens SET expires_at"):
+        _elsewhere(url, change, env.clock() - timedelta(seconds=1), jti)
+    else:
+        _elsewhere(url, change, jti)
     cases = [
         ({}, REQ),  # a new grant
         ({"Idempotency-Key": "carried-1"}, REQ),  # the retry of the first: its grant is not handed out
