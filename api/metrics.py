@@ -23,6 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from policy.engines import rvm
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
@@ -51,6 +53,12 @@ JOB_FAILURES = Counter("trustfabric_background_job_failures", "Background job ru
 JOB_DURATION = Histogram("trustfabric_background_job_duration_seconds", "Background job run time, by job", ["job"],
                          buckets=FAST, registry=LOCAL)
 
+REGO_VM = Counter("trustfabric_policy_vm_events",
+                  "The compiled Rego VM: decisions it answered (vm_answers), decisions the interpreter answered "
+                  "instead and why (vm_errors, undefined_values, not_compiled, stale_data), its data loads and "
+                  "compiles", ["event"], registry=LOCAL)
+rvm.observe(lambda event, n: REGO_VM.labels(event).inc(n))
+
 STATE_METRICS = (
     "trustfabric_grants", "trustfabric_svids_valid", "trustfabric_svid_expiry_horizon_seconds",
     "trustfabric_svid_next_expiry_seconds", "trustfabric_audit_tree_size", "trustfabric_audit_checkpoint_size",
@@ -58,7 +66,7 @@ STATE_METRICS = (
 )
 
 
-COUNTERS = (REQUESTS, DECISIONS, SVIDS_ISSUED, JOB_RUNS, JOB_FAILURES)
+COUNTERS = (REQUESTS, DECISIONS, SVIDS_ISSUED, JOB_RUNS, JOB_FAILURES, REGO_VM)
 HISTOGRAMS = (LATENCY, EVALUATION, SVID_TTL, JOB_DURATION)
 
 

@@ -236,6 +236,16 @@ class _ThreadVm:
         return self.owed < self.load_seconds * (1 if worth else 3)
 
 
+_OBSERVERS: list[Callable[[str, int], None]] = []
+
+
+def observe(observer: Callable[[str, int], None]) -> None:
+    """Call `observer(counter, n)` as every accelerator of the process counts (COUNTERS): how the API exports them
+    (api/metrics.py) without this package knowing of it. Observers must be cheap and must not raise."""
+    if observer not in _OBSERVERS:
+        _OBSERVERS.append(observer)
+
+
 _TLS = threading.local()
 _KEYS = itertools.count(1)
 
@@ -300,6 +310,8 @@ class Accelerator:
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._counts[name] += n
+        for observer in _OBSERVERS:
+            observer(name, n)
 
     def _program(self, modules_gen: int, modules: Mapping[str, str]) -> Compiled:
         with self._lock:
@@ -310,7 +322,7 @@ class Accelerator:
             compiled = compile_program(modules, tuple(ep for ep in self._order if ep not in unvetted))
             compiled = Compiled(compiled.binary, compiled.entry_points, {**compiled.refused, **unvetted})
             self._compiled = (modules_gen, compiled)
-            self._counts["compiles"] += 1
+        self._count("compiles")
         for ep, why in sorted(compiled.refused.items()):
             log.info("rego VM: %s not compiled for this policy (the interpreter answers it): %s", ep, why)
         return compiled

@@ -181,6 +181,9 @@ def test_metrics_parse_and_count_what_happened(env: Env, scrape: Any) -> None:
     for kind, outcome in (("authz", "allow"), ("grant", "pending"), ("flow", "deny")):
         assert _value(after, "trustfabric_policy_decisions", kind=kind, outcome=outcome) > _value(
             before, "trustfabric_policy_decisions", kind=kind, outcome=outcome), (kind, outcome)
+    # the grant and the explained flow were decided by the compiled VM (the shipped policy is the vetted one)
+    assert _value(after, "trustfabric_policy_vm_events", event="vm_answers") >= _value(
+        before, "trustfabric_policy_vm_events", event="vm_answers") + 2
     evaluation = after["trustfabric_policy_evaluation_seconds"]
     assert {s.labels["kind"] for s in evaluation.samples if s.name.endswith("_count")} >= {"grant", "flow"}
     for kind in ("jwt", "x509"):
