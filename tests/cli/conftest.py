@@ -81,7 +81,11 @@ class ServedApi:
         from workflows.settings import Settings
 
         self.port = free_port()
-        self.ctx = AppContext.open(Settings.from_env({**{k: v for k, v in os.environ.items()}, **env}))
+        # no rate limits (as tests/servers.py's servers): a module's commands come from one principal, and on a fast
+        # machine a view test's hundred-odd calls within two seconds drained the default burst of 100 (a 429 at random)
+        self.ctx = AppContext.open(Settings.from_env({**{k: v for k, v in os.environ.items()}, **env,
+                                                      "TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0",
+                                                      "TRUSTFABRIC_IP_RATE_LIMIT_PER_SECOND": "0"}))
         config = uvicorn.Config(create_app(self.ctx), host="127.0.0.1", port=self.port, log_level="warning",
                                 lifespan="off")
         self.server = uvicorn.Server(config)
