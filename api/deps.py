@@ -45,6 +45,22 @@ def authenticated_in_thread(endpoint: E) -> E:
     return endpoint
 
 
+def rate_key(principal: Principal) -> str:
+    """The principal's rate-limit bucket: its role and qualified id, never another tenant's namesake's."""
+    return f"{principal.role} {principal.qualified_id}"
+
+
+def unauthenticated(request: Request) -> None:
+    """Forget the principal `authenticate` took from a token whose deferred check then failed (api/handoff.py):
+    the access log names no one, and the rate-limit token charged to that principal goes back, so a revoked
+    token's requests never drain the bucket of the principal it names."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    request.state.principal = None
+    limiter = getattr(request.app.state, "rate_limiter", None)
+    if principal is not None and limiter is not None:
+        limiter.give_back(rate_key(principal))
+
+
 def authenticate(request: Request, ctx: AppContext) -> Principal:
     """The authenticated caller (kept on the request: asked again, the same one), refused by the principal's
     rate limit; Unauthenticated with the reason otherwise. Reads the database (the token's row): call it on
@@ -58,7 +74,7 @@ def authenticate(request: Request, ctx: AppContext) -> Principal:
         if principal is not None:
             limiter = getattr(request.app.state, "rate_limiter", None)
             if limiter is not None:
-                limiter.check(f"{principal.role} {principal.qualified_id}")  # never another tenant's namesake's
+                limiter.check(rate_key(principal))
             request.state.principal = principal
             return principal
     if request.headers.get("authorization"):

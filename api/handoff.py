@@ -27,10 +27,9 @@ from fastapi import Request, Response
 from fastapi.params import Depends
 from fastapi.routing import APIRoute
 
-from api.deps import authenticate, authenticated_in_thread, current_principal
+from api.deps import authenticate, authenticated_in_thread, current_principal, unauthenticated
 from api.input_text import CheckedRequest, refuse_nul_in_url
 from api.workers import in_worker
-from core.errors import Unauthenticated
 from store import carried
 
 E = TypeVar("E", bound=Callable[..., Any])
@@ -88,8 +87,10 @@ def handed_off(endpoint: Callable[..., Any]) -> Callable[..., Any]:
                     # anything else: a revoked token is 401, never the 403, 409 or 429 its request would get
                     try:
                         carried.settle_pending()
-                    except Unauthenticated:
-                        request.state.principal = None  # nobody was authenticated (the access log names no one)
+                    except BaseException:
+                        # the token was refused, or its check could not be made (the database gone): nobody is
+                        # authenticated, and a refused token's rate-limit charge goes back to the principal it names
+                        unauthenticated(request)
                         raise
                     raise
 

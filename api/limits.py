@@ -50,6 +50,16 @@ class TokenBucket:
                 self._state.clear()
             return (1.0 - tokens) / self.rate
 
+    def give_back(self, key: str) -> None:
+        """Return one token taken for `key` (never beyond the burst): a request refused after its principal was
+        charged, whose principal turned out not to be the caller (a deferred token check: api/handoff.py)."""
+        if self.rate <= 0:
+            return
+        with self._lock:
+            state = self._state.get(key)
+            if state is not None:
+                self._state[key] = (min(float(self.burst), state[0] + 1.0), state[1])
+
     def check(self, key: str) -> None:
         wait = self.take(key)
         if wait > 0:

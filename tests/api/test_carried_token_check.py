@@ -110,3 +110,20 @@ def test_a_good_token_keeps_its_answers(pg: tuple[Env, str]) -> None:
     env.clock.advance(timedelta(minutes=6))
     r = _post(env, expiring)
     assert r.status_code == 401 and "expired" in r.json()["reason"]
+
+
+def test_a_revoked_tokens_requests_never_drain_the_bucket_of_the_principal_it_names(postgres_server: Any,
+                                                                                   tmp_path: Path) -> None:
+    """The principal is charged its rate-limit token before its row is read (in the request's first statement);
+    when the row then refuses, the charge goes back: a leaked and revoked token, replayed, must not lock the
+    principal it names out of every route (found in review: six 401s, then the principal's good token got 429)."""
+    url = postgres_server.create_database()
+    with seeded_env(tmp_path / "home", url, quota_grants=0, quota_pending=0, rate_limit_per_second=0.001,
+                    rate_limit_burst=5) as env:
+        bad = env.token("tenant-admin", "acme", subject="alice")
+        good = env.token("tenant-admin", "acme", subject="alice")
+        _elsewhere(url, "UPDATE api_tokens SET revoked_at = now() WHERE id = %s",
+                   jwt.decode(bad, options={"verify_signature": False})["jti"])
+        assert [_post(env, bad).status_code for _ in range(6)] == [401] * 6
+        assert [_post(env, good).status_code for _ in range(5)] == [201] * 5  # the whole burst is the principal's
+        assert _post(env, good).status_code == 429  # and the limit still holds
