@@ -134,14 +134,30 @@ def compile_program(modules: Mapping[str, str], entry_points: tuple[str, ...] = 
     return Compiled(None, frozenset(), refused)
 
 
-_PACKAGE = re.compile(r"^package[ \t]+([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)[ \t]*(?:#.*)?$", re.M)
 DATA_ROOTS: tuple[tuple[str, ...], ...] = (("tf",),)  # the data the vetted modules read (data.tf.*)
+_PLAIN = re.compile(r"^data(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
-def package_of(text: str) -> tuple[str, ...] | None:
-    """The package path of a module ("package a.b" -> ("a", "b")); None when not in that simple form."""
-    match = _PACKAGE.search(text)
-    return tuple(match.group(1).split(".")) if match else None
+def packages_of(modules: Mapping[str, str]) -> dict[str, tuple[str, ...] | None]:
+    """Each module's package path as regorus's parser reads it ("package a.b" -> ("a", "b")), whatever the text
+    around it (indentation, CRLF, a `package` line inside a raw string: a regular expression over the text was
+    fooled by each, found in review); None for a module that does not parse or whose path is not plain dotted
+    names (`package a["b.c"]`: its parts would be ambiguous)."""
+    out: dict[str, tuple[str, ...] | None] = {}
+    engine = regorus.Engine()  # made and dropped on this thread
+    try:
+        for path, text in modules.items():
+            try:
+                name = str(engine.add_policy(f"vetting/{path}", text))
+            except BaseException as exc:
+                if _is_fatal(exc):
+                    raise
+                out[path] = None
+                continue
+            out[path] = tuple(name.split(".")[1:]) if _PLAIN.match(name) else None
+    finally:
+        engine = None
+    return out
 
 
 def _related(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -160,12 +176,11 @@ def shipped_modules() -> dict[str, str]:
 def vetted_entry_points(modules: Mapping[str, str], vetted: Mapping[str, str],
                         entry_points: tuple[str, ...]) -> dict[str, str]:
     """{entry point: why not} for each of `entry_points` the VM may not answer under `modules` (see above)."""
-    packages = {path: package_of(text) for path, text in modules.items()}
+    packages = packages_of(modules)
     vetted_by_pkg: dict[tuple[str, ...], list[str]] = {}
-    for text in vetted.values():
-        pkg = package_of(text)
+    for path, pkg in packages_of(vetted).items():
         if pkg is not None:
-            vetted_by_pkg.setdefault(pkg, []).append(text)
+            vetted_by_pkg.setdefault(pkg, []).append(vetted[path])
     out: dict[str, str] = {}
     for ep in entry_points:
         parts = tuple(ep.split("."))
@@ -174,7 +189,7 @@ def vetted_entry_points(modules: Mapping[str, str], vetted: Mapping[str, str],
             out[ep] = "not a rule path"
             continue
         if None in packages.values():
-            out[ep] = "a module's package is not a plain dotted name"
+            out[ep] = "a module does not parse, or its package is not a plain dotted name"
             continue
         own = sorted(text for path, text in modules.items() if packages[path] == pkg)
         if not own or own != sorted(vetted_by_pkg.get(pkg, [])):
@@ -215,6 +230,7 @@ class _ThreadVm:
         self.seen_gen = -1  # the data generation this thread's decisions last saw
         self.gen_decisions = 0  # decisions this thread made in that generation
         self.gen_len: float | None = None  # decisions per data generation on this thread (moving average)
+        self.failed: tuple[int, int] | None = None  # the generations whose load failed: not tried again until a change
 
     def observe(self, data_gen: int) -> None:
         """Count one decision at `data_gen`; a new generation closes the last one's count."""
@@ -374,6 +390,7 @@ class Accelerator:
                 raise
             mine.modules_gen = mine.data_gen = -1
             mine.rvm = None
+            mine.failed = source.generations()
             log.warning("rego VM: warming failed (the interpreter answers): %s", _first_line(str(exc)))
 
     def evaluate(self, query: str, input_json: str, source: Source, interpret: Callable[[], Any]) -> Any:
@@ -382,6 +399,9 @@ class Accelerator:
         mine = self._mine()
         gens = source.generations()
         mine.observe(gens[1])
+        if mine.failed == gens:  # loading these failed on this thread (a 25-35 ms parse each try): the interpreter
+            self._count("vm_errors")
+            return interpret()
         if mine.modules_gen != gens[0]:
             try:
                 self._load(mine, source)
@@ -390,6 +410,7 @@ class Accelerator:
                     raise
                 mine.modules_gen = mine.data_gen = -1
                 mine.rvm = None
+                mine.failed = gens
                 self._count("vm_errors")
                 log.warning("rego VM: loading failed (the interpreter answers): %s", _first_line(str(exc)))
                 return interpret()
@@ -409,6 +430,7 @@ class Accelerator:
                     raise
                 mine.modules_gen = mine.data_gen = -1
                 mine.rvm = None
+                mine.failed = gens
                 self._count("vm_errors")
                 log.warning("rego VM: loading the data failed (the interpreter answers): %s", _first_line(str(exc)))
                 return interpret()

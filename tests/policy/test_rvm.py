@@ -6,6 +6,7 @@ vetted answered by the interpreter."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from core.errors import InvalidInput
 from policy.decide import AUTHZ_QUERY, FLOW_QUERY, GRANT_QUERY, authorize, decide_grant_request
 from policy.engines import EngineSettings, make_engine
 from policy.engines.embedded import RegorusEngine
-from policy.engines.rvm import HOT_ENTRY_POINTS, Accelerator, compile_program, shipped_modules
+from policy.engines.rvm import HOT_ENTRY_POINTS, Accelerator, compile_program, packages_of, shipped_modules
 from policy.errors import PolicyEngineError
 from tests.policy.helpers import corpus, doc, flow, group, small_doc
 from workflows.settings import Settings
@@ -271,6 +272,58 @@ def test_an_unvetted_version_is_answered_by_the_interpreter_even_where_the_vm_wo
     with pytest.raises(PolicyEngineError):
         fast.evaluate(FLOW_QUERY, {"port": 5})
     assert acc.stats()["not_compiled"] == 1 and acc.stats()["vm_answers"] == 0
+
+
+# A module of package tf (what the vetted modules read) disguised from a reading of the text: its `package` line
+# indented or ended by CRLF, a `package decoy` line inside a raw string. now_ns there is a division by zero: the
+# interpreter fails every flow decision that reads it, the VM would take its undefined for the default (found in
+# review: a grant's flow allowed by the VM where the interpreter failed closed).
+DISGUISED = {
+    "indented": "  package tf\n\nnow_ns := x if { x := input.port / 0 }\n\ns := `\npackage decoy\n`\n",
+    "crlf": "package tf\r\n\r\nnow_ns := x if { x := input.port / 0 }\r\n",
+    "plain": "package tf\n\nnow_ns := x if { x := input.port / 0 }\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(DISGUISED))
+def test_a_module_shadowing_what_the_vetted_ones_read_is_found_however_its_package_is_written(how: str) -> None:
+    data = small_doc()
+    data["tf"].pop("now_ns", None)  # as in production: no pinned now, so flows.now_ns reads data.tf.now_ns
+    mods = {**modules(), "evil.rego": DISGUISED[how]}
+    assert packages_of({"evil.rego": DISGUISED[how]}) == {"evil.rego": ("tf",)}
+    fast, ref, acc = pair(data, mods)
+    for i in corpus(data)[:40]:
+        assert outcome(fast, FLOW_QUERY, i) == outcome(ref, FLOW_QUERY, i), i
+    assert acc.stats()["vm_answers"] == 0 and acc.stats()["not_compiled"] == 40
+
+
+class _BrokenData(RegorusEngine):
+    """An engine whose data text the VM cannot load (what a document regorus's VM refuses would do); counts how
+    often the accelerator asked for it."""
+
+    snapshots = 0
+
+    def snapshot(self, text: bool) -> tuple[int, Mapping[str, str], int, str]:
+        gens, mods, data_gen, body = super().snapshot(text)
+        if text:
+            type(self).snapshots += 1
+            body = "{not json"
+        return gens, mods, data_gen, body
+
+
+def test_a_failed_vm_load_is_not_tried_again_until_the_data_changes() -> None:
+    """Each try parses the whole document (25-35 ms at 1,000 tenants): a load that failed is tried again only once
+    the generations move, and the interpreter answers meanwhile."""
+    acc = Accelerator(amortize=False)
+    engine = _BrokenData(modules(), small_doc(), accelerator=acc)
+    ref = RegorusEngine(modules(), small_doc())
+    request = flow("acme", "web", "globex", "api", "tcp", 8443)
+    for _ in range(5):
+        assert engine.evaluate(FLOW_QUERY, request) == ref.evaluate(FLOW_QUERY, request)
+    assert _BrokenData.snapshots == 1 and acc.stats()["vm_errors"] == 5 and acc.stats()["vm_answers"] == 0
+    engine.patch_data([{"op": "add", "path": "/tf/revoked/spiffe:~1~1example.org~1x", "value": True}])
+    engine.evaluate(FLOW_QUERY, request)
+    assert _BrokenData.snapshots == 2  # a new generation: tried once more
 
 
 def test_an_uploaded_version_the_vm_refuses_is_answered_by_the_interpreter() -> None:
