@@ -63,6 +63,25 @@ def echo_server(netns: str, *ports: int) -> Iterator[None]:
         proc.wait(timeout=10)
 
 
+def connect_from(src: str, dst: str, port: int, within: float = 10.0) -> socket.socket:
+    """A TCP connection from address `src` to `dst`:`port`, tried again until `within` seconds have passed (the first
+    ARP exchange and the userspace datapath's first upcalls take a moment on a loaded machine). Call it inside the
+    source's namespace (enforcer.netns.run_in): the socket stays there."""
+    deadline = time.monotonic() + within
+    while True:
+        s = socket.socket(socket.AF_INET6 if ":" in dst else socket.AF_INET)
+        try:
+            s.bind((src, 0))
+            s.settimeout(1.5)
+            s.connect((dst, port))
+            return s
+        except OSError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def retransmitted_segments(netns: str) -> int:
     """TCP segments the namespace's kernel has sent again since it was made (RFC 1213 tcpRetransSegs)."""
     out = subprocess.run(["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"], check=True, capture_output=True,

@@ -393,6 +393,21 @@ class Accelerator:
             mine.failed = source.generations()
             log.warning("rego VM: warming failed (the interpreter answers): %s", _first_line(str(exc)))
 
+    def _loaded(self, mine: _ThreadVm, source: Source, gens: tuple[int, int]) -> bool:
+        """Load this thread's VM (`_load`); on failure, False (counted, logged) and not tried again at `gens`."""
+        try:
+            self._load(mine, source)
+            return True
+        except BaseException as exc:
+            if _is_fatal(exc):
+                raise
+            mine.modules_gen = mine.data_gen = -1
+            mine.rvm = None
+            mine.failed = gens
+            self._count("vm_errors")
+            log.warning("rego VM: loading failed (the interpreter answers): %s", _first_line(str(exc)))
+            return False
+
     def evaluate(self, query: str, input_json: str, source: Source, interpret: Callable[[], Any]) -> Any:
         """The value of `query` (one of entry_points) for the input `input_json`: the VM's when exact, else
         `interpret()`'s (whose errors propagate as the engine's)."""
@@ -403,16 +418,7 @@ class Accelerator:
             self._count("vm_errors")
             return interpret()
         if mine.modules_gen != gens[0]:
-            try:
-                self._load(mine, source)
-            except BaseException as exc:
-                if _is_fatal(exc):
-                    raise
-                mine.modules_gen = mine.data_gen = -1
-                mine.rvm = None
-                mine.failed = gens
-                self._count("vm_errors")
-                log.warning("rego VM: loading failed (the interpreter answers): %s", _first_line(str(exc)))
+            if not self._loaded(mine, source, gens):
                 return interpret()
         elif mine.data_gen != gens[1] and mine.rvm is not None and query in mine.entry_points:
             if self._amortize and mine.rent():
@@ -423,16 +429,7 @@ class Accelerator:
                 mine.saving = extra if mine.saving == 0.0 else 0.8 * mine.saving + 0.2 * extra
                 self._count("stale_data")
                 return value
-            try:
-                self._load(mine, source)
-            except BaseException as exc:
-                if _is_fatal(exc):
-                    raise
-                mine.modules_gen = mine.data_gen = -1
-                mine.rvm = None
-                mine.failed = gens
-                self._count("vm_errors")
-                log.warning("rego VM: loading the data failed (the interpreter answers): %s", _first_line(str(exc)))
+            if not self._loaded(mine, source, gens):
                 return interpret()
         rvm = mine.rvm
         if rvm is None or query not in mine.entry_points:

@@ -15,7 +15,6 @@ as it found it, except the last, which revokes a workload for good."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +36,7 @@ from lab.standalone import Installed
 from policy.decide import expand_allowed
 from tests.agent.harness import Served
 from tests.agent.process import lab_served
-from tests.flow_watch import FlowWatcher, echo_server, retransmitted_segments
+from tests.flow_watch import FlowWatcher, connect_from, echo_server, retransmitted_segments
 from tests.lab.conftest import OPEN, wire_answers
 from tests.policy.conftest import free_port
 from workflows.enforcement import verify_published
@@ -193,23 +192,6 @@ def test_a_quarantine_closes_every_cross_tenant_connection_of_the_tenant(world: 
 WATCHED = (("acme/train/w1", 4), ("acme/train/w1", 6), ("acme/train/w2", 4))  # to acme/data/db1:5432
 
 
-def _open_from(src: Endpoint, dst: Endpoint, family: int) -> socket.socket:
-    """A connection src -> dst:5432 made inside src's namespace (where it stays): waited for like opens()."""
-    deadline = time.monotonic() + OPEN * 3
-    while True:
-        s = socket.socket(socket.AF_INET6 if family == 6 else socket.AF_INET)
-        try:
-            s.bind((src.address(family), 0))
-            s.settimeout(OPEN)
-            s.connect((dst.address(family), 5432))
-            return s
-        except OSError:
-            s.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def _published(w: World) -> dict[str, str | None]:
     return {d: x["desired_hash"] for d, x in w.devices().items()}
 
@@ -239,7 +221,8 @@ def test_busy_allowed_flows_lose_nothing_while_grants_and_a_quarantine_reach_eve
     with ExitStack() as stack:
         stack.enter_context(echo_server(db1.netns, 5432))
         before = {ns: retransmitted_segments(ns) for ns in namespaces}
-        watchers = [stack.enter_context(FlowWatcher(run_in(src.netns, _open_from, src, db1, family)))
+        watchers = [stack.enter_context(FlowWatcher(run_in(src.netns, connect_from, src.address(family),
+                                                                  db1.address(family), 5432)))
                     for src, family in sources]
         g = world.call("POST", "/v1/grants", "tenant-admin", "acme", json=grant)
         steps: list[tuple[str, Callable[[], Any]]] = [

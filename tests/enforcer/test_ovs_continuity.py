@@ -11,7 +11,6 @@ replaced. Measured against an apply that deletes the flows and adds the new ones
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 from enforcer.compiler import Compiled, compile_fabric
@@ -21,7 +20,7 @@ from enforcer.ovsd import OvsDaemons
 from enforcer.render.openflow import render_openflow
 from tests.enforcer.helpers import allowed_flows, small
 from tests.enforcer.test_ovs_traffic import ADDR, ROCE, backends, two_nodes  # noqa: F401  (fixture)
-from tests.flow_watch import FlowWatcher, retransmitted_segments
+from tests.flow_watch import FlowWatcher, connect_from, retransmitted_segments
 
 SAME_PORT = {"dst_tenant": "acme", "dst_group": "data", "proto": "tcp", "ports": [5432], "reason": "grant:pin",
              "sources": ["acme/train"]}
@@ -44,17 +43,6 @@ def _pair_flows(compiled: Compiled, device: str) -> set[str]:
             if ADDR["w1"] in line or ADDR["db1"] in line}
 
 
-def _connect(ns: str) -> socket.socket:
-    deadline = time.monotonic() + 10  # the first ARP exchange on fresh bridges may take a moment
-    while True:
-        try:
-            return socket.create_connection((ADDR["db1"], 5432), timeout=1.5)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def test_an_allowed_flow_survives_rule_set_changes_without_a_lost_segment(two_nodes: dict[str, str],  # noqa: F811
                                                                           ovs_daemons: OvsDaemons) -> None:
     variants = _variants()
@@ -62,7 +50,7 @@ def test_an_allowed_flow_survives_rule_set_changes_without_a_lost_segment(two_no
         flows = [_pair_flows(c, device) for _, c in variants]
         assert all(a != b for a, b in zip(flows, flows[1:] + flows[:1], strict=True)), device
     nics = backends(ovs_daemons, {"gpu1": two_nodes["gpu1"], "gpu2": two_nodes["gpu2"]}, two_nodes["tok"])
-    sock = run_in(two_nodes["w1"], _connect, two_nodes["w1"])
+    sock = run_in(two_nodes["w1"], connect_from, ADDR["w1"], ADDR["db1"], 5432)
     retrans = {n: retransmitted_segments(two_nodes[n]) for n in ("w1", "db1")}
     applied: list[tuple[float, str]] = []
     with FlowWatcher(sock) as watcher:

@@ -13,7 +13,6 @@ namespace; a NIC whose flows are deleted 50 ms before the new ones are added, 6-
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -25,8 +24,8 @@ from enforcer.compiler import Compiled, compile_fabric
 from enforcer.fabric import revoked_ids
 from enforcer.netns import run_in
 from lab import standalone, state
-from lab.probe import Endpoint, endpoint
-from tests.flow_watch import FlowWatcher, Watch, echo_server, retransmitted_segments
+from lab.probe import endpoint
+from tests.flow_watch import FlowWatcher, Watch, connect_from, echo_server, retransmitted_segments
 from tests.lab.conftest import LAB, GoldenLab
 
 pytestmark = LAB
@@ -41,24 +40,6 @@ WATCHED = [("acme/train/w2", 4), ("acme/train/w1", 6)]  # (source, family) to ac
 ROUNDS = 4
 PAUSE = 0.1
 MAX_GAP = 1.5  # a loaded lab applies ten devices per change; a lost segment shows in the counters anyway
-
-
-def _open(src: Endpoint, dst: Endpoint, family: int) -> socket.socket:
-    """A connection from src's address to dst's, made inside src's namespace (where it stays)."""
-    fam = socket.AF_INET6 if family == 6 else socket.AF_INET
-    deadline = time.monotonic() + 10
-    while True:
-        s = socket.socket(fam, socket.SOCK_STREAM)
-        try:
-            s.bind((src.address(family), 0))
-            s.settimeout(1.5)
-            s.connect((dst.address(family), PORT))
-            return s
-        except OSError:
-            s.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 @pytest.fixture
@@ -90,7 +71,8 @@ def test_allowed_flows_survive_every_devices_rule_set_changing(restored: GoldenL
     with ExitStack() as stack:
         stack.enter_context(echo_server(db1.netns, PORT))
         before = {ns: retransmitted_segments(ns) for ns in namespaces}
-        watchers = [stack.enter_context(FlowWatcher(run_in(src.netns, _open, src, db1, family)))
+        watchers = [stack.enter_context(FlowWatcher(run_in(src.netns, connect_from, src.address(family),
+                                                           db1.address(family), PORT)))
                     for src, family in sources]
         time.sleep(0.3)
         for _ in range(ROUNDS):
