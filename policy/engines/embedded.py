@@ -17,8 +17,6 @@ The JSON texts are cached per shard (`tf/<section>/<tenant>`), so only touched s
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import gc
 import itertools
 import json
@@ -35,6 +33,7 @@ import regorus
 from core.errors import InvalidInput
 from policy.engines.patch import PatchOp, apply_patch, pointer_parts, split_rule_path
 from policy.engines.rvm import Accelerator
+from policy.engines.threadbound import per_thread
 from policy.errors import (
     PolicyCompileError,
     PolicyEngineError,
@@ -483,8 +482,8 @@ class RegorusEngine:
 
 
 class _Registry(dict[int, tuple["weakref.ref[RegorusEngine]", _ThreadEngine]]):
-    """One thread's engines (a dict subclass, so the exit hook below can hold it by weak reference), and its
-    parsed module sets (new_engine), least recently used first."""
+    """One thread's engines and its parsed module sets (new_engine), least recently used first
+    (policy/engines/threadbound.py keeps it alive at exit)."""
 
     __hash__ = object.__hash__  # type: ignore[assignment]  # identity: one registry per thread
 
@@ -496,28 +495,8 @@ class _Registry(dict[int, tuple["weakref.ref[RegorusEngine]", _ThreadEngine]]):
         return self is other
 
 
-_LIVE_REGISTRIES: weakref.WeakSet[_Registry] = weakref.WeakSet()
-
-
 def _engines() -> _Registry:
-    registry: _Registry | None = getattr(_TLS, "engines", None)
-    if registry is None:
-        registry = _Registry()
-        _TLS.engines = registry
-        _LIVE_REGISTRIES.add(registry)
-    return registry
-
-
-@atexit.register
-def _keep_engines_of_threads_alive_at_exit() -> None:
-    """A thread that ends drops its engines itself (its thread-local storage goes with it). Threads still
-    running when the interpreter exits (daemon threads: server and worker pools) are not joined: their
-    storage would be torn down from the exiting thread, where dropping a regorus Engine is refused (pyo3
-    prints "Engine is unsendable, but is being dropped on another thread"). The process is ending, so
-    those engines are simply kept: one reference more, never released, and nothing is dropped."""
-    for registry in list(_LIVE_REGISTRIES):
-        if registry or registry.parsed:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(registry))
+    return per_thread(_TLS, "engines", _Registry)
 
 
 def _purge_dead(registry: _Registry) -> None:

@@ -46,8 +46,6 @@ the modules and the data text under the engine's lock; it answers only while bot
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import itertools
 import json
 import logging
@@ -60,6 +58,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import regorus
+
+from policy.engines.threadbound import per_thread
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ _KEYS = itertools.count(1)
 
 
 class _Registry(dict[int, tuple["weakref.ref[Accelerator]", _ThreadVm]]):
-    """One thread's VMs (a dict subclass, so the exit hook can hold it)."""
+    """One thread's VMs (policy/engines/threadbound.py keeps it alive at exit)."""
 
     __hash__ = object.__hash__  # type: ignore[assignment]  # identity: one registry per thread
 
@@ -275,26 +275,8 @@ class _Registry(dict[int, tuple["weakref.ref[Accelerator]", _ThreadVm]]):
         return self is other
 
 
-_LIVE: weakref.WeakSet[_Registry] = weakref.WeakSet()
-
-
 def _registry() -> _Registry:
-    registry: _Registry | None = getattr(_TLS, "vms", None)
-    if registry is None:
-        registry = _Registry()
-        _TLS.vms = registry
-        _LIVE.add(registry)
-    return registry
-
-
-@atexit.register
-def _keep_vms_of_threads_alive_at_exit() -> None:
-    """As policy.engines.embedded does for its engines: the VMs of threads still running at exit would be dropped
-    from the exiting thread, which pyo3 refuses for a thread-bound object; the process is ending, so they are
-    kept (one reference more, never released)."""
-    for registry in list(_LIVE):
-        if registry:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(registry))
+    return per_thread(_TLS, "vms", _Registry)
 
 
 class Accelerator:
