@@ -2,10 +2,10 @@
 
 A rule change must be hitless for the flows it keeps allowing (DESIGN: atomic per device; OVN's users' lesson:
 a controller that removes and reinstalls flows leaves traffic dark meanwhile). The watcher sends a numbered
-message every INTERVAL over a connection opened inside a namespace and times each echo; the namespace's own
-TCP counters (`/proc/net/snmp`, read inside it) tell whether any segment had to be sent again. A lost packet
-always shows as a retransmission; a slow machine only as a longer gap, so the gap bound is loose and the
-retransmission count is exact.
+message every INTERVAL over a connection opened inside a namespace and times each echo; the connection's own
+TCP counters, on both ends, tell whether any segment was lost (`lost`). A lost packet always
+shows there; a slow machine shows as a longer gap or as a retransmission the receiver reports a duplicate, so the
+gap bound is loose and the loss count exact.
 """
 
 from __future__ import annotations
@@ -13,54 +13,94 @@ from __future__ import annotations
 import itertools
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from enforcer.netns import run_in
+
 INTERVAL = 0.01
 MESSAGE = struct.Struct("!Q")
 
-# An echo server for `ip netns exec <ns> python -c ECHO_SERVER <port>...`: IPv4 and IPv6 on each port (one
-# dual-stack socket, or IPv4 alone where the namespace has no IPv6); prints "ready" once listening.
-ECHO_SERVER = (
-    "import socket,sys,threading\n"
-    "def echo(c):\n"
-    "    with c:\n"
-    "        while True:\n"
-    "            b=c.recv(65536)\n"
-    "            if not b: return\n"
-    "            c.sendall(b)\n"
-    "def listener(p):\n"
-    "    try:\n"
-    "        s=socket.socket(socket.AF_INET6); s.setsockopt(socket.IPPROTO_IPV6,socket.IPV6_V6ONLY,0)\n"
-    "        s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(('::',p))\n"
-    "    except OSError:\n"
-    "        s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(('0.0.0.0',p))\n"
-    "    s.listen(); return s\n"
-    "def serve(s):\n"
-    "    while True:\n"
-    "        c,_=s.accept(); threading.Thread(target=echo,args=(c,),daemon=True).start()\n"
-    "for s in [listener(int(p)) for p in sys.argv[1:]]:\n"
-    "    threading.Thread(target=serve,args=(s,),daemon=True).start()\n"
-    "print('ready',flush=True); threading.Event().wait()\n"
-)
+def lost(sock: socket.socket) -> int:
+    """Segments this connection had to send again because they were lost: its retransmissions (tcp_info
+    tcpi_total_retrans) less those its peer reported as duplicates (D-SACK, RFC 2883: tcpi_dsack_dups). A
+    retransmission can be spurious: a tail loss probe or a timeout fires when the peer is merely slow to answer (a
+    loaded machine), and its data then arrives twice. Per connection, not per namespace: a namespace's counters
+    also count other connections, such as a quarantined tenant's last packets, blocked on purpose."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+    retrans = struct.unpack_from("I", info, 100)[0]
+    dsack = struct.unpack_from("I", info, 216)[0] if len(info) >= 220 else 0
+    return int(retrans - dsack)
+
+
+def _listener(port: int) -> socket.socket:
+    """IPv4 and IPv6 on `port` (one dual-stack socket, or IPv4 alone where the namespace has no IPv6)."""
+    try:
+        s = socket.socket(socket.AF_INET6)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("::", port))
+    except OSError:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port))
+    s.listen()
+    s.settimeout(0.2)
+    return s
+
+
+class EchoServer:
+    """Echoes every connection to `ports` inside `netns`, from threads of this process (the sockets were made in
+    the namespace and stay there), so the connections' own counters can be read (`lost`)."""
+
+    def __init__(self, netns: str, ports: tuple[int, ...]) -> None:
+        self.accepted: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._listeners = [run_in(netns, _listener, port) for port in ports]
+        for listener in self._listeners:
+            threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
+
+    def lost(self) -> int:
+        """Segments the server's side of its connections lost (read before close)."""
+        return sum(lost(c) for c in list(self.accepted) if c.fileno() != -1)
+
+    def close(self) -> None:
+        self._stop.set()
+        for s in [*self._listeners, *self.accepted]:
+            s.close()
+
+    def _serve(self, listener: socket.socket) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            self.accepted.append(conn)
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn: socket.socket) -> None:
+        try:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+        except OSError:
+            return
 
 
 @contextmanager
-def echo_server(netns: str, *ports: int) -> Iterator[None]:
-    """ECHO_SERVER on `ports` inside `netns` for the block (listening before it starts, killed after)."""
-    proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", ECHO_SERVER, *map(str, ports)],
-                            stdout=subprocess.PIPE, text=True)
+def echo_server(netns: str, *ports: int) -> Iterator[EchoServer]:
+    """An EchoServer on `ports` inside `netns` for the block (listening before it starts, closed after)."""
+    server = EchoServer(netns, ports)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", f"echo server in {netns}"
-        yield
+        yield server
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        server.close()
 
 
 def connect_from(src: str, dst: str, port: int, within: float = 10.0) -> socket.socket:
@@ -82,14 +122,6 @@ def connect_from(src: str, dst: str, port: int, within: float = 10.0) -> socket.
             time.sleep(0.2)
 
 
-def retransmitted_segments(netns: str) -> int:
-    """TCP segments the namespace's kernel has sent again since it was made (RFC 1213 tcpRetransSegs)."""
-    out = subprocess.run(["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"], check=True, capture_output=True,
-                         text=True, timeout=30).stdout
-    names, values = [line.split() for line in out.splitlines() if line.startswith("Tcp:")][:2]
-    return int(dict(zip(names, values, strict=True))["RetransSegs"])
-
-
 @dataclass
 class Watch:
     """What the watcher saw: echo times (monotonic), how many were sent, and the error that ended it, if any."""
@@ -97,6 +129,7 @@ class Watch:
     sent: int = 0
     echoed: list[float] = field(default_factory=list)
     error: str | None = None
+    lost: int = 0  # segments the watching side lost (`lost`), read when it stopped
     started: float = 0.0
     stopped: float = 0.0
 
@@ -141,6 +174,7 @@ class FlowWatcher:
                     and self.watch.error is None:
                 time.sleep(INTERVAL)
             self.watch.stopped = time.monotonic()
+            self.watch.lost = lost(self.sock)
             self.sock.close()
             self._threads[1].join(timeout=10)
         return self.watch
