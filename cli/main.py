@@ -41,12 +41,18 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
+    ctx: typer.Context,
     profile: str = typer.Option(None, "--profile", "-p", metavar="NAME",
                                 help="config-file profile to use (else TRUSTFABRIC_PROFILE, else the current one)"),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
+    """A profile named on the command line must exist for every command but `login` (which makes it), the offline
+    ones and those TRUSTFABRIC_HOME points at a data directory included: a mistyped name is a usage error before
+    any work, never a command run silently without the profile its caller asked for."""
     config.select(profile)
+    if profile is not None and ctx.invoked_subcommand != "login":
+        config.selected_profile()
 
 
 # The order is the order of `trustfabric --help`.

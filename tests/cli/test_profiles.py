@@ -13,6 +13,8 @@ import yaml
 
 from tests.cli.conftest import Cli
 
+REGO = str(Path(__file__).resolve().parents[2] / "rego")
+
 
 @pytest.fixture
 def signed(cli: Cli, tmp_path: Path) -> dict[str, object]:
@@ -113,3 +115,25 @@ def test_local_commands_take_the_data_directory_from_the_profile(cli: Cli, signe
     assert listed.returncode == 0 and json.loads(listed.stdout)[0]["number"] == 1, listed.stderr
     elsewhere = cli.run("policy", "list", **{**env, "TRUSTFABRIC_HOME": str(tmp_path / "nowhere")})
     assert elsewhere.returncode == 1 and "does not exist" in elsewhere.stderr  # the environment wins
+
+
+def test_a_profile_named_on_the_command_line_must_exist_for_every_command(cli: Cli, signed: dict[str, object],
+                                                                          tmp_path: Path) -> None:
+    """Should fix: `--profile nope` was ignored by the offline commands, and by the local ones when TRUSTFABRIC_HOME
+    named the data directory: a mistyped name ran the command without the profile its caller asked for. Now a usage
+    error before any work for every command but login (which makes the profile)."""
+    env = signed["env"]
+    assert isinstance(env, dict)
+    home = tmp_path / "never-made"
+    for argv, extra in ((("policy", "validate", REGO), {}),  # offline: files only
+                        (("init", "--trust-domain", "nope.example"), {"TRUSTFABRIC_HOME": str(home)}),  # local
+                        (("status",), {}), (("logout",), {})):
+        r = cli.run("--profile", "nope", *argv, **{**env, **extra})
+        assert r.returncode == 2 and "--profile nope: no such profile" in r.stderr, (argv, r.returncode, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not home.exists()  # init did no work
+    assert cli.run("policy", "validate", REGO, **env).returncode == 0  # the same line without it runs
+    made = cli.run("--profile", "nope", "login", "--server", str(signed["server"]), "--token-stdin",
+                   input=f"{signed['admin']}\n", **env)
+    assert made.returncode == 0 and "profile 'nope' saved" in made.stdout, made.stderr
+    assert cli.run("--profile", "nope", "policy", "validate", REGO, **env).returncode == 0
