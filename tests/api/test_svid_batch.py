@@ -8,6 +8,7 @@ from another connection is refused (401) and nothing is written."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,13 @@ import httpx
 import jwt
 import psycopg
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
 from sqlmodel import func, select
 
-from api.routes.pki import MAX_X509_BATCH
+from api.routes.pki import MAX_X509_BATCH, MAX_X509_BATCH_BYTES
 from api.tls import prepare_server_tls
 from audit import Actor
 from audit.models import AuditEvent
@@ -147,16 +152,32 @@ def test_a_request_refused_whole_writes_nothing(env: Env, body: dict[str, Any], 
     assert _counts(env) == before
 
 
-def test_the_bound_itself_is_one_request(env: Env) -> None:
+def _rsa_csr() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    csr = x509.CertificateSigningRequestBuilder().subject_name(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "x")])).sign(key, hashes.SHA256())
+    return csr.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def test_the_bound_itself_is_one_request_above_the_apis_usual_body_limit(env: Env) -> None:
+    """100 entries with RSA-3072 CSRs make a body over the API's 64 KiB limit: the batch route has a larger one
+    (MAX_X509_BATCH_BYTES), and a body above that is 413 with nothing written."""
     with env.ctx.db.session() as s:
         for n in range(MAX_X509_BATCH):
             inv.register_workload(s, trust_domain="example.org", tenant="acme", group="db", name=f"d{n}",
                                   actor=SEED, clock=env.clock)
     env.headers("admin")
     before = _counts(env)
-    r = env.call("POST", BATCH, "admin", json={"svids": [_entry("acme", "db", f"d{n}") for n in range(MAX_X509_BATCH)]})
+    csr = _rsa_csr()
+    body = {"svids": [{**_entry("acme", "db", f"d{n}"), "csr": csr} for n in range(MAX_X509_BATCH)]}
+    assert env.ctx.settings.max_body_bytes < len(json.dumps(body)) < MAX_X509_BATCH_BYTES
+    r = env.call("POST", BATCH, "admin", json=body)
     assert r.status_code == 200, r.text
     assert all(res["svid"] for res in r.json()["results"])
+    assert _counts(env) == (before[0] + MAX_X509_BATCH, before[1] + MAX_X509_BATCH)
+    padded = {"svids": [{**entry, "csr": entry["csr"] + " " * 4096} for entry in body["svids"]]}
+    r = env.call("POST", BATCH, "admin", json=padded)
+    assert r.status_code == 413, r.text
     assert _counts(env) == (before[0] + MAX_X509_BATCH, before[1] + MAX_X509_BATCH)
 
 
