@@ -40,6 +40,8 @@ def _reason(r: httpx.Response) -> str:
 
 
 class ApiClient:
+    batch_path = "/v1/svids/x509/batch"
+
     def __init__(self, server: str, identity: NodeIdentity, *, timeout: float = 10.0) -> None:
         self.server = server.rstrip("/")
         self.identity = identity
@@ -142,6 +144,20 @@ class ApiClient:
         t, g, w = workload.split("/")
         return dict(self.request("POST", "/v1/svids/x509", json={"csr": csr, "tenant": t, "group": g,
                                                                   "workload": w}).json())
+
+    def x509_svids(self, asks: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """POST /v1/svids/x509/batch for (workload "tenant/group/name", CSR) pairs: one result per pair, in order,
+        each {"svid": {...}} or {"error": {"status", "reason"}}. Refused for the request as a whole (a server
+        without the route: 404 or 405), Unreachable as any request."""
+        svids = []
+        for workload, csr in asks:
+            t, g, w = workload.split("/")
+            svids.append({"csr": csr, "tenant": t, "group": g, "workload": w})
+        results = self.request("POST", self.batch_path, json={"svids": svids}).json().get("results")
+        if not isinstance(results, list) or len(results) != len(asks):
+            raise Refused(200, f"the batch answer has {len(results) if isinstance(results, list) else 'no'} "
+                               f"results for {len(asks)} entries")
+        return [dict(r) for r in results]
 
     def jwt_svid(self, workload: str, audience: list[str]) -> dict[str, Any]:
         t, g, w = workload.split("/")

@@ -7,6 +7,9 @@ entries parented to it).
   mTLS (it issues only for workloads placed on this node). Fetched when a workload first asks, renewed at
   half life (or when the trust bundle changes), dropped when the workload leaves the node or the server
   refuses it (revoked, quarantined). Every change bumps `version` and wakes the Workload API's streams.
+  Renewals (at half life, and all at once after a CA rotation) go in batches of up to BATCH per request
+  (POST /v1/svids/x509/batch, SPIRE's BatchNewX509SVID), each entry answered and handled on its own; a server
+  without that route (404/405: an older one during an upgrade) gets one request per workload from then on.
 - JWT-SVIDs: per (workload, audience), kept until half life, in memory only.
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
@@ -121,6 +124,18 @@ class SvidCache:
         return placements, {w: e for w, e in x509s.items() if now < e.not_after and w in placements}
 
 
+BATCH = 100  # entries per POST /v1/svids/x509/batch: the server's bound
+
+
+def _entry(issued: dict[str, Any], key: bytes) -> X509Entry:
+    """The cache entry for an X509SvidOut answer and the key its CSR was made with."""
+    certs = [x509.load_pem_x509_certificate(str(p).encode())
+             for p in [issued["certificate"], *(issued.get("chain") or [])]]
+    chain = b"".join(c.public_bytes(serialization.Encoding.DER) for c in certs)
+    return X509Entry(str(issued["spiffe_id"]), chain, key, certs[0].not_valid_before_utc.timestamp(),
+                     certs[0].not_valid_after_utc.timestamp())
+
+
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC).timestamp()
 
@@ -143,6 +158,7 @@ class WorkloadSvids:
         self._placements_at = 0.0
         self.synced = False  # placements (and the CRL, for cached SVIDs) confirmed by the server since start
         self.from_cache = 0  # SVIDs the last run left, kept until the re-sync judged them
+        self.batches = True  # renewals in batches (POST /v1/svids/x509/batch) until the server shows it has none
         if cache is not None:
             self.placements, self._x509 = cache.load(clock())
             self.from_cache = len(self._x509)
@@ -230,19 +246,68 @@ class WorkloadSvids:
 
     def _issue_x509(self, workload: str) -> X509Entry:
         key, csr = new_key_and_csr(workload)
-        issued = self.api.x509_svid(workload, csr)
-        certs = [x509.load_pem_x509_certificate(str(p).encode())
-                 for p in [issued["certificate"], *(issued.get("chain") or [])]]
-        chain = b"".join(c.public_bytes(serialization.Encoding.DER) for c in certs)
-        return X509Entry(str(issued["spiffe_id"]), chain, key_der(key), certs[0].not_valid_before_utc.timestamp(),
-                         certs[0].not_valid_after_utc.timestamp())
+        return _entry(self.api.x509_svid(workload, csr), key_der(key))
 
     def renew_due(self) -> None:
-        """Renew every cached X.509-SVID past half life (the streams then send the new one)."""
+        """Renew every cached X.509-SVID past half life (the streams then send the new one): in batches of up to
+        BATCH (POST /v1/svids/x509/batch, one request each), one request each on a server without that route."""
         with self._lock:
             due = [w for w, e in self._x509.items() if self.clock() >= e.renew_at()]
-        for w in due:
-            self.x509(w)
+        if not self.batches:
+            for w in due:
+                self.x509(w)
+            return
+        for start in range(0, len(due), BATCH):
+            chunk = due[start:start + BATCH]
+            if not self._renew_batch(chunk):  # an older server (during an upgrade): one request each from now on
+                log.info("the server has no batch SVID route; renewing one request per workload")
+                self.batches = False
+                for w in due[start:]:
+                    self.x509(w)
+                return
+
+    def _renew_batch(self, workloads: list[str]) -> bool:
+        """Renew `workloads` in one request, each handled as `x509` handles its renewal: refused, it is dropped
+        (with the request, when the request as a whole is refused); unreachable, the one held is kept while valid.
+        False (nothing changed) when the server has no batch route."""
+        with self._lock:
+            due = [w for w in workloads
+                   if w in self._x509 and self.clock() >= self._x509[w].renew_at()]  # (not renewed meanwhile)
+            if not due:
+                return True
+            keys = {w: new_key_and_csr(w) for w in due}
+            try:
+                results: list[dict[str, Any]] = self.api.x509_svids([(w, keys[w][1]) for w in due])
+            except Refused as exc:
+                if exc.status in (404, 405):
+                    return False
+                results = [{"error": {"status": exc.status, "reason": str(exc)}}] * len(due)
+            except Unreachable as exc:  # keep serving the ones we have while they are valid (x509 serves them so)
+                log.warning("%d X.509-SVIDs not renewed (server unreachable): %s", len(due), exc)
+                return True
+            fresh: list[X509Entry] = []
+            dropped = 0
+            for w, result in zip(due, results, strict=True):
+                error = result.get("error")
+                svid = result.get("svid")
+                if error or not isinstance(svid, dict):
+                    reason = f"{error.get('status')}: {error.get('reason')}" if isinstance(error, dict) else str(result)
+                    log.warning("%s: no X.509-SVID: %s", w, reason)
+                    dropped += self._x509.pop(w, None) is not None
+                    continue
+                try:
+                    entry = _entry(svid, key_der(keys[w][0]))
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("%s: no X.509-SVID: the server's answer does not parse: %s", w, exc)
+                    dropped += self._x509.pop(w, None) is not None
+                    continue
+                self._x509[w] = entry
+                fresh.append(entry)
+        for entry in fresh:
+            self.metrics.svid_expiry.labels(entry.spiffe_id).set(entry.not_after)
+        if fresh or dropped:
+            self._bump()
+        return True
 
     def rotate_all(self) -> None:
         """Renew every cached X.509-SVID now (the trust bundle changed: a new CA generation signs)."""

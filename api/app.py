@@ -37,6 +37,7 @@ from api.routes import (
     security,
     tokens,
 )
+from api.routes.pki import MAX_X509_BATCH_BYTES
 from api.tls import TrustAnchors
 from api.workers import WorkerThreads
 from enforcer.reconcile import Reconciler
@@ -169,7 +170,8 @@ def create_app(
     # committed write the reconciler looks at once
     app.add_middleware(Edge, rate=ctx.settings.ip_rate_limit_per_second, burst=ctx.settings.ip_rate_limit_burst,
                        max_body_bytes=ctx.settings.max_body_bytes,
-                       larger={"/v1/fabric/import": MAX_IMPORT_BYTES + 64 * 1024}, tracing=traces,
+                       larger={"/v1/fabric/import": MAX_IMPORT_BYTES + 64 * 1024,
+                               "/v1/svids/x509/batch": MAX_X509_BATCH_BYTES}, tracing=traces,
                        wake=runtime.reconciler.wake if runtime is not None else None)
     return app
 

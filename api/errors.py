@@ -23,8 +23,12 @@ from core.errors import RateLimited, TrustfabricError
 log = logging.getLogger("trustfabric.api")
 
 
-def _code(exc: BaseException) -> str:
+def error_code(exc: BaseException) -> str:
+    """The `error` field of an answer: the error class's name in snake case."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+
+
+_code = error_code
 
 
 def status_for(exc: TrustfabricError) -> int:

@@ -11,6 +11,8 @@ Figures, per database:
 - 64 requesters in one process (one API worker's thread pool) beside raw signing on one thread (per core);
 - the single-stream figures: one requester through the group committer, and through issue_x509_svid (one
   transaction per issuance, the path before group commit);
+- through HTTP on one replica (SQLite): renewals/s and the server's CPU per SVID, one request per SVID against
+  POST /v1/svids/x509/batch with 1, 16 and 64 entries (BENCH_ISSUANCE_PARTS=http runs only these);
 - CPU time per SVID of the 64-requester run (this process; and on PostgreSQL the server's processes), beside
   the CPU time of one raw signature: CPU time does not depend on the other load of the machine, wall rates do.
 
@@ -267,7 +269,74 @@ def bench_backend(name: str, db: Database, ks: KeyStore, keys: tuple[Path, Path]
     return lines
 
 
+HTTP_BATCHES = (1, 16, 64)  # entries per POST /v1/svids/x509/batch in the HTTP figures
+
+
+def http_figures(work: Path) -> list[str]:
+    """Renewals through HTTP on one replica (`trustfabric serve`, SQLite in its data directory): one request per
+    SVID (POST /v1/svids/x509) against batches of HTTP_BATCHES entries (POST /v1/svids/x509/batch, distinct
+    workloads, a tenant's token), each a closed loop of bench/api.py's load generator (CONNECTIONS keep-alive
+    connections from LOAD_PROCESSES processes, DURATION s, median of RUNS runs); renewals/s and the server
+    process's CPU per SVID (user + system time of the replica and its children, sampled around each run)."""
+    from bench.api import CONNECTIONS, DURATION, LOAD_PROCESSES, bench_env, call, measure, median_runs, mint
+    from bench.replicas import cpu_seconds
+    from tests.conftest import _free_port
+    from tests.servers import serve_replicas
+
+    binary = str(Path(sys.executable).parent / "trustfabric")
+    env = bench_env(work, TRUSTFABRIC_LOG_LEVEL="warning")
+    port = _free_port()
+    most = max(HTTP_BATCHES)
+    csr = _csr().decode()  # one key for every entry, as an agent reusing a key: the CSR check costs the same
+    with serve_replicas(binary, 1, env=env, cwd=work, ports=[port]) as replicas:
+        pid = replicas[0].proc.pid
+        admin = mint(env, work, "--role", "admin")
+        assert call(port, "POST", "/v1/tenants", admin, {"slug": "acme", "display_name": "acme"})[0] == 201
+        assert call(port, "POST", "/v1/tenants/acme/groups", admin, {"name": "web"})[0] == 201
+        for n in range(most):
+            assert call(port, "POST", "/v1/tenants/acme/groups/web/workloads", admin, {"name": f"w{n}"})[0] == 201
+        token = mint(env, work, "--role", "tenant-admin", "--tenant", "acme")
+
+        def entry(n: int) -> dict[str, Any]:
+            return {"csr": csr, "tenant": "acme", "group": "web", "workload": f"w{n}", "ttl_seconds": 3600}
+
+        def renewals(path: str, body: dict[str, Any], per_request: int) -> dict[str, float]:
+            def one() -> dict[str, float]:
+                before = cpu_seconds([pid])
+                got = measure(port, "POST", path, token, body)
+                svids = max(1.0, got["rps"] * DURATION * per_request)
+                return {"svids_per_s": got["rps"] * per_request, "p99": got["p99"],
+                        "cpu_ms": (cpu_seconds([pid]) - before) * 1000 / svids}
+            return median_runs(one)
+
+        single = renewals("/v1/svids/x509", entry(0), 1)  # (warm first: each path's caches fill on its first use)
+        single = renewals("/v1/svids/x509", entry(0), 1)
+        batches = {k: renewals("/v1/svids/x509/batch", {"svids": [entry(n) for n in range(k)]}, k)
+                   for k in HTTP_BATCHES}
+    out = [f"# HTTP scale: 1 replica (`trustfabric serve`), SQLite, a tenant token, {CONNECTIONS} keep-alive "
+           f"connections from {LOAD_PROCESSES} load processes, closed loop, median of {RUNS} runs x {DURATION:g} s; "
+           f"{os.cpu_count()} cores shared by server and load (and, here, other work: figures are noisy)",
+           f"svid_renewals_http_single: {single['svids_per_s']:.1f} SVIDs/s, server CPU {single['cpu_ms']:.2f} ms "
+           f"per SVID, p99 {single['p99']:.1f} ms per request"]
+    for k, got in batches.items():
+        out.append(f"svid_renewals_http_batch{k}: {got['svids_per_s']:.1f} SVIDs/s (baseline single requests "
+                   f"{single['svids_per_s']:.1f} SVIDs/s, ratio {got['svids_per_s'] / single['svids_per_s']:.2f}); "
+                   f"p99 {got['p99']:.1f} ms per request")
+        out.append(f"svid_server_cpu_per_svid_batch{k}: {got['cpu_ms']:.2f} ms (baseline single requests "
+                   f"{single['cpu_ms']:.2f} ms, ratio {got['cpu_ms'] / single['cpu_ms']:.2f})")
+    return out
+
+
 def main() -> None:
+    if os.environ.get("BENCH_ISSUANCE_PARTS", "service,http") == "http":  # the HTTP figures alone
+        work = Path(tempfile.mkdtemp(prefix="tf-bench-issuance-http-"))
+        try:
+            lines = http_figures(work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        for line in lines:
+            print(line, flush=True)
+        return
     progress = Progress("issuance")
     tmp = Path(tempfile.mkdtemp(prefix="tf-bench-issuance-"))
     load = os.getloadavg()
@@ -301,6 +370,9 @@ def main() -> None:
             finally:
                 if pg is not None:
                     pg.stop()
+        if "http" in os.environ.get("BENCH_ISSUANCE_PARTS", "service,http").split(","):
+            progress.step("HTTP: single requests against batches, one replica on SQLite")
+            out += http_figures(tmp / "http")
         load = os.getloadavg()
         out.append(f"# load average at end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     finally:

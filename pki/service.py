@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -58,15 +60,14 @@ from pki.spiffe_id import (
 )
 from pki.x509svid import parse_csr
 from store.db import Database
-from store.groupcommit import GroupCommitter
+from store.groupcommit import Check, GroupCommitter
 
 __all__ = [
     "DEFAULT_CA_TTL", "DEFAULT_JWT_TTL", "DEFAULT_SVID_TTL", "MAX_JWT_TTL", "MAX_SVID_TTL", "IssuedJWT",
-    "IssuedX509", "RevokedIdentityInfo", "RotationStatus", "attest_node", "bundle_jwks", "bundle_pem",
+    "IssuedX509", "RevokedIdentityInfo", "RotationStatus", "X509Ask", "attest_node", "bundle_jwks", "bundle_pem",
     "ca_status", "create_join_token", "crl_der", "crl_pem", "init_trust_domain", "issue_jwt_svid",
-    "issue_server_svid", "issue_x509_svid", "issue_x509_svid_grouped", "revoke", "revoked_identities",
-    "revoked_serials", "rotate",
-    "trust_domain",
+    "issue_server_svid", "issue_x509_svid", "issue_x509_svid_grouped", "issue_x509_svids_grouped", "revoke",
+    "revoked_identities", "revoked_serials", "rotate", "trust_domain",
 ]
 
 DEFAULT_CA_TTL = timedelta(days=7)
@@ -252,38 +253,151 @@ def issue_x509_svid_grouped(
     issuance to the same identity: the committing transaction's check is authoritative, and a certificate
     signed from facts that changed meanwhile (its CA rotated out, the TTL rules changed) is refused there and
     signed again from fresh facts, once."""
-    public_key = parse_csr(csr_pem)
-    key = (db.url, tenant, group, workload, scope_tenant, on_node)
+    ask = X509Ask(csr_pem=csr_pem, tenant=tenant, group=group, workload=workload, ttl=ttl)
+    grouped = _Grouped(db, keystore, ask, actor=actor, scope_tenant=scope_tenant, clock=clock, max_ttl=max_ttl,
+                       request_id=request_id, on_node=on_node)
+    try:
+        return committer.submit(*grouped.prepare(fresh=False), savepoint=False, late=True)
+    except (IssuerChanged, StaleFacts):  # a rotation or a registration change meanwhile: once more, afresh
+        _facts.drop(grouped.key)
+        return committer.submit(*grouped.prepare(fresh=True), savepoint=False, late=True)
+    except TrustfabricError:
+        _facts.drop(grouped.key)  # refused (revoked, unknown, quarantined): read afresh next time
+        raise
 
-    def attempt(fresh: bool) -> IssuedX509:
-        facts = None if fresh else _facts.get(key, clock())
+
+@dataclass(frozen=True)
+class X509Ask:
+    """One X.509-SVID asked for: a workload's CSR (PEM) and the lifetime wished (None: the default)."""
+
+    csr_pem: bytes
+    tenant: str
+    group: str
+    workload: str
+    ttl: timedelta | None = None
+
+
+def issue_x509_svids_grouped(
+    db: Database,
+    committer: GroupCommitter,
+    keystore: KeyStore,
+    asks: Sequence[X509Ask],
+    *,
+    actor: Actor,
+    scope_tenant: str | None,
+    clock: Clock = system_clock,
+    max_ttl: timedelta | None = None,
+    request_id: str | None = None,
+    on_node: str | None = None,
+) -> list[IssuedX509 | TrustfabricError]:
+    """issue_x509_svid_grouped for each of `asks` (SPIRE's BatchNewX509SVID), answered per ask in their order: its
+    SVID, or the domain error it was refused with (a bad CSR, an unknown or unplaced workload, a revoked or
+    quarantined identity, a TTL above the maximum). Each is checked and signed as there, the facts read in one read
+    session for those not kept; then all are handed to the group committer at once (one commit for the lot, when
+    nothing else is queued before them) and each SVID row and its audit event are durable when this returns. A
+    refused ask writes nothing and changes nothing for the others. Any other error (the database's) is raised, as
+    for one issuance: asks committed before it keep their rows and events (like a single answer lost in transit)."""
+    outcomes: list[IssuedX509 | TrustfabricError | None] = [None] * len(asks)
+    grouped: dict[int, _Grouped] = {}
+    submitted: dict[int, tuple[Callable[[Session], IssuedX509], Check]] = {}
+    shared: Session | None = None
+    with ExitStack() as stack:
+        def read_session() -> Session:  # opened once, for the first ask whose facts are not kept
+            nonlocal shared
+            if shared is None:
+                shared = stack.enter_context(db.read_session())
+            return shared
+
+        for index, ask in enumerate(asks):
+            try:
+                grouped[index] = _Grouped(db, keystore, ask, actor=actor, scope_tenant=scope_tenant, clock=clock,
+                                          max_ttl=max_ttl, request_id=request_id, on_node=on_node)
+                submitted[index] = grouped[index].prepare(fresh=False, read=read_session)
+            except TrustfabricError as exc:
+                if index in grouped:
+                    _facts.drop(grouped[index].key)
+                outcomes[index] = exc
+    for fresh in (False, True):
+        order = sorted(submitted)
+        answers = committer.submit_many([submitted[i] for i in order], savepoint=False, late=True)
+        submitted = {}
+        failure: Exception | None = None
+        for index, answer in zip(order, answers, strict=True):
+            if isinstance(answer, IssuedX509):
+                outcomes[index] = answer
+            elif isinstance(answer, IssuerChanged) and not fresh:  # (StaleFacts too): once more, afresh
+                _facts.drop(grouped[index].key)
+                try:
+                    submitted[index] = grouped[index].prepare(fresh=True)
+                except TrustfabricError as exc:
+                    outcomes[index] = exc
+            elif isinstance(answer, TrustfabricError):
+                _facts.drop(grouped[index].key)  # refused: read afresh next time
+                outcomes[index] = answer
+            else:
+                failure = failure or answer
+        if failure is not None:
+            raise failure
+        if not submitted:
+            break
+    return [outcome if outcome is not None else IssuerChanged("signed again and refused again: retry")
+            for outcome in outcomes]
+
+
+class _Grouped:
+    """One group-committed X.509-SVID issuance: the CSR checked now, then (`prepare`) signed from the facts kept
+    for its identity (or read afresh) and made into the committer's (write, check)."""
+
+    def __init__(self, db: Database, keystore: KeyStore, ask: X509Ask, *, actor: Actor, scope_tenant: str | None,
+                 clock: Clock, max_ttl: timedelta | None, request_id: str | None, on_node: str | None) -> None:
+        self.public_key = parse_csr(ask.csr_pem)
+        self.key = (db.url, ask.tenant, ask.group, ask.workload, scope_tenant, on_node)
+        self.db, self.keystore, self.ask, self.actor, self.scope_tenant = db, keystore, ask, actor, scope_tenant
+        self.clock, self.max_ttl, self.request_id, self.on_node = clock, max_ttl, request_id, on_node
+
+    def _read_facts(self, session: Session) -> _Facts:
+        a = self.ask
+        settings, sid = _registered_identity(session, tenant=a.tenant, group=a.group, workload=a.workload,
+                                             scope_tenant=self.scope_tenant, on_node=self.on_node)
+        issuer = active_issuing(session, self.clock(), lock=False)
+        return _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer)
+
+    def prepare(self, *, fresh: bool, read: Callable[[], Session] | None = None
+                ) -> tuple[Callable[[Session], IssuedX509], Check]:
+        """Signed, the CA's signed_until raised; (write, check) for the committer. `read`: the read session to take
+        the facts from when they are not kept (else one of its own)."""
+        db, a, clock, ttl, max_ttl = self.db, self.ask, self.clock, self.ask.ttl, self.max_ttl
+        tenant, group, workload, scope_tenant, on_node = a.tenant, a.group, a.workload, self.scope_tenant, self.on_node
+        facts = None if fresh else _facts.get(self.key, clock())
         if facts is None:
-            with db.read_session() as session:
-                settings, sid = _registered_identity(
-                    session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant,
-                    on_node=on_node)
-                issuer = active_issuing(session, clock(), lock=False)
-            facts = _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer)
-            _facts.put(key, facts)
+            if read is not None:
+                facts = self._read_facts(read())
+            else:
+                with db.read_session() as session:
+                    facts = self._read_facts(session)
+            _facts.put(self.key, facts)
         ttl_resolved = resolve_ttl(ttl, default_seconds=facts.default_ttl, max_seconds=facts.max_ttl,
                                    what="X.509-SVID", cap=max_ttl)
-        signed = sign_leaf(None, keystore, public_key=public_key, spiffe_id=facts.sid, ttl=ttl_resolved,
+        signed = sign_leaf(None, self.keystore, public_key=self.public_key, spiffe_id=facts.sid, ttl=ttl_resolved,
                            clock=clock, issuer=facts.issuer)
         publish_until(db, facts.issuer, signed.not_after)  # before the batch: never the CA row under the head
+        key = self.key
 
         def check(session: Session) -> None:
-            def read() -> registrations.Registered:
+            def read_registration() -> registrations.Registered:
                 settings, sid = _registered_identity(
                     session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant,
                     on_node=on_node)
                 return registrations.Registered(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds)
 
-            found = registrations.lookup(db, session, key, read)
+            found = registrations.lookup(db, session, key, read_registration)
             current = resolve_ttl(ttl, default_seconds=found.default_ttl, max_seconds=found.max_ttl,
                                   what="X.509-SVID", cap=max_ttl)
             if found.sid != signed.spiffe_id or current != ttl_resolved:
                 raise StaleFacts(f"the registration of {tenant}/{group}/{workload} changed while signing")
             signing_issuer(session, signed)
+
+        actor, request_id = self.actor, self.request_id
 
         def write(session: Session) -> IssuedX509:
             return record_issued(session, signed, kind="workload", actor=actor, action="svid.issue",
@@ -293,16 +407,7 @@ def issue_x509_svid_grouped(
         # record_issued only writes (its refusals are the check's): no savepoint needed around it. Both run under the
         # audit head's lock whether or not they join late, and lock no row (they read and insert; the CA's
         # signed_until was raised before), so joining a batch that holds it changes no lock order
-        return committer.submit(write, check, savepoint=False, late=True)
-
-    try:
-        return attempt(fresh=False)
-    except (IssuerChanged, StaleFacts):  # a rotation or a registration change meanwhile: once more, afresh
-        _facts.drop(key)
-        return attempt(fresh=True)
-    except TrustfabricError:
-        _facts.drop(key)  # refused (revoked, unknown, quarantined): read afresh next time
-        raise
+        return write, check
 
 
 class StaleFacts(IssuerChanged):

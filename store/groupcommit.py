@@ -47,7 +47,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -191,11 +191,52 @@ class GroupCommitter:
             self._leading = True
         while True:
             if lead:
-                self._lead(waiter)
+                self._lead((waiter,))
             result = waiter.result()
             if result is not _LEAD:
                 return cast(T, result)
             lead = True
+
+    def submit_many(self, items: Sequence[tuple[Callable[[Session], T], Check | None]], *, savepoint: bool = True,
+                    late: bool | RowLock = False) -> list[T | Exception]:
+        """submit for each (fn, check) of `items` at once, as one caller: all queued together (so they share a batch,
+        up to `max_batch`, unless other callers' items came first), answered once each committed. Each item's outcome,
+        in their order: fn's result, or the exception it failed with (it alone: the others are not affected, as for
+        separate callers). An exception that is no `Exception` (KeyboardInterrupt) is raised once every item has its
+        answer. The same rules for `savepoint` and `late` as submit's, for every item."""
+        settle_pending()
+        self._db.give_back()
+        waiters = [_Waiter() for _ in items]
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the group committer is closed")
+            self._pending.extend((fn, check, waiter, savepoint, late)
+                                 for (fn, check), waiter in zip(items, waiters, strict=True))
+            lead = bool(waiters) and not self._leading
+            self._leading = self._leading or bool(waiters)
+        outcomes: list[T | Exception] = []
+        fatal: BaseException | None = None
+        for waiter in waiters:  # in queue order: a hand-off of the lead reaches the first still queued (the module)
+            while True:
+                if lead:
+                    self._lead(waiters)
+                    lead = False
+                try:
+                    result = waiter.result()
+                except Exception as exc:
+                    outcomes.append(exc)
+                    break
+                except BaseException as exc:
+                    fatal = fatal or exc
+                    outcomes.append(RuntimeError(f"interrupted: {exc!r}"))
+                    break
+                if result is not _LEAD:
+                    outcomes.append(cast(T, result))
+                    break
+                lead = True
+        if fatal is not None:
+            raise fatal
+        return outcomes
 
     def queued(self) -> int:
         """Items waiting for the next batch (approximate; for tests)."""
@@ -208,11 +249,11 @@ class GroupCommitter:
             self._closed = True
             self._idle.wait_for(lambda: not self._leading, timeout=30)
 
-    def _lead(self, own: _Waiter) -> None:
-        """Commit batches of what is queued until `own` is answered; then hand the lead on (or drop it), also
-        when an unexpected error escaped a commit: nobody may be left waiting for a leader."""
+    def _lead(self, own: Sequence[_Waiter]) -> None:
+        """Commit batches of what is queued until every one of `own` is answered; then hand the lead on (or drop it),
+        also when an unexpected error escaped a commit: nobody may be left waiting for a leader."""
         try:
-            while not own.done:
+            while not all(waiter.done for waiter in own):
                 with self._lock:
                     batch = self._pending[: self._max]
                     del self._pending[: self._max]

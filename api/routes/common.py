@@ -18,7 +18,7 @@ from workflows.context import AppContext
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
-__all__ = ["caller_of", "decode_cursor", "denial_logged", "encode_cursor", "grant_decider", "request_id"]
+__all__ = ["caller_of", "decode_cursor", "denial_logged", "encode_cursor", "grant_decider", "log_denial", "request_id"]
 
 
 def request_id(request: Request) -> str:
@@ -46,15 +46,24 @@ def denial_logged(ctx: AppContext, principal: Principal, action: str, resource: 
     try:
         yield
     except (Quarantined, NotPlacedOnNode) as exc:
-        from policy.decide import AuthzDecision
-        from policy.decisionlog import DecisionLog
-
-        reason = f"quarantined: {exc}" if isinstance(exc, Quarantined) else str(exc)
-        asked = {"principal": {"id": principal.id, "role": principal.role, "tenant": principal.tenant},
-                 "action": action, "resource": resource}
-        DecisionLog(ctx.db, clock=ctx.clock).record(
-            "authz", asked, AuthzDecision(False, [reason]), None, owner=principal.scope_tenant)
+        log_denial(ctx, principal, action, resource, exc)
         raise
+
+
+def log_denial(ctx: AppContext, principal: Principal, action: str, resource: dict[str, Any],
+               exc: BaseException) -> None:
+    """What denial_logged writes for a refusal (a quarantine, a workload not on the asking node); nothing for any
+    other error. For a route that answers such a refusal without raising it (one entry of a batch)."""
+    if not isinstance(exc, Quarantined | NotPlacedOnNode):
+        return
+    from policy.decide import AuthzDecision
+    from policy.decisionlog import DecisionLog
+
+    reason = f"quarantined: {exc}" if isinstance(exc, Quarantined) else str(exc)
+    asked = {"principal": {"id": principal.id, "role": principal.role, "tenant": principal.tenant},
+             "action": action, "resource": resource}
+    DecisionLog(ctx.db, clock=ctx.clock).record(
+        "authz", asked, AuthzDecision(False, [reason]), None, owner=principal.scope_tenant)
 
 
 def grant_decider(request: Request) -> GrantDecider:

@@ -38,7 +38,7 @@ def csr_pem() -> str:
 
 @dataclass(frozen=True)
 class Case:
-    kind: str  # public | global (no tenant data) | platform | on_b | own_scope | credential
+    kind: str  # public | global (no tenant data) | platform | on_b | on_b_entries (a batch) | own_scope | credential
     path: str = ""
     body: Callable[[dict[str, str]], Any] | None = None
     expect: frozenset[int] = FORBIDDEN
@@ -68,6 +68,10 @@ CASES: dict[str, Case] = {
     # pki
     "POST /v1/svids/x509": on_b("/v1/svids/x509", lambda o: {
         "csr": o["csr"], "tenant": B, "group": "api", "workload": "api-1"}),
+    # a batch answers 200 with a result per entry: each of B's entries must be refused (403/404 with a reason)
+    "POST /v1/svids/x509/batch": Case("on_b_entries", "/v1/svids/x509/batch", lambda o: {"svids": [
+        {"csr": o["csr"], "tenant": B, "group": "api", "workload": "api-1"},
+        {"csr": o["csr"], "tenant": B, "group": "api", "workload": "nobody"}]}),
     "POST /v1/svids/jwt": on_b("/v1/svids/jwt", lambda o: {
         "tenant": B, "group": "api", "workload": "api-1", "audience": ["trustfabric-api"]}),
     "POST /v1/svids/revoke": on_b("/v1/svids/revoke", lambda o: {"serial": o["serial"], **REASON}),
@@ -236,6 +240,11 @@ def test_tenant_a_cannot_reach_tenant_b(env_both: Env, objects: dict[str, str], 
         elif case.kind == "own_scope":
             if r.status_code == 200 and (B in r.text or "initech" in r.text):
                 failures.append(f"{op}: leaks another tenant: {r.text[:300]}")
+        elif case.kind == "on_b_entries" and r.status_code == 200:
+            errors = [result.get("error") or {} for result in r.json()["results"]]
+            if len(errors) != len((body or {}).get("svids", ())) or not all(
+                    e.get("status") in case.expect and e.get("reason") for e in errors):
+                failures.append(f"{op} as {role}@{A}: an entry not refused: {r.text[:300]}")
         elif r.status_code not in case.expect:
             failures.append(f"{op} as {role}@{A} on {path}: {r.status_code} {r.text[:200]}, want {set(case.expect)}")
         elif r.status_code in (403, 404) and not r.json().get("reason"):

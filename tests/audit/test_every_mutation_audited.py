@@ -39,6 +39,8 @@ NO_CHANGE_OK = {
     # state is audited (tests/enforcer/test_device_api.py shows both)
     "POST /v1/devices/{device}/status",
 }
+# Batches answered per entry (200 even when every entry was refused): exactly one event per entry issued.
+PER_ENTRY = {"POST /v1/svids/x509/batch": "svid.issue"}
 # (operation, status) answers that mean "nothing changed": a retry with a used Idempotency-Key.
 NO_CHANGE_STATUS = {("POST /v1/grants", 200)}
 
@@ -74,7 +76,14 @@ def _runner(env: Env, headers: dict[str, str], operation: Any, problems: list[st
         response = case.call(headers={**headers, "X-Request-ID": rid})
         written = _events_since(env, before)
         status = response.status_code
-        if 200 <= status < 300:
+        if 200 <= status < 300 and label in PER_ENTRY:
+            issued = sum(1 for result in response.json()["results"] if result.get("svid"))
+            actions = [e.action for e in written]
+            if actions != [PER_ENTRY[label]] * issued:
+                problems.append(f"{label} -> {status} issued {issued} entries but wrote {actions}")
+            if any(e.request_id != rid for e in written):
+                problems.append(f"{label} -> {status} wrote events without its request id")
+        elif 200 <= status < 300:
             if label not in NO_CHANGE_OK and (label, status) not in NO_CHANGE_STATUS and not written:
                 problems.append(f"{label} -> {status} but wrote no audit event")
             stray = [e.action for e in written if e.request_id != rid]

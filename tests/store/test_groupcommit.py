@@ -474,3 +474,49 @@ def test_a_batch_of_issuances_takes_the_head_first_so_those_queued_while_it_wait
     assert outcomes == {"first": "first", "second": "second"}
     assert committer.batches == (1 if head_lock else 2)
     assert _creates(db) == ["outside", "first", "second"]
+
+
+def test_submit_many_queues_its_items_together_and_answers_each(db: Database) -> None:
+    """One caller's items (a batch of SVIDs) share one transaction when nothing else is queued; a failing item fails
+    alone (its exception is its outcome, in its place) and the others commit; with other callers submitting at the
+    same time, every item of everyone is answered once committed (the lead handed between them, none left waiting)."""
+    committer = GroupCommitter(db)
+    committer.submit(_create("taken"))  # type: ignore[arg-type]
+    batches = committer.batches
+    items = [(_create(f"m{n}"), None) for n in range(5)] + [(_create("taken"), None)] + [(_create("m5"), None)]
+    outcomes = committer.submit_many(items)  # type: ignore[arg-type]
+    assert outcomes[:5] == [f"m{n}" for n in range(5)] and outcomes[6] == "m5"
+    assert isinstance(outcomes[5], Exception)  # the duplicate, alone
+    assert committer.batches == batches + 1  # its six good items in one commit
+    assert all(_visible(db, f"m{n}") for n in range(6))
+    assert committer.submit_many([]) == []
+
+    committer.close()
+    committer = GroupCommitter(db, max_batch=7)  # small batches: a caller's items span several, led by others too
+    answered: dict[str, list[object]] = {}
+    gate = threading.Barrier(8)
+
+    def many(k: int) -> None:
+        gate.wait()
+        answered[f"c{k}"] = committer.submit_many(  # type: ignore[call-overload]
+            [(_create(f"c{k}-{n}"), None) for n in range(20)])
+
+    def one(k: int) -> None:
+        gate.wait()
+        answered[f"s{k}"] = [committer.submit(_create(f"s{k}"))]  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=many, args=(k,)) for k in range(4)]
+    threads += [threading.Thread(target=one, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a caller was left waiting"
+    committer.close()
+    for k in range(4):
+        assert answered[f"c{k}"] == [f"c{k}-{n}" for n in range(20)]
+        assert answered[f"s{k}"] == [f"s{k}"]
+    with db.read_session() as s:
+        events = s.exec(select(AuditEvent).where(col(AuditEvent.action) == "tenant.create")).all()
+    assert sorted(e.seq for e in events) == list(range(len(events)))  # one gap-free sequence
+    assert len(events) == 1 + 6 + 4 * 20 + 4
