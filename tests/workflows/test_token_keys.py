@@ -143,43 +143,48 @@ def _init(ctx: AppContext) -> None:
         register(s, "acme", "web", "frontend")
 
 
-# The rotation a process runs until it is killed: pki.ca.sign_certificate, which create_generation calls once it has
-# made the generation's three key pairs and before anything commits, is replaced in this subprocess only by a stop
-# that says which keys are made and sleeps until the test kills the process with SIGKILL.
-_KILLED_ROTATION = """
+# What a process runs until it is killed: a CA rotation, or the first init (whose transaction makes the first CA
+# generation). pki.ca.sign_certificate, which create_generation calls once it has made the generation's three key pairs
+# and before anything commits, is replaced in this subprocess only by a stop that says the keys are made and sleeps
+# until the test kills the process with SIGKILL.
+_KILLED = """
 import sys, time
 from pathlib import Path
 import pki.ca
 from audit import Actor
 from pki import service
 from workflows.context import AppContext
+from workflows.init import initialize
 from workflows.settings import Settings
 
-made = Path(sys.argv[1])
+what, made = sys.argv[1], Path(sys.argv[2])
 
 def stop_before_commit(builder, signer):
     made.write_text("made")
     time.sleep(600)
 
 pki.ca.sign_certificate = stop_before_commit
-ctx = AppContext.open(Settings.from_env())
-with ctx.db.session() as session:
-    service.rotate(session, ctx.keystore, force=True, actor=Actor.system("ca-rotator"))
-sys.exit("the rotation was not stopped before its commit")
+ctx = AppContext.open(Settings.from_env(), create=True)
+if what == "rotation":
+    with ctx.db.session() as session:
+        service.rotate(session, ctx.keystore, force=True, actor=Actor.system("ca-rotator"))
+else:
+    initialize(ctx, None, "ec-p256")
+sys.exit(f"the {what} was not stopped before its commit")
 """
 
 
-def _rotation_killed_before_its_commit(env: dict[str, str], tmp_path: Path) -> None:
+def _killed_before_its_commit(what: str, env: dict[str, str], tmp_path: Path) -> None:
     made = tmp_path / "made"
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_ROTATION, str(made)], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, what, str(made)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while not made.exists():
             if proc.poll() is not None:
-                raise AssertionError(f"the rotation's process ended ({proc.returncode}) before it made its keys: "
+                raise AssertionError(f"the {what}'s process ended ({proc.returncode}) before it made its keys: "
                                      f"{proc.communicate()[1].decode(errors='replace')[-2000:]}")
-            assert time.monotonic() < deadline, "the rotation's process never made its keys"
+            assert time.monotonic() < deadline, f"the {what}'s process never made its keys"
             time.sleep(0.05)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
@@ -187,30 +192,42 @@ def _rotation_killed_before_its_commit(env: dict[str, str], tmp_path: Path) -> N
     assert proc.returncode == -signal.SIGKILL
 
 
-def test_a_start_destroys_the_keys_a_rotation_killed_before_its_commit_left(
-        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Should fix: a process killed (kill -9, power loss) between making a rotation's keys in the token and committing
-    the CA rows that name them left three key pairs there for ever, private keys no CA generation would ever use
-    (keys/undo.py destroys them on a rollback, which a killed process never runs). The next start destroys them, each
-    with an audit event, and the CA signs on."""
+@pytest.mark.parametrize("what", ["rotation", "init"])
+def test_a_start_destroys_the_keys_a_process_killed_before_its_commit_left(
+        what: str, token: Token, new_database: Callable[[], str | None], deployments: list[AppContext],
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: a process killed (kill -9, power loss) between making a CA generation's keys in the token and
+    committing the CA rows that name them left three key pairs there for ever, private keys no CA generation would
+    ever use (keys/undo.py destroys them on a rollback, which a killed process never runs). The next start destroys
+    them, each with an audit event, and the CA signs on. The first init's too: the deployment id that marks them
+    commits before init makes any key."""
     url = new_database()
-    a = _open(tmp_path / "a", url, token, deployments)  # as `init` opens it
-    _init(a)
-    before, named = _labels(token), _named(a)
-    assert before == named | {AUDIT_KEY_ID, API_ISSUER_KEY_ID} and len(before) == 5
-    _close(a)
-    deployments.remove(a)
+    home = tmp_path / "a"
+    named: set[str] = set()
+    if what == "rotation":
+        a = _open(home, url, token, deployments)  # as `init` opens it
+        _init(a)
+        named = _named(a)
+        _close(a)
+        deployments.remove(a)
+    before = _labels(token)
+    assert before == named | ({AUDIT_KEY_ID, API_ISSUER_KEY_ID} if named else set())
 
-    _rotation_killed_before_its_commit(_env(tmp_path / "a", url, token), tmp_path)
-    left = _labels(token) - before
-    assert len(left) == 3 and all(CA_KEY_ID_RE.fullmatch(k) and "-g2-" in k for k in left)
+    _killed_before_its_commit(what, _env(home, url, token), tmp_path)
+    left = _labels(token) - before - {AUDIT_KEY_ID, API_ISSUER_KEY_ID}  # an init makes these before its CA
+    generation = "-g2-" if what == "rotation" else "-g1-"
+    assert len(left) == 3 and all(CA_KEY_ID_RE.fullmatch(k) and generation in k for k in left)
 
     caplog.set_level(logging.WARNING, logger="workflows.init")
-    again = _open(tmp_path / "a", url, token, deployments)  # the start after the kill: serve runs init
-    assert _named(again) == named  # the killed rotation committed nothing
-    assert initialize(again, None, "ec-p256")["created"] is False
-    assert _labels(token) == before
+    again = _open(home, url, token, deployments)  # the start after the kill: serve runs init
+    assert _named(again) == named  # the killed process committed no CA row
+    if what == "rotation":
+        assert initialize(again, None, "ec-p256")["created"] is False
+    else:
+        _init(again)
+        named = _named(again)
+        assert len(named) == 3 and not named & left
+    assert _labels(token) == named | {AUDIT_KEY_ID, API_ISSUER_KEY_ID}
     assert {(key_id, cls) for key_id, cls in token_objects(*token) if key_id in left} == set()  # public halves too
     removed = sorted(left)
     assert _destroyed(again) == [("key", k, "system", "init") for k in removed]
@@ -222,7 +239,7 @@ def test_a_start_destroys_the_keys_a_rotation_killed_before_its_commit_left(
     caplog.clear()
     assert initialize(again, None, "ec-p256")["created"] is False  # nothing left: nothing written, no line
     assert len(_destroyed(again)) == 3 and not [r for r in caplog.records if r.name == "workflows.init"]
-    with again.db.session() as s:  # and the rotation, run again, commits with keys of its own
+    with again.db.session() as s:  # and a rotation, run again, commits with keys of its own
         assert service.rotate(s, again.keystore, force=True, actor=ADMIN, clock=again.clock).prepared == 2
     assert _labels(token) == _named(again) | {AUDIT_KEY_ID, API_ISSUER_KEY_ID}
 
