@@ -11,9 +11,11 @@ import secrets
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
+from sqlmodel import select
 
 from audit import Actor, ensure_audit_key, record
 from audit.checkpoint import AUDIT_KEY_ID
+from core.errors import InvalidInput
 from keys.deployment import read_deployment_id
 from keys.errors import KeyNotFound
 from keys.models import Deployment
@@ -22,6 +24,7 @@ from keys.store import KeyKind, MarkedKeyStore
 from pki.ca import CA_KEY_ID_RE, key_ids_in_use, unused_ca_key_ids
 from pki.ca import check_keys as check_ca_keys
 from pki.errors import ForeignKeyStore
+from pki.models import CertificateAuthority
 from pki.service import init_trust_domain
 from pki.service import trust_domain as existing_trust_domain
 from pki.tokens.service import API_ISSUER_KEY_ID, create_opaque_token, ensure_issuer_key, has_admin_token
@@ -207,6 +210,42 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
         _log.warning("could not destroy %d unused CA key(s) in %r, tried again at the next start: %s", len(failed),
                      keystore, "; ".join(failed))
     return destroyed
+
+
+def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
+    """What `trustfabric ca keys` shows an operator: every private key in the PKCS#11 token, by id, with whose
+    marker it carries (`this deployment`, `another deployment`, `none`; its deployment id), the CA row of this
+    database that names it, and what a start does with it by discard_unused_token_keys' rules. Reads only.
+    InvalidInput for a key store that is not a token."""
+    keystore = ctx.keystore
+    if not isinstance(keystore, MarkedKeyStore):
+        raise InvalidInput("`ca keys` lists the keys of a PKCS#11 token (TRUSTFABRIC_KEYSTORE=pkcs11): the file key "
+                           "store holds this deployment's keys only, and a start removes those no CA generation uses")
+    with ctx.db.statement() as conn:
+        mine = read_deployment_id(conn)
+    named: dict[str, str] = {}
+    with ctx.db.read_session() as session:
+        for ca in session.exec(select(CertificateAuthority)).all():
+            named[ca.key_id] = ca.id
+            if ca.jwt_key_id is not None:
+                named[ca.jwt_key_id] = f"{ca.id} (JWT-SVIDs)"
+    rows = []
+    for key_id, owner in sorted(keystore.key_owners().items()):
+        ours = mine is not None and owner == mine
+        if key_id in named:
+            verdict = "kept: a CA generation names it"
+        elif owner is not None and not ours:
+            verdict = "kept: another deployment's"
+        elif not CA_KEY_ID_RE.fullmatch(key_id):
+            verdict = "kept: not a CA key"
+        elif owner is None:
+            verdict = "kept: unmarked and unused here; an operator judges whose it is"
+        else:
+            verdict = "destroyed: unused (a rotation under way is waited for)"
+        rows.append({"key_id": key_id, "marker": "this deployment" if ours else "none" if owner is None
+                     else "another deployment", "deployment_id": owner, "named_by": named.get(key_id),
+                     "at_start": verdict})
+    return rows
 
 
 def seed_shipped_policy(ctx: AppContext) -> int | None:

@@ -404,3 +404,59 @@ def test_a_start_never_destroys_the_keys_of_a_rotation_under_way(
 def _someone_waits_for_a_lock(ctx: AppContext) -> bool:
     with ctx.db.read_session() as s:
         return bool(s.connection().exec_driver_sql("SELECT count(*) > 0 FROM pg_locks WHERE NOT granted").scalar())
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`trustfabric <args>` in a process of its own (it logs in to the token)."""
+    return subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_ca_keys_shows_whose_each_key_is_and_what_a_start_does_with_it(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    module, label = token
+    before_markers = Pkcs11KeyStore(module, label, PIN)  # a key made before markers existed
+    try:
+        before_markers.generate("ca-g3-issuing-0c0c0c0c", KeyKind.EC_P256)
+    finally:
+        before_markers.close()
+    url = new_database()
+    a = _open(tmp_path / "a", url, token, deployments)
+    _init(a)
+    a.keystore.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)  # an unused key of A's
+    b_live = set(_as_b(_env(tmp_path / "b", new_database(), token), "b_is_made"))  # type: ignore[call-overload]
+    with a.db.statement() as conn:
+        mine = str(conn.exec_driver_sql("SELECT deployment_id FROM deployment").scalar_one())
+    with a.db.read_session() as s:
+        names = {ca.key_id: ca.id for ca in s.exec(select(CertificateAuthority)).all()}
+        names.update({ca.jwt_key_id: f"{ca.id} (JWT-SVIDs)" for ca in s.exec(select(CertificateAuthority)).all()
+                      if ca.jwt_key_id})
+
+    out = _cli(_env(tmp_path / "a", url, token), "ca", "keys", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["key_id"]: r for r in json.loads(out.stdout)}
+    assert sorted(rows) == sorted({*names, AUDIT_KEY_ID, API_ISSUER_KEY_ID, "ca-g9-root-0a0a0a0a",
+                                   "ca-g9-root-0b0b0b0b", "ca-g3-issuing-0c0c0c0c", *b_live})
+    for key_id, ca in names.items():
+        assert rows[key_id] == {"key_id": key_id, "marker": "this deployment", "deployment_id": mine, "named_by": ca,
+                                "at_start": "kept: a CA generation names it"}
+    for key_id in (AUDIT_KEY_ID, API_ISSUER_KEY_ID):
+        assert (rows[key_id]["marker"], rows[key_id]["at_start"]) == ("this deployment", "kept: not a CA key")
+    assert rows["ca-g9-root-0a0a0a0a"]["at_start"] == "destroyed: unused (a rotation under way is waited for)"
+    for key_id in (*b_live, "ca-g9-root-0b0b0b0b"):
+        assert (rows[key_id]["marker"], rows[key_id]["at_start"]) == ("another deployment",
+                                                                      "kept: another deployment's")
+        assert rows[key_id]["deployment_id"] not in (None, mine)
+    assert rows["ca-g3-issuing-0c0c0c0c"] == {
+        "key_id": "ca-g3-issuing-0c0c0c0c", "marker": "none", "deployment_id": None, "named_by": None,
+        "at_start": "kept: unmarked and unused here; an operator judges whose it is"}
+    table = _cli(_env(tmp_path / "a", url, token), "ca", "keys")
+    assert table.returncode == 0 and "ca-g3-issuing-0c0c0c0c" in table.stdout, table.stderr
+
+    assert initialize(a, None, "ec-p256")["created"] is False  # a start does what it said
+    assert [k for _t, k, _a, _i in _destroyed(a)] == [k for k, r in rows.items() if r["at_start"].startswith("destr")]
+
+    files = open_context(make_settings(tmp_path / "f", None))  # a file key store: nothing of a token's to list
+    files.close()
+    refused = _cli({**os.environ, "TRUSTFABRIC_HOME": str(tmp_path / "f")}, "ca", "keys")
+    assert refused.returncode == 1 and "lists the keys of a PKCS#11 token" in refused.stderr, refused.stderr
