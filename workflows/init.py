@@ -157,8 +157,8 @@ def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore | MarkedKey
 def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list[str]:
     """Destroy the CA keys of a PKCS#11 token that carry this database's deployment marker and that no CA generation
     of it names, private and public object, each with an audit event `ca.key.destroy`; one log line naming them. The
-    ids. Such a key is one a rotation (or init) made before a process killed before its commit (kill -9, power loss),
-    or before keys/undo.py destroyed the keys of a rotation that rolled back: no CA row will ever name it.
+    ids. Such a key is one a rotation (or init) made in a process killed before its commit (kill -9, power loss), or
+    in a rotation that rolled back before keys/undo.py destroyed such keys: no CA row will ever name it.
 
     A token may be shared by several deployments (trust domains, databases): a key this database has no row for may be
     another's live CA key. So only keys whose marker (CKA_ID, keys/deployment.py) names this database's deployment id
