@@ -25,6 +25,25 @@ def _step_13(conn: sa.Connection) -> None:
     _v13.create_all(conn)
 
 
+_v16 = sa.MetaData()
+_TABLES_V16 = (
+    sa.Table(
+        "deployment",
+        _v16,
+        sa.Column('id', sa.Integer(), primary_key=True, autoincrement=False, nullable=False),
+        sa.Column('deployment_id', sa.String(32), nullable=False),
+        sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+    ),
+)
+
+
+def _step_16(conn: sa.Connection) -> None:
+    """The deployment id (one row, written once by init: keys/deployment.py) that marks the keys this database makes in
+    a PKCS#11 token, so that a start removes its own unused CA keys there and never another deployment's."""
+    _v16.create_all(conn)
+
+
 STEPS: tuple[Migration, ...] = (
     Migration(13, 'keys: encrypted key files shared by replicas', _step_13),
+    Migration(16, "keys: the deployment id that marks this database's keys in a PKCS#11 token", _step_16),
 )

@@ -1,11 +1,12 @@
 """The table through which replicas share file-store keys (keys/shared.py): each row a key file's bytes, ciphertext
-under the trust domain's master key, never a private byte in clear."""
+under the trust domain's master key, never a private byte in clear; and the deployment id that marks the keys this
+database makes in a PKCS#11 token (keys/deployment.py)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Column, DateTime, LargeBinary
+from sqlalchemy import Column, DateTime, Integer, LargeBinary
 from sqlmodel import Field, SQLModel
 
 
@@ -15,4 +16,15 @@ class KeyBlob(SQLModel, table=True):
     key_id: str = Field(primary_key=True, max_length=128)
     kind: str = Field(max_length=16)
     blob: bytes = Field(sa_column=Column(LargeBinary(), nullable=False))  # the key file, as keys/file.py writes it
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Deployment(SQLModel, table=True):
+    """One row (id=1), written once by `init` (keys/deployment.py): the id of the deployment this database is, which
+    marks every key it makes in a PKCS#11 token several deployments may share."""
+
+    __tablename__ = "deployment"
+
+    id: int = Field(default=1, sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    deployment_id: str = Field(max_length=32)  # 32 lowercase hex digits (128 random bits)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

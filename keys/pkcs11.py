@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, utils
 from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11.util.ec import encode_named_curve_parameters
 
+from keys.deployment import marker, marker_owner, read_deployment_id
 from keys.errors import KeyExists, KeyNotFound, KeyStoreError
 from keys.store import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
 from keys.undo import discard_on_rollback
@@ -177,7 +178,10 @@ class Pkcs11KeyStore:
     With `db` (what a server opens), a key generated while this thread has a write transaction open on it (a CA
     rotation's, init's) is destroyed in the token, private and public object, if that transaction rolls back, and
     kept once it commits (keys/undo.py, the rule the shared file store follows): a rotation that fails after making
-    its keys leaves no orphan private key in the HSM."""
+    its keys leaves no orphan private key in the HSM. With `db`, too, each key pair generated is marked (CKA_ID) with
+    the database's deployment id once init has written one (keys/deployment.py): what a process killed between
+    making a key and committing the CA row that names it leaves, a start finds as its own and destroys
+    (workflows/init.py), and never a key another deployment sharing the token made."""
 
     def __init__(self, module_path: str, token_label: str, pin: str, *, db: Database | None = None) -> None:
         try:
@@ -193,6 +197,7 @@ class Pkcs11KeyStore:
         self.token_label = token_label
         self.lock = threading.RLock()
         self._db = db
+        self._deployment: str | None = None  # db's deployment id, read at the first generate that finds it
 
     def __repr__(self) -> str:
         return f"Pkcs11KeyStore(token={self.token_label!r})"
@@ -240,12 +245,21 @@ class Pkcs11KeyStore:
             raise KeyStoreError(f"token holds {len(found)} objects labelled {key_id!r}; expected one")
         return found[0] if found else None
 
+    def _marker(self, key_id: str) -> bytes | None:
+        """The CKA_ID a key pair `key_id` generated now gets: its deployment's marker, or None (no `db`, or a database
+        init has not given a deployment id yet: the key stays unmarked, and is never removed automatically)."""
+        if self._deployment is None and self._db is not None:
+            with self._db.statement() as conn:  # committed by init before it makes any key; a read of its own
+                self._deployment = read_deployment_id(conn)
+        return None if self._deployment is None else marker(self._deployment, key_id)
+
     def generate(self, key_id: str, kind: KeyKind) -> Signer:
         """Create a key inside the token; an existing key_id is KeyExists, never overwritten silently. Inside a
-        write transaction on `db`, destroyed again if it rolls back."""
+        write transaction on `db`, destroyed again if it rolls back; marked with db's deployment id."""
         check_key_id(key_id)
         kind = KeyKind(kind)
         with self.lock:
+            cka_id = self._marker(key_id)
             if self._find(key_id, ObjectClass.PRIVATE_KEY) is not None:
                 raise KeyExists(f"key {key_id!r} exists already in token {self.token_label!r}")
             private_template = {
@@ -269,6 +283,7 @@ class Pkcs11KeyStore:
                 )
                 mech = Mechanism.EC_KEY_PAIR_GEN
             pub, priv = params.generate_keypair(
+                id=cka_id,
                 store=True,
                 label=key_id,
                 mechanism=mech,
@@ -323,3 +338,32 @@ class Pkcs11KeyStore:
                 raise KeyNotFound(f"no key {key_id!r} in PKCS#11 token {self.token_label!r}")
             for obj in objs:
                 obj.destroy()
+
+    def key_owners(self) -> dict[str, str | None]:
+        """Every private key in the token, by label (key id), with the deployment id its CKA_ID marker names; None:
+        no marker (made before markers existed, or by other software), or a label several private keys share."""
+        owners: dict[str, str | None] = {}
+        with self.lock:
+            for obj in self._session.get_objects({Attribute.CLASS: ObjectClass.PRIVATE_KEY}):
+                try:
+                    label, cka_id = obj[Attribute.LABEL], bytes(obj[Attribute.ID])
+                except pkcs11.exceptions.PKCS11Error:  # an object whose label or id cannot be read: nobody's
+                    continue
+                if not isinstance(label, str) or not label:
+                    continue
+                owner = marker_owner(cka_id, label)
+                owners[label] = owner if label not in owners else None
+        return owners
+
+    def destroy_marked(self, key_id: str, deployment_id: str) -> bool:
+        """Destroy the key pair `key_id` if marked as made by `deployment_id`, its private and public object; whether
+        it was. Objects of that label without that marker (another deployment's, unmarked) are left."""
+        check_key_id(key_id)
+        with self.lock:
+            template = {Attribute.LABEL: key_id, Attribute.ID: marker(deployment_id, key_id)}
+            objs = list(self._session.get_objects(template))
+            if not any(o.object_class == ObjectClass.PRIVATE_KEY for o in objs):
+                return False
+            for obj in objs:
+                obj.destroy()
+            return True

@@ -74,6 +74,22 @@ class KeyStore(Protocol):
         ...
 
 
+@runtime_checkable
+class MarkedKeyStore(Protocol):
+    """A key store several deployments may share (a PKCS#11 token), whose generate marks each key with the deployment
+    that made it (keys/deployment.py), so that a deployment removes its own unused keys and never another's."""
+
+    def key_owners(self) -> dict[str, str | None]:
+        """Every private key held, by key id, with the deployment id its marker names; None: no marker (made before
+        markers existed, or by other software), or one no single deployment owns."""
+        ...
+
+    def destroy_marked(self, key_id: str, deployment_id: str) -> bool:
+        """Destroy key `key_id` (private and public object) if it is marked as made by `deployment_id`; whether it
+        was. A key of another deployment, or unmarked, is left as it is (False)."""
+        ...
+
+
 def check_key_id(key_id: str) -> str:
     """Key ids become file names and token labels: 1-128 chars of [A-Za-z0-9._-], no leading '.'."""
     if not isinstance(key_id, str) or not _KEY_ID_RE.fullmatch(key_id):

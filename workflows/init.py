@@ -1,22 +1,30 @@
-"""Initialise a data directory: trust domain CAs, the audit and API-issuer keys, the bootstrap admin token
-(expiring: TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS, a day by default) and the shipped policies as version
-1. Run by `trustfabric init` and by `trustfabric serve` before it serves; a second run changes nothing, but for
-removing CA keys no generation uses (discard_unused_ca_keys)."""
+"""Initialise a data directory: the deployment id, trust domain CAs, the audit and API-issuer keys, the bootstrap
+admin token (expiring: TRUSTFABRIC_BOOTSTRAP_TOKEN_TTL_SECONDS, a day by default) and the shipped policies as
+version 1. Run by `trustfabric init` and by `trustfabric serve` before it serves; a second run changes nothing, but
+for removing CA keys no generation uses (discard_unused_ca_keys)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import select
 
 from audit import Actor, ensure_audit_key, record
 from audit.checkpoint import AUDIT_KEY_ID
+from core.errors import InvalidInput
+from keys.deployment import read_deployment_id
 from keys.errors import KeyNotFound
+from keys.models import Deployment
 from keys.shared import SharedKeyStore
-from keys.store import KeyKind
+from keys.store import KeyKind, MarkedKeyStore
+from pki.ca import CA_KEY_ID_RE, key_ids_in_use, unused_ca_key_ids
 from pki.ca import check_keys as check_ca_keys
-from pki.ca import key_ids_in_use, unused_ca_key_ids
 from pki.errors import ForeignKeyStore
+from pki.models import CertificateAuthority
 from pki.service import init_trust_domain
 from pki.service import trust_domain as existing_trust_domain
 from pki.tokens.service import API_ISSUER_KEY_ID, create_opaque_token, ensure_issuer_key, has_admin_token
@@ -44,6 +52,7 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
                     f"{exc}: it is not the key store trust domain {found} in the database was made with; give this "
                     "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
                     "PKCS#11 token)") from None
+    ensure_deployment(ctx)  # before any key is made: the keys of a PKCS#11 token carry it
     ensure_audit_key(ctx.keystore)
     ensure_issuer_key(ctx.keystore)
     with ctx.db.session() as session:
@@ -65,14 +74,48 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
             in_use = key_ids_in_use(session)
         ctx.keystore.publish_held([*in_use, AUDIT_KEY_ID, API_ISSUER_KEY_ID])
         discard_unused_ca_keys(ctx, ctx.keystore)
+    elif isinstance(ctx.keystore, MarkedKeyStore):  # a PKCS#11 token, perhaps shared with other deployments
+        discard_unused_ca_keys(ctx, ctx.keystore)
     policy_version = seed_shipped_policy(ctx)
     return {"created": created, "trust_domain": trust_domain, "admin_token": token,
             "admin_token_expires_at": expires_at, "policy_version": policy_version}
 
 
-def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore) -> list[str]:
-    """Remove the CA keys that no CA generation uses, row and file here, each with an audit event `ca.key.destroy`
-    in the transaction that removes its row, and log one line naming them (ids only, never a key's bytes). The ids.
+def ensure_deployment(ctx: AppContext) -> str:
+    """This database's deployment id (keys/deployment.py): made by the first init on a database without one, with an
+    audit event `deployment.create`, in a transaction of its own that commits before init makes any key, so that the
+    keys of an init killed midway carry the id later starts read. Written once: replicas starting together on one
+    PostgreSQL race for the row, and the loser reads the winner's (the row's primary key decides)."""
+    with ctx.db.statement() as conn:
+        found = read_deployment_id(conn)
+    if found is not None:
+        return found
+    made = secrets.token_hex(16)
+    try:
+        with ctx.db.session() as session:
+            session.add(Deployment(id=1, deployment_id=made, created_at=ctx.clock()))
+            session.flush()
+            record(session, actor=Actor.system("init"), action="deployment.create", object_type="deployment",
+                   object_id=made, summary={"marks": "the keys this database makes in a PKCS#11 token (CKA_ID)"},
+                   at=ctx.clock())
+    except IntegrityError:  # another replica starting at once wrote it first: theirs is the one
+        pass
+    with ctx.db.statement() as conn:
+        found = read_deployment_id(conn)
+    if found is None:
+        raise RuntimeError("the deployment id was written, yet cannot be read back")
+    if found == made:
+        _log.info("this database's deployment id is %s: it marks the keys this deployment makes in a PKCS#11 token",
+                  made)
+    return found
+
+
+def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore | MarkedKeyStore) -> list[str]:
+    """Remove the CA keys that no CA generation uses, each with an audit event `ca.key.destroy` in the transaction
+    that finds it unused, and log one line naming them (ids only, never a key's bytes). The ids. From a PKCS#11
+    token, only this deployment's keys (discard_unused_token_keys); from the shared file store, as follows.
+
+    The file key store: the key's row and its file here, the event in the transaction that removes its row.
 
     Such a key is one a rotation (or init) made in a transaction that then rolled back: before keys/shared.py
     joined the rotation's transaction, its row stayed behind on PostgreSQL, and its file on every database; a
@@ -87,6 +130,8 @@ def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore) -> list[st
     here), and files of its keys/ only when the database is the data directory's own SQLite file. A data directory
     on a server database might hold another database's keys (pointed at another one once); a file there without a
     row is left. A first look without the lock keeps each start from writing when there is nothing to remove."""
+    if not isinstance(keystore, SharedKeyStore):
+        return discard_unused_token_keys(ctx, keystore)
     held = set(keystore.published_ids())
     if ctx.settings.database_url is None:
         held.update(keystore.files.key_ids())
@@ -107,6 +152,100 @@ def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore) -> list[st
         _log.warning("removed %d CA key(s) that no CA generation uses, made by rotations that rolled back: %s",
                      len(unused), ", ".join(unused))
     return unused
+
+
+def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list[str]:
+    """Destroy the CA keys of a PKCS#11 token that carry this database's deployment marker and that no CA generation
+    of it names, private and public object, each with an audit event `ca.key.destroy`; one log line naming them. The
+    ids. Such a key is one a rotation (or init) made in a process killed before its commit (kill -9, power loss), or
+    in a rotation that rolled back before keys/undo.py destroyed such keys: no CA row will ever name it.
+
+    A token may be shared by several deployments (trust domains, databases): a key this database has no row for may be
+    another's live CA key. So only keys whose marker (CKA_ID, keys/deployment.py) names this database's deployment id
+    are ever taken, and among them the rules of the file store: only ids of the CA key form (pki.ca.CA_KEY_ID_RE; never
+    the audit or API-issuer key), decided under the trust domain settings lock every rotation holds from before it
+    makes its keys until it ends (pki.ca.unused_ca_key_ids: a key of a rotation under way on any replica is never
+    taken). Keys with another deployment's marker are left silently; unmarked CA-form keys that no CA row here names
+    (made before keys were marked, or by another deployment or software) are left too, and named in one log line
+    each start, for an operator to judge. The events commit first, then the keys go (as the file store removes a
+    file after its row): a destroy that fails is logged and retried at the next start, where the key is still
+    unused and still this deployment's."""
+    with ctx.db.statement() as conn:
+        mine = read_deployment_id(conn)
+    owners = keystore.key_owners()
+    held = [k for k, owner in owners.items() if mine is not None and owner == mine]
+    unmarked = [k for k, owner in owners.items() if owner is None and CA_KEY_ID_RE.fullmatch(k)]
+    with ctx.db.read_session() as session:  # a first look, without the lock
+        candidates = unused_ca_key_ids(session, held, lock=False)
+        unclaimed = unused_ca_key_ids(session, unmarked, lock=False)
+    if unclaimed:
+        _log.warning("%r holds %d CA key(s) without a deployment marker that no CA generation of this database "
+                     "uses, left as they are (made before keys were marked, or by another deployment or software; "
+                     "an operator judges whose): %s", keystore, len(unclaimed), ", ".join(unclaimed))
+    if not candidates or mine is None:
+        return []
+    with ctx.db.session() as session:
+        unused = unused_ca_key_ids(session, held)  # under the trust domain settings lock
+        if unused:  # still there and still ours, now that no rotation is under way
+            now_held = {k for k, owner in keystore.key_owners().items() if owner == mine}
+            unused = [k for k in unused if k in now_held]
+        for key_id in unused:
+            record(session, actor=Actor.system("init"), action="ca.key.destroy", object_type="key", object_id=key_id,
+                   summary={"reason": "no CA generation uses it (made by a rotation that rolled back or was killed "
+                                      "before its commit)", "key_store": "pkcs11", "deployment": mine},
+                   at=ctx.clock())
+    destroyed, failed = [], []
+    for key_id in unused:
+        try:
+            keystore.destroy_marked(key_id, mine)
+        except Exception as exc:  # the token refused: said, and tried again at the next start
+            failed.append(f"{key_id} ({type(exc).__name__}: {exc})")
+        else:
+            destroyed.append(key_id)
+    if destroyed:
+        _log.warning("destroyed %d CA key(s) of this deployment in %r that no CA generation uses, made by rotations "
+                     "that rolled back or were killed before their commit: %s", len(destroyed), keystore,
+                     ", ".join(destroyed))
+    if failed:
+        _log.warning("could not destroy %d unused CA key(s) in %r, tried again at the next start: %s", len(failed),
+                     keystore, "; ".join(failed))
+    return destroyed
+
+
+def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
+    """What `trustfabric ca keys` shows an operator: every private key in the PKCS#11 token, by id, with whose
+    marker it carries (`this deployment`, `another deployment`, `none`; its deployment id), the CA row of this
+    database that names it, and what a start does with it by discard_unused_token_keys' rules. Reads only.
+    InvalidInput for a key store that is not a token."""
+    keystore = ctx.keystore
+    if not isinstance(keystore, MarkedKeyStore):
+        raise InvalidInput("`ca keys` lists the keys of a PKCS#11 token (TRUSTFABRIC_KEYSTORE=pkcs11): the file key "
+                           "store holds this deployment's keys only, and a start removes those no CA generation uses")
+    with ctx.db.statement() as conn:
+        mine = read_deployment_id(conn)
+    named: dict[str, str] = {}
+    with ctx.db.read_session() as session:
+        for ca in session.exec(select(CertificateAuthority)).all():
+            named[ca.key_id] = ca.id
+            if ca.jwt_key_id is not None:
+                named[ca.jwt_key_id] = f"{ca.id} (JWT-SVIDs)"
+    rows = []
+    for key_id, owner in sorted(keystore.key_owners().items()):
+        ours = mine is not None and owner == mine
+        if key_id in named:
+            verdict = "kept: a CA generation names it"
+        elif owner is not None and not ours:
+            verdict = "kept: another deployment's"
+        elif not CA_KEY_ID_RE.fullmatch(key_id):
+            verdict = "kept: not a CA key"
+        elif owner is None:
+            verdict = "kept: unmarked and unused here; an operator judges whose it is"
+        else:
+            verdict = "destroyed: unused (a rotation under way is waited for)"
+        rows.append({"key_id": key_id, "marker": "this deployment" if ours else "none" if owner is None
+                     else "another deployment", "deployment_id": owner, "named_by": named.get(key_id),
+                     "at_start": verdict})
+    return rows
 
 
 def seed_shipped_policy(ctx: AppContext) -> int | None:

@@ -51,6 +51,10 @@ CAS = View("CA generations", (
     Col("valid from", "not_before", kind="time"), Col("valid until", "not_after", kind="time"),
     Col("signs until", "signed_until", kind="time", drop=1),
 ))
+TOKEN_KEYS = View("keys in the PKCS#11 token", (
+    Col("key", "key_id", kind="id"), Col("marker", "marker"), Col("named by", "named_by", drop=1),
+    Col("at a start", "at_start"),
+))
 KEYS = View("trust bundle", (Col("use", "use"), Col("kid", "kid", kind="id"), Col("kty", "kty"), Col("crv", "crv")))
 Tenant = typer.Option(..., "--tenant", parser=SLUG, metavar="TENANT")
 Group = typer.Option(..., "--group", parser=SLUG, metavar="GROUP")
@@ -195,6 +199,16 @@ def register(app: typer.Typer) -> None:
             status = service.rotate(session, ctx.keystore, force=force, actor=local_operator(), clock=ctx.clock)
             data = service.status_dict(status)
         _print_status(data)
+
+    @command(ca, "keys", LOCAL)
+    def ca_keys() -> None:
+        """The PKCS#11 token's keys: whose marker each carries, the CA that names it, what a start does with it."""
+        from workflows.init import token_keys
+
+        def run() -> list[dict[str, Any]]:
+            with open_context() as ctx:
+                return token_keys(ctx)
+        emit(guard(run), TOKEN_KEYS)
 
     @command(node_token, "create", LOCAL)
     def node_token_create(

@@ -89,6 +89,10 @@ LANDED = {
         "sqlite": "03682c3c1210a0e355700d7bc937913015d8f682a2e1f7a263b78d899bacd69e",
         "postgresql": "03682c3c1210a0e355700d7bc937913015d8f682a2e1f7a263b78d899bacd69e",
     },
+    16: {
+        "sqlite": "3175255621b0031bdbaa87f2021d087043322c929b570bc4ae2ba326a2bed4c3",
+        "postgresql": "73dfd93fef9f62f10f2a500348eef07d2c250df948d779c82029c06bbde5c233",
+    },
 }
 
 
@@ -156,7 +160,7 @@ def test_a_landed_step_never_changes(version: int) -> None:
 
 
 def test_versions_are_global_and_in_order() -> None:
-    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15]
+    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16]
     with pytest.raises(ValueError, match="distinct, increasing"):
         from store.migrations import migrate as run
 
@@ -288,7 +292,7 @@ def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backe
                     append_old(s.connection(), actor_id=by, actor_kind=kind, action="grant.request",
                                object_type="grant", object_id=gid, tenant=src, at=now)
 
-        assert migrate(db.engine) == [14, 15]
+        assert migrate(db.engine) == [14, 15, 16]
         with db.read_session() as s:
             scoped = dict(s.execute(text("SELECT id, requester_tenant FROM grants")).all())
         assert scoped == {"g-acme-alice": "acme", "g-platform-alice": "", "g-workload": "globex", "g-no-event": ""}

@@ -1,0 +1,58 @@
+"""The deployment marker the PKCS#11 store puts on each key pair it makes (keys/deployment.py), and what reads it:
+key_owners names whose a key is, destroy_marked takes exactly the pair its marker names."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from pkcs11 import Attribute, KeyType, Mechanism
+from pkcs11.util.ec import encode_named_curve_parameters
+from sqlalchemy import insert
+
+from keys.deployment import TABLE, marker, marker_owner
+from keys.pkcs11 import Pkcs11KeyStore
+from keys.store import KeyKind, MarkedKeyStore
+from store.db import Database
+from tests.keys.stores import PIN, softhsm_token, token_objects
+
+MINE, THEIRS = "a" * 32, "b" * 32
+
+
+def test_a_marker_names_its_deployment_only_for_the_key_it_was_made_for() -> None:
+    assert marker(MINE, "ca-g1-root-01234567") == b"trustfabric/" + MINE.encode() + b"/ca-g1-root-01234567"
+    assert marker_owner(marker(MINE, "ca-g1-root-01234567"), "ca-g1-root-01234567") == MINE
+    assert marker_owner(marker(MINE, "ca-g1-root-01234567"), "ca-g1-root-89abcdef") is None  # a copied marker
+    for foreign in (b"", b"\x01\x02", b"trustfabric/" + b"A" * 32 + b"/k", b"trustfabric/abc/k"):
+        assert marker_owner(foreign, "k") is None
+    with pytest.raises(ValueError, match="32 lowercase hex digits"):
+        marker("not-an-id", "k")
+
+
+@pytest.mark.hsm
+def test_destroy_marked_takes_only_the_pair_its_marker_names(
+        sqlite_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, label = softhsm_token(tmp_path, monkeypatch)
+    with sqlite_db.engine.begin() as conn:
+        conn.execute(insert(TABLE).values(id=1, deployment_id=MINE, created_at=datetime.now(UTC)))
+    ks = Pkcs11KeyStore(module, label, PIN, db=sqlite_db)
+    try:
+        assert isinstance(ks, MarkedKeyStore)
+        ks.generate("ca-g2-root-0badc0de", KeyKind.EC_P256)
+        ks.generate("ca-g2-issuing-0badc0de", KeyKind.EC_P256)
+        assert ks.key_owners() == {"ca-g2-root-0badc0de": MINE, "ca-g2-issuing-0badc0de": MINE}
+        # another deployment's pair of the same label, made beside it by other means (generate refuses a label held)
+        params = ks._session.create_domain_parameters(  # the raw token session, as other software
+            KeyType.EC, {Attribute.EC_PARAMS: bytes(encode_named_curve_parameters("secp256r1"))}, local=True)
+        params.generate_keypair(id=marker(THEIRS, "ca-g2-root-0badc0de"), label="ca-g2-root-0badc0de", store=True,
+                                mechanism=Mechanism.EC_KEY_PAIR_GEN)
+        assert ks.key_owners()["ca-g2-root-0badc0de"] is None  # a label two private keys share: nobody's
+        assert ks.destroy_marked("ca-g2-issuing-0badc0de", THEIRS) is False  # not theirs: left
+        assert ks.destroy_marked("ca-g2-root-0badc0de", MINE) is True
+        assert ks.key_owners() == {"ca-g2-root-0badc0de": THEIRS, "ca-g2-issuing-0badc0de": MINE}
+        assert token_objects(module, label) == {(k, cls) for k in ("ca-g2-root-0badc0de", "ca-g2-issuing-0badc0de")
+                                                for cls in ("PRIVATE_KEY", "PUBLIC_KEY")}
+        assert ks.destroy_marked("ca-g2-root-0badc0de", MINE) is False  # gone already
+    finally:
+        ks.close()

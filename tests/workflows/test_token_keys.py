@@ -1,0 +1,462 @@
+"""CA keys left in a PKCS#11 token by a process killed in mid-rotation, between making them and committing the CA rows
+that name them: every key the token store makes carries its deployment's marker (CKA_ID), and a start destroys the
+unused CA keys marked as its own, never another deployment's (the token may be shared) nor an unmarked one."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from pkcs11 import Attribute
+from sqlmodel import col, select
+
+from audit.checkpoint import AUDIT_KEY_ID, audit_signer, load_public_key, public_key_pem
+from audit.export import export_events
+from audit.models import AuditEvent
+from audit.verify import verify_export
+from core.clock import FrozenClock
+from keys.deployment import marker
+from keys.pkcs11 import Pkcs11KeyStore, Pkcs11Signer
+from keys.store import KeyKind
+from pki import service
+from pki.ca import CA_KEY_ID_RE
+from pki.models import CertificateAuthority
+from pki.tokens.service import API_ISSUER_KEY_ID
+from tests.api.conftest import make_settings, open_context
+from tests.keys.stores import PIN, softhsm_token, token_objects
+from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
+from workflows.context import AppContext
+from workflows.init import discard_unused_ca_keys, initialize
+
+pytestmark = pytest.mark.hsm
+
+REPO = Path(__file__).resolve().parents[2]
+Token = tuple[str, str]  # (module, label)
+
+
+@pytest.fixture
+def token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Token:
+    """One SoftHSM2 token, which every deployment of the test shares (SOFTHSM2_CONF in the environment)."""
+    return softhsm_token(tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def new_database(request: pytest.FixtureRequest) -> Callable[[], str | None]:
+    """A new database of its own for each call: a PostgreSQL database's URL, or None (the data directory's SQLite)."""
+    if request.param == "sqlite":
+        return lambda: None
+    server = request.getfixturevalue("postgres_server")
+    return server.create_database  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def deployments() -> Iterator[list[AppContext]]:
+    """The contexts a test opens, closed at its end (token session and database)."""
+    opened: list[AppContext] = []
+    yield opened
+    for ctx in opened:
+        _close(ctx)
+
+
+def _close(ctx: AppContext) -> None:
+    assert isinstance(ctx.keystore, Pkcs11KeyStore)
+    ctx.keystore.close()
+    ctx.close()
+
+
+def _env(home: Path, url: str | None, token: Token) -> dict[str, str]:
+    """The environment a deployment's process (`serve`, a CLI command) runs with: its data directory, its database,
+    the shared token (TRUSTFABRIC_KEYSTORE=pkcs11)."""
+    module, label = token
+    env = {**os.environ, "TRUSTFABRIC_HOME": str(home), "TRUSTFABRIC_KEYSTORE": "pkcs11",
+           "TRUSTFABRIC_PKCS11_MODULE": module, "TRUSTFABRIC_PKCS11_TOKEN": label, "TRUSTFABRIC_PKCS11_PIN": PIN,
+           "TRUSTFABRIC_TRUST_DOMAIN": TD}
+    if url is not None:
+        env["TRUSTFABRIC_DATABASE_URL"] = url
+    return env
+
+
+def _open(home: Path, url: str | None, token: Token, opened: list[AppContext]) -> AppContext:
+    """A deployment's data directory on database `url`, its key store the shared token (TRUSTFABRIC_KEYSTORE=pkcs11),
+    as `serve` opens it."""
+    module, label = token
+    clock = FrozenClock(datetime.now(UTC).replace(microsecond=0))
+    ctx = open_context(make_settings(home, url, keystore="pkcs11", pkcs11_module=module, pkcs11_token=label,
+                                     pkcs11_pin=PIN), clock)
+    opened.append(ctx)
+    return ctx
+
+
+def _labels(token: Token) -> set[str]:
+    """The labels of the token's private keys, as another process logged in to it lists them."""
+    return {key_id for key_id, cls in token_objects(*token) if cls == "PRIVATE_KEY"}
+
+
+def _named(ctx: AppContext) -> set[str]:
+    """The key ids the deployment's CA rows name, in any state."""
+    with ctx.db.read_session() as s:
+        return {k for ca in s.exec(select(CertificateAuthority)).all() for k in (ca.key_id, ca.jwt_key_id) if k}
+
+
+def _destroyed(ctx: AppContext) -> list[tuple[str, str, str, str]]:
+    with ctx.db.read_session() as s:
+        events = s.exec(select(AuditEvent).where(AuditEvent.action == "ca.key.destroy").order_by(
+            col(AuditEvent.seq))).all()
+    return [(e.object_type, e.object_id, e.actor_kind, e.actor_id) for e in events]
+
+
+def _signs(ctx: AppContext) -> None:
+    """The deployment's active CA signs an X.509-SVID that verifies against its bundle."""
+    with ctx.db.session() as s:
+        issued = service.issue_x509_svid(s, ctx.keystore, csr_pem=make_csr(), tenant="acme", group="web",
+                                         workload="frontend", ttl=None, actor=ADMIN, scope_tenant=None,
+                                         clock=ctx.clock)
+    with ctx.db.read_session() as s:
+        roots = service.bundle_pem(s)
+    assert len(verify_chain(issued.cert_pem, issued.chain_pem, roots, ctx.clock())) == 3
+
+
+def _audit_verifies(ctx: AppContext) -> int:
+    """The deployment's whole audit log, exported and checked by the offline verifier; its event count."""
+    signer = audit_signer(ctx.keystore)
+    out = io.BytesIO()
+    export_events(ctx.db, signer, out, clock=ctx.clock)
+    out.seek(0)
+    return verify_export(out, load_public_key(public_key_pem(signer))).events
+
+
+def _init(ctx: AppContext) -> None:
+    initialize(ctx, TD, "ec-p256")
+    with ctx.db.session() as s:
+        register(s, "acme", "web", "frontend")
+
+
+# What a process runs until it is killed: a CA rotation, or the first init (whose transaction makes the first CA
+# generation). pki.ca.sign_certificate, which create_generation calls once it has made the generation's three key pairs
+# and before anything commits, is replaced in this subprocess only by a stop that says the keys are made and sleeps
+# until the test kills the process with SIGKILL.
+_KILLED = """
+import sys, time
+from pathlib import Path
+import pki.ca
+from audit import Actor
+from pki import service
+from workflows.context import AppContext
+from workflows.init import initialize
+from workflows.settings import Settings
+
+what, made = sys.argv[1], Path(sys.argv[2])
+
+def stop_before_commit(builder, signer):
+    made.write_text("made")
+    time.sleep(600)
+
+pki.ca.sign_certificate = stop_before_commit
+ctx = AppContext.open(Settings.from_env(), create=True)
+if what == "rotation":
+    with ctx.db.session() as session:
+        service.rotate(session, ctx.keystore, force=True, actor=Actor.system("ca-rotator"))
+else:
+    initialize(ctx, None, "ec-p256")
+sys.exit(f"the {what} was not stopped before its commit")
+"""
+
+
+def _killed_before_its_commit(what: str, env: dict[str, str], tmp_path: Path) -> None:
+    made = tmp_path / "made"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, what, str(made)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not made.exists():
+            if proc.poll() is not None:
+                raise AssertionError(f"the {what}'s process ended ({proc.returncode}) before it made its keys: "
+                                     f"{proc.communicate()[1].decode(errors='replace')[-2000:]}")
+            assert time.monotonic() < deadline, f"the {what}'s process never made its keys"
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("what", ["rotation", "init"])
+def test_a_start_destroys_the_keys_a_process_killed_before_its_commit_left(
+        what: str, token: Token, new_database: Callable[[], str | None], deployments: list[AppContext],
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: a process killed (kill -9, power loss) between making a CA generation's keys in the token and
+    committing the CA rows that name them left three key pairs there for ever, private keys no CA generation would
+    ever use (keys/undo.py destroys them on a rollback, which a killed process never runs). The next start destroys
+    them, each with an audit event, and the CA signs on. The first init's too: the deployment id that marks them
+    commits before init makes any key."""
+    url = new_database()
+    home = tmp_path / "a"
+    named: set[str] = set()
+    if what == "rotation":
+        a = _open(home, url, token, deployments)  # as `init` opens it
+        _init(a)
+        named = _named(a)
+        _close(a)
+        deployments.remove(a)
+    before = _labels(token)
+    assert before == named | ({AUDIT_KEY_ID, API_ISSUER_KEY_ID} if named else set())
+
+    _killed_before_its_commit(what, _env(home, url, token), tmp_path)
+    left = _labels(token) - before - {AUDIT_KEY_ID, API_ISSUER_KEY_ID}  # an init makes these before its CA
+    generation = "-g2-" if what == "rotation" else "-g1-"
+    assert len(left) == 3 and all(CA_KEY_ID_RE.fullmatch(k) and generation in k for k in left)
+
+    caplog.set_level(logging.WARNING, logger="workflows.init")
+    again = _open(home, url, token, deployments)  # the start after the kill: serve runs init
+    assert _named(again) == named  # the killed process committed no CA row
+    if what == "rotation":
+        assert initialize(again, None, "ec-p256")["created"] is False
+    else:
+        _init(again)
+        named = _named(again)
+        assert len(named) == 3 and not named & left
+    assert _labels(token) == named | {AUDIT_KEY_ID, API_ISSUER_KEY_ID}
+    assert {(key_id, cls) for key_id, cls in token_objects(*token) if key_id in left} == set()  # public halves too
+    removed = sorted(left)
+    assert _destroyed(again) == [("key", k, "system", "init") for k in removed]
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init"]
+    assert len(lines) == 1 and lines[0].startswith("destroyed 3 CA key(s) of this deployment in Pkcs11KeyStore(")
+    assert lines[0].endswith(": " + ", ".join(removed))
+    _signs(again)
+    assert _audit_verifies(again) > 3
+    caplog.clear()
+    assert initialize(again, None, "ec-p256")["created"] is False  # nothing left: nothing written, no line
+    assert len(_destroyed(again)) == 3 and not [r for r in caplog.records if r.name == "workflows.init"]
+    with again.db.session() as s:  # and a rotation, run again, commits with keys of its own
+        assert service.rotate(s, again.keystore, force=True, actor=ADMIN, clock=again.clock).prepared == 2
+    assert _labels(token) == _named(again) | {AUDIT_KEY_ID, API_ISSUER_KEY_ID}
+
+
+def test_every_key_the_token_store_makes_carries_its_deployments_marker(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    _init(a)
+    with a.db.statement() as conn:
+        mine = str(conn.exec_driver_sql("SELECT deployment_id FROM deployment WHERE id = 1").scalar_one())
+    with a.db.read_session() as s:
+        made = s.exec(select(AuditEvent).where(AuditEvent.action == "deployment.create")).all()
+    assert [(e.object_id, e.actor_id) for e in made] == [(mine, "init")]
+    assert isinstance(a.keystore, Pkcs11KeyStore)
+    owners = a.keystore.key_owners()
+    assert owners == dict.fromkeys(_named(a) | {AUDIT_KEY_ID, API_ISSUER_KEY_ID}, mine)
+    for key_id in owners:
+        signer = a.keystore.get(key_id)
+        assert isinstance(signer, Pkcs11Signer)
+        assert signer.handle[Attribute.ID] == marker(mine, key_id) == f"trustfabric/{mine}/{key_id}".encode()
+    initialize(a, None, "ec-p256")  # written once
+    with a.db.statement() as conn:
+        assert conn.exec_driver_sql("SELECT deployment_id FROM deployment").scalars().all() == [mine]
+
+
+# What deployment B does, each step in a process of its own (a token is logged in to once per process, as two
+# deployments on one host or two hosts would use it): run by _as_b with B's environment, its result printed as JSON.
+_AS_ANOTHER_PROCESS = """
+import json, sys
+from datetime import UTC, datetime
+from core.clock import FrozenClock
+from tests.workflows import test_token_keys as steps
+from workflows.context import AppContext
+from workflows.settings import Settings
+ctx = AppContext.open(Settings.from_env(), create=True, clock=FrozenClock(datetime.now(UTC).replace(microsecond=0)))
+try:
+    print(json.dumps(getattr(steps, sys.argv[1])(ctx)))
+finally:
+    ctx.keystore.close()
+    ctx.close()
+"""
+
+
+def _as_b(env: dict[str, str], step: str) -> object:
+    out = subprocess.run([sys.executable, "-c", _AS_ANOTHER_PROCESS, step], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def b_is_made(ctx: AppContext) -> list[str]:
+    """B's init, and an unused CA key of B's (a killed rotation's); the ids B's CA rows name."""
+    _init(ctx)
+    ctx.keystore.generate("ca-g9-root-0b0b0b0b", KeyKind.EC_P256)
+    return sorted(_named(ctx))
+
+
+def b_starts(ctx: AppContext) -> list[str]:
+    """B's next start: the ids of the keys it destroyed; its CA signs after."""
+    assert initialize(ctx, None, "ec-p256")["created"] is False
+    _signs(ctx)
+    return [key_id for _type, key_id, _kind, _id in _destroyed(ctx)]
+
+
+def test_another_deployments_keys_on_the_same_token_are_never_touched(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    """Two deployments (each a data directory with a database of its own) share one token. Deployment A has no row
+    for any of B's keys, its live CA keys included: without the marker A's start would take them for its own unused
+    keys and destroy them."""
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    _init(a)
+    b = _env(tmp_path / "b", new_database(), token)
+    b_live = set(_as_b(b, "b_is_made"))  # type: ignore[call-overload]
+    assert not b_live & _named(a) and len(b_live) == 3
+    assert {"ca-g9-root-0b0b0b0b", *b_live} <= _labels(token)
+    a.keystore.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)  # an unused key of A's (a killed rotation's)
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert [k for _t, k, _a, _i in _destroyed(a)] == ["ca-g9-root-0a0a0a0a"]
+    held = _labels(token)
+    assert "ca-g9-root-0a0a0a0a" not in held and {"ca-g9-root-0b0b0b0b", *b_live} <= held
+    assert _as_b(b, "b_starts") == ["ca-g9-root-0b0b0b0b"]  # B signs on, and its start takes B's own
+    assert _named(a) | b_live <= _labels(token) and "ca-g9-root-0b0b0b0b" not in _labels(token)
+    _signs(a)
+
+
+def test_an_unmarked_ca_key_is_never_touched_and_is_named_once(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Keys made before keys were marked carry no marker: whose they are is not provable (another deployment's live CA
+    key, or ours), so they stay, and a start names those no CA row here names in one line, for an operator."""
+    module, label = token
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    assert isinstance(a.keystore, Pkcs11KeyStore)
+    a.keystore.close()  # a process logs in to a token once: the store as it was, in its stead
+    before_markers = Pkcs11KeyStore(module, label, PIN)  # what it makes carries no marker
+    try:
+        _init(replace(a, keystore=before_markers))  # the deployment's CA keys: unmarked, named by its CA rows
+        before_markers.generate("ca-g2-root-0badc0de", KeyKind.EC_P256)  # a rolled-back rotation's, before the fix
+        before_markers.generate("not-a-ca-key", KeyKind.EC_P256)  # unmarked, not of the CA key form: not named
+    finally:
+        before_markers.close()
+    now = Pkcs11KeyStore(module, label, PIN, db=a.db)  # this version's
+    a = deployments[-1] = replace(a, keystore=now)
+    assert set(now.key_owners().values()) == {None}
+    held = _labels(token)
+    caplog.set_level(logging.WARNING, logger="workflows.init")
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert _labels(token) == held and _destroyed(a) == []
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init"]
+    assert len(lines) == 1 and lines[0].endswith("holds 1 CA key(s) without a deployment marker that no CA generation "
+                                                 "of this database uses, left as they are (made before keys were "
+                                                 "marked, or by another deployment or software; an operator judges "
+                                                 "whose): ca-g2-root-0badc0de")
+    _signs(a)
+
+
+def test_a_start_never_destroys_the_keys_of_a_rotation_under_way(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    """A rotation (on this replica or another) has made its keys, marked as this deployment's, and not yet committed
+    the CA rows that name them: they look unused. The removal waits for the trust domain settings lock the rotation
+    holds (on SQLite, for the writer lock), then finds them used."""
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    _init(a)
+    made, go = threading.Event(), threading.Event()
+    rotated: list[int | None] = []
+
+    def rotate_and_hold() -> None:
+        with a.db.session() as s:
+            rotated.append(service.rotate(s, a.keystore, force=True, actor=ADMIN, clock=a.clock).prepared)
+            made.set()
+            go.wait(30)
+
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    removed: list[list[str]] = []
+    rotation = threading.Thread(target=rotate_and_hold)
+    removal = threading.Thread(target=lambda: removed.append(discard_unused_ca_keys(a, ks)))
+    try:
+        rotation.start()
+        assert made.wait(30) and rotated == [2]
+        under_way = {k for k in ks.key_owners() if "-g2-" in k}
+        assert len(under_way) == 3 and not under_way & _named(a)  # made, marked ours, no committed row names them
+        removal.start()
+        if a.db.dialect == "postgresql":
+            deadline = time.monotonic() + 30
+            while not _someone_waits_for_a_lock(a) and removal.is_alive():
+                assert time.monotonic() < deadline, "the removal never waited for the rotation's lock"
+                time.sleep(0.01)
+        else:
+            removal.join(1)
+        assert removal.is_alive(), f"the removal did not wait for the rotation: {removed}"
+    finally:
+        go.set()
+        rotation.join(30)
+        if removal.ident is not None:
+            removal.join(30)
+    assert removed == [[]]
+    assert under_way <= _named(a) and under_way <= _labels(token)
+    assert _destroyed(a) == []
+
+
+def _someone_waits_for_a_lock(ctx: AppContext) -> bool:
+    with ctx.db.read_session() as s:
+        return bool(s.connection().exec_driver_sql("SELECT count(*) > 0 FROM pg_locks WHERE NOT granted").scalar())
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`trustfabric <args>` in a process of its own (it logs in to the token)."""
+    return subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_ca_keys_shows_whose_each_key_is_and_what_a_start_does_with_it(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    module, label = token
+    before_markers = Pkcs11KeyStore(module, label, PIN)  # a key made before markers existed
+    try:
+        before_markers.generate("ca-g3-issuing-0c0c0c0c", KeyKind.EC_P256)
+    finally:
+        before_markers.close()
+    url = new_database()
+    a = _open(tmp_path / "a", url, token, deployments)
+    _init(a)
+    a.keystore.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)  # an unused key of A's
+    b_live = set(_as_b(_env(tmp_path / "b", new_database(), token), "b_is_made"))  # type: ignore[call-overload]
+    with a.db.statement() as conn:
+        mine = str(conn.exec_driver_sql("SELECT deployment_id FROM deployment").scalar_one())
+    with a.db.read_session() as s:
+        names = {ca.key_id: ca.id for ca in s.exec(select(CertificateAuthority)).all()}
+        names.update({ca.jwt_key_id: f"{ca.id} (JWT-SVIDs)" for ca in s.exec(select(CertificateAuthority)).all()
+                      if ca.jwt_key_id})
+
+    out = _cli(_env(tmp_path / "a", url, token), "ca", "keys", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["key_id"]: r for r in json.loads(out.stdout)}
+    assert sorted(rows) == sorted({*names, AUDIT_KEY_ID, API_ISSUER_KEY_ID, "ca-g9-root-0a0a0a0a",
+                                   "ca-g9-root-0b0b0b0b", "ca-g3-issuing-0c0c0c0c", *b_live})
+    for key_id, ca in names.items():
+        assert rows[key_id] == {"key_id": key_id, "marker": "this deployment", "deployment_id": mine, "named_by": ca,
+                                "at_start": "kept: a CA generation names it"}
+    for key_id in (AUDIT_KEY_ID, API_ISSUER_KEY_ID):
+        assert (rows[key_id]["marker"], rows[key_id]["at_start"]) == ("this deployment", "kept: not a CA key")
+    assert rows["ca-g9-root-0a0a0a0a"]["at_start"] == "destroyed: unused (a rotation under way is waited for)"
+    for key_id in (*b_live, "ca-g9-root-0b0b0b0b"):
+        assert (rows[key_id]["marker"], rows[key_id]["at_start"]) == ("another deployment",
+                                                                      "kept: another deployment's")
+        assert rows[key_id]["deployment_id"] not in (None, mine)
+    assert rows["ca-g3-issuing-0c0c0c0c"] == {
+        "key_id": "ca-g3-issuing-0c0c0c0c", "marker": "none", "deployment_id": None, "named_by": None,
+        "at_start": "kept: unmarked and unused here; an operator judges whose it is"}
+    table = _cli(_env(tmp_path / "a", url, token), "ca", "keys")
+    assert table.returncode == 0 and "ca-g3-issuing-0c0c0c0c" in table.stdout, table.stderr
+
+    assert initialize(a, None, "ec-p256")["created"] is False  # a start does what it said
+    assert [k for _t, k, _a, _i in _destroyed(a)] == [k for k, r in rows.items() if r["at_start"].startswith("destr")]
+
+    files = open_context(make_settings(tmp_path / "f", None))  # a file key store: nothing of a token's to list
+    files.close()
+    refused = _cli({**os.environ, "TRUSTFABRIC_HOME": str(tmp_path / "f")}, "ca", "keys")
+    assert refused.returncode == 1 and "lists the keys of a PKCS#11 token" in refused.stderr, refused.stderr
