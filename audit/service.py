@@ -335,13 +335,18 @@ def _canonical_summary(summary: Mapping[str, Any] | None) -> tuple[dict[str, Any
         return {}, True
     if not isinstance(summary, Mapping):
         raise InvalidAuditEvent("audit event summary must be a JSON object")
-    plain = is_plain(dict(summary))
+    copy = dict(summary)
+    plain = is_plain(copy)
     try:
-        data = plain_canonical_json(dict(summary)) if plain else canonical_json(dict(summary))
+        data = plain_canonical_json(copy) if plain else canonical_json(copy)
     except Exception as exc:  # rfc8785 raises several unrelated types for unrepresentable values
         raise InvalidAuditEvent(f"audit event summary is not representable as canonical JSON: {exc}") from exc
     if len(data) > 16_384:
         raise InvalidAuditEvent(f"audit event summary is {len(data)} bytes; the limit is 16384")
+    if plain and all(type(value) is not dict and type(value) is not list for value in copy.values()):
+        # plain and flat: every value a string, a safe integer, a boolean or null, each of which parses back as
+        # itself, so the copy is what parsing gave (4 us fewer on every issuance)
+        return copy, True
     parsed: dict[str, Any] = json.loads(data)
     return parsed, plain
 
@@ -533,6 +538,60 @@ def record(
     Bad input raises InvalidAuditEvent (an InvalidInput) before anything is written; so does an actor of a tenant
     kind without its tenant, or a platform one with one: an event never leaves open whose `alice` acted.
     """
+    event = _validated(actor, action, object_type, object_id, tenant, summary, reason, request_id, at)
+    if deferred.later(session, lambda: _append(session, event)):
+        # a group commit's member: appended under the head lock once every member made its change
+        # (store/deferred.py); numbered then, so this event has no sequence number yet
+        return AuditEvent.model_construct(seq=-1, actor_id=event.actor_id, actor_kind=event.actor_kind,
+                                          actor_tenant=event.actor_tenant, tenant=event.tenant, action=event.action,
+                                          object_type=event.object_type, object_id=event.object_id,
+                                          summary=event.body, reason=event.reason, request_id=event.request_id)
+    fields = _append(session, event)
+    configure_mappers()  # no-op once done; model_construct skips the step that would trigger it
+    return AuditEvent.model_construct(**fields)
+
+
+def record_only(
+    session: Session,
+    *,
+    actor: Actor,
+    action: str,
+    object_type: str,
+    object_id: str,
+    tenant: str | None = None,
+    summary: Mapping[str, Any] | None = None,
+    reason: str | None = None,
+    request_id: str | None = None,
+    at: datetime | None = None,
+) -> None:
+    """`record`, for a caller that does not use the event: the same checks and the same append, without building
+    the AuditEvent object it would drop (~15 us of an SVID issuance's CPU)."""
+    event = _validated(actor, action, object_type, object_id, tenant, summary, reason, request_id, at)
+    if not deferred.later(session, lambda: _append(session, event)):
+        _append(session, event)
+
+
+class _Event(NamedTuple):
+    """An event's validated parts, before it is numbered under the head lock."""
+
+    actor_kind: str
+    actor_id: str
+    actor_tenant: str | None
+    action: str
+    object_type: str
+    object_id: str
+    tenant: str | None
+    body: dict[str, Any]
+    reason: str | None
+    request_id: str | None
+    requested: datetime
+    plain: bool  # the body is plain (core.canonical.is_plain): then so is the event's document
+
+
+def _validated(actor: Actor, action: str, object_type: str, object_id: str, tenant: str | None,
+               summary: Mapping[str, Any] | None, reason: str | None, request_id: str | None,
+               at: datetime | None) -> _Event:
+    """record's arguments checked (InvalidAuditEvent saying which is wrong), the summary in its canonical form."""
     if not isinstance(actor, Actor) or actor.kind not in ACTOR_KINDS:
         raise InvalidAuditEvent(f"unknown actor kind {getattr(actor, 'kind', actor)!r}")
     actor_id = str(_text(actor.id, "actor id", 512, required=True))
@@ -556,25 +615,13 @@ def record(
         raise InvalidAuditEvent("audit event time must be a timezone-aware datetime")
     requested = (at or system_clock()).astimezone(UTC)
     body, plain = _canonical_summary(summary)
-    if deferred.later(session, lambda: _append(session, actor.kind, actor_id, actor_tenant, action, otype, oid, tenant,
-                                               body, why, rid, requested, plain)):
-        # a group commit's member: appended under the head lock once every member made its change
-        # (store/deferred.py); numbered then, so this event has no sequence number yet
-        return AuditEvent.model_construct(seq=-1, actor_id=actor_id, actor_kind=actor.kind, actor_tenant=actor_tenant,
-                                          tenant=tenant, action=action, object_type=otype, object_id=oid,
-                                          summary=body, reason=why, request_id=rid)
-    fields = _append(session, actor.kind, actor_id, actor_tenant, action, otype, oid, tenant, body, why, rid,
-                     requested, plain)
-    configure_mappers()  # no-op once done; model_construct skips the step that would trigger it
-    return AuditEvent.model_construct(**fields)
+    return _Event(actor.kind, actor_id, actor_tenant, action, otype, oid, tenant, body, why, rid, requested, plain)
 
 
-def _append(session: Session, actor_kind: str, actor_id: str, actor_tenant: str | None, action: str, otype: str,
-            oid: str, tenant: str | None, body: dict[str, Any], why: str | None, rid: str | None,
-            requested: datetime, plain: bool) -> dict[str, Any]:
+def _append(session: Session, event: _Event) -> dict[str, Any]:
     """Append one validated event: lock the head, number, hash and write it; its columns (the event is built
-    from them only when a caller gets it: a deferred append's is dropped). `plain`: the body is (then so is the
-    document: every other part is a validated string, a small integer or null)."""
+    from them only when a caller gets it: a deferred append's is dropped)."""
+    actor_kind, actor_id, actor_tenant, action, otype, oid, tenant, body, why, rid, requested, plain = event
     keys = counters.keys_of(tenant, action)
     current = _locked_head(session, keys.values())
     head = _HeadState(current.tree.copy(), current.last_leaf, current.last_ts, current.counts, current.locked,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from cryptography import x509
 from sqlalchemy import and_, bindparam, exists
 from sqlmodel import Session, col, select
 
@@ -56,7 +57,7 @@ from pki.spiffe_id import (
     tenant_namespace,
     validate_trust_domain,
 )
-from pki.x509svid import parse_csr
+from pki.x509svid import leaf_subject, parse_csr
 from store.db import Database
 from store.groupcommit import GroupCommitter
 
@@ -263,12 +264,13 @@ def issue_x509_svid_grouped(
                     session, tenant=tenant, group=group, workload=workload, scope_tenant=scope_tenant,
                     on_node=on_node)
                 issuer = active_issuing(session, clock(), lock=False)
-            facts = _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer)
+            facts = _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer,
+                           leaf_subject(sid))
             _facts.put(key, facts)
         ttl_resolved = resolve_ttl(ttl, default_seconds=facts.default_ttl, max_seconds=facts.max_ttl,
                                    what="X.509-SVID", cap=max_ttl)
         signed = sign_leaf(None, keystore, public_key=public_key, spiffe_id=facts.sid, ttl=ttl_resolved,
-                           clock=clock, issuer=facts.issuer)
+                           clock=clock, issuer=facts.issuer, subject=facts.subject)
         publish_until(db, facts.issuer, signed.not_after)  # before the batch: never the CA row under the head
 
         def check(session: Session) -> None:
@@ -315,6 +317,7 @@ class _Facts:
     default_ttl: int
     max_ttl: int
     issuer: CertificateAuthority
+    subject: x509.Name  # the leaf's (pki.x509svid.leaf_subject): the same for every SVID of the identity
 
 
 class _FactsCache:

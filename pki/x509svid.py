@@ -6,12 +6,14 @@ never reaches the certificate: the SPIFFE ID comes from the registration.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Sequence
 from datetime import datetime
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, SignatureAlgorithmOID
 
@@ -87,38 +89,68 @@ def parse_csr(csr_pem: bytes | str) -> LeafPublicKey:
     raise InvalidCSR(f"CSR key type {type(key).__name__} is not accepted (use ECDSA P-256/P-384, Ed25519 or RSA)")
 
 
-_TEMPLATES: dict[x509.Certificate, tuple[x509.CertificateBuilder, x509.AuthorityKeyIdentifier]] = {}
+_TEMPLATES: dict[x509.Certificate, tuple[x509.CertificateBuilder, x509.UnrecognizedExtension]] = {}
 _TEMPLATES_MAX = 64  # issuing CAs in use at once: a few generations per trust domain
 
 
-def _template(issuer_cert: x509.Certificate) -> tuple[x509.CertificateBuilder, x509.AuthorityKeyIdentifier]:
+def _encoded(value: x509.ExtensionType) -> x509.UnrecognizedExtension:
+    """The extension as its DER, encoded once: cryptography copies an UnrecognizedExtension's bytes into the
+    certificate as they are, where it walks a typed one's Python attributes for every certificate. The bytes are
+    cryptography's own encoding of `value`, so the certificate is byte for byte the one the typed value gives (and
+    reads back as the typed value: its OID is a known one)."""
+    return x509.UnrecognizedExtension(value.oid, value.public_bytes())
+
+
+def _template(issuer_cert: x509.Certificate) -> tuple[x509.CertificateBuilder, x509.UnrecognizedExtension]:
     """What every leaf of this issuer shares (issuer name, the constraint, usage and EKU extensions) and its
-    AKI: built once per issuing CA instead of once per leaf (builders are immutable, so sharing is safe)."""
+    AKI, encoded: built once per issuing CA (per CA generation: a rotation's new issuing CA is another certificate,
+    so another entry) instead of once per leaf (builders are immutable, so sharing is safe)."""
     found = _TEMPLATES.get(issuer_cert)
     if found is None:
         issuer_ski = issuer_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
         template = (
             x509.CertificateBuilder()
             .issuer_name(issuer_cert.subject)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_encoded(x509.BasicConstraints(ca=False, path_length=None)), critical=True)
             .add_extension(
-                x509.KeyUsage(
+                _encoded(x509.KeyUsage(
                     digital_signature=True, content_commitment=False, key_encipherment=False,
                     data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
                     encipher_only=False, decipher_only=False,
-                ),
+                )),
                 critical=True,
             )
             .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                _encoded(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])),
                 critical=False,
             )
         )
-        found = (template, x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_ski))
+        found = (template, _encoded(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_ski)))
         if len(_TEMPLATES) >= _TEMPLATES_MAX:
             _TEMPLATES.clear()
         _TEMPLATES[issuer_cert] = found
     return found
+
+
+def leaf_subject(spiffe_id: SpiffeId) -> x509.Name:
+    """The leaf's subject: O=trustfabric, CN=the ID's last segment (the trust domain for its root ID). Names are
+    immutable: a caller that keeps what it signs for an identity (pki/service.py's facts) keeps this too, since
+    cryptography encodes a Name it is given by walking its Python attributes, more than building it costs."""
+    cn = spiffe_id.segments[-1] if spiffe_id.segments else spiffe_id.trust_domain
+    return x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "trustfabric"),
+        x509.NameAttribute(NameOID.COMMON_NAME, cn[:64]),
+    ])
+
+
+def subject_key_identifier(public_key: LeafPublicKey) -> x509.SubjectKeyIdentifier:
+    """RFC 5280's method 1: SHA-1 of the subjectPublicKey BIT STRING's bytes, as from_public_key computes it. For
+    an EC key those bytes are the uncompressed point (SubjectPublicKeyInfo's encoding), taken without serialising
+    and parsing back the whole SubjectPublicKeyInfo as from_public_key does; any other key through it."""
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        point = public_key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+        return x509.SubjectKeyIdentifier(hashlib.sha1(point).digest())  # noqa: S324 - RFC 5280's identifier, no MAC
+    return x509.SubjectKeyIdentifier.from_public_key(public_key)
 
 
 def build_leaf(
@@ -132,26 +164,24 @@ def build_leaf(
     not_after: datetime,
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
+    subject: x509.Name | None = None,
 ) -> x509.Certificate:
     """The leaf: exactly one URI SAN (the SPIFFE ID), CA=false and digitalSignature (both critical),
-    EKU serverAuth + clientAuth, AKI pointing at the issuing CA."""
+    EKU serverAuth + clientAuth, AKI pointing at the issuing CA. `subject`: leaf_subject(spiffe_id), when the
+    caller kept it."""
     template, aki = _template(issuer_cert)
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(str(spiffe_id))]
     sans += [x509.DNSName(name) for name in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-    cn = spiffe_id.segments[-1] if spiffe_id.segments else spiffe_id.trust_domain
     builder = (
         template
-        .subject_name(x509.Name([
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "trustfabric"),
-            x509.NameAttribute(NameOID.COMMON_NAME, cn[:64]),
-        ]))
+        .subject_name(subject if subject is not None else leaf_subject(spiffe_id))
         .public_key(public_key)
         .serial_number(serial)
         .not_valid_before(not_before)
         .not_valid_after(not_after)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        .add_extension(subject_key_identifier(public_key), critical=False)
         .add_extension(aki, critical=False)
     )
     return sign_certificate(builder, issuer_key)
