@@ -222,7 +222,7 @@ def _insert_svids(session: Session, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             value = [row[c] for c in _SVID_COLUMNS]
             for i in _SVID_TIMES:  # revoked_at is None here: a new SVID
-                value[i] = value[i].strftime("%Y-%m-%d %H:%M:%S.%f")
+                value[i] = value[i].replace(tzinfo=None).isoformat(" ", "microseconds")  # strftime's, faster
             values.append(value)
         driver_write_many(conn, _SVID_DRIVER_SQL["qmark"], values)
     elif dialect.name == "postgresql" and dialect.driver == "psycopg":
