@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID, NameOID, SignatureAlgorithmOID
 
@@ -58,6 +59,25 @@ def check_signature_algorithm(csr: x509.CertificateSigningRequest) -> None:
                          "stronger (ECDSA or RSA with SHA-256/384/512, RSA-PSS, or Ed25519)")
 
 
+_ECDSA = {S.ECDSA_WITH_SHA256: ec.ECDSA(hashes.SHA256()), S.ECDSA_WITH_SHA384: ec.ECDSA(hashes.SHA384()),
+          S.ECDSA_WITH_SHA512: ec.ECDSA(hashes.SHA512())}
+
+
+def _signature_valid(csr: x509.CertificateSigningRequest, key: object) -> bool:
+    """Whether the CSR's self-signature verifies under `key`, its own public key. An EC key signed with ECDSA (what
+    nearly every requester sends) is verified with the key already loaded: is_signature_valid loads the key from
+    the request again (~5-10 us of each issuance's CPU) and then makes the same verification. Anything else goes
+    to is_signature_valid, which also refuses a key that does not match the algorithm."""
+    ecdsa = _ECDSA.get(csr.signature_algorithm_oid)
+    if ecdsa is not None and isinstance(key, ec.EllipticCurvePublicKey):
+        try:
+            key.verify(csr.signature, csr.tbs_certrequest_bytes, ecdsa)
+        except InvalidSignature:
+            return False
+        return True
+    return csr.is_signature_valid
+
+
 def parse_csr(csr_pem: bytes | str) -> LeafPublicKey:
     """The CSR's public key after checking its self-signature; InvalidCSR saying why otherwise."""
     data = csr_pem.encode() if isinstance(csr_pem, str) else bytes(csr_pem)
@@ -69,8 +89,8 @@ def parse_csr(csr_pem: bytes | str) -> LeafPublicKey:
         raise InvalidCSR("CSR is not a PEM-encoded PKCS#10 request (-----BEGIN CERTIFICATE REQUEST-----)") from None
     check_signature_algorithm(csr)
     try:
-        valid = csr.is_signature_valid
         key = csr.public_key()
+        valid = _signature_valid(csr, key)
     except (ValueError, TypeError, x509.UnsupportedGeneralNameType) as exc:
         raise InvalidCSR(f"CSR cannot be checked: {exc}") from None
     if not valid:
