@@ -233,3 +233,22 @@ def test_a_flat_summary_is_copied_not_shared(sqlite_db: Database) -> None:
         row = s.exec(select(AuditEvent)).one()
     assert row.summary == ev.summary
     assert service.leaf_hash(service.event_document(row)) == row.leaf_hash == ev.leaf_hash
+
+
+def test_events_since_except_gives_the_ends_and_every_other_action(db: Database) -> None:
+    """(seq, action, leaf) of the first and the last event of the range and of every event between whose action is
+    not in `common`: on PostgreSQL straight from the driver, elsewhere through SQLAlchemy; the same answer."""
+    actions = ["svid.issue", "tenant.create", "svid.issue", "svid.issue", "grant.request", "svid.issue",
+               "tenant.delete", "svid.issue"]
+    with db.session() as s:
+        for k, action in enumerate(actions):
+            record(s, actor=ADMIN, action=action, object_type="x", object_id=str(k), at=T0)
+    leaves = [leaf.hex() for leaf in _leaves(db)]
+    cases = [(0, 8, frozenset({"svid.issue"})), (1, 7, frozenset({"svid.issue", "grant.request"})),
+             (2, 4, frozenset({"svid.issue"})), (3, 4, frozenset()), (0, 8, frozenset()), (5, 5, frozenset()),
+             (0, 8, frozenset({"svid.issue", "tenant.create", "tenant.delete", "grant.request"}))]
+    with db.session() as s:
+        for since, until, common in cases:
+            want = [(seq, actions[seq], leaves[seq]) for seq in range(since, until)
+                    if seq in (since, until - 1) or actions[seq] not in common]
+            assert service.events_since_except(s, since, until, common) == want, (since, until, common)
