@@ -1,4 +1,4 @@
-"""Append-only, tamper-evident audit log. `record` is the only way to append.
+"""Append-only, tamper-evident audit log. `record` (or `record_only`, which returns nothing) is the only way to append.
 
 Events are leaves of an RFC 6962 Merkle tree; signed checkpoints (C2SP signed notes, Ed25519 audit
 key from the KeyStore) anchor it; exports carry what an auditor needs to verify them offline.
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         public_key_pem,
         write_checkpoint,
     )
-    from audit.service import consistency_proof, inclusion_proof, record, root_at, tree_size
+    from audit.service import consistency_proof, inclusion_proof, record, record_only, root_at, tree_size
 
 __all__ = [
     "AUDIT_KEY_ID",
@@ -35,6 +35,7 @@ __all__ = [
     "inclusion_proof",
     "public_key_pem",
     "record",
+    "record_only",
     "root_at",
     "tree_size",
     "write_checkpoint",
@@ -44,5 +45,6 @@ __getattr__ = lazy_exports(__name__, {
     "Actor": "audit.actor",
     **dict.fromkeys(("AUDIT_KEY_ID", "DEFAULT_ORIGIN", "CheckpointWriter", "audit_signer", "ensure_audit_key",
                      "public_key_pem", "write_checkpoint"), "audit.checkpoint"),
-    **dict.fromkeys(("consistency_proof", "inclusion_proof", "record", "root_at", "tree_size"), "audit.service"),
+    **dict.fromkeys(("consistency_proof", "inclusion_proof", "record", "record_only", "root_at", "tree_size"),
+                    "audit.service"),
 })

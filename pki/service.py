@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from cryptography import x509
 from sqlalchemy import and_, bindparam, exists
 from sqlmodel import Session, col, select
 
@@ -58,7 +59,7 @@ from pki.spiffe_id import (
     tenant_namespace,
     validate_trust_domain,
 )
-from pki.x509svid import parse_csr
+from pki.x509svid import leaf_subject, parse_csr
 from store.db import Database
 from store.groupcommit import Check, GroupCommitter
 
@@ -360,7 +361,8 @@ class _Grouped:
         settings, sid = _registered_identity(session, tenant=a.tenant, group=a.group, workload=a.workload,
                                              scope_tenant=self.scope_tenant, on_node=self.on_node)
         issuer = active_issuing(session, self.clock(), lock=False)
-        return _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer)
+        return _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer,
+                      leaf_subject(sid))
 
     def prepare(self, *, fresh: bool, read: Callable[[], Session] | None = None
                 ) -> tuple[Callable[[Session], IssuedX509], Check]:
@@ -379,7 +381,7 @@ class _Grouped:
         ttl_resolved = resolve_ttl(ttl, default_seconds=facts.default_ttl, max_seconds=facts.max_ttl,
                                    what="X.509-SVID", cap=max_ttl)
         signed = sign_leaf(None, self.keystore, public_key=self.public_key, spiffe_id=facts.sid, ttl=ttl_resolved,
-                           clock=clock, issuer=facts.issuer)
+                           clock=clock, issuer=facts.issuer, subject=facts.subject)
         publish_until(db, facts.issuer, signed.not_after)  # before the batch: never the CA row under the head
         key = self.key
 
@@ -420,6 +422,7 @@ class _Facts:
     default_ttl: int
     max_ttl: int
     issuer: CertificateAuthority
+    subject: x509.Name  # the leaf's (pki.x509svid.leaf_subject): the same for every SVID of the identity
 
 
 class _FactsCache:

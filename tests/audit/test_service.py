@@ -189,3 +189,66 @@ def test_format_ts_pads_early_years_and_round_trips() -> None:
         text = format_ts(ts)
         assert text.endswith("Z") and len(text) == 27
         assert datetime.fromisoformat(text.replace("Z", "+00:00")) == ts
+
+
+def test_record_only_checks_and_appends_as_record_does(db: Database) -> None:
+    """record_only (no event object back) refuses what record refuses, writing nothing, and appends the same event:
+    the same document, hashed and chained as record's."""
+    fill(db, 2)
+    with pytest.raises(InvalidAuditEvent, match=r"noun\.verb"), db.session() as s:
+        service.record_only(s, actor=ADMIN, action="Bad Action", object_type="tenant", object_id="acme")
+    with pytest.raises(InvalidAuditEvent, match="canonical JSON"), db.session() as s:
+        service.record_only(s, actor=ADMIN, action="tenant.create", object_type="tenant", object_id="acme",
+                            summary={"x": float("nan")})
+    assert _count(db) == 2
+    summary = {"serial": "7f", "n": 3, "ok": True, "none": None, "nested": {"a": [1, "b"]}}
+    with db.session() as s:
+        assert service.record_only(s, actor=ADMIN, action="svid.issue", object_type="svid", object_id="7f",
+                                   tenant="acme", summary=summary, at=T0) is None
+        returned = record(s, actor=ADMIN, action="svid.issue", object_type="svid", object_id="80", tenant="acme",
+                          summary=summary, at=T0)
+    with db.read_session() as s:
+        rows = s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
+    assert [r.seq for r in rows] == [0, 1, 2, 3] and returned.seq == 3
+    assert rows[3].prev_hash == rows[2].leaf_hash and rows[2].prev_hash == rows[1].leaf_hash
+    for row in rows[2:]:
+        assert row.summary == summary
+        assert service.leaf_hash(service.event_document(row)) == row.leaf_hash
+    doc2, doc3 = service.event_document(rows[2]), service.event_document(rows[3])
+    assert {k: v for k, v in doc2.items() if k not in ("seq", "object", "prev_hash", "counters")} == {
+        k: v for k, v in doc3.items() if k not in ("seq", "object", "prev_hash", "counters")}
+    assert doc3["counters"] == {k: n + 1 for k, n in doc2["counters"].items()}
+
+
+def test_a_flat_summary_is_copied_not_shared(sqlite_db: Database) -> None:
+    """A summary of plain scalars is kept as a copy (not parsed back from its JSON): the caller changing its dict
+    afterwards changes neither the event returned nor what is hashed."""
+    summary: dict[str, object] = {"serial": "7f", "n": 3, "ok": False, "none": None}
+    with sqlite_db.session() as s:
+        ev = record(s, actor=ADMIN, action="svid.issue", object_type="svid", object_id="7f", summary=summary, at=T0)
+        summary["serial"] = "changed"
+        summary["extra"] = 1
+    assert ev.summary == {"serial": "7f", "n": 3, "ok": False, "none": None}
+    with sqlite_db.read_session() as s:
+        row = s.exec(select(AuditEvent)).one()
+    assert row.summary == ev.summary
+    assert service.leaf_hash(service.event_document(row)) == row.leaf_hash == ev.leaf_hash
+
+
+def test_events_since_except_gives_the_ends_and_every_other_action(db: Database) -> None:
+    """(seq, action, leaf) of the first and the last event of the range and of every event between whose action is
+    not in `common`: on PostgreSQL straight from the driver, elsewhere through SQLAlchemy; the same answer."""
+    actions = ["svid.issue", "tenant.create", "svid.issue", "svid.issue", "grant.request", "svid.issue",
+               "tenant.delete", "svid.issue"]
+    with db.session() as s:
+        for k, action in enumerate(actions):
+            record(s, actor=ADMIN, action=action, object_type="x", object_id=str(k), at=T0)
+    leaves = [leaf.hex() for leaf in _leaves(db)]
+    cases = [(0, 8, frozenset({"svid.issue"})), (1, 7, frozenset({"svid.issue", "grant.request"})),
+             (2, 4, frozenset({"svid.issue"})), (3, 4, frozenset()), (0, 8, frozenset()), (5, 5, frozenset()),
+             (0, 8, frozenset({"svid.issue", "tenant.create", "tenant.delete", "grant.request"}))]
+    with db.session() as s:
+        for since, until, common in cases:
+            want = [(seq, actions[seq], leaves[seq]) for seq in range(since, until)
+                    if seq in (since, until - 1) or actions[seq] not in common]
+            assert service.events_since_except(s, since, until, common) == want, (since, until, common)

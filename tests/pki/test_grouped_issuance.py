@@ -5,15 +5,18 @@ active CA. The changes are real transactions committed in that gap."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 from sqlalchemy import event as sqlalchemy_event
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from audit import record
 from audit.service import lock_head
@@ -22,7 +25,7 @@ from keys.file import FileKeyStore
 from pki import registrations, service
 from pki.ca import active_issuing, publish_until
 from pki.errors import IdentityRevoked
-from pki.models import CertificateAuthority
+from pki.models import CertificateAuthority, IssuedSvid
 from pki.spiffe_id import SpiffeId
 from store.db import Database
 from store.groupcommit import GroupCommitter, RowLock
@@ -273,3 +276,68 @@ def _stored_until(db: Database, ca_id: str) -> datetime:
         ca = s.get(CertificateAuthority, ca_id)
         assert ca is not None and ca.signed_until is not None
         return as_utc(ca.signed_until)
+
+
+def _openssl_verify(tmp_path: Path, roots_pem: bytes, intermediate_pem: bytes, leaf_pem: bytes,
+                    at: datetime) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "roots.pem").write_bytes(roots_pem)
+    (tmp_path / "issuing.pem").write_bytes(intermediate_pem)
+    (tmp_path / "leaf.pem").write_bytes(leaf_pem)
+    return subprocess.run(["openssl", "verify", "-attime", str(int(at.timestamp())), "-CAfile", "roots.pem",
+                           "-untrusted", "issuing.pem", "leaf.pem"], cwd=tmp_path, capture_output=True, text=True)
+
+
+def test_an_svid_issued_after_a_rotation_carries_the_new_issuer_and_chains_to_the_new_ca(
+        pki_db: Database, keystore: FileKeyStore, clock: FrozenClock, tmp_path: Path) -> None:
+    """What a process keeps per issuing CA (the leaf template with its issuer name and AKI, pki/x509svid.py; the
+    facts, pki/service.py) follows a rotation: the next SVID names the new issuing CA, its AKI is that CA's SKI,
+    and openssl verifies it through the new CA only."""
+    committer = GroupCommitter(pki_db)
+    first = _issue(pki_db, committer, keystore, clock)  # the template and the facts of generation 1 are kept
+    with pki_db.session() as s:
+        status = service.rotate(s, keystore, force=True, actor=ADMIN, clock=clock)
+    assert status.activated == 2
+    second = _issue(pki_db, committer, keystore, clock)
+    committer.close()
+    with pki_db.read_session() as s:
+        cas = {ca.id: ca for ca in s.exec(select(CertificateAuthority)).all()}
+        roots = service.bundle_pem(s)
+    assert second.issuer_ca_id != first.issuer_ca_id
+    new_ca = x509.load_pem_x509_certificate(cas[second.issuer_ca_id].cert_pem.encode())
+    old_ca = x509.load_pem_x509_certificate(cas[first.issuer_ca_id].cert_pem.encode())
+    assert second.chain_pem == [cas[second.issuer_ca_id].cert_pem.encode()]
+    for issued, ca in ((first, old_ca), (second, new_ca)):
+        leaf = x509.load_pem_x509_certificate(issued.cert_pem)
+        assert leaf.issuer == ca.subject
+        aki = leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+        assert aki.key_identifier == ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value.digest
+    assert new_ca.subject != old_ca.subject
+    ok = _openssl_verify(tmp_path, roots, second.chain_pem[0], second.cert_pem, clock())
+    assert ok.returncode == 0 and "leaf.pem: OK" in ok.stdout, ok.stdout + ok.stderr
+    through_old = _openssl_verify(tmp_path, roots, first.chain_pem[0], second.cert_pem, clock())
+    assert through_old.returncode != 0  # the new leaf really names (and is signed by) the new CA, not the old one
+
+
+def test_the_svid_row_a_batch_writes_reads_back_as_its_certificate_says(
+        pki_db: Database, keystore: FileKeyStore, clock: FrozenClock) -> None:
+    """The rows go to the driver straight (pki/issuance.py _insert_svids): every column as the ORM reads it."""
+    committer = GroupCommitter(pki_db)
+    issued = [_issue(pki_db, committer, keystore, clock) for _ in range(3)]
+    committer.close()
+    for one in issued:
+        cert = x509.load_pem_x509_certificate(one.cert_pem)
+        with pki_db.read_session() as s:
+            row = s.get(IssuedSvid, one.serial)
+            assert row is not None
+            assert (row.kind, row.spiffe_id, row.tenant, row.group, row.workload, row.node, row.issuer_ca_id) == (
+                "workload", one.spiffe_id, "acme", "web", "frontend", None, one.issuer_ca_id)
+            assert as_utc(row.not_before) == cert.not_valid_before_utc
+            assert as_utc(row.not_after) == cert.not_valid_after_utc == one.expires_at
+            assert as_utc(row.created_at) == clock()
+            assert row.revoked_at is None and row.revocation_reason is None
+            assert service.svid_tenant(s, one.serial) == "acme"
+    with pki_db.session() as s:  # and a revocation by serial finds it
+        assert service.revoke(s, serial=issued[0].serial, reason="test", actor=ADMIN, scope_tenant=None,
+                              clock=clock) == [issued[0].serial]
+    with pki_db.read_session() as s:
+        assert issued[0].serial in service.revoked_serials(s)

@@ -7,10 +7,12 @@ import re
 import subprocess
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from spiffe import TrustDomain, X509Bundle, X509Svid
 from sqlmodel import select
@@ -262,3 +264,133 @@ def test_server_svid_has_dns_and_ip(sqlite_pki: Database, keystore: FileKeyStore
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == ["spiffe://example.org/trustfabric/server"]
     assert san.get_values_for_type(x509.DNSName) == ["localhost"]
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize("kind", ["p256", "p384", "ed25519", "rsa"])
+def test_leaf_is_byte_for_byte_what_typed_extensions_give(keystore: FileKeyStore, kind: str) -> None:
+    """build_leaf's shortcuts (constant extensions and the AKI encoded once per issuing CA, the SKI of an EC key
+    hashed from its point, a subject kept by the caller) change no byte of what is signed: the TBSCertificate equals
+    the one cryptography builds from typed extensions in the same order."""
+    import ipaddress
+    from datetime import UTC, datetime
+
+    from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+    from cryptography.x509.oid import NameOID
+
+    from pki.ca import sign_certificate
+    from pki.spiffe_id import SpiffeId
+    from pki.x509svid import build_leaf, leaf_subject
+
+    ca_signer = keystore.generate("test-ca", KeyKind.EC_P256)
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test issuing CA")])
+    now = datetime.now(UTC).replace(microsecond=0)
+    ca_public = ca_signer.private_key().public_key()
+    ca_cert = sign_certificate(
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_public)
+        .serial_number(7).not_valid_before(now).not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_public), critical=False), ca_signer)
+    private = {"p256": lambda: ec.generate_private_key(ec.SECP256R1()), "p384": lambda: ec.generate_private_key(
+        ec.SECP384R1()), "ed25519": ed25519.Ed25519PrivateKey.generate,
+               "rsa": lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048)}[kind]()
+    public = private.public_key()
+    sid = SpiffeId(TD, "/tenant/acme/group/web/" + "w" * 70)  # a CN cut to 64 characters
+    dns, ips = ["svc.example.org"], ["10.1.2.3", "fd00::1"]
+    for subject in (None, leaf_subject(sid)):
+        leaf = build_leaf(public_key=public, spiffe_id=sid, issuer_cert=ca_cert, issuer_key=ca_signer,  # type: ignore[arg-type]
+                          serial=2**150 + 5, not_before=now, not_after=now + timedelta(hours=1), dns_names=dns,
+                          ip_addresses=ips, subject=subject)
+        typed = (
+            x509.CertificateBuilder().issuer_name(ca_name)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "trustfabric"),
+                                     x509.NameAttribute(NameOID.COMMON_NAME, "w" * 64)]))
+            .public_key(public).serial_number(2**150 + 5).not_valid_before(now)
+            .not_valid_after(now + timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.UniformResourceIdentifier(str(sid)), x509.DNSName(dns[0]),
+                 *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips)]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(
+                ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value), critical=False)
+        )
+        reference = sign_certificate(typed, ca_signer)
+        assert leaf.tbs_certificate_bytes == reference.tbs_certificate_bytes
+        leaf.verify_directly_issued_by(ca_cert)
+        assert isinstance(leaf.extensions.get_extension_for_class(x509.KeyUsage).value, x509.KeyUsage)
+
+
+def _der_length(n: int) -> bytes:
+    return bytes([n]) if n < 0x80 else bytes([0x80 | ((n.bit_length() + 7) // 8)]) + n.to_bytes(
+        (n.bit_length() + 7) // 8, "big")
+
+
+def _resigned(csr_der: bytes, tbs: bytes, signature: bytes) -> bytes:
+    """The request `csr_der` with its signature value replaced by `signature` (its TBS and algorithm kept)."""
+    rest = csr_der[csr_der.index(tbs) + len(tbs):]
+    algorithm = rest[: 2 + rest[1]]  # a short SEQUENCE: the signature algorithm identifier
+    bits = b"\x03" + _der_length(len(signature) + 1) + b"\x00" + signature
+    content = tbs + algorithm + bits
+    return b"\x30" + _der_length(len(content)) + content
+
+
+@pytest.mark.parametrize("kind", ["p256-sha256", "p256-sha512", "p384-sha384", "p384-sha256", "ed25519",
+                                  "rsa-sha256", "rsa-pss"])
+def test_every_accepted_csr_kind_is_verified_and_any_change_refused(kind: str) -> None:
+    """parse_csr verifies an EC key's ECDSA signature with the key it loaded (pki/x509svid.py _signature_valid) and
+    any other kind through is_signature_valid: a valid request of each accepted kind passes; a flipped signature
+    bit, a changed subject, and a signature by another key of the same kind are each refused."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
+    from cryptography.x509.oid import NameOID
+
+    from pki.x509svid import parse_csr
+
+    def key() -> Any:
+        if kind.startswith("p256"):
+            return ec.generate_private_key(ec.SECP256R1())
+        if kind.startswith("p384"):
+            return ec.generate_private_key(ec.SECP384R1())
+        if kind == "ed25519":
+            return ed25519.Ed25519PrivateKey.generate()
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    digest = None if kind == "ed25519" else {"sha256": hashes.SHA256(), "sha384": hashes.SHA384(),
+                                              "sha512": hashes.SHA512()}[kind.split("-")[-1] if kind != "rsa-pss"
+                                                                         else "sha256"]
+    pss = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=32) if kind == "rsa-pss" else None
+
+    def request(private: Any) -> x509.CertificateSigningRequest:
+        builder = x509.CertificateSigningRequestBuilder().subject_name(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "whatever")]))
+        return builder.sign(private, digest, rsa_padding=pss)
+
+    def sign(private: Any, data: bytes) -> bytes:
+        if kind == "ed25519":
+            return bytes(private.sign(data))
+        if isinstance(private, rsa.RSAPrivateKey):
+            return bytes(private.sign(data, pss or padding.PKCS1v15(), digest))
+        return bytes(private.sign(data, ec.ECDSA(digest)))
+
+    def pem(der: bytes) -> bytes:
+        return x509.load_der_x509_csr(der).public_bytes(serialization.Encoding.PEM)
+
+    mine = key()
+    csr = request(mine)
+    der = csr.public_bytes(serialization.Encoding.DER)
+    got = parse_csr(csr.public_bytes(serialization.Encoding.PEM))
+    assert got.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) == \
+        mine.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    flipped = bytearray(der)
+    flipped[-3] ^= 0x01  # inside the signature value
+    changed = der.replace(b"whatever", b"whatevex")  # the subject: the signed bytes differ
+    other = _resigned(der, csr.tbs_certrequest_bytes, sign(key(), csr.tbs_certrequest_bytes))
+    assert _resigned(der, csr.tbs_certrequest_bytes, sign(mine, csr.tbs_certrequest_bytes)) != other
+    parse_csr(pem(_resigned(der, csr.tbs_certrequest_bytes, sign(mine, csr.tbs_certrequest_bytes))))  # helper sound
+    for bad in (bytes(flipped), changed, other):
+        with pytest.raises(InvalidCSR, match=r"does not verify|cannot be checked"):
+            parse_csr(pem(bad))
