@@ -11,10 +11,11 @@ import secrets
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import select
+from sqlmodel import col, select
 
 from audit import Actor, ensure_audit_key, record
 from audit.checkpoint import AUDIT_KEY_ID
+from audit.models import AuditEvent
 from core.errors import InvalidInput
 from keys.deployment import read_deployment_id
 from keys.errors import KeyNotFound
@@ -169,7 +170,8 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     (made before keys were marked, or by another deployment or software) are left too, and named in one log line
     each start, for an operator to judge. The events commit first, then the keys go (as the file store removes a
     file after its row): a destroy that fails is logged and retried at the next start, where the key is still
-    unused and still this deployment's."""
+    unused and still this deployment's. One event per key: a start that finds one recorded already (by a replica
+    starting at once, which destroys it after its commit, or by a start whose destroy failed) destroys it unrecorded."""
     with ctx.db.statement() as conn:
         mine = read_deployment_id(conn)
     owners = keystore.key_owners()
@@ -189,7 +191,13 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
         if unused:  # still there and still ours, now that no rotation is under way
             now_held = {k for k, owner in keystore.key_owners().items() if owner == mine}
             unused = [k for k in unused if k in now_held]
+        # another start (a replica starting at once) recorded some already and destroys them after its commit, or
+        # its destroy failed: destroyed here too, but recorded once (its event committed before this lock was had)
+        recorded = set(session.exec(select(AuditEvent.object_id).where(
+            AuditEvent.action == "ca.key.destroy", col(AuditEvent.object_id).in_(unused))).all()) if unused else set()
         for key_id in unused:
+            if key_id in recorded:
+                continue
             record(session, actor=Actor.system("init"), action="ca.key.destroy", object_type="key", object_id=key_id,
                    summary={"reason": "no CA generation uses it (made by a rotation that rolled back or was killed "
                                       "before its commit)", "key_store": "pkcs11", "deployment": mine},
@@ -197,11 +205,12 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     destroyed, failed = [], []
     for key_id in unused:
         try:
-            keystore.destroy_marked(key_id, mine)
+            found = keystore.destroy_marked(key_id, mine)
         except Exception as exc:  # the token refused: said, and tried again at the next start
             failed.append(f"{key_id} ({type(exc).__name__}: {exc})")
         else:
-            destroyed.append(key_id)
+            if found:  # (else another start destroyed it meanwhile)
+                destroyed.append(key_id)
     if destroyed:
         _log.warning("destroyed %d CA key(s) of this deployment in %r that no CA generation uses, made by rotations "
                      "that rolled back or were killed before their commit: %s", len(destroyed), keystore,

@@ -460,3 +460,33 @@ def test_ca_keys_shows_whose_each_key_is_and_what_a_start_does_with_it(
     files.close()
     refused = _cli({**os.environ, "TRUSTFABRIC_HOME": str(tmp_path / "f")}, "ca", "keys")
     assert refused.returncode == 1 and "lists the keys of a PKCS#11 token" in refused.stderr, refused.stderr
+
+
+def test_two_starts_at_once_record_one_destroy_event_per_key(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix: two replicas starting together (a rolling restart) both find an unused key of this deployment. The
+    first commits its ca.key.destroy event and releases the settings lock before it destroys the key; the second,
+    taking the lock in that window, still finds the key in the token and recorded a second event for the same key,
+    and said it destroyed a key its destroy never found. Here the second start runs in that window of the first
+    (the first's destroy, on the real token, waits for it)."""
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    _init(a)
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    ks.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)  # an unused key of A's (a killed rotation's)
+    real = ks.destroy_marked
+    second: list[list[str]] = []
+    calls: list[str] = []
+
+    def destroy_after_the_other_start(key_id: str, deployment_id: str) -> bool:
+        calls.append(key_id)
+        if len(calls) == 1:  # the first start's destroy: the other replica's start runs now, in its window
+            second.append(discard_unused_ca_keys(a, ks))
+        return real(key_id, deployment_id)
+
+    monkeypatch.setattr(ks, "destroy_marked", destroy_after_the_other_start)
+    first = discard_unused_ca_keys(a, ks)
+    assert "ca-g9-root-0a0a0a0a" not in _labels(token)
+    assert [k for _t, k, _a, _i in _destroyed(a)] == ["ca-g9-root-0a0a0a0a"]  # one event for the one key
+    assert sorted([*first, *second[0]]) == ["ca-g9-root-0a0a0a0a"]  # and one start says it destroyed it
