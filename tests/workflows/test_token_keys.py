@@ -490,3 +490,34 @@ def test_two_starts_at_once_record_one_destroy_event_per_key(
     assert "ca-g9-root-0a0a0a0a" not in _labels(token)
     assert [k for _t, k, _a, _i in _destroyed(a)] == ["ca-g9-root-0a0a0a0a"]  # one event for the one key
     assert sorted([*first, *second[0]]) == ["ca-g9-root-0a0a0a0a"]  # and one start says it destroyed it
+
+
+def b_signs_with(ctx: AppContext) -> dict[str, str]:
+    """B's init; the public halves of the keys B signs its audit checkpoints and its API tokens with."""
+    _init(ctx)
+    return {"audit": public_key_pem(audit_signer(ctx.keystore)), "issuer": _public_pem(ctx, API_ISSUER_KEY_ID)}
+
+
+def _public_pem(ctx: AppContext, key_id: str) -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    return ctx.keystore.get(key_id).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+@pytest.mark.xfail(strict=True, reason="review: the audit-checkpoint and api-issuer keys have fixed labels, so a "
+                   "second deployment on a shared token adopts the first one's keys (see the review report)")
+def test_a_second_deployment_on_a_shared_token_signs_with_keys_of_its_own(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    """A token may be shared by several deployments (keys/deployment.py, the README's key hygiene paragraph). The CA
+    keys have labels of their own per deployment (a random suffix); the audit checkpoint key ("audit-checkpoint") and
+    the API issuer key ("api-issuer") have fixed labels, and init makes them only when the token holds none: B's init
+    finds A's (marked as A's) and signs with them. B's audit exports then verify under A's public key and A's under
+    B's: whoever controls A's database (another team's deployment, a staging one) can have A sign a checkpoint over
+    a log it wrote and pass it off as B's."""
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    _init(a)
+    b = _as_b(_env(tmp_path / "b", new_database(), token), "b_signs_with")
+    assert isinstance(b, dict)
+    assert b["audit"] != public_key_pem(audit_signer(a.keystore))
+    assert b["issuer"] != _public_pem(a, API_ISSUER_KEY_ID)
