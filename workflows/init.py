@@ -54,8 +54,7 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
                     "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
                     "PKCS#11 token)") from None
     ensure_deployment(ctx)  # before any key is made: the keys of a PKCS#11 token carry it
-    ensure_audit_key(ctx.keystore)
-    ensure_issuer_key(ctx.keystore)
+    ensure_signing_keys(ctx)
     with ctx.db.session() as session:
         # serve without --trust-domain keeps whatever init created
         trust_domain = trust_domain or existing_trust_domain(session) or ctx.settings.trust_domain
@@ -109,6 +108,23 @@ def ensure_deployment(ctx: AppContext) -> str:
         _log.info("this database's deployment id is %s: it marks the keys this deployment makes in a PKCS#11 token",
                   made)
     return found
+
+
+def ensure_signing_keys(ctx: AppContext) -> None:
+    """The audit checkpoint key and the API issuer key, each made when the key store holds none. In a PKCS#11 token,
+    under the lock of this database's deployment row (on SQLite, its writer lock): a token has no create-if-absent,
+    so replicas starting at once on a new deployment (a first rollout) each found no key and each made one, and the
+    token then held several keys of one label, which every later start refused ("token holds 3 objects labelled
+    'audit-checkpoint'") until an operator removed them by hand. Under the lock one replica makes them and the
+    others find them. The file key store needs no lock: a key's row in `key_blobs` is unique (keys/shared.py)."""
+    if not isinstance(ctx.keystore, MarkedKeyStore):
+        ensure_audit_key(ctx.keystore)
+        ensure_issuer_key(ctx.keystore)
+        return
+    with ctx.db.session() as session:
+        session.exec(select(Deployment.id).where(col(Deployment.id) == 1).with_for_update()).first()
+        ensure_audit_key(ctx.keystore)
+        ensure_issuer_key(ctx.keystore)
 
 
 def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore | MarkedKeyStore) -> list[str]:

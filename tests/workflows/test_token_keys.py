@@ -35,7 +35,7 @@ from pki.ca import CA_KEY_ID_RE
 from pki.models import CertificateAuthority
 from pki.tokens.service import API_ISSUER_KEY_ID
 from tests.api.conftest import make_settings, open_context
-from tests.keys.stores import PIN, softhsm_token, token_objects
+from tests.keys.stores import _LIST_OBJECTS, PIN, softhsm_token, token_objects
 from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
 from workflows.context import AppContext
 from workflows.init import discard_unused_ca_keys, initialize
@@ -563,3 +563,41 @@ def test_a_start_on_a_restored_backup_keeps_the_keys_of_later_generations(
     restored = _open(home, None, token, deployments)
     assert initialize(restored, None, "ec-p256")["created"] is False
     assert later <= _labels(token), f"destroyed: {sorted(later - _labels(token))}"
+
+
+def starts_at_once(ctx: AppContext) -> str:
+    """A replica's start, from its signing keys on, at the moment TF_REVIEW_START (epoch seconds) says."""
+    from workflows.init import ensure_signing_keys
+
+    start = float(os.environ["TF_REVIEW_START"])
+    while time.time() < start:
+        time.sleep(0.001)
+    ensure_signing_keys(ctx)
+    return "ok"
+
+
+def test_replicas_starting_at_once_make_one_audit_and_one_issuer_key(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    """Should fix: three replicas of a new deployment starting together (a first rollout) each found no audit key in
+    the token and each made one (a token has no create-if-absent): the token then held three private keys labelled
+    audit-checkpoint, all three starts failed, and so did every later one ("token holds 3 objects labelled
+    'audit-checkpoint'") until an operator removed keys by hand. Each replica is a process of its own, as on three
+    hosts; they share the database (its deployment row written) and the token."""
+    from workflows.init import ensure_deployment
+
+    url = new_database()
+    home = tmp_path / "a"
+    a = _open(home, url, token, deployments)
+    ensure_deployment(a)
+    _close(a)
+    deployments.remove(a)
+    env = {**_env(home, url, token), "TF_REVIEW_START": str(time.time() + 8)}
+    replicas = [subprocess.Popen([sys.executable, "-c", _AS_ANOTHER_PROCESS, "starts_at_once"], cwd=REPO, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [r.communicate(timeout=120) for r in replicas]
+    assert [r.returncode for r in replicas] == [0, 0, 0], [err[-1500:] for _out, err in outs]
+    module, label = token
+    listed = subprocess.run([sys.executable, "-c", _LIST_OBJECTS, module, label, PIN], capture_output=True,
+                            text=True, check=True, timeout=60).stdout.splitlines()  # each object, duplicates too
+    assert sorted(listed) == sorted(f"{key_id} {cls}" for key_id in (API_ISSUER_KEY_ID, AUDIT_KEY_ID)
+                                    for cls in ("PRIVATE_KEY", "PUBLIC_KEY"))
