@@ -11,10 +11,11 @@ import secrets
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import select
+from sqlmodel import col, select
 
 from audit import Actor, ensure_audit_key, record
 from audit.checkpoint import AUDIT_KEY_ID
+from audit.models import AuditEvent
 from core.errors import InvalidInput
 from keys.deployment import read_deployment_id
 from keys.errors import KeyNotFound
@@ -53,8 +54,7 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
                     "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
                     "PKCS#11 token)") from None
     ensure_deployment(ctx)  # before any key is made: the keys of a PKCS#11 token carry it
-    ensure_audit_key(ctx.keystore)
-    ensure_issuer_key(ctx.keystore)
+    ensure_signing_keys(ctx)
     with ctx.db.session() as session:
         # serve without --trust-domain keeps whatever init created
         trust_domain = trust_domain or existing_trust_domain(session) or ctx.settings.trust_domain
@@ -108,6 +108,23 @@ def ensure_deployment(ctx: AppContext) -> str:
         _log.info("this database's deployment id is %s: it marks the keys this deployment makes in a PKCS#11 token",
                   made)
     return found
+
+
+def ensure_signing_keys(ctx: AppContext) -> None:
+    """The audit checkpoint key and the API issuer key, each made when the key store holds none. In a PKCS#11 token,
+    under the lock of this database's deployment row (on SQLite, its writer lock): a token has no create-if-absent,
+    so replicas starting at once on a new deployment (a first rollout) each found no key and each made one, and the
+    token then held several keys of one label, which every later start refused ("token holds 3 objects labelled
+    'audit-checkpoint'") until an operator removed them by hand. Under the lock one replica makes them and the
+    others find them. The file key store needs no lock: a key's row in `key_blobs` is unique (keys/shared.py)."""
+    if not isinstance(ctx.keystore, MarkedKeyStore):
+        ensure_audit_key(ctx.keystore)
+        ensure_issuer_key(ctx.keystore)
+        return
+    with ctx.db.session() as session:
+        session.exec(select(Deployment.id).where(col(Deployment.id) == 1).with_for_update()).first()
+        ensure_audit_key(ctx.keystore)
+        ensure_issuer_key(ctx.keystore)
 
 
 def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore | MarkedKeyStore) -> list[str]:
@@ -169,7 +186,8 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     (made before keys were marked, or by another deployment or software) are left too, and named in one log line
     each start, for an operator to judge. The events commit first, then the keys go (as the file store removes a
     file after its row): a destroy that fails is logged and retried at the next start, where the key is still
-    unused and still this deployment's."""
+    unused and still this deployment's. One event per key: a start that finds one recorded already (by a replica
+    starting at once, which destroys it after its commit, or by a start whose destroy failed) destroys it unrecorded."""
     with ctx.db.statement() as conn:
         mine = read_deployment_id(conn)
     owners = keystore.key_owners()
@@ -189,7 +207,13 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
         if unused:  # still there and still ours, now that no rotation is under way
             now_held = {k for k, owner in keystore.key_owners().items() if owner == mine}
             unused = [k for k in unused if k in now_held]
+        # another start (a replica starting at once) recorded some already and destroys them after its commit, or
+        # its destroy failed: destroyed here too, but recorded once (its event committed before this lock was had)
+        recorded = set(session.exec(select(AuditEvent.object_id).where(
+            AuditEvent.action == "ca.key.destroy", col(AuditEvent.object_id).in_(unused))).all()) if unused else set()
         for key_id in unused:
+            if key_id in recorded:
+                continue
             record(session, actor=Actor.system("init"), action="ca.key.destroy", object_type="key", object_id=key_id,
                    summary={"reason": "no CA generation uses it (made by a rotation that rolled back or was killed "
                                       "before its commit)", "key_store": "pkcs11", "deployment": mine},
@@ -197,11 +221,12 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     destroyed, failed = [], []
     for key_id in unused:
         try:
-            keystore.destroy_marked(key_id, mine)
+            found = keystore.destroy_marked(key_id, mine)
         except Exception as exc:  # the token refused: said, and tried again at the next start
             failed.append(f"{key_id} ({type(exc).__name__}: {exc})")
         else:
-            destroyed.append(key_id)
+            if found:  # (else another start destroyed it meanwhile)
+                destroyed.append(key_id)
     if destroyed:
         _log.warning("destroyed %d CA key(s) of this deployment in %r that no CA generation uses, made by rotations "
                      "that rolled back or were killed before their commit: %s", len(destroyed), keystore,
