@@ -313,19 +313,18 @@ class WorkloadSvids:
         10% more, spread), or else a backoff doubling from BACKOFF_MIN to BACKOFF_MAX with jitter. The caller holds
         the lock."""
         now = self.clock()
-        status = exc.status if isinstance(exc, Refused) else None
-        for w in workloads:
-            failures = self._failures.get(w, 0)
+        failures = max(self._failures.get(w, 0) for w in workloads)
+        if retry_after is not None:
+            wait = min(max(retry_after, BACKOFF_MIN), RETRY_AFTER_MAX) * self._jitter.uniform(1.0, 1.1)
+        else:
+            wait = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** min(failures, 16)) * self._jitter.uniform(0.5, 1.0)
+        for w in workloads:  # one time for all: they stay one batch when asked again
             self._failures[w] = failures + 1
-            if retry_after is not None:
-                wait = min(max(retry_after, BACKOFF_MIN), RETRY_AFTER_MAX) * self._jitter.uniform(1.0, 1.1)
-            else:
-                wait = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** min(failures, 16)) * self._jitter.uniform(0.5, 1.0)
             self._retry_at[w] = now + wait
-        level = logging.ERROR if status == 400 else logging.WARNING
+        level = logging.ERROR if isinstance(exc, Refused) and exc.status == 400 else logging.WARNING
         what = workloads[0] if len(workloads) == 1 else f"{len(workloads)} workloads"
-        log.log(level, "%s: X.509-SVID not renewed, the one held is kept while valid; retrying in %.0fs or later: %s",
-                what, min(self._retry_at[w] for w in workloads) - now, exc)
+        log.log(level, "%s: X.509-SVID not renewed, the one held is kept while valid; retrying in %.1fs: %s",
+                what, wait, exc)
 
     def _settled(self, workload: str) -> None:
         """The workload's renewal succeeded, or it was dropped: no retry pending. The caller holds the lock."""
