@@ -3,8 +3,9 @@ as the workload (agent/svids.py's module docstring has the rules):
 
 - rate limited (429: the server charges a batch one token per entry), the held SVIDs stay served by the Workload
   API, the agent asks again no sooner than Retry-After (never in a loop), and renews them once the bucket allows;
-- a server answering 503 (with Retry-After) keeps them too, and renews them once it answers again; a workload with
-  nothing valid held meanwhile gets UNAVAILABLE ("retry"), never PERMISSION_DENIED;
+- a server answering 503 (with Retry-After) keeps them too (after a CA rotation made them all due as well), and
+  renews them once it answers again; a workload with nothing valid held meanwhile gets UNAVAILABLE ("retry"),
+  never PERMISSION_DENIED;
 - a batch refused whole as above the server's burst (422) is sent again in halves: nothing dropped;
 - a definitive refusal (403: the workload revoked) still drops the held SVID.
 
@@ -158,6 +159,8 @@ def test_a_server_answering_503_keeps_the_held_svids_and_they_renew_once_it_answ
         gpu1.svids.renew_due()
         assert _held(gpu1) == before
         assert serials(gpu1) == before  # served, the placements' refresh refused too
+        gpu1.svids.rotate_all()  # (a new CA generation: every one due at once) still served while valid
+        assert _held(gpu1) == before and serials(gpu1) == before
         # past their expiry nothing valid is held: "retry", never "no identity for you"
         expired = max(e.not_after for e in gpu1.svids._x509.values()) + 1
         clock = gpu1.svids.clock
