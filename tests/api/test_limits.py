@@ -97,6 +97,26 @@ def test_token_bucket_takes_a_batchs_extra_tokens_all_or_none() -> None:
     assert TokenBucket(rate=0, burst=1).take_more("a", 99) == 0  # disabled: nothing changes
 
 
+def test_a_refused_deferred_token_check_gives_back_every_token_its_batch_was_charged(limited: Env) -> None:
+    """`unauthenticated` (a deferred token check that refused: api/handoff.py) gives back the request's own token and
+    the extra ones `charge_entries` took for its batch, so a revoked token's batch never drains the bucket of the
+    principal it names (the batch route checks its token before charging today; this holds should it ever carry)."""
+    from starlette.requests import Request
+
+    from api.deps import authenticate, charge_entries, rate_key, unauthenticated
+
+    bucket: TokenBucket = limited.app.state.rate_limiter  # 1/s, burst 3
+    headers = [(k.lower().encode(), v.encode()) for k, v in limited.headers("tenant-admin", "acme").items()]
+    request = Request({"type": "http", "method": "POST", "path": "/v1/svids/x509/batch", "headers": headers,
+                       "app": limited.app, "state": {}})
+    principal = authenticate(request, limited.ctx)  # one token
+    charge_entries(request, principal, 3, "3 entries")  # and two more: the bucket is empty
+    assert bucket.take(rate_key(principal)) > 0
+    unauthenticated(request)
+    assert request.state.principal is None
+    assert [bucket.take(rate_key(principal)) for _ in range(3)] == [0, 0, 0]  # all three back
+
+
 def test_input_hygiene(env: Env) -> None:
     env.headers("admin")  # mint the token first: minting is audited
     before = audit_count(env)
