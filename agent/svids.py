@@ -166,7 +166,7 @@ class SvidCache:
 
 
 BATCH = 100  # entries per POST /v1/svids/x509/batch: the server's bound (and its default rate-limit burst)
-_DONE, _NO_ROUTE = 0, -1  # _renew_batch's outcomes (a positive one: the smaller batch size to send instead)
+_DONE, _NO_ROUTE, _HELD = 0, -1, -2  # _renew_batch's outcomes (a positive one: the smaller batch size to send instead)
 
 
 def _entry(issued: dict[str, Any], key: bytes) -> X509Entry:
@@ -354,6 +354,12 @@ class WorkloadSvids:
                 self.batches = False
                 self._renew_singly(chunk + due)
                 return
+            if outcome == _HELD:  # refused whole for now (rate limited, down): the rest would be too; they wait as long
+                with self._lock:
+                    until = max(self._retry_at.get(w, 0.0) for w in chunk)
+                    for w in due:
+                        self._retry_at[w] = max(self._retry_at.get(w, 0.0), until)
+                return
             if outcome > 0:  # refused whole as too large: the same workloads again in smaller batches
                 self.batch_limit = outcome
                 log.warning("the server refused a batch of %d SVID renewals as too large; sending %d at most",
@@ -368,7 +374,8 @@ class WorkloadSvids:
     def _renew_batch(self, workloads: list[str]) -> int:
         """Renew `workloads` in one request, each handled as `x509` handles its renewal: a definitive refusal (of
         its entry, or of the request as a whole) drops it; a transient one (or no answer) keeps the one held while
-        valid and retries later. _DONE; _NO_ROUTE (nothing changed) when the server has no batch route; or, when it
+        valid and retries later. _DONE; _HELD when the request as a whole failed so (the others due wait as long: the
+        server would refuse them too); _NO_ROUTE (nothing changed) when the server has no batch route; or, when it
         refused the batch whole as too large and it had more than one entry, the smaller size to send instead."""
         with self._lock:
             now = self.clock()
@@ -386,11 +393,11 @@ class WorkloadSvids:
                     return max(1, len(due) // 2)
                 if not definitive(exc.status):
                     self._later(due, exc, exc.retry_after)
-                    return _DONE
+                    return _HELD
                 results = [{"error": {"status": exc.status, "reason": str(exc)}}] * len(due)
             except Unreachable as exc:  # keep serving the ones we have while they are valid (x509 serves them so)
                 self._later(due, exc, None)
-                return _DONE
+                return _HELD
             fresh: list[X509Entry] = []
             dropped = 0
             for w, result in zip(due, results, strict=True):

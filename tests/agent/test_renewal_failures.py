@@ -2,7 +2,8 @@
 as the workload (agent/svids.py's module docstring has the rules):
 
 - rate limited (429: the server charges a batch one token per entry), the held SVIDs stay served by the Workload
-  API, the agent asks again no sooner than Retry-After (never in a loop), and renews them once the bucket allows;
+  API, the agent asks again no sooner than Retry-After (never in a loop), and renews them once the bucket allows; a
+  batch refused so holds back the round's next ones;
 - a server answering 503 (with Retry-After) keeps them too (after a CA rotation made them all due as well), and
   renews them once it answers again; a workload with nothing valid held meanwhile gets UNAVAILABLE ("retry"),
   never PERMISSION_DENIED;
@@ -132,6 +133,25 @@ def test_a_rate_limited_renewal_keeps_the_held_svids_and_renews_once_allowed(ser
     assert _batches("200") >= 1
     renewed = serials(gpu1)
     assert set(renewed) == IDS and all(renewed[i] != before[i] for i in IDS)
+
+
+def test_a_batch_refused_for_now_holds_back_the_next_ones_of_the_round(served: Served, gpu1: Agent,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """N due in batches of N/2 (as 250 workloads after a CA rotation are 100 + 100 + 50): the first batch rate limited,
+    the second is not sent into the same 429 but waits as long; both are renewed once the bucket allows."""
+    import agent.svids as agent_svids
+
+    before = _held(gpu1)
+    monkeypatch.setattr(agent_svids, "BATCH", N // 2)
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=1.0, burst=N // 2))
+    with pytest.raises(Refused):
+        for _ in range(N):  # the node spends its bucket
+            gpu1.api.placements()
+    refused = _batches("429")
+    gpu1.svids.renew_due()
+    assert _batches("429") == refused + 1  # one batch asked, the other held back
+    assert _held(gpu1) == before
+    assert _renewed_within(gpu1, before, 20)
 
 
 async def _draining(scope: dict[str, Any], receive: Any, send: Any) -> None:
