@@ -23,10 +23,12 @@ entries parented to it).
     server refused the CSR the agent made: an agent and a server that disagree, which no workload caused; logged
     as an error). The workload is asked for again no sooner than the answer's Retry-After (with up to 10% more,
     so a fleet of agents does not come back at the same instant), or else after a backoff that doubles from
-    BACKOFF_MIN to BACKOFF_MAX seconds with jitter; never in a loop. A workload that holds no valid SVID
+    BACKOFF_MIN to BACKOFF_MAX seconds with jitter; never in a loop (a batch refused whole so holds back the other
+    batches of its round as long: the server would refuse them too). A workload that holds no valid SVID
     meanwhile is answered UNAVAILABLE by the Workload API (`RetryLater`: the SPIFFE Workload API's "retry"),
     never PERMISSION_DENIED, which says the caller has no identity to get.
-- JWT-SVIDs: per (workload, audience), kept until half life, in memory only.
+- JWT-SVIDs: per (workload, audience), kept until half life, in memory only (a refused fetch, whatever its
+  status, still drops the one held: the rules above are the X.509 renewals' only).
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
