@@ -3,12 +3,14 @@
 The connection pool is rebuilt whenever the identity changes (a renewed SVID, a refreshed bundle); requests
 in flight finish on the old pool, which is closed once the next request of every thread moved on.
 Errors: `Unreachable` (no answer: the caller keeps what it has and retries later) and `Refused` (an answer
-that is not a success, with the server's reason).
+that is not a success, with the server's reason, and its Retry-After when it sent one).
 """
 
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -26,9 +28,28 @@ class Unreachable(AgentError):
 class Refused(AgentError):
     """The server answered with an error status."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, retry_after: float | None = None) -> None:
         super().__init__(f"{status}: {reason}")
         self.status = status
+        self.retry_after = retry_after  # seconds, from the answer's Retry-After (429, 503); None when it sent none
+
+
+def retry_after(r: httpx.Response) -> float | None:
+    """The answer's Retry-After in seconds (RFC 9110 10.2.3: delay-seconds or an HTTP-date); None when absent or
+    unreadable."""
+    value = r.headers.get("retry-after")
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def _reason(r: httpx.Response) -> str:
@@ -80,7 +101,7 @@ class ApiClient:
         except (httpx.TransportError, OSError) as exc:
             raise Unreachable(f"{self.server}{path}: {type(exc).__name__}: {exc}") from None
         if r.status_code not in ok:
-            raise Refused(r.status_code, _reason(r))
+            raise Refused(r.status_code, _reason(r), retry_after(r))
         return r
 
     # ------------------------------------------------------------------ identity

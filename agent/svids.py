@@ -6,11 +6,29 @@ entries parented to it).
 - X.509-SVIDs: the key is generated here and never leaves the node; the server signs a CSR over the node's
   mTLS (it issues only for workloads placed on this node). Fetched when a workload first asks, renewed at
   half life (or when the trust bundle changes), dropped when the workload leaves the node or the server
-  refuses it (revoked, quarantined). Every change bumps `version` and wakes the Workload API's streams.
+  refuses it for good (below). Every change bumps `version` and wakes the Workload API's streams.
   Renewals (at half life, and all at once after a CA rotation) go in batches of up to BATCH per request
   (POST /v1/svids/x509/batch, SPIRE's BatchNewX509SVID), each entry answered and handled on its own; a server
-  without that route (404/405: an older one during an upgrade) gets one request per workload from then on.
-- JWT-SVIDs: per (workload, audience), kept until half life, in memory only.
+  without that route (404/405: an older one during an upgrade) gets one request per workload from then on; a
+  batch the server refuses whole as too large for it (413, or 422: above the rate limit's burst, which the server
+  charges one token per entry) is sent again in halves, and the smaller size kept.
+- A renewal's answer (one request's, or one batch entry's) decides the held SVID:
+  * definitive, the held SVID is dropped at once: 403 (the identity revoked, the group quarantined, the workload
+    not placed on this node or out of its scope), 404 (no such workload), 401 (the server no longer accepts this
+    node's own SVID: the node revoked, or its SVID not issued by this server; the node must attest again, and a
+    node the control plane refuses does not go on handing out identities);
+  * anything else is transient, and the held SVID is served while it is valid: 429 (rate limited), 5xx and no
+    answer (the server down, draining, its database restarting), 409 (no CA that can sign: an expired one, or one
+    rotated out meanwhile; an operator's `ca rotate` mends it, and the workload is not at fault) and 400 (the
+    server refused the CSR the agent made: an agent and a server that disagree, which no workload caused; logged
+    as an error). The workload is asked for again no sooner than the answer's Retry-After (with up to 10% more,
+    so a fleet of agents does not come back at the same instant), or else after a backoff that doubles from
+    BACKOFF_MIN to BACKOFF_MAX seconds with jitter; never in a loop (a batch refused whole so holds back the other
+    batches of its round as long: the server would refuse them too). A workload that holds no valid SVID
+    meanwhile is answered UNAVAILABLE by the Workload API (`RetryLater`: the SPIFFE Workload API's "retry"),
+    never PERMISSION_DENIED, which says the caller has no identity to get.
+- JWT-SVIDs: per (workload, audience), kept until half life, in memory only (a refused fetch, whatever its
+  status, still drops the one held: the rules above are the X.509 renewals' only).
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
@@ -27,9 +45,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import random
 import threading
 import time
-from dataclasses import asdict, dataclass
+from contextlib import suppress
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -59,9 +79,10 @@ class X509Entry:
     key_der: bytes  # PKCS#8
     not_before: float
     not_after: float
+    forced: bool = False  # due for renewal now, whatever its age (a new CA generation signs: rotate_all)
 
     def renew_at(self) -> float:
-        return self.not_before + (self.not_after - self.not_before) / 2
+        return self.not_before if self.forced else self.not_before + (self.not_after - self.not_before) / 2
 
     def serial(self) -> int:
         """The leaf's serial (the leaf is the chain's first DER SEQUENCE: its length from its header)."""
@@ -81,6 +102,27 @@ class JwtEntry:
 
 class NotSynced(AgentError):
     """The agent restarted and has not yet confirmed its cached identities with the server."""
+
+
+class RetryLater(AgentError):
+    """The workload holds no valid X.509-SVID, and the server could not issue one just now (a transient answer, or
+    none): the Workload API answers UNAVAILABLE, the SPIFFE Workload API's "retry"."""
+
+
+DEFINITIVE = frozenset({401, 403, 404})  # the answers that drop a held SVID (the module docstring says why)
+BACKOFF_MIN = 1.0  # seconds before the first retry of a renewal that failed without a Retry-After
+BACKOFF_MAX = 60.0  # the backoff's bound (it doubles per failure in a row, with jitter)
+RETRY_AFTER_MAX = 600.0  # a server's Retry-After is honoured up to this; a larger one is taken as this
+
+
+def definitive(status: int) -> bool:
+    return status in DEFINITIVE
+
+
+def _too_large(status: int) -> bool:
+    """A batch refused whole for its size (413: the body; 422: more entries than the server takes, its rate limit's
+    burst included): the same workloads in smaller batches may pass."""
+    return status in (413, 422)
 
 
 CACHE_FILE = "svids.sealed"
@@ -114,7 +156,8 @@ class SvidCache:
             placements = {p["workload"]: Placement(str(p["workload"]), str(p["spiffe_id"]),
                                                    tuple(str(x) for x in p["selectors"])) for p in doc["placements"]}
             x509s = {str(w): X509Entry(str(e["spiffe_id"]), base64.b64decode(e["chain_der"]),
-                                       base64.b64decode(e["key_der"]), float(e["not_before"]), float(e["not_after"]))
+                                       base64.b64decode(e["key_der"]), float(e["not_before"]), float(e["not_after"]),
+                                       bool(e.get("forced", False)))
                      for w, e in doc["x509"].items()}
         except FileNotFoundError:
             return {}, {}
@@ -124,7 +167,8 @@ class SvidCache:
         return placements, {w: e for w, e in x509s.items() if now < e.not_after and w in placements}
 
 
-BATCH = 100  # entries per POST /v1/svids/x509/batch: the server's bound
+BATCH = 100  # entries per POST /v1/svids/x509/batch: the server's bound (and its default rate-limit burst)
+_DONE, _NO_ROUTE, _HELD = 0, -1, -2  # _renew_batch's outcomes (a positive one: the smaller batch size to send instead)
 
 
 def _entry(issued: dict[str, Any], key: bytes) -> X509Entry:
@@ -159,6 +203,10 @@ class WorkloadSvids:
         self.synced = False  # placements (and the CRL, for cached SVIDs) confirmed by the server since start
         self.from_cache = 0  # SVIDs the last run left, kept until the re-sync judged them
         self.batches = True  # renewals in batches (POST /v1/svids/x509/batch) until the server shows it has none
+        self.batch_limit: int | None = None  # a smaller batch than BATCH, once the server refused one as too large
+        self._retry_at: dict[str, float] = {}  # workload -> no renewal asked before then (a transient failure)
+        self._failures: dict[str, int] = {}  # workload -> transient failures in a row (the backoff's exponent)
+        self._jitter = random.Random()  # spreads retries (no secret)
         if cache is not None:
             self.placements, self._x509 = cache.load(clock())
             self.from_cache = len(self._x509)
@@ -203,6 +251,8 @@ class WorkloadSvids:
                 return
             for w in dropped:
                 self._x509.pop(w, None)
+            for w in [w for w in self._retry_at if w not in new]:
+                self._settled(w)
             if first and self.from_cache:
                 log.info("re-synced: %d cached workload SVIDs confirmed, %d dropped (unplaced, moved or revoked)",
                          self.from_cache - len(dropped), len(dropped))
@@ -224,96 +274,170 @@ class WorkloadSvids:
 
     # ------------------------------------------------------------------ X.509
     def x509(self, workload: str) -> X509Entry | None:
-        """The workload's current X.509-SVID, fetched or renewed when due; None when the server refuses it."""
+        """The workload's current X.509-SVID, fetched or renewed when due; None when the server refuses it for good
+        (DEFINITIVE: dropped). A transient failure (the module docstring) keeps the held one while it is valid and
+        asks again no sooner than `_later` says; RetryLater when nothing valid is held meanwhile."""
         with self._lock:
             entry = self._x509.get(workload)
-            if entry is not None and self.clock() < entry.renew_at():
+            now = self.clock()
+            if entry is not None and now < entry.renew_at():
                 return entry
+            if now < self._retry_at.get(workload, 0.0):  # failed a moment ago: not asked again before then
+                return self._held(workload, entry, now, "waiting to retry")
             try:
                 fresh = self._issue_x509(workload)
             except Refused as exc:
+                if not definitive(exc.status):
+                    self._later([workload], exc, exc.retry_after)
+                    return self._held(workload, entry, now, str(exc))
                 log.warning("%s: no X.509-SVID: %s", workload, exc)
+                self._settled(workload)
                 if self._x509.pop(workload, None) is not None:
                     self._bump()
                 return None
             except Unreachable as exc:  # keep serving the one we have while it is valid
-                log.warning("%s: X.509-SVID not renewed (server unreachable): %s", workload, exc)
-                return entry if entry is not None and self.clock() < entry.not_after else None
+                self._later([workload], exc, None)
+                return self._held(workload, entry, now, f"server unreachable: {exc}")
             self._x509[workload] = fresh
+            self._settled(workload)
         self.metrics.svid_expiry.labels(fresh.spiffe_id).set(fresh.not_after)
         self._bump()
         return fresh
+
+    def _held(self, workload: str, entry: X509Entry | None, now: float, why: str) -> X509Entry:
+        """The held SVID while it is valid (a renewal failed transiently); RetryLater when there is none."""
+        if entry is not None and now < entry.not_after:
+            return entry
+        raise RetryLater(f"{workload}: no X.509-SVID yet ({why}); retry")
+
+    def _later(self, workloads: list[str], exc: AgentError, retry_after: float | None) -> None:
+        """A transient failure of `workloads`' renewal: none is asked again before the server's Retry-After (up to
+        10% more, spread), or else a backoff doubling from BACKOFF_MIN to BACKOFF_MAX with jitter. The caller holds
+        the lock."""
+        now = self.clock()
+        failures = max(self._failures.get(w, 0) for w in workloads)
+        if retry_after is not None:
+            wait = min(max(retry_after, BACKOFF_MIN), RETRY_AFTER_MAX) * self._jitter.uniform(1.0, 1.1)
+        else:
+            wait = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** min(failures, 16)) * self._jitter.uniform(0.5, 1.0)
+        for w in workloads:  # one time for all: they stay one batch when asked again
+            self._failures[w] = failures + 1
+            self._retry_at[w] = now + wait
+        level = logging.ERROR if isinstance(exc, Refused) and exc.status == 400 else logging.WARNING
+        what = workloads[0] if len(workloads) == 1 else f"{len(workloads)} workloads"
+        log.log(level, "%s: X.509-SVID not renewed, the one held is kept while valid; retrying in %.1fs: %s",
+                what, wait, exc)
+
+    def _settled(self, workload: str) -> None:
+        """The workload's renewal succeeded, or it was dropped: no retry pending. The caller holds the lock."""
+        self._retry_at.pop(workload, None)
+        self._failures.pop(workload, None)
 
     def _issue_x509(self, workload: str) -> X509Entry:
         key, csr = new_key_and_csr(workload)
         return _entry(self.api.x509_svid(workload, csr), key_der(key))
 
     def renew_due(self) -> None:
-        """Renew every cached X.509-SVID past half life (the streams then send the new one): in batches of up to
-        BATCH (POST /v1/svids/x509/batch, one request each), one request each on a server without that route."""
+        """Renew every cached X.509-SVID past half life (the streams then send the new one) whose last transient
+        failure's wait is over: in batches of up to BATCH (POST /v1/svids/x509/batch, one request each), smaller
+        once the server refused one as too large, one request each on a server without that route."""
         with self._lock:
-            due = [w for w, e in self._x509.items() if self.clock() >= e.renew_at()]
+            now = self.clock()
+            due = [w for w, e in self._x509.items() if now >= e.renew_at() and now >= self._retry_at.get(w, 0.0)]
         if not self.batches:
-            for w in due:
-                self.x509(w)
+            self._renew_singly(due)
             return
-        for start in range(0, len(due), BATCH):
-            chunk = due[start:start + BATCH]
-            if not self._renew_batch(chunk):  # an older server (during an upgrade): one request each from now on
+        while due:
+            size = BATCH if self.batch_limit is None else max(1, min(BATCH, self.batch_limit))
+            chunk, due = due[:size], due[size:]
+            outcome = self._renew_batch(chunk)
+            if outcome == _NO_ROUTE:  # an older server (during an upgrade): one request each from now on
                 log.info("the server has no batch SVID route; renewing one request per workload")
                 self.batches = False
-                for w in due[start:]:
-                    self.x509(w)
+                self._renew_singly(chunk + due)
                 return
+            if outcome == _HELD:  # refused whole for now (rate limited, down): the rest would be too; they wait as long
+                with self._lock:
+                    until = max(self._retry_at.get(w, 0.0) for w in chunk)
+                    for w in due:
+                        self._retry_at[w] = max(self._retry_at.get(w, 0.0), until)
+                return
+            if outcome > 0:  # refused whole as too large: the same workloads again in smaller batches
+                self.batch_limit = outcome
+                log.warning("the server refused a batch of %d SVID renewals as too large; sending %d at most",
+                            len(chunk), outcome)
+                due = chunk + due
 
-    def _renew_batch(self, workloads: list[str]) -> bool:
-        """Renew `workloads` in one request, each handled as `x509` handles its renewal: refused, it is dropped
-        (with the request, when the request as a whole is refused); unreachable, the one held is kept while valid.
-        False (nothing changed) when the server has no batch route."""
+    def _renew_singly(self, workloads: list[str]) -> None:
+        for w in workloads:
+            with suppress(RetryLater):  # (logged by x509) the held one was no longer valid; asked again later
+                self.x509(w)
+
+    def _renew_batch(self, workloads: list[str]) -> int:
+        """Renew `workloads` in one request, each handled as `x509` handles its renewal: a definitive refusal (of
+        its entry, or of the request as a whole) drops it; a transient one (or no answer) keeps the one held while
+        valid and retries later. _DONE; _HELD when the request as a whole failed so (the others due wait as long: the
+        server would refuse them too); _NO_ROUTE (nothing changed) when the server has no batch route; or, when it
+        refused the batch whole as too large and it had more than one entry, the smaller size to send instead."""
         with self._lock:
-            due = [w for w in workloads
-                   if w in self._x509 and self.clock() >= self._x509[w].renew_at()]  # (not renewed meanwhile)
+            now = self.clock()
+            due = [w for w in workloads if w in self._x509 and now >= self._x509[w].renew_at()
+                   and now >= self._retry_at.get(w, 0.0)]  # (not renewed, nor failed, meanwhile)
             if not due:
-                return True
+                return _DONE
             keys = {w: new_key_and_csr(w) for w in due}
             try:
                 results: list[dict[str, Any]] = self.api.x509_svids([(w, keys[w][1]) for w in due])
             except Refused as exc:
                 if exc.status in (404, 405):
-                    return False
+                    return _NO_ROUTE
+                if _too_large(exc.status) and len(due) > 1:
+                    return max(1, len(due) // 2)
+                if not definitive(exc.status):
+                    self._later(due, exc, exc.retry_after)
+                    return _HELD
                 results = [{"error": {"status": exc.status, "reason": str(exc)}}] * len(due)
             except Unreachable as exc:  # keep serving the ones we have while they are valid (x509 serves them so)
-                log.warning("%d X.509-SVIDs not renewed (server unreachable): %s", len(due), exc)
-                return True
+                self._later(due, exc, None)
+                return _HELD
             fresh: list[X509Entry] = []
             dropped = 0
             for w, result in zip(due, results, strict=True):
                 error = result.get("error")
                 svid = result.get("svid")
                 if error or not isinstance(svid, dict):
-                    reason = f"{error.get('status')}: {error.get('reason')}" if isinstance(error, dict) else str(result)
+                    status = error.get("status") if isinstance(error, dict) else None
+                    why = str(error.get("reason")) if isinstance(error, dict) else str(result)
+                    if isinstance(status, int) and not definitive(status):
+                        self._later([w], Refused(status, why), None)
+                        continue
+                    reason = f"{status}: {why}" if status is not None else why
                     log.warning("%s: no X.509-SVID: %s", w, reason)
+                    self._settled(w)
                     dropped += self._x509.pop(w, None) is not None
                     continue
                 try:
                     entry = _entry(svid, key_der(keys[w][0]))
                 except (KeyError, TypeError, ValueError) as exc:
                     log.warning("%s: no X.509-SVID: the server's answer does not parse: %s", w, exc)
+                    self._settled(w)
                     dropped += self._x509.pop(w, None) is not None
                     continue
                 self._x509[w] = entry
+                self._settled(w)
                 fresh.append(entry)
         for entry in fresh:
             self.metrics.svid_expiry.labels(entry.spiffe_id).set(entry.not_after)
         if fresh or dropped:
             self._bump()
-        return True
+        return _DONE
 
     def rotate_all(self) -> None:
         """Renew every cached X.509-SVID now (the trust bundle changed: a new CA generation signs)."""
-        with self._lock:
-            self._x509 = {w: X509Entry(e.spiffe_id, e.chain_der, e.key_der, e.not_before, e.not_before)
-                          for w, e in self._x509.items()}
+        with self._lock:  # due now, still valid until their own expiry (served meanwhile, should renewals fail)
+            self._x509 = {w: replace(e, forced=True) for w, e in self._x509.items()}
+            for w in list(self._retry_at):  # a new CA: worth asking at once
+                self._retry_at.pop(w)
         self.renew_due()
 
     # ------------------------------------------------------------------ JWT

@@ -10,7 +10,9 @@ unix socket, as the SPIFFE Workload Endpoint and Workload API specifications des
   whenever what the caller would get changes (an SVID renewed at half life, the bundle after a CA rotation,
   the workload placed or removed); FetchJWTSVID and ValidateJWTSVID answer once;
 - a restarted agent answers UNAVAILABLE ("retry") until it re-synced its cached SVIDs with the server
-  (agent/svids.py), never from an unconfirmed cache.
+  (agent/svids.py), never from an unconfirmed cache; so does FetchX509SVID for a caller none of whose workloads
+  holds a valid X.509-SVID while the server cannot issue one (rate limited, down, unreachable: `RetryLater`).
+  PERMISSION_DENIED stays for "no identity for you" (nothing placed for the caller, or the server refused it).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from agent.api import Unreachable
 from agent.identity import NodeIdentity, roots_of
 from agent.metrics import AgentMetrics
 from agent.peercred import Caller, PeerCredRelay
-from agent.svids import NotSynced, WorkloadSvids
+from agent.svids import NotSynced, RetryLater, WorkloadSvids
 from pki.errors import InvalidSpiffeId
 from pki.spiffe_id import SpiffeId, parse_spiffe_id
 
@@ -116,11 +118,19 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         self.svids.renew_due()
         bundle = self._bundle_der()
         out = []
+        later: RetryLater | None = None
         for p in placements:
-            entry = self.svids.x509(p.workload)
+            try:
+                entry = self.svids.x509(p.workload)
+            except RetryLater as exc:  # none held, and the server cannot issue one just now
+                later = exc
+                continue
             if entry is not None:
                 out.append(workload_pb2.X509SVID(spiffe_id=entry.spiffe_id, x509_svid=entry.chain_der,
                                                  x509_svid_key=entry.key_der, bundle=bundle))
+        if not out and later is not None:
+            self.metrics.workload_requests.labels("FetchX509SVID", "unavailable").inc()
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(later))
         return workload_pb2.X509SVIDResponse(svids=out) if out else None
 
     def FetchX509SVID(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:

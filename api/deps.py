@@ -58,7 +58,21 @@ def unauthenticated(request: Request) -> None:
     request.state.principal = None
     limiter = getattr(request.app.state, "rate_limiter", None)
     if principal is not None and limiter is not None:
-        limiter.give_back(rate_key(principal))
+        limiter.give_back(rate_key(principal), 1 + getattr(request.state, "rate_extra", 0))
+    request.state.rate_extra = 0
+
+
+def charge_entries(request: Request, principal: Principal, entries: int, what: str) -> None:
+    """Charge the principal's rate limit one token per entry of a batch (SPIRE counts its signing rate limit per
+    CSR): the request took one already (`authenticate`), this takes the other entries - 1, all or none, before the
+    route does any work. RateLimited (429, Retry-After: until all `entries` are there; nothing more taken, and the
+    request's own token goes back) or BatchAboveBurst (422: more than the burst, never passes). Recorded on the
+    request, so a token whose deferred check then fails gives them all back (`unauthenticated`)."""
+    limiter = getattr(request.app.state, "rate_limiter", None)
+    if limiter is None or entries <= 1:
+        return
+    limiter.check_more(rate_key(principal), entries - 1, what)
+    request.state.rate_extra = getattr(request.state, "rate_extra", 0) + entries - 1
 
 
 def authenticate(request: Request, ctx: AppContext) -> Principal:

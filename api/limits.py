@@ -14,10 +14,10 @@ from contextlib import contextmanager
 
 from api.metrics import REQUESTS
 from core.asgi import Scope, Send, reject
-from core.errors import PayloadTooLarge, RateLimited
+from core.errors import PayloadTooLarge, RateLimited, TrustfabricError
 
-__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "EvaluationSlots", "PayloadTooLarge", "RateLimited", "TokenBucket",
-           "refused_address"]
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "BatchAboveBurst", "EvaluationSlots", "PayloadTooLarge", "RateLimited",
+           "TokenBucket", "refused_address"]
 
 RATE_LIMITED_ROUTE = "<rate-limited>"  # the route label of requests refused by ClientRateLimit (never routed)
 MAX_PAGE_SIZE = 200
@@ -40,8 +40,7 @@ class TokenBucket:
             return 0.0
         now = time.monotonic() if now is None else now
         with self._lock:
-            tokens, last = self._state.get(key, (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - last) * self.rate)
+            tokens = self._tokens(key, now)
             if tokens >= 1.0:
                 self._state[key] = (tokens - 1.0, now)
                 return 0.0
@@ -50,21 +49,67 @@ class TokenBucket:
                 self._state.clear()
             return (1.0 - tokens) / self.rate
 
-    def give_back(self, key: str) -> None:
-        """Return one token taken for `key` (never beyond the burst): a request refused after its principal was
+    def take_more(self, key: str, extra: int, now: float | None = None) -> float:
+        """Take `extra` more tokens for a request that already took its one by `take` (a batch charged one token an
+        entry): 0 when taken. Else nothing more is taken and the request's own token goes back too (a refused request
+        costs nothing, as one `take` refuses), and the answer is the seconds until all 1 + `extra` are there;
+        math.inf when they never can be (more than the burst: BatchAboveBurst says so). Atomic: no other request of
+        `key` takes tokens between the check and the charge."""
+        if self.rate <= 0 or extra <= 0:
+            return 0.0
+        if 1 + extra > self.burst:
+            return math.inf
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            tokens = self._tokens(key, now)
+            if tokens >= extra:
+                self._state[key] = (tokens - extra, now)
+                return 0.0
+            tokens = min(float(self.burst), tokens + 1.0)  # the request's own token, back
+            self._state[key] = (tokens, now)
+            return (1.0 + extra - tokens) / self.rate
+
+    def _tokens(self, key: str, now: float) -> float:
+        """`key`'s tokens at `now` (a full bucket for a key not seen, or forgotten); the caller holds the lock."""
+        tokens, last = self._state.get(key, (float(self.burst), now))
+        return min(float(self.burst), tokens + max(0.0, now - last) * self.rate)
+
+    def give_back(self, key: str, tokens: int = 1) -> None:
+        """Return `tokens` taken for `key` (never beyond the burst): a request refused after its principal was
         charged, whose principal turned out not to be the caller (a deferred token check: api/handoff.py)."""
         if self.rate <= 0:
             return
         with self._lock:
             state = self._state.get(key)
             if state is not None:
-                self._state[key] = (min(float(self.burst), state[0] + 1.0), state[1])
+                self._state[key] = (min(float(self.burst), state[0] + tokens), state[1])
 
     def check(self, key: str) -> None:
         wait = self.take(key)
         if wait > 0:
             retry = max(1, math.ceil(wait))
             raise RateLimited(f"rate limit exceeded for {key}; retry after {retry}s", retry)
+
+    def check_more(self, key: str, extra: int, what: str) -> None:
+        """`take_more` for a request of `key` that costs 1 + `extra` tokens (`what` names them in the reason):
+        RateLimited with the seconds until they are all there, BatchAboveBurst when they never can be."""
+        wait = self.take_more(key, extra)
+        if wait == math.inf:
+            raise BatchAboveBurst(
+                f"{what} cost {1 + extra} rate-limit tokens, more than the burst of {self.burst} a principal may ever "
+                f"hold (TRUSTFABRIC_RATE_LIMIT_BURST): it could never pass; send at most {self.burst} per request")
+        if wait > 0:
+            retry = max(1, math.ceil(wait))
+            raise RateLimited(f"rate limit exceeded for {key}: {what} cost {1 + extra} tokens; retry after {retry}s",
+                              retry)
+
+
+class BatchAboveBurst(TrustfabricError):
+    """A request that costs more rate-limit tokens than the principal's bucket can ever hold (one token per entry of a
+    batch, more entries than the burst): refused whole, as a batch above its bound is (HTTP 422); never 429, whose
+    Retry-After would promise a retry that cannot pass."""
+
+    http_status = 422
 
 
 async def refused_address(bucket: TokenBucket, scope: Scope, send: Send) -> bool:

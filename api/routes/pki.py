@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.authz import authorize
-from api.deps import CtxDep, PrincipalDep
+from api.deps import CtxDep, PrincipalDep, charge_entries
 from api.errors import error_code, status_for
 from api.handoff import HandedOffRoute
 from api.metrics import SVID_TTL, SVIDS_ISSUED
@@ -255,7 +255,11 @@ def issue_x509_batch(body: X509SvidBatchRequest, request: Request, ctx: CtxDep, 
     403 not allowed / out of scope / not placed on this node / revoked / quarantined, 404 unknown, 409 no CA); an
     entry refused writes nothing and changes nothing for the others. The request as a whole is refused (nothing
     issued) when it is not authenticated (401), malformed, empty, above 100 entries or names a workload twice
-    (422), or over the principal's rate limit (429: one token per request, as any request)."""
+    (422), or over the principal's rate limit: one token per entry (as SPIRE counts its signing rate limit per CSR),
+    taken all or none before any work; 429 with Retry-After (the seconds until the bucket holds them all), or 422 when
+    the batch has more entries than the limit's burst (TRUSTFABRIC_RATE_LIMIT_BURST, 100 by default: a batch of
+    exactly that many passes on a full bucket)."""
+    charge_entries(request, principal, len(body.svids), f"{len(body.svids)} entries")
     on_node, rid, actor = _on_node(principal), request_id(request), principal.actor()
     results: list[X509SvidBatchResult | None] = [None] * len(body.svids)
     asks: list[tuple[int, service.X509Ask]] = []

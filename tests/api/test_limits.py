@@ -3,6 +3,7 @@ lengths, unknown fields; all clear 4xx with a reason and nothing written. Plus t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,6 +81,40 @@ def test_token_bucket_refills() -> None:
     assert bucket.take("a", now=0.0) == pytest.approx(0.5)
     assert bucket.take("a", now=0.5) == 0
     assert TokenBucket(rate=0, burst=1).take("a") == 0  # disabled
+
+
+def test_token_bucket_takes_a_batchs_extra_tokens_all_or_none() -> None:
+    bucket = TokenBucket(rate=2.0, burst=4)
+    assert bucket.take("a", now=0.0) == 0 and bucket.take_more("a", 3, now=0.0) == 0  # exactly the burst: passes
+    assert bucket.take("a", now=1.0) == 0  # 2 refilled, 1 taken: 1 left
+    assert bucket.take_more("a", 2, now=1.0) == pytest.approx(0.5)  # refused: its own token back (2), 3 needed
+    assert bucket.take("a", now=1.0) == 0 and bucket.take("a", now=1.0) == 0  # so nothing else was taken
+    assert bucket.take("a", now=1.0) == pytest.approx(0.5)
+    assert bucket.take_more("a", 4, now=9.0) == math.inf  # 5 > the burst: never
+    assert bucket.take("a", now=9.0) == 0 and bucket.take_more("a", 3, now=9.0) == 0  # nothing taken by it
+    bucket.give_back("a", 4)
+    assert bucket.take("a", now=9.0) == 0 and bucket.take_more("a", 3, now=9.0) == 0
+    assert TokenBucket(rate=0, burst=1).take_more("a", 99) == 0  # disabled: nothing changes
+
+
+def test_a_refused_deferred_token_check_gives_back_every_token_its_batch_was_charged(limited: Env) -> None:
+    """`unauthenticated` (a deferred token check that refused: api/handoff.py) gives back the request's own token and
+    the extra ones `charge_entries` took for its batch, so a revoked token's batch never drains the bucket of the
+    principal it names (the batch route checks its token before charging today; this holds should it ever carry)."""
+    from starlette.requests import Request
+
+    from api.deps import authenticate, charge_entries, rate_key, unauthenticated
+
+    bucket: TokenBucket = limited.app.state.rate_limiter  # 1/s, burst 3
+    headers = [(k.lower().encode(), v.encode()) for k, v in limited.headers("tenant-admin", "acme").items()]
+    request = Request({"type": "http", "method": "POST", "path": "/v1/svids/x509/batch", "headers": headers,
+                       "app": limited.app, "state": {}})
+    principal = authenticate(request, limited.ctx)  # one token
+    charge_entries(request, principal, 3, "3 entries")  # and two more: the bucket is empty
+    assert bucket.take(rate_key(principal)) > 0
+    unauthenticated(request)
+    assert request.state.principal is None
+    assert [bucket.take(rate_key(principal)) for _ in range(3)] == [0, 0, 0]  # all three back
 
 
 def test_input_hygiene(env: Env) -> None:

@@ -246,3 +246,81 @@ def test_a_token_revoked_elsewhere_is_401_and_nothing_is_written(postgres_server
             r = env.client.post(path, json=b, headers=headers)
             assert r.status_code == 401 and "revoked" in r.json()["reason"], r.text
         assert _counts(env) == before
+
+
+# ---------------------------------------------------------------- the rate limit: one token per entry
+
+
+def _register(env: Env, group: str, names: list[str]) -> None:
+    with env.ctx.db.session() as s:
+        for name in names:
+            inv.register_workload(s, trust_domain="example.org", tenant="acme", group=group, name=name, actor=SEED,
+                                  clock=env.clock)
+
+
+def _decisions(env: Env) -> int:
+    return _count(env, DecisionRecord)
+
+
+def test_a_batch_is_charged_one_rate_limit_token_per_entry(tmp_path: Path) -> None:
+    """A batch takes one token per entry, all or none, before any work: without enough of them it is 429 whole, with
+    Retry-After until all are there, nothing issued, written or decided; after that wait it passes. A batch of exactly
+    the burst passes on a full bucket; one above the burst can never pass: 422 naming the burst."""
+    import time
+
+    burst = 5
+    with seeded_env(tmp_path / "home", rate_limit_per_second=1.0, rate_limit_burst=burst) as env:
+        names = [f"w{n}" for n in range(burst + 1)]
+        _register(env, "web", names)
+        env.headers("admin"), env.headers("tenant-admin", "acme")  # minted (audit events) before counting
+        r = env.call("POST", BATCH, "admin", json={"svids": [_entry("acme", "web", n) for n in names[:3]]})
+        assert r.status_code == 200 and all(res["svid"] for res in r.json()["results"]), r.text  # 2 tokens left
+        before, decisions = _counts(env), _decisions(env)
+        four = {"svids": [_entry("acme", "web", n) for n in names[:4]]}
+        r = env.call("POST", BATCH, "admin", json=four)
+        assert r.status_code == 429, r.text
+        assert "4 entries cost 4 tokens" in r.json()["reason"], r.json()
+        retry = int(r.headers["retry-after"])
+        assert 1 <= retry <= 2, retry  # 2 tokens there (the refused request's own went back), 2 more at 1/s
+        assert _counts(env) == before and _decisions(env) == decisions  # nothing issued, written, or decided
+        time.sleep(retry)
+        r = env.call("POST", BATCH, "admin", json=four)
+        assert r.status_code == 200 and all(res["svid"] for res in r.json()["results"]), r.text
+        assert _counts(env) == (before[0] + 4, before[1] + 4)
+        # exactly the burst, on a fresh bucket (another principal's): passes, and leaves nothing for more
+        whole = {"svids": [_entry("acme", "web", n) for n in names[:burst]]}
+        r = env.call("POST", BATCH, "tenant-admin", "acme", json=whole)
+        assert r.status_code == 200 and all(res["svid"] for res in r.json()["results"]), r.text
+        assert env.call("GET", "/v1/whoami", "tenant-admin", "acme").status_code == 429
+        # above the burst: never passes, so not 429 (whose Retry-After would promise it could)
+        env.headers("auditor")
+        before = _counts(env)
+        r = env.call("POST", BATCH, "auditor", json={"svids": [_entry("acme", "web", n) for n in names]})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"] == "batch_above_burst" and f"burst of {burst}" in r.json()["reason"], r.json()
+        assert "retry-after" not in r.headers
+        assert _counts(env) == before
+
+
+def test_a_revoked_tokens_batches_never_drain_the_bucket_of_the_principal_it_names(tmp_path: Path) -> None:
+    """A revoked token is refused (401) before its batch is charged anything: replayed, it must not lock the principal
+    it names out (the owner's good token still has the whole burst)."""
+    from pki.tokens.service import revoke_token
+
+    burst = 5
+    with seeded_env(tmp_path / "home", rate_limit_per_second=0.001, rate_limit_burst=burst) as env:
+        _register(env, "web", [f"w{n}" for n in range(burst)])
+        bad = env.token("tenant-admin", "acme", subject="alice")
+        good = env.token("tenant-admin", "acme", subject="alice")
+        with env.ctx.db.session() as s:
+            revoke_token(s, jwt.decode(bad, options={"verify_signature": False})["jti"], actor=SEED, reason="leaked")
+        body = {"svids": [_entry("acme", "web", f"w{n}") for n in range(burst)]}
+        before = _counts(env)
+        for _ in range(3):
+            r = env.client.post(BATCH, json=body, headers={"Authorization": f"Bearer {bad}"})
+            assert r.status_code == 401 and "revoked" in r.json()["reason"], r.text
+        assert _counts(env) == before
+        r = env.client.post(BATCH, json=body, headers={"Authorization": f"Bearer {good}"})
+        assert r.status_code == 200 and all(res["svid"] for res in r.json()["results"]), r.text  # the whole burst
+        r = env.client.get("/v1/whoami", headers={"Authorization": f"Bearer {good}"})
+        assert r.status_code == 429  # and the limit still holds

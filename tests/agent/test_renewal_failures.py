@@ -1,0 +1,225 @@
+"""What a failed renewal does to the workload SVIDs a node agent holds, against a real server over mTLS with py-spiffe
+as the workload (agent/svids.py's module docstring has the rules):
+
+- rate limited (429: the server charges a batch one token per entry), the held SVIDs stay served by the Workload
+  API, the agent asks again no sooner than Retry-After (never in a loop), and renews them once the bucket allows; a
+  batch refused so holds back the round's next ones;
+- a server answering 503 (with Retry-After) keeps them too (after a CA rotation made them all due as well), and
+  renews them once it answers again; a workload with nothing valid held meanwhile gets UNAVAILABLE ("retry"),
+  never PERMISSION_DENIED;
+- a batch refused whole as above the server's burst (422) is sent again in halves: nothing dropped;
+- a definitive refusal (403: the workload revoked) still drops the held SVID.
+
+The agent's clock is moved to past the SVIDs' half life (the server's clock is frozen: their validity is what the
+server signed); the server's rate limiter is a real TokenBucket put on the running app, as create_app puts the one
+its settings name."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from agent.api import Refused
+from agent.runner import Agent
+from api.limits import TokenBucket
+from api.metrics import REQUESTS
+from tests.agent.harness import Served, served_fabric
+from tests.agent.test_at_rest import fetch_code, serials
+from tests.enforcer.helpers import SMALL
+
+pytestmark = pytest.mark.xdist_group("agent-renewal-failures")
+N = 4
+NAMES = [f"f{i}" for i in range(N)]
+IDS = {f"spiffe://example.org/tenant/acme/group/train/{n}" for n in NAMES}
+BATCH_PATH = "/v1/svids/x509/batch"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    home = tmp_path_factory.mktemp("agent-renewal-failures")
+    fabric = yaml.safe_load(SMALL.read_text())  # gpu1 with a host port for each of N more workloads
+    fabric["nodes"]["gpu1"]["nic"]["host_ports"] += [f"pf1vf{i}" for i in range(N)]
+    for i, name in enumerate(NAMES):
+        fabric["workloads"][f"acme/train/{name}"] = None
+        fabric["placements"][f"acme/train/{name}"] = {"node": "gpu1", "port": f"pf1vf{i}", "ipv4": f"10.1.1.{10 + i}"}
+    path = home / "fabric.yaml"
+    path.write_text(yaml.safe_dump(fabric))
+    with served_fabric(home / "srv", fabric_file=path) as s:
+        for i, name in enumerate(NAMES):  # this test's uid is the workload of each
+            r = s.env.call("PUT", f"/v1/fabric/placements/acme/train/{name}", "admin", json={
+                "node": "gpu1", "port": f"pf1vf{i}", "ipv4": f"10.1.1.{10 + i}",
+                "selectors": [f"unix:uid:{os.getuid()}"]})
+            assert r.status_code == 200, r.text
+        yield s
+
+
+@pytest.fixture
+def gpu1(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
+    """A started agent serving the Workload API, its N workloads' SVIDs fetched, and its clock moved to past their
+    half life (before their expiry): every one is due."""
+    public = Path(tempfile.mkdtemp(prefix=f"tfa{os.getpid()}-"))  # short: a unix socket path has 107 bytes
+    public.chmod(0o755)
+    old = served.agents.pop("gpu1", None)
+    if old is not None:
+        old.stop()
+    agent = served.agent("gpu1", socket=public / "api.sock")
+    try:
+        assert set(serials(agent)) == IDS
+        held = agent.svids._x509.values()
+        offset = max(e.renew_at() for e in held) - time.time() + 1
+        assert time.time() + offset < min(e.not_after for e in held) - 600
+        monkeypatch.setattr(agent.svids, "clock", lambda: time.time() + offset)
+        yield agent
+    finally:
+        served.agents.pop("gpu1").stop()
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def _batches(status: str | None = None) -> float:
+    statuses = [status] if status else ["200", "422", "429", "401"]
+    return sum(REQUESTS.labels("POST", BATCH_PATH, s)._value.get() for s in statuses)
+
+
+def _held(agent: Agent) -> dict[str, int]:
+    return {e.spiffe_id: e.serial() for e in agent.svids._x509.values()}
+
+
+def _renewed_within(agent: Agent, before: dict[str, int], seconds: float) -> bool:
+    """renew_due called every 50 ms (as often as a busy Workload API and the maintenance thread would) until every
+    held SVID is a new one, or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        agent.svids.renew_due()
+        held = _held(agent)
+        if set(held) == set(before) and all(held[i] != before[i] for i in before):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_rate_limited_renewal_keeps_the_held_svids_and_renews_once_allowed(served: Served, gpu1: Agent,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _held(gpu1)
+    assert set(before) == IDS
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=1.0, burst=N))
+    for _ in range(N + 1):  # the node spends its bucket (a batch of N needs all of it)
+        try:
+            gpu1.api.placements()
+        except Refused as exc:
+            assert exc.status == 429 and exc.retry_after is not None and exc.retry_after >= 1
+            break
+    else:
+        pytest.fail("the node's bucket did not run out")
+    refused = _batches("429")
+    gpu1.svids.renew_due()
+    assert _batches("429") == refused + 1
+    assert _held(gpu1) == before  # kept, not dropped
+    assert serials(gpu1) == before  # and what the Workload API serves (it asked renew_due and x509: nothing sent)
+    asked = _batches()
+    assert _renewed_within(gpu1, before, 20)
+    # three requests in about 4 s, each no sooner than the last one's Retry-After: 429 (no token for the request),
+    # 429 (1 of the N there), then 200; never one per renew_due call (about 80 of them)
+    assert _batches() - asked <= 4, _batches() - asked
+    assert _batches("200") >= 1
+    renewed = serials(gpu1)
+    assert set(renewed) == IDS and all(renewed[i] != before[i] for i in IDS)
+
+
+def test_a_batch_refused_for_now_holds_back_the_next_ones_of_the_round(served: Served, gpu1: Agent,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """N due in batches of N/2 (as 250 workloads after a CA rotation are 100 + 100 + 50): the first batch rate limited,
+    the second is not sent into the same 429 but waits as long; both are renewed once the bucket allows."""
+    import agent.svids as agent_svids
+
+    before = _held(gpu1)
+    monkeypatch.setattr(agent_svids, "BATCH", N // 2)
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=1.0, burst=N // 2))
+    with pytest.raises(Refused):
+        for _ in range(N):  # the node spends its bucket
+            gpu1.api.placements()
+    refused = _batches("429")
+    gpu1.svids.renew_due()
+    assert _batches("429") == refused + 1  # one batch asked, the other held back
+    assert _held(gpu1) == before
+    assert _renewed_within(gpu1, before, 20)
+
+
+async def _draining(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A control plane that answers every request 503 with Retry-After (restarting, its database down): the API's
+    own error shape, on the same port and certificate as the real server."""
+    if scope["type"] != "http":
+        return
+    body = json.dumps({"error": "unavailable", "reason": "the database is unavailable; retry shortly"}).encode()
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_a_server_answering_503_keeps_the_held_svids_and_they_renew_once_it_answers(served: Served,
+                                                                                    gpu1: Agent) -> None:
+    before = _held(gpu1)
+    real = served.env.app
+    served.stop()
+    served.env.app = _draining  # type: ignore[assignment]
+    served.start()
+    try:
+        with pytest.raises(Refused) as refused:
+            gpu1.api.placements()
+        assert refused.value.status == 503 and refused.value.retry_after == 1
+        gpu1.svids.renew_due()
+        assert _held(gpu1) == before
+        assert serials(gpu1) == before  # served, the placements' refresh refused too
+        gpu1.svids.rotate_all()  # (a new CA generation: every one due at once) still served while valid
+        assert _held(gpu1) == before and serials(gpu1) == before
+        # past their expiry nothing valid is held: "retry", never "no identity for you"
+        expired = max(e.not_after for e in gpu1.svids._x509.values()) + 1
+        clock = gpu1.svids.clock
+        gpu1.svids.clock = lambda: expired  # type: ignore[method-assign]
+        gpu1.svids._retry_at.clear()  # (asked again at once, to get the server's 503 and not only the wait)
+        try:
+            assert fetch_code(gpu1) == grpc.StatusCode.UNAVAILABLE
+        finally:
+            gpu1.svids.clock = clock  # type: ignore[method-assign]
+            gpu1.svids._retry_at.clear()  # (the waits were reckoned on that later clock)
+        assert _held(gpu1) == before  # an expired one is not served, but not dropped for a 503 either
+    finally:
+        served.stop()
+        served.env.app = real
+        served.start()
+    assert _renewed_within(gpu1, before, 15)
+    renewed = serials(gpu1)
+    assert set(renewed) == IDS and all(renewed[i] != before[i] for i in IDS)
+
+
+def test_a_batch_above_the_servers_burst_is_sent_again_in_halves(served: Served, gpu1: Agent,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _held(gpu1)
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=100.0, burst=N // 2))
+    too_large = _batches("422")
+    assert _renewed_within(gpu1, before, 15)
+    assert _batches("422") == too_large + 1  # once: the smaller size is kept
+    assert gpu1.svids.batch_limit == N // 2 and gpu1.svids.batches
+
+
+def test_a_revoked_workload_is_still_dropped(served: Served, gpu1: Agent) -> None:
+    """Last in this module: the revocation stays."""
+    before = _held(gpu1)
+    victim = f"spiffe://example.org/tenant/acme/group/train/{NAMES[-1]}"
+    r = served.env.call("POST", f"/v1/tenants/acme/groups/train/workloads/{NAMES[-1]}/revoke", "security",
+                        json={"reason": "renewal failures test"})
+    assert r.status_code == 200, r.text
+    gpu1.svids.renew_due()
+    held = _held(gpu1)
+    assert victim not in held  # 403: dropped at once
+    assert set(held) == IDS - {victim} and all(held[i] != before[i] for i in held)
+    assert set(serials(gpu1)) == IDS - {victim}
