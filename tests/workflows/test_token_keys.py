@@ -238,7 +238,8 @@ def test_a_start_destroys_the_keys_a_process_killed_before_its_commit_left(
     assert _audit_verifies(again) > 3
     caplog.clear()
     assert initialize(again, None, "ec-p256")["created"] is False  # nothing left: nothing written, no line
-    assert len(_destroyed(again)) == 3 and not [r for r in caplog.records if r.name == "workflows.init" and r.levelno >= logging.WARNING]
+    assert len(_destroyed(again)) == 3 and not [r for r in caplog.records
+                                                if r.name == "workflows.init" and r.levelno >= logging.WARNING]
     with again.db.session() as s:  # and a rotation, run again, commits with keys of its own
         assert service.rotate(s, again.keystore, force=True, actor=ADMIN, clock=again.clock).prepared == 2
     assert _labels(token) == _named(again) | {AUDIT_KEY_ID, API_ISSUER_KEY_ID}
