@@ -4,6 +4,7 @@ maintenance thread (node SVID renewal at half life, trust bundle refresh, worklo
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from agent.at_rest import AtRest, default_key_file
 from agent.device_loop import DeviceLoop, LoopSettings
 from agent.identity import NODE_FILE, SEALED_KEY, AgentError, NodeIdentity
 from agent.metrics import AgentMetrics
-from agent.svids import CACHE_FILE, SvidCache, WorkloadSvids
+from agent.svids import CACHE_FILE, SvidCache, WorkloadSvids, retry_wait
 from agent.wiring import NvueLeaf, OvsNode, lab_devices, node_devices
 from agent.workload_api import WorkloadApiServer
 from core.slugs import require_slug
@@ -62,6 +63,9 @@ class Agent:
         self.loops: list[DeviceLoop] = []
         self.workload_api: WorkloadApiServer | None = None
         self._maintenance: threading.Thread | None = None
+        self._node_retry_at = 0.0  # monotonic: the node SVID's renewal failed; not asked again before then
+        self._node_failures = 0
+        self._jitter = random.Random()  # spreads retries (no secret)
 
     # ------------------------------------------------------------------ identity
     def ensure_identity(self) -> None:
@@ -87,13 +91,27 @@ class Agent:
 
     def maintain(self, *, bundle: bool = True) -> None:
         """One maintenance round: renew the node SVID at half life, refresh the bundle (a changed bundle renews
-        every workload SVID: a new CA generation signs them), renew workload SVIDs past half life."""
+        every workload SVID: a new CA generation signs them), renew workload SVIDs past half life.
+
+        A node SVID renewal that fails (refused, unanswered) keeps the held one, which mTLS goes on using while it is
+        valid, and does not hold back the rest of the round; it is asked again no sooner than the server's
+        Retry-After, or a backoff (agent.svids.retry_wait): a rate-limited agent never asks every round."""
         svid = self.identity.svid
         if svid is not None:
-            if datetime.now(UTC) >= svid.renew_due():
-                self.api.renew()
-                svid = self.identity.svid
-                log.info("node SVID renewed, valid until %s", svid.not_after if svid else "?")
+            if datetime.now(UTC) >= svid.renew_due() and time.monotonic() >= self._node_retry_at:
+                try:
+                    self.api.renew()
+                except (Unreachable, Refused) as exc:
+                    wait = retry_wait(self._node_failures, exc.retry_after if isinstance(exc, Refused) else None,
+                                      self._jitter)
+                    self._node_failures += 1
+                    self._node_retry_at = time.monotonic() + wait
+                    log.warning("node SVID not renewed, the one held (valid until %s) is kept; retrying in %.1fs: "
+                                "%s", svid.not_after, wait, exc)
+                else:
+                    self._node_failures, self._node_retry_at = 0, 0.0
+                    svid = self.identity.svid
+                    log.info("node SVID renewed, valid until %s", svid.not_after if svid else "?")
             self._note_node_svid()
         if bundle and self.api.refresh_bundle():
             log.info("trust bundle changed: workload SVIDs are renewed")

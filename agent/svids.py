@@ -115,6 +115,15 @@ BACKOFF_MAX = 60.0  # the backoff's bound (it doubles per failure in a row, with
 RETRY_AFTER_MAX = 600.0  # a server's Retry-After is honoured up to this; a larger one is taken as this
 
 
+def retry_wait(failures: int, retry_after: float | None, jitter: random.Random) -> float:
+    """Seconds before asking again after a transient failure (the `failures`-th in a row, from 0): the server's
+    Retry-After (up to 10% more, so that agents told the same do not come back at once), or else a backoff doubling
+    from BACKOFF_MIN to BACKOFF_MAX with jitter. One rule for the workload SVIDs' renewals and the node SVID's."""
+    if retry_after is not None:
+        return min(max(retry_after, BACKOFF_MIN), RETRY_AFTER_MAX) * jitter.uniform(1.0, 1.1)
+    return float(min(BACKOFF_MAX, BACKOFF_MIN * 2.0 ** min(failures, 16)) * jitter.uniform(0.5, 1.0))
+
+
 def definitive(status: int) -> bool:
     return status in DEFINITIVE
 
@@ -316,10 +325,7 @@ class WorkloadSvids:
         the lock."""
         now = self.clock()
         failures = max(self._failures.get(w, 0) for w in workloads)
-        if retry_after is not None:
-            wait = min(max(retry_after, BACKOFF_MIN), RETRY_AFTER_MAX) * self._jitter.uniform(1.0, 1.1)
-        else:
-            wait = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** min(failures, 16)) * self._jitter.uniform(0.5, 1.0)
+        wait = retry_wait(failures, retry_after, self._jitter)
         for w in workloads:  # one time for all: they stay one batch when asked again
             self._failures[w] = failures + 1
             self._retry_at[w] = now + wait

@@ -223,3 +223,36 @@ def test_a_revoked_workload_is_still_dropped(served: Served, gpu1: Agent) -> Non
     assert victim not in held  # 403: dropped at once
     assert set(held) == IDS - {victim} and all(held[i] != before[i] for i in held)
     assert set(serials(gpu1)) == IDS - {victim}
+
+
+def test_a_refused_node_svid_renewal_keeps_the_node_svid_and_does_not_hold_back_the_round(
+        served: Served, gpu1: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix: a refused renewal of the node's own SVID (429 here) raised out of the maintenance round, so the
+    round's workload renewals were skipped, and it was asked again every round (each second) whatever the server's
+    Retry-After said. Now the held node SVID is kept (valid: mTLS goes on using it), the round goes on to the
+    workload SVIDs, and the node renewal waits for Retry-After."""
+    from agent.identity import Svid
+
+    held = gpu1.identity.svid
+    assert held is not None
+    monkeypatch.setattr(Svid, "renew_due", lambda self: self.not_before)  # the node SVID is due
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=1.0, burst=1))
+    with pytest.raises(Refused):
+        for _ in range(3):  # the node spends its bucket
+            gpu1.api.placements()
+    node_429 = REQUESTS.labels("POST", "/v1/nodes/renew", "429")._value.get()
+    asked = _batches()
+    gpu1.maintain(bundle=False)  # raised Refused before
+    assert REQUESTS.labels("POST", "/v1/nodes/renew", "429")._value.get() == node_429 + 1
+    assert gpu1.identity.svid == held  # kept
+    assert _batches() == asked + 1  # the round went on to the workload SVIDs (refused too: the bucket is empty)
+    for _ in range(5):  # within Retry-After (1 s): not asked again
+        gpu1.maintain(bundle=False)
+    assert REQUESTS.labels("POST", "/v1/nodes/renew", "429")._value.get() == node_429 + 1
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0, burst=1))  # limits off
+    deadline = time.monotonic() + 10
+    while gpu1.identity.svid == held and time.monotonic() < deadline:
+        time.sleep(0.2)
+        gpu1.maintain(bundle=False)
+    renewed = gpu1.identity.svid
+    assert renewed is not None and renewed != held and renewed.not_after >= held.not_after
