@@ -211,20 +211,6 @@ def test_a_batch_above_the_servers_burst_is_sent_again_in_halves(served: Served,
     assert gpu1.svids.batch_limit == N // 2 and gpu1.svids.batches
 
 
-def test_a_revoked_workload_is_still_dropped(served: Served, gpu1: Agent) -> None:
-    """Last in this module: the revocation stays."""
-    before = _held(gpu1)
-    victim = f"spiffe://example.org/tenant/acme/group/train/{NAMES[-1]}"
-    r = served.env.call("POST", f"/v1/tenants/acme/groups/train/workloads/{NAMES[-1]}/revoke", "security",
-                        json={"reason": "renewal failures test"})
-    assert r.status_code == 200, r.text
-    gpu1.svids.renew_due()
-    held = _held(gpu1)
-    assert victim not in held  # 403: dropped at once
-    assert set(held) == IDS - {victim} and all(held[i] != before[i] for i in held)
-    assert set(serials(gpu1)) == IDS - {victim}
-
-
 def test_a_refused_node_svid_renewal_keeps_the_node_svid_and_does_not_hold_back_the_round(
         served: Served, gpu1: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
     """Should fix: a refused renewal of the node's own SVID (429 here) raised out of the maintenance round, so the
@@ -256,3 +242,17 @@ def test_a_refused_node_svid_renewal_keeps_the_node_svid_and_does_not_hold_back_
         gpu1.maintain(bundle=False)
     renewed = gpu1.identity.svid
     assert renewed is not None and renewed != held and renewed.not_after >= held.not_after
+
+
+def test_a_revoked_workload_is_still_dropped(served: Served, gpu1: Agent) -> None:  # last: it revokes one
+    """Last in this module: the revocation stays."""
+    before = _held(gpu1)
+    victim = f"spiffe://example.org/tenant/acme/group/train/{NAMES[-1]}"
+    r = served.env.call("POST", f"/v1/tenants/acme/groups/train/workloads/{NAMES[-1]}/revoke", "security",
+                        json={"reason": "renewal failures test"})
+    assert r.status_code == 200, r.text
+    gpu1.svids.renew_due()
+    held = _held(gpu1)
+    assert victim not in held  # 403: dropped at once
+    assert set(held) == IDS - {victim} and all(held[i] != before[i] for i in held)
+    assert set(serials(gpu1)) == IDS - {victim}
