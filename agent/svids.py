@@ -27,8 +27,10 @@ entries parented to it).
     batches of its round as long: the server would refuse them too). A workload that holds no valid SVID
     meanwhile is answered UNAVAILABLE by the Workload API (`RetryLater`: the SPIFFE Workload API's "retry"),
     never PERMISSION_DENIED, which says the caller has no identity to get.
-- JWT-SVIDs: per (workload, audience), kept until half life, in memory only (a refused fetch, whatever its
-  status, still drops the one held: the rules above are the X.509 renewals' only).
+- JWT-SVIDs: per (workload, audience), fetched again at half life, in memory only, by the same rules: a
+  definitive refusal drops the one held; a transient one (or no answer) keeps it served while it is valid, and
+  with none valid held the Workload API answers UNAVAILABLE (`RetryLater`). (Asked when a workload asks, so at the
+  workloads' pace: no retry timer of their own.)
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
@@ -447,6 +449,14 @@ class WorkloadSvids:
         self.renew_due()
 
     # ------------------------------------------------------------------ JWT
+    @staticmethod
+    def _jwt_held(workload: str, entry: JwtEntry | None, now: float, exc: AgentError) -> JwtEntry:
+        """The held JWT-SVID while it is valid (a fetch failed transiently); RetryLater when there is none."""
+        if entry is not None and now < entry.expires:
+            log.warning("%s: JWT-SVID not renewed, the one held is kept while valid: %s", workload, exc)
+            return entry
+        raise RetryLater(f"{workload}: no JWT-SVID yet ({exc}); retry")
+
     def jwt(self, workload: str, audience: list[str]) -> JwtEntry | None:
         key = (workload, tuple(sorted(audience)))
         with self._lock:
@@ -457,9 +467,13 @@ class WorkloadSvids:
             try:
                 issued = self.api.jwt_svid(workload, sorted(audience))
             except Refused as exc:
-                log.warning("%s: no JWT-SVID: %s", workload, exc)
-                self._jwt.pop(key, None)
-                return None
+                if definitive(exc.status):
+                    log.warning("%s: no JWT-SVID: %s", workload, exc)
+                    self._jwt.pop(key, None)
+                    return None
+                return self._jwt_held(workload, entry, now, exc)
+            except Unreachable as exc:
+                return self._jwt_held(workload, entry, now, exc)
             fresh = JwtEntry(str(issued["token"]), str(issued["spiffe_id"]), now, _ts(str(issued["expires_at"])))
             self._jwt[key] = fresh
             return fresh

@@ -31,7 +31,6 @@ from cryptography.hazmat.primitives import serialization
 from google.protobuf import struct_pb2  # type: ignore[import-untyped]
 from spiffe._proto import workload_pb2, workload_pb2_grpc
 
-from agent.api import Unreachable
 from agent.identity import NodeIdentity, roots_of
 from agent.metrics import AgentMetrics
 from agent.peercred import Caller, PeerCredRelay
@@ -165,13 +164,18 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         placements = [p for p in self._placements(caller, context)
                       if not request.spiffe_id or p.spiffe_id == request.spiffe_id]
         svids = []
+        later: RetryLater | None = None
         for p in placements:
             try:
                 entry = self.svids.jwt(p.workload, audience)
-            except Unreachable:
-                context.abort(grpc.StatusCode.UNAVAILABLE, "the trustfabric server is unreachable")
+            except RetryLater as exc:  # none held, and the server cannot issue one just now
+                later = exc
+                continue
             if entry is not None:
                 svids.append(workload_pb2.JWTSVID(spiffe_id=entry.spiffe_id, svid=entry.token))
+        if not svids and later is not None:
+            self.metrics.workload_requests.labels("FetchJWTSVID", "unavailable").inc()
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(later))
         if not svids:
             self._deny(context, "FetchJWTSVID")
         self.metrics.workload_requests.labels("FetchJWTSVID", "ok").inc()

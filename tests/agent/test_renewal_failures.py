@@ -244,6 +244,32 @@ def test_a_refused_node_svid_renewal_keeps_the_node_svid_and_does_not_hold_back_
     assert renewed is not None and renewed != held and renewed.not_after >= held.not_after
 
 
+def test_a_jwt_svid_fetch_refused_for_now_keeps_the_held_one_while_valid(served: Served, gpu1: Agent,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix: a JWT-SVID fetch refused for now (429 here) dropped the held JWT-SVID, though it was valid: the
+    workload got PERMISSION_DENIED (no identity) from a rate-limited server. Now it is served while valid, then the
+    Workload API's "retry" (RetryLater: UNAVAILABLE); a definitive refusal still drops it (by the X.509 rules)."""
+    from agent.svids import RetryLater
+
+    now = [time.time()]
+    monkeypatch.setattr(gpu1.svids, "clock", lambda: now[0])
+    workload, audience = "acme/train/f0", ["db"]
+    held = gpu1.svids.jwt(workload, audience)
+    assert held is not None and held.expires > held.issued
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0.001, burst=1))
+    with pytest.raises(Refused):
+        for _ in range(3):  # the node spends its bucket
+            gpu1.api.placements()
+    now[0] = held.issued + (held.expires - held.issued) * 0.6  # past half life: fetched again, and refused 429
+    assert gpu1.svids.jwt(workload, audience) == held  # was None
+    now[0] = held.expires + 1
+    with pytest.raises(RetryLater):
+        gpu1.svids.jwt(workload, audience)
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0, burst=1))  # limits off
+    fresh = gpu1.svids.jwt(workload, audience)
+    assert fresh is not None and fresh.token != held.token
+
+
 def test_a_revoked_workload_is_still_dropped(served: Served, gpu1: Agent) -> None:  # last: it revokes one
     """Last in this module: the revocation stays."""
     before = _held(gpu1)
