@@ -309,15 +309,21 @@ def issue_x509_svids_grouped(
                 shared = stack.enter_context(db.read_session())
             return shared
 
-        for index, ask in enumerate(asks):
+        for index, ask in enumerate(asks):  # the facts first, in the one read session
             try:
                 grouped[index] = _Grouped(db, keystore, ask, actor=actor, scope_tenant=scope_tenant, clock=clock,
                                           max_ttl=max_ttl, request_id=request_id, on_node=on_node)
-                submitted[index] = grouped[index].prepare(fresh=False, read=read_session)
+                grouped[index].load_facts(read_session)
             except TrustfabricError as exc:
                 if index in grouped:
-                    _facts.drop(grouped[index].key)
+                    _facts.drop(grouped.pop(index).key)
                 outcomes[index] = exc
+    for index in sorted(grouped):  # then signed, the read session's connection given back (publish_until takes one)
+        try:
+            submitted[index] = grouped[index].prepare(fresh=False)
+        except TrustfabricError as exc:
+            _facts.drop(grouped[index].key)
+            outcomes[index] = exc
     for fresh in (False, True):
         order = sorted(submitted)
         answers = committer.submit_many([submitted[i] for i in order], savepoint=False, late=True)
@@ -355,6 +361,15 @@ class _Grouped:
         self.key = (db.url, ask.tenant, ask.group, ask.workload, scope_tenant, on_node)
         self.db, self.keystore, self.ask, self.actor, self.scope_tenant = db, keystore, ask, actor, scope_tenant
         self.clock, self.max_ttl, self.request_id, self.on_node = clock, max_ttl, request_id, on_node
+        self.facts: _Facts | None = None  # load_facts's, for the first prepare
+
+    def load_facts(self, read: Callable[[], Session]) -> None:
+        """The identity's facts for the first `prepare`: kept ones, else read in `read()`'s session."""
+        facts = _facts.get(self.key, self.clock())
+        if facts is None:
+            facts = self._read_facts(read())
+            _facts.put(self.key, facts)
+        self.facts = facts
 
     def _read_facts(self, session: Session) -> _Facts:
         a = self.ask
@@ -364,19 +379,16 @@ class _Grouped:
         return _Facts(sid, settings.svid_default_ttl_seconds, settings.svid_max_ttl_seconds, issuer,
                       leaf_subject(sid))
 
-    def prepare(self, *, fresh: bool, read: Callable[[], Session] | None = None
-                ) -> tuple[Callable[[Session], IssuedX509], Check]:
-        """Signed, the CA's signed_until raised; (write, check) for the committer. `read`: the read session to take
-        the facts from when they are not kept (else one of its own)."""
+    def prepare(self, *, fresh: bool) -> tuple[Callable[[Session], IssuedX509], Check]:
+        """Signed, the CA's signed_until raised; (write, check) for the committer. Not `fresh`: from the facts
+        load_facts found, else kept ones; else (or `fresh`) read in a read session of its own."""
         db, a, clock, ttl, max_ttl = self.db, self.ask, self.clock, self.ask.ttl, self.max_ttl
         tenant, group, workload, scope_tenant, on_node = a.tenant, a.group, a.workload, self.scope_tenant, self.on_node
-        facts = None if fresh else _facts.get(self.key, clock())
+        facts = None if fresh else (self.facts or _facts.get(self.key, clock()))
+        self.facts = None  # used once: a retry reads afresh
         if facts is None:
-            if read is not None:
-                facts = self._read_facts(read())
-            else:
-                with db.read_session() as session:
-                    facts = self._read_facts(session)
+            with db.read_session() as session:
+                facts = self._read_facts(session)
             _facts.put(self.key, facts)
         ttl_resolved = resolve_ttl(ttl, default_seconds=facts.default_ttl, max_seconds=facts.max_ttl,
                                    what="X.509-SVID", cap=max_ttl)

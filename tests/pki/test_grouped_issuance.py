@@ -341,3 +341,29 @@ def test_the_svid_row_a_batch_writes_reads_back_as_its_certificate_says(
                               clock=clock) == [issued[0].serial]
     with pki_db.read_session() as s:
         assert issued[0].serial in service.revoked_serials(s)
+
+
+def test_a_batch_signs_with_its_read_connection_given_back(pki_db: Database, keystore: FileKeyStore,
+                                                           clock: FrozenClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix (review): issue_x509_svids_grouped kept its read session's connection while it signed each SVID and
+    raised its CA's signed_until, which takes a connection of its own from the same pool: two at once per request,
+    so as many API workers as the pool's size could all wait for a second one (10 s, then 503). Now the facts are
+    read first and the connection given back before any signature: at each publish_until this thread holds none."""
+    held: list[int] = []
+    real = service.publish_until
+
+    def publish_until_seen(db: Database, issuer: CertificateAuthority, until: datetime) -> None:
+        held.append(db.engine.pool.checkedout())  # type: ignore[attr-defined]
+        real(db, issuer, until)
+
+    monkeypatch.setattr(service, "publish_until", publish_until_seen)
+    committer = GroupCommitter(pki_db)
+    asks = [service.X509Ask(csr_pem=make_csr(), tenant=t, group=g, workload=w)
+            for t, g, w in (("acme", "web", "frontend"), ("acme", "web", "backend"), ("globex", "train", "trainer-0"))]
+    for a in asks:  # read in the batch's read session, not kept from another test
+        service._facts.drop((pki_db.url, a.tenant, a.group, a.workload, None, None))
+    outcomes = service.issue_x509_svids_grouped(pki_db, committer, keystore, asks, actor=ADMIN, scope_tenant=None,
+                                                clock=clock)
+    committer.close()
+    assert all(isinstance(o, service.IssuedX509) for o in outcomes), outcomes
+    assert held == [0, 0, 0]
