@@ -118,9 +118,12 @@ class PostgresServer:
 
     def create_database(self, *, migrated: bool = True) -> str:
         """A new database of its own: the current schema with no rows of a test's (`migrated`), else empty."""
-        if migrated and self._template is None:
-            self._template = self._migrated_template()
-        return self._create("t_" + uuid.uuid4().hex[:12], template=self._template if migrated else "template1")
+        template = "template1"
+        if migrated:
+            if self._template is None:
+                self._template = self._migrated_template()
+            template = self._template
+        return self._create("t_" + uuid.uuid4().hex[:12], template=template)
 
     def drop_database(self, url: str) -> None:
         """Remove a database create_database made (its connections ended first), so the cluster stays small."""

@@ -87,7 +87,11 @@ def watch(engine: Engine) -> Iterator[Sent]:
                 dbapi_conn.pgconn.trace(trace.fileno())
                 dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
             else:
-                dbapi_conn.set_trace_callback(lambda sql: on[0] and sent.add(sql, again=False))
+                def on_sql(sql: str) -> None:
+                    if on[0]:
+                        sent.add(sql, again=False)
+
+                dbapi_conn.set_trace_callback(on_sql)
 
         event.listen(engine.pool, "checkout", checkout)
         try:

@@ -105,3 +105,11 @@ def served_fabric(home: Path, fabric_file: Path = SMALL, td: str = TD) -> Iterat
         env.client.close()
         tls.cleanup()
         env.ctx.close()
+
+
+def workload_stub(channel: Any) -> Any:
+    """spiffe's generated Workload API client stub on `channel` (a grpc.Channel)."""
+    from spiffe._proto import workload_pb2_grpc
+
+    # the generated gRPC module has no annotations (as in agent/workload_api.py, which mounts its servicer)
+    return workload_pb2_grpc.SpiffeWorkloadAPIStub(channel)  # type: ignore[no-untyped-call]

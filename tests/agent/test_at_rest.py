@@ -19,13 +19,13 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives import serialization
 from spiffe import WorkloadApiClient
-from spiffe._proto import workload_pb2, workload_pb2_grpc
+from spiffe._proto import workload_pb2
 
 from agent.at_rest import AtRestError
 from agent.identity import NODE_FILE
 from agent.runner import Agent
 from agent.svids import CACHE_FILE
-from tests.agent.harness import Served, served_fabric
+from tests.agent.harness import Served, served_fabric, workload_stub
 
 pytestmark = pytest.mark.xdist_group("agent-wlapi")
 W1 = "spiffe://example.org/tenant/acme/group/train/w1"
@@ -67,12 +67,12 @@ def serials(agent: Agent) -> dict[str, int]:
 def fetch_code(agent: Agent) -> grpc.StatusCode | None:
     assert agent.workload_api is not None
     with grpc.insecure_channel(f"unix:{agent.workload_api.socket_path}") as ch:
-        stub = workload_pb2_grpc.SpiffeWorkloadAPIStub(ch)
+        stub = workload_stub(ch)
         try:
             next(iter(stub.FetchX509SVID(workload_pb2.X509SVIDRequest(), timeout=10,
                                          metadata=[("workload.spiffe.io", "true")])))
         except grpc.RpcError as exc:
-            return exc.code()  # type: ignore[no-any-return]
+            return exc.code()
     return None
 
 

@@ -46,7 +46,7 @@ def gpu1(served: Served) -> Agent:
 
 
 def _count(route: str) -> float:
-    return sum(REQUESTS.labels("POST", route, status)._value.get() for status in ("200", "201"))
+    return float(sum(REQUESTS.labels("POST", route, status)._value.get() for status in ("200", "201")))
 
 
 def _issuing_and_roots(served: Served) -> tuple[str, bytes]:

@@ -265,7 +265,7 @@ def test_drift_is_repaired_and_audited(world: World) -> None:
                     "-"], input="priority=0,actions=NORMAL\n", text=True, check=True, capture_output=True,
                    env={"OVS_RUNDIR": rundir, "PATH": "/usr/bin:/usr/sbin:/bin:/sbin"})
     wait_until(lambda: loop.repairs > repairs, what="the NIC's drift repaired")
-    assert not loop.good.backend.drift(loop.good.rules)
+    assert loop.good is not None and not loop.good.backend.drift(loop.good.rules)
     assert not is_open(world, "acme/train/w1", "globex/api/a1", 8443)
     # and a leaf: someone flushes a tenant's ACL chain in the leaf's namespace
     leaf = next(x for x in world.agents["leaf1"].loops if x.device == "leaf:leaf1")
@@ -273,7 +273,7 @@ def test_drift_is_repaired_and_audited(world: World) -> None:
     subprocess.run(["ip", "netns", "exec", world.st["devices"]["leaf:leaf1"]["netns"], "nft", "flush", "chain",
                     "inet", "tf_leaf", "forward"], check=True, capture_output=True)
     wait_until(lambda: leaf.repairs > repairs, what="the leaf's drift repaired")
-    assert not leaf.good.backend.drift(leaf.good.rules)
+    assert leaf.good is not None and not leaf.good.backend.drift(leaf.good.rules)
     events = world.call("GET", "/v1/audit/events?action=device.status&limit=200", "admin")
     items = events["items"] if isinstance(events, dict) else events
     repaired = {e["object"]["id"] for e in items if (e.get("summary") or {}).get("drift_repaired")}
@@ -305,6 +305,7 @@ def test_a_restarted_agent_converges_without_reapplying_a_healthy_device(world: 
     old = world.agents["gpu3"]
     old.stop()
     loop = old.loops[0]
+    assert loop.good is not None
     # killed mid-apply: the device holds another (older, valid) rule set than the desired one
     rules = loop.good.rules
     partial = DeviceRuleSet.from_dict({**rules.to_dict(), "rules": [r._asdict() | {"ports": [list(p) for p in r.ports],
@@ -333,14 +334,16 @@ def test_a_bad_rule_set_is_refused_and_the_last_good_one_stays(world: World) -> 
     env = world.served.env
     loop = next(x for x in world.agents["gpu4"].loops if x.device == "nic:gpu4")
     good = loop.good
+    assert good is not None
     bad = DeviceRuleSet.from_dict({**good.rules.to_dict(), "uplink": "no-such-port"})  # cannot be applied here
     with env.ctx.db.session() as s:
         row = service.publish(s, bad, cause="test: a bad set", actor=Actor.system("test"), now=env.clock(),
                               budget=Budget())
         assert row is not None
     wait_until(lambda: loop.last_error is not None, what="the bad set refused")
-    assert loop.good is good and "refused" in loop.last_error
-    assert not loop.good.backend.drift(good.rules)  # the last good set is still what the device runs
+    error = loop.last_error
+    assert loop.good is good and error is not None and "refused" in error
+    assert not good.backend.drift(good.rules)  # the last good set is still what the device runs
     d = world.devices()["nic:gpu4"]
     wait_until(lambda: world.devices()["nic:gpu4"]["last_error"] is not None, what="the refusal reported")
     d = world.devices()["nic:gpu4"]
@@ -355,6 +358,7 @@ def test_metrics_are_served(world: World) -> None:
     assert gpu1.config.metrics_addr is not None
     text = httpx.get(f"http://{gpu1.config.metrics_addr}/metrics", timeout=10).text
     loop = gpu1.loops[0]
+    assert loop.good is not None
     assert f'trustfabric_agent_applied_version{{device="nic:gpu1"}} {float(loop.good.version)}' in text
     for name in ("trustfabric_agent_apply_seconds_bucket", "trustfabric_agent_drift_repairs_total",
                  "trustfabric_agent_rule_packets{", "trustfabric_agent_svid_expiry_seconds{"):

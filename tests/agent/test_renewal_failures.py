@@ -87,7 +87,7 @@ def gpu1(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
 
 def _batches(status: str | None = None) -> float:
     statuses = [status] if status else ["200", "422", "429", "401"]
-    return sum(REQUESTS.labels("POST", BATCH_PATH, s)._value.get() for s in statuses)
+    return float(sum(REQUESTS.labels("POST", BATCH_PATH, s)._value.get() for s in statuses))
 
 
 def _held(agent: Agent) -> dict[str, int]:
@@ -184,12 +184,12 @@ def test_a_server_answering_503_keeps_the_held_svids_and_they_renew_once_it_answ
         # past their expiry nothing valid is held: "retry", never "no identity for you"
         expired = max(e.not_after for e in gpu1.svids._x509.values()) + 1
         clock = gpu1.svids.clock
-        gpu1.svids.clock = lambda: expired  # type: ignore[method-assign]
+        gpu1.svids.clock = lambda: expired
         gpu1.svids._retry_at.clear()  # (asked again at once, to get the server's 503 and not only the wait)
         try:
             assert fetch_code(gpu1) == grpc.StatusCode.UNAVAILABLE
         finally:
-            gpu1.svids.clock = clock  # type: ignore[method-assign]
+            gpu1.svids.clock = clock
             gpu1.svids._retry_at.clear()  # (the waits were reckoned on that later clock)
         assert _held(gpu1) == before  # an expired one is not served, but not dropped for a 503 either
     finally:

@@ -14,7 +14,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from spiffe import JwtSource, WorkloadApiClient, X509Source
 
 from agent.identity import AgentError
 from agent.runner import Agent
-from tests.agent.harness import Served, served_fabric
+from tests.agent.harness import Served, served_fabric, workload_stub
 
 pytestmark = pytest.mark.xdist_group("agent-wlapi")
 W1 = "spiffe://example.org/tenant/acme/group/train/w1"
@@ -124,6 +124,7 @@ def test_spiffe_endpoint_socket_is_a_unix_uri_py_spiffe_finds(gpu1: Agent, monke
 
 
 def test_sources_receive_the_rotated_svid(gpu1: Agent) -> None:
+    assert gpu1.workload_api is not None
     with X509Source(socket_path=f"unix:{gpu1.workload_api.socket_path}", timeout_in_seconds=10) as source, \
             JwtSource(socket_path=f"unix:{gpu1.workload_api.socket_path}", timeout_in_seconds=10) as jwts:
         first = source.get_x509_context().default_svid.leaf.serial_number
@@ -139,11 +140,12 @@ def test_sources_receive_the_rotated_svid(gpu1: Agent) -> None:
 
 def test_a_caller_without_the_header_or_with_another_uid_gets_nothing(gpu1: Agent) -> None:
     import grpc
-    from spiffe._proto import workload_pb2, workload_pb2_grpc
+    from spiffe._proto import workload_pb2
 
+    assert gpu1.workload_api is not None
     sock = gpu1.workload_api.socket_path
     with grpc.insecure_channel(f"unix:{sock}") as ch:
-        stub = workload_pb2_grpc.SpiffeWorkloadAPIStub(ch)
+        stub = workload_stub(ch)
         with pytest.raises(grpc.RpcError) as exc:
             next(iter(stub.FetchX509SVID(workload_pb2.X509SVIDRequest(), timeout=5)))
         assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -167,11 +169,12 @@ def test_a_caller_without_the_header_or_with_another_uid_gets_nothing(gpu1: Agen
 
 def test_a_direct_connection_to_the_grpc_port_is_not_attested(gpu1: Agent) -> None:
     import grpc
-    from spiffe._proto import workload_pb2, workload_pb2_grpc
+    from spiffe._proto import workload_pb2
 
+    assert gpu1.workload_api is not None
     port = gpu1.workload_api.relay.target_port
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        stub = workload_pb2_grpc.SpiffeWorkloadAPIStub(ch)
+        stub = workload_stub(ch)
         with pytest.raises(grpc.RpcError) as exc:
             next(iter(stub.FetchX509SVID(workload_pb2.X509SVIDRequest(), timeout=5,
                                          metadata=[("workload.spiffe.io", "true")])))
@@ -181,6 +184,7 @@ def test_a_direct_connection_to_the_grpc_port_is_not_attested(gpu1: Agent) -> No
 def test_a_ca_rotation_reaches_the_workload_through_its_stream(served: Served, gpu1: Agent) -> None:
     """After a forced rotation the bundle changes; the agent renews every workload SVID under the new issuing
     CA and the open stream delivers it, with the new bundle; the agent still reaches the server."""
+    assert gpu1.workload_api is not None
     sock = f"unix:{gpu1.workload_api.socket_path}"
     with X509Source(socket_path=sock, timeout_in_seconds=10) as source:
         first = source.get_x509_context().default_svid
@@ -199,10 +203,10 @@ def test_a_ca_rotation_reaches_the_workload_through_its_stream(served: Served, g
 
 def _stub(agent: Agent) -> Any:
     import grpc
-    from spiffe._proto import workload_pb2_grpc
 
+    assert agent.workload_api is not None
     channel = grpc.insecure_channel(f"unix:{agent.workload_api.socket_path}")
-    return channel, workload_pb2_grpc.SpiffeWorkloadAPIStub(channel)
+    return channel, workload_stub(channel)
 
 
 HEADER = [("workload.spiffe.io", "true")]
@@ -215,7 +219,7 @@ def test_every_rpc_refuses_a_request_without_the_exact_security_header(gpu1: Age
     from spiffe._proto import workload_pb2 as pb
 
     channel, stub = _stub(gpu1)
-    calls = {
+    calls: dict[str, Callable[[list[tuple[str, str]] | None], object]] = {
         "FetchX509SVID": lambda md: next(iter(stub.FetchX509SVID(pb.X509SVIDRequest(), timeout=5, metadata=md))),
         "FetchX509Bundles": lambda md: next(iter(stub.FetchX509Bundles(pb.X509BundlesRequest(), timeout=5,
                                                                       metadata=md))),

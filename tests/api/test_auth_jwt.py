@@ -42,7 +42,7 @@ def claims(env: Env, **over: Any) -> dict[str, Any]:
 def sign_ours(env: Env, payload: dict[str, Any], **headers: Any) -> str:
     key = issuer_public_key(env.ctx.keystore)
     private = env.ctx.keystore.get(API_ISSUER_KEY_ID).private_key()
-    return jwt.encode(payload, private, algorithm="ES256", headers={"kid": key.kid, **headers})  # type: ignore[arg-type]
+    return jwt.encode(payload, private, algorithm="ES256", headers={"kid": key.kid, **headers})
 
 
 def audit_count(env: Env) -> int:
@@ -194,7 +194,7 @@ def test_jwt_svid_typ_must_be_jwt_or_jose(env: Env) -> None:
             "exp": now + 300}
 
     def svid(**typ: str) -> str:
-        return jwt.encode(body, private, algorithm="ES256", headers={"kid": ca.jwt_kid, **typ})  # type: ignore[arg-type]
+        return jwt.encode(body, private, algorithm="ES256", headers={"kid": ca.jwt_kid, **typ})
 
     for good in (svid(), svid(typ="JWT"), svid(typ="JOSE")):
         r = env.client.get("/v1/whoami", headers={"Authorization": f"Bearer {good}"})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from sqlmodel import select
+from sqlmodel import col, select
 
 from api.background import BackgroundJobs, Job, server_jobs
 from audit.models import AuditEvent
@@ -20,7 +20,7 @@ from tests.api.conftest import make_settings, open_env
 
 def _actions(env_ctx: object) -> list[str]:
     with env_ctx.db.read_session() as s:  # type: ignore[attr-defined]
-        return [e.action for e in s.exec(select(AuditEvent).order_by(AuditEvent.seq))]
+        return [e.action for e in s.exec(select(AuditEvent).order_by(col(AuditEvent.seq)))]
 
 
 def test_jobs_rotate_the_ca_at_half_life_and_checkpoint_the_log(tmp_path: Path) -> None:

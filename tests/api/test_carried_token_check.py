@@ -45,7 +45,7 @@ def _elsewhere(url: str, sql: str, *params: Any) -> None:
         conn.execute(sql, params)
 
 
-def _post(env: Env, token: str, body: dict[str, Any] = REQ, **headers: str) -> Any:
+def _post(env: Env, token: str, body: dict[str, Any] = REQ, /, **headers: str) -> Any:
     return env.client.post("/v1/grants", json=body, headers={"Authorization": f"Bearer {token}", **headers})
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlmodel import select
+from sqlmodel import col, select
 
 from policy.disclosure import mentions
 from policy.models import DecisionRecord
@@ -37,7 +37,7 @@ def test_a_decision_record_lands_in_the_log_of_the_tenant_that_asked(env: Env) -
     assert decisions(env, "globex") == []
     explain(env, "acme/web", "globex/api", 443, role="security", tenant=None)  # a platform principal's query
     with env.ctx.db.read_session() as s:
-        owners = [r.tenant for r in s.exec(select(DecisionRecord).order_by(DecisionRecord.id)).all()]
+        owners = [r.tenant for r in s.exec(select(DecisionRecord).order_by(col(DecisionRecord.id))).all()]
     assert owners == ["acme", None]
 
 

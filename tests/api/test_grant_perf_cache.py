@@ -194,7 +194,7 @@ def test_every_input_of_build_data_is_in_the_fingerprint(env_both: Env) -> None:
 def test_write_requests_reuse_the_document_on_postgresql_too(env_both: Env) -> None:
     """On PostgreSQL a POST runs READ COMMITTED, whose statements are not one snapshot: the document is built
     in a REPEATABLE READ transaction beside it and kept (it was rebuilt on every request before, issue 11)."""
-    from sqlmodel import update
+    from sqlmodel import col, update
 
     from inventory.models import Tenant
 
@@ -208,7 +208,7 @@ def test_write_requests_reuse_the_document_on_postgresql_too(env_both: Env) -> N
     other = Database(env.ctx.db.url)  # another worker or replica
     try:
         with other.session() as s:
-            s.exec(update(Tenant).where(Tenant.slug == "globex").values(quarantined=True))  # type: ignore[call-overload]
+            s.exec(update(Tenant).where(col(Tenant.slug) == "globex").values(quarantined=True))
     finally:
         other.dispose()
     g = post(env)

@@ -4,6 +4,7 @@ exactly what `app.include_router` would have served, and answers from its own st
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -57,7 +58,7 @@ def test_the_prefix_gate_answers_as_the_inclusion_does(tmp_path: Path) -> None:
     says "no match" where the inclusion's own matching says it too."""
     import re
 
-    from starlette.routing import Match
+    from starlette.routing import BaseRoute, Match
 
     from api.inclusion import literal_prefixes
 
@@ -70,10 +71,11 @@ def test_the_prefix_gate_answers_as_the_inclusion_does(tmp_path: Path) -> None:
         compared = matched = 0
         for route in gated:
             inner = type(route).__mro__[1]  # the inclusion's own class, ungated
+            assert issubclass(inner, BaseRoute), inner
             for path in paths:
                 for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
-                    scope = {"type": "http", "method": method, "path": path, "root_path": "", "headers": [],
-                             "app": env.app}
+                    scope: dict[str, Any] = {"type": "http", "method": method, "path": path, "root_path": "",
+                                             "headers": [], "app": env.app}
                     gate = route.matches(dict(scope))[0]
                     assert gate == inner.matches(route, dict(scope))[0], (path, method, route)
                     compared += 1

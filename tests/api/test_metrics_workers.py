@@ -47,7 +47,10 @@ def test_counts_are_summed_across_workers(tmp_path: Path) -> None:
         # the readiness probes are counted too, and one that timed out on our side may still be answered late:
         # start from a count that has settled
         start, deadline = scraped(), time.monotonic() + 30
-        while (now := (time.sleep(0.3), scraped())[1]) != start:
+        while True:
+            time.sleep(0.3)
+            if (now := scraped()) == start:
+                break
             start = now
             assert time.monotonic() < deadline, "the readiness probes' count never settled"
         served, deadline = 0, time.monotonic() + 90  # a loaded machine starts the second worker late

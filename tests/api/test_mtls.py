@@ -168,10 +168,10 @@ def test_other_trust_domain_and_self_signed_refused(
 
     # a self-signed certificate carrying our SPIFFE ID
     skey = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "self")])
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "self")])
     now = datetime.now(UTC)
     self_signed = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(skey.public_key())
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(skey.public_key())
         .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(minutes=1))
         .not_valid_after(now + timedelta(hours=1))
         .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(

@@ -11,19 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from sqlmodel import func, select
+from sqlmodel import SQLModel, func, select
 
 from api.tls import prepare_server_tls
 from audit.models import AuditEvent
 from pki.models import IssuedSvid
 from policy.models import DecisionRecord
+from tests.api.conftest import Env
 from tests.api.test_devices import fabric_env, node_identity
 from tests.api.test_mtls import TlsServer, client_ctx, new_csr
 
 
-def _count(env: object, model: object) -> int:
-    with env.ctx.db.read_session() as s:  # type: ignore[attr-defined]
-        return int(s.exec(select(func.count()).select_from(model)).one())  # type: ignore[call-overload]
+def _count(env: Env, model: type[SQLModel]) -> int:
+    with env.ctx.db.read_session() as s:
+        return int(s.exec(select(func.count()).select_from(model)).one())
 
 
 def test_a_node_obtains_identities_only_for_its_own_workloads(tmp_path: Path) -> None:

@@ -6,8 +6,9 @@ figure (tenant B's reads while tenant A floods explain) is in bench/noisy.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlmodel import func, select
@@ -15,7 +16,7 @@ from sqlmodel import func, select
 from api.limits import EvaluationSlots
 from audit.models import AuditEvent
 from policy import decide
-from policy.engines import embedded
+from policy.engines import diff_documents, embedded
 from policy.grant_decider import RegoGrantDecider
 from tests.api.conftest import BOTH_DATABASES, Env, database_for, seeded_env
 
@@ -71,12 +72,12 @@ def test_explain_does_not_walk_the_document_per_call(env: Env, monkeypatch: pyte
     than the decision, and tenant B's reads under tenant A's explain flood were 3x slower than under a read
     flood. The engine now knows it holds the kept document; a change is still brought in, as a difference."""
     walked: list[int] = []
-    original = decide.diff_documents
+    original = diff_documents  # the function policy.decide calls, by this name
 
-    def counting(old: object, new: object, prefix: object = ()) -> object:
+    def counting(old: Mapping[str, Any], new: Mapping[str, Any], prefix: Sequence[str] = ()) -> list[dict[str, Any]]:
         if prefix == ():
             walked.append(1)
-        return original(old, new, prefix)  # type: ignore[arg-type]
+        return original(old, new, prefix)
 
     def explain(port: int) -> bool:
         r = env.call("GET", "/v1/policy/explain", "tenant-admin", "acme",

@@ -160,7 +160,7 @@ def test_explain_never_holds_other_requests_beyond_the_budget(served: tuple[Env,
 
     worker = threading.Thread(target=explain)
     worker.start()
-    waits = []
+    waits: list[float] = []
     while worker.is_alive() or len(waits) < 5:
         status, _, took = call(port, "GET", "/healthz", {})
         assert status == 200

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -39,12 +41,14 @@ def fuzz(env: Env, headers: dict[str, str]) -> list[str]:
     done: list[str] = []
     failures: list[str] = []
     for result in schema.get_all_operations():
+        if not isinstance(result, Ok):
+            raise result.err()  # the document has an operation schemathesis cannot read
         operation = result.ok()
 
         @given(case=operation.as_strategy())
         @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None,
                   derandomize=True)
-        def run(case: schemathesis.Case) -> None:
+        def run(case: schemathesis.Case[Any]) -> None:
             case.call_and_validate(headers=headers, checks=CHECKS)
 
         try:

@@ -20,7 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
-from sqlmodel import func, select
+from sqlmodel import col, func, select
 
 from api.routes.pki import MAX_X509_BATCH, MAX_X509_BATCH_BYTES
 from api.tls import prepare_server_tls
@@ -48,7 +48,7 @@ def _counts(env: Env) -> tuple[int, int]:
 def _svid_events(env: Env) -> list[str]:
     with env.ctx.db.read_session() as s:
         return [e.object_id for e in s.exec(select(AuditEvent).where(AuditEvent.action == "svid.issue")
-                                            .order_by(AuditEvent.seq)).all()]
+                                            .order_by(col(AuditEvent.seq))).all()]
 
 
 def _denials(env: Env) -> list[str]:

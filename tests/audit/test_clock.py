@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import text
-from sqlmodel import select
+from sqlmodel import col, select
 
 from audit import Actor, record
 from audit.errors import Removed, TimeReversed, VerificationError
@@ -34,7 +34,7 @@ def test_a_time_truncated_to_the_second_does_not_go_back(db: Database) -> None:
     _append(db, 1, 5)  # what clock().replace(microsecond=0) gives 0.75 s later
     _append(db, 2, 7.5)
     with db.read_session() as s:
-        times = [e.ts.replace(tzinfo=None) for e in s.exec(select(AuditEvent).order_by(AuditEvent.seq))]
+        times = [e.ts.replace(tzinfo=None) for e in s.exec(select(AuditEvent).order_by(col(AuditEvent.seq)))]
     assert times == sorted(times)
     assert [t - T0.replace(tzinfo=None) for t in times] == [timedelta(seconds=s) for s in (5.75, 5.75, 7.5)]
 
@@ -46,7 +46,7 @@ def test_times_stay_ordered_across_transactions_and_batches(db: Database) -> Non
                    at=T0 + timedelta(seconds=at))
     _append(db, 9, 0)
     with db.read_session() as s:
-        docs = [json.loads(e.data) for e in s.exec(select(AuditEvent).order_by(AuditEvent.seq))]
+        docs = [json.loads(e.data) for e in s.exec(select(AuditEvent).order_by(col(AuditEvent.seq)))]
     assert [d["ts"] for d in docs] == sorted(d["ts"] for d in docs)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
-from sqlmodel import select
+from sqlmodel import col, select
 
 from audit import Actor, counters, merkle, record, service
 from audit.models import AuditEvent, AuditNode
@@ -20,7 +20,7 @@ WORKERS = 4
 PER_WORKER = 60
 
 
-def _append(url: str, worker: int, barrier: mp.synchronize.Barrier) -> None:  # type: ignore[name-defined]
+def _append(url: str, worker: int, barrier: mp.synchronize.Barrier) -> None:
     db = Database(url)
     barrier.wait()
     i = 0
@@ -43,7 +43,7 @@ def _append(url: str, worker: int, barrier: mp.synchronize.Barrier) -> None:  # 
 
 def _check_log(db: Database) -> None:
     with db.read_session() as s:
-        rows = s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
+        rows = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all()
         assert [r.seq for r in rows] == list(range(WORKERS * PER_WORKER))
         prev = service.GENESIS_HASH
         for r in rows:
@@ -163,7 +163,7 @@ def test_an_append_that_waited_for_the_head_lock_reads_the_counters_again(postgr
     assert len(heads) == 1, heads  # the lock, the counters and the scan: one call, though B waited
     assert found == (["tenant.update"] if checks else [])  # A's event, committed while B waited
     with db.read_session() as s:
-        rows = s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()
+        rows = s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all()
     docs = [json.loads(r.data) for r in rows]
     assert [d["object"]["id"] for d in docs] == ["first", "a", "b"]
     assert [d["counters"]["tenant"] for d in docs] == [0, 1, 2]

@@ -60,8 +60,10 @@ def _parts(r: Any) -> dict[str, tuple[str, bytes]]:
         f"Content-Type: {r.headers['content-type']}\r\n\r\n".encode() + r.content
     )
     out: dict[str, tuple[str, bytes]] = {}
-    for part in msg.iter_parts():  # type: ignore[attr-defined]
-        out[part.get_filename()] = (part.get_content_type(), part.get_payload(decode=True))
+    for part in msg.iter_parts():
+        name, payload = part.get_filename(), part.get_payload(decode=True)
+        assert name is not None and isinstance(payload, bytes), part.get_content_type()
+        out[name] = (part.get_content_type(), payload)
     return out
 
 

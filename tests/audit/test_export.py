@@ -6,6 +6,7 @@ import csv
 import io
 import json
 from datetime import timedelta
+from typing import TypedDict
 
 import pytest
 from py_ocsf_models.events.base_event import BaseEvent
@@ -34,21 +35,27 @@ FILTERS = [
 ]
 
 
-def _expected(f: ExportFilter, events: list[dict[str, object]]) -> list[int]:
+class _Event(TypedDict):
+    seq: int
+    tenant: str | None
+    action: str
+
+
+def _expected(f: ExportFilter, events: list[_Event]) -> list[int]:
     out = []
     for e in events:
-        ts = T0 + timedelta(seconds=int(e["seq"]))  # type: ignore[call-overload]
+        ts = T0 + timedelta(seconds=e["seq"])
         if (f.since and ts < f.since) or (f.until and ts >= f.until):
             continue
         if (f.tenant and e["tenant"] != f.tenant) or (f.action and e["action"] != f.action):
             continue
-        out.append(int(e["seq"]))  # type: ignore[call-overload]
+        out.append(e["seq"])
     return out
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "ocsf"])
 def test_every_filter_exports_exactly_its_events_and_verifies(db: Database, signer: KeySigner, fmt: str) -> None:
-    events = [{"seq": e.seq, "tenant": e.tenant, "action": e.action} for e in fill(db, 90)]
+    events = [_Event(seq=e.seq, tenant=e.tenant, action=e.action) for e in fill(db, 90)]
     for f in FILTERS:
         buf = io.BytesIO()
         result = export_events(db, signer, buf, fmt=fmt, filters=f)

@@ -62,7 +62,7 @@ def _event_line(lines: list[bytes], seq: int) -> int:
     raise AssertionError(f"no event {seq}")
 
 
-def _rehash(doc: dict[str, object]) -> bytes:
+def _rehash(doc: dict[str, Any]) -> bytes:
     import rfc8785
 
     data = bytes(rfc8785.dumps(doc))
@@ -78,10 +78,14 @@ def _verify(data: bytes, signer: KeySigner) -> VerificationError:
     return info.value
 
 
-def _case(exported: dict[str, bytes | KeySigner], name: str, edit: Callable[[list[bytes]], None]) -> VerificationError:
-    lines = _lines(exported[name])  # type: ignore[arg-type]
+def _case(exported: dict[str, bytes | KeySigner], name: str,
+          edit: Callable[[list[bytes]], object]) -> VerificationError:
+    """`edit` changes the export's lines in place; what it returns (a popped line, say) is not used."""
+    data, signer = exported[name], exported["signer"]
+    assert isinstance(data, bytes) and isinstance(signer, KeySigner)
+    lines = _lines(data)
     edit(lines)
-    return _verify(b"".join(lines), exported["signer"])  # type: ignore[arg-type]
+    return _verify(b"".join(lines), signer)
 
 
 def test_untouched_exports_verify(exported: dict[str, bytes | KeySigner], tmp_path: Path) -> None:

@@ -9,9 +9,10 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -28,7 +29,7 @@ class Run:
     stderr: str
 
 
-def run_cli(args: list[str], env: dict[str, str | None], input: str | None = None) -> Run:
+def run_cli(args: list[str], env: Mapping[str, str | None], input: str | None = None) -> Run:
     """One command, in-process, with `env` as its environment (the rest of os.environ's TRUSTFABRIC_*
     variables removed; a None value removes that variable) and `input` as its standard input."""
     import os
@@ -59,7 +60,8 @@ class Cli:
             e["TRUSTFABRIC_TOKEN"] = token
         return run_cli(list(args), e, input=input)
 
-    def json(self, *args: str, token: str | None = None) -> object:
+    def json(self, *args: str, token: str | None = None) -> Any:
+        """The command's --json output, parsed (as a response's .json(): whatever JSON the command printed)."""
         r = self.run(*args, "--json", token=token)
         assert r.returncode == 0, (args, r.stdout, r.stderr)
         return json.loads(r.stdout)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlmodel import select
+from sqlmodel import col, select
 
 from audit.models import AuditEvent
 from pki.tokens.models import ApiToken
@@ -85,7 +85,7 @@ def test_token_recover_replaces_the_bootstrap_token(tmp_path: Path) -> None:
             assert opaque_token(s, second, ctx.clock).role == "admin"
             old = s.exec(select(ApiToken).where(ApiToken.id == out["revoked"][0])).one()
             assert old.revoked_at is not None
-            actions = [e.action for e in s.exec(select(AuditEvent).order_by(AuditEvent.seq)).all()][-2:]
+            actions = [e.action for e in s.exec(select(AuditEvent).order_by(col(AuditEvent.seq))).all()][-2:]
         assert actions == ["token.revoke", "token.create"]
     finally:
         ctx.close()

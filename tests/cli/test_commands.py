@@ -12,10 +12,10 @@ from tests.cli.conftest import Cli
 
 def test_init_activates_the_shipped_policy_once(cli: Cli) -> None:
     versions = cli.json("policy", "list")
-    assert [(v["number"], v["state"]) for v in versions] == [(1, "active")]  # type: ignore[index,union-attr]
+    assert [(v["number"], v["state"]) for v in versions] == [(1, "active")]
     again = cli.run("init", "--trust-domain", "example.org")
     assert again.returncode == 0 and "nothing changed" in again.stdout and "policy version" not in again.stdout
-    assert len(cli.json("policy", "list")) == 1  # type: ignore[arg-type]
+    assert len(cli.json("policy", "list")) == 1
 
 
 def test_token_create_prints_the_token_last_and_whoami(cli: Cli) -> None:
@@ -39,32 +39,32 @@ def test_grant_flow_through_the_cli(cli: Cli, tmp_path: Path) -> None:
 
     g = cli.json("grant", "request", "--src-group", "web", "--dst", "globex/api", "--port", "443", "--ttl", "2h",
                  token=acme)
-    assert g["state"] == "pending" and g["pending_approvers"] == ["tenant-admin:globex"]  # type: ignore[index]
-    gid = g["id"]  # type: ignore[index]
+    assert g["state"] == "pending" and g["pending_approvers"] == ["tenant-admin:globex"]
+    gid = g["id"]
     denied = cli.run("grant", "request", "--src-group", "web", "--dst", "globex/api", "--port", "22", token=acme)
     assert denied.returncode == 1 and "port-not-exposed" in denied.stdout
     own = cli.run("grant", "approve", gid, token=acme)
     assert own.returncode == 1 and "own grant request" in own.stderr and "Traceback" not in own.stderr
-    assert cli.json("grant", "approve", gid, token=globex)["state"] == "active"  # type: ignore[index]
+    assert cli.json("grant", "approve", gid, token=globex)["state"] == "active"
     # the shipped policy (activated by init) now lets the flow through, and says why
     flow = cli.json("policy", "explain", "--src", "acme/web", "--dst", "globex/api", "--port", "443")
-    assert flow["allow"] is True and any("grant" in r for r in flow["reasons"]), flow  # type: ignore[index]
+    assert flow["allow"] is True and any("grant" in r for r in flow["reasons"]), flow
     listed = cli.json("grant", "list", "--state", "active", token=globex)
-    assert [x["id"] for x in listed] == [gid]  # type: ignore[union-attr,index]
-    assert cli.json("grant", "revoke", gid, "--reason", "done", token=acme)["state"] == "revoked"  # type: ignore[index]
+    assert [x["id"] for x in listed] == [gid]
+    assert cli.json("grant", "revoke", gid, "--reason", "done", token=acme)["state"] == "revoked"
     human = cli.run("grant", "show", gid, token=acme)
     assert human.returncode == 0 and f"grant {gid}: revoked" in human.stdout
-    assert f"requested by {g['requested_by']}@acme at" in human.stdout  # type: ignore[index]  # whose id: acme's
+    assert f"requested by {g['requested_by']}@acme at" in human.stdout  # whose id: acme's
 
     r = cli.run("tenant", "quarantine", "globex", "--reason", "incident", token=acme)
     assert r.returncode == 1 and "HTTP 403" in r.stderr
     security = cli.token("--role", "security", "--ttl", "1h")
     assert cli.json("tenant", "quarantine", "globex", "--reason", "incident", token=security)[
-        "quarantined"] is True  # type: ignore[index]
-    assert cli.json("workload", "register", "acme", "web", "web-1", token=acme)[  # type: ignore[index]
+        "quarantined"] is True
+    assert cli.json("workload", "register", "acme", "web", "web-1", token=acme)[
         "spiffe_id"] == "spiffe://example.org/tenant/acme/group/web/web-1"
     revoked = cli.json("workload", "revoke", "acme", "web", "web-1", "--reason", "compromised", token=security)
-    assert revoked["workload"]["revoked"] is True  # type: ignore[index]
+    assert revoked["workload"]["revoked"] is True
     # a usage error is exit 2
     assert cli.run("grant", "request", "--dst", "globex", token=acme).returncode == 2
 

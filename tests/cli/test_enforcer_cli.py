@@ -30,15 +30,15 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     imported = cli.run("fabric", "import", str(SMALL), token=admin)
     assert imported.returncode == 0, imported.stderr
     assert "placements: added 6" in imported.stdout and "not imported: 1 grant(s) (g-train-api)" in imported.stdout
-    assert cli.json("fabric", "import", str(SMALL), token=admin)["unchanged"] is True  # type: ignore[index]
+    assert cli.json("fabric", "import", str(SMALL), token=admin)["unchanged"] is True
     nodes = cli.json("fabric", "node", "list", token=admin)
-    assert [n["name"] for n in nodes] == ["gpu1", "gpu2", "gpu3", "gpu4"]  # type: ignore[union-attr,index]
+    assert [n["name"] for n in nodes] == ["gpu1", "gpu2", "gpu3", "gpu4"]
     links = cli.json("fabric", "link", "list", token=admin)
-    assert len(links) == 6 and {"leaf": "leaf1:swp1", "peer": "gpu1:p0"} in links  # type: ignore[arg-type,operator]
+    assert len(links) == 6 and {"leaf": "leaf1:swp1", "peer": "gpu1:p0"} in links
     gpu1 = cli.json("fabric", "node", "show", "gpu1", token=admin)
-    assert gpu1["links"] == ["p0->leaf1:swp1"] and gpu1["uplinks"] == ["p0"]  # type: ignore[index]
+    assert gpu1["links"] == ["p0->leaf1:swp1"] and gpu1["uplinks"] == ["p0"]
     leaf1 = cli.json("fabric", "leaf", "show", "leaf1", token=admin)
-    assert leaf1["model"] == "sn5600" and "swp1->gpu1:p0" in leaf1["links"]  # type: ignore[index,operator]
+    assert leaf1["model"] == "sn5600" and "swp1->gpu1:p0" in leaf1["links"]
     one_error_line(cli.run("fabric", "spine", "show", "spine9", token=admin), "no spine 'spine9'")
     one_error_line(cli.run("fabric", "link", "add", "leaf1:swp9", "gpu4:p0", token=admin),
                    "leaf leaf1 has no port 'swp9'", "HTTP 400")
@@ -48,13 +48,13 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
                      "10.1.0.11", "--ipv6", "fd00:1::11", "--selector", "unix:uid:1001", token=admin)
     assert placed.returncode == 0 and "placements: changed 1" in placed.stdout, placed.stderr
     placed_on = cli.json("fabric", "placement", "list", "--node", "gpu1", token=admin)
-    assert {p["workload"]: p["selectors"] for p in placed_on}["acme/train/w1"] == ["unix:uid:1001"]  # type: ignore[union-attr,index]
-    assert cli.json("fabric", "placement", "show", "acme/train/w1", token=admin)["node"] == "gpu1"  # type: ignore[index]
+    assert {p["workload"]: p["selectors"] for p in placed_on}["acme/train/w1"] == ["unix:uid:1001"]
+    assert cli.json("fabric", "placement", "show", "acme/train/w1", token=admin)["node"] == "gpu1"
     acme = cli.token("--role", "tenant-admin", "--tenant", "acme", "--ttl", "1h")
     one_error_line(cli.run("fabric", "node", "list", token=acme), "HTTP 403")
 
     first = cli.json("enforcer", "compile")
-    assert first["full"] and sorted(first["published"]) == sorted(  # type: ignore[index]
+    assert first["full"] and sorted(first["published"]) == sorted(
         {"nic:gpu1", "nic:gpu2", "nic:gpu3", "nic:gpu4", "leaf:leaf1", "leaf:leaf2"})
     flows = cli.run("enforcer", "show", "--device", "nic:gpu1", "--format", "openflow")
     assert flows.returncode == 0 and "dl_vlan=101" in flows.stdout
@@ -63,37 +63,37 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     assert nv.returncode == 0 and "nv set vrf vrf10001" in nv.stdout
     one_error_line(cli.run("enforcer", "show", "--device", "nic:gpu1", "--format", "nvue"), "is a SuperNIC", code=2)
     nft = cli.json("enforcer", "show", "--device", "leaf:leaf2", "--format", "nft")
-    assert nft["version"] == 1 and '"table"' in nft["text"] and "ip_rules" in nft["text"]  # type: ignore[index]
+    assert nft["version"] == 1 and '"table"' in nft["text"] and "ip_rules" in nft["text"]
     ir = cli.json("enforcer", "show", "--device", "nic:gpu3", "--format", "ir")
-    assert json.loads(ir["text"])["device"] == "nic:gpu3"  # type: ignore[index]
+    assert json.loads(ir["text"])["device"] == "nic:gpu3"
     assert cli.run("enforcer", "show", "--device", "nic:gpu3", "--format", "pdf").returncode == 2
     one_error_line(cli.run("enforcer", "show", "--device", "nic:gpu9"), "nic:gpu9 has no published rule set")
     status = cli.json("enforcer", "status", token=admin)
-    assert {r["device"]: r["desired_version"] for r in status} == dict.fromkeys(first["published"], 1)  # type: ignore[index,union-attr]
+    assert {r["device"]: r["desired_version"] for r in status} == dict.fromkeys(first["published"], 1)
     assert cli.json("device", "list", token=admin) == status
-    assert cli.json("device", "show", "nic:gpu1", token=admin) == next(r for r in status if r["device"] == "nic:gpu1")  # type: ignore[union-attr,index]
+    assert cli.json("device", "show", "nic:gpu1", token=admin) == next(r for r in status if r["device"] == "nic:gpu1")
     ruleset = cli.json("device", "ruleset", "leaf:leaf1", token=admin)
-    assert ruleset["version"] == 1 and ruleset["ir"]["device"] == "leaf:leaf1"  # type: ignore[index]
+    assert ruleset["version"] == 1 and ruleset["ir"]["device"] == "leaf:leaf1"
     one_error_line(cli.run("device", "show", "nic:gpu9", token=admin), "nic:gpu9 has no published rule set")
 
     globex = cli.token("--role", "tenant-admin", "--tenant", "globex", "--ttl", "1h")
     g = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/api", "--port", "8443", token=acme)
-    assert cli.json("grant", "approve", g["id"], token=globex)["state"] == "active"  # type: ignore[index]
+    assert cli.json("grant", "approve", g["id"], token=globex)["state"] == "active"
     plan = cli.json("enforcer", "plan")
-    assert {p["device"] for p in plan} == TRAIN_TO_API  # type: ignore[union-attr,index]
+    assert {p["device"] for p in plan} == TRAIN_TO_API
     human = cli.run("enforcer", "plan")
     assert human.returncode == 0 and "nic:gpu1" in human.stdout and "nic:gpu2" not in human.stdout
     second = cli.json("enforcer", "compile")
-    assert second["published"] == dict.fromkeys(TRAIN_TO_API, 2)  # type: ignore[index]
+    assert second["published"] == dict.fromkeys(TRAIN_TO_API, 2)
 
     back = cli.json("enforcer", "rollback", "--device", "nic:gpu1", "--to", "1", "--reason", "bad push")
-    assert back["version"] == 3 and back["pinned"] is True  # type: ignore[index]
+    assert back["version"] == 3 and back["pinned"] is True
     one_error_line(cli.run("enforcer", "rollback", "--device", "nic:gpu1", "--to", "9"), "earlier version")
     applied = cli.json("enforcer", "apply", "--device", "nic:gpu1")
-    assert applied["published"] == {"nic:gpu1": 4}  # type: ignore[index]
+    assert applied["published"] == {"nic:gpu1": 4}
     versions = cli.json("enforcer", "versions", "--device", "nic:gpu1")
-    assert [v["version"] for v in versions] == [4, 3, 2, 1]  # type: ignore[union-attr,index]
-    assert versions[1]["content_hash"] == versions[3]["content_hash"]  # type: ignore[index]  # the rollback
+    assert [v["version"] for v in versions] == [4, 3, 2, 1]
+    assert versions[1]["content_hash"] == versions[3]["content_hash"]  # the rollback
     ok = cli.run("enforcer", "verify")
     assert ok.returncode == 0 and "ok:" in ok.stdout, ok.stderr
 
@@ -108,11 +108,11 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     uploaded = cli.run("policy", "upload", str(candidate))  # its flows tests fail: stored, not activatable
     assert uploaded.returncode == 1 and "version 2 uploaded" in uploaded.stdout, uploaded.stderr
     staged = cli.json("enforcer", "plan", "--staged", "2")
-    assert staged and all(p["rules_removed"] > 0 for p in staged)  # type: ignore[union-attr,index]
+    assert staged and all(p["rules_removed"] > 0 for p in staged)
     impact = cli.json("policy", "impact", "2")
-    assert impact["devices"]["touched"] == len(staged)  # type: ignore[index,arg-type]
+    assert impact["devices"]["touched"] == len(staged)
     table = cli.run("policy", "impact", "2")
-    assert table.returncode == 0 and f"devices: {len(staged)} of 6 would change" in table.stdout  # type: ignore[arg-type]
+    assert table.returncode == 0 and f"devices: {len(staged)} of 6 would change" in table.stdout
     human_output_reads_well(cli, admin)
 
     # `enforcer verify` answers no (exit 1, naming why) when a device of the fabric has no published rule set yet;

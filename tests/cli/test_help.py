@@ -40,8 +40,9 @@ def test_shell_completion_script_and_answers() -> None:
     r = subprocess.run(["bash", "-c", f'"{binary}" --show-completion; exit $?'], capture_output=True, text=True,
                        timeout=60, check=False)
     assert r.returncode == 0 and "_TRUSTFABRIC_COMPLETE" in r.stdout, r.stderr
-    r = run_cli([], {"_TRUSTFABRIC_COMPLETE": "complete_bash", "COMP_WORDS": "trustfabric pol", "COMP_CWORD": "1"})
-    assert "policy" in r.stdout.split()
+    answers = run_cli([], {"_TRUSTFABRIC_COMPLETE": "complete_bash", "COMP_WORDS": "trustfabric pol",
+                           "COMP_CWORD": "1"})
+    assert "policy" in answers.stdout.split()
 
 
 def test_no_arguments_prints_the_help() -> None:

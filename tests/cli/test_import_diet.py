@@ -94,7 +94,7 @@ def test_audit_verify_loads_no_database_and_no_policy_engine(tmp_path: Path) -> 
 @pytest.mark.parametrize("argv", [["tenant", "list"], ["whoami"], ["grant", "list"]])
 def test_remote_commands_load_no_database_server_or_engine(argv: list[str]) -> None:
     """Against a closed port: what a remote command loads is decided before it connects."""
-    from tests.cli.conftest import free_port
+    from tests.policy.conftest import free_port
 
     env = {"TRUSTFABRIC_SERVER": f"http://127.0.0.1:{free_port()}", "TRUSTFABRIC_TOKEN": "x" * 40,
            "TRUSTFABRIC_CONFIG": "/nonexistent/none.json"}

@@ -42,7 +42,7 @@ def test_policy_impact_lists_the_rocev2_mirrors_apart(cli: Cli, world: dict[str,
                                 "array.concat(platform_flows, granted_flows)")
         (candidate / name).write_text(text)
     up = cli.json("policy", "upload", str(candidate))
-    r = cli.run("policy", "impact", str(up["number"]))  # type: ignore[index]
+    r = cli.run("policy", "impact", str(up["number"]))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert any(line.startswith("RoCEv2 mirrors on the wire (not policy flows): opened 0, closed 1 ") for line in lines)
@@ -51,8 +51,8 @@ def test_policy_impact_lists_the_rocev2_mirrors_apart(cli: Cli, world: dict[str,
     mirrors = r.stdout[r.stdout.index("RoCEv2 mirrors closed (not policy flows)"):]
     assert [line.split() for line in mirrors.splitlines()[3:4]] == [
         ["acme/data", "acme/train", "udp", "4791", "acme/train", "->", "acme/data"]], mirrors
-    as_json = cli.json("policy", "impact", str(up["number"]))  # type: ignore[index]
-    assert as_json["mirrors_closed"] == [  # type: ignore[index]
+    as_json = cli.json("policy", "impact", str(up["number"]))
+    assert as_json["mirrors_closed"] == [
         {"src_tenant": "acme", "src_group": "data", "dst_tenant": "acme", "dst_group": "train", "proto": "udp",
          "port": 4791, "mirror": "rocev2"}]
 
@@ -70,7 +70,7 @@ def test_policy_impact_says_when_a_policy_flow_does_not_change_the_wire(cli: Cli
                                                             '"dst_group": "train", "proto": "udp", "ports": [4791], '
                                                             '"reason": "r", "sources": ["acme/data"]}]'))
     up = cli.json("policy", "upload", str(candidate))
-    r = cli.run("policy", "impact", str(up["number"]))  # type: ignore[index]
+    r = cli.run("policy", "impact", str(up["number"]))
     assert r.returncode == 0, r.stderr
     assert "RoCEv2 mirrors" not in r.stdout
     rows = [line.split() for line in r.stdout.splitlines() if "4791" in line]
@@ -104,9 +104,9 @@ def test_grant_request_show_and_approve_carry_the_rocev2_note(cli: Cli, world: d
 def test_policy_explain_notes_the_rocev2_mirror_under_the_policy_s_deny(cli: Cli, world: dict[str, Any]) -> None:
     asked = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--proto", "udp",
                      "--port", "4791", "--ttl", "2h", token=world["acme"])
-    gid = asked["id"]  # type: ignore[index]
+    gid = asked["id"]
     try:
-        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"  # type: ignore[index]
+        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"
         r = cli.run("policy", "explain", "--src", "globex/gpu", "--dst", "acme/train", "--port", "4791",
                     "--proto", "udp")
         assert r.returncode == 1, r.stderr  # DENY (the policy's), whatever the wire does
@@ -131,9 +131,9 @@ def test_policy_flows_lists_the_rocev2_mirrors_apart(cli: Cli, world: dict[str, 
     RoCEv2 mirror in a table of its own; --json carries it as `mirrors`, the API's shape."""
     asked = cli.json("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--proto", "udp",
                      "--port", "4791", "--ttl", "2h", token=world["acme"])
-    gid = asked["id"]  # type: ignore[index]
+    gid = asked["id"]
     try:
-        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"  # type: ignore[index]
+        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"
         r = cli.run("policy", "flows", "--src-tenant", "globex", "--dst-tenant", "acme")
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
@@ -143,8 +143,8 @@ def test_policy_flows_lists_the_rocev2_mirrors_apart(cli: Cli, world: dict[str, 
         assert [line.split() for line in mirrors.splitlines()[3:4]] == [
             ["gpu", "train", "udp", "4791", "acme/train", "->", "globex/gpu"]], mirrors
         out = cli.json("policy", "flows", "--src-tenant", "globex", "--dst-tenant", "acme")
-        assert out["total"] == 0 and out["items"] == [] and out["mirrors_total"] == 1  # type: ignore[index]
-        assert out["mirrors"] == [{  # type: ignore[index]
+        assert out["total"] == 0 and out["items"] == [] and out["mirrors_total"] == 1
+        assert out["mirrors"] == [{
             "src_tenant": "globex", "src_group": "gpu", "dst_tenant": "acme", "dst_group": "train", "proto": "udp",
             "port": 4791, "mirror": "rocev2", "notes": [
                 f"rocev2-mirror: the SuperNICs let this RoCEv2 through anyway, as the mirror of acme/train -> "
@@ -167,7 +167,7 @@ def test_a_port_is_taken_as_the_cli_prints_it(cli: Cli, world: dict[str, Any]) -
                      "--port", "4791", token=world["acme"])
     joined = cli.json("grant", "explain", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
                       token=world["acme"])
-    assert joined == split and joined["input"]["proto"] == "udp"  # type: ignore[index]
+    assert joined == split and joined["input"]["proto"] == "udp"
     asked = cli.run("grant", "request", "--src-group", "train", "--dst", "globex/gpu", "--port", "udp/4791",
                     "--ttl", "1h", token=world["acme"])
     assert asked.returncode == 0, asked.stderr
@@ -182,9 +182,10 @@ def test_a_port_is_taken_as_the_cli_prints_it(cli: Cli, world: dict[str, Any]) -
         assert same.stdout == r.stdout
     finally:
         assert cli.run("grant", "revoke", gid, "--reason", "done", token=world["acme"]).returncode == 0
-    for command in (("grant", "explain", "--src-group", "train", "--dst", "globex/gpu"),
-                    ("grant", "request", "--src-group", "train", "--dst", "globex/gpu"),
-                    ("policy", "explain", "--src", "acme/train", "--dst", "globex/gpu")):
+    commands: list[tuple[str, ...]] = [("grant", "explain", "--src-group", "train", "--dst", "globex/gpu"),
+                                       ("grant", "request", "--src-group", "train", "--dst", "globex/gpu"),
+                                       ("policy", "explain", "--src", "acme/train", "--dst", "globex/gpu")]
+    for command in commands:
         for ports in (("--port", "udp/4791", "--proto", "tcp"), ("--port", "udp/4791", "--port", "tcp/22"),
                       ("--port", "icmp/8")):
             if command[0] == "policy" and ports.count("--port") > 1:
@@ -201,7 +202,7 @@ def test_grant_list_says_an_approved_grant_was_approved(cli: Cli, world: dict[st
                           "--ttl", "1h", token=world["acme"])
     gid = asked["id"]
     try:
-        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"  # type: ignore[index]
+        assert cli.json("grant", "approve", gid, token=world["globex"])["state"] == "active"
         r = cli.run("grant", "list", "--state", "active", token=world["acme"], COLUMNS="200")
         assert r.returncode == 0, r.stderr
         row = next(line for line in r.stdout.splitlines() if line.startswith(gid))

@@ -7,7 +7,7 @@ import asyncio
 import json
 from typing import Any
 
-from core.asgi import BodySizeLimit
+from core.asgi import BodySizeLimit, Message
 
 
 def run(coroutine: Any) -> None:
@@ -34,12 +34,12 @@ def _call(limit: int, chunks: list[bytes], length: int | None) -> tuple[int, dic
         await send({"type": "http.response.body", "body": b"ok"})
 
     queue = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
     async def receive() -> dict[str, Any]:
         return queue.pop(0) if queue else {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
     headers = [(b"content-length", str(length).encode())] if length is not None else []
@@ -66,7 +66,7 @@ def test_a_streamed_body_over_the_limit_is_refused_and_the_app_sees_a_disconnect
 
 
 def test_a_malformed_content_length_is_a_400() -> None:
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
     async def app(*_a: Any) -> None:
         raise AssertionError("must not run")
@@ -74,7 +74,7 @@ def test_a_malformed_content_length_is_a_400() -> None:
     async def receive() -> dict[str, Any]:
         return {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
     run(BodySizeLimit(app, max_bytes=10)({"type": "http", "headers": [(b"content-length", b"ten")]},

@@ -44,13 +44,13 @@ def fabrics(draw: st.DrawFn, max_tenants: int = 3) -> Fabric:
     placements = []
     used: dict[str, int] = {}
     by_tenant = {t.slug: (i, t) for i, t in enumerate(tenants)}
-    for k, w in enumerate(workloads):
+    for k, workload in enumerate(workloads):
         node = draw(st.integers(0, n_nodes - 1))
         port = used.get(f"n{node}", 0)
         used[f"n{node}"] = port + 1
-        i, t = by_tenant[w.tenant]
-        v6 = f"fd00:{i + 1}::{k + 1:x}" if len(t.prefixes) > 1 and draw(st.booleans()) else None
-        placements.append(Placement(w.key, f"n{node}", f"vf{port}", f"10.{i + 1}.0.{k + 1}", v6))
+        i, t = by_tenant[workload.tenant]
+        ipv6 = f"fd00:{i + 1}::{k + 1:x}" if len(t.prefixes) > 1 and draw(st.booleans()) else None
+        placements.append(Placement(workload.key, f"n{node}", f"vf{port}", f"10.{i + 1}.0.{k + 1}", ipv6))
     grants = []
     for k in range(draw(st.integers(0, 4))):
         if len(tenants) < 2:

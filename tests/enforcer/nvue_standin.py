@@ -30,12 +30,14 @@ def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
             into[k] = copy.deepcopy(v)
 
 
+SWITCH_PORTS = tuple(f"swp{n}" for n in range(1, 65))
+
+
 class NvueStandIn:
     """`changeset_ids`: name revisions as Cumulus Linux 5.0-5.3 do (`changeset/<user>/<timestamp>`, slashes and
     all, so a client must percent-encode the id in a path); otherwise as 5.4+ do ("1", "2", ...)."""
 
-    def __init__(self, ports: tuple[str, ...] = tuple(f"swp{i}" for i in range(1, 65)),
-                 changeset_ids: bool = False) -> None:
+    def __init__(self, ports: tuple[str, ...] = SWITCH_PORTS, changeset_ids: bool = False) -> None:
         self.ports = set(ports)
         self.changeset_ids = changeset_ids
         self.applied: dict[str, Any] = {"system": {"hostname": "leaf"}, "interface": {"eth0": {"type": "eth"}}}

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import select
+from sqlmodel import col, select
 
 from audit import Actor
 from audit.models import AuditEvent
@@ -70,7 +70,7 @@ class Stack:
     def events(self, action: str, since: int = 0) -> list[AuditEvent]:
         with self.ctx.db.read_session() as s:
             return list(s.exec(select(AuditEvent).where(AuditEvent.action == action, AuditEvent.seq >= since)
-                               .order_by(AuditEvent.seq)).all())
+                               .order_by(col(AuditEvent.seq))).all())
 
     def size(self) -> int:
         from audit import tree_size

@@ -178,7 +178,7 @@ def test_plan_reports_additions_and_budget_use() -> None:
 def test_rules_come_in_evaluation_order_and_addresses_collapse_like_ipaddress() -> None:
     import ipaddress
 
-    from enforcer.compiler import _Context
+    from enforcer.context import Context as _Context
     from enforcer.ir import rule_order
 
     compiled, _ = compile_small()

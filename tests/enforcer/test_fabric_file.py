@@ -97,6 +97,11 @@ def test_workloads_may_come_from_the_caller() -> None:
     text = BASE.split("workloads:")[0] + "nodes:" + BASE.split("nodes:", 1)[1]
     with pytest.raises(FabricError, match="unknown workload 'acme/train/w1'"):
         load_fabric(text)
-    known = [Workload(*w.split("/")) for w in ("acme/train/w1", "acme/train/w2", "acme/data/db1", "globex/api/a1",
-                                               "globex/batch/b1", "platform/dns/ns1")]
+
+    def workload(key: str) -> Workload:
+        tenant, group, name = key.split("/")
+        return Workload(tenant, group, name)
+
+    known = [workload(w) for w in ("acme/train/w1", "acme/train/w2", "acme/data/db1", "globex/api/a1",
+                                   "globex/batch/b1", "platform/dns/ns1")]
     assert len(load_fabric(text, known_workloads=known).placements) == 6

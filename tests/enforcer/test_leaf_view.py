@@ -3,6 +3,8 @@ that renders every leaf's Linux configuration exactly as the full fabric does; a
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from enforcer.errors import ApplyError
@@ -26,7 +28,8 @@ def test_the_leaf_view_rebuilds_the_fabric_the_linux_leaf_routes_by() -> None:
 def test_a_malformed_view_is_refused() -> None:
     from enforcer.leaf_view import fabric_of_view
 
-    for bad in ({}, {"trust_domain": "x", "tenants": [["a"]], "links": [], "placements": []},
-                {"trust_domain": "x", "tenants": [], "links": None, "placements": []}):
+    bads: list[dict[str, Any]] = [{}, {"trust_domain": "x", "tenants": [["a"]], "links": [], "placements": []},
+                                  {"trust_domain": "x", "tenants": [], "links": None, "placements": []}]
+    for bad in bads:
         with pytest.raises(ApplyError, match="malformed"):
             fabric_of_view(bad)

@@ -5,10 +5,13 @@ pins; a publisher never overwrites a newer state with an older compile; fail saf
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlmodel import Session
 
 from audit import Actor
 from core.errors import InvalidInput
@@ -16,6 +19,7 @@ from enforcer import service
 from enforcer.compiler import Budget, compile_fabric
 from enforcer.fabric_db import compile_fabric_of
 from enforcer.ir import DeviceRuleSet
+from policy.engines import PolicyEngine
 from policy.grants import Caller, revoke_grant
 from tests.enforcer.stored import ADMIN, TD, Stack, addresses, open_stack, with_mode
 from workflows import security
@@ -290,7 +294,12 @@ def test_what_the_reconciler_keeps_between_runs_equals_a_fresh_read(stack: Stack
 
     started(stack)
     builds: list[int] = []
-    monkeypatch.setattr(reconcile, "build_data", lambda s, now: builds.append(1) or build_data(s, now))
+
+    def counted_build(session: Session, now: datetime) -> dict[str, Any]:
+        builds.append(1)
+        return build_data(session, now)
+
+    monkeypatch.setattr(reconcile, "build_data", counted_build)
     fabric = stack.rec._fabric
     gid = stack.grant("acme/train", "globex/api", 8443)
     stack.grant("acme/data", "globex/api", 8443)
@@ -315,7 +324,7 @@ def test_what_the_reconciler_keeps_between_runs_equals_a_fresh_read(stack: Stack
 
 
 def test_without_devices_a_grant_costs_no_evaluation_and_the_first_device_gets_every_grant(
-        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A control plane with no enforced device (the replicas serving grant requests before a fabric is
     imported) neither reads the policy data nor evaluates after a grant; when devices appear, their first
     rule sets carry the grants approved meanwhile (the engine's document is rebuilt, not patched)."""
@@ -332,10 +341,20 @@ def test_without_devices_a_grant_costs_no_evaluation_and_the_first_device_gets_e
         first = s.rec.run_once("start")
         assert first.error is None and first.published == {}
         builds: list[int] = []
-        monkeypatch.setattr(reconcile, "build_data", lambda ses, now: builds.append(1) or build_data(ses, now))
+
+        def counted_build(session: Session, now: datetime) -> dict[str, Any]:
+            builds.append(1)
+            return build_data(session, now)
+
+        monkeypatch.setattr(reconcile, "build_data", counted_build)
         evaluations: list[int] = []
         allowed = s.rec._allowed
-        monkeypatch.setattr(s.rec, "_allowed", lambda *a: evaluations.append(1) or allowed(*a))
+
+        def counted_allowed(engine: PolicyEngine | None, digest: str | None, now: datetime) -> Any:
+            evaluations.append(1)
+            return allowed(engine, digest, now)
+
+        monkeypatch.setattr(s.rec, "_allowed", counted_allowed)
         gid = s.grant("acme/train", "globex/api", 8443)
         assert s.rec.due() is None  # a grant cannot give a device-less fabric a device: no run is due
         idle = s.rec.run_once("grant")  # and a run anyway (a resync, a CLI) reads and compiles nothing

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlmodel import select
+from sqlmodel import col, select
 
 from audit import Actor
 from audit.models import AuditEvent
@@ -20,7 +22,7 @@ ADMIN = Actor(id="admin", kind="admin")
 
 def _events(db: Database) -> list[str]:
     with db.read_session() as s:
-        return [e.action for e in s.exec(select(AuditEvent).order_by(AuditEvent.seq))]
+        return [e.action for e in s.exec(select(AuditEvent).order_by(col(AuditEvent.seq)))]
 
 
 def test_register_derives_spiffe_id_and_audits_each_change(db: Database) -> None:
@@ -50,7 +52,8 @@ def test_register_derives_spiffe_id_and_audits_each_change(db: Database) -> None
         ({"display_name": ""}, InvalidInput),
     ],
 )
-def test_bad_tenant_input_is_rejected_and_nothing_written(db: Database, kwargs: dict, error: type) -> None:
+def test_bad_tenant_input_is_rejected_and_nothing_written(db: Database, kwargs: dict[str, Any],
+                                                          error: type[Exception]) -> None:
     args = {"slug": "acme", "display_name": "Acme", "l3vni": 1, "prefix": "10.1.0.0/16", **kwargs}
     with pytest.raises(error), db.session() as s:
         service.create_tenant(s, actor=ADMIN, **args)
@@ -78,7 +81,7 @@ def test_duplicates_and_unknown_parents(db: Database) -> None:
     [[{"proto": "icmp", "port": 1}], [{"proto": "tcp", "port": 0}], [{"proto": "tcp", "port": "*"}],
      [{"proto": "tcp", "port": True}], [{"proto": "tcp", "port": 70000}]],
 )
-def test_bad_ports_rejected(ports: list[dict]) -> None:
+def test_bad_ports_rejected(ports: list[dict[str, Any]]) -> None:
     with pytest.raises(InvalidInput):
         service.normalize_ports(ports)
 

@@ -350,7 +350,7 @@ def test_a_batch_signs_with_its_read_connection_given_back(pki_db: Database, key
     so as many API workers as the pool's size could all wait for a second one (10 s, then 503). Now the facts are
     read first and the connection given back before any signature: at each publish_until this thread holds none."""
     held: list[int] = []
-    real = service.publish_until
+    real = publish_until  # the function pki.service calls, by this name
 
     def publish_until_seen(db: Database, issuer: CertificateAuthority, until: datetime) -> None:
         held.append(db.engine.pool.checkedout())  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -289,14 +290,16 @@ def test_leaf_is_byte_for_byte_what_typed_extensions_give(keystore: FileKeyStore
         x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_public)
         .serial_number(7).not_valid_before(now).not_valid_after(now + timedelta(days=1))
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_public), critical=False), ca_signer)
-    private = {"p256": lambda: ec.generate_private_key(ec.SECP256R1()), "p384": lambda: ec.generate_private_key(
-        ec.SECP384R1()), "ed25519": ed25519.Ed25519PrivateKey.generate,
-               "rsa": lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048)}[kind]()
+    makers: dict[str, Callable[[], ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | rsa.RSAPrivateKey]] = {
+        "p256": lambda: ec.generate_private_key(ec.SECP256R1()), "p384": lambda: ec.generate_private_key(
+            ec.SECP384R1()), "ed25519": ed25519.Ed25519PrivateKey.generate,
+        "rsa": lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048)}
+    private = makers[kind]()
     public = private.public_key()
     sid = SpiffeId(TD, "/tenant/acme/group/web/" + "w" * 70)  # a CN cut to 64 characters
     dns, ips = ["svc.example.org"], ["10.1.2.3", "fd00::1"]
     for subject in (None, leaf_subject(sid)):
-        leaf = build_leaf(public_key=public, spiffe_id=sid, issuer_cert=ca_cert, issuer_key=ca_signer,  # type: ignore[arg-type]
+        leaf = build_leaf(public_key=public, spiffe_id=sid, issuer_cert=ca_cert, issuer_key=ca_signer,
                           serial=2**150 + 5, not_before=now, not_after=now + timedelta(hours=1), dns_names=dns,
                           ip_addresses=ips, subject=subject)
         typed = (
@@ -359,9 +362,9 @@ def test_every_accepted_csr_kind_is_verified_and_any_change_refused(kind: str) -
             return ed25519.Ed25519PrivateKey.generate()
         return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
-    digest = None if kind == "ed25519" else {"sha256": hashes.SHA256(), "sha384": hashes.SHA384(),
-                                              "sha512": hashes.SHA512()}[kind.split("-")[-1] if kind != "rsa-pss"
-                                                                         else "sha256"]
+    digests: dict[str, hashes.SHA256 | hashes.SHA384 | hashes.SHA512] = {
+        "sha256": hashes.SHA256(), "sha384": hashes.SHA384(), "sha512": hashes.SHA512()}
+    digest = None if kind == "ed25519" else digests[kind.split("-")[-1] if kind != "rsa-pss" else "sha256"]
     pss = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=32) if kind == "rsa-pss" else None
 
     def request(private: Any) -> x509.CertificateSigningRequest:
@@ -372,6 +375,7 @@ def test_every_accepted_csr_kind_is_verified_and_any_change_refused(kind: str) -
     def sign(private: Any, data: bytes) -> bytes:
         if kind == "ed25519":
             return bytes(private.sign(data))
+        assert digest is not None  # every kind but ed25519 has one
         if isinstance(private, rsa.RSAPrivateKey):
             return bytes(private.sign(data, pss or padding.PKCS1v15(), digest))
         return bytes(private.sign(data, ec.ECDSA(digest)))

@@ -133,5 +133,5 @@ def test_bad_filters_write_nothing(db: Database) -> None:
                {"fmt": "xml"}):
         buf = io.BytesIO()
         with pytest.raises(InvalidInput):
-            export_decisions(db, buf, **kw)  # type: ignore[arg-type]
+            export_decisions(db, buf, **kw)
         assert buf.getvalue() == b""

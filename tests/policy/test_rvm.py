@@ -131,7 +131,7 @@ ACTIONS = ["grant.create", "grant.approve", "policy.activate", "audit.export", "
 
 
 def test_authorization_decisions_agree_on_every_role_action_and_scope() -> None:
-    cases = [
+    cases: list[dict[str, Any]] = [
         {"principal": {"id": pid, "role": role, "tenant": pt}, "action": action, "resource": {"tenant": rt}}
         for role in ROLES for action in ACTIONS for pid in ("p1", None) for pt in ("acme", None, "")
         for rt in ("acme", "globex", None)

@@ -25,7 +25,8 @@ class Refused(Exception):
 
 class Check:
     def __init__(self, admits: bool) -> None:
-        self.admits, self.made, self.settled_with = admits, 0, []  # type: list[Any]
+        self.admits, self.made = admits, 0
+        self.settled_with: list[Any] = []
         self._done = self._failed = False
 
     @property

@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import Connection, QueuePool, inspect, text
 from sqlmodel import select
 
 from audit import Actor, record
@@ -103,8 +103,22 @@ def test_a_statements_read_session_is_never_taken_for_one_snapshot(postgres_db: 
         assert _one_snapshot(s)
 
 
-def _backend(conn: object) -> int:
-    return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())  # type: ignore[attr-defined]
+def _backend(conn: Connection) -> int:
+    return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def _checked_out(db: Database) -> int:
+    """How many of the pool's connections are in use (PostgreSQL's engine has a QueuePool)."""
+    pool = db.engine.pool
+    assert isinstance(pool, QueuePool), pool
+    return pool.checkedout()
+
+
+def _transaction_status(conn: Connection) -> int:
+    """The transaction status of the psycopg connection under `conn` (0: IDLE, no transaction open)."""
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    return int(driver.info.transaction_status)
 
 
 @pytest.mark.postgres
@@ -113,29 +127,28 @@ def test_one_connection_serves_a_threads_reads_and_gives_it_back(postgres_db: Da
     one pooled connection, still each statement alone (autocommit: no transaction left open on it); a write
     transaction gives it back first, and the block's end returns it to the pool."""
     db = postgres_db
-    pool = db.engine.pool
     with db.statement() as conn:
         _backend(conn)  # the pool holds a connection now; outside the block every read checks one out
     with db.one_connection():
-        assert pool.checkedout() == 0  # taken at the first read, not before
+        assert _checked_out(db) == 0  # taken at the first read, not before
         with db.statement() as conn:
             first = _backend(conn)
-        assert pool.checkedout() == 1
+        assert _checked_out(db) == 1
         with db.statement() as conn:
             assert _backend(conn) == first
         with db.read_session(statements=True) as s:
             assert _backend(s.connection()) == first
-            assert s.connection().connection.driver_connection.info.transaction_status == 0  # IDLE: autocommit
+            assert _transaction_status(s.connection()) == 0  # IDLE: autocommit
         with db.one_connection(), db.statement() as conn:  # nested: the same one
             assert _backend(conn) == first
         with db.session() as s:  # a write: the held one went back to the pool first (the write takes its own)
-            assert pool.checkedout() == 0
+            assert _checked_out(db) == 0
             record(s, actor=Actor.system("t"), action="test.write", object_type="t", object_id="1")
-        assert pool.checkedout() == 0
+        assert _checked_out(db) == 0
         with db.statement() as conn:  # taken again
             assert int(conn.execute(text("SELECT count(*) FROM audit_events")).scalar_one()) == 1
-        assert pool.checkedout() == 1
-    assert pool.checkedout() == 0
+        assert _checked_out(db) == 1
+    assert _checked_out(db) == 0
 
 
 @pytest.mark.postgres
@@ -152,9 +165,9 @@ def test_a_write_inside_an_open_read_leaves_that_read_its_connection(postgres_db
             with db.read_session(statements=True) as rs:
                 db.give_back()
                 assert _backend(rs.connection()) == first
-        assert db.engine.pool.checkedout() == 1  # the read block ended: kept for the request's next read
+        assert _checked_out(db) == 1  # the read block ended: kept for the request's next read
         db.give_back()
-        assert db.engine.pool.checkedout() == 0
+        assert _checked_out(db) == 0
 
 
 @pytest.mark.postgres
@@ -172,4 +185,4 @@ def test_a_snapshot_build_leaves_a_shared_connection_without_a_transaction(postg
             _snapshot_build(s, datetime.now(UTC))
         with db.statement() as conn:
             conn.execute(text("SELECT 1"))
-            assert conn.connection.driver_connection.info.transaction_status == 0  # IDLE, not INTRANS
+            assert _transaction_status(conn) == 0  # IDLE, not INTRANS

@@ -67,7 +67,7 @@ def test_a_driver_write_is_announced_at_its_commit_as_sqlalchemys_are(postgres_d
 
 @pytest.mark.postgres
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(texts=st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
+@given(texts=st.lists(st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12),
                       max_size=5),
        numbers=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5),
        blobs=st.lists(st.binary(max_size=40), max_size=5))

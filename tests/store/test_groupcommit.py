@@ -23,7 +23,7 @@ from store.groupcommit import GroupCommitter
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
 
-def _create(slug: str) -> object:
+def _create(slug: str) -> Callable[[Session], str]:
     def write(session: Session) -> str:
         session.add(Tenant(slug=slug, display_name=slug, created_at=NOW))
         session.flush()  # a duplicate fails here, inside the batch
@@ -43,7 +43,7 @@ def test_concurrent_writes_share_transactions_and_return_only_once_committed(db:
     seen_late: list[str] = []
 
     def one(n: int) -> None:
-        slug = committer.submit(_create(f"t{n}"))  # type: ignore[arg-type]
+        slug = committer.submit(_create(f"t{n}"))
         if not _visible(db, str(slug)):
             seen_late.append(str(slug))
 
@@ -63,7 +63,7 @@ def test_concurrent_writes_share_transactions_and_return_only_once_committed(db:
 
 def test_a_failing_write_fails_alone_and_a_refused_one_costs_the_others_nothing(db: Database) -> None:
     committer = GroupCommitter(db)
-    committer.submit(_create("taken"))  # type: ignore[arg-type]
+    committer.submit(_create("taken"))
     outcomes: dict[str, object] = {}
     gate = threading.Barrier(13)
 
@@ -98,7 +98,7 @@ def test_a_closed_committer_refuses_new_writes(db: Database) -> None:
     committer = GroupCommitter(db)
     committer.close()
     with pytest.raises(RuntimeError, match="closed"):
-        committer.submit(_create("late"))  # type: ignore[arg-type]
+        committer.submit(_create("late"))
 
 
 class _OneBatch:
@@ -146,11 +146,11 @@ def test_a_member_failing_after_its_writes_is_undone_alone_inside_the_shared_tra
     committer = GroupCommitter(db)
 
     def late_failure(session: Session) -> str:
-        _create("doomed")(session)  # type: ignore[operator]
+        _create("doomed")(session)
         raise LookupError("failed after writing its row and its event")
 
-    batch = _OneBatch(committer, _create("first"),  # type: ignore[arg-type]
-                      [("a", _create("a")), ("doomed", late_failure), ("b", _create("b"))])  # type: ignore[list-item]
+    batch = _OneBatch(committer, _create("first"),
+                      [("a", _create("a")), ("doomed", late_failure), ("b", _create("b"))])
     batch.release()
     batch.join()
     committer.close()
@@ -173,7 +173,7 @@ def test_a_batch_takes_savepoints_only_once_a_member_failed(db: Database) -> Non
     event.listen(db.engine, "savepoint", lambda _conn, name: savepoints.append(str(name)))
 
     def run(first: str, names: list[str]) -> dict[str, object]:
-        batch = _OneBatch(committer, _create(first), [(n, _create(n.rstrip("!"))) for n in names])  # type: ignore[arg-type]
+        batch = _OneBatch(committer, _create(first), [(n, _create(n.rstrip("!"))) for n in names])
         batch.release()
         batch.join()
         return batch.outcomes
@@ -232,7 +232,7 @@ def test_a_batch_whose_queued_rows_fail_to_write_runs_each_member_alone(db: Data
     """The flush of queued rows fails (a duplicate): the batch is rolled back whole, each member is run again
     alone, and only the duplicate fails; no event without its row, the sequence gap-free."""
     committer = GroupCommitter(db)
-    committer.submit(_create("taken"))  # type: ignore[arg-type]
+    committer.submit(_create("taken"))
     batch = _OneBatch(committer, _create_batched("first"),
                       [(n, _create_batched(n)) for n in ("a", "taken", "b")], savepoint=False)
     batch.release()
@@ -252,7 +252,7 @@ def test_a_batch_takes_its_row_locks_before_the_audit_head_and_cannot_deadlock(p
     lets one write transaction run at a time, so the interleaving cannot happen there)."""
     db = postgres_db
     committer = GroupCommitter(db)
-    committer.submit(_create("contended"))  # type: ignore[arg-type]
+    committer.submit(_create("contended"))
     row_locked, done = threading.Event(), threading.Event()
     outcomes: dict[str, object] = {}
 
@@ -279,7 +279,7 @@ def test_a_batch_takes_its_row_locks_before_the_audit_head_and_cannot_deadlock(p
         return "touched"
 
     # one batch: an append, then the row
-    batch = _OneBatch(committer, lambda _s: "first", [("appends", _create("appends")), ("touch", touch)])  # type: ignore[list-item]
+    batch = _OneBatch(committer, lambda _s: "first", [("appends", _create("appends")), ("touch", touch)])
     holder = threading.Thread(target=outside)
     holder.start()
     assert row_locked.wait(timeout=30)
@@ -298,7 +298,7 @@ def test_a_batch_takes_its_row_locks_before_the_audit_head_and_cannot_deadlock(p
 
 def _someone_waits_for_a_lock(db: Database) -> bool:
     with db.read_session() as s:
-        return bool(s.exec(select(text("count(*) > 0 FROM pg_locks WHERE NOT granted"))).one())  # type: ignore[call-overload]
+        return bool(s.exec(select(text("count(*) > 0 FROM pg_locks WHERE NOT granted"))).one())
 
 
 @pytest.mark.postgres
@@ -363,11 +363,11 @@ def test_a_lone_write_commits_in_its_callers_thread_and_a_busy_leader_hands_the_
 
     def where(session: Session) -> object:
         ran_in.append(threading.get_ident())
-        return _create("lone")(session)  # type: ignore[operator]
+        return _create("lone")(session)
 
     assert committer.submit(where) == "lone"
     assert ran_in == [threading.get_ident()]
-    batch = _OneBatch(committer, _create("first"), [("a", _create("a")), ("b", _create("b"))])  # type: ignore[arg-type,list-item]
+    batch = _OneBatch(committer, _create("first"), [("a", _create("a")), ("b", _create("b"))])
     batch.release()
     batch.join()
     committer.close()
@@ -388,7 +388,7 @@ def test_writes_without_row_locks_join_a_batch_that_waits_for_the_audit_head(pos
     db = postgres_db
     committer = GroupCommitter(db)  # no head_lock: "first" takes it itself, in its deferred append
     if duplicate:
-        committer.submit(_create("taken"))  # type: ignore[arg-type]
+        committer.submit(_create("taken"))
     holding, release = threading.Event(), threading.Event()
     outcomes: dict[str, object] = {}
 
@@ -398,9 +398,9 @@ def test_writes_without_row_locks_join_a_batch_that_waits_for_the_audit_head(pos
             holding.set()
             assert release.wait(timeout=30)
 
-    def one(name: str, fn: Callable[[Session], object], **how: bool) -> None:
+    def one(name: str, fn: Callable[[Session], object], savepoint: bool = True, late: bool = False) -> None:
         try:
-            outcomes[name] = committer.submit(fn, **how)
+            outcomes[name] = committer.submit(fn, savepoint=savepoint, late=late)
         except Exception as exc:
             outcomes[name] = exc
 
@@ -481,10 +481,10 @@ def test_submit_many_queues_its_items_together_and_answers_each(db: Database) ->
     alone (its exception is its outcome, in its place) and the others commit; with other callers submitting at the
     same time, every item of everyone is answered once committed (the lead handed between them, none left waiting)."""
     committer = GroupCommitter(db)
-    committer.submit(_create("taken"))  # type: ignore[arg-type]
+    committer.submit(_create("taken"))
     batches = committer.batches
     items = [(_create(f"m{n}"), None) for n in range(5)] + [(_create("taken"), None)] + [(_create("m5"), None)]
-    outcomes = committer.submit_many(items)  # type: ignore[arg-type]
+    outcomes = committer.submit_many(items)
     assert outcomes[:5] == [f"m{n}" for n in range(5)] and outcomes[6] == "m5"
     assert isinstance(outcomes[5], Exception)  # the duplicate, alone
     assert committer.batches == batches + 1  # its six good items in one commit
@@ -493,17 +493,17 @@ def test_submit_many_queues_its_items_together_and_answers_each(db: Database) ->
 
     committer.close()
     committer = GroupCommitter(db, max_batch=7)  # small batches: a caller's items span several, led by others too
-    answered: dict[str, list[object]] = {}
+    answered: dict[str, list[str | Exception]] = {}
     gate = threading.Barrier(8)
 
     def many(k: int) -> None:
         gate.wait()
-        answered[f"c{k}"] = committer.submit_many(  # type: ignore[call-overload]
+        answered[f"c{k}"] = committer.submit_many(
             [(_create(f"c{k}-{n}"), None) for n in range(20)])
 
     def one(k: int) -> None:
         gate.wait()
-        answered[f"s{k}"] = [committer.submit(_create(f"s{k}"))]  # type: ignore[arg-type]
+        answered[f"s{k}"] = [committer.submit(_create(f"s{k}"))]
 
     threads = [threading.Thread(target=many, args=(k,)) for k in range(4)]
     threads += [threading.Thread(target=one, args=(k,)) for k in range(4)]

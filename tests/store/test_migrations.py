@@ -30,7 +30,9 @@ from store.migrations import current_version
 from tests.conftest import PostgresServer
 from workflows.schema import STEPS, migrate
 
-DIALECTS: dict[str, Dialect] = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}
+# SQLAlchemy's psycopg dialect has an unannotated __init__ (the sqlite one's is annotated)
+DIALECTS: dict[str, Dialect] = {"sqlite": sqlite.dialect(),
+                                "postgresql": postgresql.dialect()}  # type: ignore[no-untyped-call]
 MODEL_MODULES = (audit.models, inventory.models, pki.models, policy.models, pki.tokens.models, enforcer.models,
                  keys.models)
 
