@@ -252,7 +252,7 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
                    summary={"reason": "no CA generation uses it, and this database recorded it was about to make it "
                                       "(a rotation killed before its commit, or one that rolled back)",
                             "key_store": "pkcs11", "deployment": mine,
-                            "intent_at": intended[key_id].isoformat()}, at=ctx.clock())
+                            "intent_at": as_utc(intended[key_id]).isoformat()}, at=ctx.clock())
         forget(conn, [*unused, *_stale_intents(ctx, intended, _named_key_ids(session), now_held)])
     destroyed, failed = [], []
     for key_id in unused:

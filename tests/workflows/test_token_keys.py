@@ -520,6 +520,12 @@ def b_signs_with(ctx: AppContext) -> dict[str, str]:
     return {"audit": public_key_pem(audit_signer(ctx.keystore)), "issuer": _public_pem(ctx, API_ISSUER_KEY_ID)}
 
 
+def b_starts_and_signs_with(ctx: AppContext) -> dict[str, str]:
+    """B's next start; the public halves of the keys B signs with then."""
+    assert initialize(ctx, None, "ec-p256")["created"] is False
+    return {"audit": public_key_pem(audit_signer(ctx.keystore)), "issuer": _public_pem(ctx, API_ISSUER_KEY_ID)}
+
+
 def _public_pem(ctx: AppContext, key_id: str) -> str:
     from cryptography.hazmat.primitives import serialization
 
@@ -527,22 +533,33 @@ def _public_pem(ctx: AppContext, key_id: str) -> str:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
-@pytest.mark.xfail(strict=True, reason="review: the audit-checkpoint and api-issuer keys have fixed labels, so a "
-                   "second deployment on a shared token adopts the first one's keys (see the review report)")
 def test_a_second_deployment_on_a_shared_token_signs_with_keys_of_its_own(
         token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
-    """A token may be shared by several deployments (keys/deployment.py, the README's key hygiene paragraph). The CA
-    keys have labels of their own per deployment (a random suffix); the audit checkpoint key ("audit-checkpoint") and
-    the API issuer key ("api-issuer") have fixed labels, and init makes them only when the token holds none: B's init
-    finds A's (marked as A's) and signs with them. B's audit exports then verify under A's public key and A's under
-    B's: whoever controls A's database (another team's deployment, a staging one) can have A sign a checkpoint over
-    a log it wrote and pass it off as B's."""
+    """Should fix: a token may be shared by several deployments (keys/deployment.py, the README's key hygiene
+    paragraph). The CA keys have labels of their own per deployment (a random suffix); the audit checkpoint key
+    ("audit-checkpoint") and the API issuer key ("api-issuer") have fixed labels, and init makes them only when the
+    token holds none: B's init found A's (marked as A's) and signed with them. B's audit exports then verified under
+    A's public key and A's under B's: whoever controls A's database (another team's deployment, a staging one) could
+    have A sign a checkpoint over a log it wrote and pass it off as B's. Now lookups never take another deployment's
+    key (keys/pkcs11.py), so B makes and signs with its own beside A's, and A keeps its own."""
     a = _open(tmp_path / "a", new_database(), token, deployments)
     _init(a)
-    b = _as_b(_env(tmp_path / "b", new_database(), token), "b_signs_with")
+    a_signs_with = {"audit": public_key_pem(audit_signer(a.keystore)), "issuer": _public_pem(a, API_ISSUER_KEY_ID)}
+    b_env = _env(tmp_path / "b", new_database(), token)
+    b = _as_b(b_env, "b_signs_with")
     assert isinstance(b, dict)
-    assert b["audit"] != public_key_pem(audit_signer(a.keystore))
-    assert b["issuer"] != _public_pem(a, API_ISSUER_KEY_ID)
+    assert b["audit"] != a_signs_with["audit"]
+    assert b["issuer"] != a_signs_with["issuer"]
+    assert _as_b(b_env, "b_starts_and_signs_with") == b  # B's next start finds its own again
+    module, label = token
+    listed = subprocess.run([sys.executable, "-c", _LIST_OBJECTS, module, label, PIN], capture_output=True,
+                            text=True, check=True, timeout=60).stdout.splitlines()  # each object, duplicates too
+    assert sorted(k for k in listed if k.startswith((AUDIT_KEY_ID, API_ISSUER_KEY_ID))) == sorted(
+        f"{key_id} {cls}" for key_id in (API_ISSUER_KEY_ID, AUDIT_KEY_ID) for cls in ("PRIVATE_KEY", "PUBLIC_KEY")
+        for _deployment in "ab")  # one pair each, of each deployment
+    assert {"audit": public_key_pem(audit_signer(a.keystore)), "issuer": _public_pem(a, API_ISSUER_KEY_ID)} == (
+        a_signs_with)  # and A signs with its own still
+    assert _audit_verifies(a) > 3
 
 
 def _sqlite_copy(source: Path, target: Path) -> None:
