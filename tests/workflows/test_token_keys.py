@@ -357,6 +357,7 @@ def test_an_unmarked_ca_key_is_never_touched_and_is_named_once(
     assert set(now.key_owners().values()) == {None}
     held = _labels(token)
     caplog.set_level(logging.WARNING, logger="workflows.init")
+    caplog.clear()  # what init logged before (its INFO line, when a test before this one lowered the root level)
     assert initialize(a, None, "ec-p256")["created"] is False
     assert _labels(token) == held and _destroyed(a) == []
     lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init"]
@@ -603,6 +604,7 @@ def test_a_start_on_a_restored_backup_keeps_the_keys_of_later_generations(
     _sqlite_copy(tmp_path / "nightly.db", home / DB_FILE)  # the restore
     restored = _open(home, None, token, deployments)
     caplog.set_level(logging.WARNING, logger="workflows.init")
+    caplog.clear()  # what init logged before (its INFO line, when a test before this one lowered the root level)
     assert initialize(restored, None, "ec-p256")["created"] is False
     assert later <= _labels(token), f"destroyed: {sorted(later - _labels(token))}"
     assert _destroyed(restored) == []
