@@ -86,11 +86,13 @@ def sweep_grants(ctx: AppContext) -> list[str]:
 
 def rotate_cas(ctx: AppContext) -> None:
     """SPIRE's schedule: prepare at half life, activate at 1/6 before expiry; nothing due, nothing written."""
-    from pki.service import rotate, trust_domain
+    from pki.service import trust_domain
+    from workflows.rotation import rotate_cas as rotate
 
-    with ctx.db.session() as session:
-        if trust_domain(session) is not None:
-            rotate(session, ctx.keystore, force=False, actor=Actor.system("ca-rotator"), clock=ctx.clock)
+    with ctx.db.read_session() as session:
+        if trust_domain(session) is None:
+            return
+    rotate(ctx, force=False, actor=Actor.system("ca-rotator"))
 
 
 def write_audit_checkpoint(ctx: AppContext) -> int | None:

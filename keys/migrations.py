@@ -43,7 +43,27 @@ def _step_16(conn: sa.Connection) -> None:
     _v16.create_all(conn)
 
 
+_v17 = sa.MetaData()
+_TABLES_V17 = (
+    sa.Table(
+        "key_intents",
+        _v17,
+        sa.Column('key_id', sa.String(128), primary_key=True, nullable=False),
+        sa.Column('deployment_id', sa.String(32), nullable=False),
+        sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+    ),
+)
+
+
+def _step_17(conn: sa.Connection) -> None:
+    """The keys this database is about to make in a PKCS#11 token (keys/intents.py), committed before they are made:
+    a start destroys an unused CA key of this deployment only when a row here names it, never a key a restored backup
+    has no record of."""
+    _v17.create_all(conn)
+
+
 STEPS: tuple[Migration, ...] = (
     Migration(13, 'keys: encrypted key files shared by replicas', _step_13),
     Migration(16, "keys: the deployment id that marks this database's keys in a PKCS#11 token", _step_16),
+    Migration(17, "keys: the keys this database is about to make in a PKCS#11 token", _step_17),
 )

@@ -1,6 +1,7 @@
 """The table through which replicas share file-store keys (keys/shared.py): each row a key file's bytes, ciphertext
 under the trust domain's master key, never a private byte in clear; and the deployment id that marks the keys this
-database makes in a PKCS#11 token (keys/deployment.py)."""
+database makes in a PKCS#11 token (keys/deployment.py); and the keys this database is about to make there
+(keys/intents.py)."""
 
 from __future__ import annotations
 
@@ -27,4 +28,15 @@ class Deployment(SQLModel, table=True):
 
     id: int = Field(default=1, sa_column=Column(Integer, primary_key=True, autoincrement=False))
     deployment_id: str = Field(max_length=32)  # 32 lowercase hex digits (128 random bits)
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class KeyIntent(SQLModel, table=True):
+    """A key this database recorded, in a transaction of its own, it was about to make (keys/intents.py): what lets a
+    start destroy a CA key no CA row names, and nothing else."""
+
+    __tablename__ = "key_intents"
+
+    key_id: str = Field(primary_key=True, max_length=128)
+    deployment_id: str = Field(max_length=32)  # the deployment whose marker the key gets (keys/deployment.py)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

@@ -45,6 +45,14 @@ def _der_octet_string(der: bytes) -> bytes:
     return der[offset:]
 
 
+def _cka_id(obj: Any) -> bytes:
+    """An object's CKA_ID; empty when it has none or it cannot be read."""
+    try:
+        return bytes(obj[Attribute.ID])
+    except pkcs11.exceptions.PKCS11Error:
+        return b""
+
+
 def _ec_params(kind: KeyKind) -> bytes:
     return bytes(encode_named_curve_parameters(_CURVE_NAMES[kind]))
 
@@ -175,6 +183,12 @@ class Pkcs11Signer:
 class Pkcs11KeyStore:
     """Keys in one PKCS#11 token, found by label (= key id); one logged-in session, serialised by a lock.
 
+    Several deployments may share a token, and some labels are fixed (audit-checkpoint, api-issuer): among the objects
+    of a label, every lookup (get, exists, generate's KeyExists check, delete, key_owners) takes the one carrying this
+    deployment's marker, else an unmarked one (keys made before markers: used as before), never one another
+    deployment's marker names. So a second deployment makes and signs with keys of its own beside the first's, and
+    never signs its audit checkpoints or API tokens with another deployment's key.
+
     With `db` (what a server opens), a key generated while this thread has a write transaction open on it (a CA
     rotation's, init's) is destroyed in the token, private and public object, if that transaction rolls back, and
     kept once it commits (keys/undo.py, the rule the shared file store follows): a rotation that fails after making
@@ -240,18 +254,40 @@ class Pkcs11KeyStore:
             return master
 
     def _find(self, key_id: str, cls: ObjectClass) -> Any | None:
-        found = list(self._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: cls}))
-        if len(found) > 1:
-            raise KeyStoreError(f"token holds {len(found)} objects labelled {key_id!r}; expected one")
-        return found[0] if found else None
+        """The object of class `cls` labelled `key_id` this deployment uses (_pick), or None."""
+        return self._pick(key_id, list(self._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: cls})))
 
-    def _marker(self, key_id: str) -> bytes | None:
-        """The CKA_ID a key pair `key_id` generated now gets: its deployment's marker, or None (no `db`, or a database
-        init has not given a deployment id yet: the key stays unmarked, and is never removed automatically)."""
+    def _pick(self, key_id: str, found: list[Any]) -> Any | None:
+        """Among objects labelled `key_id` (of one class), the one this deployment uses: the one carrying its marker;
+        else an unmarked one (made before markers existed: used as before); never one another deployment's marker
+        names, so that deployments sharing a token each make and use keys of their own under the fixed labels
+        (audit-checkpoint, api-issuer). KeyStoreError when two qualify."""
+        mine = self._mine()
+        ours, unmarked = [], []
+        for obj in found:
+            owner = marker_owner(_cka_id(obj), key_id)
+            if owner is None:
+                unmarked.append(obj)
+            elif owner == mine:
+                ours.append(obj)
+        chosen = ours or unmarked
+        if len(chosen) > 1:
+            whose = "marked as this deployment's" if ours else "without a deployment marker"
+            raise KeyStoreError(f"token holds {len(chosen)} objects labelled {key_id!r} {whose}; expected one")
+        return chosen[0] if chosen else None
+
+    def _mine(self) -> str | None:
+        """db's deployment id, or None (no `db`, or a database init has not given a deployment id yet)."""
         if self._deployment is None and self._db is not None:
             with self._db.statement() as conn:  # committed by init before it makes any key; a read of its own
                 self._deployment = read_deployment_id(conn)
-        return None if self._deployment is None else marker(self._deployment, key_id)
+        return self._deployment
+
+    def _marker(self, key_id: str) -> bytes | None:
+        """The CKA_ID a key pair `key_id` generated now gets: its deployment's marker, or None (no deployment id: the
+        key stays unmarked, and is never removed automatically)."""
+        mine = self._mine()
+        return None if mine is None else marker(mine, key_id)
 
     def generate(self, key_id: str, kind: KeyKind) -> Signer:
         """Create a key inside the token; an existing key_id is KeyExists, never overwritten silently. Inside a
@@ -317,7 +353,7 @@ class Pkcs11KeyStore:
         check_key_id(key_id)
         with self.lock:
             priv = self._find(key_id, ObjectClass.PRIVATE_KEY)
-            pub = self._find(key_id, ObjectClass.PUBLIC_KEY)
+            pub = None if priv is None else self._pair_of(key_id, priv, ObjectClass.PUBLIC_KEY)
             if priv is None or pub is None:
                 raise KeyNotFound(f"no key {key_id!r} in PKCS#11 token {self.token_label!r}")
             kind = self._kind_of(pub)
@@ -329,20 +365,30 @@ class Pkcs11KeyStore:
         with self.lock:
             return self._find(key_id, ObjectClass.PRIVATE_KEY) is not None
 
+    def _pair_of(self, key_id: str, priv: Any, cls: ObjectClass) -> Any | None:
+        """The object of class `cls` labelled `key_id` with the CKA_ID of `priv` (its pair), or None."""
+        cka_id = _cka_id(priv)
+        objs = self._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: cls})
+        return self._pick(key_id, [o for o in objs if _cka_id(o) == cka_id])
+
     def delete(self, key_id: str) -> None:
-        """Destroy the key pair; KeyNotFound when there is none."""
+        """Destroy the key pair this deployment uses under `key_id` (its own, else an unmarked one; never another
+        deployment's); KeyNotFound when there is none."""
         check_key_id(key_id)
         with self.lock:
-            objs = list(self._session.get_objects({Attribute.LABEL: key_id}))
-            if not any(o.object_class == ObjectClass.PRIVATE_KEY for o in objs):
+            priv = self._find(key_id, ObjectClass.PRIVATE_KEY)
+            if priv is None:
                 raise KeyNotFound(f"no key {key_id!r} in PKCS#11 token {self.token_label!r}")
-            for obj in objs:
+            cka_id = _cka_id(priv)
+            for obj in [o for o in self._session.get_objects({Attribute.LABEL: key_id}) if _cka_id(o) == cka_id]:
                 obj.destroy()
 
     def key_owners(self) -> dict[str, str | None]:
-        """Every private key in the token, by label (key id), with the deployment id its CKA_ID marker names; None:
-        no marker (made before markers existed, or by other software), or a label several private keys share."""
-        owners: dict[str, str | None] = {}
+        """Every private key in the token, by label (key id), with the deployment id the marker of the key this
+        deployment would use under that label names (get's rule: its own, else an unmarked one); None: no marker
+        (made before markers existed, or by other software). A label only other deployments' keys carry names one of
+        them (the least id, when several)."""
+        found: dict[str, list[str | None]] = {}
         with self.lock:
             for obj in self._session.get_objects({Attribute.CLASS: ObjectClass.PRIVATE_KEY}):
                 try:
@@ -351,8 +397,16 @@ class Pkcs11KeyStore:
                     continue
                 if not isinstance(label, str) or not label:
                     continue
-                owner = marker_owner(cka_id, label)
-                owners[label] = owner if label not in owners else None
+                found.setdefault(label, []).append(marker_owner(cka_id, label))
+            mine = self._mine()
+        owners: dict[str, str | None] = {}
+        for label, marks in found.items():
+            if mine is not None and mine in marks:
+                owners[label] = mine
+            elif None in marks:
+                owners[label] = None
+            else:
+                owners[label] = min(m for m in marks if m is not None)
         return owners
 
     def destroy_marked(self, key_id: str, deployment_id: str) -> bool:

@@ -80,8 +80,9 @@ class MarkedKeyStore(Protocol):
     that made it (keys/deployment.py), so that a deployment removes its own unused keys and never another's."""
 
     def key_owners(self) -> dict[str, str | None]:
-        """Every private key held, by key id, with the deployment id its marker names; None: no marker (made before
-        markers existed, or by other software), or one no single deployment owns."""
+        """Every private key held, by key id, with the deployment id the marker of the key this deployment would use
+        under that id names (its own, else an unmarked one); None: no marker (made before markers existed, or by
+        other software). An id only other deployments' keys carry names one of them."""
         ...
 
     def destroy_marked(self, key_id: str, deployment_id: str) -> bool:

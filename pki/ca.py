@@ -11,6 +11,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from cryptography import x509
@@ -21,7 +22,9 @@ from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from core.clock import as_utc
+from keys.deployment import read_deployment_id
 from keys.errors import WrongMasterKey
+from keys.intents import forget, record_intents
 from keys.store import KeyKind, KeyStore, PublicKey, Signer, hash_for
 from pki.errors import CAUnavailable, ForeignKeyStore, NotInitialized
 from pki.models import CertificateAuthority, TrustDomainSettings
@@ -109,6 +112,57 @@ def sign_certificate(builder: x509.CertificateBuilder, signer: Signer) -> x509.C
     return builder.sign(signer.private_key(), hash_for(signer.kind))  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class GenerationKeys:
+    """The key ids of one CA generation, chosen before its keys are made (root, issuing, JWT-SVID). The suffix is
+    random: a retry never collides with a rolled-back attempt's key (a file a killed process left, say);
+    CA_KEY_ID_RE matches these names."""
+
+    generation: int
+    suffix: str
+
+    @classmethod
+    def new(cls, generation: int) -> GenerationKeys:
+        return cls(generation, secrets.token_hex(4))
+
+    @property
+    def root(self) -> str:
+        return f"ca-g{self.generation}-root-{self.suffix}"
+
+    @property
+    def issuing(self) -> str:
+        return f"ca-g{self.generation}-issuing-{self.suffix}"
+
+    @property
+    def jwt(self) -> str:
+        return f"jwt-g{self.generation}-{self.suffix}"
+
+    @property
+    def ids(self) -> tuple[str, str, str]:
+        return (self.root, self.issuing, self.jwt)
+
+
+def _latest_generation(session: Session) -> int | None:
+    return session.exec(select(CertificateAuthority.generation).order_by(
+        col(CertificateAuthority.generation).desc()).limit(1)).first()
+
+
+def reserve_generation_keys(db: Database, now: datetime) -> GenerationKeys | None:
+    """Choose the key ids of the next CA generation and commit their intents (keys/intents.py), in a transaction of
+    its own, before the transaction that makes them begins: what lets a start destroy them should that transaction's
+    process be killed before its commit. Read without a lock: when another replica makes that generation first, the
+    reservation does not fit and create_generation makes keys without intents (which are then never destroyed by a
+    start, only listed). None when this database has no deployment id yet (its token keys are unmarked)."""
+    with db.read_session() as session:
+        latest = _latest_generation(session)
+        deployment_id = read_deployment_id(session.connection())
+    if deployment_id is None:
+        return None
+    keys = GenerationKeys.new(1 if latest is None else latest + 1)
+    record_intents(db, keys.ids, deployment_id, now)
+    return keys
+
+
 def create_generation(
     session: Session,
     keystore: KeyStore,
@@ -117,21 +171,21 @@ def create_generation(
     state: str,
     now: datetime,
     kind: KeyKind | None = None,
+    reserved: GenerationKeys | None = None,
 ) -> tuple[CertificateAuthority, CertificateAuthority]:
-    """Generate keys and certificates for the next root + issuing CA pair and add their rows."""
-    latest = session.exec(select(CertificateAuthority.generation).order_by(
-        col(CertificateAuthority.generation).desc()).limit(1)).first()
+    """Generate keys and certificates for the next root + issuing CA pair and add their rows. With `reserved` (ids
+    whose intents committed before this transaction began: reserve_generation_keys) of this generation, its ids, and
+    their intents are deleted in this transaction: the CA rows name the keys from its commit on."""
+    latest = _latest_generation(session)
     generation = 1 if latest is None else latest + 1
     kind = KeyKind(kind or settings.key_kind)
     td = settings.trust_domain
     not_before = truncate(now) - BACKDATE
     not_after = truncate(now) + timedelta(seconds=settings.ca_ttl_seconds)
-    # a retry never collides with a rolled-back attempt's key (a file a killed process left, say); CA_KEY_ID_RE
-    # matches these names
-    suffix = secrets.token_hex(4)
-    root_key = keystore.generate(f"ca-g{generation}-root-{suffix}", kind)
-    issuing_key = keystore.generate(f"ca-g{generation}-issuing-{suffix}", kind)
-    jwt_key = keystore.generate(f"jwt-g{generation}-{suffix}", KeyKind.EC_P256)
+    ids = reserved if reserved is not None and reserved.generation == generation else GenerationKeys.new(generation)
+    root_key = keystore.generate(ids.root, kind)
+    issuing_key = keystore.generate(ids.issuing, kind)
+    jwt_key = keystore.generate(ids.jwt, KeyKind.EC_P256)
 
     root_name = _ca_name(td, "root", generation)
     root_builder = (
@@ -178,6 +232,8 @@ def create_generation(
     session.add(root)
     session.add(issuing)
     session.flush()
+    if ids is reserved:
+        forget(session.connection(), ids.ids)
     return root, issuing
 
 

@@ -16,7 +16,7 @@ from sqlmodel import Session, select
 from audit import Actor, record
 from core.clock import Clock, as_utc
 from keys.store import KeyStore
-from pki.ca import create_generation, generation_cas, load_settings
+from pki.ca import GenerationKeys, create_generation, generation_cas, load_settings
 from pki.models import CertificateAuthority, TrustDomainSettings
 from pki.schedule import ALL_CAS, LIVE_STATES, activate_at, prepare_at, status_of
 from pki.schedule import RotationStatus as RotationStatus
@@ -54,10 +54,25 @@ def ca_status(session: Session, clock: Clock) -> RotationStatus:
     return _status(session, None, None, [])
 
 
+def prepare_due(session: Session, *, force: bool, now: datetime) -> bool:
+    """Whether rotate(force=force) at `now` would prepare a generation, as read now without a lock (a replica may do it
+    first): what tells a caller to reserve the generation's key ids first (pki.ca.reserve_generation_keys). False
+    before init."""
+    if session.get(TrustDomainSettings, 1) is None:
+        return False
+    gens = _by_generation(session)
+    if any(rows[0].state == "prepared" for rows in gens.values()):
+        return False
+    active = next((_issuing(rows) for rows in gens.values() if rows[0].state == "active"), None)
+    return force or active is None or now >= prepare_at(active)
+
+
 def rotate(
-    session: Session, keystore: KeyStore, *, force: bool, actor: Actor, clock: Clock, request_id: str | None = None
+    session: Session, keystore: KeyStore, *, force: bool, actor: Actor, clock: Clock, request_id: str | None = None,
+    reserved: GenerationKeys | None = None,
 ) -> RotationStatus:
-    """Run the schedule once (call it periodically); force=True prepares (if needed) and activates now."""
+    """Run the schedule once (call it periodically); force=True prepares (if needed) and activates now. A generation
+    it prepares gets the `reserved` key ids when they are its (pki.ca.create_generation)."""
     now = clock()
     settings = session.exec(
         select(TrustDomainSettings).where(TrustDomainSettings.id == 1).with_for_update()
@@ -74,7 +89,8 @@ def rotate(
 
     need_prepare = force or active_issuing is None or now >= prepare_at(active_issuing)
     if prepared_gen is None and need_prepare:
-        root, issuing = create_generation(session, keystore, settings, state="prepared", now=now)
+        root, issuing = create_generation(session, keystore, settings, state="prepared", now=now,
+                                          reserved=reserved)
         prepared_gen = did_prepare = issuing.generation
         gens[prepared_gen] = [root, issuing]
         settings.bundle_sequence += 1

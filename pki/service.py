@@ -24,7 +24,15 @@ from inventory.service import raise_if_quarantined
 from keys.store import KeyKind, KeyStore
 from pki import attestation, registrations, revocation, rotation
 from pki.bundle import bundle_document, bundle_roots_pem
-from pki.ca import active_issuing, create_generation, extend_signed_until, load_settings, publish_until, truncate
+from pki.ca import (
+    GenerationKeys,
+    active_issuing,
+    create_generation,
+    extend_signed_until,
+    load_settings,
+    publish_until,
+    truncate,
+)
 from pki.errors import (
     CAUnavailable,
     IdentityOutOfScope,
@@ -89,9 +97,11 @@ def init_trust_domain(
     svid_max_ttl: timedelta = MAX_SVID_TTL,
     jwt_max_ttl: timedelta = MAX_JWT_TTL,
     actor: Actor | None = None,
+    reserved: GenerationKeys | None = None,
 ) -> bool:
     """Create the trust domain with its first root + issuing CA; True if created, False if it existed
-    (a different trust domain is TrustDomainMismatch: a trust domain is never renamed in place)."""
+    (a different trust domain is TrustDomainMismatch: a trust domain is never renamed in place). `reserved`: the
+    first generation's key ids, their intents committed before this transaction (pki.ca.reserve_generation_keys)."""
     validate_trust_domain(trust_domain)
     key_kind = KeyKind(key_kind)
     if key_kind is KeyKind.ED25519:
@@ -121,7 +131,7 @@ def init_trust_domain(
     )
     session.add(settings)
     session.flush()
-    _root, issuing = create_generation(session, keystore, settings, state="active", now=now)
+    _root, issuing = create_generation(session, keystore, settings, state="active", now=now, reserved=reserved)
     record(session, actor=actor or Actor.system(), action="ca.init", object_type="trust_domain",
            object_id=trust_domain, summary={
                "trust_domain": trust_domain, "key_kind": key_kind.value, "generation": issuing.generation,
@@ -546,10 +556,12 @@ def bundle_pem(session: Session, clock: Clock = system_clock) -> bytes:
 
 def rotate(
     session: Session, keystore: KeyStore, *, force: bool, actor: Actor, clock: Clock = system_clock,
-    request_id: str | None = None,
+    request_id: str | None = None, reserved: GenerationKeys | None = None,
 ) -> RotationStatus:
-    """Advance the CA schedule (prepare at 1/2 life, activate at 1/6 before expiry, retire when drained)."""
-    return rotation.rotate(session, keystore, force=force, actor=actor, clock=clock, request_id=request_id)
+    """Advance the CA schedule (prepare at 1/2 life, activate at 1/6 before expiry, retire when drained). A server's
+    callers go through workflows/rotation.py, which reserves the key ids of a generation it prepares first."""
+    return rotation.rotate(session, keystore, force=force, actor=actor, clock=clock, request_id=request_id,
+                           reserved=reserved)
 
 
 def ca_status(session: Session, clock: Clock = system_clock) -> RotationStatus:

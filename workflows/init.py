@@ -16,13 +16,15 @@ from sqlmodel import col, select
 from audit import Actor, ensure_audit_key, record
 from audit.checkpoint import AUDIT_KEY_ID
 from audit.models import AuditEvent
+from core.clock import as_utc
 from core.errors import InvalidInput
 from keys.deployment import read_deployment_id
 from keys.errors import KeyNotFound
+from keys.intents import ABANDONED_AFTER, forget, intents
 from keys.models import Deployment
 from keys.shared import SharedKeyStore
 from keys.store import KeyKind, MarkedKeyStore
-from pki.ca import CA_KEY_ID_RE, key_ids_in_use, unused_ca_key_ids
+from pki.ca import CA_KEY_ID_RE, key_ids_in_use, reserve_generation_keys, unused_ca_key_ids
 from pki.ca import check_keys as check_ca_keys
 from pki.errors import ForeignKeyStore
 from pki.models import CertificateAuthority
@@ -33,6 +35,7 @@ from policy import service as policy_service
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
 from workflows.context import AppContext
+from workflows.rotation import release_keys
 
 _log = logging.getLogger(__name__)
 
@@ -55,20 +58,31 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
                     "PKCS#11 token)") from None
     ensure_deployment(ctx)  # before any key is made: the keys of a PKCS#11 token carry it
     ensure_signing_keys(ctx)
-    with ctx.db.session() as session:
-        # serve without --trust-domain keeps whatever init created
-        trust_domain = trust_domain or existing_trust_domain(session) or ctx.settings.trust_domain
-        created = init_trust_domain(
-            session, ctx.keystore, trust_domain=trust_domain, key_kind=KeyKind(key_kind), clock=ctx.clock
-        )
-        token = expires_at = None
-        if not has_admin_token(session):
-            ttl = ctx.settings.bootstrap_token_ttl
-            token = create_opaque_token(
-                session, role="admin", subject="admin", actor=Actor.system("init"), ttl=ttl, clock=ctx.clock,
-                description="bootstrap admin token created by init",
+    # a token's first CA keys: their intents commit before the transaction that makes them (keys/intents.py)
+    reserved = None
+    if found is None and isinstance(ctx.keystore, MarkedKeyStore):
+        reserved = reserve_generation_keys(ctx.db, ctx.clock())
+    try:
+        with ctx.db.session() as session:
+            # serve without --trust-domain keeps whatever init created
+            trust_domain = trust_domain or existing_trust_domain(session) or ctx.settings.trust_domain
+            created = init_trust_domain(
+                session, ctx.keystore, trust_domain=trust_domain, key_kind=KeyKind(key_kind), clock=ctx.clock,
+                reserved=reserved,
             )
-            expires_at = ctx.clock() + ttl
+            token = expires_at = None
+            if not has_admin_token(session):
+                ttl = ctx.settings.bootstrap_token_ttl
+                token = create_opaque_token(
+                    session, role="admin", subject="admin", actor=Actor.system("init"), ttl=ttl, clock=ctx.clock,
+                    description="bootstrap admin token created by init",
+                )
+                expires_at = ctx.clock() + ttl
+    except BaseException:
+        release_keys(ctx, reserved)
+        raise
+    if not created:
+        release_keys(ctx, reserved)  # a replica starting at once made the trust domain: these ids were never made
     if isinstance(ctx.keystore, SharedKeyStore):  # keys made before keys were shared (an upgrade): shared now
         with ctx.db.read_session() as session:
             in_use = key_ids_in_use(session)
@@ -172,52 +186,74 @@ def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore | MarkedKey
 
 
 def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list[str]:
-    """Destroy the CA keys of a PKCS#11 token that carry this database's deployment marker and that no CA generation
-    of it names, private and public object, each with an audit event `ca.key.destroy`; one log line naming them. The
-    ids. Such a key is one a rotation (or init) made in a process killed before its commit (kill -9, power loss), or
-    in a rotation that rolled back before keys/undo.py destroyed such keys: no CA row will ever name it.
+    """Destroy the CA keys of a PKCS#11 token that carry this database's deployment marker, that no CA generation of
+    it names, and that this database recorded it was about to make (an intent, keys/intents.py), private and public
+    object, each with an audit event `ca.key.destroy` (naming the intent's time) in the transaction that deletes its
+    intent; one log line naming them. The ids. Such a key is one a rotation (or init) made in a process killed
+    before its commit (kill -9, power loss), or in a rotation that rolled back and whose destroy failed.
 
-    A token may be shared by several deployments (trust domains, databases): a key this database has no row for may be
-    another's live CA key. So only keys whose marker (CKA_ID, keys/deployment.py) names this database's deployment id
-    are ever taken, and among them the rules of the file store: only ids of the CA key form (pki.ca.CA_KEY_ID_RE; never
-    the audit or API-issuer key), decided under the trust domain settings lock every rotation holds from before it
-    makes its keys until it ends (pki.ca.unused_ca_key_ids: a key of a rotation under way on any replica is never
-    taken). Keys with another deployment's marker are left silently; unmarked CA-form keys that no CA row here names
-    (made before keys were marked, or by another deployment or software) are left too, and named in one log line
-    each start, for an operator to judge. The events commit first, then the keys go (as the file store removes a
-    file after its row): a destroy that fails is logged and retried at the next start, where the key is still
-    unused and still this deployment's. One event per key: a start that finds one recorded already (by a replica
-    starting at once, which destroys it after its commit, or by a start whose destroy failed) destroys it unrecorded."""
+    Only with an intent: a key of this deployment that no CA row names and no intent names was made after this
+    database's state, by a generation a restored backup does not know. Destroying it (irreversible in a token) would
+    leave every later backup, or a point-in-time recovery, unable to start; it is left, and named in one warning line
+    each start ("no CA row and no intent ..."), for an operator to judge.
+
+    A token may be shared by several deployments (trust domains, databases): only keys whose marker (CKA_ID,
+    keys/deployment.py) names this database's deployment id are ever taken, only ids of the CA key form
+    (pki.ca.CA_KEY_ID_RE; never the audit or API-issuer key), decided under the trust domain settings lock every
+    rotation holds from before it makes its keys until it ends (pki.ca.unused_ca_key_ids: a key of a rotation under
+    way on any replica is never taken). Keys with another deployment's marker are left silently; unmarked CA-form
+    keys that no CA row here names (made before keys were marked, or by another deployment or software) are left
+    too, and named in one log line each start. The events commit first, then the keys go: a destroy that fails is
+    logged and retried at the next start (its `ca.key.destroy` event stands for the intent the commit deleted). One
+    event per key: a start that finds one recorded already (by a replica starting at once, which destroys it after
+    its commit, or by a start whose destroy failed) destroys it unrecorded.
+
+    The same transaction deletes the intents left without a purpose: of keys a CA row names (a rotation's own
+    transaction deletes them; this is for any it could not), and of keys the token does not hold, once older than
+    keys.intents.ABANDONED_AFTER (a rotation that failed before making them; a younger one may be a rotation waiting
+    for the lock). So the table holds only the intents of rotations under way or killed."""
     with ctx.db.statement() as conn:
         mine = read_deployment_id(conn)
+        intended = intents(conn, mine) if mine is not None else {}
     owners = keystore.key_owners()
     held = [k for k, owner in owners.items() if mine is not None and owner == mine]
     unmarked = [k for k, owner in owners.items() if owner is None and CA_KEY_ID_RE.fullmatch(k)]
     with ctx.db.read_session() as session:  # a first look, without the lock
         candidates = unused_ca_key_ids(session, held, lock=False)
         unclaimed = unused_ca_key_ids(session, unmarked, lock=False)
+        recorded = _recorded(session, candidates)
+        named = _named_key_ids(session)
     if unclaimed:
         _log.warning("%r holds %d CA key(s) without a deployment marker that no CA generation of this database "
                      "uses, left as they are (made before keys were marked, or by another deployment or software; "
                      "an operator judges whose): %s", keystore, len(unclaimed), ", ".join(unclaimed))
-    if not candidates or mine is None:
+    unknown = [k for k in candidates if k not in intended and k not in recorded]
+    if unknown:
+        _log.warning("%r holds %d CA key(s) of this deployment with no CA row and no intent: made after this "
+                     "database's state — a restored backup? — left as it is: %s", keystore, len(unknown),
+                     ", ".join(unknown))
+    stale = _stale_intents(ctx, intended, named, set(held))
+    if mine is None or (not stale and not [k for k in candidates if k not in unknown]):
         return []
     with ctx.db.session() as session:
         unused = unused_ca_key_ids(session, held)  # under the trust domain settings lock
-        if unused:  # still there and still ours, now that no rotation is under way
-            now_held = {k for k, owner in keystore.key_owners().items() if owner == mine}
-            unused = [k for k in unused if k in now_held]
+        conn = session.connection()
+        intended = intents(conn, mine)
+        now_held = {k for k, owner in keystore.key_owners().items() if owner == mine}
+        unused = [k for k in unused if k in now_held]  # still there and still ours, now that no rotation is under way
         # another start (a replica starting at once) recorded some already and destroys them after its commit, or
         # its destroy failed: destroyed here too, but recorded once (its event committed before this lock was had)
-        recorded = set(session.exec(select(AuditEvent.object_id).where(
-            AuditEvent.action == "ca.key.destroy", col(AuditEvent.object_id).in_(unused))).all()) if unused else set()
+        recorded = _recorded(session, unused)
+        unused = [k for k in unused if k in intended or k in recorded]
         for key_id in unused:
             if key_id in recorded:
                 continue
             record(session, actor=Actor.system("init"), action="ca.key.destroy", object_type="key", object_id=key_id,
-                   summary={"reason": "no CA generation uses it (made by a rotation that rolled back or was killed "
-                                      "before its commit)", "key_store": "pkcs11", "deployment": mine},
-                   at=ctx.clock())
+                   summary={"reason": "no CA generation uses it, and this database recorded it was about to make it "
+                                      "(a rotation killed before its commit, or one that rolled back)",
+                            "key_store": "pkcs11", "deployment": mine,
+                            "intent_at": as_utc(intended[key_id]).isoformat()}, at=ctx.clock())
+        forget(conn, [*unused, *_stale_intents(ctx, intended, _named_key_ids(session), now_held)])
     destroyed, failed = [], []
     for key_id in unused:
         try:
@@ -237,6 +273,31 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     return destroyed
 
 
+def _recorded(session: Any, key_ids: list[str]) -> set[str]:
+    """Those of `key_ids` a `ca.key.destroy` event names."""
+    if not key_ids:
+        return set()
+    return set(session.exec(select(AuditEvent.object_id).where(
+        AuditEvent.action == "ca.key.destroy", col(AuditEvent.object_id).in_(key_ids))).all())
+
+
+def _named_key_ids(session: Any) -> set[str]:
+    """Every key id a CA row of this database names, in any state."""
+    named: set[str] = set()
+    for key_id, jwt_key_id in session.exec(select(CertificateAuthority.key_id, CertificateAuthority.jwt_key_id)):
+        named.add(key_id)
+        if jwt_key_id is not None:
+            named.add(jwt_key_id)
+    return named
+
+
+def _stale_intents(ctx: AppContext, intended: dict[str, Any], named: set[str], held: set[str]) -> list[str]:
+    """The intents without a purpose: of a key a CA row names, or of a key not held, older than ABANDONED_AFTER."""
+    now = ctx.clock()
+    return sorted(k for k, at in intended.items()
+                  if k in named or (k not in held and now - as_utc(at) >= ABANDONED_AFTER))
+
+
 def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
     """What `trustfabric ca keys` shows an operator: every private key in the PKCS#11 token, by id, with whose
     marker it carries (`this deployment`, `another deployment`, `none`; its deployment id), the CA row of this
@@ -254,8 +315,11 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
             named[ca.key_id] = ca.id
             if ca.jwt_key_id is not None:
                 named[ca.jwt_key_id] = f"{ca.id} (JWT-SVIDs)"
+        intended = intents(session.connection(), mine) if mine is not None else {}
+        owners = keystore.key_owners()
+        recorded = _recorded(session, sorted(k for k in owners if k not in named))
     rows = []
-    for key_id, owner in sorted(keystore.key_owners().items()):
+    for key_id, owner in sorted(owners.items()):
         ours = mine is not None and owner == mine
         if key_id in named:
             verdict = "kept: a CA generation names it"
@@ -265,8 +329,12 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
             verdict = "kept: not a CA key"
         elif owner is None:
             verdict = "kept: unmarked and unused here; an operator judges whose it is"
+        elif key_id in intended or key_id in recorded:
+            verdict = ("destroyed: unused, and this database recorded it was about to make it (a rotation killed "
+                       "before its commit; a rotation under way is waited for)")
         else:
-            verdict = "destroyed: unused (a rotation under way is waited for)"
+            verdict = ("kept: no CA row and no intent: made after this database's state — a restored backup? — "
+                       "left as it is")
         rows.append({"key_id": key_id, "marker": "this deployment" if ours else "none" if owner is None
                      else "another deployment", "deployment_id": owner, "named_by": named.get(key_id),
                      "at_start": verdict})

@@ -22,6 +22,7 @@ from core.errors import Forbidden, TrustfabricError
 from pki import service
 from pki.errors import SvidNotFound
 from pki.revocation import CrlPublisher, PublishedCrl
+from workflows.rotation import rotate_cas
 
 log = logging.getLogger("trustfabric.api.pki")
 router = APIRouter(prefix="/v1", tags=["pki"], route_class=HandedOffRoute)
@@ -398,6 +399,5 @@ def ca_status(request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[st
              summary="Run the CA rotation schedule now; force=true rotates immediately (admin)")
 def ca_rotate(body: RotateRequest, request: Request, ctx: CtxDep, principal: PrincipalDep) -> dict[str, Any]:
     authorize(request, principal, "ca.rotate", None)
-    with ctx.db.session() as session:
-        return service.status_dict(service.rotate(session, ctx.keystore, force=body.force, actor=principal.actor(),
-                                          clock=ctx.clock, request_id=request_id(request)))
+    return service.status_dict(rotate_cas(ctx, force=body.force, actor=principal.actor(),
+                                          request_id=request_id(request)))

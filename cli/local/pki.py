@@ -194,10 +194,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the rotation schedule once (prepare at 1/2 life, activate at 1/6 before expiry, retire drained)."""
         from pki import service
+        from workflows.rotation import rotate_cas
 
-        with open_context() as ctx, ctx.db.session() as session:
-            status = service.rotate(session, ctx.keystore, force=force, actor=local_operator(), clock=ctx.clock)
-            data = service.status_dict(status)
+        with open_context() as ctx:
+            data = service.status_dict(rotate_cas(ctx, force=force, actor=local_operator()))
         _print_status(data)
 
     @command(ca, "keys", LOCAL)

@@ -7,12 +7,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 from pkcs11 import Attribute, KeyType, Mechanism
 from pkcs11.util.ec import encode_named_curve_parameters
 from sqlalchemy import insert
 
 from keys.deployment import TABLE, marker, marker_owner
-from keys.pkcs11 import Pkcs11KeyStore
+from keys.errors import KeyExists, KeyNotFound
+from keys.pkcs11 import Pkcs11KeyStore, _der_octet_string
 from keys.store import KeyKind, MarkedKeyStore
 from store.db import Database
 from tests.keys.stores import PIN, softhsm_token, token_objects
@@ -47,12 +49,67 @@ def test_destroy_marked_takes_only_the_pair_its_marker_names(
             KeyType.EC, {Attribute.EC_PARAMS: bytes(encode_named_curve_parameters("secp256r1"))}, local=True)
         params.generate_keypair(id=marker(THEIRS, "ca-g2-root-0badc0de"), label="ca-g2-root-0badc0de", store=True,
                                 mechanism=Mechanism.EC_KEY_PAIR_GEN)
-        assert ks.key_owners()["ca-g2-root-0badc0de"] is None  # a label two private keys share: nobody's
+        assert ks.key_owners()["ca-g2-root-0badc0de"] == MINE  # a label two share: the one this deployment uses
         assert ks.destroy_marked("ca-g2-issuing-0badc0de", THEIRS) is False  # not theirs: left
         assert ks.destroy_marked("ca-g2-root-0badc0de", MINE) is True
         assert ks.key_owners() == {"ca-g2-root-0badc0de": THEIRS, "ca-g2-issuing-0badc0de": MINE}
         assert token_objects(module, label) == {(k, cls) for k in ("ca-g2-root-0badc0de", "ca-g2-issuing-0badc0de")
                                                 for cls in ("PRIVATE_KEY", "PUBLIC_KEY")}
         assert ks.destroy_marked("ca-g2-root-0badc0de", MINE) is False  # gone already
+    finally:
+        ks.close()
+
+
+def _raw_pair(ks: Pkcs11KeyStore, label: str, cka_id: bytes | None) -> bytes:
+    """A key pair made beside the store by other means (another deployment's process, other software); the public
+    point."""
+    params = ks._session.create_domain_parameters(  # the raw token session
+        KeyType.EC, {Attribute.EC_PARAMS: bytes(encode_named_curve_parameters("secp256r1"))}, local=True)
+    pub, _priv = params.generate_keypair(id=cka_id, label=label, store=True, mechanism=Mechanism.EC_KEY_PAIR_GEN)
+    return bytes(pub[Attribute.EC_POINT])
+
+
+def _point(ks: Pkcs11KeyStore, key_id: str) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    public = ks.get(key_id).public_key()
+    assert isinstance(public, ec.EllipticCurvePublicKey)
+    return public.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+
+
+@pytest.mark.hsm
+def test_lookups_take_this_deployments_key_else_an_unmarked_one_never_anothers(
+        sqlite_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fixed label (audit-checkpoint) another deployment made in a shared token is not this deployment's key: get,
+    exists and delete do not see it, and generate makes one of this deployment's own beside it, which get then
+    serves. An unmarked key (made before markers) is used as before, until this deployment has one of its own."""
+    module, label = softhsm_token(tmp_path, monkeypatch)
+    with sqlite_db.engine.begin() as conn:
+        conn.execute(insert(TABLE).values(id=1, deployment_id=MINE, created_at=datetime.now(UTC)))
+    ks = Pkcs11KeyStore(module, label, PIN, db=sqlite_db)
+    try:
+        theirs = _raw_pair(ks, "audit-checkpoint", marker(THEIRS, "audit-checkpoint"))
+        assert not ks.exists("audit-checkpoint") and ks.key_owners() == {"audit-checkpoint": THEIRS}
+        with pytest.raises(KeyNotFound):
+            ks.get("audit-checkpoint")
+        with pytest.raises(KeyNotFound):
+            ks.delete("audit-checkpoint")
+        ks.generate("audit-checkpoint", KeyKind.EC_P256)  # no KeyExists: theirs is not ours
+        ours = _point(ks, "audit-checkpoint")
+        assert ours != b"" and _der_octet_string(theirs) != ours and ks.exists("audit-checkpoint")
+        assert ks.key_owners() == {"audit-checkpoint": MINE}
+        with pytest.raises(KeyExists):
+            ks.generate("audit-checkpoint", KeyKind.EC_P256)
+        ks.delete("audit-checkpoint")  # ours, both objects; theirs stays
+        assert token_objects(module, label) == {("audit-checkpoint", "PRIVATE_KEY"), ("audit-checkpoint", "PUBLIC_KEY")}
+        assert ks.key_owners() == {"audit-checkpoint": THEIRS}
+
+        legacy = _raw_pair(ks, "api-issuer", None)  # unmarked: made before markers existed
+        assert ks.exists("api-issuer") and _point(ks, "api-issuer") == _der_octet_string(legacy)
+        assert ks.key_owners()["api-issuer"] is None
+        with pytest.raises(KeyExists):
+            ks.generate("api-issuer", KeyKind.EC_P256)
+        _raw_pair(ks, "api-issuer", marker(MINE, "api-issuer"))  # one of this deployment's own: it wins
+        assert _point(ks, "api-issuer") != _der_octet_string(legacy) and ks.key_owners()["api-issuer"] == MINE
     finally:
         ks.close()

@@ -27,7 +27,8 @@ from audit.export import export_events
 from audit.models import AuditEvent
 from audit.verify import verify_export
 from core.clock import FrozenClock
-from keys.deployment import marker
+from keys.deployment import marker, read_deployment_id
+from keys.intents import record_intents
 from keys.pkcs11 import Pkcs11KeyStore, Pkcs11Signer
 from keys.store import KeyKind
 from pki import service
@@ -38,7 +39,8 @@ from tests.api.conftest import make_settings, open_context
 from tests.keys.stores import _LIST_OBJECTS, PIN, softhsm_token, token_objects
 from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
 from workflows.context import AppContext
-from workflows.init import discard_unused_ca_keys, initialize
+from workflows.init import discard_unused_ca_keys, initialize, token_keys
+from workflows.rotation import reserve_keys, rotate_cas
 
 pytestmark = pytest.mark.hsm
 
@@ -152,9 +154,9 @@ import sys, time
 from pathlib import Path
 import pki.ca
 from audit import Actor
-from pki import service
 from workflows.context import AppContext
 from workflows.init import initialize
+from workflows.rotation import rotate_cas
 from workflows.settings import Settings
 
 what, made = sys.argv[1], Path(sys.argv[2])
@@ -166,8 +168,7 @@ def stop_before_commit(builder, signer):
 pki.ca.sign_certificate = stop_before_commit
 ctx = AppContext.open(Settings.from_env(), create=True)
 if what == "rotation":
-    with ctx.db.session() as session:
-        service.rotate(session, ctx.keystore, force=True, actor=Actor.system("ca-rotator"))
+    rotate_cas(ctx, force=True, actor=Actor.system("ca-rotator"))
 else:
     initialize(ctx, None, "ec-p256")
 sys.exit(f"the {what} was not stopped before its commit")
@@ -291,10 +292,20 @@ def _as_b(env: dict[str, str], step: str) -> object:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+def _killed_rotations_key(ctx: AppContext, key_id: str) -> None:
+    """What a rotation killed before its commit leaves of one key: its intent, committed before it was made
+    (keys/intents.py), and the key, marked as this deployment's."""
+    with ctx.db.statement() as conn:
+        mine = read_deployment_id(conn)
+    assert mine is not None
+    record_intents(ctx.db, [key_id], mine, ctx.clock())
+    ctx.keystore.generate(key_id, KeyKind.EC_P256)
+
+
 def b_is_made(ctx: AppContext) -> list[str]:
     """B's init, and an unused CA key of B's (a killed rotation's); the ids B's CA rows name."""
     _init(ctx)
-    ctx.keystore.generate("ca-g9-root-0b0b0b0b", KeyKind.EC_P256)
+    _killed_rotations_key(ctx, "ca-g9-root-0b0b0b0b")
     return sorted(_named(ctx))
 
 
@@ -316,7 +327,7 @@ def test_another_deployments_keys_on_the_same_token_are_never_touched(
     b_live = set(_as_b(b, "b_is_made"))  # type: ignore[call-overload]
     assert not b_live & _named(a) and len(b_live) == 3
     assert {"ca-g9-root-0b0b0b0b", *b_live} <= _labels(token)
-    a.keystore.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)  # an unused key of A's (a killed rotation's)
+    _killed_rotations_key(a, "ca-g9-root-0a0a0a0a")  # an unused key of A's (a killed rotation's)
     assert initialize(a, None, "ec-p256")["created"] is False
     assert [k for _t, k, _a, _i in _destroyed(a)] == ["ca-g9-root-0a0a0a0a"]
     held = _labels(token)
@@ -347,6 +358,7 @@ def test_an_unmarked_ca_key_is_never_touched_and_is_named_once(
     assert set(now.key_owners().values()) == {None}
     held = _labels(token)
     caplog.set_level(logging.WARNING, logger="workflows.init")
+    caplog.clear()  # what init logged before (its INFO line, when a test before this one lowered the root level)
     assert initialize(a, None, "ec-p256")["created"] is False
     assert _labels(token) == held and _destroyed(a) == []
     lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init" and r.levelno >= logging.WARNING]
@@ -367,9 +379,12 @@ def test_a_start_never_destroys_the_keys_of_a_rotation_under_way(
     made, go = threading.Event(), threading.Event()
     rotated: list[int | None] = []
 
-    def rotate_and_hold() -> None:
+    def rotate_and_hold() -> None:  # as workflows/rotation.py runs it: its keys' intents committed first
+        reserved = reserve_keys(a, force=True)
+        assert reserved is not None
         with a.db.session() as s:
-            rotated.append(service.rotate(s, a.keystore, force=True, actor=ADMIN, clock=a.clock).prepared)
+            rotated.append(service.rotate(s, a.keystore, force=True, actor=ADMIN, clock=a.clock,
+                                          reserved=reserved).prepared)
             made.set()
             go.wait(30)
 
@@ -424,7 +439,8 @@ def test_ca_keys_shows_whose_each_key_is_and_what_a_start_does_with_it(
     url = new_database()
     a = _open(tmp_path / "a", url, token, deployments)
     _init(a)
-    a.keystore.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)  # an unused key of A's
+    _killed_rotations_key(a, "ca-g9-root-0a0a0a0a")  # an unused key of A's, a killed rotation's
+    a.keystore.generate("ca-g8-root-0d0d0d0d", KeyKind.EC_P256)  # one of A's without an intent (a restored backup)
     b_live = set(_as_b(_env(tmp_path / "b", new_database(), token), "b_is_made"))  # type: ignore[call-overload]
     with a.db.statement() as conn:
         mine = str(conn.exec_driver_sql("SELECT deployment_id FROM deployment").scalar_one())
@@ -437,13 +453,20 @@ def test_ca_keys_shows_whose_each_key_is_and_what_a_start_does_with_it(
     assert out.returncode == 0, out.stderr
     rows = {r["key_id"]: r for r in json.loads(out.stdout)}
     assert sorted(rows) == sorted({*names, AUDIT_KEY_ID, API_ISSUER_KEY_ID, "ca-g9-root-0a0a0a0a",
+                                   "ca-g8-root-0d0d0d0d",
                                    "ca-g9-root-0b0b0b0b", "ca-g3-issuing-0c0c0c0c", *b_live})
     for key_id, ca in names.items():
         assert rows[key_id] == {"key_id": key_id, "marker": "this deployment", "deployment_id": mine, "named_by": ca,
                                 "at_start": "kept: a CA generation names it"}
     for key_id in (AUDIT_KEY_ID, API_ISSUER_KEY_ID):
         assert (rows[key_id]["marker"], rows[key_id]["at_start"]) == ("this deployment", "kept: not a CA key")
-    assert rows["ca-g9-root-0a0a0a0a"]["at_start"] == "destroyed: unused (a rotation under way is waited for)"
+    assert rows["ca-g9-root-0a0a0a0a"]["at_start"] == (
+        "destroyed: unused, and this database recorded it was about to make it (a rotation killed before its commit; "
+        "a rotation under way is waited for)")
+    assert rows["ca-g8-root-0d0d0d0d"] == {
+        "key_id": "ca-g8-root-0d0d0d0d", "marker": "this deployment", "deployment_id": mine, "named_by": None,
+        "at_start": "kept: no CA row and no intent: made after this database's state — a restored backup? — left as "
+                    "it is"}
     for key_id in (*b_live, "ca-g9-root-0b0b0b0b"):
         assert (rows[key_id]["marker"], rows[key_id]["at_start"]) == ("another deployment",
                                                                       "kept: another deployment's")
@@ -475,7 +498,7 @@ def test_two_starts_at_once_record_one_destroy_event_per_key(
     _init(a)
     ks = a.keystore
     assert isinstance(ks, Pkcs11KeyStore)
-    ks.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)  # an unused key of A's (a killed rotation's)
+    _killed_rotations_key(a, "ca-g9-root-0a0a0a0a")  # an unused key of A's (a killed rotation's)
     real = ks.destroy_marked
     second: list[list[str]] = []
     calls: list[str] = []
@@ -499,6 +522,12 @@ def b_signs_with(ctx: AppContext) -> dict[str, str]:
     return {"audit": public_key_pem(audit_signer(ctx.keystore)), "issuer": _public_pem(ctx, API_ISSUER_KEY_ID)}
 
 
+def b_starts_and_signs_with(ctx: AppContext) -> dict[str, str]:
+    """B's next start; the public halves of the keys B signs with then."""
+    assert initialize(ctx, None, "ec-p256")["created"] is False
+    return {"audit": public_key_pem(audit_signer(ctx.keystore)), "issuer": _public_pem(ctx, API_ISSUER_KEY_ID)}
+
+
 def _public_pem(ctx: AppContext, key_id: str) -> str:
     from cryptography.hazmat.primitives import serialization
 
@@ -506,22 +535,33 @@ def _public_pem(ctx: AppContext, key_id: str) -> str:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
-@pytest.mark.xfail(strict=True, reason="review: the audit-checkpoint and api-issuer keys have fixed labels, so a "
-                   "second deployment on a shared token adopts the first one's keys (see the review report)")
 def test_a_second_deployment_on_a_shared_token_signs_with_keys_of_its_own(
         token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
-    """A token may be shared by several deployments (keys/deployment.py, the README's key hygiene paragraph). The CA
-    keys have labels of their own per deployment (a random suffix); the audit checkpoint key ("audit-checkpoint") and
-    the API issuer key ("api-issuer") have fixed labels, and init makes them only when the token holds none: B's init
-    finds A's (marked as A's) and signs with them. B's audit exports then verify under A's public key and A's under
-    B's: whoever controls A's database (another team's deployment, a staging one) can have A sign a checkpoint over
-    a log it wrote and pass it off as B's."""
+    """Should fix: a token may be shared by several deployments (keys/deployment.py, the README's key hygiene
+    paragraph). The CA keys have labels of their own per deployment (a random suffix); the audit checkpoint key
+    ("audit-checkpoint") and the API issuer key ("api-issuer") have fixed labels, and init makes them only when the
+    token holds none: B's init found A's (marked as A's) and signed with them. B's audit exports then verified under
+    A's public key and A's under B's: whoever controls A's database (another team's deployment, a staging one) could
+    have A sign a checkpoint over a log it wrote and pass it off as B's. Now lookups never take another deployment's
+    key (keys/pkcs11.py), so B makes and signs with its own beside A's, and A keeps its own."""
     a = _open(tmp_path / "a", new_database(), token, deployments)
     _init(a)
-    b = _as_b(_env(tmp_path / "b", new_database(), token), "b_signs_with")
+    a_signs_with = {"audit": public_key_pem(audit_signer(a.keystore)), "issuer": _public_pem(a, API_ISSUER_KEY_ID)}
+    b_env = _env(tmp_path / "b", new_database(), token)
+    b = _as_b(b_env, "b_signs_with")
     assert isinstance(b, dict)
-    assert b["audit"] != public_key_pem(audit_signer(a.keystore))
-    assert b["issuer"] != _public_pem(a, API_ISSUER_KEY_ID)
+    assert b["audit"] != a_signs_with["audit"]
+    assert b["issuer"] != a_signs_with["issuer"]
+    assert _as_b(b_env, "b_starts_and_signs_with") == b  # B's next start finds its own again
+    module, label = token
+    listed = subprocess.run([sys.executable, "-c", _LIST_OBJECTS, module, label, PIN], capture_output=True,
+                            text=True, check=True, timeout=60).stdout.splitlines()  # each object, duplicates too
+    assert sorted(k for k in listed if k.startswith((AUDIT_KEY_ID, API_ISSUER_KEY_ID))) == sorted(
+        f"{key_id} {cls}" for key_id in (API_ISSUER_KEY_ID, AUDIT_KEY_ID) for cls in ("PRIVATE_KEY", "PUBLIC_KEY")
+        for _deployment in "ab")  # one pair each, of each deployment
+    assert {"audit": public_key_pem(audit_signer(a.keystore)), "issuer": _public_pem(a, API_ISSUER_KEY_ID)} == (
+        a_signs_with)  # and A signs with its own still
+    assert _audit_verifies(a) > 3
 
 
 def _sqlite_copy(source: Path, target: Path) -> None:
@@ -537,33 +577,53 @@ def _sqlite_copy(source: Path, target: Path) -> None:
     src.close()
 
 
-@pytest.mark.xfail(strict=True, reason="review: a start on a database restored from a backup destroys the keys of "
-                   "the CA generations made after that backup (see the review report)")
 def test_a_start_on_a_restored_backup_keeps_the_keys_of_later_generations(
-        token: Token, deployments: list[AppContext], tmp_path: Path) -> None:
-    """A database restored from last night's backup (the usual recovery) names the CA generations of that night.
-    A rotation committed since made keys that carry this deployment's marker and that no CA row of the restored
-    database names: to the start they look like a killed rotation's, and it destroys them, irreversibly. Restoring a
-    later copy afterwards (a later backup, a point-in-time recovery found after all) then fails for want of the keys
-    of its CA generations, and every SVID they signed is lost with them."""
+        token: Token, deployments: list[AppContext], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: a database restored from last night's backup (the usual recovery) names the CA generations of that
+    night. A rotation committed since made keys that carry this deployment's marker and that no CA row of the restored
+    database names: to the start they looked like a killed rotation's, and it destroyed them, irreversibly. Restoring
+    a later copy afterwards (a later backup, a point-in-time recovery found after all) then failed for want of the
+    keys of its CA generations. Now a start destroys only keys this database recorded it was about to make (an
+    intent): the restored one has none for them, so they are left, named in the start's warning and by `ca keys`,
+    and the later copy starts and signs."""
     from store.db import DB_FILE
 
     home = tmp_path / "a"
     a = _open(home, None, token, deployments)
     _init(a)
+    before = _named(a)
     _close(a)
     deployments.remove(a)
     _sqlite_copy(home / DB_FILE, tmp_path / "nightly.db")  # the backup
     a = _open(home, None, token, deployments)
-    with a.db.session() as s:  # a rotation after the backup, committed
-        service.rotate(s, a.keystore, force=True, actor=ADMIN, clock=a.clock)
-    later = _named(a)
+    assert rotate_cas(a, force=True, actor=ADMIN).prepared == 2  # a rotation after the backup, committed
+    later = _named(a) - before
+    assert len(later) == 3
     _close(a)
+    _sqlite_copy(home / DB_FILE, tmp_path / "later.db")  # a later backup
     deployments.remove(a)
     _sqlite_copy(tmp_path / "nightly.db", home / DB_FILE)  # the restore
     restored = _open(home, None, token, deployments)
+    caplog.set_level(logging.WARNING, logger="workflows.init")
+    caplog.clear()  # what init logged before (its INFO line, when a test before this one lowered the root level)
     assert initialize(restored, None, "ec-p256")["created"] is False
     assert later <= _labels(token), f"destroyed: {sorted(later - _labels(token))}"
+    assert _destroyed(restored) == []
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init"]
+    assert len(lines) == 1 and lines[0].endswith(
+        "holds 3 CA key(s) of this deployment with no CA row and no intent: made after this database's state — a "
+        "restored backup? — left as it is: " + ", ".join(sorted(later))), lines
+    rows = {r["key_id"]: r["at_start"] for r in token_keys(restored)}
+    assert {rows[k] for k in later} == {"kept: no CA row and no intent: made after this database's state — a "
+                                        "restored backup? — left as it is"}
+    _signs(restored)
+    _close(restored)
+    deployments.remove(restored)
+    _sqlite_copy(tmp_path / "later.db", home / DB_FILE)  # the later backup found after all: it starts, and signs
+    found = _open(home, None, token, deployments)
+    assert initialize(found, None, "ec-p256")["created"] is False
+    assert later <= _named(found) and _destroyed(found) == []
+    _signs(found)
 
 
 def starts_at_once(ctx: AppContext) -> str:
@@ -602,3 +662,55 @@ def test_replicas_starting_at_once_make_one_audit_and_one_issuer_key(
                             text=True, check=True, timeout=60).stdout.splitlines()  # each object, duplicates too
     assert sorted(listed) == sorted(f"{key_id} {cls}" for key_id in (API_ISSUER_KEY_ID, AUDIT_KEY_ID)
                                     for cls in ("PRIVATE_KEY", "PUBLIC_KEY"))
+
+
+def _intents(ctx: AppContext) -> set[str]:
+    with ctx.db.statement() as conn:  # what is committed, as another connection reads it
+        return {str(k) for k in conn.exec_driver_sql("SELECT key_id FROM key_intents").scalars()}
+
+
+def test_a_rotations_intents_commit_before_its_keys_are_made_and_never_stay_behind(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The intent of each key a rotation makes is committed (read by another connection) before the key is made; the
+    rotation's commit deletes them; a rotation that rolls back takes its keys and their intents with it; an intent
+    whose key was never made goes at a start once older than ABANDONED_AFTER (younger: a rotation may be waiting for
+    the lock with it). So the table holds only what a killed rotation left."""
+    import pki.rotation
+    from keys.intents import ABANDONED_AFTER
+
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    _init(a)
+    assert _intents(a) == set()
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    real_generate = ks.generate
+    committed_at_generate: list[tuple[str, set[str]]] = []
+
+    def generate(key_id: str, kind: KeyKind) -> object:
+        committed_at_generate.append((key_id, _intents(a)))
+        return real_generate(key_id, kind)
+
+    monkeypatch.setattr(ks, "generate", generate)
+    assert rotate_cas(a, force=True, actor=ADMIN).prepared == 2
+    assert len(committed_at_generate) == 3 and all(k in ahead for k, ahead in committed_at_generate)
+    assert _intents(a) == set() and {k for k, _ in committed_at_generate} <= _named(a)
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("the audit event is refused")
+
+    held = _labels(token)
+    recorded = pki.rotation.record
+    monkeypatch.setattr(pki.rotation, "record", refused)  # after the keys are made: the rotation rolls back
+    with pytest.raises(RuntimeError, match="refused"):
+        rotate_cas(a, force=True, actor=ADMIN)
+    monkeypatch.setattr(pki.rotation, "record", recorded)
+    assert len(committed_at_generate) == 6 and _labels(token) == held and _intents(a) == set()
+
+    with a.db.statement() as conn:
+        mine = read_deployment_id(conn)
+    assert mine is not None
+    record_intents(a.db, ["ca-g7-root-07070707"], mine, a.clock() - ABANDONED_AFTER)  # never made, long ago
+    record_intents(a.db, ["ca-g7-root-17171717"], mine, a.clock())  # never made (yet): a rotation waiting
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert _intents(a) == {"ca-g7-root-17171717"} and _destroyed(a) == [] and _labels(token) == held
