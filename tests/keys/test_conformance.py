@@ -53,8 +53,10 @@ IMPLEMENTATIONS: dict[type, Callable[[Path, pytest.FixtureRequest], Iterator[Key
     SharedKeyStore: _shared_store,
     Pkcs11KeyStore: _pkcs11_store,
 }
-_DATABASES = {SharedKeyStore: ("sqlite_db", "postgres_db")}  # a store over a database runs on each real one
-_MARKS = {Pkcs11KeyStore: [pytest.mark.hsm], "postgres_db": [pytest.mark.postgres]}
+# a store over a database runs on each real one
+_DATABASES: dict[type, tuple[str | None, ...]] = {SharedKeyStore: ("sqlite_db", "postgres_db")}
+_MARKS: dict[type | str, list[pytest.MarkDecorator]] = {Pkcs11KeyStore: [pytest.mark.hsm],
+                                                       "postgres_db": [pytest.mark.postgres]}
 
 
 @pytest.fixture(

@@ -137,7 +137,10 @@ def test_bad_input_names_the_field_and_writes_nothing(fab: AppContext) -> None:
     problems = []
     for name, change, message in BAD:
         try:
-            run(fab, lambda s, change=change: change(s, who(fab)))
+            def bad(s: Session, change: Callable[[Session, Who], Any] = change) -> Any:
+                return change(s, who(fab))
+
+            run(fab, bad)
             problems.append(f"{name}: no error")
         except TrustfabricError as exc:
             if message not in str(exc) or not 400 <= exc.http_status < 500:
@@ -165,7 +168,10 @@ def test_single_changes_each_write_one_event_with_the_request_id(fab: AppContext
         rid = f"req-{i}"
         with fab.db.read_session() as s:
             seq = s.connection().execute(text("SELECT count(*) FROM audit_events")).scalar_one()
-        run(fab, lambda s, step=step, rid=rid: step(s, who(fab, rid)))
+        def act(s: Session, step: Callable[[Session, Who], Any] = step, rid: str = rid) -> Any:
+            return step(s, who(fab, rid))
+
+        run(fab, act)
         with fab.db.read_session() as s:
             events = s.exec(select(AuditEvent).where(AuditEvent.seq >= seq)).all()
         assert [(e.action, e.request_id) for e in events] == [(action, rid)], action
@@ -203,7 +209,10 @@ def test_tenants_get_vni_vlan_and_prefix_from_the_pools_without_clashes(fab: App
                             ({"l3vni": 10002}, "both use VNI 10002"), ({"vlan": 103}, "both use VLAN 103"),
                             ({"prefix": "10.9.0.0/16", "prefix6": "10.8.0.0/16"}, "at most one IPv4")):
         with pytest.raises(TrustfabricError, match=message):
-            run(fab, lambda s, kw=kwargs: fabric.create_tenant(s, who(fab), pools, slug="evil", display_name="E", **kw))
+            def create(s: Session, kw: dict[str, Any] = kwargs) -> Any:
+                return fabric.create_tenant(s, who(fab), pools, slug="evil", display_name="E", **kw)
+
+            run(fab, create)
     assert snapshot(fab) == before
     full = Pools(vni=(10_001, 10_003))
     with pytest.raises(TrustfabricError, match=r"VNI pool .* is exhausted"):
@@ -235,8 +244,11 @@ def test_an_import_fills_what_a_stored_tenant_lacks_and_keeps_what_it_has(ctx: A
     with ctx.db.session() as s:
         init_trust_domain(s, ctx.keystore, trust_domain="example.org", key_kind=KeyKind.EC_P256, clock=ctx.clock)
     for slug, vni, vlan, prefix in (("acme", 10001, 101, "10.1.0.0/16"), ("globex", 10002, 102, "10.2.0.0/16")):
-        run(ctx, lambda s, a=(slug, vni, vlan, prefix): fabric.create_tenant(
-            s, who(ctx), Pools(), slug=a[0], display_name=a[0], l3vni=a[1], vlan=a[2], prefix=a[3]))
+        def create(s: Session, a: tuple[str, int, int, str] = (slug, vni, vlan, prefix)) -> Any:
+            return fabric.create_tenant(s, who(ctx), Pools(), slug=a[0], display_name=a[0], l3vni=a[1], vlan=a[2],
+                                        prefix=a[3])
+
+        run(ctx, create)
     out = run(ctx, lambda s: fabric.import_fabric(s, who(ctx), Pools(), GOLDEN))
     assert out.tenants_created == ["platform"] and out.tenants_allocated == ["acme"]
     with ctx.db.read_session() as s:

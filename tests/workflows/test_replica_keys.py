@@ -74,7 +74,7 @@ def _verify(ctx: AppContext, x509: service.IssuedX509, token: str) -> None:
     with ctx.db.read_session() as s:
         roots, jwks = service.bundle_pem(s), service.bundle_jwks(s)
     verify_chain(x509.cert_pem, x509.chain_pem, roots, ctx.clock())
-    keys = [k for k in jwks["keys"] if k["use"] == "jwt-svid"]  # type: ignore[attr-defined]
+    keys = [k for k in jwks["keys"] if k["use"] == "jwt-svid"]
     JwtSvid.parse_and_validate(token, JwtBundle.parse(TrustDomain(TD), json.dumps({"keys": keys}).encode()), {"a"})
 
 
@@ -270,21 +270,22 @@ def test_init_never_removes_the_keys_of_a_rotation_under_way(a: AppContext) -> N
     its own: no transaction of this thread to join there, as before the fix). Such rows look unused until the
     rotation commits: init waits for the trust domain settings lock the rotation holds, then finds them used.
     (On SQLite a rotation holds the writer lock, which the removal's write transaction waits for.)"""
-    assert isinstance(a.keystore, SharedKeyStore)
+    shared = a.keystore
+    assert isinstance(shared, SharedKeyStore)
     elsewhere = Database(a.settings.db_url)
     made, go = threading.Event(), threading.Event()
     rotated: list[int | None] = []
 
     def rotate_as_before_the_fix() -> None:
         with a.db.session() as s:
-            rotated.append(service.rotate(s, SharedKeyStore(a.keystore.files, elsewhere), force=True, actor=ADMIN,
+            rotated.append(service.rotate(s, SharedKeyStore(shared.files, elsewhere), force=True, actor=ADMIN,
                                           clock=a.clock).prepared)
             made.set()
             go.wait(30)
 
     removed: list[list[str]] = []
     rotation = threading.Thread(target=rotate_as_before_the_fix)
-    removal = threading.Thread(target=lambda: removed.append(discard_unused_ca_keys(a, a.keystore)))
+    removal = threading.Thread(target=lambda: removed.append(discard_unused_ca_keys(a, shared)))
     try:
         rotation.start()
         assert made.wait(30) and rotated == [2]

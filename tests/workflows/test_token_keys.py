@@ -586,7 +586,7 @@ def test_a_start_on_a_restored_backup_keeps_the_keys_of_later_generations(
     keys of its CA generations. Now a start destroys only keys this database recorded it was about to make (an
     intent): the restored one has none for them, so they are left, named in the start's warning and by `ca keys`,
     and the later copy starts and signs."""
-    from store.db import DB_FILE
+    from store.readonly import DB_FILE
 
     home = tmp_path / "a"
     a = _open(home, None, token, deployments)
@@ -700,7 +700,7 @@ def test_a_rotations_intents_commit_before_its_keys_are_made_and_never_stay_behi
         raise RuntimeError("the audit event is refused")
 
     held = _labels(token)
-    recorded = pki.rotation.record
+    recorded = pki.rotation.record  # type: ignore[attr-defined]  # (audit.record, as pki.rotation calls it)
     monkeypatch.setattr(pki.rotation, "record", refused)  # after the keys are made: the rotation rolls back
     with pytest.raises(RuntimeError, match="refused"):
         rotate_cas(a, force=True, actor=ADMIN)
