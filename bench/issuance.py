@@ -287,6 +287,7 @@ def http_figures(work: Path) -> list[str]:
     from tests.servers import serve_replicas
 
     binary = str(Path(sys.executable).parent / "trustfabric")
+    work.mkdir(parents=True, exist_ok=True)
     env = bench_env(work, TRUSTFABRIC_LOG_LEVEL="warning")
     port = _free_port()
     most = max(HTTP_BATCHES)
