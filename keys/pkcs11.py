@@ -327,7 +327,7 @@ class Pkcs11KeyStore:
                 private_template=private_template,
             )
             if self._db is not None:
-                discard_on_rollback(self._db, key_id, self)
+                discard_on_rollback(self._db, key_id, self, irreversible=True)
             return Pkcs11Signer(self, key_id, kind, priv, self._public_from(pub, kind))
 
     @staticmethod

@@ -4,11 +4,13 @@ unused CA keys marked as its own, never another deployment's (the token may be s
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from pkcs11 import Attribute
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import col, select
 
 from audit.checkpoint import AUDIT_KEY_ID, audit_signer, load_public_key, public_key_pem
@@ -35,6 +38,7 @@ from pki import service
 from pki.ca import CA_KEY_ID_RE
 from pki.models import CertificateAuthority
 from pki.tokens.service import API_ISSUER_KEY_ID
+from store.db import Database
 from tests.api.conftest import make_settings, open_context
 from tests.keys.stores import _LIST_OBJECTS, PIN, softhsm_token, token_objects
 from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
@@ -714,3 +718,148 @@ def test_a_rotations_intents_commit_before_its_keys_are_made_and_never_stay_behi
     record_intents(a.db, ["ca-g7-root-17171717"], mine, a.clock())  # never made (yet): a rotation waiting
     assert initialize(a, None, "ec-p256")["created"] is False
     assert _intents(a) == {"ca-g7-root-17171717"} and _destroyed(a) == [] and _labels(token) == held
+
+
+# A rotation's COMMIT that PostgreSQL carried out but whose answer never reached the server process (the connection
+# dropped at that moment: a failover, a proxy or pooler restart, a network cut). The client cannot tell it from a
+# commit that failed; the CA rows are in the database all the same, so their keys must stay in the token. Between the
+# server and PostgreSQL, a TCP relay that, once armed, passes the next COMMIT of a rotation on, waits for PostgreSQL's
+# answer and drops the connection instead of passing that answer back (or drops the COMMIT itself).
+
+class CommitLosingRelay:
+    """127.0.0.1:<port> -> PostgreSQL; `arm()`: the next COMMIT of a transaction that inserted CA rows goes through
+    and its answer is dropped with the connection (`carried_out`), or the COMMIT is dropped with it (PostgreSQL rolls
+    the transaction back)."""
+
+    def __init__(self, target_port: int, *, carried_out: bool) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.carried_out = carried_out  # the COMMIT reaches PostgreSQL (its answer is lost); else it is lost itself
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.fired = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self) -> None:
+        self.armed.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            lost, answered = threading.Event(), threading.Event()  # this connection's COMMIT answer: to be dropped
+            threading.Thread(target=self._up, args=(client, server, lost, answered), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client, lost, answered), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, lost: threading.Event,
+            answered: threading.Event) -> None:
+        wrote_cas = False
+        try:
+            while data := client.recv(65536):
+                wrote_cas = wrote_cas or b"INSERT INTO pki_cas" in data
+                if self.armed.is_set() and wrote_cas and b"COMMIT\x00" in data:
+                    self.armed.clear()
+                    if self.carried_out:  # PostgreSQL commits and answers; the answer goes nowhere
+                        lost.set()
+                        server.sendall(data)
+                        assert answered.wait(30), "PostgreSQL never answered the COMMIT"
+                    self.fired.set()
+                    return
+                server.sendall(data)
+                if b"COMMIT\x00" in data or b"ROLLBACK\x00" in data:
+                    wrote_cas = False  # (a connection's next transaction starts afresh)
+        except OSError:
+            pass
+        finally:
+            _drop(client, server)
+
+    @staticmethod
+    def _down(server: socket.socket, client: socket.socket, lost: threading.Event, answered: threading.Event) -> None:
+        try:
+            while data := server.recv(65536):
+                if lost.is_set():
+                    answered.set()
+                    continue
+                client.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _drop(*sockets: socket.socket) -> None:
+    for s in sockets:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)  # (a close alone leaves it open under the other thread's recv)
+        s.close()
+
+
+def _rotation_whose_commit_fails(carried_out: bool, token: Token, postgres_server: object,
+                                  deployments: list[AppContext], tmp_path: Path) -> tuple[AppContext, set[str], str]:
+    """A deployment on PostgreSQL (through the relay), its trust domain made, then a forced rotation whose COMMIT
+    fails on the wire; the ids of the CA keys made by the rotation (the token's new CA labels), and the database's
+    direct URL."""
+    create: Callable[[], str] = postgres_server.create_database  # type: ignore[attr-defined]
+    url = create()
+    port = int(url.split("@127.0.0.1:")[1].split("/")[0])
+    relay = CommitLosingRelay(port, carried_out=carried_out)
+    a = _open(tmp_path / "a", url.replace(f":{port}/", f":{relay.port}/"), token, deployments)
+    _init(a)
+    before = _labels(token)
+    relay.arm()
+    with pytest.raises(DBAPIError):
+        rotate_cas(a, force=True, actor=ADMIN)
+    assert relay.fired.is_set()
+    relay.close()
+    return a, {k for k in _labels(token) - before}, url
+
+
+def _named_in(url: str) -> set[str]:
+    """The key ids the CA rows name, as PostgreSQL says (not through the relay)."""
+    direct = Database(url)
+    try:
+        with direct.read_session() as s:
+            return {k for ca in s.exec(select(CertificateAuthority)).all() for k in (ca.key_id, ca.jwt_key_id) if k}
+    finally:
+        direct.dispose()
+
+
+@pytest.mark.postgres
+def test_a_rotation_whose_commit_answer_was_lost_keeps_its_keys(
+        token: Token, postgres_server: object, deployments: list[AppContext], tmp_path: Path) -> None:
+    """Should fix: keys/undo.py destroyed the keys a transaction made when that transaction ended without a commit. A
+    COMMIT whose answer is lost raises in the client, so the keys were destroyed although PostgreSQL had committed the
+    CA rows that name them (here generation 2, made active by the forced rotation): the trust domain then had a
+    generation whose keys no longer exist (irreversible in a token), its CA could not sign, and every later start
+    failed (ForeignKeyStore) until an operator rebuilt the CA. Now they are kept, and the next start keeps them."""
+    a, _made, url = _rotation_whose_commit_fails(True, token, postgres_server, deployments, tmp_path)
+    later = {k for k in _named_in(url) if "-g2-" in k}
+    assert len(later) == 3, "the COMMIT was carried out: generation 2's rows are in the database"
+    assert later <= _labels(token), f"destroyed: {sorted(later - _labels(token))}"
+    _close(a)
+    deployments.remove(a)
+    again = _open(tmp_path / "a", url, token, deployments)  # the next start, straight to PostgreSQL
+    assert initialize(again, None, "ec-p256")["created"] is False
+    assert later <= _labels(token) and _destroyed(again) == []
+    _signs(again)
+
+
+@pytest.mark.postgres
+def test_a_rotation_whose_commit_was_lost_leaves_its_keys_to_the_next_start(
+        token: Token, postgres_server: object, deployments: list[AppContext], tmp_path: Path) -> None:
+    """The other side of the same failure: the COMMIT never reached PostgreSQL, which rolled the rotation back. The
+    client cannot tell; its keys stay until the next start, which finds no CA row and their intents, and destroys
+    them."""
+    a, made, url = _rotation_whose_commit_fails(False, token, postgres_server, deployments, tmp_path)
+    assert len(made) == 3 and not made & _named_in(url)
+    _close(a)
+    deployments.remove(a)
+    again = _open(tmp_path / "a", url, token, deployments)
+    assert initialize(again, None, "ec-p256")["created"] is False
+    assert not made & _labels(token)
+    assert sorted(k for _t, k, _a, _i in _destroyed(again)) == sorted(made)
+    _signs(again)
