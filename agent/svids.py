@@ -29,8 +29,12 @@ entries parented to it).
     never PERMISSION_DENIED, which says the caller has no identity to get.
 - JWT-SVIDs: per (workload, audience), fetched again at half life, in memory only, by the same rules: a
   definitive refusal drops the one held; a transient one (or no answer) keeps it served while it is valid, and
-  with none valid held the Workload API answers UNAVAILABLE (`RetryLater`). (Asked when a workload asks, so at the
-  workloads' pace: no retry timer of their own.)
+  with none valid held the Workload API answers UNAVAILABLE (`RetryLater`). Asked when a workload asks, and the
+  workload picks the audience, so the agent bounds what its workloads make it ask the server: JWT_PER_WORKLOAD
+  fetches a second per workload, JWT_PER_NODE for the node (the server's rate limit is the node's, shared with its
+  X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would
+  keep a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload.
+  Over a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE.
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
@@ -63,6 +67,7 @@ from agent.api import ApiClient, Refused, Unreachable
 from agent.at_rest import AtRest, AtRestError
 from agent.identity import AgentError, key_der, new_key_and_csr
 from agent.metrics import AgentMetrics
+from core.ratelimit import TokenBucket
 
 log = logging.getLogger("trustfabric.agent.svids")
 
@@ -112,6 +117,9 @@ class RetryLater(AgentError):
 
 
 DEFINITIVE = frozenset({401, 403, 404})  # the answers that drop a held SVID (the module docstring says why)
+JWT_PER_WORKLOAD = (1.0, 8)  # JWT-SVID fetches from the server a workload may cause: rate a second, burst
+JWT_PER_NODE = (10.0, 20)  # and all the node's workloads together (the server's default per principal: 50/s, 100)
+JWT_AUDIENCES = 32  # JWT-SVIDs kept per workload (the oldest fetched goes first)
 BACKOFF_MIN = 1.0  # seconds before the first retry of a renewal that failed without a Retry-After
 BACKOFF_MAX = 60.0  # the backoff's bound (it doubles per failure in a row, with jitter)
 RETRY_AFTER_MAX = 600.0  # a server's Retry-After is honoured up to this; a larger one is taken as this
@@ -209,6 +217,8 @@ class WorkloadSvids:
         self.placements: dict[str, Placement] = {}
         self._x509: dict[str, X509Entry] = {}
         self._jwt: dict[tuple[str, tuple[str, ...]], JwtEntry] = {}
+        self._jwt_asks = TokenBucket(*JWT_PER_WORKLOAD)  # per workload
+        self._jwt_node = TokenBucket(*JWT_PER_NODE)
         self._lock = threading.RLock()
         self._placements_at = 0.0
         self.synced = False  # placements (and the CRL, for cached SVIDs) confirmed by the server since start
@@ -464,6 +474,10 @@ class WorkloadSvids:
             now = self.clock()
             if entry is not None and now < entry.issued + (entry.expires - entry.issued) / 2:
                 return entry
+            if self._jwt_asks.take(workload) > 0 or self._jwt_node.take("node") > 0:  # over the agent's bounds
+                if entry is not None and now < entry.expires:
+                    return entry
+                raise RetryLater(f"{workload}: JWT-SVIDs asked for too often; retry")
             try:
                 issued = self.api.jwt_svid(workload, sorted(audience))
             except Refused as exc:
@@ -475,5 +489,9 @@ class WorkloadSvids:
             except Unreachable as exc:
                 return self._jwt_held(workload, entry, now, exc)
             fresh = JwtEntry(str(issued["token"]), str(issued["spiffe_id"]), now, _ts(str(issued["expires_at"])))
-            self._jwt[key] = fresh
+            self._jwt.pop(key, None)
+            self._jwt[key] = fresh  # (the newest last: dicts keep insertion order)
+            mine = [k for k in self._jwt if k[0] == workload]
+            for old in mine[:max(0, len(mine) - JWT_AUDIENCES)]:  # the oldest fetched first
+                del self._jwt[old]
             return fresh

@@ -270,6 +270,45 @@ def test_a_jwt_svid_fetch_refused_for_now_keeps_the_held_one_while_valid(served:
     assert fresh is not None and fresh.token != held.token
 
 
+def test_workloads_asking_jwt_svids_in_a_loop_cannot_get_their_node_rate_limited(
+        served: Served, gpu1: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix (review): a workload picks its JWT-SVIDs' audience, and each new one was a request to the server,
+    whose rate limit is the node's: a workload asking new audiences in a loop got its node 429s, which (transient)
+    kept a revoked workload's X.509-SVID served and held back every renewal of the node, and the agent's cache of
+    JWT-SVIDs grew without bound. Now the agent bounds what its workloads make it ask (per workload and per node):
+    over the bound a workload gets UNAVAILABLE (retry), the server answers no 429, and the node's X.509 renewals
+    go through at once."""
+    from agent.svids import JWT_AUDIENCES, JWT_PER_NODE, JWT_PER_WORKLOAD, RetryLater
+
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=50.0, burst=100))  # the default
+    before = _held(gpu1)
+
+    def jwt_answers(status: str) -> float:
+        return float(REQUESTS.labels("POST", "/v1/svids/jwt", status)._value.get())
+
+    issued, limited = jwt_answers("201"), jwt_answers("429")
+    started = time.monotonic()
+    unavailable = 0
+    for i in range(150):  # each of the N workloads asks 150 new audiences, as fast as it can
+        for name in NAMES:
+            try:
+                gpu1.svids.jwt(f"acme/train/{name}", [f"aud-{i}"])
+            except RetryLater:
+                unavailable += 1
+    elapsed = time.monotonic() - started
+    fetched = jwt_answers("201") - issued
+    assert jwt_answers("429") == limited  # the server never had to refuse the node
+    assert fetched <= min(N * (JWT_PER_WORKLOAD[1] + JWT_PER_WORKLOAD[0] * elapsed),
+                          JWT_PER_NODE[1] + JWT_PER_NODE[0] * elapsed) + 1, (fetched, elapsed)
+    assert unavailable == 150 * N - fetched
+    assert all(len([k for k in gpu1.svids._jwt if k[0] == f"acme/train/{n}"]) <= JWT_AUDIENCES for n in NAMES)
+    asked, answered = _batches(), _batches("200")
+    gpu1.svids.renew_due()  # at once: one batch, answered
+    assert _batches() == asked + 1 and _batches("200") == answered + 1
+    renewed = _held(gpu1)
+    assert all(renewed[i] != before[i] for i in IDS)
+
+
 def test_a_revoked_workload_is_still_dropped(served: Served, gpu1: Agent) -> None:  # last: it revokes one
     """Last in this module: the revocation stays."""
     before = _held(gpu1)

@@ -1,0 +1,99 @@
+"""Token buckets: `rate` tokens a second per key, at most `burst` saved up. The API's rate limits per client address
+and per principal (api/limits.py), and the node agent's own limits on what its workloads make it ask the server
+(agent/svids.py): one implementation for both."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from core.errors import RateLimited, TrustfabricError
+
+
+class TokenBucket:
+    """Per-key token buckets: `rate` tokens a second, at most `burst` saved up. Thread-safe, in-process."""
+
+    def __init__(self, rate: float, burst: int, *, max_keys: int = 100_000) -> None:
+        self.rate = rate
+        self.burst = max(1, burst)
+        self.max_keys = max_keys
+        self._state: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str, now: float | None = None) -> float:
+        """0 when allowed, else the seconds until a token is available."""
+        if self.rate <= 0:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            tokens = self._tokens(key, now)
+            if tokens >= 1.0:
+                self._state[key] = (tokens - 1.0, now)
+                return 0.0
+            self._state[key] = (tokens, now)
+            if len(self._state) > self.max_keys:
+                self._state.clear()
+            return (1.0 - tokens) / self.rate
+
+    def take_more(self, key: str, extra: int, now: float | None = None) -> float:
+        """Take `extra` more tokens for a request that already took its one by `take` (a batch charged one token an
+        entry): 0 when taken. Else nothing more is taken and the request's own token goes back too (a refused request
+        costs nothing, as one `take` refuses), and the answer is the seconds until all 1 + `extra` are there;
+        math.inf when they never can be (more than the burst: BatchAboveBurst says so). Atomic: no other request of
+        `key` takes tokens between the check and the charge."""
+        if self.rate <= 0 or extra <= 0:
+            return 0.0
+        if 1 + extra > self.burst:
+            return math.inf
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            tokens = self._tokens(key, now)
+            if tokens >= extra:
+                self._state[key] = (tokens - extra, now)
+                return 0.0
+            tokens = min(float(self.burst), tokens + 1.0)  # the request's own token, back
+            self._state[key] = (tokens, now)
+            return (1.0 + extra - tokens) / self.rate
+
+    def _tokens(self, key: str, now: float) -> float:
+        """`key`'s tokens at `now` (a full bucket for a key not seen, or forgotten); the caller holds the lock."""
+        tokens, last = self._state.get(key, (float(self.burst), now))
+        return min(float(self.burst), tokens + max(0.0, now - last) * self.rate)
+
+    def give_back(self, key: str, tokens: int = 1) -> None:
+        """Return `tokens` taken for `key` (never beyond the burst): a request refused after its principal was
+        charged, whose principal turned out not to be the caller (a deferred token check: api/handoff.py)."""
+        if self.rate <= 0:
+            return
+        with self._lock:
+            state = self._state.get(key)
+            if state is not None:
+                self._state[key] = (min(float(self.burst), state[0] + tokens), state[1])
+
+    def check(self, key: str) -> None:
+        wait = self.take(key)
+        if wait > 0:
+            retry = max(1, math.ceil(wait))
+            raise RateLimited(f"rate limit exceeded for {key}; retry after {retry}s", retry)
+
+    def check_more(self, key: str, extra: int, what: str) -> None:
+        """`take_more` for a request of `key` that costs 1 + `extra` tokens (`what` names them in the reason):
+        RateLimited with the seconds until they are all there, BatchAboveBurst when they never can be."""
+        wait = self.take_more(key, extra)
+        if wait == math.inf:
+            raise BatchAboveBurst(
+                f"{what} cost {1 + extra} rate-limit tokens, more than the burst of {self.burst} a principal may ever "
+                f"hold (TRUSTFABRIC_RATE_LIMIT_BURST): it could never pass; send at most {self.burst} per request")
+        if wait > 0:
+            retry = max(1, math.ceil(wait))
+            raise RateLimited(f"rate limit exceeded for {key}: {what} cost {1 + extra} tokens; retry after {retry}s",
+                              retry)
+
+
+class BatchAboveBurst(TrustfabricError):
+    """A request that costs more rate-limit tokens than the principal's bucket can ever hold (one token per entry of a
+    batch, more entries than the burst): refused whole, as a batch above its bound is (HTTP 422); never 429, whose
+    Retry-After would promise a retry that cannot pass."""
+
+    http_status = 422
