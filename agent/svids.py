@@ -27,14 +27,15 @@ entries parented to it).
     batches of its round as long: the server would refuse them too). A workload that holds no valid SVID
     meanwhile is answered UNAVAILABLE by the Workload API (`RetryLater`: the SPIFFE Workload API's "retry"),
     never PERMISSION_DENIED, which says the caller has no identity to get.
-- JWT-SVIDs: per (workload, audience), fetched again at half life, in memory only, by the same rules: a
-  definitive refusal drops the one held; a transient one (or no answer) keeps it served while it is valid, and
-  with none valid held the Workload API answers UNAVAILABLE (`RetryLater`). Asked when a workload asks, and the
-  workload picks the audience, so the agent bounds what its workloads make it ask the server: JWT_PER_WORKLOAD
+- JWT-SVIDs: per (workload, audience), fetched again at half life, in memory only, by the same rules: a definitive
+  refusal (of a JWT-SVID for any audience, or of the workload's X.509-SVID: it is about the workload, never an
+  audience) drops every JWT-SVID held for the workload; a transient one (or no answer) keeps it served while it is
+  valid, and with none valid held the Workload API answers UNAVAILABLE (`RetryLater`). Asked when a workload asks, and
+  the workload picks the audience, so the agent bounds what its workloads make it ask the server: JWT_PER_WORKLOAD
   fetches a second per workload, JWT_PER_NODE for the node (the server's rate limit is the node's, shared with its
-  X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would
-  keep a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload.
-  Over a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE.
+  X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would keep
+  a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload. Over
+  a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE.
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
@@ -313,6 +314,7 @@ class WorkloadSvids:
                     return self._held(workload, entry, now, str(exc))
                 log.warning("%s: no X.509-SVID: %s", workload, exc)
                 self._settled(workload)
+                self._drop_jwts(workload)
                 if self._x509.pop(workload, None) is not None:
                     self._bump()
                 return None
@@ -432,6 +434,7 @@ class WorkloadSvids:
                     reason = f"{status}: {why}" if status is not None else why
                     log.warning("%s: no X.509-SVID: %s", w, reason)
                     self._settled(w)
+                    self._drop_jwts(w)
                     dropped += self._x509.pop(w, None) is not None
                     continue
                 try:
@@ -459,6 +462,12 @@ class WorkloadSvids:
         self.renew_due()
 
     # ------------------------------------------------------------------ JWT
+    def _drop_jwts(self, workload: str) -> None:
+        """A definitive refusal (of an X.509-SVID, or of a JWT-SVID for any audience) is about the workload (revoked,
+        quarantined, unplaced, unknown) or its node, never about an audience (a bad one is answered 400/422): every
+        JWT-SVID held for the workload goes with it, never served again. The caller holds the lock."""
+        self._jwt = {k: v for k, v in self._jwt.items() if k[0] != workload}
+
     @staticmethod
     def _jwt_held(workload: str, entry: JwtEntry | None, now: float, exc: AgentError) -> JwtEntry:
         """The held JWT-SVID while it is valid (a fetch failed transiently); RetryLater when there is none."""
@@ -483,7 +492,7 @@ class WorkloadSvids:
             except Refused as exc:
                 if definitive(exc.status):
                     log.warning("%s: no JWT-SVID: %s", workload, exc)
-                    self._jwt.pop(key, None)
+                    self._drop_jwts(workload)
                     return None
                 return self._jwt_held(workload, entry, now, exc)
             except Unreachable as exc:
