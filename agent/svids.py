@@ -220,6 +220,8 @@ class WorkloadSvids:
         self._jwt: dict[tuple[str, tuple[str, ...]], JwtEntry] = {}
         self._jwt_asks = TokenBucket(*JWT_PER_WORKLOAD)  # per workload
         self._jwt_node = TokenBucket(*JWT_PER_NODE)
+        self._jwt_retry_at: dict[str, float] = {}  # workload -> no JWT-SVID asked before then (the server failed)
+        self._jwt_failures: dict[str, int] = {}  # workload -> such failures in a row (the backoff's exponent)
         self._lock = threading.RLock()
         self._placements_at = 0.0
         self.synced = False  # placements (and the CRL, for cached SVIDs) confirmed by the server since start
@@ -275,6 +277,9 @@ class WorkloadSvids:
                 self._x509.pop(w, None)
             for w in [w for w in self._retry_at if w not in new]:
                 self._settled(w)
+            for w in [w for w in self._jwt_retry_at if w not in new]:
+                self._jwt_retry_at.pop(w, None)
+                self._jwt_failures.pop(w, None)
             if first and self.from_cache:
                 log.info("re-synced: %d cached workload SVIDs confirmed, %d dropped (unplaced, moved or revoked)",
                          self.from_cache - len(dropped), len(dropped))
@@ -476,6 +481,14 @@ class WorkloadSvids:
             return entry
         raise RetryLater(f"{workload}: no JWT-SVID yet ({exc}); retry")
 
+    def _jwt_later(self, workload: str, retry_after: float | None) -> None:
+        """A JWT-SVID fetch for `workload` failed on the server's side (429, 5xx, no answer): none is asked for it
+        again before the server's Retry-After, or a backoff (retry_wait), as for its X.509-SVID: never in a loop, and
+        the agent's lock is not taken for one more request that would time out. The caller holds the lock."""
+        failures = self._jwt_failures.get(workload, 0)
+        self._jwt_failures[workload] = failures + 1
+        self._jwt_retry_at[workload] = self.clock() + retry_wait(failures, retry_after, self._jitter)
+
     def jwt(self, workload: str, audience: list[str]) -> JwtEntry | None:
         key = (workload, tuple(sorted(audience)))
         with self._lock:
@@ -483,6 +496,8 @@ class WorkloadSvids:
             now = self.clock()
             if entry is not None and now < entry.issued + (entry.expires - entry.issued) / 2:
                 return entry
+            if now < self._jwt_retry_at.get(workload, 0.0):  # the server failed a moment ago: not asked before then
+                return self._jwt_held(workload, entry, now, AgentError("waiting to retry"))
             if self._jwt_asks.take(workload) > 0 or self._jwt_node.take("node") > 0:  # over the agent's bounds
                 if entry is not None and now < entry.expires:
                     return entry
@@ -494,9 +509,14 @@ class WorkloadSvids:
                     log.warning("%s: no JWT-SVID: %s", workload, exc)
                     self._drop_jwts(workload)
                     return None
+                if exc.status == 429 or exc.status >= 500:  # the server's state, not this request's: as X.509's rule
+                    self._jwt_later(workload, exc.retry_after)
                 return self._jwt_held(workload, entry, now, exc)
             except Unreachable as exc:
+                self._jwt_later(workload, None)
                 return self._jwt_held(workload, entry, now, exc)
+            self._jwt_retry_at.pop(workload, None)
+            self._jwt_failures.pop(workload, None)
             fresh = JwtEntry(str(issued["token"]), str(issued["spiffe_id"]), now, _ts(str(issued["expires_at"])))
             self._jwt.pop(key, None)
             self._jwt[key] = fresh  # (the newest last: dicts keep insertion order)

@@ -31,6 +31,7 @@ import yaml
 
 from agent.api import Refused
 from agent.runner import Agent
+from agent.svids import RETRY_AFTER_MAX
 from api.limits import TokenBucket
 from api.metrics import REQUESTS
 from tests.agent.harness import Served, served_fabric
@@ -266,8 +267,40 @@ def test_a_jwt_svid_fetch_refused_for_now_keeps_the_held_one_while_valid(served:
     with pytest.raises(RetryLater):
         gpu1.svids.jwt(workload, audience)
     monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0, burst=1))  # limits off
+    now[0] += RETRY_AFTER_MAX * 1.1 + 1  # (not asked again before the 429's Retry-After)
     fresh = gpu1.svids.jwt(workload, audience)
     assert fresh is not None and fresh.token != held.token
+
+
+def test_a_jwt_svid_fetch_refused_for_now_is_not_asked_again_before_retry_after(
+        served: Served, gpu1: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix (review3): a JWT-SVID fetch the server refused for now (429 with Retry-After, 5xx, no answer) was
+    asked again at the workload's next ask (up to the agent's JWT bounds: 8 at once, then 1/s per workload), each
+    under the agent's one lock: against a server that does not answer, each held it for the request's timeout, and a
+    workload asking in a loop kept every other workload's Workload API calls waiting. Now, as for X.509-SVIDs, not
+    asked again before the Retry-After (or a backoff); meanwhile the held one while valid, else UNAVAILABLE."""
+    from agent.svids import RetryLater
+
+    def jwt_answers(status: str) -> float:
+        return float(REQUESTS.labels("POST", "/v1/svids/jwt", status)._value.get())
+
+    now = [time.time()]
+    monkeypatch.setattr(gpu1.svids, "clock", lambda: now[0])
+    workload = "acme/train/f1"
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0.001, burst=1))
+    with pytest.raises(Refused):
+        for _ in range(3):  # the node spends its bucket
+            gpu1.api.placements()
+    limited = jwt_answers("429")
+    for _ in range(5):
+        with pytest.raises(RetryLater):
+            gpu1.svids.jwt(workload, ["db"])
+    assert jwt_answers("429") == limited + 1  # was + 5: asked at every call
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0, burst=1))  # limits off
+    with pytest.raises(RetryLater):  # the Retry-After is not over
+        gpu1.svids.jwt(workload, ["db"])
+    now[0] += RETRY_AFTER_MAX * 1.1 + 1
+    assert gpu1.svids.jwt(workload, ["db"]) is not None
 
 
 def test_workloads_asking_jwt_svids_in_a_loop_cannot_get_their_node_rate_limited(
