@@ -27,14 +27,15 @@ entries parented to it).
     batches of its round as long: the server would refuse them too). A workload that holds no valid SVID
     meanwhile is answered UNAVAILABLE by the Workload API (`RetryLater`: the SPIFFE Workload API's "retry"),
     never PERMISSION_DENIED, which says the caller has no identity to get.
-- JWT-SVIDs: per (workload, audience), fetched again at half life, in memory only, by the same rules: a
-  definitive refusal drops the one held; a transient one (or no answer) keeps it served while it is valid, and
-  with none valid held the Workload API answers UNAVAILABLE (`RetryLater`). Asked when a workload asks, and the
-  workload picks the audience, so the agent bounds what its workloads make it ask the server: JWT_PER_WORKLOAD
+- JWT-SVIDs: per (workload, audience), fetched again at half life, in memory only, by the same rules: a definitive
+  refusal (of a JWT-SVID for any audience, or of the workload's X.509-SVID: it is about the workload, never an
+  audience) drops every JWT-SVID held for the workload; a transient one (or no answer) keeps it served while it is
+  valid, and with none valid held the Workload API answers UNAVAILABLE (`RetryLater`). Asked when a workload asks, and
+  the workload picks the audience, so the agent bounds what its workloads make it ask the server: JWT_PER_WORKLOAD
   fetches a second per workload, JWT_PER_NODE for the node (the server's rate limit is the node's, shared with its
-  X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would
-  keep a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload.
-  Over a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE.
+  X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would keep
+  a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload. Over
+  a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE.
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
@@ -219,6 +220,8 @@ class WorkloadSvids:
         self._jwt: dict[tuple[str, tuple[str, ...]], JwtEntry] = {}
         self._jwt_asks = TokenBucket(*JWT_PER_WORKLOAD)  # per workload
         self._jwt_node = TokenBucket(*JWT_PER_NODE)
+        self._jwt_retry_at: dict[str, float] = {}  # workload -> no JWT-SVID asked before then (the server failed)
+        self._jwt_failures: dict[str, int] = {}  # workload -> such failures in a row (the backoff's exponent)
         self._lock = threading.RLock()
         self._placements_at = 0.0
         self.synced = False  # placements (and the CRL, for cached SVIDs) confirmed by the server since start
@@ -274,6 +277,9 @@ class WorkloadSvids:
                 self._x509.pop(w, None)
             for w in [w for w in self._retry_at if w not in new]:
                 self._settled(w)
+            for w in [w for w in self._jwt_retry_at if w not in new]:
+                self._jwt_retry_at.pop(w, None)
+                self._jwt_failures.pop(w, None)
             if first and self.from_cache:
                 log.info("re-synced: %d cached workload SVIDs confirmed, %d dropped (unplaced, moved or revoked)",
                          self.from_cache - len(dropped), len(dropped))
@@ -313,6 +319,7 @@ class WorkloadSvids:
                     return self._held(workload, entry, now, str(exc))
                 log.warning("%s: no X.509-SVID: %s", workload, exc)
                 self._settled(workload)
+                self._drop_jwts(workload)
                 if self._x509.pop(workload, None) is not None:
                     self._bump()
                 return None
@@ -432,6 +439,7 @@ class WorkloadSvids:
                     reason = f"{status}: {why}" if status is not None else why
                     log.warning("%s: no X.509-SVID: %s", w, reason)
                     self._settled(w)
+                    self._drop_jwts(w)
                     dropped += self._x509.pop(w, None) is not None
                     continue
                 try:
@@ -459,6 +467,12 @@ class WorkloadSvids:
         self.renew_due()
 
     # ------------------------------------------------------------------ JWT
+    def _drop_jwts(self, workload: str) -> None:
+        """A definitive refusal (of an X.509-SVID, or of a JWT-SVID for any audience) is about the workload (revoked,
+        quarantined, unplaced, unknown) or its node, never about an audience (a bad one is answered 400/422): every
+        JWT-SVID held for the workload goes with it, never served again. The caller holds the lock."""
+        self._jwt = {k: v for k, v in self._jwt.items() if k[0] != workload}
+
     @staticmethod
     def _jwt_held(workload: str, entry: JwtEntry | None, now: float, exc: AgentError) -> JwtEntry:
         """The held JWT-SVID while it is valid (a fetch failed transiently); RetryLater when there is none."""
@@ -467,6 +481,14 @@ class WorkloadSvids:
             return entry
         raise RetryLater(f"{workload}: no JWT-SVID yet ({exc}); retry")
 
+    def _jwt_later(self, workload: str, retry_after: float | None) -> None:
+        """A JWT-SVID fetch for `workload` failed on the server's side (429, 5xx, no answer): none is asked for it
+        again before the server's Retry-After, or a backoff (retry_wait), as for its X.509-SVID: never in a loop, and
+        the agent's lock is not taken for one more request that would time out. The caller holds the lock."""
+        failures = self._jwt_failures.get(workload, 0)
+        self._jwt_failures[workload] = failures + 1
+        self._jwt_retry_at[workload] = self.clock() + retry_wait(failures, retry_after, self._jitter)
+
     def jwt(self, workload: str, audience: list[str]) -> JwtEntry | None:
         key = (workload, tuple(sorted(audience)))
         with self._lock:
@@ -474,6 +496,8 @@ class WorkloadSvids:
             now = self.clock()
             if entry is not None and now < entry.issued + (entry.expires - entry.issued) / 2:
                 return entry
+            if now < self._jwt_retry_at.get(workload, 0.0):  # the server failed a moment ago: not asked before then
+                return self._jwt_held(workload, entry, now, AgentError("waiting to retry"))
             if self._jwt_asks.take(workload) > 0 or self._jwt_node.take("node") > 0:  # over the agent's bounds
                 if entry is not None and now < entry.expires:
                     return entry
@@ -483,11 +507,16 @@ class WorkloadSvids:
             except Refused as exc:
                 if definitive(exc.status):
                     log.warning("%s: no JWT-SVID: %s", workload, exc)
-                    self._jwt.pop(key, None)
+                    self._drop_jwts(workload)
                     return None
+                if exc.status == 429 or exc.status >= 500:  # the server's state, not this request's: as X.509's rule
+                    self._jwt_later(workload, exc.retry_after)
                 return self._jwt_held(workload, entry, now, exc)
             except Unreachable as exc:
+                self._jwt_later(workload, None)
                 return self._jwt_held(workload, entry, now, exc)
+            self._jwt_retry_at.pop(workload, None)
+            self._jwt_failures.pop(workload, None)
             fresh = JwtEntry(str(issued["token"]), str(issued["spiffe_id"]), now, _ts(str(issued["expires_at"])))
             self._jwt.pop(key, None)
             self._jwt[key] = fresh  # (the newest last: dicts keep insertion order)

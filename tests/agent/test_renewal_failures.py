@@ -31,6 +31,7 @@ import yaml
 
 from agent.api import Refused
 from agent.runner import Agent
+from agent.svids import RETRY_AFTER_MAX
 from api.limits import TokenBucket
 from api.metrics import REQUESTS
 from tests.agent.harness import Served, served_fabric
@@ -266,8 +267,40 @@ def test_a_jwt_svid_fetch_refused_for_now_keeps_the_held_one_while_valid(served:
     with pytest.raises(RetryLater):
         gpu1.svids.jwt(workload, audience)
     monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0, burst=1))  # limits off
+    now[0] += RETRY_AFTER_MAX * 1.1 + 1  # (not asked again before the 429's Retry-After)
     fresh = gpu1.svids.jwt(workload, audience)
     assert fresh is not None and fresh.token != held.token
+
+
+def test_a_jwt_svid_fetch_refused_for_now_is_not_asked_again_before_retry_after(
+        served: Served, gpu1: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix (review3): a JWT-SVID fetch the server refused for now (429 with Retry-After, 5xx, no answer) was
+    asked again at the workload's next ask (up to the agent's JWT bounds: 8 at once, then 1/s per workload), each
+    under the agent's one lock: against a server that does not answer, each held it for the request's timeout, and a
+    workload asking in a loop kept every other workload's Workload API calls waiting. Now, as for X.509-SVIDs, not
+    asked again before the Retry-After (or a backoff); meanwhile the held one while valid, else UNAVAILABLE."""
+    from agent.svids import RetryLater
+
+    def jwt_answers(status: str) -> float:
+        return float(REQUESTS.labels("POST", "/v1/svids/jwt", status)._value.get())
+
+    now = [time.time()]
+    monkeypatch.setattr(gpu1.svids, "clock", lambda: now[0])
+    workload = "acme/train/f1"
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0.001, burst=1))
+    with pytest.raises(Refused):
+        for _ in range(3):  # the node spends its bucket
+            gpu1.api.placements()
+    limited = jwt_answers("429")
+    for _ in range(5):
+        with pytest.raises(RetryLater):
+            gpu1.svids.jwt(workload, ["db"])
+    assert jwt_answers("429") == limited + 1  # was + 5: asked at every call
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0, burst=1))  # limits off
+    with pytest.raises(RetryLater):  # the Retry-After is not over
+        gpu1.svids.jwt(workload, ["db"])
+    now[0] += RETRY_AFTER_MAX * 1.1 + 1
+    assert gpu1.svids.jwt(workload, ["db"]) is not None
 
 
 def test_workloads_asking_jwt_svids_in_a_loop_cannot_get_their_node_rate_limited(
@@ -309,15 +342,35 @@ def test_workloads_asking_jwt_svids_in_a_loop_cannot_get_their_node_rate_limited
     assert all(renewed[i] != before[i] for i in IDS)
 
 
-def test_a_revoked_workload_is_still_dropped(served: Served, gpu1: Agent) -> None:  # last: it revokes one
-    """Last in this module: the revocation stays."""
+def test_a_revoked_workload_is_still_dropped(served: Served, gpu1: Agent,  # last: it revokes two
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Last in this module: the revocations stay.
+
+    Should fix (review3): a definitive refusal dropped only what it answered, the X.509-SVID, or the JWT-SVID of one
+    audience; the workload's JWT-SVIDs for its other audiences stayed served (until half life, and, by the transient
+    rules and the agent's JWT bounds, until their expiry) though the server had said the workload is revoked. Now a
+    definitive refusal of either kind drops every JWT-SVID the workload holds. The JWT-SVIDs are asked with the
+    agent's clock the server's (fresh: well before half life), the X.509 renewals with it past their half life."""
     before = _held(gpu1)
-    victim = f"spiffe://example.org/tenant/acme/group/train/{NAMES[-1]}"
-    r = served.env.call("POST", f"/v1/tenants/acme/groups/train/workloads/{NAMES[-1]}/revoke", "security",
-                        json={"reason": "renewal failures test"})
-    assert r.status_code == 200, r.text
+    shifted = gpu1.svids.clock
+    monkeypatch.setattr(gpu1.svids, "clock", time.time)
+    by_x509, by_jwt = NAMES[-1], NAMES[-2]
+    victim, victim2 = (f"spiffe://example.org/tenant/acme/group/train/{n}" for n in (by_x509, by_jwt))
+    jwts = {n: gpu1.svids.jwt(f"acme/train/{n}", ["db"]) for n in (NAMES[0], by_x509, by_jwt)}
+    assert all(j is not None for j in jwts.values())
+    for name in (by_x509, by_jwt):
+        r = served.env.call("POST", f"/v1/tenants/acme/groups/train/workloads/{name}/revoke", "security",
+                            json={"reason": "renewal failures test"})
+        assert r.status_code == 200, r.text
+    assert gpu1.svids.jwt(f"acme/train/{by_jwt}", ["other"]) is None  # 403 for another audience
+    assert gpu1.svids.jwt(f"acme/train/{by_jwt}", ["db"]) is None  # was the held one: the workload is revoked
+    monkeypatch.setattr(gpu1.svids, "clock", shifted)
     gpu1.svids.renew_due()
+    monkeypatch.setattr(gpu1.svids, "clock", time.time)
     held = _held(gpu1)
-    assert victim not in held  # 403: dropped at once
-    assert set(held) == IDS - {victim} and all(held[i] != before[i] for i in held)
-    assert set(serials(gpu1)) == IDS - {victim}
+    assert victim not in held and victim2 not in held  # 403: dropped at once
+    assert set(held) == IDS - {victim, victim2} and all(held[i] != before[i] for i in held)
+    assert set(serials(gpu1)) == IDS - {victim, victim2}
+    assert gpu1.svids.jwt(f"acme/train/{by_x509}", ["db"]) is None  # was the held one: its X.509-SVID was refused
+    assert not [k for k in gpu1.svids._jwt if k[0] in (f"acme/train/{by_x509}", f"acme/train/{by_jwt}")]
+    assert gpu1.svids.jwt(f"acme/train/{NAMES[0]}", ["db"]) == jwts[NAMES[0]]  # another workload's: still held
