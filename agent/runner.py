@@ -104,6 +104,10 @@ class Agent:
                 except (Unreachable, Refused) as exc:
                     wait = retry_wait(self._node_failures, exc.retry_after if isinstance(exc, Refused) else None,
                                       self._jitter)
+                    # never past half of what the held SVID has left: a long Retry-After must not let it expire
+                    # (the node would then need a new join token)
+                    left = (svid.not_after - datetime.now(UTC)).total_seconds()
+                    wait = max(1.0, min(wait, left / 2))
                     self._node_failures += 1
                     self._node_retry_at = time.monotonic() + wait
                     log.warning("node SVID not renewed, the one held (valid until %s) is kept; retrying in %.1fs: "

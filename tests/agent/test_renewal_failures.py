@@ -342,6 +342,35 @@ def test_workloads_asking_jwt_svids_in_a_loop_cannot_get_their_node_rate_limited
     assert all(renewed[i] != before[i] for i in IDS)
 
 
+def test_a_long_retry_after_never_lets_the_node_svid_expire(served: Served, gpu1: Agent,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix (review): the node SVID's renewal waited out the server's Retry-After (up to 660 s) whatever the held
+    SVID had left, so a long one could let it expire, and the node then needs a new join token. The wait is now at most
+    half of what is left."""
+    from datetime import datetime as real_datetime
+    from datetime import timedelta
+
+    import agent.runner as runner
+
+    held = gpu1.identity.svid
+    assert held is not None
+    late = held.not_after - timedelta(seconds=100)  # 100 s of validity left: due, and a long Retry-After coming
+
+    class Late(real_datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Late:
+            return cls.fromtimestamp(late.timestamp(), tz)
+
+    monkeypatch.setattr(runner, "datetime", Late)
+    monkeypatch.setattr(served.env.app.state, "rate_limiter", TokenBucket(rate=0.002, burst=1))  # Retry-After ~500 s
+    with pytest.raises(Refused):
+        for _ in range(3):  # the node spends its bucket
+            gpu1.api.placements()
+    gpu1.maintain(bundle=False)
+    assert gpu1.identity.svid == held
+    assert 0 < gpu1._node_retry_at - time.monotonic() <= 50
+
+
 def test_a_revoked_workload_is_still_dropped(served: Served, gpu1: Agent,  # last: it revokes two
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Last in this module: the revocations stay.
