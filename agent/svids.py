@@ -496,12 +496,14 @@ class WorkloadSvids:
             now = self.clock()
             if entry is not None and now < entry.issued + (entry.expires - entry.issued) / 2:
                 return entry
-            if now < self._jwt_retry_at.get(workload, 0.0):  # the server failed a moment ago: not asked before then
-                return self._jwt_held(workload, entry, now, AgentError("waiting to retry"))
-            if self._jwt_asks.take(workload) > 0 or self._jwt_node.take("node") > 0:  # over the agent's bounds
+            # not asked of the server (said once, when it failed or never: a workload asking in a loop must not
+            # flood the log): the server failed a moment ago, or this is over the agent's bounds
+            waiting = now < self._jwt_retry_at.get(workload, 0.0)
+            if waiting or self._jwt_asks.take(workload) > 0 or self._jwt_node.take("node") > 0:
                 if entry is not None and now < entry.expires:
                     return entry
-                raise RetryLater(f"{workload}: JWT-SVIDs asked for too often; retry")
+                why = "waiting to retry after the server's refusal" if waiting else "JWT-SVIDs asked for too often"
+                raise RetryLater(f"{workload}: no JWT-SVID yet ({why}); retry")
             try:
                 issued = self.api.jwt_svid(workload, sorted(audience))
             except Refused as exc:
