@@ -477,17 +477,20 @@ class WorkloadSvids:
     def _jwt_held(workload: str, entry: JwtEntry | None, now: float, exc: AgentError) -> JwtEntry:
         """The held JWT-SVID while it is valid (a fetch failed transiently); RetryLater when there is none."""
         if entry is not None and now < entry.expires:
-            log.warning("%s: JWT-SVID not renewed, the one held is kept while valid: %s", workload, exc)
             return entry
         raise RetryLater(f"{workload}: no JWT-SVID yet ({exc}); retry")
 
-    def _jwt_later(self, workload: str, retry_after: float | None) -> None:
+    def _jwt_later(self, workload: str, retry_after: float | None, exc: AgentError) -> None:
         """A JWT-SVID fetch for `workload` failed on the server's side (429, 5xx, no answer): none is asked for it
         again before the server's Retry-After, or a backoff (retry_wait), as for its X.509-SVID: never in a loop, and
-        the agent's lock is not taken for one more request that would time out. The caller holds the lock."""
+        the agent's lock is not taken for one more request that would time out. Logged here, once per failure. The
+        caller holds the lock."""
         failures = self._jwt_failures.get(workload, 0)
         self._jwt_failures[workload] = failures + 1
-        self._jwt_retry_at[workload] = self.clock() + retry_wait(failures, retry_after, self._jitter)
+        wait = retry_wait(failures, retry_after, self._jitter)
+        self._jwt_retry_at[workload] = self.clock() + wait
+        log.warning("%s: JWT-SVID not fetched, retrying in %.1fs (the one held, if any, is served while valid): %s",
+                    workload, wait, exc)
 
     def jwt(self, workload: str, audience: list[str]) -> JwtEntry | None:
         key = (workload, tuple(sorted(audience)))
@@ -512,10 +515,12 @@ class WorkloadSvids:
                     self._drop_jwts(workload)
                     return None
                 if exc.status == 429 or exc.status >= 500:  # the server's state, not this request's: as X.509's rule
-                    self._jwt_later(workload, exc.retry_after)
+                    self._jwt_later(workload, exc.retry_after, exc)
+                else:  # this request's (400, 409): asked again at the next ask
+                    log.warning("%s: JWT-SVID refused, the one held (if any) is served while valid: %s", workload, exc)
                 return self._jwt_held(workload, entry, now, exc)
             except Unreachable as exc:
-                self._jwt_later(workload, None)
+                self._jwt_later(workload, None, exc)
                 return self._jwt_held(workload, entry, now, exc)
             self._jwt_retry_at.pop(workload, None)
             self._jwt_failures.pop(workload, None)
