@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+import yaml
 
 from agent.device_loop import LoopSettings
 from agent.runner import Agent, AgentConfig
@@ -113,3 +114,16 @@ def workload_stub(channel: Any) -> Any:
 
     # the generated gRPC module has no annotations (as in agent/workload_api.py, which mounts its servicer)
     return workload_pb2_grpc.SpiffeWorkloadAPIStub(channel)  # type: ignore[no-untyped-call]
+
+
+def gpu1_fabric(home: Path, workloads: list[str]) -> Path:
+    """SMALL's fabric with `workloads` (tenant/group/name) more, registered and placed on gpu1 (a host port and an
+    address each, in order): a fabric file in `home`, for served_fabric."""
+    fabric = yaml.safe_load(SMALL.read_text())
+    fabric["nodes"]["gpu1"]["nic"]["host_ports"] += [f"pf1vf{i}" for i in range(len(workloads))]
+    for i, w in enumerate(workloads):
+        fabric["workloads"][w] = None
+        fabric["placements"][w] = {"node": "gpu1", "port": f"pf1vf{i}", "ipv4": f"10.1.1.{10 + i}"}
+    path = home / "fabric.yaml"
+    path.write_text(yaml.safe_dump(fabric))
+    return path

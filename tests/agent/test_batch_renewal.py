@@ -10,7 +10,6 @@ import math
 from collections.abc import Iterator
 
 import pytest
-import yaml
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 
@@ -18,8 +17,7 @@ import agent.svids as agent_svids
 from agent.runner import Agent
 from api.metrics import REQUESTS
 from api.routes.pki import MAX_X509_BATCH
-from tests.agent.harness import Served, served_fabric
-from tests.enforcer.helpers import SMALL
+from tests.agent.harness import Served, gpu1_fabric, served_fabric
 
 pytestmark = pytest.mark.xdist_group("agent-batch")
 N = 10
@@ -29,14 +27,7 @@ WORKLOADS = [f"acme/train/r{i}" for i in range(N)]
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     home = tmp_path_factory.mktemp("agent-batch")
-    fabric = yaml.safe_load(SMALL.read_text())  # gpu1 with a host port for each of N more workloads
-    fabric["nodes"]["gpu1"]["nic"]["host_ports"] += [f"pf1vf{i}" for i in range(N)]
-    for i, w in enumerate(WORKLOADS):
-        fabric["workloads"][w] = None
-        fabric["placements"][w] = {"node": "gpu1", "port": f"pf1vf{i}", "ipv4": f"10.1.1.{10 + i}"}
-    path = home / "fabric.yaml"
-    path.write_text(yaml.safe_dump(fabric))
-    with served_fabric(home / "srv", fabric_file=path) as s:
+    with served_fabric(home / "srv", fabric_file=gpu1_fabric(home, WORKLOADS)) as s:
         yield s
 
 

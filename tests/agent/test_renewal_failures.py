@@ -27,16 +27,14 @@ from typing import Any
 
 import grpc
 import pytest
-import yaml
 
 from agent.api import Refused
 from agent.runner import Agent
 from agent.svids import RETRY_AFTER_MAX
 from api.limits import TokenBucket
 from api.metrics import REQUESTS
-from tests.agent.harness import Served, served_fabric
+from tests.agent.harness import Served, gpu1_fabric, served_fabric
 from tests.agent.test_at_rest import fetch_code, serials
-from tests.enforcer.helpers import SMALL
 
 pytestmark = pytest.mark.xdist_group("agent-renewal-failures")
 N = 4
@@ -48,14 +46,7 @@ BATCH_PATH = "/v1/svids/x509/batch"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     home = tmp_path_factory.mktemp("agent-renewal-failures")
-    fabric = yaml.safe_load(SMALL.read_text())  # gpu1 with a host port for each of N more workloads
-    fabric["nodes"]["gpu1"]["nic"]["host_ports"] += [f"pf1vf{i}" for i in range(N)]
-    for i, name in enumerate(NAMES):
-        fabric["workloads"][f"acme/train/{name}"] = None
-        fabric["placements"][f"acme/train/{name}"] = {"node": "gpu1", "port": f"pf1vf{i}", "ipv4": f"10.1.1.{10 + i}"}
-    path = home / "fabric.yaml"
-    path.write_text(yaml.safe_dump(fabric))
-    with served_fabric(home / "srv", fabric_file=path) as s:
+    with served_fabric(home / "srv", fabric_file=gpu1_fabric(home, [f"acme/train/{n}" for n in NAMES])) as s:
         for i, name in enumerate(NAMES):  # this test's uid is the workload of each
             r = s.env.call("PUT", f"/v1/fabric/placements/acme/train/{name}", "admin", json={
                 "node": "gpu1", "port": f"pf1vf{i}", "ipv4": f"10.1.1.{10 + i}",
