@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from core.errors import InvalidInput, NotFound, TrustfabricError
+
+if TYPE_CHECKING:
+    from audit.verify.report import VerifyReport
 
 
 class AuditError(TrustfabricError):
@@ -119,6 +124,6 @@ class Unproven(VerificationError):
 
     kind = "unproven"
 
-    def __init__(self, message: str, report: object) -> None:
+    def __init__(self, message: str, report: VerifyReport) -> None:
         super().__init__(message)
         self.report = report

@@ -49,9 +49,12 @@ def root(
 ) -> None:
     """A profile named on the command line must exist for every command but `login` (which makes it), the offline
     ones and those TRUSTFABRIC_HOME points at a data directory included: a mistyped name is a usage error before
-    any work, never a command run silently without the profile its caller asked for."""
+    any work, never a command run silently without the profile its caller asked for. Except a help request
+    (`-p typo tenant --help`): help does no work, and its text is what such a caller needs (a later lookup of the
+    profile, should `--help` have been an option's value, is the same usage error)."""
     config.select(profile)
-    if profile is not None and ctx.invoked_subcommand != "login":
+    asks_help = bool(set(ctx.obj or ()) & set(ctx.help_option_names))  # ctx.obj: main()'s argv
+    if profile is not None and ctx.invoked_subcommand != "login" and not asks_help:
         config.selected_profile()
 
 
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     config.select(None)
     try:
-        code = _command()(args=argv, prog_name="trustfabric", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        code = _command()(args=args, prog_name="trustfabric", standalone_mode=False, obj=tuple(args))
     except NoArgsIsHelpError as exc:
         if exc.ctx is not None:
             print(exc.ctx.get_help())

@@ -195,9 +195,12 @@ def verify_cmd(
         report = verify_export(file, key, since=kept)
     except Unproven as exc:
         if machine_output():
-            emit({"ok": False, "kind": exc.kind, "index": None, "line": None, "reason": str(exc)})
+            checked = exc.report  # what was verified: every event's proof held, completeness did not
+            emit({"ok": False, "kind": exc.kind, "index": None, "line": None, "reason": str(exc),
+                  "events": checked.events, "tree_size": checked.tree_size, "origin": checked.origin})
         else:
-            err_console.print(f"UNPROVEN: nothing was found altered, but {exc}", highlight=False, markup=False)
+            err_console.print(f"UNPROVEN: nothing was found altered in {exc.report.events} event(s), but {exc}",
+                              highlight=False, markup=False)
         raise typer.Exit(EXIT_UNPROVEN) from None
     except VerificationError as exc:
         if machine_output():

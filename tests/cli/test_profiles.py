@@ -137,3 +137,15 @@ def test_a_profile_named_on_the_command_line_must_exist_for_every_command(cli: C
                    input=f"{signed['admin']}\n", **env)
     assert made.returncode == 0 and "profile 'nope' saved" in made.stdout, made.stderr
     assert cli.run("--profile", "nope", "policy", "validate", REGO, **env).returncode == 0
+
+
+def test_help_is_shown_whatever_profile_is_named(cli: Cli, signed: dict[str, object]) -> None:
+    """Should fix: `--profile typo tenant --help` gave the usage error of the missing profile instead of the help
+    text: help does no work, and its text is what such a caller needs. The command itself is still refused."""
+    env = signed["env"]
+    assert isinstance(env, dict)
+    for argv in (("tenant", "--help"), ("policy", "validate", "--help"), ("--help",)):
+        r = cli.run("--profile", "nope", *argv, **env)
+        assert r.returncode == 0 and "Usage: trustfabric" in r.stdout, (argv, r.returncode, r.stderr)
+    r = cli.run("--profile", "nope", "tenant", "list", **env)
+    assert r.returncode == 2 and "--profile nope: no such profile" in r.stderr, r.stderr
