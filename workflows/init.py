@@ -18,7 +18,7 @@ from audit.checkpoint import AUDIT_KEY_ID
 from audit.models import AuditEvent
 from core.clock import as_utc
 from core.errors import InvalidInput
-from keys.deployment import read_deployment_id
+from keys.deployment import ORIGIN_INIT, ORIGIN_UPGRADE, read_deployment_id
 from keys.errors import KeyNotFound
 from keys.intents import ABANDONED_AFTER, forget, intents
 from keys.models import Deployment
@@ -35,7 +35,7 @@ from policy import service as policy_service
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
 from workflows.context import AppContext
-from workflows.rotation import release_keys
+from workflows.rotation import mark_committed_keys, release_keys
 
 _log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
                     f"{exc}: it is not the key store trust domain {found} in the database was made with; give this "
                     "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
                     "PKCS#11 token)") from None
-    ensure_deployment(ctx)  # before any key is made: the keys of a PKCS#11 token carry it
+    ensure_deployment(ctx, upgrade=found is not None)  # before any key is made: the keys of a PKCS#11 token carry it
     ensure_signing_keys(ctx)
     # a token's first CA keys: their intents commit before the transaction that makes them (keys/intents.py)
     reserved = None
@@ -95,23 +95,28 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
             "admin_token_expires_at": expires_at, "policy_version": policy_version}
 
 
-def ensure_deployment(ctx: AppContext) -> str:
+def ensure_deployment(ctx: AppContext, *, upgrade: bool = False) -> str:
     """This database's deployment id (keys/deployment.py): made by the first init on a database without one, with an
     audit event `deployment.create`, in a transaction of its own that commits before init makes any key, so that the
     keys of an init killed midway carry the id later starts read. Written once: replicas starting together on one
-    PostgreSQL race for the row, and the loser reads the winner's (the row's primary key decides)."""
+    PostgreSQL race for the row, and the loser reads the winner's (the row's primary key decides).
+
+    `upgrade`: the database holds a trust domain already, made before it had a deployment id, so its keys carry no
+    marker: origin `upgrade`, whose lookups use unmarked keys as before. Else `init`: every key of this deployment is
+    marked from birth, and an unmarked key in the token is never used (keys/pkcs11.py)."""
     with ctx.db.statement() as conn:
         found = read_deployment_id(conn)
     if found is not None:
         return found
     made = secrets.token_hex(16)
+    origin = ORIGIN_UPGRADE if upgrade else ORIGIN_INIT
     try:
         with ctx.db.session() as session:
-            session.add(Deployment(id=1, deployment_id=made, created_at=ctx.clock()))
+            session.add(Deployment(id=1, deployment_id=made, created_at=ctx.clock(), origin=origin))
             session.flush()
             record(session, actor=Actor.system("init"), action="deployment.create", object_type="deployment",
-                   object_id=made, summary={"marks": "the keys this database makes in a PKCS#11 token (CKA_ID)"},
-                   at=ctx.clock())
+                   object_id=made, summary={"marks": "the keys this database makes in a PKCS#11 token (CKA_ID)",
+                                            "origin": origin}, at=ctx.clock())
     except IntegrityError:  # another replica starting at once wrote it first: theirs is the one
         pass
     with ctx.db.statement() as conn:
@@ -135,10 +140,19 @@ def ensure_signing_keys(ctx: AppContext) -> None:
         ensure_audit_key(ctx.keystore)
         ensure_issuer_key(ctx.keystore)
         return
+    keystore = ctx.keystore
+    if not keystore.adopts_unmarked():  # made with markers: an unmarked key of these labels is not its own
+        owners = keystore.key_owners()
+        planted = [k for k in (AUDIT_KEY_ID, API_ISSUER_KEY_ID) if k in owners and owners[k] is None]
+        if planted:
+            _log.warning("%r holds key(s) without a deployment marker labelled %s: not used (this deployment was made "
+                         "with markers; an unmarked key is another's, or planted); it signs with keys of its own, made "
+                         "now if missing; an operator judges whose the unmarked ones are", keystore,
+                         ", ".join(planted))
     with ctx.db.session() as session:
         session.exec(select(Deployment.id).where(col(Deployment.id) == 1).with_for_update()).first()
-        ensure_audit_key(ctx.keystore)
-        ensure_issuer_key(ctx.keystore)
+        ensure_audit_key(keystore)
+        ensure_issuer_key(keystore)
 
 
 def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore | MarkedKeyStore) -> list[str]:
@@ -197,6 +211,14 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     leave every later backup, or a point-in-time recovery, unable to start; it is left, and named in one warning line
     each start ("no CA row and no intent ..."), for an operator to judge.
 
+    And only when the token says the key was never committed: a backup taken between a rotation's intents commit and
+    its own holds the intents and no CA row, yet that rotation committed (in the live database, or a later state of
+    this one). The token, never restored with a database, witnesses it: each key a committed CA row names is marked
+    committed there after that commit (workflows/rotation.py mark_committed_keys; first here, for keys the CA rows of
+    this database name whose mark a stopped process left undone, or made before the token was a witness). A key of
+    this deployment the token says was committed and no CA row here names is left, named in one warning line each
+    start ("committed by a later state of this deployment: not destroyed").
+
     A token may be shared by several deployments (trust domains, databases): only keys whose marker (CKA_ID,
     keys/deployment.py) names this database's deployment id are ever taken, only ids of the CA key form
     (pki.ca.CA_KEY_ID_RE; never the audit or API-issuer key), decided under the trust domain settings lock every
@@ -215,7 +237,10 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     with ctx.db.statement() as conn:
         mine = read_deployment_id(conn)
         intended = intents(conn, mine) if mine is not None else {}
+    if mine is not None:
+        mark_committed_keys(ctx, keystore)  # the keys this database names: never destroyed, and now witnessed
     owners = keystore.key_owners()
+    committed = keystore.committed_ids()
     held = [k for k, owner in owners.items() if mine is not None and owner == mine]
     unmarked = [k for k, owner in owners.items() if owner is None and CA_KEY_ID_RE.fullmatch(k)]
     with ctx.db.read_session() as session:  # a first look, without the lock
@@ -227,20 +252,28 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
         _log.warning("%r holds %d CA key(s) without a deployment marker that no CA generation of this database "
                      "uses, left as they are (made before keys were marked, or by another deployment or software; "
                      "an operator judges whose): %s", keystore, len(unclaimed), ", ".join(unclaimed))
-    unknown = [k for k in candidates if k not in intended and k not in recorded]
+    later = [k for k in candidates if k in committed]
+    if later:
+        _log.warning("%r holds %d CA key(s) of this deployment that no CA row of this database names and that the "
+                     "token says were committed: committed by a later state of this deployment: not destroyed (a "
+                     "restored backup, or a copy started against the production token?): %s", keystore, len(later),
+                     ", ".join(later))
+    unknown = [k for k in candidates if k not in intended and k not in recorded and k not in committed]
     if unknown:
         _log.warning("%r holds %d CA key(s) of this deployment with no CA row and no intent: made after this "
                      "database's state — a restored backup? — left as it is: %s", keystore, len(unknown),
                      ", ".join(unknown))
     stale = _stale_intents(ctx, intended, named, set(held))
-    if mine is None or (not stale and not [k for k in candidates if k not in unknown]):
+    if mine is None or (not stale and not [k for k in candidates if k not in unknown and k not in committed]):
         return []
     with ctx.db.session() as session:
         unused = unused_ca_key_ids(session, held)  # under the trust domain settings lock
         conn = session.connection()
         intended = intents(conn, mine)
         now_held = {k for k, owner in keystore.key_owners().items() if owner == mine}
-        unused = [k for k in unused if k in now_held]  # still there and still ours, now that no rotation is under way
+        committed = keystore.committed_ids()  # the token's word, read again now that no rotation is under way
+        # still there, still ours and never committed (by any state of this deployment)
+        unused = [k for k in unused if k in now_held and k not in committed]
         # another start (a replica starting at once) recorded some already and destroys them after its commit, or
         # its destroy failed: destroyed here too, but recorded once (its event committed before this lock was had)
         recorded = _recorded(session, unused)
@@ -317,6 +350,7 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
                 named[ca.jwt_key_id] = f"{ca.id} (JWT-SVIDs)"
         intended = intents(session.connection(), mine) if mine is not None else {}
         owners = keystore.key_owners()
+        committed = keystore.committed_ids()
         recorded = _recorded(session, sorted(k for k in owners if k not in named))
     rows = []
     for key_id, owner in sorted(owners.items()):
@@ -329,6 +363,8 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
             verdict = "kept: not a CA key"
         elif owner is None:
             verdict = "kept: unmarked and unused here; an operator judges whose it is"
+        elif key_id in committed:
+            verdict = "kept: committed by a later state of this deployment: not destroyed"
         elif key_id in intended or key_id in recorded:
             verdict = ("destroyed: unused, and this database recorded it was about to make it (a rotation killed "
                        "before its commit; a rotation under way is waited for)")

@@ -2,17 +2,26 @@
 token, the key ids of a generation it will prepare are reserved first, their intents committed in a transaction of
 their own before the rotation's begins (keys/intents.py), so that a start destroys that generation's keys only when
 this rotation's process was killed before its commit, never the keys of a generation a restored backup does not
-know."""
+know.
+
+After the rotation's commit, the keys its CA rows name are marked committed in the token (mark_committed_keys): the
+token is the second witness, which a database backup taken between the intents' commit and the rotation's cannot roll
+back (keys/deployment.py). A process stopped between that commit and the mark leaves keys the database names: the next
+start completes the mark (workflows/init.py discard_unused_token_keys), and so does the next rotation that prepares a
+generation."""
 
 from __future__ import annotations
 
 import logging
+
+from sqlmodel import select
 
 from audit import Actor
 from keys.intents import forget_unmade
 from keys.store import MarkedKeyStore
 from pki import service
 from pki.ca import GenerationKeys, reserve_generation_keys
+from pki.models import CertificateAuthority
 from pki.rotation import prepare_due
 from pki.schedule import RotationStatus
 from workflows.context import AppContext
@@ -57,4 +66,38 @@ def rotate_cas(ctx: AppContext, *, force: bool, actor: Actor, request_id: str | 
         raise
     if reserved is not None and status.prepared != reserved.generation:
         release_keys(ctx, reserved)  # another replica prepared it first: these ids were never made
+    if status.prepared is not None and isinstance(ctx.keystore, MarkedKeyStore):
+        mark_committed_keys(ctx, ctx.keystore)  # committed: the token witnesses it
     return status
+
+
+def named_key_ids(ctx: AppContext) -> set[str]:
+    """Every key id a committed CA row of this database names, in any state (a retired generation's keys too)."""
+    named: set[str] = set()
+    with ctx.db.read_session() as session:
+        for key_id, jwt_key_id in session.exec(select(CertificateAuthority.key_id, CertificateAuthority.jwt_key_id)):
+            named.add(key_id)
+            if jwt_key_id is not None:
+                named.add(jwt_key_id)
+    return named
+
+
+def mark_committed_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list[str]:
+    """Mark committed, in the token, each key of this deployment that a committed CA row names and the token does not
+    say is committed yet: the keys of a rotation (or init) that just committed, of one whose process stopped between
+    its commit and this mark, and the keys made before the token was a witness. The ids marked. Never raises: the
+    commit it follows stands, a key the database names is never destroyed, and the next start tries again."""
+    try:
+        named = named_key_ids(ctx)  # read after the commit: only what is in the database
+        owners = keystore.key_owners()
+        committed = keystore.committed_ids()
+        mine = {k for k, owner in owners.items() if owner is not None and k not in committed}
+        marked = [k for k in sorted(named & mine) if keystore.mark_committed(k)]
+    except Exception as exc:
+        _log.warning("could not mark this deployment's committed CA keys as committed in %r, tried again at the next "
+                     "start: %s: %s", keystore, type(exc).__name__, exc)
+        return []
+    if marked:
+        _log.info("marked %d CA key(s) committed in %r (the token's witness that a CA generation names them): %s",
+                  len(marked), keystore, ", ".join(marked))
+    return marked

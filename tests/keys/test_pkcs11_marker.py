@@ -12,7 +12,7 @@ from pkcs11 import Attribute, KeyType, Mechanism
 from pkcs11.util.ec import encode_named_curve_parameters
 from sqlalchemy import insert
 
-from keys.deployment import TABLE, marker, marker_owner
+from keys.deployment import ORIGIN_UPGRADE, TABLE, marker, marker_owner
 from keys.errors import KeyExists, KeyNotFound
 from keys.pkcs11 import Pkcs11KeyStore, _der_octet_string
 from keys.store import KeyKind, MarkedKeyStore
@@ -84,8 +84,9 @@ def test_lookups_take_this_deployments_key_else_an_unmarked_one_never_anothers(
     exists and delete do not see it, and generate makes one of this deployment's own beside it, which get then
     serves. An unmarked key (made before markers) is used as before, until this deployment has one of its own."""
     module, label = softhsm_token(tmp_path, monkeypatch)
-    with sqlite_db.engine.begin() as conn:
-        conn.execute(insert(TABLE).values(id=1, deployment_id=MINE, created_at=datetime.now(UTC)))
+    with sqlite_db.engine.begin() as conn:  # a deployment whose keys predate markers: it uses unmarked ones
+        conn.execute(insert(TABLE).values(id=1, deployment_id=MINE, created_at=datetime.now(UTC),
+                                          origin=ORIGIN_UPGRADE))
     ks = Pkcs11KeyStore(module, label, PIN, db=sqlite_db)
     try:
         theirs = _raw_pair(ks, "audit-checkpoint", marker(THEIRS, "audit-checkpoint"))

@@ -99,6 +99,10 @@ LANDED = {
         "sqlite": "54025c63135232c51ba0a305c30ad3670c75c17cf1d964f4bf5fb423f8e4ddb7",
         "postgresql": "0de286428fc5093ee8a76358f5f700ef9339d6e8eb13ebd8dfe4c0a0f47b18c7",
     },
+    18: {  # a column: deployment.origin
+        "sqlite": "41476a8e8ff759b4e2380448c1bc3bf74f9a410ba1fe0e1830da241116ca8851",
+        "postgresql": "41476a8e8ff759b4e2380448c1bc3bf74f9a410ba1fe0e1830da241116ca8851",
+    },
 }
 
 
@@ -166,7 +170,7 @@ def test_a_landed_step_never_changes(version: int) -> None:
 
 
 def test_versions_are_global_and_in_order() -> None:
-    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
     with pytest.raises(ValueError, match="distinct, increasing"):
         from store.migrations import migrate as run
 
@@ -298,7 +302,7 @@ def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backe
                     append_old(s.connection(), actor_id=by, actor_kind=kind, action="grant.request",
                                object_type="grant", object_id=gid, tenant=src, at=now)
 
-        assert migrate(db.engine) == [14, 15, 16, 17]
+        assert migrate(db.engine) == [14, 15, 16, 17, 18]
         with db.read_session() as s:
             scoped = dict(s.execute(text("SELECT id, requester_tenant FROM grants")).all())
         assert scoped == {"g-acme-alice": "acme", "g-platform-alice": "", "g-workload": "globex", "g-no-event": ""}
