@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,8 +40,9 @@ from pki.models import CertificateAuthority
 from pki.tokens.service import API_ISSUER_KEY_ID
 from store.db import Database
 from tests.api.conftest import make_settings, open_context
-from tests.keys.stores import _LIST_OBJECTS, PIN, softhsm_token, token_objects
+from tests.keys.stores import _LIST_OBJECTS, PIN, token_objects
 from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
+from tests.workflows.conftest import Token
 from workflows.context import AppContext
 from workflows.init import discard_unused_ca_keys, initialize, token_keys
 from workflows.rotation import reserve_keys, rotate_cas
@@ -49,31 +50,6 @@ from workflows.rotation import reserve_keys, rotate_cas
 pytestmark = pytest.mark.hsm
 
 REPO = Path(__file__).resolve().parents[2]
-Token = tuple[str, str]  # (module, label)
-
-
-@pytest.fixture
-def token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Token:
-    """One SoftHSM2 token, which every deployment of the test shares (SOFTHSM2_CONF in the environment)."""
-    return softhsm_token(tmp_path, monkeypatch)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def new_database(request: pytest.FixtureRequest) -> Callable[[], str | None]:
-    """A new database of its own for each call: a PostgreSQL database's URL, or None (the data directory's SQLite)."""
-    if request.param == "sqlite":
-        return lambda: None
-    server = request.getfixturevalue("postgres_server")
-    return server.create_database  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def deployments() -> Iterator[list[AppContext]]:
-    """The contexts a test opens, closed at its end (token session and database)."""
-    opened: list[AppContext] = []
-    yield opened
-    for ctx in opened:
-        _close(ctx)
 
 
 def _close(ctx: AppContext) -> None:

@@ -1,0 +1,348 @@
+"""The PKCS#11 token as the second witness of a CA key's commit, and no adoption of unmarked keys by a deployment made
+with markers (keys/deployment.py): real SoftHSM2, real SQLite (and PostgreSQL where the intent tests use it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from pkcs11 import Attribute, KeyType, Mechanism
+from pkcs11.util.ec import encode_named_curve_parameters
+
+from audit import ensure_audit_key
+from audit.checkpoint import AUDIT_KEY_ID, audit_signer, load_public_key, public_key_pem
+from audit.errors import VerificationError
+from audit.export import export_events
+from audit.verify import verify_export
+from core.clock import FrozenClock
+from keys.deployment import read_deployment_id
+from keys.errors import KeyNotFound
+from keys.pkcs11 import Pkcs11KeyStore
+from keys.store import KeyKind, Signer
+from pki import service
+from pki.tokens.service import API_ISSUER_KEY_ID, ensure_issuer_key
+from store.db import Database, sqlite_url
+from store.migrations import migrate as run_steps
+from store.readonly import DB_FILE
+from tests.keys.stores import PIN
+from tests.pki.helpers import ADMIN, TD, register
+from tests.workflows.conftest import Token
+from tests.workflows.test_token_keys import (
+    REPO,
+    _audit_verifies,
+    _cli,
+    _close,
+    _destroyed,
+    _env,
+    _init,
+    _intents,
+    _labels,
+    _named,
+    _open,
+    _public_pem,
+    _signs,
+    _sqlite_copy,
+)
+from workflows.context import AppContext
+from workflows.init import initialize, token_keys
+from workflows.rotation import rotate_cas
+from workflows.schema import STEPS
+
+pytestmark = pytest.mark.hsm
+
+COMMITTED_ELSEWHERE = "kept: committed by a later state of this deployment: not destroyed"
+
+
+def _committed(ctx: AppContext) -> set[str]:
+    """The ids of the deployment's keys whose marker, read from the token, says a committed CA row named them."""
+    assert isinstance(ctx.keystore, Pkcs11KeyStore)
+    return ctx.keystore.committed_ids()
+
+
+def _origin(ctx: AppContext) -> str | None:
+    with ctx.db.statement() as conn:
+        value = conn.exec_driver_sql("SELECT origin FROM deployment WHERE id = 1").scalar_one()
+    return None if value is None else str(value)
+
+
+def test_a_start_on_a_backup_taken_mid_rotation_keeps_the_keys_that_rotation_committed(
+        token: Token, deployments: list[AppContext], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: a backup taken after a rotation committed its key intents and before it committed its CA rows
+    holds the intents and no CA row. The rotation then committed (in the live database). A start on that backup (a
+    restore, or a staging copy started against the production token) took the generation's keys for a killed
+    rotation's and destroyed them, irreversibly: the live trust domain's next generation had no keys. Now the token,
+    never restored with a database, says they were committed: the start keeps them, says so in one line and in `ca
+    keys`, and the live database starts and signs with them."""
+    home = tmp_path / "a"
+    a = _open(home, None, token, deployments)
+    _init(a)
+    before = _named(a)
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    real_generate = ks.generate
+    backups: list[set[str]] = []
+
+    def generate_after_the_backup(key_id: str, kind: KeyKind) -> Signer:
+        if not backups:  # the intents committed, the rotation's transaction open: the nightly backup runs now
+            _sqlite_copy(home / DB_FILE, tmp_path / "mid.db")
+            backups.append(_intents(a))
+        return real_generate(key_id, kind)
+
+    ks.generate = generate_after_the_backup  # type: ignore[method-assign]
+    assert rotate_cas(a, force=True, actor=ADMIN).prepared == 2
+    later = _named(a) - before
+    assert len(later) == 3 and backups == [later]  # the backup holds the intents of exactly these keys
+    _close(a)
+    deployments.remove(a)
+    _sqlite_copy(home / DB_FILE, tmp_path / "live.db")
+    _sqlite_copy(tmp_path / "mid.db", home / DB_FILE)  # the restore
+
+    restored = _open(home, None, token, deployments)
+    assert _named(restored) == before and _intents(restored) == later  # intents, and no CA row naming the keys
+    caplog.set_level(logging.WARNING, logger="workflows.init")
+    caplog.clear()
+    assert initialize(restored, None, "ec-p256")["created"] is False
+    assert later <= _labels(token), f"destroyed: {sorted(later - _labels(token))}"
+    assert _destroyed(restored) == []
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init"]
+    assert len(lines) == 1 and lines[0].endswith(
+        "committed by a later state of this deployment: not destroyed (a restored backup, or a copy started against "
+        "the production token?): " + ", ".join(sorted(later))), lines
+    assert {r["key_id"]: r["at_start"] for r in token_keys(restored) if r["key_id"] in later} == dict.fromkeys(
+        later, COMMITTED_ELSEWHERE)
+    _signs(restored)
+    _close(restored)
+    deployments.remove(restored)
+    listed = _cli(_env(home, None, token), "ca", "keys", "--json")  # what an operator sees, in a process of its own
+    assert listed.returncode == 0, listed.stderr
+    assert {r["key_id"]: r["at_start"] for r in json.loads(listed.stdout) if r["key_id"] in later} == dict.fromkeys(
+        later, COMMITTED_ELSEWHERE)
+
+    _sqlite_copy(tmp_path / "live.db", home / DB_FILE)  # the live database: it starts, and signs with generation 2
+    live = _open(home, None, token, deployments)
+    assert initialize(live, None, "ec-p256")["created"] is False
+    assert later <= _named(live) and later <= _labels(token) and _destroyed(live) == []
+    _signs(live)  # (and the start's key check found generation 2's keys: ForeignKeyStore else)
+
+
+# A rotation (or the first init) whose process is killed after its transaction committed and before the token was
+# told (workflows/rotation.py mark_committed_keys): keys.pkcs11.Pkcs11KeyStore.mark_committed is replaced, in this
+# subprocess only, by a stop that says so and sleeps until the test kills the process with SIGKILL.
+_KILLED_AFTER_COMMIT = """
+import sys, time
+from pathlib import Path
+import keys.pkcs11
+from audit import Actor
+from workflows.context import AppContext
+from workflows.init import initialize
+from workflows.rotation import rotate_cas
+from workflows.settings import Settings
+
+what, committed = sys.argv[1], Path(sys.argv[2])
+
+def stop_before_the_mark(self, key_id):
+    committed.write_text("committed")
+    time.sleep(600)
+
+keys.pkcs11.Pkcs11KeyStore.mark_committed = stop_before_the_mark
+ctx = AppContext.open(Settings.from_env(), create=True)
+if what == "rotation":
+    rotate_cas(ctx, force=True, actor=Actor.system("ca-rotator"))
+else:
+    initialize(ctx, None, "ec-p256")
+sys.exit(f"the {what} never marked its keys committed in the token")
+"""
+
+
+def _killed_after_its_commit(what: str, env: dict[str, str], tmp_path: Path) -> None:
+    committed = tmp_path / "committed"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_AFTER_COMMIT, what, str(committed)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not committed.exists():
+            if proc.poll() is not None:
+                raise AssertionError(f"the {what}'s process ended ({proc.returncode}) before it marked its keys: "
+                                     f"{proc.communicate()[1].decode(errors='replace')[-2000:]}")
+            assert time.monotonic() < deadline, f"the {what}'s process never reached the mark"
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("what", ["rotation", "init"])
+def test_a_process_killed_between_its_commit_and_the_tokens_mark_leaves_the_mark_to_the_next_start(
+        what: str, token: Token, new_database: Callable[[], str | None], deployments: list[AppContext],
+        tmp_path: Path) -> None:
+    """The CA rows committed and the process died (kill -9) before it marked their keys committed in the token: the
+    database names the keys, so nothing is destroyed, and the next start marks them."""
+    url = new_database()
+    home = tmp_path / "a"
+    before: set[str] = set()
+    if what == "rotation":
+        a = _open(home, url, token, deployments)
+        _init(a)
+        before = _named(a)
+        assert _committed(a) == before  # init's own keys: marked once its transaction committed
+        _close(a)
+        deployments.remove(a)
+    _killed_after_its_commit(what, _env(home, url, token), tmp_path)
+
+    again = _open(home, url, token, deployments)
+    made = _named(again) - before
+    assert len(made) == 3 and made <= _labels(token)  # committed: the database names them
+    assert not made & _committed(again)  # and the token was never told
+    assert initialize(again, None, "ec-p256")["created"] is False  # the next start
+    assert _committed(again) == _named(again) and made <= _labels(token)
+    assert _destroyed(again) == []
+    if what == "init":
+        with again.db.session() as s:
+            register(s, "acme", "web", "frontend")
+    _signs(again)
+
+
+def _planted(ks: Pkcs11KeyStore, label: str, kind: KeyKind) -> str:
+    """An unmarked key pair made in the token by other means (other software, or someone planting it); its public
+    key (PEM)."""
+    ed25519 = kind is KeyKind.ED25519
+    curve = "1.3.101.112" if ed25519 else "secp256r1"
+    params = ks._session.create_domain_parameters(  # the raw token session
+        KeyType.EC_EDWARDS if ed25519 else KeyType.EC,
+        {Attribute.EC_PARAMS: bytes(encode_named_curve_parameters(curve))}, local=True)
+    pub, _priv = params.generate_keypair(
+        label=label, store=True, mechanism=Mechanism.EC_EDWARDS_KEY_PAIR_GEN if ed25519 else Mechanism.EC_KEY_PAIR_GEN,
+        private_template={Attribute.SIGN: True, Attribute.TOKEN: True},
+        public_template={Attribute.VERIFY: True, Attribute.TOKEN: True})
+    return _pem(Pkcs11KeyStore._public_from(pub, kind))
+
+
+def _pem(public: Any) -> str:
+    pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return str(pem.decode())
+
+
+def test_a_new_deployment_never_adopts_an_unmarked_key_planted_before_its_first_init(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: with no marked key of its own, a deployment took an unmarked key of the label it looks up (meant
+    for keys made before markers existed). So an `audit-checkpoint` and an `api-issuer` key planted in the token
+    before a new deployment's first init became its audit checkpoint key and its API token issuer: whoever planted
+    them (and holds a session on the token) could sign checkpoints over a log of their own, and API tokens. A
+    deployment init makes has markers from birth: it makes keys of its own and says what it left."""
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    planted_audit = _planted(ks, AUDIT_KEY_ID, KeyKind.ED25519)
+    planted_issuer = _planted(ks, API_ISSUER_KEY_ID, KeyKind.EC_P256)
+    _planted(ks, "policy-signing", KeyKind.EC_P256)
+    caplog.set_level(logging.WARNING, logger="workflows.init")
+    caplog.clear()
+    _init(a)
+    assert _origin(a) == "init"
+    ours = {"audit": public_key_pem(audit_signer(ks)), "issuer": _public_pem(a, API_ISSUER_KEY_ID)}
+    assert ours["audit"] != planted_audit and ours["issuer"] != planted_issuer
+    with pytest.raises(KeyNotFound, match=r"'policy-signing' of this deployment in PKCS#11 token .*: the token holds "
+                                          r"one without a deployment marker .* never uses"):
+        ks.get("policy-signing")
+    assert not ks.exists("policy-signing")
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init"]
+    assert len(lines) == 1 and "holds key(s) without a deployment marker labelled audit-checkpoint, api-issuer: not " \
+                               "used" in lines[0], lines
+    out = _export(a)
+    assert verify_export(out, load_public_key(ours["audit"])).events > 3
+    out.seek(0)
+    with pytest.raises(VerificationError):  # its checkpoints were never signed with the planted key
+        verify_export(out, load_public_key(planted_audit))
+    caplog.clear()
+    assert initialize(a, None, "ec-p256")["created"] is False  # the next start: its own keys again, and no line
+    assert {"audit": public_key_pem(audit_signer(ks)), "issuer": _public_pem(a, API_ISSUER_KEY_ID)} == ours
+    assert not [r for r in caplog.records if r.name == "workflows.init"]
+    _signs(a)
+
+
+def _export(ctx: AppContext) -> Any:
+    import io
+
+    out = io.BytesIO()
+    export_events(ctx.db, audit_signer(ctx.keystore), out, clock=ctx.clock)
+    out.seek(0)
+    return out
+
+
+def _pre_marker_database(request: pytest.FixtureRequest, backend: str, home: Path) -> str | None:
+    """A database at schema step 15 (before the deployment id and its markers), its URL (None: the data directory's
+    SQLite file)."""
+    if backend == "postgres":
+        url: str | None = request.getfixturevalue("postgres_server").create_database(migrated=False)
+        db = Database(url)  # type: ignore[arg-type]
+    else:
+        url = None
+        home.mkdir(mode=0o700)
+        db = Database(sqlite_url(home))
+    try:
+        assert run_steps(db.engine, [s for s in STEPS if s.version < 16])[-1] == 15
+    finally:
+        db.dispose()
+    return url
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_deployment_from_before_markers_still_starts_and_uses_its_unmarked_keys(
+        backend: str, token: Token, deployments: list[AppContext], tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    """A database from before schema step 16 whose trust domain, audit key and API issuer key were made in the token
+    without markers (as the code of that time made them): upgraded, it records that its keys predate markers, starts,
+    and signs with the keys it has; its next generation's keys are marked (and committed)."""
+    module, label = token
+    home = tmp_path / "a"
+    url = _pre_marker_database(request, backend, home)
+    old = Database(url or sqlite_url(home))
+    before_markers = Pkcs11KeyStore(module, label, PIN)  # no database: what it makes carries no marker
+    clock = FrozenClock(datetime.now(UTC).replace(microsecond=0))
+    try:
+        with old.session() as s:
+            service.init_trust_domain(s, before_markers, trust_domain=TD, key_kind=KeyKind.EC_P256, clock=clock)
+            register(s, "acme", "web", "frontend")
+        ensure_audit_key(before_markers)
+        ensure_issuer_key(before_markers)
+        old_audit = public_key_pem(audit_signer(before_markers))
+        old_issuer = before_markers.get(API_ISSUER_KEY_ID).public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    finally:
+        before_markers.close()
+        old.dispose()
+
+    a = _open(home, url, token, deployments)  # this version: steps 16 on, then the start
+    held = _labels(token)
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert _origin(a) == "upgrade"
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    assert set(ks.key_owners().values()) == {None} and _labels(token) == held and _destroyed(a) == []
+    assert public_key_pem(audit_signer(ks)) == old_audit and _public_pem(a, API_ISSUER_KEY_ID) == old_issuer
+    _signs(a)
+    assert _audit_verifies(a) > 3
+    assert rotate_cas(a, force=True, actor=ADMIN).prepared == 2
+    made = {k for k in _named(a) if "-g2-" in k}
+    with a.db.statement() as conn:
+        mine = read_deployment_id(conn)
+    assert {ks.key_owners()[k] for k in made} == {mine} and _committed(a) == made
+    _close(a)
+    deployments.remove(a)
+    again = _open(home, url, token, deployments)
+    assert initialize(again, None, "ec-p256")["created"] is False and _destroyed(again) == []
+    assert public_key_pem(audit_signer(again.keystore)) == old_audit
+    _signs(again)
