@@ -338,3 +338,42 @@ def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backe
         assert isinstance(retried, Grant) and retried.id == theirs.grant.id
     finally:
         db.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize(("history", "origin"), [
+    (("ca.init", "deployment.create"), "upgrade"),  # a trust domain from before markers, then its deployment id
+    (("deployment.create", "ca.init"), "init"),  # init made the id first: its keys were marked from birth
+    (("deployment.create",), "init"),  # an init that has not made its trust domain yet
+])
+def test_step_18_tells_a_deployment_whose_keys_predate_markers_from_one_born_with_them(
+        backend: str, history: tuple[str, ...], origin: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """A database at step 17 holds a deployment row the code of that time wrote, which does not say whether its keys
+    predate markers. The audit log does: step 18 records `upgrade` only when the trust domain was made before the
+    deployment id; such a deployment alone may use unmarked keys (keys/deployment.py)."""
+    from datetime import UTC, datetime
+
+    from audit import Actor, record
+    from store.migrations import migrate as run
+
+    if backend == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        db = Database(server.create_database(migrated=False))
+    else:
+        db = Database(sqlite_url(tmp_path))
+    now = datetime(2026, 12, 1, 9, tzinfo=UTC)
+    try:
+        assert run(db.engine, [s for s in STEPS if s.version < 18])[-1] == 17
+        with db.session() as s:
+            for action in history:
+                if action == "deployment.create":
+                    s.connection().exec_driver_sql(
+                        "INSERT INTO deployment (id, deployment_id, created_at) VALUES (1, %s, %s)"
+                        if backend == "postgres" else
+                        "INSERT INTO deployment (id, deployment_id, created_at) VALUES (1, ?, ?)", ("d" * 32, now))
+                record(s, actor=Actor.system("init"), action=action, object_type="x", object_id="d" * 32, at=now)
+        assert migrate(db.engine) == [18]
+        with db.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT origin FROM deployment").scalars().all() == [origin]
+    finally:
+        db.dispose()
