@@ -7,7 +7,10 @@ row for the keys of the generations committed after that backup, and destroying 
 every later backup, or a point-in-time recovery, unable to start. So a rotation (or init) first commits a row per key
 id it will make, in a transaction of its own, and only then begins its own transaction and makes the keys; the
 transaction that commits the CA rows naming them deletes those rows. A start destroys an unused marked key only when
-a row here names it; a key without one was made after this database's state (a restored backup) and is left.
+a row here names it; a key without one was made after this database's state (a restored backup) and is left. And
+only when the token does not say the key was committed (keys/deployment.py): a backup taken between the intents'
+commit and the rotation's holds the intents and no CA row, yet the rotation committed; the token, never restored with
+a database, is marked once the CA rows naming the key have committed, and such a key is left too.
 
 Bookkeeping, not a change an auditor judges: a row grants nothing, makes no key and names no trust (the `key_blobs`
 rows of keys/shared.py are written without an event too). What a row enables, destroying a key, commits with its
