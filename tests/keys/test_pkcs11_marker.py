@@ -14,7 +14,7 @@ from sqlalchemy import insert
 
 from keys.deployment import ORIGIN_UPGRADE, TABLE, marker, marker_owner
 from keys.errors import KeyExists, KeyNotFound
-from keys.pkcs11 import Pkcs11KeyStore, _der_octet_string
+from keys.pkcs11 import Pkcs11KeyStore, Pkcs11Signer, _der_octet_string
 from keys.store import KeyKind, MarkedKeyStore
 from store.db import Database
 from tests.keys.stores import PIN, softhsm_token, token_objects
@@ -133,7 +133,9 @@ def test_a_committed_mark_keeps_lookups_and_stops_destroy_marked_even_half_set(
         assert ks.committed_ids() == set()
         assert ks.mark_committed("ca-g1-root-01010101") is True
         assert ks.mark_committed("ca-g1-root-01010101") is False  # marked already
-        half = ks.get("ca-g1-issuing-01010101").handle  # its private object only: as a stopped process leaves it
+        signer = ks.get("ca-g1-issuing-01010101")
+        assert isinstance(signer, Pkcs11Signer)
+        half = signer.handle  # its private object only: as a process stopped between the two writes leaves it
         half[Attribute.ID] = marker(MINE, "ca-g1-issuing-01010101") + b"/committed"
         assert ks.committed_ids() == {"ca-g1-root-01010101", "ca-g1-issuing-01010101"}
         assert ks.key_owners() == dict.fromkeys(
