@@ -137,6 +137,79 @@ def test_a_start_on_a_backup_taken_mid_rotation_keeps_the_keys_that_rotation_com
     _signs(live)  # (and the start's key check found generation 2's keys: ForeignKeyStore else)
 
 
+def _pg_copy(source_url: str, target_url: str) -> None:
+    """A logical copy of a PostgreSQL database's committed rows (one snapshot) into a migrated one: what a backup job
+    restores into staging. Triggers are off while it writes (session_replication_role), as pg_restore's data load."""
+    from sqlmodel import SQLModel
+
+    source, target = Database(source_url), Database(target_url)
+    try:
+        with source.engine.connect() as src, target.engine.begin() as dst:
+            src.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            dst.exec_driver_sql("SET session_replication_role = replica")
+            tables = SQLModel.metadata.sorted_tables
+            for table in reversed(tables):
+                dst.execute(table.delete())
+            for table in tables:
+                rows = [dict(r._mapping) for r in src.execute(table.select())]
+                if rows:
+                    dst.execute(table.insert(), rows)
+                for column in table.primary_key.columns:
+                    if column.autoincrement is True or (column.autoincrement == "auto" and column.type.python_type
+                                                        is int and len(table.primary_key.columns) == 1):
+                        dst.exec_driver_sql(
+                            f"SELECT setval(pg_get_serial_sequence('{table.name}', '{column.name}'), "  # noqa: S608
+                            f"(SELECT coalesce(max({column.name}), 0) + 1 FROM {table.name}), false)")
+    finally:
+        source.dispose()
+        target.dispose()
+
+
+@pytest.mark.postgres
+def test_a_staging_copy_taken_mid_rotation_keeps_the_keys_production_committed(
+        token: Token, postgres_server: Any, deployments: list[AppContext], tmp_path: Path) -> None:
+    """The same window on PostgreSQL, production running on: a copy of production's database taken after a rotation
+    committed its intents and before its commit is started as staging against the production token. Staging keeps
+    the keys production committed (the token says so), and production signs on with its new generation."""
+    live_url = postgres_server.create_database()
+    staging_url = postgres_server.create_database()
+    a = _open(tmp_path / "prod", live_url, token, deployments)
+    _init(a)
+    before = _named(a)
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    real_generate = ks.generate
+    copied: list[bool] = []
+
+    def generate_after_the_copy(key_id: str, kind: KeyKind) -> Signer:
+        if not copied:  # the intents committed, the rotation's transaction open (its rows invisible to the copy)
+            _pg_copy(live_url, staging_url)
+            copied.append(True)
+        return real_generate(key_id, kind)
+
+    ks.generate = generate_after_the_copy  # type: ignore[method-assign]
+    assert rotate_cas(a, force=True, actor=ADMIN).prepared == 2
+    ks.generate = real_generate  # type: ignore[method-assign]
+    later = _named(a) - before
+    assert len(later) == 3
+    _close(a)  # (a process logs in to a token once: staging's start gets this one's place, as on another host)
+    deployments.remove(a)
+
+    staging = _open(tmp_path / "staging", staging_url, token, deployments)
+    assert _named(staging) == before and _intents(staging) == later
+    assert initialize(staging, None, "ec-p256")["created"] is False
+    assert later <= _labels(token), f"destroyed: {sorted(later - _labels(token))}"
+    assert _destroyed(staging) == []
+    assert {r["key_id"]: r["at_start"] for r in token_keys(staging) if r["key_id"] in later} == dict.fromkeys(
+        later, COMMITTED_ELSEWHERE)
+    _close(staging)
+    deployments.remove(staging)
+    a = _open(tmp_path / "prod", live_url, token, deployments)  # production: its keys, and nothing destroyed
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert _destroyed(a) == [] and later <= _labels(token) and later <= _named(a) and later <= _committed(a)
+    _signs(a)
+
+
 # A rotation (or the first init) whose process is killed after its transaction committed and before the token was
 # told (workflows/rotation.py mark_committed_keys): keys.pkcs11.Pkcs11KeyStore.mark_committed is replaced, in this
 # subprocess only, by a stop that says so and sleeps until the test kills the process with SIGKILL.
