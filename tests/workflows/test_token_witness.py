@@ -154,11 +154,10 @@ def _pg_copy(source_url: str, target_url: str) -> None:
                 rows = [dict(r._mapping) for r in src.execute(table.select())]
                 if rows:
                     dst.execute(table.insert(), rows)
-                for column in table.primary_key.columns:
-                    if column.autoincrement is True or (column.autoincrement == "auto" and column.type.python_type
-                                                        is int and len(table.primary_key.columns) == 1):
+                for column in table.primary_key.columns:  # a serial key's sequence goes on after the copied rows
+                    if len(table.primary_key.columns) == 1 and column.type.python_type is int:  # (NULL: no sequence)
                         dst.exec_driver_sql(
-                            f"SELECT setval(pg_get_serial_sequence('{table.name}', '{column.name}'), "  # noqa: S608
+                            f"SELECT setval(pg_get_serial_sequence('{table.name}', '{column.name}'), "
                             f"(SELECT coalesce(max({column.name}), 0) + 1 FROM {table.name}), false)")
     finally:
         source.dispose()
