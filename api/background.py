@@ -87,11 +87,13 @@ def sweep_grants(ctx: AppContext) -> list[str]:
 def rotate_cas(ctx: AppContext) -> None:
     """SPIRE's schedule: prepare at half life, activate at 1/6 before expiry; nothing due, nothing written."""
     from pki.service import trust_domain
+    from workflows.init import tend_token_keys
     from workflows.rotation import rotate_cas as rotate
 
     with ctx.db.read_session() as session:
         if trust_domain(session) is None:
             return
+    tend_token_keys(ctx)  # a PKCS#11 token: committed keys marked, a killed rotation's old keys destroyed
     rotate(ctx, force=False, actor=Actor.system("ca-rotator"))
 
 

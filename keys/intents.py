@@ -34,7 +34,12 @@ TABLE: Table = KeyIntent.__table__  # type: ignore[attr-defined]
 
 # An intent whose key was never made (the rotation failed first, or found the generation made by another replica) is
 # removed by the start's sweep once this old: a rotation that wrote its intent and waits for the lock is not robbed.
+# And a start destroys an unused, never committed key an intent names only once the intent is this old: a copy of the
+# database (a staging copy, a restored backup) started against the token while the live rotation is between making
+# its keys and its commit holds the intents and sees no CA row nor committed mark; the live rotation commits well
+# within COMMIT_WITHIN of its intents (else it rolls back: workflows/rotation.py), and marks them right after.
 ABANDONED_AFTER = timedelta(minutes=10)
+COMMIT_WITHIN = ABANDONED_AFTER / 2  # the margin: clock skew between hosts, the COMMIT itself, the mark after it
 
 
 def record_intents(db: Database, key_ids: Iterable[str], deployment_id: str, now: datetime) -> None:

@@ -35,7 +35,7 @@ from policy import service as policy_service
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
 from workflows.context import AppContext
-from workflows.rotation import mark_committed_keys, release_keys
+from workflows.rotation import commit_in_time, mark_committed_keys, release_keys
 
 _log = logging.getLogger(__name__)
 
@@ -60,8 +60,9 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
     ensure_signing_keys(ctx)
     # a token's first CA keys: their intents commit before the transaction that makes them (keys/intents.py)
     reserved = None
+    reserved_at = ctx.clock()
     if found is None and isinstance(ctx.keystore, MarkedKeyStore):
-        reserved = reserve_generation_keys(ctx.db, ctx.clock())
+        reserved = reserve_generation_keys(ctx.db, reserved_at)
     try:
         with ctx.db.session() as session:
             # serve without --trust-domain keeps whatever init created
@@ -70,6 +71,7 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
                 session, ctx.keystore, trust_domain=trust_domain, key_kind=KeyKind(key_kind), clock=ctx.clock,
                 reserved=reserved,
             )
+            commit_in_time(ctx, reserved, reserved_at, reserved.generation if created and reserved else None)
             token = expires_at = None
             if not has_admin_token(session):
                 ttl = ctx.settings.bootstrap_token_ttl
@@ -219,6 +221,13 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     this deployment the token says was committed and no CA row here names is left, named in one warning line each
     start ("committed by a later state of this deployment: not destroyed").
 
+    And only once its intent is keys.intents.ABANDONED_AFTER old: a copy of this database (staging, a restore)
+    started against the token while the live rotation is between making its keys and its commit sees intents, no CA
+    row and no mark, as after a kill. The live rotation commits within COMMIT_WITHIN of its intents or rolls back
+    (workflows/rotation.py commit_in_time), and marks them right after, so by then the token says committed, or the
+    keys are a killed rotation's. A younger one is left for a later start, named in one warning line ("left for a
+    later start").
+
     A token may be shared by several deployments (trust domains, databases): only keys whose marker (CKA_ID,
     keys/deployment.py) names this database's deployment id are ever taken, only ids of the CA key form
     (pki.ca.CA_KEY_ID_RE; never the audit or API-issuer key), decided under the trust domain settings lock every
@@ -231,7 +240,9 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     its commit, or by a start whose destroy failed) destroys it unrecorded.
 
     The same transaction deletes the intents left without a purpose: of keys a CA row names (a rotation's own
-    transaction deletes them; this is for any it could not), and of keys the token does not hold, once older than
+    transaction deletes them; this is for any it could not), of keys the token says were committed (never destroyed:
+    else each tick of the ca-rotator job, tend_token_keys, would sweep again), and of keys the token does not hold,
+    once older than
     keys.intents.ABANDONED_AFTER (a rotation that failed before making them; a younger one may be a rotation waiting
     for the lock). So the table holds only the intents of rotations under way or killed."""
     with ctx.db.statement() as conn:
@@ -263,7 +274,7 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
         _log.warning("%r holds %d CA key(s) of this deployment with no CA row and no intent: made after this "
                      "database's state — a restored backup? — left as it is: %s", keystore, len(unknown),
                      ", ".join(unknown))
-    stale = _stale_intents(ctx, intended, named, set(held))
+    stale = _stale_intents(ctx, intended, named | committed, set(held))
     if mine is None or (not stale and not [k for k in candidates if k not in unknown and k not in committed]):
         return []
     with ctx.db.session() as session:
@@ -277,7 +288,12 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
         # another start (a replica starting at once) recorded some already and destroys them after its commit, or
         # its destroy failed: destroyed here too, but recorded once (its event committed before this lock was had)
         recorded = _recorded(session, unused)
-        unused = [k for k in unused if k in intended or k in recorded]
+        # an intent younger than the bound may be a rotation under way in a copy of this database against this token
+        # (a staging copy, a restore): its keys are left for a later start, by when that rotation has committed and
+        # marked them (rotate_cas rolls back one that could not commit in time), or was killed
+        now = ctx.clock()
+        young = sorted(k for k in unused if k in intended and k not in recorded and not _old(intended[k], now))
+        unused = [k for k in unused if k in recorded or (k in intended and k not in young)]
         for key_id in unused:
             if key_id in recorded:
                 continue
@@ -286,7 +302,13 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
                                       "(a rotation killed before its commit, or one that rolled back)",
                             "key_store": "pkcs11", "deployment": mine,
                             "intent_at": as_utc(intended[key_id]).isoformat()}, at=ctx.clock())
-        forget(conn, [*unused, *_stale_intents(ctx, intended, _named_key_ids(session), now_held)])
+        forget(conn, [*unused, *_stale_intents(ctx, intended, _named_key_ids(session) | committed, now_held)])
+    if young:
+        due = min(as_utc(intended[k]) for k in young) + ABANDONED_AFTER
+        _log.warning("%r holds %d CA key(s) of this deployment that no CA row names, made under an intent younger than "
+                     "%s: left for a later start (a rotation under way in a copy of this database, against this "
+                     "token, may yet commit them); a start from %s destroys them if still unused and never committed: "
+                     "%s", keystore, len(young), _minutes(ABANDONED_AFTER), due.isoformat(), ", ".join(young))
     destroyed, failed = [], []
     for key_id in unused:
         try:
@@ -304,6 +326,27 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
         _log.warning("could not destroy %d unused CA key(s) in %r, tried again at the next start: %s", len(failed),
                      keystore, "; ".join(failed))
     return destroyed
+
+
+def tend_token_keys(ctx: AppContext) -> list[str]:
+    """The ca-rotator job's tick on every replica (api/background.py), for a PKCS#11 token: the keys CA rows name are
+    marked committed in the token (workflows/rotation.py mark_committed_keys; a CA row naming no new key costs no token
+    read), and once an intent of this deployment is ABANDONED_AFTER old, the start's sweep runs
+    (discard_unused_token_keys). Why not only at a start: a replica killed between its rotation's commit and the mark
+    left the keys unmarked while the others served on, and a copy of the database taken mid-rotation (a staging copy
+    started against the token) could destroy them; and a process killed before its commit and restarted at once
+    leaves keys whose intents are young, left by that start. The ids destroyed; a file key store: []."""
+    keystore = ctx.keystore
+    if not isinstance(keystore, MarkedKeyStore):
+        return []
+    mark_committed_keys(ctx, keystore)
+    with ctx.db.statement() as conn:
+        mine = read_deployment_id(conn)
+        intended = intents(conn, mine) if mine is not None else {}
+    now = ctx.clock()
+    if not any(_old(at, now) for at in intended.values()):
+        return []
+    return discard_unused_token_keys(ctx, keystore)
 
 
 def _recorded(session: Any, key_ids: list[str]) -> set[str]:
@@ -324,8 +367,19 @@ def _named_key_ids(session: Any) -> set[str]:
     return named
 
 
+def _old(intent_at: Any, now: Any) -> bool:
+    """Whether an intent made at `intent_at` is at least ABANDONED_AFTER old at `now`: its rotation, wherever it ran,
+    has committed (and marked its keys) or never will (workflows/rotation.py COMMIT_WITHIN)."""
+    return bool(now - as_utc(intent_at) >= ABANDONED_AFTER)
+
+
+def _minutes(delta: Any) -> str:
+    return f"{int(delta.total_seconds() // 60)} minutes"
+
+
 def _stale_intents(ctx: AppContext, intended: dict[str, Any], named: set[str], held: set[str]) -> list[str]:
-    """The intents without a purpose: of a key a CA row names, or of a key not held, older than ABANDONED_AFTER."""
+    """The intents without a purpose: of a key a CA row (or the token's committed mark) names, or of a key not held,
+    older than ABANDONED_AFTER."""
     now = ctx.clock()
     return sorted(k for k, at in intended.items()
                   if k in named or (k not in held and now - as_utc(at) >= ABANDONED_AFTER))
@@ -353,6 +407,7 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
         committed = keystore.committed_ids()
         recorded = _recorded(session, sorted(k for k in owners if k not in named))
     rows = []
+    now = ctx.clock()
     for key_id, owner in sorted(owners.items()):
         ours = mine is not None and owner == mine
         if key_id in named:
@@ -365,9 +420,15 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
             verdict = "kept: unmarked and unused here; an operator judges whose it is"
         elif key_id in committed:
             verdict = "kept: committed by a later state of this deployment: not destroyed"
-        elif key_id in intended or key_id in recorded:
+        elif key_id in recorded or (key_id in intended and _old(intended[key_id], now)):
             verdict = ("destroyed: unused, and this database recorded it was about to make it (a rotation killed "
                        "before its commit; a rotation under way is waited for)")
+        elif key_id in intended:
+            due = as_utc(intended[key_id]) + ABANDONED_AFTER
+            verdict = (f"kept for now: unused, and this database recorded it was about to make it less than "
+                       f"{_minutes(ABANDONED_AFTER)} ago (a rotation under way, here or in a copy of this database "
+                       f"against this token, may yet commit it); a start from {due.isoformat()} destroys it if still "
+                       "unused and never committed")
         else:
             verdict = ("kept: no CA row and no intent: made after this database's state — a restored backup? — "
                        "left as it is")

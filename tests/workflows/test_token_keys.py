@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -173,6 +173,15 @@ def _killed_before_its_commit(what: str, env: dict[str, str], tmp_path: Path) ->
     assert proc.returncode == -signal.SIGKILL
 
 
+def _later_than_a_copys_rotation(ctx: AppContext) -> None:
+    """The start runs ABANDONED_AFTER after the killed process wrote its intents (a younger intent may be a rotation
+    under way in a copy of the database: its keys are left for a later start)."""
+    from keys.intents import ABANDONED_AFTER
+
+    assert isinstance(ctx.clock, FrozenClock)
+    ctx.clock.advance(ABANDONED_AFTER + timedelta(seconds=1))  # (the intents carry microseconds; this clock not)
+
+
 @pytest.mark.parametrize("what", ["rotation", "init"])
 def test_a_start_destroys_the_keys_a_process_killed_before_its_commit_left(
         what: str, token: Token, new_database: Callable[[], str | None], deployments: list[AppContext],
@@ -201,6 +210,7 @@ def test_a_start_destroys_the_keys_a_process_killed_before_its_commit_left(
 
     caplog.set_level(logging.WARNING, logger="workflows.init")
     again = _open(home, url, token, deployments)  # the start after the kill: serve runs init
+    _later_than_a_copys_rotation(again)
     assert _named(again) == named  # the killed process committed no CA row
     if what == "rotation":
         assert initialize(again, None, "ec-p256")["created"] is False
@@ -277,11 +287,14 @@ def _as_b(env: dict[str, str], step: str) -> object:
 
 def _killed_rotations_key(ctx: AppContext, key_id: str) -> None:
     """What a rotation killed before its commit leaves of one key: its intent, committed before it was made
-    (keys/intents.py), and the key, marked as this deployment's."""
+    (keys/intents.py), and the key, marked as this deployment's. Killed a while ago: its intent is ABANDONED_AFTER
+    old (a younger one is left for a later start: a rotation in a copy of the database may be under way)."""
+    from keys.intents import ABANDONED_AFTER
+
     with ctx.db.statement() as conn:
         mine = read_deployment_id(conn)
     assert mine is not None
-    record_intents(ctx.db, [key_id], mine, ctx.clock())
+    record_intents(ctx.db, [key_id], mine, ctx.clock() - ABANDONED_AFTER)
     ctx.keystore.generate(key_id, KeyKind.EC_P256)
 
 
@@ -839,6 +852,7 @@ def test_a_rotation_whose_commit_was_lost_leaves_its_keys_to_the_next_start(
     _close(a)
     deployments.remove(a)
     again = _open(tmp_path / "a", url, token, deployments)
+    _later_than_a_copys_rotation(again)
     assert initialize(again, None, "ec-p256")["created"] is False
     assert not made & _labels(token)
     assert sorted(k for _t, k, _a, _i in _destroyed(again)) == sorted(made)

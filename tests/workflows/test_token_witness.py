@@ -420,3 +420,153 @@ def test_a_deployment_from_before_markers_still_starts_and_uses_its_unmarked_key
     assert initialize(again, None, "ec-p256")["created"] is False and _destroyed(again) == []
     assert public_key_pem(audit_signer(again.keystore)) == old_audit
     _signs(again)
+
+
+def test_a_copy_started_while_the_live_rotation_is_under_way_leaves_that_rotations_keys(
+        token: Token, deployments: list[AppContext], tmp_path: Path) -> None:
+    """Should fix: a copy of the database (a staging copy, a restore) taken after a rotation committed its intents,
+    and started against the production token while that rotation is between making its keys and its commit, found
+    the intents, no CA row and no committed mark, took the keys for a killed rotation's and destroyed them: the live
+    rotation then committed a generation without keys. Now a start destroys such a key only once its intent is
+    ABANDONED_AFTER old (the live rotation commits within COMMIT_WITHIN of it, or rolls back): the copy leaves them,
+    and the live deployment commits, marks and signs with them."""
+    home, copy = tmp_path / "a", tmp_path / "copy"
+    copy.mkdir(mode=0o700)
+    a = _open(home, None, token, deployments)
+    _init(a)
+    before = _named(a)
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    real_generate = ks.generate
+    made: list[str] = []
+    starts: list[subprocess.CompletedProcess[str]] = []
+
+    def generate_then_a_copy_starts(key_id: str, kind: KeyKind) -> Signer:
+        signer = real_generate(key_id, kind)
+        made.append(key_id)
+        if len(made) == 3:  # the generation's keys made, its transaction open: a copy starts, in a process of its own
+            _sqlite_copy(home / DB_FILE, copy / DB_FILE)
+            starts.append(_cli(_env(copy, None, token), "init", "--trust-domain", TD))
+        return signer
+
+    ks.generate = generate_then_a_copy_starts  # type: ignore[method-assign]
+    assert rotate_cas(a, force=True, actor=ADMIN).prepared == 2
+    ks.generate = real_generate  # type: ignore[method-assign]
+    assert len(starts) == 1 and starts[0].returncode == 0, starts[0].stderr[-3000:]
+    assert "left for a later start" in starts[0].stderr, starts[0].stderr[-3000:]
+    later = _named(a) - before
+    assert later == set(made) and later <= _labels(token), f"destroyed: {sorted(later - _labels(token))}"
+    assert later <= _committed(a) and _destroyed(a) == []
+    _signs(a)
+
+
+def test_a_start_destroys_a_killed_rotations_key_only_once_its_intent_is_old(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An unused, never committed key of this deployment named by an intent younger than ABANDONED_AFTER may be a
+    rotation under way in a copy of this database: a start leaves it, says when it will go (log line, `ca keys`),
+    and a start once the intent is that old destroys it."""
+    from keys.intents import ABANDONED_AFTER, record_intents
+
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    _init(a)
+    with a.db.statement() as conn:
+        mine = read_deployment_id(conn)
+    assert mine is not None
+    record_intents(a.db, ["ca-g9-root-0a0a0a0a"], mine, a.clock())  # a rotation's, under way somewhere, or killed
+    a.keystore.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)
+    due = (a.clock() + ABANDONED_AFTER).isoformat()
+    caplog.set_level(logging.WARNING, logger="workflows.init")
+    caplog.clear()
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert "ca-g9-root-0a0a0a0a" in _labels(token) and _destroyed(a) == []
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init"]
+    assert len(lines) == 1 and "made under an intent younger than 10 minutes: left for a later start" in lines[0] \
+        and lines[0].endswith(f"a start from {due} destroys them if still unused and never committed: "
+                              "ca-g9-root-0a0a0a0a"), lines
+    rows = {r["key_id"]: r["at_start"] for r in token_keys(a)}
+    assert rows["ca-g9-root-0a0a0a0a"].startswith("kept for now: unused, and this database recorded it was about to "
+                                                  "make it less than 10 minutes ago") and due in rows[
+        "ca-g9-root-0a0a0a0a"]
+
+    assert isinstance(a.clock, FrozenClock)
+    a.clock.advance(ABANDONED_AFTER)
+    assert {r["key_id"]: r["at_start"] for r in token_keys(a)}["ca-g9-root-0a0a0a0a"].startswith("destroyed: ")
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert "ca-g9-root-0a0a0a0a" not in _labels(token)
+    assert [k for _t, k, _a, _i in _destroyed(a)] == ["ca-g9-root-0a0a0a0a"] and _intents(a) == set()
+    _signs(a)
+
+
+def test_a_rotation_that_cannot_commit_within_its_bound_rolls_back(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    """Should fix: the bound a start waits out before destroying an intent's key holds only if the rotation commits
+    well within it. A rotation that took COMMIT_WITHIN from its intents to its commit (stalled on a lock, a slow
+    token) rolls back instead: its keys destroyed, its intents gone, nothing committed; the next one commits."""
+    from core.errors import Unavailable
+    from keys.intents import COMMIT_WITHIN
+
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    _init(a)
+    before, held = _named(a), _labels(token)
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore) and isinstance(a.clock, FrozenClock)
+    real_generate = ks.generate
+    clock = a.clock
+
+    def slow_generate(key_id: str, kind: KeyKind) -> Signer:
+        clock.advance(COMMIT_WITHIN / 3)
+        return real_generate(key_id, kind)
+
+    ks.generate = slow_generate  # type: ignore[method-assign]
+    with pytest.raises(Unavailable, match="CA generation 2 was not committed: 300 s passed since its key intents"):
+        rotate_cas(a, force=True, actor=ADMIN)
+    ks.generate = real_generate  # type: ignore[method-assign]
+    assert _named(a) == before and _labels(token) == held and _intents(a) == set() and _committed(a) == before
+    assert rotate_cas(a, force=True, actor=ADMIN).prepared == 2
+    assert len(_named(a) - before) == 3 and _committed(a) == _named(a)
+
+
+def test_a_replica_serving_on_marks_the_keys_a_killed_replicas_rotation_committed(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    """Should fix: a replica killed between its rotation's commit and the token's mark left the keys unmarked until
+    some replica started again; the others served on, and all that while a copy of the database taken mid-rotation
+    (a staging copy against the token) could take them for a killed rotation's. Now the CA rotation check every
+    replica runs marks them."""
+    from api.background import rotate_cas as ca_rotator_tick
+
+    url = new_database()
+    home = tmp_path / "a"
+    a = _open(home, url, token, deployments)  # a replica that serves on
+    _init(a)
+    before = _named(a)
+    _killed_after_its_commit("rotation", _env(home, url, token), tmp_path)  # another replica's rotation
+    made = _named(a) - before
+    assert len(made) == 3 and not made & _committed(a)
+    ca_rotator_tick(a)
+    assert _committed(a) == _named(a) and _destroyed(a) == []
+
+
+def test_the_ca_rotation_check_destroys_a_killed_rotations_keys_once_their_intents_are_old(
+        token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
+    """A start right after a kill leaves the killed rotation's keys (their intents are young); the CA rotation check
+    of a serving replica destroys them once the intents are ABANDONED_AFTER old, without waiting for another start."""
+    from api.background import rotate_cas as ca_rotator_tick
+    from keys.intents import ABANDONED_AFTER, record_intents
+
+    a = _open(tmp_path / "a", new_database(), token, deployments)
+    _init(a)
+    with a.db.statement() as conn:
+        mine = read_deployment_id(conn)
+    assert mine is not None
+    record_intents(a.db, ["ca-g9-root-0a0a0a0a"], mine, a.clock())  # killed just now
+    a.keystore.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)
+    assert initialize(a, None, "ec-p256")["created"] is False  # the start right after: left
+    ca_rotator_tick(a)
+    assert "ca-g9-root-0a0a0a0a" in _labels(token) and _destroyed(a) == []
+    assert isinstance(a.clock, FrozenClock)
+    a.clock.advance(ABANDONED_AFTER)
+    ca_rotator_tick(a)
+    assert "ca-g9-root-0a0a0a0a" not in _labels(token) and _intents(a) == set()
+    assert [k for _t, k, _a, _i in _destroyed(a)] == ["ca-g9-root-0a0a0a0a"]
+    _signs(a)
