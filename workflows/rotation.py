@@ -119,8 +119,9 @@ def mark_committed_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list[str]:
         if named <= seen:  # (the ca-rotator job's every tick: no token read unless a CA row names a key not seen)
             return []
         owners = keystore.key_owners()
-        committed = keystore.committed_ids()
-        mine = {k for k, owner in owners.items() if owner is not None and k not in committed}
+        # each named key of this deployment, committed or not: a process stopped between the private object's mark
+        # and the public one's left a pair the token calls committed, and only mark_committed completes it
+        mine = {k for k, owner in owners.items() if owner is not None}
         marked = [k for k in sorted(named & mine) if keystore.mark_committed(k)]
         seen.update(named)  # marked now, marked before, or not this deployment's to mark (unmarked, absent)
     except Exception as exc:

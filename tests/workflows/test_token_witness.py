@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from pkcs11 import Attribute, KeyType, Mechanism
+from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11.util.ec import encode_named_curve_parameters
 
 from audit import ensure_audit_key
@@ -570,3 +570,32 @@ def test_the_ca_rotation_check_destroys_a_killed_rotations_keys_once_their_inten
     assert "ca-g9-root-0a0a0a0a" not in _labels(token) and _intents(a) == set()
     assert [k for _t, k, _a, _i in _destroyed(a)] == ["ca-g9-root-0a0a0a0a"]
     _signs(a)
+
+
+def test_a_start_completes_a_committed_mark_a_stopped_process_left_half_set(
+        token: Token, deployments: list[AppContext], tmp_path: Path) -> None:
+    """Should fix: a process stopped between marking a key's private object committed and its public one left the
+    public object's old marker for ever: mark_committed_keys skipped every key whose private object said committed.
+    The next start completes it."""
+    from keys.deployment import committed_marker, marker
+
+    home = tmp_path / "a"
+    a = _open(home, None, token, deployments)
+    _init(a)
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    key_id = sorted(_named(a))[0]
+    with a.db.statement() as conn:
+        mine = read_deployment_id(conn)
+    assert mine is not None
+    for obj in ks._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: ObjectClass.PUBLIC_KEY}):
+        obj[Attribute.ID] = marker(mine, key_id)  # back to the half-set state: the private object marked, not this
+    _close(a)
+    deployments.remove(a)
+    again = _open(home, None, token, deployments)
+    assert initialize(again, None, "ec-p256")["created"] is False
+    ks = again.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    ids = {bytes(o[Attribute.ID]) for o in ks._session.get_objects({Attribute.LABEL: key_id})}
+    assert ids == {committed_marker(mine, key_id)}
+    _signs(again)
