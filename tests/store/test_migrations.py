@@ -345,9 +345,15 @@ def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backe
     (("ca.init", "deployment.create"), "upgrade"),  # a trust domain from before markers, then its deployment id
     (("deployment.create", "ca.init"), "init"),  # init made the id first: its keys were marked from birth
     (("deployment.create",), "init"),  # an init that has not made its trust domain yet
+    ((), None),  # no deployment row yet (a database from before step 16, or before its first init): nothing to set
+    (("ca.init",), None),  # its row comes at its next start (origin `upgrade`: workflows/init.py)
+    # several deployment.create events (a row removed by hand and written again): the first one decides
+    (("deployment.create", "ca.init", "deployment.create"), "init"),
+    (("ca.init", "deployment.create", "deployment.create"), "upgrade"),
 ])
 def test_step_18_tells_a_deployment_whose_keys_predate_markers_from_one_born_with_them(
-        backend: str, history: tuple[str, ...], origin: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        backend: str, history: tuple[str, ...], origin: str | None, request: pytest.FixtureRequest,
+        tmp_path: Path) -> None:
     """A database at step 17 holds a deployment row the code of that time wrote, which does not say whether its keys
     predate markers. The audit log does: step 18 records `upgrade` only when the trust domain was made before the
     deployment id; such a deployment alone may use unmarked keys (keys/deployment.py)."""
@@ -364,16 +370,20 @@ def test_step_18_tells_a_deployment_whose_keys_predate_markers_from_one_born_wit
     now = datetime(2026, 12, 1, 9, tzinfo=UTC)
     try:
         assert run(db.engine, [s for s in STEPS if s.version < 18])[-1] == 17
+        seen: list[str] = []
         with db.session() as s:
             for action in history:
-                if action == "deployment.create":
+                if action == "deployment.create" and "deployment.create" not in seen:
                     s.connection().exec_driver_sql(
                         "INSERT INTO deployment (id, deployment_id, created_at) VALUES (1, %s, %s)"
                         if backend == "postgres" else
                         "INSERT INTO deployment (id, deployment_id, created_at) VALUES (1, ?, ?)", ("d" * 32, now))
                 record(s, actor=Actor.system("init"), action=action, object_type="x", object_id="d" * 32, at=now)
+                seen.append(action)
         assert migrate(db.engine) == [18]
         with db.engine.connect() as conn:
-            assert conn.exec_driver_sql("SELECT origin FROM deployment").scalars().all() == [origin]
+            rows = conn.exec_driver_sql("SELECT origin FROM deployment").scalars().all()
+        assert rows == ([] if origin is None else [origin])
+        assert migrate(db.engine) == []  # applied once: a replica migrating after it finds it done
     finally:
         db.dispose()
