@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -367,13 +368,13 @@ def _named_key_ids(session: Any) -> set[str]:
     return named
 
 
-def _old(intent_at: Any, now: Any) -> bool:
+def _old(intent_at: datetime, now: datetime) -> bool:
     """Whether an intent made at `intent_at` is at least ABANDONED_AFTER old at `now`: its rotation, wherever it ran,
     has committed (and marked its keys) or never will (workflows/rotation.py COMMIT_WITHIN)."""
-    return bool(now - as_utc(intent_at) >= ABANDONED_AFTER)
+    return now - as_utc(intent_at) >= ABANDONED_AFTER
 
 
-def _minutes(delta: Any) -> str:
+def _minutes(delta: timedelta) -> str:
     return f"{int(delta.total_seconds() // 60)} minutes"
 
 
