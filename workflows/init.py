@@ -242,7 +242,7 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
 
     The same transaction deletes the intents left without a purpose: of keys a CA row names (a rotation's own
     transaction deletes them; this is for any it could not), of keys the token says were committed (never destroyed:
-    else each tick of the ca-rotator job, tend_token_keys, would sweep again), and of keys the token does not hold,
+    else each run of the token-keys job, tend_token_keys, would sweep again), and of keys the token does not hold,
     once older than
     keys.intents.ABANDONED_AFTER (a rotation that failed before making them; a younger one may be a rotation waiting
     for the lock). So the table holds only the intents of rotations under way or killed."""
@@ -330,9 +330,9 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
 
 
 def tend_token_keys(ctx: AppContext) -> list[str]:
-    """The ca-rotator job's tick on every replica (api/background.py), for a PKCS#11 token: the keys CA rows name are
-    marked committed in the token (workflows/rotation.py mark_committed_keys; a CA row naming no new key costs no token
-    read), and once an intent of this deployment is ABANDONED_AFTER old, the start's sweep runs
+    """The token-keys background job on every replica (api/background.py), for a PKCS#11 token: the keys CA rows
+    name are marked committed in the token (workflows/rotation.py mark_committed_keys; a CA row naming no new key
+    costs no token read), and once an intent of this deployment is ABANDONED_AFTER old, the start's sweep runs
     (discard_unused_token_keys). Why not only at a start: a replica killed between its rotation's commit and the mark
     left the keys unmarked while the others served on, and a copy of the database taken mid-rotation (a staging copy
     started against the token) could destroy them; and a process killed before its commit and restarted at once

@@ -7,8 +7,8 @@ know.
 After the rotation's commit, the keys its CA rows name are marked committed in the token (mark_committed_keys): the
 token is the second witness, which a database backup taken between the intents' commit and the rotation's cannot roll
 back (keys/deployment.py). A process stopped between that commit and the mark leaves keys the database names: the next
-start completes the mark (workflows/init.py discard_unused_token_keys), and so does the ca-rotator job's next tick on
-any replica (workflows/init.py tend_token_keys), and the next rotation that prepares a generation."""
+start completes the mark (workflows/init.py discard_unused_token_keys), and so does the token-keys background job's
+next run on any replica (workflows/init.py tend_token_keys), and the next rotation that prepares a generation."""
 
 from __future__ import annotations
 
@@ -111,12 +111,12 @@ def mark_committed_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list[str]:
     """Mark committed, in the token, each key of this deployment that a committed CA row names and the token does not
     say is committed yet: the keys of a rotation (or init) that just committed, of one whose process stopped between
     its commit and this mark, and the keys made before the token was a witness. The ids marked. Never raises: the
-    commit it follows stands, a key the database names is never destroyed, and the next start (or the ca-rotator job's
+    commit it follows stands, a key the database names is never destroyed, and the next start (or the token-keys job's
     next tick, workflows/init.py tend_token_keys) tries again."""
     try:
         named = named_key_ids(ctx)  # read after the commit: only what is in the database
         seen = _WITNESSED.setdefault(keystore, set())
-        if named <= seen:  # (the ca-rotator job's every tick: no token read unless a CA row names a key not seen)
+        if named <= seen:  # (the token-keys job's every run: no token read unless a CA row names a key not seen)
             return []
         owners = keystore.key_owners()
         # each named key of this deployment, committed or not: a process stopped between the private object's mark

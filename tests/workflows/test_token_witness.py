@@ -527,14 +527,20 @@ def test_a_rotation_that_cannot_commit_within_its_bound_rolls_back(
     assert len(_named(a) - before) == 3 and _committed(a) == _named(a)
 
 
+def _token_keys_job(ctx: AppContext) -> object:
+    """One run of the server's background job that tends a token's keys (every replica, each CA rotation check)."""
+    from api.background import server_jobs
+
+    jobs = server_jobs(ctx, None)  # type: ignore[arg-type]  # (the trust anchors only the TLS job reads)
+    return next(job for job in jobs.jobs if job.name == "token-keys").run()
+
+
 def test_a_replica_serving_on_marks_the_keys_a_killed_replicas_rotation_committed(
         token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
     """Should fix: a replica killed between its rotation's commit and the token's mark left the keys unmarked until
     some replica started again; the others served on, and all that while a copy of the database taken mid-rotation
-    (a staging copy against the token) could take them for a killed rotation's. Now the CA rotation check every
-    replica runs marks them."""
-    from api.background import rotate_cas as ca_rotator_tick
-
+    (a staging copy against the token) could take them for a killed rotation's. Now a background job every
+    replica runs (each CA rotation check interval) marks them."""
     url = new_database()
     home = tmp_path / "a"
     a = _open(home, url, token, deployments)  # a replica that serves on
@@ -543,15 +549,14 @@ def test_a_replica_serving_on_marks_the_keys_a_killed_replicas_rotation_committe
     _killed_after_its_commit("rotation", _env(home, url, token), tmp_path)  # another replica's rotation
     made = _named(a) - before
     assert len(made) == 3 and not made & _committed(a)
-    ca_rotator_tick(a)
+    _token_keys_job(a)
     assert _committed(a) == _named(a) and _destroyed(a) == []
 
 
-def test_the_ca_rotation_check_destroys_a_killed_rotations_keys_once_their_intents_are_old(
+def test_the_token_keys_job_destroys_a_killed_rotations_keys_once_their_intents_are_old(
         token: Token, new_database: Callable[[], str | None], deployments: list[AppContext], tmp_path: Path) -> None:
-    """A start right after a kill leaves the killed rotation's keys (their intents are young); the CA rotation check
-    of a serving replica destroys them once the intents are ABANDONED_AFTER old, without waiting for another start."""
-    from api.background import rotate_cas as ca_rotator_tick
+    """A start right after a kill leaves the killed rotation's keys (their intents are young); the background job of
+    a serving replica destroys them once the intents are ABANDONED_AFTER old, without waiting for another start."""
     from keys.intents import ABANDONED_AFTER, record_intents
 
     a = _open(tmp_path / "a", new_database(), token, deployments)
@@ -562,11 +567,11 @@ def test_the_ca_rotation_check_destroys_a_killed_rotations_keys_once_their_inten
     record_intents(a.db, ["ca-g9-root-0a0a0a0a"], mine, a.clock())  # killed just now
     a.keystore.generate("ca-g9-root-0a0a0a0a", KeyKind.EC_P256)
     assert initialize(a, None, "ec-p256")["created"] is False  # the start right after: left
-    ca_rotator_tick(a)
+    _token_keys_job(a)
     assert "ca-g9-root-0a0a0a0a" in _labels(token) and _destroyed(a) == []
     assert isinstance(a.clock, FrozenClock)
     a.clock.advance(ABANDONED_AFTER)
-    ca_rotator_tick(a)
+    _token_keys_job(a)
     assert "ca-g9-root-0a0a0a0a" not in _labels(token) and _intents(a) == set()
     assert [k for _t, k, _a, _i in _destroyed(a)] == ["ca-g9-root-0a0a0a0a"]
     _signs(a)
