@@ -10,7 +10,10 @@ transaction that commits the CA rows naming them deletes those rows. A start des
 a row here names it; a key without one was made after this database's state (a restored backup) and is left. And
 only when the token does not say the key was committed (keys/deployment.py): a backup taken between the intents'
 commit and the rotation's holds the intents and no CA row, yet the rotation committed; the token, never restored with
-a database, is marked once the CA rows naming the key have committed, and such a key is left too.
+a database, is marked once the CA rows naming the key have committed, and such a key is left too. And only once the
+row is ABANDONED_AFTER old: a copy started while the live rotation is between making the key and its commit sees the
+same as after a kill; the live rotation commits within COMMIT_WITHIN of its rows (else rolls back) and is marked by
+then, by itself or by another replica's background job.
 
 Bookkeeping, not a change an auditor judges: a row grants nothing, makes no key and names no trust (the `key_blobs`
 rows of keys/shared.py are written without an event too). What a row enables, destroying a key, commits with its
