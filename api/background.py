@@ -1,4 +1,4 @@
-"""Periodic work of the server process: grant expiry, CA rotation, audit checkpoints.
+"""Periodic work of the server process: grant expiry, CA rotation, a PKCS#11 token's key marks, audit checkpoints.
 
 One thread runs every job on its own interval. Each job is safe to run in several worker processes at
 once (each takes its own row lock), so no leader election is needed; a failing job is logged and
@@ -95,6 +95,15 @@ def rotate_cas(ctx: AppContext) -> None:
     rotate(ctx, force=False, actor=Actor.system("ca-rotator"))
 
 
+def tend_token_keys(ctx: AppContext) -> list[str]:
+    """A PKCS#11 token, on every replica: the keys CA rows name marked committed in the token (one a replica killed
+    between its rotation's commit and the mark left), and a killed rotation's keys destroyed once their intents are
+    old (workflows/init.py tend_token_keys). The ids destroyed; nothing for the file key store."""
+    from workflows.init import tend_token_keys as tend
+
+    return tend(ctx)
+
+
 def write_audit_checkpoint(ctx: AppContext) -> int | None:
     from workflows.exports import checkpoint_writer
 
@@ -109,6 +118,7 @@ def server_jobs(ctx: AppContext, anchors: TrustAnchors) -> BackgroundJobs:
     return BackgroundJobs([
         Job("grant-sweeper", s.sweep_interval_seconds, lambda: sweep_grants(ctx)),
         Job("ca-rotator", s.ca_rotation_check_seconds, lambda: rotate_cas(ctx)),
+        Job("token-keys", s.ca_rotation_check_seconds, lambda: tend_token_keys(ctx)),
         Job("tls-trust-anchors", s.ca_rotation_check_seconds, lambda: refresh_trust_anchors(ctx, anchors)),
         Job("audit-checkpoints", min(5.0, float(s.audit_checkpoint_seconds)), lambda: write_audit_checkpoint(ctx)),
     ])

@@ -18,11 +18,25 @@ unmarked keys, which are never removed automatically.
 The marker is CKA_ID, the attribute PKCS#11 defines for telling key pairs apart. Both objects of a pair get it:
 `trustfabric/<deployment id>/<key id>` in ASCII. It is unique per pair, as CKA_ID is meant to be, so an `id=` in a
 PKCS#11 URI names one pair, and it says whose the pair is.
+
+The token is also the second witness of a CA key's commit (keys/intents.py): once the transaction committing the CA
+rows that name a key has committed, the key's marker becomes `trustfabric/<deployment id>/<key id>/committed`
+(C_SetAttributeValue on CKA_ID, which PKCS#11 lets an application change; private object first, then public). A
+database backup is restored without its token, so a start on a copy whose intents name a key the token says was
+committed knows a later state of this deployment committed it, and never destroys it. Versions before this one read a
+committed marker as no marker: they use such a key (its label is its own) and never destroy it.
+
+Origin: a deployment whose database held a trust domain before it had a deployment id (its keys were made before
+markers existed: `upgrade`) uses an unmarked key of the label it looks up when it has no marked one of its own; a
+deployment init made with markers from birth (`init`) never does: an unmarked `audit-checkpoint` (or API issuer, or
+CA) key in the token is someone else's, planted or left, and signing with it would let whoever holds it sign for us.
+Recorded once, with the id (workflows/init.py ensure_deployment; schema step 18 for rows written before it).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, Table, select
 
@@ -30,13 +44,34 @@ from keys.models import Deployment
 
 TABLE: Table = Deployment.__table__  # type: ignore[attr-defined]
 DEPLOYMENT_ID_RE = re.compile(r"^[0-9a-f]{32}$")
-_MARKER_RE = re.compile(rb"^trustfabric/([0-9a-f]{32})/(.+)$", re.DOTALL)
+_MARKER_RE = re.compile(rb"^trustfabric/([0-9a-f]{32})/([^/]+)(/committed)?$")
+_COMMITTED = b"/committed"
+ORIGIN_INIT = "init"  # made by init on a database without a trust domain: every key of it marked from birth
+ORIGIN_UPGRADE = "upgrade"  # a database that held a trust domain (unmarked keys) before it had a deployment id
+
+
+@dataclass(frozen=True)
+class DeploymentRow:
+    deployment_id: str
+    origin: str | None  # ORIGIN_INIT, ORIGIN_UPGRADE; None only for a row written by hand (never adopts)
+
+    @property
+    def adopts_unmarked(self) -> bool:
+        """Whether a lookup may take an unmarked key when this deployment has no marked one of the label: only a
+        deployment whose keys predate markers."""
+        return self.origin == ORIGIN_UPGRADE
+
+
+def read_deployment(conn: Connection) -> DeploymentRow | None:
+    """This database's deployment row, or None before init wrote it."""
+    row = conn.execute(select(TABLE.c.deployment_id, TABLE.c.origin).where(TABLE.c.id == 1)).first()
+    return None if row is None else DeploymentRow(str(row[0]), None if row[1] is None else str(row[1]))
 
 
 def read_deployment_id(conn: Connection) -> str | None:
     """This database's deployment id, or None before init wrote it."""
-    row = conn.execute(select(TABLE.c.deployment_id).where(TABLE.c.id == 1)).first()
-    return None if row is None else str(row[0])
+    found = read_deployment(conn)
+    return None if found is None else found.deployment_id
 
 
 def marker(deployment_id: str, key_id: str) -> bytes:
@@ -46,10 +81,30 @@ def marker(deployment_id: str, key_id: str) -> bytes:
     return f"trustfabric/{deployment_id}/{key_id}".encode("ascii")
 
 
+def committed_marker(deployment_id: str, key_id: str) -> bytes:
+    """The CKA_ID of that key pair once a committed CA row of its deployment names it (the token's witness)."""
+    return marker(deployment_id, key_id) + _COMMITTED
+
+
 def marker_owner(cka_id: bytes, key_id: str) -> str | None:
-    """The deployment id a key's CKA_ID names, or None when there is no marker: an empty or foreign CKA_ID, or a marker
-    made for another key id (copied or relabelled objects are nobody's)."""
+    """The deployment id a key's CKA_ID names (committed or not), or None when there is no marker: an empty or foreign
+    CKA_ID, or a marker made for another key id (copied or relabelled objects are nobody's)."""
     found = _MARKER_RE.fullmatch(bytes(cka_id))
     if found is None or found.group(2) != key_id.encode("ascii", "replace"):
         return None
     return found.group(1).decode("ascii")
+
+
+def marked_committed(cka_id: bytes, key_id: str) -> bool:
+    """Whether a key's CKA_ID is a marker that says a committed CA row named the key (committed_marker)."""
+    found = _MARKER_RE.fullmatch(bytes(cka_id))
+    return found is not None and found.group(2) == key_id.encode("ascii", "replace") and found.group(3) is not None
+
+
+def pair_marker(cka_id: bytes) -> bytes:
+    """A CKA_ID without its committed mark: what both objects of one pair share while the mark is set on one of them
+    and not yet on the other (a process stopped in between)."""
+    cka_id = bytes(cka_id)
+    if _MARKER_RE.fullmatch(cka_id) is not None and cka_id.endswith(_COMMITTED):
+        return cka_id[: -len(_COMMITTED)]
+    return cka_id

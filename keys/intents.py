@@ -7,7 +7,13 @@ row for the keys of the generations committed after that backup, and destroying 
 every later backup, or a point-in-time recovery, unable to start. So a rotation (or init) first commits a row per key
 id it will make, in a transaction of its own, and only then begins its own transaction and makes the keys; the
 transaction that commits the CA rows naming them deletes those rows. A start destroys an unused marked key only when
-a row here names it; a key without one was made after this database's state (a restored backup) and is left.
+a row here names it; a key without one was made after this database's state (a restored backup) and is left. And
+only when the token does not say the key was committed (keys/deployment.py): a backup taken between the intents'
+commit and the rotation's holds the intents and no CA row, yet the rotation committed; the token, never restored with
+a database, is marked once the CA rows naming the key have committed, and such a key is left too. And only once the
+row is ABANDONED_AFTER old: a copy started while the live rotation is between making the key and its commit sees the
+same as after a kill; the live rotation commits within COMMIT_WITHIN of its rows (else rolls back) and is marked by
+then, by itself or by another replica's background job.
 
 Bookkeeping, not a change an auditor judges: a row grants nothing, makes no key and names no trust (the `key_blobs`
 rows of keys/shared.py are written without an event too). What a row enables, destroying a key, commits with its
@@ -31,7 +37,12 @@ TABLE: Table = KeyIntent.__table__  # type: ignore[attr-defined]
 
 # An intent whose key was never made (the rotation failed first, or found the generation made by another replica) is
 # removed by the start's sweep once this old: a rotation that wrote its intent and waits for the lock is not robbed.
+# And a start destroys an unused, never committed key an intent names only once the intent is this old: a copy of the
+# database (a staging copy, a restored backup) started against the token while the live rotation is between making
+# its keys and its commit holds the intents and sees no CA row nor committed mark; the live rotation commits well
+# within COMMIT_WITHIN of its intents (else it rolls back: workflows/rotation.py), and marks them right after.
 ABANDONED_AFTER = timedelta(minutes=10)
+COMMIT_WITHIN = ABANDONED_AFTER / 2  # the margin: clock skew between hosts, the COMMIT itself, the mark after it
 
 
 def record_intents(db: Database, key_ids: Iterable[str], deployment_id: str, now: datetime) -> None:

@@ -62,8 +62,36 @@ def _step_17(conn: sa.Connection) -> None:
     _v17.create_all(conn)
 
 
+_v18 = sa.MetaData()  # no table: a column (below)
+_added_v18: dict[str, tuple[sa.Column[object], ...]] = {
+    "deployment": (sa.Column('origin', sa.String(16), nullable=True),),
+}
+
+# The deployment row of a database whose trust domain was made before its deployment id (the `ca.init` event comes
+# before any `deployment.create` event): an upgraded one, whose keys carry no marker. Else marker-born.
+_ORIGIN_V18 = (
+    "CASE WHEN EXISTS (SELECT 1 FROM audit_events i WHERE i.action = 'ca.init' AND NOT EXISTS ("
+    "SELECT 1 FROM audit_events d WHERE d.action = 'deployment.create' AND d.seq < i.seq)) "
+    "THEN 'upgrade' ELSE 'init' END"
+)
+
+
+def _step_18(conn: sa.Connection) -> None:
+    """Where a deployment came from (keys/deployment.py): only one whose keys predate markers may use an unmarked key
+    of a label it looks up; one init made with markers never does (an unmarked `audit-checkpoint` key planted in the
+    token before its first init signed its checkpoints). Existing rows are told apart by the audit log's order: a
+    trust domain made (`ca.init`) before the deployment id (`deployment.create`) is an upgrade."""
+    for table, columns in _added_v18.items():
+        for column in columns:
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column.name} {kind}")
+    conn.exec_driver_sql(f"UPDATE deployment SET origin = {_ORIGIN_V18}")  # noqa: S608 (constant SQL)
+
+
 STEPS: tuple[Migration, ...] = (
     Migration(13, 'keys: encrypted key files shared by replicas', _step_13),
     Migration(16, "keys: the deployment id that marks this database's keys in a PKCS#11 token", _step_16),
     Migration(17, "keys: the keys this database is about to make in a PKCS#11 token", _step_17),
+    Migration(18, "keys: whether a deployment's keys predate markers (only then may it use an unmarked key)",
+              _step_18),
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Column, DateTime, Integer, LargeBinary
+from sqlalchemy import Column, DateTime, Integer, LargeBinary, String
 from sqlmodel import Field, SQLModel
 
 
@@ -29,6 +29,9 @@ class Deployment(SQLModel, table=True):
     id: int = Field(default=1, sa_column=Column(Integer, primary_key=True, autoincrement=False))
     deployment_id: str = Field(max_length=32)  # 32 lowercase hex digits (128 random bits)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    # "init": made with markers from birth, never uses an unmarked key; "upgrade": its keys predate markers, may
+    # (keys/deployment.py). Step 18 added it to a table with rows: NULL only in a row written by hand (never adopts).
+    origin: str | None = Field(default=None, sa_column=Column(String(16), nullable=True))
 
 
 class KeyIntent(SQLModel, table=True):

@@ -19,7 +19,14 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, utils
 from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11.util.ec import encode_named_curve_parameters
 
-from keys.deployment import marker, marker_owner, read_deployment_id
+from keys.deployment import (
+    committed_marker,
+    marked_committed,
+    marker,
+    marker_owner,
+    pair_marker,
+    read_deployment,
+)
 from keys.errors import KeyExists, KeyNotFound, KeyStoreError
 from keys.store import KeyKind, PrivateKey, PublicKey, Signer, check_key_id, curve_for, hash_for
 from keys.undo import discard_on_rollback
@@ -185,9 +192,11 @@ class Pkcs11KeyStore:
 
     Several deployments may share a token, and some labels are fixed (audit-checkpoint, api-issuer): among the objects
     of a label, every lookup (get, exists, generate's KeyExists check, delete, key_owners) takes the one carrying this
-    deployment's marker, else an unmarked one (keys made before markers: used as before), never one another
-    deployment's marker names. So a second deployment makes and signs with keys of its own beside the first's, and
-    never signs its audit checkpoints or API tokens with another deployment's key.
+    deployment's marker, else an unmarked one only for a deployment whose keys predate markers (origin `upgrade`,
+    keys/deployment.py: used as before), never one another deployment's marker names, and never an unmarked one for a
+    deployment init made with markers (a key planted before its first init is not adopted: KeyNotFound, naming it).
+    So a second deployment makes and signs with keys of its own beside the first's, and never signs its audit
+    checkpoints or API tokens with another deployment's key.
 
     With `db` (what a server opens), a key generated while this thread has a write transaction open on it (a CA
     rotation's, init's) is destroyed in the token, private and public object, if that transaction rolls back, and
@@ -211,7 +220,8 @@ class Pkcs11KeyStore:
         self.token_label = token_label
         self.lock = threading.RLock()
         self._db = db
-        self._deployment: str | None = None  # db's deployment id, read at the first generate that finds it
+        self._deployment: str | None = None  # db's deployment id, read at the first lookup that finds it
+        self._adopts = True  # whether an unmarked key may be used (no db, or no deployment row yet: as before markers)
 
     def __repr__(self) -> str:
         return f"Pkcs11KeyStore(token={self.token_label!r})"
@@ -259,9 +269,10 @@ class Pkcs11KeyStore:
 
     def _pick(self, key_id: str, found: list[Any]) -> Any | None:
         """Among objects labelled `key_id` (of one class), the one this deployment uses: the one carrying its marker;
-        else an unmarked one (made before markers existed: used as before); never one another deployment's marker
-        names, so that deployments sharing a token each make and use keys of their own under the fixed labels
-        (audit-checkpoint, api-issuer). KeyStoreError when two qualify."""
+        else, for a deployment whose keys predate markers, an unmarked one (used as before); never one another
+        deployment's marker names, so that deployments sharing a token each make and use keys of their own under the
+        fixed labels (audit-checkpoint, api-issuer); never an unmarked one for a deployment born with markers.
+        KeyStoreError when two qualify."""
         mine = self._mine()
         ours, unmarked = [], []
         for obj in found:
@@ -270,18 +281,36 @@ class Pkcs11KeyStore:
                 unmarked.append(obj)
             elif owner == mine:
                 ours.append(obj)
-        chosen = ours or unmarked
+        chosen = ours or (unmarked if self._adopts else [])
         if len(chosen) > 1:
             whose = "marked as this deployment's" if ours else "without a deployment marker"
             raise KeyStoreError(f"token holds {len(chosen)} objects labelled {key_id!r} {whose}; expected one")
         return chosen[0] if chosen else None
 
     def _mine(self) -> str | None:
-        """db's deployment id, or None (no `db`, or a database init has not given a deployment id yet)."""
+        """db's deployment id, or None (no `db`, or a database init has not given a deployment id yet); reads, with
+        it, whether this deployment may use unmarked keys."""
         if self._deployment is None and self._db is not None:
             with self._db.statement() as conn:  # committed by init before it makes any key; a read of its own
-                self._deployment = read_deployment_id(conn)
+                row = read_deployment(conn)
+            if row is not None:
+                self._deployment, self._adopts = row.deployment_id, row.adopts_unmarked
         return self._deployment
+
+    def adopts_unmarked(self) -> bool:
+        """Whether a lookup may take an unmarked key of a label this deployment has no marked key of: without `db` or
+        a deployment row (as before markers), or for a deployment whose keys predate markers; never for one init made
+        with markers."""
+        with self.lock:
+            self._mine()
+            return self._adopts
+
+    def _unadopted(self, key_id: str) -> bool:
+        """Whether the token holds an unmarked private key labelled `key_id` that this deployment does not use."""
+        if self._adopts:
+            return False
+        objs = self._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: ObjectClass.PRIVATE_KEY})
+        return any(marker_owner(_cka_id(o), key_id) is None for o in objs)
 
     def _marker(self, key_id: str) -> bytes | None:
         """The CKA_ID a key pair `key_id` generated now gets: its deployment's marker, or None (no deployment id: the
@@ -354,6 +383,11 @@ class Pkcs11KeyStore:
         with self.lock:
             priv = self._find(key_id, ObjectClass.PRIVATE_KEY)
             pub = None if priv is None else self._pair_of(key_id, priv, ObjectClass.PUBLIC_KEY)
+            if priv is None and self._unadopted(key_id):
+                raise KeyNotFound(
+                    f"no key {key_id!r} of this deployment in PKCS#11 token {self.token_label!r}: the token holds one "
+                    "without a deployment marker (made by other software, or planted), which a deployment made with "
+                    "markers never uses")
             if priv is None or pub is None:
                 raise KeyNotFound(f"no key {key_id!r} in PKCS#11 token {self.token_label!r}")
             kind = self._kind_of(pub)
@@ -366,10 +400,11 @@ class Pkcs11KeyStore:
             return self._find(key_id, ObjectClass.PRIVATE_KEY) is not None
 
     def _pair_of(self, key_id: str, priv: Any, cls: ObjectClass) -> Any | None:
-        """The object of class `cls` labelled `key_id` with the CKA_ID of `priv` (its pair), or None."""
-        cka_id = _cka_id(priv)
+        """The object of class `cls` labelled `key_id` with the CKA_ID of `priv` (its pair; the committed mark aside,
+        which one of them may have and the other not yet), or None."""
+        cka_id = pair_marker(_cka_id(priv))
         objs = self._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: cls})
-        return self._pick(key_id, [o for o in objs if _cka_id(o) == cka_id])
+        return self._pick(key_id, [o for o in objs if pair_marker(_cka_id(o)) == cka_id])
 
     def delete(self, key_id: str) -> None:
         """Destroy the key pair this deployment uses under `key_id` (its own, else an unmarked one; never another
@@ -379,8 +414,9 @@ class Pkcs11KeyStore:
             priv = self._find(key_id, ObjectClass.PRIVATE_KEY)
             if priv is None:
                 raise KeyNotFound(f"no key {key_id!r} in PKCS#11 token {self.token_label!r}")
-            cka_id = _cka_id(priv)
-            for obj in [o for o in self._session.get_objects({Attribute.LABEL: key_id}) if _cka_id(o) == cka_id]:
+            cka_id = pair_marker(_cka_id(priv))
+            objs = self._session.get_objects({Attribute.LABEL: key_id})
+            for obj in [o for o in objs if pair_marker(_cka_id(o)) == cka_id]:
                 obj.destroy()
 
     def key_owners(self) -> dict[str, str | None]:
@@ -409,9 +445,44 @@ class Pkcs11KeyStore:
                 owners[label] = min(m for m in marks if m is not None)
         return owners
 
+    def committed_ids(self) -> set[str]:
+        """The ids of this deployment's private keys whose marker says a committed CA row named them (mark_committed);
+        empty without a deployment id."""
+        with self.lock:
+            mine = self._mine()
+            if mine is None:
+                return set()
+            committed = set()
+            for obj in self._session.get_objects({Attribute.CLASS: ObjectClass.PRIVATE_KEY}):
+                try:
+                    label, cka_id = obj[Attribute.LABEL], bytes(obj[Attribute.ID])
+                except pkcs11.exceptions.PKCS11Error:
+                    continue
+                if isinstance(label, str) and marked_committed(cka_id, label) and marker_owner(cka_id, label) == mine:
+                    committed.add(label)
+            return committed
+
+    def mark_committed(self, key_id: str) -> bool:
+        """Mark this deployment's key pair `key_id` as named by a committed CA row (keys/deployment.py): its CKA_ID
+        becomes the committed marker, private object first (what committed_ids and destroy_marked read), then the
+        public one. Whether anything changed; False too for a key that is not this deployment's (unmarked: never
+        claimed). Call it only after the transaction committing the CA rows that name the key has committed."""
+        check_key_id(key_id)
+        with self.lock:
+            mine = self._mine()
+            if mine is None:
+                return False
+            plain, done = marker(mine, key_id), committed_marker(mine, key_id)
+            objs = list(self._session.get_objects({Attribute.LABEL: key_id, Attribute.ID: plain}))
+            objs.sort(key=lambda o: o.object_class != ObjectClass.PRIVATE_KEY)  # the private object first
+            for obj in objs:
+                obj[Attribute.ID] = done
+            return bool(objs)
+
     def destroy_marked(self, key_id: str, deployment_id: str) -> bool:
         """Destroy the key pair `key_id` if marked as made by `deployment_id`, its private and public object; whether
-        it was. Objects of that label without that marker (another deployment's, unmarked) are left."""
+        it was. Objects of that label without that marker (another deployment's, unmarked) are left, and so is a pair
+        whose private object the token says was committed (mark_committed): its marker is not the one looked for."""
         check_key_id(key_id)
         with self.lock:
             template = {Attribute.LABEL: key_id, Attribute.ID: marker(deployment_id, key_id)}

@@ -85,9 +85,24 @@ class MarkedKeyStore(Protocol):
         other software). An id only other deployments' keys carry names one of them."""
         ...
 
+    def committed_ids(self) -> set[str]:
+        """The ids of this deployment's keys the store says a committed CA row named (mark_committed ran): the
+        witness a database backup cannot roll back."""
+        ...
+
+    def mark_committed(self, key_id: str) -> bool:
+        """Record in the store that a committed CA row names this deployment's key `key_id`; whether anything
+        changed (False: marked already, or not this deployment's key). Only after that commit."""
+        ...
+
+    def adopts_unmarked(self) -> bool:
+        """Whether lookups may take an unmarked key (a deployment whose keys predate markers); never for one made
+        with markers."""
+        ...
+
     def destroy_marked(self, key_id: str, deployment_id: str) -> bool:
-        """Destroy key `key_id` (private and public object) if it is marked as made by `deployment_id`; whether it
-        was. A key of another deployment, or unmarked, is left as it is (False)."""
+        """Destroy key `key_id` (private and public object) if it is marked as made by `deployment_id` and not marked
+        committed; whether it was. A key of another deployment, unmarked, or committed, is left as it is (False)."""
         ...
 
 

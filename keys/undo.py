@@ -10,8 +10,10 @@ outcome is unknown to the client (on PostgreSQL the server may have committed an
 connection: a failover, a pooler restart, a network cut), and the CA rows naming the keys may be in the database.
 Destroying them then left a committed CA generation without its keys, and every later start failing. They are kept
 and logged; the next start decides with the database's own word (workflows/init.py: the token's keys no CA row names
-are destroyed when their intent says this database was about to make them). The shared file store's key file goes
-as before: its ciphertext row (keys/shared.py) commits with the CA rows, and a missing file comes back from it."""
+are destroyed when their intent says this database was about to make them, and the token does not say they were
+committed: a committed COMMIT's keys are named by its CA rows, so that start marks them committed instead). The shared
+file store's key file goes as before: its ciphertext row (keys/shared.py) commits with the CA rows, and a missing file
+comes back from it."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -18,7 +19,7 @@ from audit.checkpoint import AUDIT_KEY_ID
 from audit.models import AuditEvent
 from core.clock import as_utc
 from core.errors import InvalidInput
-from keys.deployment import read_deployment_id
+from keys.deployment import ORIGIN_INIT, ORIGIN_UPGRADE, read_deployment_id
 from keys.errors import KeyNotFound
 from keys.intents import ABANDONED_AFTER, forget, intents
 from keys.models import Deployment
@@ -35,7 +36,7 @@ from policy import service as policy_service
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
 from workflows.context import AppContext
-from workflows.rotation import release_keys
+from workflows.rotation import commit_in_time, mark_committed_keys, release_keys
 
 _log = logging.getLogger(__name__)
 
@@ -56,12 +57,13 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
                     f"{exc}: it is not the key store trust domain {found} in the database was made with; give this "
                     "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
                     "PKCS#11 token)") from None
-    ensure_deployment(ctx)  # before any key is made: the keys of a PKCS#11 token carry it
+    ensure_deployment(ctx, upgrade=found is not None)  # before any key is made: the keys of a PKCS#11 token carry it
     ensure_signing_keys(ctx)
     # a token's first CA keys: their intents commit before the transaction that makes them (keys/intents.py)
     reserved = None
+    reserved_at = ctx.clock()
     if found is None and isinstance(ctx.keystore, MarkedKeyStore):
-        reserved = reserve_generation_keys(ctx.db, ctx.clock())
+        reserved = reserve_generation_keys(ctx.db, reserved_at)
     try:
         with ctx.db.session() as session:
             # serve without --trust-domain keeps whatever init created
@@ -70,6 +72,7 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
                 session, ctx.keystore, trust_domain=trust_domain, key_kind=KeyKind(key_kind), clock=ctx.clock,
                 reserved=reserved,
             )
+            commit_in_time(ctx, reserved, reserved_at, reserved.generation if created and reserved else None)
             token = expires_at = None
             if not has_admin_token(session):
                 ttl = ctx.settings.bootstrap_token_ttl
@@ -95,23 +98,28 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
             "admin_token_expires_at": expires_at, "policy_version": policy_version}
 
 
-def ensure_deployment(ctx: AppContext) -> str:
+def ensure_deployment(ctx: AppContext, *, upgrade: bool = False) -> str:
     """This database's deployment id (keys/deployment.py): made by the first init on a database without one, with an
     audit event `deployment.create`, in a transaction of its own that commits before init makes any key, so that the
     keys of an init killed midway carry the id later starts read. Written once: replicas starting together on one
-    PostgreSQL race for the row, and the loser reads the winner's (the row's primary key decides)."""
+    PostgreSQL race for the row, and the loser reads the winner's (the row's primary key decides).
+
+    `upgrade`: the database holds a trust domain already, made before it had a deployment id, so its keys carry no
+    marker: origin `upgrade`, whose lookups use unmarked keys as before. Else `init`: every key of this deployment is
+    marked from birth, and an unmarked key in the token is never used (keys/pkcs11.py)."""
     with ctx.db.statement() as conn:
         found = read_deployment_id(conn)
     if found is not None:
         return found
     made = secrets.token_hex(16)
+    origin = ORIGIN_UPGRADE if upgrade else ORIGIN_INIT
     try:
         with ctx.db.session() as session:
-            session.add(Deployment(id=1, deployment_id=made, created_at=ctx.clock()))
+            session.add(Deployment(id=1, deployment_id=made, created_at=ctx.clock(), origin=origin))
             session.flush()
             record(session, actor=Actor.system("init"), action="deployment.create", object_type="deployment",
-                   object_id=made, summary={"marks": "the keys this database makes in a PKCS#11 token (CKA_ID)"},
-                   at=ctx.clock())
+                   object_id=made, summary={"marks": "the keys this database makes in a PKCS#11 token (CKA_ID)",
+                                            "origin": origin}, at=ctx.clock())
     except IntegrityError:  # another replica starting at once wrote it first: theirs is the one
         pass
     with ctx.db.statement() as conn:
@@ -135,10 +143,19 @@ def ensure_signing_keys(ctx: AppContext) -> None:
         ensure_audit_key(ctx.keystore)
         ensure_issuer_key(ctx.keystore)
         return
+    keystore = ctx.keystore
+    if not keystore.adopts_unmarked():  # made with markers: an unmarked key of these labels is not its own
+        owners = keystore.key_owners()
+        planted = [k for k in (AUDIT_KEY_ID, API_ISSUER_KEY_ID) if k in owners and owners[k] is None]
+        if planted:
+            _log.warning("%r holds key(s) without a deployment marker labelled %s: not used (this deployment was made "
+                         "with markers; an unmarked key is another's, or planted); it signs with keys of its own, made "
+                         "now if missing; an operator judges whose the unmarked ones are", keystore,
+                         ", ".join(planted))
     with ctx.db.session() as session:
         session.exec(select(Deployment.id).where(col(Deployment.id) == 1).with_for_update()).first()
-        ensure_audit_key(ctx.keystore)
-        ensure_issuer_key(ctx.keystore)
+        ensure_audit_key(keystore)
+        ensure_issuer_key(keystore)
 
 
 def discard_unused_ca_keys(ctx: AppContext, keystore: SharedKeyStore | MarkedKeyStore) -> list[str]:
@@ -197,6 +214,21 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     leave every later backup, or a point-in-time recovery, unable to start; it is left, and named in one warning line
     each start ("no CA row and no intent ..."), for an operator to judge.
 
+    And only when the token says the key was never committed: a backup taken between a rotation's intents commit and
+    its own holds the intents and no CA row, yet that rotation committed (in the live database, or a later state of
+    this one). The token, never restored with a database, witnesses it: each key a committed CA row names is marked
+    committed there after that commit (workflows/rotation.py mark_committed_keys; first here, for keys the CA rows of
+    this database name whose mark a stopped process left undone, or made before the token was a witness). A key of
+    this deployment the token says was committed and no CA row here names is left, named in one warning line each
+    start ("committed by a later state of this deployment: not destroyed").
+
+    And only once its intent is keys.intents.ABANDONED_AFTER old: a copy of this database (staging, a restore)
+    started against the token while the live rotation is between making its keys and its commit sees intents, no CA
+    row and no mark, as after a kill. The live rotation commits within COMMIT_WITHIN of its intents or rolls back
+    (workflows/rotation.py commit_in_time), and marks them right after, so by then the token says committed, or the
+    keys are a killed rotation's. A younger one is left for a later start, named in one warning line ("left for a
+    later start").
+
     A token may be shared by several deployments (trust domains, databases): only keys whose marker (CKA_ID,
     keys/deployment.py) names this database's deployment id are ever taken, only ids of the CA key form
     (pki.ca.CA_KEY_ID_RE; never the audit or API-issuer key), decided under the trust domain settings lock every
@@ -209,13 +241,18 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
     its commit, or by a start whose destroy failed) destroys it unrecorded.
 
     The same transaction deletes the intents left without a purpose: of keys a CA row names (a rotation's own
-    transaction deletes them; this is for any it could not), and of keys the token does not hold, once older than
+    transaction deletes them; this is for any it could not), of keys the token says were committed (never destroyed:
+    else each run of the token-keys job, tend_token_keys, would sweep again), and of keys the token does not hold,
+    once older than
     keys.intents.ABANDONED_AFTER (a rotation that failed before making them; a younger one may be a rotation waiting
     for the lock). So the table holds only the intents of rotations under way or killed."""
     with ctx.db.statement() as conn:
         mine = read_deployment_id(conn)
         intended = intents(conn, mine) if mine is not None else {}
+    if mine is not None:
+        mark_committed_keys(ctx, keystore)  # the keys this database names: never destroyed, and now witnessed
     owners = keystore.key_owners()
+    committed = keystore.committed_ids()
     held = [k for k, owner in owners.items() if mine is not None and owner == mine]
     unmarked = [k for k, owner in owners.items() if owner is None and CA_KEY_ID_RE.fullmatch(k)]
     with ctx.db.read_session() as session:  # a first look, without the lock
@@ -227,24 +264,37 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
         _log.warning("%r holds %d CA key(s) without a deployment marker that no CA generation of this database "
                      "uses, left as they are (made before keys were marked, or by another deployment or software; "
                      "an operator judges whose): %s", keystore, len(unclaimed), ", ".join(unclaimed))
-    unknown = [k for k in candidates if k not in intended and k not in recorded]
+    later = [k for k in candidates if k in committed]
+    if later:
+        _log.warning("%r holds %d CA key(s) of this deployment that no CA row of this database names and that the "
+                     "token says were committed: committed by a later state of this deployment: not destroyed (a "
+                     "restored backup, or a copy started against the production token?): %s", keystore, len(later),
+                     ", ".join(later))
+    unknown = [k for k in candidates if k not in intended and k not in recorded and k not in committed]
     if unknown:
         _log.warning("%r holds %d CA key(s) of this deployment with no CA row and no intent: made after this "
                      "database's state — a restored backup? — left as it is: %s", keystore, len(unknown),
                      ", ".join(unknown))
-    stale = _stale_intents(ctx, intended, named, set(held))
-    if mine is None or (not stale and not [k for k in candidates if k not in unknown]):
+    stale = _stale_intents(ctx, intended, named | committed, set(held))
+    if mine is None or (not stale and not [k for k in candidates if k not in unknown and k not in committed]):
         return []
     with ctx.db.session() as session:
         unused = unused_ca_key_ids(session, held)  # under the trust domain settings lock
         conn = session.connection()
         intended = intents(conn, mine)
         now_held = {k for k, owner in keystore.key_owners().items() if owner == mine}
-        unused = [k for k in unused if k in now_held]  # still there and still ours, now that no rotation is under way
+        committed = keystore.committed_ids()  # the token's word, read again now that no rotation is under way
+        # still there, still ours and never committed (by any state of this deployment)
+        unused = [k for k in unused if k in now_held and k not in committed]
         # another start (a replica starting at once) recorded some already and destroys them after its commit, or
         # its destroy failed: destroyed here too, but recorded once (its event committed before this lock was had)
         recorded = _recorded(session, unused)
-        unused = [k for k in unused if k in intended or k in recorded]
+        # an intent younger than the bound may be a rotation under way in a copy of this database against this token
+        # (a staging copy, a restore): its keys are left for a later start, by when that rotation has committed and
+        # marked them (rotate_cas rolls back one that could not commit in time), or was killed
+        now = ctx.clock()
+        young = sorted(k for k in unused if k in intended and k not in recorded and not _old(intended[k], now))
+        unused = [k for k in unused if k in recorded or (k in intended and k not in young)]
         for key_id in unused:
             if key_id in recorded:
                 continue
@@ -253,7 +303,13 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
                                       "(a rotation killed before its commit, or one that rolled back)",
                             "key_store": "pkcs11", "deployment": mine,
                             "intent_at": as_utc(intended[key_id]).isoformat()}, at=ctx.clock())
-        forget(conn, [*unused, *_stale_intents(ctx, intended, _named_key_ids(session), now_held)])
+        forget(conn, [*unused, *_stale_intents(ctx, intended, _named_key_ids(session) | committed, now_held)])
+    if young:
+        due = min(as_utc(intended[k]) for k in young) + ABANDONED_AFTER
+        _log.warning("%r holds %d CA key(s) of this deployment that no CA row names, made under an intent younger than "
+                     "%s: left for a later start (a rotation under way in a copy of this database, against this "
+                     "token, may yet commit them); a start from %s destroys them if still unused and never committed: "
+                     "%s", keystore, len(young), _minutes(ABANDONED_AFTER), due.isoformat(), ", ".join(young))
     destroyed, failed = [], []
     for key_id in unused:
         try:
@@ -271,6 +327,27 @@ def discard_unused_token_keys(ctx: AppContext, keystore: MarkedKeyStore) -> list
         _log.warning("could not destroy %d unused CA key(s) in %r, tried again at the next start: %s", len(failed),
                      keystore, "; ".join(failed))
     return destroyed
+
+
+def tend_token_keys(ctx: AppContext) -> list[str]:
+    """The token-keys background job on every replica (api/background.py), for a PKCS#11 token: the keys CA rows
+    name are marked committed in the token (workflows/rotation.py mark_committed_keys; a CA row naming no new key
+    costs no token read), and once an intent of this deployment is ABANDONED_AFTER old, the start's sweep runs
+    (discard_unused_token_keys). Why not only at a start: a replica killed between its rotation's commit and the mark
+    left the keys unmarked while the others served on, and a copy of the database taken mid-rotation (a staging copy
+    started against the token) could destroy them; and a process killed before its commit and restarted at once
+    leaves keys whose intents are young, left by that start. The ids destroyed; a file key store: []."""
+    keystore = ctx.keystore
+    if not isinstance(keystore, MarkedKeyStore):
+        return []
+    mark_committed_keys(ctx, keystore)
+    with ctx.db.statement() as conn:
+        mine = read_deployment_id(conn)
+        intended = intents(conn, mine) if mine is not None else {}
+    now = ctx.clock()
+    if not any(_old(at, now) for at in intended.values()):
+        return []
+    return discard_unused_token_keys(ctx, keystore)
 
 
 def _recorded(session: Any, key_ids: list[str]) -> set[str]:
@@ -291,8 +368,19 @@ def _named_key_ids(session: Any) -> set[str]:
     return named
 
 
+def _old(intent_at: datetime, now: datetime) -> bool:
+    """Whether an intent made at `intent_at` is at least ABANDONED_AFTER old at `now`: its rotation, wherever it ran,
+    has committed (and marked its keys) or never will (workflows/rotation.py COMMIT_WITHIN)."""
+    return now - as_utc(intent_at) >= ABANDONED_AFTER
+
+
+def _minutes(delta: timedelta) -> str:
+    return f"{int(delta.total_seconds() // 60)} minutes"
+
+
 def _stale_intents(ctx: AppContext, intended: dict[str, Any], named: set[str], held: set[str]) -> list[str]:
-    """The intents without a purpose: of a key a CA row names, or of a key not held, older than ABANDONED_AFTER."""
+    """The intents without a purpose: of a key a CA row (or the token's committed mark) names, or of a key not held,
+    older than ABANDONED_AFTER."""
     now = ctx.clock()
     return sorted(k for k, at in intended.items()
                   if k in named or (k not in held and now - as_utc(at) >= ABANDONED_AFTER))
@@ -317,8 +405,10 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
                 named[ca.jwt_key_id] = f"{ca.id} (JWT-SVIDs)"
         intended = intents(session.connection(), mine) if mine is not None else {}
         owners = keystore.key_owners()
+        committed = keystore.committed_ids()
         recorded = _recorded(session, sorted(k for k in owners if k not in named))
     rows = []
+    now = ctx.clock()
     for key_id, owner in sorted(owners.items()):
         ours = mine is not None and owner == mine
         if key_id in named:
@@ -329,9 +419,17 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
             verdict = "kept: not a CA key"
         elif owner is None:
             verdict = "kept: unmarked and unused here; an operator judges whose it is"
-        elif key_id in intended or key_id in recorded:
+        elif key_id in committed:
+            verdict = "kept: committed by a later state of this deployment: not destroyed"
+        elif key_id in recorded or (key_id in intended and _old(intended[key_id], now)):
             verdict = ("destroyed: unused, and this database recorded it was about to make it (a rotation killed "
                        "before its commit; a rotation under way is waited for)")
+        elif key_id in intended:
+            due = as_utc(intended[key_id]) + ABANDONED_AFTER
+            verdict = (f"kept for now: unused, and this database recorded it was about to make it less than "
+                       f"{_minutes(ABANDONED_AFTER)} ago (a rotation under way, here or in a copy of this database "
+                       f"against this token, may yet commit it); a start from {due.isoformat()} destroys it if still "
+                       "unused and never committed")
         else:
             verdict = ("kept: no CA row and no intent: made after this database's state — a restored backup? — "
                        "left as it is")

@@ -27,7 +27,8 @@ def test_jobs_rotate_the_ca_at_half_life_and_checkpoint_the_log(tmp_path: Path) 
     env = open_env(make_settings(tmp_path / "home", audit_checkpoint_every=1, audit_checkpoint_seconds=3600))
     try:
         jobs = server_jobs(env.ctx, env.app.state.trust_anchors)
-        assert jobs.run_due(now=0.0) == ["grant-sweeper", "ca-rotator", "tls-trust-anchors", "audit-checkpoints"]
+        assert jobs.run_due(now=0.0) == ["grant-sweeper", "ca-rotator", "token-keys", "tls-trust-anchors",
+                                               "audit-checkpoints"]
         assert "ca.prepare" not in _actions(env.ctx)  # nothing due at the start of the CA's life
         from audit.checkpoint import latest_checkpoint
 

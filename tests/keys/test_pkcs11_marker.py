@@ -12,9 +12,9 @@ from pkcs11 import Attribute, KeyType, Mechanism
 from pkcs11.util.ec import encode_named_curve_parameters
 from sqlalchemy import insert
 
-from keys.deployment import TABLE, marker, marker_owner
+from keys.deployment import ORIGIN_UPGRADE, TABLE, marker, marker_owner
 from keys.errors import KeyExists, KeyNotFound
-from keys.pkcs11 import Pkcs11KeyStore, _der_octet_string
+from keys.pkcs11 import Pkcs11KeyStore, Pkcs11Signer, _der_octet_string
 from keys.store import KeyKind, MarkedKeyStore
 from store.db import Database
 from tests.keys.stores import PIN, softhsm_token, token_objects
@@ -84,8 +84,9 @@ def test_lookups_take_this_deployments_key_else_an_unmarked_one_never_anothers(
     exists and delete do not see it, and generate makes one of this deployment's own beside it, which get then
     serves. An unmarked key (made before markers) is used as before, until this deployment has one of its own."""
     module, label = softhsm_token(tmp_path, monkeypatch)
-    with sqlite_db.engine.begin() as conn:
-        conn.execute(insert(TABLE).values(id=1, deployment_id=MINE, created_at=datetime.now(UTC)))
+    with sqlite_db.engine.begin() as conn:  # a deployment whose keys predate markers: it uses unmarked ones
+        conn.execute(insert(TABLE).values(id=1, deployment_id=MINE, created_at=datetime.now(UTC),
+                                          origin=ORIGIN_UPGRADE))
     ks = Pkcs11KeyStore(module, label, PIN, db=sqlite_db)
     try:
         theirs = _raw_pair(ks, "audit-checkpoint", marker(THEIRS, "audit-checkpoint"))
@@ -111,5 +112,66 @@ def test_lookups_take_this_deployments_key_else_an_unmarked_one_never_anothers(
             ks.generate("api-issuer", KeyKind.EC_P256)
         _raw_pair(ks, "api-issuer", marker(MINE, "api-issuer"))  # one of this deployment's own: it wins
         assert _point(ks, "api-issuer") != _der_octet_string(legacy) and ks.key_owners()["api-issuer"] == MINE
+    finally:
+        ks.close()
+
+
+@pytest.mark.hsm
+def test_a_committed_mark_keeps_lookups_and_stops_destroy_marked_even_half_set(
+        sqlite_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mark_committed changes the pair's CKA_ID to the committed marker (private object first): get, exists and
+    key_owners still find the key as this deployment's, committed_ids names it, and destroy_marked never takes it, also
+    while only its private object carries the mark (a process stopped between the two writes)."""
+    module, label = softhsm_token(tmp_path, monkeypatch)
+    with sqlite_db.engine.begin() as conn:
+        conn.execute(insert(TABLE).values(id=1, deployment_id=MINE, created_at=datetime.now(UTC), origin="init"))
+    ks = Pkcs11KeyStore(module, label, PIN, db=sqlite_db)
+    try:
+        for key_id in ("ca-g1-root-01010101", "ca-g1-issuing-01010101", "ca-g9-root-09090909"):
+            ks.generate(key_id, KeyKind.EC_P256)
+        point = _point(ks, "ca-g1-root-01010101")
+        assert ks.committed_ids() == set()
+        assert ks.mark_committed("ca-g1-root-01010101") is True
+        assert ks.mark_committed("ca-g1-root-01010101") is False  # marked already
+        signer = ks.get("ca-g1-issuing-01010101")
+        assert isinstance(signer, Pkcs11Signer)
+        half = signer.handle  # its private object only: as a process stopped between the two writes leaves it
+        half[Attribute.ID] = marker(MINE, "ca-g1-issuing-01010101") + b"/committed"
+        assert ks.committed_ids() == {"ca-g1-root-01010101", "ca-g1-issuing-01010101"}
+        assert ks.key_owners() == dict.fromkeys(
+            ("ca-g1-root-01010101", "ca-g1-issuing-01010101", "ca-g9-root-09090909"), MINE)
+        assert _point(ks, "ca-g1-root-01010101") == point and ks.exists("ca-g1-issuing-01010101")
+        ks.get("ca-g1-issuing-01010101").sign(b"still its pair")
+        assert ks.destroy_marked("ca-g1-root-01010101", MINE) is False
+        assert ks.destroy_marked("ca-g1-issuing-01010101", MINE) is False
+        assert ks.destroy_marked("ca-g9-root-09090909", MINE) is True  # never committed: taken, as before
+        assert token_objects(module, label) == {(k, cls) for k in ("ca-g1-root-01010101", "ca-g1-issuing-01010101")
+                                                for cls in ("PRIVATE_KEY", "PUBLIC_KEY")}
+        assert ks.mark_committed("ca-g1-issuing-01010101") is True  # the public object's mark, completed
+        raw = ks._session.get_objects({Attribute.LABEL: "ca-g1-issuing-01010101"})
+        assert {bytes(o[Attribute.ID]) for o in raw} == {marker(MINE, "ca-g1-issuing-01010101") + b"/committed"}
+        ks.delete("ca-g1-issuing-01010101")  # both objects, whatever their marks
+        assert ("ca-g1-issuing-01010101", "PUBLIC_KEY") not in token_objects(module, label)
+    finally:
+        ks.close()
+
+
+@pytest.mark.hsm
+def test_a_deployment_made_with_markers_never_uses_an_unmarked_key(
+        sqlite_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, label = softhsm_token(tmp_path, monkeypatch)
+    with sqlite_db.engine.begin() as conn:
+        conn.execute(insert(TABLE).values(id=1, deployment_id=MINE, created_at=datetime.now(UTC), origin="init"))
+    ks = Pkcs11KeyStore(module, label, PIN, db=sqlite_db)
+    try:
+        planted = _raw_pair(ks, "api-issuer", None)
+        assert not ks.adopts_unmarked() and not ks.exists("api-issuer")
+        with pytest.raises(KeyNotFound, match="holds one without a deployment marker"):
+            ks.get("api-issuer")
+        with pytest.raises(KeyNotFound):
+            ks.delete("api-issuer")
+        ks.generate("api-issuer", KeyKind.EC_P256)  # no KeyExists: the unmarked one is not this deployment's
+        assert _point(ks, "api-issuer") != _der_octet_string(planted)
+        assert ks.mark_committed("api-issuer") is True and ks.key_owners() == {"api-issuer": MINE}
     finally:
         ks.close()

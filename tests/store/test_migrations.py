@@ -99,6 +99,10 @@ LANDED = {
         "sqlite": "54025c63135232c51ba0a305c30ad3670c75c17cf1d964f4bf5fb423f8e4ddb7",
         "postgresql": "0de286428fc5093ee8a76358f5f700ef9339d6e8eb13ebd8dfe4c0a0f47b18c7",
     },
+    18: {  # a column: deployment.origin
+        "sqlite": "41476a8e8ff759b4e2380448c1bc3bf74f9a410ba1fe0e1830da241116ca8851",
+        "postgresql": "41476a8e8ff759b4e2380448c1bc3bf74f9a410ba1fe0e1830da241116ca8851",
+    },
 }
 
 
@@ -166,7 +170,7 @@ def test_a_landed_step_never_changes(version: int) -> None:
 
 
 def test_versions_are_global_and_in_order() -> None:
-    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
     with pytest.raises(ValueError, match="distinct, increasing"):
         from store.migrations import migrate as run
 
@@ -298,7 +302,7 @@ def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backe
                     append_old(s.connection(), actor_id=by, actor_kind=kind, action="grant.request",
                                object_type="grant", object_id=gid, tenant=src, at=now)
 
-        assert migrate(db.engine) == [14, 15, 16, 17]
+        assert migrate(db.engine) == [14, 15, 16, 17, 18]
         with db.read_session() as s:
             scoped = dict(s.execute(text("SELECT id, requester_tenant FROM grants")).all())
         assert scoped == {"g-acme-alice": "acme", "g-platform-alice": "", "g-workload": "globex", "g-no-event": ""}
@@ -332,5 +336,54 @@ def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backe
         assert data_version() == n + 1  # an active grant inserted: the trigger made again still bumps
         retried = ask(globex, "globex", "k-1")
         assert isinstance(retried, Grant) and retried.id == theirs.grant.id
+    finally:
+        db.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize(("history", "origin"), [
+    (("ca.init", "deployment.create"), "upgrade"),  # a trust domain from before markers, then its deployment id
+    (("deployment.create", "ca.init"), "init"),  # init made the id first: its keys were marked from birth
+    (("deployment.create",), "init"),  # an init that has not made its trust domain yet
+    ((), None),  # no deployment row yet (a database from before step 16, or before its first init): nothing to set
+    (("ca.init",), None),  # its row comes at its next start (origin `upgrade`: workflows/init.py)
+    # several deployment.create events (a row removed by hand and written again): the first one decides
+    (("deployment.create", "ca.init", "deployment.create"), "init"),
+    (("ca.init", "deployment.create", "deployment.create"), "upgrade"),
+])
+def test_step_18_tells_a_deployment_whose_keys_predate_markers_from_one_born_with_them(
+        backend: str, history: tuple[str, ...], origin: str | None, request: pytest.FixtureRequest,
+        tmp_path: Path) -> None:
+    """A database at step 17 holds a deployment row the code of that time wrote, which does not say whether its keys
+    predate markers. The audit log does: step 18 records `upgrade` only when the trust domain was made before the
+    deployment id; such a deployment alone may use unmarked keys (keys/deployment.py)."""
+    from datetime import UTC, datetime
+
+    from audit import Actor, record
+    from store.migrations import migrate as run
+
+    if backend == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        db = Database(server.create_database(migrated=False))
+    else:
+        db = Database(sqlite_url(tmp_path))
+    now = datetime(2026, 12, 1, 9, tzinfo=UTC)
+    try:
+        assert run(db.engine, [s for s in STEPS if s.version < 18])[-1] == 17
+        seen: list[str] = []
+        with db.session() as s:
+            for action in history:
+                if action == "deployment.create" and "deployment.create" not in seen:
+                    s.connection().exec_driver_sql(
+                        "INSERT INTO deployment (id, deployment_id, created_at) VALUES (1, %s, %s)"
+                        if backend == "postgres" else
+                        "INSERT INTO deployment (id, deployment_id, created_at) VALUES (1, ?, ?)", ("d" * 32, now))
+                record(s, actor=Actor.system("init"), action=action, object_type="x", object_id="d" * 32, at=now)
+                seen.append(action)
+        assert migrate(db.engine) == [18]
+        with db.engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT origin FROM deployment").scalars().all()
+        assert rows == ([] if origin is None else [origin])
+        assert migrate(db.engine) == []  # applied once: a replica migrating after it finds it done
     finally:
         db.dispose()

@@ -15,9 +15,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -40,8 +40,9 @@ from pki.models import CertificateAuthority
 from pki.tokens.service import API_ISSUER_KEY_ID
 from store.db import Database
 from tests.api.conftest import make_settings, open_context
-from tests.keys.stores import _LIST_OBJECTS, PIN, softhsm_token, token_objects
+from tests.keys.stores import _LIST_OBJECTS, PIN, token_objects
 from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
+from tests.workflows.conftest import Token
 from workflows.context import AppContext
 from workflows.init import discard_unused_ca_keys, initialize, token_keys
 from workflows.rotation import reserve_keys, rotate_cas
@@ -49,31 +50,6 @@ from workflows.rotation import reserve_keys, rotate_cas
 pytestmark = pytest.mark.hsm
 
 REPO = Path(__file__).resolve().parents[2]
-Token = tuple[str, str]  # (module, label)
-
-
-@pytest.fixture
-def token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Token:
-    """One SoftHSM2 token, which every deployment of the test shares (SOFTHSM2_CONF in the environment)."""
-    return softhsm_token(tmp_path, monkeypatch)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def new_database(request: pytest.FixtureRequest) -> Callable[[], str | None]:
-    """A new database of its own for each call: a PostgreSQL database's URL, or None (the data directory's SQLite)."""
-    if request.param == "sqlite":
-        return lambda: None
-    server = request.getfixturevalue("postgres_server")
-    return server.create_database  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def deployments() -> Iterator[list[AppContext]]:
-    """The contexts a test opens, closed at its end (token session and database)."""
-    opened: list[AppContext] = []
-    yield opened
-    for ctx in opened:
-        _close(ctx)
 
 
 def _close(ctx: AppContext) -> None:
@@ -197,6 +173,15 @@ def _killed_before_its_commit(what: str, env: dict[str, str], tmp_path: Path) ->
     assert proc.returncode == -signal.SIGKILL
 
 
+def _later_than_a_copys_rotation(ctx: AppContext) -> None:
+    """The start runs ABANDONED_AFTER after the killed process wrote its intents (a younger intent may be a rotation
+    under way in a copy of the database: its keys are left for a later start)."""
+    from keys.intents import ABANDONED_AFTER
+
+    assert isinstance(ctx.clock, FrozenClock)
+    ctx.clock.advance(ABANDONED_AFTER + timedelta(seconds=1))  # (the intents carry microseconds; this clock not)
+
+
 @pytest.mark.parametrize("what", ["rotation", "init"])
 def test_a_start_destroys_the_keys_a_process_killed_before_its_commit_left(
         what: str, token: Token, new_database: Callable[[], str | None], deployments: list[AppContext],
@@ -225,6 +210,7 @@ def test_a_start_destroys_the_keys_a_process_killed_before_its_commit_left(
 
     caplog.set_level(logging.WARNING, logger="workflows.init")
     again = _open(home, url, token, deployments)  # the start after the kill: serve runs init
+    _later_than_a_copys_rotation(again)
     assert _named(again) == named  # the killed process committed no CA row
     if what == "rotation":
         assert initialize(again, None, "ec-p256")["created"] is False
@@ -265,7 +251,10 @@ def test_every_key_the_token_store_makes_carries_its_deployments_marker(
     for key_id in owners:
         signer = a.keystore.get(key_id)
         assert isinstance(signer, Pkcs11Signer)
-        assert signer.handle[Attribute.ID] == marker(mine, key_id) == f"trustfabric/{mine}/{key_id}".encode()
+        if key_id in (AUDIT_KEY_ID, API_ISSUER_KEY_ID):
+            assert signer.handle[Attribute.ID] == marker(mine, key_id) == f"trustfabric/{mine}/{key_id}".encode()
+        else:  # a CA key a committed CA row names: the token witnesses the commit (keys/deployment.py)
+            assert signer.handle[Attribute.ID] == f"trustfabric/{mine}/{key_id}/committed".encode()
     initialize(a, None, "ec-p256")  # written once
     with a.db.statement() as conn:
         assert conn.exec_driver_sql("SELECT deployment_id FROM deployment").scalars().all() == [mine]
@@ -298,11 +287,14 @@ def _as_b(env: dict[str, str], step: str) -> object:
 
 def _killed_rotations_key(ctx: AppContext, key_id: str) -> None:
     """What a rotation killed before its commit leaves of one key: its intent, committed before it was made
-    (keys/intents.py), and the key, marked as this deployment's."""
+    (keys/intents.py), and the key, marked as this deployment's. Killed a while ago: its intent is ABANDONED_AFTER
+    old (a younger one is left for a later start: a rotation in a copy of the database may be under way)."""
+    from keys.intents import ABANDONED_AFTER
+
     with ctx.db.statement() as conn:
         mine = read_deployment_id(conn)
     assert mine is not None
-    record_intents(ctx.db, [key_id], mine, ctx.clock())
+    record_intents(ctx.db, [key_id], mine, ctx.clock() - ABANDONED_AFTER)
     ctx.keystore.generate(key_id, KeyKind.EC_P256)
 
 
@@ -357,6 +349,8 @@ def test_an_unmarked_ca_key_is_never_touched_and_is_named_once(
         before_markers.generate("not-a-ca-key", KeyKind.EC_P256)  # unmarked, not of the CA key form: not named
     finally:
         before_markers.close()
+    with a.db.engine.begin() as conn:  # what upgrading a database from before markers records (its trust domain
+        conn.exec_driver_sql("UPDATE deployment SET origin = 'upgrade'")  # predates its deployment id)
     now = Pkcs11KeyStore(module, label, PIN, db=a.db)  # this version's
     a = deployments[-1] = replace(a, keystore=now)
     assert set(now.key_owners().values()) == {None}
@@ -614,12 +608,11 @@ def test_a_start_on_a_restored_backup_keeps_the_keys_of_later_generations(
     assert later <= _labels(token), f"destroyed: {sorted(later - _labels(token))}"
     assert _destroyed(restored) == []
     lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init"]
-    assert len(lines) == 1 and lines[0].endswith(
-        "holds 3 CA key(s) of this deployment with no CA row and no intent: made after this database's state — a "
-        "restored backup? — left as it is: " + ", ".join(sorted(later))), lines
+    assert len(lines) == 1 and lines[0].endswith(  # (the token witnessed the later rotation's commit)
+        "that the token says were committed: committed by a later state of this deployment: not destroyed (a "
+        "restored backup, or a copy started against the production token?): " + ", ".join(sorted(later))), lines
     rows = {r["key_id"]: r["at_start"] for r in token_keys(restored)}
-    assert {rows[k] for k in later} == {"kept: no CA row and no intent: made after this database's state — a "
-                                        "restored backup? — left as it is"}
+    assert {rows[k] for k in later} == {"kept: committed by a later state of this deployment: not destroyed"}
     _signs(restored)
     _close(restored)
     deployments.remove(restored)
@@ -859,6 +852,7 @@ def test_a_rotation_whose_commit_was_lost_leaves_its_keys_to_the_next_start(
     _close(a)
     deployments.remove(a)
     again = _open(tmp_path / "a", url, token, deployments)
+    _later_than_a_copys_rotation(again)
     assert initialize(again, None, "ec-p256")["created"] is False
     assert not made & _labels(token)
     assert sorted(k for _t, k, _a, _i in _destroyed(again)) == sorted(made)
