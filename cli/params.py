@@ -29,6 +29,13 @@ class Check:
         self.metavar = metavar
         self.__name__ = metavar.lower()
 
+    def parse(self, text: str) -> Any:
+        """The parsed value, or InvalidInput (a value from elsewhere than the command line: the caller says whose)."""
+        try:
+            return self._parse(text)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+
     def __call__(self, value: Any) -> Any:
         if not isinstance(value, str):  # a default already parsed, or typer passing one through
             return value
