@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -314,6 +315,22 @@ POLICY_REF = Check(_policy_ref, good="2", bad="v2", metavar="N|HASH")
 def existing_file(**kw: Any) -> dict[str, Any]:
     """typer.Option/Argument keywords for a file that must exist (a folder is refused)."""
     return {"exists": True, "file_okay": True, "dir_okay": False, "readable": True, **kw}
+
+
+def _in_existing_folder(value: Path | None) -> Path | None:
+    """A file to write must be in a folder that exists: checked while parsing, before the command does (and
+    perhaps audits) anything it could then not deliver."""
+    if value is None or str(value) == "-":
+        return value
+    folder = value.parent
+    if not folder.is_dir():
+        raise typer.BadParameter(f"{folder} is not a folder" if folder.exists() else f"folder {folder} does not exist")
+    return value
+
+
+def new_file(**kw: Any) -> dict[str, Any]:
+    """typer.Option keywords for a file to write: a folder is refused, and so is a file in a missing folder."""
+    return {"file_okay": True, "dir_okay": False, "callback": _in_existing_folder, **kw}
 
 
 def existing_dir(**kw: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from cli.output import (
     machine_output,
     open_context,
 )
-from cli.params import choice, existing_file
+from cli.params import choice, existing_file, new_file
 from core.errors import InvalidInput, TrustfabricError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # imported when a command runs: `trustfabric --help` stays li
 
 def export_cmd(
     out: Path = typer.Option(..., "--out", help="file to write (replaced only when the export succeeds)",
-                             dir_okay=False),
+                             **new_file()),
     fmt: str = typer.Option("jsonl", "--format", parser=choice("jsonl", "csv", "ocsf"), metavar="jsonl|csv|ocsf"),
     since: datetime | None = SinceOpt, until: datetime | None = UntilOpt, tenant: str | None = TenantOpt,
     action: str | None = ActionOpt, actor: str | None = ActorOpt, actor_tenant: str | None = ActorTenantOpt,

@@ -24,7 +24,7 @@ from cli.output import (
     open_context,
     read_local,
 )
-from cli.params import SLUG, existing_file
+from cli.params import SLUG, existing_file, new_file
 
 if TYPE_CHECKING:
     from pki import service
@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
                                  **existing_file(allow_dash=True)),
         tenant: str = Tenant, group: str = Group, workload: str = Workload,
         ttl: int | None = TtlSeconds,
-        out: Path | None = typer.Option(None, "--out", help="write leaf + chain PEM here", dir_okay=False),
+        out: Path | None = typer.Option(None, "--out", help="write leaf + chain PEM here", **new_file()),
     ) -> None:
         """Issue an X.509-SVID to a registered workload from a CSR."""
         from pki import service
