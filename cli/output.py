@@ -92,7 +92,7 @@ PANELS: dict[Where, str] = {
     "api": "Over the API (your token; any machine)",
     "local": "Local (on the server host: the data directory)",
     "offline": "Offline (files only: no server, no data directory)",
-    "node": "On a node (a GPU node or a leaf: its join token, then its node SVID over mTLS)",
+    "node": "On a node (GPU node or leaf: a join token, then its node SVID over mTLS)",  # <= 74: fits 80 columns
 }
 
 MIXED_PANEL = "Mixed (each command's --help panel says where it runs)"
