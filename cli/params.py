@@ -137,6 +137,19 @@ def _ttl(text: str) -> timedelta:
     return parse_ttl(text)
 
 
+def ttl_at_most(limit: timedelta) -> Check:
+    """A TTL as every --ttl takes it (`90s`, `15m`, `12h`, `7d`, or plain seconds), no longer than `limit`."""
+    from cli.humanize import duration
+
+    def parse(text: str) -> timedelta:
+        ttl = _ttl(text)
+        if ttl > limit:
+            raise InvalidInput(f"{text!r} is longer than {duration(limit)}, the most it may be")
+        return ttl
+
+    return Check(parse, good="1h", bad="soon", metavar="TTL")
+
+
 def _when(text: str) -> datetime:
     from core.clock import parse_when
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -44,3 +45,27 @@ def test_cli_refuses_unregistered_workload(home: Path) -> None:
     r = CliRunner().invoke(app, ["svid", "issue", "--csr", str(csr), "--tenant", "acme", "--group", "web",
                                  "--workload", "ghost", "--json"])
     assert r.exit_code != 0 and isinstance(r.exception, UnknownWorkload)
+
+
+def test_ttl_takes_the_durations_every_other_ttl_takes(home: Path) -> None:
+    """`--ttl` reads `15m`, `24h`, `7d` on every command (token create, grant request); svid issue, svid jwt and
+    node token create took only seconds and refused `1h` as "not a valid integer". Plain seconds still work."""
+    from datetime import datetime, timedelta
+
+    wl = ["--tenant", "acme", "--group", "web", "--workload", "web-1"]
+
+    def lasts(data: dict[str, object]) -> timedelta:
+        return datetime.fromisoformat(str(data["expires_at"])) - datetime.now(tz=UTC)
+
+    x509 = _json(["svid", "issue", "--csr", str(home / "req.pem"), *wl, "--ttl", "30m"])
+    assert timedelta(minutes=28) < lasts(x509) <= timedelta(minutes=30)
+    assert timedelta(seconds=500) < lasts(_json(["svid", "issue", "--csr", str(home / "req.pem"), *wl,
+                                                 "--ttl", "600"])) <= timedelta(seconds=600)
+    jwt = _json(["svid", "jwt", *wl, "--audience", "a", "--ttl", "5m"])
+    assert timedelta(minutes=4) < lasts(jwt) <= timedelta(minutes=5)
+    assert _json(["node", "token", "create", "--node", "gpu-01", "--ttl", "2h"])["token"]
+    for args in (["node", "token", "create", "--node", "gpu-01", "--ttl", "8d"],  # over its 7 days
+                 ["svid", "jwt", *wl, "--audience", "a", "--ttl", "0"], ["svid", "jwt", *wl, "--audience", "a",
+                                                                        "--ttl", "soon"]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "--ttl" in r.output, (args, r.output)
