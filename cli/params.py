@@ -92,6 +92,14 @@ def _tenant_group(text: str) -> tuple[str, str]:
     return _slug(tenant), _slug(group)
 
 
+def _identity(text: str) -> str:
+    """A SPIFFE ID of the project's layout or TENANT/GROUP, kept as given (the policy service reads it)."""
+    from policy.decide import parse_identity
+
+    parse_identity(text)
+    return text
+
+
 def _proto_port(text: str) -> dict[str, object]:
     proto, sep, number = text.partition("/")
     if not sep or proto not in ("tcp", "udp"):
@@ -303,6 +311,7 @@ PORT_MAP = Check(_port_map, good="p0=p0", bad="p0", metavar="PORT=NAME")
 HOST_PORT = Check(_host_port, good="127.0.0.1:9100", bad="127.0.0.1", metavar="HOST:PORT")
 SLUG = Check(_slug, good="acme", bad="Not_A_Slug", metavar="NAME")
 TRUST_DOMAIN = Check(_trust_domain, good="example.org", bad="Example.ORG/path", metavar="DOMAIN")
+IDENTITY = Check(_identity, good="acme/web", bad="acme", metavar="ID|TENANT/GROUP")
 TENANT_GROUP = Check(_tenant_group, good="acme/web", bad="globex", metavar="TENANT/GROUP")
 PROTO_PORT = Check(_proto_port, good="tcp/443", bad="tcp/99999", metavar="PROTO/PORT")
 LABEL = Check(_label, good="tier=gpu", bad="no-equals-sign", metavar="KEY=VALUE")

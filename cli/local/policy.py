@@ -37,7 +37,17 @@ from cli.output import (
     open_context,
     read_local,
 )
-from cli.params import PORT_MAYBE_PROTO, PROTO, SLUG, WHEN, choice, existing_dir, existing_file, one_protocol
+from cli.params import (
+    IDENTITY,
+    PORT_MAYBE_PROTO,
+    PROTO,
+    SLUG,
+    WHEN,
+    choice,
+    existing_dir,
+    existing_file,
+    one_protocol,
+)
 
 if TYPE_CHECKING:
     from store.readonly import ReadOnlyDb
@@ -434,8 +444,10 @@ def register(app: typer.Typer) -> None:
         _switch("rollback", version, signature, signature_file, reason)
 
     @command(policy, "explain", LOCAL)
-    def explain_cmd(src: str = typer.Option(..., "--src", help="SPIFFE ID or TENANT/GROUP"),
-                    dst: str = typer.Option(..., "--dst", help="SPIFFE ID or TENANT/GROUP"),
+    def explain_cmd(src: str = typer.Option(..., "--src", parser=IDENTITY, metavar=IDENTITY.metavar,
+                                            help="SPIFFE ID or TENANT/GROUP"),
+                    dst: str = typer.Option(..., "--dst", parser=IDENTITY, metavar=IDENTITY.metavar,
+                                            help="SPIFFE ID or TENANT/GROUP"),
                     port: Any = typer.Option(..., "--port", parser=PORT_MAYBE_PROTO,
                                              metavar=PORT_MAYBE_PROTO.metavar, help="e.g. 8443 or udp/4791"),
                     proto: str | None = typer.Option(None, "--proto", parser=PROTO, metavar=PROTO.metavar,
