@@ -18,6 +18,7 @@ from cli.output import (
     add_group,
     command,
     emit,
+    fail,
     guard,
     local_operator,
     machine_output,
@@ -150,6 +151,8 @@ def register(app: typer.Typer) -> None:
         """Print the trust bundle (SPIFFE JWKS; --pem for the X.509 roots)."""
         from pki import service
 
+        if pem and machine_output():  # PEM under --json would break whoever parses it
+            fail("--pem prints the roots as PEM: it does not go with --json or --output json|yaml", EXIT_USAGE)
         with open_context() as ctx, ctx.db.read_session() as session:
             if pem:
                 sys.stdout.write(service.bundle_pem(session, ctx.clock).decode())

@@ -69,3 +69,11 @@ def test_ttl_takes_the_durations_every_other_ttl_takes(home: Path) -> None:
                                                                         "--ttl", "soon"]):
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 2 and "--ttl" in r.output, (args, r.output)
+
+
+def test_bundle_show_pem_with_json_is_usage(home: Path) -> None:
+    """--json promises JSON: with --pem, PEM was printed under it (exit 0). Options that do not go together."""
+    for fmt in (["--json"], ["-o", "yaml"]):
+        r = CliRunner().invoke(app, ["bundle", "show", "--pem", *fmt])
+        assert r.exit_code == 2 and "--pem" in r.output and "BEGIN CERTIFICATE" not in r.output, (fmt, r.output)
+    assert CliRunner().invoke(app, ["bundle", "show", "--pem", "-o", "wide"]).exit_code == 0  # for people: fine
