@@ -92,6 +92,16 @@ def _tenant_group(text: str) -> tuple[str, str]:
     return _slug(tenant), _slug(group)
 
 
+def _action(text: str) -> str:
+    import re
+
+    from core.vocabulary import AUDIT_ACTION_PATTERN
+
+    if not re.fullmatch(AUDIT_ACTION_PATTERN, text):
+        raise InvalidInput(f"{text!r} is not an action like 'svid.issue'")
+    return text
+
+
 def _identity(text: str) -> str:
     """A SPIFFE ID of the project's layout or TENANT/GROUP, kept as given (the policy service reads it)."""
     from policy.decide import parse_identity
@@ -311,6 +321,7 @@ PORT_MAP = Check(_port_map, good="p0=p0", bad="p0", metavar="PORT=NAME")
 HOST_PORT = Check(_host_port, good="127.0.0.1:9100", bad="127.0.0.1", metavar="HOST:PORT")
 SLUG = Check(_slug, good="acme", bad="Not_A_Slug", metavar="NAME")
 TRUST_DOMAIN = Check(_trust_domain, good="example.org", bad="Example.ORG/path", metavar="DOMAIN")
+ACTION = Check(_action, good="grant.approve", bad="approve", metavar="ACTION")
 IDENTITY = Check(_identity, good="acme/web", bad="acme", metavar="ID|TENANT/GROUP")
 TENANT_GROUP = Check(_tenant_group, good="acme/web", bad="globex", metavar="TENANT/GROUP")
 PROTO_PORT = Check(_proto_port, good="tcp/443", bad="tcp/99999", metavar="PROTO/PORT")

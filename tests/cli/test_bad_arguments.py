@@ -163,6 +163,9 @@ def test_every_command_is_covered() -> None:
      "'--src': 'acme' is neither a SPIFFE ID nor <tenant>/<group>"),
     (["policy", "explain", "--src", "acme/web", "--dst", "spiffe://example.org/node/n1", "--port", "8443"],
      "'--dst': 'spiffe://example.org/node/n1' is not a trustfabric SPIFFE ID"),
+    # as audit export's --action (it was exit 1: the server's 422, or `cannot reach` first)
+    (["audit", "events", "--action", "approve"], "'--action': 'approve' is not an action like 'svid.issue'"),
+    (["audit", "export", "--out", "FILE", "--action", "approve"], "'--action': 'approve' is not an action"),
 ])
 def test_the_issue_s_examples(argv: list[str], says: str, files: dict[str, Path]) -> None:
     argv = [str(files["file"]) if a == "FILE" else a for a in argv]
