@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 
 VERSIONS = View("policy versions", (
     Col("#", "number", kind="id"), Col("state", "state"), Col("hash", lambda r: r["content_hash"][:16], kind="id"),
-    Col("tests", lambda r: "pass" if r["tests_passed"] else f"{len(r['tests_failing'])} failing"),
+    Col("tests", lambda r: "pass" if r["tests_passed"] else
+        f"{len(r['tests_failing'])} failing" if r["tests_total"] else "no tests"),
     Col("uploaded by", "uploaded_by", drop=1), Col("created", "created_at", kind="time"), Col("note", "note", drop=2),
 ))
 DECISIONS = View("policy decisions", (
@@ -312,8 +313,12 @@ def register(app: typer.Typer) -> None:
             emit({**out, "created": created})
         else:
             state = "uploaded" if created else "already stored"
-            tests = "tests pass" if out["tests_passed"] else f"TESTS FAIL: {', '.join(out['tests_failing'])}"
+            tests = ("tests pass" if out["tests_passed"] else "NO TESTS" if not out["tests_total"] else
+                     f"TESTS FAIL: {', '.join(out['tests_failing'])}")
             console.print(f"version {out['number']} {state} ({out['content_hash'][:16]}), {tests}", highlight=False)
+        if not out["tests_passed"] and not out["tests_total"]:  # passing needs at least one test (README)
+            fail(f"version {out['number']} is stored but cannot be activated: it carries no Rego tests (a version "
+                 f"needs at least one test_* rule, every one passing; add them and upload again)")
         if not out["tests_passed"]:
             fail(f"version {out['number']} is stored but cannot be activated: {len(out['tests_failing'])} of "
                  f"{out['tests_total']} Rego tests fail (fix them and upload again; `trustfabric policy test "
