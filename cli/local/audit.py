@@ -152,10 +152,15 @@ def _read_checkpoint(path: Path) -> str:
 
 
 def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
-    """A checkpoint note the auditor kept, verified with the audit public key (CheckpointError if not)."""
+    """A checkpoint note the auditor kept, verified with the audit public key (CheckpointError naming the option and
+    the file if not, as --public-key's: an auditor holds several files beside the export)."""
+    from audit.errors import CheckpointError
     from audit.note import verify_checkpoint
 
-    return verify_checkpoint(_read_checkpoint(path), key)
+    try:
+        return verify_checkpoint(_read_checkpoint(path), key)
+    except CheckpointError as exc:
+        raise CheckpointError(f"--since-checkpoint {path}: {exc}") from None
 
 
 def _cannot_verify(exc: Exception, code: int) -> NoReturn:
