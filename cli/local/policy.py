@@ -39,6 +39,7 @@ from cli.output import (
 )
 from cli.params import (
     IDENTITY,
+    POLICY_REF,
     PORT_MAYBE_PROTO,
     PROTO,
     SLUG,
@@ -207,7 +208,7 @@ def register(app: typer.Typer) -> None:
         data: list[Path] = typer.Option([], "--data", "-d", exists=True, readable=True,
                                         help="a .rego module, a JSON/YAML data file, or a folder of both "
                                              "(repeatable); with only data files, the active version's modules"),
-        version: str = typer.Option(None, "--version", metavar="N|HASH",
+        version: str = typer.Option(None, "--version", parser=POLICY_REF, metavar=POLICY_REF.metavar,
                                     help="evaluate a stored version (local data directory), with the live data"),
     ) -> None:
         """Evaluate QUERY like `opa eval`, on --data files or a stored version.
@@ -340,7 +341,7 @@ def register(app: typer.Typer) -> None:
         emit(guard(lambda: read_local(fast, full)), VERSIONS)
 
     @command(policy, "show", LOCAL)
-    def show_cmd(version: str = typer.Argument(None, metavar="[N|HASH]",
+    def show_cmd(version: str = typer.Argument(None, parser=POLICY_REF, metavar="[N|HASH]",
                                                 help="number or hash prefix; the active one by default"),
                  sources: bool = typer.Option(False, "--sources", help="print the modules' Rego text too")) -> None:
         """One version: state, modules, test results."""
@@ -367,7 +368,7 @@ def register(app: typer.Typer) -> None:
                 print(f"\n# ---- {name}\n{text}", end="" if text.endswith("\n") else "\n")
 
     @command(policy, "impact", LOCAL)
-    def impact_cmd(version: str = typer.Argument(..., metavar="N|HASH"),
+    def impact_cmd(version: str = typer.Argument(..., parser=POLICY_REF, metavar=POLICY_REF.metavar),
                    limit: int = typer.Option(50, "--limit", min=0, max=100_000, help="flows listed per side")) -> None:
         """Flows VERSION would open and close against the active version, on the current inventory; with a
         fabric, the devices whose rule sets it would change (both in the policy sandbox)."""
@@ -436,15 +437,17 @@ def register(app: typer.Typer) -> None:
     SignatureFile = typer.Option(None, "--signature-file", **existing_file())
 
     @command(policy, "activate", LOCAL)
-    def activate_cmd(version: str = typer.Argument(..., metavar="N|HASH"), signature: str = Signature,
-                     signature_file: Path = SignatureFile, reason: str = typer.Option(None, "--reason")) -> None:
+    def activate_cmd(version: str = typer.Argument(..., parser=POLICY_REF, metavar=POLICY_REF.metavar),
+                     signature: str = Signature, signature_file: Path = SignatureFile,
+                     reason: str = typer.Option(None, "--reason")) -> None:
         """Put VERSION in force: tests present and passing, a signature outside development mode (and whenever
         policy keys are configured), the two-person rule when on, decisions within their budget."""
         _switch("activate", version, signature, signature_file, reason)
 
     @command(policy, "rollback", LOCAL)
-    def rollback_cmd(version: str = typer.Argument(..., metavar="N|HASH"), signature: str = Signature,
-                     signature_file: Path = SignatureFile, reason: str = typer.Option(None, "--reason")) -> None:
+    def rollback_cmd(version: str = typer.Argument(..., parser=POLICY_REF, metavar=POLICY_REF.metavar),
+                     signature: str = Signature, signature_file: Path = SignatureFile,
+                     reason: str = typer.Option(None, "--reason")) -> None:
         """Go back to an earlier VERSION."""
         _switch("rollback", version, signature, signature_file, reason)
 
