@@ -45,3 +45,19 @@ def test_a_bad_trust_domain_variable_is_refused_before_anything_is_written(tmp_p
         assert r.returncode == 1, (command, r.stdout, r.stderr)
         assert r.stderr.startswith("error: TRUSTFABRIC_TRUST_DOMAIN") and len(r.stderr.strip().splitlines()) == 1
         assert not home.exists(), (command, sorted(p.name for p in home.iterdir()))
+
+
+def test_serve_on_a_port_in_use_fails_in_one_line_with_exit_1(tmp_path: Path) -> None:
+    """uvicorn ends a server that cannot bind with its own exit code 3 (STARTUP_FAILURE), which the CLI's scheme
+    gives to `audit verify` alone, after init has run; the address is checked first: exit 1, naming it."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        home = tmp_path / "home"
+        r = run_cli(["serve", "--port", str(port)], _env(home))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: ") and r.stderr.count("\n") == 1, r.stderr
+    assert not home.exists()  # refused before init made anything
