@@ -402,6 +402,21 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     raise typer.Exit(code)
 
 
+def check_listen_address(host: str, port: int) -> None:
+    """One line and exit 1 when HOST:PORT cannot be listened on (in use, not this host's), before a server command
+    does any work: uvicorn finds out only when it binds, logs it and exits with its own code 3 (STARTUP_FAILURE),
+    which this CLI's scheme gives to `audit verify` alone."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind((host, port))
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+
 @contextmanager
 def one_line_errors(code: int = EXIT_FAILURE) -> Iterator[None]:
     """A domain error or an unreadable file ends the command with one line and `code` (EXIT_FAILURE; EXIT_USAGE

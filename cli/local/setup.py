@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from cli.output import LOCAL, command, emit, fail, local_settings, machine_output, open_context
+from cli.output import LOCAL, check_listen_address, command, emit, fail, local_settings, machine_output, open_context
 from cli.params import PORT, TRUST_DOMAIN, choice
 from core.errors import InvalidInput
 
@@ -116,7 +116,7 @@ def serve_cmd(
     if workers > 1 and not settings.metrics_multiproc_dir:
         metrics_dir = tempfile.mkdtemp(prefix="tf-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    _check_address(host, port)
+    check_listen_address(host, port)
     try:
         stopped_by = _serve(local_settings(), host, port, trust_domain, tls, workers)
     except SystemExit as exc:  # uvicorn's STARTUP_FAILURE (3): the scheme's 3 is `audit verify`'s alone
@@ -129,20 +129,6 @@ def serve_cmd(
     if stopped_by is not None:  # every cleanup ran: now end as the signal asked, as uvicorn does
         signal.signal(stopped_by, signal.SIG_DFL)
         os.kill(os.getpid(), stopped_by)
-
-
-def _check_address(host: str, port: int) -> None:
-    """One line and exit 1 when the address cannot be listened on (in use, not this host's), before init runs:
-    uvicorn would find out after it, log it and exit with its own code."""
-    import socket
-
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            probe.bind((host, port))
-    except OSError as exc:
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
 def _serve(settings: Any, host: str, port: int, trust_domain: str | None, tls: bool, workers: int) -> int | None:

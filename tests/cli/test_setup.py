@@ -61,3 +61,17 @@ def test_serve_on_a_port_in_use_fails_in_one_line_with_exit_1(tmp_path: Path) ->
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert r.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: ") and r.stderr.count("\n") == 1, r.stderr
     assert not home.exists()  # refused before init made anything
+
+
+def test_pdp_on_a_port_in_use_fails_in_one_line_with_exit_1(tmp_path: Path) -> None:
+    import socket
+
+    from policy.shipped import REGO_DIR
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_cli(["pdp", "--port", str(port), "--rego", str(REGO_DIR)], _env(tmp_path / "home"))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: ") and r.stderr.count("\n") == 1, r.stderr
