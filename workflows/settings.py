@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # loaded where built: every local command reads settings, few
     from policy.engines import EngineSettings
 
 MODES = ("production", "development")
+ENGINE_KINDS = ("embedded", "opa")  # policy.engines.ENGINE_KINDS: a test holds the two equal
 N = TypeVar("N", int, float)
 DATABASE_SCHEMES = ("postgresql", "postgres", "sqlite")  # what store.db.make_engine opens
 
@@ -196,8 +197,8 @@ class Settings:
             policy_flow_set_budget_ms=_float(e, "TRUSTFABRIC_POLICY_FLOW_SET_BUDGET_MS", "2000"),
             read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
             cache_off=frozenset(n.strip() for n in e.get("TRUSTFABRIC_CACHE_OFF", "").split(",") if n.strip()),
-            policy_engine=e.get("TRUSTFABRIC_POLICY_ENGINE", "embedded"),
-            authz_engine=e.get("TRUSTFABRIC_AUTHZ_ENGINE", "embedded"),
+            policy_engine=_one_of(e, "TRUSTFABRIC_POLICY_ENGINE", "embedded", ENGINE_KINDS),
+            authz_engine=_one_of(e, "TRUSTFABRIC_AUTHZ_ENGINE", "embedded", ENGINE_KINDS),
             rego_vm=_one_of(e, "TRUSTFABRIC_REGO_VM", "auto", ("auto", "off")),
             opa_url=e.get("TRUSTFABRIC_OPA_URL", "http://127.0.0.1:8181"),
             opa_token=e.get("TRUSTFABRIC_OPA_TOKEN") or None,

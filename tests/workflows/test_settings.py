@@ -103,6 +103,15 @@ def test_a_bad_number_or_database_url_names_its_variable() -> None:
     with pytest.raises(InvalidInput, match=r"TRUSTFABRIC_RATE_LIMIT_PER_SECOND='fast' is not a number"):
         Settings.from_env({"TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "fast"})
     assert Settings.from_env({"TRUSTFABRIC_QUOTA_GROUPS": ""}).quota_groups == Settings().quota_groups  # unset
+    # an engine typo was taken for the embedded engine by every command that makes none (policy explain, ...)
+    for engine in ("TRUSTFABRIC_POLICY_ENGINE", "TRUSTFABRIC_AUTHZ_ENGINE"):
+        with pytest.raises(InvalidInput, match=rf"{engine}='opx': use one of embedded, opa"):
+            Settings.from_env({engine: "opx"})
+    assert Settings.from_env({"TRUSTFABRIC_POLICY_ENGINE": "opa"}).policy_engine == "opa"
+    from policy.engines import ENGINE_KINDS
+    from workflows import settings
+
+    assert settings.ENGINE_KINDS == ENGINE_KINDS  # the light copy the environment is checked against
     with pytest.raises(InvalidInput, match=r"must be a postgresql:// or sqlite:/// URL, not mysql:\.\.\.$") as refused:
         Settings.from_env({"TRUSTFABRIC_DATABASE_URL": "mysql://tf:s3cret@db/tf"})
     assert "s3cret" not in str(refused.value)
