@@ -25,8 +25,13 @@ N = TypeVar("N", int, float)
 DATABASE_SCHEMES = ("postgresql", "postgres", "sqlite")  # what store.db.make_engine opens
 
 
-def _flag(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
+def _flag(e: Mapping[str, str], name: str) -> bool:
+    """A switch: 1/true/yes/on or 0/false/no/off (unset or empty: off); anything else names the variable, never
+    read as off (the switches are safeguards)."""
+    text = (e.get(name) or "0").strip().lower()
+    if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise InvalidInput(f"{name}={text!r}: use 1 or 0 (true/false, yes/no, on/off)")
+    return text in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -188,7 +193,7 @@ class Settings:
                 Path(p.strip()) for p in e.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
             ),
             mode=e.get("TRUSTFABRIC_MODE", "production"),
-            policy_two_person=_flag(e.get("TRUSTFABRIC_POLICY_TWO_PERSON", "0")),
+            policy_two_person=_flag(e, "TRUSTFABRIC_POLICY_TWO_PERSON"),
             max_grant_ttl=timedelta(seconds=_int(e, "TRUSTFABRIC_MAX_GRANT_TTL_SECONDS", str(7 * 86400))),
             policy_job_cpu_seconds=_float(e, "TRUSTFABRIC_POLICY_JOB_CPU_SECONDS", "5"),
             policy_job_memory_mb=_int(e, "TRUSTFABRIC_POLICY_JOB_MEMORY_MB", "1024"),

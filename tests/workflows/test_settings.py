@@ -111,6 +111,14 @@ def test_a_bad_number_or_database_url_names_its_variable() -> None:
     from policy.engines import ENGINE_KINDS
     from workflows import settings
 
+    # the two-person rule is a safeguard: a typo must not switch it off in silence
+    with pytest.raises(InvalidInput, match=r"TRUSTFABRIC_POLICY_TWO_PERSON='ture'"):
+        Settings.from_env({"TRUSTFABRIC_POLICY_TWO_PERSON": "ture"})
+    for on, off in (("1", "0"), ("true", "false"), ("YES", "no"), ("on", "off")):
+        assert Settings.from_env({"TRUSTFABRIC_POLICY_TWO_PERSON": on}).policy_two_person is True
+        assert Settings.from_env({"TRUSTFABRIC_POLICY_TWO_PERSON": off}).policy_two_person is False
+    assert Settings.from_env({"TRUSTFABRIC_POLICY_TWO_PERSON": ""}).policy_two_person is False  # unset
+
     assert settings.ENGINE_KINDS == ENGINE_KINDS  # the light copy the environment is checked against
     with pytest.raises(InvalidInput, match=r"must be a postgresql:// or sqlite:/// URL, not mysql:\.\.\.$") as refused:
         Settings.from_env({"TRUSTFABRIC_DATABASE_URL": "mysql://tf:s3cret@db/tf"})
