@@ -142,6 +142,8 @@ class Settings:
         e = dict(os.environ if env is None else env)
         home = Path(e.get("TRUSTFABRIC_HOME", ".trustfabric"))
         key_file = e.get("TRUSTFABRIC_KEY_FILE")
+        prefix_pool, prefix_length = _pool(e, "TRUSTFABRIC_PREFIX", "10.0.0.0/8", "20", 4)
+        prefix6_pool, prefix6_length = _pool(e, "TRUSTFABRIC_PREFIX6", None, "48", 6)
         return cls(
             home=home,
             database_url=e.get("TRUSTFABRIC_DATABASE_URL") or None,
@@ -212,10 +214,10 @@ class Settings:
             pdp_token=e.get("TRUSTFABRIC_PDP_TOKEN") or None,
             vni_pool=_range(e.get("TRUSTFABRIC_VNI_POOL", "10000-16777215"), "TRUSTFABRIC_VNI_POOL"),
             vlan_pool=_range(e.get("TRUSTFABRIC_VLAN_POOL", "100-4094"), "TRUSTFABRIC_VLAN_POOL"),
-            prefix_pool=e.get("TRUSTFABRIC_PREFIX_POOL", "10.0.0.0/8"),
-            prefix_length=_int(e, "TRUSTFABRIC_PREFIX_LENGTH", "20"),
-            prefix6_pool=e.get("TRUSTFABRIC_PREFIX6_POOL") or None,
-            prefix6_length=_int(e, "TRUSTFABRIC_PREFIX6_LENGTH", "48"),
+            prefix_pool=prefix_pool or "10.0.0.0/8",
+            prefix_length=prefix_length,
+            prefix6_pool=prefix6_pool,
+            prefix6_length=prefix6_length,
             enforcer_mode=e.get("TRUSTFABRIC_ENFORCER_MODE", "auto"),
             enforcer_poll_seconds=_float(e, "TRUSTFABRIC_ENFORCER_POLL_SECONDS", "0.5"),
             enforcer_resync_seconds=_float(e, "TRUSTFABRIC_ENFORCER_RESYNC_SECONDS", "300"),
@@ -306,6 +308,30 @@ def _range(text: str, name: str) -> tuple[int, int]:
     if out[0] > out[1]:
         raise InvalidInput(f"{name}: {text!r} is an empty range")
     return out
+
+
+def _pool(e: Mapping[str, str], name: str, default: str | None, default_length: str,
+          version: int) -> tuple[str | None, int]:
+    """NAME_POOL and NAME_LENGTH (TRUSTFABRIC_PREFIX, _PREFIX6): a network of that IP version (no host bits) and
+    the length of the prefixes carved from it, no shorter than the pool's. Checked here, naming the variable: the
+    allocator met them first when a tenant was created without a prefix (an HTTP 500)."""
+    import ipaddress
+
+    text = (e.get(f"{name}_POOL") or default or "").strip()
+    length = _int(e, f"{name}_LENGTH", default_length)
+    if not text:
+        return None, length
+    try:
+        net: ipaddress.IPv4Network | ipaddress.IPv6Network | None = ipaddress.ip_network(text)
+    except ValueError:
+        net = None
+    if net is None or net.version != version:
+        example = "10.0.0.0/8" if version == 4 else "fd00::/32"
+        raise InvalidInput(f"{name}_POOL={text!r} is not an IPv{version} network (e.g. {example}; no host bits)")
+    if not net.prefixlen <= length <= net.max_prefixlen:
+        raise InvalidInput(f"{name}_LENGTH={length}: from {net.prefixlen} to {net.max_prefixlen} (the length of the "
+                           f"prefixes carved from {name}_POOL {text})")
+    return text, length
 
 
 def _one_of(e: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:

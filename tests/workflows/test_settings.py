@@ -125,3 +125,25 @@ def test_a_bad_number_or_database_url_names_its_variable() -> None:
     assert "s3cret" not in str(refused.value)
     for url in ("postgresql://tf@db/tf", "postgres://db/tf", "postgresql+psycopg://db/tf", "sqlite:///x.db"):
         assert Settings.from_env({"TRUSTFABRIC_DATABASE_URL": url}).db_url == url
+
+
+def test_the_prefix_pools_are_checked_when_read() -> None:
+    """A pool that is no network (or a length that cannot be carved from it) answered every tenant created
+    without a prefix with HTTP 500 (ValueError deep in the allocator); it is the environment's, named on load."""
+    refused = [
+        ({"TRUSTFABRIC_PREFIX_POOL": "garbage"}, r"TRUSTFABRIC_PREFIX_POOL='garbage' is not an IPv4 network"),
+        ({"TRUSTFABRIC_PREFIX_POOL": "fd00::/8"}, r"TRUSTFABRIC_PREFIX_POOL='fd00::/8' is not an IPv4 network"),
+        ({"TRUSTFABRIC_PREFIX_POOL": "10.0.0.1/8"}, r"TRUSTFABRIC_PREFIX_POOL='10.0.0.1/8' is not an IPv4 network"),
+        ({"TRUSTFABRIC_PREFIX6_POOL": "10.0.0.0/8"}, r"TRUSTFABRIC_PREFIX6_POOL='10.0.0.0/8' is not an IPv6 network"),
+        ({"TRUSTFABRIC_PREFIX_LENGTH": "4"}, r"TRUSTFABRIC_PREFIX_LENGTH=4: from 8 to 32"),
+        ({"TRUSTFABRIC_PREFIX_LENGTH": "33"}, r"TRUSTFABRIC_PREFIX_LENGTH=33: from 8 to 32"),
+        ({"TRUSTFABRIC_PREFIX6_POOL": "fd00::/32", "TRUSTFABRIC_PREFIX6_LENGTH": "16"},
+         r"TRUSTFABRIC_PREFIX6_LENGTH=16: from 32 to 128"),
+    ]
+    for env, says in refused:
+        with pytest.raises(InvalidInput, match=says):
+            Settings.from_env(env)
+    ok = Settings.from_env({"TRUSTFABRIC_PREFIX_POOL": "172.16.0.0/12", "TRUSTFABRIC_PREFIX_LENGTH": "24",
+                            "TRUSTFABRIC_PREFIX6_POOL": "fd00::/32"})
+    assert (ok.prefix_pool, ok.prefix_length, ok.prefix6_pool, ok.prefix6_length) == (
+        "172.16.0.0/12", 24, "fd00::/32", 48)
