@@ -212,8 +212,8 @@ class Settings:
             opa_ca_file=e.get("TRUSTFABRIC_OPA_CA_FILE") or None,
             opa_timeout_seconds=_float(e, "TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "2"),
             pdp_token=e.get("TRUSTFABRIC_PDP_TOKEN") or None,
-            vni_pool=_range(e.get("TRUSTFABRIC_VNI_POOL", "10000-16777215"), "TRUSTFABRIC_VNI_POOL"),
-            vlan_pool=_range(e.get("TRUSTFABRIC_VLAN_POOL", "100-4094"), "TRUSTFABRIC_VLAN_POOL"),
+            vni_pool=_range(e.get("TRUSTFABRIC_VNI_POOL", "10000-16777215"), "TRUSTFABRIC_VNI_POOL", (1, 16777215)),
+            vlan_pool=_range(e.get("TRUSTFABRIC_VLAN_POOL", "100-4094"), "TRUSTFABRIC_VLAN_POOL", (2, 4094)),
             prefix_pool=prefix_pool or "10.0.0.0/8",
             prefix_length=prefix_length,
             prefix6_pool=prefix6_pool,
@@ -299,7 +299,8 @@ class Settings:
         return self.key_file or self.home / "master.key"
 
 
-def _range(text: str, name: str) -> tuple[int, int]:
+def _range(text: str, name: str, bounds: tuple[int, int]) -> tuple[int, int]:
+    """FIRST-LAST within `bounds` (the ids a fabric file takes, enforcer/fabric_file.py: VLANs 2-4094, 24-bit VNIs)."""
     lo, sep, hi = text.partition("-")
     try:
         out = (int(lo), int(hi if sep else lo))
@@ -307,6 +308,8 @@ def _range(text: str, name: str) -> tuple[int, int]:
         raise InvalidInput(f"{name} must be FIRST-LAST, e.g. 100-4094, not {text!r}") from None
     if out[0] > out[1]:
         raise InvalidInput(f"{name}: {text!r} is an empty range")
+    if out[0] < bounds[0] or out[1] > bounds[1]:
+        raise InvalidInput(f"{name}: {text!r} must lie within {bounds[0]}-{bounds[1]}")
     return out
 
 

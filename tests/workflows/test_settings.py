@@ -147,3 +147,14 @@ def test_the_prefix_pools_are_checked_when_read() -> None:
                             "TRUSTFABRIC_PREFIX6_POOL": "fd00::/32"})
     assert (ok.prefix_pool, ok.prefix_length, ok.prefix6_pool, ok.prefix6_length) == (
         "172.16.0.0/12", 24, "fd00::/32", 48)
+
+
+def test_the_vni_and_vlan_pools_hold_only_valid_ids() -> None:
+    """A pool reaching past the VLANs and VNIs a fabric file takes (2-4094, 24-bit) handed a tenant an id the
+    fabric then refused (VLAN 1 is the default VLAN)."""
+    for env, says in (({"TRUSTFABRIC_VLAN_POOL": "5000-6000"}, r"TRUSTFABRIC_VLAN_POOL: .* within 2-4094"),
+                      ({"TRUSTFABRIC_VLAN_POOL": "1-100"}, r"TRUSTFABRIC_VLAN_POOL: .* within 2-4094"),
+                      ({"TRUSTFABRIC_VNI_POOL": "1-16777216"}, r"TRUSTFABRIC_VNI_POOL: .* within 1-16777215")):
+        with pytest.raises(InvalidInput, match=says):
+            Settings.from_env(env)
+    assert Settings.from_env({"TRUSTFABRIC_VLAN_POOL": "2-4094"}).vlan_pool == (2, 4094)
