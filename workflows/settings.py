@@ -345,19 +345,26 @@ def _one_of(e: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
 
 
 def _number(e: Mapping[str, str], name: str, default: str, kind: Callable[[str], N], what: str) -> N:
+    """Every number read is a count, size, duration or rate (0 at most means off or unlimited): a negative or
+    non-finite one is refused, naming the variable."""
+    import math
+
     value = e.get(name) or default
     try:
-        return kind(value)
+        number = kind(value)
     except ValueError:
         raise InvalidInput(f"{name}={value!r} is not {what}") from None
+    if not math.isfinite(number) or number < 0:
+        raise InvalidInput(f"{name}={value!r} is not {what}")
+    return number
 
 
 def _int(e: Mapping[str, str], name: str, default: str) -> int:
-    return _number(e, name, default, int, "a whole number")
+    return _number(e, name, default, int, "a whole number (0 or more)")
 
 
 def _float(e: Mapping[str, str], name: str, default: str) -> float:
-    return _number(e, name, default, float, "a number")
+    return _number(e, name, default, float, "a number (0 or more)")
 
 
 def _port(e: Mapping[str, str], name: str) -> int | None:

@@ -158,3 +158,14 @@ def test_the_vni_and_vlan_pools_hold_only_valid_ids() -> None:
         with pytest.raises(InvalidInput, match=says):
             Settings.from_env(env)
     assert Settings.from_env({"TRUSTFABRIC_VLAN_POOL": "2-4094"}).vlan_pool == (2, 4094)
+
+
+def test_no_number_in_the_environment_is_negative_or_infinite() -> None:
+    """Every number read is a count, a size, a duration or a rate, where 0 means off or unlimited at most: a negative
+    or infinite one (a sweep every -1 s, a quota of -1, a NaN budget) is a typo, refused with its variable."""
+    for name, value in (("TRUSTFABRIC_QUOTA_GRANTS", "-1"), ("TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "-5"),
+                        ("TRUSTFABRIC_POLICY_DECISION_BUDGET_MS", "nan"), ("TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "inf"),
+                        ("TRUSTFABRIC_NIC_FLOW_BUDGET", "-65536")):
+        with pytest.raises(InvalidInput, match=rf"{name}={value!r} is not a"):
+            Settings.from_env({name: value})
+    assert Settings.from_env({"TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0"}).rate_limit_per_second == 0  # off
