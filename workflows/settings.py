@@ -142,8 +142,10 @@ class Settings:
         e = dict(os.environ if env is None else env)
         home = Path(e.get("TRUSTFABRIC_HOME", ".trustfabric"))
         key_file = e.get("TRUSTFABRIC_KEY_FILE")
-        prefix_pool, prefix_length = _pool(e, "TRUSTFABRIC_PREFIX", "10.0.0.0/8", "20", 4)
-        prefix6_pool, prefix6_length = _pool(e, "TRUSTFABRIC_PREFIX6", None, "48", 6)
+        prefix_pool, prefix_length = _pool(e, "TRUSTFABRIC_PREFIX_POOL", "TRUSTFABRIC_PREFIX_LENGTH", "10.0.0.0/8",
+                                           "20", 4)
+        prefix6_pool, prefix6_length = _pool(e, "TRUSTFABRIC_PREFIX6_POOL", "TRUSTFABRIC_PREFIX6_LENGTH", None,
+                                             "48", 6)
         return cls(
             home=home,
             database_url=e.get("TRUSTFABRIC_DATABASE_URL") or None,
@@ -313,15 +315,15 @@ def _range(text: str, name: str, bounds: tuple[int, int]) -> tuple[int, int]:
     return out
 
 
-def _pool(e: Mapping[str, str], name: str, default: str | None, default_length: str,
+def _pool(e: Mapping[str, str], pool_name: str, length_name: str, default: str | None, default_length: str,
           version: int) -> tuple[str | None, int]:
-    """NAME_POOL and NAME_LENGTH (TRUSTFABRIC_PREFIX, _PREFIX6): a network of that IP version (no host bits) and
-    the length of the prefixes carved from it, no shorter than the pool's. Checked here, naming the variable: the
-    allocator met them first when a tenant was created without a prefix (an HTTP 500)."""
+    """A prefix pool and the length of the prefixes carved from it: a network of that IP version (no host bits),
+    the length no shorter than the pool's. Checked here, naming the variable: the allocator met them first, when
+    a tenant was created without a prefix (an HTTP 500)."""
     import ipaddress
 
-    text = (e.get(f"{name}_POOL") or default or "").strip()
-    length = _int(e, f"{name}_LENGTH", default_length)
+    text = (e.get(pool_name) or default or "").strip()
+    length = _int(e, length_name, default_length)
     if not text:
         return None, length
     try:
@@ -330,10 +332,10 @@ def _pool(e: Mapping[str, str], name: str, default: str | None, default_length: 
         net = None
     if net is None or net.version != version:
         example = "10.0.0.0/8" if version == 4 else "fd00::/32"
-        raise InvalidInput(f"{name}_POOL={text!r} is not an IPv{version} network (e.g. {example}; no host bits)")
+        raise InvalidInput(f"{pool_name}={text!r} is not an IPv{version} network (e.g. {example}; no host bits)")
     if not net.prefixlen <= length <= net.max_prefixlen:
-        raise InvalidInput(f"{name}_LENGTH={length}: from {net.prefixlen} to {net.max_prefixlen} (the length of the "
-                           f"prefixes carved from {name}_POOL {text})")
+        raise InvalidInput(f"{length_name}={length}: from {net.prefixlen} to {net.max_prefixlen} (the length of the "
+                           f"prefixes carved from {pool_name} {text})")
     return text, length
 
 
@@ -355,16 +357,16 @@ def _number(e: Mapping[str, str], name: str, default: str, kind: Callable[[str],
     except ValueError:
         raise InvalidInput(f"{name}={value!r} is not {what}") from None
     if not math.isfinite(number) or number < 0:
-        raise InvalidInput(f"{name}={value!r} is not {what}")
+        raise InvalidInput(f"{name}={value!r}: must be a finite number, 0 or more")
     return number
 
 
 def _int(e: Mapping[str, str], name: str, default: str) -> int:
-    return _number(e, name, default, int, "a whole number (0 or more)")
+    return _number(e, name, default, int, "a whole number")
 
 
 def _float(e: Mapping[str, str], name: str, default: str) -> float:
-    return _number(e, name, default, float, "a number (0 or more)")
+    return _number(e, name, default, float, "a number")
 
 
 def _port(e: Mapping[str, str], name: str) -> int | None:
