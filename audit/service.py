@@ -39,13 +39,14 @@ from audit.wire import format_ts as format_ts
 from core.canonical import canonical_json, is_plain, plain_canonical_json
 from core.clock import as_utc, system_clock
 from core.slugs import is_slug
+from core.vocabulary import AUDIT_ACTION_PATTERN
 from store import deferred
 from store.changes import CHANNEL
 from store.db import driver_rows, notified, pg_array
 
 DOCUMENT_VERSION = 2
 MAX_EVENT_BYTES = 64 * 1024  # an event's hashed bytes; the field limits keep real events far below it
-ACTION_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$")
+ACTION_RE = re.compile(AUDIT_ACTION_PATTERN)
 _HEAD_CACHE = "tf_audit_head"
 _IN_CHUNK = 500
 

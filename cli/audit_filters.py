@@ -9,10 +9,11 @@ from datetime import datetime
 import typer
 
 from cli.output import EXIT_USAGE, fail
-from cli.params import SLUG, WHEN
+from cli.params import ACTION, SLUG, WHEN
 
 TenantOpt = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT", help="only this tenant's events")
-ActionOpt = typer.Option(None, "--action", help="only this action, e.g. grant.approve")
+ActionOpt = typer.Option(None, "--action", parser=ACTION, metavar=ACTION.metavar,
+                         help="only this action, e.g. grant.approve")
 ActorOpt = typer.Option(None, "--actor", help="only this actor's: alice@acme (acme's alice), or alice (every "
                         "tenant's), cli:root")
 ActorTenantOpt = typer.Option(None, "--actor-tenant", parser=SLUG, metavar="TENANT",

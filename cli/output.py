@@ -92,7 +92,7 @@ PANELS: dict[Where, str] = {
     "api": "Over the API (your token; any machine)",
     "local": "Local (on the server host: the data directory)",
     "offline": "Offline (files only: no server, no data directory)",
-    "node": "On a node (a GPU node or a leaf: its join token, then its node SVID over mTLS)",
+    "node": "On a node (GPU node or leaf: a join token, then its node SVID over mTLS)",  # <= 74: fits 80 columns
 }
 
 MIXED_PANEL = "Mixed (each command's --help panel says where it runs)"
@@ -400,6 +400,21 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     the command line was wrong (options that do not go together, a file argument that cannot be used)."""
     err_console.print(f"error: {message}", highlight=False, markup=False)
     raise typer.Exit(code)
+
+
+def check_listen_address(host: str, port: int) -> None:
+    """One line and exit 1 when HOST:PORT cannot be listened on (in use, not this host's), before a server command
+    does any work: uvicorn finds out only when it binds, logs it and exits with its own code 3 (STARTUP_FAILURE),
+    which this CLI's scheme gives to `audit verify` alone."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind((host, port))
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
 @contextmanager

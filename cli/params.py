@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +29,13 @@ class Check:
         self.bad = bad
         self.metavar = metavar
         self.__name__ = metavar.lower()
+
+    def parse(self, text: str) -> Any:
+        """The parsed value, or InvalidInput (a value from elsewhere than the command line: the caller says whose)."""
+        try:
+            return self._parse(text)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
 
     def __call__(self, value: Any) -> Any:
         if not isinstance(value, str):  # a default already parsed, or typer passing one through
@@ -84,6 +92,24 @@ def _tenant_group(text: str) -> tuple[str, str]:
     return _slug(tenant), _slug(group)
 
 
+def _action(text: str) -> str:
+    import re
+
+    from core.vocabulary import AUDIT_ACTION_PATTERN
+
+    if not re.fullmatch(AUDIT_ACTION_PATTERN, text):
+        raise InvalidInput(f"{text!r} is not an action like 'svid.issue'")
+    return text
+
+
+def _identity(text: str) -> str:
+    """A SPIFFE ID of the project's layout or TENANT/GROUP, kept as given (the policy service reads it)."""
+    from policy.decide import parse_identity
+
+    parse_identity(text)
+    return text
+
+
 def _proto_port(text: str) -> dict[str, object]:
     proto, sep, number = text.partition("/")
     if not sep or proto not in ("tcp", "udp"):
@@ -127,6 +153,19 @@ def _ttl(text: str) -> timedelta:
     from core.clock import parse_ttl
 
     return parse_ttl(text)
+
+
+def ttl_at_most(limit: timedelta) -> Check:
+    """A TTL as every --ttl takes it (`90s`, `15m`, `12h`, `7d`, or plain seconds), no longer than `limit`."""
+    from cli.humanize import duration
+
+    def parse(text: str) -> timedelta:
+        ttl = _ttl(text)
+        if ttl > limit:
+            raise InvalidInput(f"{text!r} is longer than {duration(limit)}, the most it may be")
+        return ttl
+
+    return Check(parse, good="1h", bad="soon", metavar="TTL")
 
 
 def _when(text: str) -> datetime:
@@ -282,6 +321,8 @@ PORT_MAP = Check(_port_map, good="p0=p0", bad="p0", metavar="PORT=NAME")
 HOST_PORT = Check(_host_port, good="127.0.0.1:9100", bad="127.0.0.1", metavar="HOST:PORT")
 SLUG = Check(_slug, good="acme", bad="Not_A_Slug", metavar="NAME")
 TRUST_DOMAIN = Check(_trust_domain, good="example.org", bad="Example.ORG/path", metavar="DOMAIN")
+ACTION = Check(_action, good="grant.approve", bad="approve", metavar="ACTION")
+IDENTITY = Check(_identity, good="acme/web", bad="acme", metavar="ID|TENANT/GROUP")
 TENANT_GROUP = Check(_tenant_group, good="acme/web", bad="globex", metavar="TENANT/GROUP")
 PROTO_PORT = Check(_proto_port, good="tcp/443", bad="tcp/99999", metavar="PROTO/PORT")
 LABEL = Check(_label, good="tier=gpu", bad="no-equals-sign", metavar="KEY=VALUE")
@@ -307,6 +348,22 @@ POLICY_REF = Check(_policy_ref, good="2", bad="v2", metavar="N|HASH")
 def existing_file(**kw: Any) -> dict[str, Any]:
     """typer.Option/Argument keywords for a file that must exist (a folder is refused)."""
     return {"exists": True, "file_okay": True, "dir_okay": False, "readable": True, **kw}
+
+
+def _in_existing_folder(value: Path | None) -> Path | None:
+    """A file to write must be in a folder that exists: checked while parsing, before the command does (and
+    perhaps audits) anything it could then not deliver."""
+    if value is None or str(value) == "-":
+        return value
+    folder = value.parent
+    if not folder.is_dir():
+        raise typer.BadParameter(f"{folder} is not a folder" if folder.exists() else f"folder {folder} does not exist")
+    return value
+
+
+def new_file(**kw: Any) -> dict[str, Any]:
+    """typer.Option keywords for a file to write: a folder is refused, and so is a file in a missing folder."""
+    return {"file_okay": True, "dir_okay": False, "callback": _in_existing_folder, **kw}
 
 
 def existing_dir(**kw: Any) -> dict[str, Any]:

@@ -17,6 +17,9 @@ TENANT_ROLES: frozenset[str] = frozenset({"tenant-admin", "tenant-member", "work
 SLUG_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 SLUG_MAX = 63
 
+# ---- audit event actions: `svid.issue`, `grant.approve` (the log, the API's filters and the CLI's check one pattern)
+AUDIT_ACTION_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$"
+
 # ---- grants: lifecycle states
 GrantState = Literal["pending", "active", "expired", "revoked", "rejected", "denied"]
 GRANT_STATES: tuple[str, ...] = get_args(GrantState)

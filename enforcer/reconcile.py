@@ -45,7 +45,7 @@ from sqlmodel import Session, col, select
 from audit import Actor
 from audit.service import changes_since, lock_head, size_and_events_since, tree_size
 from core.clock import Clock, system_clock
-from core.errors import Conflict, InvalidInput
+from core.errors import Conflict, InvalidInput, NotFound
 from enforcer import service
 from enforcer.compiler import Budget, Compiled, all_devices, compile_fabric, recompile
 from enforcer.fabric import Fabric
@@ -261,6 +261,8 @@ class Reconciler:
                     inputs = self._read(idle_ok=not (full or force or select is not None))
                     if inputs.allowed is None:  # no device, none compiled for: nothing to compile or publish
                         assert self._compiled is not None
+                        if select is not None:
+                            _check_in_fabric(select, {})
                         self._keep(self._compiled, inputs)
                         break
                     start = time.perf_counter()
@@ -388,6 +390,8 @@ class Reconciler:
         now = self.clock()
         known = self._compiled.devices if self._compiled is not None else {}
         cause = outcome.cause
+        if select is not None:  # `enforcer apply --device D`: a D the fabric lacks is said, not "up to date"
+            _check_in_fabric(select, compiled.devices)
         if not compiled.devices and select is None:
             with self.db.read_session() as r:
                 if not any(st.in_fabric for st in service.states(r).values()):
@@ -466,3 +470,11 @@ def staged_compile(inputs: StagedInputs, allowed: Any, budget: Budget) -> Compil
 def with_devices(compiled: Compiled, devices: dict[str, DeviceRuleSet]) -> Compiled:
     """The compile with other rule sets in place of its own (the published ones, for `enforcer verify`)."""
     return replace(compiled, devices=devices)
+
+
+def _check_in_fabric(selected: Collection[str], devices: Collection[str]) -> None:
+    """NotFound naming the selected devices that are not devices of the fabric (nothing is published then)."""
+    missing = sorted(set(selected) - set(devices))
+    if missing:
+        raise NotFound(f"{', '.join(missing)} {'is not a device' if len(missing) == 1 else 'are not devices'} of the "
+                       "fabric (`trustfabric device list` names them)")

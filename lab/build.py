@@ -49,13 +49,16 @@ class Timings:
         return round(sum(self.steps.values()), 4)
 
 
-def require_root() -> None:
-    """LabError saying what is missing when the lab cannot run on this machine."""
+def require_root(*, ovs: bool = True) -> None:
+    """LabError saying what is missing when the lab cannot run on this machine (`ovs=False`: for taking one down,
+    which ends processes and deletes namespaces, root and iproute2 are enough)."""
     if os.geteuid() != 0:
         raise LabError("the lab creates network namespaces and needs root")
     for tool in TOOLS:
         if shutil.which(tool) is None:
             raise LabError(f"{tool} is not installed (Debian package iproute2)")
+    if not ovs:
+        return
     reason = ovs_available()
     if reason:
         raise LabError(reason)

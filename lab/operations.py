@@ -43,7 +43,7 @@ def up(home: Path, fabric_file: Path, mode: str = "standalone") -> dict[str, Any
 
 
 def down(home: Path) -> dict[str, Any]:
-    build.require_root()
+    build.require_root(ovs=False)
     return build.teardown(home)
 
 
@@ -60,8 +60,8 @@ def _up_state(home: Path) -> dict[str, Any]:
 
 def apply(home: Path, fabric_file: Path | None = None) -> dict[str, Any]:
     """Compile the (edited) file again and apply the devices whose rule set changed."""
+    st = _up_state(home)  # no lab: said first, before a tool `lab up` would need anyway
     build.require_root()
-    st = _up_state(home)
     if st["mode"] != "standalone":
         raise LabError("this lab is agent-driven: node agents apply its rule sets")
     source = str(Path(fabric_file).resolve()) if fabric_file else st["file"]
@@ -82,8 +82,8 @@ def _same_topology(st: dict[str, Any], fabric: Fabric) -> None:
 
 def probe(home: Path, src: str, dst: str, port: int, family: int = 4,
           timeout: float = probing.DEFAULT_TIMEOUT) -> probing.ProbeResult:
-    build.require_root()
     st = _up_state(home)
+    build.require_root()
     fabric = load_fabric_file(Path(st["file"]))
     _same_topology(st, fabric)
     return probing.probe(st, standalone.installed(st, fabric), src, dst, port, family, timeout)

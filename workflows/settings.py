@@ -20,12 +20,18 @@ if TYPE_CHECKING:  # loaded where built: every local command reads settings, few
     from policy.engines import EngineSettings
 
 MODES = ("production", "development")
+ENGINE_KINDS = ("embedded", "opa")  # policy.engines.ENGINE_KINDS: a test holds the two equal
 N = TypeVar("N", int, float)
 DATABASE_SCHEMES = ("postgresql", "postgres", "sqlite")  # what store.db.make_engine opens
 
 
-def _flag(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
+def _flag(e: Mapping[str, str], name: str) -> bool:
+    """A switch: 1/true/yes/on or 0/false/no/off (unset or empty: off); anything else names the variable, never
+    read as off (the switches are safeguards)."""
+    text = (e.get(name) or "0").strip().lower()
+    if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise InvalidInput(f"{name}={text!r}: use 1 or 0 (true/false, yes/no, on/off)")
+    return text in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,10 @@ class Settings:
         e = dict(os.environ if env is None else env)
         home = Path(e.get("TRUSTFABRIC_HOME", ".trustfabric"))
         key_file = e.get("TRUSTFABRIC_KEY_FILE")
+        prefix_pool, prefix_length = _pool(e, "TRUSTFABRIC_PREFIX_POOL", "TRUSTFABRIC_PREFIX_LENGTH", "10.0.0.0/8",
+                                           "20", 4)
+        prefix6_pool, prefix6_length = _pool(e, "TRUSTFABRIC_PREFIX6_POOL", "TRUSTFABRIC_PREFIX6_LENGTH", None,
+                                             "48", 6)
         return cls(
             home=home,
             database_url=e.get("TRUSTFABRIC_DATABASE_URL") or None,
@@ -187,7 +197,7 @@ class Settings:
                 Path(p.strip()) for p in e.get("TRUSTFABRIC_POLICY_VERIFY_KEYS", "").split(",") if p.strip()
             ),
             mode=e.get("TRUSTFABRIC_MODE", "production"),
-            policy_two_person=_flag(e.get("TRUSTFABRIC_POLICY_TWO_PERSON", "0")),
+            policy_two_person=_flag(e, "TRUSTFABRIC_POLICY_TWO_PERSON"),
             max_grant_ttl=timedelta(seconds=_int(e, "TRUSTFABRIC_MAX_GRANT_TTL_SECONDS", str(7 * 86400))),
             policy_job_cpu_seconds=_float(e, "TRUSTFABRIC_POLICY_JOB_CPU_SECONDS", "5"),
             policy_job_memory_mb=_int(e, "TRUSTFABRIC_POLICY_JOB_MEMORY_MB", "1024"),
@@ -196,20 +206,20 @@ class Settings:
             policy_flow_set_budget_ms=_float(e, "TRUSTFABRIC_POLICY_FLOW_SET_BUDGET_MS", "2000"),
             read_cache=e.get("TRUSTFABRIC_READ_CACHE", "1").lower() not in ("0", "false", "no", "off"),
             cache_off=frozenset(n.strip() for n in e.get("TRUSTFABRIC_CACHE_OFF", "").split(",") if n.strip()),
-            policy_engine=e.get("TRUSTFABRIC_POLICY_ENGINE", "embedded"),
-            authz_engine=e.get("TRUSTFABRIC_AUTHZ_ENGINE", "embedded"),
+            policy_engine=_one_of(e, "TRUSTFABRIC_POLICY_ENGINE", "embedded", ENGINE_KINDS),
+            authz_engine=_one_of(e, "TRUSTFABRIC_AUTHZ_ENGINE", "embedded", ENGINE_KINDS),
             rego_vm=_one_of(e, "TRUSTFABRIC_REGO_VM", "auto", ("auto", "off")),
             opa_url=e.get("TRUSTFABRIC_OPA_URL", "http://127.0.0.1:8181"),
             opa_token=e.get("TRUSTFABRIC_OPA_TOKEN") or None,
             opa_ca_file=e.get("TRUSTFABRIC_OPA_CA_FILE") or None,
             opa_timeout_seconds=_float(e, "TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "2"),
             pdp_token=e.get("TRUSTFABRIC_PDP_TOKEN") or None,
-            vni_pool=_range(e.get("TRUSTFABRIC_VNI_POOL", "10000-16777215"), "TRUSTFABRIC_VNI_POOL"),
-            vlan_pool=_range(e.get("TRUSTFABRIC_VLAN_POOL", "100-4094"), "TRUSTFABRIC_VLAN_POOL"),
-            prefix_pool=e.get("TRUSTFABRIC_PREFIX_POOL", "10.0.0.0/8"),
-            prefix_length=_int(e, "TRUSTFABRIC_PREFIX_LENGTH", "20"),
-            prefix6_pool=e.get("TRUSTFABRIC_PREFIX6_POOL") or None,
-            prefix6_length=_int(e, "TRUSTFABRIC_PREFIX6_LENGTH", "48"),
+            vni_pool=_range(e.get("TRUSTFABRIC_VNI_POOL", "10000-16777215"), "TRUSTFABRIC_VNI_POOL", (1, 16777215)),
+            vlan_pool=_range(e.get("TRUSTFABRIC_VLAN_POOL", "100-4094"), "TRUSTFABRIC_VLAN_POOL", (2, 4094)),
+            prefix_pool=prefix_pool or "10.0.0.0/8",
+            prefix_length=prefix_length,
+            prefix6_pool=prefix6_pool,
+            prefix6_length=prefix6_length,
             enforcer_mode=e.get("TRUSTFABRIC_ENFORCER_MODE", "auto"),
             enforcer_poll_seconds=_float(e, "TRUSTFABRIC_ENFORCER_POLL_SECONDS", "0.5"),
             enforcer_resync_seconds=_float(e, "TRUSTFABRIC_ENFORCER_RESYNC_SECONDS", "300"),
@@ -291,7 +301,8 @@ class Settings:
         return self.key_file or self.home / "master.key"
 
 
-def _range(text: str, name: str) -> tuple[int, int]:
+def _range(text: str, name: str, bounds: tuple[int, int]) -> tuple[int, int]:
+    """FIRST-LAST within `bounds` (the ids a fabric file takes, enforcer/fabric_file.py: VLANs 2-4094, 24-bit VNIs)."""
     lo, sep, hi = text.partition("-")
     try:
         out = (int(lo), int(hi if sep else lo))
@@ -299,7 +310,33 @@ def _range(text: str, name: str) -> tuple[int, int]:
         raise InvalidInput(f"{name} must be FIRST-LAST, e.g. 100-4094, not {text!r}") from None
     if out[0] > out[1]:
         raise InvalidInput(f"{name}: {text!r} is an empty range")
+    if out[0] < bounds[0] or out[1] > bounds[1]:
+        raise InvalidInput(f"{name}: {text!r} must lie within {bounds[0]}-{bounds[1]}")
     return out
+
+
+def _pool(e: Mapping[str, str], pool_name: str, length_name: str, default: str | None, default_length: str,
+          version: int) -> tuple[str | None, int]:
+    """A prefix pool and the length of the prefixes carved from it: a network of that IP version (no host bits),
+    the length no shorter than the pool's. Checked here, naming the variable: the allocator met them first, when
+    a tenant was created without a prefix (an HTTP 500)."""
+    import ipaddress
+
+    text = (e.get(pool_name) or default or "").strip()
+    length = _int(e, length_name, default_length)
+    if not text:
+        return None, length
+    try:
+        net: ipaddress.IPv4Network | ipaddress.IPv6Network | None = ipaddress.ip_network(text)
+    except ValueError:
+        net = None
+    if net is None or net.version != version:
+        example = "10.0.0.0/8" if version == 4 else "fd00::/32"
+        raise InvalidInput(f"{pool_name}={text!r} is not an IPv{version} network (e.g. {example}; no host bits)")
+    if not net.prefixlen <= length <= net.max_prefixlen:
+        raise InvalidInput(f"{length_name}={length}: from {net.prefixlen} to {net.max_prefixlen} (the length of the "
+                           f"prefixes carved from {pool_name} {text})")
+    return text, length
 
 
 def _one_of(e: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -310,11 +347,18 @@ def _one_of(e: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
 
 
 def _number(e: Mapping[str, str], name: str, default: str, kind: Callable[[str], N], what: str) -> N:
+    """Every number read is a count, size, duration or rate (0 at most means off or unlimited): a negative or
+    non-finite one is refused, naming the variable."""
+    import math
+
     value = e.get(name) or default
     try:
-        return kind(value)
+        number = kind(value)
     except ValueError:
         raise InvalidInput(f"{name}={value!r} is not {what}") from None
+    if not math.isfinite(number) or number < 0:
+        raise InvalidInput(f"{name}={value!r}: must be a finite number, 0 or more")
+    return number
 
 
 def _int(e: Mapping[str, str], name: str, default: str) -> int:

@@ -30,7 +30,7 @@ from audit.export import FORMATS, ExportFilter, FormatName
 from audit.models import AuditEvent
 from core.clock import as_utc, require_aware
 from core.errors import Forbidden, InvalidInput, NotFound
-from core.vocabulary import SLUG_PATTERN
+from core.vocabulary import AUDIT_ACTION_PATTERN, SLUG_PATTERN
 from workflows import exports
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], route_class=HandedOffRoute)
@@ -38,7 +38,7 @@ ERRORS = error_responses(*COMMON_ERRORS)
 ERRORS_404 = error_responses(*COMMON_ERRORS, 404)
 
 SLUG = SLUG_PATTERN
-ACTION = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)+$"
+ACTION = AUDIT_ACTION_PATTERN
 TenantQuery = Annotated[str | None, Query(min_length=1, max_length=63, pattern=SLUG)]
 ActionQuery = Annotated[str | None, Query(min_length=3, max_length=64, pattern=ACTION)]
 MAX_INDEX = 2**53

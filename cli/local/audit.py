@@ -36,7 +36,7 @@ from cli.output import (
     machine_output,
     open_context,
 )
-from cli.params import choice, existing_file
+from cli.params import choice, existing_file, new_file
 from core.errors import InvalidInput, TrustfabricError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # imported when a command runs: `trustfabric --help` stays li
 
 def export_cmd(
     out: Path = typer.Option(..., "--out", help="file to write (replaced only when the export succeeds)",
-                             dir_okay=False),
+                             **new_file()),
     fmt: str = typer.Option("jsonl", "--format", parser=choice("jsonl", "csv", "ocsf"), metavar="jsonl|csv|ocsf"),
     since: datetime | None = SinceOpt, until: datetime | None = UntilOpt, tenant: str | None = TenantOpt,
     action: str | None = ActionOpt, actor: str | None = ActorOpt, actor_tenant: str | None = ActorTenantOpt,
@@ -152,10 +152,15 @@ def _read_checkpoint(path: Path) -> str:
 
 
 def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
-    """A checkpoint note the auditor kept, verified with the audit public key (CheckpointError if not)."""
+    """A checkpoint note the auditor kept, verified with the audit public key (CheckpointError naming the option and
+    the file if not, as --public-key's: an auditor holds several files beside the export)."""
+    from audit.errors import CheckpointError
     from audit.note import verify_checkpoint
 
-    return verify_checkpoint(_read_checkpoint(path), key)
+    try:
+        return verify_checkpoint(_read_checkpoint(path), key)
+    except CheckpointError as exc:
+        raise CheckpointError(f"--since-checkpoint {path}: {exc}") from None
 
 
 def _cannot_verify(exc: Exception, code: int) -> NoReturn:

@@ -11,6 +11,7 @@ import typer
 from cli.output import (
     EXIT_USAGE,
     LOCAL,
+    check_listen_address,
     command,
     console,
     emit,
@@ -51,6 +52,7 @@ def register(app: typer.Typer) -> None:
             fail("set TRUSTFABRIC_PDP_TOKEN to serve beyond loopback", EXIT_USAGE)
         if (tls_cert is None) != (tls_key is None):
             fail("--tls-cert and --tls-key go together", EXIT_USAGE)
+        check_listen_address(host, port)
         engine = guard(lambda: make_engine(settings.engines(), "pdp"))
         sync: PdpSync | None = None
         ctx_cm: Any = None
@@ -76,6 +78,10 @@ def register(app: typer.Typer) -> None:
             options = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
         try:
             uvicorn.run(app_, host=host, port=port, log_level="warning", **options)
+        except SystemExit as exc:  # uvicorn's STARTUP_FAILURE (3): the scheme's 3 is `audit verify`'s alone
+            if exc.code in (0, None):
+                raise
+            fail("the PDP did not start (the log line above says why)")
         finally:
             if sync is not None:
                 sync.stop()

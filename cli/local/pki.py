@@ -18,21 +18,18 @@ from cli.output import (
     add_group,
     command,
     emit,
+    fail,
     guard,
     local_operator,
     machine_output,
     open_context,
     read_local,
 )
-from cli.params import SLUG, existing_file
+from cli.params import SLUG, existing_file, new_file, ttl_at_most
 
 if TYPE_CHECKING:
     from pki import service
     from workflows.context import AppContext
-
-
-def _ttl(seconds: int | None) -> timedelta | None:
-    return None if seconds is None else timedelta(seconds=seconds)
 
 
 def _read(path: Path) -> bytes:
@@ -59,7 +56,10 @@ KEYS = View("trust bundle", (Col("use", "use"), Col("kid", "kid", kind="id"), Co
 Tenant = typer.Option(..., "--tenant", parser=SLUG, metavar="TENANT")
 Group = typer.Option(..., "--group", parser=SLUG, metavar="GROUP")
 Workload = typer.Option(..., "--workload", parser=SLUG, metavar="WORKLOAD")
-TtlSeconds = typer.Option(None, "--ttl", min=1, max=365 * 86400, help="seconds")
+SVID_TTL = ttl_at_most(timedelta(days=365))
+SvidTtl = typer.Option(None, "--ttl", parser=SVID_TTL, metavar=SVID_TTL.metavar,
+                       help="e.g. 30m, 1h, or seconds")
+JOIN_TTL = ttl_at_most(timedelta(days=7))
 
 
 def register(app: typer.Typer) -> None:
@@ -75,8 +75,8 @@ def register(app: typer.Typer) -> None:
         csr: Path = typer.Option(..., "--csr", help="PKCS#10 CSR in PEM ('-' for stdin)",
                                  **existing_file(allow_dash=True)),
         tenant: str = Tenant, group: str = Group, workload: str = Workload,
-        ttl: int | None = TtlSeconds,
-        out: Path | None = typer.Option(None, "--out", help="write leaf + chain PEM here", dir_okay=False),
+        ttl: timedelta | None = SvidTtl,
+        out: Path | None = typer.Option(None, "--out", help="write leaf + chain PEM here", **new_file()),
     ) -> None:
         """Issue an X.509-SVID to a registered workload from a CSR."""
         from pki import service
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         with open_context() as ctx, ctx.db.session() as session:
             issued = service.issue_x509_svid(
                 session, ctx.keystore, csr_pem=csr_pem, tenant=tenant, group=group, workload=workload,
-                ttl=_ttl(ttl), actor=local_operator(), scope_tenant=None, clock=ctx.clock,
+                ttl=ttl, actor=local_operator(), scope_tenant=None, clock=ctx.clock,
                 max_ttl=ctx.settings.max_svid_ttl,
             )
         if out is not None:
@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
     def svid_jwt(
         tenant: str = Tenant, group: str = Group, workload: str = Workload,
         audience: list[str] = typer.Option(..., "--audience", help="repeat for several audiences"),
-        ttl: int | None = TtlSeconds,
+        ttl: timedelta | None = SvidTtl,
     ) -> None:
         """Issue a JWT-SVID to a registered workload."""
         from pki import service
@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
         with open_context() as ctx, ctx.db.session() as session:
             issued = service.issue_jwt_svid(
                 session, ctx.keystore, tenant=tenant, group=group, workload=workload, audience=list(audience),
-                ttl=_ttl(ttl), actor=local_operator(), scope_tenant=None, clock=ctx.clock,
+                ttl=ttl, actor=local_operator(), scope_tenant=None, clock=ctx.clock,
             )
         if machine_output():
             emit({"token": issued.token, "spiffe_id": issued.spiffe_id, "audience": issued.audience,
@@ -151,6 +151,8 @@ def register(app: typer.Typer) -> None:
         """Print the trust bundle (SPIFFE JWKS; --pem for the X.509 roots)."""
         from pki import service
 
+        if pem and machine_output():  # PEM under --json would break whoever parses it
+            fail("--pem prints the roots as PEM: it does not go with --json or --output json|yaml", EXIT_USAGE)
         with open_context() as ctx, ctx.db.read_session() as session:
             if pem:
                 sys.stdout.write(service.bundle_pem(session, ctx.clock).decode())
@@ -213,13 +215,14 @@ def register(app: typer.Typer) -> None:
     @command(node_token, "create", LOCAL)
     def node_token_create(
         node_name: str = typer.Option(..., "--node", parser=SLUG, metavar="NODE", help="node name (DNS label)"),
-        ttl: int | None = typer.Option(None, "--ttl", min=1, max=7 * 86400, help="seconds (default 1 h, max 7 days)"),
+        ttl: timedelta | None = typer.Option(None, "--ttl", parser=JOIN_TTL, metavar=JOIN_TTL.metavar,
+                                             help="e.g. 30m, 2h, or seconds (default 1h, at most 7d)"),
     ) -> None:
         """Create a one-time join token for a node (shown once)."""
         from pki import service
 
         with open_context() as ctx, ctx.db.session() as session:
-            token = service.create_join_token(session, node_name=node_name, ttl=_ttl(ttl), actor=local_operator(),
+            token = service.create_join_token(session, node_name=node_name, ttl=ttl, actor=local_operator(),
                                               clock=ctx.clock)
             spiffe_id = service.node_spiffe_id(session, node_name)
         if machine_output():

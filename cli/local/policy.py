@@ -37,7 +37,18 @@ from cli.output import (
     open_context,
     read_local,
 )
-from cli.params import PORT_MAYBE_PROTO, PROTO, SLUG, WHEN, choice, existing_dir, existing_file, one_protocol
+from cli.params import (
+    IDENTITY,
+    POLICY_REF,
+    PORT_MAYBE_PROTO,
+    PROTO,
+    SLUG,
+    WHEN,
+    choice,
+    existing_dir,
+    existing_file,
+    one_protocol,
+)
 
 if TYPE_CHECKING:
     from store.readonly import ReadOnlyDb
@@ -45,7 +56,8 @@ if TYPE_CHECKING:
 
 VERSIONS = View("policy versions", (
     Col("#", "number", kind="id"), Col("state", "state"), Col("hash", lambda r: r["content_hash"][:16], kind="id"),
-    Col("tests", lambda r: "pass" if r["tests_passed"] else f"{len(r['tests_failing'])} failing"),
+    Col("tests", lambda r: "pass" if r["tests_passed"] else
+        f"{len(r['tests_failing'])} failing" if r["tests_total"] else "no tests"),
     Col("uploaded by", "uploaded_by", drop=1), Col("created", "created_at", kind="time"), Col("note", "note", drop=2),
 ))
 DECISIONS = View("policy decisions", (
@@ -196,7 +208,7 @@ def register(app: typer.Typer) -> None:
         data: list[Path] = typer.Option([], "--data", "-d", exists=True, readable=True,
                                         help="a .rego module, a JSON/YAML data file, or a folder of both "
                                              "(repeatable); with only data files, the active version's modules"),
-        version: str = typer.Option(None, "--version", metavar="N|HASH",
+        version: str = typer.Option(None, "--version", parser=POLICY_REF, metavar=POLICY_REF.metavar,
                                     help="evaluate a stored version (local data directory), with the live data"),
     ) -> None:
         """Evaluate QUERY like `opa eval`, on --data files or a stored version.
@@ -302,8 +314,12 @@ def register(app: typer.Typer) -> None:
             emit({**out, "created": created})
         else:
             state = "uploaded" if created else "already stored"
-            tests = "tests pass" if out["tests_passed"] else f"TESTS FAIL: {', '.join(out['tests_failing'])}"
+            tests = ("tests pass" if out["tests_passed"] else "NO TESTS" if not out["tests_total"] else
+                     f"TESTS FAIL: {', '.join(out['tests_failing'])}")
             console.print(f"version {out['number']} {state} ({out['content_hash'][:16]}), {tests}", highlight=False)
+        if not out["tests_passed"] and not out["tests_total"]:  # passing needs at least one test (README)
+            fail(f"version {out['number']} is stored but cannot be activated: it carries no Rego tests (a version "
+                 f"needs at least one test_* rule, every one passing; add them and upload again)")
         if not out["tests_passed"]:
             fail(f"version {out['number']} is stored but cannot be activated: {len(out['tests_failing'])} of "
                  f"{out['tests_total']} Rego tests fail (fix them and upload again; `trustfabric policy test "
@@ -325,7 +341,7 @@ def register(app: typer.Typer) -> None:
         emit(guard(lambda: read_local(fast, full)), VERSIONS)
 
     @command(policy, "show", LOCAL)
-    def show_cmd(version: str = typer.Argument(None, metavar="[N|HASH]",
+    def show_cmd(version: str = typer.Argument(None, parser=POLICY_REF, metavar="[N|HASH]",
                                                 help="number or hash prefix; the active one by default"),
                  sources: bool = typer.Option(False, "--sources", help="print the modules' Rego text too")) -> None:
         """One version: state, modules, test results."""
@@ -352,7 +368,7 @@ def register(app: typer.Typer) -> None:
                 print(f"\n# ---- {name}\n{text}", end="" if text.endswith("\n") else "\n")
 
     @command(policy, "impact", LOCAL)
-    def impact_cmd(version: str = typer.Argument(..., metavar="N|HASH"),
+    def impact_cmd(version: str = typer.Argument(..., parser=POLICY_REF, metavar=POLICY_REF.metavar),
                    limit: int = typer.Option(50, "--limit", min=0, max=100_000, help="flows listed per side")) -> None:
         """Flows VERSION would open and close against the active version, on the current inventory; with a
         fabric, the devices whose rule sets it would change (both in the policy sandbox)."""
@@ -421,21 +437,25 @@ def register(app: typer.Typer) -> None:
     SignatureFile = typer.Option(None, "--signature-file", **existing_file())
 
     @command(policy, "activate", LOCAL)
-    def activate_cmd(version: str = typer.Argument(..., metavar="N|HASH"), signature: str = Signature,
-                     signature_file: Path = SignatureFile, reason: str = typer.Option(None, "--reason")) -> None:
+    def activate_cmd(version: str = typer.Argument(..., parser=POLICY_REF, metavar=POLICY_REF.metavar),
+                     signature: str = Signature, signature_file: Path = SignatureFile,
+                     reason: str = typer.Option(None, "--reason")) -> None:
         """Put VERSION in force: tests present and passing, a signature outside development mode (and whenever
         policy keys are configured), the two-person rule when on, decisions within their budget."""
         _switch("activate", version, signature, signature_file, reason)
 
     @command(policy, "rollback", LOCAL)
-    def rollback_cmd(version: str = typer.Argument(..., metavar="N|HASH"), signature: str = Signature,
-                     signature_file: Path = SignatureFile, reason: str = typer.Option(None, "--reason")) -> None:
+    def rollback_cmd(version: str = typer.Argument(..., parser=POLICY_REF, metavar=POLICY_REF.metavar),
+                     signature: str = Signature, signature_file: Path = SignatureFile,
+                     reason: str = typer.Option(None, "--reason")) -> None:
         """Go back to an earlier VERSION."""
         _switch("rollback", version, signature, signature_file, reason)
 
     @command(policy, "explain", LOCAL)
-    def explain_cmd(src: str = typer.Option(..., "--src", help="SPIFFE ID or TENANT/GROUP"),
-                    dst: str = typer.Option(..., "--dst", help="SPIFFE ID or TENANT/GROUP"),
+    def explain_cmd(src: str = typer.Option(..., "--src", parser=IDENTITY, metavar=IDENTITY.metavar,
+                                            help="SPIFFE ID or TENANT/GROUP"),
+                    dst: str = typer.Option(..., "--dst", parser=IDENTITY, metavar=IDENTITY.metavar,
+                                            help="SPIFFE ID or TENANT/GROUP"),
                     port: Any = typer.Option(..., "--port", parser=PORT_MAYBE_PROTO,
                                              metavar=PORT_MAYBE_PROTO.metavar, help="e.g. 8443 or udp/4791"),
                     proto: str | None = typer.Option(None, "--proto", parser=PROTO, metavar=PROTO.metavar,

@@ -9,9 +9,9 @@ from typing import Any
 
 import typer
 
-from cli.output import LOCAL, command, emit, local_settings, machine_output, open_context
+from cli.output import LOCAL, check_listen_address, command, emit, fail, local_settings, machine_output, open_context
 from cli.params import PORT, TRUST_DOMAIN, choice
-from core.vocabulary import DEFAULT_TRUST_DOMAIN
+from core.errors import InvalidInput
 
 
 def register(app: typer.Typer) -> None:
@@ -48,15 +48,25 @@ def deliver_admin_token(token: str, expires_at: object, home: Path, *, json_out:
 
 
 def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
+    """workflows.init with --trust-domain (None: an existing data directory's, else TRUSTFABRIC_TRUST_DOMAIN's,
+    else trustfabric.local). The variable is checked first, before the data directory or a key is made: a value
+    that names no trust domain is the environment's mistake (exit 1, naming it), never found out after init has
+    written its keys."""
     from workflows.init import initialize as run
 
+    if trust_domain is None:
+        try:
+            TRUST_DOMAIN.parse(local_settings().trust_domain)
+        except InvalidInput as exc:
+            fail(f"TRUSTFABRIC_TRUST_DOMAIN: {exc}")
     with open_context(create=True) as ctx:
         return run(ctx, trust_domain, key_kind)
 
 
 def init_cmd(
-    trust_domain: str = typer.Option(DEFAULT_TRUST_DOMAIN, "--trust-domain", parser=TRUST_DOMAIN, metavar="DOMAIN",
-                                     help="e.g. example.org"),
+    trust_domain: str | None = typer.Option(
+        None, "--trust-domain", parser=TRUST_DOMAIN, metavar="DOMAIN",
+        help="e.g. example.org (default TRUSTFABRIC_TRUST_DOMAIN, else trustfabric.local; an existing one stays)"),
     key_kind: str = typer.Option("ec-p256", "--key-kind", parser=choice("ec-p256", "ec-p384"),
                                  metavar="ec-p256|ec-p384", help="CA key type"),
 ) -> None:
@@ -69,7 +79,7 @@ def init_cmd(
         emit({**result, **shown})
         return
     if result["created"]:
-        print(f"initialised trust domain spiffe://{trust_domain}")
+        print(f"initialised trust domain spiffe://{result['trust_domain']}")
     else:
         print("trust domain already initialised; nothing changed")
     if result["policy_version"]:
@@ -106,8 +116,13 @@ def serve_cmd(
     if workers > 1 and not settings.metrics_multiproc_dir:
         metrics_dir = tempfile.mkdtemp(prefix="tf-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    check_listen_address(host, port)
     try:
         stopped_by = _serve(local_settings(), host, port, trust_domain, tls, workers)
+    except SystemExit as exc:  # uvicorn's STARTUP_FAILURE (3): the scheme's 3 is `audit verify`'s alone
+        if exc.code in (0, None):
+            raise
+        fail("the server did not start (the log line above says why)")
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)

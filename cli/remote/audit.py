@@ -11,7 +11,7 @@ import typer
 
 from audit.actor import qualified_id
 from cli.audit_filters import ActionOpt, ActorOpt, ActorTenantOpt, SinceOpt, TenantOpt, UntilOpt, check_window
-from cli.output import API, Col, View, command, emit, machine_output
+from cli.output import API, Col, View, command, emit, err_console, machine_output
 from cli.remote.common import CaOpt, ServerOpt, client
 
 
@@ -41,10 +41,19 @@ def register(audit: typer.Typer) -> None:
     ) -> None:
         """Audit events, oldest first (a tenant principal sees its own tenant's only)."""
         check_window(since, until)
-        page = client(server, cacert).get("/v1/audit/events", tenant=tenant, action=action, actor=actor,
-                                          actor_tenant=actor_tenant, since=_iso(since), until=_iso(until),
-                                          limit=limit)
+        api = client(server, cacert)
+        query = {"tenant": tenant, "action": action, "actor": actor, "actor_tenant": actor_tenant,
+                 "since": _iso(since), "until": _iso(until)}
+        page = api.get("/v1/audit/events", **query, limit=limit)
         emit(page["items"], EVENTS)
+        # a full page may be all there is: one more event asked for tells "the log ends here" from "it goes on"
+        cursor = page.get("next_cursor")
+        if cursor and api.get("/v1/audit/events", **query, limit=1, cursor=cursor)["items"]:
+            last = page["items"][-1]
+            err_console.print(
+                f"(more events follow seq {last['seq']}: narrow with --since {last['ts']}, --tenant or --action, "
+                "raise --limit (up to 1000), or `trustfabric audit export` for all)",
+                highlight=False, markup=False, soft_wrap=True)
 
     @command(audit, "show", API)
     def show_cmd(seq: int = typer.Argument(..., min=0, help="the event's sequence number"),

@@ -83,6 +83,9 @@ def test_verify_names_the_first_bad_event_in_one_line(home: dict[str, str], tmp_
     # the export itself given as the key (its lines hold `+`): the same sentence, naming that file
     code, text = _run({}, "audit", "verify", str(out), "--public-key", str(out))
     assert code == 2 and text.startswith(f"error: cannot verify: --public-key {out}: the public key is neither")
+    # a kept checkpoint that is none (the key given in its place): the message names the option and file too
+    code, text = _run({}, "audit", "verify", str(out), "--public-key", str(key), "--since-checkpoint", str(key))
+    assert code == 2 and text.startswith(f"error: cannot verify: --since-checkpoint {key}: "), text
 
 
 def test_note_form_of_the_public_key(home: dict[str, str]) -> None:

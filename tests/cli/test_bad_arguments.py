@@ -157,6 +157,18 @@ def test_every_command_is_covered() -> None:
     (["policy", "validate", "FILE"], "is a file"),
     (["pdp", "--port", "0"], "is not a port number"),
     (["group", "create", "acme", "web", "--port", "tcp/70000"], "is not a port number"),
+    # as grant request's --dst: an identity that cannot be one is the command line's (it was exit 1, after opening
+    # the data directory)
+    (["policy", "explain", "--src", "acme", "--dst", "globex/api", "--port", "8443"],
+     "'--src': 'acme' is neither a SPIFFE ID nor <tenant>/<group>"),
+    (["policy", "explain", "--src", "acme/web", "--dst", "spiffe://example.org/node/n1", "--port", "8443"],
+     "'--dst': 'spiffe://example.org/node/n1' is not a trustfabric SPIFFE ID"),
+    # as audit export's --action (it was exit 1: the server's 422, or `cannot reach` first)
+    (["audit", "events", "--action", "approve"], "'--action': 'approve' is not an action like 'svid.issue'"),
+    (["audit", "export", "--out", "FILE", "--action", "approve"], "'--action': 'approve' is not an action"),
+    # as enforcer plan --staged's: a version that cannot be one (it was exit 1, after opening the data directory)
+    (["policy", "activate", "abc"], "'N|HASH': 'abc' is neither a policy version number nor a content-hash prefix"),
+    (["policy", "eval", "1", "--version", "v2"], "'--version': 'v2' is neither a policy version number"),
 ])
 def test_the_issue_s_examples(argv: list[str], says: str, files: dict[str, Path]) -> None:
     argv = [str(files["file"]) if a == "FILE" else a for a in argv]

@@ -91,6 +91,9 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     one_error_line(cli.run("enforcer", "rollback", "--device", "nic:gpu1", "--to", "9"), "earlier version")
     applied = cli.json("enforcer", "apply", "--device", "nic:gpu1")
     assert applied["published"] == {"nic:gpu1": 4}
+    unknown = cli.run("enforcer", "apply", "--device", "nic:gpu99")  # no such device: said, not "up to date" (exit 0)
+    assert unknown.returncode == 1 and "nic:gpu99 is not a device of the fabric" in unknown.stderr, unknown.stderr
+    assert unknown.stderr.count("\n") == 1 and unknown.stdout == ""
     versions = cli.json("enforcer", "versions", "--device", "nic:gpu1")
     assert [v["version"] for v in versions] == [4, 3, 2, 1]
     assert versions[1]["content_hash"] == versions[3]["content_hash"]  # the rollback

@@ -48,8 +48,11 @@ def test_policy_explain_and_grant_explain_answer_alike(cli: Cli, world: dict[str
     assert deny.returncode == EXIT_FAILURE and deny.stdout.startswith("DENY") and deny.stderr == "", deny.stderr
     as_json = cli.run(*explain, "--dst", "globex/api", "--json")
     assert as_json.returncode == EXIT_FAILURE and json.loads(as_json.stdout)["allow"] is False
-    bad = cli.run(*explain, "--dst", "not a group")  # the service refuses it: a domain error
-    assert bad.returncode == EXIT_FAILURE and one_line(bad), bad.stderr
+    bad = cli.run(*explain, "--dst", "not a group")  # no identity at all: a bad value, as grant explain's --dst
+    assert bad.returncode == EXIT_USAGE and one_line(bad), bad.stderr
+    bad = cli.run("grant", "explain", "--src-group", "web", "--dst", "not a group", "--port", "443",
+                  token=world["acme"])
+    assert bad.returncode == EXIT_USAGE and one_line(bad), bad.stderr
     usage = cli.run("policy", "explain", "--src", "acme/web", "--dst", "acme/db", "--port", "99999")
     assert usage.returncode == EXIT_USAGE and one_line(usage), usage.stderr
     for wrong in (("--nosuch",), ()):  # an unknown option; --src and --port missing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cli.output import PANELS
+from cli.output import MIXED_PANEL, PANELS
 from tests.cli.conftest import run_cli
 from tests.cli.test_bad_arguments import leaf_commands
 
@@ -25,6 +26,23 @@ def test_every_command_sits_in_the_panel_for_where_it_runs() -> None:
     for panel in (PANELS["offline"], PANELS["local"]):
         assert panel in r.stdout
     assert "No `policy fmt`" in r.stdout
+
+
+def test_panel_titles_fit_an_80_column_terminal() -> None:
+    """rich cuts a panel's title that is wider than its box (`... node SVID over mT─╮`): at 80 columns, the
+    default of a terminal and of a pipe, every panel the root --help shows must keep its whole title."""
+    known = {*PANELS.values(), MIXED_PANEL, "Options", "Arguments", "Commands"}
+    groups = sorted({tuple(path[:-1]) for path, _ in leaf_commands()})
+    seen = set()
+    for group in groups:
+        r = run_cli([*group, "--help"], {"COLUMNS": "80"})
+        assert r.returncode == 0
+        for line in r.stdout.splitlines():
+            if line.startswith("╭─"):
+                whole = re.fullmatch(r"╭─ (.+?) ─+╮", line)
+                assert whole is not None and whole.group(1) in known, (group, line)
+                seen.add(whole.group(1))
+    assert seen >= {*PANELS.values(), MIXED_PANEL}
 
 
 def test_version_is_the_package_s() -> None:

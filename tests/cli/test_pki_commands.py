@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -44,3 +45,35 @@ def test_cli_refuses_unregistered_workload(home: Path) -> None:
     r = CliRunner().invoke(app, ["svid", "issue", "--csr", str(csr), "--tenant", "acme", "--group", "web",
                                  "--workload", "ghost", "--json"])
     assert r.exit_code != 0 and isinstance(r.exception, UnknownWorkload)
+
+
+def test_ttl_takes_the_durations_every_other_ttl_takes(home: Path) -> None:
+    """`--ttl` reads `15m`, `24h`, `7d` on every command (token create, grant request); svid issue, svid jwt and
+    node token create took only seconds and refused `1h` as "not a valid integer". Plain seconds still work."""
+    from datetime import datetime, timedelta
+
+    wl = ["--tenant", "acme", "--group", "web", "--workload", "web-1"]
+
+    def lasts(data: dict[str, object]) -> timedelta:
+        return datetime.fromisoformat(str(data["expires_at"])) - datetime.now(tz=UTC)
+
+    x509 = _json(["svid", "issue", "--csr", str(home / "req.pem"), *wl, "--ttl", "30m"])
+    assert timedelta(minutes=28) < lasts(x509) <= timedelta(minutes=30)
+    assert timedelta(seconds=500) < lasts(_json(["svid", "issue", "--csr", str(home / "req.pem"), *wl,
+                                                 "--ttl", "600"])) <= timedelta(seconds=600)
+    jwt = _json(["svid", "jwt", *wl, "--audience", "a", "--ttl", "5m"])
+    assert timedelta(minutes=4) < lasts(jwt) <= timedelta(minutes=5)
+    assert _json(["node", "token", "create", "--node", "gpu-01", "--ttl", "2h"])["token"]
+    for args in (["node", "token", "create", "--node", "gpu-01", "--ttl", "8d"],  # over its 7 days
+                 ["svid", "jwt", *wl, "--audience", "a", "--ttl", "0"], ["svid", "jwt", *wl, "--audience", "a",
+                                                                        "--ttl", "soon"]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "--ttl" in r.output, (args, r.output)
+
+
+def test_bundle_show_pem_with_json_is_usage(home: Path) -> None:
+    """--json promises JSON: with --pem, PEM was printed under it (exit 0). Options that do not go together."""
+    for fmt in (["--json"], ["-o", "yaml"]):
+        r = CliRunner().invoke(app, ["bundle", "show", "--pem", *fmt])
+        assert r.exit_code == 2 and "--pem" in r.output and "BEGIN CERTIFICATE" not in r.output, (fmt, r.output)
+    assert CliRunner().invoke(app, ["bundle", "show", "--pem", "-o", "wide"]).exit_code == 0  # for people: fine

@@ -135,3 +135,21 @@ def test_upload_with_failing_tests_is_stored_but_exits_1(home: Path, rego: Path)
     r = run_cli(["policy", "upload", str(rego)], env)
     assert r.returncode == 1 and f"{broken}:5:10: undefined function undefined_fn" in r.stderr
     assert len(json.loads(run_cli(["policy", "list", "--json"], env).stdout)) == 3  # nothing stored
+
+
+def test_upload_without_tests_says_so(home: Path, tmp_path: Path) -> None:
+    """A version with no test_* rule is stored but cannot be activated; upload said `TESTS FAIL: ` (naming none)
+    and `0 of 0 Rego tests fail`, and `policy list` showed `0 failing`: the reason is that there are none."""
+    env = _local(home)
+    bare = tmp_path / "bare"
+    shutil.copytree(REGO_DIR, bare)
+    for test in bare.glob("*_test.rego"):
+        test.unlink()
+    r = run_cli(["policy", "upload", str(bare)], env)
+    assert r.returncode == 1
+    assert "version 2 uploaded" in r.stdout and "NO TESTS" in r.stdout and "TESTS FAIL" not in r.stdout, r.stdout
+    assert "cannot be activated: it carries no Rego tests" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert "0 of 0" not in r.stderr
+    table = run_cli(["policy", "list"], {**env, "COLUMNS": "200"})
+    row = next(line for line in table.stdout.splitlines() if line.startswith("2 "))
+    assert "no tests" in row and "0 failing" not in row, table.stdout

@@ -102,8 +102,10 @@ def test_cli_policy_commands(env: Env, tmp_path: Path) -> None:
     assert code == 0 and json.loads(out)["allow"] is True
     code, _, err = _cli(env, "policy", "rollback", "1")
     assert code == 1 and err.count("\n") == 1 and "earlier" in err
-    code, _, err = _cli(env, "policy", "show", "nope")
-    assert code == 1 and err.startswith("error:")
+    code, _, err = _cli(env, "policy", "show", "nope")  # no version number nor hash prefix: usage, while parsing
+    assert code == 2 and "'nope' is neither a policy version number" in " ".join(err.split())
+    code, _, err = _cli(env, "policy", "show", "99")  # a version that could be, and is not: a failure
+    assert code == 1 and err.startswith("error:") and "does not exist" in err
     code, _, _ = _cli(env, "policy", "explain", "--src", "acme/web")
     assert code == 2
 

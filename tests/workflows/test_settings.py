@@ -103,8 +103,69 @@ def test_a_bad_number_or_database_url_names_its_variable() -> None:
     with pytest.raises(InvalidInput, match=r"TRUSTFABRIC_RATE_LIMIT_PER_SECOND='fast' is not a number"):
         Settings.from_env({"TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "fast"})
     assert Settings.from_env({"TRUSTFABRIC_QUOTA_GROUPS": ""}).quota_groups == Settings().quota_groups  # unset
+    # an engine typo was taken for the embedded engine by every command that makes none (policy explain, ...)
+    for engine in ("TRUSTFABRIC_POLICY_ENGINE", "TRUSTFABRIC_AUTHZ_ENGINE"):
+        with pytest.raises(InvalidInput, match=rf"{engine}='opx': use one of embedded, opa"):
+            Settings.from_env({engine: "opx"})
+    assert Settings.from_env({"TRUSTFABRIC_POLICY_ENGINE": "opa"}).policy_engine == "opa"
+    from policy.engines import ENGINE_KINDS
+    from workflows import settings
+
+    # the two-person rule is a safeguard: a typo must not switch it off in silence
+    with pytest.raises(InvalidInput, match=r"TRUSTFABRIC_POLICY_TWO_PERSON='ture'"):
+        Settings.from_env({"TRUSTFABRIC_POLICY_TWO_PERSON": "ture"})
+    for on, off in (("1", "0"), ("true", "false"), ("YES", "no"), ("on", "off")):
+        assert Settings.from_env({"TRUSTFABRIC_POLICY_TWO_PERSON": on}).policy_two_person is True
+        assert Settings.from_env({"TRUSTFABRIC_POLICY_TWO_PERSON": off}).policy_two_person is False
+    assert Settings.from_env({"TRUSTFABRIC_POLICY_TWO_PERSON": ""}).policy_two_person is False  # unset
+
+    assert settings.ENGINE_KINDS == ENGINE_KINDS  # the light copy the environment is checked against
     with pytest.raises(InvalidInput, match=r"must be a postgresql:// or sqlite:/// URL, not mysql:\.\.\.$") as refused:
         Settings.from_env({"TRUSTFABRIC_DATABASE_URL": "mysql://tf:s3cret@db/tf"})
     assert "s3cret" not in str(refused.value)
     for url in ("postgresql://tf@db/tf", "postgres://db/tf", "postgresql+psycopg://db/tf", "sqlite:///x.db"):
         assert Settings.from_env({"TRUSTFABRIC_DATABASE_URL": url}).db_url == url
+
+
+def test_the_prefix_pools_are_checked_when_read() -> None:
+    """A pool that is no network (or a length that cannot be carved from it) answered every tenant created
+    without a prefix with HTTP 500 (ValueError deep in the allocator); it is the environment's, named on load."""
+    refused = [
+        ({"TRUSTFABRIC_PREFIX_POOL": "garbage"}, r"TRUSTFABRIC_PREFIX_POOL='garbage' is not an IPv4 network"),
+        ({"TRUSTFABRIC_PREFIX_POOL": "fd00::/8"}, r"TRUSTFABRIC_PREFIX_POOL='fd00::/8' is not an IPv4 network"),
+        ({"TRUSTFABRIC_PREFIX_POOL": "10.0.0.1/8"}, r"TRUSTFABRIC_PREFIX_POOL='10.0.0.1/8' is not an IPv4 network"),
+        ({"TRUSTFABRIC_PREFIX6_POOL": "10.0.0.0/8"}, r"TRUSTFABRIC_PREFIX6_POOL='10.0.0.0/8' is not an IPv6 network"),
+        ({"TRUSTFABRIC_PREFIX_LENGTH": "4"}, r"TRUSTFABRIC_PREFIX_LENGTH=4: from 8 to 32"),
+        ({"TRUSTFABRIC_PREFIX_LENGTH": "33"}, r"TRUSTFABRIC_PREFIX_LENGTH=33: from 8 to 32"),
+        ({"TRUSTFABRIC_PREFIX6_POOL": "fd00::/32", "TRUSTFABRIC_PREFIX6_LENGTH": "16"},
+         r"TRUSTFABRIC_PREFIX6_LENGTH=16: from 32 to 128"),
+    ]
+    for env, says in refused:
+        with pytest.raises(InvalidInput, match=says):
+            Settings.from_env(env)
+    ok = Settings.from_env({"TRUSTFABRIC_PREFIX_POOL": "172.16.0.0/12", "TRUSTFABRIC_PREFIX_LENGTH": "24",
+                            "TRUSTFABRIC_PREFIX6_POOL": "fd00::/32"})
+    assert (ok.prefix_pool, ok.prefix_length, ok.prefix6_pool, ok.prefix6_length) == (
+        "172.16.0.0/12", 24, "fd00::/32", 48)
+
+
+def test_the_vni_and_vlan_pools_hold_only_valid_ids() -> None:
+    """A pool reaching past the VLANs and VNIs a fabric file takes (2-4094, 24-bit) handed a tenant an id the
+    fabric then refused (VLAN 1 is the default VLAN)."""
+    for env, says in (({"TRUSTFABRIC_VLAN_POOL": "5000-6000"}, r"TRUSTFABRIC_VLAN_POOL: .* within 2-4094"),
+                      ({"TRUSTFABRIC_VLAN_POOL": "1-100"}, r"TRUSTFABRIC_VLAN_POOL: .* within 2-4094"),
+                      ({"TRUSTFABRIC_VNI_POOL": "1-16777216"}, r"TRUSTFABRIC_VNI_POOL: .* within 1-16777215")):
+        with pytest.raises(InvalidInput, match=says):
+            Settings.from_env(env)
+    assert Settings.from_env({"TRUSTFABRIC_VLAN_POOL": "2-4094"}).vlan_pool == (2, 4094)
+
+
+def test_no_number_in_the_environment_is_negative_or_infinite() -> None:
+    """Every number read is a count, a size, a duration or a rate, where 0 means off or unlimited at most: a negative
+    or infinite one (a sweep every -1 s, a quota of -1, a NaN budget) is a typo, refused with its variable."""
+    for name, value in (("TRUSTFABRIC_QUOTA_GRANTS", "-1"), ("TRUSTFABRIC_SWEEP_INTERVAL_SECONDS", "-5"),
+                        ("TRUSTFABRIC_POLICY_DECISION_BUDGET_MS", "nan"), ("TRUSTFABRIC_OPA_TIMEOUT_SECONDS", "inf"),
+                        ("TRUSTFABRIC_NIC_FLOW_BUDGET", "-65536")):
+        with pytest.raises(InvalidInput, match=rf"{name}={value!r}: must be a finite number, 0 or more"):
+            Settings.from_env({name: value})
+    assert Settings.from_env({"TRUSTFABRIC_RATE_LIMIT_PER_SECOND": "0"}).rate_limit_per_second == 0  # off
