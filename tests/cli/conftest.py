@@ -6,6 +6,7 @@ tests/cli/test_smoke.py runs the installed `trustfabric` binary once per command
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
@@ -36,15 +37,24 @@ def run_cli(args: list[str], env: Mapping[str, str | None], input: str | None = 
 
     clean: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TRUSTFABRIC_")}
     clean.update(env)
-    with CliRunner().isolation(input=input, env=clean) as (out, err, _):
-        try:
-            main(args)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        return Run(code, out.getvalue().decode(), err.getvalue().decode())
+    # A command configures the process's logging as its own process would (main's basicConfig; `serve` and `pdp`
+    # core.logs.configure) on the stderr of this isolation, closed when it ends: kept, the API server this process
+    # serves for other tests logs into that closed stream, and logging's ValueError turns its answers into 500s.
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        with CliRunner().isolation(input=input, env=clean) as (out, err, _):
+            try:
+                main(args)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            return Run(code, out.getvalue().decode(), err.getvalue().decode())
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 class Cli:
