@@ -114,7 +114,7 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
     # ------------------------------------------------------------------ X.509
     def _x509_response(self, caller: Caller, context: grpc.ServicerContext) -> workload_pb2.X509SVIDResponse | None:
         placements = self._placements(caller, context)
-        self.svids.renew_due()
+        self.svids.renew_due(only={p.workload for p in placements})  # its own: never waits for others'
         bundle = self._bundle_der()
         out = []
         later: RetryLater | None = None
