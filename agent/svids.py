@@ -262,7 +262,6 @@ class WorkloadSvids:
         self._retry_at: dict[str, float] = {}  # workload -> no renewal asked before then (a transient failure)
         self._failures: dict[str, int] = {}  # workload -> transient failures in a row (the backoff's exponent)
         self._jitter = random.Random()  # spreads retries (no secret)
-        self._flight_wait = float(getattr(api, "timeout", 10.0)) + FLIGHT_MARGIN
         self._x509_flights: dict[str, _Flight[X509Entry]] = {}  # workload -> its issue or renewal in flight
         self._jwt_flights: dict[tuple[str, tuple[str, ...]], _Flight[JwtEntry]] = {}
         self._placements_flight: _Flight[None] | None = None
@@ -272,6 +271,11 @@ class WorkloadSvids:
         if cache is not None:
             self.placements, self._x509 = cache.load(clock())
             self.from_cache = len(self._x509)
+
+    @property
+    def _flight_wait(self) -> float:
+        """How long an ask waits for another's request to the same end: that request's own bound, and a margin."""
+        return float(self.api.timeout) + FLIGHT_MARGIN
 
     def _bump(self) -> None:
         if self.cache is not None:
