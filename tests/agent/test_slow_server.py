@@ -1,0 +1,324 @@
+"""The node agent against a control plane that is slow to answer (agent/svids.py, WorkloadSvids' concurrency note): the
+real server behind a gate that holds the requests to the paths a test names, either before the server sees them (it
+accepted the connection and does not answer) or once it answered (the answer held back, as a slow network would).
+
+- a workload whose SVID is held and valid is answered at once, through the Workload API too, while another
+  workload's first X.509-SVID and JWT-SVID requests are stalled (the agent held one lock across every request: it
+  waited for the stalled one's timeout);
+- N first fetches against a stalled server are N requests at the server at once, over in about one timeout (they
+  queued: N timeouts);
+- concurrent asks for the same workload's X.509-SVID, or for the same workload and audience's JWT-SVID, send one
+  request and share its answer;
+- a workload unplaced while its renewal is in flight, or revoked while its JWT-SVID fetch is in flight, is not
+  resurrected by the late answer; and the placements' refresh, or the X.509 renewal that is refused, does not wait
+  for that answer.
+
+Counted at the gate (requests that reached the server) wherever possible; the timings asserted have wide margins."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.runner import Agent
+from agent.svids import RetryLater, X509Entry
+from tests.agent.harness import Served, gpu1_fabric, served_fabric
+from tests.agent.test_at_rest import serials
+
+pytestmark = pytest.mark.xdist_group("agent-slow-server")
+X509_PATH, BATCH_PATH, JWT_PATH = "/v1/svids/x509", "/v1/svids/x509/batch", "/v1/svids/jwt"
+NAMES = ["h0", "n0", "n1", "a0", "a1", "a2", "a3", "s0", "s1", "d0", "d1"]
+W = {n: f"acme/train/{n}" for n in NAMES}
+H0_ID = "spiffe://example.org/tenant/acme/group/train/h0"
+FIRST = ["a0", "a1", "a2", "a3"]  # the concurrent first fetches
+M = 5  # concurrent asks for one workload
+
+
+@dataclass
+class Round:
+    """What a gate holds from `Gate.close` on: requests to `paths` are counted (before and after `open`)."""
+
+    paths: frozenset[str]
+    answered: bool
+    open: threading.Event = field(default_factory=threading.Event)
+    arrived: dict[str, int] = field(default_factory=dict)
+    times: list[float] = field(default_factory=list)  # when each arrived (time.monotonic)
+    held: int = 0  # held now
+    most_held: int = 0  # the most held at once
+    ready: int = 0  # (answered) answers the server made that the gate holds back
+
+
+class Gate:
+    """An ASGI app in front of the real one (the same port and certificate): see the module docstring."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.round = Round(frozenset(), False)
+        self.round.open.set()
+        self._lock = threading.Lock()
+
+    def close(self, *paths: str, answered: bool = False) -> Round:
+        self.round = Round(frozenset(paths), answered)
+        return self.round
+
+    def release(self) -> None:
+        self.round.open.set()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        rnd = self.round
+        if scope["type"] != "http" or scope["path"] not in rnd.paths:
+            await self.app(scope, receive, send)
+            return
+        with self._lock:
+            rnd.arrived[scope["path"]] = rnd.arrived.get(scope["path"], 0) + 1
+            rnd.times.append(time.monotonic())
+            rnd.held += 1
+            rnd.most_held = max(rnd.most_held, rnd.held)
+        try:
+            if not rnd.answered:
+                await _opened(rnd)
+                await self.app(scope, receive, send)
+                return
+            answer: list[dict[str, Any]] = []
+
+            async def keep(message: dict[str, Any]) -> None:
+                answer.append(message)
+
+            await self.app(scope, receive, keep)
+            with self._lock:
+                rnd.ready += 1
+            await _opened(rnd)
+            for message in answer:
+                await send(message)
+        finally:
+            with self._lock:
+                rnd.held -= 1
+
+
+async def _opened(rnd: Round) -> None:
+    while not rnd.open.is_set():
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class Ask:
+    """A call made on a thread of its own (as a Workload API caller's), its outcome kept."""
+
+    thread: threading.Thread
+    result: Any = None
+    error: BaseException | None = None
+    took: float | None = None
+
+    def join(self, seconds: float) -> Ask:
+        self.thread.join(seconds)
+        return self
+
+
+def _ask(fn: Callable[..., Any], *args: Any) -> Ask:
+    ask = Ask(threading.Thread(daemon=True))
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            ask.result = fn(*args)
+        except BaseException as exc:  # kept for the test to look at
+            ask.error = exc
+        ask.took = time.monotonic() - started
+
+    ask.thread = threading.Thread(target=run, daemon=True)
+    ask.thread.start()
+    return ask
+
+
+def _until(check: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    home = tmp_path_factory.mktemp("agent-slow-server")
+    with served_fabric(home / "srv", fabric_file=gpu1_fabric(home, list(W.values()))) as s:
+        # h0 runs as this test's uid (the Workload API caller); the others have no selector (asked of the agent
+        # directly, as their own callers would make it)
+        r = s.env.call("PUT", "/v1/fabric/placements/acme/train/h0", "admin", json={
+            "node": "gpu1", "port": "pf1vf0", "ipv4": "10.1.1.10", "selectors": [f"unix:uid:{os.getuid()}"]})
+        assert r.status_code == 200, r.text
+        s.stop()
+        s.env.app = Gate(s.env.app)  # type: ignore[assignment]
+        s.start()
+        yield s
+
+
+@pytest.fixture(scope="module")
+def gate(served: Served) -> Iterator[Gate]:
+    g = served.env.app
+    assert isinstance(g, Gate)
+    try:
+        yield g
+    finally:
+        g.release()
+
+
+@pytest.fixture(scope="module")
+def gpu1(served: Served, gate: Gate) -> Iterator[Agent]:
+    """The agent serving the Workload API; no maintenance round (the tests send the renewals themselves)."""
+    public = Path(tempfile.mkdtemp(prefix=f"tfa{os.getpid()}-"))  # short: a unix socket path has 107 bytes
+    public.chmod(0o755)
+    try:
+        yield served.agent("gpu1", socket=public / "api.sock", maintenance_every=3600.0)
+    finally:
+        gate.release()
+        served.agents.pop("gpu1").stop()
+        shutil.rmtree(public, ignore_errors=True)
+
+
+@pytest.fixture
+def released(gate: Gate) -> Iterator[None]:
+    """Whatever a test leaves held is released after it (its asks end, the server's tasks too)."""
+    yield
+    gate.release()
+
+
+def _past_half_life(entry: X509Entry) -> Callable[[], float]:
+    """A clock for the agent that puts `entry`, and any SVID the (frozen-clock) server issues now, past half life
+    and before expiry: an answer is due for renewal as soon as it arrives."""
+    shift = entry.not_before + 0.75 * (entry.not_after - entry.not_before) - time.time()
+    return lambda: time.time() + shift
+
+
+def test_a_held_svid_is_answered_at_once_while_another_workloads_request_is_stalled(
+        gate: Gate, gpu1: Agent, released: None) -> None:
+    """Should fix: WorkloadSvids held its one lock across every request to the server, so a workload whose SVID is
+    held and valid, asking through the Workload API, waited for another workload's stalled request (its timeout:
+    10 s), and so did every other request (the JWT-SVID fetch below was not even sent)."""
+    assert set(serials(gpu1)) == {H0_ID}  # fetched through the Workload API: held from now on
+    held_jwt = gpu1.svids.jwt(W["h0"], ["db"])
+    assert held_jwt is not None
+    rnd = gate.close(X509_PATH, JWT_PATH)
+    first = _ask(gpu1.svids.x509, W["n0"])
+    assert _until(lambda: rnd.arrived.get(X509_PATH) == 1, 8)
+    jwt = _ask(gpu1.svids.jwt, W["n1"], ["db"])
+    assert _until(lambda: rnd.arrived.get(JWT_PATH) == 1, 5), "the JWT-SVID fetch waited for the X.509 request"
+    started = time.monotonic()
+    assert set(serials(gpu1)) == {H0_ID}  # the Workload API: placements, the caller's renewals, its SVID
+    assert gpu1.svids.x509(W["h0"]) is not None
+    assert gpu1.svids.jwt(W["h0"], ["db"]) == held_jwt
+    took = time.monotonic() - started
+    assert first.thread.is_alive() and jwt.thread.is_alive()  # both still stalled at the server
+    assert took < 4.0, took  # a request's timeout is 10 s
+    gate.release()
+    assert first.join(15).error is None and isinstance(first.result, X509Entry)
+    assert jwt.join(15).error is None and jwt.result is not None
+
+
+def test_concurrent_first_fetches_against_a_stalled_server_take_one_timeout_not_n(
+        gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """Should fix: N workloads asking for their first SVID while the server does not answer queued behind each other's
+    request (the N-th waited N timeouts). Now their requests are at the server together, and all give up after one."""
+    timeout = 3.0
+    monkeypatch.setattr(gpu1.api, "timeout", timeout)
+    rnd = gate.close(X509_PATH)
+    started = time.monotonic()
+    asks = [_ask(gpu1.svids.x509, W[n]) for n in FIRST]
+    for ask in asks:
+        ask.join(len(FIRST) * timeout + 10)
+    took = time.monotonic() - started
+    assert rnd.arrived == {X509_PATH: len(FIRST)}
+    # all at the server before the first could time out (they were sent one after the other's timeout)
+    assert max(rnd.times) - min(rnd.times) < timeout, rnd.times
+    assert rnd.most_held == len(FIRST)
+    assert all(isinstance(a.error, RetryLater) for a in asks), [a.error for a in asks]  # UNAVAILABLE: "retry"
+    assert took < len(FIRST) * timeout / 2, took  # about one timeout (was N)
+
+
+def test_concurrent_asks_for_the_same_workload_send_one_request(gate: Gate, gpu1: Agent,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                released: None) -> None:
+    """M asks at once for one workload's X.509-SVID share one request and its answer, even when that answer is due
+    for renewal as soon as it arrives (the agent's clock past half life here; the asks queued behind the lock used to
+    send one request each); and for one workload and audience's JWT-SVID, even when the answer is one that may be
+    asked again (422: an audience the server refuses)."""
+    held = gpu1.svids.x509(W["h0"])
+    assert held is not None
+    monkeypatch.setattr(gpu1.svids, "clock", _past_half_life(held))
+    rnd = gate.close(X509_PATH)
+    asks = [_ask(gpu1.svids.x509, W["s0"]) for _ in range(M)]
+    assert _until(lambda: rnd.arrived.get(X509_PATH) == 1, 8)
+    time.sleep(1.0)  # every ask is waiting by now
+    gate.release()
+    for ask in asks:
+        ask.join(15)
+    assert rnd.arrived == {X509_PATH: 1}, rnd.arrived
+    assert all(a.error is None and isinstance(a.result, X509Entry) for a in asks), [a.error for a in asks]
+    assert len({a.result.serial() for a in asks}) == 1
+
+    rnd = gate.close(JWT_PATH)
+    refused = ["x" * 600]  # longer than the server takes: 422
+    asks = [_ask(gpu1.svids.jwt, W["s1"], refused) for _ in range(M)]
+    assert _until(lambda: rnd.arrived.get(JWT_PATH) == 1, 8)
+    time.sleep(1.0)
+    gate.release()
+    for ask in asks:
+        ask.join(15)
+    assert rnd.arrived == {JWT_PATH: 1}, rnd.arrived
+    assert all(isinstance(a.error, RetryLater) for a in asks), [a.error for a in asks]
+
+
+def test_a_workload_unplaced_while_its_renewal_is_in_flight_is_not_resurrected(
+        served: Served, gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """A batch renewal answered (issued) but the answer late: meanwhile d0 is taken off the node and the agent's
+    placements refresh drops it at once (it waited for the renewal's answer); the late answer renews the others and
+    does not bring d0's SVID back."""
+    assert gpu1.svids.x509(W["d0"]) is not None
+    monkeypatch.setattr(gpu1.svids, "clock", _past_half_life(gpu1.svids._x509[W["d0"]]))  # every held one due
+    before = {w: e.serial() for w, e in gpu1.svids._x509.items()}
+    rnd = gate.close(BATCH_PATH, answered=True)
+    renewal = _ask(gpu1.svids.renew_due)
+    assert _until(lambda: rnd.ready == 1, 8)  # issued by the server, the answer held back
+    r = served.env.call("DELETE", "/v1/fabric/placements/acme/train/d0", "admin")
+    assert r.status_code == 200, r.text
+    refresh = _ask(gpu1.svids.refresh_placements, True).join(5)
+    assert not refresh.thread.is_alive(), "the placements' refresh waited for the renewal's answer"
+    assert refresh.error is None
+    assert W["d0"] not in gpu1.svids.placements and W["d0"] not in gpu1.svids._x509
+    gate.release()
+    assert renewal.join(15).error is None and not renewal.thread.is_alive()
+    held = {w: e.serial() for w, e in gpu1.svids._x509.items()}
+    assert W["d0"] not in held  # not resurrected by the late answer
+    assert set(held) == set(before) - {W["d0"]} and all(held[w] != before[w] for w in held)  # the others renewed
+
+
+def test_a_jwt_svid_answered_after_its_workload_was_revoked_is_not_served(
+        served: Served, gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """d1's JWT-SVID fetch answered but late; meanwhile d1 is revoked and its X.509 renewal refused (403), which drops
+    its SVIDs at once (it waited for the JWT fetch); the late JWT-SVID is not held, nor served."""
+    assert gpu1.svids.x509(W["d1"]) is not None
+    rnd = gate.close(JWT_PATH, answered=True)
+    fetch = _ask(gpu1.svids.jwt, W["d1"], ["db"])
+    assert _until(lambda: rnd.ready == 1, 8)
+    r = served.env.call("POST", "/v1/tenants/acme/groups/train/workloads/d1/revoke", "security",
+                        json={"reason": "slow server test"})
+    assert r.status_code == 200, r.text
+    monkeypatch.setattr(gpu1.svids, "clock", _past_half_life(gpu1.svids._x509[W["d1"]]))  # due
+    renewal = _ask(gpu1.svids.x509, W["d1"]).join(5)
+    assert not renewal.thread.is_alive(), "the X.509 renewal waited for the JWT-SVID fetch's answer"
+    assert renewal.error is None and renewal.result is None  # 403: dropped
+    gate.release()
+    assert fetch.join(15).error is None and fetch.result is None  # the late answer is not served
+    assert not [k for k in gpu1.svids._jwt if k[0] == W["d1"]]
+    assert W["d1"] not in gpu1.svids._x509
