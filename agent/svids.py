@@ -265,6 +265,7 @@ class WorkloadSvids:
         self._x509_flights: dict[str, _Flight[X509Entry]] = {}  # workload -> its issue or renewal in flight
         self._jwt_flights: dict[tuple[str, tuple[str, ...]], _Flight[JwtEntry]] = {}
         self._placements_flight: _Flight[None] | None = None
+        self._refreshing = False  # a refresh started behind a Workload API caller is under way
         self._drops: dict[str, int] = {}  # workload -> times its X.509-SVID was dropped (older answers are stale)
         self._jwt_drops: dict[str, int] = {}  # workload -> times its JWT-SVIDs were dropped
         self._rotations = 0  # rotate_all calls (an answer asked before the last one may be the old CA's)
@@ -341,6 +342,9 @@ class WorkloadSvids:
                 revoked = self.api.revoked_serials(timeout=timeout) if not synced and cached else set()
             except (Unreachable, Refused) as exc:
                 flight.error = exc
+                if synced:  # what is known serves meanwhile; asked again when due, not at every ask
+                    with self._lock:
+                        self._placements_at = self.clock()
                 raise
             with self._lock:
                 changed = self._apply_placements(rows, revoked)
@@ -392,15 +396,39 @@ class WorkloadSvids:
 
     def for_caller(self, matches: Any) -> list[Placement]:
         """The placements whose selectors the caller matches (`matches(selectors) -> bool`); NotSynced while a
-        restarted agent has not heard from the server (its cache is not served unconfirmed)."""
-        try:
-            self.refresh_placements()
-        except (Unreachable, Refused) as exc:  # once synced: keep serving what is known
-            if not self.synced:
-                raise NotSynced(f"re-syncing with the server: {exc}") from None
-            log.warning("placements not refreshed: %s", exc)
+        restarted agent has not heard from the server (its cache is not served unconfirmed). Once synced, a caller
+        never waits for the server: a refresh due is started behind it, and it gets the known placements."""
+        if self.synced:
+            self._refresh_behind()
+        else:
+            try:
+                self.refresh_placements()
+            except (Unreachable, Refused) as exc:
+                if not self.synced:
+                    raise NotSynced(f"re-syncing with the server: {exc}") from None
         with self._lock:
             return [p for p in sorted(self.placements.values(), key=lambda p: p.workload) if matches(p.selectors)]
+
+    def _refresh_behind(self) -> None:
+        """Refresh the placements on a thread of its own when due and none is under way (its changes wake the
+        streams)."""
+        with self._lock:
+            if self._refreshing or self._placements_flight is not None \
+                    or self.clock() - self._placements_at < self.refresh_every:
+                return
+            self._refreshing = True
+        threading.Thread(target=self._refresh_quietly, name="agent-placements", daemon=True).start()
+
+    def _refresh_quietly(self) -> None:
+        try:
+            self.refresh_placements()
+        except (Unreachable, Refused) as exc:  # synced: what is known serves (fail static), asked again when due
+            log.warning("placements not refreshed: %s", exc)
+        except Exception:
+            log.exception("placements not refreshed")
+        finally:
+            with self._lock:
+                self._refreshing = False
 
     # ------------------------------------------------------------------ X.509
     def x509(self, workload: str) -> X509Entry | None:

@@ -37,6 +37,7 @@ from tests.agent.test_at_rest import serials
 
 pytestmark = pytest.mark.xdist_group("agent-slow-server")
 X509_PATH, BATCH_PATH, JWT_PATH = "/v1/svids/x509", "/v1/svids/x509/batch", "/v1/svids/jwt"
+PLACEMENTS_PATH = "/v1/nodes/gpu1/placements"
 NAMES = ["h0", "n0", "n1", "a0", "a1", "a2", "a3", "s0", "s1", "d0", "d1"]
 W = {n: f"acme/train/{n}" for n in NAMES}
 H0_ID = "spiffe://example.org/tenant/acme/group/train/h0"
@@ -205,15 +206,17 @@ def test_a_held_svid_is_answered_at_once_while_another_workloads_request_is_stal
         gate: Gate, gpu1: Agent, released: None) -> None:
     """Should fix: WorkloadSvids held its one lock across every request to the server, so a workload whose SVID is
     held and valid, asking through the Workload API, waited for another workload's stalled request (its timeout:
-    10 s), and so did every other request (the JWT-SVID fetch below was not even sent)."""
+    10 s), and so did every other request (the JWT-SVID fetch below was not even sent). The placements' refresh is
+    stalled too: once synced, a caller is answered from the known placements while it is under way."""
     assert set(serials(gpu1)) == {H0_ID}  # fetched through the Workload API: held from now on
     held_jwt = gpu1.svids.jwt(W["h0"], ["db"])
     assert held_jwt is not None
-    rnd = gate.close(X509_PATH, JWT_PATH)
+    rnd = gate.close(X509_PATH, JWT_PATH, PLACEMENTS_PATH)
     first = _ask(gpu1.svids.x509, W["n0"])
     assert _until(lambda: rnd.arrived.get(X509_PATH) == 1, 8)
     jwt = _ask(gpu1.svids.jwt, W["n1"], ["db"])
     assert _until(lambda: rnd.arrived.get(JWT_PATH) == 1, 5), "the JWT-SVID fetch waited for the X.509 request"
+    time.sleep(gpu1.svids.refresh_every)  # the placements are due for a refresh
     started = time.monotonic()
     assert set(serials(gpu1)) == {H0_ID}  # the Workload API: placements, the caller's renewals, its SVID
     assert gpu1.svids.x509(W["h0"]) is not None
@@ -221,6 +224,10 @@ def test_a_held_svid_is_answered_at_once_while_another_workloads_request_is_stal
     took = time.monotonic() - started
     assert first.thread.is_alive() and jwt.thread.is_alive()  # both still stalled at the server
     assert took < 4.0, took  # a request's timeout is 10 s
+    assert _until(lambda: PLACEMENTS_PATH in rnd.arrived, 5)  # the refresh was asked, behind the caller
+    assert set(serials(gpu1)) == {H0_ID}  # and while it is stalled, the next caller too is answered at once
+    assert time.monotonic() - started < 8.0
+    assert rnd.arrived.get(PLACEMENTS_PATH) == 1  # one refresh in flight at a time
     gate.release()
     assert first.join(15).error is None and isinstance(first.result, X509Entry)
     assert jwt.join(15).error is None and jwt.result is not None
