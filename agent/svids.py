@@ -431,18 +431,19 @@ class WorkloadSvids:
                 self._refreshing = False
 
     # ------------------------------------------------------------------ X.509
-    def x509(self, workload: str) -> X509Entry | None:
+    def x509(self, workload: str, *, held_ok: bool = False) -> X509Entry | None:
         """The workload's current X.509-SVID, fetched or renewed when due; None when the server refuses it for good
         (DEFINITIVE: dropped). A transient failure (the module docstring) keeps the held one while it is valid and
         asks again no sooner than `_later` says; RetryLater when nothing valid is held meanwhile. While its request
         (or a batch with it) is in flight, the held one is served while valid, else that request's outcome is
-        waited for (bounded: RetryLater)."""
+        waited for (bounded: RetryLater). With `held_ok` (a Workload API caller, whose renewal `renew_behind`
+        started), a held one past half life is served while valid, not renewed here."""
         deadline = time.monotonic() + self._flight_wait
         while True:
             with self._lock:
                 entry = self._x509.get(workload)
                 now = self.clock()
-                if entry is not None and now < entry.renew_at():
+                if entry is not None and (now < entry.renew_at() or (held_ok and now < entry.not_after)):
                     return entry
                 flight = self._x509_flights.get(workload)
                 if flight is None:
@@ -560,11 +561,28 @@ class WorkloadSvids:
         self._retry_at.pop(workload, None)
         self._failures.pop(workload, None)
 
+    def renew_behind(self, workloads: Collection[str]) -> None:
+        """Renew those of `workloads` that are due (renew_due) on a thread of its own: the Workload API caller they
+        belong to is answered from their held SVIDs while valid, and never waits for the server about them."""
+        with self._lock:
+            now = self.clock()
+            if not any(w in self._x509 and now >= self._x509[w].renew_at() and now >= self._retry_at.get(w, 0.0)
+                       and w not in self._x509_flights for w in workloads):
+                return
+        threading.Thread(target=self._renew_quietly, args=(frozenset(workloads),), name="agent-renew",
+                         daemon=True).start()
+
+    def _renew_quietly(self, workloads: frozenset[str]) -> None:
+        try:
+            self.renew_due(only=workloads)
+        except Exception:  # (the failures the rules name are handled in renew_due; this is anything else)
+            log.exception("workload SVIDs not renewed")
+
     def renew_due(self, only: Collection[str] | None = None) -> None:
         """Renew every cached X.509-SVID past half life (the streams then send the new one) whose last transient
-        failure's wait is over and that is not being renewed already (of `only`, when given: a Workload API caller
-        renews its own, never waits for others'): in batches of up to BATCH (POST /v1/svids/x509/batch, one request
-        each), smaller once the server refused one as too large, one request each on a server without that route."""
+        failure's wait is over and that is not being renewed already (of `only`, when given): in batches of up to
+        BATCH (POST /v1/svids/x509/batch, one request each), smaller once the server refused one as too large, one
+        request each on a server without that route."""
         with self._lock:
             now = self.clock()
             due = [w for w, e in self._x509.items() if (only is None or w in only) and now >= e.renew_at()

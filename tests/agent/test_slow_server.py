@@ -4,7 +4,7 @@ accepted the connection and does not answer) or once it answered (the answer hel
 
 - a workload whose SVID is held and valid is answered at once, through the Workload API too, while another
   workload's first X.509-SVID and JWT-SVID requests are stalled (the agent held one lock across every request: it
-  waited for the stalled one's timeout);
+  waited for the stalled one's timeout); so is one whose held SVID is past half life while its renewal is stalled;
 - N first fetches against a stalled server are N requests at the server at once, over in about one timeout (they
   queued: N timeouts);
 - concurrent asks for the same workload's X.509-SVID, or for the same workload and audience's JWT-SVID, send one
@@ -231,6 +231,27 @@ def test_a_held_svid_is_answered_at_once_while_another_workloads_request_is_stal
     gate.release()
     assert first.join(15).error is None and isinstance(first.result, X509Entry)
     assert jwt.join(15).error is None and jwt.result is not None
+
+
+def test_a_held_svid_past_half_life_is_answered_at_once_while_its_renewal_is_stalled(
+        gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """A Workload API caller whose held SVID is due for renewal (and valid) is answered with it at once; its renewal
+    goes on behind it, and the new SVID is served once the server answers (the caller sent the renewal itself and
+    waited for the answer: the stalled request's timeout, 10 s)."""
+    held = gpu1.svids.x509(W["h0"])
+    assert held is not None
+    monkeypatch.setattr(gpu1.svids, "clock", _past_half_life(held))
+    rnd = gate.close(X509_PATH, BATCH_PATH)
+    started = time.monotonic()
+    assert serials(gpu1) == {H0_ID: held.serial()}
+    assert time.monotonic() - started < 4.0
+    assert _until(lambda: sum(rnd.arrived.values()) == 1, 5)  # the renewal, sent behind the caller
+    assert serials(gpu1) == {H0_ID: held.serial()}  # asked again meanwhile: the held one, no second request
+    assert sum(rnd.arrived.values()) == 1, rnd.arrived
+    gate.release()
+    assert _until(lambda: gpu1.svids._x509[W["h0"]].serial() != held.serial(), 10)
+    renewed = gpu1.svids._x509[W["h0"]]
+    assert serials(gpu1) == {H0_ID: renewed.serial()}
 
 
 def test_concurrent_first_fetches_against_a_stalled_server_take_one_timeout_not_n(
