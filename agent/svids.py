@@ -36,6 +36,12 @@ entries parented to it).
   X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would keep
   a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload. Over
   a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE.
+- A slow or unreachable server delays only the asks that need its answer: no request is made under the agent's lock,
+  one request at a time per workload's X.509-SVID (a batch renewal counts for each of its workloads), per workload
+  and audience's JWT-SVID and for the placements, the others asking meanwhile sharing its outcome (waited for up to
+  the request's own timeout, and a margin). A Workload API caller never waits for the server about an SVID it holds
+  valid: it gets the held one, a renewal due and the placements' refresh going on behind it. An answer arriving after
+  its workload was dropped (refused for good, unplaced, moved, revoked) is discarded, never served.
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
@@ -269,6 +275,7 @@ class WorkloadSvids:
         self._drops: dict[str, int] = {}  # workload -> times its X.509-SVID was dropped (older answers are stale)
         self._jwt_drops: dict[str, int] = {}  # workload -> times its JWT-SVIDs were dropped
         self._rotations = 0  # rotate_all calls (an answer asked before the last one may be the old CA's)
+        self._closed = False  # the agent stopped: nothing started behind a caller, nothing written
         if cache is not None:
             self.placements, self._x509 = cache.load(clock())
             self.from_cache = len(self._x509)
@@ -278,8 +285,14 @@ class WorkloadSvids:
         """How long an ask waits for another's request to the same end: that request's own bound, and a margin."""
         return float(self.api.timeout) + FLIGHT_MARGIN
 
+    def close(self) -> None:
+        """The agent is stopping: no refresh or renewal is started any more, and an answer still arriving on a thread
+        started before does not write the cache (a restarted agent may already be using it)."""
+        with self._lock:
+            self._closed = True
+
     def _bump(self) -> None:
-        if self.cache is not None:
+        if self.cache is not None and not self._closed:
             with self._save_lock:  # the snapshot taken inside: an older state is never written last
                 with self._lock:
                     placements, x509s = dict(self.placements), dict(self._x509)
@@ -413,7 +426,7 @@ class WorkloadSvids:
         """Refresh the placements on a thread of its own when due and none is under way (its changes wake the
         streams)."""
         with self._lock:
-            if self._refreshing or self._placements_flight is not None \
+            if self._closed or self._refreshing or self._placements_flight is not None \
                     or self.clock() - self._placements_at < self.refresh_every:
                 return
             self._refreshing = True
@@ -566,8 +579,9 @@ class WorkloadSvids:
         belong to is answered from their held SVIDs while valid, and never waits for the server about them."""
         with self._lock:
             now = self.clock()
-            if not any(w in self._x509 and now >= self._x509[w].renew_at() and now >= self._retry_at.get(w, 0.0)
-                       and w not in self._x509_flights for w in workloads):
+            due = [w for w in workloads if w in self._x509 and now >= self._x509[w].renew_at()
+                   and now >= self._retry_at.get(w, 0.0) and w not in self._x509_flights]
+            if self._closed or not due:
                 return
         threading.Thread(target=self._renew_quietly, args=(frozenset(workloads),), name="agent-renew",
                          daemon=True).start()
@@ -666,6 +680,9 @@ class WorkloadSvids:
                         status = error.get("status") if isinstance(error, dict) else None
                         why = str(error.get("reason")) if isinstance(error, dict) else str(result)
                         if isinstance(status, int) and not definitive(status):
+                            if self._stale(w, tickets[w]):  # dropped while in flight: nothing to retry
+                                flight.dropped = True
+                                continue
                             self._later([w], Refused(status, why), None)
                             flight.failed = f"{status}: {why}"
                             continue
