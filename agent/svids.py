@@ -753,10 +753,11 @@ class WorkloadSvids:
         log.warning("%s: JWT-SVID not fetched, retrying in %.1fs (the one held, if any, is served while valid): %s",
                     workload, wait, exc)
 
-    def jwt(self, workload: str, audience: list[str]) -> JwtEntry | None:
+    def jwt(self, workload: str, audience: list[str], *, held_ok: bool = False) -> JwtEntry | None:
         """The workload's JWT-SVID for `audience`, fetched when none is held or past half life (the module docstring
         has the rules). One fetch per (workload, audience) in flight: meanwhile the held one while valid, else that
-        fetch's outcome (bounded: RetryLater)."""
+        fetch's outcome (bounded: RetryLater). With `held_ok` (a Workload API caller), a held one past half life is
+        answered at once while valid, the new one fetched behind it."""
         key = (workload, tuple(sorted(audience)))
         deadline = time.monotonic() + self._flight_wait
         while True:
@@ -791,8 +792,23 @@ class WorkloadSvids:
                 with self._lock:
                     return self._jwt_held(workload, self._jwt.get(key), self.clock(), flight.failed)
             # nothing decided (the answer did not parse): asked again
+        if held_ok and entry is not None and now < entry.expires:
+            threading.Thread(target=self._fetch_behind, args=(key, flight, drops, now), name="agent-jwt",
+                             daemon=True).start()
+            return entry
         try:
             return self._ask_jwt(key, flight, drops, now)
+        finally:
+            self._land(self._jwt_flights, key, flight)
+
+    def _fetch_behind(self, key: tuple[str, tuple[str, ...]], flight: _Flight[JwtEntry], drops: int,
+                      now: float) -> None:
+        try:
+            self._ask_jwt(key, flight, drops, now)
+        except RetryLater:  # (the held one expired meanwhile; the failure is logged by the rules)
+            pass
+        except Exception:
+            log.exception("%s: JWT-SVID not fetched", key[0])
         finally:
             self._land(self._jwt_flights, key, flight)
 

@@ -167,7 +167,7 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         later: RetryLater | None = None
         for p in placements:
             try:
-                entry = self.svids.jwt(p.workload, audience)
+                entry = self.svids.jwt(p.workload, audience, held_ok=True)
             except RetryLater as exc:  # none held, and the server cannot issue one just now
                 later = exc
                 continue

@@ -4,7 +4,8 @@ accepted the connection and does not answer) or once it answered (the answer hel
 
 - a workload whose SVID is held and valid is answered at once, through the Workload API too, while another
   workload's first X.509-SVID and JWT-SVID requests are stalled (the agent held one lock across every request: it
-  waited for the stalled one's timeout); so is one whose held SVID is past half life while its renewal is stalled;
+  waited for the stalled one's timeout); so is one whose held X.509- or JWT-SVID is past half life while its renewal
+  is stalled;
 - N first fetches against a stalled server are N requests at the server at once, over in about one timeout (they
   queued: N timeouts);
 - concurrent asks for the same workload's X.509-SVID, or for the same workload and audience's JWT-SVID, send one
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spiffe import WorkloadApiClient
 
 from agent.runner import Agent
 from agent.svids import RetryLater, X509Entry
@@ -252,6 +254,30 @@ def test_a_held_svid_past_half_life_is_answered_at_once_while_its_renewal_is_sta
     assert _until(lambda: gpu1.svids._x509[W["h0"]].serial() != held.serial(), 10)
     renewed = gpu1.svids._x509[W["h0"]]
     assert serials(gpu1) == {H0_ID: renewed.serial()}
+
+
+def test_a_held_jwt_svid_past_half_life_is_answered_at_once_while_its_fetch_is_stalled(
+        gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """The same for a JWT-SVID asked through the Workload API: the held one (past half life, valid) at once, the new
+    one fetched behind it (the caller sent the fetch itself and waited: the stalled request's timeout)."""
+    audience = ["slow-db"]
+    held = gpu1.svids.jwt(W["h0"], audience)
+    assert held is not None
+    shift = held.issued + 0.75 * (held.expires - held.issued) - time.time()
+    monkeypatch.setattr(gpu1.svids, "clock", lambda: time.time() + shift)
+    rnd = gate.close(JWT_PATH)
+    assert gpu1.workload_api is not None
+    with WorkloadApiClient(socket_path=f"unix:{gpu1.workload_api.socket_path}", default_timeout=10) as client:
+        started = time.monotonic()
+        assert client.fetch_jwt_svid(audience=set(audience)).token == held.token
+        assert time.monotonic() - started < 4.0
+        assert _until(lambda: rnd.arrived.get(JWT_PATH) == 1, 5)  # the fetch, sent behind the caller
+        assert client.fetch_jwt_svid(audience=set(audience)).token == held.token  # meanwhile: the held one
+        assert rnd.arrived == {JWT_PATH: 1}, rnd.arrived
+        gate.release()
+        key = (W["h0"], tuple(audience))
+        assert _until(lambda: gpu1.svids._jwt[key].token != held.token, 10)
+        assert client.fetch_jwt_svid(audience=set(audience)).token == gpu1.svids._jwt[key].token
 
 
 def test_concurrent_first_fetches_against_a_stalled_server_take_one_timeout_not_n(
