@@ -12,7 +12,7 @@ accepted the connection and does not answer) or once it answered (the answer hel
   request and share its answer;
 - a workload unplaced while its renewal is in flight, or revoked while its JWT-SVID fetch is in flight, is not
   resurrected by the late answer; and the placements' refresh, or the X.509 renewal that is refused, does not wait
-  for that answer.
+  for that answer; an SVID asked before a CA rotation and answered after it is held due, renewed under the new CA.
 
 Counted at the gate (requests that reached the server) wherever possible; the timings asserted have wide margins."""
 
@@ -36,11 +36,12 @@ from agent.runner import Agent
 from agent.svids import RetryLater, X509Entry
 from tests.agent.harness import Served, gpu1_fabric, served_fabric
 from tests.agent.test_at_rest import serials
+from tests.agent.test_batch_renewal import _chain
 
 pytestmark = pytest.mark.xdist_group("agent-slow-server")
 X509_PATH, BATCH_PATH, JWT_PATH = "/v1/svids/x509", "/v1/svids/x509/batch", "/v1/svids/jwt"
 PLACEMENTS_PATH = "/v1/nodes/gpu1/placements"
-NAMES = ["h0", "n0", "n1", "a0", "a1", "a2", "a3", "s0", "s1", "d0", "d1"]
+NAMES = ["h0", "n0", "n1", "a0", "a1", "a2", "a3", "s0", "s1", "r0", "d0", "d1"]
 W = {n: f"acme/train/{n}" for n in NAMES}
 H0_ID = "spiffe://example.org/tenant/acme/group/train/h0"
 FIRST = ["a0", "a1", "a2", "a3"]  # the concurrent first fetches
@@ -331,6 +332,27 @@ def test_concurrent_asks_for_the_same_workload_send_one_request(gate: Gate, gpu1
         ask.join(15)
     assert rnd.arrived == {JWT_PATH: 1}, rnd.arrived
     assert all(isinstance(a.error, RetryLater) for a in asks), [a.error for a in asks]
+
+
+def test_an_svid_answered_after_a_ca_rotation_is_renewed_under_the_new_ca(
+        served: Served, gate: Gate, gpu1: Agent, released: None) -> None:
+    """A first fetch answered by the old CA, but late; meanwhile the CA rotates and the agent renews what it holds
+    (rotate_all, which no longer waits for that answer): the late SVID is held due, as rotate_all leaves the others it
+    could not renew, and the next round renews it under the new CA."""
+    rnd = gate.close(X509_PATH, answered=True)
+    first = _ask(gpu1.svids.x509, W["r0"])
+    assert _until(lambda: rnd.ready == 1, 8)  # issued by the old CA, the answer held back
+    r = served.env.call("POST", "/v1/ca/rotate", "admin", json={"force": True})
+    assert r.status_code == 200, r.text
+    rotation = _ask(gpu1.svids.rotate_all).join(5)
+    assert not rotation.thread.is_alive(), "the rotation's renewals waited for the first fetch's answer"
+    gate.release()
+    late = first.join(15).result
+    assert isinstance(late, X509Entry) and late.forced  # due at once
+    gpu1.svids.renew_due()
+    renewed = gpu1.svids._x509[W["r0"]]
+    assert renewed.serial() != late.serial() and not renewed.forced
+    assert _chain(renewed)[0].issuer != _chain(late)[0].issuer  # the new issuing CA signed it
 
 
 def test_a_workload_unplaced_while_its_renewal_is_in_flight_is_not_resurrected(
