@@ -287,19 +287,23 @@ class WorkloadSvids:
 
     def close(self) -> None:
         """The agent is stopping: no refresh or renewal is started any more, and an answer still arriving on a thread
-        started before does not write the cache (a restarted agent may already be using it)."""
+        started before does not write the cache (a restarted agent may already be using it). Returns once a write
+        under way is over: none is going on, nor starts, after it."""
         with self._lock:
             self._closed = True
+        with self._save_lock:  # (a write that saw the agent open ends first; the next ones see it closed)
+            pass
 
     def _bump(self) -> None:
-        if self.cache is not None and not self._closed:
+        if self.cache is not None:
             with self._save_lock:  # the snapshot taken inside: an older state is never written last
-                with self._lock:
-                    placements, x509s = dict(self.placements), dict(self._x509)
-                try:
-                    self.cache.save(placements, x509s)
-                except OSError as exc:  # the cache only saves work; serving goes on
-                    log.warning("the workload SVID cache not written: %s", exc)
+                if not self._closed:  # (read under _save_lock, which close() takes after setting it)
+                    with self._lock:
+                        placements, x509s = dict(self.placements), dict(self._x509)
+                    try:
+                        self.cache.save(placements, x509s)
+                    except OSError as exc:  # the cache only saves work; serving goes on
+                        log.warning("the workload SVID cache not written: %s", exc)
         with self.changed:
             self.version += 1
             self.changed.notify_all()

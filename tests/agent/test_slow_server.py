@@ -33,7 +33,7 @@ import pytest
 from spiffe import WorkloadApiClient
 
 from agent.runner import Agent
-from agent.svids import RetryLater, X509Entry
+from agent.svids import CACHE_FILE, RetryLater, SvidCache, WorkloadSvids, X509Entry
 from tests.agent.harness import Served, gpu1_fabric, served_fabric
 from tests.agent.test_at_rest import serials
 from tests.agent.test_batch_renewal import _chain
@@ -398,3 +398,37 @@ def test_a_jwt_svid_answered_after_its_workload_was_revoked_is_not_served(
     assert fetch.join(15).error is None and fetch.result is None  # the late answer is not served
     assert not [k for k in gpu1.svids._jwt if k[0] == W["d1"]]
     assert W["d1"] not in gpu1.svids._x509
+
+
+
+def test_a_closed_agent_has_no_cache_write_going_on_nor_starting(gpu1: Agent, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: close() only set a flag that each write read before waiting for the one under way: a write going on,
+    and one waiting for it, went on after the agent stopped (a restarted agent may be using the cache by then)."""
+    cache = SvidCache(tmp_path / CACHE_FILE, gpu1.identity.at_rest)
+    svids = WorkloadSvids(gpu1.api, gpu1.metrics, cache=cache)
+    entered, go = threading.Event(), threading.Event()
+    saves: list[float] = []
+    real_save = cache.save
+
+    def save(placements: dict[str, Any], x509s: dict[str, Any]) -> None:
+        entered.set()
+        go.wait(10)
+        saves.append(time.monotonic())
+        real_save(placements, x509s)
+
+    monkeypatch.setattr(cache, "save", save)
+    first = _ask(svids._bump)
+    assert entered.wait(5)
+    second = _ask(svids._bump)  # waits for the first's write
+    time.sleep(0.3)
+    closing = _ask(svids.close).join(1)
+    assert closing.thread.is_alive(), "close() returned while a cache write was going on"
+    go.set()
+    assert not closing.join(5).thread.is_alive()
+    closed = time.monotonic()
+    assert not first.join(5).thread.is_alive() and not second.join(5).thread.is_alive()
+    assert first.error is None and second.error is None
+    assert len(saves) == 1 and saves[0] < closed, saves
+    svids._bump()
+    assert len(saves) == 1
