@@ -272,6 +272,7 @@ class WorkloadSvids:
         self._jwt_flights: dict[tuple[str, tuple[str, ...]], _Flight[JwtEntry]] = {}
         self._placements_flight: _Flight[None] | None = None
         self._refreshing = False  # a refresh started behind a Workload API caller is under way
+        self._behind: set[str] = set()  # workloads a renew_behind thread is started for and not done with
         self._drops: dict[str, int] = {}  # workload -> times its X.509-SVID was dropped (older answers are stale)
         self._jwt_drops: dict[str, int] = {}  # workload -> times its JWT-SVIDs were dropped
         self._rotations = 0  # rotate_all calls (an answer asked before the last one may be the old CA's)
@@ -313,6 +314,19 @@ class WorkloadSvids:
             if self.version == seen:
                 self.changed.wait(timeout)
             return self.version
+
+    def _start(self, name: str, target: Any, *args: Any) -> bool:
+        """Start `target(*args)` on a thread of its own behind a caller; False (nothing started: the caller undoes its
+        marker) when the agent stopped or no thread could be made (the process at its limit: a marker left set
+        would keep that work from ever being started again)."""
+        if self._closed:
+            return False
+        try:
+            threading.Thread(target=target, args=args, name=name, daemon=True).start()
+        except RuntimeError as exc:  # "can't start new thread"
+            log.warning("%s not started behind the caller: %s", name, exc)
+            return False
+        return True
 
     def _land(self, flights: dict[K, _Flight[T]], key: K, flight: _Flight[T]) -> None:
         """The request `flight` stands for is over (its outcome set): the next ask sends its own, the waiters wake."""
@@ -434,7 +448,9 @@ class WorkloadSvids:
                     or self.clock() - self._placements_at < self.refresh_every:
                 return
             self._refreshing = True
-        threading.Thread(target=self._refresh_quietly, name="agent-placements", daemon=True).start()
+        if not self._start("agent-placements", self._refresh_quietly):
+            with self._lock:
+                self._refreshing = False
 
     def _refresh_quietly(self) -> None:
         try:
@@ -580,21 +596,30 @@ class WorkloadSvids:
 
     def renew_behind(self, workloads: Collection[str]) -> None:
         """Renew those of `workloads` that are due (renew_due) on a thread of its own: the Workload API caller they
-        belong to is answered from their held SVIDs while valid, and never waits for the server about them."""
+        belong to is answered from their held SVIDs while valid, and never waits for the server about them. The
+        workloads are claimed (`_behind`) until that thread is done with them: a caller asking in a loop starts no
+        further thread for them meanwhile (their request is in flight only once the thread got that far), so such
+        threads are at most one per workload."""
         with self._lock:
             now = self.clock()
-            due = [w for w in workloads if w in self._x509 and now >= self._x509[w].renew_at()
-                   and now >= self._retry_at.get(w, 0.0) and w not in self._x509_flights]
+            due = frozenset(w for w in workloads if w in self._x509 and now >= self._x509[w].renew_at()
+                            and now >= self._retry_at.get(w, 0.0) and w not in self._x509_flights
+                            and w not in self._behind)
             if self._closed or not due:
                 return
-        threading.Thread(target=self._renew_quietly, args=(frozenset(workloads),), name="agent-renew",
-                         daemon=True).start()
+            self._behind |= due
+        if not self._start("agent-renew", self._renew_quietly, due):
+            with self._lock:
+                self._behind -= due
 
     def _renew_quietly(self, workloads: frozenset[str]) -> None:
         try:
             self.renew_due(only=workloads)
         except Exception:  # (the failures the rules name are handled in renew_due; this is anything else)
             log.exception("workload SVIDs not renewed")
+        finally:
+            with self._lock:
+                self._behind -= workloads
 
     def renew_due(self, only: Collection[str] | None = None) -> None:
         """Renew every cached X.509-SVID past half life (the streams then send the new one) whose last transient
@@ -797,8 +822,8 @@ class WorkloadSvids:
                     return self._jwt_held(workload, self._jwt.get(key), self.clock(), flight.failed)
             # nothing decided (the answer did not parse): asked again
         if held_ok and entry is not None and now < entry.expires:
-            threading.Thread(target=self._fetch_behind, args=(key, flight, drops, now), name="agent-jwt",
-                             daemon=True).start()
+            if not self._start("agent-jwt", self._fetch_behind, key, flight, drops, now):
+                self._land(self._jwt_flights, key, flight)  # (nothing fetched: asked again at the next ask)
             return entry
         try:
             return self._ask_jwt(key, flight, drops, now)

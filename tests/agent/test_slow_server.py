@@ -400,6 +400,69 @@ def test_a_jwt_svid_answered_after_its_workload_was_revoked_is_not_served(
     assert W["d1"] not in gpu1.svids._x509
 
 
+def _threads(name: str) -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == name}
+
+
+def test_a_caller_asking_in_a_loop_starts_one_renewal_thread_not_one_per_ask(
+        gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """Review: renew_behind started a thread for every ask that found the caller's SVID due and its renewal not yet in
+    flight, and a thread marks it in flight only once it runs: a workload calling the Workload API in a loop (or many
+    callers of one workload) started one thread per call meanwhile. The agent's lock held here is that meanwhile
+    (the threads started wait for it); the renewal itself stays one request."""
+    held = gpu1.svids.x509(W["h0"])
+    assert held is not None
+    monkeypatch.setattr(gpu1.svids, "clock", _past_half_life(held))
+    rnd = gate.close(X509_PATH, BATCH_PATH)
+    before = _threads("agent-renew")
+    with gpu1.svids._lock:
+        for _ in range(50):
+            gpu1.svids.renew_behind([W["h0"]])
+        started = _threads("agent-renew") - before
+    assert len(started) == 1, len(started)
+    assert _until(lambda: sum(rnd.arrived.values()) == 1, 5)
+    for _ in range(50):  # its renewal in flight: nothing more
+        gpu1.svids.renew_behind([W["h0"]])
+    assert len(_threads("agent-renew") - before) <= 1
+    gate.release()
+    assert _until(lambda: gpu1.svids._x509[W["h0"]].serial() != held.serial(), 10)
+    assert _until(lambda: not _threads("agent-renew") - before, 10)
+    assert sum(rnd.arrived.values()) == 1, rnd.arrived
+
+
+def test_a_thread_that_cannot_be_started_leaves_no_work_marked_under_way(
+        gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """Review: a JWT-SVID fetch behind a caller was marked in flight, and a placements' refresh under way, before its
+    thread was started; a thread that could not be started (the process at its thread limit) raised to the caller
+    and left the mark: that JWT-SVID was never fetched again (its held one served, then every ask waited for a fetch
+    that never ends: UNAVAILABLE), and the placements never refreshed again (an unplaced workload kept its SVIDs)."""
+    audience = ["thread-limit-db"]
+    held = gpu1.svids.jwt(W["h0"], audience)
+    assert held is not None
+    shift = held.issued + 0.75 * (held.expires - held.issued) - time.time()  # past half life
+    monkeypatch.setattr(gpu1.svids, "clock", lambda: time.time() + shift)
+    with gpu1.svids._lock:  # (an earlier test's clock may have read them later than this one's now)
+        gpu1.svids._placements_at = 0.0
+    rnd = gate.close(JWT_PATH, PLACEMENTS_PATH)  # counted, not held
+    gate.release()
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name.startswith("agent-"):
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    assert gpu1.svids.jwt(W["h0"], audience, held_ok=True) == held  # the held one; its fetch not started
+    assert [p.workload for p in gpu1.svids.for_caller(lambda s: True) if p.workload == W["h0"]]  # the known ones
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    assert rnd.arrived == {}
+    fresh = gpu1.svids.jwt(W["h0"], audience)  # fetched now, not waiting for the fetch never started
+    assert fresh is not None and fresh.token != held.token
+    gpu1.svids.for_caller(lambda s: True)  # and its refresh is started now
+    assert _until(lambda: rnd.arrived.get(PLACEMENTS_PATH) == 1, 5), rnd.arrived
+    assert rnd.arrived.get(JWT_PATH) == 1
+
 
 def test_a_closed_agent_has_no_cache_write_going_on_nor_starting(gpu1: Agent, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
