@@ -21,7 +21,9 @@ entries parented to it).
     answer (the server down, draining, its database restarting), 409 (no CA that can sign: an expired one, or one
     rotated out meanwhile; an operator's `ca rotate` mends it, and the workload is not at fault) and 400 (the
     server refused the CSR the agent made: an agent and a server that disagree, which no workload caused; logged
-    as an error). The workload is asked for again no sooner than the answer's Retry-After (with up to 10% more,
+    as an error), and an answer the agent cannot use (it does not parse, its certificate does not certify the key of
+    the CSR sent or names another workload: never held, nor served to anyone; a batch entry so is dropped instead,
+    as before). The workload is asked for again no sooner than the answer's Retry-After (with up to 10% more,
     so a fleet of agents does not come back at the same instant), or else after a backoff that doubles from
     BACKOFF_MIN to BACKOFF_MAX seconds with jitter; never in a loop (a batch refused whole so holds back the other
     batches of its round as long: the server would refuse them too). A workload that holds no valid SVID
@@ -70,12 +72,15 @@ from typing import Any, Generic, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.api import ApiClient, Refused, Unreachable
 from agent.at_rest import AtRest, AtRestError
 from agent.identity import AgentError, key_der, new_key_and_csr
 from agent.metrics import AgentMetrics
 from core.ratelimit import TokenBucket
+from pki.errors import InvalidSpiffeId
+from pki.spiffe_id import parse_spiffe_id
 
 log = logging.getLogger("trustfabric.agent.svids")
 
@@ -198,12 +203,25 @@ BATCH = 100  # entries per POST /v1/svids/x509/batch: the server's bound (and it
 _DONE, _NO_ROUTE, _HELD = 0, -1, -2  # _renew_batch's outcomes (a positive one: the smaller batch size to send instead)
 
 
-def _entry(issued: dict[str, Any], key: bytes) -> X509Entry:
-    """The cache entry for an X509SvidOut answer and the key its CSR was made with."""
+def _entry(issued: dict[str, Any], key: ec.EllipticCurvePrivateKey, workload: str) -> X509Entry:
+    """The cache entry for an X509SvidOut answer to `workload`'s CSR, made with `key`. ValueError unless the leaf
+    certifies that key and names that workload (a batch answer out of order, a proxy's or server's mix-up): a
+    workload is never handed another's SVID, nor a certificate that is not its key's."""
     certs = [x509.load_pem_x509_certificate(str(p).encode())
              for p in [issued["certificate"], *(issued.get("chain") or [])]]
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if certs[0].public_key().public_bytes(*spki) != key.public_key().public_bytes(*spki):
+        raise ValueError("the certificate is not for the key of the CSR sent")
+    try:
+        sans = certs[0].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        sid = parse_spiffe_id(sans.get_values_for_type(x509.UniformResourceIdentifier)[0])
+    except (x509.ExtensionNotFound, IndexError, InvalidSpiffeId) as exc:
+        raise ValueError(f"the certificate carries no SPIFFE ID ({exc})") from None
+    tenant, group, name = workload.split("/")
+    if sid.segments != ("tenant", tenant, "group", group, name) or str(issued["spiffe_id"]) != str(sid):
+        raise ValueError(f"the certificate is {sid}'s, not {workload}'s")
     chain = b"".join(c.public_bytes(serialization.Encoding.DER) for c in certs)
-    return X509Entry(str(issued["spiffe_id"]), chain, key, certs[0].not_valid_before_utc.timestamp(),
+    return X509Entry(str(sid), chain, key_der(key), certs[0].not_valid_before_utc.timestamp(),
                      certs[0].not_valid_after_utc.timestamp())
 
 
@@ -506,9 +524,11 @@ class WorkloadSvids:
         try:
             key, csr = new_key_and_csr(workload)
             try:
-                outcome = _entry(self.api.x509_svid(workload, csr), key_der(key))
+                outcome = _entry(self.api.x509_svid(workload, csr), key, workload)
             except (Refused, Unreachable) as exc:
                 outcome = exc
+            except (KeyError, TypeError, ValueError) as exc:  # nothing held from it; transient (never in a loop)
+                outcome = Refused(200, f"the server's answer is unusable: {exc}")
             with self._lock:
                 if isinstance(outcome, X509Entry):
                     flight.result = self._keep(workload, outcome, ticket)
@@ -721,7 +741,7 @@ class WorkloadSvids:
                         flight.dropped = True
                         continue
                     try:
-                        entry = _entry(svid, key_der(keys[w][0]))
+                        entry = _entry(svid, keys[w][0], w)
                     except (KeyError, TypeError, ValueError) as exc:
                         log.warning("%s: no X.509-SVID: the server's answer does not parse: %s", w, exc)
                         self._settled(w)

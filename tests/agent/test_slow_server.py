@@ -19,6 +19,7 @@ Counted at the gate (requests that reached the server) wherever possible; the ti
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from spiffe import WorkloadApiClient
 
 from agent.runner import Agent
@@ -41,7 +44,7 @@ from tests.agent.test_batch_renewal import _chain
 pytestmark = pytest.mark.xdist_group("agent-slow-server")
 X509_PATH, BATCH_PATH, JWT_PATH = "/v1/svids/x509", "/v1/svids/x509/batch", "/v1/svids/jwt"
 PLACEMENTS_PATH = "/v1/nodes/gpu1/placements"
-NAMES = ["h0", "n0", "n1", "a0", "a1", "a2", "a3", "s0", "s1", "r0", "d0", "d1"]
+NAMES = ["h0", "n0", "n1", "a0", "a1", "a2", "a3", "s0", "s1", "r0", "d0", "d1", "p0", "p1"]
 W = {n: f"acme/train/{n}" for n in NAMES}
 H0_ID = "spiffe://example.org/tenant/acme/group/train/h0"
 FIRST = ["a0", "a1", "a2", "a3"]  # the concurrent first fetches
@@ -54,6 +57,7 @@ class Round:
 
     paths: frozenset[str]
     answered: bool
+    rewrite: Callable[[bytes], bytes] | None = None  # (answered) what the client gets instead of the server's body
     open: threading.Event = field(default_factory=threading.Event)
     arrived: dict[str, int] = field(default_factory=dict)
     times: list[float] = field(default_factory=list)  # when each arrived (time.monotonic)
@@ -71,8 +75,8 @@ class Gate:
         self.round.open.set()
         self._lock = threading.Lock()
 
-    def close(self, *paths: str, answered: bool = False) -> Round:
-        self.round = Round(frozenset(paths), answered)
+    def close(self, *paths: str, answered: bool = False, rewrite: Callable[[bytes], bytes] | None = None) -> Round:
+        self.round = Round(frozenset(paths), answered or rewrite is not None, rewrite)
         return self.round
 
     def release(self) -> None:
@@ -102,6 +106,11 @@ class Gate:
             with self._lock:
                 rnd.ready += 1
             await _opened(rnd)
+            if rnd.rewrite is not None:
+                body = rnd.rewrite(b"".join(m.get("body", b"") for m in answer[1:]))
+                headers = [(k, v) for k, v in answer[0]["headers"] if k.lower() != b"content-length"]
+                answer = [{**answer[0], "headers": [*headers, (b"content-length", str(len(body)).encode())]},
+                          {"type": "http.response.body", "body": body}]
             for message in answer:
                 await send(message)
         finally:
@@ -495,3 +504,55 @@ def test_a_closed_agent_has_no_cache_write_going_on_nor_starting(gpu1: Agent, tm
     assert len(saves) == 1 and saves[0] < closed, saves
     svids._bump()
     assert len(saves) == 1
+
+
+def _swapped(body: bytes) -> bytes:
+    """A batch answer with its first two results swapped (a server's or proxy's mix-up)."""
+    doc = json.loads(body)
+    doc["results"][0], doc["results"][1] = doc["results"][1], doc["results"][0]
+    return json.dumps(doc).encode()
+
+
+def _paired(name: str, entry: X509Entry) -> bool:
+    """The entry's leaf certifies its own key and names its workload, `name`."""
+    leaf = _chain(entry)[0]
+    key = serialization.load_der_private_key(entry.key_der, None)
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    want = H0_ID.replace("/h0", f"/{name}")
+    return leaf.public_key().public_bytes(*spki) == key.public_key().public_bytes(*spki) \
+        and sans.get_values_for_type(x509.UniformResourceIdentifier) == [want] and entry.spiffe_id == want
+
+
+def _answer_of(entry: X509Entry) -> bytes:
+    """The body of an X.509-SVID answer that hands out `entry`'s certificate."""
+    pems = [c.public_bytes(serialization.Encoding.PEM).decode() for c in _chain(entry)]
+    return json.dumps({"spiffe_id": entry.spiffe_id, "certificate": pems[0], "chain": pems[1:]}).encode()
+
+
+def test_an_answer_for_another_workload_or_key_is_never_held(
+        gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """Review: an answer's certificate was paired with the key of the CSR sent, unchecked: a batch answered out of
+    order left p0 holding p1's certificate (p1's SPIFFE ID, p1's key's) with p0's own key, which the Workload API then
+    served to p0's caller; and so did a single request answered with another workload's SVID. The leaf must certify
+    the key of the CSR sent and name the workload asked for; else nothing is held from it."""
+    for n in ("p0", "p1"):
+        assert gpu1.svids.x509(W[n]) is not None
+    monkeypatch.setattr(gpu1.svids, "clock", _past_half_life(gpu1.svids._x509[W["p0"]]))
+    rnd = gate.close(BATCH_PATH, rewrite=_swapped)
+    gate.release()
+    gpu1.svids.renew_due(only={W["p0"], W["p1"]})
+    assert rnd.arrived == {BATCH_PATH: 1}
+    for n in ("p0", "p1"):  # not held (the batch's rule for an entry that does not parse: dropped)
+        entry = gpu1.svids._x509.get(W[n])
+        assert entry is None or _paired(n, entry), n
+    for n in ("p0", "p1"):  # asked again, each its own request
+        entry = gpu1.svids.x509(W[n])
+        assert entry is not None and _paired(n, entry), n
+    held, other = gpu1.svids._x509[W["p0"]], gpu1.svids._x509[W["p1"]]
+    rnd = gate.close(X509_PATH, rewrite=lambda _: _answer_of(other))  # p0's renewal answered with p1's SVID
+    gate.release()
+    entry = gpu1.svids.x509(W["p0"])  # due: renewed, refused for now (transient): the held one
+    assert rnd.arrived == {X509_PATH: 1}
+    assert entry is not None and _paired("p0", entry) and entry.serial() == held.serial()
+    assert _paired("p0", gpu1.svids._x509[W["p0"]])
