@@ -37,7 +37,8 @@ entries parented to it).
   fetches a second per workload, JWT_PER_NODE for the node (the server's rate limit is the node's, shared with its
   X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would keep
   a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload. Over
-  a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE.
+  a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE. An answer whose token is not the
+  workload's (`sub`) for the audience asked (`aud`), or does not parse, is never held: as a 5xx.
 - A slow or unreachable server delays only the asks that need its answer: no request is made under the agent's lock,
   one request at a time per workload's X.509-SVID (a batch renewal counts for each of its workloads), per workload
   and audience's JWT-SVID and for the placements, the others asking meanwhile sharing its outcome (waited for up to
@@ -70,6 +71,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import jwt as pyjwt
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -223,6 +225,21 @@ def _entry(issued: dict[str, Any], key: ec.EllipticCurvePrivateKey, workload: st
     chain = b"".join(c.public_bytes(serialization.Encoding.DER) for c in certs)
     return X509Entry(str(sid), chain, key_der(key), certs[0].not_valid_before_utc.timestamp(),
                      certs[0].not_valid_after_utc.timestamp())
+
+
+def _jwt_entry(issued: dict[str, Any], workload: str, audience: tuple[str, ...], now: float) -> JwtEntry:
+    """The JWT-SVID of a JwtSvidOut answer to `workload`'s fetch for `audience`. ValueError unless the token is that
+    workload's (its `sub` the answer's SPIFFE ID, naming the workload) for that audience: a workload is never handed
+    another's JWT-SVID. (Its signature is the validator's to check against the bundle; this is about whose it is.)"""
+    token, sid = str(issued["token"]), parse_spiffe_id(str(issued["spiffe_id"]))
+    claims = pyjwt.decode(token, options={"verify_signature": False})
+    aud = claims.get("aud")
+    tenant, group, name = workload.split("/")
+    if sid.segments != ("tenant", tenant, "group", group, name) or claims.get("sub") != str(sid):
+        raise ValueError(f"the JWT-SVID is {claims.get('sub')}'s, not {workload}'s")
+    if sorted([aud] if isinstance(aud, str) else aud or []) != sorted(audience):
+        raise ValueError(f"the JWT-SVID is for audience {aud}, not {list(audience)}")
+    return JwtEntry(token, str(sid), now, _ts(str(issued["expires_at"])))
 
 
 def _ts(value: str) -> float:
@@ -885,7 +902,14 @@ class WorkloadSvids:
                 self._jwt_later(workload, None, exc)
                 flight.failed = str(exc)
                 return self._jwt_held(workload, self._jwt.get(key), now, exc)
-        fresh = JwtEntry(str(issued["token"]), str(issued["spiffe_id"]), now, _ts(str(issued["expires_at"])))
+        try:
+            fresh = _jwt_entry(issued, workload, audience, now)
+        except (KeyError, TypeError, ValueError, InvalidSpiffeId, pyjwt.PyJWTError) as exc:  # never held: as a 5xx
+            unusable = Refused(200, f"the server's answer is unusable: {exc}")
+            with self._lock:
+                self._jwt_later(workload, None, unusable)
+                flight.failed = str(unusable)
+                return self._jwt_held(workload, self._jwt.get(key), now, unusable)
         with self._lock:
             if self._jwt_drops.get(workload, 0) != drops:  # dropped while in flight: a late answer never resurrects
                 log.info("%s: a JWT-SVID answered after the workload's were dropped is discarded", workload)

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -556,3 +557,32 @@ def test_an_answer_for_another_workload_or_key_is_never_held(
     assert rnd.arrived == {X509_PATH: 1}
     assert entry is not None and _paired("p0", entry) and entry.serial() == held.serial()
     assert _paired("p0", gpu1.svids._x509[W["p0"]])
+
+
+def test_a_jwt_svid_answer_for_another_workload_or_audience_is_never_held(
+        gate: Gate, gpu1: Agent, released: None) -> None:
+    """Review: a JWT-SVID answer was held for the workload and audience asked, unchecked: answered with another
+    workload's token (a server's or proxy's mix-up), p0's caller was served p1's JWT-SVID. The token's `sub` must be
+    the answer's SPIFFE ID, naming the workload asked for, and its `aud` the audience asked; else nothing is held from
+    it, and it is asked again only after the backoff (as after a 5xx)."""
+    other = gpu1.svids.jwt(W["p1"], ["mixup-db"])
+    assert other is not None
+    answer = json.dumps({"token": other.token, "spiffe_id": other.spiffe_id,
+                         "expires_at": datetime.fromtimestamp(other.expires, UTC).isoformat()}).encode()
+    rnd = gate.close(JWT_PATH, rewrite=lambda _: answer)
+    gate.release()
+    with pytest.raises(RetryLater):
+        gpu1.svids.jwt(W["p0"], ["mixup-db"])
+    assert rnd.arrived == {JWT_PATH: 1}
+    assert not [k for k, e in gpu1.svids._jwt.items() if k[0] == W["p0"] and e.token == other.token]
+    gate.close()  # (answered as the server answers)
+    own = gpu1.svids.jwt(W["p1"], ["other-db"])  # p1's own, for another audience than asked
+    assert own is not None
+    answer = json.dumps({"token": own.token, "spiffe_id": own.spiffe_id,
+                         "expires_at": datetime.fromtimestamp(own.expires, UTC).isoformat()}).encode()
+    rnd = gate.close(JWT_PATH, rewrite=lambda _: answer)
+    gate.release()
+    with pytest.raises(RetryLater):
+        gpu1.svids.jwt(W["p1"], ["third-db"])
+    assert rnd.arrived == {JWT_PATH: 1}
+    assert (W["p1"], ("third-db",)) not in gpu1.svids._jwt
