@@ -371,6 +371,12 @@ class WorkloadSvids:
         flight.done.set()
 
     # ------------------------------------------------------------------ placements
+    def _placements_due(self) -> bool:
+        """refresh_every passed since the last read, or the clock went back past it (a wall clock stepped back must
+        not hold the refreshes, which drop unplaced workloads, until it is back where it was). The caller holds the
+        lock."""
+        return not 0.0 <= self.clock() - self._placements_at < self.refresh_every
+
     def refresh_placements(self, force: bool = False) -> None:
         """Read the node's placements (every `refresh_every` s, or now with `force` or before the first sync);
         the first time after a start also the CRL, when SVIDs came from the cache. One read in flight at a time:
@@ -380,7 +386,7 @@ class WorkloadSvids:
         deadline: float | None = None
         while True:
             with self._lock:
-                if self.synced and not force and self.clock() - self._placements_at < self.refresh_every:
+                if self.synced and not force and not self._placements_due():
                     return
                 flight = self._placements_flight
                 if flight is None:
@@ -480,7 +486,7 @@ class WorkloadSvids:
         streams)."""
         with self._lock:
             if self._closed or self._refreshing or self._placements_flight is not None \
-                    or self.clock() - self._placements_at < self.refresh_every:
+                    or not self._placements_due():
                 return
             self._refreshing = True
         if not self._start("agent-placements", self._refresh_quietly):

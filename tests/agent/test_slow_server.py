@@ -586,3 +586,16 @@ def test_a_jwt_svid_answer_for_another_workload_or_audience_is_never_held(
         gpu1.svids.jwt(W["p1"], ["third-db"])
     assert rnd.arrived == {JWT_PATH: 1}
     assert (W["p1"], ("third-db",)) not in gpu1.svids._jwt
+
+
+def test_a_clock_stepped_back_does_not_hold_the_placements_refresh(gate: Gate, gpu1: Agent, released: None) -> None:
+    """Review: the placements were refreshed once refresh_every had passed since the last read by the agent's wall
+    clock; after the clock stepped back (an NTP step: an hour here), none until it was back where it was, and a
+    workload unplaced meanwhile kept its SVIDs served."""
+    with gpu1.svids._lock:
+        gpu1.svids._placements_at = gpu1.svids.clock() + 3600.0  # read "in an hour": the clock stepped back since
+    rnd = gate.close(PLACEMENTS_PATH)  # counted, not held
+    gate.release()
+    gpu1.svids.for_caller(lambda s: True)
+    assert _until(lambda: rnd.arrived.get(PLACEMENTS_PATH) == 1, 5), rnd.arrived
+    assert _until(lambda: gpu1.svids._placements_at <= gpu1.svids.clock(), 5)
