@@ -197,7 +197,9 @@ def gpu1(served: Served, gate: Gate) -> Iterator[Agent]:
         yield served.agent("gpu1", socket=public / "api.sock", maintenance_every=3600.0)
     finally:
         gate.release()
-        served.agents.pop("gpu1").stop()
+        agent = served.agents.pop("gpu1", None)  # (the last test stops it itself)
+        if agent is not None:
+            agent.stop()
         shutil.rmtree(public, ignore_errors=True)
 
 
@@ -599,3 +601,29 @@ def test_a_clock_stepped_back_does_not_hold_the_placements_refresh(gate: Gate, g
     gpu1.svids.for_caller(lambda s: True)
     assert _until(lambda: rnd.arrived.get(PLACEMENTS_PATH) == 1, 5), rnd.arrived
     assert _until(lambda: gpu1.svids._placements_at <= gpu1.svids.clock(), 5)
+
+
+def test_the_agent_stops_at_once_with_requests_stalled_and_writes_nothing_after(  # last: it stops the agent
+        served: Served, gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop() with a first fetch, a JWT-SVID fetch, a batch renewal and the placements' read answered by the server but
+    the answers held back: it returns well within a request's timeout (it waits for none of them; closing the client
+    ends them), and nothing is written to the cache after it (a restarted agent may be using it). Passed before the
+    review's fixes too: it guards the stop path."""
+    assert gpu1.svids.cache is not None
+    cache = gpu1.svids.cache.path
+    held = gpu1.svids.x509(W["h0"])
+    assert held is not None
+    monkeypatch.setattr(gpu1.svids, "clock", _past_half_life(held))
+    rnd = gate.close(X509_PATH, BATCH_PATH, JWT_PATH, PLACEMENTS_PATH, answered=True)
+    assert W["s1"] not in gpu1.svids._x509
+    asks = [_ask(gpu1.svids.x509, W["s1"]), _ask(gpu1.svids.jwt, W["n1"], ["stop-db"]),
+            _ask(gpu1.svids.renew_due), _ask(gpu1.svids.refresh_placements, True)]
+    assert _until(lambda: rnd.ready == 4, 10), rnd.arrived
+    written = cache.stat().st_mtime_ns, cache.read_bytes()
+    started = time.monotonic()
+    served.agents.pop("gpu1").stop()
+    assert time.monotonic() - started < 8.0  # a request's timeout is 10 s; the joins' bound is 5 s
+    gate.release()
+    for ask in asks:
+        assert not ask.join(15).thread.is_alive()
+    assert (cache.stat().st_mtime_ns, cache.read_bytes()) == written
