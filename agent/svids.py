@@ -731,17 +731,11 @@ class WorkloadSvids:
                 if _too_large(exc.status) and len(due) > 1:
                     return max(1, len(due) // 2)
                 if not definitive(exc.status):
-                    with self._lock:
-                        self._later(due, exc, exc.retry_after)
-                    for flight in flights.values():
-                        flight.failed = str(exc)
+                    self._held_back(flights, tickets, exc, exc.retry_after, str(exc))
                     return _HELD
                 results = [{"error": {"status": exc.status, "reason": str(exc)}}] * len(due)
             except Unreachable as exc:  # keep serving the ones we have while they are valid (x509 serves them so)
-                with self._lock:
-                    self._later(due, exc, None)
-                for flight in flights.values():
-                    flight.failed = f"server unreachable: {exc}"
+                self._held_back(flights, tickets, exc, None, f"server unreachable: {exc}")
                 return _HELD
             with self._lock:
                 for w, result in zip(due, results, strict=True):
@@ -788,6 +782,21 @@ class WorkloadSvids:
         if fresh or dropped:
             self._bump()
         return _DONE
+
+    def _held_back(self, flights: dict[str, _Flight[X509Entry]], tickets: dict[str, tuple[int, int]],
+                   exc: AgentError, retry_after: float | None, why: str) -> None:
+        """A batch refused whole for now (or unanswered): its workloads wait to retry (`_later`), but for those dropped
+        while it was in flight (unplaced: nothing to retry; a wait kept would hold back their first fetch once placed
+        again)."""
+        with self._lock:
+            live = [w for w in flights if not self._stale(w, tickets[w])]
+            if live:
+                self._later(live, exc, retry_after)
+        for w, flight in flights.items():
+            if w in live:
+                flight.failed = why
+            else:
+                flight.dropped = True
 
     def rotate_all(self) -> None:
         """Renew every cached X.509-SVID now (the trust bundle changed: a new CA generation signs)."""
@@ -897,6 +906,9 @@ class WorkloadSvids:
                     self._drop_jwts(workload)
                     flight.dropped = True
                     return None
+                if self._jwt_drops.get(workload, 0) != drops:  # dropped while in flight: nothing to retry
+                    flight.dropped = True
+                    return None
                 if exc.status == 429 or exc.status >= 500:  # the server's state, not this request's: as X.509's rule
                     self._jwt_later(workload, exc.retry_after, exc)
                 else:  # this request's (400, 409): asked again at the next ask
@@ -905,6 +917,9 @@ class WorkloadSvids:
                 return self._jwt_held(workload, self._jwt.get(key), now, exc)
         except Unreachable as exc:
             with self._lock:
+                if self._jwt_drops.get(workload, 0) != drops:  # dropped while in flight: nothing to retry
+                    flight.dropped = True
+                    return None
                 self._jwt_later(workload, None, exc)
                 flight.failed = str(exc)
                 return self._jwt_held(workload, self._jwt.get(key), now, exc)

@@ -12,7 +12,11 @@ accepted the connection and does not answer) or once it answered (the answer hel
   request and share its answer;
 - a workload unplaced while its renewal is in flight, or revoked while its JWT-SVID fetch is in flight, is not
   resurrected by the late answer; and the placements' refresh, or the X.509 renewal that is refused, does not wait
-  for that answer; an SVID asked before a CA rotation and answered after it is held due, renewed under the new CA.
+  for that answer; an SVID asked before a CA rotation and answered after it is held due, renewed under the new CA;
+- (review) a caller asking in a loop starts one renewal thread, not one per ask; a thread that cannot be started leaves
+  no work marked under way; close() leaves no cache write going on; an answer with another workload's (or key's,
+  or audience's) SVID is never held; a clock stepped back does not hold the placements' refresh; a request failing
+  for now after its workload was unplaced sets no retry wait; the agent stops at once with requests stalled.
 
 Counted at the gate (requests that reached the server) wherever possible; the timings asserted have wide margins."""
 
@@ -601,6 +605,58 @@ def test_a_clock_stepped_back_does_not_hold_the_placements_refresh(gate: Gate, g
     gpu1.svids.for_caller(lambda s: True)
     assert _until(lambda: rnd.arrived.get(PLACEMENTS_PATH) == 1, 5), rnd.arrived
     assert _until(lambda: gpu1.svids._placements_at <= gpu1.svids.clock(), 5)
+
+
+def test_a_batch_unanswered_sets_no_retry_wait_for_a_workload_unplaced_meanwhile(
+        served: Served, gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """Review: a batch renewal unanswered (or refused whole for now) set the retry wait of every workload in it, one
+    unplaced while it was in flight too (the placements' refresh had cleared its state before that answer came): placed
+    again, its first ask was answered UNAVAILABLE without asking the server, for the backoff (Retry-After: up to 10
+    minutes). Now it is asked at once."""
+    placed = {"node": "gpu1", "port": f"pf1vf{NAMES.index('p1')}", "ipv4": f"10.1.1.{10 + NAMES.index('p1')}"}
+    assert gpu1.svids.x509(W["p1"]) is not None
+    monkeypatch.setattr(gpu1.svids, "clock", _past_half_life(gpu1.svids._x509[W["p1"]]))
+    monkeypatch.setattr(gpu1.api, "timeout", 2.0)
+    rnd = gate.close(BATCH_PATH)  # unanswered within the timeout
+    renewal = _ask(gpu1.svids.renew_due, {W["p1"]})
+    assert _until(lambda: rnd.arrived.get(BATCH_PATH) == 1, 5)
+    r = served.env.call("DELETE", "/v1/fabric/placements/acme/train/p1", "admin")
+    assert r.status_code == 200, r.text
+    gpu1.svids.refresh_placements(force=True)
+    assert W["p1"] not in gpu1.svids.placements and W["p1"] not in gpu1.svids._x509
+    assert renewal.join(10).error is None and not renewal.thread.is_alive()  # timed out: transient
+    r = served.env.call("PUT", "/v1/fabric/placements/acme/train/p1", "admin", json=placed)
+    assert r.status_code == 200, r.text
+    gpu1.svids.refresh_placements(force=True)
+    assert W["p1"] in gpu1.svids.placements
+    rnd = gate.close(X509_PATH)  # counted, not held
+    gate.release()
+    assert gpu1.svids.x509(W["p1"]) is not None  # asked at once
+    assert rnd.arrived == {X509_PATH: 1}
+
+
+def test_a_jwt_fetch_unanswered_sets_no_retry_wait_for_a_workload_unplaced_meanwhile(
+        served: Served, gate: Gate, gpu1: Agent, monkeypatch: pytest.MonkeyPatch, released: None) -> None:
+    """The same for a JWT-SVID fetch: unanswered after its workload was unplaced, it set the workload's JWT retry
+    wait, and placed again its first JWT-SVID ask was answered UNAVAILABLE without asking the server."""
+    placed = {"node": "gpu1", "port": f"pf1vf{NAMES.index('s1')}", "ipv4": f"10.1.1.{10 + NAMES.index('s1')}"}
+    monkeypatch.setattr(gpu1.api, "timeout", 2.0)
+    rnd = gate.close(JWT_PATH)  # unanswered within the timeout
+    fetch = _ask(gpu1.svids.jwt, W["s1"], ["unplaced-db"])
+    assert _until(lambda: rnd.arrived.get(JWT_PATH) == 1, 5)
+    r = served.env.call("DELETE", "/v1/fabric/placements/acme/train/s1", "admin")
+    assert r.status_code == 200, r.text
+    gpu1.svids.refresh_placements(force=True)
+    assert W["s1"] not in gpu1.svids.placements
+    assert not fetch.join(10).thread.is_alive() and fetch.result is None  # timed out: nothing served
+    r = served.env.call("PUT", "/v1/fabric/placements/acme/train/s1", "admin", json=placed)
+    assert r.status_code == 200, r.text
+    gpu1.svids.refresh_placements(force=True)
+    assert W["s1"] in gpu1.svids.placements
+    rnd = gate.close(JWT_PATH)  # counted, not held
+    gate.release()
+    assert gpu1.svids.jwt(W["s1"], ["unplaced-db"]) is not None  # asked at once
+    assert rnd.arrived == {JWT_PATH: 1}
 
 
 def test_the_agent_stops_at_once_with_requests_stalled_and_writes_nothing_after(  # last: it stops the agent
