@@ -872,7 +872,7 @@ class WorkloadSvids:
             if flight.failed is not None:
                 with self._lock:
                     return self._jwt_held(workload, self._jwt.get(key), self.clock(), flight.failed)
-            # nothing decided (the answer did not parse): asked again
+            # nothing decided (its sender raised what the rules do not name): asked again
         if held_ok and entry is not None and now < entry.expires:
             if not self._start("agent-jwt", self._fetch_behind, key, flight, drops, now):
                 self._land(self._jwt_flights, key, flight)  # (nothing fetched: asked again at the next ask)
