@@ -163,6 +163,7 @@ class Agent:
 
     def stop(self) -> None:
         self.stop_event.set()
+        self.svids.close()  # (before the client: an answer that still arrives is not written to the cache)
         self.api.close()  # ends the held long-polls at once
         if self.workload_api is not None:
             self.workload_api.stop()

@@ -21,7 +21,9 @@ entries parented to it).
     answer (the server down, draining, its database restarting), 409 (no CA that can sign: an expired one, or one
     rotated out meanwhile; an operator's `ca rotate` mends it, and the workload is not at fault) and 400 (the
     server refused the CSR the agent made: an agent and a server that disagree, which no workload caused; logged
-    as an error). The workload is asked for again no sooner than the answer's Retry-After (with up to 10% more,
+    as an error), and an answer the agent cannot use (it does not parse, its certificate does not certify the key of
+    the CSR sent or names another workload: never held, nor served to anyone; a batch entry so is dropped instead,
+    as before). The workload is asked for again no sooner than the answer's Retry-After (with up to 10% more,
     so a fleet of agents does not come back at the same instant), or else after a backoff that doubles from
     BACKOFF_MIN to BACKOFF_MAX seconds with jitter; never in a loop (a batch refused whole so holds back the other
     batches of its round as long: the server would refuse them too). A workload that holds no valid SVID
@@ -35,7 +37,14 @@ entries parented to it).
   fetches a second per workload, JWT_PER_NODE for the node (the server's rate limit is the node's, shared with its
   X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would keep
   a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload. Over
-  a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE.
+  a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE. An answer whose token is not the
+  workload's (`sub`) for the audience asked (`aud`), or does not parse, is never held: as a 5xx.
+- A slow or unreachable server delays only the asks that need its answer: no request is made under the agent's lock,
+  one request at a time per workload's X.509-SVID (a batch renewal counts for each of its workloads), per workload
+  and audience's JWT-SVID and for the placements, the others asking meanwhile sharing its outcome (waited for up to
+  the request's own timeout, and a margin). A Workload API caller never waits for the server about an SVID it holds
+  valid: it gets the held one, a renewal due and the placements' refresh going on behind it. An answer arriving after
+  its workload was dropped (refused for good, unplaced, moved, revoked) is discarded, never served.
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
@@ -55,20 +64,25 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Collection
 from contextlib import suppress
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+import jwt as pyjwt
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.api import ApiClient, Refused, Unreachable
 from agent.at_rest import AtRest, AtRestError
 from agent.identity import AgentError, key_der, new_key_and_csr
 from agent.metrics import AgentMetrics
 from core.ratelimit import TokenBucket
+from pki.errors import InvalidSpiffeId
+from pki.spiffe_id import parse_spiffe_id
 
 log = logging.getLogger("trustfabric.agent.svids")
 
@@ -191,20 +205,77 @@ BATCH = 100  # entries per POST /v1/svids/x509/batch: the server's bound (and it
 _DONE, _NO_ROUTE, _HELD = 0, -1, -2  # _renew_batch's outcomes (a positive one: the smaller batch size to send instead)
 
 
-def _entry(issued: dict[str, Any], key: bytes) -> X509Entry:
-    """The cache entry for an X509SvidOut answer and the key its CSR was made with."""
+def _entry(issued: dict[str, Any], key: ec.EllipticCurvePrivateKey, workload: str) -> X509Entry:
+    """The cache entry for an X509SvidOut answer to `workload`'s CSR, made with `key`. ValueError unless the leaf
+    certifies that key and names that workload (a batch answer out of order, a proxy's or server's mix-up): a
+    workload is never handed another's SVID, nor a certificate that is not its key's."""
     certs = [x509.load_pem_x509_certificate(str(p).encode())
              for p in [issued["certificate"], *(issued.get("chain") or [])]]
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if certs[0].public_key().public_bytes(*spki) != key.public_key().public_bytes(*spki):
+        raise ValueError("the certificate is not for the key of the CSR sent")
+    try:
+        sans = certs[0].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        sid = parse_spiffe_id(sans.get_values_for_type(x509.UniformResourceIdentifier)[0])
+    except (x509.ExtensionNotFound, IndexError, InvalidSpiffeId) as exc:
+        raise ValueError(f"the certificate carries no SPIFFE ID ({exc})") from None
+    tenant, group, name = workload.split("/")
+    if sid.segments != ("tenant", tenant, "group", group, name) or str(issued["spiffe_id"]) != str(sid):
+        raise ValueError(f"the certificate is {sid}'s, not {workload}'s")
     chain = b"".join(c.public_bytes(serialization.Encoding.DER) for c in certs)
-    return X509Entry(str(issued["spiffe_id"]), chain, key, certs[0].not_valid_before_utc.timestamp(),
+    return X509Entry(str(sid), chain, key_der(key), certs[0].not_valid_before_utc.timestamp(),
                      certs[0].not_valid_after_utc.timestamp())
+
+
+def _jwt_entry(issued: dict[str, Any], workload: str, audience: tuple[str, ...], now: float) -> JwtEntry:
+    """The JWT-SVID of a JwtSvidOut answer to `workload`'s fetch for `audience`. ValueError unless the token is that
+    workload's (its `sub` the answer's SPIFFE ID, naming the workload) for that audience: a workload is never handed
+    another's JWT-SVID. (Its signature is the validator's to check against the bundle; this is about whose it is.)"""
+    token, sid = str(issued["token"]), parse_spiffe_id(str(issued["spiffe_id"]))
+    claims = pyjwt.decode(token, options={"verify_signature": False})
+    aud = claims.get("aud")
+    tenant, group, name = workload.split("/")
+    if sid.segments != ("tenant", tenant, "group", group, name) or claims.get("sub") != str(sid):
+        raise ValueError(f"the JWT-SVID is {claims.get('sub')}'s, not {workload}'s")
+    if sorted([aud] if isinstance(aud, str) else aud or []) != sorted(audience):
+        raise ValueError(f"the JWT-SVID is for audience {aud}, not {list(audience)}")
+    return JwtEntry(token, str(sid), now, _ts(str(issued["expires_at"])))
 
 
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC).timestamp()
 
 
+T = TypeVar("T")
+K = TypeVar("K")
+FLIGHT_MARGIN = 2.0  # seconds a caller waits for another's request to the server beyond that request's own timeout
+
+
+class _Flight(Generic[T]):
+    """One request to the server in flight for a key (a workload's X.509-SVID, its JWT-SVID for one audience, the
+    node's placements): whoever asks for the same meanwhile waits for this outcome (bounded) instead of sending one
+    more request, which a slow server would answer as late. Its fields are set before `done`."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: T | None = None  # what it brought, once applied
+        self.dropped = False  # refused for good, or the workload dropped while it was in flight: nothing to serve
+        self.failed: str | None = None  # a transient failure's reason (the retry wait is set): the held one, if valid
+        self.error: Unreachable | Refused | None = None  # (placements) why the read failed
+
+    def wait(self, deadline: float) -> bool:
+        """True once it landed; False when `deadline` (time.monotonic) passed first."""
+        return self.done.wait(max(0.0, deadline - time.monotonic()))
+
+
 class WorkloadSvids:
+    """The placements and SVIDs of the node's workloads. Concurrency: `_lock` guards the in-memory state only and is
+    never held across a request to the server (one slow request must not keep every Workload API caller waiting, the
+    held SVIDs' fast path included). A request is sent by one thread at a time per key (a `_Flight`); its answer is
+    applied under the lock after re-checking the state it was asked in: a workload dropped meanwhile (`_drops`:
+    refused for good, unplaced, moved, revoked) is not resurrected by a late answer, and a CA rotation meanwhile
+    (`_rotations`) leaves the answer due for renewal (it may be the old CA's)."""
+
     def __init__(self, api: ApiClient, metrics: AgentMetrics, *, refresh_every: float = 5.0,
                  clock: Any = time.time, cache: SvidCache | None = None, resync_timeout: float = 3.0) -> None:
         self.api = api
@@ -223,6 +294,7 @@ class WorkloadSvids:
         self._jwt_retry_at: dict[str, float] = {}  # workload -> no JWT-SVID asked before then (the server failed)
         self._jwt_failures: dict[str, int] = {}  # workload -> such failures in a row (the backoff's exponent)
         self._lock = threading.RLock()
+        self._save_lock = threading.Lock()  # one cache write at a time, each of the state as it is then
         self._placements_at = 0.0
         self.synced = False  # placements (and the CRL, for cached SVIDs) confirmed by the server since start
         self.from_cache = 0  # SVIDs the last run left, kept until the re-sync judged them
@@ -231,18 +303,43 @@ class WorkloadSvids:
         self._retry_at: dict[str, float] = {}  # workload -> no renewal asked before then (a transient failure)
         self._failures: dict[str, int] = {}  # workload -> transient failures in a row (the backoff's exponent)
         self._jitter = random.Random()  # spreads retries (no secret)
+        self._x509_flights: dict[str, _Flight[X509Entry]] = {}  # workload -> its issue or renewal in flight
+        self._jwt_flights: dict[tuple[str, tuple[str, ...]], _Flight[JwtEntry]] = {}
+        self._placements_flight: _Flight[None] | None = None
+        self._refreshing = False  # a refresh started behind a Workload API caller is under way
+        self._behind: set[str] = set()  # workloads a renew_behind thread is started for and not done with
+        self._drops: dict[str, int] = {}  # workload -> times its X.509-SVID was dropped (older answers are stale)
+        self._jwt_drops: dict[str, int] = {}  # workload -> times its JWT-SVIDs were dropped
+        self._rotations = 0  # rotate_all calls (an answer asked before the last one may be the old CA's)
+        self._closed = False  # the agent stopped: nothing started behind a caller, nothing written
         if cache is not None:
             self.placements, self._x509 = cache.load(clock())
             self.from_cache = len(self._x509)
 
+    @property
+    def _flight_wait(self) -> float:
+        """How long an ask waits for another's request to the same end: that request's own bound, and a margin."""
+        return float(self.api.timeout) + FLIGHT_MARGIN
+
+    def close(self) -> None:
+        """The agent is stopping: no refresh or renewal is started any more, and an answer still arriving on a thread
+        started before does not write the cache (a restarted agent may already be using it). Returns once a write
+        under way is over: none is going on, nor starts, after it."""
+        with self._lock:
+            self._closed = True
+        with self._save_lock:  # (a write that saw the agent open ends first; the next ones see it closed)
+            pass
+
     def _bump(self) -> None:
         if self.cache is not None:
-            with self._lock:
-                placements, x509s = dict(self.placements), dict(self._x509)
-            try:
-                self.cache.save(placements, x509s)
-            except OSError as exc:  # the cache only saves work; serving goes on
-                log.warning("the workload SVID cache not written: %s", exc)
+            with self._save_lock:  # the snapshot taken inside: an older state is never written last
+                if not self._closed:  # (read under _save_lock, which close() takes after setting it)
+                    with self._lock:
+                        placements, x509s = dict(self.placements), dict(self._x509)
+                    try:
+                        self.cache.save(placements, x509s)
+                    except OSError as exc:  # the cache only saves work; serving goes on
+                        log.warning("the workload SVID cache not written: %s", exc)
         with self.changed:
             self.version += 1
             self.changed.notify_all()
@@ -253,84 +350,266 @@ class WorkloadSvids:
                 self.changed.wait(timeout)
             return self.version
 
+    def _start(self, name: str, target: Any, *args: Any) -> bool:
+        """Start `target(*args)` on a thread of its own behind a caller; False (nothing started: the caller undoes its
+        marker) when the agent stopped or no thread could be made (the process at its limit: a marker left set
+        would keep that work from ever being started again)."""
+        if self._closed:
+            return False
+        try:
+            threading.Thread(target=target, args=args, name=name, daemon=True).start()
+        except RuntimeError as exc:  # "can't start new thread"
+            log.warning("%s not started behind the caller: %s", name, exc)
+            return False
+        return True
+
+    def _land(self, flights: dict[K, _Flight[T]], key: K, flight: _Flight[T]) -> None:
+        """The request `flight` stands for is over (its outcome set): the next ask sends its own, the waiters wake."""
+        with self._lock:
+            if flights.get(key) is flight:
+                del flights[key]
+        flight.done.set()
+
     # ------------------------------------------------------------------ placements
+    def _placements_due(self) -> bool:
+        """refresh_every passed since the last read, or the clock went back past it (a wall clock stepped back must
+        not hold the refreshes, which drop unplaced workloads, until it is back where it was). The caller holds the
+        lock."""
+        return not 0.0 <= self.clock() - self._placements_at < self.refresh_every
+
     def refresh_placements(self, force: bool = False) -> None:
         """Read the node's placements (every `refresh_every` s, or now with `force` or before the first sync);
-        the first time after a start also the CRL, when SVIDs came from the cache."""
-        with self._lock:
-            if self.synced and not force and self.clock() - self._placements_at < self.refresh_every:
+        the first time after a start also the CRL, when SVIDs came from the cache. One read in flight at a time:
+        meanwhile, once synced, the others go on with the known placements; before the first sync they wait for it
+        (bounded by the read's own bound), and `force` waits for it, then reads again (it may predate the change the
+        caller wants seen)."""
+        deadline: float | None = None
+        while True:
+            with self._lock:
+                if self.synced and not force and not self._placements_due():
+                    return
+                flight = self._placements_flight
+                if flight is None:
+                    flight = self._placements_flight = _Flight()
+                    synced, cached = self.synced, bool(self._x509)
+                    break
+                if self.synced and not force:  # one in flight: the known placements serve meanwhile
+                    return
+                if deadline is None:  # the in-flight read's bound: two requests before the first sync, one after
+                    deadline = time.monotonic() + (self._flight_wait if self.synced
+                                                   else 2 * self.resync_timeout + FLIGHT_MARGIN)
+            if not flight.wait(deadline):
+                raise Unreachable("the node's placements: the server has not answered yet")
+            if not force:
+                if flight.error is not None:
+                    raise flight.error.with_traceback(None)
+                if not self.synced:
+                    raise Unreachable("the node's placements: not read")
                 return
-            timeout = None if self.synced else self.resync_timeout
-            rows = self.api.placements(timeout=timeout)
-            revoked = self.api.revoked_serials(timeout=timeout) if not self.synced and self._x509 else set()
-            self._placements_at = self.clock()
-            new = {r["workload"]: Placement(r["workload"], r["spiffe_id"], tuple(r.get("selectors") or ()))
-                   for r in rows}
-            dropped = [w for w, e in self._x509.items()
-                       if w not in new or new[w].spiffe_id != e.spiffe_id or e.serial() in revoked]
-            first, self.synced = not self.synced, True
-            if new == self.placements and not dropped:
-                if first and self.from_cache:
-                    log.info("re-synced: %d cached workload SVIDs confirmed", self.from_cache)
-                return
-            for w in dropped:
-                self._x509.pop(w, None)
-            for w in [w for w in self._retry_at if w not in new]:
-                self._settled(w)
-            for w in [w for w in self._jwt_retry_at if w not in new]:
-                self._jwt_retry_at.pop(w, None)
-                self._jwt_failures.pop(w, None)
+        changed = False
+        try:
+            timeout = None if synced else self.resync_timeout
+            try:
+                rows = self.api.placements(timeout=timeout)
+                revoked = self.api.revoked_serials(timeout=timeout) if not synced and cached else set()
+            except (Unreachable, Refused) as exc:
+                flight.error = exc
+                if synced:  # what is known serves meanwhile; asked again when due, not at every ask
+                    with self._lock:
+                        self._placements_at = self.clock()
+                raise
+            with self._lock:
+                changed = self._apply_placements(rows, revoked)
+        finally:
+            with self._lock:
+                if self._placements_flight is flight:
+                    self._placements_flight = None
+            flight.done.set()
+        if changed:
+            self._bump()
+
+    def _apply_placements(self, rows: list[dict[str, Any]], revoked: set[int]) -> bool:
+        """Take the placements read (and the CRL's serials): drop the SVIDs of workloads unplaced, moved or revoked,
+        and mark them dropped for the answers in flight. True when anything changed. The caller holds the lock."""
+        self._placements_at = self.clock()
+        new = {r["workload"]: Placement(r["workload"], r["spiffe_id"], tuple(r.get("selectors") or ()))
+               for r in rows}
+        dropped = [w for w, e in self._x509.items()
+                   if w not in new or new[w].spiffe_id != e.spiffe_id or e.serial() in revoked]
+        first, self.synced = not self.synced, True
+        known = set(self.placements) | set(self._x509) | set(self._x509_flights) | {k[0] for k in self._jwt} \
+            | {k[0] for k in self._jwt_flights}
+        gone = {w for w in known if w not in new or (w in self.placements
+                                                       and self.placements[w].spiffe_id != new[w].spiffe_id)}
+        for w in gone | set(dropped):  # an answer asked before now, still in flight, is for what is no longer so
+            self._drops[w] = self._drops.get(w, 0) + 1
+            self._jwt_drops[w] = self._jwt_drops.get(w, 0) + 1
+        in_flight = set(self._x509_flights) | {k[0] for k in self._jwt_flights}
+        for counts in (self._drops, self._jwt_drops):  # (no ticket holds the count of one unplaced and not in flight)
+            for w in [w for w in counts if w not in new and w not in in_flight]:
+                del counts[w]
+        if new == self.placements and not dropped:
             if first and self.from_cache:
-                log.info("re-synced: %d cached workload SVIDs confirmed, %d dropped (unplaced, moved or revoked)",
-                         self.from_cache - len(dropped), len(dropped))
-            self.placements = new
-            self._jwt = {k: v for k, v in self._jwt.items() if k[0] in new}
-        self._bump()
+                log.info("re-synced: %d cached workload SVIDs confirmed", self.from_cache)
+            return False
+        for w in dropped:
+            self._x509.pop(w, None)
+        for w in [w for w in self._retry_at if w not in new]:
+            self._settled(w)
+        for w in [w for w in self._jwt_retry_at if w not in new]:
+            self._jwt_retry_at.pop(w, None)
+            self._jwt_failures.pop(w, None)
+        if first and self.from_cache:
+            log.info("re-synced: %d cached workload SVIDs confirmed, %d dropped (unplaced, moved or revoked)",
+                     self.from_cache - len(dropped), len(dropped))
+        self.placements = new
+        self._jwt = {k: v for k, v in self._jwt.items() if k[0] in new}
+        return True
 
     def for_caller(self, matches: Any) -> list[Placement]:
         """The placements whose selectors the caller matches (`matches(selectors) -> bool`); NotSynced while a
-        restarted agent has not heard from the server (its cache is not served unconfirmed)."""
-        try:
-            self.refresh_placements()
-        except (Unreachable, Refused) as exc:  # once synced: keep serving what is known
-            if not self.synced:
-                raise NotSynced(f"re-syncing with the server: {exc}") from None
-            log.warning("placements not refreshed: %s", exc)
+        restarted agent has not heard from the server (its cache is not served unconfirmed). Once synced, a caller
+        never waits for the server: a refresh due is started behind it, and it gets the known placements."""
+        if self.synced:
+            self._refresh_behind()
+        else:
+            try:
+                self.refresh_placements()
+            except (Unreachable, Refused) as exc:
+                if not self.synced:
+                    raise NotSynced(f"re-syncing with the server: {exc}") from None
         with self._lock:
             return [p for p in sorted(self.placements.values(), key=lambda p: p.workload) if matches(p.selectors)]
 
+    def _refresh_behind(self) -> None:
+        """Refresh the placements on a thread of its own when due and none is under way (its changes wake the
+        streams)."""
+        with self._lock:
+            if self._closed or self._refreshing or self._placements_flight is not None \
+                    or not self._placements_due():
+                return
+            self._refreshing = True
+        if not self._start("agent-placements", self._refresh_quietly):
+            with self._lock:
+                self._refreshing = False
+
+    def _refresh_quietly(self) -> None:
+        try:
+            self.refresh_placements()
+        except (Unreachable, Refused) as exc:  # synced: what is known serves (fail static), asked again when due
+            log.warning("placements not refreshed: %s", exc)
+        except Exception:
+            log.exception("placements not refreshed")
+        finally:
+            with self._lock:
+                self._refreshing = False
+
     # ------------------------------------------------------------------ X.509
-    def x509(self, workload: str) -> X509Entry | None:
+    def x509(self, workload: str, *, held_ok: bool = False) -> X509Entry | None:
         """The workload's current X.509-SVID, fetched or renewed when due; None when the server refuses it for good
         (DEFINITIVE: dropped). A transient failure (the module docstring) keeps the held one while it is valid and
-        asks again no sooner than `_later` says; RetryLater when nothing valid is held meanwhile."""
-        with self._lock:
-            entry = self._x509.get(workload)
-            now = self.clock()
-            if entry is not None and now < entry.renew_at():
-                return entry
-            if now < self._retry_at.get(workload, 0.0):  # failed a moment ago: not asked again before then
-                return self._held(workload, entry, now, "waiting to retry")
-            try:
-                fresh = self._issue_x509(workload)
-            except Refused as exc:
-                if not definitive(exc.status):
-                    self._later([workload], exc, exc.retry_after)
-                    return self._held(workload, entry, now, str(exc))
-                log.warning("%s: no X.509-SVID: %s", workload, exc)
-                self._settled(workload)
-                self._drop_jwts(workload)
-                if self._x509.pop(workload, None) is not None:
-                    self._bump()
+        asks again no sooner than `_later` says; RetryLater when nothing valid is held meanwhile. While its request
+        (or a batch with it) is in flight, the held one is served while valid, else that request's outcome is
+        waited for (bounded: RetryLater). With `held_ok` (a Workload API caller, whose renewal `renew_behind`
+        started), a held one past half life is served while valid, not renewed here."""
+        deadline = time.monotonic() + self._flight_wait
+        while True:
+            with self._lock:
+                entry = self._x509.get(workload)
+                now = self.clock()
+                if entry is not None and (now < entry.renew_at() or (held_ok and now < entry.not_after)):
+                    return entry
+                flight = self._x509_flights.get(workload)
+                if flight is None:
+                    if now < self._retry_at.get(workload, 0.0):  # failed a moment ago: not asked again before then
+                        return self._held(workload, entry, now, "waiting to retry")
+                    flight = self._x509_flights[workload] = _Flight()
+                    ticket = self._ticket(workload)
+                    break
+                if entry is not None and now < entry.not_after:  # its renewal is in flight: the held one meanwhile
+                    return entry
+            if not flight.wait(deadline):
+                raise RetryLater(f"{workload}: no X.509-SVID yet (its request to the server is unanswered); retry")
+            if flight.dropped:
                 return None
-            except Unreachable as exc:  # keep serving the one we have while it is valid
-                self._later([workload], exc, None)
-                return self._held(workload, entry, now, f"server unreachable: {exc}")
-            self._x509[workload] = fresh
-            self._settled(workload)
-        self.metrics.svid_expiry.labels(fresh.spiffe_id).set(fresh.not_after)
-        self._bump()
+            if flight.result is not None:
+                return flight.result
+            if flight.failed is not None:
+                with self._lock:
+                    return self._held(workload, self._x509.get(workload), self.clock(), flight.failed)
+            # nothing decided (a batch the server has no route for, or refused whole as too large): asked again
+        return self._ask_x509(workload, flight, ticket)
+
+    def _ask_x509(self, workload: str, flight: _Flight[X509Entry], ticket: tuple[int, int]) -> X509Entry | None:
+        """Send the request `flight` stands for (outside the lock) and apply its answer (under it)."""
+        outcome: X509Entry | Refused | Unreachable
+        changed = False
+        try:
+            key, csr = new_key_and_csr(workload)
+            try:
+                outcome = _entry(self.api.x509_svid(workload, csr), key, workload)
+            except (Refused, Unreachable) as exc:
+                outcome = exc
+            except (KeyError, TypeError, ValueError) as exc:  # nothing held from it; transient (never in a loop)
+                outcome = Refused(200, f"the server's answer is unusable: {exc}")
+            with self._lock:
+                if isinstance(outcome, X509Entry):
+                    flight.result = self._keep(workload, outcome, ticket)
+                    flight.dropped = flight.result is None
+                    changed = flight.result is outcome
+                elif isinstance(outcome, Refused) and definitive(outcome.status):
+                    log.warning("%s: no X.509-SVID: %s", workload, outcome)
+                    changed = self._drop_x509(workload)
+                    flight.dropped = True
+                elif self._stale(workload, ticket):  # dropped while in flight: nothing to retry
+                    flight.dropped = True
+                else:  # transient: keep serving the one we have while it is valid
+                    self._later([workload], outcome, outcome.retry_after if isinstance(outcome, Refused) else None)
+                    flight.failed = str(outcome) if isinstance(outcome, Refused) \
+                        else f"server unreachable: {outcome}"
+        finally:
+            self._land(self._x509_flights, workload, flight)
+        if changed and flight.result is not None:
+            self.metrics.svid_expiry.labels(flight.result.spiffe_id).set(flight.result.not_after)
+        if changed:
+            self._bump()
+        if flight.failed is not None:
+            with self._lock:
+                return self._held(workload, self._x509.get(workload), self.clock(), flight.failed)
+        return flight.result
+
+    def _ticket(self, workload: str) -> tuple[int, int]:
+        """What an answer to a request asked now is checked against when it arrives. The caller holds the lock."""
+        return self._drops.get(workload, 0), self._rotations
+
+    def _stale(self, workload: str, ticket: tuple[int, int]) -> bool:
+        """The workload was dropped since `ticket` (refused for good, unplaced, moved, revoked). The caller holds the
+        lock."""
+        return self._drops.get(workload, 0) != ticket[0]
+
+    def _keep(self, workload: str, fresh: X509Entry, ticket: tuple[int, int]) -> X509Entry | None:
+        """Hold an issued SVID, unless the workload was dropped since it was asked (a late answer never resurrects
+        it: None) or a newer one is held (never replaced by an older one: that one). Asked before a CA rotation, it
+        stays due (the old CA may have signed it). The caller holds the lock."""
+        if self._stale(workload, ticket):
+            log.info("%s: an X.509-SVID answered after the workload was dropped is discarded", workload)
+            return None
+        held = self._x509.get(workload)
+        if held is not None and held.not_before > fresh.not_before:
+            return held
+        if ticket[1] != self._rotations:
+            fresh = replace(fresh, forced=True)
+        self._x509[workload] = fresh
+        self._settled(workload)
         return fresh
+
+    def _drop_x509(self, workload: str) -> bool:
+        """A definitive refusal: the workload's X.509-SVID and JWT-SVIDs go, no retry is pending, and answers in
+        flight for it are stale. True when an X.509-SVID was held. The caller holds the lock."""
+        self._settled(workload)
+        self._drop_jwts(workload)
+        self._drops[workload] = self._drops.get(workload, 0) + 1
+        return self._x509.pop(workload, None) is not None
 
     def _held(self, workload: str, entry: X509Entry | None, now: float, why: str) -> X509Entry:
         """The held SVID while it is valid (a renewal failed transiently); RetryLater when there is none."""
@@ -358,17 +637,42 @@ class WorkloadSvids:
         self._retry_at.pop(workload, None)
         self._failures.pop(workload, None)
 
-    def _issue_x509(self, workload: str) -> X509Entry:
-        key, csr = new_key_and_csr(workload)
-        return _entry(self.api.x509_svid(workload, csr), key_der(key))
-
-    def renew_due(self) -> None:
-        """Renew every cached X.509-SVID past half life (the streams then send the new one) whose last transient
-        failure's wait is over: in batches of up to BATCH (POST /v1/svids/x509/batch, one request each), smaller
-        once the server refused one as too large, one request each on a server without that route."""
+    def renew_behind(self, workloads: Collection[str]) -> None:
+        """Renew those of `workloads` that are due (renew_due) on a thread of its own: the Workload API caller they
+        belong to is answered from their held SVIDs while valid, and never waits for the server about them. The
+        workloads are claimed (`_behind`) until that thread is done with them: a caller asking in a loop starts no
+        further thread for them meanwhile (their request is in flight only once the thread got that far), so such
+        threads are at most one per workload."""
         with self._lock:
             now = self.clock()
-            due = [w for w, e in self._x509.items() if now >= e.renew_at() and now >= self._retry_at.get(w, 0.0)]
+            due = frozenset(w for w in workloads if w in self._x509 and now >= self._x509[w].renew_at()
+                            and now >= self._retry_at.get(w, 0.0) and w not in self._x509_flights
+                            and w not in self._behind)
+            if self._closed or not due:
+                return
+            self._behind |= due
+        if not self._start("agent-renew", self._renew_quietly, due):
+            with self._lock:
+                self._behind -= due
+
+    def _renew_quietly(self, workloads: frozenset[str]) -> None:
+        try:
+            self.renew_due(only=workloads)
+        except Exception:  # (the failures the rules name are handled in renew_due; this is anything else)
+            log.exception("workload SVIDs not renewed")
+        finally:
+            with self._lock:
+                self._behind -= workloads
+
+    def renew_due(self, only: Collection[str] | None = None) -> None:
+        """Renew every cached X.509-SVID past half life (the streams then send the new one) whose last transient
+        failure's wait is over and that is not being renewed already (of `only`, when given): in batches of up to
+        BATCH (POST /v1/svids/x509/batch, one request each), smaller once the server refused one as too large, one
+        request each on a server without that route."""
+        with self._lock:
+            now = self.clock()
+            due = [w for w, e in self._x509.items() if (only is None or w in only) and now >= e.renew_at()
+                   and now >= self._retry_at.get(w, 0.0) and w not in self._x509_flights]
         if not self.batches:
             self._renew_singly(due)
             return
@@ -403,13 +707,21 @@ class WorkloadSvids:
         its entry, or of the request as a whole) drops it; a transient one (or no answer) keeps the one held while
         valid and retries later. _DONE; _HELD when the request as a whole failed so (the others due wait as long: the
         server would refuse them too); _NO_ROUTE (nothing changed) when the server has no batch route; or, when it
-        refused the batch whole as too large and it had more than one entry, the smaller size to send instead."""
+        refused the batch whole as too large and it had more than one entry, the smaller size to send instead.
+        Its workloads are in flight meanwhile: an ask for one of them is served the held one, or waits for this."""
         with self._lock:
             now = self.clock()
             due = [w for w in workloads if w in self._x509 and now >= self._x509[w].renew_at()
-                   and now >= self._retry_at.get(w, 0.0)]  # (not renewed, nor failed, meanwhile)
+                   and now >= self._retry_at.get(w, 0.0)  # (not renewed, nor failed, meanwhile)
+                   and w not in self._x509_flights]  # (nor being renewed)
             if not due:
                 return _DONE
+            flights: dict[str, _Flight[X509Entry]] = {w: _Flight() for w in due}
+            self._x509_flights.update(flights)
+            tickets = {w: self._ticket(w) for w in due}
+        fresh: list[X509Entry] = []
+        dropped = 0
+        try:
             keys = {w: new_key_and_csr(w) for w in due}
             try:
                 results: list[dict[str, Any]] = self.api.x509_svids([(w, keys[w][1]) for w in due])
@@ -419,49 +731,78 @@ class WorkloadSvids:
                 if _too_large(exc.status) and len(due) > 1:
                     return max(1, len(due) // 2)
                 if not definitive(exc.status):
-                    self._later(due, exc, exc.retry_after)
+                    self._held_back(flights, tickets, exc, exc.retry_after, str(exc))
                     return _HELD
                 results = [{"error": {"status": exc.status, "reason": str(exc)}}] * len(due)
             except Unreachable as exc:  # keep serving the ones we have while they are valid (x509 serves them so)
-                self._later(due, exc, None)
+                self._held_back(flights, tickets, exc, None, f"server unreachable: {exc}")
                 return _HELD
-            fresh: list[X509Entry] = []
-            dropped = 0
-            for w, result in zip(due, results, strict=True):
-                error = result.get("error")
-                svid = result.get("svid")
-                if error or not isinstance(svid, dict):
-                    status = error.get("status") if isinstance(error, dict) else None
-                    why = str(error.get("reason")) if isinstance(error, dict) else str(result)
-                    if isinstance(status, int) and not definitive(status):
-                        self._later([w], Refused(status, why), None)
+            with self._lock:
+                for w, result in zip(due, results, strict=True):
+                    flight = flights[w]
+                    error = result.get("error")
+                    svid = result.get("svid")
+                    if error or not isinstance(svid, dict):
+                        status = error.get("status") if isinstance(error, dict) else None
+                        why = str(error.get("reason")) if isinstance(error, dict) else str(result)
+                        if isinstance(status, int) and not definitive(status):
+                            if self._stale(w, tickets[w]):  # dropped while in flight: nothing to retry
+                                flight.dropped = True
+                                continue
+                            self._later([w], Refused(status, why), None)
+                            flight.failed = f"{status}: {why}"
+                            continue
+                        reason = f"{status}: {why}" if status is not None else why
+                        log.warning("%s: no X.509-SVID: %s", w, reason)
+                        dropped += self._drop_x509(w)
+                        flight.dropped = True
                         continue
-                    reason = f"{status}: {why}" if status is not None else why
-                    log.warning("%s: no X.509-SVID: %s", w, reason)
-                    self._settled(w)
-                    self._drop_jwts(w)
-                    dropped += self._x509.pop(w, None) is not None
-                    continue
-                try:
-                    entry = _entry(svid, key_der(keys[w][0]))
-                except (KeyError, TypeError, ValueError) as exc:
-                    log.warning("%s: no X.509-SVID: the server's answer does not parse: %s", w, exc)
-                    self._settled(w)
-                    dropped += self._x509.pop(w, None) is not None
-                    continue
-                self._x509[w] = entry
-                self._settled(w)
-                fresh.append(entry)
+                    try:
+                        entry = _entry(svid, keys[w][0], w)
+                    except (KeyError, TypeError, ValueError) as exc:
+                        log.warning("%s: no X.509-SVID: the server's answer does not parse: %s", w, exc)
+                        self._settled(w)
+                        self._drops[w] = self._drops.get(w, 0) + 1
+                        dropped += self._x509.pop(w, None) is not None
+                        flight.dropped = True
+                        continue
+                    flight.result = self._keep(w, entry, tickets[w])
+                    flight.dropped = flight.result is None
+                    if flight.result is entry:
+                        fresh.append(entry)
+        finally:
+            with self._lock:
+                for w, flight in flights.items():
+                    if self._x509_flights.get(w) is flight:
+                        del self._x509_flights[w]
+            for flight in flights.values():
+                flight.done.set()
         for entry in fresh:
             self.metrics.svid_expiry.labels(entry.spiffe_id).set(entry.not_after)
         if fresh or dropped:
             self._bump()
         return _DONE
 
+    def _held_back(self, flights: dict[str, _Flight[X509Entry]], tickets: dict[str, tuple[int, int]],
+                   exc: AgentError, retry_after: float | None, why: str) -> None:
+        """A batch refused whole for now (or unanswered): its workloads wait to retry (`_later`), but for those dropped
+        while it was in flight (unplaced: nothing to retry; a wait kept would hold back their first fetch once placed
+        again)."""
+        with self._lock:
+            live = [w for w in flights if not self._stale(w, tickets[w])]
+            if live:
+                self._later(live, exc, retry_after)
+        for w, flight in flights.items():
+            if w in live:
+                flight.failed = why
+            else:
+                flight.dropped = True
+
     def rotate_all(self) -> None:
         """Renew every cached X.509-SVID now (the trust bundle changed: a new CA generation signs)."""
         with self._lock:  # due now, still valid until their own expiry (served meanwhile, should renewals fail)
             self._x509 = {w: replace(e, forced=True) for w, e in self._x509.items()}
+            self._rotations += 1  # (an answer in flight, maybe the old CA's, is held due: renewed at the next round)
             for w in list(self._retry_at):  # a new CA: worth asking at once
                 self._retry_at.pop(w)
         self.renew_due()
@@ -470,21 +811,22 @@ class WorkloadSvids:
     def _drop_jwts(self, workload: str) -> None:
         """A definitive refusal (of an X.509-SVID, or of a JWT-SVID for any audience) is about the workload (revoked,
         quarantined, unplaced, unknown) or its node, never about an audience (a bad one is answered 400/422): every
-        JWT-SVID held for the workload goes with it, never served again. The caller holds the lock."""
+        JWT-SVID held for the workload goes with it, never served again, nor one in flight for it. The caller holds
+        the lock."""
         self._jwt = {k: v for k, v in self._jwt.items() if k[0] != workload}
+        self._jwt_drops[workload] = self._jwt_drops.get(workload, 0) + 1
 
     @staticmethod
-    def _jwt_held(workload: str, entry: JwtEntry | None, now: float, exc: AgentError) -> JwtEntry:
+    def _jwt_held(workload: str, entry: JwtEntry | None, now: float, why: AgentError | str) -> JwtEntry:
         """The held JWT-SVID while it is valid (a fetch failed transiently); RetryLater when there is none."""
         if entry is not None and now < entry.expires:
             return entry
-        raise RetryLater(f"{workload}: no JWT-SVID yet ({exc}); retry")
+        raise RetryLater(f"{workload}: no JWT-SVID yet ({why}); retry")
 
     def _jwt_later(self, workload: str, retry_after: float | None, exc: AgentError) -> None:
         """A JWT-SVID fetch for `workload` failed on the server's side (429, 5xx, no answer): none is asked for it
-        again before the server's Retry-After, or a backoff (retry_wait), as for its X.509-SVID: never in a loop, and
-        the agent's lock is not taken for one more request that would time out. Logged here, once per failure. The
-        caller holds the lock."""
+        again before the server's Retry-After, or a backoff (retry_wait), as for its X.509-SVID: never in a loop.
+        Logged here, once per failure. The caller holds the lock."""
         failures = self._jwt_failures.get(workload, 0)
         self._jwt_failures[workload] = failures + 1
         wait = retry_wait(failures, retry_after, self._jitter)
@@ -492,42 +834,118 @@ class WorkloadSvids:
         log.warning("%s: JWT-SVID not fetched, retrying in %.1fs (the one held, if any, is served while valid): %s",
                     workload, wait, exc)
 
-    def jwt(self, workload: str, audience: list[str]) -> JwtEntry | None:
+    def jwt(self, workload: str, audience: list[str], *, held_ok: bool = False) -> JwtEntry | None:
+        """The workload's JWT-SVID for `audience`, fetched when none is held or past half life (the module docstring
+        has the rules). One fetch per (workload, audience) in flight: meanwhile the held one while valid, else that
+        fetch's outcome (bounded: RetryLater). With `held_ok` (a Workload API caller), a held one past half life is
+        answered at once while valid, the new one fetched behind it."""
         key = (workload, tuple(sorted(audience)))
-        with self._lock:
-            entry = self._jwt.get(key)
-            now = self.clock()
-            if entry is not None and now < entry.issued + (entry.expires - entry.issued) / 2:
-                return entry
-            # not asked of the server (said once, when it failed or never: a workload asking in a loop must not
-            # flood the log): the server failed a moment ago, or this is over the agent's bounds
-            waiting = now < self._jwt_retry_at.get(workload, 0.0)
-            if waiting or self._jwt_asks.take(workload) > 0 or self._jwt_node.take("node") > 0:
-                if entry is not None and now < entry.expires:
+        deadline = time.monotonic() + self._flight_wait
+        while True:
+            with self._lock:
+                entry = self._jwt.get(key)
+                now = self.clock()
+                if entry is not None and now < entry.issued + (entry.expires - entry.issued) / 2:
                     return entry
-                why = "waiting to retry after the server's refusal" if waiting else "JWT-SVIDs asked for too often"
-                raise RetryLater(f"{workload}: no JWT-SVID yet ({why}); retry")
-            try:
-                issued = self.api.jwt_svid(workload, sorted(audience))
-            except Refused as exc:
+                flight = self._jwt_flights.get(key)
+                if flight is None:
+                    # not asked of the server (said once, when it failed or never: a workload asking in a loop must
+                    # not flood the log): the server failed a moment ago, or this is over the agent's bounds
+                    waiting = now < self._jwt_retry_at.get(workload, 0.0)
+                    if waiting or self._jwt_asks.take(workload) > 0 or self._jwt_node.take("node") > 0:
+                        if entry is not None and now < entry.expires:
+                            return entry
+                        why = "waiting to retry after the server's refusal" if waiting \
+                            else "JWT-SVIDs asked for too often"
+                        raise RetryLater(f"{workload}: no JWT-SVID yet ({why}); retry")
+                    flight = self._jwt_flights[key] = _Flight()
+                    drops = self._jwt_drops.get(workload, 0)
+                    break
+                if entry is not None and now < entry.expires:  # being fetched again: the held one meanwhile
+                    return entry
+            if not flight.wait(deadline):
+                raise RetryLater(f"{workload}: no JWT-SVID yet (its request to the server is unanswered); retry")
+            if flight.dropped:
+                return None
+            if flight.result is not None:
+                return flight.result
+            if flight.failed is not None:
+                with self._lock:
+                    return self._jwt_held(workload, self._jwt.get(key), self.clock(), flight.failed)
+            # nothing decided (its sender raised what the rules do not name): asked again
+        if held_ok and entry is not None and now < entry.expires:
+            if not self._start("agent-jwt", self._fetch_behind, key, flight, drops, now):
+                self._land(self._jwt_flights, key, flight)  # (nothing fetched: asked again at the next ask)
+            return entry
+        try:
+            return self._ask_jwt(key, flight, drops, now)
+        finally:
+            self._land(self._jwt_flights, key, flight)
+
+    def _fetch_behind(self, key: tuple[str, tuple[str, ...]], flight: _Flight[JwtEntry], drops: int,
+                      now: float) -> None:
+        try:
+            self._ask_jwt(key, flight, drops, now)
+        except RetryLater:  # (the held one expired meanwhile; the failure is logged by the rules)
+            pass
+        except Exception:
+            log.exception("%s: JWT-SVID not fetched", key[0])
+        finally:
+            self._land(self._jwt_flights, key, flight)
+
+    def _ask_jwt(self, key: tuple[str, tuple[str, ...]], flight: _Flight[JwtEntry], drops: int,
+                 now: float) -> JwtEntry | None:
+        """Send the fetch `flight` stands for (outside the lock) and apply its answer (under it)."""
+        workload, audience = key
+        try:
+            issued = self.api.jwt_svid(workload, list(audience))
+        except Refused as exc:
+            with self._lock:
                 if definitive(exc.status):
                     log.warning("%s: no JWT-SVID: %s", workload, exc)
                     self._drop_jwts(workload)
+                    flight.dropped = True
+                    return None
+                if self._jwt_drops.get(workload, 0) != drops:  # dropped while in flight: nothing to retry
+                    flight.dropped = True
                     return None
                 if exc.status == 429 or exc.status >= 500:  # the server's state, not this request's: as X.509's rule
                     self._jwt_later(workload, exc.retry_after, exc)
                 else:  # this request's (400, 409): asked again at the next ask
                     log.warning("%s: JWT-SVID refused, the one held (if any) is served while valid: %s", workload, exc)
-                return self._jwt_held(workload, entry, now, exc)
-            except Unreachable as exc:
+                flight.failed = str(exc)
+                return self._jwt_held(workload, self._jwt.get(key), now, exc)
+        except Unreachable as exc:
+            with self._lock:
+                if self._jwt_drops.get(workload, 0) != drops:  # dropped while in flight: nothing to retry
+                    flight.dropped = True
+                    return None
                 self._jwt_later(workload, None, exc)
-                return self._jwt_held(workload, entry, now, exc)
+                flight.failed = str(exc)
+                return self._jwt_held(workload, self._jwt.get(key), now, exc)
+        try:
+            fresh = _jwt_entry(issued, workload, audience, now)
+        except (KeyError, TypeError, ValueError, InvalidSpiffeId, pyjwt.PyJWTError) as exc:  # never held: as a 5xx
+            unusable = Refused(200, f"the server's answer is unusable: {exc}")
+            with self._lock:
+                self._jwt_later(workload, None, unusable)
+                flight.failed = str(unusable)
+                return self._jwt_held(workload, self._jwt.get(key), now, unusable)
+        with self._lock:
+            if self._jwt_drops.get(workload, 0) != drops:  # dropped while in flight: a late answer never resurrects
+                log.info("%s: a JWT-SVID answered after the workload's were dropped is discarded", workload)
+                flight.dropped = True
+                return None
             self._jwt_retry_at.pop(workload, None)
             self._jwt_failures.pop(workload, None)
-            fresh = JwtEntry(str(issued["token"]), str(issued["spiffe_id"]), now, _ts(str(issued["expires_at"])))
+            held = self._jwt.get(key)
+            if held is not None and held.issued > fresh.issued:  # never replaced by an older one
+                flight.result = held
+                return held
             self._jwt.pop(key, None)
             self._jwt[key] = fresh  # (the newest last: dicts keep insertion order)
             mine = [k for k in self._jwt if k[0] == workload]
             for old in mine[:max(0, len(mine) - JWT_AUDIENCES)]:  # the oldest fetched first
                 del self._jwt[old]
+            flight.result = fresh
             return fresh

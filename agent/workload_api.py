@@ -114,13 +114,13 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
     # ------------------------------------------------------------------ X.509
     def _x509_response(self, caller: Caller, context: grpc.ServicerContext) -> workload_pb2.X509SVIDResponse | None:
         placements = self._placements(caller, context)
-        self.svids.renew_due()
+        self.svids.renew_behind([p.workload for p in placements])  # its own, and never waited for while valid
         bundle = self._bundle_der()
         out = []
         later: RetryLater | None = None
         for p in placements:
             try:
-                entry = self.svids.x509(p.workload)
+                entry = self.svids.x509(p.workload, held_ok=True)
             except RetryLater as exc:  # none held, and the server cannot issue one just now
                 later = exc
                 continue
@@ -167,7 +167,7 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
         later: RetryLater | None = None
         for p in placements:
             try:
-                entry = self.svids.jwt(p.workload, audience)
+                entry = self.svids.jwt(p.workload, audience, held_ok=True)
             except RetryLater as exc:  # none held, and the server cannot issue one just now
                 later = exc
                 continue
