@@ -404,6 +404,15 @@ def register(app: typer.Typer) -> None:
                      (src, dst, Col("proto", "proto"), Col("port", "port"),
                       Col("mirror of", lambda f: f"{f['dst_tenant']}/{f['dst_group']} -> "
                                                  f"{f['src_tenant']}/{f['src_group']}"))).table(out[f"mirrors_{side}"])
+        if out.get("disagreements_count"):
+            # the candidate's decision (explain) and its allowed_flows (the devices) differ: activation is refused
+            err_console.print(f"{out['disagreements_count']} disagreement(s) between the candidate's decision and its "
+                              "allowed_flows: activation is refused until they agree", highlight=False, markup=False,
+                              soft_wrap=True)
+            View("disagreements", (src, dst, Col("proto", "proto"), Col("port", "port"),
+                                   Col("allowed_flows", "allowed_flows"), Col("decision", "decision"),
+                                   Col("decision's reasons", lambda f: "; ".join(f["reasons"])))).table(
+                out["disagreements"])
         if out["by_tenant"]:
             View("by tenant", (Col("tenant", "tenant", kind="id"), Col("opened", "opened"),
                                Col("closed", "closed"))).table(
