@@ -20,14 +20,16 @@ from inventory import service as inv
 from policy import service as policy_service
 from policy.consistency import DIFF_CAP, diff_sample
 from policy.decide import Flow
-from tests.api.conftest import Env, activate_shipped_policy, open_env, make_settings, seed
-from tests.policy.helpers import shipped
+from policy.impact import checked_report
+from tests.api.conftest import Env, activate_shipped_policy, make_settings, open_env, seed
+from tests.policy.helpers import FAR_NS, NOW_NS, group, shipped, small_doc
 
 PLATFORM_PORTS = "\tsome proto, ports in groups[dg].exposed\n\tports != []\n]\n\n# An unexpired"
 
 
 def only_allowed_flows_edited() -> dict[str, str]:
-    """The shipped policy with an extra platform port (9153 on each exposed proto) in allowed_flows, and nothing in decision."""
+    """The shipped policy with an extra platform port (9153, on each proto a platform group exposes) in
+    allowed_flows, and nothing in decision."""
     mods = shipped()
     text = mods["flows.rego"]
     assert PLATFORM_PORTS in text
@@ -166,6 +168,26 @@ def test_a_large_diff_is_sampled_over_every_port_it_touches() -> None:
     picked = diff_sample(opened, closed)
     assert len(picked) == DIFF_CAP and closed[0] in picked
     assert {f.port for f in picked} == {53, 8443, 9153}
-    assert len({f.src_tenant for f in picked}) > DIFF_CAP // 3  # spread over the sources, not the first ones
+    assert len({f.src_tenant for f in picked}) >= DIFF_CAP // 4  # spread over the sources, not the first ones
     assert diff_sample(opened, closed) == picked  # deterministic
     assert diff_sample(opened[:10], closed) == opened[:10] + closed  # all of a small diff
+
+
+def test_shipped_policy_agrees_on_every_flow_of_a_varied_inventory() -> None:
+    """Quarantined tenant and group, a revoked group, an expired grant, a grant to a platform service: the
+    shipped decision and allowed_flows agree on every allowed flow and on every pair over its ports."""
+    data = small_doc()
+    tf = data["tf"]
+    tf["tenants"]["acme"]["groups"]["batch"]["quarantined"] = True
+    tf["tenants"]["globex"]["groups"]["api"]["revoked"] = True
+    tf["tenants"]["globex"]["groups"]["ui"] = group([("tcp", 3000)])
+    tf["grants"].setdefault("globex", {}).setdefault("platform", {})["g4"] = {
+        "src_group": "ui", "dst_group": "s3", "proto": "tcp", "ports": [9000], "expires_at_ns": FAR_NS}
+    _, after, report = checked_report(shipped(), "c", None, None, [], data, NOW_NS)
+    assert report.opened and report.consistency is not None
+    assert report.consistency.diff_checked == report.consistency.diff_total == len(report.opened)
+    assert report.consistency.checked > len(report.opened)  # the pairs outside the set too
+    assert report.disagreements == []
+    broken = only_allowed_flows_edited()
+    _, _, bad = checked_report(broken, "b", shipped(), "c", after, data, NOW_NS)
+    assert bad.disagreements and {d.flow for d in bad.disagreements} == set(bad.opened)
