@@ -167,19 +167,24 @@ def sample_flows(data: Mapping[str, Any], members: _Members) -> list[Flow]:
         pairs.add(((st, str(g.get("src_group"))), (dt, str(g.get("dst_group")))))
     flows: list[Flow] = []
     for (st, sg), (dt, dg) in sorted(pairs, key=lambda p: _h(*p[0], *p[1])):
+        if len(flows) >= PAIR_CAP:
+            break
         exposed = ((tenants.get(dt) or {}).get("groups") or {}).get(dg, {}).get("exposed") or {}
         ports: dict[str, set[int]] = {proto: {int(p) for p in ps} for proto, ps in exposed.items()}
         for proto, ps in members.ports(dt, dg).items():
             ports.setdefault(proto, set()).update(ps)
         flows.extend(Flow(st, sg, dt, dg, proto, port) for proto in sorted(ports) for port in sorted(ports[proto]))
     flows = flows[:PAIR_CAP]
-    # the entry sample: every reason kind first (intra-tenant, platform-service, grant:...), then hash order
-    entries = sorted(members.entries(), key=lambda e: _h(e["dst_tenant"], e["dst_group"], e["proto"], e["reason"]))
-    kinds: dict[str, Any] = {}
-    for e in entries:
-        kinds.setdefault(str(e["reason"]).split(":", 1)[0], e)
-    picked = list(kinds.values()) + [e for e in entries if all(e is not k for k in kinds.values())]
-    for e in picked[:PAIR_ENTRIES]:
+    # the entry sample: the first entry of every reason kind (intra-tenant, platform-service, grant), then
+    # entries evenly spaced through the answer (its order is the engine's, fixed for the same modules and data)
+    entries = members.entries()
+    kinds: dict[str, int] = {}
+    for i, e in enumerate(entries):
+        kinds.setdefault(str(e["reason"]).split(":", 1)[0], i)
+    step = max(1, len(entries) // PAIR_ENTRIES)
+    chosen = list(kinds.values()) + [i for i in range(0, len(entries), step) if i not in kinds.values()]
+    for i in chosen[:PAIR_ENTRIES]:
+        e = entries[i]
         sources, ports_ = list(e["sources"]), list(e["ports"])
         if not sources or not ports_:
             continue

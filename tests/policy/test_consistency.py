@@ -22,6 +22,7 @@ from policy.consistency import DIFF_CAP, diff_sample
 from policy.decide import Flow
 from policy.impact import checked_report
 from tests.api.conftest import Env, activate_shipped_policy, make_settings, open_env, seed
+from tests.console.conftest import sign_in, when_ready
 from tests.policy.helpers import FAR_NS, NOW_NS, group, shipped, small_doc
 
 PLATFORM_PORTS = "\tsome proto, ports in groups[dg].exposed\n\tports != []\n]\n\n# An unexpired"
@@ -122,6 +123,10 @@ def test_a_change_only_to_allowed_flows_is_shown_and_refused(env: Env) -> None:
     assert code == 0 and json.loads(out)["disagreements"] == imp["disagreements"]
     code, out, err = _cli(env, "policy", "impact", str(number))
     assert code == 0 and "disagreement" in err and "9153" in out
+    page = when_ready(env, sign_in(env, "security"), f"/console/policy/versions/{number}/impact")
+    assert page.status_code == 200 and "decision and its allowed_flows disagree on 5 flows" in page.text
+    assert ("<td>acme/db</td><td>platform/dns</td><td>udp/9153</td><td>allow</td><td>deny</td>"
+            "<td>port-not-exposed: platform/dns does not expose udp/9153</td>") in page.text
     _refused(env, number, active, "acme/db -> platform/dns udp/9153")
 
 
