@@ -371,7 +371,9 @@ def register(app: typer.Typer) -> None:
     def impact_cmd(version: str = typer.Argument(..., parser=POLICY_REF, metavar=POLICY_REF.metavar),
                    limit: int = typer.Option(50, "--limit", min=0, max=100_000, help="flows listed per side")) -> None:
         """Flows VERSION would open and close against the active version, on the current inventory; with a
-        fabric, the devices whose rule sets it would change (both in the policy sandbox)."""
+        fabric, the devices whose rule sets it would change; and any flow on which its decision (what explain
+        shows) and its allowed_flows (what the devices enforce) disagree, which activation refuses (all in the
+        policy sandbox)."""
         from workflows.enforcement import impact
 
         def run() -> dict[str, Any]:
