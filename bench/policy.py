@@ -7,8 +7,12 @@ Figures (medians of several runs), each beside a baseline measured in the same r
   - data reload after one grant change (incremental) vs a full reload
   - the hot decisions (flows, grants, api_authz) through PolicyEngine with regorus's compiled VM
     (policy/engines/rvm.py) vs the raw interpreter vs the raw VM, and the VM's whole-document data load
+  - the consistency check of a candidate (policy/consistency.py: decision vs allowed_flows on the diff and the
+    samples) for the shipped policy against itself and for an extra platform port, vs the candidate's allowed
+    set (what an impact report evaluates anyway); and the impact report with the check vs without
 
 Run: .venv/bin/python bench/policy.py [--tenants 1000 --groups 10 --grants 5000 --runs 3] [--only-vm]
+     [--only-consistency]
 """
 
 from __future__ import annotations
@@ -219,6 +223,52 @@ def vm_figures(args: argparse.Namespace, modules: dict[str, str], doc: dict[str,
          med(reparse) * 1e3)
 
 
+def extra_platform_port(modules: dict[str, str]) -> dict[str, str]:
+    """The shipped policy with port 9153 added to every platform service in allowed_flows only (a disagreement
+    on every flow it opens)."""
+    old = "\tsome proto, ports in groups[dg].exposed\n\tports != []\n]\n\n# An unexpired"
+    new = ("\tsome proto, exposed_ports in groups[dg].exposed\n\tports := array.concat(exposed_ports, [9153])\n"
+           "\tports != []\n]\n\n# An unexpired")
+    assert old in modules["flows.rego"]
+    return {**modules, "flows.rego": modules["flows.rego"].replace(old, new)}
+
+
+def _report_without_check(cand: dict[str, str], modules: dict[str, str], doc: dict[str, Any], now: int) -> Any:
+    """The impact report as it was computed before the consistency check: two answers and report_of."""
+    from policy.impact import answer_under, report_of
+
+    return report_of("c", "b", answer_under(modules, doc, now), answer_under(cand, doc, now))
+
+
+def consistency_figures(args: argparse.Namespace, modules: dict[str, str], doc: dict[str, Any]) -> None:
+    """What the consistency check adds: the check alone on a loaded engine (vs the candidate's allowed set on the
+    same engine), and the whole impact report with it (policy.impact.checked_report) vs without (two answers
+    and report_of, as before the check)."""
+    from policy.consistency import check
+    from policy.impact import answer_under, checked_report, opened_closed
+
+    now = doc["tf"]["now_ns"]
+    before = answer_under(modules, doc, now)
+    for label, cand in (("shipped vs itself", modules), ("extra platform port", extra_platform_port(modules))):
+        engine = RegorusEngine(cand, doc)
+        try:
+            after = engine.evaluate(ALLOWED_FLOWS_QUERY, {"now_ns": now})
+            opened, closed = opened_closed(before, after)
+            result = check(engine, after, opened, closed, doc, now)
+            alone = [timed(partial(check, engine, after, opened, closed, doc, now)) for _ in range(args.runs)]
+            answer = [timed(partial(engine.evaluate, ALLOWED_FLOWS_QUERY, {"now_ns": now})) for _ in range(args.runs)]
+        finally:
+            engine.close()
+        med = statistics.median
+        line(f"consistency check, {label} ({result.checked} decisions, diff {result.diff_checked} of "
+             f"{result.diff_total}, {len(result.disagreements)} disagreements) vs the candidate's allowed set",
+             med(alone), "s", med(answer))
+        with_check = [timed(partial(checked_report, cand, "c", modules, "b", None, doc, now))
+                      for _ in range(args.runs)]
+        without = [timed(partial(_report_without_check, cand, modules, doc, now)) for _ in range(args.runs)]
+        line(f"impact report with the consistency check, {label} (vs without)", med(with_check), "s", med(without))
+
+
 def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -255,6 +305,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--decisions", type=int, default=2000)
     ap.add_argument("--only-vm", action="store_true", help="only the compiled VM's figures")
+    ap.add_argument("--only-consistency", action="store_true", help="only the consistency check's figures")
     args = ap.parse_args()
     progress = Progress("policy")
     progress.step("building the data document")
@@ -265,6 +316,10 @@ def main() -> None:
     if args.only_vm:
         progress.step("hot decisions through the compiled VM")
         vm_figures(args, modules, doc, inputs(doc, args.decisions))
+        return
+    if args.only_consistency:
+        progress.step("the consistency check")
+        consistency_figures(args, modules, doc)
         return
     engine = RegorusEngine(modules, doc)
     raw = new_engine(modules)
@@ -397,6 +452,8 @@ def main() -> None:
         thread.join(timeout=10)
     progress.step("hot decisions through the compiled VM")
     vm_figures(args, modules, doc, batch)
+    progress.step("the consistency check")
+    consistency_figures(args, modules, doc)
 
 
 if __name__ == "__main__":

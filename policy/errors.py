@@ -78,6 +78,11 @@ class PolicyTestsFailed(Conflict):
         super().__init__(message or "Rego unit tests failed: " + ", ".join(failing))
 
 
+class PolicyInconsistent(Conflict):
+    """A version whose `decision` (what explain shows) disagrees with its `allowed_flows` (what the devices enforce)
+    on some flow cannot be activated (policy/consistency.py); names the first few flows (HTTP 409)."""
+
+
 class TwoPersonRule(Forbidden):
     """With the two-person rule on, the uploader of a version cannot put it in force alone (HTTP 403)."""
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from core.errors import InvalidInput
 from core.rocev2 import MIRROR, is_rocev2
+from policy.consistency import Consistency, Disagreement, check
 from policy.decide import ALLOWED_FLOWS_QUERY, Flow, expand_allowed
 from policy.engines import scratch_engine
 from policy.errors import PolicyEngineError
@@ -41,6 +42,7 @@ class ImpactReport:
     mirrors_opened: list[Flow] = field(default_factory=list)  # RoCEv2 that opens on the wire as a mirror only
     mirrors_closed: list[Flow] = field(default_factory=list)
     wire_unchanged: frozenset[Flow] = frozenset()  # policy flows of opened/closed that pass before and after
+    consistency: Consistency | None = None  # decision vs allowed_flows under the candidate (policy/consistency.py)
 
     def to_dict(self, limit: int | None = None) -> dict[str, Any]:
         return {
@@ -56,7 +58,16 @@ class ImpactReport:
             "mirrors_closed_count": len(self.mirrors_closed),
             "mirrors_opened": [{**f._asdict(), "mirror": MIRROR} for f in self.mirrors_opened[:limit]],
             "mirrors_closed": [{**f._asdict(), "mirror": MIRROR} for f in self.mirrors_closed[:limit]],
+            # flows on which the candidate's decision (explain) and allowed_flows (the devices) disagree:
+            # activation is refused while there is any
+            "consistency": self.consistency.to_dict() if self.consistency is not None else None,
+            "disagreements_count": len(self.disagreements),
+            "disagreements": [d.to_dict() for d in self.disagreements[:limit]],
         }
+
+    @property
+    def disagreements(self) -> list[Disagreement]:
+        return self.consistency.disagreements if self.consistency is not None else []
 
     def _policy_flow(self, f: Flow) -> dict[str, Any]:
         out = f._asdict()
@@ -176,13 +187,57 @@ def answer_under(modules: Mapping[str, str], data: Mapping[str, Any], now_ns: in
         engine.close()
 
 
-def report_of(candidate_hash: str, baseline_hash: str | None, before: Any, after: Any) -> ImpactReport:
-    """The report from the two compact answers (`before`: the active version's; [] when none is active)."""
+def opened_closed(before: Any, after: Any) -> tuple[list[Flow], list[Flow]]:
+    """(opened, closed) from the two compact answers, sorted; InvalidInput for a malformed answer."""
+    opened, closed, _, _ = diff_answers(before, after)
+    return opened, closed
+
+
+def report_of(candidate_hash: str, baseline_hash: str | None, before: Any, after: Any,
+              consistency: Consistency | None = None) -> ImpactReport:
+    """The report from the two compact answers (`before`: the active version's; [] when none is active) and the
+    candidate's consistency check when it was made."""
     b, a = by_target(validated(before)), by_target(validated(after))
     opened, closed, unchanged, by_tenant = _diff_targets(b, a)
     mirrors_opened, mirrors_closed, same = rocev2_mirrors(opened, closed, b, a)
     return ImpactReport(candidate_hash, baseline_hash, opened, closed, unchanged, by_tenant, mirrors_opened,
-                        mirrors_closed, same)
+                        mirrors_closed, same, consistency)
+
+
+def checked_report(candidate: Mapping[str, str] | None, candidate_hash: str, active: Mapping[str, str] | None,
+                   baseline_hash: str | None, before: Any, data: Mapping[str, Any], now_ns: int | None,
+                   diff: bool = True) -> tuple[Any, Any, ImpactReport]:
+    """(the active version's answer, the candidate's, the report with the candidate's consistency check).
+    `before`: the active version's answer when known (None: evaluated from `active`; [] when nothing is active);
+    `candidate` None when it is the active version itself (its answer is `before`, checked all the same);
+    `diff` False leaves the flow lists empty (the caller has the counts). The candidate's answer and its
+    decisions come from one private engine. Module-level and on plain data: the workflows run it in the policy
+    sandbox (a candidate is user-supplied Rego)."""
+    if before is None:
+        before = answer_under(active, data, now_ns) if active is not None else []
+    modules = candidate if candidate is not None else active
+    if modules is None:  # nothing active, and the "candidate" is that nothing
+        return before, before, report_of(candidate_hash, baseline_hash, before, before, Consistency())
+    engine = scratch_engine(modules, data)
+    try:
+        after = before
+        if candidate is not None:
+            try:
+                after = engine.evaluate(ALLOWED_FLOWS_QUERY, {} if now_ns is None else {"now_ns": now_ns})
+            except (PolicyEngineError, KeyError, TypeError) as exc:
+                raise PolicyEngineError(f"cannot compute data.flows.allowed_flows: {exc}") from exc
+        if not diff:
+            validated(after)
+            return before, after, ImpactReport(candidate_hash, baseline_hash,
+                                               consistency=check(engine, after, [], [], data, now_ns))
+        b, a = by_target(validated(before)), by_target(validated(after))
+        opened, closed, unchanged, by_tenant = _diff_targets(b, a)
+        consistency = check(engine, after, opened, closed, data, now_ns)
+    finally:
+        engine.close()
+    mirrors_opened, mirrors_closed, same = rocev2_mirrors(opened, closed, b, a)
+    return before, after, ImpactReport(candidate_hash, baseline_hash, opened, closed, unchanged, by_tenant,
+                                       mirrors_opened, mirrors_closed, same, consistency)
 
 
 def impact_of(
@@ -193,7 +248,5 @@ def impact_of(
     data: Mapping[str, Any],
     now_ns: int | None = None,
 ) -> ImpactReport:
-    after = answer_under(candidate, data, now_ns)
-    before = answer_under(baseline, data, now_ns) if baseline is not None else []
-    return report_of(candidate_hash, baseline_hash, before, after)
-
+    """The report of `candidate` against `baseline` (None: nothing active), with the consistency check."""
+    return checked_report(candidate, candidate_hash, baseline, baseline_hash, None, data, now_ns)[2]

@@ -8,8 +8,9 @@ flow matrix keeps (policy/flowset.py): when that kept set is current in this rep
 (same data fingerprint, same active version, same instant window), the report evaluates only the candidate.
 
 A candidate version is user-supplied Rego: whatever is evaluated for a report (the candidate, and the active
-version when the kept set is not current) runs in one policy sandbox job (workflows.policy.allowed_flows,
-issue 13 item 5), after the read transaction ends; a runaway candidate is refused (422) naming the CPU budget.
+version when the kept set is not current, and the candidate's consistency check: policy/consistency.py) runs
+in one policy sandbox job (policy.impact.checked_report, issue 13 item 5), after the read transaction
+ends; a runaway candidate is refused (422) naming the CPU budget.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -30,11 +31,10 @@ from enforcer.fabric_db import compile_fabric_of
 from enforcer.plan import plan
 from policy.data import build_data, data_fingerprint, live_until, to_ns
 from policy.flowset import FlowSet, FlowSets
-from policy.impact import ImpactReport, report_of
-from policy.sandbox import Limits
+from policy.impact import ImpactReport, checked_report
+from policy.sandbox import Limits, run_limited
 from policy.service import active_version, get_version
 from store.db import Database
-from workflows.policy import allowed_flows
 
 
 def device_section(fabric: Fabric, before: Any, after: Any, revoked: frozenset[str], budget: Budget
@@ -116,22 +116,17 @@ def read(session: Session, ref: str, *, now: datetime, budget: Budget, kept: Flo
 
 
 def evaluate(inputs: Inputs, *, budget: Budget, limits: Limits) -> Impact:
-    """The report from `inputs`: what is not known yet evaluated in one sandbox job, then the diff and the
-    compiles in this process (our code, on the answers)."""
-    todo: list[dict[str, str] | None] = []
-    if inputs.before is None and inputs.active is not None:
-        todo.append(inputs.active)
+    """The report from `inputs`: what is not known yet evaluated, the diff, and the candidate's decision checked
+    against its allowed_flows (policy/consistency.py), in one sandbox job; then the compiles in this process
+    (our code, on the answers)."""
     same = inputs.candidate_hash == inputs.digest
-    if not same:
-        todo.append(inputs.candidate)
-    answers = (allowed_flows(todo, dict(inputs.data), inputs.now_ns, limits=limits,
-                             what=f"the impact report of policy version {inputs.name}") if todo else [])
-    before = inputs.before if inputs.before is not None else answers.pop(0) if inputs.active is not None else []
-    after = before if same else answers.pop(0)
-    if same and inputs.counts is not None:  # the active version against itself
-        flows = ImpactReport(inputs.candidate_hash, inputs.digest, unchanged=sum(inputs.counts.values()))
-    else:
-        flows = report_of(inputs.candidate_hash, inputs.digest, before, after)
+    counted = same and inputs.counts is not None  # the active version against itself: its kept counts say all
+    before, after, flows = run_limited(
+        checked_report, None if same else inputs.candidate, inputs.candidate_hash, inputs.active, inputs.digest,
+        inputs.before, dict(inputs.data), inputs.now_ns, not counted, limits=limits,
+        what=f"the impact report of policy version {inputs.name}")
+    if counted and inputs.counts is not None:
+        flows = replace(flows, unchanged=sum(inputs.counts.values()))
     devices = device_section(inputs.fabric, before, after, frozenset(inputs.data["tf"]["revoked"]), budget)
     return Impact(flows, devices, inputs.now_ns, inputs.valid_until_ns)
 

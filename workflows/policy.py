@@ -7,7 +7,12 @@ the policy "should fix" items):
   those same functions in-process, on the operator's own files);
 - activation and rollback: tests present and passing, a signature (always outside development mode,
   and whenever keys are configured), the two-person rule when on, then the decision budget measured on
-  the current data in the sandbox (policy/budget.py), then the switch in one write transaction.
+  the current data in the sandbox (policy/budget.py), then the switch in one write transaction;
+- activation (not rollback) also needs the version's `decision` to agree with its `allowed_flows` on the flows
+  it changes and a sample (policy/consistency.py, in the same sandbox job as the budget). A rollback goes back
+  to a version that was in force before: the way out of a bad version stays open during an incident (blocking
+  it would keep the bad version in force, the opposite of failing closed); its impact report still shows any
+  disagreement.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from typing import Any, Literal
 from audit import Actor
 from policy import authoring, budget, service
 from policy.authoring import PreparedVersion
-from policy.budget import DecisionBudget
+from policy.budget import DecisionBudget, DecisionCosts
+from policy.consistency import Consistency
 from policy.data import build_data, to_ns
+from policy.errors import PolicyInconsistent
+from policy.impact import checked_report
 from policy.models import PolicyVersion
 from policy.sandbox import Limits, run_limited
 from policy.service import SwitchRules
@@ -77,6 +85,15 @@ def allowed_flows(versions: list[dict[str, str] | None], data: dict[str, Any], n
     return run_limited(allowed_flows_under, versions, data, now_ns, limits=limits, what=what)
 
 
+def activation_checks(modules: Mapping[str, str], active: Mapping[str, str] | None, data: Mapping[str, Any],
+                      now_ns: int) -> tuple[DecisionCosts, Consistency]:
+    """The decision budget (measured first, on a quiet engine) and the consistency check of a version to be
+    activated against the active one (None: nothing active), in one sandbox job."""
+    costs = budget.measure(modules, data, now_ns)
+    report = checked_report(modules, "", active, None, None, data, now_ns)[2]
+    return costs, report.consistency or Consistency()
+
+
 def switch(
     ctx: AppContext, kind: Literal["activate", "rollback"], ref: str | int, actor: Actor, *,
     signature: str | None, reason: str | None,
@@ -90,10 +107,24 @@ def switch(
         target = service.get_version(session, ref)
         service.preflight(target, actor, signature, rules)  # refuse cheaply before measuring anything
         modules, number = dict(target.modules), target.number
+        current = service.active_version(session)
+        # the active version only chooses which flows are checked (those the change opens or closes): one that
+        # changes before the switch below leaves the check as sound, its diff part aimed at the older version
+        active = dict(current.modules) if current is not None and current.number != number else None
         data = build_data(session, now)
-    costs = run_limited(budget.measure, modules, data, to_ns(now), limits=limits(settings),
-                        what=f"the activation check of policy version {number}")
+    if kind == "activate":
+        costs, consistency = run_limited(activation_checks, modules, active, data, to_ns(now), limits=limits(settings),
+                                         what=f"the activation check of policy version {number}")
+    else:
+        costs = run_limited(budget.measure, modules, data, to_ns(now), limits=limits(settings),
+                            what=f"the activation check of policy version {number}")
     budget.check(costs, decision_budget(settings), number)
+    if kind == "activate" and consistency.disagreements:
+        n = len(consistency.disagreements)
+        raise PolicyInconsistent(
+            f"policy version {number} is not activated: its decision (what explain shows) and its allowed_flows (what "
+            f"the devices enforce) disagree on {n} flow{'s' if n != 1 else ''} of {consistency.checked} checked: "
+            f"{consistency.summary()} (`trustfabric policy impact {number}` lists them)")
     with ctx.db.session() as session:
         fn = service.activate if kind == "activate" else service.rollback
         return fn(session, ref, actor, now=ctx.clock(), signature=signature, reason=reason, rules=rules)

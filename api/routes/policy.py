@@ -132,7 +132,8 @@ def impact(ref: VersionRef, request: Request, ctx: CtxDep, principal: PrincipalD
 
 @router.post("/versions/{ref}/activate", response_model=VersionOut, responses=WRITE_ERRORS,
              summary="Put a version in force (tests present and passing, a signature outside development mode, "
-                     "the two-person rule when on, decisions within their budget on the current data)")
+                     "the two-person rule when on, decisions within their budget on the current data, its decision "
+                     "agreeing with its allowed_flows: 409 naming the flows otherwise)")
 def activate(ref: VersionRef, body: ActivateBody, request: Request, ctx: CtxDep,
              principal: PrincipalDep) -> VersionOut:
     authorize(request, principal, "policy.activate", None)

@@ -371,7 +371,9 @@ def register(app: typer.Typer) -> None:
     def impact_cmd(version: str = typer.Argument(..., parser=POLICY_REF, metavar=POLICY_REF.metavar),
                    limit: int = typer.Option(50, "--limit", min=0, max=100_000, help="flows listed per side")) -> None:
         """Flows VERSION would open and close against the active version, on the current inventory; with a
-        fabric, the devices whose rule sets it would change (both in the policy sandbox)."""
+        fabric, the devices whose rule sets it would change; and any flow on which its decision (what explain
+        shows) and its allowed_flows (what the devices enforce) disagree, which activation refuses (all in the
+        policy sandbox)."""
         from workflows.enforcement import impact
 
         def run() -> dict[str, Any]:
@@ -404,6 +406,15 @@ def register(app: typer.Typer) -> None:
                      (src, dst, Col("proto", "proto"), Col("port", "port"),
                       Col("mirror of", lambda f: f"{f['dst_tenant']}/{f['dst_group']} -> "
                                                  f"{f['src_tenant']}/{f['src_group']}"))).table(out[f"mirrors_{side}"])
+        if out.get("disagreements_count"):
+            # the candidate's decision (explain) and its allowed_flows (the devices) differ: activation is refused
+            err_console.print(f"{out['disagreements_count']} disagreement(s) between the candidate's decision and its "
+                              "allowed_flows: activation is refused until they agree", highlight=False, markup=False,
+                              soft_wrap=True)
+            View("disagreements", (src, dst, Col("proto", "proto"), Col("port", "port"),
+                                   Col("allowed_flows", "allowed_flows"), Col("decision", "decision"),
+                                   Col("decision's reasons", lambda f: "; ".join(f["reasons"])))).table(
+                out["disagreements"])
         if out["by_tenant"]:
             View("by tenant", (Col("tenant", "tenant", kind="id"), Col("opened", "opened"),
                                Col("closed", "closed"))).table(
