@@ -101,7 +101,7 @@ def test_a_log_written_before_verifies_after_the_upgrade_and_grows(backend: str,
         with db.session() as s:
             for data in old:
                 append_document(s.connection(), data)
-        assert migrate(db.engine) == [15, 16, 17]
+        assert migrate(db.engine) == [step.version for step in STEPS if step.version > 14]  # every later step
         with db.read_session() as s:
             rows = list_events(s, limit=1000)
         assert [r.data.encode() for r in rows] == old and {r.actor_tenant for r in rows} == {None}
