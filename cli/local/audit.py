@@ -1,4 +1,4 @@
-"""`trustfabric audit export | verify | public-key`.
+"""`trustfabric audit export | verify | public-key` (`audit download`, the export over the API, is in cli/remote).
 
 `verify` works offline: it opens no database and no key store, only the export file and the public key
 (and, with --since-checkpoint, a checkpoint the auditor kept). Exit codes (cli.output's EXIT_*): 0 proven
@@ -211,8 +211,8 @@ def public_key_cmd(
 def register(app: typer.Typer) -> None:
     from cli.remote import audit as remote_audit
 
-    group = add_group(app, "audit", "Tamper-evident audit log: events, checkpoint, export, verify offline, "
-                      "public key.", None)
+    group = add_group(app, "audit", "Tamper-evident audit log: events, checkpoint, export (on the server host) or "
+                      "download (over the API), verify offline, public key.", None)
     command(group, "export", LOCAL, help=help_of(export_cmd))(export_cmd)
     command(group, "verify", OFFLINE)(verify_cmd)
     command(group, "public-key", LOCAL, output=False)(public_key_cmd)

@@ -260,3 +260,29 @@ def test_the_bytes_come_from_the_api_not_the_data_directory(world: World, tmp_pa
     assert r.returncode == 0 and r.stdout.startswith("exported 2 event(s)"), (r.stdout, r.stderr)
     assert not (tmp_path / "no-home").exists() and _verify(world, out).returncode == 0
     assert io.BytesIO(out.read_bytes()).readline().startswith(b'{"header":')
+
+
+def test_since_a_kept_checkpoint_the_download_carries_the_consistency_proof(world: World, tmp_path: Path) -> None:
+    """The auditor keeps a checkpoint (`audit checkpoint`, over the API too); a later download with
+    --since-checkpoint carries the proof that the log extends it, and `audit verify --since-checkpoint` checks it."""
+    kept = tmp_path / "kept.note"
+    r = world.cli.run("audit", "checkpoint", token=world.admin)
+    assert r.returncode == 0, r.stderr
+    kept.write_text(r.stdout)
+    r = world.cli.run("group", "create", "globex", "db", "--port", "tcp/5432", token=world.admin)
+    assert r.returncode == 0, r.stderr  # the log grows past the kept checkpoint
+    out = tmp_path / "later.jsonl"
+    r = world.cli.run("audit", "download", "--out", str(out), "--tenant", "globex", "--action", "group.create",
+                      "--since-checkpoint", str(kept), token=world.admin)
+    assert r.returncode == 0, r.stderr
+    with out.open("rb") as fh:
+        header = summarize(fh).header
+    assert header["consistency"]["size"] == int(kept.read_text().split("\n")[1])
+    v = run_cli(["audit", "verify", str(out), "--public-key", str(world.key), "--since-checkpoint", str(kept)], {})
+    assert v.returncode == 0 and v.stdout.startswith("OK: 3 event(s)"), (v.stdout, v.stderr)
+    unreadable = tmp_path / "not-utf8.note"
+    unreadable.write_bytes(b"\xff\xfe")
+    r = world.cli.run("audit", "download", "--out", str(tmp_path / "x.jsonl"), "--since-checkpoint", str(unreadable),
+                      token=world.admin, TRUSTFABRIC_SERVER="http://127.0.0.1:9")
+    assert r.returncode == 2 and r.stderr.startswith(f"error: --since-checkpoint {unreadable}: cannot read it"), \
+        r.stderr
