@@ -15,10 +15,10 @@ cli.output.PANELS):
   services.
 - **offline**: needs nothing but files (policy validate/test, audit verify).
 - **remote** (cli/remote/): everything a tenant, a security engineer, an auditor or an admin does from their
-  own machine with an API token (login, tenant, group, workload, grant, token list/show, audit events,
-  fabric, device, enforcer status, whoami) goes through the HTTP API, so the server authorizes it exactly as
-  any other client. Server, CA and token come from flags, the environment or the profile `trustfabric login`
-  keeps (cli/config.py).
+  own machine with an API token (login, tenant, group, workload, grant, token list/show, audit events, audit
+  download -- the files `audit export` writes --, fabric, device, enforcer status, whoami) goes through the HTTP
+  API, so the server authorizes it exactly as any other client. Server, CA and token come from flags, the
+  environment or the profile `trustfabric login` keeps (cli/config.py).
 
 Command modules import only typer and cli's own light modules at import time (the domain, the database,
 the HTTP client and FastAPI load inside the command that needs them), so every command starts fast.

@@ -24,6 +24,7 @@ UntilOpt = typer.Option(None, "--until", parser=WHEN, metavar="TIME", help="ISO 
 
 def check_window(since: datetime | None, until: datetime | None) -> None:
     """--since must come before --until (inclusive, exclusive): a window that can hold nothing is a mistake of the
-    command line, refused with exit 2 before any request, as `audit export` refuses it (audit.export's filter)."""
+    command line, refused with exit 2 before any request or export (`audit events|export|download`, `policy
+    decisions`), in the words of audit.export's filter."""
     if since is not None and until is not None and since >= until:
-        fail(f"--since {since.isoformat()} must be before --until {until.isoformat()}", EXIT_USAGE)
+        fail(f"--since must be before --until ({since.isoformat()} is not before {until.isoformat()})", EXIT_USAGE)

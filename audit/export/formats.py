@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+import io
+from collections.abc import Iterator
+from typing import IO, Any, Literal, get_args
 
 from audit.export import csv, jsonl, ocsf
-from audit.export.records import Format
+from audit.export.records import BOM, MAX_LINE_BYTES, Format, Record
 
 FormatName = Literal["jsonl", "csv", "ocsf"]  # for typed signatures and the API schema
 
@@ -20,3 +22,33 @@ def detect(first_line: bytes) -> Format:
         if fmt.name != "jsonl" and fmt.detects(first_line):
             return fmt
     return FORMATS["jsonl"]
+
+
+def read(stream: IO[bytes]) -> Iterator[Record]:
+    """The records, by the reader of the format the first line names (read, then put back; a byte order
+    mark, which spreadsheets write before a CSV they save, is dropped)."""
+    first = stream.readline(MAX_LINE_BYTES + 1)
+    if first.startswith(BOM):
+        first = first[len(BOM) :]
+    return detect(first).reader(io.BufferedReader(_Prefixed(first, stream), buffer_size=1 << 20))
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream with some already-read bytes put back in front (format detection without seek)."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self._head = head
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._rest.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,12 +62,10 @@ from audit.errors import (
     Unproven,
     VerificationError,
 )
-from audit.export.formats import detect
+from audit.export.formats import read
 from audit.export.records import (
-    BOM,
     EXPORT_FORMAT,
     EXPORT_VERSION,
-    MAX_LINE_BYTES,
     Event,
     Gap,
     Header,
@@ -100,44 +97,11 @@ def verify_export(
         if report is not None:
             return report
         source.seek(start)
-    records = _Peekable(_read(source))  # step 1
+    records = _Peekable(read(source))  # step 1: the format the first line names
     try:
         return _verify_records(records, public_key, since)
     except UnicodeDecodeError as exc:
         raise Malformed(f"the file is not a well-formed export: {exc}") from exc
-
-
-# --- step 1: the format -------------------------------------------------------------------------------
-
-
-def _read(stream: IO[bytes]) -> Iterator[Record]:
-    """The records, by the reader of the format the first line names (read, then put back; a byte order
-    mark, which spreadsheets write before a CSV they save, is dropped)."""
-    first = stream.readline(MAX_LINE_BYTES + 1)
-    if first.startswith(BOM):
-        first = first[len(BOM) :]
-    return detect(first).reader(io.BufferedReader(_Prefixed(first, stream), buffer_size=1 << 20))
-
-
-class _Prefixed(io.RawIOBase):
-    """A stream with some already-read bytes put back in front (format detection without seek)."""
-
-    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
-        self._head = head
-        self._rest = rest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self._head:
-            n = min(len(buffer), len(self._head))
-            buffer[:n] = self._head[:n]
-            self._head = self._head[n:]
-            return n
-        data = self._rest.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
 
 
 class _Peekable:

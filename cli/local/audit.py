@@ -1,4 +1,4 @@
-"""`trustfabric audit export | verify | public-key`.
+"""`trustfabric audit export | verify | public-key` (`audit download`, the export over the API, is in cli/remote).
 
 `verify` works offline: it opens no database and no key store, only the export file and the public key
 (and, with --since-checkpoint, a checkpoint the auditor kept). Exit codes (cli.output's EXIT_*): 0 proven
@@ -12,13 +12,24 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
+from cli.audit_exports import (
+    FormatOpt,
+    OutOpt,
+    SinceCheckpointOpt,
+    WithDecisionsOpt,
+    Written,
+    help_of,
+    read_checkpoint,
+    report,
+    staged,
+    wanted,
+)
 from cli.audit_filters import ActionOpt, ActorOpt, ActorTenantOpt, SinceOpt, TenantOpt, UntilOpt
 from cli.output import (
     EXIT_FAILURE,
@@ -36,8 +47,8 @@ from cli.output import (
     machine_output,
     open_context,
 )
-from cli.params import choice, existing_file, new_file
-from core.errors import InvalidInput, TrustfabricError
+from cli.params import existing_file
+from core.errors import TrustfabricError
 
 if TYPE_CHECKING:
     from workflows.exports import ExportOutcome
@@ -49,106 +60,50 @@ if TYPE_CHECKING:  # imported when a command runs: `trustfabric --help` stays li
 
 
 def export_cmd(
-    out: Path = typer.Option(..., "--out", help="file to write (replaced only when the export succeeds)",
-                             **new_file()),
-    fmt: str = typer.Option("jsonl", "--format", parser=choice("jsonl", "csv", "ocsf"), metavar="jsonl|csv|ocsf"),
+    out: Path = OutOpt, fmt: str = FormatOpt,
     since: datetime | None = SinceOpt, until: datetime | None = UntilOpt, tenant: str | None = TenantOpt,
     action: str | None = ActionOpt, actor: str | None = ActorOpt, actor_tenant: str | None = ActorTenantOpt,
-    with_decisions: bool = typer.Option(
-        False,
-        "--with-decisions",
-        help="also write the policy decision records (same --since/--until/--tenant) to <out>.decisions.jsonl",
-    ),
-    since_checkpoint: Path | None = typer.Option(
-        None, "--since-checkpoint", help="a checkpoint kept earlier: the export carries the consistency proof from it",
-        **existing_file(),
-    ),
+    with_decisions: bool = WithDecisionsOpt, since_checkpoint: Path | None = SinceCheckpointOpt,
 ) -> None:
-    """Export the audit log with its signed checkpoint and everything needed to verify it offline.
-
-    Filters as `audit events` takes them. A --tenant or --action selection is proven complete by `audit verify`;
-    one narrowed by --actor/--actor-tenant is not (nothing counts an actor's events): each event in it is still
-    proven authentic, in its place and that actor's, but `audit verify` says UNPROVEN (exit 3)."""
-    from audit.export import FORMATS, ExportFilter
+    """Export the audit log with its signed checkpoint and everything needed to verify it offline (from the data
+    directory; `audit download` writes the same files over the API)."""
+    from audit.export import ExportFilter
     from cli.output import local_operator
     from workflows.exports import check_filters, export_audit
 
-    if fmt not in FORMATS:
-        fail(f"--format must be one of {', '.join(FORMATS)}", EXIT_USAGE)
-    filters = ExportFilter(since=since, until=until, tenant=tenant, action=action, actor=actor,
-                           actor_tenant=actor_tenant)
+    want = wanted(out, fmt, since=since, until=until, tenant=tenant, action=action, actor=actor,
+                  actor_tenant=actor_tenant, with_decisions=with_decisions, since_checkpoint=since_checkpoint)
+    filters = ExportFilter(**want.selection())
     # a bad filter (--since not before --until, an --action that is none, an --actor that cannot be) is the command
     # line's: usage, and nothing written
     guard(lambda: check_filters(filters, with_decisions=with_decisions), EXIT_USAGE)
-    try:
-        kept_note = _read_checkpoint(since_checkpoint) if since_checkpoint else None
-    except InvalidInput as exc:  # the file given cannot be read: usage, before any work
-        fail(str(exc), EXIT_USAGE)
-    tmp = out.with_name(out.name + ".part")
-    dec_out = out.with_name(out.name + ".decisions.jsonl")
-    dec_tmp = dec_out.with_name(dec_out.name + ".part")
     with open_context() as ctx:
         show = sys.stderr.isatty() and not machine_output()
-        try:
-            with open(tmp, "wb") as fh, (open(dec_tmp, "wb") if with_decisions else nullcontext()) as dec_fh:
-                def run(progress: Callable[[int, int], None] | None) -> ExportOutcome:
-                    return export_audit(
-                        ctx, fh, fmt=fmt, filters=filters, actor=local_operator(),  # the operator who ran it
-                        decisions_out=dec_fh, file_names=(out.name, dec_out.name), progress=progress,
-                        since_checkpoint=kept_note,
-                    )
+        with staged(want) as (fh, dec_fh):
+            def run(progress: Callable[[int, int], None] | None) -> ExportOutcome:
+                return export_audit(
+                    ctx, fh, fmt=fmt, filters=filters, actor=local_operator(),  # the operator who ran it
+                    decisions_out=dec_fh, file_names=(want.out.name, want.decisions.name), progress=progress,
+                    since_checkpoint=want.kept_note,
+                )
 
-                if show:
-                    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+            if show:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-                    with Progress(
-                        "exporting", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err_console,
-                        transient=True,
-                    ) as bar:
-                        task = bar.add_task("export", total=None)
-                        outcome = run(lambda done, total: bar.update(task, completed=done, total=total))
-                else:
-                    outcome = run(None)
-            tmp.replace(out)
-            if with_decisions:
-                dec_tmp.replace(dec_out)
-        finally:
-            tmp.unlink(missing_ok=True)
-            dec_tmp.unlink(missing_ok=True)
+                with Progress(
+                    "exporting", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err_console,
+                    transient=True,
+                ) as bar:
+                    task = bar.add_task("export", total=None)
+                    outcome = run(lambda done, total: bar.update(task, completed=done, total=total))
+            else:
+                outcome = run(None)
     result, decisions = outcome.events, outcome.decisions
-    summary = {
-        "out": str(out),
-        "format": fmt,
-        "events": result.events,
-        "tree_size": result.tree_size,
-        "range": [result.start, result.end],
-        "gaps": result.gaps,
-        "checkpoint": result.checkpoint.note,
-    }
-    if decisions is not None:
-        summary["decisions"] = {"out": str(dec_out), "count": decisions.count, "sha256": decisions.sha256}
-    if machine_output():
-        emit(summary)
-    else:
-        print(
-            f"exported {result.events} event(s) of {result.tree_size} to {out} ({fmt}); checkpoint "
-            f"size {result.tree_size} root {result.checkpoint.root_hash}"
-        )
-        if decisions is not None:
-            print(f"exported {decisions.count} decision record(s) to {dec_out} (sha256 {decisions.sha256})")
-    if filters.actors.given:  # said where it is made, not first at verify time
-        from audit.verify.steps import actor_unproven
-
-        err_console.print(f"note: {actor_unproven(filters.actors)}: `audit verify` says UNPROVEN (exit 3)",
-                          highlight=False, markup=False, soft_wrap=True)
-
-
-def _read_checkpoint(path: Path) -> str:
-    """The text of a checkpoint note the auditor kept; InvalidInput naming the file if unreadable."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"--since-checkpoint {path}: cannot read it ({exc})") from None
+    report(want, Written(
+        events=result.events, tree_size=result.tree_size, start=result.start, end=result.end, gaps=result.gaps,
+        checkpoint=result.checkpoint.note, root_hash=result.checkpoint.root_hash,
+        decisions=(decisions.count, decisions.sha256) if decisions is not None else None,
+    ))
 
 
 def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
@@ -158,7 +113,7 @@ def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
     from audit.note import verify_checkpoint
 
     try:
-        return verify_checkpoint(_read_checkpoint(path), key)
+        return verify_checkpoint(read_checkpoint(path), key)
     except CheckpointError as exc:
         raise CheckpointError(f"--since-checkpoint {path}: {exc}") from None
 
@@ -256,9 +211,9 @@ def public_key_cmd(
 def register(app: typer.Typer) -> None:
     from cli.remote import audit as remote_audit
 
-    group = add_group(app, "audit", "Tamper-evident audit log: events, checkpoint, export, verify offline, "
-                      "public key.", None)
-    command(group, "export", LOCAL)(export_cmd)
+    group = add_group(app, "audit", "Tamper-evident audit log: events, checkpoint, export (on the server host) or "
+                      "download (over the API), verify offline, public key.", None)
+    command(group, "export", LOCAL, help=help_of(export_cmd))(export_cmd)
     command(group, "verify", OFFLINE)(verify_cmd)
     command(group, "public-key", LOCAL, output=False)(public_key_cmd)
     remote_audit.register(group)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -75,34 +76,57 @@ class Client:
             key=key or prof.key,
         )
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
         """A connection to the server; TLS verified against `ca_file` (else the system's roots), with the
         client certificate when one is configured. OSError for unreadable TLS material."""
         parts = urlsplit(self.server)
+        wait = timeout or self.timeout
         if parts.scheme == "https":
             import ssl
 
             ctx = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else ssl.create_default_context()
             if self.cert and self.key:
                 ctx.load_cert_chain(self.cert, self.key)
-            return http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=self.timeout, context=ctx)
-        return http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout)
+            return http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=wait, context=ctx)
+        return http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=wait)
+
+    def _headers(self, accept: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        h = {"Accept": accept, "User-Agent": "trustfabric-cli", **(extra or {})}
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        return h
+
+    def _target(self, path: str, params: dict[str, Any] | None = None) -> str:
+        # a list is a repeated parameter (`ports=22&ports=443`), as FastAPI reads a list query
+        query = urlencode([(k, _param(x)) for k, v in (params or {}).items() if v is not None
+                           for x in (v if isinstance(v, list | tuple) else [v])])
+        return urlsplit(self.server).path.rstrip("/") + path + (f"?{query}" if query else "")
+
+    def _refused(self, method: str, target: str, status: int, raw: bytes) -> ApiError:
+        """The error an answer of HTTP `status` >= 400 stands for: the API's reason, never another server's page."""
+        try:
+            answer = json.loads(raw) if raw else None
+        except ValueError:
+            answer = None
+        reason = answer.get("reason") if isinstance(answer, dict) else None
+        if not reason:  # not the API's error shape (a proxy's or another server's page): never its HTML
+            return ApiError(f"{self.server} answered {method} {target} with HTTP {status} and no error reason: "
+                            "is it the trustfabric API's URL?", status, answer)
+        if status == 404 and isinstance(answer, dict) and answer.get("error") == "http_error":  # no route
+            return ApiError(f"{self.server} has no route {method} {target} (HTTP 404): is it the trustfabric "
+                            "API's base URL?", status, answer)
+        return ApiError(f"{reason} (HTTP {status})", status, answer)
 
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
                 headers: dict[str, str] | None = None, retries: int = 2) -> Any:
         """The decoded JSON answer, or ApiError with the server's reason. Connection failures are retried
         (POSTs carry an Idempotency-Key when the caller gives one, so a retry is safe)."""
-        h = {"Accept": "application/json", "User-Agent": "trustfabric-cli", **(headers or {})}
-        if self.token:
-            h["Authorization"] = f"Bearer {self.token}"
+        h = self._headers("application/json", headers)
         body: bytes | None = None
         if json_body is not None:
             body = json.dumps(json_body).encode()
             h["Content-Type"] = "application/json"
-        # a list is a repeated parameter (`ports=22&ports=443`), as FastAPI reads a list query
-        query = urlencode([(k, _param(x)) for k, v in (params or {}).items() if v is not None
-                           for x in (v if isinstance(v, list | tuple) else [v])])
-        target = urlsplit(self.server).path.rstrip("/") + path + (f"?{query}" if query else "")
+        target = self._target(path, params)
         status: int | None = None
         raw = b""
         error: Exception | None = None
@@ -124,20 +148,48 @@ class Client:
                 conn.close()
         if status is None:
             raise ApiError(f"cannot reach {self.server}: {error}")
-        try:
-            answer = json.loads(raw) if raw else None
-        except ValueError:
-            answer = None
         if status >= 400:
-            reason = answer.get("reason") if isinstance(answer, dict) else None
-            if not reason:  # not the API's error shape (a proxy's or another server's page): never its HTML
-                raise ApiError(f"{self.server} answered {method} {target} with HTTP {status} and no error reason: "
-                               "is it the trustfabric API's URL?", status, answer)
-            if status == 404 and isinstance(answer, dict) and answer.get("error") == "http_error":  # no route
-                raise ApiError(f"{self.server} has no route {method} {target} (HTTP 404): is it the trustfabric "
-                               "API's base URL?", status, answer)
-            raise ApiError(f"{reason} (HTTP {status})", status, answer)
-        return answer
+            raise self._refused(method, target, status, raw)
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return None
+
+    def download(self, path: str, body: Any, receive: Callable[[str], Callable[[bytes], None]], *,
+                 timeout: float = 600.0, chunk: int = 1 << 16) -> None:
+        """POST `body` and hand a successful answer's body, piece by piece as it arrives (constant memory: an
+        export may be larger than memory), to the sink `receive(its Content-Type)` returns. ApiError for an
+        error answer (as `request`), for a server that cannot be reached, and for an answer cut short (the
+        connection lost, or fewer bytes than announced): the caller then discards what it received. Never
+        retried: the server records each export it answers. `timeout` bounds each wait, the first byte's too,
+        which comes only once the server has written the whole export."""
+        h = self._headers("*/*", {"Content-Type": "application/json"})
+        target = self._target(path)
+        try:
+            conn = self._connection(timeout)
+        except OSError as exc:  # unreadable CA / client certificate files, bad TLS material
+            raise ApiError(f"cannot set up the connection to {self.server}: {exc}") from None
+        try:
+            try:
+                conn.request("POST", target, body=json.dumps(body).encode(), headers=h)
+                response = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                raise ApiError(f"cannot reach {self.server}: {exc}") from None
+            if response.status >= 400:
+                raise self._refused("POST", target, response.status, _read_all(response))
+            sink = receive(response.getheader("Content-Type") or "")
+            while True:
+                try:
+                    piece = response.read(chunk)
+                    if not piece and response.length:  # a sized body ended early: http.client says nothing
+                        raise http.client.IncompleteRead(b"", response.length)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise ApiError(f"the answer from {self.server} was cut short ({type(exc).__name__})") from None
+                if not piece:
+                    return
+                sink(piece)  # its own errors (a full disk) are its own, not the server's
+        finally:
+            conn.close()
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params)
@@ -156,6 +208,14 @@ class Client:
             cursor = page.get("next_cursor")
             if not cursor:
                 return items
+
+
+def _read_all(response: http.client.HTTPResponse) -> bytes:
+    """An error answer's body (small: the API's JSON reason), or nothing if it cannot be read through."""
+    try:
+        return response.read(1 << 20)
+    except (OSError, http.client.HTTPException):
+        return b""
 
 
 def _param(value: Any) -> str:

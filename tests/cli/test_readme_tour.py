@@ -163,7 +163,8 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
     assert "= version 1's content, pinned" in out and "ok: the published rule sets do what the active policy" in out
     assert re.search(r"^PASS: (\d+)/\1$", out, re.MULTILINE) and "coverage:" in out
     assert "version 2 uploaded" in out and "version 2 (" in out and "is active" in out
-    assert out.count("OK: ") == 2  # both exports verified offline
+    assert out.count("OK: ") == 3  # the host's two exports and the auditor's download verified offline
+    assert "selection: tenant acme" in out.rsplit("OK: ", 1)[1]  # the download's, of the filter it was asked
     assert (tmp_path / ".config" / "trustfabric" / "config.yaml").stat().st_mode & 0o077 == 0
     assert "\n— " in (tmp_path / "kept.note").read_text()  # the signed checkpoint note, kept
 
