@@ -59,7 +59,8 @@ def _up_state(home: Path) -> dict[str, Any]:
 
 
 def apply(home: Path, fabric_file: Path | None = None) -> dict[str, Any]:
-    """Compile the (edited) file again and apply the devices whose rule set changed."""
+    """Compile the (edited) file again and apply the devices whose rule set changed or that drifted (their
+    installed rules changed by hand: `repaired`, each with its differences)."""
     st = _up_state(home)  # no lab: said first, before a tool `lab up` would need anyway
     build.require_root()
     if st["mode"] != "standalone":
@@ -67,10 +68,12 @@ def apply(home: Path, fabric_file: Path | None = None) -> dict[str, Any]:
     source = str(Path(fabric_file).resolve()) if fabric_file else st["file"]
     fabric, compiled, _ = standalone.compile_file(Path(source))
     _same_topology(st, fabric)
-    changed = standalone.apply(st, fabric, compiled, only_changed=True)
+    # a device changed by hand since (drift) is applied again even when its rule set did not change
+    drift = standalone.drifted(st, fabric, sorted(compiled.devices))
+    changed = standalone.apply(st, fabric, compiled, only_changed=True, also=drift)
     st["file"] = source
     state.save(home, st)
-    return {"lab": st["lab"], "file": source, "applied": changed,
+    return {"lab": st["lab"], "file": source, "applied": changed, "repaired": drift,
             "unchanged": sorted(set(compiled.devices) - set(changed))}
 
 

@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
     @command(lab, "apply", LOCAL)
     def apply_cmd(fabric_file: Path = typer.Argument(None, help="default: the file the lab was built from",
                                                      **existing_file())) -> None:
-        """Compile the (edited) fabric file again and apply only the devices whose rule set changed."""
+        """Compile the (edited) fabric file again and apply the devices whose rule set changed, or that drifted."""
         from lab import operations
 
         report = guard(lambda: operations.apply(_home(), fabric_file))
@@ -99,6 +99,9 @@ def register(app: typer.Typer) -> None:
             return
         changed = ", ".join(report["applied"]) or "none"
         console.print(f"applied: {changed} ({len(report['unchanged'])} unchanged)", highlight=False, soft_wrap=True)
+        for device, diff in report["repaired"].items():
+            console.print(f"repaired drift on {device}: {len(diff)} difference(s), e.g. {diff[0]}",
+                          highlight=False, soft_wrap=True)
 
     @command(lab, "probe", LOCAL)
     def probe_cmd(src: str = typer.Argument(..., help="tenant/group/name"),
