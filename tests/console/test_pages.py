@@ -260,3 +260,17 @@ def test_an_error_in_a_fragment_is_a_fragment(console_env: Env) -> None:
     assert "<header" not in r.text and "<html" not in r.text and "Sign out" not in r.text, r.text
     r = client.get("/console/policy/versions/1/impact")  # the same without htmx: a whole page
     assert r.status_code == 403 and "<header" in r.text and "may not policy.impact" in r.text
+
+
+def test_a_revoked_grant_page_does_not_show_its_expiry_as_to_come(console_env: Env) -> None:
+    """A revoked grant's page said 'Expires <time> (in 1h 59m)' (found in the review as a tenant): it now says it
+    was to expire then, and was revoked before."""
+    env = console_env
+    made = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={
+        "src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [8443],
+        "ttl_seconds": 7200, "justification": "revoked early"}).json()
+    assert env.call("POST", f"/v1/grants/{made['id']}/approve", "tenant-admin", "globex", json={}).status_code == 200
+    revoked = env.call("POST", f"/v1/grants/{made['id']}/revoke", "tenant-admin", "globex", json={"reason": "done"})
+    assert revoked.status_code == 200 and revoked.json()["state"] == "revoked", revoked.text
+    page = sign_in(env, "tenant-admin", "acme").get(f"/console/grants/{made['id']}").text
+    assert "<dt>Expires</dt>" not in page and "<dt>Was to expire</dt>" in page and "(revoked before)" in page, page
