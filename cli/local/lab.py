@@ -32,6 +32,9 @@ def _print_probe(out: dict[str, Any], src: str, dst: str, port: int) -> None:
         console.print(f"  enforcer (applied rule sets): {word}: {enf['detail']} -- "
                       f"{'agrees' if out['agrees'] else 'DISAGREES'} with the wire", highlight=False,
                       soft_wrap=True)
+    if out.get("stale"):
+        console.print(f"  stale: {'; '.join(out['stale'])}: `trustfabric lab apply` applies what the file says now",
+                      highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
