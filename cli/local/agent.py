@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from cli.output import EXIT_USAGE, NODE, command, fail
+from cli.output import EXIT_USAGE, NODE, check_listen_address, command, fail
 from cli.params import (
     BRIDGE,
     DEVICE_URL,
@@ -102,6 +102,9 @@ def register(app: typer.Typer) -> None:
                 fail(f"--join-token-file {join_token_file}: not UTF-8 text", code=EXIT_USAGE)
             except typer.BadParameter as exc:
                 fail(f"--join-token-file {join_token_file}: {exc}", code=EXIT_USAGE)
+        if metrics:  # before anything starts (and a join token is spent): one line naming the address
+            host, _, port = metrics.rpartition(":")
+            check_listen_address(host or "127.0.0.1", int(port))
         home = data_dir or Path(".trustfabric-agent") / node
         logging.getLogger("trustfabric.agent").setLevel(logging.INFO)
         try:
