@@ -274,3 +274,15 @@ def test_a_revoked_grant_page_does_not_show_its_expiry_as_to_come(console_env: E
     assert revoked.status_code == 200 and revoked.json()["state"] == "revoked", revoked.text
     page = sign_in(env, "tenant-admin", "acme").get(f"/console/grants/{made['id']}").text
     assert "<dt>Expires</dt>" not in page and "<dt>Was to expire</dt>" in page and "(revoked before)" in page, page
+
+
+def test_an_export_with_from_after_until_names_the_fields_not_cli_options(console_env: Env) -> None:
+    """The export page answered 'export --since must be before --until': options of a command line the console's
+    user never typed (review). The message names the filters by their fields."""
+    client = sign_in(console_env, "auditor")
+    csrf = csrf_of(client, "/console/audit/export")
+    r = client.post("/console/audit/export", data={"csrf": csrf, "format": "jsonl", "since": "2026-12-02T09:00",
+                                                   "until": "2026-12-02T08:00"})
+    assert r.status_code == 400 and 'role="alert"' in r.text, r.text
+    alert = re.search(r'role="alert">([^<]*)<', r.text)
+    assert alert and "since must be before until" in alert.group(1) and "--" not in alert.group(1), r.text
