@@ -286,3 +286,14 @@ def test_an_export_with_from_after_until_names_the_fields_not_cli_options(consol
     assert r.status_code == 400 and 'role="alert"' in r.text, r.text
     alert = re.search(r'role="alert">([^<]*)<', r.text)
     assert alert and "since must be before until" in alert.group(1) and "--" not in alert.group(1), r.text
+
+
+def test_a_decisions_tenant_that_is_no_slug_is_refused_not_an_empty_log(console_env: Env) -> None:
+    """`/v1/policy/decisions?tenant=Acme` answered 200 [] (the console's decision log: an empty table, as if acme had
+    no decisions) where `/v1/audit/events` refuses a tenant that is no slug (review)."""
+    env = console_env
+    r = env.call("GET", "/v1/policy/decisions", "auditor", params={"tenant": "Acme"})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
+    assert env.call("GET", "/v1/policy/decisions", "auditor", params={"tenant": "acme"}).status_code == 200
+    page = sign_in(env, "auditor").get("/console/decisions", params={"tenant": "<b>Acme</b>"})
+    assert page.status_code in (400, 422) and 'role="alert"' in page.text and "<b>Acme" not in page.text, page.text
