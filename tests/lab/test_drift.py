@@ -9,9 +9,10 @@ from pathlib import Path
 
 from enforcer.netns import run_in
 from enforcer.ovsd import OvsDaemons
-from lab import operations, standalone
+from lab import build, operations, standalone, state
 from lab.probe import probe
-from tests.lab.conftest import LAB, OPEN, GoldenLab
+from tests.enforcer.helpers import SMALL
+from tests.lab.conftest import LAB, OPEN, require_lab
 
 pytestmark = LAB
 
@@ -20,10 +21,28 @@ def _nft(netns: str, *args: str) -> str:
     return run_in(netns, lambda: subprocess.run(["nft", *args], capture_output=True, text=True, check=True).stdout)
 
 
-def test_lab_apply_repairs_a_flow_and_a_rule_changed_by_hand(golden_lab: GoldenLab) -> None:
-    lab = golden_lab
-    nic, leaf = lab.st["devices"]["nic:gpu1"], lab.st["devices"]["leaf:leaf1"]
+class _Lab:
+    """The lab's state and fabric, read again after each apply."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.reload()
+
+    def reload(self) -> None:
+        loaded = state.load(self.home)
+        assert loaded is not None
+        self.st = loaded
+        self.fabric = standalone.compile_file(Path(loaded["file"]))[0]
+
+
+def test_lab_apply_repairs_a_flow_and_a_rule_changed_by_hand(tmp_path: Path) -> None:
+    require_lab()
+    home, file = tmp_path / "home", tmp_path / "fabric.yaml"
+    file.write_text(SMALL.read_text())
     try:
+        operations.up(home, file)
+        lab = _Lab(home)
+        nic, leaf = lab.st["devices"]["nic:gpu1"], lab.st["devices"]["leaf:leaf1"]
         # the grant's allow flow on gpu1's SuperNIC, deleted by hand: the wire blocks what the policy allows
         daemons = OvsDaemons(Path(nic["ovs_rundir"]))
         daemons.run("ovs-ofctl", "-O", "OpenFlow13", "del-flows", daemons.mgmt(nic["bridge"]),
@@ -44,4 +63,4 @@ def test_lab_apply_repairs_a_flow_and_a_rule_changed_by_hand(golden_lab: GoldenL
         assert standalone.drifted(lab.st, lab.fabric, sorted(lab.st["devices"])) == {}
         assert operations.apply(lab.home)["applied"] == []  # nothing drifted, nothing changed: nothing applied
     finally:
-        lab.restore()
+        build.teardown(home)
