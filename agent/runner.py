@@ -137,13 +137,14 @@ class Agent:
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> Agent:
+        # the devices first: a wrong --lab or --ovs-bridge stops the agent before a join token is spent on it
+        wirings = lab_devices(self.config.lab_home, self.config.node) if self.config.lab_home is not None \
+            else node_devices(self.config.node, self.config.ovs, self.config.nvue)
         self.ensure_identity()
         try:
             self.api.refresh_bundle()
         except (Unreachable, Refused) as exc:  # the stored bundle (or --ca) serves until the server answers
             log.warning("trust bundle not refreshed: %s", exc)
-        wirings = lab_devices(self.config.lab_home, self.config.node) if self.config.lab_home is not None \
-            else node_devices(self.config.node, self.config.ovs, self.config.nvue)
         for wiring in wirings:
             loop = DeviceLoop(wiring, self.api, self.metrics, self.stop_event, self.config.loop)
             self.loops.append(loop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,8 @@ def _up_state(home: Path) -> dict[str, Any]:
 
 
 def apply(home: Path, fabric_file: Path | None = None) -> dict[str, Any]:
-    """Compile the (edited) file again and apply the devices whose rule set changed."""
+    """Compile the (edited) file again and apply the devices whose rule set changed or that drifted (their
+    installed rules changed by hand: `repaired`, each with its differences)."""
     st = _up_state(home)  # no lab: said first, before a tool `lab up` would need anyway
     build.require_root()
     if st["mode"] != "standalone":
@@ -67,10 +69,12 @@ def apply(home: Path, fabric_file: Path | None = None) -> dict[str, Any]:
     source = str(Path(fabric_file).resolve()) if fabric_file else st["file"]
     fabric, compiled, _ = standalone.compile_file(Path(source))
     _same_topology(st, fabric)
-    changed = standalone.apply(st, fabric, compiled, only_changed=True)
+    # a device changed by hand since (drift) is applied again even when its rule set did not change
+    drift = standalone.drifted(st, fabric, sorted(compiled.devices))
+    changed = standalone.apply(st, fabric, compiled, only_changed=True, also=drift)
     st["file"] = source
     state.save(home, st)
-    return {"lab": st["lab"], "file": source, "applied": changed,
+    return {"lab": st["lab"], "file": source, "applied": changed, "repaired": drift,
             "unchanged": sorted(set(compiled.devices) - set(changed))}
 
 
@@ -86,4 +90,25 @@ def probe(home: Path, src: str, dst: str, port: int, family: int = 4,
     build.require_root()
     fabric = load_fabric_file(Path(st["file"]))
     _same_topology(st, fabric)
-    return probing.probe(st, standalone.installed(st, fabric), src, dst, port, family, timeout)
+    result = probing.probe(st, standalone.installed(st, fabric), src, dst, port, family, timeout)
+    if st["mode"] == "standalone":
+        result.stale = stale(st)
+    return result
+
+
+def stale(st: dict[str, Any], now: datetime | None = None) -> list[str]:
+    """Why the applied rule sets are no longer what the file says now (no reconciler runs in standalone mode:
+    a grant's expiry takes effect at the next `lab apply`): each grant the devices still allow that has expired,
+    or, when the file changed otherwise, the devices that differ. Empty: in step."""
+    at = now or datetime.now(UTC)
+    fabric, compiled, _ = standalone.compile_file(Path(st["file"]), at)
+    applied = st.get("applied", {})
+    devices = sorted(d for d, rs in compiled.devices.items()
+                     if d in applied and applied[d].get("hash") != rs.content_hash)
+    if not devices:
+        return []
+    reasons = {r for d in devices for rule in applied[d]["rules"].get("rules", ()) for r in rule.get("reasons", ())}
+    expired = [f"grant {g.id} expired at {g.expires_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+               for g in sorted(fabric.grants, key=lambda g: g.id)
+               if g.expires_at <= at and f"grant:{g.id}" in reasons]
+    return expired or [f"the file changed since the last apply ({', '.join(devices)})"]

@@ -138,6 +138,7 @@ class ProbeResult:
     enforcer_detail: str
     decided_by: list[str] = field(default_factory=list)
     moved: list[dict[str, Any]] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)  # why the applied rule sets lag the file (see operations.stale)
 
     @property
     def agrees(self) -> bool | None:
@@ -148,7 +149,7 @@ class ProbeResult:
                 "result": "OPEN" if self.open else "BLOCKED", "seconds": round(self.seconds, 4),
                 "decided_by": self.decided_by, "counters_moved": self.moved,
                 "enforcer": {"allows": self.enforcer_allows, "detail": self.enforcer_detail},
-                "agrees": self.agrees}
+                "agrees": self.agrees, "stale": self.stale}
 
 
 Snapshot = dict[tuple[str, str, tuple[str, ...], str], int]

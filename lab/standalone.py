@@ -3,11 +3,13 @@
 Policy data from the file (`enforcer.fabric.policy_data`), the allowed flows from the shipped `rego/`
 through the embedded engine (grant expiry judged now), `enforcer.compiler.compile_fabric`, then each
 device through its backend (OVS for SuperNICs, Linux for leaves), in parallel. `lab apply` compiles the
-edited file again and applies only the devices whose rule set hash differs from the one applied.
+edited file again and applies only the devices whose rule set hash differs from the one applied, or whose
+device no longer runs what was applied (drift: a flow or rule changed by hand), as an agent repairs it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -69,12 +71,28 @@ def backend(st: dict[str, Any], device: str, fabric: Fabric) -> LabBackend:
     return LinuxBackend(d["netns"], fabric, LeafWiring.from_dict(d["wiring"]))
 
 
-def apply(st: dict[str, Any], fabric: Fabric, compiled: Compiled, only_changed: bool) -> list[str]:
-    """Apply the compiled rule sets (all, or those whose hash differs from the applied one), in parallel;
-    record what was applied in `st`. The devices applied, sorted."""
+def drifted(st: dict[str, Any], fabric: Fabric, devices: list[str]) -> dict[str, list[str]]:
+    """The devices among `devices` whose installed rules differ from the rule set recorded as applied, with
+    the differences (read back from each device, in parallel)."""
+    applied: dict[str, Any] = st.get("applied", {})
+    todo = sorted(d for d in devices if d in applied and d in st["devices"])
+
+    def one(device: str) -> list[str]:
+        return backend(st, device, fabric).drift(DeviceRuleSet.from_dict(applied[device]["rules"]))
+
+    diffs = netops.parallel([partial(one, d) for d in todo])
+    return {d: diff for d, diff in zip(todo, diffs, strict=True) if diff}
+
+
+def apply(st: dict[str, Any], fabric: Fabric, compiled: Compiled, only_changed: bool,
+          also: Iterable[str] = ()) -> list[str]:
+    """Apply the compiled rule sets (all, or those whose hash differs from the applied one, and the devices
+    in `also`: drifted ones), in parallel; record what was applied in `st`. The devices applied, sorted."""
     applied: dict[str, Any] = st.setdefault("applied", {})
+    forced = set(also)
     todo = sorted(d for d, rs in compiled.devices.items()
-                  if d in st["devices"] and not (only_changed and applied.get(d, {}).get("hash") == rs.content_hash))
+                  if d in st["devices"] and (not only_changed or d in forced
+                                             or applied.get(d, {}).get("hash") != rs.content_hash))
 
     def one(device: str) -> str:
         return backend(st, device, fabric).apply(compiled.devices[device])

@@ -124,12 +124,42 @@ async def _raw_body(request: Request, max_bytes: int) -> bytes:
     return raw
 
 
+MAX_DEPTH = 127  # arrays/objects inside one another: the embedded engine's JSON reader stops at 128 levels
+
+
+def _depth(value: Any) -> int:
+    """How many arrays/objects are nested in `value` (a scalar: 0), counted without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            level += 1
+            deepest = max(deepest, level)
+            if level > MAX_DEPTH:
+                break
+            stack.extend((child, level) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _too_deep(what: str) -> InvalidInput:
+    return InvalidInput(f"{what} contains malformed input document: nested deeper than {MAX_DEPTH} levels")
+
+
 def _parse(raw: bytes | str, content_type: str, what: str) -> Any:
     """JSON, or YAML when the content type names it (OPA accepts both for input documents)."""
     try:
         return yaml.safe_load(raw) if "yaml" in content_type else json.loads(raw)
+    except RecursionError:  # Python's parsers recurse: ~1,000 levels end here, not in a 500
+        raise _too_deep(what) from None
     except (ValueError, yaml.YAMLError) as exc:
         raise InvalidInput(f"{what} contains malformed input document: {exc}") from exc
+
+
+def _checked_input(value: Any, what: str) -> Any:
+    """The input, refused (400) when nested deeper than the engine reads, rather than failing its evaluation (500)."""
+    if _depth(value) > MAX_DEPTH:
+        raise _too_deep(what)
+    return value
 
 
 async def _json_body(request: Request, max_bytes: int) -> Any:
@@ -266,7 +296,7 @@ def create_pdp_app(
     @v1.get("/v1/data/{path:path}")
     async def get_data(request: Request, path: str = "") -> Response:
         inputs = request.query_params.getlist("input")
-        input = _parse(inputs[-1], "application/json", "parameter") if inputs else None
+        input = _checked_input(_parse(inputs[-1], "application/json", "parameter"), "parameter") if inputs else None
         return _value(request, path, input)
 
     @v1.post("/v1/data")
@@ -275,13 +305,13 @@ def create_pdp_app(
         body = await _json_body(request, max_body_bytes)
         if body is not None and not isinstance(body, dict):
             raise InvalidInput('body contains malformed input document: expected {"input": ...}')
-        input = body.get("input") if body is not None else None
+        input = _checked_input(body.get("input"), "body") if body is not None else None
         return _value(request, path, input, named_input=input is not None)
 
     @v1.post("/")
     async def default_decision(request: Request) -> Response:
         """OPA's `POST /`: the body is the input, the answer the bare value of data.system.main."""
-        input = await _json_body(request, max_body_bytes)
+        input = _checked_input(await _json_body(request, max_body_bytes), "body")
         value = eng.evaluate(DEFAULT_DECISION, input)
         if value is None:
             return _error(404, "undefined_document", f"document missing: {DEFAULT_DECISION}")
@@ -340,7 +370,7 @@ def create_pdp_app(
         body = await _json_body(request, max_body_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("query"), str):
             raise InvalidInput('body must be {"query": "...", "input": ...}')
-        return _rows(request, body["query"], body.get("input"))
+        return _rows(request, body["query"], _checked_input(body.get("input"), "body"))
 
     app.include_router(v1)
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)  # only when the client accepts gzip

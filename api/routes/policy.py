@@ -18,6 +18,7 @@ from api.handoff import HandedOffRoute
 from api.metrics import DECISIONS, EVALUATION, timed
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
+from core.vocabulary import SLUG_PATTERN
 from policy import service
 from policy.decide import FlowDecision, parse_identity
 from policy.decisionlog import DecisionLog, query_decisions
@@ -187,7 +188,8 @@ def explain(
 def decisions(
     request: Request, ctx: CtxDep, principal: PrincipalDep,
     kind: Annotated[Literal["flow", "grant", "authz"] | None, Query()] = None,
-    tenant: Annotated[str | None, Query(max_length=63)] = None,
+    # a slug, as /v1/audit/events takes it: 'Acme' was answered with no records, as if acme had none
+    tenant: Annotated[str | None, Query(min_length=1, max_length=63, pattern=SLUG_PATTERN)] = None,
     allowed: Annotated[bool | None, Query()] = None,
     since: Annotated[datetime | None, Query(description="inclusive, with a timezone")] = None,
     until: Annotated[datetime | None, Query(description="exclusive, with a timezone")] = None,

@@ -77,16 +77,17 @@ class ExportFilter:
     actor_tenant: str | None = None
 
     def check(self) -> None:
-        """InvalidAuditEvent naming the bad filter; nothing is written for a bad filter."""
+        """InvalidAuditEvent naming the bad filter by its field (the API's and the console's callers see it, not only
+        the CLI's: no `--option` names); nothing is written for a bad filter."""
         for name, value in (("since", self.since), ("until", self.until)):
             if value is not None and value.tzinfo is None:
-                raise InvalidAuditEvent(f"export --{name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
+                raise InvalidAuditEvent(f"export: {name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
         if self.since and self.until and self.since >= self.until:
-            raise InvalidAuditEvent("export --since must be before --until")
+            raise InvalidAuditEvent("export: since must be before until")
         if self.tenant is not None and not is_slug(self.tenant):
-            raise InvalidAuditEvent(f"export --tenant {self.tenant!r} is not a DNS-label slug")
+            raise InvalidAuditEvent(f"export: tenant {self.tenant!r} is not a DNS-label slug")
         if self.action is not None and not ACTION_RE.fullmatch(self.action):
-            raise InvalidAuditEvent(f"export --action {self.action!r} is not an action like 'svid.issue'")
+            raise InvalidAuditEvent(f"export: action {self.action!r} is not an action like 'svid.issue'")
         if self.actors.given and (problem := self.actors.problem()) is not None:
             raise InvalidAuditEvent(f"export: {problem}")
 

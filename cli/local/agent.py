@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from cli.output import EXIT_USAGE, NODE, command, fail
+from cli.output import EXIT_USAGE, NODE, check_listen_address, command, fail
 from cli.params import (
     BRIDGE,
     DEVICE_URL,
@@ -73,6 +73,7 @@ def register(app: typer.Typer) -> None:
         import logging
         import signal
 
+        from agent.identity import BUNDLE_FILE
         from agent.runner import Agent, AgentConfig
         from agent.wiring import SYSTEM_OVS_RUNDIR, NvueLeaf, OvsNode
         from core.errors import TrustfabricError
@@ -102,7 +103,12 @@ def register(app: typer.Typer) -> None:
                 fail(f"--join-token-file {join_token_file}: not UTF-8 text", code=EXIT_USAGE)
             except typer.BadParameter as exc:
                 fail(f"--join-token-file {join_token_file}: {exc}", code=EXIT_USAGE)
+        if metrics:  # before anything starts (and a join token is spent): one line naming the address
+            host, _, port = metrics.rpartition(":")
+            check_listen_address(host or "127.0.0.1", int(port))
         home = data_dir or Path(".trustfabric-agent") / node
+        if not (home / BUNDLE_FILE).exists():  # with a stored bundle, an unusable --ca is only a fallback
+            _check_ca(ca)
         logging.getLogger("trustfabric.agent").setLevel(logging.INFO)
         try:
             agent = Agent(AgentConfig(node=node, server=server, ca_file=ca, data_dir=home, join_token=token,
@@ -120,3 +126,17 @@ def register(app: typer.Typer) -> None:
             pass
         finally:
             agent.stop()
+
+
+def _check_ca(ca: Path) -> None:
+    """One line and exit 1 when --ca holds no PEM certificate, before the data directory and key are made: it
+    surfaced at the first request as `https://HOST:PORT: SSLError: no start line: cadata does not contain a
+    certificate`, naming the server rather than the file."""
+    import ssl
+
+    try:
+        ssl.create_default_context(cafile=str(ca))
+    except (ssl.SSLError, ValueError):
+        fail(f"--ca {ca}: no PEM certificate in it (`trustfabric bundle show --pem` writes the trust domain's roots)")
+    except OSError as exc:
+        fail(f"--ca {ca}: {exc.strerror or exc}")

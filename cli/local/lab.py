@@ -32,6 +32,9 @@ def _print_probe(out: dict[str, Any], src: str, dst: str, port: int) -> None:
         console.print(f"  enforcer (applied rule sets): {word}: {enf['detail']} -- "
                       f"{'agrees' if out['agrees'] else 'DISAGREES'} with the wire", highlight=False,
                       soft_wrap=True)
+    if out.get("stale"):
+        console.print(f"  stale: {'; '.join(out['stale'])}: `trustfabric lab apply` applies what the file says now",
+                      highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -90,7 +93,7 @@ def register(app: typer.Typer) -> None:
     @command(lab, "apply", LOCAL)
     def apply_cmd(fabric_file: Path = typer.Argument(None, help="default: the file the lab was built from",
                                                      **existing_file())) -> None:
-        """Compile the (edited) fabric file again and apply only the devices whose rule set changed."""
+        """Compile the (edited) fabric file again and apply the devices whose rule set changed, or that drifted."""
         from lab import operations
 
         report = guard(lambda: operations.apply(_home(), fabric_file))
@@ -99,6 +102,9 @@ def register(app: typer.Typer) -> None:
             return
         changed = ", ".join(report["applied"]) or "none"
         console.print(f"applied: {changed} ({len(report['unchanged'])} unchanged)", highlight=False, soft_wrap=True)
+        for device, diff in report["repaired"].items():
+            console.print(f"repaired drift on {device}: {len(diff)} difference(s), e.g. {diff[0]}",
+                          highlight=False, soft_wrap=True)
 
     @command(lab, "probe", LOCAL)
     def probe_cmd(src: str = typer.Argument(..., help="tenant/group/name"),

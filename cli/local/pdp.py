@@ -52,6 +52,8 @@ def register(app: typer.Typer) -> None:
             fail("set TRUSTFABRIC_PDP_TOKEN to serve beyond loopback", EXIT_USAGE)
         if (tls_cert is None) != (tls_key is None):
             fail("--tls-cert and --tls-key go together", EXIT_USAGE)
+        if tls_cert is not None and tls_key is not None:
+            _check_tls_files(tls_cert, tls_key)
         check_listen_address(host, port)
         engine = guard(lambda: make_engine(settings.engines(), "pdp"))
         sync: PdpSync | None = None
@@ -87,3 +89,23 @@ def register(app: typer.Typer) -> None:
                 sync.stop()
             if ctx_cm is not None:
                 ctx_cm.__exit__(None, None, None)
+
+
+def _check_tls_files(cert: Path, key: Path) -> None:
+    """One line and exit 1 when the certificate and key cannot serve TLS, before anything starts: uvicorn found out
+    only after `pdp serving https://...` was printed, and said `SSLError: [SSL] PEM lib (_ssl.c:3926)`."""
+    import ssl
+
+    def no_passphrase() -> str:
+        raise ValueError("the key is encrypted (give it unencrypted, readable by this user only)")
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(cert), str(key), no_passphrase)
+    except ValueError as exc:
+        fail(f"--tls-key {key}: {exc}")
+    except ssl.SSLError as exc:
+        why = "the key does not match the certificate" if exc.reason == "KEY_VALUES_MISMATCH" else \
+            "not a PEM certificate and its private key"
+        fail(f"--tls-cert {cert} / --tls-key {key}: {why}")
+    except OSError as exc:
+        fail(f"--tls-cert {cert} / --tls-key {key}: {exc.strerror or exc}")

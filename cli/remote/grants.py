@@ -120,8 +120,10 @@ def show_grant(g: dict[str, Any]) -> None:
     if g["state"] == "pending":
         lines.append(f"  waiting for: {', '.join(g['pending_approvers'])} (until {when(g['pending_until'])})")
     lines.extend(approval_history(g))
-    if g.get("expires_at"):
-        lines.append(f"  expires: {when(g['expires_at'])}")
+    if g.get("expires_at") and g["state"] == "revoked":  # ended early: "in 1h 59m" would read as still open
+        lines.append(f"  was to expire: {local_time(g['expires_at'])} (revoked before)")
+    elif g.get("expires_at"):
+        lines.append(f"  {'expired' if g['state'] == 'expired' else 'expires'}: {when(g['expires_at'])}")
     lines.extend(f"  reason: {reason}" for reason in g["reasons"]
                  if g["state"] == "pending" or not reason.startswith(APPROVAL_NEEDED))
     lines.extend(f"  note: {note}" for note in g.get("notes") or ())  # what the devices add (RoCEv2's mirror)

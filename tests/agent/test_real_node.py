@@ -119,3 +119,39 @@ def test_contradicting_device_flags_are_one_line(tmp_path: Path, extra: list[str
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert says in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_a_metrics_address_in_use_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    """`--metrics` on a busy port ended in `error: OSError: [Errno 98] Address already in use` (naming neither the
+    option nor the address) after the agent had attested and started its devices (review)."""
+    import socket
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not used\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = subprocess.run([BIN, "agent", "--node", "gpu1", "--server", "https://127.0.0.1:9", "--ca", str(ca),
+                            "--join-token", "tfjt_" + "a" * 43, "--data-dir", str(tmp_path / "data"),
+                            "--metrics", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("content", [
+    "", "not a certificate\n", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"])
+def test_a_ca_file_without_a_certificate_is_one_line_naming_it(tmp_path: Path, content: str) -> None:
+    """`--ca` holding no PEM certificate surfaced at the first request as `https://HOST:PORT: SSLError: no start
+    line: cadata does not contain a certificate`, naming the server, after the key file was made (review)."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text(content)
+    r = subprocess.run([BIN, "agent", "--node", "gpu1", "--server", "https://127.0.0.1:9", "--ca", str(ca),
+                        "--join-token", "tfjt_" + "a" * 43, "--data-dir", str(tmp_path / "data")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert f"--ca {ca}: no PEM certificate in it" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "data.key").exists()

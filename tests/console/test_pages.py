@@ -260,3 +260,40 @@ def test_an_error_in_a_fragment_is_a_fragment(console_env: Env) -> None:
     assert "<header" not in r.text and "<html" not in r.text and "Sign out" not in r.text, r.text
     r = client.get("/console/policy/versions/1/impact")  # the same without htmx: a whole page
     assert r.status_code == 403 and "<header" in r.text and "may not policy.impact" in r.text
+
+
+def test_a_revoked_grant_page_does_not_show_its_expiry_as_to_come(console_env: Env) -> None:
+    """A revoked grant's page said 'Expires <time> (in 1h 59m)' (found in the review as a tenant): it now says it
+    was to expire then, and was revoked before."""
+    env = console_env
+    made = env.call("POST", "/v1/grants", "tenant-admin", "acme", json={
+        "src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [8443],
+        "ttl_seconds": 7200, "justification": "revoked early"}).json()
+    assert env.call("POST", f"/v1/grants/{made['id']}/approve", "tenant-admin", "globex", json={}).status_code == 200
+    revoked = env.call("POST", f"/v1/grants/{made['id']}/revoke", "tenant-admin", "globex", json={"reason": "done"})
+    assert revoked.status_code == 200 and revoked.json()["state"] == "revoked", revoked.text
+    page = sign_in(env, "tenant-admin", "acme").get(f"/console/grants/{made['id']}").text
+    assert "<dt>Expires</dt>" not in page and "<dt>Was to expire</dt>" in page and "(revoked before)" in page, page
+
+
+def test_an_export_with_from_after_until_names_the_fields_not_cli_options(console_env: Env) -> None:
+    """The export page answered 'export --since must be before --until': options of a command line the console's
+    user never typed (review). The message names the filters by their fields."""
+    client = sign_in(console_env, "auditor")
+    csrf = csrf_of(client, "/console/audit/export")
+    r = client.post("/console/audit/export", data={"csrf": csrf, "format": "jsonl", "since": "2026-12-02T09:00",
+                                                   "until": "2026-12-02T08:00"})
+    assert r.status_code == 400 and 'role="alert"' in r.text, r.text
+    alert = re.search(r'role="alert">([^<]*)<', r.text)
+    assert alert and "since must be before until" in alert.group(1) and "--" not in alert.group(1), r.text
+
+
+def test_a_decisions_tenant_that_is_no_slug_is_refused_not_an_empty_log(console_env: Env) -> None:
+    """`/v1/policy/decisions?tenant=Acme` answered 200 [] (the console's decision log: an empty table, as if acme had
+    no decisions) where `/v1/audit/events` refuses a tenant that is no slug (review)."""
+    env = console_env
+    r = env.call("GET", "/v1/policy/decisions", "auditor", params={"tenant": "Acme"})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
+    assert env.call("GET", "/v1/policy/decisions", "auditor", params={"tenant": "acme"}).status_code == 200
+    page = sign_in(env, "auditor").get("/console/decisions", params={"tenant": "<b>Acme</b>"})
+    assert page.status_code in (400, 422) and 'role="alert"' in page.text and "<b>Acme" not in page.text, page.text

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,26 @@ def test_bad_input_builds_nothing(cli: LabCli, tmp_path: Path) -> None:
     _one_line_error(cli("probe", "a/b/c", "d/e/f", "1"), 1, "no lab is up")
     _one_line_error(cli("up", str(SMALL), "--mode", "sideways"), 2, "'sideways' is not one of standalone, agent")
     assert netops.namespaces_with_prefix(build.names_for(Path(cli.env["TRUSTFABRIC_HOME"])).prefix) == []
+
+
+def test_a_probe_says_when_a_grant_expired_since_the_last_apply(cli: LabCli, tmp_path: Path) -> None:
+    """Standalone mode runs no reconciler: a grant's expiry takes effect at the next `lab apply`. The probe said
+    OPEN 'decided by: grant:g-batch-db ... agrees with the wire' after the grant's expiry, nothing else (review);
+    it now says the applied rule sets are stale and why, and `lab apply` closes the path."""
+    fabric = tmp_path / "fabric.yaml"
+    soon = (datetime.now(UTC) + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    fabric.write_text(SMALL.read_text() + GRANT.replace("2099-01-01T00:00:00Z", soon))
+    try:
+        assert cli("up", str(fabric)).returncode == 0
+        fresh = cli.json("probe", "globex/batch/b1", "acme/data/db1", "5432")
+        assert fresh["result"] == "OPEN" and not fresh.get("stale")  # type: ignore[index,attr-defined]
+        time.sleep(max(0.0, (datetime.fromisoformat(soon.replace("Z", "+00:00")) - datetime.now(UTC))
+                       .total_seconds()) + 1.0)
+        late = cli("probe", "globex/batch/b1", "acme/data/db1", "5432")
+        assert late.returncode == 0 and "grant:g-batch-db" in late.stdout
+        assert "stale: grant g-batch-db expired at" in late.stdout and "lab apply" in late.stdout, late.stdout
+        assert cli("apply").returncode == 0
+        closed = cli("probe", "globex/batch/b1", "acme/data/db1", "5432", "--timeout", "0.3", "--json")
+        assert closed.returncode == 1 and json.loads(closed.stdout)["stale"] == [], closed.stdout
+    finally:
+        assert cli("down").returncode == 0

@@ -151,3 +151,24 @@ def test_opa_python_client(pdp: Served, compat: tuple[httpx.Client, str]) -> Non
         assert client.get_data(f"{path}/servers/0/name") == {"result": "app"}
     finally:
         client.close_connection()
+
+
+def test_an_input_nested_too_deep_is_a_400_not_a_500(compat: tuple[httpx.Client, str]) -> None:
+    """A deeply nested input answered 500 (a plain-text 'Internal Server Error' and a RecursionError traceback in
+    the log past ~1,000 levels; the engine's 'recursion limit exceeded' as internal_error past 127): bad input is
+    the caller's, refused with OPA's 400 invalid_parameter and its message; up to 127 levels evaluates."""
+    c, path = compat
+    ok = "[" * 127 + "]" * 127
+    assert c.post(f"/v1/data/{path}/allow", content='{"input": ' + ok + "}").json() == {}
+    assert c.get(f"/v1/data/{path}/allow", params={"input": ok}).json() == {}
+    for depth in (128, 5_000, 100_000):
+        deep = "[" * depth + "]" * depth
+        for r in (c.post(f"/v1/data/{path}/allow", content='{"input": ' + deep + "}"),
+                  c.post("/v1/query", content='{"query": "x = 1", "input": ' + deep + "}"),
+                  c.post("/", content=deep),
+                  c.post(f"/v1/data/{path}/allow", content="input: " + deep,
+                         headers={"Content-Type": "application/yaml"})):
+            assert r.status_code == 400, (depth, r.status_code, r.text[:200])
+            assert r.json()["code"] == "invalid_parameter" and "nested deeper than 127 levels" in r.json()["message"]
+    r = c.get(f"/v1/data/{path}/allow", params={"input": "[" * 5_000 + "]" * 5_000})
+    assert r.status_code == 400 and "nested deeper" in r.json()["message"], r.text[:200]
