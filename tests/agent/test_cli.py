@@ -12,6 +12,24 @@ import pytest
 from tests.cli.conftest import run_cli
 
 
+def _self_signed_pem() -> bytes:
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test root")])
+    now = datetime.now(UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
 @pytest.mark.parametrize("extra, code, says", [
     ([], 1, "join token"),
     (["--join-token", "tfjt_a", "--join-token-file", "{ca}"], 2, "not both"),
@@ -23,7 +41,7 @@ from tests.cli.conftest import run_cli
 ])
 def test_what_is_wrong_ends_in_one_line(tmp_path: Path, extra: list[str], code: int, says: str) -> None:
     ca = tmp_path / "ca.pem"
-    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    ca.write_bytes(_self_signed_pem())  # a real certificate: a --ca without one is refused first (its own test)
     binary = tmp_path / "token.bin"
     binary.write_bytes(b"\xff\xfe tfjt_")
     args = ["agent", "--node", "gpu1", "--server", "https://127.0.0.1:1", "--ca", str(ca),
