@@ -155,22 +155,29 @@ sys.exit(f"the {what} was not stopped before its commit")
 """
 
 
-def _killed_before_its_commit(what: str, env: dict[str, str], tmp_path: Path) -> None:
-    made = tmp_path / "made"
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED, what, str(made)], cwd=REPO, env=env,
+def _kill_at(script: str, what: str, stage: str, env: dict[str, str], tmp_path: Path) -> None:
+    """Run `script` (argv: `what`, a file it writes when it reaches `stage`, then sleeps) in a process of its own,
+    and kill -9 it there: how a rotation or init dies mid-way."""
+    reached = tmp_path / "reached"
+    proc = subprocess.Popen([sys.executable, "-c", script, what, str(reached)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
-        while not made.exists():
+        while not reached.exists():
             if proc.poll() is not None:
-                raise AssertionError(f"the {what}'s process ended ({proc.returncode}) before it made its keys: "
+                raise AssertionError(f"the {what}'s process ended ({proc.returncode}) before it {stage}: "
                                      f"{proc.communicate()[1].decode(errors='replace')[-2000:]}")
-            assert time.monotonic() < deadline, f"the {what}'s process never made its keys"
+            assert time.monotonic() < deadline, f"the {what}'s process never {stage}"
             time.sleep(0.05)
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # (ended by itself: said above)
+            os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
+
+
+def _killed_before_its_commit(what: str, env: dict[str, str], tmp_path: Path) -> None:
+    _kill_at(_KILLED, what, "made its keys", env, tmp_path)
 
 
 def _later_than_a_copys_rotation(ctx: AppContext) -> None:

@@ -3,14 +3,9 @@ with markers (keys/deployment.py): real SoftHSM2, real SQLite (and PostgreSQL wh
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,7 +35,6 @@ from tests.keys.stores import PIN
 from tests.pki.helpers import ADMIN, TD, register
 from tests.workflows.conftest import Token
 from tests.workflows.test_token_keys import (
-    REPO,
     _audit_verifies,
     _cli,
     _close,
@@ -48,6 +42,7 @@ from tests.workflows.test_token_keys import (
     _env,
     _init,
     _intents,
+    _kill_at,
     _labels,
     _named,
     _open,
@@ -239,22 +234,7 @@ sys.exit(f"the {what} never marked its keys committed in the token")
 
 
 def _killed_after_its_commit(what: str, env: dict[str, str], tmp_path: Path) -> None:
-    committed = tmp_path / "committed"
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_AFTER_COMMIT, what, str(committed)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while not committed.exists():
-            if proc.poll() is not None:
-                raise AssertionError(f"the {what}'s process ended ({proc.returncode}) before it marked its keys: "
-                                     f"{proc.communicate()[1].decode(errors='replace')[-2000:]}")
-            assert time.monotonic() < deadline, f"the {what}'s process never reached the mark"
-            time.sleep(0.05)
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # (ended by itself: said above)
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    _kill_at(_KILLED_AFTER_COMMIT, what, "marked its keys", env, tmp_path)
 
 
 @pytest.mark.parametrize("what", ["rotation", "init"])
