@@ -60,15 +60,21 @@ class EchoServer:
         self.accepted: list[socket.socket] = []
         self._stop = threading.Event()
         self._listeners = [run_in(netns, _listener, port) for port in ports]
-        for listener in self._listeners:
-            threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
+        self._serving = [threading.Thread(target=self._serve, args=(listener,), daemon=True)
+                         for listener in self._listeners]
+        for thread in self._serving:
+            thread.start()
 
     def lost(self) -> int:
         """Segments the server's side of its connections lost (read before close)."""
         return sum(lost(c) for c in list(self.accepted) if c.fileno() != -1)
 
     def close(self) -> None:
+        """Stop and close; returns once the ports are free again (an accept in progress keeps its listening socket
+        bound until its timeout: a new server on the same ports would find them in use)."""
         self._stop.set()
+        for thread in self._serving:
+            thread.join(timeout=2)
         for s in [*self._listeners, *self.accepted]:
             s.close()
 
