@@ -49,10 +49,15 @@ class CsvWriter:
         self.origin = origin
         self.text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
         self.csv = csv.writer(self.text, lineterminator="\n")
+        # QUOTE_MINIMAL quotes only the lineterminator's characters: a bare CR (a reason 'a\rb') went out unquoted,
+        # which the reader (any CSV reader) takes for a line break, and the whole export failed to verify
+        self.quoted = csv.writer(self.text, lineterminator="\n", quoting=csv.QUOTE_ALL)
         self.csv.writerow(CSV_COLUMNS)
 
     def _row(self, **cells: Any) -> None:
-        self.csv.writerow(["" if cells.get(c) is None else cells[c] for c in CSV_COLUMNS])
+        row = ["" if cells.get(c) is None else cells[c] for c in CSV_COLUMNS]
+        carriage_return = any(isinstance(cell, str) and "\r" in cell for cell in row)
+        (self.quoted if carriage_return else self.csv).writerow(row)
 
     def header(self, header: dict[str, Any]) -> None:
         self._row(record="header", data=compact(header).decode())
