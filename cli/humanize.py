@@ -12,6 +12,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 EMPTY = "-"
+# What a terminal acts on instead of showing: C0 and C1 controls (ESC and CSI sequences retitle, clear, hide text and
+# write hyperlinks; CR and newline start another line), and the bidirectional overrides, isolates and line separators
+# that reorder or break what follows.
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _ISO_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
 
 
@@ -84,6 +88,12 @@ def _port(item: Mapping[str, Any]) -> str | None:
     return None
 
 
+def printable(value: str) -> str:
+    """Text another principal may have chosen (a justification, a reason, a comment), as a terminal shows it: each
+    character it would act on instead written as its escape (`\\x1b`, `\\n`, `\\u202e`); anything else unchanged."""
+    return _UNSHOWN.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), value)
+
+
 def text(value: Any) -> str:
     """One value on one line: None is '-', booleans yes/no, times local, lists comma-joined, mappings
     `key=value`, `tcp/443` for a port."""
@@ -94,7 +104,7 @@ def text(value: Any) -> str:
     if isinstance(value, datetime) or (isinstance(value, str) and parse_time(value) is not None):
         return local_time(value)
     if isinstance(value, str):
-        return value if value else EMPTY
+        return printable(value) if value else EMPTY
     if isinstance(value, Mapping):
         port = _port(value)
         if port is not None:

@@ -315,16 +315,16 @@ def emit(data: Any, view: View | None = None) -> None:
 
 
 def emit_human(data: Any) -> None:
-    from cli.humanize import field_lines, text
+    from cli.humanize import field_lines, printable, text
 
     if isinstance(data, Mapping):
         for line in field_lines(data):
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+            console.print(printable(line), highlight=False, markup=False, emoji=False, soft_wrap=True)
     elif isinstance(data, list) and data and all(isinstance(d, Mapping) for d in data):
         keys = list(dict.fromkeys(k for d in data for k in d))
         emit_table("", keys, [[text(d.get(k)) for k in keys] for d in data])
     else:
-        console.print(text(data), highlight=False, markup=False, soft_wrap=True)
+        console.print(text(data), highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
 def emit_json(data: Any) -> None:
@@ -346,10 +346,11 @@ def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
     and --json has every value whole). `wide`: every column at its longest line, however wide the table."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
-    from cli.humanize import text
+    from cli.humanize import printable, text
 
-    cells = [[v if isinstance(v, str) else text(v) for v in row] for row in rows]
+    cells = [[printable(v) if isinstance(v, str) else text(v) for v in row] for row in rows]
     spans = [_span(col, [r[i] for r in cells], whole=i in ids) for i, col in enumerate(columns)]
     widths = [s.most for s in spans] if wide else _fit(spans, table_width())
     total = sum(widths) + _GAP * max(len(widths) - 1, 0)
@@ -364,7 +365,7 @@ def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
         else:
             table.add_column(col, width=width, overflow="ellipsis")
     for row in cells:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # as text: a cell is never rich markup (`[/]`, `[link=...]`)
     console.print(table, width=table_width(), crop=wider is None)
 
 

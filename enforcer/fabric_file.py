@@ -79,6 +79,9 @@ class _Doc:
         if text is None:  # a document built in code
             self.value = value
             return
+        # YAML aliases share a node, which _plain expands at every reference: nested ones were a few hundred bytes for
+        # billions of values. No alias-free document holds more than two values per byte of its text.
+        self._budget = 2 * len(text) + 64
         try:
             root = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
@@ -88,6 +91,9 @@ class _Doc:
         self.value = {} if root is None else self._plain(root, ())
 
     def _plain(self, node: Node, path: Path_) -> Any:
+        self._budget -= 1
+        if self._budget < 0:
+            self.fail(path, "the file's YAML aliases expand it beyond two values per byte of its text")
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, MappingNode):
             out: dict[str, Any] = {}

@@ -145,14 +145,41 @@ def _too_deep(what: str) -> InvalidInput:
     return InvalidInput(f"{what} contains malformed input document: nested deeper than {MAX_DEPTH} levels")
 
 
+def _values_within(value: Any, limit: int) -> bool:
+    """Whether `value` holds at most `limit` values (containers, keys and scalars), counted without recursion and
+    stopping at the limit (a shared subtree counts each time it is reached, as the engine will read it)."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            return False
+        if isinstance(item, dict):
+            count += len(item)  # the keys
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):  # tuples: YAML's !!pairs and !!omap
+            stack.extend(item)
+    return count <= limit
+
+
 def _parse(raw: bytes | str, content_type: str, what: str) -> Any:
-    """JSON, or YAML when the content type names it (OPA accepts both for input documents)."""
+    """JSON, or YAML when the content type names it (OPA accepts both for input documents). YAML's aliases share a
+    node, which everything after the parse (the depth check, the engine's JSON) expands: a few hundred bytes of
+    nested aliases were billions of values ("billion laughs"). A document holds at most two values per byte of its
+    text (no alias-free YAML or JSON holds more), so one that expands beyond that is refused (go-yaml, OPA's parser,
+    refuses excessive aliasing too)."""
     try:
-        return yaml.safe_load(raw) if "yaml" in content_type else json.loads(raw)
+        if "yaml" not in content_type:
+            return json.loads(raw)
+        value = yaml.safe_load(raw)
     except RecursionError:  # Python's parsers recurse: ~1,000 levels end here, not in a 500
         raise _too_deep(what) from None
     except (ValueError, yaml.YAMLError) as exc:
         raise InvalidInput(f"{what} contains malformed input document: {exc}") from exc
+    if not _values_within(value, 2 * len(raw) + 64):
+        raise InvalidInput(f"{what} contains malformed input document: its YAML aliases expand it to more than "
+                           f"{2 * len(raw) + 64} values")
+    return value
 
 
 def _checked_input(value: Any, what: str) -> Any:

@@ -90,7 +90,7 @@ class ApiJwtVerifier:
         jti = claims.get("jti")
         if not isinstance(jti, str) or len(jti) > 64:
             raise Unauthenticated("token has no valid jti")
-        if self._carry and carried.deferrable():
+        if self._carry and carried.deferrable() and "src" not in claims:  # a source's row: read below
             role, tenant, subject = claims.get("role"), claims.get("tenant"), claims.get("sub")
             if role in ROLES and isinstance(subject, str) and (tenant is None or isinstance(tenant, str)):
                 # the row is read by the request's first statement (store/carried.py), before it acts or answers
@@ -100,12 +100,7 @@ class ApiJwtVerifier:
 
     def checked_principal(self, claims: dict[str, Any], now: datetime) -> Principal:
         """The principal of these (signed, timely) claims once the token's row is read and admits them."""
-        jti = claims["jti"]
-        row, version = self._rows.get(jti, now)
-        if row is None:
-            row = issued_row(self.ctx.db, jti)
-            if row is not None:
-                self._rows.put(jti, version, row)  # exact: any commit anywhere invalidates it
+        row = self._row(claims["jti"], now)
         if row is None or row.token_hash is not None:
             raise Unauthenticated("token unknown to this server")
         if row.revoked_at is not None:
@@ -114,7 +109,31 @@ class ApiJwtVerifier:
             raise Unauthenticated("token expired")
         if claims.get("role") != row.role or claims.get("tenant") != row.tenant or claims.get("sub") != row.subject:
             raise Unauthenticated("token claims do not match the issued token")
+        if "src" in claims:
+            self._check_source(claims["src"], now)
         return Principal(id=row.subject, role=row.role, tenant=row.tenant, auth="jwt")
+
+    def _row(self, token_id: str, now: datetime) -> Any:
+        row, version = self._rows.get(token_id, now)
+        if row is None:
+            row = issued_row(self.ctx.db, token_id)
+            if row is not None:
+                self._rows.put(token_id, version, row)  # exact: any commit anywhere invalidates it
+        return row
+
+    def _check_source(self, source: Any, now: datetime) -> None:
+        """A token minted to stand in for another (a console session, its `src` claim: the credential signed in with,
+        pki.tokens.service.mint_token) lives no longer than that one: revoking a stolen token ends the sessions it
+        opened. Fail closed: a source not issued here (or no string) refuses too."""
+        if not isinstance(source, str) or not source or len(source) > 64:
+            raise Unauthenticated("token has no valid src")
+        row = self._row(source, now)
+        if row is None:
+            raise Unauthenticated("the credential this token was made from is unknown to this server")
+        if row.revoked_at is not None:
+            raise Unauthenticated("the credential this token was made from is revoked")
+        if row.expires_at is not None and as_utc(row.expires_at) <= now:
+            raise Unauthenticated("the credential this token was made from has expired")
 
 
 

@@ -126,26 +126,34 @@ async def whoami(request: Request, token: str) -> Me:
     return Me(id=body["id"], role=body["role"], tenant=body["tenant"], auth=body["auth"])
 
 
-def credential_expiry(ctx: AppContext, credential: str) -> datetime | None:
-    """When the credential stops being valid (None: no expiry). Read after the API accepted it."""
+def credential_expiry(ctx: AppContext, credential: str) -> tuple[datetime | None, str | None]:
+    """(when the credential stops being valid (None: no expiry), the id of the token of ours it is, or stands in for:
+    the session's `src`, so revoking that token ends the session; None for another issuer's, e.g. OIDC). Read after
+    the API accepted it."""
     if credential.startswith(TOKEN_PREFIX):
         with ctx.db.read_session() as session:
             row = opaque_token(session, credential, ctx.clock)
-        return as_utc(row.expires_at) if row.expires_at is not None else None
-    exp = jwt.decode(credential, options={"verify_signature": False}).get("exp")
+        return (as_utc(row.expires_at) if row.expires_at is not None else None), row.id
+    claims = jwt.decode(credential, options={"verify_signature": False})
+    exp = claims.get("exp")
     if not isinstance(exp, int | float) or isinstance(exp, bool):
         raise Unauthenticated("token has no exp claim")
-    return datetime.fromtimestamp(float(exp), tz=UTC)
+    source = None
+    if claims.get("iss") == ctx.settings.api_issuer:  # one of ours: a session made from a session keeps the first src
+        source = claims.get("src") or claims.get("jti")
+        if not isinstance(source, str):
+            raise Unauthenticated("token has no jti claim")
+    return datetime.fromtimestamp(float(exp), tz=UTC), source
 
 
-def _mint(ctx: AppContext, me: Me, expires_at: datetime, rid: str) -> str:
+def _mint(ctx: AppContext, me: Me, expires_at: datetime, rid: str, source: str | None) -> str:
     now = ctx.clock().replace(microsecond=0)
     ttl = expires_at.replace(microsecond=0) - now
     with ctx.db.session() as session:
         token, _row = mint_token(
             session, ctx.keystore, role=me.role, tenant=me.tenant, ttl=ttl, actor=me.principal().actor(),
             issuer=ctx.settings.api_issuer, audience=ctx.settings.api_audience, max_ttl=ctx.settings.max_token_ttl,
-            subject=me.id, description=SESSION_NOTE, clock=ctx.clock, request_id=rid,
+            subject=me.id, description=SESSION_NOTE, clock=ctx.clock, request_id=rid, source=source,
         )
     return token
 
@@ -165,13 +173,13 @@ async def start_session(request: Request, credential: str) -> tuple[str, Me, dat
     ctx = ctx_of(request)
     now = ctx.clock()
     try:
-        expiry = await in_worker(request, credential_expiry, ctx, credential)
+        expiry, source = await in_worker(request, credential_expiry, ctx, credential)
     except (Unauthenticated, jwt.PyJWTError) as exc:
         raise SignInError(f"cannot tell when this credential expires: {exc}") from None
     expires_at = min(t for t in (now + ctx.settings.console_session_ttl, expiry) if t is not None)
     if expires_at - now < MIN_SESSION:
         raise SignInError("this credential expires in less than 30 seconds: use a fresh one")
-    token = await in_worker(request, _mint, ctx, me, expires_at, request_id(request))
+    token = await in_worker(request, _mint, ctx, me, expires_at, request_id(request), source)
     return token, me, expires_at
 
 

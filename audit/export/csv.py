@@ -4,7 +4,13 @@ The `v` and `counters` columns (events of version 2) come after the first ones, 
 actor's tenant, audit/actor.py; empty where the event has none): each added at the end, so a consumer reading
 columns by position keeps reading the ones it knew. A file without them (written before they existed) is
 read as the events of its time: without `v` and `counters`, version 1 events; without `actor_tenant`, actors
-of no tenant."""
+of no tenant.
+
+Formula injection: a cell a spreadsheet would run as a formula (starting with `=`, `+`, `-`, `@`, a tab or a CR,
+after any `'`) is written with one more `'` first, and the `formula_guard` column (last; its header-row cell names
+the prefix) says so; the reader takes that `'` off again, so the hashed bytes rebuild exactly. Callers choose text
+that lands in cells (a reason, a request id, a token's subject): `=HYPERLINK(...)` in a revocation reason was a live
+formula in the auditor's spreadsheet. A file without the column (written before) was never quoted: read verbatim."""
 
 from __future__ import annotations
 
@@ -40,7 +46,24 @@ V1_COLUMNS = (
     "data",
 )
 V2_COLUMNS = (*V1_COLUMNS, "v", "counters")
-CSV_COLUMNS = (*V2_COLUMNS, "actor_tenant")
+V3_COLUMNS = (*V2_COLUMNS, "actor_tenant")
+CSV_COLUMNS = (*V3_COLUMNS, "formula_guard")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+GUARD = "'"
+
+
+def _runs_as_formula(cell: str) -> bool:
+    """Whether a spreadsheet would run the cell, or it would after the quote the reader takes off (a cell the
+    writer quoted, or one its author began with quotes): the writer quotes exactly these, the reader unquotes them."""
+    return cell.lstrip(GUARD).startswith(FORMULA_START)
+
+
+def guarded(cell: Any) -> Any:
+    return GUARD + cell if isinstance(cell, str) and _runs_as_formula(cell) else cell
+
+
+def unguarded(cell: str) -> str:
+    return cell[1:] if cell.startswith(GUARD) and _runs_as_formula(cell) else cell
 
 
 class CsvWriter:
@@ -49,13 +72,18 @@ class CsvWriter:
         self.origin = origin
         self.text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
         self.csv = csv.writer(self.text, lineterminator="\n")
+        # QUOTE_MINIMAL quotes only the lineterminator's characters: a bare CR (a reason 'a\rb') went out unquoted,
+        # which the reader (any CSV reader) takes for a line break, and the whole export failed to verify
+        self.quoted = csv.writer(self.text, lineterminator="\n", quoting=csv.QUOTE_ALL)
         self.csv.writerow(CSV_COLUMNS)
 
     def _row(self, **cells: Any) -> None:
-        self.csv.writerow(["" if cells.get(c) is None else cells[c] for c in CSV_COLUMNS])
+        row = ["" if cells.get(c) is None else guarded(cells[c]) for c in CSV_COLUMNS]
+        carriage_return = any(isinstance(cell, str) and "\r" in cell for cell in row)
+        (self.quoted if carriage_return else self.csv).writerow(row)
 
     def header(self, header: dict[str, Any]) -> None:
-        self._row(record="header", data=compact(header).decode())
+        self._row(record="header", data=compact(header).decode(), formula_guard=GUARD)
 
     def event(self, data: str, leaf_hash: str) -> None:
         doc = json.loads(data)
@@ -119,13 +147,15 @@ def read_csv(stream: IO[bytes]) -> Iterator[Record]:
     try:
         first = next(reader, None)
         columns = tuple(first or ())
-        if columns not in (CSV_COLUMNS, V2_COLUMNS, V1_COLUMNS):
+        if columns not in (CSV_COLUMNS, V3_COLUMNS, V2_COLUMNS, V1_COLUMNS):
             raise malformed(1, "CSV header row does not name the export's columns")
         for row in reader:
             lineno = reader.line_num
             if len(row) != len(columns):
                 error = Truncated if len(row) < len(columns) else Malformed
                 raise error(f"line {lineno}: CSV row has {len(row)} cells, want {len(columns)}", line=lineno)
+            if "formula_guard" in columns:
+                row = [unguarded(c) for c in row]
             cell = dict(zip(columns, row, strict=True))
             kind = cell["record"]
             if kind == "header":

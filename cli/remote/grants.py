@@ -109,7 +109,7 @@ def show_grant(g: dict[str, Any]) -> None:
     if machine_output():
         emit(g)
         return
-    from cli.humanize import duration, local_time, when
+    from cli.humanize import duration, local_time, printable, when
 
     lines = [f"grant {g['id']}: {g['state']}",
              f"  {g['src_tenant']}/{g['src_group']} -> {g['dst_tenant']}/{g['dst_group']} "
@@ -128,7 +128,7 @@ def show_grant(g: dict[str, Any]) -> None:
                  if g["state"] == "pending" or not reason.startswith(APPROVAL_NEEDED))
     lines.extend(f"  note: {note}" for note in g.get("notes") or ())  # what the devices add (RoCEv2's mirror)
     for line in lines:
-        print(line)
+        print(printable(line))  # the justification, reasons and comments are other principals' text
 
 
 def show_answer(a: dict[str, Any]) -> None:
@@ -136,7 +136,7 @@ def show_answer(a: dict[str, Any]) -> None:
     if machine_output():
         emit(a)
         return
-    from cli.humanize import duration
+    from cli.humanize import duration, printable
 
     asked = a["input"]
     ttl = duration(timedelta(seconds=asked["ttl_seconds"]))
@@ -148,7 +148,7 @@ def show_answer(a: dict[str, Any]) -> None:
     lines.extend(f"  reason: {reason}" for reason in a["reasons"])
     lines.extend(f"  note: {note}" for note in a.get("notes") or ())  # what the devices would add (RoCEv2)
     for line in lines:
-        print(line)
+        print(printable(line))  # the justification, reasons and comments are other principals' text
 
 
 def register(app: typer.Typer) -> None:

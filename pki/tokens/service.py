@@ -175,8 +175,11 @@ def mint_token(
     description: str = "",
     clock: Clock = system_clock,
     request_id: str | None = None,
+    source: str | None = None,
 ) -> tuple[str, ApiToken]:
-    """Sign an API token and store its jti (revocable); returns the token (shown once) and its row."""
+    """Sign an API token and store its jti (revocable); returns the token (shown once) and its row. `source`: the
+    id of the token this one stands in for (a console session: the credential signed in with), carried as the
+    `src` claim; the API refuses the token once that one is revoked, expired or gone (api/auth/api_jwt.py)."""
     check_role_tenant(role, tenant)
     if tenant is not None:
         from inventory.service import get_tenant
@@ -205,6 +208,10 @@ def mint_token(
     }
     if tenant is not None:
         claims["tenant"] = tenant
+    if source is not None:
+        if not source or len(source) > 64:
+            raise InvalidInput("a source token id is 1 to 64 characters")
+        claims["src"] = source
     token = sign_claims(keystore, claims)
     row = ApiToken(
         id=jti, token_hash=None, role=role, tenant=tenant, subject=subject, description=description,

@@ -242,3 +242,37 @@ def test_oidc_issuer_with_jwks_file(tmp_path: Path) -> None:
 def test_token_create_refuses_bad_role_tenant_combinations(env: Env, role: str, tenant: str | None) -> None:
     r = env.call("POST", "/v1/tokens", "admin", json={"role": role, "tenant": tenant, "ttl_seconds": 60})
     assert r.status_code in (400, 422), r.text
+
+
+def test_a_token_minted_for_another_dies_with_it(env_both: Env) -> None:
+    """A token that stands in for another (the console's session: `src`, the credential signed in with) is refused
+    once that one is revoked, on both databases and on a route that carries its token check in its first statement
+    on PostgreSQL (POST /v1/grants); a `src` this server never issued is refused from the start."""
+    from pki.tokens.service import mint_token
+
+    env = env_both
+    source = env.token("tenant-admin", "acme", ttl=timedelta(hours=2))
+    jti = jwt.decode(source, options={"verify_signature": False})["jti"]
+
+    def minted(src: str) -> str:
+        with env.ctx.db.session() as s:
+            token, _row = mint_token(s, env.ctx.keystore, role="tenant-admin", tenant="acme", ttl=timedelta(hours=1),
+                                     actor=Actor.system("test"), issuer=env.ctx.settings.api_issuer,
+                                     audience=env.ctx.settings.api_audience, max_ttl=env.ctx.settings.max_token_ttl,
+                                     subject="alice", source=src, clock=env.clock)
+        return token
+
+    derived = minted(jti)
+    grant = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
+             "ttl_seconds": 3600}
+
+    def status(method: str, path: str, token: str) -> int:
+        r = env.client.request(method, path, headers={"Authorization": f"Bearer {token}"},
+                               json=grant if method == "POST" else None)
+        return int(r.status_code)
+
+    assert status("GET", "/v1/whoami", derived) == 200 and status("POST", "/v1/grants", derived) == 201
+    r = env.call("POST", f"/v1/tokens/{jti}/revoke", "admin", json={"reason": "stolen"})
+    assert r.status_code == 200, r.text
+    assert status("GET", "/v1/whoami", derived) == 401 and status("POST", "/v1/grants", derived) == 401
+    assert status("GET", "/v1/whoami", minted("f" * 32)) == 401

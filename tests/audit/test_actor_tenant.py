@@ -20,7 +20,7 @@ from audit import Actor, record
 from audit.checkpoint import public_key_pem, write_checkpoint
 from audit.errors import InvalidAuditEvent, Modified
 from audit.export import ExportFilter, export_events
-from audit.export.csv import CSV_COLUMNS, V2_COLUMNS
+from audit.export.csv import CSV_COLUMNS, V2_COLUMNS, V3_COLUMNS
 from audit.models import AuditEvent
 from audit.note import load_public_key
 from audit.service import event_document, inclusion_proof, list_events
@@ -211,7 +211,8 @@ def test_jsonl_carries_the_actor_tenant(two_alices: Database, signer: KeySigner)
 def test_csv_appends_an_actor_tenant_column_that_cannot_be_changed(two_alices: Database, signer: KeySigner) -> None:
     data = _export(two_alices, signer, "csv")
     rows = list(csv.reader(io.StringIO(data.decode())))
-    assert tuple(rows[0]) == CSV_COLUMNS == (*V2_COLUMNS, "actor_tenant"), "appended: earlier columns keep places"
+    assert V3_COLUMNS[:-1] == V2_COLUMNS and V3_COLUMNS[-1] == "actor_tenant", "appended: earlier columns keep places"
+    assert tuple(rows[0]) == CSV_COLUMNS == (*V3_COLUMNS, "formula_guard"), "and so after it"
     events = [dict(zip(rows[0], r, strict=True)) for r in rows if r[0] == "event"]
     assert [(e["actor_id"], e["actor_tenant"]) for e in events] == [("alice", "acme"), ("alice", "globex"),
                                                                     ("ops", "")]
@@ -219,7 +220,7 @@ def test_csv_appends_an_actor_tenant_column_that_cannot_be_changed(two_alices: D
     at = [i for i, r in enumerate(rows) if r[0] == "event"]
     for row, tenant in ((at[0], "globex"), (at[1], ""), (at[2], "acme")):  # moved, dropped, made up
         forged = [list(r) for r in rows]
-        forged[row][-1] = tenant
+        forged[row][len(V3_COLUMNS) - 1] = tenant
         out = io.StringIO()
         csv.writer(out, lineterminator="\n").writerows(forged)
         for fast in (True, False):

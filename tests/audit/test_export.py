@@ -15,8 +15,10 @@ from py_ocsf_models.objects.metadata import Metadata
 from py_ocsf_models.objects.user import User
 from sqlmodel import select
 
+from audit import Actor, record
 from audit.errors import InvalidAuditEvent
 from audit.export import ExportFilter, export_events, ocsf
+from audit.export.csv import unguarded
 from audit.models import AuditCheckpoint
 from audit.verify import verify_export
 from store.db import Database
@@ -241,3 +243,23 @@ def test_time_filters_mean_the_same_instant_in_any_zone(db: Database, signer: Ke
     with db.read_session() as s:
         listed = service.list_events(s, since=zoned.since, until=zoned.until)
     assert [e.seq for e in listed] == list(range(10, 20))
+
+
+@pytest.mark.parametrize("reason", ["a\rb", "ends with a CR\r", "\r", "a\r\nb", "a\nb"])
+def test_a_carriage_return_in_caller_text_keeps_the_csv_verifiable(
+    sqlite_db: Database, signer: KeySigner, reason: str
+) -> None:
+    """A revocation reason or justification is the caller's text: a bare CR in it went out unquoted (the csv
+    module quotes only its lineterminator's characters), every reader took it for a line break, and the whole
+    export failed to verify (Malformed)."""
+    fill(sqlite_db, 3)
+    with sqlite_db.session() as s:
+        record(s, actor=Actor("alice", "tenant", "acme"), action="grant.revoke", object_type="grant",
+               object_id="g-1", tenant="acme", summary={"state": "revoked"}, reason=reason, at=T0)
+    fill(sqlite_db, 2, start=4)
+    buf = io.BytesIO()
+    export_events(sqlite_db, signer, buf, fmt="csv")
+    for fast in (True, False):
+        assert verify_export(io.BytesIO(buf.getvalue()), signer.public_key(), fast=fast).events == 6
+    rows = list(csv.DictReader(io.StringIO(buf.getvalue().decode(), newline="")))
+    assert [unguarded(r["reason"]) for r in rows if r["object_id"] == "g-1"] == [reason]

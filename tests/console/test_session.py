@@ -14,6 +14,7 @@ from api.app import create_app
 from api.console.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_NOTE
 from audit.models import AuditEvent
 from pki.tokens.models import ApiToken
+from pki.tokens.service import opaque_token
 from tests.api.conftest import Env, admin_opaque
 from tests.console.conftest import hidden, sign_in
 
@@ -150,3 +151,58 @@ def test_next_only_leads_inside_the_console(console_env: Env) -> None:
         r = client.post("/console/login", data={"token": env.token("auditor"), "next": target,
                                                 "login_token": hidden(page.text, "login_token")})
         assert r.headers["location"] == expected
+
+
+def _revoke(env: Env, token_id: str) -> None:
+    r = env.call("POST", f"/v1/tokens/{token_id}/revoke", "admin", json={"reason": "stolen"})
+    assert r.status_code == 200, r.text
+
+
+def _session_works(env: Env, session: str) -> bool:
+    """Whether the session opens a console page, and whether its cookie's JWT is still a bearer token."""
+    page = TestClient(env.app, raise_server_exceptions=False, follow_redirects=False,
+                      cookies={SESSION_COOKIE: session}).get("/console/audit")
+    bearer = TestClient(env.app, raise_server_exceptions=False).get(
+        "/v1/whoami", headers={"Authorization": f"Bearer {session}"})
+    assert (page.status_code == 200) == (bearer.status_code == 200), (page.status_code, bearer.text)
+    if page.status_code != 200:
+        assert page.status_code == 303 and page.headers["location"].startswith("/console/login"), page.text
+        assert "revoked" in bearer.json()["reason"], bearer.text
+    return bool(page.status_code == 200)
+
+
+def test_revoking_the_jwt_signed_in_with_ends_its_sessions(console_env: Env) -> None:
+    """A stolen API token revoked by an admin left every console session opened with it alive until its own expiry
+    (up to TRUSTFABRIC_CONSOLE_SESSION_SECONDS), as a cookie and as a bearer token: the session is a fresh token."""
+    env = console_env
+    typed = env.token("auditor", ttl=timedelta(hours=2))
+    client, r = _login(env, typed)
+    session = client.cookies[SESSION_COOKIE]
+    assert r.status_code == 303 and _session_works(env, session)  # type: ignore[attr-defined]
+    _revoke(env, jwt.decode(typed, options={"verify_signature": False})["jti"])
+    assert not _session_works(env, session)
+
+
+def test_revoking_the_opaque_token_signed_in_with_ends_its_sessions(console_env: Env) -> None:
+    env = console_env
+    typed = admin_opaque(env)
+    client, r = _login(env, typed)
+    session = client.cookies[SESSION_COOKIE]
+    assert r.status_code == 303 and _session_works(env, session)  # type: ignore[attr-defined]
+    with env.ctx.db.read_session() as s:
+        token_id = opaque_token(s, typed).id
+    _revoke(env, token_id)
+    assert not _session_works(env, session)
+
+
+def test_a_session_opened_with_a_session_ends_with_the_first_credential(console_env: Env) -> None:
+    """Pasting a session's JWT into the sign-in form makes another session: it too ends with the credential the
+    first one came from (not only with the first session)."""
+    env = console_env
+    typed = env.token("security", ttl=timedelta(hours=2))
+    first, _r = _login(env, typed)
+    second, r = _login(env, first.cookies[SESSION_COOKIE])
+    sessions = [first.cookies[SESSION_COOKIE], second.cookies[SESSION_COOKIE]]
+    assert r.status_code == 303 and all(_session_works(env, s) for s in sessions)  # type: ignore[attr-defined]
+    _revoke(env, jwt.decode(typed, options={"verify_signature": False})["jti"])
+    assert not any(_session_works(env, s) for s in sessions)

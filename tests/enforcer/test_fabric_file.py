@@ -105,3 +105,26 @@ def test_workloads_may_come_from_the_caller() -> None:
     known = [workload(w) for w in ("acme/train/w1", "acme/train/w2", "acme/data/db1", "globex/api/a1",
                                    "globex/batch/b1", "platform/dns/ns1")]
     assert len(load_fabric(text, known_workloads=known).placements) == 6
+
+
+def _alias_bomb(levels: int) -> str:
+    lines = ["trust_domain: example.org", "x0: &a0 [" + ",".join(["p"] * 9) + "]"]
+    lines += [f"x{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("levels", [7, 12])
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(levels: int) -> None:
+    """POST /v1/fabric/import takes the file's text: YAML aliases share a node, which the loader expanded at every
+    reference, so 700 bytes of nested aliases were 9**12 values (the server's worker busy for hours, its memory gone).
+    A file that expands beyond two values per byte of its text is refused, naming where."""
+    with pytest.raises(FabricError, match=r"x\.yaml:\d+: x\d+(\.\d+)*: .*YAML aliases"):
+        load_fabric(_alias_bomb(levels), "x.yaml")
+
+
+def test_a_few_yaml_aliases_still_load() -> None:
+    """An alias as a person writes one (the same host ports on every node) loads as if written out."""
+    nodes = ("nodes:\n  gpu1: {nic: {uplinks: [p0], host_ports: &hp [pf0vf0, pf0vf1]}}\n"
+             "  gpu2: {nic: {uplinks: [p0], host_ports: *hp}}\n")
+    fabric = load_fabric(f"trust_domain: example.org\n{nodes}", "x.yaml")
+    assert [n.name for n in fabric.nodes] == ["gpu1", "gpu2"]
