@@ -300,6 +300,12 @@ def _policy_ref(text: str) -> str:
     return t
 
 
+def _query(text: str) -> str:
+    from policy.errors import require_query  # light: the policy package's errors alone
+
+    return require_query(text)
+
+
 def choice(*values: str) -> Check:
     """One of `values`; the error lists them."""
 
@@ -343,6 +349,7 @@ DEVICE = Check(_device, good="nic:gpu1", bad="gpu1", metavar="DEVICE")
 WORKLOAD = Check(_workload, good="acme/train/w1", bad="acme/train", metavar="TENANT/GROUP/NAME")
 SELECTOR = Check(_selector, good="unix:uid:1001", bad="uid:1001", metavar="SELECTOR")
 POLICY_REF = Check(_policy_ref, good="2", bad="v2", metavar="N|HASH")
+QUERY = Check(_query, good="data.flows.decision", bad="# no expression", metavar="QUERY")
 
 
 def existing_file(**kw: Any) -> dict[str, Any]:

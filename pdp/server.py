@@ -34,7 +34,15 @@ from starlette.middleware.gzip import GZipMiddleware
 from core.asgi import BodySizeLimit
 from core.errors import InvalidInput
 from policy.engines import EngineSettings, PolicyEngine, make_engine
-from policy.errors import QUERY_PARSE_MESSAGE, PolicyCompileError, PolicyEngineError, QueryParseError, SourceLocation
+from policy.errors import (
+    QUERY_COMPILE_MESSAGE,
+    QUERY_PARSE_MESSAGE,
+    EmptyQuery,
+    PolicyCompileError,
+    PolicyEngineError,
+    QueryParseError,
+    SourceLocation,
+)
 
 log = logging.getLogger("trustfabric.pdp")
 
@@ -228,6 +236,12 @@ def create_pdp_app(
     async def _query_parse(_r: Request, exc: QueryParseError) -> JSONResponse:
         return _error(400, "invalid_parameter", QUERY_PARSE_MESSAGE, [_parse_error(exc.issue)])
 
+    @app.exception_handler(EmptyQuery)
+    async def _empty_query(_r: Request, exc: EmptyQuery) -> JSONResponse:
+        # OPA parses an empty query (to no expression) and refuses it when compiling, with no location
+        return _error(400, "invalid_parameter", QUERY_COMPILE_MESSAGE,
+                      [{"code": "rego_compile_error", "message": exc.issue.message}])
+
     @app.exception_handler(InvalidInput)
     async def _invalid(_r: Request, exc: InvalidInput) -> JSONResponse:
         return _error(400, "invalid_parameter", str(exc))
@@ -368,9 +382,10 @@ def create_pdp_app(
     @v1.post("/v1/query")
     async def query(request: Request) -> Response:
         body = await _json_body(request, max_body_bytes)
-        if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+        if not isinstance(body, dict) or not isinstance(body.get("query", ""), str):
             raise InvalidInput('body must be {"query": "...", "input": ...}')
-        return _rows(request, body["query"], _checked_input(body.get("input"), "body"))
+        # a body without "query" asks the empty query, as OPA reads it (its request type's zero value)
+        return _rows(request, body.get("query", ""), _checked_input(body.get("input"), "body"))
 
     app.include_router(v1)
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)  # only when the client accepts gzip

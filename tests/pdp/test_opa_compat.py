@@ -172,3 +172,17 @@ def test_an_input_nested_too_deep_is_a_400_not_a_500(compat: tuple[httpx.Client,
             assert r.json()["code"] == "invalid_parameter" and "nested deeper than 127 levels" in r.json()["message"]
     r = c.get(f"/v1/data/{path}/allow", params={"input": "[" * 5_000 + "]" * 5_000})
     assert r.status_code == 400 and "nested deeper" in r.json()["message"], r.text[:200]
+
+
+def test_an_empty_query_is_refused_as_opa_refuses_it(compat: tuple[httpx.Client, str]) -> None:
+    """OPA parses an empty query (blanks, comments: no expression) and refuses it when compiling
+    (v1/ast/compile.go, queryCompiler.Compile): 400 invalid_parameter "error(s) occurred while compiling query",
+    rego_compile_error "empty query cannot be compiled", no location; a POST body without "query" asks that
+    query. The PDP answered the engine parser's bare "expecting ..." as a parse error (and refused the body)."""
+    c, _path = compat
+    expected = {"code": "invalid_parameter", "message": "error(s) occurred while compiling query",
+                "errors": [{"code": "rego_compile_error", "message": "empty query cannot be compiled"}]}
+    for r in (c.get("/v1/query?q="), c.get("/v1/query", params={"q": "  \n# only a comment\n"}),
+              c.post("/v1/query", json={"query": ""}), c.post("/v1/query", json={"input": {"x": 1}})):
+        assert r.status_code == 400 and r.json() == expected, (r.request.url, r.text)
+    assert c.get("/v1/query", params={"q": "x := 1 # and a comment"}).json() == {"result": [{"x": 1}]}
