@@ -51,6 +51,7 @@ class AtRest:
             raise AtRestError(f"the agent key must be {KEY_BYTES} bytes")
         self._secret = secret
         self.node = node
+        self.created = False  # `open` made the key file (a first start): agent/created.py takes it back on failure
 
     def __repr__(self) -> str:  # never show the secret
         return f"AtRest(node={self.node!r})"
@@ -59,6 +60,7 @@ class AtRest:
     def open(cls, key_file: Path, node: str, *, create: bool) -> AtRest:
         """The key file's secret; with `create` a missing file is made (0600, never overwriting one)."""
         path = Path(key_file)
+        created = False
         if not path.exists():
             if not create:
                 raise AtRestError(f"the agent key file {path} is missing: the node key in the data directory cannot "
@@ -67,6 +69,7 @@ class AtRest:
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileExistsError):  # another start made it first: use that one
                 write_private_file(path, os.urandom(KEY_BYTES), overwrite=False)
+                created = True
         try:
             st = path.stat()
             if stat.S_IMODE(st.st_mode) & 0o077:
@@ -77,7 +80,9 @@ class AtRest:
             raise AtRestError(f"the agent key file {path}: {exc.strerror}") from None
         if len(secret) != KEY_BYTES:
             raise AtRestError(f"the agent key file {path} must hold {KEY_BYTES} bytes, not {len(secret)}")
-        return cls(secret, node)
+        opened = cls(secret, node)
+        opened.created = created
+        return opened
 
     def _derive(self, purpose: str) -> bytes:
         return hmac.new(self._secret, f"trustfabric-agent:{self.node}:{purpose}".encode(), hashlib.sha256).digest()

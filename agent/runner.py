@@ -13,6 +13,7 @@ from pathlib import Path
 
 from agent.api import ApiClient, Refused, Unreachable
 from agent.at_rest import AtRest, default_key_file
+from agent.created import CreatedPaths
 from agent.device_loop import DeviceLoop, LoopSettings
 from agent.identity import NODE_FILE, SEALED_KEY, AgentError, NodeIdentity
 from agent.metrics import AgentMetrics
@@ -54,9 +55,20 @@ class Agent:
         self.metrics = AgentMetrics()
         node_file = Path(config.data_dir) / NODE_FILE
         sealed = node_file.exists() and SEALED_KEY in node_file.read_bytes()
-        # a new key file only for a new node or one migrating from a plaintext key: a sealed key needs its own
-        at_rest = AtRest.open(config.key_file or default_key_file(config.data_dir), config.node, create=not sealed)
-        self.identity = NodeIdentity(config.data_dir, config.node, config.ca_file, at_rest)
+        key_file = config.key_file or default_key_file(config.data_dir)
+        # what this start makes on disk, taken back if it fails before the node holds an SVID (see start)
+        self.created = CreatedPaths()
+        self.created.note_dir(key_file.parent)
+        self.created.note_dir(config.data_dir)
+        try:
+            # a new key file only for a new node or one migrating from a plaintext key: a sealed key needs its own
+            at_rest = AtRest.open(key_file, config.node, create=not sealed)
+            if at_rest.created:
+                self.created.note_file(key_file)
+            self.identity = NodeIdentity(config.data_dir, config.node, config.ca_file, at_rest)
+        except BaseException:
+            self._take_back()
+            raise
         self.api = ApiClient(config.server, self.identity)
         self.svids = WorkloadSvids(self.api, self.metrics, refresh_every=config.placements_every,
                                    cache=SvidCache(self.identity.dir / CACHE_FILE, at_rest))
@@ -137,6 +149,20 @@ class Agent:
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> Agent:
+        try:
+            return self._start()
+        except BaseException:
+            self._take_back()
+            raise
+
+    def _take_back(self) -> None:
+        """Remove what this start made (agent/created.py) while the data directory holds no node key: a start that
+        ends before the node attested leaves nothing behind. Once a node.pem exists (attested, or an older agent's
+        key sealed in place under a key file made now) everything stays: the key file opens it."""
+        if not (Path(self.config.data_dir) / NODE_FILE).exists():
+            self.created.remove()
+
+    def _start(self) -> Agent:
         # the devices first: a wrong --lab or --ovs-bridge stops the agent before a join token is spent on it
         wirings = lab_devices(self.config.lab_home, self.config.node) if self.config.lab_home is not None \
             else node_devices(self.config.node, self.config.ovs, self.config.nvue)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from api.metrics import REQUESTS
-from core.asgi import Scope, Send, reject
+from core.asgi import Scope, Send, answer, reject
 from core.errors import PayloadTooLarge, RateLimited
 from core.ratelimit import BatchAboveBurst, TokenBucket
 
@@ -27,8 +27,9 @@ DEFAULT_PAGE_SIZE = 50
 async def refused_address(bucket: TokenBucket, scope: Scope, send: Send) -> bool:
     """A token bucket per client address (the TCP peer uvicorn reports), checked before routing, authentication
     and body reading (api/edge.py): over the limit is answered 429 with Retry-After and the project's error
-    shape, counted, not logged (a flood must not flood the log), and True is returned. Per process: with N
-    workers a client gets up to N times the rate."""
+    shape (a console page: the console's error page, for the person's browser), counted, not logged (a flood
+    must not flood the log), and True is returned. Per process: with N workers a client gets up to N times the
+    rate."""
     client = scope.get("client")
     address = str(client[0]) if client else "unknown"
     wait = bucket.take(address)
@@ -36,8 +37,22 @@ async def refused_address(bucket: TokenBucket, scope: Scope, send: Send) -> bool
         return False
     REQUESTS.labels(scope["method"], RATE_LIMITED_ROUTE, "429").inc()
     retry = max(1, math.ceil(wait))
-    await reject(send, 429, "rate_limited", f"too many requests from {address}; retry after {retry}s",
-                 ((b"retry-after", str(retry).encode()),))
+    retry_after = (b"retry-after", str(retry).encode())
+    # (imported here, not at the top: the console's modules import the API's, this one among them)
+    from api.console.headers import console_headers
+    from api.console.web import refused_page
+
+    console = console_headers(scope)
+    if console is None:
+        await reject(send, 429, "rate_limited", f"too many requests from {address}; retry after {retry}s",
+                     (retry_after,))
+        return True
+    # a console page (a person's browser): the console's error page, with the headers every console answer carries
+    fragment = (b"hx-request", b"true") in scope.get("headers", ())
+    page = refused_page(429, f"Too many requests from your address ({address}): wait {retry} second"
+                             f"{'' if retry == 1 else 's'}, then reload the page.", fragment)
+    headers = tuple((k.encode(), v.encode()) for k, v in console.items())
+    await answer(send, 429, page, b"text/html; charset=utf-8", (retry_after, *headers))
     return True
 
 

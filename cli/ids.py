@@ -5,6 +5,7 @@ prefixes unique within it (`unique_prefix_length`, git's --abbrev); `-o wide` pr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from itertools import pairwise
 
@@ -13,6 +14,22 @@ from core.errors import InvalidInput, NotFound
 MIN_PREFIX = 4
 SHOWN_CANDIDATES = 5
 MIN_SHOWN = 8  # a shortened id in a table: never fewer characters (git shows 7 hex digits)
+
+
+# what a whole id, or a prefix of one, can look like: anything else names no object at all (a malformed argument,
+# exit 2), where an id of that shape that names none is not found (a failure, exit 1)
+GRANT_ID_SHAPE = re.compile(r"g(?:-(?:[0-9a-f]{0,11}|[0-9a-f]{12}(?:-[0-9a-f]{0,16})?))?")  # g-<12 hex>-<16 hex>
+TOKEN_ID_SHAPE = re.compile(r"[0-9a-f]{1,32}")  # a JWT's jti (32 hex digits), a bootstrap token's (16)
+
+
+def id_or_prefix(given: str, shape: re.Pattern[str], noun: str, example: str) -> str:
+    """`given` when it is an id of `shape` or a prefix of one long enough to look up (MIN_PREFIX); InvalidInput
+    otherwise, before anything is asked: what the command line got wrong, whatever exists."""
+    if not shape.fullmatch(given):
+        raise InvalidInput(f"{given!r} is not a {noun} id nor the start of one (e.g. {example})")
+    if len(given) < MIN_PREFIX:
+        raise InvalidInput(f"{noun} id prefix {given!r} is too short: give at least {MIN_PREFIX} characters")
+    return given
 
 
 def resolve(given: str, known: Iterable[str], noun: str) -> str:

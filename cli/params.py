@@ -300,6 +300,24 @@ def _policy_ref(text: str) -> str:
     return t
 
 
+def _grant_id(text: str) -> str:
+    from cli.ids import GRANT_ID_SHAPE, id_or_prefix
+
+    return id_or_prefix(text, GRANT_ID_SHAPE, "grant", "g-0190a3c4d5e6-0123456789abcdef, or g-0190a3")
+
+
+def _token_id(text: str) -> str:
+    from cli.ids import TOKEN_ID_SHAPE, id_or_prefix
+
+    return id_or_prefix(text, TOKEN_ID_SHAPE, "token", "3f2a9c0d1e4b5a6f7c8d9e0f1a2b3c4d, or 3f2a9c")
+
+
+def _query(text: str) -> str:
+    from policy.errors import require_query  # light: the policy package's errors alone
+
+    return require_query(text)
+
+
 def choice(*values: str) -> Check:
     """One of `values`; the error lists them."""
 
@@ -343,6 +361,9 @@ DEVICE = Check(_device, good="nic:gpu1", bad="gpu1", metavar="DEVICE")
 WORKLOAD = Check(_workload, good="acme/train/w1", bad="acme/train", metavar="TENANT/GROUP/NAME")
 SELECTOR = Check(_selector, good="unix:uid:1001", bad="uid:1001", metavar="SELECTOR")
 POLICY_REF = Check(_policy_ref, good="2", bad="v2", metavar="N|HASH")
+QUERY = Check(_query, good="data.flows.decision", bad="# no expression", metavar="QUERY")
+GRANT_ID = Check(_grant_id, good="g-0190", bad="grant-7", metavar="GRANT_ID")
+TOKEN_ID = Check(_token_id, good="3f2a9c", bad="not-hex", metavar="TOKEN_ID")
 
 
 def existing_file(**kw: Any) -> dict[str, Any]:

@@ -114,8 +114,13 @@ class BodySizeLimit:
 async def reject(send: Send, status: int, code: str, reason: str,
                  headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     """Answer with the project's error shape ({"error", "reason"}) and `headers` besides its own."""
-    body = json.dumps({"error": code, "reason": reason}).encode()
+    await answer(send, status, json.dumps({"error": code, "reason": reason}).encode(), b"application/json", headers)
+
+
+async def answer(send: Send, status: int, body: bytes, content_type: bytes,
+                 headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Answer `body` whole, with its type, its length and `headers`."""
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
                             *headers]})
     await send({"type": "http.response.body", "body": body})

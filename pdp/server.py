@@ -6,7 +6,9 @@ HTTP against it. Endpoints: /health; /v1/policies (GET), /v1/policies/{id} (GET,
 default decision, data.system.main). Answers follow OPA's REST API reference: `{"result": ...}` (no
 `result` key when undefined, a `warning` when a POST names no input), errors `{"code", "message"[,
 "errors"]}`, `?pretty`, `?metrics`/`?instrument` (timers), `?provenance`, gzip request and response
-bodies, YAML input. With a token configured every request but /health needs `Authorization: Bearer <token>`.
+bodies, YAML input; a path it does not serve, or a method a path does not take, answered as OPA's router answers
+(`404 page not found` as text; 405). With a token configured every request but /health needs
+`Authorization: Bearer <token>`, an unknown path's included.
 
 When the PDP follows the database (pdp/sync.py: the active policy version and the current inventory and
 grants), it is read-only, answering writes as OPA answers them when a bundle owns every path (400
@@ -28,13 +30,22 @@ from typing import Any
 
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException
 from starlette.middleware.gzip import GZipMiddleware
 
 from core.asgi import BodySizeLimit
 from core.errors import InvalidInput
 from policy.engines import EngineSettings, PolicyEngine, make_engine
-from policy.errors import QUERY_PARSE_MESSAGE, PolicyCompileError, PolicyEngineError, QueryParseError, SourceLocation
+from policy.errors import (
+    QUERY_COMPILE_MESSAGE,
+    QUERY_PARSE_MESSAGE,
+    EmptyQuery,
+    PolicyCompileError,
+    PolicyEngineError,
+    QueryParseError,
+    SourceLocation,
+)
 
 log = logging.getLogger("trustfabric.pdp")
 
@@ -56,6 +67,21 @@ class _TooLarge(Exception):
 BUNDLE = "trustfabric"  # the name this PDP gives the control plane's active version, as OPA names a bundle
 DEFAULT_DECISION = "data.system.main"  # OPA's default `default_decision`
 GZIP_MIN_BYTES = 1024  # OPA's default server.encoding.gzip.min_length
+
+
+# OPA's server routes with Go's http.ServeMux (v1/server/server.go, initRouters): a path it has no route for is
+# answered by the mux's NotFound (http.Error: text/plain, nosniff, "404 page not found"); a method its API
+# paths (/v1/data, /v1/policies, /v1/query and below) do not take, by catch-all routes that write the bare
+# status (writer.HTTPStatus: 405, no body); any other path's wrong method, by the mux (405, "Method Not
+# Allowed", Allow naming the methods it takes, sorted).
+OPA_API_PATHS = ("/v1/data", "/v1/policies", "/v1/query")
+ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"]
+_TEXT = {"x-content-type-options": "nosniff"}
+
+
+def _go_error(status: int, text: str, headers: dict[str, str] | None = None) -> PlainTextResponse:
+    """Go's http.Error: the text and a newline, text/plain; charset=utf-8, nosniff."""
+    return PlainTextResponse(text + "\n", status_code=status, headers={**_TEXT, **(headers or {})})
 
 
 def _error(status: int, code: str, message: str, errors: list[dict[str, Any]] | None = None) -> JSONResponse:
@@ -220,21 +246,42 @@ def create_pdp_app(
         if read_only:
             raise _ReadOnly
 
-    async def check_token(request: Request) -> None:
+    def token_ok(request: Request) -> bool:
         if token is None:
-            return
+            return True
         scheme, _, value = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+
+    async def check_token(request: Request) -> None:
+        if not token_ok(request):
             raise _Unauthorized
 
     # a router dependency and exception handlers, not an HTTP middleware: ~1 ms less per request
-    app = FastAPI(title="trustfabric pdp", version="0.1.0", docs_url=None, redoc_url=None)
+    # no OpenAPI document and no redirect of a trailing slash: OPA serves neither, its clients expect neither
+    app = FastAPI(title="trustfabric pdp", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     app.state.engine = eng
     v1 = APIRouter(dependencies=[Depends(check_token)])
 
+    def unauthorized() -> JSONResponse:
+        return _error(401, "unauthorized", "missing or invalid bearer token")
+
     @app.exception_handler(_Unauthorized)
     async def _unauthorized(_r: Request, _e: _Unauthorized) -> JSONResponse:
-        return _error(401, "unauthorized", "missing or invalid bearer token")
+        return unauthorized()
+
+    @app.exception_handler(HTTPException)
+    async def _no_route(request: Request, exc: HTTPException) -> Response:
+        """A path or method no route takes, answered as OPA's mux answers it; with a token configured, only to
+        a caller that has it (OPA's authorization runs before its router): no one else learns what is served."""
+        if not token_ok(request):
+            return unauthorized()
+        if exc.status_code == 405:
+            allowed = sorted(m.strip() for m in (exc.headers or {}).get("Allow", "").split(",") if m.strip())
+            return _go_error(405, "Method Not Allowed", {"Allow": ", ".join(allowed)})
+        if exc.status_code == 404:
+            return _go_error(404, "404 page not found")
+        return _error(exc.status_code, "invalid_parameter", str(exc.detail))
 
     @app.exception_handler(_ReadOnly)
     async def _read_only(_r: Request, _e: _ReadOnly) -> JSONResponse:
@@ -254,6 +301,12 @@ def create_pdp_app(
     @app.exception_handler(QueryParseError)
     async def _query_parse(_r: Request, exc: QueryParseError) -> JSONResponse:
         return _error(400, "invalid_parameter", QUERY_PARSE_MESSAGE, [_parse_error(exc.issue)])
+
+    @app.exception_handler(EmptyQuery)
+    async def _empty_query(_r: Request, exc: EmptyQuery) -> JSONResponse:
+        # OPA parses an empty query (to no expression) and refuses it when compiling, with no location
+        return _error(400, "invalid_parameter", QUERY_COMPILE_MESSAGE,
+                      [{"code": "rego_compile_error", "message": exc.issue.message}])
 
     @app.exception_handler(InvalidInput)
     async def _invalid(_r: Request, exc: InvalidInput) -> JSONResponse:
@@ -395,9 +448,17 @@ def create_pdp_app(
     @v1.post("/v1/query")
     async def query(request: Request) -> Response:
         body = await _json_body(request, max_body_bytes)
-        if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+        if not isinstance(body, dict) or not isinstance(body.get("query", ""), str):
             raise InvalidInput('body must be {"query": "...", "input": ...}')
-        return _rows(request, body["query"], _checked_input(body.get("input"), "body"))
+        # a body without "query" asks the empty query, as OPA reads it (its request type's zero value)
+        return _rows(request, body.get("query", ""), _checked_input(body.get("input"), "body"))
+
+    async def method_not_allowed() -> Response:
+        return Response(status_code=405)  # OPA's writer.HTTPStatus(405): the status alone
+
+    for base in OPA_API_PATHS:  # after every route above: a method they take never reaches these
+        for path in (base, base + "/{rest:path}"):
+            v1.add_api_route(path, method_not_allowed, methods=ANY_METHOD, include_in_schema=False)
 
     app.include_router(v1)
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)  # only when the client accepts gzip

@@ -43,6 +43,11 @@ class SvidNotFound(NotFound):
     """No SVID with this serial (or the caller may not see it)."""
 
 
+class IdentityNotFound(NotFound):
+    """An identity to revoke that names nothing: no such tenant, group or workload is registered and no SVID was
+    ever issued under it (a typo, which revoked nothing and said so with success)."""
+
+
 class AlreadyRevoked(Conflict):
     """The SVID was revoked before."""
 

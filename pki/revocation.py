@@ -17,9 +17,10 @@ from audit import Actor, record
 from core.clock import Clock, as_utc
 from core.errors import InvalidInput
 from core.slugs import require_slug
+from inventory.models import Tenant, Workload, WorkloadGroup
 from keys.store import KeyStore, hash_for
 from pki.ca import PUBLISHED_STATES, certificate, generation_cas, load_settings, truncate
-from pki.errors import AlreadyRevoked, IdentityOutOfScope, SvidNotFound
+from pki.errors import AlreadyRevoked, IdentityNotFound, IdentityOutOfScope, SvidNotFound
 from pki.models import CertificateAuthority, IssuedSvid, RevokedIdentity
 from pki.spiffe_id import SpiffeId, identity_prefix, parse_spiffe_id
 
@@ -112,6 +113,9 @@ def revoke(
     existing = session.exec(select(RevokedIdentity).where(RevokedIdentity.spiffe_id_prefix == str(prefix))).first()
     if existing is not None and not serials:  # nothing would change: no event without its change
         raise AlreadyRevoked(f"identity {prefix} was revoked at {as_utc(existing.revoked_at).isoformat()}")
+    if existing is None and not serials and not _names_anything(session, tenant, group, workload):
+        raise IdentityNotFound(f"nothing to revoke under {prefix}: no such {_kind(group, workload)} is registered and "
+                               "no SVID was issued under it")
     if existing is None:
         session.add(RevokedIdentity(spiffe_id_prefix=str(prefix), tenant=tenant, group=group, workload=workload,
                                     reason=reason, revoked_at=now, revoked_by=f"{actor.kind}:{actor.id}"))
@@ -119,6 +123,26 @@ def revoke(
            tenant=tenant, summary={"prefix": str(prefix), "serials": sorted(serials), "count": len(serials)},
            reason=reason, at=now, request_id=request_id)
     return sorted(serials)
+
+
+def _kind(group: str | None, workload: str | None) -> str:
+    return "workload" if workload is not None else "group" if group is not None else "tenant"
+
+
+def _names_anything(session: Session, tenant: str, group: str | None, workload: str | None) -> bool:
+    """Whether the identity names something: a registered tenant, group or workload, or any SVID ever issued
+    under it (revoked or not: a workload since removed from the inventory may still hold valid ones)."""
+    svids = select(IssuedSvid.serial).where(IssuedSvid.tenant == tenant)
+    if workload is not None:
+        row: Any = select(Workload.id).where(Workload.tenant == tenant, Workload.group == group,
+                                             Workload.name == workload)
+        svids = svids.where(IssuedSvid.group == group, IssuedSvid.workload == workload)
+    elif group is not None:
+        row = select(WorkloadGroup.id).where(WorkloadGroup.tenant == tenant, WorkloadGroup.name == group)
+        svids = svids.where(IssuedSvid.group == group)
+    else:
+        row = select(Tenant.slug).where(Tenant.slug == tenant)
+    return session.exec(row.limit(1)).first() is not None or session.exec(svids.limit(1)).first() is not None
 
 
 def _revoke_serial(

@@ -33,11 +33,12 @@ def evaluate_query(modules: Mapping[str, str], query: str, *, input: Any = None,
                    data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`opa eval`: the query's results as OPA's REST API and `opa eval` print them
     ({"result": [{"expressions": [...], "bindings": {...}}]}, no result when undefined);
-    PolicyCompileError when a module does not compile, PolicyEngineError (file:line:col) when the query
-    fails."""
+    EmptyQuery when the query holds no expression, PolicyCompileError when a module does not compile,
+    PolicyEngineError (file:line:col) when the query fails."""
     from policy.engines.embedded import new_engine
-    from policy.errors import PolicyEngineError, parse_regorus_error
+    from policy.errors import PolicyEngineError, parse_regorus_error, require_query
 
+    require_query(query)  # EmptyQuery: said as such, not as the parser's "expecting ..."
     engine = new_engine(check_modules(modules) if modules else {})
     error: str | None = None
     out: dict[str, Any] = {}

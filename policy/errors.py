@@ -42,12 +42,44 @@ class QueryParseError(InvalidInput):
     """An ad-hoc query that does not parse: the caller's request is malformed (OPA answers 400 invalid_parameter,
     "error(s) occurred while parsing query"), unlike a query that parses and then fails to evaluate."""
 
-    def __init__(self, issue: SourceLocation) -> None:
+    def __init__(self, issue: SourceLocation, message: str | None = None) -> None:
         self.issue = issue
-        super().__init__(f"query does not parse: {issue.line}:{issue.col}: {issue.message}")
+        super().__init__(message or f"query does not parse: {issue.line}:{issue.col}: {issue.message}")
 
     def __reduce__(self) -> tuple[type[QueryParseError], tuple[SourceLocation]]:
         return (QueryParseError, (self.issue,))
+
+
+QUERY_COMPILE_MESSAGE = "error(s) occurred while compiling query"  # OPA's message for an EmptyQuery (400)
+EMPTY_QUERY = "empty query cannot be compiled"  # OPA's rego_compile_error for it (ast/compile.go)
+QUERY_EXAMPLE = "data.flows.decision (a rule's value) or x := data.flows.decision.allow (bindings)"
+
+
+class EmptyQuery(QueryParseError):
+    """A query of nothing but blanks and comments. Each engine reported it as its parser's bare "expecting ..."
+    at the first column; OPA parses it (to no expression) and refuses it when compiling: 400 invalid_parameter,
+    "error(s) occurred while compiling query", rego_compile_error "empty query cannot be compiled". A
+    QueryParseError still, for callers that tell a malformed query from one that failed to evaluate."""
+
+    def __init__(self) -> None:
+        super().__init__(SourceLocation("", 1, 1, EMPTY_QUERY),
+                         f"the query is empty: give a Rego query, e.g. {QUERY_EXAMPLE}")
+
+    def __reduce__(self) -> tuple[type[EmptyQuery], tuple[()]]:  # type: ignore[override]
+        return (EmptyQuery, ())
+
+
+def is_empty_query(query: str) -> bool:
+    """True when `query` holds no expression: only blanks and `#` comments (what OPA's parser reads as none)."""
+    return all(not line.strip() or line.lstrip().startswith("#") for line in query.splitlines())
+
+
+def require_query(query: str) -> str:
+    """`query` unchanged, or EmptyQuery: asked by every engine before it evaluates, so the answer is the same
+    whichever engine serves (and costs a scan of the query's lines, nothing from the engine)."""
+    if is_empty_query(query):
+        raise EmptyQuery()
+    return query
 
 
 class PolicyEngineError(TrustfabricError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,16 @@ def see_other(url: str) -> RedirectResponse:
 
 def error_page(request: Request, session: Session | None, status: int, reason: str) -> Response:
     return render(request, session, "error.html", status=status, error_status=status, reason=reason)
+
+
+@lru_cache(maxsize=256)
+def refused_page(status: int, reason: str, fragment: bool) -> bytes:
+    """The error page of a request refused before it reached a page (the per-address rate limit: api/limits.py),
+    without the session, which that refusal never reads: the page's frame, no navigation. Cached: a flood from
+    one address asks for the same few pages."""
+    return env.get_template("error.html").render(
+        request=None, session=None, me=None, csrf="", notice=None, fragment=fragment, error_status=status,
+        reason=reason).encode()
 
 
 async def on_need_sign_in(request: Request, _exc: Exception) -> Response:

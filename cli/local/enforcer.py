@@ -49,6 +49,12 @@ PLANS = View("plan", (
     Col("budget before", lambda p: p["budget"]["before"], drop=1), Col("after", lambda p: p["budget"]["after"]),
     Col("limit", lambda p: p["budget"]["limit"], drop=1),
 ))
+FINDINGS = View("devices not verifiable", (Col("device", "device", kind="id"), Col("problem", "problem")))
+MISMATCHES = View("mismatches", (
+    Col("source", "src", kind="id"), Col("destination", "dst", kind="id"),
+    Col("flow", lambda m: f"{m['proto']}/{m['port']}"), Col("IP", lambda m: f"v{m['family']}", drop=2),
+    Col("policy", "policy"), Col("devices", "devices"), Col("where", "detail", drop=1),
+))
 VERSIONS = View("versions", (
     Col("version", "version"), Col("content hash", "content_hash", kind="id", drop=2),
     Col("published", "published_at", kind="time"), Col("by", "published_by", drop=1), Col("cause", "cause"),
@@ -159,26 +165,30 @@ def register(app: typer.Typer) -> None:
 
     @command(enforcer, "verify", LOCAL)
     def verify_cmd() -> None:
-        """Walk every flow through the published rule sets and compare with the active policy; exit 1 naming
-        each mismatch (the flow, the policy's answer and the devices')."""
+        """Walk every flow through the published rule sets and compare with the active policy; exit 1 when any
+        device disagrees, listing each mismatch (the flow, the policy's answer and the devices') on stdout."""
         from workflows.enforcement import verify_published
 
         findings, mismatches = _with_reconciler("verifying", machine_output(), verify_published)
+        # the command's answer, on stdout like any command's (an error that stops it is the one line on stderr)
+        out: dict[str, Any] = {
+            "ok": not findings and not mismatches,
+            "findings": [{"device": f.device, "problem": f.problem} for f in findings],
+            "mismatches": [{"src": m.src, "dst": m.dst, "proto": m.proto, "port": m.port, "family": m.family,
+                            "policy": "allow" if m.policy else "deny", "devices": "allow" if m.devices else "deny",
+                            "detail": m.detail} for m in mismatches]}
         if machine_output():
-            emit({"ok": not findings and not mismatches,
-                  "findings": [{"device": f.device, "problem": f.problem} for f in findings],
-                  "mismatches": [{"src": m.src, "dst": m.dst, "proto": m.proto, "port": m.port,
-                                  "family": m.family, "policy": "allow" if m.policy else "deny",
-                                  "devices": "allow" if m.devices else "deny", "detail": m.detail}
-                                 for m in mismatches]})
+            emit(out)
+        elif out["ok"]:
+            console.print("ok: the published rule sets do what the active policy says", highlight=False)
         else:
-            for f in findings:
-                err_console.print(f"{f.device}: {f.problem}", highlight=False, markup=False)
-            for m in mismatches:
-                err_console.print(f"mismatch: {m}", highlight=False, markup=False)
-            if not findings and not mismatches:
-                console.print("ok: the published rule sets do what the active policy says", highlight=False)
-        if findings or mismatches:
+            if findings:
+                FINDINGS.table(out["findings"])
+            if mismatches:
+                MISMATCHES.table(out["mismatches"])
+            console.print(f"not ok: {len(findings)} device(s) not verifiable, {len(mismatches)} flow(s) where the "
+                          "devices do not do what the active policy says", highlight=False)
+        if not out["ok"]:
             answer_no()
 
     @command(enforcer, "show", LOCAL)

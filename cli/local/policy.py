@@ -42,6 +42,7 @@ from cli.params import (
     POLICY_REF,
     PORT_MAYBE_PROTO,
     PROTO,
+    QUERY,
     SLUG,
     WHEN,
     choice,
@@ -202,7 +203,8 @@ def register(app: typer.Typer) -> None:
 
     @command(policy, "eval", LOCAL)
     def eval_cmd(
-        query: str = typer.Argument(..., help="a Rego query, e.g. data.flows.decision"),
+        query: str = typer.Argument(..., parser=QUERY, metavar=QUERY.metavar,
+                                    help="a Rego query, e.g. data.flows.decision"),
         input_file: Path = typer.Option(None, "--input", "-i", help="the input document (JSON or YAML)",
                                         **existing_file()),
         data: list[Path] = typer.Option([], "--data", "-d", exists=True, readable=True,

@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
 
     @command(token, "revoke", LOCAL)
     def token_revoke(
-        token_id: str = typer.Argument(..., metavar="TOKEN_ID", help="a token id, or a prefix naming exactly one"),
+        token_id: str = remote_tokens.TokenId,
         reason: str = typer.Option("", "--reason"),
     ) -> None:
         """Revoke a token by its id (jti); it is refused from the next request on."""

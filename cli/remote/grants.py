@@ -12,7 +12,7 @@ import typer
 
 from audit.actor import requester_label
 from cli.output import API, Col, View, add_group, answer_no, command, emit, err_console, machine_output
-from cli.params import PORT_MAYBE_PROTO, PROTO, SLUG, TENANT_GROUP, TTL, choice, one_protocol
+from cli.params import GRANT_ID, PORT_MAYBE_PROTO, PROTO, SLUG, TENANT_GROUP, TTL, choice, one_protocol
 from cli.remote.common import CaOpt, ServerOpt, client
 from core.vocabulary import GRANT_STATES
 
@@ -40,7 +40,8 @@ GRANTS = View("grants", (
     Col("expires", "expires_at", kind="when", drop=2), Col("why", _why, drop=1),
 ))
 
-GrantId = typer.Argument(..., metavar="GRANT_ID", help="a grant id, or a prefix naming exactly one")
+GrantId = typer.Argument(..., parser=GRANT_ID, metavar=GRANT_ID.metavar,
+                         help="a grant id, or a prefix naming exactly one")
 
 # `grant request` and `grant explain` take the same options (one definition, so they cannot drift): a user
 # swaps one verb for the other on the same line

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from cli.output import API, Col, View, command, emit
+from cli.params import TOKEN_ID
 from cli.remote.common import CaOpt, ServerOpt, client
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ TOKENS = View("API tokens", (
     Col("expires", "expires_at", kind="when"), Col("revoked", "revoked_at", kind="time", drop=2),
 ))
 FULL_ID = re.compile(r"^[0-9a-f]{32}$")  # a JWT's jti; opaque tokens' 16-hex ids go through the listing
-TokenId = typer.Argument(..., metavar="TOKEN_ID", help="a token id (jti), or a prefix naming exactly one")
+TokenId = typer.Argument(..., parser=TOKEN_ID, metavar=TOKEN_ID.metavar,
+                         help="a token id (jti), or a prefix naming exactly one")
 
 
 def token_id(api: Client, given: str) -> str:

@@ -41,6 +41,7 @@ from policy.errors import (
     SourceLocation,
     located,
     parse_regorus_error,
+    require_query,
     strip_backtrace,
 )
 
@@ -455,6 +456,7 @@ class RegorusEngine:
 
     def query(self, query: str, input: Any = None) -> list[dict[str, Any]]:
         """OPA-style ad-hoc query: one dict of variable bindings per result (empty list when undefined)."""
+        require_query(query)
         error: str | None = None
         out: dict[str, Any] = {}
         try:
@@ -511,11 +513,9 @@ _QUERY_PACKAGE = "__tf_query_check"
 def _query_parses(query: str) -> bool:
     """Whether `query` parses as a Rego query. regorus's Python API parses a query only to evaluate it (and
     reports a parse error and an evaluation error alike), so the query is parsed by the same parser as the body
-    of a rule in a module of its own; a `}` that closes that body early shows as a second rule. A query of
-    nothing but blanks and comments is empty, which OPA refuses and a rule body accepts. Only asked after a
-    query failed, so the answer costs nothing on success."""
-    if all(not line.strip() or line.lstrip().startswith("#") for line in query.splitlines()):
-        return False
+    of a rule in a module of its own; a `}` that closes that body early shows as a second rule. (An empty query,
+    which a rule body accepts, never gets here: `query` refuses it first.) Only asked after a query failed, so
+    the answer costs nothing on success."""
     parsed = False
     try:
         engine = regorus.Engine()  # made and dropped on this thread

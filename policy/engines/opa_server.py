@@ -29,6 +29,7 @@ from policy.errors import (
     PolicyEngineUnavailable,
     QueryParseError,
     SourceLocation,
+    require_query,
 )
 
 log = logging.getLogger(__name__)
@@ -212,6 +213,7 @@ class OpaServerEngine:
             raise _failure(f"OPA server at {self.settings.url}: evaluating {query}: {_msg(exc)}", exc) from exc
 
     def query(self, query: str, input: Any = None) -> list[dict[str, Any]]:
+        require_query(query)  # OPA refuses it when compiling, in an answer _query_parse_issue does not read
         try:
             out = self._client().ad_hoc_query(query, input if input is not None else {})
         except Exception as exc:

@@ -50,3 +50,32 @@ def test_what_is_wrong_ends_in_one_line(tmp_path: Path, extra: list[str], code: 
     assert out.returncode == code, (out.stdout, out.stderr)
     assert says in out.stderr and "Traceback" not in out.stderr + out.stdout
     assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_a_start_that_cannot_attest_takes_back_what_it_made(tmp_path: Path) -> None:
+    """An agent that fails before the node attested (no join token, the server out of reach or refusing the token)
+    left its data directory, empty, and a new key file behind: the next start took them for a node's own. It now
+    removes exactly what it made -- directories it created, the key file it wrote -- and nothing that was there
+    before; the one-line error and exit 1 are as they were."""
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(_self_signed_pem())
+    (tmp_path / "var").mkdir()  # there before: stays
+    kept = tmp_path / "kept"
+    kept.mkdir()  # a data directory made by the operator: stays, as does a key file of theirs
+    (tmp_path / "own.key").write_bytes(bytes(range(32)))
+    (tmp_path / "own.key").chmod(0o600)
+    cases = [
+        (tmp_path / "var" / "lib" / "agent", ["--join-token", "tfjt_not_reachable"], "cannot reach|127.0.0.1:1"),
+        (tmp_path / "fresh", [], "join token"),
+        (kept, ["--join-token", "tfjt_not_reachable"], "127.0.0.1:1"),
+        (tmp_path / "with-key", ["--key-file", str(tmp_path / "own.key"), "--join-token", "tfjt_x"], "127.0.0.1:1"),
+    ]
+    for data_dir, extra, says in cases:
+        out = run_cli(["agent", "--node", "gpu1", "--server", "https://127.0.0.1:1", "--ca", str(ca),
+                       "--data-dir", str(data_dir), *extra], {})
+        assert out.returncode == 1 and out.stderr.count("\n") == 1, (data_dir, out.stdout, out.stderr)
+        assert any(s in out.stderr for s in says.split("|")) and "Traceback" not in out.stderr, out.stderr
+        assert not data_dir.with_name(data_dir.name + ".key").exists(), data_dir
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.pem", "kept", "own.key", "var"]
+    assert list((tmp_path / "var").iterdir()) == [] and list(kept.iterdir()) == []
+    assert (tmp_path / "own.key").read_bytes() == bytes(range(32))

@@ -64,9 +64,13 @@ def test_the_join_token_is_used_once_and_the_key_stays_private(served: Served, g
     # the token is spent: a second agent with it is refused, and says so in one line
     first = served.agent("gpu2", start=False)
     first.ensure_identity()
-    again = Agent(replace(first.config, data_dir=served.home / "agents" / "gpu2-copy"))
+    copy = served.home / "agents" / "gpu2-copy"
+    again = Agent(replace(first.config, data_dir=copy))
     with pytest.raises(AgentError, match="already used"):
-        again.ensure_identity()
+        again.start()
+    # and that start leaves nothing behind: it made the data directory and the key file, and takes both back (an
+    # empty directory and a key beside no node key were left, for the next start to take for a node's own)
+    assert not copy.exists() and not copy.with_name("gpu2-copy.key").exists() and copy.parent.is_dir()
     # another node's token (gpu3's, given to the agent of gpu4) is refused before it is spent, in one line that
     # names the token's node; nothing is written (it used to spend the token, then blame the data directory)
     gpu3_token = served.join_token("gpu3")

@@ -88,6 +88,19 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
 
     back = cli.json("enforcer", "rollback", "--device", "nic:gpu1", "--to", "1", "--reason", "bad push")
     assert back["version"] == 3 and back["pinned"] is True
+    # gpu1, pinned to the set from before the grant, denies what the policy now allows: `verify` answers no, and
+    # the mismatches are its answer, on stdout as a table and in --json (they were printed on stderr)
+    mismatched = cli.run("enforcer", "verify")
+    assert mismatched.returncode == 1 and mismatched.stderr == "", mismatched.stderr
+    assert "mismatches" in mismatched.stdout and "acme/train/" in mismatched.stdout, mismatched.stdout
+    assert "globex/api/" in mismatched.stdout and "tcp/8443" in mismatched.stdout, mismatched.stdout
+    assert mismatched.stdout.rstrip().splitlines()[-1].startswith("not ok: 0 device(s) not verifiable, "), (
+        mismatched.stdout)
+    as_json = cli.run("enforcer", "verify", "--json")
+    assert as_json.returncode == 1 and as_json.stderr == "", as_json.stderr
+    verdict = json.loads(as_json.stdout)
+    assert verdict["ok"] is False and verdict["findings"] == [] and verdict["mismatches"], verdict
+    assert {(m["policy"], m["devices"], m["port"]) for m in verdict["mismatches"]} == {("allow", "deny", 8443)}
     one_error_line(cli.run("enforcer", "rollback", "--device", "nic:gpu1", "--to", "9"), "earlier version")
     applied = cli.json("enforcer", "apply", "--device", "nic:gpu1")
     assert applied["published"] == {"nic:gpu1": 4}
@@ -122,8 +135,8 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     # with no data directory it fails (1) too: only a wrong command line is 2
     assert cli.run("fabric", "node", "add", "gpu9", "--uplink", "p0", token=admin).returncode == 0
     unpublished = cli.run("enforcer", "verify")
-    assert unpublished.returncode == 1 and "nic:gpu9: no published rule set" in unpublished.stderr, (
-        unpublished.stdout, unpublished.stderr)
+    assert unpublished.returncode == 1 and unpublished.stderr == "", unpublished.stderr
+    assert "nic:gpu9" in unpublished.stdout and "no published rule set" in unpublished.stdout, unpublished.stdout
     nothing = cli.run("enforcer", "verify", TRUSTFABRIC_HOME=str(tmp_path / "nothing"))
     assert nothing.returncode == 1 and "does not exist" in nothing.stderr, nothing.stderr  # a failure, not usage
 

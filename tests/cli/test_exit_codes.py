@@ -283,3 +283,49 @@ def test_no_command_exits_with_a_number_of_its_own() -> None:
 def test_the_codes_are_the_conventions() -> None:
     """CONVENTIONS.md: "exit codes 0 ok, 1 failure, 2 usage"; 3 and 130 beyond them (unproven, interrupted)."""
     assert (EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNPROVEN, EXIT_ABORTED) == (0, 1, 2, 3, 130)
+
+
+# Every command that shows or revokes one named thing, with a name of the right shape that names nothing (not found:
+# a failure, exit 1) and a value that cannot be a name at all (a malformed argument: usage, exit 2, refused while
+# parsed). `token show` and `grant show|revoke` took any text (exit 1 for `not-hex`, where `tenant show Not_A_Slug`
+# and every other sibling exited 2), as did `token revoke`; `svid revoke --tenant nosuch` revoked nothing and exited
+# 0. Keyed by command (and, where a command names its object more ways than one, the option that names it): a new
+# one must be listed (see below).
+NAMED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "audit show": (("999999",), ("-1",)),
+    "device show": (("nic:gpu9",), ("gpu9",)),
+    "enforcer show": (("--device", "nic:gpu9"), ("--device", "gpu9")),
+    "fabric leaf show": (("leaf9",), ("Leaf_9",)),
+    "fabric node show": (("gpu9",), ("Gpu_9",)),
+    "fabric placement show": (("acme/web/nope",), ("acme/web",)),
+    "fabric spine show": (("spine9",), ("Spine_9",)),
+    "grant revoke": (("g-ffffffff", "--reason", "x"), ("grant-7", "--reason", "x")),
+    "grant show": (("g-ffffffff",), ("grant-7",)),
+    "group show": (("acme", "nope"), ("acme", "No_Group")),
+    "policy show": (("99",), ("v2",)),
+    "svid revoke": (("--serial", "ffff0000", "--reason", "x"), ("--serial", "not-hex", "--reason", "x")),
+    "svid revoke --tenant": (("--tenant", "nosuch", "--reason", "x"), ("--tenant", "No_Such", "--reason", "x")),
+    "tenant show": (("nosuch",), ("No_Such",)),
+    "token revoke": (("ffffffff", "--reason", "x"), ("not-hex", "--reason", "x")),
+    "token show": (("ffffffff",), ("not-hex",)),
+    "workload revoke": (("acme", "web", "nope", "--reason", "x"), ("acme", "web", "No_Such", "--reason", "x")),
+    "workload show": (("acme", "web", "nope"), ("acme", "web", "No_Such")),
+}
+UNNAMED = {"bundle show", "fabric show"}  # the one trust bundle, the whole fabric: nothing to name
+
+
+def test_an_unknown_name_is_a_failure_and_a_malformed_one_usage(cli: Cli, world: dict[str, str]) -> None:
+    for command, (unknown, malformed) in sorted(NAMED.items()):
+        argv = [w for w in command.split() if not w.startswith("--")]
+        missing = cli.run(*argv, *unknown, token=world["admin"])
+        assert missing.returncode == EXIT_FAILURE and one_line(missing), (command, missing.stdout, missing.stderr)
+        assert missing.stdout == "", (command, missing.stdout)
+        wrong = cli.run(*argv, *malformed, token=world["admin"])
+        assert wrong.returncode == EXIT_USAGE and one_line(wrong), (command, wrong.stdout, wrong.stderr)
+
+
+def test_every_show_and_revoke_command_is_in_the_table() -> None:
+    from tests.cli.test_bad_arguments import leaf_commands
+
+    walked = {" ".join(path) for path, _cmd in leaf_commands() if path[-1] in ("show", "revoke")}
+    assert walked == {c.split(" --")[0] for c in NAMED} | UNNAMED

@@ -82,6 +82,9 @@ def test_eval_on_files(rego: Path, tmp_path: Path) -> None:
     assert r.returncode == 0 and r.stdout.strip() == "undefined"
     r = run_cli(["policy", "eval", "count(1)", "-d", str(rego)], {})
     assert r.returncode == 1 and "<query.rego>:1:" in r.stderr and r.stderr.count("\n") == 1
+    for empty in ("", " # nothing"):  # was the parser's "expecting ...", exit 1: a wrong argument is usage
+        r = run_cli(["policy", "eval", empty, "-d", str(rego)], {})
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "the query is empty" in r.stderr, r.stderr
 
 
 def _local(home: Path) -> dict[str, str | None]:

@@ -297,3 +297,33 @@ def test_a_decisions_tenant_that_is_no_slug_is_refused_not_an_empty_log(console_
     assert env.call("GET", "/v1/policy/decisions", "auditor", params={"tenant": "acme"}).status_code == 200
     page = sign_in(env, "auditor").get("/console/decisions", params={"tenant": "<b>Acme</b>"})
     assert page.status_code in (400, 422) and 'role="alert"' in page.text and "<b>Acme" not in page.text, page.text
+
+
+def test_a_console_page_refused_by_the_address_rate_limit_is_a_page(tmp_path: Path) -> None:
+    """The per-address rate limit answers before routing (api/limits.py): a console page got the API's raw JSON
+    there, which a browser shows as text. Now it gets the console's error page, still 429 with Retry-After and
+    the console's security headers (the answer never reaches api/edge.py's header pass), the reason in words; a
+    part of a page htmx asked for gets the reason alone; an API path keeps its JSON."""
+    from tests.api.conftest import make_settings, open_env
+
+    env = open_env(make_settings(tmp_path / "home", ip_rate_limit_per_second=0.01, ip_rate_limit_burst=2))
+    try:
+        browser = TestClient(env.app, raise_server_exceptions=False, follow_redirects=False)
+        assert [browser.get("/console/login").status_code for _ in range(2)] == [200, 200]
+        page = browser.get("/console/login")
+        assert page.status_code == 429 and int(page.headers["retry-after"]) >= 1, page.text
+        assert page.headers["content-type"] == "text/html; charset=utf-8", page.headers
+        assert page.headers["content-security-policy"].startswith("default-src 'none'")
+        assert page.headers["cache-control"] == "no-store" and page.headers["x-frame-options"] == "DENY"
+        layout = '<link rel="stylesheet" href="/console/static/console.css">'  # the console's own frame
+        assert page.text.startswith("<!doctype html>") and layout in page.text, page.text
+        said = "Too many requests from your address (testclient): wait "
+        assert "<h1>Too many requests</h1>" in page.text and said in page.text, page.text
+        part = browser.get("/console/grants", headers={"HX-Request": "true"})
+        assert part.status_code == 429 and "<html" not in part.text and 'role="alert"' in part.text, part.text
+        api = browser.get("/v1/whoami")
+        assert api.status_code == 429 and api.json()["error"] == "rate_limited", api.text
+        assert "content-security-policy" not in api.headers
+    finally:
+        env.client.close()
+        env.ctx.close()

@@ -172,3 +172,46 @@ def test_an_input_nested_too_deep_is_a_400_not_a_500(compat: tuple[httpx.Client,
             assert r.json()["code"] == "invalid_parameter" and "nested deeper than 127 levels" in r.json()["message"]
     r = c.get(f"/v1/data/{path}/allow", params={"input": "[" * 5_000 + "]" * 5_000})
     assert r.status_code == 400 and "nested deeper" in r.json()["message"], r.text[:200]
+
+
+def test_an_unknown_path_or_method_is_answered_as_opa_answers(pdp: Served, compat: tuple[httpx.Client, str]) -> None:
+    """OPA routes with Go's http.ServeMux (open-policy-agent/opa v1/server/server.go, initRouters): a path it has
+    no route for gets the mux's `404 page not found` (text/plain, nosniff); a method its API paths (/v1/data,
+    /v1/policies, /v1/query and below) do not take, their catch-all routes' bare 405 (writer.HTTPStatus: no
+    body); another path's wrong method, the mux's 405 `Method Not Allowed` with Allow. The PDP answered
+    FastAPI's JSON {"detail": "Not Found"} (and "Method Not Allowed"), which no OPA client expects. With a token
+    configured, a caller without it learns nothing of what is served (OPA's authorization runs before its
+    router)."""
+    c, _path = compat
+    for path in ("/nope", "/v1/nope", "/v2/data/x", "/v1/datax", "/openapi.json", "/docs"):
+        r = c.get(path)
+        assert r.status_code == 404 and r.text == "404 page not found\n", (path, r.status_code, r.text)
+        assert r.headers["content-type"] == "text/plain; charset=utf-8", path
+        assert r.headers["x-content-type-options"] == "nosniff", path
+    for method, path in (("POST", "/v1/policies"), ("PATCH", "/v1/policies/x.rego"), ("DELETE", "/v1/data"),
+                         ("PUT", "/v1/query"), ("GET", "/v1/query/x"), ("OPTIONS", "/v1/data/a/b")):
+        r = c.request(method, path)
+        assert r.status_code == 405 and r.content == b"", (method, path, r.status_code, r.text)
+        assert "content-type" not in r.headers, (method, path, r.headers)
+    for method, path, allow in (("PUT", "/", "POST"), ("POST", "/health", "GET")):
+        r = c.request(method, path)
+        assert r.status_code == 405 and r.text == "Method Not Allowed\n", (method, path, r.text)
+        assert r.headers["allow"] == allow and r.headers["content-type"] == "text/plain; charset=utf-8"
+    for method, path in (("GET", "/nope"), ("PUT", "/"), ("GET", "/v1/query/x")):
+        r = httpx.request(method, pdp.url + path, timeout=10)  # no token
+        assert r.status_code == 401 and r.json()["code"] == "unauthorized", (method, path, r.text)
+    assert httpx.get(pdp.url + "/health", timeout=10).status_code == 200  # /health still needs none
+
+
+def test_an_empty_query_is_refused_as_opa_refuses_it(compat: tuple[httpx.Client, str]) -> None:
+    """OPA parses an empty query (blanks, comments: no expression) and refuses it when compiling
+    (v1/ast/compile.go, queryCompiler.Compile): 400 invalid_parameter "error(s) occurred while compiling query",
+    rego_compile_error "empty query cannot be compiled", no location; a POST body without "query" asks that
+    query. The PDP answered the engine parser's bare "expecting ..." as a parse error (and refused the body)."""
+    c, _path = compat
+    expected = {"code": "invalid_parameter", "message": "error(s) occurred while compiling query",
+                "errors": [{"code": "rego_compile_error", "message": "empty query cannot be compiled"}]}
+    for r in (c.get("/v1/query?q="), c.get("/v1/query", params={"q": "  \n# only a comment\n"}),
+              c.post("/v1/query", json={"query": ""}), c.post("/v1/query", json={"input": {"x": 1}})):
+        assert r.status_code == 400 and r.json() == expected, (r.request.url, r.text)
+    assert c.get("/v1/query", params={"q": "x := 1 # and a comment"}).json() == {"result": [{"x": 1}]}

@@ -13,7 +13,7 @@ from core.clock import FrozenClock
 from core.errors import InvalidInput
 from keys.file import FileKeyStore
 from pki import service
-from pki.errors import AlreadyRevoked, IdentityOutOfScope, IdentityRevoked, SvidNotFound
+from pki.errors import AlreadyRevoked, IdentityNotFound, IdentityOutOfScope, IdentityRevoked, SvidNotFound
 from store.db import Database
 from tests.pki.helpers import ADMIN, actions, counts, make_csr
 
@@ -123,3 +123,19 @@ def test_bad_revocation_requests(sqlite_pki: Database, clock: FrozenClock, kwarg
 def test_unknown_serial(sqlite_pki: Database, clock: FrozenClock) -> None:
     with pytest.raises(SvidNotFound):
         _revoke(sqlite_pki, clock, serial="abcdef")
+
+
+def test_an_identity_that_names_nothing_is_not_found(sqlite_pki: Database, clock: FrozenClock) -> None:
+    """Revoking a tenant, group or workload that is not registered and never held an SVID (a typo: `acmee`) revoked
+    nothing, recorded an identity.revoke event and a revoked prefix (which a tenant of that name created later would
+    be born under) and answered success; the serial form of the same mistake was already SvidNotFound. Registered
+    ones still revoke with no SVID issued yet."""
+    before = counts(sqlite_pki)
+    for kw in ({"tenant": "acmee"}, {"tenant": "acme", "group": "wbe"}, {"tenant": "acme", "group": "web",
+                                                                         "workload": "frontedn"}):
+        with pytest.raises(IdentityNotFound, match="nothing to revoke under spiffe://"):
+            _revoke(sqlite_pki, clock, **kw)
+    assert counts(sqlite_pki) == before
+    assert _revoke(sqlite_pki, clock, tenant="acme", group="web", workload="frontend") == []
+    assert _revoke(sqlite_pki, clock, tenant="globex") == []
+    assert actions(sqlite_pki)[-2:] == ["identity.revoke", "identity.revoke"]

@@ -19,7 +19,7 @@ from policy.decide import (
 from policy.engines import PolicyEngine
 from policy.engines.embedded import RegorusEngine
 from policy.engines.opa_server import OpaServerEngine, OpaSettings
-from policy.errors import PolicyCompileError, PolicyEngineError, QueryParseError
+from policy.errors import EmptyQuery, PolicyCompileError, PolicyEngineError, QueryParseError
 from tests.policy.conftest import LOADED
 from tests.policy.helpers import NOW_NS, corpus, flow, reference_allowed, reference_allows, shipped, small_doc
 
@@ -145,6 +145,17 @@ def test_a_query_that_does_not_parse_is_told_from_one_that_fails_to_evaluate(mak
     for failing in ("x := 1 / 0", "x := count(data.q.n)"):
         with pytest.raises(PolicyEngineError):
             engine.query(failing)
+
+
+def test_an_empty_query_says_so_on_every_engine(make_engine: Factory) -> None:
+    """A query of blanks and comments was the parser's bare "expecting ..." at 1:1 (and, from an OPA server, which
+    refuses it as a compile error, a PolicyEngineError): every engine now says the query is empty and what one
+    looks like, before asking anything of the engine; still a QueryParseError, as before."""
+    engine = make_engine()
+    for empty in ("", "   ", "\n# only a comment\n\t\n"):
+        with pytest.raises(EmptyQuery, match=r"^the query is empty: give a Rego query, e\.g\. data\.flows\.decision"):
+            engine.query(empty)
+    assert engine.query("x := 1  # a comment after an expression") == [{"x": 1}]
 
 
 def test_malformed_answer_denies(make_engine: Factory) -> None:
