@@ -36,9 +36,14 @@ entries parented to it).
   the workload picks the audience, so the agent bounds what its workloads make it ask the server: JWT_PER_WORKLOAD
   fetches a second per workload, JWT_PER_NODE for the node (the server's rate limit is the node's, shared with its
   X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would keep
-  a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload. Over
-  a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE. An answer whose token is not the
-  workload's (`sub`) for the audience asked (`aud`), or does not parse, is never held: as a 5xx.
+  a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload. The
+  node's bound is shared fairly (core.ratelimit.FairBucket): while others ask, no workload takes more than its share
+  (the node's rate and burst, less JWT_NODE_RESERVE, divided among the workloads that asked in the last
+  JWT_BUSY_WINDOW seconds), and the last JWT_NODE_RESERVE fetches of the node's burst go only to a workload that had
+  not asked within that window: busy workloads cannot make a quiet one's first fetch UNAVAILABLE, and the node's
+  fetches together never exceed JWT_PER_NODE. Over a bound, the workload gets its held JWT-SVID while valid, else
+  UNAVAILABLE. An answer whose token is not the workload's (`sub`) for the audience asked (`aud`), or does not parse,
+  is never held: as a 5xx.
 - A slow or unreachable server delays only the asks that need its answer: no request is made under the agent's lock,
   one request at a time per workload's X.509-SVID (a batch renewal counts for each of its workloads), per workload
   and audience's JWT-SVID and for the placements, the others asking meanwhile sharing its outcome (waited for up to
@@ -80,7 +85,7 @@ from agent.api import ApiClient, Refused, Unreachable
 from agent.at_rest import AtRest, AtRestError
 from agent.identity import AgentError, key_der, new_key_and_csr
 from agent.metrics import AgentMetrics
-from core.ratelimit import TokenBucket
+from core.ratelimit import FairBucket, TokenBucket
 from pki.errors import InvalidSpiffeId
 from pki.spiffe_id import parse_spiffe_id
 
@@ -134,6 +139,8 @@ class RetryLater(AgentError):
 DEFINITIVE = frozenset({401, 403, 404})  # the answers that drop a held SVID (the module docstring says why)
 JWT_PER_WORKLOAD = (1.0, 8)  # JWT-SVID fetches from the server a workload may cause: rate a second, burst
 JWT_PER_NODE = (10.0, 20)  # and all the node's workloads together (the server's default per principal: 50/s, 100)
+JWT_NODE_RESERVE = 4  # of JWT_PER_NODE's burst, kept for workloads that did not ask in the last JWT_BUSY_WINDOW s
+JWT_BUSY_WINDOW = 2.0  # seconds: a workload that asked within them is busy, and counts in the node's shares
 JWT_AUDIENCES = 32  # JWT-SVIDs kept per workload (the oldest fetched goes first)
 BACKOFF_MIN = 1.0  # seconds before the first retry of a renewal that failed without a Retry-After
 BACKOFF_MAX = 60.0  # the backoff's bound (it doubles per failure in a row, with jitter)
@@ -290,7 +297,7 @@ class WorkloadSvids:
         self._x509: dict[str, X509Entry] = {}
         self._jwt: dict[tuple[str, tuple[str, ...]], JwtEntry] = {}
         self._jwt_asks = TokenBucket(*JWT_PER_WORKLOAD)  # per workload
-        self._jwt_node = TokenBucket(*JWT_PER_NODE)
+        self._jwt_node = FairBucket(*JWT_PER_NODE, reserve=JWT_NODE_RESERVE, window=JWT_BUSY_WINDOW)  # shared fairly
         self._jwt_retry_at: dict[str, float] = {}  # workload -> no JWT-SVID asked before then (the server failed)
         self._jwt_failures: dict[str, int] = {}  # workload -> such failures in a row (the backoff's exponent)
         self._lock = threading.RLock()
@@ -834,6 +841,17 @@ class WorkloadSvids:
         log.warning("%s: JWT-SVID not fetched, retrying in %.1fs (the one held, if any, is served while valid): %s",
                     workload, wait, exc)
 
+    def _jwt_bounds(self, workload: str) -> bool:
+        """A fetch for `workload` is within the agent's bounds, and taken from them: its own (JWT_PER_WORKLOAD), and
+        its share of the node's (JWT_PER_NODE, shared fairly: core.ratelimit.FairBucket). A fetch the node's bound
+        refuses costs the workload's own nothing. The caller holds the lock."""
+        if self._jwt_asks.take(workload) > 0:
+            return False
+        if not self._jwt_node.take(workload):
+            self._jwt_asks.give_back(workload)
+            return False
+        return True
+
     def jwt(self, workload: str, audience: list[str], *, held_ok: bool = False) -> JwtEntry | None:
         """The workload's JWT-SVID for `audience`, fetched when none is held or past half life (the module docstring
         has the rules). One fetch per (workload, audience) in flight: meanwhile the held one while valid, else that
@@ -852,7 +870,7 @@ class WorkloadSvids:
                     # not asked of the server (said once, when it failed or never: a workload asking in a loop must
                     # not flood the log): the server failed a moment ago, or this is over the agent's bounds
                     waiting = now < self._jwt_retry_at.get(workload, 0.0)
-                    if waiting or self._jwt_asks.take(workload) > 0 or self._jwt_node.take("node") > 0:
+                    if waiting or not self._jwt_bounds(workload):
                         if entry is not None and now < entry.expires:
                             return entry
                         why = "waiting to retry after the server's refusal" if waiting \

@@ -16,7 +16,9 @@ accepted the connection and does not answer) or once it answered (the answer hel
 - (review) a caller asking in a loop starts one renewal thread, not one per ask; a thread that cannot be started leaves
   no work marked under way; close() leaves no cache write going on; an answer with another workload's (or key's,
   or audience's) SVID is never held; a clock stepped back does not hold the placements' refresh; a request failing
-  for now after its workload was unplaced sets no retry wait; the agent stops at once with requests stalled.
+  for now after its workload was unplaced sets no retry wait; the agent stops at once with requests stalled;
+- (agentfair) busy workloads asking JWT-SVIDs in a loop cannot make a quiet one's first fetch UNAVAILABLE, and the
+  node's fetches together stay within its bound.
 
 Counted at the gate (requests that reached the server) wherever possible; the timings asserted have wide margins."""
 
@@ -30,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,8 +43,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from spiffe import WorkloadApiClient
 
+from agent import svids as rules
 from agent.runner import Agent
-from agent.svids import CACHE_FILE, RetryLater, SvidCache, WorkloadSvids, X509Entry
+from agent.svids import CACHE_FILE, JwtEntry, RetryLater, SvidCache, WorkloadSvids, X509Entry
 from tests.agent.harness import Served, gpu1_fabric, served_fabric
 from tests.agent.test_at_rest import serials
 from tests.agent.test_batch_renewal import _chain
@@ -49,7 +53,9 @@ from tests.agent.test_batch_renewal import _chain
 pytestmark = pytest.mark.xdist_group("agent-slow-server")
 X509_PATH, BATCH_PATH, JWT_PATH = "/v1/svids/x509", "/v1/svids/x509/batch", "/v1/svids/jwt"
 PLACEMENTS_PATH = "/v1/nodes/gpu1/placements"
-NAMES = ["h0", "n0", "n1", "a0", "a1", "a2", "a3", "s0", "s1", "r0", "d0", "d1", "p0", "p1"]
+BUSY = [f"b{i}" for i in range(10)]  # workloads asking JWT-SVIDs in a loop
+QUIET = ["q0", "q1", "q2"]  # and others, asking their first meanwhile
+NAMES = ["h0", "n0", "n1", "a0", "a1", "a2", "a3", "s0", "s1", "r0", "d0", "d1", "p0", "p1", *BUSY, *QUIET]
 W = {n: f"acme/train/{n}" for n in NAMES}
 H0_ID = "spiffe://example.org/tenant/acme/group/train/h0"
 FIRST = ["a0", "a1", "a2", "a3"]  # the concurrent first fetches
@@ -657,6 +663,56 @@ def test_a_jwt_fetch_unanswered_sets_no_retry_wait_for_a_workload_unplaced_meanw
     gate.release()
     assert gpu1.svids.jwt(W["s1"], ["unplaced-db"]) is not None  # asked at once
     assert rnd.arrived == {JWT_PATH: 1}
+
+
+def test_busy_workloads_cannot_make_a_quiet_ones_first_jwt_fetch_unavailable(
+        gate: Gate, gpu1: Agent, released: None) -> None:
+    """Should fix (agentfair): the node's bound on JWT-SVID fetches (JWT_PER_NODE, 10/s, burst 20) was one bucket for
+    all its workloads: ten asking new audiences in a loop, each within its own bound, kept it empty, and another
+    workload's first fetch was answered UNAVAILABLE. Now it is shared fairly (core.ratelimit.FairBucket): while others
+    ask, none takes more than its share, and busy ones leave the last JWT_NODE_RESERVE fetches of the burst to those
+    that were quiet. The node's fetches together, counted at the server, still never exceed its bound."""
+    svids = WorkloadSvids(gpu1.api, gpu1.metrics)  # its bounds this test's alone
+    svids.refresh_placements(force=True)
+    rnd = gate.close(JWT_PATH)  # counted, not held
+    gate.release()
+    stop = threading.Event()
+    fetched = dict.fromkeys(BUSY, 0)
+
+    def busy(name: str) -> None:
+        for i in range(100_000):
+            if stop.is_set():
+                return
+            with suppress(RetryLater):
+                fetched[name] += svids.jwt(W[name], [f"busy-{i}"]) is not None
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=busy, args=(n,), daemon=True) for n in BUSY]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # the node's burst is spent by now, and each busy workload asks at its bound
+    first: dict[str, JwtEntry | RetryLater | None] = {}
+    for name in QUIET:
+        try:
+            first[name] = svids.jwt(W[name], ["quiet-db"])
+        except RetryLater as exc:
+            first[name] = exc
+        time.sleep(0.3)
+    stop.set()
+    for t in threads:
+        t.join(15)
+    elapsed = time.monotonic() - started
+    assert all(isinstance(e, JwtEntry) for e in first.values()), first
+    rate, burst = rules.JWT_PER_NODE
+    times = sorted(rnd.times)
+    assert len(times) == sum(fetched.values()) + len(QUIET)
+    assert sum(fetched.values()) >= rate * elapsed / 2, (fetched, elapsed)  # (the busy ones did keep it busy)
+    for i in range(len(times)):  # any span of the node's fetches: within the bound (2 more: the requests' transit)
+        for j in range(i, len(times)):
+            assert j - i + 1 <= burst + rate * (times[j] - times[i]) + 2, (i, j, times[j] - times[i])
+    share = (burst - rules.JWT_NODE_RESERVE) / len(BUSY) + rate / len(BUSY) * elapsed
+    assert max(fetched.values()) <= share + 1, (fetched, share)  # none took more than its share
 
 
 def test_the_agent_stops_at_once_with_requests_stalled_and_writes_nothing_after(  # last: it stops the agent
