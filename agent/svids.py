@@ -47,9 +47,11 @@ entries parented to it).
 - A slow or unreachable server delays only the asks that need its answer: no request is made under the agent's lock,
   one request at a time per workload's X.509-SVID (a batch renewal counts for each of its workloads), per workload
   and audience's JWT-SVID and for the placements, the others asking meanwhile sharing its outcome (waited for up to
-  the request's own timeout, and a margin). A Workload API caller never waits for the server about an SVID it holds
-  valid: it gets the held one, a renewal due and the placements' refresh going on behind it. An answer arriving after
-  its workload was dropped (refused for good, unplaced, moved, revoked) is discarded, never served.
+  the request's own timeout, and a margin); a request that failed is not sent again at once by the next ask (an
+  SVID's after its retry wait, above; the placements' after a floor, below). A Workload API caller never waits for
+  the server about an SVID it holds valid: it gets the held one, a renewal due and the placements' refresh going on
+  behind it. An answer arriving after its workload was dropped (refused for good, unplaced, moved, revoked) is
+  discarded, never served.
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
@@ -57,8 +59,14 @@ A restarted agent serves them only once it re-synced with the server: the placem
 moved away or unplaced while the agent was down is dropped, never served) and the CRL read (an SVID revoked
 meanwhile is dropped). That costs two small GETs, not one CSR and signature per workload, so the Workload
 API answers from the cache within those requests' bound (`resync_timeout`); until the server answered it
-answers UNAVAILABLE (the Workload API's "not ready, retry"), never from an unconfirmed cache. Once synced, a
-server that stops answering changes nothing: what was confirmed is served while it is valid (fail static).
+answers UNAVAILABLE (the Workload API's "not ready, retry"), never from an unconfirmed cache. A read that failed
+(429, 5xx, no answer) is not sent again before a floor: the server's Retry-After, or else a backoff from
+PLACEMENTS_BACKOFF_MIN (0.25 s) doubling per failure in a row, with jitter; either at most PLACEMENTS_WAIT_MAX (5 s,
+and up to 10% more, so a fleet does not come back at once). Callers meanwhile are answered UNAVAILABLE at once
+(or wait for a read in flight), without a request: a fleet of restarted agents asks a recovering server once per
+floor each, not once per Workload API call, and re-syncs at most that floor (5.5 s) after the server is back, at
+the first ask then (the same floor spaces a synced agent's refreshes after a failure). Once synced, a server that
+stops answering changes nothing: what was confirmed is served while it is valid (fail static).
 """
 
 from __future__ import annotations
@@ -147,13 +155,19 @@ BACKOFF_MAX = 60.0  # the backoff's bound (it doubles per failure in a row, with
 RETRY_AFTER_MAX = 600.0  # a server's Retry-After is honoured up to this; a larger one is taken as this
 
 
-def retry_wait(failures: int, retry_after: float | None, jitter: random.Random) -> float:
+PLACEMENTS_BACKOFF_MIN = 0.25  # seconds before a failed placements read is sent again (no Retry-After): it doubles
+PLACEMENTS_WAIT_MAX = 5.0  # up to this, a Retry-After too: a restarted agent serves nothing until it re-synced
+
+
+def retry_wait(failures: int, retry_after: float | None, jitter: random.Random, *, least: float = BACKOFF_MIN,
+               most: float = BACKOFF_MAX, after_most: float = RETRY_AFTER_MAX) -> float:
     """Seconds before asking again after a transient failure (the `failures`-th in a row, from 0): the server's
-    Retry-After (up to 10% more, so that agents told the same do not come back at once), or else a backoff doubling
-    from BACKOFF_MIN to BACKOFF_MAX with jitter. One rule for the workload SVIDs' renewals and the node SVID's."""
+    Retry-After (at least `least`, at most `after_most`, and up to 10% more, so that agents told the same do not come
+    back at once), or else a backoff doubling from `least` to `most` with jitter. One rule for the workload SVIDs'
+    renewals, the node SVID's and the placements' reads (with their own bounds)."""
     if retry_after is not None:
-        return min(max(retry_after, BACKOFF_MIN), RETRY_AFTER_MAX) * jitter.uniform(1.0, 1.1)
-    return float(min(BACKOFF_MAX, BACKOFF_MIN * 2.0 ** min(failures, 16)) * jitter.uniform(0.5, 1.0))
+        return min(max(retry_after, least), after_most) * jitter.uniform(1.0, 1.1)
+    return float(min(most, least * 2.0 ** min(failures, 16)) * jitter.uniform(0.5, 1.0))
 
 
 def definitive(status: int) -> bool:
@@ -303,6 +317,9 @@ class WorkloadSvids:
         self._lock = threading.RLock()
         self._save_lock = threading.Lock()  # one cache write at a time, each of the state as it is then
         self._placements_at = 0.0
+        self._placements_retry_at = 0.0  # time.monotonic(): no placements read (but a forced one) before then
+        self._placements_failures = 0  # reads failed in a row (the floor's exponent)
+        self._placements_why = ""  # why the last one failed
         self.synced = False  # placements (and the CRL, for cached SVIDs) confirmed by the server since start
         self.from_cache = 0  # SVIDs the last run left, kept until the re-sync judged them
         self.batches = True  # renewals in batches (POST /v1/svids/x509/batch) until the server shows it has none
@@ -380,16 +397,35 @@ class WorkloadSvids:
     # ------------------------------------------------------------------ placements
     def _placements_due(self) -> bool:
         """refresh_every passed since the last read, or the clock went back past it (a wall clock stepped back must
-        not hold the refreshes, which drop unplaced workloads, until it is back where it was). The caller holds the
-        lock."""
+        not hold the refreshes, which drop unplaced workloads, until it is back where it was); and the floor after a
+        failed read is over (`_placements_later`). The caller holds the lock."""
+        if time.monotonic() < self._placements_retry_at:
+            return False
         return not 0.0 <= self.clock() - self._placements_at < self.refresh_every
+
+    def _placements_later(self, exc: Unreachable | Refused) -> None:
+        """A placements read failed: none is sent again (but a forced one) before the server's Retry-After, or else a
+        backoff doubling from PLACEMENTS_BACKOFF_MIN per failure in a row with jitter; either at most
+        PLACEMENTS_WAIT_MAX, and up to 10% more. Before the first sync, the callers meanwhile are answered at once
+        without a request: a fleet of restarted agents asks a recovering server once per floor each, not once per
+        Workload API call, and re-syncs within the floor once it is back. The caller holds the lock."""
+        wait = retry_wait(self._placements_failures, exc.retry_after if isinstance(exc, Refused) else None,
+                          self._jitter, least=PLACEMENTS_BACKOFF_MIN, most=PLACEMENTS_WAIT_MAX,
+                          after_most=PLACEMENTS_WAIT_MAX)
+        self._placements_failures += 1
+        self._placements_retry_at = time.monotonic() + wait
+        self._placements_why = str(exc)
+        if not self.synced:
+            log.warning("workload identities not re-synced (the Workload API answers UNAVAILABLE meanwhile); the "
+                        "placements are read again in %.1fs: %s", wait, exc)
 
     def refresh_placements(self, force: bool = False) -> None:
         """Read the node's placements (every `refresh_every` s, or now with `force` or before the first sync);
         the first time after a start also the CRL, when SVIDs came from the cache. One read in flight at a time:
         meanwhile, once synced, the others go on with the known placements; before the first sync they wait for it
         (bounded by the read's own bound), and `force` waits for it, then reads again (it may predate the change the
-        caller wants seen)."""
+        caller wants seen). After a failed read, none is sent before its floor (`_placements_later`) but a forced
+        one: before the first sync, Unreachable at once meanwhile."""
         deadline: float | None = None
         while True:
             with self._lock:
@@ -397,6 +433,9 @@ class WorkloadSvids:
                     return
                 flight = self._placements_flight
                 if flight is None:
+                    wait = self._placements_retry_at - time.monotonic()
+                    if wait > 0 and not force:  # (not synced: _placements_due said so above)
+                        raise Unreachable(f"the node's placements: {self._placements_why} (read again in {wait:.1f}s)")
                     flight = self._placements_flight = _Flight()
                     synced, cached = self.synced, bool(self._x509)
                     break
@@ -421,8 +460,9 @@ class WorkloadSvids:
                 revoked = self.api.revoked_serials(timeout=timeout) if not synced and cached else set()
             except (Unreachable, Refused) as exc:
                 flight.error = exc
-                if synced:  # what is known serves meanwhile; asked again when due, not at every ask
-                    with self._lock:
+                with self._lock:
+                    self._placements_later(exc)
+                    if synced:  # what is known serves meanwhile; asked again when due, not at every ask
                         self._placements_at = self.clock()
                 raise
             with self._lock:
@@ -439,6 +479,7 @@ class WorkloadSvids:
         """Take the placements read (and the CRL's serials): drop the SVIDs of workloads unplaced, moved or revoked,
         and mark them dropped for the answers in flight. True when anything changed. The caller holds the lock."""
         self._placements_at = self.clock()
+        self._placements_retry_at, self._placements_failures = 0.0, 0
         new = {r["workload"]: Placement(r["workload"], r["spiffe_id"], tuple(r.get("selectors") or ()))
                for r in rows}
         dropped = [w for w, e in self._x509.items()
