@@ -55,8 +55,8 @@ from tests.agent.test_batch_renewal import _chain
 pytestmark = pytest.mark.xdist_group("agent-slow-server")
 X509_PATH, BATCH_PATH, JWT_PATH = "/v1/svids/x509", "/v1/svids/x509/batch", "/v1/svids/jwt"
 PLACEMENTS_PATH = "/v1/nodes/gpu1/placements"
-BUSY = [f"b{i}" for i in range(10)]  # workloads asking JWT-SVIDs in a loop
-QUIET = ["q0", "q1", "q2"]  # and others, asking their first meanwhile
+BUSY = [f"b{i}" for i in range(30)]  # workloads asking JWT-SVIDs in a loop
+QUIET = [f"q{i}" for i in range(5)]  # and others, asking their first meanwhile
 NAMES = ["h0", "n0", "n1", "a0", "a1", "a2", "a3", "s0", "s1", "r0", "d0", "d1", "p0", "p1", *BUSY, *QUIET]
 W = {n: f"acme/train/{n}" for n in NAMES}
 H0_ID = "spiffe://example.org/tenant/acme/group/train/h0"
@@ -721,10 +721,12 @@ def test_a_restarted_agent_reads_its_placements_once_per_floor_while_the_server_
 def test_busy_workloads_cannot_make_a_quiet_ones_first_jwt_fetch_unavailable(
         gate: Gate, gpu1: Agent, released: None) -> None:
     """Should fix (agentfair): the node's bound on JWT-SVID fetches (JWT_PER_NODE, 10/s, burst 20) was one bucket for
-    all its workloads: ten asking new audiences in a loop, each within its own bound, kept it empty, and another
-    workload's first fetch was answered UNAVAILABLE. Now it is shared fairly (core.ratelimit.FairBucket): while others
-    ask, none takes more than its share, and busy ones leave the last JWT_NODE_RESERVE fetches of the burst to those
-    that were quiet. The node's fetches together, counted at the server, still never exceed its bound."""
+    all its workloads: busy ones asking new audiences in a loop, each within its own bound (1/s), kept it empty
+    whenever together they asked more than its rate (30 here, started over a second), and another workload's first
+    fetch was answered UNAVAILABLE without being asked (ten ask exactly its rate, and do so only some of the time:
+    no test that fails). Now it is shared fairly (core.ratelimit.FairBucket): busy workloads leave the last
+    JWT_NODE_RESERVE fetches of the burst to those that were quiet (the shares among busy ones:
+    tests/core/test_ratelimit.py). The node's fetches together, counted at the server, never exceed its bound."""
     svids = WorkloadSvids(gpu1.api, gpu1.metrics)  # its bounds this test's alone
     svids.refresh_placements(force=True)
     rnd = gate.close(JWT_PATH)  # counted, not held
@@ -732,40 +734,36 @@ def test_busy_workloads_cannot_make_a_quiet_ones_first_jwt_fetch_unavailable(
     stop = threading.Event()
     fetched = dict.fromkeys(BUSY, 0)
 
-    def busy(name: str) -> None:
+    def busy(name: str, delay: float) -> None:
+        stop.wait(delay)
         for i in range(100_000):
             if stop.is_set():
                 return
             with suppress(RetryLater):
                 fetched[name] += svids.jwt(W[name], [f"busy-{i}"]) is not None
-            time.sleep(0.002)
+            time.sleep(0.005)
 
-    threads = [threading.Thread(target=busy, args=(n,), daemon=True) for n in BUSY]
-    started = time.monotonic()
+    threads = [threading.Thread(target=busy, args=(n, k / len(BUSY)), daemon=True) for k, n in enumerate(BUSY)]
     for t in threads:
         t.start()
-    time.sleep(2.0)  # the node's burst is spent by now, and each busy workload asks at its bound
+    time.sleep(3.0)  # every busy workload asking at its bound by now, the node's burst long spent
     first: dict[str, JwtEntry | RetryLater | None] = {}
     for name in QUIET:
         try:
             first[name] = svids.jwt(W[name], ["quiet-db"])
         except RetryLater as exc:
             first[name] = exc
-        time.sleep(0.3)
+        time.sleep(0.2)
     stop.set()
     for t in threads:
         t.join(15)
-    elapsed = time.monotonic() - started
     assert all(isinstance(e, JwtEntry) for e in first.values()), first
     rate, burst = rules.JWT_PER_NODE
     times = sorted(rnd.times)
-    assert len(times) == sum(fetched.values()) + len(QUIET)
-    assert sum(fetched.values()) >= rate * elapsed / 2, (fetched, elapsed)  # (the busy ones did keep it busy)
+    assert sum(fetched.values()) >= burst + rate * 2, fetched  # (the busy ones kept the node busy)
     for i in range(len(times)):  # any span of the node's fetches: within the bound (2 more: the requests' transit)
         for j in range(i, len(times)):
             assert j - i + 1 <= burst + rate * (times[j] - times[i]) + 2, (i, j, times[j] - times[i])
-    share = (burst - rules.JWT_NODE_RESERVE) / len(BUSY) + rate / len(BUSY) * elapsed
-    assert max(fetched.values()) <= share + 1, (fetched, share)  # none took more than its share
 
 
 def test_the_agent_stops_at_once_with_requests_stalled_and_writes_nothing_after(  # last: it stops the agent
