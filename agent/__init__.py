@@ -5,7 +5,8 @@ switch, on a leaf) without the server's database and talks to the API over HTTPS
                       renewal at half life, the trust bundle (refreshed: CA rotation-aware)
   agent.api           the mTLS client of the device, placement and SVID endpoints
   agent.wiring        which backend realises each device id (the lab's state file in agent mode)
-  agent.device_loop   one thread per device: long-poll, render + apply, report, drift repair, fail static
+  agent.device_loop   per device: long-poll, render + apply, drift repair, reports (no server request under
+                      the device lock), fail static
   agent.workload_api  the SPIFFE Workload API (gRPC on a unix socket) with peer-credential attestation
   agent.peercred      the caller's uid/gid/pid (SO_PEERCRED) and the selectors it matches
   agent.svids         workload SVIDs: keys made here, certificates from the server, rotation

@@ -1,12 +1,21 @@
 """One device's reconciliation: the desired rule set from the server, applied atomically, reported, and
 kept in place on the device.
 
-Two threads per device share the backend under one lock:
+Three threads per device share the backend under one lock:
 - the poller long-polls `GET /v1/devices/{id}/ruleset` (If-None-Match: the last hash fetched) and applies
   each new version;
 - the checker reads the device back every `drift_every` seconds and re-applies the last good set when it
   differs (someone edited the flows or the nftables table by hand), then reports; it also reports
-  counters every `report_every` seconds and retries a desired version that failed to apply.
+  counters every `report_every` seconds and retries a desired version that failed to apply;
+- the reporter sends the status reports the other two leave (`POST /v1/devices/{id}/status`).
+
+The lock guards the device and the loop's memory, never a request to the server (as agent/svids.py's): a slow
+server holds up only the thread whose request it is, never another's apply or drift repair. A leaf's
+fabric view is fetched outside it, and the set is applied under it after checking that nothing was taken
+meanwhile that makes it void (a retry of a failed version, overtaken by the poller's newer one). A status is
+taken under it, as it is then, and left for the reporter, which sends them in order, one report in flight per
+device (a status that differs from the last one left only in its counters replaces it: nothing the server audits,
+a repair or a refusal, is lost): the poller and the checker never wait for a report.
 
 What never happens: the device is never opened. A rule set is refused whole (content hash that does not
 match its IR, an IR that does not parse or render, an apply the device rejects) and the last good one stays;
@@ -21,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +47,7 @@ log = logging.getLogger("trustfabric.agent")
 
 MAX_DRIFT_LINES = 200
 MAX_COUNTERS = 10_000
+MAX_UNSENT = 32  # statuses left for the reporter while the server does not take them (the oldest go first)
 
 
 @dataclass(frozen=True)
@@ -78,19 +89,23 @@ class DeviceLoop:
         self.repairs = 0
         self.view: tuple[str, Fabric] | None = None  # a Linux leaf's fabric view: (its hash, the Fabric)
         self.view_fetches = 0
+        self._taken = 0  # rule sets taken (applied or refused): a retry begun before another take is void
+        self._outbox: deque[dict[str, Any]] = deque()  # the statuses not sent yet, the oldest first
+        self._queued = threading.Event()  # set while the outbox holds any: the reporter's turn
         self._threads: list[threading.Thread] = []
         for counter in (metrics.applies, metrics.refused, metrics.drift_repairs, metrics.server_errors):
             counter.labels(self.device)  # every series exists from the start (a 0 is an answer)
 
     def start(self) -> None:
-        for name, fn in (("poll", self._poll_forever), ("check", self._check_forever)):
+        for name, fn in (("poll", self._poll_forever), ("check", self._check_forever),
+                         ("report", self._report_forever)):
             t = threading.Thread(target=fn, name=f"agent-{name}-{self.device}", daemon=True)
             t.start()
             self._threads.append(t)
 
     def join(self, timeout: float = 10.0) -> None:
-        """Wait for the checker; a poller held in a long-poll ends when its request does (it applies nothing
-        once stopped: see take)."""
+        """Wait for the checker; a poller held in a long-poll, or a reporter in its request, ends when its request
+        does (it applies, or sends, nothing once stopped: see take)."""
         for t in self._threads:
             t.join(timeout if t.name.startswith("agent-check") else 0.1)
 
@@ -118,15 +133,39 @@ class DeviceLoop:
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, self.settings.backoff_max)
 
-    def take(self, doc: dict[str, Any]) -> bool:
-        """Apply a rule set document from the server; False (and reported) when it was refused."""
-        digest = str(doc.get("content_hash", ""))
+    def take(self, doc: dict[str, Any], *, retry: bool = False) -> bool:
+        """Apply a rule set document from the server; False (and reported) when it was refused, or void (`retry`:
+        the checker's retry of `pending`, when another set was taken meanwhile). Its requests (a leaf's fabric view,
+        the report) are made outside the lock."""
         with self.lock:
+            if self.stop.is_set() or (retry and self.pending is not doc):
+                return False
+            taken, held_view = self._taken, self.view
+        checked: tuple[int, DeviceRuleSet, Any, tuple[str, Fabric] | None] | Exception
+        try:
+            checked = self._check(doc, held_view)
+        except Unreachable:  # not refused: fetched again (no If-None-Match for it) once the server answers
+            raise
+        except Exception as exc:  # refused (below): the last good set stays
+            checked = exc
+        fetched = None if isinstance(checked, Exception) else checked[3]
+        with self.lock:
+            if fetched is not None:
+                self.view_fetches += 1
             if self.stop.is_set():  # a long-poll answered after the agent stopped: not ours to apply any more
                 return False
-            previous, self.etag = self.etag, digest or self.etag
+            if retry and (self._taken != taken or self.pending is not doc):  # the poller took a newer one meanwhile
+                return False
+            self._taken += 1
+            digest = str(doc.get("content_hash", ""))
+            self.etag = digest or self.etag
+            if fetched is not None:
+                self.view = fetched
+            ok = False
             try:
-                version, rules, backend = self._check(doc)
+                if isinstance(checked, Exception):
+                    raise checked
+                version, rules, backend, _ = checked
                 installed_already = self.good is None and self._in_sync(backend, rules)
                 if not installed_already:
                     started = time.perf_counter()
@@ -134,26 +173,26 @@ class DeviceLoop:
                     pause_point("agent.apply.unrecorded")
                     self.metrics.apply_seconds.labels(self.device).observe(time.perf_counter() - started)
                     self.metrics.applies.labels(self.device).inc()
-            except Unreachable:  # not refused: fetched again (no If-None-Match for it) once the server answers
-                self.etag = previous
-                raise
             except Exception as exc:  # refused: the last good set stays (every backend applies atomically)
                 self.pending = doc
                 self.last_error = f"version {doc.get('version')} refused: {_one_line(exc)}"
                 self.metrics.refused.labels(self.device).inc()
                 log.error("%s: %s; keeping version %s", self.device, self.last_error,
                           self.good.version if self.good else None)
-                self._report()
-                return False
-            self.good = Applied(version, rules, backend)
-            self.pending, self.last_error, self.drift, self.repaired = None, None, [], False
-            self.metrics.applied_version.labels(self.device).set(version)
-            log.info("%s: version %d %s (%s)", self.device, version,
-                     "already installed" if installed_already else "applied", digest[:12])
+            else:
+                self.good = Applied(version, rules, backend)
+                self.pending, self.last_error, self.drift, self.repaired = None, None, [], False
+                self.metrics.applied_version.labels(self.device).set(version)
+                log.info("%s: version %d %s (%s)", self.device, version,
+                         "already installed" if installed_already else "applied", digest[:12])
+                ok = True
             self._report()
-            return True
+            return ok
 
-    def _check(self, doc: dict[str, Any]) -> tuple[int, DeviceRuleSet, Any]:
+    def _check(self, doc: dict[str, Any], held_view: tuple[str, Fabric] | None
+               ) -> tuple[int, DeviceRuleSet, Any, tuple[str, Fabric] | None]:
+        """The document's version, rules and backend, and the fabric view fetched for it (None: the held one, or a
+        NIC's). Called outside the lock: it may ask the server."""
         try:
             version = int(doc["version"])
             rules = DeviceRuleSet.from_dict(doc["ir"])
@@ -163,20 +202,21 @@ class DeviceLoop:
             raise BadRuleSet(f"the rule set is for {rules.device}, not {self.device}")
         if rules.content_hash != doc.get("content_hash"):
             raise BadRuleSet(f"its IR hashes to {rules.content_hash}, not to the content hash it came with")
-        fabric = self._leaf_fabric(doc.get(VIEW_KEY)) if self.wiring.kind == "leaf" else None
+        fabric, fetched = None, None
+        if self.wiring.kind == "leaf":
+            fabric, fetched = self._leaf_fabric(doc.get(VIEW_KEY), held_view)
         # a set that cannot render is refused by apply itself, which renders before it touches the device
-        return version, rules, self.wiring.make(fabric)
+        return version, rules, self.wiring.make(fabric), fetched
 
-    def _leaf_fabric(self, want: str | None) -> Fabric:
-        """The fabric view the server named with the rule set: the one held when its hash matches, else fetched
-        (a server that names none: always fetched)."""
-        if want is not None and self.view is not None and self.view[0] == want:
-            return self.view[1]
+    def _leaf_fabric(self, want: str | None, held: tuple[str, Fabric] | None
+                     ) -> tuple[Fabric, tuple[str, Fabric] | None]:
+        """The fabric view the server named with the rule set: the `held` one when its hash matches, else fetched
+        (a server that names none: always fetched), with (its hash, it) to hold."""
+        if want is not None and held is not None and held[0] == want:
+            return held[1], None
         doc = self.api.leaf_view(self.device)
-        self.view_fetches += 1
         fabric = fabric_of_view(doc)
-        self.view = (view_hash(doc), fabric)
-        return fabric
+        return fabric, (view_hash(doc), fabric)
 
     def _in_sync(self, backend: Any, rules: DeviceRuleSet) -> bool:
         try:
@@ -191,8 +231,9 @@ class DeviceLoop:
             try:
                 repaired = self.check_drift()
                 due = time.monotonic() - last_report >= self.settings.report_every
-                if self.pending is not None and due:
-                    self.take(self.pending)  # a failed apply is retried (it may have been transient)
+                pending = self.pending
+                if pending is not None and due:
+                    self.take(pending, retry=True)  # a failed apply is retried (it may have been transient)
                 elif repaired or due:
                     self._report()
                 if repaired or due:
@@ -227,7 +268,7 @@ class DeviceLoop:
             self.drift, self.repaired = drift[:MAX_DRIFT_LINES], True
             self.repairs += 1
             self.metrics.drift_repairs.labels(self.device).inc()
-            self._report()
+            self._report()  # (this status says what was repaired; the next ones no more)
             self.drift, self.repaired = [], False
             return True
 
@@ -256,13 +297,45 @@ class DeviceLoop:
                     "drift_repaired": self.repaired, "last_error": self.last_error[:2000] if self.last_error else None}
 
     def _report(self) -> None:
-        try:
-            self.api.report(self.device, self.status())
-        except Unreachable as exc:
-            self.metrics.server_errors.labels(self.device).inc()
-            log.warning("%s: status not reported (server unreachable): %s", self.device, exc)
-        except Refused as exc:
-            log.warning("%s: status report refused: %s", self.device, exc)
+        """Leave the status as it is now for the reporter: taken under the lock, so the statuses are left in the order
+        of the states they describe; sent outside it. One that differs from the last one not sent yet only in its
+        counters replaces it."""
+        with self.lock:
+            status = self.status()
+            if self._outbox and _but_counters(self._outbox[-1]) == _but_counters(status):
+                self._outbox[-1] = status
+            else:
+                self._outbox.append(status)
+                if len(self._outbox) > MAX_UNSENT:
+                    self._outbox.popleft()
+                    log.warning("%s: the server takes no status report; the oldest not sent is dropped", self.device)
+            self._queued.set()
+
+    def _report_forever(self) -> None:
+        """Send the statuses left, in order, one report in flight per device: a slow server holds up this thread
+        only. Nothing is sent once stopped."""
+        while not self.stop.is_set():
+            if not self._queued.wait(0.5):
+                continue
+            with self.lock:
+                status = self._outbox.popleft() if self._outbox else None
+                if not self._outbox:
+                    self._queued.clear()
+            if status is None or self.stop.is_set():
+                continue
+            try:
+                self.api.report(self.device, status)
+            except Unreachable as exc:
+                self.metrics.server_errors.labels(self.device).inc()
+                log.warning("%s: status not reported (server unreachable): %s", self.device, exc)
+            except Refused as exc:
+                log.warning("%s: status report refused: %s", self.device, exc)
+            except Exception:
+                log.exception("%s: status not reported", self.device)
+
+
+def _but_counters(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k != "counters"}
 
 
 def _one_line(exc: BaseException) -> str:

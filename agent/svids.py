@@ -36,15 +36,22 @@ entries parented to it).
   the workload picks the audience, so the agent bounds what its workloads make it ask the server: JWT_PER_WORKLOAD
   fetches a second per workload, JWT_PER_NODE for the node (the server's rate limit is the node's, shared with its
   X.509 renewals and placements: a workload asking new audiences in a loop must not get the node 429s, which would keep
-  a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload. Over
-  a bound, the workload gets its held JWT-SVID while valid, else UNAVAILABLE. An answer whose token is not the
-  workload's (`sub`) for the audience asked (`aud`), or does not parse, is never held: as a 5xx.
+  a revoked workload's X.509-SVID served, its renewal never answered 403), and JWT_AUDIENCES cached per workload. The
+  node's bound is shared fairly (core.ratelimit.FairBucket): while others ask, no workload takes more than its share
+  (the node's rate and burst, less JWT_NODE_RESERVE, divided among the workloads that asked in the last
+  JWT_BUSY_WINDOW seconds), and the last JWT_NODE_RESERVE fetches of the node's burst go only to a workload that had
+  not asked within that window: busy workloads cannot make a quiet one's first fetch UNAVAILABLE, and the node's
+  fetches together never exceed JWT_PER_NODE. Over a bound, the workload gets its held JWT-SVID while valid, else
+  UNAVAILABLE. An answer whose token is not the workload's (`sub`) for the audience asked (`aud`), or does not parse,
+  is never held: as a 5xx.
 - A slow or unreachable server delays only the asks that need its answer: no request is made under the agent's lock,
   one request at a time per workload's X.509-SVID (a batch renewal counts for each of its workloads), per workload
   and audience's JWT-SVID and for the placements, the others asking meanwhile sharing its outcome (waited for up to
-  the request's own timeout, and a margin). A Workload API caller never waits for the server about an SVID it holds
-  valid: it gets the held one, a renewal due and the placements' refresh going on behind it. An answer arriving after
-  its workload was dropped (refused for good, unplaced, moved, revoked) is discarded, never served.
+  the request's own timeout, and a margin); a request that failed is not sent again at once by the next ask (an
+  SVID's after its retry wait, above; the placements' after a floor, below). A Workload API caller never waits for
+  the server about an SVID it holds valid: it gets the held one, a renewal due and the placements' refresh going on
+  behind it. An answer arriving after its workload was dropped (refused for good, unplaced, moved, revoked) is
+  discarded, never served.
 
 Across a restart (as a SPIRE agent keeps its SVID cache): the placements and X.509-SVIDs (keys included)
 are kept in `svids.sealed` in the data directory, AES-256-GCM under the agent's key file (agent/at_rest.py).
@@ -52,8 +59,14 @@ A restarted agent serves them only once it re-synced with the server: the placem
 moved away or unplaced while the agent was down is dropped, never served) and the CRL read (an SVID revoked
 meanwhile is dropped). That costs two small GETs, not one CSR and signature per workload, so the Workload
 API answers from the cache within those requests' bound (`resync_timeout`); until the server answered it
-answers UNAVAILABLE (the Workload API's "not ready, retry"), never from an unconfirmed cache. Once synced, a
-server that stops answering changes nothing: what was confirmed is served while it is valid (fail static).
+answers UNAVAILABLE (the Workload API's "not ready, retry"), never from an unconfirmed cache. A read that failed
+(429, 5xx, no answer) is not sent again before a floor: the server's Retry-After, or else a backoff from
+PLACEMENTS_BACKOFF_MIN (0.25 s) doubling per failure in a row, with jitter; either at most PLACEMENTS_WAIT_MAX (5 s,
+and up to 10% more, so a fleet does not come back at once). Callers meanwhile are answered UNAVAILABLE at once
+(or wait for a read in flight), without a request: a fleet of restarted agents asks a recovering server once per
+floor each, not once per Workload API call, and re-syncs at most that floor (5.5 s) after the server is back, at
+the first ask then (the same floor spaces a synced agent's refreshes after a failure). Once synced, a server that
+stops answering changes nothing: what was confirmed is served while it is valid (fail static).
 """
 
 from __future__ import annotations
@@ -80,7 +93,7 @@ from agent.api import ApiClient, Refused, Unreachable
 from agent.at_rest import AtRest, AtRestError
 from agent.identity import AgentError, key_der, new_key_and_csr
 from agent.metrics import AgentMetrics
-from core.ratelimit import TokenBucket
+from core.ratelimit import FairBucket, TokenBucket
 from pki.errors import InvalidSpiffeId
 from pki.spiffe_id import parse_spiffe_id
 
@@ -134,19 +147,27 @@ class RetryLater(AgentError):
 DEFINITIVE = frozenset({401, 403, 404})  # the answers that drop a held SVID (the module docstring says why)
 JWT_PER_WORKLOAD = (1.0, 8)  # JWT-SVID fetches from the server a workload may cause: rate a second, burst
 JWT_PER_NODE = (10.0, 20)  # and all the node's workloads together (the server's default per principal: 50/s, 100)
+JWT_NODE_RESERVE = 4  # of JWT_PER_NODE's burst, kept for workloads that did not ask in the last JWT_BUSY_WINDOW s
+JWT_BUSY_WINDOW = 2.0  # seconds: a workload that asked within them is busy, and counts in the node's shares
 JWT_AUDIENCES = 32  # JWT-SVIDs kept per workload (the oldest fetched goes first)
 BACKOFF_MIN = 1.0  # seconds before the first retry of a renewal that failed without a Retry-After
 BACKOFF_MAX = 60.0  # the backoff's bound (it doubles per failure in a row, with jitter)
 RETRY_AFTER_MAX = 600.0  # a server's Retry-After is honoured up to this; a larger one is taken as this
 
 
-def retry_wait(failures: int, retry_after: float | None, jitter: random.Random) -> float:
+PLACEMENTS_BACKOFF_MIN = 0.25  # seconds before a failed placements read is sent again (no Retry-After): it doubles
+PLACEMENTS_WAIT_MAX = 5.0  # up to this, a Retry-After too: a restarted agent serves nothing until it re-synced
+
+
+def retry_wait(failures: int, retry_after: float | None, jitter: random.Random, *, least: float = BACKOFF_MIN,
+               most: float = BACKOFF_MAX, after_most: float = RETRY_AFTER_MAX) -> float:
     """Seconds before asking again after a transient failure (the `failures`-th in a row, from 0): the server's
-    Retry-After (up to 10% more, so that agents told the same do not come back at once), or else a backoff doubling
-    from BACKOFF_MIN to BACKOFF_MAX with jitter. One rule for the workload SVIDs' renewals and the node SVID's."""
+    Retry-After (at least `least`, at most `after_most`, and up to 10% more, so that agents told the same do not come
+    back at once), or else a backoff doubling from `least` to `most` with jitter. One rule for the workload SVIDs'
+    renewals, the node SVID's and the placements' reads (with their own bounds)."""
     if retry_after is not None:
-        return min(max(retry_after, BACKOFF_MIN), RETRY_AFTER_MAX) * jitter.uniform(1.0, 1.1)
-    return float(min(BACKOFF_MAX, BACKOFF_MIN * 2.0 ** min(failures, 16)) * jitter.uniform(0.5, 1.0))
+        return min(max(retry_after, least), after_most) * jitter.uniform(1.0, 1.1)
+    return float(min(most, least * 2.0 ** min(failures, 16)) * jitter.uniform(0.5, 1.0))
 
 
 def definitive(status: int) -> bool:
@@ -290,12 +311,15 @@ class WorkloadSvids:
         self._x509: dict[str, X509Entry] = {}
         self._jwt: dict[tuple[str, tuple[str, ...]], JwtEntry] = {}
         self._jwt_asks = TokenBucket(*JWT_PER_WORKLOAD)  # per workload
-        self._jwt_node = TokenBucket(*JWT_PER_NODE)
+        self._jwt_node = FairBucket(*JWT_PER_NODE, reserve=JWT_NODE_RESERVE, window=JWT_BUSY_WINDOW)  # shared fairly
         self._jwt_retry_at: dict[str, float] = {}  # workload -> no JWT-SVID asked before then (the server failed)
         self._jwt_failures: dict[str, int] = {}  # workload -> such failures in a row (the backoff's exponent)
         self._lock = threading.RLock()
         self._save_lock = threading.Lock()  # one cache write at a time, each of the state as it is then
         self._placements_at = 0.0
+        self._placements_retry_at = 0.0  # time.monotonic(): no placements read (but a forced one) before then
+        self._placements_failures = 0  # reads failed in a row (the floor's exponent)
+        self._placements_why = ""  # why the last one failed
         self.synced = False  # placements (and the CRL, for cached SVIDs) confirmed by the server since start
         self.from_cache = 0  # SVIDs the last run left, kept until the re-sync judged them
         self.batches = True  # renewals in batches (POST /v1/svids/x509/batch) until the server shows it has none
@@ -373,16 +397,35 @@ class WorkloadSvids:
     # ------------------------------------------------------------------ placements
     def _placements_due(self) -> bool:
         """refresh_every passed since the last read, or the clock went back past it (a wall clock stepped back must
-        not hold the refreshes, which drop unplaced workloads, until it is back where it was). The caller holds the
-        lock."""
+        not hold the refreshes, which drop unplaced workloads, until it is back where it was); and the floor after a
+        failed read is over (`_placements_later`). The caller holds the lock."""
+        if time.monotonic() < self._placements_retry_at:
+            return False
         return not 0.0 <= self.clock() - self._placements_at < self.refresh_every
+
+    def _placements_later(self, exc: Unreachable | Refused) -> None:
+        """A placements read failed: none is sent again (but a forced one) before the server's Retry-After, or else a
+        backoff doubling from PLACEMENTS_BACKOFF_MIN per failure in a row with jitter; either at most
+        PLACEMENTS_WAIT_MAX, and up to 10% more. Before the first sync, the callers meanwhile are answered at once
+        without a request: a fleet of restarted agents asks a recovering server once per floor each, not once per
+        Workload API call, and re-syncs within the floor once it is back. The caller holds the lock."""
+        wait = retry_wait(self._placements_failures, exc.retry_after if isinstance(exc, Refused) else None,
+                          self._jitter, least=PLACEMENTS_BACKOFF_MIN, most=PLACEMENTS_WAIT_MAX,
+                          after_most=PLACEMENTS_WAIT_MAX)
+        self._placements_failures += 1
+        self._placements_retry_at = time.monotonic() + wait
+        self._placements_why = str(exc)
+        if not self.synced:
+            log.warning("workload identities not re-synced (the Workload API answers UNAVAILABLE meanwhile); the "
+                        "placements are read again in %.1fs: %s", wait, exc)
 
     def refresh_placements(self, force: bool = False) -> None:
         """Read the node's placements (every `refresh_every` s, or now with `force` or before the first sync);
         the first time after a start also the CRL, when SVIDs came from the cache. One read in flight at a time:
         meanwhile, once synced, the others go on with the known placements; before the first sync they wait for it
         (bounded by the read's own bound), and `force` waits for it, then reads again (it may predate the change the
-        caller wants seen)."""
+        caller wants seen). After a failed read, none is sent before its floor (`_placements_later`) but a forced
+        one: before the first sync, Unreachable at once meanwhile."""
         deadline: float | None = None
         while True:
             with self._lock:
@@ -390,6 +433,9 @@ class WorkloadSvids:
                     return
                 flight = self._placements_flight
                 if flight is None:
+                    wait = self._placements_retry_at - time.monotonic()
+                    if wait > 0 and not force:  # (not synced: _placements_due said so above)
+                        raise Unreachable(f"the node's placements: {self._placements_why} (read again in {wait:.1f}s)")
                     flight = self._placements_flight = _Flight()
                     synced, cached = self.synced, bool(self._x509)
                     break
@@ -414,8 +460,9 @@ class WorkloadSvids:
                 revoked = self.api.revoked_serials(timeout=timeout) if not synced and cached else set()
             except (Unreachable, Refused) as exc:
                 flight.error = exc
-                if synced:  # what is known serves meanwhile; asked again when due, not at every ask
-                    with self._lock:
+                with self._lock:
+                    self._placements_later(exc)
+                    if synced:  # what is known serves meanwhile; asked again when due, not at every ask
                         self._placements_at = self.clock()
                 raise
             with self._lock:
@@ -432,6 +479,7 @@ class WorkloadSvids:
         """Take the placements read (and the CRL's serials): drop the SVIDs of workloads unplaced, moved or revoked,
         and mark them dropped for the answers in flight. True when anything changed. The caller holds the lock."""
         self._placements_at = self.clock()
+        self._placements_retry_at, self._placements_failures = 0.0, 0
         new = {r["workload"]: Placement(r["workload"], r["spiffe_id"], tuple(r.get("selectors") or ()))
                for r in rows}
         dropped = [w for w, e in self._x509.items()
@@ -834,6 +882,17 @@ class WorkloadSvids:
         log.warning("%s: JWT-SVID not fetched, retrying in %.1fs (the one held, if any, is served while valid): %s",
                     workload, wait, exc)
 
+    def _jwt_bounds(self, workload: str) -> bool:
+        """A fetch for `workload` is within the agent's bounds, and taken from them: its own (JWT_PER_WORKLOAD), and
+        its share of the node's (JWT_PER_NODE, shared fairly: core.ratelimit.FairBucket). A fetch the node's bound
+        refuses costs the workload's own nothing. The caller holds the lock."""
+        if self._jwt_asks.take(workload) > 0:
+            return False
+        if not self._jwt_node.take(workload):
+            self._jwt_asks.give_back(workload)
+            return False
+        return True
+
     def jwt(self, workload: str, audience: list[str], *, held_ok: bool = False) -> JwtEntry | None:
         """The workload's JWT-SVID for `audience`, fetched when none is held or past half life (the module docstring
         has the rules). One fetch per (workload, audience) in flight: meanwhile the held one while valid, else that
@@ -852,7 +911,7 @@ class WorkloadSvids:
                     # not asked of the server (said once, when it failed or never: a workload asking in a loop must
                     # not flood the log): the server failed a moment ago, or this is over the agent's bounds
                     waiting = now < self._jwt_retry_at.get(workload, 0.0)
-                    if waiting or self._jwt_asks.take(workload) > 0 or self._jwt_node.take("node") > 0:
+                    if waiting or not self._jwt_bounds(workload):
                         if entry is not None and now < entry.expires:
                             return entry
                         why = "waiting to retry after the server's refusal" if waiting \

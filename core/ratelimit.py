@@ -1,6 +1,7 @@
 """Token buckets: `rate` tokens a second per key, at most `burst` saved up. The API's rate limits per client address
 and per principal (api/limits.py), and the node agent's own limits on what its workloads make it ask the server
-(agent/svids.py): one implementation for both."""
+(agent/svids.py): one implementation for both; and one bucket shared fairly by keys (FairBucket: a node's JWT-SVID
+fetches, which its workloads cause)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,58 @@ class TokenBucket:
             retry = max(1, math.ceil(wait))
             raise RateLimited(f"rate limit exceeded for {key}: {what} cost {1 + extra} tokens; retry after {retry}s",
                               retry)
+
+
+class FairBucket:
+    """One token bucket (`rate` tokens a second, at most `burst` saved up) shared by keys so that busy ones cannot
+    starve the others: the node agent's bound on the JWT-SVID fetches of all its workloads (agent/svids.py).
+
+    - A key takes at most its share while others ask: `rate / n` a second and `(burst - reserve) / n` saved up (at
+      least one), n being the keys that asked within the last `window` seconds, itself included. A share refills at
+      the rate of the moment; a key that has not asked within the window is forgotten, and finds its share whole.
+    - The bucket's last `reserve` tokens go only to a key that had not asked within the window: busy keys stop short
+      of them, so a quiet key's first take is not spent by the busy ones.
+    - The bucket bounds the sum: never more than `burst + rate * t` taken in any t seconds, whatever the keys do.
+    Thread-safe, in-process; `rate <= 0` disables it (as TokenBucket)."""
+
+    def __init__(self, rate: float, burst: int, *, reserve: int, window: float) -> None:
+        self.rate = rate
+        self.burst = max(1, burst)
+        self.reserve = max(0, min(reserve, self.burst - 1))
+        self.window = window
+        self._tokens = float(self.burst)  # the shared bucket's, at `_at`
+        self._at: float | None = None
+        self._shares: dict[str, tuple[float, float]] = {}  # key -> its share's tokens, and when
+        self._asked: dict[str, float] = {}  # key -> when it last asked (the oldest first: dicts keep their order)
+        self._lock = threading.Lock()
+
+    def take(self, key: str, now: float | None = None) -> bool:
+        """Take one token for `key`: True when taken; False (nothing taken) when it is over its share, or the bucket
+        is empty (for a key that asked within the window: down to the reserve)."""
+        if self.rate <= 0:
+            return True
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            while self._asked:  # forget the keys gone quiet
+                oldest, at = next(iter(self._asked.items()))
+                if now - at < self.window:
+                    break
+                del self._asked[oldest]
+                self._shares.pop(oldest, None)
+            quiet = key not in self._asked
+            self._asked.pop(key, None)
+            self._asked[key] = now
+            n = len(self._asked)
+            cap = max(1.0, (self.burst - self.reserve) / n)
+            share, at = self._shares.get(key, (cap, now))
+            share = min(cap, share + max(0.0, now - at) * self.rate / n)
+            tokens = self._tokens if self._at is None \
+                else min(float(self.burst), self._tokens + max(0.0, now - self._at) * self.rate)
+            taken = share >= 1.0 and tokens >= 1.0 + (0 if quiet else self.reserve)
+            spent = 1.0 if taken else 0.0
+            self._shares[key] = (share - spent, now)
+            self._tokens, self._at = tokens - spent, now
+            return taken
 
 
 class BatchAboveBurst(TrustfabricError):
