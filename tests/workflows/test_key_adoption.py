@@ -201,7 +201,16 @@ def test_two_upgraded_deployments_sharing_an_unmarked_key_both_keep_using_it(
 
 
 def adopts_at_once(ctx: AppContext) -> dict[str, str] | None:
-    """A replica's adoption, at the moment TF_REVIEW_START (epoch seconds) says."""
+    """A replica's adoption, at the moment TF_REVIEW_START (epoch seconds) says; its token read takes a second, so
+    that the replicas' adoptions overlap (else one may be done before the next begins)."""
+    read = ctx.keystore.adoptable  # type: ignore[attr-defined]
+
+    def slowly(key_ids: list[str]) -> dict[str, str]:
+        found: dict[str, str] = read(key_ids)
+        time.sleep(1)
+        return found
+
+    setattr(ctx.keystore, "adoptable", slowly)  # noqa: B010 (a method of this one store, replaced)
     start = float(os.environ["TF_REVIEW_START"])
     while time.time() < start:
         time.sleep(0.001)
