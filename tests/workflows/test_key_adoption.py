@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pkcs11 import Attribute
+from pkcs11 import Attribute, KeyType, Mechanism
+from pkcs11.util.ec import encode_named_curve_parameters
 from sqlmodel import col, select
 
 from audit.checkpoint import AUDIT_KEY_ID, audit_signer, load_public_key, public_key_pem
@@ -21,7 +22,7 @@ from audit.errors import VerificationError
 from audit.models import AuditEvent
 from audit.verify import verify_export
 from keys.adoption import spki_sha256
-from keys.errors import KeyNotFound
+from keys.errors import KeyNotFound, KeyStoreError
 from keys.pkcs11 import Pkcs11KeyStore
 from keys.store import KeyKind
 from pki.errors import ForeignKeyStore
@@ -244,3 +245,28 @@ def test_replicas_starting_at_once_adopt_once(
     assert len(_adopt_events(again)) == 1
     assert initialize(again, None, "ec-p256")["created"] is False and len(_adopt_events(again)) == 1
     _signs(again)
+
+
+def test_an_upgraded_deployment_with_two_unmarked_keys_of_a_label_adopts_nothing_and_says_which(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Which of two unmarked `api-issuer` keys the deployment used before markers cannot be told: its start refuses,
+    naming the label and what to do, and writes nothing (no adoption, no event); with the stray one removed, the next
+    start adopts."""
+    home = tmp_path / "a"
+    url, _audit, issuer = made_before_markers(request, "sqlite", home, token)
+    a = _open(home, url, token, deployments)
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    stray = ks._session.create_domain_parameters(  # a second unmarked pair, with a CKA_ID of its own
+        KeyType.EC, {Attribute.EC_PARAMS: bytes(encode_named_curve_parameters("secp256r1"))}, local=True)
+    stray.generate_keypair(id=b"stray", label=API_ISSUER_KEY_ID, store=True, mechanism=Mechanism.EC_KEY_PAIR_GEN)
+    with pytest.raises(KeyStoreError, match=r"several keys without a deployment marker .* labelled api-issuer: which "
+                                            r"one .* cannot be told, so it adopts none; remove those"):
+        initialize(a, None, "ec-p256")
+    assert _adopted(a) == {} and _adopt_events(a) == []
+    with a.db.statement() as conn:
+        assert conn.exec_driver_sql("SELECT adopted_at FROM deployment").scalars().all() == [None]
+    for obj in ks._session.get_objects({Attribute.LABEL: API_ISSUER_KEY_ID, Attribute.ID: b"stray"}):
+        obj.destroy()
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert API_ISSUER_KEY_ID in _adopted(a) and _uses(a)["issuer"] == issuer and len(_adopt_events(a)) == 1
