@@ -27,19 +27,26 @@ committed knows a later state of this deployment committed it, and never destroy
 committed marker as no marker: they use such a key (its label is its own) and never destroy it.
 
 Origin: a deployment whose database held a trust domain before it had a deployment id (its keys were made before
-markers existed: `upgrade`) uses an unmarked key of the label it looks up when it has no marked one of its own; a
-deployment init made with markers from birth (`init`) never does: an unmarked `audit-checkpoint` (or API issuer, or
-CA) key in the token is someone else's, planted or left, and signing with it would let whoever holds it sign for us.
-Recorded once, with the id (workflows/init.py ensure_deployment; schema step 18 for rows written before it).
+markers existed: `upgrade`) uses unmarked keys; a deployment init made with markers from birth (`init`) never does: an
+unmarked `audit-checkpoint` (or API issuer, or CA) key in the token is someone else's, planted or left, and signing
+with it would let whoever holds it sign for us. Recorded once, with the id (workflows/init.py ensure_deployment;
+schema step 18 for rows written before it). An upgraded deployment uses only the unmarked keys it adopted: its first
+start on schema step 19's version records, for each label it uses, the one unmarked key it then used (its public key's
+SHA-256, in `adopted_keys`, and the time in `deployment.adopted_at`; keys/adoption.py). Until that start it uses any
+unmarked key of a label it has no marked key of, as before; from then on only an adopted one whose public key is the
+one recorded, never an unmarked key planted or swapped in later. The unmarked objects are never re-marked: two
+pre-marker deployments may share one (same token, fixed label), and each adopts it.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import Connection, Table, select
 
+from core.clock import as_utc
 from keys.models import Deployment
 
 TABLE: Table = Deployment.__table__  # type: ignore[attr-defined]
@@ -54,18 +61,29 @@ ORIGIN_UPGRADE = "upgrade"  # a database that held a trust domain (unmarked keys
 class DeploymentRow:
     deployment_id: str
     origin: str | None  # ORIGIN_INIT, ORIGIN_UPGRADE; None only for a row written by hand (never adopts)
+    adopted_at: datetime | None = None  # when an upgraded deployment recorded the unmarked keys it adopts
 
     @property
-    def adopts_unmarked(self) -> bool:
-        """Whether a lookup may take an unmarked key when this deployment has no marked one of the label: only a
-        deployment whose keys predate markers."""
-        return self.origin == ORIGIN_UPGRADE
+    def adopts_any_unmarked(self) -> bool:
+        """Whether a lookup may take any unmarked key of a label this deployment has no marked key of: only a
+        deployment whose keys predate markers, and only until its first start on this version recorded which unmarked
+        keys it uses (keys/adoption.py)."""
+        return self.origin == ORIGIN_UPGRADE and self.adopted_at is None
+
+    @property
+    def adopted(self) -> bool:
+        """Whether this deployment recorded the unmarked keys it adopts: it uses those, and no other unmarked key."""
+        return self.origin == ORIGIN_UPGRADE and self.adopted_at is not None
 
 
 def read_deployment(conn: Connection) -> DeploymentRow | None:
     """This database's deployment row, or None before init wrote it."""
-    row = conn.execute(select(TABLE.c.deployment_id, TABLE.c.origin).where(TABLE.c.id == 1)).first()
-    return None if row is None else DeploymentRow(str(row[0]), None if row[1] is None else str(row[1]))
+    row = conn.execute(select(TABLE.c.deployment_id, TABLE.c.origin, TABLE.c.adopted_at).where(TABLE.c.id == 1)).first()
+    if row is None:
+        return None
+    origin, adopted_at = row[1], row[2]
+    return DeploymentRow(str(row[0]), None if origin is None else str(origin),
+                         None if adopted_at is None else as_utc(adopted_at))
 
 
 def read_deployment_id(conn: Connection) -> str | None:

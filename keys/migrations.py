@@ -88,10 +88,38 @@ def _step_18(conn: sa.Connection) -> None:
     conn.exec_driver_sql(f"UPDATE deployment SET origin = {_ORIGIN_V18}")  # noqa: S608 (constant SQL)
 
 
+_v19 = sa.MetaData()
+_TABLES_V19 = (
+    sa.Table(
+        "adopted_keys",
+        _v19,
+        sa.Column('key_id', sa.String(128), primary_key=True, nullable=False),
+        sa.Column('spki_sha256', sa.String(64), nullable=False),
+        sa.Column('adopted_at', sa.DateTime(timezone=True), nullable=False),
+    ),
+)
+_added_v19: dict[str, tuple[sa.Column[object], ...]] = {
+    "deployment": (sa.Column('adopted_at', sa.DateTime(timezone=True), nullable=True),),
+}
+
+
+def _step_19(conn: sa.Connection) -> None:
+    """The unmarked keys an upgraded deployment adopts (keys/adoption.py), and when: until then it used any unmarked
+    key of a label it had no marked key of, for ever and for any label, so whoever could write an unmarked object
+    into the token could have it sign with their key. The step adopts nothing (a migration cannot reach the token):
+    the deployment's next start records what it uses."""
+    _v19.create_all(conn)
+    for table, columns in _added_v19.items():
+        for column in columns:
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column.name} {kind}")
+
+
 STEPS: tuple[Migration, ...] = (
     Migration(13, 'keys: encrypted key files shared by replicas', _step_13),
     Migration(16, "keys: the deployment id that marks this database's keys in a PKCS#11 token", _step_16),
     Migration(17, "keys: the keys this database is about to make in a PKCS#11 token", _step_17),
     Migration(18, "keys: whether a deployment's keys predate markers (only then may it use an unmarked key)",
               _step_18),
+    Migration(19, "keys: the unmarked keys an upgraded deployment adopts (only those does it use)", _step_19),
 )

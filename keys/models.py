@@ -1,7 +1,7 @@
 """The table through which replicas share file-store keys (keys/shared.py): each row a key file's bytes, ciphertext
 under the trust domain's master key, never a private byte in clear; and the deployment id that marks the keys this
-database makes in a PKCS#11 token (keys/deployment.py); and the keys this database is about to make there
-(keys/intents.py)."""
+database makes in a PKCS#11 token (keys/deployment.py); the keys this database is about to make there
+(keys/intents.py); and the unmarked keys there an upgraded deployment adopted (keys/adoption.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ class Deployment(SQLModel, table=True):
     # "init": made with markers from birth, never uses an unmarked key; "upgrade": its keys predate markers, may
     # (keys/deployment.py). Step 18 added it to a table with rows: NULL only in a row written by hand (never adopts).
     origin: str | None = Field(default=None, sa_column=Column(String(16), nullable=True))
+    # An `upgrade` deployment's first start of step 19's version recorded the unmarked keys it adopts (adopted_keys)
+    # then: from then on it uses only those (keys/adoption.py). NULL: not yet (it uses any), or not an upgrade.
+    adopted_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
 
 
 class KeyIntent(SQLModel, table=True):
@@ -43,3 +46,14 @@ class KeyIntent(SQLModel, table=True):
     key_id: str = Field(primary_key=True, max_length=128)
     deployment_id: str = Field(max_length=32)  # the deployment whose marker the key gets (keys/deployment.py)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class AdoptedKey(SQLModel, table=True):
+    """An unmarked key an upgraded deployment adopted (keys/adoption.py): the one public key under this label it
+    uses without a marker; any other unmarked key of the label, and of any label not here, it never uses."""
+
+    __tablename__ = "adopted_keys"
+
+    key_id: str = Field(primary_key=True, max_length=128)  # the token label (= key id)
+    spki_sha256: str = Field(max_length=64)  # hex SHA-256 of the public key's SubjectPublicKeyInfo DER
+    adopted_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

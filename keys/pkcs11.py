@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, utils
 from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11.util.ec import encode_named_curve_parameters
 
+from keys.adoption import Adoption, read_adoptions, spki_sha256
 from keys.deployment import (
     committed_marker,
     marked_committed,
@@ -193,8 +196,9 @@ class Pkcs11KeyStore:
     Several deployments may share a token, and some labels are fixed (audit-checkpoint, api-issuer): among the objects
     of a label, every lookup (get, exists, generate's KeyExists check, delete, key_owners) takes the one carrying this
     deployment's marker, else an unmarked one only for a deployment whose keys predate markers (origin `upgrade`,
-    keys/deployment.py: used as before), never one another deployment's marker names, and never an unmarked one for a
-    deployment init made with markers (a key planted before its first init is not adopted: KeyNotFound, naming it).
+    keys/deployment.py) and, once it recorded the unmarked keys it adopts (keys/adoption.py), only the one whose public
+    key is the one adopted under its label; never one another deployment's marker names, and never an unmarked one for
+    a deployment init made with markers (a key planted before its first init is not adopted: KeyNotFound, naming it).
     So a second deployment makes and signs with keys of its own beside the first's, and never signs its audit
     checkpoints or API tokens with another deployment's key.
 
@@ -221,7 +225,10 @@ class Pkcs11KeyStore:
         self.lock = threading.RLock()
         self._db = db
         self._deployment: str | None = None  # db's deployment id, read at the first lookup that finds it
-        self._adopts = True  # whether an unmarked key may be used (no db, or no deployment row yet: as before markers)
+        self._adopts = True  # whether any unmarked key may be used (no db, no deployment row yet: as before markers)
+        self._adopted: dict[str, Adoption] = {}  # else only these (an upgraded deployment's, keys/adoption.py)
+        self._adopted_at: datetime | None = None  # when it recorded them; None: never (made with markers) or not yet
+        self._settled = False  # whether the deployment row read says all of that for good (re-read until then)
 
     def __repr__(self) -> str:
         return f"Pkcs11KeyStore(token={self.token_label!r})"
@@ -271,7 +278,8 @@ class Pkcs11KeyStore:
         """Among objects labelled `key_id` (of one class), the one this deployment uses: the one carrying its marker;
         else, for a deployment whose keys predate markers, an unmarked one (used as before); never one another
         deployment's marker names, so that deployments sharing a token each make and use keys of their own under the
-        fixed labels (audit-checkpoint, api-issuer); never an unmarked one for a deployment born with markers.
+        fixed labels (audit-checkpoint, api-issuer); never an unmarked one for a deployment born with markers, and for
+        an upgraded one that recorded what it adopts only the one whose public key it adopted under `key_id`.
         KeyStoreError when two qualify."""
         mine = self._mine()
         ours, unmarked = [], []
@@ -281,36 +289,135 @@ class Pkcs11KeyStore:
                 unmarked.append(obj)
             elif owner == mine:
                 ours.append(obj)
-        chosen = ours or (unmarked if self._adopts else [])
+        chosen = ours or self._usable_unmarked(key_id, unmarked)
         if len(chosen) > 1:
             whose = "marked as this deployment's" if ours else "without a deployment marker"
             raise KeyStoreError(f"token holds {len(chosen)} objects labelled {key_id!r} {whose}; expected one")
         return chosen[0] if chosen else None
 
+    def _usable_unmarked(self, key_id: str, unmarked: list[Any]) -> list[Any]:
+        """Those of the unmarked objects labelled `key_id` this deployment may use: all of them before markers (or
+        before an upgraded deployment's adoption), none for one made with markers, else the one(s) whose public key
+        is the one it adopted under `key_id`."""
+        if self._adopts or not unmarked:
+            return unmarked if self._adopts else []
+        adopted = self._adopted.get(key_id)
+        if adopted is None:
+            return []
+        return [o for o in unmarked if self._digest_of(key_id, o) == adopted.spki_sha256]
+
+    def _digest_of(self, key_id: str, obj: Any) -> str | None:
+        """keys/adoption.py spki_sha256 of an unmarked object's public key: a public object's own, a private one's
+        pair's (the one unmarked public object of the label with its CKA_ID); None when that pair cannot be told (no
+        such public object, or several) or its key is of a type this project does not use."""
+        pub = obj
+        if obj.object_class != ObjectClass.PUBLIC_KEY:
+            cka_id = pair_marker(_cka_id(obj))
+            objs = self._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: ObjectClass.PUBLIC_KEY})
+            pubs = [o for o in objs if marker_owner(_cka_id(o), key_id) is None and pair_marker(_cka_id(o)) == cka_id]
+            if len(pubs) != 1:
+                return None
+            pub = pubs[0]
+        try:
+            return spki_sha256(self._public_from(pub, self._kind_of(pub)))
+        except (KeyStoreError, ValueError, pkcs11.exceptions.PKCS11Error):
+            return None
+
     def _mine(self) -> str | None:
         """db's deployment id, or None (no `db`, or a database init has not given a deployment id yet); reads, with
-        it, whether this deployment may use unmarked keys."""
-        if self._deployment is None and self._db is not None:
+        it, which unmarked keys this deployment may use (keys/adoption.py). Read again at each lookup until the row
+        says so for good: an upgraded deployment's first start records its adoptions after its first lookups."""
+        if not self._settled and self._db is not None:
             with self._db.statement() as conn:  # committed by init before it makes any key; a read of its own
                 row = read_deployment(conn)
+                adopted = read_adoptions(conn) if row is not None and row.adopted else {}  # (committed with the row)
             if row is not None:
-                self._deployment, self._adopts = row.deployment_id, row.adopts_unmarked
+                self._deployment, self._adopts = row.deployment_id, row.adopts_any_unmarked
+                self._adopted, self._adopted_at = adopted, row.adopted_at if row.adopted else None
+                self._settled = not self._adopts
         return self._deployment
 
     def adopts_unmarked(self) -> bool:
-        """Whether a lookup may take an unmarked key of a label this deployment has no marked key of: without `db` or
-        a deployment row (as before markers), or for a deployment whose keys predate markers; never for one init made
-        with markers."""
+        """Whether a lookup may take any unmarked key of a label this deployment has no marked key of: without `db`
+        or a deployment row (as before markers), or for a deployment whose keys predate markers until it recorded the
+        unmarked keys it adopts; never for one init made with markers, nor once an upgraded one recorded them (it
+        takes only those: unmarked_in_use)."""
         with self.lock:
             self._mine()
             return self._adopts
 
-    def _unadopted(self, key_id: str) -> bool:
-        """Whether the token holds an unmarked private key labelled `key_id` that this deployment does not use."""
+    def unmarked_in_use(self) -> set[str]:
+        """The key ids (labels) whose key this deployment uses is an unmarked one: any, before markers or an upgraded
+        deployment's adoption; an adopted one whose public key is the one recorded, after it; none for a deployment
+        made with markers."""
+        used = set()
+        with self.lock:
+            for key_id, owner in self.key_owners().items():
+                if owner is not None:
+                    continue
+                try:
+                    priv = self._find(key_id, ObjectClass.PRIVATE_KEY)
+                except KeyStoreError:  # several qualify: none is used
+                    continue
+                if priv is not None and marker_owner(_cka_id(priv), key_id) is None:
+                    used.add(key_id)
+        return used
+
+    def adoptable(self, key_ids: Iterable[str]) -> dict[str, str]:
+        """Of `key_ids`, those this deployment has no marked key of and the token holds one unmarked private key of,
+        with its pair's public object: each with keys/adoption.py spki_sha256 of that public key. What an upgraded
+        deployment's first start adopts (workflows/adoption.py). KeyStoreError naming the labels of which the token
+        holds several unmarked keys (or one with several public objects): which one is this deployment's cannot be
+        told, so none is adopted and nothing is written."""
+        found: dict[str, str] = {}
+        several = []
+        with self.lock:
+            mine = self._mine()
+            for key_id in sorted(set(key_ids)):
+                check_key_id(key_id)
+                objs = list(self._session.get_objects({Attribute.LABEL: key_id,
+                                                       Attribute.CLASS: ObjectClass.PRIVATE_KEY}))
+                owners = [marker_owner(_cka_id(o), key_id) for o in objs]
+                unmarked = [o for o, owner in zip(objs, owners, strict=True) if owner is None]
+                if (mine is not None and mine in owners) or not unmarked:
+                    continue  # its own marked key is the one it uses; or nothing to adopt
+                digest = self._digest_of(key_id, unmarked[0]) if len(unmarked) == 1 else None
+                if digest is None:
+                    several.append(key_id)
+                else:
+                    found[key_id] = digest
+        if several:
+            raise KeyStoreError(
+                f"PKCS#11 token {self.token_label!r} holds several keys without a deployment marker (or one without a "
+                f"single public object) labelled {', '.join(several)}: which one this deployment used before markers "
+                "cannot be told, so it adopts none; remove those that are not its own (pkcs11-tool --list-objects) "
+                "and start again")
+        return found
+
+    def _refusal(self, key_id: str) -> str | None:
+        """Why a lookup of `key_id` found no key although the token holds an unmarked one of that label, or although
+        this deployment adopted one; None when neither."""
         if self._adopts:
-            return False
+            return None
+        head = f"no key {key_id!r} of this deployment in PKCS#11 token {self.token_label!r}"
         objs = self._session.get_objects({Attribute.LABEL: key_id, Attribute.CLASS: ObjectClass.PRIVATE_KEY})
-        return any(marker_owner(_cka_id(o), key_id) is None for o in objs)
+        unmarked = any(marker_owner(_cka_id(o), key_id) is None for o in objs)
+        adopted = self._adopted.get(key_id)
+        if adopted is not None:
+            which = (f"the key without a deployment marker it adopted at {adopted.adopted_at.isoformat()} (public key "
+                     f"SHA-256 {adopted.spki_sha256})")
+            if unmarked:
+                return (f"{head}: {which} is missing; the token holds another one without a marker under that label "
+                        "(swapped in, or planted, or without its public object), which this deployment never uses")
+            return f"{head}: {which} is missing from the token"
+        if not unmarked:
+            return None
+        if self._adopted_at is not None:
+            return (f"{head}: the token holds one without a deployment marker (made by other software, or planted) "
+                    "that this deployment did not adopt when it recorded the unmarked keys it uses, at "
+                    f"{self._adopted_at.isoformat()}, and never uses")
+        return (f"{head}: the token holds one without a deployment marker (made by other software, or planted), which "
+                "a deployment made with markers never uses")
 
     def _marker(self, key_id: str) -> bytes | None:
         """The CKA_ID a key pair `key_id` generated now gets: its deployment's marker, or None (no deployment id: the
@@ -383,11 +490,9 @@ class Pkcs11KeyStore:
         with self.lock:
             priv = self._find(key_id, ObjectClass.PRIVATE_KEY)
             pub = None if priv is None else self._pair_of(key_id, priv, ObjectClass.PUBLIC_KEY)
-            if priv is None and self._unadopted(key_id):
-                raise KeyNotFound(
-                    f"no key {key_id!r} of this deployment in PKCS#11 token {self.token_label!r}: the token holds one "
-                    "without a deployment marker (made by other software, or planted), which a deployment made with "
-                    "markers never uses")
+            refusal = self._refusal(key_id) if priv is None else None
+            if refusal is not None:
+                raise KeyNotFound(refusal)
             if priv is None or pub is None:
                 raise KeyNotFound(f"no key {key_id!r} in PKCS#11 token {self.token_label!r}")
             kind = self._kind_of(pub)

@@ -7,6 +7,7 @@ Two implementations: `keys.file.FileKeyStore` (AES-256-GCM encrypted files, defa
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
@@ -96,8 +97,17 @@ class MarkedKeyStore(Protocol):
         ...
 
     def adopts_unmarked(self) -> bool:
-        """Whether lookups may take an unmarked key (a deployment whose keys predate markers); never for one made
-        with markers."""
+        """Whether lookups may take any unmarked key (a deployment whose keys predate markers, until it recorded the
+        unmarked keys it adopts); never for one made with markers."""
+        ...
+
+    def unmarked_in_use(self) -> set[str]:
+        """The key ids whose key this deployment uses is an unmarked one (adopted, or any before adoption)."""
+        ...
+
+    def adoptable(self, key_ids: Iterable[str]) -> dict[str, str]:
+        """Of `key_ids`, those this deployment has no marked key of and exactly one unmarked key of, each with the
+        hex SHA-256 of its public key's SubjectPublicKeyInfo DER; KeyStoreError naming labels with several."""
         ...
 
     def destroy_marked(self, key_id: str, deployment_id: str) -> bool:

@@ -19,7 +19,8 @@ from audit.checkpoint import AUDIT_KEY_ID
 from audit.models import AuditEvent
 from core.clock import as_utc
 from core.errors import InvalidInput
-from keys.deployment import ORIGIN_INIT, ORIGIN_UPGRADE, read_deployment_id
+from keys.adoption import Adoption, read_adoptions
+from keys.deployment import ORIGIN_INIT, ORIGIN_UPGRADE, read_deployment, read_deployment_id
 from keys.errors import KeyNotFound
 from keys.intents import ABANDONED_AFTER, forget, intents
 from keys.models import Deployment
@@ -35,6 +36,7 @@ from pki.tokens.service import API_ISSUER_KEY_ID, create_opaque_token, ensure_is
 from policy import service as policy_service
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
+from workflows.adoption import adopt_unmarked_keys, describe_missing, missing_adopted
 from workflows.context import AppContext
 from workflows.rotation import commit_in_time, mark_committed_keys, release_keys
 
@@ -47,17 +49,24 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
     nothing written, instead of new audit and API-issuer keys nobody else trusts (a replica given a data
     directory of its own). The file key store's keys made before keys were shared between replicas (an upgraded
     install) are shared from here on (keys/shared.py)."""
+    refused: ForeignKeyStore | None = None
     with ctx.db.read_session() as session:
         found = existing_trust_domain(session)
         if found is not None:
             try:
                 check_ca_keys(session, ctx.keystore)
             except ForeignKeyStore as exc:
-                raise ForeignKeyStore(
-                    f"{exc}: it is not the key store trust domain {found} in the database was made with; give this "
-                    "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
-                    "PKCS#11 token)") from None
+                refused = exc
+    if refused is not None:
+        gone = missing_adopted(ctx)  # the token's key a CA generation names was adopted, and is gone or replaced
+        if gone:
+            raise ForeignKeyStore(f"{refused}: {describe_missing(gone)}; restore it to the token") from None
+        raise ForeignKeyStore(
+            f"{refused}: it is not the key store trust domain {found} in the database was made with; give this "
+            "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
+            "PKCS#11 token)") from None
     ensure_deployment(ctx, upgrade=found is not None)  # before any key is made: the keys of a PKCS#11 token carry it
+    adopt_unmarked_keys(ctx)  # an upgraded deployment's unmarked keys: the only ones it uses from now on
     ensure_signing_keys(ctx)
     # a token's first CA keys: their intents commit before the transaction that makes them (keys/intents.py)
     reserved = None
@@ -106,7 +115,8 @@ def ensure_deployment(ctx: AppContext, *, upgrade: bool = False) -> str:
 
     `upgrade`: the database holds a trust domain already, made before it had a deployment id, so its keys carry no
     marker: origin `upgrade`, whose lookups use unmarked keys as before. Else `init`: every key of this deployment is
-    marked from birth, and an unmarked key in the token is never used (keys/pkcs11.py)."""
+    marked from birth, and an unmarked key in the token is never used (keys/pkcs11.py). An upgraded one's start then
+    records which unmarked keys it adopts, the only ones it uses from then on (workflows/adoption.py)."""
     with ctx.db.statement() as conn:
         found = read_deployment_id(conn)
     if found is not None:
@@ -144,14 +154,17 @@ def ensure_signing_keys(ctx: AppContext) -> None:
         ensure_issuer_key(ctx.keystore)
         return
     keystore = ctx.keystore
-    if not keystore.adopts_unmarked():  # made with markers: an unmarked key of these labels is not its own
+    if not keystore.adopts_unmarked():  # made with markers, or adopted: an unmarked key of these labels is not its own
         owners = keystore.key_owners()
-        planted = [k for k in (AUDIT_KEY_ID, API_ISSUER_KEY_ID) if k in owners and owners[k] is None]
+        with ctx.db.statement() as conn:  # (an adopted one missing or replaced: workflows/adoption.py says so)
+            adopted = read_adoptions(conn)
+        planted = [k for k in (AUDIT_KEY_ID, API_ISSUER_KEY_ID)
+                   if k in owners and owners[k] is None and k not in adopted]
         if planted:
             _log.warning("%r holds key(s) without a deployment marker labelled %s: not used (this deployment was made "
-                         "with markers; an unmarked key is another's, or planted); it signs with keys of its own, made "
-                         "now if missing; an operator judges whose the unmarked ones are", keystore,
-                         ", ".join(planted))
+                         "with markers, or adopted none of that label; an unmarked key is another's, or planted); it "
+                         "signs with keys of its own, made now if missing; an operator judges whose the unmarked ones "
+                         "are", keystore, ", ".join(planted))
     with ctx.db.session() as session:
         session.exec(select(Deployment.id).where(col(Deployment.id) == 1).with_for_update()).first()
         ensure_audit_key(keystore)
@@ -388,15 +401,18 @@ def _stale_intents(ctx: AppContext, intended: dict[str, Any], named: set[str], h
 
 def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
     """What `trustfabric ca keys` shows an operator: every private key in the PKCS#11 token, by id, with whose
-    marker it carries (`this deployment`, `another deployment`, `none`; its deployment id), the CA row of this
-    database that names it, and what a start does with it by discard_unused_token_keys' rules. Reads only.
+    marker it carries (`this deployment`, `another deployment`, or `unmarked` and whether this deployment adopted it:
+    _unmarked; its deployment id), the CA row of this database that names it, and what a start does with it by
+    discard_unused_token_keys' rules. Reads only.
     InvalidInput for a key store that is not a token."""
     keystore = ctx.keystore
     if not isinstance(keystore, MarkedKeyStore):
         raise InvalidInput("`ca keys` lists the keys of a PKCS#11 token (TRUSTFABRIC_KEYSTORE=pkcs11): the file key "
                            "store holds this deployment's keys only, and a start removes those no CA generation uses")
     with ctx.db.statement() as conn:
-        mine = read_deployment_id(conn)
+        row = read_deployment(conn)
+        adoptions = read_adoptions(conn)
+    mine = None if row is None else row.deployment_id
     named: dict[str, str] = {}
     with ctx.db.read_session() as session:
         for ca in session.exec(select(CertificateAuthority)).all():
@@ -405,6 +421,7 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
                 named[ca.jwt_key_id] = f"{ca.id} (JWT-SVIDs)"
         intended = intents(session.connection(), mine) if mine is not None else {}
         owners = keystore.key_owners()
+        in_use = keystore.unmarked_in_use()
         committed = keystore.committed_ids()
         recorded = _recorded(session, sorted(k for k in owners if k not in named))
     rows = []
@@ -433,10 +450,21 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
         else:
             verdict = ("kept: no CA row and no intent: made after this database's state — a restored backup? — "
                        "left as it is")
-        rows.append({"key_id": key_id, "marker": "this deployment" if ours else "none" if owner is None
-                     else "another deployment", "deployment_id": owner, "named_by": named.get(key_id),
+        marker = ("this deployment" if ours else "another deployment" if owner is not None
+                  else _unmarked(adoptions.get(key_id), key_id in in_use))
+        rows.append({"key_id": key_id, "marker": marker, "deployment_id": owner, "named_by": named.get(key_id),
                      "at_start": verdict})
     return rows
+
+
+def _unmarked(adopted: Adoption | None, used: bool) -> str:
+    """`ca keys`' marker column for a key without a marker (the one of its label this deployment would use, else
+    one): whether this deployment adopted it (keys/adoption.py), uses it before adopting (an upgraded deployment whose
+    first start of this version is still to come, or a database before init), or never uses it."""
+    if adopted is not None:
+        when = adopted.adopted_at.isoformat()
+        return f"unmarked, adopted at {when}" if used else f"unmarked, not the one adopted at {when}: never used"
+    return "unmarked, used: adopted at the next start" if used else "unmarked, not adopted"
 
 
 def seed_shipped_policy(ctx: AppContext) -> int | None:

@@ -10,10 +10,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from pkcs11 import Attribute, KeyType, Mechanism
 from pkcs11.util.ec import encode_named_curve_parameters
-from sqlalchemy import insert
+from sqlalchemy import insert, update
 
+from keys.adoption import TABLE as ADOPTED
+from keys.adoption import spki_sha256
 from keys.deployment import ORIGIN_UPGRADE, TABLE, marker, marker_owner
-from keys.errors import KeyExists, KeyNotFound
+from keys.errors import KeyExists, KeyNotFound, KeyStoreError
 from keys.pkcs11 import Pkcs11KeyStore, Pkcs11Signer, _der_octet_string
 from keys.store import KeyKind, MarkedKeyStore
 from store.db import Database
@@ -173,5 +175,68 @@ def test_a_deployment_made_with_markers_never_uses_an_unmarked_key(
         ks.generate("api-issuer", KeyKind.EC_P256)  # no KeyExists: the unmarked one is not this deployment's
         assert _point(ks, "api-issuer") != _der_octet_string(planted)
         assert ks.mark_committed("api-issuer") is True and ks.key_owners() == {"api-issuer": MINE}
+    finally:
+        ks.close()
+
+
+def _sha(point: bytes) -> str:
+    """keys/adoption.py spki_sha256 of a P-256 public key given as its token CKA_EC_POINT."""
+    return spki_sha256(ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), _der_octet_string(point)))
+
+
+@pytest.mark.hsm
+def test_an_upgraded_deployment_uses_only_the_unmarked_keys_it_adopted(
+        sqlite_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix: a deployment whose keys predate markers (origin `upgrade`) took an unmarked key of a label whenever
+    it had no marked key of that label, for ever and for any label: a key planted later under a label it looked up
+    for the first time (a CA key id a rotation was about to make), or swapped in for the one it used, signed for it.
+    Once it recorded which unmarked keys it adopts (keys/adoption.py), it takes an unmarked key only when its public
+    key is the one adopted under its label; until then, as before."""
+    module, label = softhsm_token(tmp_path, monkeypatch)
+    now = datetime.now(UTC)
+    with sqlite_db.engine.begin() as conn:
+        conn.execute(insert(TABLE).values(id=1, deployment_id=MINE, created_at=now, origin=ORIGIN_UPGRADE))
+    ks = Pkcs11KeyStore(module, label, PIN, db=sqlite_db)
+    try:
+        legacy = _raw_pair(ks, "api-issuer", None)  # made before markers, used since
+        _raw_pair(ks, "policy-signing", None)
+        _raw_pair(ks, "policy-signing", b"\x01")  # two unmarked keys of one label: which one is its own is unknown
+        _raw_pair(ks, "audit-checkpoint", marker(MINE, "audit-checkpoint"))  # its own: nothing to adopt
+        _raw_pair(ks, "audit-checkpoint", None)
+        assert ks.adopts_unmarked() and ks.unmarked_in_use() == {"api-issuer"}  # (several: none is used)
+        assert ks.adoptable(["api-issuer", "audit-checkpoint", "ca-g1-root-01010101"]) == {"api-issuer": _sha(legacy)}
+        with pytest.raises(KeyStoreError, match=r"several keys without a deployment marker .* labelled policy-signing"):
+            ks.adoptable(["api-issuer", "policy-signing"])
+
+        with sqlite_db.engine.begin() as conn:  # what the first start of this version records (workflows/adoption.py)
+            conn.execute(insert(ADOPTED).values(key_id="api-issuer", spki_sha256=_sha(legacy), adopted_at=now))
+            conn.execute(update(TABLE).values(adopted_at=now))
+        assert not ks.adopts_unmarked() and ks.unmarked_in_use() == {"api-issuer"}
+        assert _point(ks, "api-issuer") == _der_octet_string(legacy)
+        assert ks.adoptable(["api-issuer"]) == {"api-issuer": _sha(legacy)}  # (what it adopted: it reads the same)
+
+        planted = _raw_pair(ks, "ca-g2-root-02020202", None)  # under a label it had no key of when it adopted
+        assert not ks.exists("ca-g2-root-02020202")
+        with pytest.raises(KeyNotFound, match=r"holds one without a deployment marker .* that this deployment did "
+                                              r"not adopt .* at .*, and never uses"):
+            ks.get("ca-g2-root-02020202")
+        ks.generate("ca-g2-root-02020202", KeyKind.EC_P256)  # no KeyExists: a key of its own, marked
+        assert _point(ks, "ca-g2-root-02020202") != _der_octet_string(planted)
+
+        for obj in ks._session.get_objects({Attribute.LABEL: "api-issuer"}):  # the adopted key swapped for another
+            obj.destroy()
+        _raw_pair(ks, "api-issuer", None)
+        assert not ks.exists("api-issuer") and ks.unmarked_in_use() == set()
+        with pytest.raises(KeyNotFound, match=r"the key without a deployment marker it adopted at .* \(public key "
+                                              r"SHA-256 [0-9a-f]{64}\) is missing; the token holds another one"):
+            ks.get("api-issuer")
+        with pytest.raises(KeyNotFound):
+            ks.delete("api-issuer")
+        for obj in ks._session.get_objects({Attribute.LABEL: "api-issuer"}):  # and gone
+            obj.destroy()
+        with pytest.raises(KeyNotFound, match=r"adopted at .* is missing from the token$"):
+            ks.get("api-issuer")
+        ks.generate("api-issuer", KeyKind.EC_P256)  # as for a deployment made with markers: one of its own
+        assert ks.key_owners()["api-issuer"] == MINE
     finally:
         ks.close()

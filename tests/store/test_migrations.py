@@ -103,6 +103,10 @@ LANDED = {
         "sqlite": "41476a8e8ff759b4e2380448c1bc3bf74f9a410ba1fe0e1830da241116ca8851",
         "postgresql": "41476a8e8ff759b4e2380448c1bc3bf74f9a410ba1fe0e1830da241116ca8851",
     },
+    19: {  # adopted_keys, and a column: deployment.adopted_at
+        "sqlite": "45c4db9ad529cf6579be6104eb65b6eb79b0bbaf7d20b2bf86a17f1fe57148fc",
+        "postgresql": "db849b1a89e797a5d128465c313b40042069f64a645890a3366c7b98a186e1b8",
+    },
 }
 
 
@@ -170,7 +174,7 @@ def test_a_landed_step_never_changes(version: int) -> None:
 
 
 def test_versions_are_global_and_in_order() -> None:
-    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
+    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
     with pytest.raises(ValueError, match="distinct, increasing"):
         from store.migrations import migrate as run
 
@@ -302,7 +306,7 @@ def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backe
                     append_old(s.connection(), actor_id=by, actor_kind=kind, action="grant.request",
                                object_type="grant", object_id=gid, tenant=src, at=now)
 
-        assert migrate(db.engine) == [14, 15, 16, 17, 18]
+        assert migrate(db.engine) == [14, 15, 16, 17, 18, 19]
         with db.read_session() as s:
             scoped = dict(s.execute(text("SELECT id, requester_tenant FROM grants")).all())
         assert scoped == {"g-acme-alice": "acme", "g-platform-alice": "", "g-workload": "globex", "g-no-event": ""}
@@ -380,10 +384,14 @@ def test_step_18_tells_a_deployment_whose_keys_predate_markers_from_one_born_wit
                         "INSERT INTO deployment (id, deployment_id, created_at) VALUES (1, ?, ?)", ("d" * 32, now))
                 record(s, actor=Actor.system("init"), action=action, object_type="x", object_id="d" * 32, at=now)
                 seen.append(action)
-        assert migrate(db.engine) == [18]
+        assert run(db.engine, [s for s in STEPS if s.version < 19]) == [18]
         with db.engine.connect() as conn:
             rows = conn.exec_driver_sql("SELECT origin FROM deployment").scalars().all()
         assert rows == ([] if origin is None else [origin])
+        assert migrate(db.engine) == [19]  # which adopts nothing: the token is out of a migration's reach
+        with db.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT adopted_at FROM deployment").scalars().all() == [None] * len(rows)
+            assert conn.exec_driver_sql("SELECT count(*) FROM adopted_keys").scalar_one() == 0
         assert migrate(db.engine) == []  # applied once: a replica migrating after it finds it done
     finally:
         db.dispose()

@@ -269,16 +269,18 @@ def test_every_key_the_token_store_makes_carries_its_deployments_marker(
 
 # What deployment B does, each step in a process of its own (a token is logged in to once per process, as two
 # deployments on one host or two hosts would use it): run by _as_b with B's environment, its result printed as JSON.
+# A step is a function of this module, or `<module>:<function>` of another.
 _AS_ANOTHER_PROCESS = """
-import json, sys
+import importlib, json, sys
 from datetime import UTC, datetime
 from core.clock import FrozenClock
-from tests.workflows import test_token_keys as steps
 from workflows.context import AppContext
 from workflows.settings import Settings
+module, _, step = sys.argv[1].rpartition(":")
+steps = importlib.import_module(module or "tests.workflows.test_token_keys")
 ctx = AppContext.open(Settings.from_env(), create=True, clock=FrozenClock(datetime.now(UTC).replace(microsecond=0)))
 try:
-    print(json.dumps(getattr(steps, sys.argv[1])(ctx)))
+    print(json.dumps(getattr(steps, step)(ctx)))
 finally:
     ctx.keystore.close()
     ctx.close()
@@ -477,7 +479,7 @@ def test_ca_keys_shows_whose_each_key_is_and_what_a_start_does_with_it(
                                                                       "kept: another deployment's")
         assert rows[key_id]["deployment_id"] not in (None, mine)
     assert rows["ca-g3-issuing-0c0c0c0c"] == {
-        "key_id": "ca-g3-issuing-0c0c0c0c", "marker": "none", "deployment_id": None, "named_by": None,
+        "key_id": "ca-g3-issuing-0c0c0c0c", "marker": "unmarked, not adopted", "deployment_id": None, "named_by": None,
         "at_start": "kept: unmarked and unused here; an operator judges whose it is"}
     table = _cli(_env(tmp_path / "a", url, token), "ca", "keys")
     assert table.returncode == 0 and "ca-g3-issuing-0c0c0c0c" in table.stdout, table.stderr

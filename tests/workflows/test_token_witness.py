@@ -353,15 +353,13 @@ def _pre_marker_database(request: pytest.FixtureRequest, backend: str, home: Pat
     return url
 
 
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_a_deployment_from_before_markers_still_starts_and_uses_its_unmarked_keys(
-        backend: str, token: Token, deployments: list[AppContext], tmp_path: Path,
-        request: pytest.FixtureRequest) -> None:
-    """A database from before schema step 16 whose trust domain, audit key and API issuer key were made in the token
-    without markers (as the code of that time made them): upgraded, it records that its keys predate markers, starts,
-    and signs with the keys it has; its next generation's keys are marked (and committed)."""
+def made_before_markers(request: pytest.FixtureRequest, backend: str, home: Path,
+                        token: Token) -> tuple[str | None, str, str]:
+    """A deployment as the code before markers made it: a database at schema step 15 whose trust domain, audit key and
+    API issuer key were made in the token without markers (the audit and API issuer keys already there, another
+    pre-marker deployment's, are used as that code did). Its URL (None: home's SQLite file), and the public keys
+    (PEM) of its audit and API issuer keys."""
     module, label = token
-    home = tmp_path / "a"
     url = _pre_marker_database(request, backend, home)
     old = Database(url or sqlite_url(home))
     before_markers = Pkcs11KeyStore(module, label, PIN)  # no database: what it makes carries no marker
@@ -372,13 +370,22 @@ def test_a_deployment_from_before_markers_still_starts_and_uses_its_unmarked_key
             register(s, "acme", "web", "frontend")
         ensure_audit_key(before_markers)
         ensure_issuer_key(before_markers)
-        old_audit = public_key_pem(audit_signer(before_markers))
-        old_issuer = before_markers.get(API_ISSUER_KEY_ID).public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        issuer = before_markers.get(API_ISSUER_KEY_ID).public_key()
+        return url, public_key_pem(audit_signer(before_markers)), _pem(issuer)
     finally:
         before_markers.close()
         old.dispose()
 
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_deployment_from_before_markers_still_starts_and_uses_its_unmarked_keys(
+        backend: str, token: Token, deployments: list[AppContext], tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    """A database from before schema step 16 whose trust domain, audit key and API issuer key were made in the token
+    without markers (as the code of that time made them): upgraded, it records that its keys predate markers, starts,
+    and signs with the keys it has; its next generation's keys are marked (and committed)."""
+    home = tmp_path / "a"
+    url, old_audit, old_issuer = made_before_markers(request, backend, home, token)
     a = _open(home, url, token, deployments)  # this version: steps 16 on, then the start
     held = _labels(token)
     assert initialize(a, None, "ec-p256")["created"] is False

@@ -1,0 +1,272 @@
+"""An upgraded deployment (keys made before markers) records the unmarked keys it adopts at its first start, and uses
+no other unmarked key from then on (keys/adoption.py): real SoftHSM2, real SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pkcs11 import Attribute, KeyType, Mechanism
+from pkcs11.util.ec import encode_named_curve_parameters
+from sqlmodel import col, select
+
+from audit.checkpoint import AUDIT_KEY_ID, audit_signer, load_public_key, public_key_pem
+from audit.errors import VerificationError
+from audit.models import AuditEvent
+from audit.verify import verify_export
+from keys.adoption import spki_sha256
+from keys.errors import KeyNotFound, KeyStoreError
+from keys.pkcs11 import Pkcs11KeyStore
+from keys.store import KeyKind
+from pki.errors import ForeignKeyStore
+from pki.tokens.service import API_ISSUER_KEY_ID
+from tests.keys.stores import _LIST_OBJECTS, PIN
+from tests.workflows.conftest import Token
+from tests.workflows.test_token_keys import (
+    _AS_ANOTHER_PROCESS,
+    REPO,
+    _as_b,
+    _audit_verifies,
+    _close,
+    _env,
+    _named,
+    _open,
+    _public_pem,
+    _signs,
+)
+from tests.workflows.test_token_witness import _export, _planted, made_before_markers
+from workflows.adoption import adopt_unmarked_keys
+from workflows.context import AppContext
+from workflows.init import initialize, token_keys
+
+pytestmark = pytest.mark.hsm
+BACKENDS = pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+
+
+def _adopted(ctx: AppContext) -> dict[str, str]:
+    """The adopted_keys rows: key id -> public key SHA-256."""
+    with ctx.db.statement() as conn:
+        return {str(k): str(d) for k, d in conn.exec_driver_sql("SELECT key_id, spki_sha256 FROM adopted_keys")}
+
+
+def _adopt_events(ctx: AppContext) -> list[dict[str, Any]]:
+    with ctx.db.read_session() as s:
+        events = s.exec(select(AuditEvent).where(AuditEvent.action == "deployment.adopt").order_by(
+            col(AuditEvent.seq))).all()
+    return [dict(e.summary or {}) for e in events]
+
+
+def _uses(ctx: AppContext) -> dict[str, str]:
+    """The public keys (PEM) the deployment signs its audit checkpoints and its API tokens with."""
+    return {"audit": public_key_pem(audit_signer(ctx.keystore)), "issuer": _public_pem(ctx, API_ISSUER_KEY_ID)}
+
+
+def _sha_of(ctx: AppContext, key_id: str) -> str:
+    return spki_sha256(ctx.keystore.get(key_id).public_key())
+
+
+def _destroy(ks: Pkcs11KeyStore, key_id: str) -> None:
+    """Both objects of every key pair labelled `key_id`, as someone with access to the token removes them."""
+    for obj in ks._session.get_objects({Attribute.LABEL: key_id}):
+        obj.destroy()
+
+
+@BACKENDS
+def test_an_upgraded_deployment_adopts_its_unmarked_keys_at_its_first_start_and_keeps_using_them(
+        backend: str, token: Token, deployments: list[AppContext], tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    home = tmp_path / "a"
+    url, old_audit, old_issuer = made_before_markers(request, backend, home, token)
+    a = _open(home, url, token, deployments)
+    assert initialize(a, None, "ec-p256")["created"] is False
+    used = _named(a) | {AUDIT_KEY_ID, API_ISSUER_KEY_ID}
+    adopted = _adopted(a)
+    assert adopted == {k: _sha_of(a, k) for k in used} and len(adopted) == 5  # root, issuing, JWT, audit, issuer
+    events = _adopt_events(a)
+    assert len(events) == 1 and events[0]["adopted"] == adopted
+    assert _uses(a) == {"audit": old_audit, "issuer": old_issuer}
+    assert {r["marker"] for r in token_keys(a)} == {f"unmarked, adopted at {a.clock().isoformat()}"}
+    _signs(a)
+    _close(a)
+    deployments.remove(a)
+    again = _open(home, url, token, deployments)  # the next start: its keys still, nothing adopted again
+    assert initialize(again, None, "ec-p256")["created"] is False
+    assert _adopted(again) == adopted and len(_adopt_events(again)) == 1
+    assert _uses(again) == {"audit": old_audit, "issuer": old_issuer}
+    _signs(again)
+    assert _audit_verifies(again) > 3
+
+
+@BACKENDS
+def test_after_its_adoption_an_upgraded_deployment_never_uses_an_unmarked_key_planted_or_swapped_in(
+        backend: str, token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: an upgraded deployment used an unmarked key of a label whenever it had no marked one, for ever and
+    for any label. So with its API issuer key removed and another unmarked one put in its place, its next start
+    signed API tokens with the planted key (whoever planted it could mint admin tokens); an unmarked key under a CA
+    key id it looks up for the first time was taken for its own; and a second unmarked audit key swapped in for the
+    adopted one signed its checkpoints. Now it takes only the unmarked keys it adopted at its first start."""
+    home = tmp_path / "a"
+    url, old_audit, old_issuer = made_before_markers(request, backend, home, token)
+    a = _open(home, url, token, deployments)
+    assert initialize(a, None, "ec-p256")["created"] is False  # adopts
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+
+    planted_ca = _planted(ks, "ca-g7-root-07070707", KeyKind.EC_P256)  # a CA key id it has no key of yet
+    assert not ks.exists("ca-g7-root-07070707")
+    ks.generate("ca-g7-root-07070707", KeyKind.EC_P256)  # as a rotation makes it: its own, beside the planted one
+    assert _public_pem(a, "ca-g7-root-07070707") != planted_ca
+
+    _destroy(ks, API_ISSUER_KEY_ID)  # the adopted API issuer key removed, another unmarked one put in its place
+    planted_issuer = _planted(ks, API_ISSUER_KEY_ID, KeyKind.EC_P256)
+    _destroy(ks, AUDIT_KEY_ID)  # and the audit key swapped for another unmarked one
+    planted_audit = _planted(ks, AUDIT_KEY_ID, KeyKind.ED25519)
+    with pytest.raises(KeyNotFound, match=r"'audit-checkpoint' of this deployment .*: the key without a deployment "
+                                        r"marker it adopted at .* is missing; the token holds another one"):
+        ks.get(AUDIT_KEY_ID)
+    caplog.set_level(logging.WARNING)
+    caplog.clear()
+    assert initialize(a, None, "ec-p256")["created"] is False  # the next start: keys of its own, marked
+    ours = _uses(a)
+    assert ours["issuer"] not in (planted_issuer, old_issuer) and ours["audit"] not in (planted_audit, old_audit)
+    assert ks.key_owners()[API_ISSUER_KEY_ID] == ks.key_owners()[AUDIT_KEY_ID] is not None
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.adoption"]
+    assert len(lines) == 1 and "missing from the token, or another key without a marker is in their place" in (
+        lines[0]) and f"{API_ISSUER_KEY_ID} (adopted at " in lines[0] and f"{AUDIT_KEY_ID} (adopted at " in lines[0]
+    out = _export(a)
+    with pytest.raises(VerificationError):  # its checkpoints are never signed with the planted key
+        verify_export(out, load_public_key(planted_audit))
+    rows = {r["key_id"]: r["marker"] for r in token_keys(a)}
+    assert rows[API_ISSUER_KEY_ID] == rows[AUDIT_KEY_ID] == "this deployment"
+    assert rows["ca-g7-root-07070707"] == "this deployment"
+    _signs(a)  # its CA keys, adopted, sign on
+
+    issuing = next(k for k in _named(a) if "-issuing-" in k)  # an adopted CA key swapped: refused, and said so
+    _destroy(ks, issuing)
+    _planted(ks, issuing, KeyKind.EC_P256)
+    assert {r["key_id"]: r["marker"] for r in token_keys(a)}[issuing].startswith("unmarked, not the one adopted at ")
+    with pytest.raises(ForeignKeyStore, match=rf"has no key '{issuing}' .*adopted \(made before markers\) are missing "
+                                              rf"from the token, .*: {issuing} \(adopted at .*restore it to the token"):
+        initialize(a, None, "ec-p256")
+
+
+def b_made_with_the_shared_keys(ctx: AppContext) -> dict[str, Any]:
+    """B's start (its database and its keys from before markers); what it signs with, and what it adopted."""
+    assert initialize(ctx, None, "ec-p256")["created"] is False
+    _signs(ctx)
+    return {**_uses(ctx), "adopted": _adopted(ctx)}
+
+
+@BACKENDS
+def test_two_upgraded_deployments_sharing_an_unmarked_key_both_keep_using_it(
+        backend: str, token: Token, deployments: list[AppContext], tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    """Two deployments from before markers on one token: the second's init found the first's audit and API issuer
+    keys (fixed labels, no marker) and used them. Both adopt them, and neither re-marks them (which would take them
+    from the other): each signs with them on, across restarts."""
+    url_a, audit, issuer = made_before_markers(request, backend, tmp_path / "a", token)
+    url_b, audit_b, issuer_b = made_before_markers(request, backend, tmp_path / "b", token)
+    assert (audit_b, issuer_b) == (audit, issuer)  # shared, as the code before markers shared them
+    a = _open(tmp_path / "a", url_a, token, deployments)
+    assert initialize(a, None, "ec-p256")["created"] is False
+    b = _as_b(_env(tmp_path / "b", url_b, token), "tests.workflows.test_key_adoption:b_made_with_the_shared_keys")
+    assert isinstance(b, dict)
+    assert (b["audit"], b["issuer"]) == (audit, issuer) == tuple(_uses(a).values())
+    shared = {AUDIT_KEY_ID, API_ISSUER_KEY_ID}
+    assert {k: v for k, v in b["adopted"].items() if k in shared} == {
+        k: v for k, v in _adopted(a).items() if k in shared} and len(_adopted(a)) == len(b["adopted"]) == 5
+    module, label = token
+    listed = subprocess.run([sys.executable, "-c", _LIST_OBJECTS, module, label, PIN], capture_output=True,
+                            text=True, check=True, timeout=60).stdout.splitlines()
+    assert sorted(k for k in listed if k.startswith(tuple(shared))) == sorted(
+        f"{k} {cls}" for k in shared for cls in ("PRIVATE_KEY", "PUBLIC_KEY"))  # one pair each, still shared
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    assert {bytes(o[Attribute.ID]) for k in shared for o in ks._session.get_objects({Attribute.LABEL: k})} <= {b""}
+    _close(a)
+    deployments.remove(a)
+    again = _open(tmp_path / "a", url_a, token, deployments)
+    assert initialize(again, None, "ec-p256")["created"] is False
+    assert tuple(_uses(again).values()) == (audit, issuer)
+    assert _as_b(_env(tmp_path / "b", url_b, token), "tests.workflows.test_key_adoption:b_made_with_the_shared_keys"
+                 ) == b
+    _signs(again)
+
+
+def adopts_at_once(ctx: AppContext) -> dict[str, str] | None:
+    """A replica's adoption, at the moment TF_REVIEW_START (epoch seconds) says; its token read takes a second, so
+    that the replicas' adoptions overlap (else one may be done before the next begins)."""
+    read = ctx.keystore.adoptable  # type: ignore[attr-defined]
+
+    def slowly(key_ids: list[str]) -> dict[str, str]:
+        found: dict[str, str] = read(key_ids)
+        time.sleep(1)
+        return found
+
+    setattr(ctx.keystore, "adoptable", slowly)  # noqa: B010 (a method of this one store, replaced)
+    start = float(os.environ["TF_REVIEW_START"])
+    while time.time() < start:
+        time.sleep(0.001)
+    return adopt_unmarked_keys(ctx)
+
+
+@BACKENDS
+def test_replicas_starting_at_once_adopt_once(
+        backend: str, token: Token, deployments: list[AppContext], tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    """Replicas of an upgraded deployment starting together (a rolling upgrade), each a process of its own on the
+    shared database and token: one records the adoption, with one event; the others find it recorded."""
+    home = tmp_path / "a"
+    url, _audit, _issuer = made_before_markers(request, backend, home, token)
+    a = _open(home, url, token, deployments)  # its schema steps and deployment row: what each replica's start did
+    from workflows.init import ensure_deployment
+
+    ensure_deployment(a, upgrade=True)
+    _close(a)
+    deployments.remove(a)
+    env = {**_env(home, url, token), "TF_REVIEW_START": str(time.time() + 8)}
+    replicas = [subprocess.Popen([sys.executable, "-c", _AS_ANOTHER_PROCESS,
+                                  "tests.workflows.test_key_adoption:adopts_at_once"], cwd=REPO, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [r.communicate(timeout=120) for r in replicas]
+    assert [r.returncode for r in replicas] == [0, 0, 0], [err[-1500:] for _out, err in outs]
+    results = [json.loads(out.splitlines()[-1]) for out, _err in outs]
+    assert len([r for r in results if r is not None]) == 1, results
+    again = _open(home, url, token, deployments)
+    assert _adopted(again) == next(r for r in results if r is not None) and len(_adopted(again)) == 5
+    assert len(_adopt_events(again)) == 1
+    assert initialize(again, None, "ec-p256")["created"] is False and len(_adopt_events(again)) == 1
+    _signs(again)
+
+
+def test_an_upgraded_deployment_with_two_unmarked_keys_of_a_label_adopts_nothing_and_says_which(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Which of two unmarked `api-issuer` keys the deployment used before markers cannot be told: its start refuses,
+    naming the label and what to do, and writes nothing (no adoption, no event); with the stray one removed, the next
+    start adopts."""
+    home = tmp_path / "a"
+    url, _audit, issuer = made_before_markers(request, "sqlite", home, token)
+    a = _open(home, url, token, deployments)
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    stray = ks._session.create_domain_parameters(  # a second unmarked pair, with a CKA_ID of its own
+        KeyType.EC, {Attribute.EC_PARAMS: bytes(encode_named_curve_parameters("secp256r1"))}, local=True)
+    stray.generate_keypair(id=b"stray", label=API_ISSUER_KEY_ID, store=True, mechanism=Mechanism.EC_KEY_PAIR_GEN)
+    with pytest.raises(KeyStoreError, match=r"several keys without a deployment marker .* labelled api-issuer: which "
+                                            r"one .* cannot be told, so it adopts none; remove those"):
+        initialize(a, None, "ec-p256")
+    assert _adopted(a) == {} and _adopt_events(a) == []
+    with a.db.statement() as conn:
+        assert conn.exec_driver_sql("SELECT adopted_at FROM deployment").scalars().all() == [None]
+    for obj in ks._session.get_objects({Attribute.LABEL: API_ISSUER_KEY_ID, Attribute.ID: b"stray"}):
+        obj.destroy()
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert API_ISSUER_KEY_ID in _adopted(a) and _uses(a)["issuer"] == issuer and len(_adopt_events(a)) == 1

@@ -1,0 +1,111 @@
+"""An upgraded deployment records the unmarked keys it adopts (keys/adoption.py, the why): at its first start on this
+version, and at every later start until that is done, before its signing keys are looked up or made."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import col, select
+
+from audit import Actor, record
+from audit.checkpoint import AUDIT_KEY_ID
+from keys.adoption import Adoption, read_adoptions
+from keys.deployment import ORIGIN_UPGRADE, read_deployment
+from keys.models import AdoptedKey, Deployment
+from keys.store import MarkedKeyStore
+from pki.ca import key_ids_in_use
+from pki.tokens.service import API_ISSUER_KEY_ID
+from workflows.context import AppContext
+from workflows.rotation import named_key_ids
+
+_log = logging.getLogger(__name__)
+FIXED = (AUDIT_KEY_ID, API_ISSUER_KEY_ID)  # the labels every deployment signs with, beside its CA keys
+
+
+def adopt_unmarked_keys(ctx: AppContext) -> dict[str, str] | None:
+    """For a deployment whose keys predate markers (origin `upgrade`) in a PKCS#11 token that has not yet recorded
+    what it adopts: for each label it uses (the key ids its CA rows name, in any state, and the audit and API issuer
+    keys) of which it has no marked key and the token holds one unmarked key, that key's label and public key hash,
+    in `adopted_keys`, with `deployment.adopted_at` and one `deployment.adopt` audit event, in one transaction. The
+    labels and hashes adopted; None when there was nothing to do (another key store or origin, done already, or a
+    replica starting at once did it: its rows stand). Nothing is re-marked in the token: a key two pre-marker
+    deployments share stays usable by both. KeyStoreError, with nothing written, when a label has several unmarked
+    keys (Pkcs11KeyStore.adoptable).
+
+    At every start of an adopted deployment after that: one warning line naming the adopted keys of the labels it
+    signs with that are missing from the token, or whose place another unmarked key took (never used)."""
+    keystore = ctx.keystore
+    if not isinstance(keystore, MarkedKeyStore):
+        return None
+    with ctx.db.statement() as conn:
+        row = read_deployment(conn)
+    if row is None or row.origin != ORIGIN_UPGRADE:
+        return None
+    adopted = _adopt(ctx, keystore) if row.adopted_at is None else None
+    _say_missing(ctx)
+    return adopted
+
+
+def _adopt(ctx: AppContext, keystore: MarkedKeyStore) -> dict[str, str] | None:
+    labels = sorted({*named_key_ids(ctx), *FIXED})
+    try:
+        with ctx.db.session() as session:
+            # Replicas starting at once take turns on the deployment row (PostgreSQL's row lock, whose FOR UPDATE
+            # reads the winner's committed row; SQLite's writer lock, taken by BEGIN IMMEDIATE): the first records,
+            # the others find adopted_at set and record nothing. The rows' primary key holds it should that fail.
+            deployment = session.exec(select(Deployment).where(col(Deployment.id) == 1).with_for_update()).one()
+            if deployment.adopted_at is not None:
+                return None
+            found = keystore.adoptable(labels)  # the token read under the lock: what every replica would find
+            now = ctx.clock()
+            for key_id, digest in sorted(found.items()):
+                session.add(AdoptedKey(key_id=key_id, spki_sha256=digest, adopted_at=now))
+            deployment.adopted_at = now
+            session.add(deployment)
+            session.flush()
+            record(session, actor=Actor.system("init"), action="deployment.adopt", object_type="deployment",
+                   object_id=deployment.deployment_id,
+                   summary={"adopted": found, "rule": "the unmarked keys (by public key SHA-256) this deployment, "
+                            "whose keys predate markers, uses; it never uses any other unmarked key"}, at=now)
+    except IntegrityError:  # a replica starting at once recorded them first: theirs stand
+        return None
+    unadopted = sorted(k for k, owner in keystore.key_owners().items() if owner is None and k not in found)
+    _log.info("%r: this deployment (keys made before markers) adopted %d unmarked key(s), the only unmarked keys it "
+              "uses from now on: %s; unmarked, not adopted (never used): %s", keystore, len(found),
+              ", ".join(found) or "none", ", ".join(unadopted) or "none")
+    return found
+
+
+def missing_adopted(ctx: AppContext) -> list[Adoption]:
+    """The adopted keys of the labels this deployment signs with (the key ids of its CA generations in use, the audit
+    and API issuer keys) that it no longer finds: missing from the token, or another unmarked key in their place
+    (never used), and no marked key of its own made since under that label. [] for another key store."""
+    keystore = ctx.keystore
+    if not isinstance(keystore, MarkedKeyStore):
+        return []
+    with ctx.db.read_session() as session:
+        adoptions = read_adoptions(session.connection())
+        signs_with = {*key_ids_in_use(session), *FIXED}
+        row = read_deployment(session.connection())
+    adoptions = {k: a for k, a in adoptions.items() if k in signs_with}
+    if not adoptions or row is None:
+        return []
+    owners = keystore.key_owners()
+    in_use = keystore.unmarked_in_use()
+    return [a for k, a in sorted(adoptions.items()) if k not in in_use and owners.get(k) != row.deployment_id]
+
+
+def describe_missing(gone: list[Adoption]) -> str:
+    """One line naming adopted keys missing_adopted found."""
+    return ("key(s) this deployment adopted (made before markers) are missing from the token, or another key without "
+            "a marker is in their place, which it never uses: " + "; ".join(
+                f"{a.key_id} (adopted at {a.adopted_at.isoformat()}, public key SHA-256 {a.spki_sha256})"
+                for a in gone))
+
+
+def _say_missing(ctx: AppContext) -> None:
+    gone = missing_adopted(ctx)
+    if gone:
+        _log.warning("%r: %s; a CA key of a generation in use cannot sign until it is restored, and the audit and API "
+                     "issuer keys are made anew, marked", ctx.keystore, describe_missing(gone))
