@@ -72,7 +72,7 @@ class Round:
     answered: bool
     rewrite: Callable[[bytes], bytes] | None = None  # (answered) what the client gets instead of the server's body
     refuse: int = 0  # the first requests, answered 503 by the gate itself (a server recovering), the server unasked
-    retry_after: int | None = None  # (refuse) the Retry-After of those answers
+    retry_after: int | str | None = None  # (refuse) the Retry-After of those answers (a str: as sent)
     open: threading.Event = field(default_factory=threading.Event)
     arrived: dict[str, int] = field(default_factory=dict)
     times: list[float] = field(default_factory=list)  # when each arrived (time.monotonic)
@@ -92,7 +92,7 @@ class Gate:
         self._lock = threading.Lock()
 
     def close(self, *paths: str, answered: bool = False, rewrite: Callable[[bytes], bytes] | None = None,
-              refuse: int = 0, retry_after: int | None = None) -> Round:
+              refuse: int = 0, retry_after: int | str | None = None) -> Round:
         self.round = Round(frozenset(paths), answered or rewrite is not None, rewrite, refuse, retry_after)
         return self.round
 
@@ -717,6 +717,33 @@ def test_a_restarted_agent_reads_its_placements_once_per_floor_while_the_server_
     # the server answers from the last refusal on: the re-sync within that floor (and 10% more), not later
     assert synced_at - rnd.times[refused - 1] <= floors[-1] * 1.1 + 1.0, (synced_at - rnd.times[refused - 1], floors)
 
+
+
+@pytest.mark.parametrize("garbage", ["\u00b2", "-5", "1e400", "soon"])
+def test_a_garbage_retry_after_is_a_backoff_not_an_error(gate: Gate, gpu1: Agent, released: None,
+                                                         garbage: str) -> None:
+    """Should fix (review-agent): a Retry-After of digits that are not ASCII ("\u00b2": str.isdigit says yes, float says
+    no) raised ValueError out of every request of the agent's client: a restarted agent's placements read set no floor
+    (its callers sent one read each, as before agentfair) and the Workload API caller got that error, not UNAVAILABLE.
+    Now a Retry-After that is not a number or an HTTP-date is as none: the backoff."""
+    svids = WorkloadSvids(gpu1.api, gpu1.metrics)  # a restarted agent's (nothing cached): not synced yet
+    rnd = gate.close(PLACEMENTS_PATH, refuse=2, retry_after=garbage)
+    gate.release()
+    errors: list[BaseException] = []
+    deadline = time.monotonic() + 15
+    while not svids.synced and time.monotonic() < deadline:
+        try:
+            svids.for_caller(lambda s: True)
+        except NotSynced:
+            pass
+        except Exception as exc:  # kept for the assertion
+            errors.append(exc)
+        time.sleep(0.005)
+    assert not errors, errors[:3]
+    assert svids.synced
+    assert rnd.arrived == {PLACEMENTS_PATH: 3}, rnd.arrived
+    gaps = [b - a for a, b in zip(rnd.times, rnd.times[1:], strict=False)]
+    assert all(gap >= rules.PLACEMENTS_BACKOFF_MIN / 2 - 0.05 for gap in gaps), gaps  # once per floor (the backoff's)
 
 def test_busy_workloads_cannot_make_a_quiet_ones_first_jwt_fetch_unavailable(
         gate: Gate, gpu1: Agent, released: None) -> None:
