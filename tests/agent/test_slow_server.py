@@ -20,7 +20,9 @@ accepted the connection and does not answer) or once it answered (the answer hel
 - (agentfair) a restarted agent whose placements read the server refuses (503, with or without Retry-After) sends
   the next no sooner than its floor, however often its workloads ask, and re-syncs within the floor once the server
   answers; busy workloads asking JWT-SVIDs in a loop cannot make a quiet one's first fetch UNAVAILABLE, and the
-  node's fetches together stay within its bound.
+  node's fetches together stay within its bound;
+- (review-agent) a Retry-After that is garbage, and a placements answer the agent cannot read, are failed reads
+  with their floor: UNAVAILABLE to the callers, never an error out of the Workload API, nor one read per call.
 
 Counted at the gate (requests that reached the server) wherever possible; the timings asserted have wide margins."""
 
@@ -744,6 +746,42 @@ def test_a_garbage_retry_after_is_a_backoff_not_an_error(gate: Gate, gpu1: Agent
     assert rnd.arrived == {PLACEMENTS_PATH: 3}, rnd.arrived
     gaps = [b - a for a, b in zip(rnd.times, rnd.times[1:], strict=False)]
     assert all(gap >= rules.PLACEMENTS_BACKOFF_MIN / 2 - 0.05 for gap in gaps), gaps  # once per floor (the backoff's)
+
+
+def test_an_unusable_placements_answer_is_a_failed_read_with_its_floor(gate: Gate, gpu1: Agent,
+                                                                      released: None) -> None:
+    """Should fix (review-agent): a placements answer the agent cannot read (a proxy's HTML page with 200, rows that
+    are not placements) raised out of refresh_placements before its floor was set: a restarted agent's callers got
+    that error, not UNAVAILABLE, and each of them sent one more read (no floor). Now it is a failed read (as the
+    JWT-SVID rules take an unusable answer: as a 5xx): UNAVAILABLE, and the next read after the floor."""
+    svids = WorkloadSvids(gpu1.api, gpu1.metrics)  # a restarted agent's (nothing cached): not synced yet
+    try:
+        for body in (b"<html>the proxy says hello</html>", b'[{"no": "workload"}]', b'{"not": "a list"}'):
+            rnd = gate.close(PLACEMENTS_PATH, rewrite=_instead(body))
+            gate.release()
+            errors: list[BaseException] = []
+            unavailable = 0
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                try:
+                    svids.for_caller(lambda s: True)
+                except NotSynced:
+                    unavailable += 1
+                except Exception as exc:  # kept for the assertion
+                    errors.append(exc)
+                time.sleep(0.005)
+            assert not errors, (body, errors[:3])
+            assert not svids.synced and unavailable >= 20
+            assert 1 <= rnd.arrived[PLACEMENTS_PATH] <= 6, (body, rnd.arrived)  # (0.25 s doubling, jitter: about 3)
+            with svids._lock:  # the next body's reads start from the first floor again
+                svids._placements_retry_at, svids._placements_failures = 0.0, 0
+    finally:
+        gate.close()  # (the next tests' answers are the server's own)
+        gate.release()
+
+
+def _instead(body: bytes) -> Callable[[bytes], bytes]:
+    return lambda _: body
 
 def test_busy_workloads_cannot_make_a_quiet_ones_first_jwt_fetch_unavailable(
         gate: Gate, gpu1: Agent, released: None) -> None:
