@@ -41,7 +41,7 @@ def retry_after(r: httpx.Response) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # (str.isdigit alone takes "\u00b2", which float refuses)
         return float(value)
     try:
         when = parsedate_to_datetime(value)

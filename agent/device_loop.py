@@ -47,7 +47,7 @@ log = logging.getLogger("trustfabric.agent")
 
 MAX_DRIFT_LINES = 200
 MAX_COUNTERS = 10_000
-MAX_UNSENT = 32  # statuses left for the reporter while the server does not take them (the oldest go first)
+MAX_UNSENT = 32  # statuses left for the reporter while the server does not take them (see _bound_outbox)
 
 
 @dataclass(frozen=True)
@@ -306,14 +306,27 @@ class DeviceLoop:
                 self._outbox[-1] = status
             else:
                 self._outbox.append(status)
-                if len(self._outbox) > MAX_UNSENT:
-                    self._outbox.popleft()
-                    log.warning("%s: the server takes no status report; the oldest not sent is dropped", self.device)
+                self._bound_outbox()
             self._queued.set()
+
+    def _bound_outbox(self) -> None:
+        """At most MAX_UNSENT statuses left: over it, the oldest one the server would not audit apart from the next
+        goes (its audited state is the next one's: no audited event is lost with it), else the oldest. The caller
+        holds the lock."""
+        if len(self._outbox) <= MAX_UNSENT:
+            return
+        keys = [_audited(s) for s in self._outbox]
+        drop = next((i for i in range(len(keys) - 1) if keys[i] == keys[i + 1]), 0)
+        del self._outbox[drop]
+        if drop == 0:
+            log.warning("%s: the server takes no status report; the oldest not sent is dropped", self.device)
 
     def _report_forever(self) -> None:
         """Send the statuses left, in order, one report in flight per device: a slow server holds up this thread
-        only. Nothing is sent once stopped."""
+        only. A report the server fails for now (no answer, 429, 5xx) is sent again, before the newer ones, after a
+        backoff: a repair or refusal made while the server is down is still audited once it is back. Nothing is sent
+        once stopped."""
+        backoff = self.settings.backoff_min
         while not self.stop.is_set():
             if not self._queued.wait(0.5):
                 continue
@@ -325,13 +338,31 @@ class DeviceLoop:
                 continue
             try:
                 self.api.report(self.device, status)
+                backoff = self.settings.backoff_min
+                continue
             except Unreachable as exc:
                 self.metrics.server_errors.labels(self.device).inc()
-                log.warning("%s: status not reported (server unreachable): %s", self.device, exc)
+                log.warning("%s: status not reported (server unreachable), sent again: %s", self.device, exc)
             except Refused as exc:
-                log.warning("%s: status report refused: %s", self.device, exc)
+                if exc.status != 429 and exc.status < 500:  # this report's fault: sending it again changes nothing
+                    log.warning("%s: status report refused: %s", self.device, exc)
+                    continue
+                log.warning("%s: status not reported, sent again: %s", self.device, exc)
             except Exception:
                 log.exception("%s: status not reported", self.device)
+                continue
+            with self.lock:  # first again, before the newer ones (order kept); the bound still holds
+                self._outbox.appendleft(status)
+                self._bound_outbox()
+                self._queued.set()
+            self.stop.wait(backoff)
+            backoff = min(backoff * 2, self.settings.backoff_max)
+
+
+def _audited(status: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a status the server audits a change of (enforcer/service.py record_status)."""
+    return (status.get("applied_version"), status.get("applied_hash"), bool(status.get("drift")),
+            bool(status.get("drift_repaired")), status.get("last_error"))
 
 
 def _but_counters(status: dict[str, Any]) -> dict[str, Any]:

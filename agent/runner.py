@@ -58,8 +58,9 @@ class Agent:
         key_file = config.key_file or default_key_file(config.data_dir)
         # what this start makes on disk, taken back if it fails before the node holds an SVID (see start)
         self.created = CreatedPaths()
-        self.created.note_dir(key_file.parent)
-        self.created.note_dir(config.data_dir)
+        if not sealed:  # (a sealed key's file is never made: its directory is not either)
+            self.created.make_dir(key_file.parent)
+        self.created.make_dir(config.data_dir, 0o711)
         try:
             # a new key file only for a new node or one migrating from a plaintext key: a sealed key needs its own
             at_rest = AtRest.open(key_file, config.node, create=not sealed)

@@ -184,6 +184,15 @@ CACHE_FILE = "svids.sealed"
 CACHE_PURPOSE = "svid-cache"
 
 
+def _placements_of(rows: list[dict[str, Any]]) -> dict[str, Placement]:
+    """The placements an answer of GET /v1/nodes/<node>/placements lists; KeyError, TypeError, ValueError or
+    AttributeError when it is not such an answer (read before anything is changed)."""
+    if not isinstance(rows, list):
+        raise TypeError(f"a list of placements expected, not {type(rows).__name__}")
+    return {str(r["workload"]): Placement(str(r["workload"]), str(r["spiffe_id"]),
+                                          tuple(str(x) for x in r.get("selectors") or ()))
+            for r in rows}
+
 class SvidCache:
     """The placements and X.509-SVIDs of a node, sealed in one file (written whole: tmp + rename)."""
 
@@ -456,8 +465,12 @@ class WorkloadSvids:
         try:
             timeout = None if synced else self.resync_timeout
             try:
-                rows = self.api.placements(timeout=timeout)
-                revoked = self.api.revoked_serials(timeout=timeout) if not synced and cached else set()
+                try:
+                    rows = self.api.placements(timeout=timeout)
+                    revoked = self.api.revoked_serials(timeout=timeout) if not synced and cached else set()
+                    new = _placements_of(rows)
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:  # an answer not read: as a 5xx
+                    raise Refused(200, f"the placements answer is unusable: {exc!r}") from None
             except (Unreachable, Refused) as exc:
                 flight.error = exc
                 with self._lock:
@@ -466,7 +479,7 @@ class WorkloadSvids:
                         self._placements_at = self.clock()
                 raise
             with self._lock:
-                changed = self._apply_placements(rows, revoked)
+                changed = self._apply_placements(new, revoked)
         finally:
             with self._lock:
                 if self._placements_flight is flight:
@@ -475,13 +488,11 @@ class WorkloadSvids:
         if changed:
             self._bump()
 
-    def _apply_placements(self, rows: list[dict[str, Any]], revoked: set[int]) -> bool:
+    def _apply_placements(self, new: dict[str, Placement], revoked: set[int]) -> bool:
         """Take the placements read (and the CRL's serials): drop the SVIDs of workloads unplaced, moved or revoked,
         and mark them dropped for the answers in flight. True when anything changed. The caller holds the lock."""
         self._placements_at = self.clock()
         self._placements_retry_at, self._placements_failures = 0.0, 0
-        new = {r["workload"]: Placement(r["workload"], r["spiffe_id"], tuple(r.get("selectors") or ()))
-               for r in rows}
         dropped = [w for w, e in self._x509.items()
                    if w not in new or new[w].spiffe_id != e.spiffe_id or e.serial() in revoked]
         first, self.synced = not self.synced, True

@@ -98,9 +98,12 @@ class FairBucket:
 
     - A key takes at most its share while others ask: `rate / n` a second and `(burst - reserve) / n` saved up (at
       least one), n being the keys that asked within the last `window` seconds, itself included. A share refills at
-      the rate of the moment; a key that has not asked within the window is forgotten, and finds its share whole.
+      the rate of the moment; a key that has not asked within the window no longer counts in n, and finds its share
+      as it refilled meanwhile (whole once it has refilled, and then forgotten).
     - The bucket's last `reserve` tokens go only to a key that had not asked within the window: busy keys stop short
-      of them, so a quiet key's first take is not spent by the busy ones.
+      of them, so a quiet key's first take is not spent by the busy ones. Such takes are bounded themselves (at most
+      `reserve` at once, refilled at half the rate): keys that each come back just after the window, "quiet" every
+      time, cannot keep the bucket below the reserve and a busy key from every token for ever.
     - The bucket bounds the sum: never more than `burst + rate * t` taken in any t seconds, whatever the keys do.
     Thread-safe, in-process; `rate <= 0` disables it (as TokenBucket)."""
 
@@ -111,6 +114,7 @@ class FairBucket:
         self.window = window
         self._tokens = float(self.burst)  # the shared bucket's, at `_at`
         self._at: float | None = None
+        self._spare = float(self.reserve)  # takes below the reserve line the quiet keys may still make, at `_at`
         self._shares: dict[str, tuple[float, float]] = {}  # key -> its share's tokens, and when
         self._asked: dict[str, float] = {}  # key -> when it last asked (the oldest first: dicts keep their order)
         self._lock = threading.Lock()
@@ -126,8 +130,7 @@ class FairBucket:
                 oldest, at = next(iter(self._asked.items()))
                 if now - at < self.window:
                     break
-                del self._asked[oldest]
-                self._shares.pop(oldest, None)
+                del self._asked[oldest]  # (its share is kept while it is not whole again: see _forget_whole)
             quiet = key not in self._asked
             self._asked.pop(key, None)
             self._asked[key] = now
@@ -137,11 +140,26 @@ class FairBucket:
             share = min(cap, share + max(0.0, now - at) * self.rate / n)
             tokens = self._tokens if self._at is None \
                 else min(float(self.burst), self._tokens + max(0.0, now - self._at) * self.rate)
-            taken = share >= 1.0 and tokens >= 1.0 + (0 if quiet else self.reserve)
+            spare = float(self.reserve) if self._at is None \
+                else min(float(self.reserve), self._spare + max(0.0, now - self._at) * self.rate / 2)
+            below = tokens < 1.0 + self.reserve  # (a take that reaches into the reserve)
+            taken = share >= 1.0 and tokens >= 1.0 and (not below or (quiet and spare >= 1.0))
             spent = 1.0 if taken else 0.0
             self._shares[key] = (share - spent, now)
+            if len(self._shares) > 2 * n + 16:
+                self._forget_whole(now, n)
             self._tokens, self._at = tokens - spent, now
+            self._spare = spare - (spent if below else 0.0)
             return taken
+
+    def _forget_whole(self, now: float, n: int) -> None:
+        """Forget the shares of the keys gone quiet that are whole again. Kept until then, a key coming back just
+        after the window takes what its share refilled meanwhile, not a whole one each time (thirty keys asking every
+        window and a bit took the whole bucket so). The caller holds the lock."""
+        cap = max(1.0, (self.burst - self.reserve) / n)
+        for key, (share, at) in list(self._shares.items()):
+            if key not in self._asked and share + max(0.0, now - at) * self.rate / n >= cap:
+                del self._shares[key]
 
 
 class BatchAboveBurst(TrustfabricError):

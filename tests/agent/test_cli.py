@@ -79,3 +79,21 @@ def test_a_start_that_cannot_attest_takes_back_what_it_made(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.pem", "kept", "own.key", "var"]
     assert list((tmp_path / "var").iterdir()) == [] and list(kept.iterdir()) == []
     assert (tmp_path / "own.key").read_bytes() == bytes(range(32))
+
+
+def test_a_failed_start_removes_no_directory_it_did_not_make(tmp_path: Path) -> None:
+    """Should fix (review-agent): the start noted as its own every directory of --data-dir's path that did not exist
+    when it looked, by name: `missing/../kept` names an operator's empty directory `kept`, which did not exist under
+    that name, and the failed start removed it (as it would one another process made between the look and the
+    mkdir). Now the start makes the directories itself and takes back only those its own mkdir made."""
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(_self_signed_pem())
+    kept = tmp_path / "kept"
+    kept.mkdir()  # the operator's, empty
+    data_dir = tmp_path / "missing" / ".." / "kept"
+    out = run_cli(["agent", "--node", "gpu1", "--server", "https://127.0.0.1:1", "--ca", str(ca),
+                   "--data-dir", str(data_dir), "--key-file", str(tmp_path / "new" / "agent.key"),
+                   "--join-token", "tfjt_not_reachable"], {})
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, (out.stdout, out.stderr)
+    assert kept.is_dir(), "the operator's directory was removed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.pem", "kept"]  # what it made is gone

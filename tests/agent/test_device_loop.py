@@ -6,7 +6,8 @@ names with each rule set as the lab's Linux leaf does; its poller, checker and r
 - while a rule set's fabric-view request is stalled at the server, the checker repairs a hand edit on the switch at
   once (the loop held its device lock across that request: the repair waited for the server);
 - while a status report is stalled, a rule set is applied at once (the checker held the lock across its report: the
-  apply waited), and the reports go in order, one at a time: the stalled one, then the newer ones."""
+  apply waited), and the reports go in order, one at a time: the stalled one, then the newer ones;
+- (review-agent) a report the server answers 503 is sent again, not lost: the drift repair it says is audited."""
 
 from __future__ import annotations
 
@@ -163,3 +164,22 @@ def test_a_stalled_status_report_does_not_hold_up_an_apply(leaf: Leaf) -> None:
     assert _until(lambda: _in_sync(leaf.served), 10)
     assert _repairs_audited(leaf.served) == audited + 1  # the repair's report, not replaced by the newer ones
     assert loop.repairs == repairs
+
+
+def test_a_status_report_the_server_fails_is_sent_again_not_lost(leaf: Leaf) -> None:
+    """Should fix (review-agent): the reporter took a status out of the outbox and, when the server answered 503 (or
+    not at all), dropped it: a drift repair made while the server was recovering was never audited (the next
+    statuses, drift cleared, do not say it). Now a report the server fails for now is sent again, first, after a
+    backoff; the statuses left after it follow in order."""
+    loop, switch = leaf.loop, leaf.switch
+    assert loop.good is not None
+    rules = loop.good.rules
+    audited = _repairs_audited(leaf.served)
+    before = loop.repairs
+    rnd = leaf.gate.close(STATUS_PATH, refuse=2)  # the first two reports answered 503, the server unasked
+    leaf.gate.release()
+    _delete_an_acl(switch)
+    assert _until(lambda: loop.repairs > before and rnd.refused >= 2, 10)
+    assert _as_desired(switch, rules)
+    assert _until(lambda: _repairs_audited(leaf.served) == audited + 1, 10), "the repair's report was lost"
+    assert _until(lambda: _in_sync(leaf.served), 10)

@@ -20,7 +20,9 @@ accepted the connection and does not answer) or once it answered (the answer hel
 - (agentfair) a restarted agent whose placements read the server refuses (503, with or without Retry-After) sends
   the next no sooner than its floor, however often its workloads ask, and re-syncs within the floor once the server
   answers; busy workloads asking JWT-SVIDs in a loop cannot make a quiet one's first fetch UNAVAILABLE, and the
-  node's fetches together stay within its bound.
+  node's fetches together stay within its bound;
+- (review-agent) a Retry-After that is garbage, and a placements answer the agent cannot read, are failed reads
+  with their floor: UNAVAILABLE to the callers, never an error out of the Workload API, nor one read per call.
 
 Counted at the gate (requests that reached the server) wherever possible; the timings asserted have wide margins."""
 
@@ -72,7 +74,7 @@ class Round:
     answered: bool
     rewrite: Callable[[bytes], bytes] | None = None  # (answered) what the client gets instead of the server's body
     refuse: int = 0  # the first requests, answered 503 by the gate itself (a server recovering), the server unasked
-    retry_after: int | None = None  # (refuse) the Retry-After of those answers
+    retry_after: int | str | None = None  # (refuse) the Retry-After of those answers (a str: as sent)
     open: threading.Event = field(default_factory=threading.Event)
     arrived: dict[str, int] = field(default_factory=dict)
     times: list[float] = field(default_factory=list)  # when each arrived (time.monotonic)
@@ -92,7 +94,7 @@ class Gate:
         self._lock = threading.Lock()
 
     def close(self, *paths: str, answered: bool = False, rewrite: Callable[[bytes], bytes] | None = None,
-              refuse: int = 0, retry_after: int | None = None) -> Round:
+              refuse: int = 0, retry_after: int | str | None = None) -> Round:
         self.round = Round(frozenset(paths), answered or rewrite is not None, rewrite, refuse, retry_after)
         return self.round
 
@@ -717,6 +719,69 @@ def test_a_restarted_agent_reads_its_placements_once_per_floor_while_the_server_
     # the server answers from the last refusal on: the re-sync within that floor (and 10% more), not later
     assert synced_at - rnd.times[refused - 1] <= floors[-1] * 1.1 + 1.0, (synced_at - rnd.times[refused - 1], floors)
 
+
+
+@pytest.mark.parametrize("garbage", ["\u00b2", "-5", "1e400", "soon"])
+def test_a_garbage_retry_after_is_a_backoff_not_an_error(gate: Gate, gpu1: Agent, released: None,
+                                                         garbage: str) -> None:
+    """Should fix (review-agent): a Retry-After of digits that are not ASCII ("\u00b2": str.isdigit says yes, float says
+    no) raised ValueError out of every request of the agent's client: a restarted agent's placements read set no floor
+    (its callers sent one read each, as before agentfair) and the Workload API caller got that error, not UNAVAILABLE.
+    Now a Retry-After that is not a number or an HTTP-date is as none: the backoff."""
+    svids = WorkloadSvids(gpu1.api, gpu1.metrics)  # a restarted agent's (nothing cached): not synced yet
+    rnd = gate.close(PLACEMENTS_PATH, refuse=2, retry_after=garbage)
+    gate.release()
+    errors: list[BaseException] = []
+    deadline = time.monotonic() + 15
+    while not svids.synced and time.monotonic() < deadline:
+        try:
+            svids.for_caller(lambda s: True)
+        except NotSynced:
+            pass
+        except Exception as exc:  # kept for the assertion
+            errors.append(exc)
+        time.sleep(0.005)
+    assert not errors, errors[:3]
+    assert svids.synced
+    assert rnd.arrived == {PLACEMENTS_PATH: 3}, rnd.arrived
+    gaps = [b - a for a, b in zip(rnd.times, rnd.times[1:], strict=False)]
+    assert all(gap >= rules.PLACEMENTS_BACKOFF_MIN / 2 - 0.05 for gap in gaps), gaps  # once per floor (the backoff's)
+
+
+def test_an_unusable_placements_answer_is_a_failed_read_with_its_floor(gate: Gate, gpu1: Agent,
+                                                                      released: None) -> None:
+    """Should fix (review-agent): a placements answer the agent cannot read (a proxy's HTML page with 200, rows that
+    are not placements) raised out of refresh_placements before its floor was set: a restarted agent's callers got
+    that error, not UNAVAILABLE, and each of them sent one more read (no floor). Now it is a failed read (as the
+    JWT-SVID rules take an unusable answer: as a 5xx): UNAVAILABLE, and the next read after the floor."""
+    svids = WorkloadSvids(gpu1.api, gpu1.metrics)  # a restarted agent's (nothing cached): not synced yet
+    try:
+        for body in (b"<html>the proxy says hello</html>", b'[{"no": "workload"}]', b'{"not": "a list"}'):
+            rnd = gate.close(PLACEMENTS_PATH, rewrite=_instead(body))
+            gate.release()
+            errors: list[BaseException] = []
+            unavailable = 0
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                try:
+                    svids.for_caller(lambda s: True)
+                except NotSynced:
+                    unavailable += 1
+                except Exception as exc:  # kept for the assertion
+                    errors.append(exc)
+                time.sleep(0.005)
+            assert not errors, (body, errors[:3])
+            assert not svids.synced and unavailable >= 20
+            assert 1 <= rnd.arrived[PLACEMENTS_PATH] <= 6, (body, rnd.arrived)  # (0.25 s doubling, jitter: about 3)
+            with svids._lock:  # the next body's reads start from the first floor again
+                svids._placements_retry_at, svids._placements_failures = 0.0, 0
+    finally:
+        gate.close()  # (the next tests' answers are the server's own)
+        gate.release()
+
+
+def _instead(body: bytes) -> Callable[[bytes], bytes]:
+    return lambda _: body
 
 def test_busy_workloads_cannot_make_a_quiet_ones_first_jwt_fetch_unavailable(
         gate: Gate, gpu1: Agent, released: None) -> None:

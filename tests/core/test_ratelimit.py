@@ -1,6 +1,7 @@
 """core/ratelimit.py's FairBucket, the node agent's bound on its workloads' JWT-SVID fetches (agent/svids.py), on an
 injected clock: the bucket bounds the sum whatever the keys do; busy keys leave a quiet key's first take; none takes
-more than its share while the others ask. (TokenBucket's own tests are in tests/api/test_limits.py.)"""
+more than its share while the others ask, nor starves a busy key with keys that come back just after the window
+(review-agent). (TokenBucket's own tests are in tests/api/test_limits.py.)"""
 
 from __future__ import annotations
 
@@ -75,3 +76,21 @@ def test_a_key_gone_quiet_finds_its_share_whole() -> None:
     assert not bucket.take("a", 3.0)  # busy: its share, and the bucket above the reserve, spent
     assert bucket.take("a", 3.0 + WINDOW + 0.01)  # forgotten after the window: quiet again
     assert FairBucket(0, 1, reserve=0, window=1.0).take("a")  # disabled
+
+
+def test_keys_asking_just_after_the_window_cannot_starve_a_busy_key() -> None:
+    """Should fix (review-agent): a key that had not asked within the window took from the reserve, whatever its
+    share: thirty keys each asking every 2.05 s (half their own bound of 1/s) came back "quiet" every time, took the
+    bucket down to nothing together (15 a second for its 10), and a key asking every 100 ms never got another token
+    after its first second. The quiet keys' takes from the reserve are now bounded too (at most `reserve` in any
+    window): the bucket's refill above the reserve is shared by everyone."""
+    bucket, now, got = _bucket(), 0.0, Counter[str]()
+    period, keys = 2.05, 30
+    asks = sorted([(i * period / keys + n * period, f"p{i}") for i in range(keys) for n in range(60)]
+                  + [(0.05 + n * 0.1, "busy") for n in range(1200)])
+    for now, key in asks:
+        if now > 120.0:
+            break
+        if bucket.take(key, now) and now >= 60.0:
+            got[key] += 1
+    assert got["busy"] >= RATE / (keys + 1) * 60.0 * 0.5, got["busy"]  # half its share, in the second minute
