@@ -17,6 +17,7 @@ import httpx
 from cryptography import x509
 
 from agent.identity import AgentError, NodeIdentity, new_key_and_csr
+from core.digits import is_digits
 
 VIEW_KEY = "x-fabric-view"
 
@@ -41,7 +42,7 @@ def retry_after(r: httpx.Response) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isascii() and value.isdigit():  # (str.isdigit alone takes "\u00b2", which float refuses)
+    if is_digits(value):
         return float(value)
     try:
         when = parsedate_to_datetime(value)

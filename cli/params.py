@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from core.digits import is_digits
 from core.errors import InvalidInput
 
 
@@ -47,7 +48,7 @@ class Check:
 
 
 def _port(text: str) -> int:
-    if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+    if not is_digits(text.strip()) or not 1 <= int(text) <= 65535:
         raise InvalidInput(f"{text!r} is not a port number (1-65535)")
     return int(text)
 
@@ -178,7 +179,7 @@ def _when(text: str) -> datetime:
 
 
 def _seconds(text: str) -> int:
-    if not text.strip().isdigit() or int(text) <= 0:
+    if not is_digits(text.strip()) or int(text) <= 0:
         raise InvalidInput(f"{text!r} is not a positive number of seconds")
     return int(text)
 
@@ -295,7 +296,7 @@ def _selector(text: str) -> str:
 
 def _policy_ref(text: str) -> str:
     t = text.strip().lower()
-    if not (t.isdigit() and int(t) >= 1) and not (len(t) >= 8 and all(c in "0123456789abcdef" for c in t)):
+    if not (is_digits(t) and int(t) >= 1) and not (len(t) >= 8 and all(c in "0123456789abcdef" for c in t)):
         raise InvalidInput(f"{text!r} is neither a policy version number nor a content-hash prefix (8+ hex digits)")
     return t
 

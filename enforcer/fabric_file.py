@@ -40,6 +40,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from core.digits import is_digits
 from core.slugs import is_slug
 from enforcer.allocate import Pools, allocate
 from enforcer.errors import FabricError
@@ -305,7 +306,7 @@ def _ports(doc: _Doc, raw: Any, path: Path_) -> tuple[tuple[str, tuple[int, ...]
     for i, item in enumerate(_list(doc, raw, path)):
         text = str(item)
         proto, _, port = text.partition("/")
-        if proto not in PROTOS or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if proto not in PROTOS or not is_digits(port) or not 1 <= int(port) <= 65535:
             doc.fail((*path, str(i)), f"{text!r} must be <tcp|udp>/<1-65535>")
         by.setdefault(proto, set()).add(int(port))
     return tuple((p, tuple(sorted(ports))) for p, ports in sorted(by.items()))

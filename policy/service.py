@@ -16,6 +16,7 @@ from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
+from core.digits import is_digits
 from core.errors import Conflict, InvalidInput, NotFound
 from core.rocev2 import is_rocev2
 from policy import reads
@@ -96,7 +97,7 @@ def list_versions(session: Session) -> list[PolicyVersion]:
 def get_version(session: Session, ref: str | int) -> PolicyVersion:
     """By number ('3') or by content-hash prefix (at least 8 hex characters); NotFound otherwise."""
     text = str(ref).strip()
-    if text.isdigit():
+    if is_digits(text):
         found = session.get(PolicyVersion, int(text))
         if found is None:
             raise NotFound(f"policy version {text} does not exist")

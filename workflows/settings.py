@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from core.digits import is_digits
 from core.errors import InvalidInput
 from core.quotas import Quotas
 from core.vocabulary import DEFAULT_TRUST_DOMAIN
@@ -373,7 +374,7 @@ def _port(e: Mapping[str, str], name: str) -> int | None:
     value = e.get(name)
     if not value:
         return None
-    if not value.isdigit() or not 1 <= int(value) <= 65535:
+    if not is_digits(value) or not 1 <= int(value) <= 65535:
         raise InvalidInput(f"{name}={value!r} is not a port number (1-65535)")
     return int(value)
 

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 
 from api.console.client import ApiError
 from api.console.web import Session, duration, render, see_other, seg, signed_in
+from core.digits import is_digits
 
 router = APIRouter()
 TENANT_ROLES = ("tenant-admin", "tenant-member")
@@ -35,7 +36,7 @@ def parse_ports(text: str) -> list[int]:
     parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
     if not parts:
         raise ValueError("give at least one port number")
-    if len(parts) > 64 or not all(p.isdigit() and len(p) <= 5 for p in parts):
+    if len(parts) > 64 or not all(is_digits(p) and len(p) <= 5 for p in parts):
         raise ValueError("ports are numbers separated by commas, e.g. 443, 8443")
     return [int(p) for p in parts]
 

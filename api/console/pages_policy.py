@@ -16,6 +16,7 @@ from starlette.datastructures import UploadFile
 from api.console.client import ApiError
 from api.console.session import ctx_of
 from api.console.web import Session, render, see_other, seg, signed_in
+from core.digits import is_digits
 
 router = APIRouter()
 Csrf = Annotated[str, Form(max_length=200)]
@@ -169,7 +170,7 @@ async def explain(
     session = await signed_in(request)
     answer, problem, status = None, None, 200
     if src and dst and port:
-        if not port.isdigit():
+        if not is_digits(port):
             problem, status = "the port is a number from 1 to 65535", 400
         else:
             try:

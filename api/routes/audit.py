@@ -29,6 +29,7 @@ from audit.actor import ACTOR_QUERY_MAX
 from audit.export import FORMATS, ExportFilter, FormatName
 from audit.models import AuditEvent
 from core.clock import as_utc, require_aware
+from core.digits import is_digits
 from core.errors import Forbidden, InvalidInput, NotFound
 from core.vocabulary import AUDIT_ACTION_PATTERN, SLUG_PATTERN
 from workflows import exports
@@ -202,7 +203,7 @@ def list_events(
     after = None
     if cursor is not None:
         raw = decode_cursor(cursor)
-        if not raw.isdigit() or int(raw) > MAX_INDEX:
+        if not is_digits(raw) or int(raw) > MAX_INDEX:
             raise InvalidInput("cursor is not one this API returned")
         after = int(raw)
     with ctx.db.read_session() as session:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from core.digits import is_digits
 from core.errors import InvalidInput
 
 PatchOp = Mapping[str, Any]
@@ -97,7 +98,7 @@ def apply_patch(doc: Mapping[str, Any], ops: Sequence[PatchOp]) -> dict[str, Any
 
 
 def _index(key: str, path: str) -> int:
-    if not key.isdigit():
+    if not is_digits(key):
         raise InvalidInput(f"patch path {path}: {key!r} is not an array index")
     return int(key)
 

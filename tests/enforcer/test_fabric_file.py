@@ -52,6 +52,8 @@ def _line_of(text: str, needle: str) -> int:
     ("  - [leaf2:swp2, gpu4:p0]", "  - [leaf2:swp1, gpu4:p0]", "[leaf2:swp1, gpu4", "leaf2:swp1 is already cabled"),
     ("globex/api: {ports: [tcp/8443]}", "globex/api: {ports: [tcp/99999]}", "globex/api: {ports",
      "'tcp/99999' must be <tcp|udp>/<1-65535>"),
+    ("globex/api: {ports: [tcp/8443]}", "globex/api: {ports: [tcp/8\u00b2]}", "globex/api: {ports",
+     "'tcp/8\u00b2' must be <tcp|udp>/<1-65535>"),  # str.isdigit takes the superscript two, int() does not
     ("globex/api: {ports: [tcp/8443]}", "globex/api: {ports: [tcp/8443], colour: blue}", "globex/api: {ports",
      "globex/api.colour: unknown field"),
     ("  acme/data/db1:\n", "  acme/data/db1:\n  acme/data/db1:\n", "  acme/data/db1:\n  acme/data/db1:",
