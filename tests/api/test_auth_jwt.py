@@ -259,7 +259,7 @@ def test_a_token_minted_for_another_dies_with_it(env_both: Env) -> None:
             token, _row = mint_token(s, env.ctx.keystore, role="tenant-admin", tenant="acme", ttl=timedelta(hours=1),
                                      actor=Actor.system("test"), issuer=env.ctx.settings.api_issuer,
                                      audience=env.ctx.settings.api_audience, max_ttl=env.ctx.settings.max_token_ttl,
-                                     subject="alice", source=src, clock=env.clock)
+                                     subject="alice", source=(src,), clock=env.clock)
         return token
 
     derived = minted(jti)
