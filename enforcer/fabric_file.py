@@ -42,6 +42,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from core.digits import is_digits
 from core.slugs import is_slug
+from core.yaml_bound import value_budget
 from enforcer.allocate import Pools, allocate
 from enforcer.errors import FabricError
 from enforcer.fabric import (
@@ -81,8 +82,8 @@ class _Doc:
             self.value = value
             return
         # YAML aliases share a node, which _plain expands at every reference: nested ones were a few hundred bytes for
-        # billions of values. No alias-free document holds more than two values per byte of its text.
-        self._budget = 2 * len(text) + 64
+        # billions of values (core/yaml_bound.py: how far a document of this size may expand)
+        self._limit = self._budget = value_budget(len(text))
         try:
             root = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
@@ -94,7 +95,7 @@ class _Doc:
     def _plain(self, node: Node, path: Path_) -> Any:
         self._budget -= 1
         if self._budget < 0:
-            self.fail(path, "the file's YAML aliases expand it beyond two values per byte of its text")
+            self.fail(path, f"the file's YAML aliases expand it beyond {self._limit} values")
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, MappingNode):
             out: dict[str, Any] = {}

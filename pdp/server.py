@@ -36,6 +36,7 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from core.asgi import BodySizeLimit
 from core.errors import InvalidInput
+from core.yaml_bound import value_budget
 from policy.engines import EngineSettings, PolicyEngine, make_engine
 from policy.errors import (
     QUERY_COMPILE_MESSAGE,
@@ -191,9 +192,8 @@ def _values_within(value: Any, limit: int) -> bool:
 def _parse(raw: bytes | str, content_type: str, what: str) -> Any:
     """JSON, or YAML when the content type names it (OPA accepts both for input documents). YAML's aliases share a
     node, which everything after the parse (the depth check, the engine's JSON) expands: a few hundred bytes of
-    nested aliases were billions of values ("billion laughs"). A document holds at most two values per byte of its
-    text (no alias-free YAML or JSON holds more), so one that expands beyond that is refused (go-yaml, OPA's parser,
-    refuses excessive aliasing too)."""
+    nested aliases were billions of values ("billion laughs"). One that expands beyond what a document of its size may
+    hold (core/yaml_bound.py) is refused (go-yaml, OPA's parser, refuses excessive aliasing too)."""
     try:
         if "yaml" not in content_type:
             return json.loads(raw)
@@ -202,9 +202,10 @@ def _parse(raw: bytes | str, content_type: str, what: str) -> Any:
         raise _too_deep(what) from None
     except (ValueError, yaml.YAMLError) as exc:
         raise InvalidInput(f"{what} contains malformed input document: {exc}") from exc
-    if not _values_within(value, 2 * len(raw) + 64):
+    budget = value_budget(len(raw))
+    if not _values_within(value, budget):
         raise InvalidInput(f"{what} contains malformed input document: its YAML aliases expand it to more than "
-                           f"{2 * len(raw) + 64} values")
+                           f"{budget} values")
     return value
 
 

@@ -18,7 +18,7 @@ from api.readcache import ChangeWatch, ReadCache
 from core.clock import as_utc
 from core.errors import Unauthenticated
 from core.vocabulary import ROLES
-from pki.tokens.service import IssuerKey, issued_row, issued_row_admits, issuer_public_key
+from pki.tokens.service import IssuerKey, issued_row, issued_row_admits, issuer_public_key, source_ids
 from store import carried
 
 if TYPE_CHECKING:
@@ -122,18 +122,22 @@ class ApiJwtVerifier:
         return row
 
     def _check_source(self, source: Any, now: datetime) -> None:
-        """A token minted to stand in for another (a console session, its `src` claim: the credential signed in with,
-        pki.tokens.service.mint_token) lives no longer than that one: revoking a stolen token ends the sessions it
-        opened. Fail closed: a source not issued here (or no string) refuses too."""
-        if not isinstance(source, str) or not source or len(source) > 64:
-            raise Unauthenticated("token has no valid src")
-        row = self._row(source, now)
-        if row is None:
-            raise Unauthenticated("the credential this token was made from is unknown to this server")
-        if row.revoked_at is not None:
-            raise Unauthenticated("the credential this token was made from is revoked")
-        if row.expires_at is not None and as_utc(row.expires_at) <= now:
-            raise Unauthenticated("the credential this token was made from has expired")
+        """A token minted to stand in for others (a console session, its `src` claim: the credential signed in with,
+        and every session that one stood in for, pki.tokens.service.mint_token) lives no longer than any of them:
+        revoking a stolen token, or a stolen session, ends the sessions opened from it. Fail closed: a source not
+        issued here (or a malformed claim) refuses too."""
+        try:
+            ids = source_ids(source)
+        except ValueError:
+            raise Unauthenticated("token has no valid src") from None
+        for token_id in ids:
+            row = self._row(token_id, now)
+            if row is None:
+                raise Unauthenticated("the credential this token was made from is unknown to this server")
+            if row.revoked_at is not None:
+                raise Unauthenticated("the credential this token was made from is revoked")
+            if row.expires_at is not None and as_utc(row.expires_at) <= now:
+                raise Unauthenticated("the credential this token was made from has expired")
 
 
 

@@ -33,7 +33,16 @@ from api.workers import in_worker
 from core.clock import as_utc
 from core.errors import Unauthenticated
 from core.vocabulary import MINTABLE_ROLES
-from pki.tokens.service import TOKEN_PREFIX, get_token, mint_token, opaque_token, revoke_token, verify_signed
+from pki.tokens.service import (
+    TOKEN_PREFIX,
+    get_token,
+    mint_token,
+    opaque_token,
+    revoke_token,
+    source_claim,
+    source_ids,
+    verify_signed,
+)
 from workflows.context import AppContext
 
 PATH = "/console"
@@ -126,27 +135,33 @@ async def whoami(request: Request, token: str) -> Me:
     return Me(id=body["id"], role=body["role"], tenant=body["tenant"], auth=body["auth"])
 
 
-def credential_expiry(ctx: AppContext, credential: str) -> tuple[datetime | None, str | None]:
-    """(when the credential stops being valid (None: no expiry), the id of the token of ours it is, or stands in for:
-    the session's `src`, so revoking that token ends the session; None for another issuer's, e.g. OIDC). Read after
-    the API accepted it."""
+def credential_expiry(ctx: AppContext, credential: str) -> tuple[datetime | None, tuple[str, ...]]:
+    """(when the credential stops being valid (None: no expiry), the ids of the tokens of ours the session stands in
+    for: its `src`, so revoking any of them ends the session -- the credential's own, after those it stood in for
+    when it is a session itself; none for another issuer's, e.g. OIDC). Read after the API accepted it."""
     if credential.startswith(TOKEN_PREFIX):
         with ctx.db.read_session() as session:
             row = opaque_token(session, credential, ctx.clock)
-        return (as_utc(row.expires_at) if row.expires_at is not None else None), row.id
+        return (as_utc(row.expires_at) if row.expires_at is not None else None), (row.id,)
     claims = jwt.decode(credential, options={"verify_signature": False})
     exp = claims.get("exp")
     if not isinstance(exp, int | float) or isinstance(exp, bool):
         raise Unauthenticated("token has no exp claim")
-    source = None
-    if claims.get("iss") == ctx.settings.api_issuer:  # one of ours: a session made from a session keeps the first src
-        source = claims.get("src") or claims.get("jti")
-        if not isinstance(source, str):
+    source: tuple[str, ...] = ()
+    if claims.get("iss") == ctx.settings.api_issuer:
+        # one of ours: a session made from a session ends with that session too, not only with the first credential
+        jti = claims.get("jti")
+        if not isinstance(jti, str):
             raise Unauthenticated("token has no jti claim")
+        try:
+            source = (*(source_ids(claims["src"]) if "src" in claims else ()), jti)
+            source_claim(source)
+        except ValueError as exc:
+            raise Unauthenticated(f"{exc}: sign in with the API token itself") from None
     return datetime.fromtimestamp(float(exp), tz=UTC), source
 
 
-def _mint(ctx: AppContext, me: Me, expires_at: datetime, rid: str, source: str | None) -> str:
+def _mint(ctx: AppContext, me: Me, expires_at: datetime, rid: str, source: tuple[str, ...]) -> str:
     now = ctx.clock().replace(microsecond=0)
     ttl = expires_at.replace(microsecond=0) - now
     with ctx.db.session() as session:

@@ -8,7 +8,8 @@ of no tenant.
 
 Formula injection: a cell a spreadsheet would run as a formula (starting with `=`, `+`, `-`, `@`, a tab or a CR,
 after any `'`) is written with one more `'` first, and the `formula_guard` column (last; its header-row cell names
-the prefix) says so; the reader takes that `'` off again, so the hashed bytes rebuild exactly. Callers choose text
+the prefix) says so; the reader takes that `'` off again, so the hashed bytes rebuild exactly, and refuses a file
+with the column in which such a cell lacks it (it would verify while the spreadsheet ran it). Callers choose text
 that lands in cells (a reason, a request id, a token's subject): `=HYPERLINK(...)` in a revocation reason was a live
 formula in the auditor's spreadsheet. A file without the column (written before) was never quoted: read verbatim."""
 
@@ -155,6 +156,10 @@ def read_csv(stream: IO[bytes]) -> Iterator[Record]:
                 error = Truncated if len(row) < len(columns) else Malformed
                 raise error(f"line {lineno}: CSV row has {len(row)} cells, want {len(columns)}", line=lineno)
             if "formula_guard" in columns:
+                if any(_runs_as_formula(c) and not c.startswith(GUARD) for c in row):
+                    # the writer guards every such cell: one without its guard rebuilt the hashed bytes all the same,
+                    # and the file verified while a spreadsheet ran the cell
+                    raise malformed(lineno, "a cell a spreadsheet would run as a formula is not guarded with '")
                 row = [unguarded(c) for c in row]
             cell = dict(zip(columns, row, strict=True))
             kind = cell["record"]

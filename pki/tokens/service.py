@@ -160,6 +160,26 @@ def check_role_tenant(role: str, tenant: str | None) -> None:
         raise InvalidInput(f"role {role} is a platform role and takes no tenant")
 
 
+MAX_SOURCES = 8
+
+
+def source_ids(claim: Any) -> tuple[str, ...]:
+    """The token ids a `src` claim names: one id (a string) or a chain (a list, the first credential first);
+    ValueError for anything else. A chain is bounded: a session opened from a session from a session..."""
+    ids = [claim] if isinstance(claim, str) else claim
+    if not isinstance(ids, list) or not 1 <= len(ids) <= MAX_SOURCES:
+        raise ValueError(f"a token stands in for 1 to {MAX_SOURCES} others")
+    if not all(isinstance(i, str) and 1 <= len(i) <= 64 for i in ids):
+        raise ValueError("a source token id is 1 to 64 characters")
+    return tuple(ids)
+
+
+def source_claim(ids: tuple[str, ...]) -> str | list[str]:
+    """The `src` claim naming these ids (one: a plain string, as sessions of one credential always carried)."""
+    source_ids(list(ids))
+    return ids[0] if len(ids) == 1 else list(ids)
+
+
 def mint_token(
     session: Session,
     keystore: KeyStore,
@@ -175,11 +195,12 @@ def mint_token(
     description: str = "",
     clock: Clock = system_clock,
     request_id: str | None = None,
-    source: str | None = None,
+    source: tuple[str, ...] = (),
 ) -> tuple[str, ApiToken]:
     """Sign an API token and store its jti (revocable); returns the token (shown once) and its row. `source`: the
-    id of the token this one stands in for (a console session: the credential signed in with), carried as the
-    `src` claim; the API refuses the token once that one is revoked, expired or gone (api/auth/api_jwt.py)."""
+    ids of the tokens this one stands in for (a console session: the credential signed in with, and when that was
+    itself a session, every token it stood in for), carried as the `src` claim; the API refuses the token once any
+    of them is revoked, expired or gone (api/auth/api_jwt.py)."""
     check_role_tenant(role, tenant)
     if tenant is not None:
         from inventory.service import get_tenant
@@ -208,10 +229,11 @@ def mint_token(
     }
     if tenant is not None:
         claims["tenant"] = tenant
-    if source is not None:
-        if not source or len(source) > 64:
-            raise InvalidInput("a source token id is 1 to 64 characters")
-        claims["src"] = source
+    if source:
+        try:
+            claims["src"] = source_claim(source)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
     token = sign_claims(keystore, claims)
     row = ApiToken(
         id=jti, token_hash=None, role=role, tenant=tenant, subject=subject, description=description,

@@ -254,7 +254,7 @@ def test_a_token_minted_for_another_dies_with_it(env_both: Env) -> None:
     source = env.token("tenant-admin", "acme", ttl=timedelta(hours=2))
     jti = jwt.decode(source, options={"verify_signature": False})["jti"]
 
-    def minted(src: str) -> str:
+    def minted(*src: str) -> str:
         with env.ctx.db.session() as s:
             token, _row = mint_token(s, env.ctx.keystore, role="tenant-admin", tenant="acme", ttl=timedelta(hours=1),
                                      actor=Actor.system("test"), issuer=env.ctx.settings.api_issuer,
@@ -263,6 +263,9 @@ def test_a_token_minted_for_another_dies_with_it(env_both: Env) -> None:
         return token
 
     derived = minted(jti)
+    # a session of a session names both; revoking the second (the session it was opened with) ends it
+    middle = minted(jti)
+    chained = minted(jti, jwt.decode(middle, options={"verify_signature": False})["jti"])
     grant = {"src_group": "web", "dst_tenant": "globex", "dst_group": "api", "proto": "tcp", "ports": [443],
              "ttl_seconds": 3600}
 
@@ -272,6 +275,12 @@ def test_a_token_minted_for_another_dies_with_it(env_both: Env) -> None:
         return int(r.status_code)
 
     assert status("GET", "/v1/whoami", derived) == 200 and status("POST", "/v1/grants", derived) == 201
+    assert status("GET", "/v1/whoami", chained) == 200 and status("POST", "/v1/grants", chained) == 201
+    middle_jti = jwt.decode(middle, options={"verify_signature": False})["jti"]
+    r = env.call("POST", f"/v1/tokens/{middle_jti}/revoke", "admin", json={"reason": "stolen session"})
+    assert r.status_code == 200, r.text
+    assert status("GET", "/v1/whoami", chained) == 401 and status("POST", "/v1/grants", chained) == 401
+    assert status("GET", "/v1/whoami", derived) == 200, "only the tokens made from the revoked one end"
     r = env.call("POST", f"/v1/tokens/{jti}/revoke", "admin", json={"reason": "stolen"})
     assert r.status_code == 200, r.text
     assert status("GET", "/v1/whoami", derived) == 401 and status("POST", "/v1/grants", derived) == 401

@@ -11,6 +11,7 @@ import io
 import pytest
 
 from audit import Actor, record
+from audit.errors import Malformed
 from audit.export import export_events
 from audit.export.csv import CSV_COLUMNS, read_csv
 from audit.export.records import Event
@@ -83,3 +84,19 @@ def test_a_file_without_the_guard_column_is_read_verbatim(hostile: Database, sig
 
 def _unquoted(cell: str) -> str:
     return cell[1:] if cell.startswith("'") and cell[1:].startswith((*FORMULA_START, "'")) else cell
+
+
+def test_a_guarded_file_with_a_live_formula_does_not_verify(hostile: Database, signer: KeySigner) -> None:
+    """In a file with the `formula_guard` column every cell a spreadsheet would run carries the guard; one that does
+    not (its `'` taken off by whoever handed the file on) rebuilt the same hashed bytes, so the file verified while
+    the auditor's spreadsheet ran the cell: now such a file is malformed, naming the line."""
+    data = _export(hostile, signer).decode()
+    rows = list(csv.reader(io.StringIO(data, newline="")))
+    column = rows[0].index("reason")
+    line = next(i for i, r in enumerate(rows) if r[column] == "'" + HOSTILE[0])
+    rows[line][column] = HOSTILE[0]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerow(rows[0])
+    csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL).writerows(rows[1:])
+    with pytest.raises(Malformed, match=rf"line {line + 1}: .*formula"):
+        verify_export(io.BytesIO(out.getvalue().encode()), signer.public_key())

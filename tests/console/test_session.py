@@ -206,3 +206,31 @@ def test_a_session_opened_with_a_session_ends_with_the_first_credential(console_
     assert r.status_code == 303 and all(_session_works(env, s) for s in sessions)  # type: ignore[attr-defined]
     _revoke(env, jwt.decode(typed, options={"verify_signature": False})["jti"])
     assert not any(_session_works(env, s) for s in sessions)
+
+
+def test_a_session_opened_with_a_session_ends_with_that_session(console_env: Env) -> None:
+    """Revoking (or signing out of) the session a second one was opened with ends the second as well: the second
+    named only the first credential, so a stolen session cookie pasted into the sign-in form outlived the admin's
+    revocation of that session (and the owner's sign-out) until the credential itself was revoked."""
+    env = console_env
+    typed = env.token("security", ttl=timedelta(hours=2))
+    first, _r = _login(env, typed)
+    second, r = _login(env, first.cookies[SESSION_COOKIE])
+    assert r.status_code == 303 and _session_works(env, second.cookies[SESSION_COOKIE])  # type: ignore[attr-defined]
+    _revoke(env, jwt.decode(first.cookies[SESSION_COOKIE], options={"verify_signature": False})["jti"])
+    assert not _session_works(env, second.cookies[SESSION_COOKIE])
+    assert _session_works(env, _login(env, typed)[0].cookies[SESSION_COOKIE]), "the credential itself still works"
+
+
+def test_a_chain_of_sessions_is_bounded(console_env: Env) -> None:
+    """Each session names every token it stands in for (checked on every request): eight deep at most; the ninth
+    sign-in is refused on the sign-in page, asking for the API token itself."""
+    env = console_env
+    credential = env.token("auditor", ttl=timedelta(hours=2))
+    for _ in range(8):
+        client, r = _login(env, credential)
+        assert r.status_code == 303, r.text  # type: ignore[attr-defined]
+        credential = client.cookies[SESSION_COOKIE]
+    _client, r = _login(env, credential)
+    assert r.status_code == 401 and "sign in with the API token itself" in r.text  # type: ignore[attr-defined]
+    assert _session_works(env, credential), "the last session still works"

@@ -215,3 +215,19 @@ def test_an_empty_query_is_refused_as_opa_refuses_it(compat: tuple[httpx.Client,
               c.post("/v1/query", json={"query": ""}), c.post("/v1/query", json={"input": {"x": 1}})):
         assert r.status_code == 400 and r.json() == expected, (r.request.url, r.text)
     assert c.get("/v1/query", params={"q": "x := 1 # and a comment"}).json() == {"result": [{"x": 1}]}
+
+
+def test_opa_python_client_lists_policies(pdp: Served, compat: tuple[httpx.Client, str]) -> None:
+    """opa-python-client's check_connection, get_policies_list and get_policies_info ask `GET /v1/policies/` (a
+    trailing slash), which OPA answers with its policies; the PDP stopped redirecting a trailing slash (OPA does not
+    redirect either) and its catch-all for OPA's API paths answered that path with a bare 405."""
+    _c, path = compat
+    parts = urlsplit(pdp.url)
+    client = OpaClient(host=parts.hostname, port=parts.port, token=pdp.token, timeout=10)
+    try:
+        assert client.check_connection()
+        module = path.split("/")[-1] + ".rego"
+        assert module in client.get_policies_list()
+        assert client.get_policies_info()
+    finally:
+        client.close_connection()

@@ -139,3 +139,16 @@ def test_a_yaml_alias_bomb_is_refused_at_once(pdp: Served) -> None:
         # an alias or two, as a person writes them, is still YAML the PDP reads
         r = c.post("/v1/data/x/allow", content=b"base: &b {x: 1}\ninput: {a: *b, b: *b}\n")
         assert r.status_code == 200, r.text
+
+
+def test_a_small_yaml_input_with_anchors_is_read(pdp: Served) -> None:
+    """A 3 KB YAML input whose one anchored list (200 addresses) is named by 40 keys is 8,000 values: harmless, and
+    what anchors are for, but more than two per byte of its text, so the bound refused it as a bomb."""
+    addresses = ", ".join(f"10.0.{i // 250}.{i % 250}" for i in range(200))
+    refs = "".join(f"  h{i}: *all\n" for i in range(1, 40))
+    body = f"input:\n  h0: &all [{addresses}]\n{refs}".encode()
+    assert len(body) < 4096
+    h = {"Authorization": f"Bearer {pdp.token}", "Content-Type": "application/yaml"}
+    with httpx.Client(base_url=pdp.url, headers=h, timeout=5) as c:
+        r = c.post("/v1/data/x/allow", content=body)
+    assert r.status_code == 200, r.text
