@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pkcs11 import Attribute, KeyType, Mechanism
+from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11.util.ec import encode_named_curve_parameters
 from sqlmodel import col, select
 
-from audit.checkpoint import AUDIT_KEY_ID, audit_signer, load_public_key, public_key_pem
+from audit.checkpoint import AUDIT_KEY_ID, audit_signer, load_public_key, public_key_pem, write_checkpoint
 from audit.errors import VerificationError
-from audit.models import AuditEvent
+from audit.models import AuditCheckpoint, AuditEvent
 from audit.verify import verify_export
 from keys.adoption import spki_sha256
 from keys.errors import KeyNotFound, KeyStoreError
@@ -270,3 +270,52 @@ def test_an_upgraded_deployment_with_two_unmarked_keys_of_a_label_adopts_nothing
         obj.destroy()
     assert initialize(a, None, "ec-p256")["created"] is False
     assert API_ISSUER_KEY_ID in _adopted(a) and _uses(a)["issuer"] == issuer and len(_adopt_events(a)) == 1
+
+
+def _swap_private(ks: Pkcs11KeyStore, label: str, ed25519: bool) -> None:
+    """The private object labelled `label` replaced by another key's, its CKA_ID copied, its public object left: as
+    someone with write access to the token swaps the private half of an adopted (or marked) pair."""
+    old = list(ks._session.get_objects({Attribute.LABEL: label, Attribute.CLASS: ObjectClass.PRIVATE_KEY}))
+    assert len(old) == 1
+    cka_id = bytes(old[0][Attribute.ID])
+    params = ks._session.create_domain_parameters(
+        KeyType.EC_EDWARDS if ed25519 else KeyType.EC,
+        {Attribute.EC_PARAMS: bytes(encode_named_curve_parameters("1.3.101.112" if ed25519 else "secp256r1"))},
+        local=True)
+    pub, _priv = params.generate_keypair(
+        label=label, store=True, mechanism=Mechanism.EC_EDWARDS_KEY_PAIR_GEN if ed25519 else Mechanism.EC_KEY_PAIR_GEN,
+        private_template={Attribute.SIGN: True, Attribute.TOKEN: True, Attribute.ID: cka_id},
+        public_template={Attribute.VERIFY: True, Attribute.TOKEN: True, Attribute.ID: cka_id})
+    pub.destroy()
+    old[0].destroy()
+
+
+def test_a_private_object_swapped_under_an_adopted_public_key_never_signs(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Should fix: the adoption pins the public object's key, and a lookup compares only that; the signature comes from
+    the private object. With the private object of the adopted API issuer, audit and issuing CA keys swapped for
+    another key's (CKA_ID copied, public object left), the deployment signed API tokens, checkpoints and SVIDs with
+    it: signatures that verify under no key it publishes, silently (a stored checkpoint nobody can check). Now a
+    signature that does not verify under the key's public key is refused (KeyStoreError), nothing is stored."""
+    home = tmp_path / "a"
+    url, _old_audit, _old_issuer = made_before_markers(request, "sqlite", home, token)
+    a = _open(home, url, token, deployments)
+    assert initialize(a, None, "ec-p256")["created"] is False  # adopts
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    issuing = next(k for k in _named(a) if "-issuing-" in k)
+    _swap_private(ks, API_ISSUER_KEY_ID, ed25519=False)
+    _swap_private(ks, AUDIT_KEY_ID, ed25519=True)
+    _swap_private(ks, issuing, ed25519=False)
+    with pytest.raises(KeyStoreError, match=r"does not verify under its public key"):
+        ks.get(API_ISSUER_KEY_ID).sign(b"claims")
+    with pytest.raises(KeyStoreError, match=r"does not verify under its public key"):
+        ks.get(AUDIT_KEY_ID).sign(b"checkpoint")
+    with a.db.read_session() as s:
+        before = s.exec(select(AuditCheckpoint.size)).all()
+    with pytest.raises(KeyStoreError):
+        write_checkpoint(a.db, audit_signer(ks), clock=a.clock)
+    with a.db.read_session() as s:
+        assert s.exec(select(AuditCheckpoint.size)).all() == before  # no checkpoint stored with a bad signature
+    with pytest.raises(KeyStoreError, match=rf"{issuing!r} .*does not verify under its public key"):
+        _signs(a)
