@@ -26,7 +26,9 @@ from keys.errors import KeyNotFound, KeyStoreError
 from keys.pkcs11 import Pkcs11KeyStore
 from keys.store import KeyKind
 from pki.errors import ForeignKeyStore
+from pki.models import CertificateAuthority
 from pki.tokens.service import API_ISSUER_KEY_ID
+from store.db import Database, sqlite_url
 from tests.keys.stores import _LIST_OBJECTS, PIN
 from tests.workflows.conftest import Token
 from tests.workflows.test_token_keys import (
@@ -319,3 +321,47 @@ def test_a_private_object_swapped_under_an_adopted_public_key_never_signs(
         assert s.exec(select(AuditCheckpoint.size)).all() == before  # no checkpoint stored with a bad signature
     with pytest.raises(KeyStoreError, match=rf"{issuing!r} .*does not verify under its public key"):
         _signs(a)
+
+
+def test_the_first_start_never_adopts_a_planted_key_its_database_can_tell_is_not_its_own(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: the first upgraded start adopted, for every label it names, whatever one unmarked key the token
+    then held. Its database can tell some are not its own: a retired CA generation's key id (its key destroyed at
+    retirement, say) names a certificate, whose public key a key planted under that id does not have; and the audit
+    key signed the checkpoints it stores, which a key planted after the real one was deleted does not verify. Such a
+    planted key was adopted (recorded, `ca keys` said `adopted`), and the planted audit key signed its checkpoints.
+    Now a key that does not match what the database holds is not adopted, and the start says so."""
+    home = tmp_path / "a"
+    url, old_audit, _old_issuer = made_before_markers(request, "sqlite", home, token)
+    module, label = token
+    before = Pkcs11KeyStore(module, label, PIN)  # the pre-marker code's last checkpoint, with its real audit key
+    db = Database(url or sqlite_url(home))
+    try:
+        write_checkpoint(db, audit_signer(before))
+        with db.session() as s:  # a retired generation, whose key is gone from the token
+            root = s.exec(select(CertificateAuthority).where(CertificateAuthority.role == "root")).one()
+            retired = CertificateAuthority(**{**root.model_dump(), "id": "g0-root", "generation": 0,
+                                              "state": "retired", "key_id": "ca-g0-root-0badc0de"})
+            s.add(retired)
+        _destroy(before, AUDIT_KEY_ID)  # the real audit key deleted; keys planted in the token
+        planted_audit = _planted(before, AUDIT_KEY_ID, KeyKind.ED25519)
+        _planted(before, "ca-g0-root-0badc0de", KeyKind.EC_P256)
+    finally:
+        before.close()
+        db.dispose()
+    a = _open(home, url, token, deployments)
+    caplog.set_level(logging.WARNING)
+    assert initialize(a, None, "ec-p256")["created"] is False
+    adopted = _adopted(a)
+    assert "ca-g0-root-0badc0de" not in adopted and AUDIT_KEY_ID not in adopted and API_ISSUER_KEY_ID in adopted
+    events = _adopt_events(a)
+    assert len(events) == 1 and set(events[0]["refused"]) == {"ca-g0-root-0badc0de", AUDIT_KEY_ID}
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.adoption"]
+    assert any("not adopted" in m and "ca-g0-root-0badc0de" in m and AUDIT_KEY_ID in m for m in lines)
+    rows = {r["key_id"]: r["marker"] for r in token_keys(a)}
+    assert rows["ca-g0-root-0badc0de"] == "unmarked, not adopted"
+    assert public_key_pem(audit_signer(a.keystore)) not in (planted_audit, old_audit)  # a marked key of its own
+    with pytest.raises(VerificationError):
+        verify_export(_export(a), load_public_key(planted_audit))
+    _signs(a)
