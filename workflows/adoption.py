@@ -91,7 +91,8 @@ def _adopt(ctx: AppContext, keystore: MarkedKeyStore) -> dict[str, str] | None:
 def _unlike_database(session: Session, keystore: KeyStore, found: dict[str, str]) -> dict[str, str]:
     """Of the keys about to be adopted, those the database can tell are not this deployment's, each with why: a CA
     key id (of a CA row in any state: a retired generation's too) whose certificate's (or JWT) public key is another,
-    and an audit key that does not verify the latest stored checkpoint. Why: the token may hold, under a label this
+    an audit key that does not verify the latest stored checkpoint, and a pair whose private object does not sign
+    under its public one (the public object alone is what the hash pins). Why: the token may hold, under a label this
     deployment names, a key planted after its own was deleted (a retired generation's, an audit key), and adopting it
     would have it used (the audit key signs checkpoints) and `ca keys` call it adopted. The API issuer key has nothing
     in the database to compare with (a token stores only its id): adopted as found."""
@@ -103,6 +104,11 @@ def _unlike_database(session: Session, keystore: KeyStore, found: dict[str, str]
                 serialization.load_pem_public_key(ca.jwt_public_pem.encode()))  # type: ignore[arg-type]
     refused = {k: "not the public key of the certificate its CA row names" for k, d in found.items()
                if k in expected and expected[k] != d}
+    for key_id in sorted(set(found) - set(refused)):  # a pair whose private object was swapped (CKA_ID copied)
+        try:
+            keystore.get(key_id).sign(b"trustfabric adoption: does the private object sign under the public one")
+        except KeyStoreError:  # (keys/pkcs11.py Pkcs11Signer verifies each signature under the public object)
+            refused[key_id] = "its private object does not sign under its public one (replaced, or planted)"
     checkpoint = latest_checkpoint(session)
     if AUDIT_KEY_ID in found and checkpoint is not None:
         try:
@@ -129,6 +135,22 @@ def missing_adopted(ctx: AppContext) -> list[Adoption]:
     owners = keystore.key_owners()
     in_use = keystore.unmarked_in_use()
     return [a for k, a in sorted(adoptions.items()) if k not in in_use and owners.get(k) != row.deployment_id]
+
+
+def unadopted_in_use(ctx: AppContext) -> list[str]:
+    """The key ids of CA generations in use whose key in the token is unmarked and was not adopted by this (upgraded,
+    adopted) deployment (_unlike_database refused it): never used, so the start refuses naming them. [] otherwise."""
+    keystore = ctx.keystore
+    if not isinstance(keystore, MarkedKeyStore):
+        return []
+    with ctx.db.read_session() as session:
+        row = read_deployment(session.connection())
+        adoptions = read_adoptions(session.connection())
+        in_use = key_ids_in_use(session)
+    if row is None or not row.adopted:
+        return []
+    owners = keystore.key_owners()
+    return sorted(k for k in in_use if k in owners and owners[k] is None and k not in adoptions)
 
 
 def describe_missing(gone: list[Adoption]) -> str:

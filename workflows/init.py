@@ -36,7 +36,7 @@ from pki.tokens.service import API_ISSUER_KEY_ID, create_opaque_token, ensure_is
 from policy import service as policy_service
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
-from workflows.adoption import adopt_unmarked_keys, describe_missing, missing_adopted
+from workflows.adoption import adopt_unmarked_keys, describe_missing, missing_adopted, unadopted_in_use
 from workflows.context import AppContext
 from workflows.rotation import commit_in_time, mark_committed_keys, release_keys
 
@@ -49,24 +49,12 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
     nothing written, instead of new audit and API-issuer keys nobody else trusts (a replica given a data
     directory of its own). The file key store's keys made before keys were shared between replicas (an upgraded
     install) are shared from here on (keys/shared.py)."""
-    refused: ForeignKeyStore | None = None
-    with ctx.db.read_session() as session:
-        found = existing_trust_domain(session)
-        if found is not None:
-            try:
-                check_ca_keys(session, ctx.keystore)
-            except ForeignKeyStore as exc:
-                refused = exc
-    if refused is not None:
-        gone = missing_adopted(ctx)  # the token's key a CA generation names was adopted, and is gone or replaced
-        if gone:
-            raise ForeignKeyStore(f"{refused}: {describe_missing(gone)}; restore it to the token") from None
-        raise ForeignKeyStore(
-            f"{refused}: it is not the key store trust domain {found} in the database was made with; give this "
-            "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
-            "PKCS#11 token)") from None
+    found = _check_keys(ctx)
     ensure_deployment(ctx, upgrade=found is not None)  # before any key is made: the keys of a PKCS#11 token carry it
-    adopt_unmarked_keys(ctx)  # an upgraded deployment's unmarked keys: the only ones it uses from now on
+    # an upgraded deployment's unmarked keys: the only ones it uses from now on; a CA key in use it did not adopt (a
+    # private object swapped) passed the check above, made before the adoption: checked again
+    if adopt_unmarked_keys(ctx) is not None and found is not None:
+        _check_keys(ctx)
     ensure_signing_keys(ctx)
     # a token's first CA keys: their intents commit before the transaction that makes them (keys/intents.py)
     reserved = None
@@ -105,6 +93,35 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
     policy_version = seed_shipped_policy(ctx)
     return {"created": created, "trust_domain": trust_domain, "admin_token": token,
             "admin_token_expires_at": expires_at, "policy_version": policy_version}
+
+
+def _check_keys(ctx: AppContext) -> str | None:
+    """The database's trust domain (None before init); ForeignKeyStore, with why, unless the key store holds the key
+    of every CA generation in use (pki/ca.py check_keys)."""
+    refused: ForeignKeyStore | None = None
+    with ctx.db.read_session() as session:
+        found = existing_trust_domain(session)
+        if found is not None:
+            try:
+                check_ca_keys(session, ctx.keystore)
+            except ForeignKeyStore as exc:
+                refused = exc
+    if refused is None:
+        return found
+    gone = missing_adopted(ctx)  # the token's key a CA generation names was adopted, and is gone or replaced
+    if gone:
+        raise ForeignKeyStore(f"{refused}: {describe_missing(gone)}; restore it to the token") from None
+    unadopted = unadopted_in_use(ctx)
+    if unadopted:
+        raise ForeignKeyStore(
+            f"{refused}: the key(s) without a deployment marker the token holds under {', '.join(unadopted)} were not "
+            "adopted by this deployment's first start on this version (not the key its certificate names, or a "
+            "private object that does not sign under its public one: its start log and deployment.adopt audit event "
+            "say which) and are never used; restore this deployment's key to the token") from None
+    raise ForeignKeyStore(
+        f"{refused}: it is not the key store trust domain {found} in the database was made with; give this "
+        "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
+        "PKCS#11 token)") from None
 
 
 def ensure_deployment(ctx: AppContext, *, upgrade: bool = False) -> str:

@@ -365,3 +365,52 @@ def test_the_first_start_never_adopts_a_planted_key_its_database_can_tell_is_not
     with pytest.raises(VerificationError):
         verify_export(_export(a), load_public_key(planted_audit))
     _signs(a)
+
+
+def test_the_first_start_never_adopts_a_pair_whose_private_object_was_swapped(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Should fix: the adoption hashes a pair's public object only. The API issuer key's private object swapped before
+    the first upgraded start (its public object left, CKA_ID copied) was adopted: the deployment then could sign no
+    API token at all (its signatures refused), and the record said that pair was its key. Now a pair whose private
+    object does not sign under its public key is not adopted, and the start makes a marked issuer key of its own."""
+    home = tmp_path / "a"
+    url, _old_audit, old_issuer = made_before_markers(request, "sqlite", home, token)
+    module, label = token
+    before = Pkcs11KeyStore(module, label, PIN)
+    try:
+        _swap_private(before, API_ISSUER_KEY_ID, ed25519=False)
+    finally:
+        before.close()
+    a = _open(home, url, token, deployments)
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert API_ISSUER_KEY_ID not in _adopted(a) and AUDIT_KEY_ID in _adopted(a)
+    assert "private object" in _adopt_events(a)[0]["refused"][API_ISSUER_KEY_ID]
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    assert ks.key_owners()[API_ISSUER_KEY_ID] is not None  # its own, marked
+    assert _uses(a)["issuer"] != old_issuer
+    ks.get(API_ISSUER_KEY_ID).sign(b"claims")  # signs, verifiably
+
+
+def test_a_start_refuses_when_a_ca_key_in_use_was_not_adopted(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Should fix: the issuing CA key's private object swapped before the first upgraded start (public object left)
+    passed the start's CA key check, which compares public keys; the start then completed with that key not adopted,
+    and said nothing, and every SVID issuance failed afterwards. Now that start, and every later one, refuses with
+    one error naming the key and why it is not used, as for an adopted CA key gone from the token."""
+    home = tmp_path / "a"
+    url, _old_audit, _old_issuer = made_before_markers(request, "sqlite", home, token)
+    module, label = token
+    before = Pkcs11KeyStore(module, label, PIN)
+    try:
+        issuing = next(k for k in before.key_owners() if "-issuing-" in k)
+        _swap_private(before, issuing, ed25519=False)
+    finally:
+        before.close()
+    a = _open(home, url, token, deployments)
+    refusal = rf"{issuing}.* not adopted by this deployment's first start .*never used; restore"
+    with pytest.raises(ForeignKeyStore, match=refusal):
+        initialize(a, None, "ec-p256")
+    assert issuing not in _adopted(a) and "private object" in _adopt_events(a)[0]["refused"][issuing]
+    with pytest.raises(ForeignKeyStore, match=refusal):  # the next start too
+        initialize(a, None, "ec-p256")
