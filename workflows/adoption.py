@@ -62,7 +62,7 @@ def _adopt(ctx: AppContext, keystore: MarkedKeyStore) -> dict[str, str] | None:
             if deployment.adopted_at is not None:
                 return None
             found = keystore.adoptable(labels)  # the token read under the lock: what every replica would find
-            refused = _unlike_database(session, ctx.keystore, found)
+            refused = unlike_database(session, ctx.keystore, found)
             found = {k: d for k, d in found.items() if k not in refused}
             now = ctx.clock()
             for key_id, digest in sorted(found.items()):
@@ -88,7 +88,7 @@ def _adopt(ctx: AppContext, keystore: MarkedKeyStore) -> dict[str, str] | None:
     return found
 
 
-def _unlike_database(session: Session, keystore: KeyStore, found: dict[str, str]) -> dict[str, str]:
+def unlike_database(session: Session, keystore: KeyStore, found: dict[str, str]) -> dict[str, str]:
     """Of the keys about to be adopted, those the database can tell are not this deployment's, each with why: a CA
     key id (of a CA row in any state: a retired generation's too) whose certificate's (or JWT) public key is another,
     an audit key that does not verify the latest stored checkpoint, and a pair whose private object does not sign
@@ -139,7 +139,7 @@ def missing_adopted(ctx: AppContext) -> list[Adoption]:
 
 def unadopted_in_use(ctx: AppContext) -> list[str]:
     """The key ids of CA generations in use whose key in the token is unmarked and was not adopted by this (upgraded,
-    adopted) deployment (_unlike_database refused it): never used, so the start refuses naming them. [] otherwise."""
+    adopted) deployment (unlike_database refused it): never used, so the start refuses naming them. [] otherwise."""
     keystore = ctx.keystore
     if not isinstance(keystore, MarkedKeyStore):
         return []

@@ -323,16 +323,11 @@ def test_a_private_object_swapped_under_an_adopted_public_key_never_signs(
         _signs(a)
 
 
-def test_the_first_start_never_adopts_a_planted_key_its_database_can_tell_is_not_its_own(
-        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Should fix: the first upgraded start adopted, for every label it names, whatever one unmarked key the token
-    then held. Its database can tell some are not its own: a retired CA generation's key id (its key destroyed at
-    retirement, say) names a certificate, whose public key a key planted under that id does not have; and the audit
-    key signed the checkpoints it stores, which a key planted after the real one was deleted does not verify. Such a
-    planted key was adopted (recorded, `ca keys` said `adopted`), and the planted audit key signed its checkpoints.
-    Now a key that does not match what the database holds is not adopted, and the start says so."""
-    home = tmp_path / "a"
+def _planted_where_the_database_tells(request: pytest.FixtureRequest, home: Path,
+                                      token: Token) -> tuple[str | None, str, str]:
+    """A deployment from before markers with a stored checkpoint and a retired CA generation, whose audit key was
+    deleted and replaced by a planted one, and a key planted under the retired generation's key id: its URL, its
+    real audit key's public key and the planted one's (PEM)."""
     url, old_audit, _old_issuer = made_before_markers(request, "sqlite", home, token)
     module, label = token
     before = Pkcs11KeyStore(module, label, PIN)  # the pre-marker code's last checkpoint, with its real audit key
@@ -350,6 +345,20 @@ def test_the_first_start_never_adopts_a_planted_key_its_database_can_tell_is_not
     finally:
         before.close()
         db.dispose()
+    return url, old_audit, planted_audit
+
+
+def test_the_first_start_never_adopts_a_planted_key_its_database_can_tell_is_not_its_own(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: the first upgraded start adopted, for every label it names, whatever one unmarked key the token
+    then held. Its database can tell some are not its own: a retired CA generation's key id (its key destroyed at
+    retirement, say) names a certificate, whose public key a key planted under that id does not have; and the audit
+    key signed the checkpoints it stores, which a key planted after the real one was deleted does not verify. Such a
+    planted key was adopted (recorded, `ca keys` said `adopted`), and the planted audit key signed its checkpoints.
+    Now a key that does not match what the database holds is not adopted, and the start says so."""
+    home = tmp_path / "a"
+    url, old_audit, planted_audit = _planted_where_the_database_tells(request, home, token)
     a = _open(home, url, token, deployments)
     caplog.set_level(logging.WARNING)
     assert initialize(a, None, "ec-p256")["created"] is False
@@ -414,3 +423,19 @@ def test_a_start_refuses_when_a_ca_key_in_use_was_not_adopted(
     assert issuing not in _adopted(a) and "private object" in _adopt_events(a)[0]["refused"][issuing]
     with pytest.raises(ForeignKeyStore, match=refusal):  # the next start too
         initialize(a, None, "ec-p256")
+
+
+def test_ca_keys_before_the_first_start_says_which_unmarked_keys_it_will_not_adopt(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Should fix: before an upgraded deployment's first start on this version, `ca keys` called every unmarked key
+    `used: adopted at the next start`, those the start will refuse too (a key planted under a retired generation's
+    key id, an audit key that does not verify the stored checkpoints). Now it says which it will not adopt, and why."""
+    home = tmp_path / "a"
+    url, _old_audit, _planted_audit = _planted_where_the_database_tells(request, home, token)
+    a = _open(home, url, token, deployments)
+    rows = {r["key_id"]: r["marker"] for r in token_keys(a)}
+    assert rows["ca-g0-root-0badc0de"].startswith("unmarked, used until the next start, which will not adopt it: not "
+                                                  "the public key of the certificate")
+    assert rows[AUDIT_KEY_ID].startswith("unmarked, used until the next start, which will not adopt it: does not "
+                                         "verify the stored checkpoint")
+    assert rows[API_ISSUER_KEY_ID] == "unmarked, used: adopted at the next start"
