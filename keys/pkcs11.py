@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pkcs11
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, utils
 from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
@@ -166,20 +167,43 @@ class Pkcs11Signer:
         return self._public
 
     def sign_digest(self, digest: bytes) -> bytes:
-        """ECDSA over a digest computed here (SoftHSM lacks CKM_ECDSA_SHA*); returns DER."""
+        """ECDSA over a digest computed here (SoftHSM lacks CKM_ECDSA_SHA*); returns DER, verified (_checked)."""
         with self._store.lock:
             raw = bytes(self._handle.sign(digest, mechanism=Mechanism.ECDSA))
         half = len(raw) // 2
-        return utils.encode_dss_signature(int.from_bytes(raw[:half], "big"), int.from_bytes(raw[half:], "big"))
+        der = utils.encode_dss_signature(int.from_bytes(raw[:half], "big"), int.from_bytes(raw[half:], "big"))
+        public = self._public
+        assert isinstance(public, ec.EllipticCurvePublicKey)
+        algo = hash_for(self._kind)
+        assert algo is not None
+        return self._checked(der, lambda: public.verify(der, digest, ec.ECDSA(utils.Prehashed(algo))))
 
     def sign(self, data: bytes) -> bytes:
         if self._kind is KeyKind.ED25519:
             with self._store.lock:
-                return bytes(self._handle.sign(data, mechanism=Mechanism.EDDSA))
+                sig = bytes(self._handle.sign(data, mechanism=Mechanism.EDDSA))
+            public = self._public
+            assert isinstance(public, ed25519.Ed25519PublicKey)
+            return self._checked(sig, lambda: public.verify(sig, data))
         algo = hash_for(self._kind)
         assert algo is not None
         digest = hashlib.new(algo.name, data).digest()
         return self.sign_digest(digest)
+
+    def _checked(self, signature: bytes, verify: Callable[[], None]) -> bytes:
+        """`signature`, once it verifies under the public object's key, which is what lookups compare (a CA's
+        certificate, an adopted key's hash, keys/adoption.py) and what verifiers trust. Why: whoever can write to the
+        token can replace a pair's private object alone (its CKA_ID copied); the token then signs with their key, and
+        every token, checkpoint or certificate signed would verify under no key we publish, silently. Refused
+        (KeyStoreError): fail closed, nothing signed is returned."""
+        try:
+            verify()
+        except InvalidSignature:
+            raise KeyStoreError(
+                f"PKCS#11 token {self._store.token_label!r}: a signature of key {self._key_id!r} does not verify under "
+                "its public key: the token's private object is not the pair of its public one (replaced, or "
+                "planted); nothing is signed with it until an operator restores the key") from None
+        return signature
 
     def private_key(self) -> PrivateKey:
         if isinstance(self._public, ed25519.Ed25519PublicKey):

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import logging
 
+from cryptography.hazmat.primitives import serialization
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from audit import Actor, record
-from audit.checkpoint import AUDIT_KEY_ID
-from keys.adoption import Adoption, read_adoptions
+from audit.checkpoint import AUDIT_KEY_ID, audit_signer, ed25519_public_key, latest_checkpoint, verify_checkpoint
+from audit.errors import CheckpointError
+from keys.adoption import Adoption, read_adoptions, spki_sha256
 from keys.deployment import ORIGIN_UPGRADE, read_deployment
+from keys.errors import KeyStoreError
 from keys.models import AdoptedKey, Deployment
-from keys.store import MarkedKeyStore
-from pki.ca import key_ids_in_use
+from keys.store import KeyStore, MarkedKeyStore
+from pki.ca import certificate, key_ids_in_use
+from pki.models import CertificateAuthority
 from pki.tokens.service import API_ISSUER_KEY_ID
 from workflows.context import AppContext
 from workflows.rotation import named_key_ids
@@ -58,6 +62,8 @@ def _adopt(ctx: AppContext, keystore: MarkedKeyStore) -> dict[str, str] | None:
             if deployment.adopted_at is not None:
                 return None
             found = keystore.adoptable(labels)  # the token read under the lock: what every replica would find
+            refused = unlike_database(session, ctx.keystore, found)
+            found = {k: d for k, d in found.items() if k not in refused}
             now = ctx.clock()
             for key_id, digest in sorted(found.items()):
                 session.add(AdoptedKey(key_id=key_id, spki_sha256=digest, adopted_at=now))
@@ -66,15 +72,50 @@ def _adopt(ctx: AppContext, keystore: MarkedKeyStore) -> dict[str, str] | None:
             session.flush()
             record(session, actor=Actor.system("init"), action="deployment.adopt", object_type="deployment",
                    object_id=deployment.deployment_id,
-                   summary={"adopted": found, "rule": "the unmarked keys (by public key SHA-256) this deployment, "
-                            "whose keys predate markers, uses; it never uses any other unmarked key"}, at=now)
+                   summary={"adopted": found, "refused": refused,
+                            "rule": "the unmarked keys (by public key SHA-256) this deployment, whose keys predate "
+                            "markers, uses; it never uses any other unmarked key"}, at=now)
     except IntegrityError:  # a replica starting at once recorded them first: theirs stand
         return None
+    if refused:
+        _log.warning("%r: unmarked key(s) not adopted, never used, as their public key is not the one this database "
+                     "holds for them (planted, or another's): %s", keystore,
+                     "; ".join(f"{k}: {why}" for k, why in sorted(refused.items())))
     unadopted = sorted(k for k, owner in keystore.key_owners().items() if owner is None and k not in found)
     _log.info("%r: this deployment (keys made before markers) adopted %d unmarked key(s), the only unmarked keys it "
               "uses from now on: %s; unmarked, not adopted (never used): %s", keystore, len(found),
               ", ".join(found) or "none", ", ".join(unadopted) or "none")
     return found
+
+
+def unlike_database(session: Session, keystore: KeyStore, found: dict[str, str]) -> dict[str, str]:
+    """Of the keys about to be adopted, those the database can tell are not this deployment's, each with why: a CA
+    key id (of a CA row in any state: a retired generation's too) whose certificate's (or JWT) public key is another,
+    an audit key that does not verify the latest stored checkpoint, and a pair whose private object does not sign
+    under its public one (the public object alone is what the hash pins). Why: the token may hold, under a label this
+    deployment names, a key planted after its own was deleted (a retired generation's, an audit key), and adopting it
+    would have it used (the audit key signs checkpoints) and `ca keys` call it adopted. The API issuer key has nothing
+    in the database to compare with (a token stores only its id): adopted as found."""
+    expected: dict[str, str] = {}
+    for ca in session.exec(select(CertificateAuthority)).all():
+        expected[ca.key_id] = spki_sha256(certificate(ca).public_key())  # type: ignore[arg-type]
+        if ca.jwt_key_id is not None and ca.jwt_public_pem is not None:
+            expected[ca.jwt_key_id] = spki_sha256(
+                serialization.load_pem_public_key(ca.jwt_public_pem.encode()))  # type: ignore[arg-type]
+    refused = {k: "not the public key of the certificate its CA row names" for k, d in found.items()
+               if k in expected and expected[k] != d}
+    for key_id in sorted(set(found) - set(refused)):  # a pair whose private object was swapped (CKA_ID copied)
+        try:
+            keystore.get(key_id).sign(b"trustfabric adoption: does the private object sign under the public one")
+        except KeyStoreError:  # (keys/pkcs11.py Pkcs11Signer verifies each signature under the public object)
+            refused[key_id] = "its private object does not sign under its public one (replaced, or planted)"
+    checkpoint = latest_checkpoint(session)
+    if AUDIT_KEY_ID in found and checkpoint is not None:
+        try:
+            verify_checkpoint(checkpoint.note, ed25519_public_key(audit_signer(keystore)))
+        except (CheckpointError, KeyStoreError, TypeError, ValueError):
+            refused[AUDIT_KEY_ID] = f"does not verify the stored checkpoint of tree size {checkpoint.size}"
+    return refused
 
 
 def missing_adopted(ctx: AppContext) -> list[Adoption]:
@@ -94,6 +135,22 @@ def missing_adopted(ctx: AppContext) -> list[Adoption]:
     owners = keystore.key_owners()
     in_use = keystore.unmarked_in_use()
     return [a for k, a in sorted(adoptions.items()) if k not in in_use and owners.get(k) != row.deployment_id]
+
+
+def unadopted_in_use(ctx: AppContext) -> list[str]:
+    """The key ids of CA generations in use whose key in the token is unmarked and was not adopted by this (upgraded,
+    adopted) deployment (unlike_database refused it): never used, so the start refuses naming them. [] otherwise."""
+    keystore = ctx.keystore
+    if not isinstance(keystore, MarkedKeyStore):
+        return []
+    with ctx.db.read_session() as session:
+        row = read_deployment(session.connection())
+        adoptions = read_adoptions(session.connection())
+        in_use = key_ids_in_use(session)
+    if row is None or not row.adopted:
+        return []
+    owners = keystore.key_owners()
+    return sorted(k for k in in_use if k in owners and owners[k] is None and k not in adoptions)
 
 
 def describe_missing(gone: list[Adoption]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,13 +20,13 @@ from audit.checkpoint import AUDIT_KEY_ID
 from audit.models import AuditEvent
 from core.clock import as_utc
 from core.errors import InvalidInput
-from keys.adoption import Adoption, read_adoptions
+from keys.adoption import Adoption, read_adoptions, spki_sha256
 from keys.deployment import ORIGIN_INIT, ORIGIN_UPGRADE, read_deployment, read_deployment_id
-from keys.errors import KeyNotFound
+from keys.errors import KeyNotFound, KeyStoreError
 from keys.intents import ABANDONED_AFTER, forget, intents
 from keys.models import Deployment
 from keys.shared import SharedKeyStore
-from keys.store import KeyKind, MarkedKeyStore
+from keys.store import KeyKind, KeyStore, MarkedKeyStore
 from pki.ca import CA_KEY_ID_RE, key_ids_in_use, reserve_generation_keys, unused_ca_key_ids
 from pki.ca import check_keys as check_ca_keys
 from pki.errors import ForeignKeyStore
@@ -36,7 +37,13 @@ from pki.tokens.service import API_ISSUER_KEY_ID, create_opaque_token, ensure_is
 from policy import service as policy_service
 from policy.shipped import REGO_DIR
 from policy.versions import load_dir
-from workflows.adoption import adopt_unmarked_keys, describe_missing, missing_adopted
+from workflows.adoption import (
+    adopt_unmarked_keys,
+    describe_missing,
+    missing_adopted,
+    unadopted_in_use,
+    unlike_database,
+)
 from workflows.context import AppContext
 from workflows.rotation import commit_in_time, mark_committed_keys, release_keys
 
@@ -49,24 +56,12 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
     nothing written, instead of new audit and API-issuer keys nobody else trusts (a replica given a data
     directory of its own). The file key store's keys made before keys were shared between replicas (an upgraded
     install) are shared from here on (keys/shared.py)."""
-    refused: ForeignKeyStore | None = None
-    with ctx.db.read_session() as session:
-        found = existing_trust_domain(session)
-        if found is not None:
-            try:
-                check_ca_keys(session, ctx.keystore)
-            except ForeignKeyStore as exc:
-                refused = exc
-    if refused is not None:
-        gone = missing_adopted(ctx)  # the token's key a CA generation names was adopted, and is gone or replaced
-        if gone:
-            raise ForeignKeyStore(f"{refused}: {describe_missing(gone)}; restore it to the token") from None
-        raise ForeignKeyStore(
-            f"{refused}: it is not the key store trust domain {found} in the database was made with; give this "
-            "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
-            "PKCS#11 token)") from None
+    found = _check_keys(ctx)
     ensure_deployment(ctx, upgrade=found is not None)  # before any key is made: the keys of a PKCS#11 token carry it
-    adopt_unmarked_keys(ctx)  # an upgraded deployment's unmarked keys: the only ones it uses from now on
+    # an upgraded deployment's unmarked keys: the only ones it uses from now on; a CA key in use it did not adopt (a
+    # private object swapped) passed the check above, made before the adoption: checked again
+    if adopt_unmarked_keys(ctx) is not None and found is not None:
+        _check_keys(ctx)
     ensure_signing_keys(ctx)
     # a token's first CA keys: their intents commit before the transaction that makes them (keys/intents.py)
     reserved = None
@@ -105,6 +100,35 @@ def initialize(ctx: AppContext, trust_domain: str | None, key_kind: str) -> dict
     policy_version = seed_shipped_policy(ctx)
     return {"created": created, "trust_domain": trust_domain, "admin_token": token,
             "admin_token_expires_at": expires_at, "policy_version": policy_version}
+
+
+def _check_keys(ctx: AppContext) -> str | None:
+    """The database's trust domain (None before init); ForeignKeyStore, with why, unless the key store holds the key
+    of every CA generation in use (pki/ca.py check_keys)."""
+    refused: ForeignKeyStore | None = None
+    with ctx.db.read_session() as session:
+        found = existing_trust_domain(session)
+        if found is not None:
+            try:
+                check_ca_keys(session, ctx.keystore)
+            except ForeignKeyStore as exc:
+                refused = exc
+    if refused is None:
+        return found
+    gone = missing_adopted(ctx)  # the token's key a CA generation names was adopted, and is gone or replaced
+    if gone:
+        raise ForeignKeyStore(f"{refused}: {describe_missing(gone)}; restore it to the token") from None
+    unadopted = unadopted_in_use(ctx)
+    if unadopted:
+        raise ForeignKeyStore(
+            f"{refused}: the key(s) without a deployment marker the token holds under {', '.join(unadopted)} were not "
+            "adopted by this deployment's first start on this version (not the key its certificate names, or a "
+            "private object that does not sign under its public one: its start log and deployment.adopt audit event "
+            "say which) and are never used; restore this deployment's key to the token") from None
+    raise ForeignKeyStore(
+        f"{refused}: it is not the key store trust domain {found} in the database was made with; give this "
+        "data directory a copy of the first one's keys/ and master key (or the same passphrase or "
+        "PKCS#11 token)") from None
 
 
 def ensure_deployment(ctx: AppContext, *, upgrade: bool = False) -> str:
@@ -422,6 +446,9 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
         intended = intents(session.connection(), mine) if mine is not None else {}
         owners = keystore.key_owners()
         in_use = keystore.unmarked_in_use()
+        # what the first start of an upgraded deployment (or of a database from before deployment ids) will refuse
+        pending = {} if row is not None and not row.adopts_any_unmarked else unlike_database(
+            session, keystore, _digests(keystore, in_use))
         committed = keystore.committed_ids()
         recorded = _recorded(session, sorted(k for k in owners if k not in named))
     rows = []
@@ -451,10 +478,22 @@ def token_keys(ctx: AppContext) -> list[dict[str, Any]]:
             verdict = ("kept: no CA row and no intent: made after this database's state — a restored backup? — "
                        "left as it is")
         marker = ("this deployment" if ours else "another deployment" if owner is not None
-                  else _unmarked(adoptions.get(key_id), key_id in in_use))
+                  else f"unmarked, used until the next start, which will not adopt it: {pending[key_id]}"
+                  if key_id in pending else _unmarked(adoptions.get(key_id), key_id in in_use))
         rows.append({"key_id": key_id, "marker": marker, "deployment_id": owner, "named_by": named.get(key_id),
                      "at_start": verdict})
     return rows
+
+
+def _digests(keystore: KeyStore, key_ids: Iterable[str]) -> dict[str, str]:
+    """keys/adoption.py spki_sha256 of each of `key_ids`' public keys, those the key store finds whole."""
+    found = {}
+    for key_id in key_ids:
+        try:
+            found[key_id] = spki_sha256(keystore.get(key_id).public_key())
+        except (KeyNotFound, KeyStoreError):  # (a pair without its public object: a start adopts none either)
+            continue
+    return found
 
 
 def _unmarked(adopted: Adoption | None, used: bool) -> str:

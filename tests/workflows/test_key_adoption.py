@@ -13,20 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pkcs11 import Attribute, KeyType, Mechanism
+from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11.util.ec import encode_named_curve_parameters
 from sqlmodel import col, select
 
-from audit.checkpoint import AUDIT_KEY_ID, audit_signer, load_public_key, public_key_pem
+from audit.checkpoint import AUDIT_KEY_ID, audit_signer, load_public_key, public_key_pem, write_checkpoint
 from audit.errors import VerificationError
-from audit.models import AuditEvent
+from audit.models import AuditCheckpoint, AuditEvent
 from audit.verify import verify_export
 from keys.adoption import spki_sha256
 from keys.errors import KeyNotFound, KeyStoreError
 from keys.pkcs11 import Pkcs11KeyStore
 from keys.store import KeyKind
 from pki.errors import ForeignKeyStore
+from pki.models import CertificateAuthority
 from pki.tokens.service import API_ISSUER_KEY_ID
+from store.db import Database, sqlite_url
 from tests.keys.stores import _LIST_OBJECTS, PIN
 from tests.workflows.conftest import Token
 from tests.workflows.test_token_keys import (
@@ -270,3 +272,170 @@ def test_an_upgraded_deployment_with_two_unmarked_keys_of_a_label_adopts_nothing
         obj.destroy()
     assert initialize(a, None, "ec-p256")["created"] is False
     assert API_ISSUER_KEY_ID in _adopted(a) and _uses(a)["issuer"] == issuer and len(_adopt_events(a)) == 1
+
+
+def _swap_private(ks: Pkcs11KeyStore, label: str, ed25519: bool) -> None:
+    """The private object labelled `label` replaced by another key's, its CKA_ID copied, its public object left: as
+    someone with write access to the token swaps the private half of an adopted (or marked) pair."""
+    old = list(ks._session.get_objects({Attribute.LABEL: label, Attribute.CLASS: ObjectClass.PRIVATE_KEY}))
+    assert len(old) == 1
+    cka_id = bytes(old[0][Attribute.ID])
+    params = ks._session.create_domain_parameters(
+        KeyType.EC_EDWARDS if ed25519 else KeyType.EC,
+        {Attribute.EC_PARAMS: bytes(encode_named_curve_parameters("1.3.101.112" if ed25519 else "secp256r1"))},
+        local=True)
+    pub, _priv = params.generate_keypair(
+        label=label, store=True, mechanism=Mechanism.EC_EDWARDS_KEY_PAIR_GEN if ed25519 else Mechanism.EC_KEY_PAIR_GEN,
+        private_template={Attribute.SIGN: True, Attribute.TOKEN: True, Attribute.ID: cka_id},
+        public_template={Attribute.VERIFY: True, Attribute.TOKEN: True, Attribute.ID: cka_id})
+    pub.destroy()
+    old[0].destroy()
+
+
+def test_a_private_object_swapped_under_an_adopted_public_key_never_signs(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Should fix: the adoption pins the public object's key, and a lookup compares only that; the signature comes from
+    the private object. With the private object of the adopted API issuer, audit and issuing CA keys swapped for
+    another key's (CKA_ID copied, public object left), the deployment signed API tokens, checkpoints and SVIDs with
+    it: signatures that verify under no key it publishes, silently (a stored checkpoint nobody can check). Now a
+    signature that does not verify under the key's public key is refused (KeyStoreError), nothing is stored."""
+    home = tmp_path / "a"
+    url, _old_audit, _old_issuer = made_before_markers(request, "sqlite", home, token)
+    a = _open(home, url, token, deployments)
+    assert initialize(a, None, "ec-p256")["created"] is False  # adopts
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    issuing = next(k for k in _named(a) if "-issuing-" in k)
+    _swap_private(ks, API_ISSUER_KEY_ID, ed25519=False)
+    _swap_private(ks, AUDIT_KEY_ID, ed25519=True)
+    _swap_private(ks, issuing, ed25519=False)
+    with pytest.raises(KeyStoreError, match=r"does not verify under its public key"):
+        ks.get(API_ISSUER_KEY_ID).sign(b"claims")
+    with pytest.raises(KeyStoreError, match=r"does not verify under its public key"):
+        ks.get(AUDIT_KEY_ID).sign(b"checkpoint")
+    with a.db.read_session() as s:
+        before = s.exec(select(AuditCheckpoint.size)).all()
+    with pytest.raises(KeyStoreError):
+        write_checkpoint(a.db, audit_signer(ks), clock=a.clock)
+    with a.db.read_session() as s:
+        assert s.exec(select(AuditCheckpoint.size)).all() == before  # no checkpoint stored with a bad signature
+    with pytest.raises(KeyStoreError, match=rf"{issuing!r} .*does not verify under its public key"):
+        _signs(a)
+
+
+def _planted_where_the_database_tells(request: pytest.FixtureRequest, home: Path,
+                                      token: Token) -> tuple[str | None, str, str]:
+    """A deployment from before markers with a stored checkpoint and a retired CA generation, whose audit key was
+    deleted and replaced by a planted one, and a key planted under the retired generation's key id: its URL, its
+    real audit key's public key and the planted one's (PEM)."""
+    url, old_audit, _old_issuer = made_before_markers(request, "sqlite", home, token)
+    module, label = token
+    before = Pkcs11KeyStore(module, label, PIN)  # the pre-marker code's last checkpoint, with its real audit key
+    db = Database(url or sqlite_url(home))
+    try:
+        write_checkpoint(db, audit_signer(before))
+        with db.session() as s:  # a retired generation, whose key is gone from the token
+            root = s.exec(select(CertificateAuthority).where(CertificateAuthority.role == "root")).one()
+            retired = CertificateAuthority(**{**root.model_dump(), "id": "g0-root", "generation": 0,
+                                              "state": "retired", "key_id": "ca-g0-root-0badc0de"})
+            s.add(retired)
+        _destroy(before, AUDIT_KEY_ID)  # the real audit key deleted; keys planted in the token
+        planted_audit = _planted(before, AUDIT_KEY_ID, KeyKind.ED25519)
+        _planted(before, "ca-g0-root-0badc0de", KeyKind.EC_P256)
+    finally:
+        before.close()
+        db.dispose()
+    return url, old_audit, planted_audit
+
+
+def test_the_first_start_never_adopts_a_planted_key_its_database_can_tell_is_not_its_own(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix: the first upgraded start adopted, for every label it names, whatever one unmarked key the token
+    then held. Its database can tell some are not its own: a retired CA generation's key id (its key destroyed at
+    retirement, say) names a certificate, whose public key a key planted under that id does not have; and the audit
+    key signed the checkpoints it stores, which a key planted after the real one was deleted does not verify. Such a
+    planted key was adopted (recorded, `ca keys` said `adopted`), and the planted audit key signed its checkpoints.
+    Now a key that does not match what the database holds is not adopted, and the start says so."""
+    home = tmp_path / "a"
+    url, old_audit, planted_audit = _planted_where_the_database_tells(request, home, token)
+    a = _open(home, url, token, deployments)
+    caplog.set_level(logging.WARNING)
+    assert initialize(a, None, "ec-p256")["created"] is False
+    adopted = _adopted(a)
+    assert "ca-g0-root-0badc0de" not in adopted and AUDIT_KEY_ID not in adopted and API_ISSUER_KEY_ID in adopted
+    events = _adopt_events(a)
+    assert len(events) == 1 and set(events[0]["refused"]) == {"ca-g0-root-0badc0de", AUDIT_KEY_ID}
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.adoption"]
+    assert any("not adopted" in m and "ca-g0-root-0badc0de" in m and AUDIT_KEY_ID in m for m in lines)
+    rows = {r["key_id"]: r["marker"] for r in token_keys(a)}
+    assert rows["ca-g0-root-0badc0de"] == "unmarked, not adopted"
+    assert public_key_pem(audit_signer(a.keystore)) not in (planted_audit, old_audit)  # a marked key of its own
+    with pytest.raises(VerificationError):
+        verify_export(_export(a), load_public_key(planted_audit))
+    _signs(a)
+
+
+def test_the_first_start_never_adopts_a_pair_whose_private_object_was_swapped(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Should fix: the adoption hashes a pair's public object only. The API issuer key's private object swapped before
+    the first upgraded start (its public object left, CKA_ID copied) was adopted: the deployment then could sign no
+    API token at all (its signatures refused), and the record said that pair was its key. Now a pair whose private
+    object does not sign under its public key is not adopted, and the start makes a marked issuer key of its own."""
+    home = tmp_path / "a"
+    url, _old_audit, old_issuer = made_before_markers(request, "sqlite", home, token)
+    module, label = token
+    before = Pkcs11KeyStore(module, label, PIN)
+    try:
+        _swap_private(before, API_ISSUER_KEY_ID, ed25519=False)
+    finally:
+        before.close()
+    a = _open(home, url, token, deployments)
+    assert initialize(a, None, "ec-p256")["created"] is False
+    assert API_ISSUER_KEY_ID not in _adopted(a) and AUDIT_KEY_ID in _adopted(a)
+    assert "private object" in _adopt_events(a)[0]["refused"][API_ISSUER_KEY_ID]
+    ks = a.keystore
+    assert isinstance(ks, Pkcs11KeyStore)
+    assert ks.key_owners()[API_ISSUER_KEY_ID] is not None  # its own, marked
+    assert _uses(a)["issuer"] != old_issuer
+    ks.get(API_ISSUER_KEY_ID).sign(b"claims")  # signs, verifiably
+
+
+def test_a_start_refuses_when_a_ca_key_in_use_was_not_adopted(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Should fix: the issuing CA key's private object swapped before the first upgraded start (public object left)
+    passed the start's CA key check, which compares public keys; the start then completed with that key not adopted,
+    and said nothing, and every SVID issuance failed afterwards. Now that start, and every later one, refuses with
+    one error naming the key and why it is not used, as for an adopted CA key gone from the token."""
+    home = tmp_path / "a"
+    url, _old_audit, _old_issuer = made_before_markers(request, "sqlite", home, token)
+    module, label = token
+    before = Pkcs11KeyStore(module, label, PIN)
+    try:
+        issuing = next(k for k in before.key_owners() if "-issuing-" in k)
+        _swap_private(before, issuing, ed25519=False)
+    finally:
+        before.close()
+    a = _open(home, url, token, deployments)
+    refusal = rf"{issuing}.* not adopted by this deployment's first start .*never used; restore"
+    with pytest.raises(ForeignKeyStore, match=refusal):
+        initialize(a, None, "ec-p256")
+    assert issuing not in _adopted(a) and "private object" in _adopt_events(a)[0]["refused"][issuing]
+    with pytest.raises(ForeignKeyStore, match=refusal):  # the next start too
+        initialize(a, None, "ec-p256")
+
+
+def test_ca_keys_before_the_first_start_says_which_unmarked_keys_it_will_not_adopt(
+        token: Token, deployments: list[AppContext], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Should fix: before an upgraded deployment's first start on this version, `ca keys` called every unmarked key
+    `used: adopted at the next start`, those the start will refuse too (a key planted under a retired generation's
+    key id, an audit key that does not verify the stored checkpoints). Now it says which it will not adopt, and why."""
+    home = tmp_path / "a"
+    url, _old_audit, _planted_audit = _planted_where_the_database_tells(request, home, token)
+    a = _open(home, url, token, deployments)
+    rows = {r["key_id"]: r["marker"] for r in token_keys(a)}
+    assert rows["ca-g0-root-0badc0de"].startswith("unmarked, used until the next start, which will not adopt it: not "
+                                                  "the public key of the certificate")
+    assert rows[AUDIT_KEY_ID].startswith("unmarked, used until the next start, which will not adopt it: does not "
+                                         "verify the stored checkpoint")
+    assert rows[API_ISSUER_KEY_ID] == "unmarked, used: adopted at the next start"
