@@ -57,20 +57,23 @@ def _variants(lab: GoldenLab) -> list[tuple[str, Compiled]]:
             ("golden", lab.compiled)]
 
 
+RUNS_AT_MOST = 3
+
+
 def test_allowed_flows_survive_every_devices_rule_set_changing(restored: GoldenLab) -> None:
     lab = restored
     variants = _variants(lab)
     for name, compiled in variants[:2]:  # each change reaches both leaves and the NICs of the watched flows
         changed = {d for d, rs in compiled.devices.items() if rs.content_hash != lab.compiled.devices[d].content_hash}
         assert {"leaf:leaf1", "leaf:leaf2", "nic:gpu1", "nic:gpu2", "nic:gpu3"} <= changed, (name, sorted(changed))
-    first = _switch_while_watched(lab, variants)
-    # A machine whose two cores the whole suite shares can starve the userspace OVS datapath long enough for one
-    # segment to be sent again (seen: one, on db1's side, with a 0.2 s gap). An apply that is not atomic loses
-    # segments on every run (the module docstring), so one more run tells the two apart: it must lose none.
-    lost_first = sum(first["segments lost"].values())
-    second = _switch_while_watched(lab, variants) if lost_first else first
-    context = json.dumps({"first run": first, "second run": second} if lost_first else first)
-    assert sum(second["segments lost"].values()) == 0, context
+    # A host that stalls the whole machine (the suite's two shared cores, or the hypervisor's steal time: 0.9 s on
+    # every flow at once was seen) can make the userspace OVS datapath drop a segment in a run (seen: one, on
+    # either side). An apply that is not atomic loses segments in every run (the module docstring), so a lossy run
+    # is run again, up to RUNS_AT_MOST in all, and one must lose none.
+    runs = [_switch_while_watched(lab, variants)]
+    while sum(runs[-1]["segments lost"].values()) and len(runs) < RUNS_AT_MOST:
+        runs.append(_switch_while_watched(lab, variants))
+    assert sum(runs[-1]["segments lost"].values()) == 0, json.dumps(runs)
 
 
 def _switch_while_watched(lab: GoldenLab, variants: list[tuple[str, Compiled]]) -> dict[str, Any]:
