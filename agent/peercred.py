@@ -18,7 +18,9 @@ binary a placement names; read at request time, /proc/<pid>/exe would then vouch
 So at accept the relay takes a pidfd for the peer (SO_PEERPIDFD, Linux 6.5+: the very process that connected;
 else pidfd_open right after SO_PEERCRED) and records the executable's identity: its path and the (st_dev,
 st_ino) /proc/<pid>/exe leads to, read while the pidfd shows the process alive (so the pid was not reused).
-A path or sha256 selector then matches only while that process is alive and still runs that same file; an
+A path or sha256 selector then matches only while that process is alive and still runs that same file (same
+inode: a binary replaced on disk under a running process does not change what it runs), against the path and
+hash of the file as it was at accept; an
 exec since accept, an exit, or anything unreadable matches nothing (fail closed, one WARNING line). The
 sha256 is of the file identified at accept (opened through /proc/<pid>/exe and hashed only if it is that
 inode), computed at the first request that needs it. uid/gid/user/group are the kernel's connect-time values.
@@ -118,13 +120,17 @@ class Caller:
         if self.exe is None or self.process is None:
             return None
         now = exe_identity(self.pid)
-        if self.process.alive() and now == self.exe:  # alive after the read: the read was of this process
+        alive = self.process.alive()  # after the read: if still alive, the read was of this process
+        # the same file, by inode: its path may read "<path> (deleted)" since (the binary upgraded on disk under a
+        # running process, which still runs what it connected with); the selector is matched against the path
+        # recorded at accept
+        if alive and now is not None and (now.dev, now.ino) == (self.exe.dev, self.exe.ino):
             return self.exe
         if "warned" not in self._cache:
             self._cache["warned"] = "1"
             log.warning("workload API: caller pid %d no longer runs the executable it connected with "
-                        "(%s at accept, %s now): path and sha256 selectors match nothing", self.pid,
-                        self.exe.path, now.path if now is not None and self.process.alive() else "exited")
+                        "(%s at accept, %s now): path and sha256 selectors match nothing", self.pid, self.exe.path,
+                        "exited" if not alive else "unreadable" if now is None else now.path)
         return None
 
     def _sha256(self, exe: ExeIdentity) -> str | None:

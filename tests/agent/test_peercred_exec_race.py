@@ -153,6 +153,29 @@ def test_a_caller_that_keeps_running_what_it_connected_with_matches(relay: PeerC
         proc.wait()
 
 
+def test_a_caller_whose_binary_is_replaced_on_disk_still_matches_what_it_runs(relay: PeerCredRelay,
+                                                                                tmp_path: Path) -> None:
+    """An upgrade replaces the binary under a running workload (/proc/<pid>/exe then reads "<path> (deleted)"): the
+    process did not exec, it still runs the file it connected with, and still matches that file's path and hash."""
+    exe = tmp_path / "bin" / "workload"
+    exe.parent.mkdir()
+    shutil.copy2(os.path.realpath(sys.executable), exe)
+    digest = _sha256(str(exe))
+    script = (f"import socket, sys\ns = socket.socket(socket.AF_UNIX); s.connect({str(relay.path)!r})\n"
+              "sys.stdin.readline()\n")
+    proc = subprocess.Popen([str(exe), "-S", "-c", script], stdin=subprocess.PIPE, text=True)
+    try:
+        caller = _accepted(relay, proc.pid)
+        assert caller.matches([f"unix:path:{exe}"])
+        exe.unlink()  # the package manager's upgrade: a new file at the same path
+        exe.write_bytes(b"#!/bin/sh\nexit 0\n")
+        assert os.readlink(f"/proc/{proc.pid}/exe") == f"{exe} (deleted)"
+        assert caller.matches([f"unix:path:{exe}", f"unix:sha256:{digest}"])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_caller_whose_process_exited_matches_no_executable(relay: PeerCredRelay) -> None:
     """The connection outlives the pid that made it (a child holds it): the pid's executable is unknown from then
     on (the number may be reused by anything), so path and sha256 selectors match nothing."""
