@@ -142,8 +142,9 @@ class ApiClient:
     def leaf_view(self, device: str) -> dict[str, Any]:
         return dict(self.request("GET", f"/v1/devices/{device}/fabric").json())
 
-    def report(self, device: str, status: dict[str, Any]) -> None:
-        self.request("POST", f"/v1/devices/{device}/status", json=status)
+    def report(self, device: str, status: dict[str, Any]) -> dict[str, Any]:
+        """The device's row as the server holds it after the report (`stale`: the report changed nothing)."""
+        return dict(self.request("POST", f"/v1/devices/{device}/status", json=status).json())
 
     # ------------------------------------------------------------------ workloads
     def placements(self, timeout: float | None = None) -> list[dict[str, Any]]:

@@ -17,6 +17,18 @@ taken under it, as it is then, and left for the reporter, which sends them in or
 device (a status that differs from the last one left only in its counters replaces it: nothing the server audits,
 a repair or a refusal, is lost): the poller and the checker never wait for a report.
 
+Reports are numbered (`report_seq`), so a request the server processes late (one whose client timed out, handled
+after its retry and newer reports; an old agent process's last one) cannot overwrite a newer status: the server
+keeps the highest number per device and answers a report numbered at or below it `stale`, changing nothing. A
+report is numbered when first sent (so in sending order) and keeps its number when sent again. The number is the
+wall clock in nanoseconds, made strictly increasing within the process (max(last + 1, time_ns)): it grows across
+restarts without any state on disk (a counter persisted in the data directory would start again at 0 on a node
+re-installed with a fresh data directory, and every report after would be stale for good; writing it before every
+report would put the disk in the reporter's path). Its one weakness, a wall clock stepped back across a restart (or
+a run with a clock far ahead), is caught by the server's answer: a report answered stale while the server holds a
+number above it was not overtaken by this process's own (those are numbered below it), so the loop takes the
+server's number as its floor and sends that status again, numbered above it.
+
 What never happens: the device is never opened. A rule set is refused whole (content hash that does not
 match its IR, an IR that does not parse or render, an apply the device rejects) and the last good one stays;
 the server not answering changes nothing on the device (fail static) while the checker keeps repairing
@@ -92,6 +104,8 @@ class DeviceLoop:
         self._taken = 0  # rule sets taken (applied or refused): a retry begun before another take is void
         self._outbox: deque[dict[str, Any]] = deque()  # the statuses not sent yet, the oldest first
         self._queued = threading.Event()  # set while the outbox holds any: the reporter's turn
+        self._seq = 0  # the last report_seq given (the reporter's thread only)
+        self.stale_reports = 0  # reports the server answered stale (tests, diagnostics)
         self._threads: list[threading.Thread] = []
         for counter in (metrics.applies, metrics.refused, metrics.drift_repairs, metrics.server_errors):
             counter.labels(self.device)  # every series exists from the start (a 0 is an answer)
@@ -336,10 +350,15 @@ class DeviceLoop:
                     self._queued.clear()
             if status is None or self.stop.is_set():
                 continue
+            if "report_seq" not in status:  # numbered once, when first sent: sent again, it keeps its number
+                status = {**status, "report_seq": self._next_seq()}
+            renumbered = False
             try:
-                self.api.report(self.device, status)
+                answer = self.api.report(self.device, status)
                 backoff = self.settings.backoff_min
-                continue
+                if not self._behind(status, answer):
+                    continue
+                status, renumbered = {**status, "report_seq": self._next_seq()}, True  # above the server's
             except Unreachable as exc:
                 self.metrics.server_errors.labels(self.device).inc()
                 log.warning("%s: status not reported (server unreachable), sent again: %s", self.device, exc)
@@ -355,8 +374,30 @@ class DeviceLoop:
                 self._outbox.appendleft(status)
                 self._bound_outbox()
                 self._queued.set()
-            self.stop.wait(backoff)
-            backoff = min(backoff * 2, self.settings.backoff_max)
+            if not renumbered:  # (renumbered: the server answers, no reason to wait)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, self.settings.backoff_max)
+
+    def _next_seq(self) -> int:
+        self._seq = max(self._seq + 1, time.time_ns())
+        return self._seq
+
+    def _behind(self, status: dict[str, Any], answer: dict[str, Any]) -> bool:
+        """True when the server answered this report stale while holding a number above it: not this process's own
+        newer report (none is numbered above the one being sent), so another process's, or this one's clock is
+        behind. The number to go above is taken as the floor. A stale answer at the same number is this report's
+        own earlier attempt, stored already: nothing to do."""
+        if not answer.get("stale"):
+            return False
+        self.stale_reports += 1
+        stored = answer.get("report_seq")
+        if not isinstance(stored, int) or stored <= status["report_seq"]:
+            return False
+        log.warning("%s: the server holds a status report numbered %d, above this one's %d (another agent process, "
+                    "or this clock behind): numbered above it and sent again", self.device, stored,
+                    status["report_seq"])
+        self._seq = max(self._seq, stored)
+        return True
 
 
 def _audited(status: dict[str, Any]) -> tuple[Any, ...]:
@@ -366,7 +407,8 @@ def _audited(status: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _but_counters(status: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in status.items() if k != "counters"}
+    """A status but its counters and number: a newer status that differs from it in no more replaces it."""
+    return {k: v for k, v in status.items() if k not in ("counters", "report_seq")}
 
 
 def _one_line(exc: BaseException) -> str:

@@ -11,6 +11,25 @@ lives exactly as long as its relayed connection.
 Selectors (pki.selectors, SPIRE's unix attestor): `unix:uid:N`, `unix:gid:N`, `unix:user:NAME`,
 `unix:group:NAME` (the primary group), `unix:path:/abs/exe` and `unix:sha256:HEX` (the executable, read
 through /proc/<pid>/exe). A placement with no selector matches no one.
+
+The executable is pinned at accept, not read when a request is answered. The kernel fixes the pid at connect,
+but not what that pid runs: a process could connect, fork a child that keeps the connection, and exec the
+binary a placement names; read at request time, /proc/<pid>/exe would then vouch for the child's requests.
+So at accept the relay takes a pidfd for the peer (SO_PEERPIDFD, Linux 6.5+: the very process that connected;
+else pidfd_open right after SO_PEERCRED) and records the executable's identity: its path and the (st_dev,
+st_ino) /proc/<pid>/exe leads to, read while the pidfd shows the process alive (so the pid was not reused).
+A path or sha256 selector then matches only while that process is alive and still runs that same file (same
+inode: a binary replaced on disk under a running process does not change what it runs), against the path and
+hash of the file as it was at accept; an
+exec since accept, an exit, or anything unreadable matches nothing (fail closed, one WARNING line). The
+sha256 is of the file identified at accept (opened through /proc/<pid>/exe and hashed only if it is that
+inode), computed at the first request that needs it. uid/gid/user/group are the kernel's connect-time values.
+
+The honest limit: an exec between the caller's connect and the relay's accept is not seen (the kernel keeps no
+exec count or exec time to compare with the connect). With an idle relay that window is microseconds, and the
+exec'd binary's own code runs from then on, but a caller that wins it is taken for the binary it exec'd. On a
+kernel without SO_PEERPIDFD, the pid could in principle also be reused between connect and pidfd_open (the
+caller must exit and its pid number come round again in that window).
 """
 
 from __future__ import annotations
@@ -21,6 +40,7 @@ import hashlib
 import logging
 import os
 import pwd
+import select
 import socket
 import struct
 import threading
@@ -31,25 +51,108 @@ from pathlib import Path
 log = logging.getLogger("trustfabric.agent.peercred")
 
 _UCRED = struct.Struct("3i")
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5+; Python 3.11 has no name for it
+_EXE_KEYS = frozenset({"path", "sha256"})
+
+
+@dataclass(frozen=True)
+class ExeIdentity:
+    """The file a process runs: the path /proc/<pid>/exe names and the inode it leads to."""
+
+    path: str
+    dev: int
+    ino: int
+
+
+class PeerProcess:
+    """A pidfd for the process behind a connection: tells whether that very process still runs (a pid number
+    can be reused once its process is gone; a pidfd cannot). Closed with its connection."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self._fd = pidfd
+        self._lock = threading.Lock()  # a poll never races a close into someone else's reused fd number
+
+    def alive(self) -> bool:
+        """True while the process has not exited; False once it has, or once this handle is closed."""
+        with self._lock:
+            if self._fd < 0:
+                return False
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            return not poller.poll(0)  # a pidfd polls readable when its process exits
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def exe_identity(pid: int) -> ExeIdentity | None:
+    """What /proc/<pid>/exe names and leads to now; None if unreadable or changing under us (an exec between the
+    reads). The caller checks afterwards that the pid is still its process."""
+    exe = f"/proc/{pid}/exe"
+    try:
+        path = os.readlink(exe)
+        st = os.stat(exe)  # follows the magic link to the mapped binary, even if its path was replaced since
+        again = os.readlink(exe)
+    except OSError:
+        return None
+    return ExeIdentity(path, st.st_dev, st.st_ino) if again == path else None
 
 
 @dataclass(frozen=True)
 class Caller:
+    """The kernel's credentials for a connection, and (when accepted by the relay) the process behind it with
+    the executable it ran at accept. Without both, path and sha256 selectors match nothing."""
+
     pid: int
     uid: int
     gid: int
+    process: PeerProcess | None = field(default=None, compare=False, hash=False, repr=False)
+    exe: ExeIdentity | None = field(default=None, compare=False, hash=False)
     _cache: dict[str, str | None] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
-    def _exe(self) -> str | None:
-        if "path" not in self._cache:
-            try:
-                self._cache["path"] = os.readlink(f"/proc/{self.pid}/exe")
-            except OSError:
-                self._cache["path"] = None
-        return self._cache["path"]
+    def _exe_still(self) -> ExeIdentity | None:
+        """The executable recorded at accept, if the process that connected still runs it; else None (logged
+        once per caller: an exec since accept, an exit, or a pid no longer ours)."""
+        if self.exe is None or self.process is None:
+            return None
+        now = exe_identity(self.pid)
+        alive = self.process.alive()  # after the read: if still alive, the read was of this process
+        # the same file, by inode: its path may read "<path> (deleted)" since (the binary upgraded on disk under a
+        # running process, which still runs what it connected with); the selector is matched against the path
+        # recorded at accept
+        if alive and now is not None and (now.dev, now.ino) == (self.exe.dev, self.exe.ino):
+            return self.exe
+        if "warned" not in self._cache:
+            self._cache["warned"] = "1"
+            log.warning("workload API: caller pid %d no longer runs the executable it connected with "
+                        "(%s at accept, %s now): path and sha256 selectors match nothing", self.pid, self.exe.path,
+                        "exited" if not alive else "unreadable" if now is None else now.path)
+        return None
 
-    def value(self, key: str) -> str | None:
-        """The caller's value for a unix selector key (None: unknown, which matches nothing)."""
+    def _sha256(self, exe: ExeIdentity) -> str | None:
+        """The SHA-256 of the binary identified at accept: opened through /proc/<pid>/exe, hashed only if the
+        opened file is that inode. Computed once."""
+        if "sha256" not in self._cache:
+            digest: str | None = None
+            try:
+                with open(f"/proc/{self.pid}/exe", "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if (st.st_dev, st.st_ino) == (exe.dev, exe.ino):
+                        digest = hashlib.file_digest(f, "sha256").hexdigest()
+            except OSError:
+                pass
+            if digest is None:
+                return None  # not cached: a later request after a transient failure may still succeed
+            self._cache["sha256"] = digest
+        return self._cache["sha256"]
+
+    def value(self, key: str, exe: ExeIdentity | None = None) -> str | None:
+        """The caller's value for a unix selector key (None: unknown, which matches nothing). For path and
+        sha256, `exe` is the identity already confirmed by this request (else it is confirmed here)."""
         if key == "uid":
             return str(self.uid)
         if key == "gid":
@@ -62,34 +165,60 @@ class Caller:
             with contextlib.suppress(KeyError):
                 return grp.getgrgid(self.gid).gr_name
             return None
-        if key == "path":
-            return self._exe()
-        if key == "sha256":
-            if "sha256" not in self._cache:
-                try:
-                    # the pid's own view of its executable, even if the path was replaced since
-                    self._cache["sha256"] = hashlib.sha256(Path(f"/proc/{self.pid}/exe").read_bytes()).hexdigest()
-                except OSError:
-                    self._cache["sha256"] = None
-            return self._cache["sha256"]
+        if key in _EXE_KEYS:
+            exe = exe or self._exe_still()
+            if exe is None:
+                return None
+            return exe.path if key == "path" else self._sha256(exe)
         return None
 
     def matches(self, selectors: Iterable[str]) -> bool:
-        """True when the caller matches every selector (and there is at least one)."""
-        wanted = list(selectors)
-        if not wanted:
-            return False
-        for sel in wanted:
+        """True when the caller matches every selector (and there is at least one). The executable is confirmed
+        once per call, after the kernel's values matched."""
+        wanted: list[tuple[str, str]] = []
+        for sel in selectors:
             kind, _, rest = sel.partition(":")
             key, _, value = rest.partition(":")
-            if kind != "unix" or self.value(key) != value:
+            if kind != "unix":
                 return False
-        return True
+            wanted.append((key, value))
+        if not wanted:
+            return False
+        if not all(self.value(key) == value for key, value in wanted if key not in _EXE_KEYS):
+            return False
+        exe_wanted = [(key, value) for key, value in wanted if key in _EXE_KEYS]
+        if not exe_wanted:
+            return True
+        exe = self._exe_still()
+        return exe is not None and all(self.value(key, exe) == value for key, value in exe_wanted)
+
+    def close(self) -> None:
+        """Release the pidfd (the connection is gone); path and sha256 selectors match nothing after."""
+        if self.process is not None:
+            self.process.close()
 
 
 def peer_credentials(sock: socket.socket) -> Caller:
+    """The kernel's credentials for a connected unix socket, with a pidfd for the process behind it and the
+    executable that process runs now (None when either cannot be had: path/sha256 selectors then match nothing)."""
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return Caller(pid, uid, gid)
+    process = _pidfd(sock, pid)
+    exe = exe_identity(pid) if process is not None else None
+    if process is not None and exe is not None and not process.alive():
+        exe = None  # gone: the pid read may have been someone else's
+    return Caller(pid, uid, gid, process, exe)
+
+
+def _pidfd(sock: socket.socket, pid: int) -> PeerProcess | None:
+    try:
+        return PeerProcess(pid, sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD))  # the process that connected
+    except OSError:
+        pass  # an older kernel: the pid as it is now (it could have been reused since connect; see the docstring)
+    try:
+        return PeerProcess(pid, os.pidfd_open(pid))
+    except OSError as exc:
+        log.warning("workload API: no pidfd for caller pid %d (%s): path and sha256 selectors match nothing", pid, exc)
+        return None
 
 
 class PeerCredRelay:
@@ -137,13 +266,16 @@ class PeerCredRelay:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
+            caller: Caller | None = None
             try:
-                caller = peer_credentials(conn)
+                caller = peer_credentials(conn)  # first, right at accept: the executable is pinned here
                 upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
                 upstream.settimeout(None)
                 upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError as exc:
                 log.warning("workload API: cannot relay a connection: %s", exc)
+                if caller is not None:
+                    caller.close()
                 conn.close()
                 continue
             host, port = upstream.getsockname()[:2]
@@ -160,8 +292,10 @@ class PeerCredRelay:
         _pump(conn, upstream)
         back.join()
         with self._lock:
-            self._callers.pop(key, None)
+            caller = self._callers.pop(key, None)
             self._conns -= {conn, upstream}
+        if caller is not None:
+            caller.close()
         conn.close()
         upstream.close()
 

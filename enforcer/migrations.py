@@ -48,6 +48,23 @@ def _step_11(conn: sa.Connection) -> None:
     _v11.create_all(conn)
 
 
+_v20 = sa.MetaData()  # no table of its own
+_added_v20: dict[str, tuple[sa.Column[object], ...]] = {
+    "enforcer_devices": (sa.Column('report_seq', sa.BigInteger(), nullable=True),),
+}
+
+
+def _step_20(conn: sa.Connection) -> None:
+    """The highest sequence number of a device's stored status report (enforcer/service.py record_status): a
+    report the network delayed past a newer one (a timed-out request processed after its retry, an old agent
+    process's last report) no longer overwrites it. Existing rows keep NULL: their reports were not numbered."""
+    for table, columns in _added_v20.items():
+        for column in columns:
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column.name} {kind}")
+
+
 STEPS: tuple[Migration, ...] = (
     Migration(11, 'enforcer: versioned rule sets per device, device state and status', _step_11),
+    Migration(20, "enforcer: a status report's sequence number (a late, older report changes nothing)", _step_20),
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -52,3 +52,6 @@ class DeviceState(SQLModel, table=True):
     counters: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     reported_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
     updated_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    # the highest `report_seq` an agent numbered a stored report with (schema step 20): a report numbered at or
+    # below it is older than what is stored and changes nothing; NULL until an agent that numbers them reports
+    report_seq: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))

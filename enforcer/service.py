@@ -10,7 +10,8 @@ Semantics (the reconciler, enforcer/reconcile.py, and the `trustfabric enforcer`
   mode, or a device pinned by a rollback): `enforcer apply` publishes it;
 - `rollback` publishes an earlier version's content as a new version and pins the device; `apply` unpins;
 - `record_status` keeps the latest report of the device's agent (applied version and hash, per-rule
-  counters, drift, last error); it is audited when the applied version or the drift state changes.
+  counters, drift, last error); it is audited when the applied version or the drift state changes. An agent
+  numbers its reports (`report_seq`): one numbered at or below the stored one arrived late and changes nothing.
 
 Concurrency: every change of a device's desired state locks the audit log's head first (its event will
 append there anyway), then the device's row (FOR UPDATE on PostgreSQL; SQLite's write transaction already
@@ -26,9 +27,10 @@ import json
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import select as sa_select
+from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
@@ -43,6 +45,7 @@ from enforcer.plan import summary as plan_summary
 DEVICE_PATTERN = r"^(nic|leaf):[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _DEVICE_RE = re.compile(DEVICE_PATTERN)
 MAX_COUNTERS = 10_000
+MAX_REPORT_SEQ = 2**63 - 1  # a BIGINT
 
 
 def check_device(device: str) -> str:
@@ -215,10 +218,19 @@ def rollback(session: Session, device: str, to_version: int, *, actor: Actor, no
     return row
 
 
+class StatusRecorded(NamedTuple):
+    state: DeviceState
+    audited: bool  # the report changed what is audited, and its event is recorded
+    stale: bool  # numbered at or below the stored report: nothing changed, nothing recorded
+
+
 def record_status(session: Session, device: str, report: Mapping[str, Any], *, actor: Actor, now: datetime,
-                  request_id: str | None = None) -> tuple[DeviceState, bool]:
-    """Store the agent's latest report; (state, audited). The report names a version the device was given
-    and its content hash (anything else is InvalidInput); counters are {key: {packets, bytes}}."""
+                  request_id: str | None = None) -> StatusRecorded:
+    """Store the agent's latest report. The report names a version the device was given and its content hash
+    (anything else is InvalidInput); counters are {key: {packets, bytes}}. A report with a `report_seq` not above
+    the stored one is stale (a request that reached the server after a newer report: a timed-out one processed
+    after its retry, an old agent process's last one): it changes nothing and records no event. A report without
+    one (an agent from before numbering) is stored as it comes."""
     st = get_state(session, device)
     version, digest = report.get("applied_version"), report.get("applied_hash")
     if version is not None:
@@ -227,6 +239,9 @@ def record_status(session: Session, device: str, report: Mapping[str, Any], *, a
             raise InvalidInput(f"applied_hash does not match version {version} of {device} ({row.content_hash})")
     elif digest is not None:
         raise InvalidInput("applied_hash needs applied_version")
+    seq = report.get("report_seq")
+    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_REPORT_SEQ):
+        raise InvalidInput(f"report_seq must be an integer from 1 to {MAX_REPORT_SEQ}")
     counters = dict(report.get("counters") or {})
     if len(counters) > MAX_COUNTERS:
         raise InvalidInput(f"at most {MAX_COUNTERS} counters per report")
@@ -238,15 +253,35 @@ def record_status(session: Session, device: str, report: Mapping[str, Any], *, a
     def state_of(st: DeviceState) -> tuple[Any, ...]:
         return (st.applied_version, st.applied_hash, bool(st.drift), st.drift_repaired, st.last_error)
 
+    def stale(st: DeviceState) -> bool:  # the stored seq only grows: once stale, stale for good
+        return seq is not None and st.report_seq is not None and seq <= st.report_seq
+
+    if stale(st):
+        return StatusRecorded(st, False, True)
     before = state_of(st)
-    if before != after:  # it will be audited: take the log lock first, then read the row again under it
+    locked = before != after  # it will be audited: take the log lock first, then read the row again under it
+    if not locked and seq is not None:
+        # Counters only, as read without a lock. Claim the seq against the value read, in one statement: it waits
+        # for a concurrent writer of the row (PostgreSQL re-checks the condition on the row it committed) and
+        # matches nothing if a numbered report was stored since, whose state this one's must not overwrite
+        # unread: that goes the locked way below. (SQLite: BEGIN IMMEDIATE already serialized the two.)
+        seen = col(DeviceState.report_seq).is_(None) if st.report_seq is None \
+            else col(DeviceState.report_seq) == st.report_seq
+        claim = sa_update(DeviceState).where(col(DeviceState.device) == device, seen).values(report_seq=seq)
+        claimed = session.execute(claim.execution_options(synchronize_session=False))
+        locked = claimed.rowcount != 1  # type: ignore[attr-defined]
+    if locked:
         st = get_state(session, device, lock=True)
+        if stale(st):
+            return StatusRecorded(st, False, True)
         before = state_of(st)
     if version != st.applied_version:
         st.applied_at = now
     st.applied_version, st.applied_hash, st.drift, st.drift_repaired = version, digest, drift, repaired
     st.last_error = None if error is None else str(error)[:2000]
     st.counters, st.reported_at, st.updated_at = counters, now, now
+    if seq is not None:
+        st.report_seq = seq
     session.add(st)
     session.flush()
     audited = before != after
@@ -256,7 +291,7 @@ def record_status(session: Session, device: str, report: Mapping[str, Any], *, a
                         "in_sync": digest == st.content_hash, "drift": len(drift), "drift_repaired": repaired,
                         "last_error": st.last_error},
                request_id=request_id, at=now)
-    return st, audited
+    return StatusRecorded(st, audited, False)
 
 
 def status_rows(session: Session) -> list[dict[str, Any]]:
@@ -278,5 +313,5 @@ def _status(st: DeviceState) -> dict[str, Any]:
         "applied_at": as_utc(st.applied_at) if st.applied_at else None,
         "reported_at": as_utc(st.reported_at) if st.reported_at else None,
         "drift": list(st.drift), "drift_repaired": st.drift_repaired, "last_error": st.last_error,
-        "counters": dict(st.counters),
+        "counters": dict(st.counters), "report_seq": st.report_seq,
     }

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 # The last of workflows.schema.STEPS (importing that loads SQLAlchemy; tests/cli/test_read_path.py checks
 # they agree, so a new migration cannot leave this behind).
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 
 
 def open_read_only(settings: Settings) -> ReadOnlyDb | None:

@@ -12,7 +12,9 @@ and `enforcer status` read.
   tenants, cables, placed addresses; ETag its hash (enforcer.leaf_view.view_hash), which a leaf's rule set
   names in `X-Fabric-View`: the lab's leaf agents read the view again only when that hash changed.
 - `POST /v1/devices/{device}/status`: what the agent applied, per-rule counters, drift, last error; stored
-  (the latest per device) and audited when the applied version or the drift state changes.
+  (the latest per device) and audited when the applied version or the drift state changes. A report numbered
+  (`report_seq`) at or below the stored one arrived after a newer one: 200 with the stored row and
+  `stale: true`, nothing changed, no event.
 
 Who may: a node's SVID (mTLS) reads and reports only its own devices: `spiffe://<td>/node/<n>` is `nic:<n>`
 and, when `n` is a leaf of the fabric, `leaf:<n>` (a leaf's agent joins with a join token made for the
@@ -72,6 +74,10 @@ class StatusReport(BaseModel):
         default_factory=list, max_length=200, description="how the device differed from its rule set")
     drift_repaired: bool = Field(default=False, description="the drift was repaired by re-applying")
     last_error: str | None = Field(default=None, max_length=2000)
+    report_seq: int | None = Field(
+        default=None, ge=1, le=service.MAX_REPORT_SEQ,
+        description="the agent's number for this report, growing across its restarts: a report numbered at or "
+                    "below the device's stored one arrived late and changes nothing (answered with `stale`)")
 
 
 class DeviceOut(BaseModel):
@@ -91,6 +97,12 @@ class DeviceOut(BaseModel):
     drift_repaired: bool
     last_error: str | None
     counters: dict[str, Any]
+    report_seq: int | None = Field(description="the number of the stored report (None: not numbered)")
+
+
+class StatusOut(DeviceOut):
+    stale: bool = Field(description="true: the report was numbered at or below the stored one (it arrived after a "
+                                    "newer one) and changed nothing; the row is the stored one")
 
 
 class RuleSetOut(BaseModel):
@@ -269,13 +281,13 @@ def _leaf_view(ctx: Any, device: str) -> tuple[dict[str, Any], str]:
     return view, view_hash(view)
 
 
-@router.post("/devices/{device}/status", response_model=DeviceOut, responses=WRITE_ERRORS,
+@router.post("/devices/{device}/status", response_model=StatusOut, responses=WRITE_ERRORS,
              summary="A device agent's report: applied version and hash, counters, drift, last error")
 def report_status(device: DevicePath, body: StatusReport, request: Request, ctx: CtxDep,
                   principal: PrincipalDep) -> dict[str, Any]:
     _scope(request, principal, device, "device.report")
     with ctx.db.session() as session:
-        service.record_status(session, device, body.model_dump(), actor=principal.actor(), now=ctx.clock(),
-                              request_id=request_id(request))
-        return service.status_row(session, device)
+        recorded = service.record_status(session, device, body.model_dump(), actor=principal.actor(),
+                                         now=ctx.clock(), request_id=request_id(request))
+        return {**service.status_row(session, device), "stale": recorded.stale}
 

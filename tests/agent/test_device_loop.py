@@ -7,7 +7,9 @@ names with each rule set as the lab's Linux leaf does; its poller, checker and r
   once (the loop held its device lock across that request: the repair waited for the server);
 - while a status report is stalled, a rule set is applied at once (the checker held the lock across its report: the
   apply waited), and the reports go in order, one at a time: the stalled one, then the newer ones;
-- (review-agent) a report the server answers 503 is sent again, not lost: the drift repair it says is audited."""
+- (review-agent) a report the server answers 503 is sent again, not lost: the drift repair it says is audited;
+- (agentsec) a report the server processes late (its request timed out on the agent, was sent again and stored, and
+  newer reports after it) does not overwrite the newer status: the reports are numbered and the late one is stale."""
 
 from __future__ import annotations
 
@@ -183,3 +185,56 @@ def test_a_status_report_the_server_fails_is_sent_again_not_lost(leaf: Leaf) -> 
     assert _as_desired(switch, rules)
     assert _until(lambda: _repairs_audited(leaf.served) == audited + 1, 10), "the repair's report was lost"
     assert _until(lambda: _in_sync(leaf.served), 10)
+
+
+def test_a_status_report_the_server_processes_late_does_not_overwrite_a_newer_one(leaf: Leaf) -> None:
+    """Should fix (agentsec): the server took the last report to arrive. The drift repair's report reaches the server,
+    which does not process it before the agent's request times out; the agent sends it again (stored, audited), then
+    a newer status (drift cleared, stored). When the server processes the first request at last, it set the device
+    back to the repair's status (and audited the change again). Now the agent numbers its reports and the late one,
+    numbered below the stored one, changes nothing."""
+    loop, switch = leaf.loop, leaf.switch
+    assert loop.good is not None
+    rules = loop.good.rules
+    audited = _repairs_audited(leaf.served)
+    before, timeout = loop.repairs, loop.api.timeout
+    loop.api.timeout = 1.5  # the agent gives up on the held request soon
+    try:
+        rnd = leaf.gate.close(STATUS_PATH, late=1)  # the first report is held at the server, the others pass
+        _delete_an_acl(switch)
+        assert _until(lambda: loop.repairs > before and rnd.arrived.get(STATUS_PATH) == 1, 5)
+        assert _as_desired(switch, rules)
+        assert _until(lambda: _repairs_audited(leaf.served) == audited + 1, 15), "the repair's retry not stored"
+        assert _until(lambda: not _device(leaf.served)["drift_repaired"], 15), "no newer status stored"
+        stored = _device(leaf.served)
+        assert stored["report_seq"] is not None and rnd.held == 1
+        leaf.gate.release()  # the server processes the first request now: its client is long gone
+        assert _until(lambda: rnd.held == 0, 10)
+        now = _device(leaf.served)
+        assert not now["drift_repaired"] and now["drift"] == [], "the late report overwrote a newer one"
+        assert now["report_seq"] >= stored["report_seq"]
+        assert _repairs_audited(leaf.served) == audited + 1
+    finally:
+        loop.api.timeout = timeout
+
+
+def test_a_reporter_behind_the_servers_number_goes_above_it(leaf: Leaf) -> None:
+    """The server holds a report numbered above anything this agent numbers (another agent process for the device
+    with its clock far ahead, or this host's clock stepped back across a restart): the loop's reports are answered
+    stale; it takes the server's number as its floor and sends its status again above it, at once."""
+    loop = leaf.loop
+    applied = {"applied_version": _device(leaf.served)["applied_version"],
+               "applied_hash": _device(leaf.served)["applied_hash"]}
+    ahead = 2**62  # about the year 2116 in nanoseconds
+    r = leaf.served.env.call("POST", STATUS_PATH, "admin",
+                             json={**applied, "last_error": "a process with its clock far ahead", "report_seq": ahead})
+    assert r.status_code == 200 and r.json()["stale"] is False, r.text
+    stale = loop.stale_reports
+    assert _until(lambda: _device(leaf.served)["last_error"] is None, 15), "the agent's reports stayed stale"
+    assert _device(leaf.served)["report_seq"] > ahead and loop.stale_reports > stale
+
+
+def _device(served: Served) -> dict[str, Any]:
+    r = served.env.call("GET", f"/v1/devices/{DEVICE}", "admin")
+    assert r.status_code == 200, r.text
+    return dict(r.json())

@@ -1,58 +1,215 @@
-"""A known weakness of the `unix:path` and `unix:sha256` selectors (agent/peercred.py), kept visible as a strict xfail
-until it is fixed: the kernel records the pid that connected to the Workload API socket, and the selectors read that
-pid's executable (/proc/<pid>/exe) when a request is answered, not what connected. A process can connect, hand the
-connection to a child (fork), and exec the binary a placement names: the child, running anything, then asks through
-the connection and is answered as that binary. (SPIRE's unix attestor reads /proc the same way; the uid/gid/user/group
-selectors are not affected: the kernel fixes them at connect.) A fix needs the executable as it was at connect
-(e.g. a pidfd taken at accept plus a check that the pid has not exec'd since: /proc/<pid>/stat's start time does not
-change on exec, so that alone does not tell)."""
+"""The `unix:path` and `unix:sha256` selectors (agent/peercred.py) vouch for the executable that connected, not for
+whatever its pid runs when a request is answered. The attack: a process connects to the Workload API socket, hands
+the connection to a child (fork), and execs the binary a placement names; the child, running anything, then asks
+through the connection. /proc/<pid>/exe read at request time would name the exec'd binary. The relay pins the
+executable at accept (a pidfd plus the exe's path and inode), and a request matches a path or sha256 selector only
+while that same process still runs that same file. Real processes and a real relay; no mocks."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agent.peercred import PeerCredRelay
+from agent import peercred
+from agent.peercred import Caller, PeerCredRelay
 
 
-@pytest.mark.xfail(strict=True, reason="path selectors read /proc/<pid>/exe at request time: connect, fork, exec")
-def test_a_caller_that_execs_an_allowed_binary_after_connecting_is_not_taken_for_it(tmp_path: Path) -> None:
-    sleep = shutil.which("sleep")
-    assert sleep is not None
+def _drain(listener: socket.socket) -> None:
+    """Stands in for the gRPC port: reads each relayed connection to its end, then closes it."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=_read_to_end, args=(conn,), daemon=True).start()
+
+
+def _read_to_end(conn: socket.socket) -> None:
+    with conn:
+        while conn.recv(1 << 16):
+            pass
+
+
+@pytest.fixture
+def relay(tmp_path: Path) -> Iterator[PeerCredRelay]:
     upstream = socket.socket()
     upstream.bind(("127.0.0.1", 0))
     upstream.listen(8)
-    relay = PeerCredRelay(tmp_path / "api.sock", upstream.getsockname()[1])
+    threading.Thread(target=_drain, args=(upstream,), daemon=True).start()
+    r = PeerCredRelay(tmp_path / "api.sock", upstream.getsockname()[1])
+    try:
+        yield r
+    finally:
+        r.close()
+        upstream.shutdown(socket.SHUT_RDWR)
+        upstream.close()
+
+
+def _accepted(relay: PeerCredRelay, pid: int) -> Caller:
+    """The relay's caller for `pid`, once it has accepted that process's connection."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        callers = [c for c in list(relay._callers.values()) if c.pid == pid]
+        if callers:
+            (caller,) = callers
+            return caller
+        time.sleep(0.01)
+    raise AssertionError(f"the relay never accepted pid {pid}")
+
+
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _connect_and_wait(sock: Path) -> subprocess.Popen[str]:
+    """A python process that connects, then waits for a line on stdin (then closes and exits)."""
+    script = (f"import socket, sys\ns = socket.socket(socket.AF_UNIX); s.connect({str(sock)!r})\n"
+              "sys.stdin.readline()\ns.close()\n")
+    return subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("pidfd", ["SO_PEERPIDFD", "pidfd_open"])
+def test_a_caller_that_execs_an_allowed_binary_after_connecting_is_not_taken_for_it(
+        relay: PeerCredRelay, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, pidfd: str) -> None:
+    if pidfd == "pidfd_open":  # a kernel before 6.5: the option is unknown (ENOPROTOOPT), the relay falls back
+        monkeypatch.setattr(peercred, "SO_PEERPIDFD", 0x7FFF)
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    allowed = os.path.realpath(sleep)
     script = (
         "import os, socket, sys, time\n"
-        f"s = socket.socket(socket.AF_UNIX); s.connect({str(tmp_path / 'api.sock')!r})\n"
+        f"s = socket.socket(socket.AF_UNIX); s.connect({str(relay.path)!r})\n"
+        "sys.stdin.readline()\n"  # the test says when the relay has accepted: the exec comes after, as it would
         "parent = os.getpid()\n"
         "if os.fork() == 0:\n"  # the attacker's own code keeps the connection and would ask through it
         "    while os.getppid() == parent: time.sleep(0.05)\n"  # until the test kills the exec'd parent
         "    sys.exit(0)\n"
         f"os.execv({sleep!r}, ['sleep', '20'])\n"  # the pid that connected becomes the binary a placement names
     )
-    proc = subprocess.Popen([sys.executable, "-c", script])
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, text=True)
     try:
-        allowed = os.path.realpath(sleep)
-        deadline, callers = time.monotonic() + 15, []
-        while time.monotonic() < deadline:
-            callers = list(relay._callers.values())
-            if callers and os.path.realpath(f"/proc/{proc.pid}/exe") == allowed:
-                break
+        caller = _accepted(relay, proc.pid)
+        assert caller.matches([f"unix:path:{os.path.realpath(sys.executable)}"])  # pinned: what it runs at accept
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 15
+        while os.path.realpath(f"/proc/{proc.pid}/exe") != allowed:
+            assert time.monotonic() < deadline, "the attacker never exec'd"
             time.sleep(0.02)
-        (caller,) = callers
-        assert caller.pid == proc.pid
-        assert not caller.matches([f"unix:path:{allowed}"]), "taken for the binary it exec'd"
+        with caplog.at_level(logging.WARNING, logger="trustfabric.agent.peercred"):
+            assert not caller.matches([f"unix:path:{allowed}"]), "taken for the binary it exec'd"
+            assert not caller.matches([f"unix:sha256:{_sha256(allowed)}"]), "taken for the binary it exec'd"
+            # nor for what it ran at connect: that is no longer what the pid runs (fail closed)
+            assert not caller.matches([f"unix:path:{os.path.realpath(sys.executable)}"])
+            assert caller.matches([f"unix:uid:{os.getuid()}"])  # the kernel's connect-time values are unchanged
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings  # one line per caller, not one per request
+        assert str(proc.pid) in warnings[0] and allowed in warnings[0] \
+            and os.path.realpath(sys.executable) in warnings[0], warnings[0]
     finally:
         proc.kill()
         proc.wait()
-        relay.close()
-        upstream.close()
+
+
+def test_a_caller_that_keeps_running_what_it_connected_with_matches(relay: PeerCredRelay) -> None:
+    python = os.path.realpath(sys.executable)
+    proc = _connect_and_wait(relay.path)
+    try:
+        caller = _accepted(relay, proc.pid)
+        assert caller.matches([f"unix:path:{python}"])
+        assert caller.matches([f"unix:sha256:{_sha256(python)}", f"unix:uid:{os.getuid()}", f"unix:path:{python}"])
+        assert caller.matches([f"unix:gid:{os.getgid()}"])
+        assert not caller.matches([f"unix:path:{python}", f"unix:uid:{os.getuid() + 1}"])
+        assert not caller.matches([f"unix:path:{python}-other"])
+        assert not caller.matches([f"unix:sha256:{'0' * 64}"])
+        assert not caller.matches([])
+        assert caller.process is not None
+        assert proc.stdin is not None
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        assert proc.wait(15) == 0
+        deadline = time.monotonic() + 15
+        while relay._callers:  # the connection is gone: its entry and pidfd with it
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not caller.process.alive() and caller.process._fd == -1
+        assert not caller.matches([f"unix:path:{python}"])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_caller_whose_binary_is_replaced_on_disk_still_matches_what_it_runs(relay: PeerCredRelay,
+                                                                                tmp_path: Path) -> None:
+    """An upgrade replaces the binary under a running workload (/proc/<pid>/exe then reads "<path> (deleted)"): the
+    process did not exec, it still runs the file it connected with, and still matches that file's path and hash."""
+    exe = tmp_path / "bin" / "workload"
+    exe.parent.mkdir()
+    shutil.copy2(os.path.realpath(sys.executable), exe)
+    digest = _sha256(str(exe))
+    script = (f"import socket, sys\ns = socket.socket(socket.AF_UNIX); s.connect({str(relay.path)!r})\n"
+              "sys.stdin.readline()\n")
+    proc = subprocess.Popen([str(exe), "-S", "-c", script], stdin=subprocess.PIPE, text=True)
+    try:
+        caller = _accepted(relay, proc.pid)
+        assert caller.matches([f"unix:path:{exe}"])
+        exe.unlink()  # the package manager's upgrade: a new file at the same path
+        exe.write_bytes(b"#!/bin/sh\nexit 0\n")
+        assert os.readlink(f"/proc/{proc.pid}/exe") == f"{exe} (deleted)"
+        assert caller.matches([f"unix:path:{exe}", f"unix:sha256:{digest}"])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_caller_whose_process_exited_matches_no_executable(relay: PeerCredRelay) -> None:
+    """The connection outlives the pid that made it (a child holds it): the pid's executable is unknown from then
+    on (the number may be reused by anything), so path and sha256 selectors match nothing."""
+    python = os.path.realpath(sys.executable)
+    script = (
+        "import os, socket, sys, time\n"
+        f"s = socket.socket(socket.AF_UNIX); s.connect({str(relay.path)!r})\n"
+        "sys.stdin.readline()\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(20)\n"  # keeps the connection open after its parent is gone
+        "    sys.exit(0)\n"
+        "os._exit(0)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        caller = _accepted(relay, proc.pid)
+        assert caller.matches([f"unix:path:{python}"])
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(15) == 0
+        assert relay._callers, "the connection is still open (the child holds it)"
+        assert not caller.matches([f"unix:path:{python}"])
+        assert not caller.matches([f"unix:sha256:{_sha256(python)}"])
+        assert caller.matches([f"unix:uid:{os.getuid()}"])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the forked child, in the session the test started for it
+        proc.wait()
+
+
+def test_a_caller_built_without_a_pidfd_matches_no_executable() -> None:
+    """Credentials alone (no process handle pinned at accept) never vouch for an executable: fail closed."""
+    caller = Caller(os.getpid(), os.getuid(), os.getgid())
+    assert not caller.matches([f"unix:path:{os.path.realpath(sys.executable)}"])
+    assert caller.matches([f"unix:uid:{os.getuid()}"])

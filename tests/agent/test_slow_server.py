@@ -82,6 +82,9 @@ class Round:
     most_held: int = 0  # the most held at once
     ready: int = 0  # (answered) answers the server made that the gate holds back
     refused: int = 0  # (refuse) answered 503 so far
+    late: int = 0  # the first `late` requests to each path are read whole, then held from the server until `open`
+    # and handed to it then, whether their client still waits or not (a request the server processes late); the
+    # later ones pass at once
 
 
 class Gate:
@@ -94,8 +97,8 @@ class Gate:
         self._lock = threading.Lock()
 
     def close(self, *paths: str, answered: bool = False, rewrite: Callable[[bytes], bytes] | None = None,
-              refuse: int = 0, retry_after: int | str | None = None) -> Round:
-        self.round = Round(frozenset(paths), answered or rewrite is not None, rewrite, refuse, retry_after)
+              refuse: int = 0, retry_after: int | str | None = None, late: int = 0) -> Round:
+        self.round = Round(frozenset(paths), answered or rewrite is not None, rewrite, refuse, retry_after, late=late)
         return self.round
 
     def release(self) -> None:
@@ -108,6 +111,7 @@ class Gate:
             return
         with self._lock:
             rnd.arrived[scope["path"]] = rnd.arrived.get(scope["path"], 0) + 1
+            late = rnd.arrived[scope["path"]] <= rnd.late
             rnd.times.append(time.monotonic())
             refuse = rnd.refused < rnd.refuse
             rnd.refused += 1 if refuse else 0
@@ -116,6 +120,12 @@ class Gate:
         try:
             if refuse:
                 await _refuse(rnd, send)
+                return
+            if rnd.late:
+                if late:
+                    receive = await _read_whole(receive)
+                    await _opened(rnd)
+                await self.app(scope, receive, send)  # (to a client gone: uvicorn drops the answer)
                 return
             if not rnd.answered:
                 await _opened(rnd)
@@ -149,6 +159,26 @@ async def _refuse(rnd: Round, send: Any) -> None:
         headers.append((b"retry-after", str(rnd.retry_after).encode()))
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _read_whole(receive: Any) -> Any:
+    """Read a request's body now; a `receive` that hands it to the app later (as if it had just arrived)."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        body, more = body + message.get("body", b""), bool(message.get("more_body"))
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if replayed:
+            return dict(await receive())
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 async def _opened(rnd: Round) -> None:

@@ -178,6 +178,37 @@ def test_status_reports_are_stored_and_audited_only_when_the_state_changes(denv:
     assert len(events()) == 2
 
 
+def test_a_status_report_numbered_below_the_stored_one_is_answered_stale_and_changes_nothing(denv: Env) -> None:
+    """A report that reached the server after a newer one (its request timed out on the agent and was retried, or an
+    old agent process sent it) is answered 200 with the stored row and `stale: true`; it changes nothing and records
+    no event. A report number that is not one is 422."""
+    r1 = denv.call("GET", "/v1/devices/nic:gpu1/ruleset", "admin").json()
+    applied = {"applied_version": 1, "applied_hash": r1["content_hash"]}
+
+    def events() -> int:
+        with denv.ctx.db.read_session() as s:
+            return len(s.exec(select(AuditEvent).where(AuditEvent.action == "device.status")).all())
+
+    repaired = {**applied, "drift": ["table=0 cookie=0x1 missing"], "drift_repaired": True, "report_seq": 7}
+    newer = {**applied, "counters": {"0x1": {"packets": 5, "bytes": 300}}, "report_seq": 8}
+    for report in (repaired, newer):
+        r = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json=report)
+        assert r.status_code == 200 and r.json()["stale"] is False and r.json()["report_seq"] == report["report_seq"]
+    stored, n = denv.call("GET", "/v1/devices/nic:gpu1", "admin").json(), events()
+    assert "stale" not in stored and stored["drift_repaired"] is False
+    late = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json=repaired)
+    assert late.status_code == 200, late.text
+    assert late.json() == {**stored, "stale": True}
+    assert denv.call("GET", "/v1/devices/nic:gpu1", "admin").json() == stored and events() == n
+    for bad in (0, -3, 2**63, "x"):
+        r = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json={**newer, "report_seq": bad})
+        assert r.status_code == 422 and "report_seq" in r.text, (bad, r.text)
+    unnumbered = {k: v for k, v in repaired.items() if k != "report_seq"}  # an agent from before numbering
+    r = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json=unnumbered)
+    assert r.status_code == 200 and r.json()["stale"] is False and r.json()["drift_repaired"] is True
+    assert r.json()["report_seq"] == 8 and events() == n + 1
+
+
 def test_held_long_polls_hold_no_worker_thread(tmp_path: Path) -> None:
     """More long-polls than the server's thread pool (40) are held while a plain request still gets through."""
     import uvicorn
@@ -254,7 +285,7 @@ def test_a_node_svid_reads_and_reports_only_its_own_devices(tmp_path: Path) -> N
             status = gpu1.post("/v1/devices/nic:gpu1/status", json={"applied_version": 1,
                                                                      "applied_hash": own.json()["content_hash"]})
             assert status.status_code == 200 and status.json()["in_sync"] is True
-            assert gpu1.get("/v1/devices/nic:gpu1").json() == status.json()
+            assert {**gpu1.get("/v1/devices/nic:gpu1").json(), "stale": False} == status.json()  # stored: not stale
             mine = gpu1.get("/v1/nodes/gpu1/placements").json()
             assert [(p["workload"], p["spiffe_id"], p["selectors"]) for p in mine] == [
                 ("acme/train/w1", "spiffe://example.org/tenant/acme/group/train/w1", ["unix:uid:1001"]),

@@ -107,6 +107,10 @@ LANDED = {
         "sqlite": "45c4db9ad529cf6579be6104eb65b6eb79b0bbaf7d20b2bf86a17f1fe57148fc",
         "postgresql": "db849b1a89e797a5d128465c313b40042069f64a645890a3366c7b98a186e1b8",
     },
+    20: {  # a column: enforcer_devices.report_seq
+        "sqlite": "4e0814350f497f78367bff15555796ceabbf6c41b5e5b56be01e7d2c4e4504c5",
+        "postgresql": "4e0814350f497f78367bff15555796ceabbf6c41b5e5b56be01e7d2c4e4504c5",
+    },
 }
 
 
@@ -174,7 +178,7 @@ def test_a_landed_step_never_changes(version: int) -> None:
 
 
 def test_versions_are_global_and_in_order() -> None:
-    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    assert [s.version for s in STEPS] == [1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
     with pytest.raises(ValueError, match="distinct, increasing"):
         from store.migrations import migrate as run
 
@@ -306,7 +310,7 @@ def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backe
                     append_old(s.connection(), actor_id=by, actor_kind=kind, action="grant.request",
                                object_type="grant", object_id=gid, tenant=src, at=now)
 
-        assert migrate(db.engine) == [14, 15, 16, 17, 18, 19]
+        assert migrate(db.engine) == [14, 15, 16, 17, 18, 19, 20]
         with db.read_session() as s:
             scoped = dict(s.execute(text("SELECT id, requester_tenant FROM grants")).all())
         assert scoped == {"g-acme-alice": "acme", "g-platform-alice": "", "g-workload": "globex", "g-no-event": ""}
@@ -388,10 +392,58 @@ def test_step_18_tells_a_deployment_whose_keys_predate_markers_from_one_born_wit
         with db.engine.connect() as conn:
             rows = conn.exec_driver_sql("SELECT origin FROM deployment").scalars().all()
         assert rows == ([] if origin is None else [origin])
-        assert migrate(db.engine) == [19]  # which adopts nothing: the token is out of a migration's reach
+        assert migrate(db.engine) == [19, 20]  # 19 adopts nothing: the token is out of a migration's reach
         with db.engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT adopted_at FROM deployment").scalars().all() == [None] * len(rows)
             assert conn.exec_driver_sql("SELECT count(*) FROM adopted_keys").scalar_one() == 0
         assert migrate(db.engine) == []  # applied once: a replica migrating after it finds it done
+    finally:
+        db.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_step_20_numbers_status_reports_from_the_next_numbered_one(backend: str, request: pytest.FixtureRequest,
+                                                                   tmp_path: Path) -> None:
+    """A database at step 19 holds a device whose status an agent of that time reported (not numbered): step 20
+    keeps it as it was with no number (NULL, never a made-up one); an unnumbered report is still stored as it
+    comes, the first numbered one is stored, and one numbered below it afterwards changes nothing."""
+    from datetime import UTC, datetime
+
+    from audit import Actor
+    from enforcer import service
+    from enforcer.migrations import _TABLES_V11
+    from store.migrations import migrate as run
+
+    if backend == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        db = Database(server.create_database(migrated=False))
+    else:
+        db = Database(sqlite_url(tmp_path))
+    now = datetime(2026, 12, 1, 9, tzinfo=UTC)
+    devices = next(t for t in _TABLES_V11 if t.name == "enforcer_devices")
+    node = Actor("spiffe://td/node/gpu1", "node")
+    try:
+        assert run(db.engine, [s for s in STEPS if s.version < 20])[-1] == 19
+        with db.session() as s:  # as the code of step 19's time wrote it
+            s.execute(devices.insert().values(
+                device="nic:gpu1", kind="nic", in_fabric=True, version=0, pinned=False, drift=["x"],
+                drift_repaired=True, last_error="old", counters={"k": {"packets": 1, "bytes": 2}}, reported_at=now,
+                updated_at=now))
+        assert migrate(db.engine) == [20]
+        with db.read_session() as s:
+            row = service.status_row(s, "nic:gpu1")
+        assert row["report_seq"] is None and row["drift"] == ["x"] and row["last_error"] == "old"
+        with db.session() as s:  # an agent from before numbering
+            assert not service.record_status(s, "nic:gpu1", {"last_error": "unnumbered"}, actor=node, now=now).stale
+        with db.session() as s:
+            assert not service.record_status(s, "nic:gpu1", {"last_error": "new", "report_seq": 7}, actor=node,
+                                             now=now).stale
+        with db.session() as s:
+            assert service.record_status(s, "nic:gpu1", {"last_error": "late", "report_seq": 6}, actor=node,
+                                         now=now).stale
+        with db.read_session() as s:
+            row = service.status_row(s, "nic:gpu1")
+        assert (row["report_seq"], row["last_error"]) == (7, "new")
+        assert migrate(db.engine) == []
     finally:
         db.dispose()
