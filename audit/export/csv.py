@@ -53,6 +53,18 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 GUARD = "'"
 
 
+UNGUARDED_CAUTION = (
+    "this CSV was written before formula guarding (no formula_guard column): a cell starting with = + - @ may run as "
+    "a formula in a spreadsheet; open it as text, or export it again")
+
+
+def predates_guard(first_line: bytes) -> bool:
+    """Whether a CSV export's header row lacks the formula_guard column: written before cells were guarded, so it
+    verifies (its bytes are the hashed ones) while a spreadsheet may run its caller-chosen cells."""
+    columns = next(csv.reader([first_line.decode("utf-8", "replace")]), [])
+    return bool(columns) and columns[0] == "record" and "formula_guard" not in columns
+
+
 def _runs_as_formula(cell: str) -> bool:
     """Whether a spreadsheet would run the cell, or it would after the quote the reader takes off (a cell the
     writer quoted, or one its author began with quotes): the writer quotes exactly these, the reader unquotes them."""

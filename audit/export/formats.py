@@ -24,13 +24,17 @@ def detect(first_line: bytes) -> Format:
     return FORMATS["jsonl"]
 
 
-def read(stream: IO[bytes]) -> Iterator[Record]:
+def read(stream: IO[bytes], cautions: list[str] | None = None) -> Iterator[Record]:
     """The records, by the reader of the format the first line names (read, then put back; a byte order
-    mark, which spreadsheets write before a CSV they save, is dropped)."""
+    mark, which spreadsheets write before a CSV they save, is dropped). What the first line says a reader of the
+    file should beware of, though it verifies, is appended to `cautions`."""
     first = stream.readline(MAX_LINE_BYTES + 1)
     if first.startswith(BOM):
         first = first[len(BOM) :]
-    return detect(first).reader(io.BufferedReader(_Prefixed(first, stream), buffer_size=1 << 20))
+    fmt = detect(first)
+    if cautions is not None and fmt is csv.FORMAT and csv.predates_guard(first):
+        cautions.append(csv.UNGUARDED_CAUTION)
+    return fmt.reader(io.BufferedReader(_Prefixed(first, stream), buffer_size=1 << 20))
 
 
 class _Prefixed(io.RawIOBase):

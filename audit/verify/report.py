@@ -17,3 +17,4 @@ class VerifyReport:
     range: tuple[int, int]
     filter: dict[str, Any]
     signed_at: datetime | None = None  # the checkpoint's signed time (None: it carries none)
+    cautions: tuple[str, ...] = ()  # proven intact, but a reader should beware (a CSV from before formula guarding)

@@ -33,7 +33,7 @@ import base64
 import binascii
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -97,11 +97,16 @@ def verify_export(
         if report is not None:
             return report
         source.seek(start)
-    records = _Peekable(read(source))  # step 1: the format the first line names
+    cautions: list[str] = []
+    records = _Peekable(read(source, cautions))  # step 1: the format the first line names
     try:
-        return _verify_records(records, public_key, since)
+        report = _verify_records(records, public_key, since)
+    except Unproven as exc:
+        exc.report = replace(exc.report, cautions=tuple(cautions))
+        raise
     except UnicodeDecodeError as exc:
         raise Malformed(f"the file is not a well-formed export: {exc}") from exc
+    return replace(report, cautions=tuple(cautions))
 
 
 class _Peekable:

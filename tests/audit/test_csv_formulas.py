@@ -13,7 +13,7 @@ import pytest
 from audit import Actor, record
 from audit.errors import Malformed
 from audit.export import export_events
-from audit.export.csv import CSV_COLUMNS, read_csv
+from audit.export.csv import CSV_COLUMNS, UNGUARDED_CAUTION, read_csv
 from audit.export.records import Event
 from audit.verify import verify_export
 from store.db import Database
@@ -65,7 +65,8 @@ def test_quoted_cells_read_back_as_written_and_verify(hostile: Database, signer:
     docs = [r.doc for r in read_csv(io.BytesIO(data)) if isinstance(r, Event) and r.doc is not None]
     assert [(d["reason"], d["request_id"], d["actor"]["id"]) for d in docs] == [(t, t, t) for t in HOSTILE]
     for fast in (True, False):
-        assert verify_export(io.BytesIO(data), signer.public_key(), fast=fast).events == len(HOSTILE)
+        report = verify_export(io.BytesIO(data), signer.public_key(), fast=fast)
+        assert (report.events, report.cautions) == (len(HOSTILE), ())
 
 
 def test_a_file_without_the_guard_column_is_read_verbatim(hostile: Database, signer: KeySigner) -> None:
@@ -80,6 +81,9 @@ def test_a_file_without_the_guard_column_is_read_verbatim(hostile: Database, sig
     older_file = io.BytesIO(older.getvalue().encode())
     docs = [r.doc for r in read_csv(older_file) if isinstance(r, Event) and r.doc is not None]
     assert [d["reason"] for d in docs] == HOSTILE
+    # it verifies (its bytes are the hashed ones), and the report says its cells may run as formulas
+    report = verify_export(io.BytesIO(older.getvalue().encode()), signer.public_key())
+    assert (report.events, report.cautions) == (len(HOSTILE), (UNGUARDED_CAUTION,))
 
 
 def _unquoted(cell: str) -> str:

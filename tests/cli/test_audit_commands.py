@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -58,6 +60,26 @@ def test_export_then_verify_offline(home: dict[str, str], tmp_path: Path) -> Non
         code, text = _run({}, "audit", "verify", str(out), "--public-key", str(key))
         assert code == 0 and text.startswith("OK:"), text
         assert "selection: tenant acme" in text, text  # the auditor sees what the export claims to hold
+
+
+def test_verify_cautions_about_a_csv_from_before_formula_guarding(home: dict[str, str], tmp_path: Path) -> None:
+    """A CSV export written before cells were guarded verifies (its bytes are the hashed ones) but its caller-chosen
+    cells may run as formulas in the auditor's spreadsheet: OK, and a caution on stderr (and in --json)."""
+    key = tmp_path / "audit.pem"
+    key.write_text(_run(home, "audit", "public-key")[1])
+    out = tmp_path / "export.csv"
+    assert _run(home, "audit", "export", "--out", str(out), "--format", "csv")[0] == 0
+    older = tmp_path / "older.csv"
+    rows = list(csv.reader(io.StringIO(out.read_text(), newline="")))
+    assert rows[0][-1] == "formula_guard"
+    with older.open("w", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(row[:-1] for row in rows)
+    for path, cautioned in ((out, False), (older, True)):
+        result = CliRunner().invoke(app, ["audit", "verify", str(path), "--public-key", str(key)], env={})
+        assert result.exit_code == 0 and result.stdout.startswith("OK:"), result.output
+        assert ("caution: this CSV was written before formula guarding" in result.stderr) is cautioned, result.stderr
+        as_json = json.loads(_run({}, "audit", "verify", str(path), "--public-key", str(key), "--json")[1])
+        assert as_json["ok"] is True and len(as_json["cautions"]) == int(cautioned), as_json
 
 
 def test_verify_names_the_first_bad_event_in_one_line(home: dict[str, str], tmp_path: Path) -> None:
