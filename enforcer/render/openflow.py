@@ -154,7 +154,17 @@ def render_flows(rs: DeviceRuleSet, port_names: Mapping[str, str] | None = None)
     return b.result()
 
 
+_ACTIONS, _STATES, _DIRECTIONS, _PROTOS = {"allow", "deny"}, {"new", "established", STATELESS}, {"egress", "ingress"}, {
+    "tcp", "udp", "*"}
+
+
 def _rule(b: _Builder, r: FlowRule, sets: Mapping[str, object]) -> None:
+    # Every field is read as one of its few values, and anything else refuses the rule set (fail closed): read by
+    # elimination, an action "reject" rendered as an allow, a state "related" as `+new` and a direction "inbound"
+    # (a leaf's) as ingress.
+    if r.action not in _ACTIONS or r.state not in _STATES or r.direction not in _DIRECTIONS or r.proto not in _PROTOS:
+        raise ValueError(f"a NIC rule set holds a rule it cannot render: action {r.action!r}, state {r.state!r}, "
+                         f"direction {r.direction!r}, proto {r.proto!r}")
     stateless = r.state == STATELESS
     egress = r.direction == "egress"
     table = (T_ROCE_EGRESS if egress else T_ROCE_INGRESS) if stateless else (T_EGRESS if egress else T_INGRESS)
