@@ -34,7 +34,7 @@ from enforcer.fabric import revoked_ids
 from enforcer.netns import run_in
 from enforcer.ovsd import OvsDaemons
 from tests.enforcer.helpers import allowed_flows, compile_small, small
-from tests.flow_watch import echo_server
+from tests.flow_watch import connect_from, echo_server
 
 CLIENT = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).close()"
 
@@ -440,3 +440,34 @@ def test_a_workload_advertises_only_its_own_ipv6_address(roce_nodes: dict[str, s
     finally:
         capture.close()
         sender.close()
+
+
+def test_a_withdrawn_flow_takes_its_established_connections_with_it(two_nodes: dict[str, str],
+                                                                    ovs_daemons: OvsDaemons) -> None:
+    """A connection committed while its flow was allowed passed every later packet through the `+est` rule, on
+    both NICs, after the flow was withdrawn (its exposure gone, its workload revoked, its grant expired): new
+    connections were refused but the open one ran on. Applying a rule set now cuts the connections it no longer
+    admits, and leaves the ones it still admits alone."""
+    ns = two_nodes
+    cut = run_in(ns["w1"], connect_from, ADDR["w1"], ADDR["db1"], 5432)  # acme/train -> acme/data:5432
+    kept = run_in(ns["db1"], connect_from, ADDR["db1"], ADDR["w1"], 443)  # acme/data -> acme/train:443
+    try:
+        for conn in (cut, kept):
+            conn.settimeout(3)
+            conn.sendall(b"before")
+            assert conn.recv(16) == b"before"
+        f = small()  # acme/data exposes tcp/5432 no more: only that entry goes
+        withdrawn = compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
+        for node, backend in backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"]).items():
+            backend.apply(withdrawn.devices[f"nic:{node}"])
+        assert not _connects(ns["w1"], ADDR["db1"], 5432)  # a new connection is refused
+        kept.sendall(b"after")
+        assert kept.recv(16) == b"after"  # the connection still allowed runs on
+        cut.settimeout(1.5)
+        cut.sendall(b"after")
+        with pytest.raises(OSError):  # TimeoutError: nothing comes back any more (or the peer resets it)
+            if cut.recv(16) == b"":
+                raise ConnectionResetError("closed")
+    finally:
+        cut.close()
+        kept.close()
