@@ -255,7 +255,7 @@ def test_rollback_pins_the_device_and_apply_unpins_it(stack: Stack) -> None:
     assert "nic:gpu1" in stack.rec.run_once("lifted").published
 
 
-def test_no_active_policy_publishes_default_deny_and_errors_publish_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_no_active_policy_publishes_default_deny_and_an_overflow_holds_back_its_devices(tmp_path) -> None:  # type: ignore[no-untyped-def]
     s = open_stack(tmp_path / "home")
     try:
         with s.ctx.db.session() as session:
