@@ -175,6 +175,7 @@ class Compiled:
     state: _State | None = field(default=None, repr=False, compare=False)
     recompiled: tuple[str, ...] = ()  # the devices this (re)compile assembled
     changed: tuple[str, ...] = ()  # of those, the ones whose rule set differs from the previous compile
+    over: tuple[Overflow, ...] = ()  # devices over their budget (only when compiled with strict=False)
 
     def device_hashes(self) -> dict[str, str]:
         return {d: rs.content_hash for d, rs in sorted(self.devices.items())}
@@ -184,14 +185,15 @@ def all_devices(fabric: Fabric) -> list[str]:
     return [f"nic:{n.name}" for n in fabric.nodes] + [f"leaf:{s.name}" for s in fabric.leaves]
 
 
-def compile_fabric(fabric: Fabric, allowed: Any, revoked: Iterable[str] = (), budget: Budget | None = None
-                   ) -> Compiled:
+def compile_fabric(fabric: Fabric, allowed: Any, revoked: Iterable[str] = (), budget: Budget | None = None,
+                   *, strict: bool = True) -> Compiled:
     """Every device's rule set; InvalidInput for a malformed allowed_flows, BudgetExceeded when a device
-    would overflow (naming its largest contributors)."""
+    would overflow (naming its largest contributors). With strict=False an overflow is not raised but named in
+    `Compiled.over`, so a publisher can hold back the overflowing devices alone (enforcer.reconcile)."""
     budget = budget or Budget()
     rev = frozenset(revoked)
     with _no_gc(long_lived=True):
-        return _compile(fabric, allowed, rev, budget)
+        return _compile(fabric, allowed, rev, budget, strict)
 
 
 @contextmanager
@@ -225,7 +227,7 @@ def _families(entries: Mapping[tuple[str, str, str], Entry]) -> dict[tuple[str, 
     return {f: tuple(sorted(ks)) for f, ks in out.items()}
 
 
-def _compile(fabric: Fabric, allowed: Any, rev: frozenset[str], budget: Budget) -> Compiled:
+def _compile(fabric: Fabric, allowed: Any, rev: frozenset[str], budget: Budget, strict: bool) -> Compiled:
     ctx = _Context(fabric, rev)
     entries, known, _ = parse_entries(allowed)
     families = _families(entries)
@@ -235,23 +237,25 @@ def _compile(fabric: Fabric, allowed: Any, rev: frozenset[str], budget: Budget) 
     ctx.sets.clear()  # the sets live on in the devices; a recompile rebuilds only those it redoes
     devices = {d: assemble(d, ctx.index, sort_allows(a.rules), a.sets, a.cost, a.leaks)
                for d, a in emit.accs.items()}
-    _check_budget(devices, budget)
+    over = _check_budget(devices, budget, strict)
     leaks = {d: a.leaks for d, a in emit.accs.items() if a.leaks}
     names = tuple(sorted(devices))
     return Compiled(fabric, rev, budget, entries, devices, _State(ctx, known, families, dict(devices), leaks),
-                    names, names)
+                    names, names, over)
 
 
-def recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None = None) -> Compiled:
+def recompile(prev: Compiled, allowed: Any, revoked: Iterable[str] | None = None, *, strict: bool = True
+              ) -> Compiled:
     """The compile of (prev.fabric, allowed, revoked), redoing only what changed; `recompiled` names the
-    devices reassembled and `changed` those whose rule set differs. A fabric change needs compile_fabric."""
+    devices reassembled and `changed` those whose rule set differs. A fabric change needs compile_fabric.
+    `strict`: as compile_fabric's (not strict, `over` names every device over budget, reassembled or not)."""
     if prev.state is None:
         raise ValueError("recompile needs a Compiled made by compile_fabric or recompile")
     with _no_gc():
-        return _recompile(prev, prev.state, allowed, revoked)
+        return _recompile(prev, prev.state, allowed, revoked, strict)
 
 
-def _recompile(prev: Compiled, st: _State, allowed: Any, revoked: Iterable[str] | None) -> Compiled:
+def _recompile(prev: Compiled, st: _State, allowed: Any, revoked: Iterable[str] | None, strict: bool) -> Compiled:
     rev = prev.revoked if revoked is None else frozenset(revoked)
     entries, known, fresh = parse_entries(allowed, st.known)
     dirty = {k for k in fresh if entries[k] != prev.entries.get(k)} | (prev.entries.keys() - entries.keys())
@@ -291,10 +295,10 @@ def _recompile(prev: Compiled, st: _State, allowed: Any, revoked: Iterable[str] 
             if not patched:
                 del leaks[d]
         own[d] = devices[d] = patch(base, o, n, patched, ctx.index)
-    _check_budget({d: devices[d] for d in touched}, prev.budget)
+    over = _check_budget(devices if not strict else {d: devices[d] for d in touched}, prev.budget, strict)
     changed = tuple(sorted(d for d in touched if devices[d] != prev.devices.get(d)))
     return Compiled(prev.fabric, rev, prev.budget, entries, devices,
-                    _State(ctx, known, families, own, leaks), tuple(sorted(touched)), changed)
+                    _State(ctx, known, families, own, leaks), tuple(sorted(touched)), changed, over)
 
 
 def contributors(rs: DeviceRuleSet) -> list[tuple[str, int]]:
@@ -308,7 +312,9 @@ def contributors(rs: DeviceRuleSet) -> list[tuple[str, int]]:
     return sorted(use.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-def _check_budget(devices: Mapping[str, DeviceRuleSet], budget: Budget) -> None:
+def _check_budget(devices: Mapping[str, DeviceRuleSet], budget: Budget, strict: bool = True
+                  ) -> tuple[Overflow, ...]:
+    """The devices over budget; BudgetExceeded naming them instead when `strict`."""
     over = []
     for d in sorted(devices):
         rs = devices[d]
@@ -316,5 +322,6 @@ def _check_budget(devices: Mapping[str, DeviceRuleSet], budget: Budget) -> None:
         if rs.cost > limit:
             what = "NIC flows" if rs.kind == "nic" else "switch ACL entries"
             over.append(Overflow(d, what, rs.cost, limit, tuple(contributors(rs)[:5])))
-    if over:
+    if over and strict:
         raise BudgetExceeded(over)
+    return tuple(over)

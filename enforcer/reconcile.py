@@ -20,8 +20,11 @@ When it runs:
 - from scratch every `resync_seconds`, as a safety net.
 
 Failing safe: no active policy version compiles to default deny everywhere (nothing is allowed); an engine
-error, a malformed answer or a rule set over budget publishes nothing (every device keeps its last good
-rule set) and is logged and kept in `last` (and printed by `trustfabric enforcer compile`).
+error or a malformed answer publishes nothing (every device keeps its last good rule set); a rule set over
+budget is not published and its device keeps its last good set, while every other device is published (one
+leaf filled by a tenant's grants must not hold back a revocation everywhere; an explicit `enforcer apply` of
+an overflowing device still publishes nothing). Each is logged and kept in `last` (and printed by
+`trustfabric enforcer compile`).
 
 Publishing (auto mode) is one transaction that first locks the audit log's head and checks that no
 relevant event was appended since the inputs were read; if one was, the inputs are read again and the
@@ -48,6 +51,7 @@ from core.clock import Clock, system_clock
 from core.errors import Conflict, InvalidInput, NotFound
 from enforcer import service
 from enforcer.compiler import Budget, Compiled, all_devices, compile_fabric, recompile
+from enforcer.errors import BudgetExceeded
 from enforcer.fabric import Fabric
 from enforcer.fabric_db import compile_fabric_of
 from enforcer.ir import DeviceRuleSet
@@ -243,6 +247,8 @@ class Reconciler:
         with self._run_lock:
             inputs = self._read()
             compiled, _full = self._compile(inputs, False)
+            if compiled.over:  # a plan or a check over budget says so (BudgetExceeded), as it always did
+                raise BudgetExceeded(list(compiled.over))
             self._compiled = compiled
             return compiled, inputs
 
@@ -270,8 +276,18 @@ class Reconciler:
                     outcome = Outcome(_cause(inputs.events) or cause, was_full,
                                       list(compiled.changed if not was_full else compiled.devices),
                                       compile_seconds=time.perf_counter() - start)
+                    over = {o.device for o in compiled.over}
+                    if over and force and (select is None or over & select):
+                        raise BudgetExceeded(list(compiled.over))  # an operator's apply: all or nothing, as asked
                     self._publish(compiled, inputs, outcome, select=select, unpin=unpin, force=force,
-                                  actor=actor or self.actor, request_id=request_id)
+                                  actor=actor or self.actor, request_id=request_id, skip=over)
+                    if over:
+                        # Only the devices over budget keep their last good rule set. Holding every device back
+                        # for one of them let a tenant whose grants filled one leaf stop every other change,
+                        # a revocation or a quarantine included, from reaching any device.
+                        outcome.error = (f"{BudgetExceeded(list(compiled.over))}; those devices keep their last "
+                                         "good rule set, the others were published")
+                        log.error("enforcer: %s", outcome.error)
                 except Stale:
                     continue
                 except (PolicyEngineError, InvalidInput, Conflict) as exc:
@@ -380,13 +396,16 @@ class Reconciler:
         prev = self._compiled
         if (full or prev is None or prev.fabric != inputs.fabric or prev.budget != self.config.budget
                 or time.monotonic() - self._last_full >= self.config.resync_seconds):
-            compiled = compile_fabric(inputs.fabric, inputs.allowed, inputs.revoked, self.config.budget)
+            compiled = compile_fabric(inputs.fabric, inputs.allowed, inputs.revoked, self.config.budget, strict=False)
             self._last_full = time.monotonic()
             return compiled, True
-        return recompile(prev, inputs.allowed, inputs.revoked), False
+        return recompile(prev, inputs.allowed, inputs.revoked, strict=False), False
 
     def _publish(self, compiled: Compiled, inputs: Inputs, outcome: Outcome, *, select: set[str] | None,
-                 unpin: Collection[str], force: bool, actor: Actor, request_id: str | None) -> None:
+                 unpin: Collection[str], force: bool, actor: Actor, request_id: str | None,
+                 skip: Collection[str] = ()) -> None:
+        """Publish (or hold) every compiled device that changed, but those in `skip` (over their budget: they
+        keep their last good rule set, and are neither held nor retired)."""
         now = self.clock()
         known = self._compiled.devices if self._compiled is not None else {}
         cause = outcome.cause
@@ -406,7 +425,7 @@ class Reconciler:
                     raise Stale()
             sts = service.states(s)
             for device, rs in sorted(compiled.devices.items()):
-                if select is not None and device not in select:
+                if (select is not None and device not in select) or device in skip:
                     continue
                 st = sts.get(device)
                 unpinning = st is not None and st.pinned and device in unpin

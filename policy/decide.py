@@ -162,19 +162,25 @@ def authorize(
 # ---------------------------------------------------------------- identities and flow sets
 
 
-def parse_identity(text: str) -> dict[str, str]:
+def parse_identity(text: str, trust_domain: str | None = None) -> dict[str, str]:
     """'spiffe://td/tenant/<t>/group/<g>/<w>' or '<t>/<g>' -> {"tenant", "group"[, "spiffe_id"]}. SPIFFE IDs
-    go through pki's one parser; this only reads the project's layout out of the parsed segments."""
+    go through pki's one parser; this only reads the project's layout out of the parsed segments: a workload's
+    ID exactly (five segments), and in `trust_domain` when one is given. Anything else names no identity the
+    policy knows: read as its tenant and group, an ID with a segment more or in another trust domain was never
+    revoked, and a revoked workload was explained as allowed."""
     from pki.errors import InvalidSpiffeId
     from pki.spiffe_id import parse_spiffe_id
 
     if text.startswith("spiffe://"):
         layout = f"{text!r} is not a trustfabric SPIFFE ID (spiffe://<td>/tenant/<t>/group/<g>/<w>)"
         try:
-            seg = parse_spiffe_id(text).segments
+            sid = parse_spiffe_id(text)
         except InvalidSpiffeId:
             raise InvalidInput(layout) from None
-        if len(seg) >= 4 and seg[0] == "tenant" and seg[2] == "group" and is_slug(seg[1]) and is_slug(seg[3]):
+        seg = sid.segments
+        if len(seg) == 5 and seg[0] == "tenant" and seg[2] == "group" and is_slug(seg[1]) and is_slug(seg[3]):
+            if trust_domain is not None and sid.trust_domain != trust_domain:
+                raise InvalidInput(f"{text!r} is not in this deployment's trust domain {trust_domain!r}")
             return {"tenant": seg[1], "group": seg[3], "spiffe_id": text}
         raise InvalidInput(layout)
     parts = text.split("/")
@@ -183,13 +189,16 @@ def parse_identity(text: str) -> dict[str, str]:
     raise InvalidInput(f"{text!r} is neither a SPIFFE ID nor <tenant>/<group>")
 
 
-def flow_input(src: str, dst: str, port: int, proto: str = "tcp", now_ns: int | None = None) -> dict[str, Any]:
-    """The flows.rego input for an explain request; InvalidInput for malformed identities or ports."""
+def flow_input(src: str, dst: str, port: int, proto: str = "tcp", now_ns: int | None = None,
+               trust_domain: str | None = None) -> dict[str, Any]:
+    """The flows.rego input for an explain request; InvalidInput for malformed identities (a SPIFFE ID outside
+    `trust_domain`, when given, included) or ports."""
     if proto not in ("tcp", "udp"):
         raise InvalidInput(f"proto {proto!r} must be tcp or udp")
     if not 1 <= port <= 65535:
         raise InvalidInput(f"port {port} must be 1-65535")
-    out: dict[str, Any] = {"src": parse_identity(src), "dst": parse_identity(dst), "proto": proto, "port": port}
+    out: dict[str, Any] = {"src": parse_identity(src, trust_domain), "dst": parse_identity(dst, trust_domain),
+                           "proto": proto, "port": port}
     if now_ns is not None:
         out["now_ns"] = now_ns
     return out

@@ -306,7 +306,9 @@ def explain(
 ) -> tuple[FlowDecision, str | None]:
     """The decision on one flow under the active version, with the reasons; and that version's hash. On
     `kept` when given (milliseconds at 1,000 tenants), else on a fresh engine and document (the same answer)."""
-    request = flow_input(src, dst, port, proto, now_ns=to_ns(now))
+    from pki.service import trust_domain
+
+    request = flow_input(src, dst, port, proto, now_ns=to_ns(now), trust_domain=trust_domain(session))
     if kept is not None:
         return kept.decide_flow(session, now, request)
     engine, digest = engine_for_active(session, now)

@@ -29,6 +29,7 @@ from typing import Any
 
 from enforcer.fabric import Fabric
 from enforcer.ir import ANY, DeviceRuleSet, FlowRule
+from enforcer.render.nvue import check_leaf_rule
 
 RULE_PRIORITY_BASE = 1000
 COUNTER: dict[str, Any] = {"counter": None}
@@ -92,6 +93,7 @@ def render_linux(rs: DeviceRuleSet, fabric: Fabric, table: str = "tf_leaf",
 
 
 def _exprs(r: FlowRule, set_ref: dict[tuple[str, int], str]) -> list[list[dict[str, Any]]]:
+    check_leaf_rule(r)
     verdict = {"accept": None} if r.action == "allow" else {"drop": None}
     if r.src == ANY and r.dst == ANY and r.proto == "*":
         return [[COUNTER, verdict]]

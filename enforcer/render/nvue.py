@@ -39,10 +39,19 @@ def _port_key(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo}:{hi}"
 
 
+def check_leaf_rule(r: FlowRule) -> None:
+    """ValueError unless the rule's action, protocol and port side are each one of their values: a leaf renderer
+    reads them as such (fail closed: a port side read by elimination would make "dest" a source-port match)."""
+    if r.action not in ("allow", "deny") or r.proto not in ("tcp", "udp", "*") or r.port_side not in ("dst", "src"):
+        raise ValueError(f"a leaf rule set holds a rule it cannot render: action {r.action!r}, proto {r.proto!r}, "
+                         f"port side {r.port_side!r}")
+
+
 def acl_rules(rules: list[FlowRule], sets: dict[str, Any], family: int) -> list[dict[str, Any]]:
     """One tenant's ACL of one family: NVUE rule bodies in order (numbering is the caller's)."""
     out: list[dict[str, Any]] = []
     for r in rules:
+        check_leaf_rule(r)
         if r.action == "deny" and r.src == ANY and r.dst == ANY:
             out.append({"action": {"deny": {}}, "remark": " ".join(r.reasons)})
             continue

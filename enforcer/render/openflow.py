@@ -4,7 +4,9 @@ Pipeline of one NIC bridge (U = the uplink, P = a host port / VF representor, V 
 is also the tenant's conntrack zone, carried in reg6):
   table 0  classify: from P only untagged frames (`vlan_tci=0x0000/0x1fff`: no 802.1Q/802.1ad header, not even
            a VID 0 priority tag), so the only tag a workload's frame carries on the fabric is V, pushed here;
-           ARP and IPv6 ND of a local address pass straight through (tagged with V towards U);
+           ARP and IPv6 ND of a local address pass straight through (tagged with V towards U): from P, ARP
+           with P's own sender address, a solicitation from P's own address, an advertisement of P's own
+           address (its nd_target) from it;
            RoCEv2 (UDP to 4791) from P with P's own source address -> table 5, from U tagged V to a local
            address -> untag, table 6: never through conntrack (NVIDIA's BlueField "CT offload" example lets
            `udp,tp_dst=4791` skip `ct` the same way: hardware conntrack does not support RoCE);
@@ -125,8 +127,12 @@ def render_flows(rs: DeviceRuleSet, port_names: Mapping[str, str] | None = None)
                   f"pop_vlan,{zone},ct(zone={ZONE_REG},table={T_INGRESS})")
             b.add(T_TO_HOST, 100, f"ip,nw_dst={a}", f"output:{port}")
         for a in map(_host, p.v6):
-            for t in (135, 136):
-                b.add(T_CLASSIFY, 400, f"{host},icmp6,ipv6_src={a},icmp_type={t}", f"{tag},output:{up}")
+            # An advertisement (136) names the address it is for in its body (nd_target), not in its source: only
+            # its own. One naming another address (its tenant's, the leaf's gateway) as at the workload's MAC,
+            # override set, would have the leaf send that address's traffic to this attachment, where table 0
+            # drops it. A solicitation (135) speaks for its source (its source link-layer address option).
+            b.add(T_CLASSIFY, 400, f"{host},icmp6,ipv6_src={a},icmp_type=135", f"{tag},output:{up}")
+            b.add(T_CLASSIFY, 400, f"{host},icmp6,ipv6_src={a},icmp_type=136,nd_target={a}", f"{tag},output:{up}")
             b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},icmp6,icmp_type=135,nd_target={a}",
                   f"pop_vlan,output:{port}")
             b.add(T_CLASSIFY, 400, f"in_port={up},dl_vlan={v},icmp6,icmp_type=136,ipv6_dst={a}",
@@ -148,7 +154,17 @@ def render_flows(rs: DeviceRuleSet, port_names: Mapping[str, str] | None = None)
     return b.result()
 
 
+_ACTIONS, _STATES, _DIRECTIONS, _PROTOS = {"allow", "deny"}, {"new", "established", STATELESS}, {"egress", "ingress"}, {
+    "tcp", "udp", "*"}
+
+
 def _rule(b: _Builder, r: FlowRule, sets: Mapping[str, object]) -> None:
+    # Every field is read as one of its few values, and anything else refuses the rule set (fail closed): read by
+    # elimination, an action "reject" rendered as an allow, a state "related" as `+new` and a direction "inbound"
+    # (a leaf's) as ingress.
+    if r.action not in _ACTIONS or r.state not in _STATES or r.direction not in _DIRECTIONS or r.proto not in _PROTOS:
+        raise ValueError(f"a NIC rule set holds a rule it cannot render: action {r.action!r}, state {r.state!r}, "
+                         f"direction {r.direction!r}, proto {r.proto!r}")
     stateless = r.state == STATELESS
     egress = r.direction == "egress"
     table = (T_ROCE_EGRESS if egress else T_ROCE_INGRESS) if stateless else (T_EGRESS if egress else T_INGRESS)

@@ -3,6 +3,7 @@ namespace the test creates and deletes, as one atomic batch, and reads back with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -10,10 +11,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from enforcer.render.linux import render_linux
+from enforcer.render.nvue import render_nvue
 from tests.enforcer.helpers import compile_small
 
 LOAD = (
@@ -71,3 +74,17 @@ def test_routing_plays_the_vrfs() -> None:
     assert acme["10.2.0.11/32"]["dev"] == "swp1.102"  # leaked from globex: the grant's destination
     assert acme["10.0.0.53/32"]["dev"] == "swp2.100"  # leaked from platform
     assert "10.2.0.21/32" not in acme  # globex/batch was never granted to acme
+
+
+@pytest.mark.parametrize("field,value", [("action", "reject"), ("proto", "icmp"), ("port_side", "dest")])
+def test_a_leaf_rule_outside_the_ir_vocabulary_is_refused_by_both_leaf_renderers(field: str, value: str) -> None:
+    """Read by elimination, a port side "dest" was a source-port match (NVUE and nftables alike) and a protocol
+    "icmp" an ICMP match with the rule's ports under it: each renderer refuses the rule set instead."""
+    compiled, _ = compile_small()
+    rs = compiled.devices["leaf:leaf1"]
+    i = next(i for i, r in enumerate(rs.rules) if r.action == "allow" and r.ports)
+    fields: dict[str, Any] = {field: value}
+    odd = dataclasses.replace(rs, rules=(*rs.rules[:i], rs.rules[i]._replace(**fields), *rs.rules[i + 1:]))
+    for render in (lambda: render_nvue(odd), lambda: render_linux(odd, compiled.fabric)):
+        with pytest.raises(ValueError, match="cannot render"):
+            render()

@@ -9,6 +9,11 @@ tests/enforcer/test_ovs_traffic.py::test_a_workload_cannot_put_a_vlan_tag_on_the
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+import pytest
+
 from enforcer.compiler import compile_fabric
 from enforcer.cost import NIC_FIXED, NIC_PER_PORT, NIC_PER_V4, NIC_PER_V6
 from enforcer.fabric import revoked_ids
@@ -71,3 +76,18 @@ def test_the_only_tag_pushed_is_the_ports_tenant_vlan_and_no_flow_was_added_for_
         plumbing = [f for f in flows if f.table in (T_CLASSIFY, T_TO_HOST, T_TO_NET) and f.priority > 0]
         assert len(plumbing) == NIC_PER_V4 * v4 + NIC_PER_V6 * v6 + NIC_PER_PORT * len(rs.ports)
         assert len([f for f in flows if f.cookie == 0]) == len(plumbing) + NIC_FIXED
+
+
+@pytest.mark.parametrize("field,value", [("action", "reject"), ("state", "related"), ("direction", "inbound"),
+                                         ("proto", "icmp")])
+def test_a_rule_outside_the_ir_vocabulary_is_refused_not_read_as_an_allow(field: str, value: str) -> None:
+    """The renderer reads a rule's action, state, direction and protocol as one of their values or not at all:
+    before, anything but `deny` was an allow, any state but `stateless`/`established` a stateful `+new` allow and
+    any direction but `egress` ingress."""
+    rs = next(rs for rs in _nics() if any(r.action == "allow" and r.state == "new" for r in rs.rules))
+    i = next(i for i, r in enumerate(rs.rules) if r.action == "allow" and r.state == "new")
+    fields: dict[str, Any] = {field: value}
+    bad = rs.rules[i]._replace(**fields)
+    odd = dataclasses.replace(rs, rules=(*rs.rules[:i], bad, *rs.rules[i + 1:]))
+    with pytest.raises(ValueError, match="cannot render"):
+        render_flows(odd)

@@ -34,7 +34,7 @@ from enforcer.fabric import revoked_ids
 from enforcer.netns import run_in
 from enforcer.ovsd import OvsDaemons
 from tests.enforcer.helpers import allowed_flows, compile_small, small
-from tests.flow_watch import echo_server
+from tests.flow_watch import connect_from, echo_server
 
 CLIENT = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).close()"
 
@@ -301,6 +301,15 @@ def _neighbor_solicitation(mac: str, src: str, target: str) -> tuple[int, bytes]
     return 0x86DD, struct.pack("!IHBB16s16s", 6 << 28, len(body), 58, 255, s6, group) + body
 
 
+def _neighbor_advertisement(mac: str, src: str, target: str) -> tuple[int, bytes]:
+    """An unsolicited NA (override set) from `src` to all nodes: `target` is at `mac`."""
+    s6, t6 = socket.inet_pton(socket.AF_INET6, src), socket.inet_pton(socket.AF_INET6, target)
+    body = struct.pack("!BBHI16sBB6s", 136, 0, 0, 0x20000000, t6, 2, 1, bytes.fromhex(mac.replace(":", "")))
+    group = bytes.fromhex("ff020000000000000000000000000001")
+    body = body[:2] + struct.pack("!H", _csum(s6 + group + struct.pack("!IxxxB", len(body), 58) + body)) + body[4:]
+    return 0x86DD, struct.pack("!IHBB16s16s", 6 << 28, len(body), 58, 255, s6, group) + body
+
+
 def _frame(dst_mac: str, src_mac: str, packet: tuple[int, bytes], tags: tuple[tuple[int, int], ...],
            token: bytes) -> bytes:
     """An Ethernet frame: the given (TPID, TCI) tags outermost first, then the packet; the token rides in the
@@ -403,3 +412,62 @@ def test_a_workload_cannot_put_a_vlan_tag_on_the_fabric(roce_nodes: dict[str, st
     # and the workload's untagged traffic still arrives at db1, through conntrack and as RoCEv2
     assert _datagram(ns["w1"], w1, 50012, ns["db1"], db1, 9000, tries=3)
     assert _datagram(ns["w1"], w1, 50013, ns["db1"], db1, 4791, tries=3)
+
+
+def test_a_workload_advertises_only_its_own_ipv6_address(roce_nodes: dict[str, str], ovs_daemons: OvsDaemons) -> None:
+    """An IPv6 Neighbor Advertisement names its target in the ICMPv6 body, not in the IPv6 source: w1 (fd00:1::11)
+    advertising db1's fd00:1::21 as at its own MAC (override set) would have the leaf send db1's traffic to w1's
+    attachment, where it is dropped (db1 blackholed for everything routed through that leaf). It never leaves the
+    NIC; w1's advertisement of its own address does, tagged with acme's VLAN."""
+    ns = roce_nodes
+    mac = _mac(ns["w1"])
+    assert ovs_daemons.netns is not None
+    capture = run_in(ovs_daemons.netns, _raw_socket, ns["wire2"], 0.2)
+    sender = run_in(ns["w1"], _raw_socket, "eth0", 1.0)
+    try:
+        own, spoofed = secrets.token_bytes(12), secrets.token_bytes(12)
+        frames = [_frame("33:33:00:00:00:01", mac, _neighbor_advertisement(mac, "fd00:1::11", "fd00:1::21"), (),
+                         spoofed),
+                  _frame("33:33:00:00:00:01", mac, _neighbor_advertisement(mac, "fd00:1::11", "fd00:1::11"), (),
+                         own)]  # last: when it is seen, the spoofed one had its turn
+
+        def send() -> None:
+            for f in frames:
+                sender.send(f)
+
+        seen = _on_the_wire(capture, {own, spoofed}, own, send)
+        assert seen == {own: ["0x8100 vid 101"]}
+    finally:
+        capture.close()
+        sender.close()
+
+
+def test_a_withdrawn_flow_takes_its_established_connections_with_it(two_nodes: dict[str, str],
+                                                                    ovs_daemons: OvsDaemons) -> None:
+    """A connection committed while its flow was allowed passed every later packet through the `+est` rule, on
+    both NICs, after the flow was withdrawn (its exposure gone, its workload revoked, its grant expired): new
+    connections were refused but the open one ran on. Applying a rule set now cuts the connections it no longer
+    admits, and leaves the ones it still admits alone."""
+    ns = two_nodes
+    cut = run_in(ns["w1"], connect_from, ADDR["w1"], ADDR["db1"], 5432)  # acme/train -> acme/data:5432
+    kept = run_in(ns["db1"], connect_from, ADDR["db1"], ADDR["w1"], 443)  # acme/data -> acme/train:443
+    try:
+        for conn in (cut, kept):
+            conn.settimeout(3)
+            conn.sendall(b"before")
+            assert conn.recv(16) == b"before"
+        f = small()  # acme/data exposes tcp/5432 no more: only that entry goes
+        withdrawn = compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
+        for node, backend in backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"]).items():
+            backend.apply(withdrawn.devices[f"nic:{node}"])
+        assert not _connects(ns["w1"], ADDR["db1"], 5432)  # a new connection is refused
+        kept.sendall(b"after")
+        assert kept.recv(16) == b"after"  # the connection still allowed runs on
+        cut.settimeout(1.5)
+        cut.sendall(b"after")
+        with pytest.raises(OSError):  # TimeoutError: nothing comes back any more (or the peer resets it)
+            if cut.recv(16) == b"":
+                raise ConnectionResetError("closed")
+    finally:
+        cut.close()
+        kept.close()

@@ -5,6 +5,7 @@ pins; a publisher never overwrites a newer state with an older compile; fail saf
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -254,7 +255,7 @@ def test_rollback_pins_the_device_and_apply_unpins_it(stack: Stack) -> None:
     assert "nic:gpu1" in stack.rec.run_once("lifted").published
 
 
-def test_no_active_policy_publishes_default_deny_and_errors_publish_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_no_active_policy_publishes_default_deny_and_an_overflow_holds_back_its_devices(tmp_path) -> None:  # type: ignore[no-untyped-def]
     s = open_stack(tmp_path / "home")
     try:
         with s.ctx.db.session() as session:
@@ -268,10 +269,44 @@ def test_no_active_policy_publishes_default_deny_and_errors_publish_nothing(tmp_
         with s.ctx.db.session() as session:
             session.connection().execute(text("UPDATE policy_versions SET state = 'active'"))
         over = s.rec.run_once("over budget")
-        assert over.error is not None and "budget" in over.error and over.published == {}
-        assert s.versions() == before  # every device keeps its last good rule set
+        assert over.error is not None and "budget" in over.error
+        nics = {d for d in DEVICES if d.startswith("nic:")}
+        assert set(over.published) == DEVICES - nics  # the leaves fit: they are published
+        after = s.versions()
+        assert {d: after[d] for d in nics} == {d: before[d] for d in nics}  # each NIC keeps its last good set
     finally:
         s.close()
+
+
+def test_a_device_over_budget_holds_back_only_itself(stack: Stack) -> None:
+    """A tenant's grants can push one leaf past its ACL budget (the grant below is what tips it). That leaf keeps
+    its last good rule set, and every other device still gets the new compile: a workload revoked meanwhile is
+    withdrawn from them. Before, one device over budget published nothing anywhere, so the revoked workload
+    stayed admitted on every device for as long as the overflow lasted (the grant's TTL: up to 7 days)."""
+    before = started(stack)
+    b1 = "10.2.0.21/32"  # globex/batch/b1 on gpu1
+    nics = {d for d in DEVICES if d.startswith("nic:")}
+    assert any(b1 in addresses(stack.desired(d)) for d in nics)
+    stack.grant("acme/train", "globex/api", 8443)
+    with stack.ctx.db.session() as s:
+        security.revoke_workload(s, tenant="globex", group="batch", name="b1", reason="compromised", actor=ADMIN,
+                                 scope_tenant=None, clock=stack.clock)
+    compiled, _ = stack.rec.compile_now()  # publishes nothing: the next run still sees both changes
+    leaves = {d: rs.cost for d, rs in compiled.devices.items() if rs.kind == "leaf"}
+    limit = max(leaves.values()) - 1
+    over = {d for d, cost in leaves.items() if cost > limit}
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=limit, acl_mode="non-atomic"))
+    out = stack.rec.run_once("revoked")
+    assert out.error is not None and "budget" in out.error and all(d in out.error for d in over)
+    versions = stack.versions()
+    assert all(versions[d] == before[d] for d in over)  # the last good set stays on the overflowing leaf
+    assert "nic:gpu1" in out.published  # b1's own NIC, over budget nowhere
+    for d in DEVICES - over:
+        assert b1 not in addresses(stack.desired(d)), d
+    assert stack.rec.run_once("again").published == {}  # nothing is published twice; the leaf still waits
+    with pytest.raises(InvalidInput, match="budget"):  # an operator's apply of every device: all or nothing
+        stack.rec.apply()
+    assert stack.versions() == versions
 
 
 def test_the_stored_fabric_compiles_like_the_golden_file(stack: Stack) -> None:

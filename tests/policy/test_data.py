@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,7 +70,8 @@ def test_naive_now_is_rejected(db: Database) -> None:
         build_data(s, datetime(2026, 1, 1))
 
 
-@pytest.mark.parametrize("text", ["acme", "a/b/c", "spiffe://td/ns/x", "Acme/web", "spiffe://td/tenant/a/group/"])
+@pytest.mark.parametrize("text", ["acme", "a/b/c", "spiffe://td/ns/x", "Acme/web", "spiffe://td/tenant/a/group/",
+                                  "spiffe://td/tenant/a/group/g", "spiffe://td/tenant/a/group/g/w/extra"])
 def test_bad_identities_are_rejected(text: str) -> None:
     with pytest.raises(InvalidInput):
         flow_input(text, "acme/web", 443)
@@ -206,3 +208,28 @@ def test_build_data_from_columns_equals_the_orm_build_and_loads_no_instances(db:
     with db.read_session() as s:
         live = build_data(s, NOW)["tf"]["grants"]
     assert sum(len(by_id) for by_dst in live.values() for by_id in by_dst.values()) > 5
+
+
+def test_explain_refuses_a_spiffe_id_the_policy_cannot_know_rather_than_allow_a_revoked_workload(
+        tmp_path: Path) -> None:
+    """flows.rego withdraws a workload by its exact SPIFFE ID. Explain read any ID with the layout's first four
+    segments as its tenant and group: acme/train/w2, revoked, was answered `allow` when asked with a segment more
+    or in another trust domain (and that answer logged). Such an ID is now refused (400), the exact one denied."""
+    from policy import service
+    from tests.enforcer.stored import ADMIN, open_stack
+    from workflows import security
+
+    stack = open_stack(tmp_path / "home")
+    try:
+        with stack.ctx.db.session() as s:
+            security.revoke_workload(s, tenant="acme", group="train", name="w2", reason="compromised", actor=ADMIN,
+                                     scope_tenant=None, clock=stack.clock)
+        w2 = "spiffe://example.org/tenant/acme/group/train/w2"
+        with stack.ctx.db.read_session() as s:
+            decision, _ = service.explain(s, w2, "acme/data", 5432, now=stack.clock())
+            assert not decision.allow and decision.reasons == [f"revoked-identity: {w2} is revoked"]
+            for other in (f"{w2}/x", w2.replace("example.org", "other.org")):
+                with pytest.raises(InvalidInput):
+                    service.explain(s, other, "acme/data", 5432, now=stack.clock())
+    finally:
+        stack.close()
