@@ -102,3 +102,33 @@ def test_help_paragraphs_wrap_at_the_terminal_not_at_the_source() -> None:
 
     broken = [(path, p) for path, p in paragraphs(_command(), "trustfabric") if "\n" in p.strip("\n")]
     assert broken == []
+
+
+def test_help_shows_no_python_type_names() -> None:
+    """typer 0.29 labels types with Python's names: `--json <bool>` reads as a flag that wants a value, and
+    `<str>`, `<list[Path]>`, `<int range>` are no words of a command line. A flag shows none; the rest show click's
+    words (TEXT, INTEGER, FILE, PATH) or their own metavar."""
+    from typer._click.core import Context
+
+    from cli.main import _command
+
+    def labels(command: Any, path: str) -> Iterator[tuple[str, str]]:
+        ctx = Context(command)
+        help_option = command.get_help_option(ctx)
+        for param in [*command.params, *([help_option] if help_option is not None else [])]:
+            label = param.display_type_rich(ctx=ctx)
+            if label:
+                yield f"{path} {param.opts[0] if param.opts else param.name}", label
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            yield from labels(sub, f"{path} {name}")
+
+    pythonic = [(where, label) for where, label in labels(_command(), "trustfabric")
+                if label.startswith("<") or "list[" in label]
+    assert pythonic == []
+    for argv in (["svid", "jwt", "--help"], ["serve", "--help"], ["tenant", "show", "--help"]):
+        r = run_cli(argv, {"COLUMNS": "200"})
+        assert r.returncode == 0
+        assert not re.search(r"<(bool|str|int|float|list)", r.stdout), r.stdout
+        assert re.search(r"--help\s+Show this message", r.stdout), r.stdout  # a flag: no type between
+    r = run_cli(["svid", "jwt", "--help"], {"COLUMNS": "200"})
+    assert re.search(r"--audience\s+TEXT", r.stdout) and re.search(r"--json\s+Machine-readable", r.stdout), r.stdout
