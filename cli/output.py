@@ -327,14 +327,26 @@ def emit_human(data: Any) -> None:
         console.print(text(data), highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
+def json_value(value: Any) -> Any:
+    """A value json cannot write, as the API writes it: a time in ISO 8601 UTC with `Z` (`2026-12-02T15:17:05Z`;
+    a naive one is UTC, as SQLite hands stored times back), anything else as its text. str() of a time gave
+    `2026-12-02 15:17:05+00:00`, or no zone at all, where `token list --json` gives the API's form."""
+    from datetime import UTC, datetime
+
+    if isinstance(value, datetime):
+        aware = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return aware.isoformat().replace("+00:00", "Z")
+    return str(value)
+
+
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=json_value) + "\n")
 
 
 def emit_yaml(data: Any) -> None:
     import yaml
 
-    plain = json.loads(json.dumps(data, default=str))  # the same values --json prints
+    plain = json.loads(json.dumps(data, default=json_value))  # the same values --json prints
     sys.stdout.write(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False))
 
 

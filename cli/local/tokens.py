@@ -25,7 +25,8 @@ from core.vocabulary import MINTABLE_ROLES
 
 
 def _row(row: Any) -> dict[str, Any]:
-    return {"id": row.id, "role": row.role, "tenant": row.tenant, "subject": row.subject,
+    """The API's token object (api/routes/tokens.py token_out): `token create --json` and `token show --json` agree."""
+    return {"id": row.id, "role": row.role, "tenant": row.tenant, "subject": row.subject, "created_at": row.created_at,
             "expires_at": row.expires_at, "revoked_at": row.revoked_at}
 
 
