@@ -218,15 +218,20 @@ def register(app: typer.Typer) -> None:
         ttl: timedelta | None = typer.Option(None, "--ttl", parser=JOIN_TTL, metavar=JOIN_TTL.metavar,
                                              help="e.g. 30m, 2h, or seconds (default 1h, at most 7d)"),
     ) -> None:
-        """Create a one-time join token for a node (shown once)."""
+        """Create a one-time join token for a node; it is printed alone on the last line (shown once)."""
         from pki import service
 
         with open_context() as ctx, ctx.db.session() as session:
             token = service.create_join_token(session, node_name=node_name, ttl=ttl, actor=local_operator(),
                                               clock=ctx.clock)
             spiffe_id = service.node_spiffe_id(session, node_name)
-        if machine_output():
-            emit({"token": token, "node_name": node_name, "spiffe_id": spiffe_id})
+            expires_at = service.join_token_expires_at(session, token)
+        if machine_output():  # the API's JoinTokenOut (POST /v1/nodes/tokens)
+            emit({"token": token, "node_name": node_name, "spiffe_id": spiffe_id, "expires_at": expires_at})
         else:
-            print("join token (shown once):")
+            from cli.humanize import when
+
+            # as `token create` says whom its token is for and until when: a join token is spent by the first
+            # agent that attests with it, as the node it names, before it expires (`agent --join-token`)
+            print(f"join token for {spiffe_id}, one use, expires {when(expires_at)} (shown once):")
             print(token)

@@ -77,3 +77,19 @@ def test_bundle_show_pem_with_json_is_usage(home: Path) -> None:
         r = CliRunner().invoke(app, ["bundle", "show", "--pem", *fmt])
         assert r.exit_code == 2 and "--pem" in r.output and "BEGIN CERTIFICATE" not in r.output, (fmt, r.output)
     assert CliRunner().invoke(app, ["bundle", "show", "--pem", "-o", "wide"]).exit_code == 0  # for people: fine
+
+
+def test_node_token_create_says_for_whom_and_until_when(home: Path) -> None:
+    """`token create` names its token's subject and expiry; `node token create` printed only the secret, and its
+    --json lacked the expiry POST /v1/nodes/tokens returns. The secret stays alone on the last line."""
+    from datetime import datetime, timedelta
+
+    data = _json(["node", "token", "create", "--node", "gpu-01", "--ttl", "2h"])
+    assert str(data["spiffe_id"]).endswith("/node/gpu-01") and str(data["token"]).startswith("tfjt_"), data
+    left = datetime.fromisoformat(str(data["expires_at"]).replace("Z", "+00:00")) - datetime.now(tz=UTC)
+    assert timedelta(minutes=118) < left <= timedelta(hours=2), data
+    r = CliRunner().invoke(app, ["node", "token", "create", "--node", "gpu-01"])
+    assert r.exit_code == 0, r.output
+    first, last = r.output.strip().splitlines()
+    assert "spiffe://example.org/node/gpu-01" in first and "expires" in first and "shown once" in first, first
+    assert last.startswith("tfjt_") and " " not in last, r.output
