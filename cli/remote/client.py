@@ -115,7 +115,27 @@ class Client:
         if status == 404 and isinstance(answer, dict) and answer.get("error") == "http_error":  # no route
             return ApiError(f"{self.server} has no route {method} {target} (HTTP 404): is it the trustfabric "
                             "API's base URL?", status, answer)
+        if status == 401 and not self.token and not (self.cert and self.key):
+            reason += " -- no token was sent: sign in with `trustfabric login --server URL`, or set TRUSTFABRIC_TOKEN"
         return ApiError(f"{reason} (HTTP {status})", status, answer)
+
+    def _unreachable_hint(self, error: BaseException | None) -> str:
+        """What to do next, for the connection failures a first run meets (README, Troubleshooting): the
+        exception's text alone (`[SSL: WRONG_VERSION_NUMBER]`, `Remote end closed connection`) does not say."""
+        import ssl
+
+        https = urlsplit(self.server).scheme == "https"
+        if isinstance(error, ConnectionRefusedError):
+            return (" -- nothing listens there: start `trustfabric serve`, or point --server, TRUSTFABRIC_SERVER or "
+                    "the profile at the API (`trustfabric status` shows which is used)")
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return (" -- give the trust domain's roots: --ca FILE or TRUSTFABRIC_CA_FILE (`trustfabric bundle show "
+                    "--pem` on the server host writes them)")
+        if https and isinstance(error, ssl.SSLError) and "WRONG_VERSION_NUMBER" in str(error):
+            return " -- the server answers in plain HTTP, not TLS: use http://"
+        if not https and isinstance(error, http.client.RemoteDisconnected):
+            return " -- a server started with --tls answers only HTTPS: if it runs so, use https://"
+        return ""
 
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
                 headers: dict[str, str] | None = None, retries: int = 2) -> Any:
@@ -147,7 +167,7 @@ class Client:
             finally:
                 conn.close()
         if status is None:
-            raise ApiError(f"cannot reach {self.server}: {error}")
+            raise ApiError(f"cannot reach {self.server}: {error}{self._unreachable_hint(error)}")
         if status >= 400:
             raise self._refused(method, target, status, raw)
         try:
@@ -174,7 +194,7 @@ class Client:
                 conn.request("POST", target, body=json.dumps(body).encode(), headers=h)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
-                raise ApiError(f"cannot reach {self.server}: {exc}") from None
+                raise ApiError(f"cannot reach {self.server}: {exc}{self._unreachable_hint(exc)}") from None
             if response.status >= 400:
                 raise self._refused("POST", target, response.status, _read_all(response))
             sink = receive(response.getheader("Content-Type") or "")
