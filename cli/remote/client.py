@@ -52,6 +52,10 @@ class Client:
     cert: str | None = None
     key: str | None = None
     timeout: float = 30.0
+    # where the token came from, for the next step when the server refuses it: TRUSTFABRIC_TOKEN, or the profile
+    # of this name (neither: given by the caller, `login`'s own)
+    token_env: bool = False
+    token_profile: str | None = None
 
     @classmethod
     def from_env(cls, server: str | None = None, *, ca_file: str | None = None, cert: str | None = None,
@@ -71,6 +75,8 @@ class Client:
         return cls(
             server=url,
             token=token or e.token or prof.token,
+            token_env=not token and bool(e.token),
+            token_profile=prof.name if not (token or e.token) and prof.token else None,
             ca_file=ca_file or e.ca_file or prof.ca_file,
             cert=cert or prof.cert,
             key=key or prof.key,
@@ -115,9 +121,21 @@ class Client:
         if status == 404 and isinstance(answer, dict) and answer.get("error") == "http_error":  # no route
             return ApiError(f"{self.server} has no route {method} {target} (HTTP 404): is it the trustfabric "
                             "API's base URL?", status, answer)
-        if status == 401 and not self.token and not (self.cert and self.key):
-            reason += " -- no token was sent: sign in with `trustfabric login --server URL`, or set TRUSTFABRIC_TOKEN"
-        return ApiError(f"{reason} (HTTP {status})", status, answer)
+        return ApiError(f"{reason} (HTTP {status}){self._refused_hint(status)}", status, answer)
+
+    def _refused_hint(self, status: int) -> str:
+        """The next step when the server refuses the credential: the API's 401 speaks of headers and tokens, a
+        command-line user signs in (again), with the profile or variable the token came from named."""
+        if status != 401:
+            return ""
+        if not self.token and not (self.cert and self.key):
+            return " -- no token was sent: sign in with `trustfabric login --server URL`, or set TRUSTFABRIC_TOKEN"
+        if self.token_profile is not None:
+            return (f" -- the token of profile {self.token_profile!r} was refused: sign in again with a new one, "
+                    f"`trustfabric --profile {self.token_profile} login --server {self.server}`")
+        if self.token_env:
+            return " -- the token in TRUSTFABRIC_TOKEN was refused: set a new one (`trustfabric token create`)"
+        return ""
 
     def _unreachable_hint(self, error: BaseException | None) -> str:
         """What to do next, for the connection failures a first run meets (README, Troubleshooting): the

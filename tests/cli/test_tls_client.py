@@ -68,3 +68,23 @@ def test_a_connection_that_fails_says_what_to_do(served: tuple[Env, TlsServer, S
     finally:
         plain.shutdown()
         plain.server_close()
+
+
+def test_a_refused_token_says_how_to_sign_in_again(served: tuple[Env, TlsServer, ServerTls], tmp_path: Path) -> None:
+    """`token revoked (HTTP 401)` / `token expired` alone left the user to find which token, of which profile: the
+    error names where the refused token came from and the command that replaces it."""
+    _env, server, tls = served
+    url = f"https://localhost:{server.port}"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"current": "ops", "profiles": {
+        "ops": {"server": url, "ca_file": str(tls.ca_file), "token": "not-a-token"}}}))
+    config.chmod(0o600)
+    r = run_cli(["tenant", "list"], {"TRUSTFABRIC_CONFIG": str(config)})
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "HTTP 401" in r.stderr, r.stderr
+    again = f"profile 'ops' was refused: sign in again with a new one, `trustfabric --profile ops login --server {url}`"
+    assert again in r.stderr, r.stderr
+    r = run_cli(["tenant", "list"], {"TRUSTFABRIC_CONFIG": str(config), "TRUSTFABRIC_TOKEN": "not-a-token"})
+    assert r.returncode == 1 and "the token in TRUSTFABRIC_TOKEN was refused" in r.stderr, r.stderr
+    r = run_cli(["login", "--server", url, "--ca", str(tls.ca_file), "--token", "not-a-token"],
+                {"TRUSTFABRIC_CONFIG": str(tmp_path / "other.yaml")})
+    assert r.returncode == 1 and "HTTP 401" in r.stderr and "refused:" not in r.stderr, r.stderr  # its own token
