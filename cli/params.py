@@ -288,6 +288,11 @@ def _workload(text: str) -> str:
     return "/".join(_slug(p) for p in parts)
 
 
+def _tenant_or_workload(text: str) -> str:
+    """A tenant, or a whole TENANT/GROUP/NAME: `workload show acme/train/w1` as `workload place` takes it."""
+    return _workload(text) if "/" in text else _slug(text)
+
+
 def _selector(text: str) -> str:
     from pki.selectors import parse_selector
 
@@ -360,6 +365,7 @@ MODEL = Check(_word("switch model"), good="sn5600", bad="sn 5600", metavar="MODE
 ENDPOINT = Check(_endpoint, good="leaf1:swp1", bad="leaf1", metavar="DEVICE:PORT")
 DEVICE = Check(_device, good="nic:gpu1", bad="gpu1", metavar="DEVICE")
 WORKLOAD = Check(_workload, good="acme/train/w1", bad="acme/train", metavar="TENANT/GROUP/NAME")
+TENANT_OR_WORKLOAD = Check(_tenant_or_workload, good="acme", bad="acme/train", metavar="TENANT[/GROUP/NAME]")
 SELECTOR = Check(_selector, good="unix:uid:1001", bad="uid:1001", metavar="SELECTOR")
 POLICY_REF = Check(_policy_ref, good="2", bad="v2", metavar="N|HASH")
 QUERY = Check(_query, good="data.flows.decision", bad="# no expression", metavar="QUERY")
