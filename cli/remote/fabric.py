@@ -42,6 +42,11 @@ DEVICES = View("devices", (
     Col("applied at", "applied_at", kind="time", drop=1), Col("last error", "last_error", drop=3),
 ))
 
+DEVICE_VERSIONS = View("versions", (  # enforcer versions' columns (cli/local/enforcer.py VERSIONS)
+    Col("version", "version"), Col("content hash", "content_hash", kind="id", drop=2),
+    Col("published", "published_at", kind="time"), Col("by", "published_by", drop=1), Col("cause", "cause"),
+))
+
 NameArg = typer.Argument(..., parser=SLUG, metavar="NAME", help="a DNS label, e.g. gpu1")
 WorkloadArg = typer.Argument(..., parser=WORKLOAD, metavar=WORKLOAD.metavar, help="e.g. acme/train/w1")
 DeviceArg = typer.Argument(..., parser=DEVICE, metavar=DEVICE.metavar, help="nic:<node> or leaf:<name>")
@@ -254,7 +259,7 @@ def register_placement(workload: typer.Typer) -> None:
 
 def register_devices(app: typer.Typer) -> None:
     """`device list|show|ruleset`: what the agents run, through the API (admins, security, auditors)."""
-    device = add_group(app, "device", "Devices (SuperNICs, leaves): list, show, ruleset.", API)
+    device = add_group(app, "device", "Devices (SuperNICs, leaves): list, show, versions, ruleset.", API)
 
     @command(device, "list", API)
     def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
@@ -265,6 +270,21 @@ def register_devices(app: typer.Typer) -> None:
     def show_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """One device: its versions, pin, drift, last error and per-rule counters."""
         emit(client(server, cacert).get(f"/v1/devices/{name}"))
+
+    @command(device, "versions", API)
+    def versions_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """Every version published for the device, newest first: hash, time, who, why (as `enforcer versions` on
+        the server host)."""
+        api = client(server, cacert)
+        items: list[Any] = []
+        before: int | None = None
+        while True:
+            page = api.get(f"/v1/devices/{name}/versions", limit=200, before=before)
+            items.extend(page["items"])
+            before = page.get("next_before")
+            if before is None:
+                break
+        emit(items, DEVICE_VERSIONS)
 
     @command(device, "ruleset", API)
     def ruleset_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
