@@ -380,9 +380,13 @@ def existing_file(**kw: Any) -> dict[str, Any]:
 
 def _in_existing_folder(value: Path | None) -> Path | None:
     """A file to write must be in a folder that exists: checked while parsing, before the command does (and
-    perhaps audits) anything it could then not deliver."""
-    if value is None or str(value) == "-":
+    perhaps audits) anything it could then not deliver. `-` is refused: a Unix user means standard output by it,
+    and it was written as a file named `-` (an export, an SVID's certificate chain: where nobody looks)."""
+    if value is None:
         return value
+    if str(value) == "-":
+        raise typer.BadParameter("'-' would be a file named '-': this option writes a file, never standard output; "
+                                 "give a file name")
     folder = value.parent
     if not folder.is_dir():
         raise typer.BadParameter(f"{folder} is not a folder" if folder.exists() else f"folder {folder} does not exist")
