@@ -378,6 +378,29 @@ def existing_file(**kw: Any) -> dict[str, Any]:
     return {"exists": True, "file_okay": True, "dir_okay": False, "readable": True, **kw}
 
 
+def _existing_file_or_dash(value: str | None) -> str | None:
+    """existing_file's checks, made here: typer 0.29 compares the Path it builds with "-" (never equal), so its own
+    checks refused `-` as a missing file however allow_dash was set."""
+    import os
+
+    if value is None or value == "-":
+        return value
+    path = Path(value)
+    if not path.exists():
+        raise typer.BadParameter(f"file {value!r} does not exist.")
+    if path.is_dir():
+        raise typer.BadParameter(f"file {value!r} is a directory.")
+    if not os.access(path, os.R_OK):
+        raise typer.BadParameter(f"file {value!r} is not readable.")
+    return value
+
+
+def existing_file_or_dash(**kw: Any) -> dict[str, Any]:
+    """typer.Option keywords for a file that must exist, or `-` for standard input; the option is a str (a Path
+    would be checked by typer, which refuses `-`)."""
+    return {**existing_file(allow_dash=True), "callback": _existing_file_or_dash, **kw}
+
+
 def _in_existing_folder(value: Path | None) -> Path | None:
     """A file to write must be in a folder that exists: checked while parsing, before the command does (and
     perhaps audits) anything it could then not deliver. `-` is refused: a Unix user means standard output by it,

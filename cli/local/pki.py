@@ -25,17 +25,17 @@ from cli.output import (
     open_context,
     read_local,
 )
-from cli.params import SLUG, existing_file, new_file, ttl_at_most
+from cli.params import SLUG, existing_file_or_dash, new_file, ttl_at_most
 
 if TYPE_CHECKING:
     from pki import service
     from workflows.context import AppContext
 
 
-def _read(path: Path) -> bytes:
-    if str(path) == "-":
+def _read(path: str) -> bytes:
+    if path == "-":
         return sys.stdin.buffer.read()
-    return path.read_bytes()
+    return Path(path).read_bytes()
 
 
 def _x509_dict(issued: service.IssuedX509) -> dict[str, Any]:
@@ -72,8 +72,7 @@ def register(app: typer.Typer) -> None:
 
     @command(svid, "issue", LOCAL)
     def svid_issue(
-        csr: Path = typer.Option(..., "--csr", help="PKCS#10 CSR in PEM ('-' for stdin)",
-                                 **existing_file(allow_dash=True)),
+        csr: str = typer.Option(..., "--csr", help="PKCS#10 CSR in PEM ('-' for stdin)", **existing_file_or_dash()),
         tenant: str = Tenant, group: str = Group, workload: str = Workload,
         ttl: timedelta | None = SvidTtl,
         out: Path | None = typer.Option(None, "--out", help="write leaf + chain PEM here", **new_file()),
