@@ -50,7 +50,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from cli.params import choice
-from core.errors import TrustfabricError
+from core.errors import InvalidInput, TrustfabricError
 
 if TYPE_CHECKING:
     from audit import Actor
@@ -494,6 +494,10 @@ def local_settings() -> Any:
         home = selected_profile().home
         if home:
             settings = replace(settings, home=Path(home).expanduser())
+    if settings.database_url is None and settings.home.exists() and not settings.home.is_dir():
+        # said here, once, for every local command: each failed on its own (`NotADirectoryError: ... trustfabric.db`)
+        raise InvalidInput(f"{settings.home} is not a folder: the data directory is one (TRUSTFABRIC_HOME, else the "
+                           "profile's home, else ./.trustfabric)")
     return settings
 
 

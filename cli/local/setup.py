@@ -55,8 +55,9 @@ def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
     from workflows.init import initialize as run
 
     if trust_domain is None:
+        domain = local_settings().trust_domain  # its own errors (a data directory that is a file) unprefixed
         try:
-            TRUST_DOMAIN.parse(local_settings().trust_domain)
+            TRUST_DOMAIN.parse(domain)
         except InvalidInput as exc:
             fail(f"TRUSTFABRIC_TRUST_DOMAIN: {exc}")
     with open_context(create=True) as ctx:

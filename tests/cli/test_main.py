@@ -35,3 +35,17 @@ def test_profile_after_the_command_says_where_it_goes(tmp_path: Path) -> None:
     assert r.returncode == 2 and "`trustfabric --profile ops tenant list`" in r.stderr, r.stderr
     r = run_cli(["tenant", "list", "--nosuch"], env)  # any other unknown option: as before
     assert r.returncode == 2 and "(see `trustfabric tenant list --help`)" in r.stderr, r.stderr
+
+
+def test_a_data_directory_that_is_a_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    """TRUSTFABRIC_HOME naming a file: `policy list` said `NotADirectoryError: [Errno 20] Not a directory:
+    '.../trustfabric.db'`, `init` blamed TRUSTFABRIC_TRUST_DOMAIN; each local command now names the folder."""
+    home = tmp_path / "a-file"
+    home.write_text("not a folder\n")
+    env: dict[str, str | None] = {"TRUSTFABRIC_HOME": str(home), "TRUSTFABRIC_CONFIG": str(tmp_path / "c.yaml")}
+    for argv in (["policy", "list"], ["ca", "status"], ["init"], ["token", "create", "--role", "admin"]):
+        r = run_cli(argv, env)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, (argv, r.stderr)
+        assert r.stderr == f"error: {home} is not a folder: the data directory is one (TRUSTFABRIC_HOME, else the " \
+                           "profile's home, else ./.trustfabric)\n", (argv, r.stderr)
+    assert home.read_text() == "not a folder\n"
