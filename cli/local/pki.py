@@ -64,9 +64,9 @@ JOIN_TTL = ttl_at_most(timedelta(days=7))
 
 def register(app: typer.Typer) -> None:
     """Add the PKI command groups to the root CLI."""
-    svid = add_group(app, "svid", "Issue and revoke SVIDs.", LOCAL)
+    svid = add_group(app, "svid", "SVIDs: issue (X.509), jwt, revoke.", LOCAL)
     bundle = add_group(app, "bundle", "The trust bundle.", LOCAL)
-    ca = add_group(app, "ca", "CA generations: status and rotation.", LOCAL)
+    ca = add_group(app, "ca", "CA generations: status, rotate; keys (of a PKCS#11 token).", LOCAL)
     node = add_group(app, "node", "Nodes: join tokens.", LOCAL)
     node_token = add_group(node, "token", "One-time node join tokens.", LOCAL)
 

@@ -134,7 +134,8 @@ def _load_json_or_yaml(path: Path) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    policy = add_group(app, "policy", "Rego policies: validate, test, eval, upload, impact, activate, rollback.\n\n"
+    policy = add_group(app, "policy", "Rego policies: validate, test, eval; upload, list, show, impact, activate, "
+                       "rollback; explain, flows, decisions, decision.\n\n"
                        "No `policy fmt`: no Rego formatter exists for Python or regorus (`opa fmt` formats where OPA "
                        "is installed).", None)
 

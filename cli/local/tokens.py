@@ -31,7 +31,7 @@ def _row(row: Any) -> dict[str, Any]:
 
 
 def register(app: typer.Typer) -> None:
-    token = add_group(app, "token", "API tokens: create and revoke on the server host; list and show over the API.",
+    token = add_group(app, "token", "API tokens: create, recover, revoke on the server host; list, show over the API.",
                       None)
 
     @command(token, "create", LOCAL)

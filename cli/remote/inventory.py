@@ -49,9 +49,10 @@ def workload_path(first: str, group: str | None, name: str | None) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    tenant = add_group(app, "tenant", "Tenants: create, list, show, quarantine.", API)
+    tenant = add_group(app, "tenant", "Tenants: create, list, show, quarantine, unquarantine.", API)
     group = add_group(app, "group", "Workload groups: create, list, show.", API)
-    workload = add_group(app, "workload", "Workloads: register, list, show, revoke identities; place on a node.", API)
+    workload = add_group(app, "workload",
+                         "Workloads: register, list, show, revoke identities; place on a node, unplace.", API)
     from cli.remote.fabric import register_placement
 
     register_placement(workload)

@@ -132,3 +132,32 @@ def test_help_shows_no_python_type_names() -> None:
         assert re.search(r"--help\s+Show this message", r.stdout), r.stdout  # a flag: no type between
     r = run_cli(["svid", "jwt", "--help"], {"COLUMNS": "200"})
     assert re.search(r"--audience\s+TEXT", r.stdout) and re.search(r"--json\s+Machine-readable", r.stdout), r.stdout
+
+
+def test_a_group_s_summary_names_every_command_it_holds() -> None:
+    """`trustfabric --help` lists each group as `Noun: verb, verb, ...`; several left verbs out (policy: list, show,
+    explain, flows, decisions; enforcer: versions; token: recover; audit: show; ca: keys; svid: jwt), so a reader
+    of the overview never learnt they exist. Every group whose summary is such a list names all its commands."""
+    import itertools
+
+    from cli.main import _command
+
+    def groups(command: Any, path: str) -> Iterator[tuple[str, Any]]:
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            if getattr(sub, "commands", None):
+                yield f"{path} {name}".strip(), sub
+                yield from groups(sub, f"{path} {name}")
+
+    listed = {"svid", "ca", "audit", "policy", "tenant", "group", "workload", "grant", "device", "enforcer", "token",
+              "fabric node", "fabric leaf", "fabric spine", "fabric link", "fabric placement"}
+    seen = set()
+    for path, group in groups(_command(), ""):
+        if path not in listed:
+            continue
+        seen.add(path)
+        summary = (group.help or "").split("\n\n")[0]
+        tokens = re.findall(r"[a-z0-9]+", summary.lower())
+        pairs = {f"{a}{sep}{b}" for a, b in itertools.pairwise(tokens) for sep in ("", "-")}
+        missing = [c for c in group.commands if c not in {*tokens, *pairs}]  # `roll back` names rollback
+        assert missing == [], (path, summary, missing)
+    assert seen == listed
