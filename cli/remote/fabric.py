@@ -149,6 +149,10 @@ def _device_group(fabric: typer.Typer, kind: str) -> None:
     noun = "GPU nodes (and their SuperNICs)" if kind == "node" else f"{kind.title()} switches"
     group = add_group(fabric, kind, f"{noun}: add, list, show, remove.", API)
     view = NODES if kind == "node" else View(section, SWITCHES.columns)
+    # each kind's own words: the shared docstrings read "Every one, ..." and "(and, for a node, ...)" in `fabric
+    # leaf list --help`
+    one = "GPU node" if kind == "node" else f"{kind} switch"
+    placed = ", and the workloads placed on it" if kind == "node" else ""
 
     if kind == "node":
         @command(group, "add", API)
@@ -162,24 +166,21 @@ def _device_group(fabric: typer.Typer, kind: str) -> None:
             body = {"name": name, "uplinks": list(uplink), "host_ports": list(host_port)}
             _summary(client(server, cacert).post("/v1/fabric/nodes", body))
     else:
-        @command(group, "add", API)
+        @command(group, "add", API, help=f"Add a {one} with its ports.")
         def add_switch(name: str = NameArg,
                        port: list[str] = typer.Option(..., "--port", parser=PORT_NAME, metavar="PORT",
                                                       help="switch port, repeatable"),
                        model: str = typer.Option("sn5600", "--model", parser=MODEL, metavar=MODEL.metavar),
                        server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-            """Add a switch with its ports."""
             body = {"name": name, "ports": list(port), "model": model}
             _summary(client(server, cacert).post(f"/v1/fabric/{section}", body))
 
-    @command(group, "list", API)
+    @command(group, "list", API, help=f"Every {one}, with its ports and cables.")
     def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-        """Every one, with its ports and cables."""
         emit(items(client(server, cacert).get("/v1/fabric"), kind), view)
 
-    @command(group, "show", API)
+    @command(group, "show", API, help=f"One {one}, with its ports and cables{placed}.")
     def show_cmd(name: str = NameArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-        """One, with its ports, cables (and, for a node, the workloads placed on it)."""
         found = _one(items(client(server, cacert).get("/v1/fabric"), kind), "name", name, kind)
         if machine_output() or kind != "node":
             emit(found)
@@ -188,9 +189,9 @@ def _device_group(fabric: typer.Typer, kind: str) -> None:
         if found["placements"]:
             PLACEMENTS.table(found["placements"])
 
-    @command(group, "remove", API)
+    @command(group, "remove", API,
+             help=f"Remove a {one} and its cables (refused while a placed workload depends on it).")
     def remove_cmd(name: str = NameArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-        """Remove it and its cables (refused while a placed workload depends on it)."""
         _summary(client(server, cacert).request("DELETE", f"/v1/fabric/{section}/{name}"))
 
 

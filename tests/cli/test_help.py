@@ -161,3 +161,19 @@ def test_a_group_s_summary_names_every_command_it_holds() -> None:
         missing = [c for c in group.commands if c not in {*tokens, *pairs}]  # `roll back` names rollback
         assert missing == [], (path, summary, missing)
     assert seen == listed
+
+
+def test_every_command_s_help_names_what_it_acts_on() -> None:
+    """`fabric leaf list --help` read "Every one, with its ports and cables." and `fabric spine show --help` "(and,
+    for a node, the workloads placed on it)": texts shared by the node, leaf and spine groups. Each says its own."""
+    from cli.main import _command
+
+    root: Any = _command()
+    fabric = root.commands["fabric"]
+    for kind, one in (("node", "GPU node"), ("leaf", "leaf switch"), ("spine", "spine switch")):
+        helps = {verb: (cmd.help or "").split("\n")[0] for verb, cmd in fabric.commands[kind].commands.items()}
+        assert helps["list"] == f"Every {one}, with its ports and cables.", helps
+        assert helps["show"].startswith(f"One {one}, with its ports and cables"), helps
+        assert helps["remove"].startswith(f"Remove a {one} and its cables"), helps
+        assert helps["add"].startswith(f"Add a {one} with its"), helps
+        assert ("placed on it" in helps["show"]) == (kind == "node"), helps
