@@ -121,13 +121,17 @@ class Client:
         if status == 404 and isinstance(answer, dict) and answer.get("error") == "http_error":  # no route
             return ApiError(f"{self.server} has no route {method} {target} (HTTP 404): is it the trustfabric "
                             "API's base URL?", status, answer)
-        return ApiError(f"{reason} (HTTP {status}){self._refused_hint(status)}", status, answer)
+        return ApiError(f"{reason} (HTTP {status}){self._refused_hint(status, reason)}", status, answer)
 
-    def _refused_hint(self, status: int) -> str:
+    def _refused_hint(self, status: int, reason: str = "") -> str:
         """The next step when the server refuses the credential: the API's 401 speaks of headers and tokens, a
         command-line user signs in (again), with the profile or variable the token came from named."""
         if status != 401:
             return ""
+        if reason.startswith("malformed bearer token") and self.token_profile is None and not self.token_env:
+            # PyJWT's words (`Not enough segments`) for what was typed or piped to `login`
+            return (" -- it is not an API token (one from `trustfabric token create` starts with eyJ, the bootstrap "
+                    "admin token with tfo_): give the whole token")
         if not self.token and not (self.cert and self.key):
             return " -- no token was sent: sign in with `trustfabric login --server URL`, or set TRUSTFABRIC_TOKEN"
         if self.token_profile is not None:

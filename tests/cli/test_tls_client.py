@@ -88,3 +88,4 @@ def test_a_refused_token_says_how_to_sign_in_again(served: tuple[Env, TlsServer,
     r = run_cli(["login", "--server", url, "--ca", str(tls.ca_file), "--token", "not-a-token"],
                 {"TRUSTFABRIC_CONFIG": str(tmp_path / "other.yaml")})
     assert r.returncode == 1 and "HTTP 401" in r.stderr and "refused:" not in r.stderr, r.stderr  # its own token
+    assert "it is not an API token" in r.stderr, r.stderr  # and not PyJWT's "Not enough segments" alone
