@@ -457,7 +457,14 @@ def open_context(*, create: bool = False) -> Iterator[AppContext]:
     """The data directory of a local command: TRUSTFABRIC_HOME, else the profile's `home`, else ./.trustfabric."""
     from workflows.context import AppContext
 
-    ctx = AppContext.open(local_settings(), create=create)
+    settings = local_settings()
+    if not create and settings.database_url is None and not settings.home.exists():
+        # AppContext says "run `trustfabric init` first": on a laptop away from the server host that makes a second
+        # trust domain; the likelier fix is to run the command where the data directory is
+        raise InvalidInput(f"{settings.home} does not exist: this command runs on the server host, with its data "
+                           "directory (cd to the folder the server runs in, set TRUSTFABRIC_HOME, or `trustfabric "
+                           "login --home DIR`); a new deployment starts with `trustfabric init`")
+    ctx = AppContext.open(settings, create=create)
     try:
         yield ctx
     finally:
