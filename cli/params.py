@@ -9,6 +9,7 @@ ones for the rest) without a table kept beside the commands. Use one as
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -169,13 +170,23 @@ def ttl_at_most(limit: timedelta) -> Check:
     return Check(parse, good="1h", bad="soon", metavar="TTL")
 
 
-def _when(text: str) -> datetime:
-    from core.clock import parse_when
+_AGO = re.compile(r"^\s*(\d{1,9})([smhd])\s*$")
 
+
+def _when(text: str) -> datetime:
+    """An ISO 8601 time with its zone, or a time that long ago: `--since 1h` as `kubectl logs --since=1h` and
+    journalctl read it (a unit is required: a bare number could be a year)."""
+    from core.clock import parse_ttl, parse_when
+
+    if _AGO.match(text):
+        from datetime import UTC
+
+        return datetime.now(UTC) - parse_ttl(text.strip())
     try:
         return parse_when(text, "time")
     except InvalidInput:
-        raise InvalidInput(f"{text!r} is not an ISO 8601 time with a timezone (e.g. 2026-01-01T00:00:00Z)") from None
+        raise InvalidInput(f"{text!r} is neither an ISO 8601 time with a timezone (e.g. 2026-01-01T00:00:00Z) nor a "
+                           "time ago (e.g. 30m, 1h, 7d)") from None
 
 
 def _seconds(text: str) -> int:

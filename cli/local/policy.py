@@ -539,9 +539,9 @@ def register(app: typer.Typer) -> None:
 
     @command(policy, "decisions", LOCAL)
     def decisions_cmd(since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME",
-                                                help="ISO 8601 with timezone, inclusive"),
+                                                help="ISO 8601 with timezone, or a time ago (1h, 7d); inclusive"),
                       until: Any = typer.Option(None, "--until", parser=WHEN, metavar="TIME",
-                                                help="ISO 8601 with timezone, exclusive"),
+                                                help="ISO 8601 with timezone, or a time ago (1h, 7d); exclusive"),
                       tenant: str = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT",
                                                  help="only this tenant's decisions"),
                       kind: str = typer.Option(None, "--kind", parser=choice("flow", "grant", "authz"),
