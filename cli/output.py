@@ -217,6 +217,9 @@ class View:
         hidden, then text is cut; a note on stderr says what was shortened or hidden. `-o wide`: none of that."""
         from cli.ids import unique_prefix_length
 
+        if not items:  # a header over nothing read as a table cut short; kubectl and gh say there is none
+            console.print(f"no {self.title}", highlight=False, markup=False)
+            return
         cells = {c: [c.cell(item) for item in items] for c in self.columns}
         spans = {c: _span(c.title(), cells[c], whole=c.kind in _WHOLE) for c in self.columns}
         shown = list(self.columns)
