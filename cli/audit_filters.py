@@ -18,8 +18,10 @@ ActorOpt = typer.Option(None, "--actor", help="only this actor's: alice@acme (ac
                         "tenant's), cli:root")
 ActorTenantOpt = typer.Option(None, "--actor-tenant", parser=SLUG, metavar="TENANT",
                               help="only actors of this tenant (with --actor: that id there)")
-SinceOpt = typer.Option(None, "--since", parser=WHEN, metavar="TIME", help="ISO 8601 with timezone, inclusive")
-UntilOpt = typer.Option(None, "--until", parser=WHEN, metavar="TIME", help="ISO 8601 with timezone, exclusive")
+SinceOpt = typer.Option(None, "--since", parser=WHEN, metavar="TIME",
+                        help="ISO 8601 with timezone, or a time ago (30m, 1h, 7d); inclusive")
+UntilOpt = typer.Option(None, "--until", parser=WHEN, metavar="TIME",
+                        help="ISO 8601 with timezone, or a time ago (30m, 1h, 7d); exclusive")
 
 
 def check_window(since: datetime | None, until: datetime | None) -> None:

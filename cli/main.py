@@ -63,6 +63,26 @@ for _group in (login, setup, pki, audit, policy, pdp, inventory, grants, fabric,
     _group.register(app)
 
 
+_ROOT_OPTIONS = ("--profile",)  # the root's options a user may give after the command, as kubectl and tsh allow
+
+
+def _root_option_first(args: list[str], option: str) -> str:
+    """The command line with the root option (and its value) moved before the command, as it must be given."""
+    import shlex
+
+    rest, moved = list(args), [option, "NAME"]
+    for i, arg in enumerate(rest):
+        if arg == option:
+            moved[1:] = rest[i + 1:i + 2] or ["NAME"]
+            del rest[i:i + 2]
+            break
+        if arg.startswith(option + "="):
+            moved[1] = arg.partition("=")[2]
+            del rest[i]
+            break
+    return shlex.join(["trustfabric", *moved, *rest])
+
+
 @cache
 def _command() -> Command:
     """The click command tree typer builds from `app`, built once per process: typer builds the whole tree on
@@ -78,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     1 failure, 2 usage): 0 done / yes; 1 failure -- the answer is no (the command says so), a domain error, the
     server unreachable or refusing, any error (one readable line, never a traceback); 2 usage -- a bad argument
     (one line naming it, before any work); 3 unproven (`audit verify`); 130 interrupted."""
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption
     from typer.exceptions import Abort
 
     if argv is None:  # a process of its own (not a test calling in), still single-threaded: safe to setenv
@@ -101,6 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         where = getattr(exc, "ctx", None)
         hint = f" (see `{where.command_path} --help`)" if where is not None else ""
         message = " ".join(exc.format_message().split())
+        if isinstance(exc, NoSuchOption) and exc.option_name in _ROOT_OPTIONS:
+            # kubectl and tsh take their profile/context option anywhere; here it belongs to the root command
+            hint = (f": {exc.option_name} is an option of trustfabric itself, given before the command: "
+                    f"`{_root_option_first(args, exc.option_name)}`")
         err_console.print(f"error: {message}{hint}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)  # click's errors are all the command line's: parsing it, cli/params.py
     except TrustfabricError as exc:

@@ -50,7 +50,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from cli.params import choice
-from core.errors import TrustfabricError
+from core.errors import InvalidInput, TrustfabricError
 
 if TYPE_CHECKING:
     from audit import Actor
@@ -217,6 +217,9 @@ class View:
         hidden, then text is cut; a note on stderr says what was shortened or hidden. `-o wide`: none of that."""
         from cli.ids import unique_prefix_length
 
+        if not items:  # a header over nothing read as a table cut short; kubectl and gh say there is none
+            console.print(f"no {self.title}", highlight=False, markup=False)
+            return
         cells = {c: [c.cell(item) for item in items] for c in self.columns}
         spans = {c: _span(c.title(), cells[c], whole=c.kind in _WHOLE) for c in self.columns}
         shown = list(self.columns)
@@ -327,14 +330,26 @@ def emit_human(data: Any) -> None:
         console.print(text(data), highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
+def json_value(value: Any) -> Any:
+    """A value json cannot write, as the API writes it: a time in ISO 8601 UTC with `Z` (`2026-12-02T15:17:05Z`;
+    a naive one is UTC, as SQLite hands stored times back), anything else as its text. str() of a time gave
+    `2026-12-02 15:17:05+00:00`, or no zone at all, where `token list --json` gives the API's form."""
+    from datetime import UTC, datetime
+
+    if isinstance(value, datetime):
+        aware = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return aware.isoformat().replace("+00:00", "Z")
+    return str(value)
+
+
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=json_value) + "\n")
 
 
 def emit_yaml(data: Any) -> None:
     import yaml
 
-    plain = json.loads(json.dumps(data, default=str))  # the same values --json prints
+    plain = json.loads(json.dumps(data, default=json_value))  # the same values --json prints
     sys.stdout.write(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False))
 
 
@@ -445,7 +460,14 @@ def open_context(*, create: bool = False) -> Iterator[AppContext]:
     """The data directory of a local command: TRUSTFABRIC_HOME, else the profile's `home`, else ./.trustfabric."""
     from workflows.context import AppContext
 
-    ctx = AppContext.open(local_settings(), create=create)
+    settings = local_settings()
+    if not create and settings.database_url is None and not settings.home.exists():
+        # AppContext says "run `trustfabric init` first": on a laptop away from the server host that makes a second
+        # trust domain; the likelier fix is to run the command where the data directory is
+        raise InvalidInput(f"{settings.home} does not exist: this command runs on the server host, with its data "
+                           "directory (cd to the folder the server runs in, set TRUSTFABRIC_HOME, or `trustfabric "
+                           "login --home DIR`); a new deployment starts with `trustfabric init`")
+    ctx = AppContext.open(settings, create=create)
     try:
         yield ctx
     finally:
@@ -482,6 +504,10 @@ def local_settings() -> Any:
         home = selected_profile().home
         if home:
             settings = replace(settings, home=Path(home).expanduser())
+    if settings.database_url is None and settings.home.exists() and not settings.home.is_dir():
+        # said here, once, for every local command: each failed on its own (`NotADirectoryError: ... trustfabric.db`)
+        raise InvalidInput(f"{settings.home} is not a folder: the data directory is one (TRUSTFABRIC_HOME, else the "
+                           "profile's home, else ./.trustfabric)")
     return settings
 
 

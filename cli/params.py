@@ -9,6 +9,7 @@ ones for the rest) without a table kept beside the commands. Use one as
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -169,13 +170,23 @@ def ttl_at_most(limit: timedelta) -> Check:
     return Check(parse, good="1h", bad="soon", metavar="TTL")
 
 
-def _when(text: str) -> datetime:
-    from core.clock import parse_when
+_AGO = re.compile(r"^\s*(\d{1,9})([smhd])\s*$")
 
+
+def _when(text: str) -> datetime:
+    """An ISO 8601 time with its zone, or a time that long ago: `--since 1h` as `kubectl logs --since=1h` and
+    journalctl read it (a unit is required: a bare number could be a year)."""
+    from core.clock import parse_ttl, parse_when
+
+    if _AGO.match(text):
+        from datetime import UTC
+
+        return datetime.now(UTC) - parse_ttl(text.strip())
     try:
         return parse_when(text, "time")
     except InvalidInput:
-        raise InvalidInput(f"{text!r} is not an ISO 8601 time with a timezone (e.g. 2026-01-01T00:00:00Z)") from None
+        raise InvalidInput(f"{text!r} is neither an ISO 8601 time with a timezone (e.g. 2026-01-01T00:00:00Z) nor a "
+                           "time ago (e.g. 30m, 1h, 7d)") from None
 
 
 def _seconds(text: str) -> int:
@@ -288,6 +299,11 @@ def _workload(text: str) -> str:
     return "/".join(_slug(p) for p in parts)
 
 
+def _tenant_or_workload(text: str) -> str:
+    """A tenant, or a whole TENANT/GROUP/NAME: `workload show acme/train/w1` as `workload place` takes it."""
+    return _workload(text) if "/" in text else _slug(text)
+
+
 def _selector(text: str) -> str:
     from pki.selectors import parse_selector
 
@@ -360,6 +376,7 @@ MODEL = Check(_word("switch model"), good="sn5600", bad="sn 5600", metavar="MODE
 ENDPOINT = Check(_endpoint, good="leaf1:swp1", bad="leaf1", metavar="DEVICE:PORT")
 DEVICE = Check(_device, good="nic:gpu1", bad="gpu1", metavar="DEVICE")
 WORKLOAD = Check(_workload, good="acme/train/w1", bad="acme/train", metavar="TENANT/GROUP/NAME")
+TENANT_OR_WORKLOAD = Check(_tenant_or_workload, good="acme", bad="acme/train", metavar="TENANT[/GROUP/NAME]")
 SELECTOR = Check(_selector, good="unix:uid:1001", bad="uid:1001", metavar="SELECTOR")
 POLICY_REF = Check(_policy_ref, good="2", bad="v2", metavar="N|HASH")
 QUERY = Check(_query, good="data.flows.decision", bad="# no expression", metavar="QUERY")
@@ -372,11 +389,38 @@ def existing_file(**kw: Any) -> dict[str, Any]:
     return {"exists": True, "file_okay": True, "dir_okay": False, "readable": True, **kw}
 
 
+def _existing_file_or_dash(value: str | None) -> str | None:
+    """existing_file's checks, made here: typer 0.29 compares the Path it builds with "-" (never equal), so its own
+    checks refused `-` as a missing file however allow_dash was set."""
+    import os
+
+    if value is None or value == "-":
+        return value
+    path = Path(value)
+    if not path.exists():
+        raise typer.BadParameter(f"file {value!r} does not exist.")
+    if path.is_dir():
+        raise typer.BadParameter(f"file {value!r} is a directory.")
+    if not os.access(path, os.R_OK):
+        raise typer.BadParameter(f"file {value!r} is not readable.")
+    return value
+
+
+def existing_file_or_dash(**kw: Any) -> dict[str, Any]:
+    """typer.Option keywords for a file that must exist, or `-` for standard input; the option is a str (a Path
+    would be checked by typer, which refuses `-`)."""
+    return {**existing_file(allow_dash=True), "callback": _existing_file_or_dash, **kw}
+
+
 def _in_existing_folder(value: Path | None) -> Path | None:
     """A file to write must be in a folder that exists: checked while parsing, before the command does (and
-    perhaps audits) anything it could then not deliver."""
-    if value is None or str(value) == "-":
+    perhaps audits) anything it could then not deliver. `-` is refused: a Unix user means standard output by it,
+    and it was written as a file named `-` (an export, an SVID's certificate chain: where nobody looks)."""
+    if value is None:
         return value
+    if str(value) == "-":
+        raise typer.BadParameter("'-' would be a file named '-': this option writes a file, never standard output; "
+                                 "give a file name")
     folder = value.parent
     if not folder.is_dir():
         raise typer.BadParameter(f"{folder} is not a folder" if folder.exists() else f"folder {folder} does not exist")

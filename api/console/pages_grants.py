@@ -38,7 +38,12 @@ def parse_ports(text: str) -> list[int]:
         raise ValueError("give at least one port number")
     if len(parts) > 64 or not all(is_digits(p) and len(p) <= 5 for p in parts):
         raise ValueError("ports are numbers separated by commas, e.g. 443, 8443")
-    return [int(p) for p in parts]
+    ports = [int(p) for p in parts]
+    # the API's bound (0-65535), said here in the form's words: it answered `body.ports.0: Input should be less
+    # than or equal to 65535`, naming a JSON path the person never typed
+    if beyond := [p for p in ports if p > 65535]:
+        raise ValueError(f"{beyond[0]} is not a port number: ports go up to 65535")
+    return ports
 
 
 async def _waiting(session: Session) -> tuple[list[Any], bool]:

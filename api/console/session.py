@@ -181,7 +181,11 @@ async def start_session(request: Request, credential: str) -> tuple[str, Me, dat
     try:
         me = await whoami(request, credential)
     except ApiError as exc:
-        raise SignInError(f"the API refused this credential: {exc.reason}") from None
+        reason = exc.reason
+        if reason.startswith("malformed bearer token"):  # PyJWT's words ("Not enough segments") say nothing here
+            reason = ("it is not an API token (one from `trustfabric token create` starts with eyJ, the bootstrap "
+                      "admin token with tfo_): paste the whole token")
+        raise SignInError(f"the API refused this credential: {reason}") from None
     if me.role not in MINTABLE_ROLES:
         raise SignInError(f"a {me.role} identity cannot use the console (people sign in as "
                           f"{', '.join(MINTABLE_ROLES)})")

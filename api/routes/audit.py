@@ -139,7 +139,7 @@ class ExportRequest(BaseModel):
         "consistency proof from it (verify with `audit verify --since-checkpoint`)",
     )
     include_decisions: bool = Field(
-        False,
+        False, strict=True,  # a JSON boolean, as every flag of a request body here
         description="also export the policy decision records (same since/until/tenant; needs decision.read): "
         "the response is then multipart/mixed with the audit export and audit-export.decisions.jsonl",
     )

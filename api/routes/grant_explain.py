@@ -57,7 +57,8 @@ def explain_grant(
         raise Forbidden(f"tenant {scope} may only request grants for its own groups, not {src_tenant}")
     source = scope or src_tenant
     if source is None:
-        raise InvalidInput("src_tenant is required when a platform principal asks")
+        raise InvalidInput("src_tenant is required when a platform principal asks: the tenant whose group would ask "
+                           "(`--src-tenant` on the command line)")
     authorize(request, principal, "grant.create", source)
     if any(not 0 <= p <= 65535 for p in ports):
         raise InvalidInput("ports are numbers from 0 to 65535 (the policy says which it accepts)")

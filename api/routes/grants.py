@@ -116,7 +116,8 @@ def _src_tenant(principal: Principal, body: GrantCreate) -> str:
             raise Forbidden(f"tenant {scope} may only request grants for its own groups, not {body.src_tenant}")
         return scope
     if body.src_tenant is None:
-        raise InvalidInput("src_tenant is required when a platform principal requests a grant")
+        raise InvalidInput("src_tenant is required when a platform principal requests a grant: the tenant whose group "
+                           "asks (`--src-tenant` on the command line)")
     return body.src_tenant
 
 

@@ -112,7 +112,8 @@ class AttestRequest(Strict):
 
 
 class RotateRequest(Strict):
-    force: bool = False
+    # a JSON true only: lax mode took "yes", "on", "1" and 1 for true, and rotated the CAs at once
+    force: bool = Field(default=False, strict=True, description="prepare (if needed) and activate the next CA now")
 
 
 class X509SvidOut(BaseModel):

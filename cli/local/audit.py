@@ -221,8 +221,8 @@ def public_key_cmd(
 def register(app: typer.Typer) -> None:
     from cli.remote import audit as remote_audit
 
-    group = add_group(app, "audit", "Tamper-evident audit log: events, checkpoint, export (on the server host) or "
-                      "download (over the API), verify offline, public key.", None)
+    group = add_group(app, "audit", "Tamper-evident audit log: events, show, checkpoint, export (on the server host) "
+                      "or download (over the API), verify offline, public key.", None)
     command(group, "export", LOCAL, help=help_of(export_cmd))(export_cmd)
     command(group, "verify", OFFLINE)(verify_cmd)
     command(group, "public-key", LOCAL, output=False)(public_key_cmd)

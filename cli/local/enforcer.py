@@ -111,8 +111,8 @@ def _outcome(out: Outcome) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    enforcer = add_group(app, "enforcer", "Device rule sets: compile, plan, apply, roll back, verify, show, status.",
-                         None)
+    enforcer = add_group(app, "enforcer",
+                         "Device rule sets: compile, plan, apply, roll back, verify, show, versions, status.", None)
 
     @command(enforcer, "compile", LOCAL)
     def compile_cmd(full: bool = typer.Option(False, "--full", help="from scratch, not incrementally")) -> None:

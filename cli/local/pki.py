@@ -25,17 +25,17 @@ from cli.output import (
     open_context,
     read_local,
 )
-from cli.params import SLUG, existing_file, new_file, ttl_at_most
+from cli.params import SLUG, existing_file_or_dash, new_file, ttl_at_most
 
 if TYPE_CHECKING:
     from pki import service
     from workflows.context import AppContext
 
 
-def _read(path: Path) -> bytes:
-    if str(path) == "-":
+def _read(path: str) -> bytes:
+    if path == "-":
         return sys.stdin.buffer.read()
-    return path.read_bytes()
+    return Path(path).read_bytes()
 
 
 def _x509_dict(issued: service.IssuedX509) -> dict[str, Any]:
@@ -64,16 +64,15 @@ JOIN_TTL = ttl_at_most(timedelta(days=7))
 
 def register(app: typer.Typer) -> None:
     """Add the PKI command groups to the root CLI."""
-    svid = add_group(app, "svid", "Issue and revoke SVIDs.", LOCAL)
+    svid = add_group(app, "svid", "SVIDs: issue (X.509), jwt, revoke.", LOCAL)
     bundle = add_group(app, "bundle", "The trust bundle.", LOCAL)
-    ca = add_group(app, "ca", "CA generations: status and rotation.", LOCAL)
+    ca = add_group(app, "ca", "CA generations: status, rotate; keys (of a PKCS#11 token).", LOCAL)
     node = add_group(app, "node", "Nodes: join tokens.", LOCAL)
     node_token = add_group(node, "token", "One-time node join tokens.", LOCAL)
 
     @command(svid, "issue", LOCAL)
     def svid_issue(
-        csr: Path = typer.Option(..., "--csr", help="PKCS#10 CSR in PEM ('-' for stdin)",
-                                 **existing_file(allow_dash=True)),
+        csr: str = typer.Option(..., "--csr", help="PKCS#10 CSR in PEM ('-' for stdin)", **existing_file_or_dash()),
         tenant: str = Tenant, group: str = Group, workload: str = Workload,
         ttl: timedelta | None = SvidTtl,
         out: Path | None = typer.Option(None, "--out", help="write leaf + chain PEM here", **new_file()),
@@ -218,15 +217,20 @@ def register(app: typer.Typer) -> None:
         ttl: timedelta | None = typer.Option(None, "--ttl", parser=JOIN_TTL, metavar=JOIN_TTL.metavar,
                                              help="e.g. 30m, 2h, or seconds (default 1h, at most 7d)"),
     ) -> None:
-        """Create a one-time join token for a node (shown once)."""
+        """Create a one-time join token for a node; it is printed alone on the last line (shown once)."""
         from pki import service
 
         with open_context() as ctx, ctx.db.session() as session:
             token = service.create_join_token(session, node_name=node_name, ttl=ttl, actor=local_operator(),
                                               clock=ctx.clock)
             spiffe_id = service.node_spiffe_id(session, node_name)
-        if machine_output():
-            emit({"token": token, "node_name": node_name, "spiffe_id": spiffe_id})
+            expires_at = service.join_token_expires_at(session, token)
+        if machine_output():  # the API's JoinTokenOut (POST /v1/nodes/tokens)
+            emit({"token": token, "node_name": node_name, "spiffe_id": spiffe_id, "expires_at": expires_at})
         else:
-            print("join token (shown once):")
+            from cli.humanize import when
+
+            # as `token create` says whom its token is for and until when: a join token is spent by the first
+            # agent that attests with it, as the node it names, before it expires (`agent --join-token`)
+            print(f"join token for {spiffe_id}, one use, expires {when(expires_at)} (shown once):")
             print(token)

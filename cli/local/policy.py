@@ -134,7 +134,8 @@ def _load_json_or_yaml(path: Path) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    policy = add_group(app, "policy", "Rego policies: validate, test, eval, upload, impact, activate, rollback.\n\n"
+    policy = add_group(app, "policy", "Rego policies: validate, test, eval; upload, list, show, impact, activate, "
+                       "rollback; explain, flows, decisions, decision.\n\n"
                        "No `policy fmt`: no Rego formatter exists for Python or regorus (`opa fmt` formats where OPA "
                        "is installed).", None)
 
@@ -538,9 +539,9 @@ def register(app: typer.Typer) -> None:
 
     @command(policy, "decisions", LOCAL)
     def decisions_cmd(since: Any = typer.Option(None, "--since", parser=WHEN, metavar="TIME",
-                                                help="ISO 8601 with timezone, inclusive"),
+                                                help="ISO 8601 with timezone, or a time ago (1h, 7d); inclusive"),
                       until: Any = typer.Option(None, "--until", parser=WHEN, metavar="TIME",
-                                                help="ISO 8601 with timezone, exclusive"),
+                                                help="ISO 8601 with timezone, or a time ago (1h, 7d); exclusive"),
                       tenant: str = typer.Option(None, "--tenant", parser=SLUG, metavar="TENANT",
                                                  help="only this tenant's decisions"),
                       kind: str = typer.Option(None, "--kind", parser=choice("flow", "grant", "authz"),

@@ -55,8 +55,9 @@ def initialize(trust_domain: str | None, key_kind: str) -> dict[str, object]:
     from workflows.init import initialize as run
 
     if trust_domain is None:
+        domain = local_settings().trust_domain  # its own errors (a data directory that is a file) unprefixed
         try:
-            TRUST_DOMAIN.parse(local_settings().trust_domain)
+            TRUST_DOMAIN.parse(domain)
         except InvalidInput as exc:
             fail(f"TRUSTFABRIC_TRUST_DOMAIN: {exc}")
     with open_context(create=True) as ctx:
@@ -131,6 +132,17 @@ def serve_cmd(
         os.kill(os.getpid(), stopped_by)
 
 
+def _first_steps(host: str, port: int, tls: bool, token_file: object) -> str:
+    """What to do with the bootstrap token a first start made, at the address this server listens on: a first
+    run showed a token and then only uvicorn's log lines (as `tctl` prints the `tsh login` line to run)."""
+    shown = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+    url = f"{'https' if tls else 'http'}://{f'[{shown}]' if ':' in shown else shown}:{port}"
+    ca = " --ca CA.pem" if tls else ""  # `trustfabric bundle show --pem > CA.pem`
+    sign_in = (f"`trustfabric login --server {url}{ca} --token-stdin < {token_file}`" if token_file
+               else f"`trustfabric login --server {url}{ca}` (it asks for the token)")
+    return f"next: sign in with it, {sign_in}, or in a browser at {url}/console/ (API docs: {url}/docs)"
+
+
 def _serve(settings: Any, host: str, port: int, trust_domain: str | None, tls: bool, workers: int) -> int | None:
     """Run the server until it stops; returns the shutdown signal that stopped it, if one did (api/server.py
     catches SIGTERM, SIGINT and SIGHUP so that the cleanups here run before the process ends)."""
@@ -143,7 +155,8 @@ def _serve(settings: Any, host: str, port: int, trust_domain: str | None, tls: b
     logs.configure(settings.log_format, settings.log_level)
     result = initialize(trust_domain, "ec-p256")
     if result["admin_token"]:
-        deliver_admin_token(str(result["admin_token"]), result["admin_token_expires_at"], settings.home)
+        shown = deliver_admin_token(str(result["admin_token"]), result["admin_token_expires_at"], settings.home)
+        print(_first_steps(host, port, tls, shown.get("admin_token_file")), flush=True)
     if settings.require_policy_signature and not settings.policy_verify_keys:
         print("production mode and no policy signing key (TRUSTFABRIC_POLICY_VERIFY_KEYS): no policy version can "
               "be activated; configure keys, or set TRUSTFABRIC_MODE=development (make run does)", flush=True)

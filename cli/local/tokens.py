@@ -25,12 +25,13 @@ from core.vocabulary import MINTABLE_ROLES
 
 
 def _row(row: Any) -> dict[str, Any]:
-    return {"id": row.id, "role": row.role, "tenant": row.tenant, "subject": row.subject,
+    """The API's token object (api/routes/tokens.py token_out): `token create --json` and `token show --json` agree."""
+    return {"id": row.id, "role": row.role, "tenant": row.tenant, "subject": row.subject, "created_at": row.created_at,
             "expires_at": row.expires_at, "revoked_at": row.revoked_at}
 
 
 def register(app: typer.Typer) -> None:
-    token = add_group(app, "token", "API tokens: create and revoke on the server host; list and show over the API.",
+    token = add_group(app, "token", "API tokens: create, recover, revoke on the server host; list, show over the API.",
                       None)
 
     @command(token, "create", LOCAL)

@@ -52,6 +52,10 @@ class Client:
     cert: str | None = None
     key: str | None = None
     timeout: float = 30.0
+    # where the token came from, for the next step when the server refuses it: TRUSTFABRIC_TOKEN, or the profile
+    # of this name (neither: given by the caller, `login`'s own)
+    token_env: bool = False
+    token_profile: str | None = None
 
     @classmethod
     def from_env(cls, server: str | None = None, *, ca_file: str | None = None, cert: str | None = None,
@@ -71,6 +75,8 @@ class Client:
         return cls(
             server=url,
             token=token or e.token or prof.token,
+            token_env=not token and bool(e.token),
+            token_profile=prof.name if not (token or e.token) and prof.token else None,
             ca_file=ca_file or e.ca_file or prof.ca_file,
             cert=cert or prof.cert,
             key=key or prof.key,
@@ -115,7 +121,43 @@ class Client:
         if status == 404 and isinstance(answer, dict) and answer.get("error") == "http_error":  # no route
             return ApiError(f"{self.server} has no route {method} {target} (HTTP 404): is it the trustfabric "
                             "API's base URL?", status, answer)
-        return ApiError(f"{reason} (HTTP {status})", status, answer)
+        return ApiError(f"{reason} (HTTP {status}){self._refused_hint(status, reason)}", status, answer)
+
+    def _refused_hint(self, status: int, reason: str = "") -> str:
+        """The next step when the server refuses the credential: the API's 401 speaks of headers and tokens, a
+        command-line user signs in (again), with the profile or variable the token came from named."""
+        if status != 401:
+            return ""
+        if reason.startswith("malformed bearer token") and self.token_profile is None and not self.token_env:
+            # PyJWT's words (`Not enough segments`) for what was typed or piped to `login`
+            return (" -- it is not an API token (one from `trustfabric token create` starts with eyJ, the bootstrap "
+                    "admin token with tfo_): give the whole token")
+        if not self.token and not (self.cert and self.key):
+            return " -- no token was sent: sign in with `trustfabric login --server URL`, or set TRUSTFABRIC_TOKEN"
+        if self.token_profile is not None:
+            return (f" -- the token of profile {self.token_profile!r} was refused: sign in again with a new one, "
+                    f"`trustfabric --profile {self.token_profile} login --server {self.server}`")
+        if self.token_env:
+            return " -- the token in TRUSTFABRIC_TOKEN was refused: set a new one (`trustfabric token create`)"
+        return ""
+
+    def _unreachable_hint(self, error: BaseException | None) -> str:
+        """What to do next, for the connection failures a first run meets (README, Troubleshooting): the
+        exception's text alone (`[SSL: WRONG_VERSION_NUMBER]`, `Remote end closed connection`) does not say."""
+        import ssl
+
+        https = urlsplit(self.server).scheme == "https"
+        if isinstance(error, ConnectionRefusedError):
+            return (" -- nothing listens there: start `trustfabric serve`, or point --server, TRUSTFABRIC_SERVER or "
+                    "the profile at the API (`trustfabric status` shows which is used)")
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return (" -- give the trust domain's roots: --ca FILE or TRUSTFABRIC_CA_FILE (`trustfabric bundle show "
+                    "--pem` on the server host writes them)")
+        if https and isinstance(error, ssl.SSLError) and "WRONG_VERSION_NUMBER" in str(error):
+            return " -- the server answers in plain HTTP, not TLS: use http://"
+        if not https and isinstance(error, http.client.RemoteDisconnected):
+            return " -- a server started with --tls answers only HTTPS: if it runs so, use https://"
+        return ""
 
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
                 headers: dict[str, str] | None = None, retries: int = 2) -> Any:
@@ -147,7 +189,7 @@ class Client:
             finally:
                 conn.close()
         if status is None:
-            raise ApiError(f"cannot reach {self.server}: {error}")
+            raise ApiError(f"cannot reach {self.server}: {error}{self._unreachable_hint(error)}")
         if status >= 400:
             raise self._refused(method, target, status, raw)
         try:
@@ -174,7 +216,7 @@ class Client:
                 conn.request("POST", target, body=json.dumps(body).encode(), headers=h)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
-                raise ApiError(f"cannot reach {self.server}: {exc}") from None
+                raise ApiError(f"cannot reach {self.server}: {exc}{self._unreachable_hint(exc)}") from None
             if response.status >= 400:
                 raise self._refused("POST", target, response.status, _read_all(response))
             sink = receive(response.getheader("Content-Type") or "")

@@ -42,6 +42,11 @@ DEVICES = View("devices", (
     Col("applied at", "applied_at", kind="time", drop=1), Col("last error", "last_error", drop=3),
 ))
 
+DEVICE_VERSIONS = View("versions", (  # enforcer versions' columns (cli/local/enforcer.py VERSIONS)
+    Col("version", "version"), Col("content hash", "content_hash", kind="id", drop=2),
+    Col("published", "published_at", kind="time"), Col("by", "published_by", drop=1), Col("cause", "cause"),
+))
+
 NameArg = typer.Argument(..., parser=SLUG, metavar="NAME", help="a DNS label, e.g. gpu1")
 WorkloadArg = typer.Argument(..., parser=WORKLOAD, metavar=WORKLOAD.metavar, help="e.g. acme/train/w1")
 DeviceArg = typer.Argument(..., parser=DEVICE, metavar=DEVICE.metavar, help="nic:<node> or leaf:<name>")
@@ -144,6 +149,10 @@ def _device_group(fabric: typer.Typer, kind: str) -> None:
     noun = "GPU nodes (and their SuperNICs)" if kind == "node" else f"{kind.title()} switches"
     group = add_group(fabric, kind, f"{noun}: add, list, show, remove.", API)
     view = NODES if kind == "node" else View(section, SWITCHES.columns)
+    # each kind's own words: the shared docstrings read "Every one, ..." and "(and, for a node, ...)" in `fabric
+    # leaf list --help`
+    one = "GPU node" if kind == "node" else f"{kind} switch"
+    placed = ", and the workloads placed on it" if kind == "node" else ""
 
     if kind == "node":
         @command(group, "add", API)
@@ -157,24 +166,21 @@ def _device_group(fabric: typer.Typer, kind: str) -> None:
             body = {"name": name, "uplinks": list(uplink), "host_ports": list(host_port)}
             _summary(client(server, cacert).post("/v1/fabric/nodes", body))
     else:
-        @command(group, "add", API)
+        @command(group, "add", API, help=f"Add a {one} with its ports.")
         def add_switch(name: str = NameArg,
                        port: list[str] = typer.Option(..., "--port", parser=PORT_NAME, metavar="PORT",
                                                       help="switch port, repeatable"),
                        model: str = typer.Option("sn5600", "--model", parser=MODEL, metavar=MODEL.metavar),
                        server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-            """Add a switch with its ports."""
             body = {"name": name, "ports": list(port), "model": model}
             _summary(client(server, cacert).post(f"/v1/fabric/{section}", body))
 
-    @command(group, "list", API)
+    @command(group, "list", API, help=f"Every {one}, with its ports and cables.")
     def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-        """Every one, with its ports and cables."""
         emit(items(client(server, cacert).get("/v1/fabric"), kind), view)
 
-    @command(group, "show", API)
+    @command(group, "show", API, help=f"One {one}, with its ports and cables{placed}.")
     def show_cmd(name: str = NameArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-        """One, with its ports, cables (and, for a node, the workloads placed on it)."""
         found = _one(items(client(server, cacert).get("/v1/fabric"), kind), "name", name, kind)
         if machine_output() or kind != "node":
             emit(found)
@@ -183,9 +189,9 @@ def _device_group(fabric: typer.Typer, kind: str) -> None:
         if found["placements"]:
             PLACEMENTS.table(found["placements"])
 
-    @command(group, "remove", API)
+    @command(group, "remove", API,
+             help=f"Remove a {one} and its cables (refused while a placed workload depends on it).")
     def remove_cmd(name: str = NameArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-        """Remove it and its cables (refused while a placed workload depends on it)."""
         _summary(client(server, cacert).request("DELETE", f"/v1/fabric/{section}/{name}"))
 
 
@@ -254,7 +260,7 @@ def register_placement(workload: typer.Typer) -> None:
 
 def register_devices(app: typer.Typer) -> None:
     """`device list|show|ruleset`: what the agents run, through the API (admins, security, auditors)."""
-    device = add_group(app, "device", "Devices (SuperNICs, leaves): list, show, ruleset.", API)
+    device = add_group(app, "device", "Devices (SuperNICs, leaves): list, show, versions, ruleset.", API)
 
     @command(device, "list", API)
     def list_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
@@ -265,6 +271,21 @@ def register_devices(app: typer.Typer) -> None:
     def show_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """One device: its versions, pin, drift, last error and per-rule counters."""
         emit(client(server, cacert).get(f"/v1/devices/{name}"))
+
+    @command(device, "versions", API)
+    def versions_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+        """Every version published for the device, newest first: hash, time, who, why (as `enforcer versions` on
+        the server host)."""
+        api = client(server, cacert)
+        items: list[Any] = []
+        before: int | None = None
+        while True:
+            page = api.get(f"/v1/devices/{name}/versions", limit=200, before=before)
+            items.extend(page["items"])
+            before = page.get("next_before")
+            if before is None:
+                break
+        emit(items, DEVICE_VERSIONS)
 
     @command(device, "ruleset", API)
     def ruleset_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from cli.output import API, Col, View, add_group, command, emit
-from cli.params import CIDR, CIDR6, LABEL, PROTO_PORT, SLUG
+from cli.params import CIDR, CIDR6, LABEL, PROTO_PORT, SLUG, TENANT_OR_WORKLOAD
 from cli.remote.common import CaOpt, ServerOpt, client
 
 TENANTS = View("tenants", (
@@ -28,12 +28,31 @@ WORKLOADS = View("workloads", (
 Tenant = typer.Argument(..., parser=SLUG, metavar="TENANT", help="tenant slug")
 Group = typer.Argument(..., parser=SLUG, metavar="GROUP", help="group name")
 Name = typer.Argument(..., parser=SLUG, metavar="NAME", help="workload name")
+# a workload as three words (acme train w1) or as `workload place|unplace` and the grant options name it, one path
+WorkloadFirst = typer.Argument(..., parser=TENANT_OR_WORKLOAD, metavar=TENANT_OR_WORKLOAD.metavar,
+                               help="tenant slug, or the whole workload: acme/train/w1")
+WorkloadGroup = typer.Argument(None, parser=SLUG, metavar="GROUP", help="group name (after a tenant slug)")
+WorkloadName = typer.Argument(None, parser=SLUG, metavar="NAME", help="workload name (after a tenant slug)")
+
+
+def workload_path(first: str, group: str | None, name: str | None) -> str:
+    """`tenant/group/name` from TENANT GROUP NAME or from TENANT/GROUP/NAME; either form whole, else a usage error."""
+    if "/" in first:
+        if group is not None or name is not None:
+            raise typer.BadParameter(f"{first!r} names the whole workload already: a workload is TENANT GROUP NAME "
+                                     f"or TENANT/GROUP/NAME, not both (e.g. {first})")
+        return first
+    if group is None or name is None:
+        raise typer.BadParameter(f"a workload is TENANT GROUP NAME or TENANT/GROUP/NAME (e.g. {first} train w1, or "
+                                 f"{first}/train/w1)")
+    return f"{first}/{group}/{name}"
 
 
 def register(app: typer.Typer) -> None:
-    tenant = add_group(app, "tenant", "Tenants: create, list, show, quarantine.", API)
+    tenant = add_group(app, "tenant", "Tenants: create, list, show, quarantine, unquarantine.", API)
     group = add_group(app, "group", "Workload groups: create, list, show.", API)
-    workload = add_group(app, "workload", "Workloads: register, list, show, revoke identities; place on a node.", API)
+    workload = add_group(app, "workload",
+                         "Workloads: register, list, show, revoke identities; place on a node, unplace.", API)
     from cli.remote.fabric import register_placement
 
     register_placement(workload)
@@ -118,9 +137,10 @@ def register(app: typer.Typer) -> None:
         emit(client(server, cacert).get(f"/v1/tenants/{tenant_slug}/groups/{name}"), GROUPS)
 
     @command(workload, "register", API)
-    def workload_register(tenant_slug: str = Tenant, group_name: str = Group, name: str = Name,
-                          server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+    def workload_register(first: str = WorkloadFirst, group_name: str | None = WorkloadGroup,
+                          name: str | None = WorkloadName, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Register a workload; its SPIFFE ID is derived from tenant/group/name."""
+        tenant_slug, group_name, name = workload_path(first, group_name, name).split("/")
         emit(client(server, cacert).post(f"/v1/tenants/{tenant_slug}/groups/{group_name}/workloads",
                                          {"name": name}), WORKLOADS)
 
@@ -136,16 +156,18 @@ def register(app: typer.Typer) -> None:
                                           revoked=revoked), WORKLOADS)
 
     @command(workload, "show", API)
-    def workload_show(tenant_slug: str = Tenant, group_name: str = Group, name: str = Name,
-                      server: str = ServerOpt, cacert: Path = CaOpt) -> None:
+    def workload_show(first: str = WorkloadFirst, group_name: str | None = WorkloadGroup,
+                      name: str | None = WorkloadName, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """One registered workload and its SPIFFE ID."""
+        tenant_slug, group_name, name = workload_path(first, group_name, name).split("/")
         emit(client(server, cacert).get(f"/v1/tenants/{tenant_slug}/groups/{group_name}/workloads/{name}"),
              WORKLOADS)
 
     @command(workload, "revoke", API)
-    def workload_revoke(tenant_slug: str = Tenant, group_name: str = Group, name: str = Name,
-                        reason: str = typer.Option(..., "--reason"),
+    def workload_revoke(first: str = WorkloadFirst, group_name: str | None = WorkloadGroup,
+                        name: str | None = WorkloadName, reason: str = typer.Option(..., "--reason"),
                         server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Revoke every identity of a workload (its flows are withdrawn)."""
+        tenant_slug, group_name, name = workload_path(first, group_name, name).split("/")
         emit(client(server, cacert).post(
             f"/v1/tenants/{tenant_slug}/groups/{group_name}/workloads/{name}/revoke", {"reason": reason}))

@@ -117,3 +117,15 @@ def test_every_route_module_is_mounted() -> None:
     routers = {name: importlib.import_module(f"api.routes.{name}").router for name in modules}
     assert [name for name, router in sorted(routers.items()) if router not in ROUTERS] == []
     assert len(ROUTERS) == len(modules)
+
+
+@pytest.mark.parametrize("force", ["yes", "true", 1, "on"])
+def test_a_flag_that_acts_is_a_json_boolean_only(env: Env, force: Any) -> None:
+    """POST /v1/ca/rotate {"force": "yes"} rotated the CAs at once (pydantic's lax mode reads "yes", "on", "1" and
+    1 as true): a body flag that changes state takes JSON true/false only; anything else is a 422, nothing done."""
+    before = env.call("GET", "/v1/ca/status", "admin").json()
+    r = env.call("POST", "/v1/ca/rotate", "admin", json={"force": force})
+    assert r.status_code == 422 and "force" in r.json()["reason"], r.text
+    assert env.call("GET", "/v1/ca/status", "admin").json() == before
+    r = env.call("POST", "/v1/audit/exports", "admin", json={"format": "jsonl", "include_decisions": "yes"})
+    assert r.status_code == 422 and "include_decisions" in r.json()["reason"], r.text

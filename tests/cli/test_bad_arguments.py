@@ -107,12 +107,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _args(cmd: Any, target: str, value: str, files: dict[str, Path]) -> list[str]:
-    """Good values for every required parameter but `target`, which gets `value`."""
+    """Good values for every required parameter but `target`, which gets `value`; an argument's place is its
+    position, so an optional argument before the target gets a good value too (`workload show acme train BAD`)."""
     args: list[str] = []
     positional: list[str] = []
+    arguments = [p.name for p in cmd.params if p.param_type_name == "argument"]
+    before = arguments[:arguments.index(target)] if target in arguments else []
     for param in cmd.params:
         is_target = param.name == target
-        if not (param.required or is_target):
+        if not (param.required or is_target or param.name in before):
             continue
         given = value if is_target else good_value(param, files)
         if param.param_type_name == "argument":

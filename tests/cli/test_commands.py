@@ -87,3 +87,21 @@ def test_grant_flow_through_the_cli(cli: Cli, tmp_path: Path) -> None:
 
     r = cli.run("whoami", "--server", "http://127.0.0.1:1", token=acme)
     assert r.returncode == 1 and "cannot reach" in r.stderr
+
+
+def test_a_workload_is_named_as_place_names_it_or_in_three_words(cli: Cli) -> None:
+    """`workload place|unplace` and the grant options name a workload acme/train/w1; register, show and revoke took
+    only `acme train w1`, and refused the other form as "not a DNS label". Both forms work on all of them, the
+    same; half of one or a mix is a usage error naming both forms."""
+    admin = cli.token("--role", "admin", "--ttl", "1h")
+    assert cli.run("tenant", "create", "wlco", "--display-name", "Wl", token=admin).returncode == 0
+    assert cli.run("group", "create", "wlco", "train", "--port", "tcp/443", token=admin).returncode == 0
+    made = cli.json("workload", "register", "wlco/train/w1", token=admin)
+    assert made["spiffe_id"].endswith("/tenant/wlco/group/train/w1"), made
+    assert cli.json("workload", "show", "wlco/train/w1", token=admin) == cli.json(
+        "workload", "show", "wlco", "train", "w1", token=admin) == made
+    for argv in (("wlco", "train"), ("wlco",), ("wlco/train/w1", "train"), ("wlco/train",)):
+        r = cli.run("workload", "show", *argv, token=admin)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "TENANT/GROUP/NAME" in r.stderr, (argv, r.stderr)
+    revoked = cli.json("workload", "revoke", "wlco/train/w1", "--reason", "test", token=admin)
+    assert revoked and cli.json("workload", "show", "wlco", "train", "w1", token=admin)["revoked"] is True

@@ -110,6 +110,9 @@ def test_the_fabric_and_enforcer_tour(cli: Cli, tmp_path: Path) -> None:
     versions = cli.json("enforcer", "versions", "--device", "nic:gpu1")
     assert [v["version"] for v in versions] == [4, 3, 2, 1]
     assert versions[1]["content_hash"] == versions[3]["content_hash"]  # the rollback
+    # the same list away from the server host (an auditor's, a platform admin's machine): `device versions`
+    over_api = cli.json("device", "versions", "nic:gpu1", token=admin)
+    assert over_api == [{k: v for k, v in row.items() if k != "device"} for row in versions], over_api
     ok = cli.run("enforcer", "verify")
     assert ok.returncode == 0 and "ok:" in ok.stdout, ok.stderr
 
@@ -147,7 +150,8 @@ def human_output_reads_well(cli: Cli, admin: str) -> None:
     for argv in (["fabric", "node", "list"], ["fabric", "node", "show", "gpu1"], ["fabric", "leaf", "list"],
                  ["fabric", "spine", "show", "spine1"], ["fabric", "link", "list"], ["fabric", "placement", "list"],
                  ["fabric", "placement", "show", "acme/train/w1"], ["device", "list"], ["device", "show", "nic:gpu1"],
-                 ["device", "ruleset", "nic:gpu1"], ["enforcer", "status"], ["enforcer", "plan", "--staged", "2"],
+                 ["device", "ruleset", "nic:gpu1"], ["device", "versions", "nic:gpu1"], ["enforcer", "status"],
+                 ["enforcer", "plan", "--staged", "2"],
                  ["enforcer", "versions", "--device", "nic:gpu1"], ["tenant", "show", "acme"]):
         r = cli.run(*argv, token=admin, COLUMNS="80")
         assert r.returncode == 0 and r.stdout.strip(), (argv, r.stderr)

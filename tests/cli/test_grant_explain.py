@@ -125,6 +125,11 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(cli: Cli, world: dict[str, st
     assert r.returncode == 1 and one_line_error(r) and "HTTP 403" in r.stderr, r.stderr
     r = cli.run("grant", "explain", *GLOBEX_API, token=world["admin"])
     assert r.returncode == 1 and one_line_error(r) and "src_tenant is required" in r.stderr, r.stderr
+    # the API's field is src_tenant, the command line's option --src-tenant: the message names both (it named only
+    # the field, which no command line takes), for `grant request` as for `grant explain`
+    assert "`--src-tenant`" in r.stderr, r.stderr
+    r = cli.run("grant", "request", *GLOBEX_API, token=world["admin"])
+    assert r.returncode == 1 and one_line_error(r) and "`--src-tenant`" in r.stderr, r.stderr
     assert written(cli, world["admin"]) == before
 
 

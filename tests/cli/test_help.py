@@ -102,3 +102,78 @@ def test_help_paragraphs_wrap_at_the_terminal_not_at_the_source() -> None:
 
     broken = [(path, p) for path, p in paragraphs(_command(), "trustfabric") if "\n" in p.strip("\n")]
     assert broken == []
+
+
+def test_help_shows_no_python_type_names() -> None:
+    """typer 0.29 labels types with Python's names: `--json <bool>` reads as a flag that wants a value, and
+    `<str>`, `<list[Path]>`, `<int range>` are no words of a command line. A flag shows none; the rest show click's
+    words (TEXT, INTEGER, FILE, PATH) or their own metavar."""
+    from typer._click.core import Context
+
+    from cli.main import _command
+
+    def labels(command: Any, path: str) -> Iterator[tuple[str, str]]:
+        ctx = Context(command)
+        help_option = command.get_help_option(ctx)
+        for param in [*command.params, *([help_option] if help_option is not None else [])]:
+            label = param.display_type_rich(ctx=ctx)
+            if label:
+                yield f"{path} {param.opts[0] if param.opts else param.name}", label
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            yield from labels(sub, f"{path} {name}")
+
+    pythonic = [(where, label) for where, label in labels(_command(), "trustfabric")
+                if label.startswith("<") or "list[" in label]
+    assert pythonic == []
+    for argv in (["svid", "jwt", "--help"], ["serve", "--help"], ["tenant", "show", "--help"]):
+        r = run_cli(argv, {"COLUMNS": "200"})
+        assert r.returncode == 0
+        assert not re.search(r"<(bool|str|int|float|list)", r.stdout), r.stdout
+        assert re.search(r"--help\s+Show this message", r.stdout), r.stdout  # a flag: no type between
+    r = run_cli(["svid", "jwt", "--help"], {"COLUMNS": "200"})
+    assert re.search(r"--audience\s+TEXT", r.stdout) and re.search(r"--json\s+Machine-readable", r.stdout), r.stdout
+
+
+def test_a_group_s_summary_names_every_command_it_holds() -> None:
+    """`trustfabric --help` lists each group as `Noun: verb, verb, ...`; several left verbs out (policy: list, show,
+    explain, flows, decisions; enforcer: versions; token: recover; audit: show; ca: keys; svid: jwt), so a reader
+    of the overview never learnt they exist. Every group whose summary is such a list names all its commands."""
+    import itertools
+
+    from cli.main import _command
+
+    def groups(command: Any, path: str) -> Iterator[tuple[str, Any]]:
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            if getattr(sub, "commands", None):
+                yield f"{path} {name}".strip(), sub
+                yield from groups(sub, f"{path} {name}")
+
+    listed = {"svid", "ca", "audit", "policy", "tenant", "group", "workload", "grant", "device", "enforcer", "token",
+              "fabric node", "fabric leaf", "fabric spine", "fabric link", "fabric placement"}
+    seen = set()
+    for path, group in groups(_command(), ""):
+        if path not in listed:
+            continue
+        seen.add(path)
+        summary = (group.help or "").split("\n\n")[0]
+        tokens = re.findall(r"[a-z0-9]+", summary.lower())
+        pairs = {f"{a}{sep}{b}" for a, b in itertools.pairwise(tokens) for sep in ("", "-")}
+        missing = [c for c in group.commands if c not in {*tokens, *pairs}]  # `roll back` names rollback
+        assert missing == [], (path, summary, missing)
+    assert seen == listed
+
+
+def test_every_command_s_help_names_what_it_acts_on() -> None:
+    """`fabric leaf list --help` read "Every one, with its ports and cables." and `fabric spine show --help` "(and,
+    for a node, the workloads placed on it)": texts shared by the node, leaf and spine groups. Each says its own."""
+    from cli.main import _command
+
+    root: Any = _command()
+    fabric = root.commands["fabric"]
+    for kind, one in (("node", "GPU node"), ("leaf", "leaf switch"), ("spine", "spine switch")):
+        helps = {verb: (cmd.help or "").split("\n")[0] for verb, cmd in fabric.commands[kind].commands.items()}
+        assert helps["list"] == f"Every {one}, with its ports and cables.", helps
+        assert helps["show"].startswith(f"One {one}, with its ports and cables"), helps
+        assert helps["remove"].startswith(f"Remove a {one} and its cables"), helps
+        assert helps["add"].startswith(f"Add a {one} with its"), helps
+        assert ("placed on it" in helps["show"]) == (kind == "node"), helps

@@ -50,3 +50,20 @@ def test_out_in_an_existing_folder_still_writes(home: Path, monkeypatch: pytest.
     r = run_cli(["audit", "export", "--out", "relative.jsonl"], _env(home))  # a bare name: the current folder
     assert r.returncode == 0, r.stderr
     assert (home / "relative.jsonl").stat().st_size > 0
+
+
+@pytest.mark.parametrize("command", [
+    ["svid", "issue", "--csr", "{base}/req.pem", "--tenant", "acme", "--group", "web", "--workload", "web-1"],
+    ["audit", "export", "--format", "csv"],
+], ids=["svid issue", "audit export"])
+def test_out_dash_is_usage_not_a_file_named_dash(home: Path, command: list[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--out -` means standard output to a Unix user; it wrote (and audited) a file named `-` in the current
+    folder, and said so in passing. Refused while parsing, naming the option, nothing written or audited."""
+    monkeypatch.chdir(home)
+    before = _events(home)
+    r = run_cli([*(a.format(base=home) for a in command), "--out", "-"], _env(home))
+    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "--out" in r.stderr, r.stderr
+    assert "never standard output" in r.stderr, r.stderr
+    assert not (home / "-").exists() and _events(home) == before

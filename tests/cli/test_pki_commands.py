@@ -77,3 +77,37 @@ def test_bundle_show_pem_with_json_is_usage(home: Path) -> None:
         r = CliRunner().invoke(app, ["bundle", "show", "--pem", *fmt])
         assert r.exit_code == 2 and "--pem" in r.output and "BEGIN CERTIFICATE" not in r.output, (fmt, r.output)
     assert CliRunner().invoke(app, ["bundle", "show", "--pem", "-o", "wide"]).exit_code == 0  # for people: fine
+
+
+def test_node_token_create_says_for_whom_and_until_when(home: Path) -> None:
+    """`token create` names its token's subject and expiry; `node token create` printed only the secret, and its
+    --json lacked the expiry POST /v1/nodes/tokens returns. The secret stays alone on the last line."""
+    from datetime import datetime, timedelta
+
+    data = _json(["node", "token", "create", "--node", "gpu-01", "--ttl", "2h"])
+    assert str(data["spiffe_id"]).endswith("/node/gpu-01") and str(data["token"]).startswith("tfjt_"), data
+    left = datetime.fromisoformat(str(data["expires_at"]).replace("Z", "+00:00")) - datetime.now(tz=UTC)
+    assert timedelta(minutes=118) < left <= timedelta(hours=2), data
+    r = CliRunner().invoke(app, ["node", "token", "create", "--node", "gpu-01"])
+    assert r.exit_code == 0, r.output
+    first, last = r.output.strip().splitlines()
+    assert "spiffe://example.org/node/gpu-01" in first and "expires" in first and "shown once" in first, first
+    assert last.startswith("tfjt_") and " " not in last, r.output
+
+
+def test_svid_issue_reads_the_csr_from_stdin_as_its_help_says(home: Path) -> None:
+    """`--csr -` is documented as standard input; typer 0.29 refused it ("file '-' does not exist"). A missing file
+    or a folder is still refused while parsing (2), naming --csr."""
+    wl = ["--tenant", "acme", "--group", "web", "--workload", "web-1"]
+    r = CliRunner().invoke(app, ["svid", "issue", "--csr", "-", *wl, "--json"],
+                           input=(home / "req.pem").read_bytes())
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["spiffe_id"].endswith("/tenant/acme/group/web/web-1")
+    from tests.cli.conftest import run_cli
+
+    env: dict[str, str | None] = {"TRUSTFABRIC_HOME": str(home / "home"), "COLUMNS": "200",
+                                  "TRUSTFABRIC_CONFIG": str(home / "none.json")}
+    for bad, says in ((home / "missing.pem", "does not exist"), (home, "is a directory")):
+        refused = run_cli(["svid", "issue", "--csr", str(bad), *wl], env)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "'--csr'" in refused.stderr and says in refused.stderr, refused.stderr

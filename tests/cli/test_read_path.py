@@ -100,11 +100,14 @@ def test_the_read_only_path_only_where_it_can(home: dict[str, str], tmp_path: Pa
 
 
 def test_a_missing_data_directory_fails_as_before(tmp_path: Path) -> None:
+    """The read path and the full one fail alike; the line says to run where the data directory is (it said
+    only "run `trustfabric init` first", which on a security engineer's laptop makes a second trust domain)."""
     env = {"TRUSTFABRIC_HOME": str(tmp_path / "nothing"), "TRUSTFABRIC_CONFIG": str(tmp_path / "none.json")}
-    for argv in (["policy", "list"], ["ca", "status"]):
+    for argv in (["policy", "list"], ["ca", "status"], ["token", "create", "--role", "admin"]):
         r = run_cli(argv, env)
-        assert r.returncode == 1 and "does not exist: run `trustfabric init` first" in r.stderr, r.stderr
-        assert r.stderr.count("\n") == 1
+        assert r.returncode == 1 and "does not exist: this command runs on the server host" in r.stderr, r.stderr
+        assert "set TRUSTFABRIC_HOME" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "nothing").exists()
 
 
 def test_the_constants_follow_the_models_and_migrations() -> None:

@@ -60,3 +60,28 @@ def test_serve_tls_removes_its_temporary_directory_on_every_signal(tmp_path: Pat
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_first_start_says_how_to_sign_in_with_its_token(tmp_path: Path) -> None:
+    """A first `serve` showed (or filed) the bootstrap token and then only log lines: it now names the line that
+    signs in with it, at this server's own address, and the console's; a later start makes no token, says nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRUSTFABRIC_")}
+    env.update(TRUSTFABRIC_HOME=str(tmp_path / "home"), TRUSTFABRIC_MODE="development")
+    outputs = []
+    for _start in range(2):
+        port = free_port()
+        proc = subprocess.Popen([BIN, "serve", "--port", str(port), "--log-level", "warning"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not _listening(port):
+                assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+                time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            outputs.append((port, proc.communicate(timeout=30)[0].decode()))
+    (port, first), (_, second) = outputs
+    token_file = tmp_path / "home" / "bootstrap-admin-token"
+    assert (f"`trustfabric login --server http://127.0.0.1:{port} --token-stdin < {token_file}`" in first
+            and f"http://127.0.0.1:{port}/console/" in first), first
+    assert "next:" not in second and "admin API token" not in second, second

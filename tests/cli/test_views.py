@@ -219,3 +219,14 @@ def test_policy_explain_prints_each_reason_on_one_line_at_any_width(cli: Cli, wo
     lines = r.stdout.splitlines()
     assert lines[0] == "ALLOW acme/web -> globex/api tcp/8443"
     assert lines[1:] == [f"  {reason}" for reason in reasons]
+
+
+def test_an_empty_list_says_there_is_none(cli: Cli, world: dict[str, Any]) -> None:
+    """A header over no rows read as output cut short; kubectl says "No resources found", gh "no open pull
+    requests". For people: `no grants`; --json and yaml still the API's empty list."""
+    for argv, says in ((["grant", "list", "--state", "expired"], "no grants\n"),
+                       (["workload", "list", "globex"], "no workloads\n"),
+                       (["audit", "events", "--until", "2000-01-01T00:00:00Z"], "no audit events\n")):
+        r = cli.run(*argv, token=world["admin"])
+        assert r.returncode == 0 and r.stdout == says, (argv, r.stdout, r.stderr)
+        assert cli.json(*argv, token=world["admin"]) == [], argv

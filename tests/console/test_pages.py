@@ -172,6 +172,11 @@ def test_a_tenant_request_form_with_bad_ports_says_why(console_env: Env) -> None
                                              "dst_group": "api", "proto": "tcp", "ports": "https",
                                              "ttl_seconds": "3600"})
     assert r.status_code == 400 and "ports are numbers" in r.text
+    r = client.post("/console/grants", data={"csrf": csrf, "src_group": "web", "dst_tenant": "globex",
+                                             "dst_group": "api", "proto": "tcp", "ports": "443, 99999",
+                                             "ttl_seconds": "3600"})  # the API said `body.ports.1: ... <= 65535`
+    assert r.status_code == 400 and "99999 is not a port number: ports go up to 65535" in r.text, r.text
+    assert "body.ports" not in r.text
     r = client.get("/console/grants/preview", params={"src_group": "web", "dst_tenant": "globex",
                                                       "dst_group": "vault", "ports": "8200"},
                    headers={"HX-Request": "true"})

@@ -128,6 +128,10 @@ def test_bad_credentials_and_identities_that_are_not_people(console_env: Env) ->
     env = console_env
     _client, r = _login(env, "tfo_nope_nope")
     assert r.status_code == 401 and "the API refused this credential" in r.text  # type: ignore[attr-defined]
+    # something pasted that is no token at all: said so, not PyJWT's "malformed bearer token: Not enough segments"
+    _client, r = _login(env, "copied-the-wrong-line")
+    text = r.text  # type: ignore[attr-defined]
+    assert r.status_code == 401 and "it is not an API token" in text and "segments" not in text, text  # type: ignore[attr-defined]
     _client, r = _login(env, env.token("auditor", ttl=timedelta(seconds=10)))
     assert r.status_code == 401 and "less than 30 seconds" in r.text  # type: ignore[attr-defined]
     from pki.service import issue_jwt_svid
