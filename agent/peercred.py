@@ -25,6 +25,12 @@ exec since accept, an exit, or anything unreadable matches nothing (fail closed,
 sha256 is of the file identified at accept (opened through /proc/<pid>/exe and hashed only if it is that
 inode), computed at the first request that needs it. uid/gid/user/group are the kernel's connect-time values.
 
+A path selector also needs the path, as the agent itself sees it at accept, to lead to that very file: the kernel
+writes /proc/<pid>/exe in the caller's own mount namespace, where any user (`unshare -Urm`) can bind-mount a binary of
+its own over a placement's path, and a container's image has files of the same names. Such a caller, and one whose
+binary was replaced on disk before it connected ("<path> (deleted)"), matches no path selector; sha256 selectors
+(the content) still match.
+
 The honest limit: an exec between the caller's connect and the relay's accept is not seen (the kernel keeps no
 exec count or exec time to compare with the connect). With an idle relay that window is microseconds, and the
 exec'd binary's own code runs from then on, but a caller that wins it is taken for the binary it exec'd. On a
@@ -45,7 +51,7 @@ import socket
 import struct
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 log = logging.getLogger("trustfabric.agent.peercred")
@@ -57,11 +63,13 @@ _EXE_KEYS = frozenset({"path", "sha256"})
 
 @dataclass(frozen=True)
 class ExeIdentity:
-    """The file a process runs: the path /proc/<pid>/exe names and the inode it leads to."""
+    """The file a process runs: the path /proc/<pid>/exe names and the inode it leads to. `here`: that path, looked up
+    in the agent's own view of the filesystem at accept, is that very file (only then does a path selector match)."""
 
     path: str
     dev: int
     ino: int
+    here: bool = False
 
 
 class PeerProcess:
@@ -169,7 +177,9 @@ class Caller:
             exe = exe or self._exe_still()
             if exe is None:
                 return None
-            return exe.path if key == "path" else self._sha256(exe)
+            if key == "path":
+                return exe.path if exe.here else None
+            return self._sha256(exe)
         return None
 
     def matches(self, selectors: Iterable[str]) -> bool:
@@ -206,7 +216,28 @@ def peer_credentials(sock: socket.socket) -> Caller:
     exe = exe_identity(pid) if process is not None else None
     if process is not None and exe is not None and not process.alive():
         exe = None  # gone: the pid read may have been someone else's
+    if exe is not None:
+        exe = replace(exe, here=_here(exe))
     return Caller(pid, uid, gid, process, exe)
+
+
+def _here(exe: ExeIdentity) -> bool:
+    """Whether the path /proc/<pid>/exe names leads, in the agent's own mount namespace and root, to the file the
+    process runs. The kernel writes that path in the caller's view: a caller in a mount namespace of its own (any user
+    can make one, `unshare -Urm`) bind-mounts its own binary over a placement's path and execs it there, and the
+    link reads that path; so does a container running its own image's file of that name. Neither is the file the
+    path names on this host: a path selector matches neither (sha256 is of the content, and still matches). Nor does
+    it match a binary replaced on disk before the caller connected ("<path> (deleted)": where it was cannot be
+    checked); a binary replaced after accept still matches (Caller._exe_still)."""
+    try:
+        st = os.stat(exe.path)
+    except (OSError, ValueError):
+        return False
+    if (st.st_dev, st.st_ino) != (exe.dev, exe.ino):
+        log.warning("workload API: the executable %r a caller runs is not the file at that path here (a mount "
+                    "namespace or root of its own, or the file replaced): path selectors match nothing", exe.path)
+        return False
+    return True
 
 
 def _pidfd(sock: socket.socket, pid: int) -> PeerProcess | None:

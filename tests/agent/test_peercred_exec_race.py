@@ -213,3 +213,65 @@ def test_a_caller_built_without_a_pidfd_matches_no_executable() -> None:
     caller = Caller(os.getpid(), os.getuid(), os.getgid())
     assert not caller.matches([f"unix:path:{os.path.realpath(sys.executable)}"])
     assert caller.matches([f"unix:uid:{os.getuid()}"])
+
+
+def test_a_caller_that_mounts_its_own_binary_over_an_allowed_path_is_not_taken_for_it(relay: PeerCredRelay,
+                                                                                        tmp_path: Path) -> None:
+    """Should fix (review-agentsec): /proc/<pid>/exe names the executable's path in the caller's own mount namespace.
+    Any user can make one (`unshare -Urm`, an unprivileged user namespace), bind-mount a binary of its own over the
+    path a placement names and exec it there: the link then read that path, and the relay took the caller for the
+    file at that path on the host. Now the path must lead to the very file the caller runs in the agent's own view;
+    the sha256 selector, of the content, still names what the caller really runs."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare(1) to make a mount namespace with")
+    allowed = tmp_path / "bin" / "allowed"  # the binary a placement names, on the host
+    allowed.parent.mkdir()
+    shutil.copy2(str(shutil.which("sleep")), allowed)
+    own = tmp_path / "own"  # the caller's own binary (a python: it connects)
+    shutil.copy2(os.path.realpath(sys.executable), own)
+    script = (f"import socket, sys\ns = socket.socket(socket.AF_UNIX); s.connect({str(relay.path)!r})\n"
+              "sys.stdin.readline()\n")
+    shell = 'mount --bind "$1" "$2" && exec "$2" -S -c "$3"'
+    proc = subprocess.Popen([unshare, "-Urm", "--propagation", "private", "sh", "-c", shell, "sh", str(own),
+                             str(allowed), script], stdin=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while not relay._callers:
+            assert proc.poll() is None and time.monotonic() < deadline, "the caller never connected"
+            time.sleep(0.01)
+        (caller,) = relay._callers.values()
+        assert os.readlink(f"/proc/{caller.pid}/exe") == str(allowed)  # what the kernel says, in the caller's view
+        assert not caller.matches([f"unix:path:{allowed}"]), "taken for the file at that path on the host"
+        assert not caller.matches([f"unix:sha256:{_sha256(str(allowed))}"])
+        assert caller.matches([f"unix:sha256:{_sha256(str(own))}"])  # what it really runs
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_caller_whose_binary_was_replaced_before_it_connected_matches_by_hash_not_path(relay: PeerCredRelay,
+                                                                                        tmp_path: Path) -> None:
+    """Held by design (review-agentsec): a workload started before an upgrade that connects after it (the agent
+    restarted, a reconnect) runs a file no longer at its path ("<path> (deleted)"): where that file was cannot be
+    checked (a caller of its own mount namespace can make the same link), so its path selector matches nothing; its
+    sha256 selector still does."""
+    exe = tmp_path / "bin" / "workload"
+    exe.parent.mkdir()
+    shutil.copy2(os.path.realpath(sys.executable), exe)
+    digest = _sha256(str(exe))
+    script = (f"import socket, sys\nsys.stdin.readline()\ns = socket.socket(socket.AF_UNIX)\n"
+              f"s.connect({str(relay.path)!r})\nsys.stdin.readline()\n")
+    proc = subprocess.Popen([str(exe), "-S", "-c", script], stdin=subprocess.PIPE, text=True)
+    try:
+        exe.unlink()  # upgraded before it connects
+        exe.write_bytes(b"#!/bin/sh\nexit 0\n")
+        assert proc.stdin is not None
+        proc.stdin.write("connect\n")
+        proc.stdin.flush()
+        caller = _accepted(relay, proc.pid)
+        assert not caller.matches([f"unix:path:{exe}"]) and not caller.matches([f"unix:path:{exe} (deleted)"])
+        assert caller.matches([f"unix:sha256:{digest}"])
+    finally:
+        proc.kill()
+        proc.wait()
