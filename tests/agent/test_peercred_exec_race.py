@@ -275,3 +275,33 @@ def test_a_caller_whose_binary_was_replaced_before_it_connected_matches_by_hash_
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_one_request_over_many_placements_reads_the_callers_executable_once(
+        relay: PeerCredRelay, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix (review-agentsec): each placement's path or sha256 selector confirmed the executable again (three
+    /proc reads and a poll, about 10 us): a request over 1,000 placements on a node spent 10 ms on it, and each open
+    stream repeats its request every second. The Workload API now confirms it once per request (Caller.matcher); a
+    new request confirms it again, so an exec between two requests is still seen."""
+    python = os.path.realpath(sys.executable)
+    proc = _connect_and_wait(relay.path)
+    try:
+        caller = _accepted(relay, proc.pid)
+        reads: list[int] = []
+        real = peercred.exe_identity
+
+        def counted(pid: int) -> peercred.ExeIdentity | None:
+            reads.append(pid)
+            return real(pid)
+
+        monkeypatch.setattr(peercred, "exe_identity", counted)
+        placements = [[f"unix:path:{python}"], [f"unix:path:{python}-other"], [f"unix:uid:{os.getuid()}"],
+                      [f"unix:sha256:{_sha256(python)}"]] * 250
+        matches = caller.matcher()
+        assert [matches(p) for p in placements] == [caller.matches(p) for p in placements[:4]] * 250
+        assert len(reads) == 1 + 3, reads  # the matcher's one, and the three single matches() compared with
+        again = caller.matcher()
+        assert again([f"unix:path:{python}"]) and len(reads) == 5  # a new request reads it again
+    finally:
+        proc.kill()
+        proc.wait()
