@@ -31,6 +31,10 @@ its own over a placement's path, and a container's image has files of the same n
 binary was replaced on disk before it connected ("<path> (deleted)"), matches no path selector; sha256 selectors
 (the content) still match.
 
+/proc is read at the caller's number in /proc's own pid namespace, as the kernel gives it for the pidfd (its
+fdinfo), not at SO_PEERCRED's pid, which is in the agent's pid namespace: the two differ when the agent's /proc is
+another namespace's, and /proc/<SO_PEERCRED pid> is then another process (a caller /proc cannot see matches nothing).
+
 The honest limit: an exec between the caller's connect and the relay's accept is not seen (the kernel keeps no
 exec count or exec time to compare with the connect). With an idle relay that window is microseconds, and the
 exec'd binary's own code runs from then on, but a caller that wins it is taken for the binary it exec'd. On a
@@ -90,6 +94,27 @@ class PeerProcess:
             poller.register(self._fd, select.POLLIN)
             return not poller.poll(0)  # a pidfd polls readable when its process exits
 
+    def proc_pid(self) -> int | None:
+        """The process's number in the pid namespace of the agent's /proc, or None (exited, or not in that namespace).
+        SO_PEERCRED's pid is in the agent's own pid namespace, which need not be its /proc's (an agent started with
+        `unshare --pid --fork` and the host's /proc, a container given another namespace's /proc): /proc/<that pid>
+        is then some other process, and its executable was taken for the caller's. The kernel's fdinfo for the pidfd
+        gives the number in the namespace of the /proc it is read through."""
+        with self._lock:
+            if self._fd < 0:
+                return None
+            try:
+                info = os.open(f"/proc/self/fdinfo/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    text = os.read(info, 4096)
+                finally:
+                    os.close(info)
+                start = text.index(b"\nPid:") + 5
+                number = int(text[start:text.index(b"\n", start)])
+            except (OSError, ValueError):
+                return None
+        return number if number > 0 else None  # 0: not in that namespace; -1: exited
+
     def close(self) -> None:
         with self._lock:
             fd, self._fd = self._fd, -1
@@ -127,7 +152,8 @@ class Caller:
         once per caller: an exec since accept, an exit, or a pid no longer ours)."""
         if self.exe is None or self.process is None:
             return None
-        now = exe_identity(self.pid)
+        number = self.process.proc_pid()
+        now = exe_identity(number) if number is not None else None
         alive = self.process.alive()  # after the read: if still alive, the read was of this process
         # the same file, by inode: its path may read "<path> (deleted)" since (the binary upgraded on disk under a
         # running process, which still runs what it connected with); the selector is matched against the path
@@ -146,8 +172,11 @@ class Caller:
         opened file is that inode. Computed once."""
         if "sha256" not in self._cache:
             digest: str | None = None
+            number = self.process.proc_pid() if self.process is not None else None
             try:
-                with open(f"/proc/{self.pid}/exe", "rb") as f:
+                if number is None:
+                    raise FileNotFoundError("the caller is not in /proc")
+                with open(f"/proc/{number}/exe", "rb") as f:
                     st = os.fstat(f.fileno())
                     if (st.st_dev, st.st_ino) == (exe.dev, exe.ino):
                         digest = hashlib.file_digest(f, "sha256").hexdigest()
@@ -229,7 +258,8 @@ def peer_credentials(sock: socket.socket) -> Caller:
     executable that process runs now (None when either cannot be had: path/sha256 selectors then match nothing)."""
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     process = _pidfd(sock, pid)
-    exe = exe_identity(pid) if process is not None else None
+    number = process.proc_pid() if process is not None else None  # the pid in /proc's namespace (proc_pid)
+    exe = exe_identity(number) if process is not None and number is not None else None
     if process is not None and exe is not None and not process.alive():
         exe = None  # gone: the pid read may have been someone else's
     if exe is not None:

@@ -305,3 +305,71 @@ def test_one_request_over_many_placements_reads_the_callers_executable_once(
     finally:
         proc.kill()
         proc.wait()
+
+
+_RELAY_IN = """
+import socket, sys, threading, time
+from pathlib import Path
+from agent.peercred import PeerCredRelay
+up = socket.socket(); up.bind(("127.0.0.1", 0)); up.listen(8)
+held = []
+threading.Thread(target=lambda: [held.append(up.accept()) for _ in iter(int, 1)], daemon=True).start()
+relay = PeerCredRelay(Path(sys.argv[1]), up.getsockname()[1])
+print("ready", flush=True)
+while not relay._callers:
+    time.sleep(0.01)
+(caller,) = relay._callers.values()
+print(caller.pid, caller.matches([f"unix:path:{sys.argv[2]}"]), caller.matches([f"unix:uid:{sys.argv[3]}"]), flush=True)
+sys.stdin.readline()
+relay.close()
+"""
+
+
+def test_a_relay_whose_proc_is_another_pid_namespaces_does_not_take_the_caller_for_that_pid_there(
+        tmp_path: Path) -> None:
+    """Should fix (review-agentsec): SO_PEERCRED gives the caller's pid in the agent's pid namespace, and the relay
+    read /proc/<pid>/exe from whatever /proc the agent has. When that /proc is another pid namespace's (an agent
+    started with `unshare --pid --fork` and the host's /proc, a container handed another namespace's /proc), the
+    number there is another process: the caller was taken for what that one runs. Here the relay's /proc is a child
+    pid namespace's where the caller's number is an allowed binary. Now the relay asks the kernel for the caller's
+    number in its /proc's namespace (the pidfd's fdinfo): there is none, and path selectors match nothing."""
+    unshare, nsenter = shutil.which("unshare"), shutil.which("nsenter")
+    if unshare is None or nsenter is None or os.geteuid() != 0:
+        pytest.skip("needs unshare(1), nsenter(1) and root (a pid namespace and ns_last_pid)")
+    allowed = tmp_path / "allowed"
+    shutil.copy2(str(shutil.which("sleep")), allowed)
+    sock = tmp_path / "api.sock"
+    caller = subprocess.Popen([sys.executable, "-c", f"import socket, sys\nsys.stdin.readline()\n"
+                               f"s = socket.socket(socket.AF_UNIX); s.connect({str(sock)!r})\nsys.stdin.readline()\n"],
+                              stdin=subprocess.PIPE, text=True)
+    # a child pid namespace with its own /proc, where the caller's host pid number runs the allowed binary
+    other = subprocess.Popen([unshare, "--pid", "--fork", "--mount-proc", "sh", "-c",
+                              'echo $(($1 - 1)) > /proc/sys/kernel/ns_last_pid; "$2" 60 & echo $!; wait',
+                              "sh", str(caller.pid), str(allowed)], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    relay: subprocess.Popen[str] | None = None
+    try:
+        assert other.stdout is not None
+        assert other.stdout.readline().strip() == str(caller.pid), "the number was not had in the other namespace"
+        # the relay: the host's pid namespace (SO_PEERCRED gives host pids), the other namespace's /proc
+        relay = subprocess.Popen([nsenter, f"--mount=/proc/{other.pid}/ns/mnt", sys.executable, "-c", _RELAY_IN,
+                                  str(sock), str(allowed), str(os.getuid())], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+        assert relay.stdout is not None and relay.stdin is not None and caller.stdin is not None
+        assert relay.stdout.readline().strip() == "ready"
+        caller.stdin.write("connect\n")
+        caller.stdin.flush()
+        pid, path_matches, uid_matches = relay.stdout.readline().split()
+        assert pid == str(caller.pid) and uid_matches == "True"
+        assert path_matches == "False", "taken for what its pid number runs in the other namespace"
+        relay.stdin.write("done\n")
+        relay.stdin.flush()
+        assert relay.wait(15) == 0
+    finally:
+        for p in (caller, relay):
+            if p is not None:
+                p.kill()
+                p.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
