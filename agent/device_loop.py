@@ -28,7 +28,7 @@ report would put the disk in the reporter's path). Its one weakness, a wall cloc
 a run with a clock far ahead), is caught by the server's answer: a report answered stale while the server holds a
 number above it was not overtaken by this process's own (those are numbered below it), so the loop takes the
 server's number as its floor and sends that status again, numbered above it. The server refuses (400) a number
-more than a day ahead of its own clock (one near the top of the range would leave no number above it); a refused
+more than 7 days ahead of its own clock (one near the top of the range would leave no number above it); a refused
 number was not stored and does not raise the floor, so a clock that ran ahead and is set right numbers from it again.
 
 What never happens: the device is never opened. A rule set is refused whole (content hash that does not

@@ -49,8 +49,10 @@ MAX_REPORT_SEQ = 2**63 - 1  # a BIGINT
 # How far ahead of the server's clock a report_seq (an agent's wall clock in ns) may be. Without a bound one report
 # numbered near MAX_REPORT_SEQ (a buggy or compromised agent) left no number above it: every later report of the
 # device was stale for good, and the agent's floor (stored + 1) was itself refused. Bounded, a stored number is at
-# most this far ahead, and the agent's floor logic goes above it at once.
-MAX_REPORT_SEQ_AHEAD = timedelta(days=1)
+# most this far ahead, and the agent's floor logic goes above it at once (stored + 1 is within the bound a moment
+# later), whatever the bound: so it is generous, as it is also how far an agent's clock may run ahead of the server's
+# before its reports are refused.
+MAX_REPORT_SEQ_AHEAD = timedelta(days=7)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -258,8 +260,8 @@ def record_status(session: Session, device: str, report: Mapping[str, Any], *, a
         raise InvalidInput(f"report_seq must be an integer from 1 to {MAX_REPORT_SEQ}")
     limit = report_seq_limit(now)
     if seq is not None and seq > limit:
-        hours = MAX_REPORT_SEQ_AHEAD // timedelta(hours=1)
-        raise InvalidInput(f"report_seq {seq} is more than {hours} h ahead of the server's clock (at most {limit} ns "
+        days = MAX_REPORT_SEQ_AHEAD.days
+        raise InvalidInput(f"report_seq {seq} is more than {days} days ahead of the server's clock (at most {limit} ns "
                            "since the epoch): the agent's clock is ahead")
     counters = dict(report.get("counters") or {})
     if len(counters) > MAX_COUNTERS:
