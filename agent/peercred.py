@@ -360,8 +360,18 @@ class PeerCredRelay:
             with self._lock:
                 self._callers[key] = caller  # before a byte is relayed: the first RPC finds it
                 self._conns |= {conn, upstream}
-            threading.Thread(target=self._pump_pair, args=(conn, upstream, key), daemon=True,
-                             name=f"workload-api-relay-{caller.pid}").start()
+            try:
+                threading.Thread(target=self._pump_pair, args=(conn, upstream, key), daemon=True,
+                                 name=f"workload-api-relay-{caller.pid}").start()
+            except RuntimeError as exc:  # no thread to be had (a flood of connections): this one is dropped, and
+                # its pidfd and sockets with it; the relay goes on accepting (it used to die here, for every caller)
+                log.warning("workload API: cannot relay a connection from pid %d: %s", caller.pid, exc)
+                with self._lock:
+                    self._callers.pop(key, None)
+                    self._conns -= {conn, upstream}
+                caller.close()
+                conn.close()
+                upstream.close()
 
     def _pump_pair(self, conn: socket.socket, upstream: socket.socket, key: str) -> None:
         back = threading.Thread(target=_pump, args=(upstream, conn), daemon=True)

@@ -373,3 +373,44 @@ def test_a_relay_whose_proc_is_another_pid_namespaces_does_not_take_the_caller_f
         with contextlib.suppress(ProcessLookupError):
             os.killpg(other.pid, signal.SIGKILL)
         other.wait()
+
+
+def test_a_connection_the_relay_has_no_thread_for_is_dropped_whole_and_the_relay_goes_on(
+        relay: PeerCredRelay, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should fix (review-agentsec): when no thread could be started for a connection (a local flood of connections
+    exhausts them), the accept loop died of the RuntimeError: the Workload API accepted no one any more, and the
+    connection's pidfd and sockets stayed open. Now that connection is dropped whole and the next one is relayed.
+    (The exhaustion is injected for one relay thread: the one fault a test cannot make for real without starving the
+    machine.)"""
+    real = threading.Thread.start
+    failed: list[str] = []
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("workload-api-relay-") and not failed:
+            failed.append(self.name)
+            raise RuntimeError("can't start new thread")
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    before = len(os.listdir("/proc/self/fd"))
+    first = socket.socket(socket.AF_UNIX)
+    first.connect(str(relay.path))
+    try:
+        deadline = time.monotonic() + 15
+        while not failed:
+            assert time.monotonic() < deadline, "the relay never tried"
+            time.sleep(0.01)
+        first.settimeout(5)
+        assert first.recv(1) == b"", "the dropped connection is closed"
+        assert not relay._callers
+        while len(os.listdir("/proc/self/fd")) != before + 1:  # + `first` (the stand-in upstream closes its end soon)
+            assert time.monotonic() < deadline, "its pidfd or sockets were left open"
+            time.sleep(0.01)
+        proc = _connect_and_wait(relay.path)  # the relay still accepts
+        try:
+            assert _accepted(relay, proc.pid).matches([f"unix:path:{os.path.realpath(sys.executable)}"])
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        first.close()
