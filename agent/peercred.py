@@ -36,8 +36,12 @@ fdinfo), not at SO_PEERCRED's pid, which is in the agent's pid namespace: the tw
 another namespace's, and /proc/<SO_PEERCRED pid> is then another process (a caller /proc cannot see matches nothing).
 
 The honest limit: an exec between the caller's connect and the relay's accept is not seen (the kernel keeps no
-exec count or exec time to compare with the connect). With an idle relay that window is microseconds, and the
-exec'd binary's own code runs from then on, but a caller that wins it is taken for the binary it exec'd. On a
+exec count or exec time to compare with the connect). The window is not only the relay's own latency: a caller
+can queue connections ahead of its own in the listen backlog (128), and the relay accepts them one at a time
+(measured here: 1.4 ms alone, 92 ms behind 127 queued ones), time enough to exec. The exec'd binary's own code runs
+from then on, but a caller that wins (a child it forked keeps the connection) is taken for the binary it exec'd: a
+path or sha256 selector is no boundary against code running as the same uid (which can also ptrace that binary
+where Yama allows), only alongside a uid the attacker does not have. On a
 kernel without SO_PEERPIDFD, the pid could in principle also be reused between connect and pidfd_open (the
 caller must exit and its pid number come round again in that window).
 """
