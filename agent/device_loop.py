@@ -27,7 +27,9 @@ re-installed with a fresh data directory, and every report after would be stale 
 report would put the disk in the reporter's path). Its one weakness, a wall clock stepped back across a restart (or
 a run with a clock far ahead), is caught by the server's answer: a report answered stale while the server holds a
 number above it was not overtaken by this process's own (those are numbered below it), so the loop takes the
-server's number as its floor and sends that status again, numbered above it.
+server's number as its floor and sends that status again, numbered above it. The server refuses (400) a number
+more than 7 days ahead of its own clock (one near the top of the range would leave no number above it); a refused
+number was not stored and does not raise the floor, so a clock that ran ahead and is set right numbers from it again.
 
 What never happens: the device is never opened. A rule set is refused whole (content hash that does not
 match its IR, an IR that does not parse or render, an apply the device rejects) and the last good one stays;
@@ -104,7 +106,8 @@ class DeviceLoop:
         self._taken = 0  # rule sets taken (applied or refused): a retry begun before another take is void
         self._outbox: deque[dict[str, Any]] = deque()  # the statuses not sent yet, the oldest first
         self._queued = threading.Event()  # set while the outbox holds any: the reporter's turn
-        self._seq = 0  # the last report_seq given (the reporter's thread only)
+        self._seq = 0  # the highest report_seq the server may hold from this loop (the reporter's thread only)
+        self._time_ns = time.time_ns  # the wall clock reports are numbered from (tests move it)
         self.stale_reports = 0  # reports the server answered stale (tests, diagnostics)
         self._threads: list[threading.Thread] = []
         for counter in (metrics.applies, metrics.refused, metrics.drift_repairs, metrics.server_errors):
@@ -356,18 +359,24 @@ class DeviceLoop:
             try:
                 answer = self.api.report(self.device, status)
                 backoff = self.settings.backoff_min
+                self._seq = max(self._seq, status["report_seq"])
                 if not self._behind(status, answer):
                     continue
                 status, renumbered = {**status, "report_seq": self._next_seq()}, True  # above the server's
             except Unreachable as exc:
+                self._seq = max(self._seq, status["report_seq"])  # it may have been stored
                 self.metrics.server_errors.labels(self.device).inc()
                 log.warning("%s: status not reported (server unreachable), sent again: %s", self.device, exc)
             except Refused as exc:
                 if exc.status != 429 and exc.status < 500:  # this report's fault: sending it again changes nothing
+                    # (nor was it stored: its number does not raise the floor, so a number the server refused, from a
+                    # clock that ran ahead, is not carried on once the clock is set right)
                     log.warning("%s: status report refused: %s", self.device, exc)
                     continue
+                self._seq = max(self._seq, status["report_seq"])  # it may have been stored
                 log.warning("%s: status not reported, sent again: %s", self.device, exc)
             except Exception:
+                self._seq = max(self._seq, status["report_seq"])  # it may have been stored
                 log.exception("%s: status not reported", self.device)
                 continue
             with self.lock:  # first again, before the newer ones (order kept); the bound still holds
@@ -379,8 +388,9 @@ class DeviceLoop:
                 backoff = min(backoff * 2, self.settings.backoff_max)
 
     def _next_seq(self) -> int:
-        self._seq = max(self._seq + 1, time.time_ns())
-        return self._seq
+        """A number above any the server may hold from this loop: above the floor (raised once a number was sent
+        and not refused, or the server answered stale above it), else the clock."""
+        return max(self._seq + 1, self._time_ns())
 
     def _behind(self, status: dict[str, Any], answer: dict[str, Any]) -> bool:
         """True when the server answered this report stale while holding a number above it: not this process's own

@@ -69,7 +69,7 @@ class WorkloadApi(workload_pb2_grpc.SpiffeWorkloadAPIServicer):
 
     def _placements(self, caller: Caller, context: grpc.ServicerContext) -> list[Any]:
         try:
-            return self.svids.for_caller(caller.matches)
+            return self.svids.for_caller(caller.matcher())  # the executable confirmed once for all placements
         except NotSynced as exc:  # a restarted agent's cache is not served before the server confirmed it
             self.metrics.workload_requests.labels("any", "not-synced").inc()
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import select as sa_select
@@ -46,6 +46,21 @@ DEVICE_PATTERN = r"^(nic|leaf):[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _DEVICE_RE = re.compile(DEVICE_PATTERN)
 MAX_COUNTERS = 10_000
 MAX_REPORT_SEQ = 2**63 - 1  # a BIGINT
+# How far ahead of the server's clock a report_seq (an agent's wall clock in ns) may be. Without a bound one report
+# numbered near MAX_REPORT_SEQ (a buggy or compromised agent) left no number above it: every later report of the
+# device was stale for good, and the agent's floor (stored + 1) was itself refused. Bounded, a stored number is at
+# most this far ahead, and the agent's floor logic goes above it at once (stored + 1 is within the bound a moment
+# later), whatever the bound: so it is generous, as it is also how far an agent's clock may run ahead of the server's
+# before its reports are refused.
+MAX_REPORT_SEQ_AHEAD = timedelta(days=7)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def report_seq_limit(now: datetime) -> int:
+    """The highest report_seq the server takes at `now`: its clock in ns since the epoch, plus
+    MAX_REPORT_SEQ_AHEAD. A stored number above it (stored before the bound, or the server's clock stepped back by
+    more than that) binds no report: it would otherwise hold the device's reports stale for as long."""
+    return min(MAX_REPORT_SEQ, (as_utc(now) + MAX_REPORT_SEQ_AHEAD - _EPOCH) // timedelta(microseconds=1) * 1000)
 
 
 def check_device(device: str) -> str:
@@ -230,7 +245,8 @@ def record_status(session: Session, device: str, report: Mapping[str, Any], *, a
     (anything else is InvalidInput); counters are {key: {packets, bytes}}. A report with a `report_seq` not above
     the stored one is stale (a request that reached the server after a newer report: a timed-out one processed
     after its retry, an old agent process's last one): it changes nothing and records no event. A report without
-    one (an agent from before numbering) is stored as it comes."""
+    one (an agent from before numbering) is stored as it comes. A report_seq more than MAX_REPORT_SEQ_AHEAD ahead of
+    `now` is InvalidInput (report_seq_limit)."""
     st = get_state(session, device)
     version, digest = report.get("applied_version"), report.get("applied_hash")
     if version is not None:
@@ -242,6 +258,11 @@ def record_status(session: Session, device: str, report: Mapping[str, Any], *, a
     seq = report.get("report_seq")
     if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_REPORT_SEQ):
         raise InvalidInput(f"report_seq must be an integer from 1 to {MAX_REPORT_SEQ}")
+    limit = report_seq_limit(now)
+    if seq is not None and seq > limit:
+        days = MAX_REPORT_SEQ_AHEAD.days
+        raise InvalidInput(f"report_seq {seq} is more than {days} days ahead of the server's clock (at most {limit} ns "
+                           "since the epoch): the agent's clock is ahead")
     counters = dict(report.get("counters") or {})
     if len(counters) > MAX_COUNTERS:
         raise InvalidInput(f"at most {MAX_COUNTERS} counters per report")
@@ -253,8 +274,8 @@ def record_status(session: Session, device: str, report: Mapping[str, Any], *, a
     def state_of(st: DeviceState) -> tuple[Any, ...]:
         return (st.applied_version, st.applied_hash, bool(st.drift), st.drift_repaired, st.last_error)
 
-    def stale(st: DeviceState) -> bool:  # the stored seq only grows: once stale, stale for good
-        return seq is not None and st.report_seq is not None and seq <= st.report_seq
+    def stale(st: DeviceState) -> bool:  # a stored seq above the limit binds nothing (report_seq_limit)
+        return seq is not None and st.report_seq is not None and seq <= st.report_seq <= limit
 
     if stale(st):
         return StatusRecorded(st, False, True)

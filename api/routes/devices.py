@@ -77,7 +77,8 @@ class StatusReport(BaseModel):
     report_seq: int | None = Field(
         default=None, ge=1, le=service.MAX_REPORT_SEQ,
         description="the agent's number for this report, growing across its restarts: a report numbered at or "
-                    "below the device's stored one arrived late and changes nothing (answered with `stale`)")
+                    "below the device's stored one arrived late and changes nothing (answered with `stale`); one "
+                    "more than 7 days ahead of the server's clock in ns since the epoch is 400")
 
 
 class DeviceOut(BaseModel):

@@ -13,12 +13,15 @@ names with each rule set as the lab's Linux leaf does; its poller, checker and r
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from agent.api import VIEW_KEY
 from agent.device_loop import DeviceLoop
@@ -225,13 +228,53 @@ def test_a_reporter_behind_the_servers_number_goes_above_it(leaf: Leaf) -> None:
     loop = leaf.loop
     applied = {"applied_version": _device(leaf.served)["applied_version"],
                "applied_hash": _device(leaf.served)["applied_hash"]}
-    ahead = 2**62  # about the year 2116 in nanoseconds
+    ahead = time.time_ns() + 3600 * 10**9  # an hour ahead (the server refuses one 7 days ahead of its clock)
     r = leaf.served.env.call("POST", STATUS_PATH, "admin",
                              json={**applied, "last_error": "a process with its clock far ahead", "report_seq": ahead})
     assert r.status_code == 200 and r.json()["stale"] is False, r.text
     stale = loop.stale_reports
     assert _until(lambda: _device(leaf.served)["last_error"] is None, 15), "the agent's reports stayed stale"
     assert _device(leaf.served)["report_seq"] > ahead and loop.stale_reports > stale
+
+
+def test_a_reporter_whose_clock_ran_ahead_reports_again_once_it_is_set_right(leaf: Leaf,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Should fix (review-agentsec): the server refuses a report numbered more than 7 days ahead of its clock, so a
+    host whose clock runs ten days ahead has its reports refused (that is the bound doing its work). Once the clock is
+    set right, the loop numbered its reports from the last number it had given, ten days ahead, and every report
+    stayed refused for ten days. Now a number the server refused does not raise the loop's floor."""
+    loop, day = leaf.loop, 86_400 * 10**9
+    applied = {"applied_version": _device(leaf.served)["applied_version"],
+               "applied_hash": _device(leaf.served)["applied_hash"]}
+    caplog.set_level(logging.WARNING, logger="trustfabric.agent")
+    loop._time_ns = lambda: time.time_ns() + 10 * day  # the host's clock ten days ahead
+    try:
+        r = leaf.served.env.call("POST", STATUS_PATH, "admin", json={**applied, "last_error": "marker"})  # unnumbered
+        assert r.status_code == 200, r.text
+        assert _until(lambda: "ahead of the server's clock" in caplog.text, 15), "the agent's reports were not refused"
+        assert _device(leaf.served)["last_error"] == "marker"
+    finally:
+        loop._time_ns = time.time_ns  # set right
+    assert _until(lambda: _device(leaf.served)["last_error"] is None, 15), "the agent's reports stayed refused"
+    assert _device(leaf.served)["report_seq"] < time.time_ns() + 7 * day
+
+
+def test_a_device_whose_stored_number_is_at_the_top_of_the_range_reports_again(leaf: Leaf) -> None:
+    """Should fix (review-agentsec): a stored report_seq of 2**63-1 (a buggy or compromised agent's report) held the
+    device's reports stale for good: the loop took it as its floor, and its next number, 2**63, was refused as out of
+    range, for ever (an operator could only edit the database). Now the server binds no report with a number far ahead
+    of its clock, and refuses to store one."""
+    applied = {"applied_version": _device(leaf.served)["applied_version"],
+               "applied_hash": _device(leaf.served)["applied_hash"]}
+    r = leaf.served.env.call("POST", STATUS_PATH, "admin", json={**applied, "last_error": "marker"})  # unnumbered
+    assert r.status_code == 200, r.text
+    with leaf.served.env.ctx.db.session() as s:
+        s.execute(text("UPDATE enforcer_devices SET report_seq = :top WHERE device = :d"),
+                  {"top": 2**63 - 1, "d": DEVICE})
+    assert _until(lambda: _device(leaf.served)["last_error"] is None, 15), "the agent's reports stayed stale"
+    assert _device(leaf.served)["report_seq"] < 2**63 - 1
+    r = leaf.served.env.call("POST", STATUS_PATH, "admin", json={**applied, "report_seq": 2**63 - 1})
+    assert r.status_code == 400 and "ahead of the server's clock" in r.text, r.text
 
 
 def _device(served: Served) -> dict[str, Any]:

@@ -123,3 +123,44 @@ def _waiting_for_a_lock(stack: Stack) -> bool:
     with stack.ctx.db.engine.connect() as conn:
         return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                       "AND datname = current_database()")).scalar_one())
+
+
+def test_a_report_numbered_far_ahead_of_the_servers_clock_is_invalid(stack: Stack) -> None:
+    """Should fix (review-agentsec): the server took any number up to 2**63-1. One report numbered at the top (a
+    buggy or compromised agent) left no number above it: every later report of the device was stale for good, and
+    the agent's floor (stored + 1) was refused as out of range. Now a number more than 7 days ahead of the server's
+    clock is refused, and the limit itself is taken."""
+    stack.rec.run_once("start")
+    limit = service.report_seq_limit(stack.clock())
+    assert limit == time_ns_of(stack) + 7 * 86_400 * 10**9
+    for seq in (2**63 - 1, limit + 1):
+        with pytest.raises(InvalidInput, match="ahead of the server's clock"):
+            _report(stack, **_applied(stack), report_seq=seq)
+        assert _row(stack)["report_seq"] is None
+    assert not _report(stack, **_applied(stack), report_seq=limit).stale
+    stack.clock.advance(timedelta(seconds=1))  # the agent's floor, stored + 1, is taken a moment later
+    assert not _report(stack, **_applied(stack), report_seq=limit + 1).stale
+
+
+def test_a_stored_number_far_ahead_of_the_servers_clock_binds_nothing(stack: Stack) -> None:
+    """Should fix (review-agentsec): a row holding a number the server would refuse now (stored before the bound,
+    or by hand) kept every report of the device stale for good; no operator command clears it. Now such a number
+    binds no report: the next one is stored, and its number binds from then on."""
+    stack.rec.run_once("start")
+    assert not _report(stack, **_applied(stack), report_seq=5).stale
+    now = time_ns_of(stack)
+    for counters_only in (True, False):  # the conditional UPDATE's way, and the locked way (an audited change)
+        with stack.ctx.db.session() as s:
+            s.execute(text("UPDATE enforcer_devices SET report_seq = :top WHERE device = :d"),
+                      {"top": 2**63 - 1, "d": DEVICE})
+        report = {**_applied(stack), **({} if counters_only else {"last_error": "seen"})}
+        recorded = _report(stack, **report, report_seq=now)
+        assert not recorded.stale and recorded.audited is not counters_only, counters_only
+        assert _row(stack)["report_seq"] == now
+        now += 1
+    assert _row(stack)["last_error"] == "seen"
+    assert _report(stack, **_applied(stack), report_seq=now - 1).stale  # binding again
+
+
+def time_ns_of(stack: Stack) -> int:
+    return int(stack.clock().timestamp()) * 10**9 + stack.clock().microsecond * 1000
