@@ -471,3 +471,88 @@ def test_a_withdrawn_flow_takes_its_established_connections_with_it(two_nodes: d
     finally:
         cut.close()
         kept.close()
+
+
+def _spray(src: str, dst: str, dport: int, sports: range) -> None:
+    """One datagram src:sport -> dst:dport from each source port: as many conntrack entries (call it inside the
+    source's namespace)."""
+    for k, sport in enumerate(sports):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.bind((src, sport))
+            s.sendto(b"x", (dst, dport))
+        finally:
+            s.close()
+        if k % 200 == 199:
+            time.sleep(0.01)  # the userspace datapath drops what comes faster than its upcalls
+
+
+def _udp_entries(ovs: OvsDaemons, zone: int, dport: int) -> int:
+    out = ovs.run("ovs-appctl", "-t", f"{ovs.rundir}/vswitchd.ctl", "dpctl/dump-conntrack", f"zone={zone}").stdout
+    return sum(1 for line in out.splitlines() if line.startswith("udp,") and f"dport={dport})" in line)
+
+
+def test_an_apply_cuts_ten_thousand_withdrawn_connections_in_bounded_time(roce_nodes: dict[str, str],
+                                                                          ovs_daemons: OvsDaemons) -> None:
+    """A NIC carrying 10,000 connections of a grant that is revoked: the apply that withdraws it cut them one
+    `ovs-appctl` process each (~5 ms: close to a minute for the apply, during which the agent's device thread
+    applied nothing else); now one unixctl connection carries every request and each distinct flow is decided
+    once. The allowed connection beside them stays."""
+    ns, w1, db1, n = roce_nodes, ADDR["w1"], ADDR["db1"], 10_000
+    assert _datagram(ns["w1"], w1, 20000, ns["db1"], db1, 9000, tries=10)  # the wire works (ARP done)
+    for _ in range(5):  # again for the datagrams dropped on the way: a repeated one makes no second entry
+        if _udp_entries(ovs_daemons, 101, 9000) >= n + 1:
+            break
+        run_in(ns["w1"], _spray, w1, db1, 9000, range(20001, 20001 + n))
+    assert _udp_entries(ovs_daemons, 101, 9000) >= n + 1
+    kept = run_in(ns["db1"], connect_from, db1, w1, 443)  # acme/data -> acme/train:443, allowed throughout
+    try:
+        f = small()
+        withdrawn = compile_fabric(f, allowed_flows(f), revoked_ids(f))  # the RoCEv2/9000 grant revoked
+        started = time.monotonic()
+        for node, backend in backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"]).items():
+            backend.apply(withdrawn.devices[f"nic:{node}"])
+        took = time.monotonic() - started
+        assert _udp_entries(ovs_daemons, 101, 9000) == 0
+        assert took < 10, f"two applies cutting {n} connections took {took:.1f} s"
+        kept.settimeout(3)
+        kept.sendall(b"after")
+        assert kept.recv(16) == b"after"
+    finally:
+        kept.close()
+
+
+def test_a_cut_that_fails_leaves_the_new_flows_applied_and_shows_as_drift(two_nodes: dict[str, str],
+                                                                          ovs_daemons: OvsDaemons) -> None:
+    """The flows are committed before the cut: a cut that failed (the daemon's control socket out of reach) was an
+    ApplyError, so the agent kept the previous set as its last good one and its drift repair put that set back, the
+    withdrawn allow with it. Now the apply stands, the connection it could not cut is drift, and the next drift
+    check, once the socket answers, cuts it."""
+    ns = two_nodes
+    conn = run_in(ns["w1"], connect_from, ADDR["w1"], ADDR["db1"], 5432)  # acme/train -> acme/data:5432
+    ctl = ovs_daemons.rundir / "vswitchd.ctl"
+    away = ctl.with_name("vswitchd.ctl.away")
+    try:
+        conn.settimeout(3)
+        conn.sendall(b"before")
+        assert conn.recv(16) == b"before"
+        f = small()
+        withdrawn = compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
+        nics = backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"])
+        ctl.rename(away)
+        try:
+            for node, backend in nics.items():
+                backend.apply(withdrawn.devices[f"nic:{node}"])  # no ApplyError: the new flows are in force
+            drift = nics["gpu1"].drift(withdrawn.devices["nic:gpu1"])
+            assert drift and all(line.startswith("conntrack: ") for line in drift), drift
+        finally:
+            away.rename(ctl)
+        for node, backend in nics.items():  # the agent's next drift check: the socket answers, the cut is made
+            assert backend.drift(withdrawn.devices[f"nic:{node}"]) == []
+        conn.settimeout(1.5)
+        conn.sendall(b"after")
+        with pytest.raises(OSError):
+            if conn.recv(16) == b"":
+                raise ConnectionResetError("closed")
+    finally:
+        conn.close()
