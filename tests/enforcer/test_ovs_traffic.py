@@ -556,3 +556,37 @@ def test_a_cut_that_fails_leaves_the_new_flows_applied_and_shows_as_drift(two_no
                 raise ConnectionResetError("closed")
     finally:
         conn.close()
+
+
+def test_a_withdrawn_flow_takes_its_ipv6_connections_with_it(two_nodes: dict[str, str],
+                                                             ovs_daemons: OvsDaemons) -> None:
+    """The same over IPv6 (the conntrack entry is matched by its ct_ipv6_* fields): the withdrawn connection goes,
+    the one still allowed stays."""
+    ns, w1, db1 = two_nodes, "fd00:1::11", "fd00:1::21"
+    for w, addr in (("w1", w1), ("db1", db1)):
+        _sh("ip", "-n", ns[w], "-6", "addr", "add", f"{addr}/64", "dev", "eth0", "nodad")
+    cut = run_in(ns["w1"], connect_from, w1, db1, 5432)
+    kept = run_in(ns["db1"], connect_from, db1, w1, 443)
+    try:
+        for conn in (cut, kept):
+            conn.settimeout(3)
+            conn.sendall(b"before")
+            assert conn.recv(16) == b"before"
+        f = small()
+        withdrawn = compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
+        nics = backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"])
+        removed = [x for node, backend in nics.items()
+                   for x in backend.forget_withdrawn(withdrawn.devices[f"nic:{node}"])]
+        assert removed and all(f"{w1}:" in x and f"{db1}:5432" in x for x in removed), removed
+        for node, backend in nics.items():
+            backend.apply(withdrawn.devices[f"nic:{node}"])
+        kept.sendall(b"after")
+        assert kept.recv(16) == b"after"
+        cut.settimeout(1.5)
+        cut.sendall(b"after")
+        with pytest.raises(OSError):
+            if cut.recv(16) == b"":
+                raise ConnectionResetError("closed")
+    finally:
+        cut.close()
+        kept.close()
