@@ -287,7 +287,8 @@ class Reconciler:
                         # for one of them let a tenant whose grants filled one leaf stop every other change,
                         # a revocation or a quarantine included, from reaching any device.
                         outcome.error = (f"{BudgetExceeded(list(compiled.over))}; those devices keep their last "
-                                         "good rule set (held: their compile is their pending plan), the others were published")
+                                         "good rule set (held: their compile is their pending plan), the others "
+                                         "were published")
                         log.error("enforcer: %s", outcome.error)
                 except Stale:
                     continue
