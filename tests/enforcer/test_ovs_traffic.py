@@ -14,6 +14,7 @@ TCP of the same pair still go through conntrack.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import secrets
@@ -28,11 +29,12 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
-from enforcer.backends.ovs import OvsBackend
+from core.rocev2 import ROCE_V2_PORT
+from enforcer.backends.ovs import OvsBackend, _NewConnections
 from enforcer.compiler import Compiled, compile_fabric
 from enforcer.fabric import revoked_ids
 from enforcer.netns import run_in
-from enforcer.ovsd import OvsDaemons
+from enforcer.ovsd import OvsDaemons, Unixctl
 from tests.enforcer.helpers import allowed_flows, compile_small, small
 from tests.flow_watch import connect_from, echo_server
 
@@ -590,3 +592,55 @@ def test_a_withdrawn_flow_takes_its_ipv6_connections_with_it(two_nodes: dict[str
     finally:
         cut.close()
         kept.close()
+
+
+RANGES = {"dst_tenant": "acme", "dst_group": "data", "proto": "tcp", "ports": [*range(1000, 1100), 3000, 3001, 3002],
+          "reason": "grant:ranges", "sources": ["acme/train", "globex/batch"]}
+
+
+def _traced_allow(ctl: Unixctl, bridge: str, flow: str) -> bool:
+    """Whether the bridge's OpenFlow pipeline sends a `+new` packet of `flow` anywhere (ofproto/trace, conntrack
+    answering trk,new at each ct): the verdict the NIC gives a new connection."""
+    out = ctl("ofproto/trace", bridge, flow, "--ct-next", "trk,new")
+    actions: list[str] = re.findall(r"^Datapath actions: (.*)$", out, flags=re.MULTILINE)
+    return actions[-1].strip() != "drop"
+
+
+def test_the_conntrack_cut_decides_new_connections_as_the_openflow_pipeline_does(ovs_daemons: OvsDaemons) -> None:
+    """forget_withdrawn decides from the IR which connections a rule set still admits, beside the renderer: asked
+    of every (direction, local and remote address, protocol, port at and around each rule's range edges, IPv4
+    and IPv6) on the two NICs, it answers as OVS's own trace of a `+new` packet through the rendered flows
+    (plain and conjunctive allows, port masks, RoCEv2's port carved out of udp). A divergence would cut allowed
+    connections ("not admitted") or leave revoked ones open ("admitted")."""
+    f = small()
+    compiled = compile_fabric(f, [*allowed_flows(f), ROCE, RANGES], revoked_ids(f))
+    with _wired(ovs_daemons, compiled) as ns:
+        nics = backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"])
+        checked = 0
+        with ovs_daemons.unixctl() as ctl:
+            for node, backend in nics.items():
+                rs = compiled.devices[f"nic:{node}"]
+                admits = _NewConnections(rs)
+                remote = sorted({ipaddress.ip_interface(a).ip for s in rs.sets for a in (*s.v4, *s.v6)}
+                                | {ipaddress.ip_address("10.9.9.9"), ipaddress.ip_address("fd00:9::9")}, key=str)
+                ports = sorted({p for r in rs.rules if r.state == "new" for lo, hi in r.ports
+                                for p in (lo - 1, lo, hi, hi + 1)} | {1, 22, 65535} - {ROCE_V2_PORT})
+                for port_ in rs.ports:
+                    name = backend.port_names.get(port_.name, port_.name)
+                    uplink = backend.port_names.get(rs.uplink, rs.uplink)
+                    for local in (ipaddress.ip_interface(a).ip for a in (*port_.v4, *port_.v6)):
+                        fam = "nw" if local.version == 4 else "ipv6"
+                        for peer in (a for a in remote if a.version == local.version and a != local):
+                            for proto in ("tcp", "udp"):
+                                kind = proto if local.version == 4 else f"{proto}6"
+                                for dport in ports:
+                                    out = (f"in_port={name},vlan_tci=0,{kind},{fam}_src={local},{fam}_dst={peer},"
+                                           f"{proto}_src=40000,{proto}_dst={dport}")
+                                    into = (f"in_port={uplink},dl_vlan={port_.vlan},{kind},{fam}_src={peer},"
+                                            f"{fam}_dst={local},{proto}_src=40000,{proto}_dst={dport}")
+                                    for direction, flow, s, d in (("egress", out, local, peer),
+                                                                  ("ingress", into, peer, local)):
+                                        want = _traced_allow(ctl, backend.bridge, flow)
+                                        assert admits(direction, s, d, proto, dport) == want, (node, flow, want)
+                                        checked += 1
+        assert checked > 1000, checked
