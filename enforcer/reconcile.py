@@ -21,10 +21,10 @@ When it runs:
 
 Failing safe: no active policy version compiles to default deny everywhere (nothing is allowed); an engine
 error or a malformed answer publishes nothing (every device keeps its last good rule set); a rule set over
-budget is not published and its device keeps its last good set, while every other device is published (one
-leaf filled by a tenant's grants must not hold back a revocation everywhere; an explicit `enforcer apply` of
-an overflowing device still publishes nothing). Each is logged and kept in `last` (and printed by
-`trustfabric enforcer compile`).
+budget is not published and its device keeps its last good set, held (its compile is its pending plan, audited
+once), while every other device is published (one leaf filled by a tenant's grants must not hold back a
+revocation everywhere; an explicit `enforcer apply` of an overflowing device still publishes nothing). Each
+is logged and kept in `last` (and printed by `trustfabric enforcer compile`).
 
 Publishing (auto mode) is one transaction that first locks the audit log's head and checks that no
 relevant event was appended since the inputs were read; if one was, the inputs are read again and the
@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -280,13 +280,15 @@ class Reconciler:
                     if over and force and (select is None or over & select):
                         raise BudgetExceeded(list(compiled.over))  # an operator's apply: all or nothing, as asked
                     self._publish(compiled, inputs, outcome, select=select, unpin=unpin, force=force,
-                                  actor=actor or self.actor, request_id=request_id, skip=over)
+                                  actor=actor or self.actor, request_id=request_id,
+                                  skip={o.device: f"over budget: {o}" for o in compiled.over})
                     if over:
                         # Only the devices over budget keep their last good rule set. Holding every device back
                         # for one of them let a tenant whose grants filled one leaf stop every other change,
                         # a revocation or a quarantine included, from reaching any device.
                         outcome.error = (f"{BudgetExceeded(list(compiled.over))}; those devices keep their last "
-                                         "good rule set, the others were published")
+                                         "good rule set (held: their compile is their pending plan), the others "
+                                         "were published")
                         log.error("enforcer: %s", outcome.error)
                 except Stale:
                     continue
@@ -403,9 +405,13 @@ class Reconciler:
 
     def _publish(self, compiled: Compiled, inputs: Inputs, outcome: Outcome, *, select: set[str] | None,
                  unpin: Collection[str], force: bool, actor: Actor, request_id: str | None,
-                 skip: Collection[str] = ()) -> None:
-        """Publish (or hold) every compiled device that changed, but those in `skip` (over their budget: they
-        keep their last good rule set, and are neither held nor retired)."""
+                 skip: Mapping[str, str] | None = None) -> None:
+        """Publish (or hold) every compiled device that changed. Those in `skip` (over their budget: device -> why)
+        keep their last good rule set and are held: their compile becomes their pending plan, so `enforcer status`
+        shows a device that is not running what the policy now says, and the hold is audited once, when it starts
+        or its plan changes, not on every run. Back under budget, the device is published (or, back in step,
+        released) by the same run."""
+        skip = skip or {}
         now = self.clock()
         known = self._compiled.devices if self._compiled is not None else {}
         cause = outcome.cause
@@ -425,9 +431,13 @@ class Reconciler:
                     raise Stale()
             sts = service.states(s)
             for device, rs in sorted(compiled.devices.items()):
-                if (select is not None and device not in select) or device in skip:
+                if select is not None and device not in select:
                     continue
                 st = sts.get(device)
+                if device in skip:
+                    if service.hold(s, rs, why=skip[device][:500], actor=actor, now=now):
+                        outcome.held.append(device)
+                    continue
                 unpinning = st is not None and st.pinned and device in unpin
                 if st is not None and st.in_fabric and st.content_hash == rs.content_hash and not unpinning:
                     if st.pending_hash is not None:  # back in step: no pending plan any more

@@ -40,10 +40,16 @@ def _port_key(lo: int, hi: int) -> str:
 
 
 def check_leaf_rule(r: FlowRule) -> None:
-    """ValueError unless the rule's action, protocol and port side are each one of their values: a leaf renderer
-    reads them as such (fail closed: a port side read by elimination would make "dest" a source-port match)."""
-    if r.action not in ("allow", "deny") or r.proto not in ("tcp", "udp", "*") or r.port_side not in ("dst", "src"):
-        raise ValueError(f"a leaf rule set holds a rule it cannot render: action {r.action!r}, proto {r.proto!r}, "
+    """ValueError unless the rule is one the compiler makes for a leaf: direction `inbound`, state `any`, action,
+    protocol and port side each one of their values, ports only under tcp/udp, a deny only the final catch-all. A
+    leaf renderer reads nothing else (fail closed): by elimination a port side "dest" was a source-port match, a
+    NIC's `established` rule (allow any to any) a permit-all ACL entry, and a deny naming an unknown set no entry."""
+    bad = (r.action not in ("allow", "deny") or r.proto not in ("tcp", "udp", "*") or r.port_side not in ("dst", "src")
+           or r.direction != "inbound" or r.state != "any" or (r.ports and r.proto == ANY)
+           or (r.action == "deny" and (r.src, r.dst, r.proto) != (ANY, ANY, ANY)))
+    if bad:
+        raise ValueError(f"a leaf rule set holds a rule it cannot render: direction {r.direction!r}, state "
+                         f"{r.state!r}, action {r.action!r}, {r.src} > {r.dst}, proto {r.proto!r}, ports {r.ports}, "
                          f"port side {r.port_side!r}")
 
 

@@ -185,6 +185,9 @@ def _rule(b: _Builder, r: FlowRule, sets: Mapping[str, object]) -> None:
         back = f"resubmit(,{T_TO_HOST if egress else T_TO_NET})"
         _allow(b, T_ROCE_INGRESS if egress else T_ROCE_EGRESS, "", r.dst, r.src, r, sets, back)
         return
+    if r.proto == ANY:  # the compiler allows tcp or udp only, and an apply cuts only their withdrawn connections
+        raise ValueError("a stateful allow names tcp or udp: one of any protocol would commit ICMP and other "
+                         "protocols to conntrack, whose connections no apply would cut when it is withdrawn")
     _allow(b, table, "ct_state=+new+trk,", r.src, r.dst, r, sets, f"ct(commit,zone={ZONE_REG}),{forward}")
 
 

@@ -88,3 +88,23 @@ def test_a_leaf_rule_outside_the_ir_vocabulary_is_refused_by_both_leaf_renderers
     for render in (lambda: render_nvue(odd), lambda: render_linux(odd, compiled.fabric)):
         with pytest.raises(ValueError, match="cannot render"):
             render()
+
+
+@pytest.mark.parametrize("fields", [
+    {"action": "allow", "state": "established"},  # a NIC's conntrack-return rule: allow any to any
+    {"direction": "egress"},
+    {"state": "new"},
+    {"src": "no-such-set"},  # a deny naming a set: one the set list lacks rendered as no entry at all
+    {"proto": "*", "ports": ((443, 443),)},
+])
+def test_a_leaf_rule_outside_what_the_compiler_makes_is_refused(fields: dict[str, Any]) -> None:
+    """The leaf renderers checked action, protocol and port side but read any direction as inbound and any state as
+    stateless: the leaf's final deny turned into a NIC's `established` rule rendered as a permit-all entry (NVUE)
+    and an accept-all rule (nftables), ahead of the tenant's whole ACL. Each renderer refuses such a rule set."""
+    compiled, _ = compile_small()
+    rs = compiled.devices["leaf:leaf1"]
+    i = next(i for i, r in enumerate(rs.rules) if r.action == "deny")
+    odd = dataclasses.replace(rs, rules=(rs.rules[i]._replace(**fields), *rs.rules))
+    for render in (lambda: render_nvue(odd), lambda: render_linux(odd, compiled.fabric)):
+        with pytest.raises(ValueError, match="cannot render"):
+            render()

@@ -91,3 +91,15 @@ def test_a_rule_outside_the_ir_vocabulary_is_refused_not_read_as_an_allow(field:
     odd = dataclasses.replace(rs, rules=(*rs.rules[:i], bad, *rs.rules[i + 1:]))
     with pytest.raises(ValueError, match="cannot render"):
         render_flows(odd)
+
+
+def test_a_stateful_allow_of_any_protocol_is_refused() -> None:
+    """`*` is in the IR's vocabulary for the established rule and the final deny, but a `+new` allow of any
+    protocol would commit ICMP, SCTP, GRE... to conntrack, and an apply cuts only the TCP/UDP connections it
+    withdraws (OvsBackend.forget_withdrawn): such a connection would outlive the allow's withdrawal. The compiler
+    never makes one; a rule set that holds one is refused."""
+    rs = next(rs for rs in _nics() if any(r.action == "allow" and r.state == "new" for r in rs.rules))
+    i = next(i for i, r in enumerate(rs.rules) if r.action == "allow" and r.state == "new")
+    odd = dataclasses.replace(rs, rules=(*rs.rules[:i], rs.rules[i]._replace(proto="*", ports=()), *rs.rules[i + 1:]))
+    with pytest.raises(ValueError, match="tcp or udp"):
+        render_flows(odd)

@@ -14,6 +14,7 @@ TCP of the same pair still go through conntrack.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import secrets
@@ -28,11 +29,12 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
-from enforcer.backends.ovs import OvsBackend
+from core.rocev2 import ROCE_V2_PORT
+from enforcer.backends.ovs import OvsBackend, _NewConnections
 from enforcer.compiler import Compiled, compile_fabric
 from enforcer.fabric import revoked_ids
 from enforcer.netns import run_in
-from enforcer.ovsd import OvsDaemons
+from enforcer.ovsd import OvsDaemons, Unixctl
 from tests.enforcer.helpers import allowed_flows, compile_small, small
 from tests.flow_watch import connect_from, echo_server
 
@@ -471,3 +473,174 @@ def test_a_withdrawn_flow_takes_its_established_connections_with_it(two_nodes: d
     finally:
         cut.close()
         kept.close()
+
+
+def _spray(src: str, dst: str, dport: int, sports: range) -> None:
+    """One datagram src:sport -> dst:dport from each source port: as many conntrack entries (call it inside the
+    source's namespace)."""
+    for k, sport in enumerate(sports):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.bind((src, sport))
+            s.sendto(b"x", (dst, dport))
+        finally:
+            s.close()
+        if k % 200 == 199:
+            time.sleep(0.01)  # the userspace datapath drops what comes faster than its upcalls
+
+
+def _udp_entries(ovs: OvsDaemons, zone: int, dport: int) -> int:
+    out = ovs.run("ovs-appctl", "-t", f"{ovs.rundir}/vswitchd.ctl", "dpctl/dump-conntrack", f"zone={zone}").stdout
+    return sum(1 for line in out.splitlines() if line.startswith("udp,") and f"dport={dport})" in line)
+
+
+def test_an_apply_cuts_ten_thousand_withdrawn_connections_in_bounded_time(roce_nodes: dict[str, str],
+                                                                          ovs_daemons: OvsDaemons) -> None:
+    """A NIC carrying 10,000 connections of a grant that is revoked: the apply that withdraws it cut them one
+    `ovs-appctl` process each (~5 ms: close to a minute for the apply, during which the agent's device thread
+    applied nothing else); now one unixctl connection carries every request and each distinct flow is decided
+    once. The allowed connection beside them stays."""
+    ns, w1, db1, n = roce_nodes, ADDR["w1"], ADDR["db1"], 10_000
+    assert _datagram(ns["w1"], w1, 20000, ns["db1"], db1, 9000, tries=10)  # the wire works (ARP done)
+    for _ in range(5):  # again for the datagrams dropped on the way: a repeated one makes no second entry
+        if _udp_entries(ovs_daemons, 101, 9000) >= n + 1:
+            break
+        run_in(ns["w1"], _spray, w1, db1, 9000, range(20001, 20001 + n))
+    assert _udp_entries(ovs_daemons, 101, 9000) >= n + 1
+    kept = run_in(ns["db1"], connect_from, db1, w1, 443)  # acme/data -> acme/train:443, allowed throughout
+    try:
+        f = small()
+        withdrawn = compile_fabric(f, allowed_flows(f), revoked_ids(f))  # the RoCEv2/9000 grant revoked
+        started = time.monotonic()
+        for node, backend in backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"]).items():
+            backend.apply(withdrawn.devices[f"nic:{node}"])
+        took = time.monotonic() - started
+        assert _udp_entries(ovs_daemons, 101, 9000) == 0
+        assert took < 10, f"two applies cutting {n} connections took {took:.1f} s"
+        kept.settimeout(3)
+        kept.sendall(b"after")
+        assert kept.recv(16) == b"after"
+    finally:
+        kept.close()
+
+
+def test_a_cut_that_fails_leaves_the_new_flows_applied_and_shows_as_drift(two_nodes: dict[str, str],
+                                                                          ovs_daemons: OvsDaemons) -> None:
+    """The flows are committed before the cut: a cut that failed (the daemon's control socket out of reach) was an
+    ApplyError, so the agent kept the previous set as its last good one and its drift repair put that set back, the
+    withdrawn allow with it. Now the apply stands, the connection it could not cut is drift, and the next drift
+    check, once the socket answers, cuts it."""
+    ns = two_nodes
+    conn = run_in(ns["w1"], connect_from, ADDR["w1"], ADDR["db1"], 5432)  # acme/train -> acme/data:5432
+    ctl = ovs_daemons.rundir / "vswitchd.ctl"
+    away = ctl.with_name("vswitchd.ctl.away")
+    try:
+        conn.settimeout(3)
+        conn.sendall(b"before")
+        assert conn.recv(16) == b"before"
+        f = small()
+        withdrawn = compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
+        nics = backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"])
+        ctl.rename(away)
+        try:
+            for node, backend in nics.items():
+                backend.apply(withdrawn.devices[f"nic:{node}"])  # no ApplyError: the new flows are in force
+            drift = nics["gpu1"].drift(withdrawn.devices["nic:gpu1"])
+            assert drift and all(line.startswith("conntrack: ") for line in drift), drift
+        finally:
+            away.rename(ctl)
+        for node, backend in nics.items():  # the agent's next drift check: the socket answers, the cut is made
+            assert backend.drift(withdrawn.devices[f"nic:{node}"]) == []
+        conn.settimeout(1.5)
+        conn.sendall(b"after")
+        with pytest.raises(OSError):
+            if conn.recv(16) == b"":
+                raise ConnectionResetError("closed")
+    finally:
+        conn.close()
+
+
+def test_a_withdrawn_flow_takes_its_ipv6_connections_with_it(two_nodes: dict[str, str],
+                                                             ovs_daemons: OvsDaemons) -> None:
+    """The same over IPv6 (the conntrack entry is matched by its ct_ipv6_* fields): the withdrawn connection goes,
+    the one still allowed stays."""
+    ns, w1, db1 = two_nodes, "fd00:1::11", "fd00:1::21"
+    for w, addr in (("w1", w1), ("db1", db1)):
+        _sh("ip", "-n", ns[w], "-6", "addr", "add", f"{addr}/64", "dev", "eth0", "nodad")
+    cut = run_in(ns["w1"], connect_from, w1, db1, 5432)
+    kept = run_in(ns["db1"], connect_from, db1, w1, 443)
+    try:
+        for conn in (cut, kept):
+            conn.settimeout(3)
+            conn.sendall(b"before")
+            assert conn.recv(16) == b"before"
+        f = small()
+        withdrawn = compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
+        nics = backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"])
+        removed = [x for node, backend in nics.items()
+                   for x in backend.forget_withdrawn(withdrawn.devices[f"nic:{node}"])]
+        assert removed and all(f"{w1}:" in x and f"{db1}:5432" in x for x in removed), removed
+        for node, backend in nics.items():
+            backend.apply(withdrawn.devices[f"nic:{node}"])
+        kept.sendall(b"after")
+        assert kept.recv(16) == b"after"
+        cut.settimeout(1.5)
+        cut.sendall(b"after")
+        with pytest.raises(OSError):
+            if cut.recv(16) == b"":
+                raise ConnectionResetError("closed")
+    finally:
+        cut.close()
+        kept.close()
+
+
+RANGES = {"dst_tenant": "acme", "dst_group": "data", "proto": "tcp", "ports": [*range(1000, 1100), 3000, 3001, 3002],
+          "reason": "grant:ranges", "sources": ["acme/train", "globex/batch"]}
+
+
+def _traced_allow(ctl: Unixctl, bridge: str, flow: str) -> bool:
+    """Whether the bridge's OpenFlow pipeline sends a `+new` packet of `flow` anywhere (ofproto/trace, conntrack
+    answering trk,new at each ct): the verdict the NIC gives a new connection."""
+    out = ctl("ofproto/trace", bridge, flow, "--ct-next", "trk,new")
+    actions: list[str] = re.findall(r"^Datapath actions: (.*)$", out, flags=re.MULTILINE)
+    return actions[-1].strip() != "drop"
+
+
+def test_the_conntrack_cut_decides_new_connections_as_the_openflow_pipeline_does(ovs_daemons: OvsDaemons) -> None:
+    """forget_withdrawn decides from the IR which connections a rule set still admits, beside the renderer: asked
+    of every (direction, local and remote address, protocol, port at and around each rule's range edges, IPv4
+    and IPv6) on the two NICs, it answers as OVS's own trace of a `+new` packet through the rendered flows
+    (plain and conjunctive allows, port masks, RoCEv2's port carved out of udp). A divergence would cut allowed
+    connections ("not admitted") or leave revoked ones open ("admitted")."""
+    f = small()
+    compiled = compile_fabric(f, [*allowed_flows(f), ROCE, RANGES], revoked_ids(f))
+    with _wired(ovs_daemons, compiled) as ns:
+        nics = backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"])
+        checked = 0
+        with ovs_daemons.unixctl() as ctl:
+            for node, backend in nics.items():
+                rs = compiled.devices[f"nic:{node}"]
+                admits = _NewConnections(rs)
+                remote = sorted({ipaddress.ip_interface(a).ip for s in rs.sets for a in (*s.v4, *s.v6)}
+                                | {ipaddress.ip_address("10.9.9.9"), ipaddress.ip_address("fd00:9::9")}, key=str)
+                ports = sorted({p for r in rs.rules if r.state == "new" for lo, hi in r.ports
+                                for p in (lo - 1, lo, hi, hi + 1)} | {1, 22, 65535} - {ROCE_V2_PORT})
+                for port_ in rs.ports:
+                    name = backend.port_names.get(port_.name, port_.name)
+                    uplink = backend.port_names.get(rs.uplink, rs.uplink)
+                    for local in (ipaddress.ip_interface(a).ip for a in (*port_.v4, *port_.v6)):
+                        fam = "nw" if local.version == 4 else "ipv6"
+                        for peer in (a for a in remote if a.version == local.version and a != local):
+                            for proto in ("tcp", "udp"):
+                                kind = proto if local.version == 4 else f"{proto}6"
+                                for dport in ports:
+                                    out = (f"in_port={name},vlan_tci=0,{kind},{fam}_src={local},{fam}_dst={peer},"
+                                           f"{proto}_src=40000,{proto}_dst={dport}")
+                                    into = (f"in_port={uplink},dl_vlan={port_.vlan},{kind},{fam}_src={peer},"
+                                            f"{fam}_dst={local},{proto}_src=40000,{proto}_dst={dport}")
+                                    for direction, flow, s, d in (("egress", out, local, peer),
+                                                                  ("ingress", into, peer, local)):
+                                        want = _traced_allow(ctl, backend.bridge, flow)
+                                        assert admits(direction, s, d, proto, dport) == want, (node, flow, want)
+                                        checked += 1
+        assert checked > 1000, checked

@@ -309,6 +309,38 @@ def test_a_device_over_budget_holds_back_only_itself(stack: Stack) -> None:
     assert stack.versions() == versions
 
 
+def test_a_device_over_budget_is_held_visibly_audited_once_and_published_once_back_under(stack: Stack) -> None:
+    """The overflowing leaf kept its last good set with no trace but a log line: `enforcer status` said it was in
+    step (no pending plan) while it lacked a revocation. It is now held: its compile is its pending plan, one
+    `enforcer.hold` event says why (not one per run), and once the budget fits again the same run publishes it."""
+    before = started(stack)
+    stack.grant("acme/train", "globex/api", 8443)
+    compiled, _ = stack.rec.compile_now()
+    leaves = {d: rs.cost for d, rs in compiled.devices.items() if rs.kind == "leaf"}
+    over = {d for d, cost in leaves.items() if cost == max(leaves.values())}
+    budget = stack.rec.config.budget
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=max(leaves.values()) - 1,
+                                                                acl_mode="non-atomic"))
+    mark = stack.size()
+    out = stack.rec.run_once("grant")
+    assert over <= set(out.held) and not over & set(out.published)
+    with stack.ctx.db.read_session() as s:
+        rows = {d: service.status_row(s, d) for d in over}
+    assert all(r["pending_hash"] == compiled.devices[d].content_hash and r["desired_version"] == before[d][0]
+               for d, r in rows.items()), rows
+    held = [e for e in stack.events("enforcer.hold", mark) if e.object_id in over]
+    assert sorted(e.object_id for e in held) == sorted(over)
+    assert all("over budget" in e.summary["why"] for e in held)
+    stack.rec.run_once("again")
+    stack.rec.run_once("periodic resync", full=True)
+    assert len([e for e in stack.events("enforcer.hold", mark) if e.object_id in over]) == len(over)  # once
+    stack.rec.config = replace(stack.rec.config, budget=budget)
+    back = stack.rec.run_once("budget raised")
+    assert over <= set(back.published)
+    with stack.ctx.db.read_session() as s:
+        assert not any(service.status_row(s, d)["pending_hash"] for d in over)
+
+
 def test_the_stored_fabric_compiles_like_the_golden_file(stack: Stack) -> None:
     """What the database holds after an import is the golden fabric (its compile-relevant part)."""
     from tests.enforcer.helpers import small
