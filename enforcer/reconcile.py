@@ -38,14 +38,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from sqlmodel import Session, col, select
 
-from audit import Actor
+from audit import Actor, record
 from audit.service import changes_since, lock_head, size_and_events_since, tree_size
 from core.clock import Clock, system_clock
 from core.errors import Conflict, InvalidInput, NotFound
@@ -54,6 +54,7 @@ from enforcer.compiler import Budget, Compiled, all_devices, compile_fabric, rec
 from enforcer.errors import BudgetExceeded
 from enforcer.fabric import Fabric
 from enforcer.fabric_db import compile_fabric_of
+from enforcer.fairshare import Fit, fit_device
 from enforcer.ir import DeviceRuleSet
 from policy.data import build_data, live_until, to_ns
 from policy.decide import ALLOWED_FLOWS_QUERY, sync_data
@@ -116,11 +117,13 @@ class Outcome:
     retired: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
     error: str | None = None
+    # devices over budget compiled to fit: device -> [{tenant, entries, cost}] withheld (enforcer.fairshare)
+    withheld: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"cause": self.cause, "full": self.full, "changed": self.changed, "published": self.published,
                 "held": self.held, "retired": self.retired, "compile_seconds": round(self.compile_seconds, 4),
-                "error": self.error}
+                "error": self.error, "withheld": self.withheld}
 
 
 class Stale(Exception):
@@ -167,6 +170,9 @@ class Reconciler:
         self._wake = threading.Event()
         self.last: Outcome | None = None
         self.runs = 0
+        # device -> (its compiled set's hash, its published set's hash, the fit): enforcer.fairshare, see _fit
+        self._fits: dict[str, tuple[str, str | None, Fit]] = {}
+        self.fits: dict[str, Fit] = {}  # the last compile_now's (plan)
 
     # ---------------------------------------------------------------- when
 
@@ -247,10 +253,49 @@ class Reconciler:
         with self._run_lock:
             inputs = self._read()
             compiled, _full = self._compile(inputs, False)
-            if compiled.over:  # a plan or a check over budget says so (BudgetExceeded), as it always did
-                raise BudgetExceeded(list(compiled.over))
+            fits = self._fit(compiled)
+            unfit = [o for o in compiled.over if fits[o.device].rules is None]
+            if unfit:  # a plan or a check of a device that cannot fit says so (BudgetExceeded), as it always did
+                raise BudgetExceeded(unfit)
             self._compiled = compiled
-            return compiled, inputs
+            self.fits = fits
+            return self._fitted(compiled, fits), inputs
+
+    def _fit(self, compiled: Compiled) -> dict[str, Fit]:
+        """Each device over budget compiled to fit (enforcer.fairshare), against its last published rule set. Kept
+        while neither the device's compiled set nor its published one changes: a device that stays over is not
+        fitted again on every run."""
+        over = sorted(o.device for o in compiled.over)
+        self._fits = {d: hit for d, hit in self._fits.items() if d in over}
+        if not over:
+            return {}
+        out: dict[str, Fit] = {}
+        with self.db.read_session() as s:
+            sts = service.states(s)
+            for d in over:
+                st = sts.get(d)
+                published = st.content_hash if st is not None and st.in_fabric and st.version else None
+                raw = compiled.devices[d].content_hash
+                hit = self._fits.get(d)
+                if hit is not None and hit[0] == raw and hit[1] == published:
+                    out[d] = hit[2]
+                    continue
+                last = None
+                if published is not None and st is not None:
+                    known = hit[2].rules if hit is not None else None
+                    last = known if known is not None and known.content_hash == published else \
+                        service.ruleset_of(service.version_row(s, d, st.version))
+                out[d] = fit_device(compiled, d, last)
+                self._fits[d] = (raw, published, out[d])
+        return out
+
+    @staticmethod
+    def _fitted(compiled: Compiled, fits: dict[str, Fit]) -> Compiled:
+        """The compile with each device that fits by withholding in place of its over-budget set."""
+        if not fits:
+            return compiled
+        return replace(compiled, devices={**compiled.devices, **{d: f.rules for d, f in fits.items()
+                                                                  if f.rules is not None}})
 
     def close(self) -> None:
         if self._engine is not None:
@@ -276,17 +321,26 @@ class Reconciler:
                     outcome = Outcome(_cause(inputs.events) or cause, was_full,
                                       list(compiled.changed if not was_full else compiled.devices),
                                       compile_seconds=time.perf_counter() - start)
-                    over = {o.device for o in compiled.over}
+                    fits = self._fit(compiled)
+                    unfit = [o for o in compiled.over if fits[o.device].rules is None]
+                    over = {o.device for o in unfit}
                     if over and force and (select is None or over & select):
-                        raise BudgetExceeded(list(compiled.over))  # an operator's apply: all or nothing, as asked
+                        raise BudgetExceeded(unfit)  # an operator's apply: all or nothing, as asked
+                    outcome.withheld = {d: [{k: w[k] for k in ("tenant", "entries", "cost")}
+                                            for w in f.summary()["withheld"]]
+                                        for d, f in fits.items() if f.rules is not None and f.withheld}
+                    for d, f in sorted(fits.items()):
+                        if f.rules is not None:
+                            log.warning("enforcer: %s %s", d, f.note())
                     self._publish(compiled, inputs, outcome, select=select, unpin=unpin, force=force,
-                                  actor=actor or self.actor, request_id=request_id, skip=over)
+                                  actor=actor or self.actor, request_id=request_id, skip=over, fits=fits)
                     if over:
-                        # Only the devices over budget keep their last good rule set. Holding every device back
-                        # for one of them let a tenant whose grants filled one leaf stop every other change,
+                        # Only the devices that cannot fit keep their last good rule set. Holding every device
+                        # back for one of them let a tenant whose grants filled one leaf stop every other change,
                         # a revocation or a quarantine included, from reaching any device.
-                        outcome.error = (f"{BudgetExceeded(list(compiled.over))}; those devices keep their last "
-                                         "good rule set, the others were published")
+                        outcome.error = (f"{BudgetExceeded(unfit)}; withholding the entries of the tenants over "
+                                         "their fair share is not enough: those devices keep their last good rule "
+                                         "set, the others were published")
                         log.error("enforcer: %s", outcome.error)
                 except Stale:
                     continue
@@ -403,9 +457,12 @@ class Reconciler:
 
     def _publish(self, compiled: Compiled, inputs: Inputs, outcome: Outcome, *, select: set[str] | None,
                  unpin: Collection[str], force: bool, actor: Actor, request_id: str | None,
-                 skip: Collection[str] = ()) -> None:
+                 skip: Collection[str] = (), fits: Mapping[str, Fit] | None = None) -> None:
         """Publish (or hold) every compiled device that changed, but those in `skip` (over their budget: they
-        keep their last good rule set, and are neither held nor retired)."""
+        keep their last good rule set, and are neither held nor retired). A device in `fits` is published as
+        fitted, its version's cause led by what was withheld, and an `enforcer.withhold` event is recorded when the
+        withheld set of a device published (or in step) differs from the last one recorded for it."""
+        fits = fits or {}
         now = self.clock()
         known = self._compiled.devices if self._compiled is not None else {}
         cause = outcome.cause
@@ -424,29 +481,51 @@ class Reconciler:
                 if events or not complete:
                     raise Stale()
             sts = service.states(s)
+            withheld = service.withheld(s)
             for device, rs in sorted(compiled.devices.items()):
                 if (select is not None and device not in select) or device in skip:
                     continue
+                fit = fits.get(device)
+                if fit is not None and fit.rules is not None:
+                    rs = fit.rules
                 st = sts.get(device)
                 unpinning = st is not None and st.pinned and device in unpin
                 if st is not None and st.in_fabric and st.content_hash == rs.content_hash and not unpinning:
                     if st.pending_hash is not None:  # back in step: no pending plan any more
                         service.hold(s, rs, why="in sync", actor=actor, now=now)
+                    _withhold(s, device, fit, withheld.get(device), actor, now, cause)
                     continue
                 pinned = st is not None and st.pinned and not unpinning
                 if pinned or (self.config.mode == "manual" and not force):
                     if service.hold(s, rs, why="pinned" if pinned else "manual mode", actor=actor, now=now):
                         outcome.held.append(device)
                     continue
-                row = service.publish(s, rs, cause=cause, actor=actor, now=now, budget=self.config.budget,
-                                      known=known, pin=False if unpinning else None, request_id=request_id)
+                note = fit.note() if fit is not None else ""
+                row = service.publish(s, rs, cause=f"{note}; {cause}" if note else cause, actor=actor, now=now,
+                                      budget=self.config.budget, known=known, pin=False if unpinning else None,
+                                      request_id=request_id, withheld=outcome.withheld.get(device))
                 if row is not None:
                     outcome.published[device] = row.version
+                _withhold(s, device, fit, withheld.get(device), actor, now, cause)
             if select is None:
                 for device, st in sts.items():
                     if st.in_fabric and device not in compiled.devices:
                         service.retire(s, device, actor=actor, now=now, cause=cause)
                         outcome.retired.append(device)
+
+
+def _withhold(session: Session, device: str, fit: Fit | None, last: dict[str, Any] | None, actor: Actor,
+              now: datetime, cause: str) -> None:
+    """Record `enforcer.withhold` when what the device's published set withholds (nothing when `fit` is None)
+    differs from the last recorded (`last`, None: never recorded): once per change, not on every run (the caller
+    holds the audit log's head lock, so two replicas cannot both record one change)."""
+    summary: dict[str, Any] = fit.summary() if fit is not None else {"device": device, "withheld": []}
+    before = [(w["tenant"], w["flows"]) for w in (last or {}).get("withheld", [])]
+    if before == [(w["tenant"], w["flows"]) for w in summary["withheld"]]:
+        return
+    record(session, actor=actor, action="enforcer.withhold", object_type="device", object_id=device, summary=summary,
+           reason=(f"{(fit.note() if fit is not None else '') or 'nothing withheld: within budget'}; {cause}")[:2000],
+           at=now)
 
 
 # ---------------------------------------------------------------- reads for plan, staged plan, verify
