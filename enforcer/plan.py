@@ -38,11 +38,14 @@ class DevicePlan:
 
     def summary(self) -> dict[str, Any]:
         """What an audit event or a staged-mode report carries for this device."""
-        return {"device": self.device, "old_hash": self.old_hash, "new_hash": self.new_hash,
-                "rules_added": len(self.added), "rules_removed": len(self.removed),
-                "leaks_added": len(self.leaks_added), "leaks_removed": len(self.leaks_removed),
-                "budget": {"before": self.cost_before, "after": self.cost_after, "limit": self.limit},
-                "withheld": [{"tenant": t, "entries": n, "cost": c} for t, n, c in self.withheld]}
+        out: dict[str, Any] = {"device": self.device, "old_hash": self.old_hash, "new_hash": self.new_hash,
+                               "rules_added": len(self.added), "rules_removed": len(self.removed),
+                               "leaks_added": len(self.leaks_added), "leaks_removed": len(self.leaks_removed),
+                               "budget": {"before": self.cost_before, "after": self.cost_after,
+                                          "limit": self.limit}}
+        if self.withheld:  # what the new set withholds to fit the budget (the same key as a publish event's)
+            out["withheld"] = [{"tenant": t, "entries": n, "cost": c} for t, n, c in self.withheld]
+        return out
 
 
 def _resolved(rs: DeviceRuleSet | None) -> set[Resolved]:

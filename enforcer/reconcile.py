@@ -21,9 +21,12 @@ When it runs:
 
 Failing safe: no active policy version compiles to default deny everywhere (nothing is allowed); an engine
 error or a malformed answer publishes nothing (every device keeps its last good rule set); a rule set over
-budget is not published and its device keeps its last good set, while every other device is published (one
-leaf filled by a tenant's grants must not hold back a revocation everywhere; an explicit `enforcer apply` of
-an overflowing device still publishes nothing). Each is logged and kept in `last` (and printed by
+budget is compiled to fit by withholding the entries of the tenants furthest over their fair share of the device
+(enforcer.fairshare: fail closed, named in the version's cause, the outcome and one `enforcer.withhold` event per
+change), so one tenant's grants filling a leaf cost that tenant its newest flows there and hold back nobody
+else's change; only a device that cannot fit that way is not published and keeps its last good set, while every
+other device is published (an explicit `enforcer apply` of such a device still publishes nothing; one that fits
+is applied fitted, as a run publishes it). Each is logged and kept in `last` (and printed by
 `trustfabric enforcer compile`).
 
 Publishing (auto mode) is one transaction that first locks the audit log's head and checks that no

@@ -81,7 +81,7 @@ def test_a_tenants_grants_overflowing_a_leaf_withhold_its_newest_flows_there_onl
     with stack.ctx.db.read_session() as s:
         cause = service.versions(s, LEAF)[0]["cause"]
         status = service.status_row(s, LEAF)
-    assert cause.startswith(f"over budget, withheld (fair share ") and f"acme {len(withheld)} entries" in cause
+    assert cause.startswith("over budget, withheld (fair share ") and f"acme {len(withheld)} entries" in cause
     assert status["withheld"] == out.withheld[LEAF]
     [event] = withholds(stack, mark)
     assert {f.split()[0].removeprefix("grant:") for f in
