@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -39,6 +39,7 @@ from audit.service import lock_head
 from core.clock import as_utc
 from core.errors import Conflict, InvalidInput, NotFound
 from enforcer.compiler import Budget
+from enforcer.fairshare import entry_label
 from enforcer.ir import DeviceRuleSet
 from enforcer.models import DeviceState, RuleSetVersion
 from enforcer.plan import summary as plan_summary
@@ -327,6 +328,16 @@ def withheld(session: Session, device: str | None = None) -> dict[str, dict[str,
     if device is not None:
         query = query.where(col(AuditEvent.object_id) == device)
     return {d: dict(summary) for d, summary in session.exec(query.order_by(col(AuditEvent.seq))).all()}
+
+
+def withheld_notes(session: Session, dst: str, proto: str, reasons: Sequence[str]) -> list[str]:
+    """For a flow the policy allows to `dst` (tenant/group) for `reasons` (explain's, `grant:<id> allows ...`,
+    `intra-tenant: ...`): each device whose published set withholds every entry that allows it, as a note."""
+    keys = {entry_label((dst, proto, r.split(" ", 1)[0].removesuffix(":"))) for r in reasons}
+    if not keys:
+        return []
+    return [f"allowed by policy, withheld on {device}: over budget" for device, summary in sorted(
+        withheld(session).items()) if keys <= {f for w in summary.get("withheld", []) for f in w.get("flows", [])}]
 
 
 def status_rows(session: Session) -> list[dict[str, Any]]:

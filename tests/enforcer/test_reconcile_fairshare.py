@@ -51,6 +51,15 @@ def grants_on(rs: DeviceRuleSet) -> set[str]:
     return {r.removeprefix("grant:") for rule in rs.rules for r in rule.reasons if r.startswith("grant:")}
 
 
+def explained(stack: Stack, port: int) -> tuple[bool, list[str]]:
+    """(allowed, the withheld notes) of acme/train -> globex/api on tcp/`port`, as GET /v1/policy/explain adds them."""
+    from policy import service as policy
+
+    with stack.ctx.db.read_session() as s:
+        decision, _ = policy.explain(s, "acme/train", "globex/api", port, now=stack.clock())
+        return decision.allow, service.withheld_notes(s, "globex/api", "tcp", decision.reasons)
+
+
 def withholds(stack: Stack, mark: int) -> list[Any]:
     return [e for e in stack.events("enforcer.withhold", mark) if e.object_id == LEAF]
 
@@ -64,7 +73,10 @@ def test_a_tenants_grants_overflowing_a_leaf_withhold_its_newest_flows_there_onl
     # the leaves hold what is published now and a little more: acme's newer grants overflow leaf2
     stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
     mark = stack.size()
-    newer = [stack.grant("acme/train", "globex/api", ports(i), ttl=3600) for i in range(3, 7)]
+    newer = []
+    for i in range(3, 7):  # a millisecond apart: grant ids are time-ordered to the millisecond
+        stack.clock.advance(timedelta(milliseconds=1))
+        newer.append(stack.grant("acme/train", "globex/api", ports(i), ttl=3600))
     out = stack.rec.run_once("newer")
     assert out.error is None and LEAF in out.published  # fitted and published, not held
     leaf = stack.desired(LEAF)
@@ -72,7 +84,7 @@ def test_a_tenants_grants_overflowing_a_leaf_withhold_its_newest_flows_there_onl
     on_leaf = grants_on(leaf)
     assert set(older) | {other} <= on_leaf  # the flows that worked keep working
     withheld = set(newer) - on_leaf
-    assert withheld and sorted(withheld) == sorted(newer)[-len(withheld):]  # the newest are withheld
+    assert withheld and withheld == set(newer[-len(withheld):])  # the newest are withheld
     [row] = out.withheld[LEAF]
     assert row["tenant"] == "acme" and row["entries"] == len(withheld)
     # elsewhere every grant is published: the NICs of both ends carry the newest too
@@ -88,6 +100,13 @@ def test_a_tenants_grants_overflowing_a_leaf_withhold_its_newest_flows_there_onl
                                         event.summary["withheld"][0]["flows"]} == withheld
     [publish] = [e for e in stack.events("enforcer.publish", mark) if e.object_id == LEAF]
     assert publish.summary["withheld"] == out.withheld[LEAF]
+    # a tenant's explain of a flow only withheld grants allow says where it is withheld; one a kept grant allows not
+    note = f"allowed by policy, withheld on {LEAF}: over budget"
+    by_port = {p: {g for g, i in zip(older + newer, range(9), strict=False) if p in ports(i)} for p in PORTS}
+    port = next(p for p, gs in by_port.items() if gs and gs <= withheld)
+    assert explained(stack, port)[0] and note in explained(stack, port)[1]
+    kept = next(p for p in PORTS if any(p in ports(i) for i in range(3)))
+    assert explained(stack, kept)[0] and note not in explained(stack, kept)[1]
     # again, and from another reconciler (a replica, a restart): the same set, no second event
     assert stack.rec.run_once("again").published == {}
     replica = make_reconciler(stack.ctx)
