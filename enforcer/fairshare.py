@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from enforcer.aggregate import Acc, Emitter, assemble, sort_allows
-from enforcer.compiler import Compiled, Entry
+from enforcer.aggregate import Acc, Emitter, assemble, patch, patch_leaks, sort_allows
+from enforcer.compiler import Compiled, Entry, _no_gc
 from enforcer.ir import DeviceRuleSet, FlowRule
 
 Key = tuple[str, str, str]  # an Entry's key: (dst, proto, reason)
@@ -89,13 +89,21 @@ def fit_device(compiled: Compiled, device: str, published: DeviceRuleSet | None)
     st = compiled.state
     if st is None:
         raise ValueError("fit_device needs a Compiled made by compile_fabric or recompile")
-    ctx = st.ctx
     rs = compiled.devices[device]
     limit = compiled.budget.limit(rs.kind)
+    with _no_gc():
+        return _fit(compiled, device, published, rs, limit)
+
+
+def _fit(compiled: Compiled, device: str, published: DeviceRuleSet | None, rs: DeviceRuleSet, limit: int) -> Fit:
+    assert compiled.state is not None
+    ctx = compiled.state.ctx
     try:
         entries = _touching(compiled, device)
         alone: dict[Key, Acc] = {}
         for e in entries:
+            if owner(e) is None:  # shared: never withheld, so not costed alone (a platform service's is dear)
+                continue
             em = Emitter(ctx)
             em.family([e])
             a = em.accs.get(device)
@@ -139,7 +147,7 @@ def fit_device(compiled: Compiled, device: str, published: DeviceRuleSet | None)
                     break
             if not took:
                 return Fit(device, None, _withheld(out, entries, alone), limit, share)
-            fitted = _assemble(compiled, device, [e for e in entries if e.key not in out])
+            fitted = _without(compiled, device, entries, out)
         return Fit(device, fitted, _withheld(out, entries, alone), limit, share)
     finally:
         ctx.sets.clear()  # as a compile leaves it: the sets live on in the devices
@@ -162,6 +170,25 @@ def _touching(compiled: Compiled, device: str) -> list[Entry]:
         return hit
 
     return [e for k, e in sorted(compiled.entries.items()) if on(e.dst) or any(on(s) for s in e.sources)]
+
+
+def _without(compiled: Compiled, device: str, entries: list[Entry], out: set[Key]) -> DeviceRuleSet:
+    """The compile's rule set of `device` with the entries `out` withheld: only their families (the rules that can
+    share a match with theirs, enforcer.aggregate) are emitted again, with and without them, and patched in, as a
+    recompile patches a device."""
+    assert compiled.state is not None
+    ctx = compiled.state.ctx
+    families = {k[:2] for k in out}
+    old, new = Emitter(ctx), Emitter(ctx)
+    for f in sorted(families):
+        mine = [e for e in entries if e.key[:2] == f]  # in key order, as the compile takes a family
+        old.family(mine)
+        new.family([e for e in mine if e.key not in out])
+    o, n = old.accs.get(device), new.accs.get(device)
+    leaks = None
+    if (o is not None and o.leaks) or (n is not None and n.leaks):
+        leaks = patch_leaks(compiled.state.leaks.get(device, {}), o, n, device)
+    return patch(compiled.devices[device], o, n, leaks, ctx.index)
 
 
 def _assemble(compiled: Compiled, device: str, entries: list[Entry]) -> DeviceRuleSet:
