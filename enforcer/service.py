@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+from sqlalchemy import func
 from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
@@ -324,10 +325,12 @@ def withheld(session: Session, device: str | None = None) -> dict[str, dict[str,
     """The last `enforcer.withhold` event's summary of each device that has one (or of `device`): what its published
     rule set withholds to fit its budget (enforcer.fairshare; `withheld` empty: nothing). Kept in the audit log,
     not a column: the event is recorded once per change, in the transaction of the publication."""
-    query = select(AuditEvent.object_id, AuditEvent.summary).where(col(AuditEvent.action) == "enforcer.withhold")
+    latest = sa_select(func.max(col(AuditEvent.seq))).where(col(AuditEvent.action) == "enforcer.withhold")
     if device is not None:
-        query = query.where(col(AuditEvent.object_id) == device)
-    return {d: dict(summary) for d, summary in session.exec(query.order_by(col(AuditEvent.seq))).all()}
+        latest = latest.where(col(AuditEvent.object_id) == device)
+    latest = latest.group_by(col(AuditEvent.object_id))  # the index (action, seq) answers it; one row read per device
+    query = sa_select(col(AuditEvent.object_id), col(AuditEvent.summary)).where(col(AuditEvent.seq).in_(latest))
+    return {d: dict(summary) for d, summary in session.connection().execute(query).all()}
 
 
 def withheld_notes(session: Session, dst: str, proto: str, reasons: Sequence[str]) -> list[str]:
