@@ -34,6 +34,9 @@ Compile
       devices and their largest contributors (reasons).
   enforcer.compiler.recompile(previous, allowed_flows, revoked_ids) -> Compiled
       redoes only the changed entries; `.recompiled` / `.changed` name the devices touched / changed.
+  enforcer.fairshare.fit_device(compiled, device, published) -> Fit
+      a device over budget with allow entries withheld, from the tenants furthest over their fair share, until
+      it fits (`.rules`; None: it cannot); `.withheld` per tenant, `.note()` / `.summary()` name them.
   enforcer.ir.DeviceRuleSet            one device: address sets, ordered FlowRules (reasons = policy rule or
                                        grant:<id>), VRFs with leaked routes, ports; `.canonical` bytes (RFC 8785)
                                        and `.content_hash` for versioning; `.to_dict()` / `from_dict()`.

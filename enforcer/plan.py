@@ -8,7 +8,7 @@ A rule is compared with its address sets resolved, so a group gaining a member s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from enforcer.compiler import Budget
@@ -29,6 +29,8 @@ class DevicePlan:
     cost_before: int
     cost_after: int
     limit: int
+    # over budget, fitted by withholding (enforcer.fairshare): (tenant, entries, cost) per tenant over its share
+    withheld: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -36,10 +38,14 @@ class DevicePlan:
 
     def summary(self) -> dict[str, Any]:
         """What an audit event or a staged-mode report carries for this device."""
-        return {"device": self.device, "old_hash": self.old_hash, "new_hash": self.new_hash,
-                "rules_added": len(self.added), "rules_removed": len(self.removed),
-                "leaks_added": len(self.leaks_added), "leaks_removed": len(self.leaks_removed),
-                "budget": {"before": self.cost_before, "after": self.cost_after, "limit": self.limit}}
+        out: dict[str, Any] = {"device": self.device, "old_hash": self.old_hash, "new_hash": self.new_hash,
+                               "rules_added": len(self.added), "rules_removed": len(self.removed),
+                               "leaks_added": len(self.leaks_added), "leaks_removed": len(self.leaks_removed),
+                               "budget": {"before": self.cost_before, "after": self.cost_after,
+                                          "limit": self.limit}}
+        if self.withheld:  # what the new set withholds to fit the budget (the same key as a publish event's)
+            out["withheld"] = [{"tenant": t, "entries": n, "cost": c} for t, n, c in self.withheld]
+        return out
 
 
 def _resolved(rs: DeviceRuleSet | None) -> set[Resolved]:
@@ -80,14 +86,19 @@ def summary(old: DeviceRuleSet | None, new: DeviceRuleSet, budget: Budget) -> di
             "budget": {"before": old.cost if old else 0, "after": new.cost, "limit": budget.limit(new.kind)}}
 
 
-def plan(old: Mapping[str, DeviceRuleSet], new: Mapping[str, DeviceRuleSet], budget: Budget | None = None
-         ) -> list[DevicePlan]:
-    """One DevicePlan per device whose rule set differs (by content hash), in device order."""
+def plan(old: Mapping[str, DeviceRuleSet], new: Mapping[str, DeviceRuleSet], budget: Budget | None = None,
+         withheld: Mapping[str, tuple[tuple[str, int, int], ...]] | None = None) -> list[DevicePlan]:
+    """One DevicePlan per device whose rule set differs (by content hash), in device order; and one per device
+    whose new set withholds entries to fit its budget (`withheld`: device -> (tenant, entries, cost)), changed or
+    not, so a plan always shows what is withheld."""
     budget = budget or Budget()
+    withheld = withheld or {}
     out = []
     for d in sorted(set(old) | set(new)):
         o, n = old.get(d), new.get(d)
-        if o is not None and n is not None and o.canonical == n.canonical:
+        w = withheld.get(d, ()) if n is not None else ()
+        if o is not None and n is not None and o.canonical == n.canonical and not w:
             continue
-        out.append(plan_device(o, n, budget))
+        p = plan_device(o, n, budget)
+        out.append(replace(p, withheld=w) if w else p)
     return out

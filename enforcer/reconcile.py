@@ -21,10 +21,13 @@ When it runs:
 
 Failing safe: no active policy version compiles to default deny everywhere (nothing is allowed); an engine
 error or a malformed answer publishes nothing (every device keeps its last good rule set); a rule set over
-budget is not published and its device keeps its last good set, held (its compile is its pending plan, audited
-once), while every other device is published (one leaf filled by a tenant's grants must not hold back a
-revocation everywhere; an explicit `enforcer apply` of an overflowing device still publishes nothing). Each
-is logged and kept in `last` (and printed by `trustfabric enforcer compile`).
+budget is compiled to fit by withholding the entries of the tenants furthest over their fair share of the device
+(enforcer.fairshare: fail closed, named in the version's cause, the outcome and one `enforcer.withhold` event per
+change), so one tenant's grants filling a leaf cost that tenant its newest flows there and hold back nobody
+else's change; only a device that cannot fit that way is not published and keeps its last good set, held (its
+compile is its pending plan, audited once), while every other device is published (an explicit `enforcer apply`
+of such a device still publishes nothing; one that fits is applied fitted, as a run publishes it). Each is
+logged and kept in `last` (and printed by `trustfabric enforcer compile`).
 
 Publishing (auto mode) is one transaction that first locks the audit log's head and checks that no
 relevant event was appended since the inputs were read; if one was, the inputs are read again and the
@@ -45,7 +48,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from audit import Actor
+from audit import Actor, record
 from audit.service import changes_since, lock_head, size_and_events_since, tree_size
 from core.clock import Clock, system_clock
 from core.errors import Conflict, InvalidInput, NotFound
@@ -54,6 +57,7 @@ from enforcer.compiler import Budget, Compiled, all_devices, compile_fabric, rec
 from enforcer.errors import BudgetExceeded
 from enforcer.fabric import Fabric
 from enforcer.fabric_db import compile_fabric_of
+from enforcer.fairshare import Fit, fit_device
 from enforcer.ir import DeviceRuleSet
 from policy.data import build_data, live_until, to_ns
 from policy.decide import ALLOWED_FLOWS_QUERY, sync_data
@@ -116,11 +120,13 @@ class Outcome:
     retired: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
     error: str | None = None
+    # devices over budget compiled to fit: device -> [{tenant, entries, cost}] withheld (enforcer.fairshare)
+    withheld: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"cause": self.cause, "full": self.full, "changed": self.changed, "published": self.published,
                 "held": self.held, "retired": self.retired, "compile_seconds": round(self.compile_seconds, 4),
-                "error": self.error}
+                "error": self.error, "withheld": self.withheld}
 
 
 class Stale(Exception):
@@ -167,6 +173,9 @@ class Reconciler:
         self._wake = threading.Event()
         self.last: Outcome | None = None
         self.runs = 0
+        # device -> (its compiled set's hash, its published set's hash, the fit): enforcer.fairshare, see _fit
+        self._fits: dict[str, tuple[str, str | None, Fit]] = {}
+        self.fits: dict[str, Fit] = {}  # the last compile_now's (plan)
 
     # ---------------------------------------------------------------- when
 
@@ -247,10 +256,49 @@ class Reconciler:
         with self._run_lock:
             inputs = self._read()
             compiled, _full = self._compile(inputs, False)
-            if compiled.over:  # a plan or a check over budget says so (BudgetExceeded), as it always did
-                raise BudgetExceeded(list(compiled.over))
+            fits = self._fit(compiled)
+            unfit = [o for o in compiled.over if fits[o.device].rules is None]
+            if unfit:  # a plan or a check of a device that cannot fit says so (BudgetExceeded), as it always did
+                raise BudgetExceeded(unfit)
             self._compiled = compiled
-            return compiled, inputs
+            self.fits = fits
+            return self._fitted(compiled, fits), inputs
+
+    def _fit(self, compiled: Compiled) -> dict[str, Fit]:
+        """Each device over budget compiled to fit (enforcer.fairshare), against its last published rule set. Kept
+        while neither the device's compiled set nor its published one changes: a device that stays over is not
+        fitted again on every run."""
+        over = sorted(o.device for o in compiled.over)
+        self._fits = {d: hit for d, hit in self._fits.items() if d in over}
+        if not over:
+            return {}
+        out: dict[str, Fit] = {}
+        with self.db.read_session() as s:
+            sts = service.states(s)
+            for d in over:
+                st = sts.get(d)
+                published = st.content_hash if st is not None and st.in_fabric and st.version else None
+                raw = compiled.devices[d].content_hash
+                hit = self._fits.get(d)
+                if hit is not None and hit[0] == raw and hit[1] == published:
+                    out[d] = hit[2]
+                    continue
+                last = None
+                if published is not None and st is not None:
+                    known = hit[2].rules if hit is not None else None
+                    last = known if known is not None and known.content_hash == published else \
+                        service.ruleset_of(service.version_row(s, d, st.version))
+                out[d] = fit_device(compiled, d, last)
+                self._fits[d] = (raw, published, out[d])
+        return out
+
+    @staticmethod
+    def _fitted(compiled: Compiled, fits: dict[str, Fit]) -> Compiled:
+        """The compile with each device that fits by withholding in place of its over-budget set."""
+        if not fits:
+            return compiled
+        return replace(compiled, devices={**compiled.devices, **{d: f.rules for d, f in fits.items()
+                                                                  if f.rules is not None}})
 
     def close(self) -> None:
         if self._engine is not None:
@@ -276,19 +324,28 @@ class Reconciler:
                     outcome = Outcome(_cause(inputs.events) or cause, was_full,
                                       list(compiled.changed if not was_full else compiled.devices),
                                       compile_seconds=time.perf_counter() - start)
-                    over = {o.device for o in compiled.over}
+                    fits = self._fit(compiled)
+                    unfit = [o for o in compiled.over if fits[o.device].rules is None]
+                    over = {o.device for o in unfit}
                     if over and force and (select is None or over & select):
-                        raise BudgetExceeded(list(compiled.over))  # an operator's apply: all or nothing, as asked
+                        raise BudgetExceeded(unfit)  # an operator's apply: all or nothing, as asked
+                    outcome.withheld = {d: [{k: w[k] for k in ("tenant", "entries", "cost")}
+                                            for w in f.summary()["withheld"]]
+                                        for d, f in fits.items() if f.rules is not None and f.withheld}
+                    for d, f in sorted(fits.items()):
+                        if f.rules is not None:
+                            log.warning("enforcer: %s %s", d, f.note())
                     self._publish(compiled, inputs, outcome, select=select, unpin=unpin, force=force,
                                   actor=actor or self.actor, request_id=request_id,
-                                  skip={o.device: f"over budget: {o}" for o in compiled.over})
+                                  skip={o.device: f"over budget: {o}" for o in unfit}, fits=fits)
                     if over:
-                        # Only the devices over budget keep their last good rule set. Holding every device back
-                        # for one of them let a tenant whose grants filled one leaf stop every other change,
+                        # Only the devices that cannot fit keep their last good rule set. Holding every device
+                        # back for one of them let a tenant whose grants filled one leaf stop every other change,
                         # a revocation or a quarantine included, from reaching any device.
-                        outcome.error = (f"{BudgetExceeded(list(compiled.over))}; those devices keep their last "
-                                         "good rule set (held: their compile is their pending plan), the others "
-                                         "were published")
+                        outcome.error = (f"{BudgetExceeded(unfit)}; withholding the entries of the tenants over "
+                                         "their fair share is not enough: those devices keep their last good rule "
+                                         "set (held: their compile is their pending plan), the others were "
+                                         "published")
                         log.error("enforcer: %s", outcome.error)
                 except Stale:
                     continue
@@ -405,13 +462,16 @@ class Reconciler:
 
     def _publish(self, compiled: Compiled, inputs: Inputs, outcome: Outcome, *, select: set[str] | None,
                  unpin: Collection[str], force: bool, actor: Actor, request_id: str | None,
-                 skip: Mapping[str, str] | None = None) -> None:
-        """Publish (or hold) every compiled device that changed. Those in `skip` (over their budget: device -> why)
-        keep their last good rule set and are held: their compile becomes their pending plan, so `enforcer status`
-        shows a device that is not running what the policy now says, and the hold is audited once, when it starts
-        or its plan changes, not on every run. Back under budget, the device is published (or, back in step,
-        released) by the same run."""
+                 skip: Mapping[str, str] | None = None, fits: Mapping[str, Fit] | None = None) -> None:
+        """Publish (or hold) every compiled device that changed. Those in `skip` (over their budget even fitted:
+        device -> why) keep their last good rule set and are held: their compile becomes their pending plan, so
+        `enforcer status` shows a device that is not running what the policy now says, and the hold is audited
+        once, when it starts or its plan changes, not on every run. Back under budget, the device is published
+        (or, back in step, released) by the same run. A device in `fits` is published as fitted, its version's
+        cause led by what was withheld, and an `enforcer.withhold` event is recorded when the withheld set of a
+        device published (or in step) differs from the last one recorded for it."""
         skip = skip or {}
+        fits = fits or {}
         now = self.clock()
         known = self._compiled.devices if self._compiled is not None else {}
         cause = outcome.cause
@@ -430,9 +490,13 @@ class Reconciler:
                 if events or not complete:
                     raise Stale()
             sts = service.states(s)
+            withheld = service.withheld(s)
             for device, rs in sorted(compiled.devices.items()):
                 if select is not None and device not in select:
                     continue
+                fit = fits.get(device)
+                if fit is not None and fit.rules is not None:
+                    rs = fit.rules
                 st = sts.get(device)
                 if device in skip:
                     if service.hold(s, rs, why=skip[device][:500], actor=actor, now=now):
@@ -442,21 +506,39 @@ class Reconciler:
                 if st is not None and st.in_fabric and st.content_hash == rs.content_hash and not unpinning:
                     if st.pending_hash is not None:  # back in step: no pending plan any more
                         service.hold(s, rs, why="in sync", actor=actor, now=now)
+                    _withhold(s, device, fit, withheld.get(device), actor, now, cause)
                     continue
                 pinned = st is not None and st.pinned and not unpinning
                 if pinned or (self.config.mode == "manual" and not force):
                     if service.hold(s, rs, why="pinned" if pinned else "manual mode", actor=actor, now=now):
                         outcome.held.append(device)
                     continue
-                row = service.publish(s, rs, cause=cause, actor=actor, now=now, budget=self.config.budget,
-                                      known=known, pin=False if unpinning else None, request_id=request_id)
+                note = fit.note() if fit is not None else ""
+                row = service.publish(s, rs, cause=f"{note}; {cause}" if note else cause, actor=actor, now=now,
+                                      budget=self.config.budget, known=known, pin=False if unpinning else None,
+                                      request_id=request_id, withheld=outcome.withheld.get(device))
                 if row is not None:
                     outcome.published[device] = row.version
+                _withhold(s, device, fit, withheld.get(device), actor, now, cause)
             if select is None:
                 for device, st in sts.items():
                     if st.in_fabric and device not in compiled.devices:
                         service.retire(s, device, actor=actor, now=now, cause=cause)
                         outcome.retired.append(device)
+
+
+def _withhold(session: Session, device: str, fit: Fit | None, last: dict[str, Any] | None, actor: Actor,
+              now: datetime, cause: str) -> None:
+    """Record `enforcer.withhold` when what the device's published set withholds (nothing when `fit` is None)
+    differs from the last recorded (`last`, None: never recorded): once per change, not on every run (the caller
+    holds the audit log's head lock, so two replicas cannot both record one change)."""
+    summary: dict[str, Any] = fit.summary() if fit is not None else {"device": device, "withheld": []}
+    before = [(w["tenant"], w["flows"]) for w in (last or {}).get("withheld", [])]
+    if before == [(w["tenant"], w["flows"]) for w in summary["withheld"]]:
+        return
+    record(session, actor=actor, action="enforcer.withhold", object_type="device", object_id=device, summary=summary,
+           reason=(f"{(fit.note() if fit is not None else '') or 'nothing withheld: within budget'}; {cause}")[:2000],
+           at=now)
 
 
 # ---------------------------------------------------------------- reads for plan, staged plan, verify

@@ -25,19 +25,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+from sqlalchemy import func
 from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from audit import Actor, record
+from audit.models import AuditEvent
 from audit.service import lock_head
 from core.clock import as_utc
 from core.errors import Conflict, InvalidInput, NotFound
 from enforcer.compiler import Budget
+from enforcer.fairshare import entry_label
 from enforcer.ir import DeviceRuleSet
 from enforcer.models import DeviceState, RuleSetVersion
 from enforcer.plan import summary as plan_summary
@@ -149,10 +152,11 @@ def _previous(session: Session, st: DeviceState | None, known: Mapping[str, Devi
 
 def publish(session: Session, rs: DeviceRuleSet, *, cause: str, actor: Actor, now: datetime, budget: Budget,
             known: Mapping[str, DeviceRuleSet] | None = None, pin: bool | None = None, action: str = "enforcer.publish",
-            request_id: str | None = None) -> RuleSetVersion | None:
+            request_id: str | None = None, withheld: list[dict[str, Any]] | None = None) -> RuleSetVersion | None:
     """Publish `rs` as the device's next version unless it already is the desired one (None then; a pin
     change is still recorded). `known`: rule sets the caller holds (the previous compile), to skip reading
-    the previous version back for the plan summary. `pin`: True pins, False unpins, None leaves it."""
+    the previous version back for the plan summary. `pin`: True pins, False unpins, None leaves it.
+    `withheld`: what `rs` withholds to fit the device's budget (enforcer.fairshare), for the event."""
     device = rs.device
     st = _row(session, device, lock=True)
     if st is not None and st.content_hash == rs.content_hash and st.in_fabric:
@@ -180,6 +184,8 @@ def publish(session: Session, rs: DeviceRuleSet, *, cause: str, actor: Actor, no
     session.flush()
     summary = plan_summary(previous, rs, budget)
     summary.update(version=row.version, pinned=st.pinned)
+    if withheld:
+        summary["withheld"] = withheld
     record(session, actor=actor, action=action, object_type="device", object_id=device, summary=summary,
            reason=cause[:2000], request_id=request_id, at=now)
     return row
@@ -315,17 +321,46 @@ def record_status(session: Session, device: str, report: Mapping[str, Any], *, a
     return StatusRecorded(st, audited, False)
 
 
+def withheld(session: Session, device: str | None = None) -> dict[str, dict[str, Any]]:
+    """The last `enforcer.withhold` event's summary of each device that has one (or of `device`): what its published
+    rule set withholds to fit its budget (enforcer.fairshare; `withheld` empty: nothing). Kept in the audit log,
+    not a column: the event is recorded once per change, in the transaction of the publication."""
+    latest = sa_select(func.max(col(AuditEvent.seq))).where(col(AuditEvent.action) == "enforcer.withhold")
+    if device is not None:
+        latest = latest.where(col(AuditEvent.object_id) == device)
+    latest = latest.group_by(col(AuditEvent.object_id))  # the index (action, seq) answers it; one row read per device
+    query = sa_select(col(AuditEvent.object_id), col(AuditEvent.summary)).where(col(AuditEvent.seq).in_(latest))
+    return {d: dict(summary) for d, summary in session.connection().execute(query).all()}
+
+
+def withheld_notes(session: Session, dst: str, proto: str, reasons: Sequence[str]) -> list[str]:
+    """For a flow the policy allows to `dst` (tenant/group) for `reasons` (explain's, `grant:<id> allows ...`,
+    `intra-tenant: ...`): each device whose published set withholds every entry that allows it, as a note."""
+    keys = {entry_label((dst, proto, r.split(" ", 1)[0].removesuffix(":"))) for r in reasons}
+    if not keys:
+        return []
+    return [f"allowed by policy, withheld on {device}: over budget" for device, summary in sorted(
+        withheld(session).items()) if keys <= {f for w in summary.get("withheld", []) for f in w.get("flows", [])}]
+
+
 def status_rows(session: Session) -> list[dict[str, Any]]:
-    """Every device: desired vs applied version, pin, pending plan, drift, last apply and report, counters."""
-    return [_status(st) for st in states(session).values()]
+    """Every device: desired vs applied version, pin, pending plan, drift, last apply and report, counters, and
+    what its published set withholds to fit its budget."""
+    held = withheld(session)
+    return [_status(st, held.get(st.device)) for st in states(session).values()]
 
 
 def status_row(session: Session, device: str) -> dict[str, Any]:
     """One device's status_rows entry; NotFound when it never had a rule set."""
-    return _status(get_state(session, device))
+    st = get_state(session, device)
+    return _status(st, withheld(session, device).get(device))
 
 
-def _status(st: DeviceState) -> dict[str, Any]:
+def _withheld_row(summary: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return [{k: w[k] for k in ("tenant", "entries", "cost")} for w in (summary or {}).get("withheld", [])]
+
+
+def _status(st: DeviceState, held: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "device": st.device, "kind": st.kind, "in_fabric": st.in_fabric, "desired_version": st.version,
         "desired_hash": st.content_hash, "pinned": st.pinned, "pending_hash": st.pending_hash,
@@ -335,4 +370,5 @@ def _status(st: DeviceState) -> dict[str, Any]:
         "reported_at": as_utc(st.reported_at) if st.reported_at else None,
         "drift": list(st.drift), "drift_repaired": st.drift_repaired, "last_error": st.last_error,
         "counters": dict(st.counters), "report_seq": st.report_seq,
+        "withheld": _withheld_row(held) if st.in_fabric else [],
     }

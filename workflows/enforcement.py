@@ -48,9 +48,12 @@ def make_reconciler(ctx: AppContext) -> Reconciler:
 def plans(ctx: AppContext, reconciler: Reconciler, staged: str | None = None) -> list[DevicePlan]:
     """Per changed device: a fresh compile (or candidate version `staged`, compiled without publishing) against
     what the device last applied."""
+    withheld: dict[str, tuple[tuple[str, int, int], ...]] = {}
     if staged is None:
-        compiled, _ = reconciler.compile_now()
+        compiled, _ = reconciler.compile_now()  # devices over budget fitted (enforcer.fairshare)
         new = compiled.devices
+        withheld = {d: tuple((w.tenant, len(w.entries), w.cost) for w in f.withheld)
+                    for d, f in reconciler.fits.items() if f.withheld}
     else:
         from policy.service import get_version
 
@@ -62,7 +65,7 @@ def plans(ctx: AppContext, reconciler: Reconciler, staged: str | None = None) ->
         new = staged_compile(inputs, allowed, reconciler.config.budget).devices
     with ctx.db.read_session() as session:
         old = service.last_applied(session)
-    return plan(old, new, reconciler.config.budget)
+    return plan(old, new, reconciler.config.budget, withheld)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,9 @@ class DeviceOut(BaseModel):
     last_error: str | None
     counters: dict[str, Any]
     report_seq: int | None = Field(description="the number of the stored report (None: not numbered)")
+    withheld: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "what the published rule set withholds to fit the device's budget, per tenant over its fair share: "
+        "[{tenant, entries, cost}] (empty: nothing)"))
 
 
 class StatusOut(DeviceOut):

@@ -19,6 +19,7 @@ from api.metrics import DECISIONS, EVALUATION, timed
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
 from core.vocabulary import SLUG_PATTERN
+from enforcer.service import withheld_notes
 from policy import service
 from policy.decide import FlowDecision, parse_identity
 from policy.decisionlog import DecisionLog, query_decisions
@@ -176,6 +177,8 @@ def explain(
                                        decision.reasons)
             notes = service.mirror_notes(session, src, dst, port, decision, proto=proto, now=ctx.clock(),
                                          viewer=scope, kept=kept)
+            if decision.allow:  # a device over budget may withhold what allows it (enforcer.fairshare)
+                notes += withheld_notes(session, f"{dst_id['tenant']}/{dst_id['group']}", proto, decision.reasons)
         DECISIONS.labels("flow", "allow" if decision.allow else "deny").inc()
         shown = FlowDecision(decision.allow, reasons)
         asked = {"src": src_id, "dst": dst_id, "proto": proto, "port": port}

@@ -48,7 +48,14 @@ PLANS = View("plan", (
     Col("leaks +", "leaks_added"), Col("leaks -", "leaks_removed"),
     Col("budget before", lambda p: p["budget"]["before"], drop=1), Col("after", lambda p: p["budget"]["after"]),
     Col("limit", lambda p: p["budget"]["limit"], drop=1),
+    Col("withheld (over budget)", lambda p: _withheld(p.get("withheld"))),
 ))
+
+
+def _withheld(rows: list[dict[str, Any]] | None) -> str:
+    """`acme: 3 entries (96)`, per tenant whose entries a device withholds to fit its budget (enforcer.fairshare)."""
+    return ", ".join(f"{w['tenant']}: {w['entries']} {'entry' if w['entries'] == 1 else 'entries'} ({w['cost']})"
+                     for w in rows or ())
 FINDINGS = View("devices not verifiable", (Col("device", "device", kind="id"), Col("problem", "problem")))
 MISMATCHES = View("mismatches", (
     Col("source", "src", kind="id"), Col("destination", "dst", kind="id"),
@@ -104,6 +111,9 @@ def _outcome(out: Outcome) -> None:
                           highlight=False)
         for device in out.retired:
             console.print(f"retired {device} (left the fabric)", highlight=False)
+        for device, rows in sorted(out.withheld.items()):
+            console.print(f"over budget, fitted: {device} withholds {_withheld(rows)} (the tenants over their "
+                          "fair share; their newest flows are denied there)", highlight=False)
         if not (out.published or out.held or out.retired or out.error):
             console.print("every device is up to date", highlight=False)
     if out.error:
@@ -232,8 +242,11 @@ def register(app: typer.Typer) -> None:
 
     @command(enforcer, "status", API)
     def status_cmd(server: str = ServerOpt, cacert: Path = CaOpt) -> None:
-        """Every device: desired vs applied version, pin, pending plan, drift, last apply (as `device list`)."""
+        """Every device: desired vs applied version, pin, pending plan, drift, last apply (as `device list`), and
+        what a device over its budget withholds, per tenant over its fair share."""
         from cli.remote.common import client
         from cli.remote.fabric import DEVICES
 
-        emit(client(server, cacert).get("/v1/devices"), DEVICES)
+        emit(client(server, cacert).get("/v1/devices"),
+             View(DEVICES.title, (*DEVICES.columns, Col("withheld (over budget)",
+                                                         lambda d: _withheld(d.get("withheld")), drop=1))))

@@ -42,13 +42,13 @@ class Stack:
     def who(self) -> Who:
         return Who(ADMIN, self.clock)
 
-    def grant(self, src: str, dst: str, port: int, ttl: int = 3600) -> str:
-        """A grant requested by src's tenant admin and approved by dst's: active."""
+    def grant(self, src: str, dst: str, port: int | list[int], ttl: int = 3600) -> str:
+        """A grant requested by src's tenant admin and approved by dst's: active (`port`: one, or several)."""
         st, sg = src.split("/")
         dt, dg = dst.split("/")
         decide = RegoGrantDecider()
         with self.ctx.db.session() as s:
-            g, _ = request_grant(s, GrantRequest(st, sg, dt, dg, "tcp", [port], ttl),
+            g, _ = request_grant(s, GrantRequest(st, sg, dt, dg, "tcp", [port] if isinstance(port, int) else port, ttl),
                                  caller=Caller(f"{st}-admin", "tenant-admin", st, Actor(f"{st}-admin", "tenant", st)),
                                  decide=decide, clock=self.clock)
         if g.state == "pending":

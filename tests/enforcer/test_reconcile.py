@@ -279,10 +279,12 @@ def test_no_active_policy_publishes_default_deny_and_an_overflow_holds_back_its_
 
 
 def test_a_device_over_budget_holds_back_only_itself(stack: Stack) -> None:
-    """A tenant's grants can push one leaf past its ACL budget (the grant below is what tips it). That leaf keeps
-    its last good rule set, and every other device still gets the new compile: a workload revoked meanwhile is
-    withdrawn from them. Before, one device over budget published nothing anywhere, so the revoked workload
-    stayed admitted on every device for as long as the overflow lasted (the grant's TTL: up to 7 days)."""
+    """A leaf over its ACL budget that withholding cannot make fit (its skeleton and platform service alone
+    exceed it: enforcer.fairshare) keeps its last good rule set, and every other device still gets the new
+    compile: a workload revoked meanwhile is withdrawn from them. Before, one device over budget published nothing
+    anywhere, so the revoked workload stayed admitted on every device for as long as the overflow lasted."""
+    from enforcer.fairshare import _assemble, _touching, owner
+
     before = started(stack)
     b1 = "10.2.0.21/32"  # globex/batch/b1 on gpu1
     nics = {d for d in DEVICES if d.startswith("nic:")}
@@ -292,9 +294,10 @@ def test_a_device_over_budget_holds_back_only_itself(stack: Stack) -> None:
         security.revoke_workload(s, tenant="globex", group="batch", name="b1", reason="compromised", actor=ADMIN,
                                  scope_tenant=None, clock=stack.clock)
     compiled, _ = stack.rec.compile_now()  # publishes nothing: the next run still sees both changes
-    leaves = {d: rs.cost for d, rs in compiled.devices.items() if rs.kind == "leaf"}
-    limit = max(leaves.values()) - 1
-    over = {d for d, cost in leaves.items() if cost > limit}
+    fixed = {d: _assemble(compiled, d, [e for e in _touching(compiled, d) if owner(e) is None]).cost
+             for d, rs in compiled.devices.items() if rs.kind == "leaf"}
+    limit = max(fixed.values()) - 1
+    over = {d for d, cost in fixed.items() if cost > limit}
     stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=limit, acl_mode="non-atomic"))
     out = stack.rec.run_once("revoked")
     assert out.error is not None and "budget" in out.error and all(d in out.error for d in over)
@@ -310,16 +313,21 @@ def test_a_device_over_budget_holds_back_only_itself(stack: Stack) -> None:
 
 
 def test_a_device_over_budget_is_held_visibly_audited_once_and_published_once_back_under(stack: Stack) -> None:
-    """The overflowing leaf kept its last good set with no trace but a log line: `enforcer status` said it was in
-    step (no pending plan) while it lacked a revocation. It is now held: its compile is its pending plan, one
-    `enforcer.hold` event says why (not one per run), and once the budget fits again the same run publishes it."""
+    """The overflowing leaf (one withholding cannot make fit) kept its last good set with no trace but a log line:
+    `enforcer status` said it was in step (no pending plan) while it lacked a revocation. It is now held: its
+    compile is its pending plan, one `enforcer.hold` event says why (not one per run), and once the budget fits
+    again the same run publishes it."""
+    from enforcer.fairshare import _assemble, _touching, owner
+
     before = started(stack)
     stack.grant("acme/train", "globex/api", 8443)
     compiled, _ = stack.rec.compile_now()
-    leaves = {d: rs.cost for d, rs in compiled.devices.items() if rs.kind == "leaf"}
-    over = {d for d, cost in leaves.items() if cost == max(leaves.values())}
+    # over even when fitted: the skeleton and shared entries alone exceed the limit (enforcer.fairshare)
+    fixed = {d: _assemble(compiled, d, [e for e in _touching(compiled, d) if owner(e) is None]).cost
+             for d, rs in compiled.devices.items() if rs.kind == "leaf"}
+    over = {d for d, cost in fixed.items() if cost == max(fixed.values())}
     budget = stack.rec.config.budget
-    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=max(leaves.values()) - 1,
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=max(fixed.values()) - 1,
                                                                 acl_mode="non-atomic"))
     mark = stack.size()
     out = stack.rec.run_once("grant")

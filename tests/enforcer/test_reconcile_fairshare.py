@@ -1,0 +1,141 @@
+"""The redteam scenario scaled down, on both real databases: tenant acme's auto-approved grants (each a different
+subset of globex/api's ports) overflow a leaf's ACL budget. The leaf is compiled to fit (enforcer.fairshare):
+acme's newest grants are withheld there and named (the version's cause, one audit event, the device status, the
+plan), its older ones stay, and every other tenant's change - globex's grant revoked - reaches the leaf at once.
+When acme's older grants expire, the withheld ones come back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from enforcer import service
+from enforcer.compiler import Budget
+from enforcer.ir import DeviceRuleSet
+from policy.grants import Caller, revoke_grant
+from tests.enforcer.helpers import SMALL
+from tests.enforcer.stored import ADMIN, Stack, open_stack
+from workflows.enforcement import make_reconciler, plans
+
+LEAF = "leaf:leaf2"  # acme/train's w2 and globex/api's a1 sit under it; acme/train's w1 is under leaf1
+PORTS = list(range(8000, 8012))
+
+
+def fabric() -> dict[str, Any]:
+    """The golden fabric, with globex/api exposing twelve ports (so acme's grants can each take a different set)."""
+    doc: dict[str, Any] = yaml.safe_load(SMALL.read_text())
+    doc["groups"]["globex/api"] = {"ports": [f"tcp/{p}" for p in [*PORTS, 8443]]}
+    return doc
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    url = request.getfixturevalue("postgres_server").create_database() if request.param == "postgres" else None
+    s = open_stack(tmp_path / "home", url, fabric())
+    yield s
+    s.close()
+
+
+def ports(i: int) -> list[int]:
+    """Grant i's ports: one of each pair (8000|8001, 8002|8003, ...), by i's bits: several ACL entries each."""
+    return [PORTS[2 * j + (i >> j & 1)] for j in range(6)]
+
+
+def grants_on(rs: DeviceRuleSet) -> set[str]:
+    return {r.removeprefix("grant:") for rule in rs.rules for r in rule.reasons if r.startswith("grant:")}
+
+
+def explained(stack: Stack, port: int) -> tuple[bool, list[str]]:
+    """(allowed, the withheld notes) of acme/train -> globex/api on tcp/`port`, as GET /v1/policy/explain adds them."""
+    from policy import service as policy
+
+    with stack.ctx.db.read_session() as s:
+        decision, _ = policy.explain(s, "acme/train", "globex/api", port, now=stack.clock())
+        return decision.allow, service.withheld_notes(s, "globex/api", "tcp", decision.reasons)
+
+
+def withholds(stack: Stack, mark: int) -> list[Any]:
+    return [e for e in stack.events("enforcer.withhold", mark) if e.object_id == LEAF]
+
+
+def test_a_tenants_grants_overflowing_a_leaf_withhold_its_newest_flows_there_only(stack: Stack) -> None:
+    assert stack.rec.run_once("start").error is None
+    other = stack.grant("globex/api", "acme/train", 443)  # globex's own grant, on both leaves
+    older = [stack.grant("acme/train", "globex/api", ports(i), ttl=600) for i in range(3)]
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    # the leaves hold what is published now and a little more: acme's newer grants overflow leaf2
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
+    mark = stack.size()
+    newer = []
+    for i in range(3, 7):  # a millisecond apart: grant ids are time-ordered to the millisecond
+        stack.clock.advance(timedelta(milliseconds=1))
+        newer.append(stack.grant("acme/train", "globex/api", ports(i), ttl=3600))
+    out = stack.rec.run_once("newer")
+    assert out.error is None and LEAF in out.published  # fitted and published, not held
+    leaf = stack.desired(LEAF)
+    assert leaf.cost <= room + 12
+    on_leaf = grants_on(leaf)
+    assert set(older) | {other} <= on_leaf  # the flows that worked keep working
+    withheld = set(newer) - on_leaf
+    assert withheld and withheld == set(newer[-len(withheld):])  # the newest are withheld
+    [row] = out.withheld[LEAF]
+    assert row["tenant"] == "acme" and row["entries"] == len(withheld)
+    # elsewhere every grant is published: the NICs of both ends carry the newest too
+    assert set(newer) <= grants_on(stack.desired("nic:gpu1"))
+    # named: the version's cause, one audit event, the device status
+    with stack.ctx.db.read_session() as s:
+        cause = service.versions(s, LEAF)[0]["cause"]
+        status = service.status_row(s, LEAF)
+    assert cause.startswith("over budget, withheld (fair share ") and f"acme {len(withheld)} entries" in cause
+    assert status["withheld"] == out.withheld[LEAF]
+    [event] = withholds(stack, mark)
+    assert {f.split()[0].removeprefix("grant:") for f in
+                                        event.summary["withheld"][0]["flows"]} == withheld
+    [publish] = [e for e in stack.events("enforcer.publish", mark) if e.object_id == LEAF]
+    assert publish.summary["withheld"] == out.withheld[LEAF]
+    # a tenant's explain of a flow only withheld grants allow says where it is withheld; one a kept grant allows not
+    note = f"allowed by policy, withheld on {LEAF}: over budget"
+    by_port = {p: {g for g, i in zip(older + newer, range(9), strict=False) if p in ports(i)} for p in PORTS}
+    port = next(p for p, gs in by_port.items() if gs and gs <= withheld)
+    assert explained(stack, port)[0] and note in explained(stack, port)[1]
+    kept = next(p for p in PORTS if any(p in ports(i) for i in range(3)))
+    assert explained(stack, kept)[0] and note not in explained(stack, kept)[1]
+    # again, and from another reconciler (a replica, a restart): the same set, no second event
+    assert stack.rec.run_once("again").published == {}
+    replica = make_reconciler(stack.ctx)
+    replica.config = stack.rec.config
+    try:
+        assert replica.run_once("replica").published == {}
+        assert [p.summary()["withheld"] for p in plans(stack.ctx, replica) if p.device == LEAF] == [
+            out.withheld[LEAF]]  # the plan shows what is withheld, though nothing changes
+    finally:
+        replica.close()
+    assert len(withholds(stack, mark)) == 1
+    # an explicit apply publishes the fitted set too (it fits): nothing is refused, nothing changes
+    assert stack.rec.apply().published == {}
+
+    # globex revokes its grant: the leaf gets it at once, acme's overflow holds nothing back
+    with stack.ctx.db.session() as s:
+        revoke_grant(s, other, caller=Caller("globex-admin", "tenant-admin", "globex",
+                                             ADMIN.__class__("globex-admin", "tenant", "globex")),
+                     reason="done", clock=stack.clock)
+    out = stack.rec.run_once("revoked")
+    assert out.error is None and LEAF in out.published and other not in grants_on(stack.desired(LEAF))
+    assert set(older) <= grants_on(stack.desired(LEAF))
+
+    # acme's older grants expire: the room they free brings the withheld ones back
+    stack.clock.advance(timedelta(seconds=601))
+    out = stack.rec.run_once("expiry")
+    assert out.error is None and out.withheld == {}
+    on_leaf = grants_on(stack.desired(LEAF))
+    assert set(newer) <= on_leaf and not set(older) & on_leaf
+    assert withholds(stack, mark)[-1].summary["withheld"] == []
+    with stack.ctx.db.read_session() as s:
+        assert service.status_row(s, LEAF)["withheld"] == []
