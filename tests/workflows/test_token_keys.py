@@ -39,7 +39,7 @@ from pki.ca import CA_KEY_ID_RE
 from pki.models import CertificateAuthority
 from pki.tokens.service import API_ISSUER_KEY_ID
 from store.db import Database
-from tests.api.conftest import make_settings, open_context
+from tests.conftest import make_settings, open_context
 from tests.keys.stores import _LIST_OBJECTS, PIN, token_objects
 from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
 from tests.workflows.conftest import Token
