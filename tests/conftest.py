@@ -52,6 +52,13 @@ TEMP_ROOT: Path | None = (_TMPFS if _TMPFS.is_dir() and os.access(_TMPFS, os.W_O
 if TEMP_ROOT is not None:
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(TEMP_ROOT))
 
+# regorus reports errors through Rust's anyhow, which captures a stack backtrace with each one when RUST_BACKTRACE is
+# set (this machine sets it) and symbolises it at the first, ~0.25-0.5 s of CPU in each process that meets a regorus
+# error (every policy check does: builtin arity is asked of the engine). The binary turns that off for itself
+# (cli/main.py); set here, before the workers start, it holds for the test processes and every process they start (a
+# deployment's step, a `python -c` script), as it holds for the binary. An explicit RUST_LIB_BACKTRACE is kept.
+os.environ.setdefault("RUST_LIB_BACKTRACE", "0")
+
 
 def _pg_bin(name: str) -> str | None:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
