@@ -40,8 +40,12 @@ lint: $(STAMP)
 # --max-worker-restart 0: a crashed worker ends the run with its test named; xdist 3.8 replacing a worker
 # under --dist loadgroup re-queues finished work and then waits for ever (pytest-xdist#1378).
 # pytest stays at 9.1.1 (requirements.lock): with 9.2, xdist 3.8 ignores xdist_group marks (pytest-xdist#1386).
+# PYTHONDONTWRITEBYTECODE emptied (some machines set it): pytest rewrites the asserts of its plugins (xdist,
+# hypothesis, schemathesis, anyio: ~250 modules) as it loads them, before tests/conftest.py can turn bytecode writing
+# back on, and with the variable set it cached none of them: each pytest process (the controller and each worker)
+# rewrote them all again, ~0.9 s of CPU. Written once, they are read by every later run, the variable set or not.
 test: system-deps $(STAMP) lint
-	$(BIN)/pytest -n 2 --dist loadgroup --max-worker-restart 0
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 2 --dist loadgroup --max-worker-restart 0
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

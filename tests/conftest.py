@@ -11,14 +11,19 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
+from core.clock import Clock, system_clock
 from store.db import Database, sqlite_url
+from workflows.context import AppContext
 from workflows.schema import migrate
+from workflows.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +51,13 @@ TEMP_ROOT: Path | None = (_TMPFS if _TMPFS.is_dir() and os.access(_TMPFS, os.W_O
                           and shutil.disk_usage(_TMPFS).free >= _TMPFS_NEEDED else None)
 if TEMP_ROOT is not None:
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(TEMP_ROOT))
+
+# regorus reports errors through Rust's anyhow, which captures a stack backtrace with each one when RUST_BACKTRACE is
+# set (this machine sets it) and symbolises it at the first, ~0.25-0.5 s of CPU in each process that meets a regorus
+# error (every policy check does: builtin arity is asked of the engine). The binary turns that off for itself
+# (cli/main.py); set here, before the workers start, it holds for the test processes and every process they start (a
+# deployment's step, a `python -c` script), as it holds for the binary. An explicit RUST_LIB_BACKTRACE is kept.
+os.environ.setdefault("RUST_LIB_BACKTRACE", "0")
 
 
 def _pg_bin(name: str) -> str | None:
@@ -176,6 +188,26 @@ def place_migrated_sqlite(data_dir: Path) -> None:
         return
     with os.fdopen(fd, "wb") as out:
         out.write(_migrated_sqlite_image())
+
+
+# The settings and the opening of a deployment live here, not in tests/api/conftest.py: the tests that run a step in a
+# process of their own (tests/workflows/test_token_keys.py's _as_b) import them there, and the API harness would cost
+# each such process ~0.5 s of imports (the app and its routes) it never uses.
+TD = "example.org"
+
+
+def make_settings(home: Path, database_url: str | None = None, **overrides: Any) -> Settings:
+    base = Settings(home=home, database_url=database_url, trust_domain=TD, rate_limit_per_second=0,
+                    ip_rate_limit_per_second=0, mode="development")
+    return replace(base, **overrides)
+
+
+def open_context(settings: Settings, clock: Clock = system_clock) -> AppContext:
+    """AppContext.open(create=True) on a data directory whose SQLite database (when the settings name none
+    other) starts as a copy of a migrated one (above): the same schema, without the steps."""
+    if settings.database_url is None:
+        place_migrated_sqlite(settings.home)
+    return AppContext.open(settings, create=True, clock=clock)
 
 
 @pytest.fixture

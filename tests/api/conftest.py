@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,16 +18,16 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from audit import Actor
 from audit.checkpoint import ensure_audit_key
-from core.clock import Clock, FrozenClock, system_clock
+from core.clock import FrozenClock
 from inventory import service as inv
 from keys.store import KeyKind
 from pki.service import init_trust_domain
 from pki.tokens.service import create_opaque_token, ensure_issuer_key, mint_token
-from tests.conftest import place_migrated_sqlite
+from tests.conftest import TD as TD  # (re-exported: the API tests import them from here)
+from tests.conftest import make_settings as make_settings
+from tests.conftest import open_context as open_context
 from workflows.context import AppContext
 from workflows.settings import Settings
-
-TD = "example.org"
 
 
 class Client(TestClient):
@@ -102,20 +102,6 @@ class Env:
     def call(self, method: str, path: str, role: str, tenant: str | None = None, **kw: Any) -> Any:
         headers = {**self.headers(role, tenant), **kw.pop("headers", {})}
         return self.client.request(method, path, headers=headers, **kw)
-
-
-def make_settings(home: Path, database_url: str | None = None, **overrides: Any) -> Settings:
-    base = Settings(home=home, database_url=database_url, trust_domain=TD, rate_limit_per_second=0,
-                    ip_rate_limit_per_second=0, mode="development")
-    return replace(base, **overrides)
-
-
-def open_context(settings: Settings, clock: Clock = system_clock) -> AppContext:
-    """AppContext.open(create=True) on a data directory whose SQLite database (when the settings name none
-    other) starts as a copy of a migrated one (tests/conftest.py): the same schema, without the steps."""
-    if settings.database_url is None:
-        place_migrated_sqlite(settings.home)
-    return AppContext.open(settings, create=True, clock=clock)
 
 
 def open_env(settings: Settings, *, background: bool = False, td: str = TD) -> Env:

@@ -4,6 +4,10 @@ policies and correct uses of the same constructs stay clean."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,6 +98,33 @@ def test_builtins_are_asked_of_the_engine_itself() -> None:
     assert builtin_arity("startswith") == 2 and builtin_arity("count") == 1
     assert builtin_arity("net.cidr_contains") == 2
     assert builtin_arity("no_such_builtin") is None
+
+
+# regorus errors (one with a location, one without) parsed as people see them, in a process whose regorus appends a
+# Rust stack backtrace to each error: whether it did, and the parse.
+_UNDER_BACKTRACES = """
+import json, regorus
+from policy.errors import parse_regorus_error
+out = []
+for call in (lambda e: e.eval_query_as_json("nosuch()"), lambda e: e.add_data_json("[1]")):
+    try:
+        call(regorus.Engine())
+    except Exception as exc:
+        issue = parse_regorus_error(str(exc))
+        out.append(["Stack backtrace:" in str(exc), issue.file, issue.line, issue.col, issue.message])
+print(json.dumps(out))
+"""
+
+
+def test_a_regorus_error_is_read_without_the_rust_backtrace_it_may_carry() -> None:
+    """An operator may keep Rust library backtraces on (RUST_LIB_BACKTRACE=1; the binary and the test processes turn
+    them off otherwise: cli/main.py, tests/conftest.py). regorus then appends a stack backtrace to each error; the
+    location and message read from it carry none of it."""
+    r = subprocess.run([sys.executable, "-c", _UNDER_BACKTRACES], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "RUST_LIB_BACKTRACE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout) == [[True, "<query.rego>", 1, 7, "could not find function nosuch"],
+                                    [True, "<query>", 1, 1, "data must be object"]]
 
 
 def test_upload_stores_nothing_that_does_not_check_clean() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from keys.pkcs11 import Pkcs11KeyStore
-from tests.api.conftest import make_settings, open_context
+from tests.conftest import make_settings, open_context
 from tests.keys.stores import softhsm_token
 from workflows.context import AppContext
 

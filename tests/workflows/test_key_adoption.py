@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -32,8 +31,6 @@ from store.db import Database, sqlite_url
 from tests.keys.stores import _LIST_OBJECTS, PIN
 from tests.workflows.conftest import Token
 from tests.workflows.test_token_keys import (
-    _AS_ANOTHER_PROCESS,
-    REPO,
     _as_b,
     _audit_verifies,
     _close,
@@ -41,7 +38,9 @@ from tests.workflows.test_token_keys import (
     _named,
     _open,
     _public_pem,
+    _replicas_at_once,
     _signs,
+    wait_for_the_other_replicas,
 )
 from tests.workflows.test_token_witness import _export, _planted, made_before_markers
 from workflows.adoption import adopt_unmarked_keys
@@ -204,8 +203,8 @@ def test_two_upgraded_deployments_sharing_an_unmarked_key_both_keep_using_it(
 
 
 def adopts_at_once(ctx: AppContext) -> dict[str, str] | None:
-    """A replica's adoption, at the moment TF_REVIEW_START (epoch seconds) says; its token read takes a second, so
-    that the replicas' adoptions overlap (else one may be done before the next begins)."""
+    """A replica's adoption, at the moment every replica is ready; its token read takes a second, so that the
+    replicas' adoptions overlap (else one may be done before the next begins)."""
     read = ctx.keystore.adoptable  # type: ignore[attr-defined]
 
     def slowly(key_ids: list[str]) -> dict[str, str]:
@@ -214,9 +213,7 @@ def adopts_at_once(ctx: AppContext) -> dict[str, str] | None:
         return found
 
     setattr(ctx.keystore, "adoptable", slowly)  # noqa: B010 (a method of this one store, replaced)
-    start = float(os.environ["TF_REVIEW_START"])
-    while time.time() < start:
-        time.sleep(0.001)
+    wait_for_the_other_replicas()
     return adopt_unmarked_keys(ctx)
 
 
@@ -234,13 +231,9 @@ def test_replicas_starting_at_once_adopt_once(
     ensure_deployment(a, upgrade=True)
     _close(a)
     deployments.remove(a)
-    env = {**_env(home, url, token), "TF_REVIEW_START": str(time.time() + 8)}
-    replicas = [subprocess.Popen([sys.executable, "-c", _AS_ANOTHER_PROCESS,
-                                  "tests.workflows.test_key_adoption:adopts_at_once"], cwd=REPO, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
-    outs = [r.communicate(timeout=120) for r in replicas]
-    assert [r.returncode for r in replicas] == [0, 0, 0], [err[-1500:] for _out, err in outs]
-    results = [json.loads(out.splitlines()[-1]) for out, _err in outs]
+    ran = _replicas_at_once(_env(home, url, token), "tests.workflows.test_key_adoption:adopts_at_once", tmp_path)
+    assert [code for code, _out, _err in ran] == [0, 0, 0], [err[-1500:] for _code, _out, err in ran]
+    results = [json.loads(out.splitlines()[-1]) for _code, out, _err in ran]
     assert len([r for r in results if r is not None]) == 1, results
     again = _open(home, url, token, deployments)
     assert _adopted(again) == next(r for r in results if r is not None) and len(_adopted(again)) == 5

@@ -39,7 +39,7 @@ from pki.ca import CA_KEY_ID_RE
 from pki.models import CertificateAuthority
 from pki.tokens.service import API_ISSUER_KEY_ID
 from store.db import Database
-from tests.api.conftest import make_settings, open_context
+from tests.conftest import make_settings, open_context
 from tests.keys.stores import _LIST_OBJECTS, PIN, token_objects
 from tests.pki.helpers import ADMIN, TD, make_csr, register, verify_chain
 from tests.workflows.conftest import Token
@@ -632,13 +632,45 @@ def test_a_start_on_a_restored_backup_keeps_the_keys_of_later_generations(
     _signs(found)
 
 
+def wait_for_the_other_replicas() -> None:
+    """In a replica's process (run by _replicas_at_once): say it is ready, then wait for the test's go, given once
+    every replica is ready, so that what follows runs in all of them at once however long each took to start (a fixed
+    start time either idled for seconds or, on a slow host, came before the last replica was up)."""
+    barrier = Path(os.environ["TF_REVIEW_BARRIER"])
+    (barrier / f"ready-{os.getpid()}").touch()
+    while not (barrier / "go").exists():
+        time.sleep(0.001)
+
+
+def _replicas_at_once(env: dict[str, str], step: str, tmp_path: Path, n: int = 3) -> list[tuple[int, str, str]]:
+    """`step` run by n replicas, each a process of its own (_AS_ANOTHER_PROCESS) that opens the deployment, then calls
+    wait_for_the_other_replicas; the go once all n are ready (or one has ended: it is reported below). Each replica's
+    exit code, stdout and stderr."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    env = {**env, "TF_REVIEW_BARRIER": str(barrier)}
+    replicas = [subprocess.Popen([sys.executable, "-c", _AS_ANOTHER_PROCESS, step], cwd=REPO, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(barrier.glob("ready-*"))) < n and all(r.poll() is None for r in replicas):
+            assert time.monotonic() < deadline, "the replicas never all got ready"
+            time.sleep(0.01)
+        (barrier / "go").touch()
+        outs = [r.communicate(timeout=120) for r in replicas]
+    finally:
+        for r in replicas:
+            if r.poll() is None:
+                r.kill()
+                r.communicate()
+    return [(r.returncode, out, err) for r, (out, err) in zip(replicas, outs, strict=True)]
+
+
 def starts_at_once(ctx: AppContext) -> str:
-    """A replica's start, from its signing keys on, at the moment TF_REVIEW_START (epoch seconds) says."""
+    """A replica's start, from its signing keys on, at the moment every replica is ready."""
     from workflows.init import ensure_signing_keys
 
-    start = float(os.environ["TF_REVIEW_START"])
-    while time.time() < start:
-        time.sleep(0.001)
+    wait_for_the_other_replicas()
     ensure_signing_keys(ctx)
     return "ok"
 
@@ -658,11 +690,8 @@ def test_replicas_starting_at_once_make_one_audit_and_one_issuer_key(
     ensure_deployment(a)
     _close(a)
     deployments.remove(a)
-    env = {**_env(home, url, token), "TF_REVIEW_START": str(time.time() + 8)}
-    replicas = [subprocess.Popen([sys.executable, "-c", _AS_ANOTHER_PROCESS, "starts_at_once"], cwd=REPO, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
-    outs = [r.communicate(timeout=120) for r in replicas]
-    assert [r.returncode for r in replicas] == [0, 0, 0], [err[-1500:] for _out, err in outs]
+    ran = _replicas_at_once(_env(home, url, token), "starts_at_once", tmp_path)
+    assert [code for code, _out, _err in ran] == [0, 0, 0], [err[-1500:] for _code, _out, err in ran]
     module, label = token
     listed = subprocess.run([sys.executable, "-c", _LIST_OBJECTS, module, label, PIN], capture_output=True,
                             text=True, check=True, timeout=60).stdout.splitlines()  # each object, duplicates too
