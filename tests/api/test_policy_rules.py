@@ -99,9 +99,10 @@ def test_healthz_answers_while_a_pathological_policy_is_tested_and_uploaded(serv
         worker.join()
         assert answer["status"] == 422, answer
         assert answer["body"]["reason"] == f"{what} exceeded the 1 s CPU budget"
-        # answered all along, not after the job (which runs to its 1 s CPU budget): a loaded machine once
-        # took 0.7 s for the first answer, while the job started
-        assert len(waits) >= 5 and max(waits) < 1.0, waits
+        # answered all along, not after the job (which runs to its 1 s CPU budget): at least 5 answers while it
+        # ran (a server blocked on the job answers once or twice: the loop ends with the job); a loaded machine
+        # once took 0.7 s, and once 1.04 s, for the first answer while the sandbox's fork server started
+        assert len(waits) >= 5 and max(waits) < 1.5, waits
     assert _versions(env) == before  # nothing stored
 
 
