@@ -4,7 +4,10 @@ FastAPI's own pages load them from a CDN and stay blank air-gapped; they are swi
 
 Both pages carry a Content-Security-Policy that lets the browser load nothing from any other host: ReDoc's
 bundle shows a logo from its vendor's CDN in the menu footer (hidden when it cannot load); the policy stops
-that request before it is made."""
+that request before it is made.
+
+`/` itself says where things are: a browser is sent to the console, any other client gets a small JSON index.
+The OpenAPI document declares how a caller authenticates (`openapi_document`), for the pages' Authorize button."""
 
 from __future__ import annotations
 
@@ -12,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.staticfiles import StaticFiles
 
@@ -35,6 +38,18 @@ router = APIRouter(include_in_schema=False)
 def _this_host_only(page: HTMLResponse) -> HTMLResponse:
     page.headers["Content-Security-Policy"] = CSP
     return page
+
+
+INDEX: dict[str, str] = {"api": "/v1", "docs": "/docs", "openapi": "/openapi.json", "console": "/console/"}
+
+
+@router.get("/")
+def index(request: Request) -> Response:
+    """Where things are. A browser (it asks for HTML) is sent on to the console (303: see other, GET); any other
+    client (curl, a script) gets the small index as JSON, so `curl https://host/` tells an operator where to go."""
+    if "text/html" in request.headers.get("accept", ""):
+        return RedirectResponse(INDEX["console"], status_code=303)
+    return JSONResponse(INDEX)
 
 
 @router.get("/docs")
