@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, Pen
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.deps import AUTHENTICATED_IN_THREAD, authenticate
+from api.patterns import pattern_words
 from api.routes.common import request_id
 from api.workers import in_worker
 from core.errors import RateLimited, TrustfabricError
@@ -40,10 +41,23 @@ def error_body(code: str, reason: str, **extra: object) -> dict[str, object]:
     return {"error": code, "reason": reason, **extra}
 
 
+def problem_message(error: dict[str, Any]) -> str:
+    """One problem of a refused request in words: a value a pattern refused says what the field must be
+    (api/patterns.py: 'tenant must be 1-63 lowercase letters, ...'), never the regular expression; pydantic's own
+    message otherwise."""
+    if error.get("type") == "string_pattern_mismatch":
+        names = [part for part in error.get("loc", ()) if isinstance(part, str)]
+        pattern = (error.get("ctx") or {}).get("pattern")
+        words = pattern_words(names[-1] if names else "the value", str(pattern))
+        if words is not None:
+            return words
+    return str(error.get("msg", ""))
+
+
 def validation_reason(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
-    """(the first problem as one line, 'body.ttl_seconds: ...', every problem as {loc, msg})."""
+    """(the first problem as one line, 'path.tenant: tenant must be ...', every problem as {loc, msg})."""
     problems: list[dict[str, Any]] = [
-        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", ""))} for e in exc.errors()
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": problem_message(e)} for e in exc.errors()
     ]
     first = problems[0] if problems else {"loc": [], "msg": "invalid request"}
     return (f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else str(first["msg"])), problems

@@ -885,15 +885,18 @@ def list_events(
     limit: int = 100,
     actor: str | None = None,
     actor_tenant: str | None = None,
+    newest_first: bool = False,
 ) -> list[AuditEvent]:
-    """Events in sequence order, filtered; `after` is the last sequence number of the previous page. `actor` and
-    `actor_tenant` as actor_filter has them."""
+    """Events in sequence order (newest first with `newest_first`), filtered; `after` is the last sequence number
+    of the previous page (in that order: with `newest_first`, the events before it). `actor` and `actor_tenant` as
+    actor_filter has them."""
     for name, value in (("since", since), ("until", until)):
         if value is not None and value.tzinfo is None:
             raise InvalidAuditEvent(f"{name} must carry a timezone")
     if not 1 <= limit <= 10_000:
         raise InvalidAuditEvent("limit must be between 1 and 10000")
-    stmt = sm_select(AuditEvent).order_by(col(AuditEvent.seq)).limit(limit)
+    seq = col(AuditEvent.seq)
+    stmt = sm_select(AuditEvent).order_by(seq.desc() if newest_first else seq).limit(limit)
     if tenant is not None:
         stmt = stmt.where(col(AuditEvent.tenant) == tenant)
     if action is not None:
@@ -905,7 +908,7 @@ def list_events(
     if until is not None:
         stmt = stmt.where(col(AuditEvent.ts) < until.astimezone(UTC))
     if after is not None:
-        stmt = stmt.where(col(AuditEvent.seq) > after)
+        stmt = stmt.where(seq < after if newest_first else seq > after)
     return list(session.exec(stmt).all())
 
 

@@ -441,6 +441,8 @@ def one_line_errors(code: int = EXIT_FAILURE) -> Iterator[None]:
         yield
     except TrustfabricError as exc:
         fail(str(exc), code)
+    except BrokenPipeError:
+        raise  # our output's reader went away (`| head`): cli/main.py ends quietly, no error line
     except OSError as exc:
         fail(f"{type(exc).__name__}: {exc}", code)
 

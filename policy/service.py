@@ -233,6 +233,18 @@ def activate(
     )
 
 
+def check_rollback(session: Session, target: PolicyVersion) -> None:
+    """Conflict unless `target` is older than the active version. Checked before anything else about the target
+    (preflight's tests and signature): a version that is no rollback at all is refused as that, not for its tests."""
+    current = active_version(session)
+    if current is None:
+        raise Conflict("no policy version is active: activate one instead of rolling back")
+    assert target.number is not None and current.number is not None
+    if target.number >= current.number:
+        raise Conflict(f"rollback goes to an earlier version: version {target.number} is not older than the active "
+                       f"version {current.number}")
+
+
 def rollback(
     session: Session,
     ref: str | int,
@@ -246,14 +258,7 @@ def rollback(
 ) -> PolicyVersion:
     """Go back to an earlier version (lower number than the active one); same checks as activate."""
     target = get_version(session, ref)
-    current = active_version(session)
-    if current is None:
-        raise Conflict("no policy version is active: activate one instead of rolling back")
-    assert target.number is not None and current.number is not None
-    if target.number >= current.number:
-        raise Conflict(
-            f"rollback goes to an earlier version: {target.number} is not older than the active {current.number}"
-        )
+    check_rollback(session, target)
     return _switch(
         session, target, actor, "policy.rollback",
         now=now, signature=signature, verify_keys=verify_keys, reason=reason, rules=rules,

@@ -260,7 +260,10 @@ def link(session: Session, who: Who, pools: Pools, a: str, b: str, *, remove: bo
     """Cable (or uncable) two ports, `<device>:<port>` each: a leaf to a node uplink or to a spine."""
     ends = sorted((a, b))
     if not remove:
-        return _single(session, who, pools, "fabric.link.add", f"{ends[0]}-{ends[1]}", {"links": [[a, b]]})
+        try:
+            return _single(session, who, pools, "fabric.link.add", f"{ends[0]}-{ends[1]}", {"links": [[a, b]]})
+        except FabricError as exc:
+            raise FabricError(_named_by_ends(str(exc), a, b)) from None
 
     def drop(stored: dict[str, Any]) -> None:
         kept = [x for x in stored["links"] if sorted(x) != ends]
@@ -269,6 +272,16 @@ def link(session: Session, who: Who, pools: Pools, a: str, b: str, *, remove: bo
         stored["links"] = kept
 
     return _single(session, who, pools, "fabric.link.remove", f"{ends[0]}-{ends[1]}", {}, drop)
+
+
+def _named_by_ends(message: str, a: str, b: str) -> str:
+    """A refusal of the new cable said of the cable ('link leaf1:swp9 - gpu9:p0: leaf leaf1 has no port
+    'swp9''), not of where the check found it: `request: links.6.0:` is the cable's place in the stored list
+    merged with it, which the operator never sees. A refusal of a stored entry (`(stored)`) is left as it is."""
+    where, sep, problem = message.removeprefix("request: ").partition(": ")
+    if not message.startswith("request: ") or not sep or not where.startswith("links") or " " in where:
+        return message
+    return f"link {a} - {b}: {problem}"
 
 
 def place_workload(session: Session, who: Who, pools: Pools, workload: str, *, node: str, port: str,

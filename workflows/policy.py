@@ -105,6 +105,8 @@ def switch(
     now = ctx.clock()
     with ctx.db.read_session() as session:
         target = service.get_version(session, ref)
+        if kind == "rollback":  # a version that is no rollback at all says so, whatever its tests
+            service.check_rollback(session, target)
         service.preflight(target, actor, signature, rules)  # refuse cheaply before measuring anything
         modules, number = dict(target.modules), target.number
         current = service.active_version(session)

@@ -11,7 +11,7 @@ import secrets
 import tempfile
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
@@ -185,7 +185,8 @@ def _aware(value: datetime | None, name: str) -> datetime | None:
     return value
 
 
-@router.get("/events", response_model=EventPage, responses=ERRORS, summary="Audit events, oldest first")
+@router.get("/events", response_model=EventPage, responses=ERRORS,
+            summary="Audit events, oldest first (order=desc: newest first)")
 def list_events(
     request: Request,
     ctx: CtxDep,
@@ -198,10 +199,16 @@ def list_events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     actor: Annotated[str | None, Query(**ACTOR_SPEC)] = None,
     actor_tenant: Annotated[str | None, Query(**ACTOR_TENANT_SPEC)] = None,
+    order: Annotated[Literal["asc", "desc"], Query(
+        description="asc: oldest first; desc: newest first (the cursor and `after` then go to older events)")] = "asc",
+    after: Annotated[int | None, Query(ge=0, le=MAX_INDEX, description=(
+        "the sequence number of the last event already seen: the events past it in `order` (what the cursor "
+        "carries, in the open: give one or the other)"))] = None,
 ) -> EventPage:
     scoped = _scope(request, principal, "audit.read", tenant)
-    after = None
     if cursor is not None:
+        if after is not None:
+            raise InvalidInput("give either cursor or after, not both (the cursor is the previous page's `after`)")
         raw = decode_cursor(cursor)
         if not is_digits(raw) or int(raw) > MAX_INDEX:
             raise InvalidInput("cursor is not one this API returned")
@@ -217,6 +224,7 @@ def list_events(
             limit=limit,
             actor=actor,
             actor_tenant=actor_tenant,
+            newest_first=order == "desc",
         )
     nxt = encode_cursor(str(rows[-1].seq)) if len(rows) == limit else None
     return EventPage(items=[event_out(e) for e in rows], next_cursor=nxt)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.handoff import HandedOffRoute
+from api.patterns import FABRIC_END_PATTERN, FABRIC_NAME_PATTERN
 from api.routes.common import request_id
 from api.routes.devices import log_denial, node_name
 from api.schemas import COMMON_ERRORS, SlugPath, error_responses
@@ -24,8 +25,8 @@ router = APIRouter(prefix="/v1", tags=["fabric"], route_class=HandedOffRoute)
 
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
-Name = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^\S+$")]
-End = Annotated[str, Field(min_length=3, max_length=127, pattern=r"^[^\s:]+:[^\s:]+$", examples=["leaf1:swp1"])]
+Name = Annotated[str, Field(min_length=1, max_length=63, pattern=FABRIC_NAME_PATTERN)]
+End = Annotated[str, Field(min_length=3, max_length=127, pattern=FABRIC_END_PATTERN, examples=["leaf1:swp1"])]
 
 
 class Strict(BaseModel):

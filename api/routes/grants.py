@@ -17,6 +17,7 @@ from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.handoff import HandedOffRoute, carries_checks
 from api.metrics import DECISIONS, EVALUATION, timed
+from api.patterns import IDEMPOTENCY_PATTERN
 from api.principal import Principal
 from api.readcache import ReadCache
 from api.routes.common import caller_of, decode_cursor, encode_cursor, grant_decider, request_id
@@ -46,7 +47,6 @@ router = APIRouter(prefix="/v1", tags=["grants"], route_class=HandedOffRoute)
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
 GrantId = Annotated[str, Path(min_length=1, max_length=64, description="grant id")]
-IDEMPOTENCY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 STATE_PATTERN = GRANT_STATE_PATTERN
 
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep
 from api.handoff import HandedOffRoute
+from api.patterns import SENSITIVITY_PATTERN
 from api.routes.common import decode_cursor, denial_logged, encode_cursor, request_id
 from api.schemas import (
     COMMON_ERRORS,
@@ -112,7 +113,7 @@ def create_group(
 def list_groups(
     tenant: SlugPath, request: Request, ctx: CtxDep, principal: PrincipalDep,
     cursor: CursorQuery = None, limit: LimitQuery = 50,
-    sensitivity: Annotated[str | None, Query(pattern="^(normal|sensitive)$")] = None,
+    sensitivity: Annotated[str | None, Query(pattern=SENSITIVITY_PATTERN)] = None,
 ) -> Page[GroupOut]:
     authorize(request, principal, "inventory.read", tenant)
     after = decode_cursor(cursor) if cursor is not None else None

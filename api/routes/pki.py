@@ -15,6 +15,7 @@ from api.deps import CtxDep, PrincipalDep, charge_entries
 from api.errors import error_code, status_for
 from api.handoff import HandedOffRoute
 from api.metrics import SVID_TTL, SVIDS_ISSUED
+from api.patterns import SERIAL_PATTERN
 from api.principal import Principal
 from api.routes.common import denial_logged, log_denial, request_id
 from api.schemas import COMMON_ERRORS, Reason, Slug, Strict, error_responses
@@ -82,7 +83,7 @@ class JwtSvidRequest(Strict):
 class RevokeRequest(Strict):
     """Either `serial`, or `tenant` (optionally with `group`, and `workload` within a group)."""
 
-    serial: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^(0x)?[0-9A-Fa-f:]+$")
+    serial: str | None = Field(default=None, min_length=1, max_length=64, pattern=SERIAL_PATTERN)
     tenant: Slug | None = None
     group: Slug | None = None
     workload: Slug | None = None

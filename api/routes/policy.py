@@ -16,6 +16,7 @@ from api.computing import COMPUTING_RESPONSE, computing, prefers_async
 from api.deps import CtxDep, PrincipalDep, evaluation_slot
 from api.handoff import HandedOffRoute
 from api.metrics import DECISIONS, EVALUATION, timed
+from api.patterns import HEX_PATTERN
 from api.schemas import COMMON_ERRORS, error_responses
 from core.errors import Forbidden
 from core.vocabulary import SLUG_PATTERN
@@ -34,7 +35,7 @@ router = APIRouter(prefix="/v1/policy", tags=["policy"], route_class=HandedOffRo
 
 READ_ERRORS = error_responses(*COMMON_ERRORS, 404)
 WRITE_ERRORS = error_responses(*COMMON_ERRORS, 404, 409)
-VersionRef = Annotated[str, PathParam(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$",
+VersionRef = Annotated[str, PathParam(min_length=1, max_length=64, pattern=HEX_PATTERN,
                                       description="version number or content-hash prefix (8+ hex)")]
 
 

@@ -38,6 +38,30 @@ def _read(path: str) -> bytes:
     return Path(path).read_bytes()
 
 
+def _read_csr(path: str) -> bytes:
+    """The --csr file's bytes, once they are a PEM PKCS#10 request: anything else (a private key, a certificate,
+    not PEM) is a file that cannot be used as what the option says, refused as usage (2) before any work. What the
+    CSR then carries (its key type, its signature) is the issuer's to judge (a failure, 1)."""
+    from cryptography import x509
+
+    from core.errors import InvalidInput
+
+    data = _read(path)
+    try:
+        x509.load_pem_x509_csr(data)
+    except ValueError:
+        shown = "stdin" if path == "-" else path
+        hint = ""
+        if b"PRIVATE KEY-----" in data:
+            hint = (f": it is a private key; make the request from it with `openssl req -new -key {shown} "
+                    "-subj /CN=w -out req.pem`")
+        elif b"-----BEGIN CERTIFICATE-----" in data:
+            hint = ": it is a certificate, not a request"
+        raise InvalidInput(f"--csr {shown} is not a PEM-encoded PKCS#10 request (-----BEGIN CERTIFICATE REQUEST-----)"
+                           f"{hint}") from None
+    return data
+
+
 def _x509_dict(issued: service.IssuedX509) -> dict[str, Any]:
     return {"spiffe_id": issued.spiffe_id, "serial": issued.serial, "certificate": issued.cert_pem.decode(),
             "chain": [c.decode() for c in issued.chain_pem], "expires_at": issued.expires_at.isoformat()}
@@ -80,7 +104,7 @@ def register(app: typer.Typer) -> None:
         """Issue an X.509-SVID to a registered workload from a CSR."""
         from pki import service
 
-        csr_pem = guard(lambda: _read(csr), EXIT_USAGE)  # the file given, before any work: unreadable is usage
+        csr_pem = guard(lambda: _read_csr(csr), EXIT_USAGE)  # before any work: unreadable or no CSR is usage
         with open_context() as ctx, ctx.db.session() as session:
             issued = service.issue_x509_svid(
                 session, ctx.keystore, csr_pem=csr_pem, tenant=tenant, group=group, workload=workload,

@@ -161,23 +161,32 @@ def register(audit: typer.Typer) -> None:
     def events_cmd(
         tenant: str = TenantOpt, action: str = ActionOpt, actor: str = ActorOpt, actor_tenant: str = ActorTenantOpt,
         since: Any = SinceOpt, until: Any = UntilOpt,
-        limit: int = typer.Option(100, "--limit", min=1, max=1000, help="events shown (oldest first)"),
+        limit: int = typer.Option(100, "--limit", min=1, max=1000, help="events shown (one page)"),
+        newest: bool = typer.Option(False, "--newest", help="newest first (the latest events; default oldest first)"),
+        after: int | None = typer.Option(
+            None, "--after", metavar="SEQ", min=0,
+            help="the next page: the events past event SEQ in the order shown (with --newest, older ones); "
+                 "SEQ is the last one a page showed"),
         server: str = ServerOpt, cacert: Path = CaOpt,
     ) -> None:
-        """Audit events, oldest first (a tenant principal sees its own tenant's only)."""
+        """Audit events, one page: oldest first, or the latest with --newest; --after SEQ goes on from a page's last
+        event (a tenant principal sees its own tenant's only)."""
         check_window(since, until)
         api = client(server, cacert)
         query = {"tenant": tenant, "action": action, "actor": actor, "actor_tenant": actor_tenant,
-                 "since": _iso(since), "until": _iso(until)}
-        page = api.get("/v1/audit/events", **query, limit=limit)
+                 "since": _iso(since), "until": _iso(until), "order": "desc" if newest else None}
+        page = api.get("/v1/audit/events", **query, limit=limit, after=after)
         emit(page["items"], EVENTS)
         # a full page may be all there is: one more event asked for tells "the log ends here" from "it goes on"
         cursor = page.get("next_cursor")
         if cursor and api.get("/v1/audit/events", **query, limit=1, cursor=cursor)["items"]:
             last = page["items"][-1]
+            which = "older" if newest else "more"
+            again = " --newest" if newest else ""
             err_console.print(
-                f"(more events follow seq {last['seq']}: narrow with --since {last['ts']}, --tenant or --action, "
-                "raise --limit (up to 1000), or `trustfabric audit download` for all)",
+                f"({which} events follow seq {last['seq']}: the next page is `audit events{again} --after "
+                f"{last['seq']}` (same filters); or narrow with --since/--until, --tenant or --action, raise --limit "
+                "(up to 1000), or `trustfabric audit download` for all)",
                 highlight=False, markup=False, soft_wrap=True)
 
     @command(audit, "show", API)

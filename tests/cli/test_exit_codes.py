@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from cli.output import EXIT_ABORTED, EXIT_FAILURE, EXIT_OK, EXIT_UNPROVEN, EXIT_USAGE
 from tests.cli.conftest import Cli, Run, run_cli
@@ -168,6 +170,12 @@ def test_a_file_argument_that_cannot_be_used_is_usage(cli: Cli, world: dict[str,
     r = cli.run("svid", "issue", "--csr", unreadable, "--tenant", "acme", "--group", "web", "--workload", "w1",
                 TRUSTFABRIC_HOME=str(tmp_path / "no-home"))  # refused before the data directory is opened
     assert r.returncode == EXIT_USAGE and one_line(r) and "Input/output error" in r.stderr, r.stderr
+    key = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    for not_a_csr, why in ((_write(tmp_path / "key.pem", key), "it is a private key"), (given, "PKCS#10")):
+        r = cli.run("svid", "issue", "--csr", not_a_csr, "--tenant", "acme", "--group", "web", "--workload", "w1",
+                    TRUSTFABRIC_HOME=str(tmp_path / "no-home"))  # refused before the data directory is opened
+        assert r.returncode == EXIT_USAGE and one_line(r) and why in r.stderr and not_a_csr in r.stderr, r.stderr
     r = cli.run("policy", "activate", "1", "--signature-file", binary)
     assert r.returncode == EXIT_USAGE and one_line(r) and "--signature-file" in r.stderr, r.stderr
     r = cli.run("fabric", "import", binary, token=world["admin"])

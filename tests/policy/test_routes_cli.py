@@ -126,3 +126,19 @@ def test_impact_of_a_malformed_candidate_is_a_400_with_the_reason(env: Env, allo
     assert imp.status_code == 400, imp.text
     assert "allowed_flows" in imp.json()["reason"]
 
+
+
+def test_rollback_to_a_newer_version_says_so_before_its_tests(env: Env) -> None:
+    """`policy rollback 2` with 1 active and 2 newer (its tests failing) is refused as no rollback, not for its
+    tests: the operator asked the wrong direction, and fixing the tests would not make it one."""
+    mods = shipped()
+    assert env.call("POST", "/v1/policy/versions", "security", json={"modules": mods}).status_code == 201
+    assert env.call("POST", "/v1/policy/versions/1/activate", "security", json={}).status_code == 200
+    failing = {**mods, "zz_test.rego": "package zz_test\n\ntest_no if false\n"}
+    newer = env.call("POST", "/v1/policy/versions", "security", json={"modules": failing})
+    assert newer.json()["number"] == 2 and not newer.json()["tests_passed"], newer.text
+    answer = env.call("POST", "/v1/policy/versions/2/rollback", "security", json={})
+    assert answer.status_code == 409
+    assert answer.json()["reason"].endswith("version 2 is not older than the active version 1"), answer.text
+    code, _, err = _cli(env, "policy", "rollback", "2")
+    assert code == 1 and "version 2 is not older than the active version 1" in err and "tests" not in err, err

@@ -255,3 +255,15 @@ def test_an_import_fills_what_a_stored_tenant_lacks_and_keeps_what_it_has(ctx: A
         acme = s.get(Tenant, "acme")
     assert acme is not None and (acme.l3vni, acme.vlan, acme.prefix, acme.prefix6) == (
         10001, 101, "10.1.0.0/16", "fd00:1::/48")
+
+
+@pytest.mark.parametrize(("a", "b", "message"), [
+    ("leaf1:swp9", "gpu4:p0", "link leaf1:swp9 - gpu4:p0: leaf leaf1 has no port 'swp9'"),
+    ("gpu9:p0", "leaf1:swp1", "link gpu9:p0 - leaf1:swp1: unknown device 'gpu9'"),
+])
+def test_a_refused_cable_is_named_by_its_ends(fab: AppContext, a: str, b: str, message: str) -> None:
+    """Not by its place in the stored list merged with it (`request: links.6.0: ...`), which no operator sees."""
+    with pytest.raises(TrustfabricError) as refused:
+        run(fab, lambda s: fabric.link(s, who(fab), Pools(), a, b))
+    assert str(refused.value).startswith(message), str(refused.value)
+    assert 400 <= refused.value.http_status < 500
