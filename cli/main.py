@@ -136,8 +136,13 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as exc:
         # click answers a write to a closed pipe (EPIPE) under the command with exit 1 and no word, its streams
         # wrapped to stay quiet at exit (PacifyFlushWrapper, set there only): answered as below
-        if exc.code == EXIT_FAILURE and isinstance(sys.stdout, PacifyFlushWrapper) and reader_gone():
-            sys.exit(EXIT_OK)
+        if exc.code == EXIT_FAILURE and isinstance(sys.stdout, PacifyFlushWrapper):
+            if reader_gone():
+                sys.exit(EXIT_OK)
+            broken = exc.__context__  # what click answered: a pipe nobody reads that is not our output (a file
+            if isinstance(broken, OSError):  # to write that is one, a socket): a failed write, with its line
+                err_console.print(f"error: {type(broken).__name__}: {broken}", highlight=False, markup=False,
+                                  soft_wrap=True)
         raise
     except BrokenPipeError as exc:
         if not reader_gone():  # not our output's reader (a socket): an error as any other

@@ -500,8 +500,10 @@ def one_line_errors(code: int = EXIT_FAILURE) -> Iterator[None]:
         yield
     except TrustfabricError as exc:
         fail(str(exc), code)
-    except BrokenPipeError:
-        raise  # our output's reader went away (`| head`): cli/main.py ends quietly, no error line
+    except BrokenPipeError as exc:
+        if reader_gone():
+            raise  # our output's reader went away (`| head`): cli/main.py ends quietly, no error line
+        fail(f"{type(exc).__name__}: {exc}", code)  # a pipe nobody reads that is not our output: a failed write
     except OSError as exc:
         fail(f"{type(exc).__name__}: {exc}", code)
 

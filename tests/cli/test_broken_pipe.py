@@ -78,3 +78,21 @@ def test_a_reader_that_went_away_does_not_turn_a_no_into_a_yes(data_dir: tuple[P
     intact = _into_a_closed_pipe("audit", "verify", str(base / "a.jsonl"), "--public-key", str(base / "k.pem"),
                                  *extra, env=env)
     assert intact == (0, "")
+
+
+def test_a_broken_pipe_that_is_not_our_output_is_an_error_with_its_line(home: Path) -> None:
+    """Only our own output's reader going away is quiet: a file to write that is a pipe nobody reads (here `--out`
+    names one) is a failed write, exit 1 with its line. It exited 1 with no word at all (click's EPIPE exit)."""
+    from tests.cli.conftest import run_cli
+
+    env: dict[str, str | None] = {"TRUSTFABRIC_HOME": str(home / "home"), "TRUSTFABRIC_CONFIG": str(home / "none.json"),
+                                  "TRUSTFABRIC_MODE": "development", "COLUMNS": "200"}
+    read, write = os.pipe()
+    os.close(read)  # nobody will read it
+    try:
+        r = run_cli(["svid", "issue", "--csr", str(home / "req.pem"), "--tenant", "acme", "--group", "web",
+                     "--workload", "web-1", "--out", f"/proc/self/fd/{write}"], env)
+    finally:
+        os.close(write)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and "Broken pipe" in r.stderr, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
