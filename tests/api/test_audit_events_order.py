@@ -37,11 +37,11 @@ def test_a_tenant_paging_either_way_sees_its_own_events_only(env: Env) -> None:
     although globex's older events do (a regression guard: this held when reviewed)."""
     for slug in ("acme", "globex"):
         if env.call("GET", f"/v1/tenants/{slug}", "admin").status_code == 404:
-            body = {"slug": slug, "display_name": slug.title()}
-            assert env.call("POST", "/v1/tenants", "admin", json=body).status_code == 201
+            made = env.call("POST", "/v1/tenants", "admin", json={"slug": slug, "display_name": slug.title()})
+            assert made.status_code == 201
     for n in range(3):
         for slug in ("acme", "globex"):
-            body: dict[str, object] = {"name": f"g{n}", "ports": [{"proto": "tcp", "port": 443}]}
+            body = {"name": f"g{n}", "ports": [{"proto": "tcp", "port": 443}]}
             assert env.call("POST", f"/v1/tenants/{slug}/groups", "admin", json=body).status_code == 201
     env.headers("tenant-admin", "acme")  # its token made (and audited, acme's) before the log is read
     every = env.call("GET", "/v1/audit/events?limit=1000", "auditor").json()["items"]
