@@ -53,7 +53,8 @@ def _read_csr(path: str) -> bytes:
         shown = "stdin" if path == "-" else path
         hint = ""
         if b"PRIVATE KEY-----" in data:
-            hint = (f": it is a private key; make the request from it with `openssl req -new -key {shown} "
+            key = "KEY.pem" if path == "-" else path  # the key's own file: none is named `stdin`
+            hint = (f": it is a private key; make the request from it with `openssl req -new -key {key} "
                     "-subj /CN=w -out req.pem`")
         elif b"-----BEGIN CERTIFICATE-----" in data:
             hint = ": it is a certificate, not a request"
