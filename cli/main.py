@@ -15,7 +15,16 @@ from typer._click.core import Command
 from cli import config
 from cli.helptext import reflow_tree
 from cli.local import agent, audit, enforcer, lab, pdp, pki, policy, setup, tokens
-from cli.output import EXIT_ABORTED, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, fit_to_terminal
+from cli.output import (
+    EXIT_ABORTED,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    drop_the_rest,
+    err_console,
+    fit_to_terminal,
+    reader_gone,
+)
 from cli.remote import fabric, grants, inventory, login, whoami
 from core.errors import TrustfabricError
 
@@ -93,39 +102,6 @@ def _command() -> Command:
     return command
 
 
-def _broken(stream: object) -> bool:
-    """Whether `stream` is a pipe (or socket) whose reader is gone: poll says POLLERR for its write end."""
-    import select
-
-    try:
-        fd = stream.fileno()  # type: ignore[attr-defined]
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
-    except (AttributeError, OSError, ValueError):  # no file descriptor (a test's capture): not a broken pipe
-        return False
-
-
-def _reader_gone() -> bool:
-    """After a BrokenPipeError: whether it was our output's reader that went away (`trustfabric ... | head`), and
-    if so, point stdout (and stderr, when it went too) at /dev/null, so nothing more is written to the dead pipe,
-    not even by the interpreter's flush at exit. A broken pipe of anything else (a socket) is an error as any."""
-    gone = [stream for stream in (sys.stdout, sys.stderr) if _broken(stream)]
-    if sys.stdout not in gone:
-        return False
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in gone:
-        os.dup2(devnull, stream.fileno())
-    os.close(devnull)
-    return True
-
-
-def _raise_broken_pipe(_console: object) -> None:
-    """rich's Console.on_broken_pipe (rich calls it when a write hits a closed pipe): rich's own exits 1; raised
-    again instead, it is answered as every other broken pipe is, in `main`."""
-    raise BrokenPipeError(32, "Broken pipe")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run one command (`argv`, default sys.argv[1:]) and exit as cli.output's EXIT_* say (CONVENTIONS.md: 0 ok,
     1 failure, 2 usage): 0 done / yes; 1 failure -- the answer is no (the command says so), a domain error, the
@@ -142,27 +118,38 @@ def main(argv: list[str] | None = None) -> None:
         # RUST_BACKTRACE); an operator who sets it keeps their choice.
         os.environ.setdefault("RUST_LIB_BACKTRACE", "0")
     fit_to_terminal()
-    # every rich console of the process (ours, typer's help) reports a closed pipe by raising, not by exiting 1
+    # every rich console of the process (ours, typer's help) meets a closed pipe as cli.output says, not by exiting 1
     from rich.console import Console
 
-    Console.on_broken_pipe = _raise_broken_pipe  # type: ignore[method-assign,assignment]
+    Console.on_broken_pipe = drop_the_rest  # type: ignore[method-assign,assignment]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     config.select(None)
     try:
         args = sys.argv[1:] if argv is None else argv
         code = _command()(args=args, prog_name="trustfabric", standalone_mode=False, obj=tuple(args))
-        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not in the interpreter's exit
+        try:
+            sys.stdout.flush()  # what is still buffered meets a closed pipe here, not in the interpreter's exit
+        except BrokenPipeError:
+            if not reader_gone():
+                raise
+            # the command ran to its end: its exit code is its answer (`audit verify --json` FAILED: 1), not 0
     except SystemExit as exc:
         # click answers a write to a closed pipe (EPIPE) under the command with exit 1 and no word, its streams
         # wrapped to stay quiet at exit (PacifyFlushWrapper, set there only): answered as below
-        if exc.code == EXIT_FAILURE and isinstance(sys.stdout, PacifyFlushWrapper) and _reader_gone():
-            sys.exit(EXIT_OK)
+        if exc.code == EXIT_FAILURE and isinstance(sys.stdout, PacifyFlushWrapper):
+            if reader_gone():
+                sys.exit(EXIT_OK)
+            broken = exc.__context__  # what click answered: a pipe nobody reads that is not our output (a file
+            if isinstance(broken, OSError):  # to write that is one, a socket): a failed write, with its line
+                err_console.print(f"error: {type(broken).__name__}: {broken}", highlight=False, markup=False,
+                                  soft_wrap=True)
         raise
     except BrokenPipeError as exc:
-        if not _reader_gone():  # not our output's reader (a socket): an error as any other
+        if not reader_gone():  # not our output's reader (a socket): an error as any other
             err_console.print(f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False, soft_wrap=True)
             sys.exit(EXIT_FAILURE)
-        # the reader of our output stopped reading (`trustfabric audit events | head`): as cat or grep then, no
+        # the reader of our output stopped reading (`trustfabric audit events | head`) while a plain print was
+        # writing (rich's consoles and emit drop the rest and run on to the command's own code, cli/output.py): no
         # message and no traceback; and exit 0, the reader having taken what it wanted
         sys.exit(EXIT_OK)
     except NoArgsIsHelpError as exc:

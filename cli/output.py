@@ -343,14 +343,73 @@ def json_value(value: Any) -> Any:
 
 
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=json_value) + "\n")
+    _write_out(json.dumps(data, indent=2, sort_keys=True, default=json_value) + "\n")
 
 
 def emit_yaml(data: Any) -> None:
     import yaml
 
     plain = json.loads(json.dumps(data, default=json_value))  # the same values --json prints
-    sys.stdout.write(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False))
+    _write_out(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False))
+
+
+def _write_out(text: str) -> None:
+    """`text` on stdout; when its reader went away (`| head`), nothing, and the command goes on to its end, so that
+    its exit code is still its answer (reader_gone)."""
+    try:
+        sys.stdout.write(text)
+    except BrokenPipeError:
+        if not reader_gone():
+            raise
+
+
+# ---- output whose reader went away (`trustfabric ... | head`)
+
+_READER_GONE: list[bool] = []  # set once stdout was found to be a pipe without a reader (and sent to /dev/null)
+
+
+def _broken(stream: object) -> bool:
+    """Whether `stream` is a pipe (or socket) whose reader is gone: poll says POLLERR for its write end."""
+    import select
+
+    try:
+        fd = stream.fileno()  # type: ignore[attr-defined]
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a test's capture): not a broken pipe
+        return False
+
+
+def reader_gone() -> bool:
+    """After a BrokenPipeError: whether it was our output's reader that went away (`trustfabric ... | head`), and
+    if so, point stdout (and stderr, when it went too) at /dev/null, so nothing more is written to the dead pipe,
+    not even by the interpreter's flush at exit. A broken pipe of anything else (a socket) is an error as any.
+
+    What was being written is then dropped and the command runs on to its end: its exit code stays its answer
+    (`audit verify` FAILED 1, `policy explain` DENY 1), never a 0 the reader's going made up."""
+    import os
+
+    if _READER_GONE:
+        return True
+    gone = [stream for stream in (sys.stdout, sys.stderr) if _broken(stream)]
+    if sys.stdout not in gone:
+        return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in gone:
+        os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    _READER_GONE.append(True)
+    return True
+
+
+def drop_the_rest(console: Console) -> None:
+    """rich's Console.on_broken_pipe (rich calls it when a write hits a closed pipe; its own exits 1 at once): when
+    our output's reader went away, the console writes nothing more and the command goes on to its end (its exit
+    code its answer); a broken pipe of anything else is raised, an error as any other."""
+    if not reader_gone():
+        raise BrokenPipeError(32, "Broken pipe")
+    console.quiet = True
 
 
 def emit_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
@@ -441,8 +500,10 @@ def one_line_errors(code: int = EXIT_FAILURE) -> Iterator[None]:
         yield
     except TrustfabricError as exc:
         fail(str(exc), code)
-    except BrokenPipeError:
-        raise  # our output's reader went away (`| head`): cli/main.py ends quietly, no error line
+    except BrokenPipeError as exc:
+        if reader_gone():
+            raise  # our output's reader went away (`| head`): cli/main.py ends quietly, no error line
+        fail(f"{type(exc).__name__}: {exc}", code)  # a pipe nobody reads that is not our output: a failed write
     except OSError as exc:
         fail(f"{type(exc).__name__}: {exc}", code)
 

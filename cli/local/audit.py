@@ -181,7 +181,7 @@ def verify_cmd(
                 "root": report.root.hex(),
                 "range": list(report.range),
                 "filter": report.filter,
-                "signed_at": report.signed_at.isoformat() if report.signed_at else None,
+                "signed_at": report.signed_at,  # emit writes the API's `Z` form
                 "cautions": list(report.cautions),
             }
         )

@@ -53,7 +53,8 @@ def _read_csr(path: str) -> bytes:
         shown = "stdin" if path == "-" else path
         hint = ""
         if b"PRIVATE KEY-----" in data:
-            hint = (f": it is a private key; make the request from it with `openssl req -new -key {shown} "
+            key = "KEY.pem" if path == "-" else path  # the key's own file: none is named `stdin`
+            hint = (f": it is a private key; make the request from it with `openssl req -new -key {key} "
                     "-subj /CN=w -out req.pem`")
         elif b"-----BEGIN CERTIFICATE-----" in data:
             hint = ": it is a certificate, not a request"
@@ -63,8 +64,9 @@ def _read_csr(path: str) -> bytes:
 
 
 def _x509_dict(issued: service.IssuedX509) -> dict[str, Any]:
+    """The API's X509SvidOut; its time a datetime, which emit writes as the API does (`Z`)."""
     return {"spiffe_id": issued.spiffe_id, "serial": issued.serial, "certificate": issued.cert_pem.decode(),
-            "chain": [c.decode() for c in issued.chain_pem], "expires_at": issued.expires_at.isoformat()}
+            "chain": [c.decode() for c in issued.chain_pem], "expires_at": issued.expires_at}
 
 
 CAS = View("CA generations", (
@@ -140,7 +142,7 @@ def register(app: typer.Typer) -> None:
             )
         if machine_output():
             emit({"token": issued.token, "spiffe_id": issued.spiffe_id, "audience": issued.audience,
-                  "expires_at": issued.expires_at.isoformat(), "kid": issued.kid})
+                  "expires_at": issued.expires_at, "kid": issued.kid})  # as the API: `Z`
         else:
             print(issued.token)
 

@@ -517,7 +517,7 @@ def register(app: typer.Typer) -> None:
                 finally:
                     sets.close()
                 listing = pair_listing(found.raw, src_tenant, dst_tenant, offset=offset, limit=limit)
-                return {"policy_hash": found.policy_hash, "computed_at": found.computed_at.isoformat(), **listing}
+                return {"policy_hash": found.policy_hash, "computed_at": found.computed_at, **listing}
         out = guard(run)
         if machine_output():
             emit(out)

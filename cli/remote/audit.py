@@ -164,7 +164,7 @@ def register(audit: typer.Typer) -> None:
         limit: int = typer.Option(100, "--limit", min=1, max=1000, help="events shown (one page)"),
         newest: bool = typer.Option(False, "--newest", help="newest first (the latest events; default oldest first)"),
         after: int | None = typer.Option(
-            None, "--after", metavar="SEQ", min=0,
+            None, "--after", metavar="SEQ", min=0, max=2**53,  # the API's bound (api/routes/audit.py MAX_INDEX)
             help="the next page: the events past event SEQ in the order shown (with --newest, older ones); "
                  "SEQ is the last one a page showed"),
         server: str = ServerOpt, cacert: Path = CaOpt,

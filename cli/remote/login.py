@@ -158,4 +158,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
+    """The API's form of a time (`Z`), as every --json writes one."""
+    from cli.output import json_value
+
+    return json_value(value) if value else None

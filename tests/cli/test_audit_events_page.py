@@ -47,3 +47,12 @@ def test_after_must_be_a_sequence_number(cli: Cli) -> None:
     admin = cli.token("--role", "admin", "--ttl", "1h")
     refused = cli.run("audit", "events", "--after", "-1", token=admin)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+
+
+def test_an_after_beyond_any_sequence_number_is_usage(cli: Cli) -> None:
+    """--after past the API's bound (2^53) is a bad argument, refused while parsing (2), as -1 is; it went to the
+    server and came back as its 422, exit 1, a failure a script could not tell from a server that refused."""
+    admin = cli.token("--role", "admin", "--ttl", "1h")
+    refused = cli.run("audit", "events", "--after", str(2**53 + 1), token=admin)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: ") and "--after" in refused.stderr, refused
+    assert cli.run("audit", "events", "--after", str(2**53), token=admin).returncode == 0

@@ -176,6 +176,11 @@ def test_a_file_argument_that_cannot_be_used_is_usage(cli: Cli, world: dict[str,
         r = cli.run("svid", "issue", "--csr", not_a_csr, "--tenant", "acme", "--group", "web", "--workload", "w1",
                     TRUSTFABRIC_HOME=str(tmp_path / "no-home"))  # refused before the data directory is opened
         assert r.returncode == EXIT_USAGE and one_line(r) and why in r.stderr and not_a_csr in r.stderr, r.stderr
+    # the key on standard input: the hint names no file called `stdin` (`openssl req -new -key stdin`), the key's own
+    r = cli.run("svid", "issue", "--csr", "-", "--tenant", "acme", "--group", "web", "--workload", "w1",
+                input=key.decode(), TRUSTFABRIC_HOME=str(tmp_path / "no-home"))
+    assert r.returncode == EXIT_USAGE and one_line(r) and "it is a private key" in r.stderr, r.stderr
+    assert "-key stdin" not in r.stderr and "-key KEY.pem" in r.stderr, r.stderr
     r = cli.run("policy", "activate", "1", "--signature-file", binary)
     assert r.returncode == EXIT_USAGE and one_line(r) and "--signature-file" in r.stderr, r.stderr
     r = cli.run("fabric", "import", binary, token=world["admin"])

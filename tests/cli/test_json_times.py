@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from tests.cli.conftest import Cli
 
@@ -45,3 +46,24 @@ def test_since_and_until_take_a_time_ago(cli: Cli) -> None:
     for bad in ("2026", "1 h", "-1h", "1w"):
         r = cli.run("audit", "events", "--since", bad, token=admin)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "a time ago (e.g. 30m, 1h, 7d)" in r.stderr, r.stderr
+
+
+def test_every_local_json_time_is_the_api_s_form(cli: Cli, tmp_path: Path) -> None:
+    """The local commands that wrote a time themselves (isoformat: `+00:00`) write the API's `Z` too: `svid issue`
+    and `svid jwt` (the API's /v1/svid/* answer `Z`), `policy flows`, `audit verify`, `status`."""
+    from tests.pki.helpers import make_csr
+
+    admin = cli.token("--role", "admin", "--ttl", "1h")
+    assert cli.run("tenant", "create", "tz", "--display-name", "Tz", token=admin).returncode == 0
+    assert cli.run("group", "create", "tz", "web", "--port", "tcp/443", token=admin).returncode == 0
+    assert cli.run("workload", "register", "tz/web/w1", token=admin).returncode == 0
+    csr = tmp_path / "req.pem"
+    csr.write_bytes(make_csr())
+    wl = ("--tenant", "tz", "--group", "web", "--workload", "w1")
+    assert API_TIME.match(cli.json("svid", "issue", "--csr", str(csr), *wl)["expires_at"])
+    assert API_TIME.match(cli.json("svid", "jwt", *wl, "--audience", "a")["expires_at"])
+    assert API_TIME.match(cli.json("policy", "flows", "--src-tenant", "tz", "--dst-tenant", "tz")["computed_at"])
+    assert cli.run("audit", "export", "--out", str(tmp_path / "a.jsonl")).returncode == 0
+    (tmp_path / "k.pem").write_text(cli.run("audit", "public-key").stdout)
+    verified = cli.json("audit", "verify", str(tmp_path / "a.jsonl"), "--public-key", str(tmp_path / "k.pem"))
+    assert API_TIME.match(verified["signed_at"]), verified
