@@ -19,7 +19,10 @@ tenant furthest over its share gives up its
 next entry: first the entries the device's last published set did not have (new flows: the flows that work keep
 working), then the published ones; within each, grants before other entries and newer grants first (grant ids
 are time-ordered). A tenant at or under its share gives up nothing: when that is not enough, the device does
-not fit (`Fit.rules` is None) and keeps its last good rule set, as before.
+not fit (`Fit.rules` is None) and keeps its last good rule set, as before. An entry given up that fits back
+(counted alone) once the device fits is given back. Idempotent: a published set that is still such a fit of the
+compile (the compile less whole entries, each from a tenant over its share) is kept, so the next run, a replica or
+a restart, fitting the same compile against it, publishes nothing new (`_still_fits`).
 """
 
 from __future__ import annotations
@@ -126,7 +129,11 @@ def _fit(compiled: Compiled, device: str, published: DeviceRuleSet | None, rs: D
         # the room the tenants share: the limit less what no tenant is charged for (the skeleton, shared entries)
         room = limit - max(0, rs.cost - sum(use.values()))
         share = max(0, room) // len(use) if use else 0
+        kept = _still_fits(compiled, device, published, entries, alone, queues, use, share, limit)
+        if kept is not None:
+            return Fit(device, kept[0], _withheld(kept[1], entries, alone), limit, share)
         out: set[Key] = set()
+        picked: list[Entry] = []  # in the order given up (the last given up is the one most worth keeping)
         fitted = rs
         while fitted.cost > limit:
             need = fitted.cost - limit
@@ -140,6 +147,7 @@ def _fit(compiled: Compiled, device: str, published: DeviceRuleSet | None, rs: D
                     e = queues[t][phase].pop(0)
                     cost = alone[e.key].cost
                     out.add(e.key)
+                    picked.append(e)
                     use[t] -= cost
                     need -= cost
                     took = True
@@ -148,9 +156,46 @@ def _fit(compiled: Compiled, device: str, published: DeviceRuleSet | None, rs: D
             if not took:
                 return Fit(device, None, _withheld(out, entries, alone), limit, share)
             fitted = _without(compiled, device, entries, out)
+        # Give back what is no longer needed: the last entry given up may free more than the overflow, so an entry
+        # given up before it can fit again (its cost counted alone bounds what it adds back). Without this the
+        # next run, fitting against this set, kept such an entry, a second version for one change.
+        again = True
+        while again:
+            again = False
+            for e in reversed(picked):
+                if e.key in out and fitted.cost + alone[e.key].cost <= limit:
+                    out.discard(e.key)
+                    fitted = _without(compiled, device, entries, out)
+                    again = True
         return Fit(device, fitted, _withheld(out, entries, alone), limit, share)
     finally:
         ctx.sets.clear()  # as a compile leaves it: the sets live on in the devices
+
+
+def _still_fits(compiled: Compiled, device: str, published: DeviceRuleSet | None, entries: list[Entry],
+                alone: Mapping[Key, Acc], queues: Mapping[str, tuple[list[Entry], list[Entry]]],
+                use: Mapping[str, int], share: int, limit: int) -> tuple[DeviceRuleSet, set[Key]] | None:
+    """The published set and what it withholds, when it is still a fit of this compile: exactly the compiled set
+    less whole entries, within the limit, none of those entries fitting back alone, and each from a tenant that
+    the fit could have taken it from (over its share before giving up its largest one). Every fit the greedy
+    makes is such a set, so fitting again against what was published gives it back (idempotent): without this,
+    the same inputs fitted against the fitted set gave up another set of entries (a second version, a second
+    `enforcer.withhold` event, on every replica and restart), or found the device could not fit and held it.
+    None: fit afresh."""
+    if published is None or published.cost > limit:
+        return None
+    gone = {e.key: t for t, q in queues.items() for e in q[0]}  # owned entries the published set lacks
+    if not gone:
+        return None
+    for t in set(gone.values()):
+        mine = [k for k, o in gone.items() if o == t]
+        if use[t] - sum(alone[k].cost for k in mine) + max(alone[k].cost for k in mine) <= share:
+            return None
+    if any(published.cost + alone[k].cost <= limit for k in gone):
+        return None
+    out = set(gone)
+    fitted = _without(compiled, device, entries, out)
+    return (fitted, out) if fitted.canonical == published.canonical else None
 
 
 def _touching(compiled: Compiled, device: str) -> list[Entry]:
