@@ -176,6 +176,7 @@ class Reconciler:
         # device -> (its compiled set's hash, its published set's hash, the fit): enforcer.fairshare, see _fit
         self._fits: dict[str, tuple[str, str | None, Fit]] = {}
         self.fits: dict[str, Fit] = {}  # the last compile_now's (plan)
+        self._warned: dict[str, str] = {}  # device -> the withheld note last logged for it (_warn)
 
     # ---------------------------------------------------------------- when
 
@@ -292,6 +293,15 @@ class Reconciler:
                 self._fits[d] = (raw, published, out[d])
         return out
 
+    def _warn(self, fits: Mapping[str, Fit]) -> None:
+        """Log what a fitted device withholds once per change, not on every run (a device that stays over its
+        budget logged the same warning every poll)."""
+        notes = {d: f.note() for d, f in fits.items() if f.rules is not None}
+        for d, note in sorted(notes.items()):
+            if self._warned.get(d) != note:
+                log.warning("enforcer: %s %s", d, note)
+        self._warned = notes
+
     @staticmethod
     def _fitted(compiled: Compiled, fits: dict[str, Fit]) -> Compiled:
         """The compile with each device that fits by withholding in place of its over-budget set."""
@@ -332,9 +342,7 @@ class Reconciler:
                     outcome.withheld = {d: [{k: w[k] for k in ("tenant", "entries", "cost")}
                                             for w in f.summary()["withheld"]]
                                         for d, f in fits.items() if f.rules is not None and f.withheld}
-                    for d, f in sorted(fits.items()):
-                        if f.rules is not None:
-                            log.warning("enforcer: %s %s", d, f.note())
+                    self._warn(fits)
                     self._publish(compiled, inputs, outcome, select=select, unpin=unpin, force=force,
                                   actor=actor or self.actor, request_id=request_id,
                                   skip={o.device: f"over budget: {o}" for o in unfit}, fits=fits)

@@ -139,3 +139,31 @@ def test_a_tenants_grants_overflowing_a_leaf_withhold_its_newest_flows_there_onl
     assert withholds(stack, mark)[-1].summary["withheld"] == []
     with stack.ctx.db.read_session() as s:
         assert service.status_row(s, LEAF)["withheld"] == []
+
+
+def test_a_fitted_device_is_logged_once_per_change_not_on_every_run(stack: Stack,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A device that stays over its budget logged its withheld warning on every run (every poll of every
+    replica); once per change now, and again when what it withholds changes."""
+    assert stack.rec.run_once("start").error is None
+    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i))
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if f"{LEAF} over budget, withheld" in r.getMessage()]
+
+    with caplog.at_level("WARNING", logger="trustfabric.enforcer"):
+        assert stack.rec.run_once("newer").withheld
+        assert len(warned()) == 1
+        for _ in range(3):
+            stack.rec.run_once("poll", full=True)
+        assert len(warned()) == 1  # the same withheld set: said once
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(7))
+        stack.rec.run_once("one more")
+        assert len(warned()) == 2 and warned()[0] != warned()[1], "\n".join(warned())
