@@ -283,3 +283,38 @@ def _withheld(out: set[Key], entries: list[Entry], alone: Mapping[Key, Acc]) -> 
 def fit_all(compiled: Compiled, published: Mapping[str, DeviceRuleSet | None]) -> dict[str, Fit]:
     """fit_device for every device over budget in `compiled.over` (published: each one's last published set)."""
     return {o.device: fit_device(compiled, o.device, published.get(o.device)) for o in compiled.over}
+
+
+def parse_label(label: str) -> Key | None:
+    """entry_label's key back (an `enforcer.withhold` event names entries by label); None: not a label."""
+    reason, _, rest = label.partition(" ")
+    proto, _, dst = rest.partition(" to ")
+    return (dst, proto, reason) if reason and proto and dst else None
+
+
+def withheld_on(compiled: Compiled, withheld: Mapping[str, set[Key]], src: str, dst: str, proto: str, port: int
+                ) -> list[str]:
+    """The devices on the way of the flow src -> dst (workload keys) whose published set withholds an entry that
+    allows it (`withheld`: device -> keys, service.withheld_keys), when every entry the compile has for the flow is
+    withheld on one of them: the devices deny it because of the budget, not because they drifted. Empty: it is
+    not explained so (no entry allows it, or one is withheld nowhere on its way)."""
+    fabric = compiled.fabric
+    node = {p.workload: p.node for p in fabric.placements}
+    leaf_of = fabric.attachment
+    sg, dg = src.rsplit("/", 1)[0], dst.rsplit("/", 1)[0]
+    way: list[str] = []
+    for w in (src, dst):
+        n = node.get(w)
+        if n is None:
+            return []
+        way.append(f"nic:{n}")
+        if n in leaf_of:
+            way.append(f"leaf:{leaf_of[n].leaf}")
+    allowing = [k for k, e in compiled.entries.items() if e.dst == dg and e.proto == proto and sg in e.sources
+                and any(lo <= port <= hi for lo, hi in e.ports)]
+    if not allowing:
+        return []
+    where = {d for d in way for k in allowing if k in withheld.get(d, ())}
+    if not all(any(k in withheld.get(d, ()) for d in way) for k in allowing):
+        return []
+    return sorted(where)

@@ -293,6 +293,11 @@ class Reconciler:
                 self._fits[d] = (raw, published, out[d])
         return out
 
+    @property
+    def compiled(self) -> Compiled | None:
+        """The last compile, before fitting (the base of the next incremental one); None before the first."""
+        return self._compiled
+
     def _warn(self, fits: Mapping[str, Fit]) -> None:
         """Log what a fitted device withholds once per change, not on every run (a device that stays over its
         budget logged the same warning every poll)."""

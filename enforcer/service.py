@@ -40,7 +40,7 @@ from audit.service import lock_head
 from core.clock import as_utc
 from core.errors import Conflict, InvalidInput, NotFound
 from enforcer.compiler import Budget
-from enforcer.fairshare import entry_label
+from enforcer.fairshare import entry_label, parse_label
 from enforcer.ir import DeviceRuleSet
 from enforcer.models import DeviceState, RuleSetVersion
 from enforcer.plan import summary as plan_summary
@@ -331,6 +331,17 @@ def withheld(session: Session, device: str | None = None) -> dict[str, dict[str,
     latest = latest.group_by(col(AuditEvent.object_id))  # the index (action, seq) answers it; one row read per device
     query = sa_select(col(AuditEvent.object_id), col(AuditEvent.summary)).where(col(AuditEvent.seq).in_(latest))
     return {d: dict(summary) for d, summary in session.connection().execute(query).all()}
+
+
+def withheld_keys(session: Session) -> dict[str, set[tuple[str, str, str]]]:
+    """Per device, the entries (keys: dst, proto, reason) its published set withholds (the last enforcer.withhold
+    event's), for `enforcer verify` to tell a flow withheld to fit the budget from a device that drifted."""
+    out: dict[str, set[tuple[str, str, str]]] = {}
+    for device, summary in withheld(session).items():
+        keys = {k for w in summary.get("withheld", []) for f in w.get("flows", []) if (k := parse_label(f))}
+        if keys:
+            out[device] = keys
+    return out
 
 
 def withheld_notes(session: Session, dst: str, proto: str, reasons: Sequence[str]) -> list[str]:

@@ -167,3 +167,36 @@ def test_a_fitted_device_is_logged_once_per_change_not_on_every_run(stack: Stack
         stack.grant("acme/train", "globex/api", ports(7))
         stack.rec.run_once("one more")
         assert len(warned()) == 2 and warned()[0] != warned()[1], "\n".join(warned())
+
+
+def test_verify_names_flows_withheld_to_fit_the_budget_apart_from_drift(stack: Stack) -> None:
+    """`enforcer verify` reported the flows a fitted leaf withholds as plain mismatches (exit 1, as if the leaf had
+    drifted): each is now named as withheld, with the device, and only a flow withholding does not explain stays a
+    mismatch."""
+    from cli.local.enforcer import _verify
+    from enforcer.fairshare import withheld_on
+    from workflows.enforcement import verify_published
+
+    assert stack.rec.run_once("start").error is None
+    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i))
+    assert stack.rec.run_once("newer").withheld
+    findings, mismatches = verify_published(stack.ctx, stack.rec)
+    assert not findings and mismatches  # what main's verify said: mismatches, nothing more
+    assert all(m.policy and not m.devices for m in mismatches)
+    with stack.ctx.db.read_session() as s:
+        held = service.withheld_keys(s)
+    assert set(held) == {LEAF}
+    compiled = stack.rec.compiled
+    assert compiled is not None
+    for m in mismatches:
+        assert withheld_on(compiled, held, m.src, m.dst, m.proto, m.port) == [LEAF], m
+        assert withheld_on(compiled, {}, m.src, m.dst, m.proto, m.port) == []  # nothing withheld: drift
+    findings, drift, withheld = _verify(stack.ctx, stack.rec)
+    assert not findings and not drift and [m for m, _ in withheld] == mismatches
+    assert {d for _, ds in withheld for d in ds} == {LEAF}
