@@ -62,6 +62,7 @@ class Fit:
         """What the audit event and the device status carry: per tenant, the entries withheld and their cost."""
         return {"device": self.device, "limit": self.limit, "share": self.share,
                 "cost": self.rules.cost if self.rules is not None else None,
+                "hash": self.rules.content_hash if self.rules is not None else None,  # the set it describes
                 "withheld": [{"tenant": w.tenant, "entries": len(w.entries), "cost": w.cost,
                               "flows": [entry_label(k) for k in w.entries]} for w in self.withheld]}
 

@@ -236,7 +236,33 @@ def rollback(session: Session, device: str, to_version: int, *, actor: Actor, no
                   action="enforcer.rollback", request_id=request_id)
     if row is None:  # the content is the desired one already: the pin was recorded
         return version_row(session, device)
+    _rolled_back_withheld(session, device, target.content_hash, actor=actor, now=now, cause=cause,
+                          request_id=request_id)
     return row
+
+
+def _rolled_back_withheld(session: Session, device: str, content_hash: str, *, actor: Actor, now: datetime,
+                          cause: str, request_id: str | None) -> None:
+    """After a rollback, what the device's published set withholds is what the rolled-back-to content withheld
+    when it was published (the last enforcer.withhold event naming its hash; none: nothing), not what the set
+    rolled back from withheld: `enforcer status`, the device API and explain read the last event. Recorded only
+    when it differs from the last one."""
+    rows = session.connection().execute(
+        sa_select(col(AuditEvent.summary)).where(col(AuditEvent.action) == "enforcer.withhold",
+                                                col(AuditEvent.object_id) == device)
+        .order_by(col(AuditEvent.seq).desc())).all()
+    last = dict(rows[0][0]) if rows else {}
+    then = next((dict(r[0]) for r in rows if r[0].get("hash") == content_hash), None)
+    want = then if then is not None else {"device": device, "withheld": [], "hash": content_hash}
+
+    def flows(summary: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+        return [(w["tenant"], w["flows"]) for w in summary.get("withheld", [])]
+
+    if flows(want) == flows(last):
+        return
+    record(session, actor=actor, action="enforcer.withhold", object_type="device", object_id=device, summary=want,
+           reason=f"{cause}: {'the withholding of that version' if flows(want) else 'nothing withheld'}"[:2000],
+           request_id=request_id, at=now)
 
 
 class StatusRecorded(NamedTuple):

@@ -200,3 +200,35 @@ def test_verify_names_flows_withheld_to_fit_the_budget_apart_from_drift(stack: S
     findings, drift, withheld = _verify(stack.ctx, stack.rec)
     assert not findings and not drift and [m for m, _ in withheld] == mismatches
     assert {d for _, ds in withheld for d in ds} == {LEAF}
+
+
+def test_a_rollback_past_a_fitted_version_says_what_the_restored_set_withholds(stack: Stack) -> None:
+    """Status (and explain) read what a device withholds from the last enforcer.withhold event: a rollback to the
+    version before the fit kept showing the fit's withheld entries on a set that withholds nothing; rolled forward
+    to the fitted content again, they are shown again; an apply back to the fit says nothing new."""
+    assert stack.rec.run_once("start").error is None
+    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i))
+    out = stack.rec.run_once("newer")
+    fitted = out.published[LEAF]
+    assert out.withheld[LEAF]
+
+    def status() -> list[dict[str, Any]]:
+        with stack.ctx.db.read_session() as s:
+            return list(service.status_row(s, LEAF)["withheld"])
+
+    assert status() == out.withheld[LEAF]
+    with stack.ctx.db.session() as s:
+        service.rollback(s, LEAF, fitted - 1, actor=ADMIN, now=stack.clock(), budget=stack.rec.config.budget)
+    assert status() == []  # the restored set withholds nothing
+    with stack.ctx.db.session() as s:
+        service.rollback(s, LEAF, fitted, actor=ADMIN, now=stack.clock(), budget=stack.rec.config.budget)
+    assert status() == out.withheld[LEAF]
+    mark = stack.size()
+    stack.rec.apply([LEAF])  # unpinned: the fit is the content already, nothing new to say
+    assert withholds(stack, mark) == [] and status() == out.withheld[LEAF]
