@@ -36,6 +36,7 @@ from enforcer.compiler import Compiled, Entry, _no_gc
 from enforcer.ir import DeviceRuleSet, FlowRule
 
 Key = tuple[str, str, str]  # an Entry's key: (dst, proto, reason)
+PLATFORM_SERVICE = "platform-service"  # rego/flows.rego's reason for a platform group's ports to every tenant
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,11 @@ def entry_label(key: Key) -> str:
 
 
 def owner(e: Entry) -> str | None:
-    """The tenant an entry's device cost is charged to: its sources' one tenant; None when they are several."""
+    """The tenant an entry's device cost is charged to: its sources' one tenant; None when they are several, or
+    for a platform service's entry whatever its sources are now (when every other tenant leaves it, it must not
+    become the last one's, charged to it and withheld from it for what the others did)."""
+    if e.reason == PLATFORM_SERVICE:
+        return None
     tenants = {s.split("/", 1)[0] for s in e.sources}
     return tenants.pop() if len(tenants) == 1 else None
 

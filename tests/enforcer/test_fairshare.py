@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from enforcer.compiler import Budget, Compiled, compile_fabric
-from enforcer.fabric import revoked_ids
+from enforcer.fabric import policy_data, revoked_ids
 from enforcer.fairshare import Fit, _assemble, _touching, fit_device, owner
 from enforcer.ir import DeviceRuleSet
 from tests.enforcer.helpers import NOW_NS, allowed_flows, small
@@ -167,3 +167,23 @@ def test_fitting_against_the_fitted_set_gives_it_back(seed: int) -> None:
     bare = _assemble(c, LEAF, []).cost
     for k in (k for w in first.withheld for k in w.entries):
         assert first.rules.cost + _assemble(c, LEAF, [by_key[k]]).cost - bare > limit, k
+
+
+def test_a_platform_service_stays_shared_when_one_tenant_is_left_using_it() -> None:
+    """A platform service's entry was shared only while its sources spanned tenants: once every other tenant left
+    it (quarantined, revoked: their own or an admin's doing), it became acme's, charged to acme and withheld from
+    acme first (a platform service is dear), though acme did nothing. It is shared by what it is."""
+    f = small()
+    data = policy_data(f)
+    data["tf"]["tenants"]["globex"]["quarantined"] = True
+    allowed = allowed_flows(f, NOW_NS, data)
+    c0 = compile_fabric(f, allowed, revoked_ids(f), None, strict=False)
+    dns = [e for e in _touching(c0, LEAF) if e.reason == "platform-service"]
+    assert dns and all({s.split("/")[0] for s in e.sources} == {"acme"} for e in dns)
+    assert all(owner(e) is None for e in dns)
+    c = compile_fabric(f, allowed, revoked_ids(f), Budget(leaf_acl_entries=c0.devices[LEAF].cost - 1,
+                                                          acl_mode="non-atomic"), strict=False)
+    fit = fit_device(c, LEAF, None)
+    assert fit.rules is not None and fit.withheld
+    assert any("platform-service" in r.reasons for r in fit.rules.rules)
+    assert all(k[2] != "platform-service" for w in fit.withheld for k in w.entries)
