@@ -173,7 +173,7 @@ class Reconciler:
         self._wake = threading.Event()
         self.last: Outcome | None = None
         self.runs = 0
-        # device -> (its compiled set's hash, its published set's hash, the fit): enforcer.fairshare, see _fit
+        # device -> (its compiled set's hash/its limit, its published set's hash, the fit): enforcer.fairshare, _fit
         self._fits: dict[str, tuple[str, str | None, Fit]] = {}
         self.fits: dict[str, Fit] = {}  # the last compile_now's (plan)
         self._warned: dict[str, str] = {}  # device -> the withheld note last logged for it (_warn)
@@ -279,7 +279,9 @@ class Reconciler:
             for d in over:
                 st = sts.get(d)
                 published = st.content_hash if st is not None and st.in_fabric and st.version else None
-                raw = compiled.devices[d].content_hash
+                # the budget too: a new one leaves the compiled set as it was, not the fit (a fit for the old
+                # limit was reused: the device published over its new budget)
+                raw = f"{compiled.devices[d].content_hash}/{compiled.budget.limit(compiled.devices[d].kind)}"
                 hit = self._fits.get(d)
                 if hit is not None and hit[0] == raw and hit[1] == published:
                     out[d] = hit[2]

@@ -232,3 +232,24 @@ def test_a_rollback_past_a_fitted_version_says_what_the_restored_set_withholds(s
     mark = stack.size()
     stack.rec.apply([LEAF])  # unpinned: the fit is the content already, nothing new to say
     assert withholds(stack, mark) == [] and status() == out.withheld[LEAF]
+
+
+def test_a_budget_change_fits_the_device_again(stack: Stack) -> None:
+    """The reconciler keeps a device's fit while neither its compiled set nor its published one changes; a new
+    budget (the compile is redone for it, the device's compiled set stays the same) reused the fit made for the old
+    one: a device left over its new budget, or withholding what the new one has room for."""
+    assert stack.rec.run_once("start").error is None
+    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i))
+    for limit in (room + 12, room + 4, room + 20):
+        stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=limit, acl_mode="non-atomic"))
+        out = stack.rec.run_once(f"limit {limit}")
+        assert out.error is None and LEAF in out.withheld, limit
+        assert stack.desired(LEAF).cost <= limit
+        with stack.ctx.db.read_session() as s:
+            assert service.status_row(s, LEAF)["withheld"] == out.withheld[LEAF]
+        assert stack.rec.run_once("again").published == {}  # the fit is kept (against what it published)
