@@ -187,3 +187,28 @@ def test_a_platform_service_stays_shared_when_one_tenant_is_left_using_it() -> N
     assert fit.rules is not None and fit.withheld
     assert any("platform-service" in r.reasons for r in fit.rules.rules)
     assert all(k[2] != "platform-service" for w in fit.withheld for k in w.entries)
+
+
+def test_a_fit_only_denies_more_and_a_kept_fit_never_outlives_a_revocation() -> None:
+    """Withholding never widens: walked flow by flow, the fitted leaf disagrees with the policy only by denying
+    flows it allows (never allowing one it denies). And the published fit is kept (idempotence) only while it is
+    exactly the compile less whole entries: a workload revoked since is gone from the next fit."""
+    from enforcer.equivalence import verify
+    from enforcer.reconcile import with_devices
+
+    f = small()
+    old, new = [grant(i) for i in range(4)], [grant(i) for i in range(4, 12)]
+    limit = compiled(old).devices[LEAF].cost + 10
+    allowed = allowed_flows(f, NOW_NS) + old + new
+    budget = Budget(leaf_acl_entries=limit, acl_mode="non-atomic")
+    c = compile_fabric(f, allowed, revoked_ids(f), budget, strict=False)
+    fit = fit_device(c, LEAF, compiled(old).devices[LEAF])
+    assert fit.rules is not None and fit.withheld
+    assert all(m.policy and not m.devices for m in verify(with_devices(c, {**c.devices, LEAF: fit.rules}), allowed))
+    assert "10.1.0.21/32" in {a for s in fit.rules.sets for a in s.v4}
+    db1 = f.spiffe_ids()["acme/data/db1"]  # 10.1.0.21: acme/train@leaf2 reaches it (intra-tenant)
+    revoked = compile_fabric(f, allowed, revoked_ids(f) | {db1}, budget, strict=False)
+    assert LEAF in {o.device for o in revoked.over}  # still over: fitted again, against the published fit
+    after = fit_device(revoked, LEAF, fit.rules)
+    assert after.rules is not None
+    assert "10.1.0.21/32" not in {a for s in after.rules.sets for a in s.v4}
