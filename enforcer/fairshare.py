@@ -19,7 +19,10 @@ tenant furthest over its share gives up its
 next entry: first the entries the device's last published set did not have (new flows: the flows that work keep
 working), then the published ones; within each, grants before other entries and newer grants first (grant ids
 are time-ordered). A tenant at or under its share gives up nothing: when that is not enough, the device does
-not fit (`Fit.rules` is None) and keeps its last good rule set, as before.
+not fit (`Fit.rules` is None) and keeps its last good rule set, as before. An entry given up that fits back
+(counted alone) once the device fits is given back. Idempotent: a published set that is still such a fit of the
+compile (the compile less whole entries, each from a tenant over its share) is kept, so the next run, a replica or
+a restart, fitting the same compile against it, publishes nothing new (`_still_fits`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from enforcer.compiler import Compiled, Entry, _no_gc
 from enforcer.ir import DeviceRuleSet, FlowRule
 
 Key = tuple[str, str, str]  # an Entry's key: (dst, proto, reason)
+PLATFORM_SERVICE = "platform-service"  # rego/flows.rego's reason for a platform group's ports to every tenant
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Fit:
         """What the audit event and the device status carry: per tenant, the entries withheld and their cost."""
         return {"device": self.device, "limit": self.limit, "share": self.share,
                 "cost": self.rules.cost if self.rules is not None else None,
+                "hash": self.rules.content_hash if self.rules is not None else None,  # the set it describes
                 "withheld": [{"tenant": w.tenant, "entries": len(w.entries), "cost": w.cost,
                               "flows": [entry_label(k) for k in w.entries]} for w in self.withheld]}
 
@@ -78,7 +83,11 @@ def entry_label(key: Key) -> str:
 
 
 def owner(e: Entry) -> str | None:
-    """The tenant an entry's device cost is charged to: its sources' one tenant; None when they are several."""
+    """The tenant an entry's device cost is charged to: its sources' one tenant; None when they are several, or
+    for a platform service's entry whatever its sources are now (when every other tenant leaves it, it must not
+    become the last one's, charged to it and withheld from it for what the others did)."""
+    if e.reason == PLATFORM_SERVICE:
+        return None
     tenants = {s.split("/", 1)[0] for s in e.sources}
     return tenants.pop() if len(tenants) == 1 else None
 
@@ -126,7 +135,11 @@ def _fit(compiled: Compiled, device: str, published: DeviceRuleSet | None, rs: D
         # the room the tenants share: the limit less what no tenant is charged for (the skeleton, shared entries)
         room = limit - max(0, rs.cost - sum(use.values()))
         share = max(0, room) // len(use) if use else 0
+        kept = _still_fits(compiled, device, published, entries, alone, queues, use, share, limit)
+        if kept is not None:
+            return Fit(device, kept[0], _withheld(kept[1], entries, alone), limit, share)
         out: set[Key] = set()
+        picked: list[Entry] = []  # in the order given up (the last given up is the one most worth keeping)
         fitted = rs
         while fitted.cost > limit:
             need = fitted.cost - limit
@@ -140,6 +153,7 @@ def _fit(compiled: Compiled, device: str, published: DeviceRuleSet | None, rs: D
                     e = queues[t][phase].pop(0)
                     cost = alone[e.key].cost
                     out.add(e.key)
+                    picked.append(e)
                     use[t] -= cost
                     need -= cost
                     took = True
@@ -148,9 +162,46 @@ def _fit(compiled: Compiled, device: str, published: DeviceRuleSet | None, rs: D
             if not took:
                 return Fit(device, None, _withheld(out, entries, alone), limit, share)
             fitted = _without(compiled, device, entries, out)
+        # Give back what is no longer needed: the last entry given up may free more than the overflow, so an entry
+        # given up before it can fit again (its cost counted alone bounds what it adds back). Without this the
+        # next run, fitting against this set, kept such an entry, a second version for one change.
+        again = True
+        while again:
+            again = False
+            for e in reversed(picked):
+                if e.key in out and fitted.cost + alone[e.key].cost <= limit:
+                    out.discard(e.key)
+                    fitted = _without(compiled, device, entries, out)
+                    again = True
         return Fit(device, fitted, _withheld(out, entries, alone), limit, share)
     finally:
         ctx.sets.clear()  # as a compile leaves it: the sets live on in the devices
+
+
+def _still_fits(compiled: Compiled, device: str, published: DeviceRuleSet | None, entries: list[Entry],
+                alone: Mapping[Key, Acc], queues: Mapping[str, tuple[list[Entry], list[Entry]]],
+                use: Mapping[str, int], share: int, limit: int) -> tuple[DeviceRuleSet, set[Key]] | None:
+    """The published set and what it withholds, when it is still a fit of this compile: exactly the compiled set
+    less whole entries, within the limit, none of those entries fitting back alone, and each from a tenant that
+    the fit could have taken it from (over its share before giving up its largest one). Every fit the greedy
+    makes is such a set, so fitting again against what was published gives it back (idempotent): without this,
+    the same inputs fitted against the fitted set gave up another set of entries (a second version, a second
+    `enforcer.withhold` event, on every replica and restart), or found the device could not fit and held it.
+    None: fit afresh."""
+    if published is None or published.cost > limit:
+        return None
+    gone = {e.key: t for t, q in queues.items() for e in q[0]}  # owned entries the published set lacks
+    if not gone:
+        return None
+    for t in set(gone.values()):
+        mine = [k for k, o in gone.items() if o == t]
+        if use[t] - sum(alone[k].cost for k in mine) + max(alone[k].cost for k in mine) <= share:
+            return None
+    if any(published.cost + alone[k].cost <= limit for k in gone):
+        return None
+    out = set(gone)
+    fitted = _without(compiled, device, entries, out)
+    return (fitted, out) if fitted.canonical == published.canonical else None
 
 
 def _touching(compiled: Compiled, device: str) -> list[Entry]:
@@ -178,10 +229,13 @@ def _without(compiled: Compiled, device: str, entries: list[Entry], out: set[Key
     recompile patches a device."""
     assert compiled.state is not None
     ctx = compiled.state.ctx
-    families = {k[:2] for k in out}
+    families: dict[tuple[str, str], list[Entry]] = {k[:2]: [] for k in out}
+    for e in entries:  # in key order, as the compile takes a family (one pass: a scan per family cost 0.2 s of a
+        mine = families.get((e.dst, e.proto))  # leaf's fit at 1,000 tenants)
+        if mine is not None:
+            mine.append(e)
     old, new = Emitter(ctx), Emitter(ctx)
-    for f in sorted(families):
-        mine = [e for e in entries if e.key[:2] == f]  # in key order, as the compile takes a family
+    for _f, mine in sorted(families.items()):
         old.family(mine)
         new.family([e for e in mine if e.key not in out])
     o, n = old.accs.get(device), new.accs.get(device)
@@ -238,3 +292,38 @@ def _withheld(out: set[Key], entries: list[Entry], alone: Mapping[Key, Acc]) -> 
 def fit_all(compiled: Compiled, published: Mapping[str, DeviceRuleSet | None]) -> dict[str, Fit]:
     """fit_device for every device over budget in `compiled.over` (published: each one's last published set)."""
     return {o.device: fit_device(compiled, o.device, published.get(o.device)) for o in compiled.over}
+
+
+def parse_label(label: str) -> Key | None:
+    """entry_label's key back (an `enforcer.withhold` event names entries by label); None: not a label."""
+    reason, _, rest = label.partition(" ")
+    proto, _, dst = rest.partition(" to ")
+    return (dst, proto, reason) if reason and proto and dst else None
+
+
+def withheld_on(compiled: Compiled, withheld: Mapping[str, set[Key]], src: str, dst: str, proto: str, port: int
+                ) -> list[str]:
+    """The devices on the way of the flow src -> dst (workload keys) whose published set withholds an entry that
+    allows it (`withheld`: device -> keys, service.withheld_keys), when every entry the compile has for the flow is
+    withheld on one of them: the devices deny it because of the budget, not because they drifted. Empty: it is
+    not explained so (no entry allows it, or one is withheld nowhere on its way)."""
+    fabric = compiled.fabric
+    node = {p.workload: p.node for p in fabric.placements}
+    leaf_of = fabric.attachment
+    sg, dg = src.rsplit("/", 1)[0], dst.rsplit("/", 1)[0]
+    way: list[str] = []
+    for w in (src, dst):
+        n = node.get(w)
+        if n is None:
+            return []
+        way.append(f"nic:{n}")
+        if n in leaf_of:
+            way.append(f"leaf:{leaf_of[n].leaf}")
+    allowing = [k for k, e in compiled.entries.items() if e.dst == dg and e.proto == proto and sg in e.sources
+                and any(lo <= port <= hi for lo, hi in e.ports)]
+    if not allowing:
+        return []
+    where = {d for d in way for k in allowing if k in withheld.get(d, ())}
+    if not all(any(k in withheld.get(d, ()) for d in way) for k in allowing):
+        return []
+    return sorted(where)

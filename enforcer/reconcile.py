@@ -173,9 +173,10 @@ class Reconciler:
         self._wake = threading.Event()
         self.last: Outcome | None = None
         self.runs = 0
-        # device -> (its compiled set's hash, its published set's hash, the fit): enforcer.fairshare, see _fit
+        # device -> (its compiled set's hash/its limit, its published set's hash, the fit): enforcer.fairshare, _fit
         self._fits: dict[str, tuple[str, str | None, Fit]] = {}
         self.fits: dict[str, Fit] = {}  # the last compile_now's (plan)
+        self._warned: dict[str, str] = {}  # device -> the withheld note last logged for it (_warn)
 
     # ---------------------------------------------------------------- when
 
@@ -278,7 +279,9 @@ class Reconciler:
             for d in over:
                 st = sts.get(d)
                 published = st.content_hash if st is not None and st.in_fabric and st.version else None
-                raw = compiled.devices[d].content_hash
+                # the budget too: a new one leaves the compiled set as it was, not the fit (a fit for the old
+                # limit was reused: the device published over its new budget)
+                raw = f"{compiled.devices[d].content_hash}/{compiled.budget.limit(compiled.devices[d].kind)}"
                 hit = self._fits.get(d)
                 if hit is not None and hit[0] == raw and hit[1] == published:
                     out[d] = hit[2]
@@ -291,6 +294,20 @@ class Reconciler:
                 out[d] = fit_device(compiled, d, last)
                 self._fits[d] = (raw, published, out[d])
         return out
+
+    @property
+    def compiled(self) -> Compiled | None:
+        """The last compile, before fitting (the base of the next incremental one); None before the first."""
+        return self._compiled
+
+    def _warn(self, fits: Mapping[str, Fit]) -> None:
+        """Log what a fitted device withholds once per change, not on every run (a device that stays over its
+        budget logged the same warning every poll)."""
+        notes = {d: f.note() for d, f in fits.items() if f.rules is not None}
+        for d, note in sorted(notes.items()):
+            if self._warned.get(d) != note:
+                log.warning("enforcer: %s %s", d, note)
+        self._warned = notes
 
     @staticmethod
     def _fitted(compiled: Compiled, fits: dict[str, Fit]) -> Compiled:
@@ -332,9 +349,7 @@ class Reconciler:
                     outcome.withheld = {d: [{k: w[k] for k in ("tenant", "entries", "cost")}
                                             for w in f.summary()["withheld"]]
                                         for d, f in fits.items() if f.rules is not None and f.withheld}
-                    for d, f in sorted(fits.items()):
-                        if f.rules is not None:
-                            log.warning("enforcer: %s %s", d, f.note())
+                    self._warn(fits)
                     self._publish(compiled, inputs, outcome, select=select, unpin=unpin, force=force,
                                   actor=actor or self.actor, request_id=request_id,
                                   skip={o.device: f"over budget: {o}" for o in unfit}, fits=fits)

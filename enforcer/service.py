@@ -40,7 +40,7 @@ from audit.service import lock_head
 from core.clock import as_utc
 from core.errors import Conflict, InvalidInput, NotFound
 from enforcer.compiler import Budget
-from enforcer.fairshare import entry_label
+from enforcer.fairshare import entry_label, parse_label
 from enforcer.ir import DeviceRuleSet
 from enforcer.models import DeviceState, RuleSetVersion
 from enforcer.plan import summary as plan_summary
@@ -236,7 +236,33 @@ def rollback(session: Session, device: str, to_version: int, *, actor: Actor, no
                   action="enforcer.rollback", request_id=request_id)
     if row is None:  # the content is the desired one already: the pin was recorded
         return version_row(session, device)
+    _rolled_back_withheld(session, device, target.content_hash, actor=actor, now=now, cause=cause,
+                          request_id=request_id)
     return row
+
+
+def _rolled_back_withheld(session: Session, device: str, content_hash: str, *, actor: Actor, now: datetime,
+                          cause: str, request_id: str | None) -> None:
+    """After a rollback, what the device's published set withholds is what the rolled-back-to content withheld
+    when it was published (the last enforcer.withhold event naming its hash; none: nothing), not what the set
+    rolled back from withheld: `enforcer status`, the device API and explain read the last event. Recorded only
+    when it differs from the last one."""
+    rows = session.connection().execute(
+        sa_select(col(AuditEvent.summary)).where(col(AuditEvent.action) == "enforcer.withhold",
+                                                col(AuditEvent.object_id) == device)
+        .order_by(col(AuditEvent.seq).desc())).all()
+    last = dict(rows[0][0]) if rows else {}
+    then = next((dict(r[0]) for r in rows if r[0].get("hash") == content_hash), None)
+    want = then if then is not None else {"device": device, "withheld": [], "hash": content_hash}
+
+    def flows(summary: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+        return [(w["tenant"], w["flows"]) for w in summary.get("withheld", [])]
+
+    if flows(want) == flows(last):
+        return
+    record(session, actor=actor, action="enforcer.withhold", object_type="device", object_id=device, summary=want,
+           reason=f"{cause}: {'the withholding of that version' if flows(want) else 'nothing withheld'}"[:2000],
+           request_id=request_id, at=now)
 
 
 class StatusRecorded(NamedTuple):
@@ -331,6 +357,17 @@ def withheld(session: Session, device: str | None = None) -> dict[str, dict[str,
     latest = latest.group_by(col(AuditEvent.object_id))  # the index (action, seq) answers it; one row read per device
     query = sa_select(col(AuditEvent.object_id), col(AuditEvent.summary)).where(col(AuditEvent.seq).in_(latest))
     return {d: dict(summary) for d, summary in session.connection().execute(query).all()}
+
+
+def withheld_keys(session: Session) -> dict[str, set[tuple[str, str, str]]]:
+    """Per device, the entries (keys: dst, proto, reason) its published set withholds (the last enforcer.withhold
+    event's), for `enforcer verify` to tell a flow withheld to fit the budget from a device that drifted."""
+    out: dict[str, set[tuple[str, str, str]]] = {}
+    for device, summary in withheld(session).items():
+        keys = {k for w in summary.get("withheld", []) for f in w.get("flows", []) if (k := parse_label(f))}
+        if keys:
+            out[device] = keys
+    return out
 
 
 def withheld_notes(session: Session, dst: str, proto: str, reasons: Sequence[str]) -> list[str]:

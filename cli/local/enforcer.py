@@ -56,6 +56,11 @@ def _withheld(rows: list[dict[str, Any]] | None) -> str:
     """`acme: 3 entries (96)`, per tenant whose entries a device withholds to fit its budget (enforcer.fairshare)."""
     return ", ".join(f"{w['tenant']}: {w['entries']} {'entry' if w['entries'] == 1 else 'entries'} ({w['cost']})"
                      for w in rows or ())
+WITHHELD = View("withheld (over budget: denied where a device withholds what allows them)", (
+    Col("source", "src", kind="id"), Col("destination", "dst", kind="id"),
+    Col("proto", "proto"), Col("port", "port"), Col("IP", "family"),
+    Col("withheld on", lambda m: ", ".join(m["withheld_on"])),
+))
 FINDINGS = View("devices not verifiable", (Col("device", "device", kind="id"), Col("problem", "problem")))
 MISMATCHES = View("mismatches", (
     Col("source", "src", kind="id"), Col("destination", "dst", kind="id"),
@@ -80,6 +85,33 @@ def _progress(what: str, quiet: bool) -> Iterator[None]:
                   transient=True) as bar:
         bar.add_task(what, total=None)
         yield
+
+
+def _verify(ctx: AppContext, rec: Reconciler) -> tuple[list[Any], list[Any], list[tuple[Any, list[str]]]]:
+    """verify_published, with the mismatches that only a device's fair-share withholding explains (policy allow,
+    devices deny, every entry allowing the flow withheld on its way: enforcer.fairshare.withheld_on) set apart,
+    each with those devices."""
+    from enforcer.fairshare import withheld_on
+    from enforcer.service import withheld_keys
+    from workflows.enforcement import verify_published
+
+    findings, mismatches = verify_published(ctx, rec)
+    compiled = rec.compiled
+    if not mismatches or compiled is None:
+        return findings, mismatches, []
+    with ctx.db.read_session() as session:
+        held = withheld_keys(session)
+    if not held:
+        return findings, mismatches, []
+    drift: list[Any] = []
+    withheld: list[tuple[Any, list[str]]] = []
+    for m in mismatches:
+        devices = withheld_on(compiled, held, m.src, m.dst, m.proto, m.port) if m.policy and not m.devices else []
+        if devices:
+            withheld.append((m, devices))
+        else:
+            drift.append(m)
+    return findings, drift, withheld
 
 
 def _with_reconciler(what: str, quiet: bool, fn: Callable[[AppContext, Reconciler], T]) -> T:
@@ -177,21 +209,32 @@ def register(app: typer.Typer) -> None:
     def verify_cmd() -> None:
         """Walk every flow through the published rule sets and compare with the active policy; exit 1 when any
         device disagrees, listing each mismatch (the flow, the policy's answer and the devices') on stdout."""
-        from workflows.enforcement import verify_published
+        findings, mismatches, withheld = _with_reconciler("verifying", machine_output(), _verify)
 
-        findings, mismatches = _with_reconciler("verifying", machine_output(), verify_published)
-        # the command's answer, on stdout like any command's (an error that stops it is the one line on stderr)
+        def row(m: Any) -> dict[str, Any]:
+            return {"src": m.src, "dst": m.dst, "proto": m.proto, "port": m.port, "family": m.family,
+                    "policy": "allow" if m.policy else "deny", "devices": "allow" if m.devices else "deny",
+                    "detail": m.detail}
+
+        # the command's answer, on stdout like any command's (an error that stops it is the one line on stderr);
+        # a flow denied only because a device over its budget withholds what allows it is no mismatch: it is
+        # named apart, with those devices (fail closed, audited: `enforcer status` shows what each withholds)
         out: dict[str, Any] = {
             "ok": not findings and not mismatches,
             "findings": [{"device": f.device, "problem": f.problem} for f in findings],
-            "mismatches": [{"src": m.src, "dst": m.dst, "proto": m.proto, "port": m.port, "family": m.family,
-                            "policy": "allow" if m.policy else "deny", "devices": "allow" if m.devices else "deny",
-                            "detail": m.detail} for m in mismatches]}
+            "mismatches": [row(m) for m in mismatches],
+            "withheld": [{**row(m), "withheld_on": devices} for m, devices in withheld]}
         if machine_output():
             emit(out)
         elif out["ok"]:
-            console.print("ok: the published rule sets do what the active policy says", highlight=False)
+            if withheld:
+                WITHHELD.table(out["withheld"])
+            console.print("ok: the published rule sets do what the active policy says" + (
+                f", but for {len(withheld)} flow(s) withheld on devices over their budget (fair share)"
+                if withheld else ""), highlight=False)
         else:
+            if withheld:
+                WITHHELD.table(out["withheld"])
             if findings:
                 FINDINGS.table(out["findings"])
             if mismatches:

@@ -111,6 +111,35 @@ def test_the_impact_report_names_the_devices_a_version_changes(fenv: Env) -> Non
     assert f"changes the rule sets of {report['devices']['touched']} of" in r.text
 
 
+def test_a_device_over_its_budget_shows_what_it_withholds(fenv: Env) -> None:
+    """The device API answered what a fitted device withholds (enforcer.fairshare), the console's pages did not:
+    an operator saw a device in sync and no word of the tenants' flows it denies to fit its budget."""
+    from datetime import UTC, datetime
+
+    from audit import Actor, record
+
+    def withhold(rows: list[dict[str, Any]]) -> None:
+        with fenv.ctx.db.session() as s:  # what a fitted publication records (enforcer.reconcile._withhold)
+            record(s, actor=Actor("trustfabric", "system"), action="enforcer.withhold", object_type="device",
+                   object_id="leaf:leaf2", summary={"device": "leaf:leaf2", "withheld": rows},
+                   reason="over budget", at=datetime.now(UTC))
+
+    withhold([{"tenant": "acme", "entries": 3, "cost": 28,
+               "flows": [f"grant:g-{i} tcp to globex/api" for i in range(3)]}])
+    try:
+        assert _api(fenv)["leaf:leaf2"]["withheld"] == [{"tenant": "acme", "entries": 3, "cost": 28}]
+        client = sign_in(fenv, "auditor")
+        r = client.get("/console/devices/leaf:leaf2")
+        assert r.status_code == 200, r.text
+        assert "Withheld (over budget)" in r.text and "acme: 3 entries (28 ACL entries)" in r.text
+        r = client.get("/console/devices")
+        assert "over budget: withholds acme 3" in r.text
+    finally:
+        withhold([])
+    r = sign_in(fenv, "auditor").get("/console/devices/leaf:leaf2")
+    assert "Withheld (over budget)" not in r.text
+
+
 def test_the_platform_pages_in_a_browser(browser: Any, fenv: Env) -> None:
     shots = Shots()
     with serving(fenv) as live:

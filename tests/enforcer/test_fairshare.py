@@ -7,8 +7,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from enforcer.compiler import Budget, Compiled, compile_fabric
-from enforcer.fabric import revoked_ids
+from enforcer.fabric import policy_data, revoked_ids
 from enforcer.fairshare import Fit, _assemble, _touching, fit_device, owner
 from enforcer.ir import DeviceRuleSet
 from tests.enforcer.helpers import NOW_NS, allowed_flows, small
@@ -127,3 +129,86 @@ def test_the_tenant_furthest_over_its_share_gives_up_first() -> None:
     fit = fit_device(c, LEAF, None)
     assert fit.rules is not None and fit.share > 0
     assert [w.tenant for w in fit.withheld] == ["acme"]
+
+
+def sized(i: int, n: int, src: str = "acme/train", dst: str = "globex/api") -> dict[str, Any]:
+    """grant(i) with its first n port pairs only: grants of different costs."""
+    return {**grant(i, src, dst), "ports": grant(i, src, dst)["ports"][:n]}
+
+
+def scenario(seed: int) -> tuple[list[dict[str, Any]], DeviceRuleSet, int]:
+    """Grants of acme and globex of random sizes, a random part of them published, a limit the rest overflows."""
+    r = random.Random(seed)
+    entries = [sized(i, r.randint(1, 6)) for i in range(r.randint(3, 10))] + [
+        sized(40 + i, r.randint(1, 6), "globex/api", "acme/train") for i in range(r.randint(0, 4))]
+    r.shuffle(entries)
+    published = compiled(entries[:r.randint(0, len(entries))]).devices[LEAF]
+    full = compiled(entries).devices[LEAF].cost
+    return entries, published, r.randint(max(1, full // 2), full - 1)
+
+
+# seeds whose fit, fitted again against itself, gave another set (17, 32, 39, 91) or none at all (61) before
+@pytest.mark.parametrize("seed", [17, 32, 39, 61, 91, 0, 1, 2])
+def test_fitting_against_the_fitted_set_gives_it_back(seed: int) -> None:
+    """Idempotent: the next run (or a replica, a restart) fits the same compile against what the last one
+    published, and must find the same set. It gave up a different set of entries (a second version and a second
+    `enforcer.withhold` event for one change), or found the device could not fit and held it."""
+    entries, published, limit = scenario(seed)
+    first = fit_device(compiled(entries, limit), LEAF, published)
+    if first.rules is None:
+        return
+    again = fit_device(compiled(entries, limit), LEAF, first.rules)
+    assert again.rules is not None, "a published fit was found not to fit"
+    assert again.rules.canonical == first.rules.canonical and again.withheld == first.withheld
+    # and it withholds no entry that surely fits back (its cost counted alone within the room left): the next
+    # run gave such an entry back, a version later
+    c = compiled(entries, limit)
+    by_key = {e.key: e for e in _touching(c, LEAF)}
+    bare = _assemble(c, LEAF, []).cost
+    for k in (k for w in first.withheld for k in w.entries):
+        assert first.rules.cost + _assemble(c, LEAF, [by_key[k]]).cost - bare > limit, k
+
+
+def test_a_platform_service_stays_shared_when_one_tenant_is_left_using_it() -> None:
+    """A platform service's entry was shared only while its sources spanned tenants: once every other tenant left
+    it (quarantined, revoked: their own or an admin's doing), it became acme's, charged to acme and withheld from
+    acme first (a platform service is dear), though acme did nothing. It is shared by what it is."""
+    f = small()
+    data = policy_data(f)
+    data["tf"]["tenants"]["globex"]["quarantined"] = True
+    allowed = allowed_flows(f, NOW_NS, data)
+    c0 = compile_fabric(f, allowed, revoked_ids(f), None, strict=False)
+    dns = [e for e in _touching(c0, LEAF) if e.reason == "platform-service"]
+    assert dns and all({s.split("/")[0] for s in e.sources} == {"acme"} for e in dns)
+    assert all(owner(e) is None for e in dns)
+    c = compile_fabric(f, allowed, revoked_ids(f), Budget(leaf_acl_entries=c0.devices[LEAF].cost - 1,
+                                                          acl_mode="non-atomic"), strict=False)
+    fit = fit_device(c, LEAF, None)
+    assert fit.rules is not None and fit.withheld
+    assert any("platform-service" in r.reasons for r in fit.rules.rules)
+    assert all(k[2] != "platform-service" for w in fit.withheld for k in w.entries)
+
+
+def test_a_fit_only_denies_more_and_a_kept_fit_never_outlives_a_revocation() -> None:
+    """Withholding never widens: walked flow by flow, the fitted leaf disagrees with the policy only by denying
+    flows it allows (never allowing one it denies). And the published fit is kept (idempotence) only while it is
+    exactly the compile less whole entries: a workload revoked since is gone from the next fit."""
+    from enforcer.equivalence import verify
+    from enforcer.reconcile import with_devices
+
+    f = small()
+    old, new = [grant(i) for i in range(4)], [grant(i) for i in range(4, 12)]
+    limit = compiled(old).devices[LEAF].cost + 10
+    allowed = allowed_flows(f, NOW_NS) + old + new
+    budget = Budget(leaf_acl_entries=limit, acl_mode="non-atomic")
+    c = compile_fabric(f, allowed, revoked_ids(f), budget, strict=False)
+    fit = fit_device(c, LEAF, compiled(old).devices[LEAF])
+    assert fit.rules is not None and fit.withheld
+    assert all(m.policy and not m.devices for m in verify(with_devices(c, {**c.devices, LEAF: fit.rules}), allowed))
+    assert "10.1.0.21/32" in {a for s in fit.rules.sets for a in s.v4}
+    db1 = f.spiffe_ids()["acme/data/db1"]  # 10.1.0.21: acme/train@leaf2 reaches it (intra-tenant)
+    revoked = compile_fabric(f, allowed, revoked_ids(f) | {db1}, budget, strict=False)
+    assert LEAF in {o.device for o in revoked.over}  # still over: fitted again, against the published fit
+    after = fit_device(revoked, LEAF, fit.rules)
+    assert after.rules is not None
+    assert "10.1.0.21/32" not in {a for s in after.rules.sets for a in s.v4}

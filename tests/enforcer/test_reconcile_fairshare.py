@@ -139,3 +139,117 @@ def test_a_tenants_grants_overflowing_a_leaf_withhold_its_newest_flows_there_onl
     assert withholds(stack, mark)[-1].summary["withheld"] == []
     with stack.ctx.db.read_session() as s:
         assert service.status_row(s, LEAF)["withheld"] == []
+
+
+def test_a_fitted_device_is_logged_once_per_change_not_on_every_run(stack: Stack,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A device that stays over its budget logged its withheld warning on every run (every poll of every
+    replica); once per change now, and again when what it withholds changes."""
+    assert stack.rec.run_once("start").error is None
+    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i))
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if f"{LEAF} over budget, withheld" in r.getMessage()]
+
+    with caplog.at_level("WARNING", logger="trustfabric.enforcer"):
+        assert stack.rec.run_once("newer").withheld
+        assert len(warned()) == 1
+        for _ in range(3):
+            stack.rec.run_once("poll", full=True)
+        assert len(warned()) == 1  # the same withheld set: said once
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(7))
+        stack.rec.run_once("one more")
+        assert len(warned()) == 2 and warned()[0] != warned()[1], "\n".join(warned())
+
+
+def test_verify_names_flows_withheld_to_fit_the_budget_apart_from_drift(stack: Stack) -> None:
+    """`enforcer verify` reported the flows a fitted leaf withholds as plain mismatches (exit 1, as if the leaf had
+    drifted): each is now named as withheld, with the device, and only a flow withholding does not explain stays a
+    mismatch."""
+    from cli.local.enforcer import _verify
+    from enforcer.fairshare import withheld_on
+    from workflows.enforcement import verify_published
+
+    assert stack.rec.run_once("start").error is None
+    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i))
+    assert stack.rec.run_once("newer").withheld
+    findings, mismatches = verify_published(stack.ctx, stack.rec)
+    assert not findings and mismatches  # what main's verify said: mismatches, nothing more
+    assert all(m.policy and not m.devices for m in mismatches)
+    with stack.ctx.db.read_session() as s:
+        held = service.withheld_keys(s)
+    assert set(held) == {LEAF}
+    compiled = stack.rec.compiled
+    assert compiled is not None
+    for m in mismatches:
+        assert withheld_on(compiled, held, m.src, m.dst, m.proto, m.port) == [LEAF], m
+        assert withheld_on(compiled, {}, m.src, m.dst, m.proto, m.port) == []  # nothing withheld: drift
+    findings, drift, withheld = _verify(stack.ctx, stack.rec)
+    assert not findings and not drift and [m for m, _ in withheld] == mismatches
+    assert {d for _, ds in withheld for d in ds} == {LEAF}
+
+
+def test_a_rollback_past_a_fitted_version_says_what_the_restored_set_withholds(stack: Stack) -> None:
+    """Status (and explain) read what a device withholds from the last enforcer.withhold event: a rollback to the
+    version before the fit kept showing the fit's withheld entries on a set that withholds nothing; rolled forward
+    to the fitted content again, they are shown again; an apply back to the fit says nothing new."""
+    assert stack.rec.run_once("start").error is None
+    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i))
+    out = stack.rec.run_once("newer")
+    fitted = out.published[LEAF]
+    assert out.withheld[LEAF]
+
+    def status() -> list[dict[str, Any]]:
+        with stack.ctx.db.read_session() as s:
+            return list(service.status_row(s, LEAF)["withheld"])
+
+    assert status() == out.withheld[LEAF]
+    with stack.ctx.db.session() as s:
+        service.rollback(s, LEAF, fitted - 1, actor=ADMIN, now=stack.clock(), budget=stack.rec.config.budget)
+    assert status() == []  # the restored set withholds nothing
+    with stack.ctx.db.session() as s:
+        service.rollback(s, LEAF, fitted, actor=ADMIN, now=stack.clock(), budget=stack.rec.config.budget)
+    assert status() == out.withheld[LEAF]
+    mark = stack.size()
+    stack.rec.apply([LEAF])  # unpinned: the fit is the content already, nothing new to say
+    assert withholds(stack, mark) == [] and status() == out.withheld[LEAF]
+
+
+def test_a_budget_change_fits_the_device_again(stack: Stack) -> None:
+    """The reconciler keeps a device's fit while neither its compiled set nor its published one changes; a new
+    budget (the compile is redone for it, the device's compiled set stays the same) reused the fit made for the old
+    one: a device left over its new budget, or withholding what the new one has room for."""
+    assert stack.rec.run_once("start").error is None
+    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i))
+    for limit in (room + 12, room + 4, room + 20):
+        stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=limit, acl_mode="non-atomic"))
+        out = stack.rec.run_once(f"limit {limit}")
+        assert out.error is None and LEAF in out.withheld, limit
+        assert stack.desired(LEAF).cost <= limit
+        with stack.ctx.db.read_session() as s:
+            assert service.status_row(s, LEAF)["withheld"] == out.withheld[LEAF]
+        assert stack.rec.run_once("again").published == {}  # the fit is kept (against what it published)
