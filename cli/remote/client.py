@@ -249,14 +249,34 @@ class Client:
 
     def pages(self, path: str, *, limit: int = 200, **params: Any) -> list[Any]:
         """Every item of a cursor-paged listing."""
-        items: list[Any] = []
-        cursor: str | None = None
-        while True:
-            page = self.get(path, limit=limit, cursor=cursor, **params)
-            items.extend(page.get("items", []))
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return items
+
+        def page(cursor: Any) -> tuple[list[Any], Any]:
+            answer = self.get(path, limit=limit, cursor=cursor, **params)
+            return answer.get("items", []), answer.get("next_cursor")
+
+        return walk_pages(page, path)
+
+
+MAX_PAGES = 10_000  # 2 million items at the CLI's 200 a page: far beyond any listing, short of looping forever
+
+
+def walk_pages(fetch: Callable[[Any], tuple[list[Any], Any]], listing: str, max_pages: int = MAX_PAGES) -> list[Any]:
+    """Every item of a paged listing: `fetch(cursor)` answers a page's items and the next page's cursor (none: the
+    last page; the first call gets None). A server that hands back a cursor it gave before, or pages on past
+    `max_pages`, would keep the command fetching forever (and its memory growing): ApiError naming the listing."""
+    items: list[Any] = []
+    seen: set[Any] = set()
+    cursor: Any = None
+    for _ in range(max_pages):
+        got, cursor = fetch(cursor)
+        items.extend(got)
+        if cursor is None or cursor == "":
+            return items
+        if cursor in seen:
+            raise ApiError(f"the server's paging of {listing} does not advance: it gave the cursor {cursor!r} "
+                           f"again after {len(seen) + 1} pages")
+        seen.add(cursor)
+    raise ApiError(f"the server's paging of {listing} did not end within {max_pages} pages")
 
 
 def _read_all(response: http.client.HTTPResponse) -> bytes:
