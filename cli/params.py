@@ -54,20 +54,32 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def redacted(url: str) -> str:
+    """`url` with any `user:pass@` shown as `***@`: a server URL is printed in errors, hints and `status`, and
+    its userinfo may be a password (the client never sends it)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # `user:pass@host:8443`, typed without its scheme
+        scheme, rest = "", url
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, end)
+    return url if at < 0 else f"{scheme}{sep}***@{rest[at + 1:]}"
+
+
 def _url(text: str) -> str:
     """An http(s) URL with a host (and a port in range); the trailing slash dropped."""
     parts = urlsplit(text.strip())
+    shown = redacted(text.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        hint = f"http://{text}" if "://" not in text else "http://127.0.0.1:8443"
-        raise InvalidInput(f"{text!r} is not an http:// or https:// URL (e.g. {hint})")
+        hint = f"http://{shown}" if "://" not in text else "http://127.0.0.1:8443"
+        raise InvalidInput(f"{shown!r} is not an http:// or https:// URL (e.g. {hint})")
     try:
         port = parts.port
     except ValueError:
-        raise InvalidInput(f"{text!r}: the port is not a number from 1 to 65535") from None
+        raise InvalidInput(f"{shown!r}: the port is not a number from 1 to 65535") from None
     if port is not None and not 1 <= port <= 65535:
-        raise InvalidInput(f"{text!r}: the port is not a number from 1 to 65535")
+        raise InvalidInput(f"{shown!r}: the port is not a number from 1 to 65535")
     if not parts.hostname:
-        raise InvalidInput(f"{text!r} names no host")
+        raise InvalidInput(f"{shown!r} names no host")
     return text.strip().rstrip("/")
 
 
@@ -199,7 +211,7 @@ def _https_url(text: str) -> str:
     """An https:// URL (the node agent talks to the API over mTLS only)."""
     url = _url(text)
     if not url.startswith("https://"):
-        raise InvalidInput(f"{text!r}: the agent talks to the API over HTTPS only (https://HOST:PORT)")
+        raise InvalidInput(f"{redacted(text)!r}: the agent talks to the API over HTTPS only (https://HOST:PORT)")
     return url
 
 
@@ -208,7 +220,7 @@ def _device_url(text: str) -> str:
     url = _url(text)
     host = urlsplit(url).hostname or ""
     if not url.startswith("https://") and host not in ("127.0.0.1", "::1", "localhost"):
-        raise InvalidInput(f"{text!r}: a switch's API is reached over https:// (http:// only on 127.0.0.1)")
+        raise InvalidInput(f"{redacted(text)!r}: a switch's API is reached over https:// (http:// only on 127.0.0.1)")
     return url
 
 

@@ -258,42 +258,14 @@ class Reconciler:
             inputs = self._read()
             compiled, _full = self._compile(inputs, False)
             fits = self._fit(compiled)
-            unfit = [o for o in compiled.over if fits[o.device].rules is None]
-            if unfit:  # a plan or a check of a device that cannot fit says so (BudgetExceeded), as it always did
-                raise BudgetExceeded(unfit)
+            out = fitted(compiled, fits)  # a device that cannot fit: BudgetExceeded, as it always did
             self._compiled = compiled
             self.fits = fits
-            return self._fitted(compiled, fits), inputs
+            return out, inputs
 
     def _fit(self, compiled: Compiled) -> dict[str, Fit]:
-        """Each device over budget compiled to fit (enforcer.fairshare), against its last published rule set. Kept
-        while neither the device's compiled set nor its published one changes: a device that stays over is not
-        fitted again on every run."""
-        over = sorted(o.device for o in compiled.over)
-        self._fits = {d: hit for d, hit in self._fits.items() if d in over}
-        if not over:
-            return {}
-        out: dict[str, Fit] = {}
-        with self.db.read_session() as s:
-            sts = service.states(s)
-            for d in over:
-                st = sts.get(d)
-                published = st.content_hash if st is not None and st.in_fabric and st.version else None
-                # the budget too: a new one leaves the compiled set as it was, not the fit (a fit for the old
-                # limit was reused: the device published over its new budget)
-                raw = f"{compiled.devices[d].content_hash}/{compiled.budget.limit(compiled.devices[d].kind)}"
-                hit = self._fits.get(d)
-                if hit is not None and hit[0] == raw and hit[1] == published:
-                    out[d] = hit[2]
-                    continue
-                last = None
-                if published is not None and st is not None:
-                    known = hit[2].rules if hit is not None else None
-                    last = known if known is not None and known.content_hash == published else \
-                        service.ruleset_of(service.version_row(s, d, st.version))
-                out[d] = fit_device(compiled, d, last)
-                self._fits[d] = (raw, published, out[d])
-        return out
+        """fit_over_budget, its fits kept across runs: a device that stays over is not fitted again on every run."""
+        return fit_over_budget(self.db, compiled, self._fits)
 
     @property
     def compiled(self) -> Compiled | None:
@@ -542,6 +514,50 @@ class Reconciler:
                         outcome.retired.append(device)
 
 
+def fit_over_budget(db: Database, compiled: Compiled,
+                    kept: dict[str, tuple[str, str | None, Fit]] | None = None) -> dict[str, Fit]:
+    """Each device over budget compiled to fit (enforcer.fairshare) against its last published rule set: what
+    auto mode publishes, for the reconciler and a staged plan alike. `kept` (the reconciler's, across runs;
+    device -> its compiled set's hash/its limit, its published set's hash, the fit): a device's fit is reused
+    while neither its compiled set, its limit nor its published set changed; pruned to the devices still over."""
+    over = sorted(o.device for o in compiled.over)
+    kept = {} if kept is None else kept
+    for d in [d for d in kept if d not in over]:
+        del kept[d]
+    if not over:
+        return {}
+    out: dict[str, Fit] = {}
+    with db.read_session() as s:
+        sts = service.states(s)
+        for d in over:
+            st = sts.get(d)
+            published = st.content_hash if st is not None and st.in_fabric and st.version else None
+            # the budget too: a new one leaves the compiled set as it was, not the fit (a fit for the old
+            # limit was reused: the device published over its new budget)
+            raw = f"{compiled.devices[d].content_hash}/{compiled.budget.limit(compiled.devices[d].kind)}"
+            hit = kept.get(d)
+            if hit is not None and hit[0] == raw and hit[1] == published:
+                out[d] = hit[2]
+                continue
+            last = None
+            if published is not None and st is not None:
+                known = hit[2].rules if hit is not None else None
+                last = known if known is not None and known.content_hash == published else \
+                    service.ruleset_of(service.version_row(s, d, st.version))
+            out[d] = fit_device(compiled, d, last)
+            kept[d] = (raw, published, out[d])
+    return out
+
+
+def fitted(compiled: Compiled, fits: dict[str, Fit]) -> Compiled:
+    """The compile as auto mode publishes it: each device over budget replaced by its fit (fit_over_budget);
+    BudgetExceeded naming the devices that cannot fit even so (their skeleton and shared entries alone overflow)."""
+    unfit = [o for o in compiled.over if fits[o.device].rules is None]
+    if unfit:
+        raise BudgetExceeded(unfit)
+    return Reconciler._fitted(compiled, fits)
+
+
 def _withhold(session: Session, device: str, fit: Fit | None, last: dict[str, Any] | None, actor: Actor,
               now: datetime, cause: str) -> None:
     """Record `enforcer.withhold` when what the device's published set withholds (nothing when `fit` is None)
@@ -587,10 +603,15 @@ def allowed_flows_under(versions: list[dict[str, str] | None], data: dict[str, A
     return out
 
 
-def staged_compile(inputs: StagedInputs, allowed: Any, budget: Budget) -> Compiled:
+def staged_compile(db: Database, inputs: StagedInputs, allowed: Any,
+                   budget: Budget) -> tuple[Compiled, dict[str, Fit]]:
     """What every device would run under a policy version whose allowed flows are `allowed` (from
-    allowed_flows_under), compiled on the stored fabric and data, publishing nothing."""
-    return compile_fabric(inputs.fabric, allowed, frozenset(inputs.data["tf"]["revoked"]), budget)
+    allowed_flows_under), compiled on the stored fabric and data, publishing nothing: a device over its budget
+    fitted against its published set as auto mode would publish it (fit_over_budget; with its fit), BudgetExceeded
+    for one that cannot fit."""
+    compiled = compile_fabric(inputs.fabric, allowed, frozenset(inputs.data["tf"]["revoked"]), budget, strict=False)
+    fits = fit_over_budget(db, compiled)
+    return fitted(compiled, fits), fits
 
 
 def with_devices(compiled: Compiled, devices: dict[str, DeviceRuleSet]) -> Compiled:

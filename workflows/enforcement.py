@@ -47,13 +47,11 @@ def make_reconciler(ctx: AppContext) -> Reconciler:
 
 def plans(ctx: AppContext, reconciler: Reconciler, staged: str | None = None) -> list[DevicePlan]:
     """Per changed device: a fresh compile (or candidate version `staged`, compiled without publishing) against
-    what the device last applied."""
-    withheld: dict[str, tuple[tuple[str, int, int], ...]] = {}
+    what the device last applied; either way a device over its budget is fitted as auto mode publishes it, its
+    withheld entries shown per tenant."""
     if staged is None:
         compiled, _ = reconciler.compile_now()  # devices over budget fitted (enforcer.fairshare)
-        new = compiled.devices
-        withheld = {d: tuple((w.tenant, len(w.entries), w.cost) for w in f.withheld)
-                    for d, f in reconciler.fits.items() if f.withheld}
+        fits = reconciler.fits
     else:
         from policy.service import get_version
 
@@ -62,7 +60,11 @@ def plans(ctx: AppContext, reconciler: Reconciler, staged: str | None = None) ->
             inputs = staged_inputs(session, ctx.clock())
         [allowed] = allowed_flows([modules], inputs.data, inputs.now_ns, limits=limits(ctx.settings),
                                   what=f"the staged compile of policy version {staged}")
-        new = staged_compile(inputs, allowed, reconciler.config.budget).devices
+        # fitted as the reconciler fits it, so the plan says what auto mode would publish under the candidate
+        compiled, fits = staged_compile(ctx.db, inputs, allowed, reconciler.config.budget)
+    new = compiled.devices
+    withheld = {d: tuple((w.tenant, len(w.entries), w.cost) for w in f.withheld) for d, f in fits.items()
+                if f.withheld}
     with ctx.db.read_session() as session:
         old = service.last_applied(session)
     return plan(old, new, reconciler.config.budget, withheld)

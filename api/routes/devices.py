@@ -32,7 +32,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from api.authz import authorize
 from api.deps import CtxDep, PrincipalDep, authenticate, authenticated_in_thread
@@ -72,13 +72,15 @@ class StatusReport(BaseModel):
         description="per rule, keyed by OpenFlow cookie (hex) or reason: packets and bytes matched")
     drift: list[Annotated[str, Field(max_length=500)]] = Field(
         default_factory=list, max_length=200, description="how the device differed from its rule set")
-    drift_repaired: bool = Field(default=False, description="the drift was repaired by re-applying")
+    drift_repaired: StrictBool = Field(default=False, description="the drift was repaired by re-applying (a JSON "
+                                       "boolean: \"yes\" or 1 is 422, not read as true)")
     last_error: str | None = Field(default=None, max_length=2000)
-    report_seq: int | None = Field(
+    report_seq: StrictInt | None = Field(
         default=None, ge=1, le=service.MAX_REPORT_SEQ,
         description="the agent's number for this report, growing across its restarts: a report numbered at or "
                     "below the device's stored one arrived late and changes nothing (answered with `stale`); one "
-                    "more than 7 days ahead of the server's clock in ns since the epoch is 400")
+                    "more than 7 days ahead of the server's clock in ns since the epoch is 400; a JSON integer, "
+                    "never true, \"7\" or 7.0 (422)")
 
 
 class DeviceOut(BaseModel):

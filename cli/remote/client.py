@@ -82,6 +82,13 @@ class Client:
             key=key or prof.key,
         )
 
+    @property
+    def shown(self) -> str:
+        """The server URL as printed: without its userinfo."""
+        from cli.params import redacted
+
+        return redacted(self.server)
+
     def _connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
         """A connection to the server; TLS verified against `ca_file` (else the system's roots), with the
         client certificate when one is configured. OSError for unreadable TLS material."""
@@ -116,10 +123,10 @@ class Client:
             answer = None
         reason = answer.get("reason") if isinstance(answer, dict) else None
         if not reason:  # not the API's error shape (a proxy's or another server's page): never its HTML
-            return ApiError(f"{self.server} answered {method} {target} with HTTP {status} and no error reason: "
+            return ApiError(f"{self.shown} answered {method} {target} with HTTP {status} and no error reason: "
                             "is it the trustfabric API's URL?", status, answer)
         if status == 404 and isinstance(answer, dict) and answer.get("error") == "http_error":  # no route
-            return ApiError(f"{self.server} has no route {method} {target} (HTTP 404): is it the trustfabric "
+            return ApiError(f"{self.shown} has no route {method} {target} (HTTP 404): is it the trustfabric "
                             "API's base URL?", status, answer)
         return ApiError(f"{reason} (HTTP {status}){self._refused_hint(status, reason)}", status, answer)
 
@@ -136,7 +143,7 @@ class Client:
             return " -- no token was sent: sign in with `trustfabric login --server URL`, or set TRUSTFABRIC_TOKEN"
         if self.token_profile is not None:
             return (f" -- the token of profile {self.token_profile!r} was refused: sign in again with a new one, "
-                    f"`trustfabric --profile {self.token_profile} login --server {self.server}`")
+                    f"`trustfabric --profile {self.token_profile} login --server {self.shown}`")
         if self.token_env:
             return " -- the token in TRUSTFABRIC_TOKEN was refused: set a new one (`trustfabric token create`)"
         return ""
@@ -176,7 +183,7 @@ class Client:
             try:
                 conn = self._connection()
             except OSError as exc:  # unreadable CA / client certificate files, bad TLS material
-                raise ApiError(f"cannot set up the connection to {self.server}: {exc}") from None
+                raise ApiError(f"cannot set up the connection to {self.shown}: {exc}") from None
             try:
                 conn.request(method, target, body=body, headers=h)
                 response = conn.getresponse()
@@ -189,7 +196,7 @@ class Client:
             finally:
                 conn.close()
         if status is None:
-            raise ApiError(f"cannot reach {self.server}: {error}{self._unreachable_hint(error)}")
+            raise ApiError(f"cannot reach {self.shown}: {error}{self._unreachable_hint(error)}")
         if status >= 400:
             raise self._refused(method, target, status, raw)
         try:
@@ -210,13 +217,13 @@ class Client:
         try:
             conn = self._connection(timeout)
         except OSError as exc:  # unreadable CA / client certificate files, bad TLS material
-            raise ApiError(f"cannot set up the connection to {self.server}: {exc}") from None
+            raise ApiError(f"cannot set up the connection to {self.shown}: {exc}") from None
         try:
             try:
                 conn.request("POST", target, body=json.dumps(body).encode(), headers=h)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
-                raise ApiError(f"cannot reach {self.server}: {exc}{self._unreachable_hint(exc)}") from None
+                raise ApiError(f"cannot reach {self.shown}: {exc}{self._unreachable_hint(exc)}") from None
             if response.status >= 400:
                 raise self._refused("POST", target, response.status, _read_all(response))
             sink = receive(response.getheader("Content-Type") or "")
@@ -226,7 +233,7 @@ class Client:
                     if not piece and response.length:  # a sized body ended early: http.client says nothing
                         raise http.client.IncompleteRead(b"", response.length)
                 except (OSError, http.client.HTTPException) as exc:
-                    raise ApiError(f"the answer from {self.server} was cut short ({type(exc).__name__})") from None
+                    raise ApiError(f"the answer from {self.shown} was cut short ({type(exc).__name__})") from None
                 if not piece:
                     return
                 sink(piece)  # its own errors (a full disk) are its own, not the server's
@@ -242,14 +249,34 @@ class Client:
 
     def pages(self, path: str, *, limit: int = 200, **params: Any) -> list[Any]:
         """Every item of a cursor-paged listing."""
-        items: list[Any] = []
-        cursor: str | None = None
-        while True:
-            page = self.get(path, limit=limit, cursor=cursor, **params)
-            items.extend(page.get("items", []))
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return items
+
+        def page(cursor: Any) -> tuple[list[Any], Any]:
+            answer = self.get(path, limit=limit, cursor=cursor, **params)
+            return answer.get("items", []), answer.get("next_cursor")
+
+        return walk_pages(page, path)
+
+
+MAX_PAGES = 10_000  # 2 million items at the CLI's 200 a page: far beyond any listing, short of looping forever
+
+
+def walk_pages(fetch: Callable[[Any], tuple[list[Any], Any]], listing: str, max_pages: int = MAX_PAGES) -> list[Any]:
+    """Every item of a paged listing: `fetch(cursor)` answers a page's items and the next page's cursor (none: the
+    last page; the first call gets None). A server that hands back a cursor it gave before, or pages on past
+    `max_pages`, would keep the command fetching forever (and its memory growing): ApiError naming the listing."""
+    items: list[Any] = []
+    seen: set[Any] = set()
+    cursor: Any = None
+    for _ in range(max_pages):
+        got, cursor = fetch(cursor)
+        items.extend(got)
+        if cursor is None or cursor == "":
+            return items
+        if cursor in seen:
+            raise ApiError(f"the server's paging of {listing} does not advance: it gave the cursor {cursor!r} "
+                           f"again after {len(seen) + 1} pages")
+        seen.add(cursor)
+    raise ApiError(f"the server's paging of {listing} did not end within {max_pages} pages")
 
 
 def _read_all(response: http.client.HTTPResponse) -> bytes:

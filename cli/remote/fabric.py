@@ -276,16 +276,16 @@ def register_devices(app: typer.Typer) -> None:
     def versions_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:
         """Every version published for the device, newest first: hash, time, who, why (as `enforcer versions` on
         the server host)."""
+        from cli.remote.client import walk_pages
+
         api = client(server, cacert)
-        items: list[Any] = []
-        before: int | None = None
-        while True:
-            page = api.get(f"/v1/devices/{name}/versions", limit=200, before=before)
-            items.extend(page["items"])
-            before = page.get("next_before")
-            if before is None:
-                break
-        emit(items, DEVICE_VERSIONS)
+        path = f"/v1/devices/{name}/versions"
+
+        def page(before: int | None) -> tuple[list[Any], int | None]:
+            answer = api.get(path, limit=200, before=before)
+            return answer["items"], answer.get("next_before")
+
+        emit(walk_pages(page, path), DEVICE_VERSIONS)
 
     @command(device, "ruleset", API)
     def ruleset_cmd(name: str = DeviceArg, server: str = ServerOpt, cacert: Path = CaOpt) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from cli.output import API, EXIT_FAILURE, EXIT_USAGE, Col, View, command, emit, fail, machine_output
-from cli.params import URL, existing_dir, existing_file
+from cli.params import URL, existing_dir, existing_file, redacted
 
 PROFILES = View("profiles", (
     Col("", lambda p: "*" if p["current"] else ""), Col("profile", "name", kind="id"), Col("server", "server"),
@@ -88,13 +88,13 @@ def register(app: typer.Typer) -> None:
         if conf.current is None or conf.current not in conf.profiles or not config.named_explicitly():
             conf.current = name
         config.save(conf)
-        out = {"profile": name, "current": conf.current, "server": url, "config": str(conf.path), "whoami": who,
-               "token_expires_at": _iso(token_expiry(secret))}
+        out = {"profile": name, "current": conf.current, "server": redacted(url), "config": str(conf.path),
+               "whoami": who, "token_expires_at": _iso(token_expiry(secret))}
         if machine_output():
             emit(out)
             return
         role = who["role"] + (f"@{who['tenant']}" if who.get("tenant") else "")
-        print(f"signed in to {url} as {who['id']} ({role}); profile {name!r} saved in {conf.path}")
+        print(f"signed in to {redacted(url)} as {who['id']} ({role}); profile {name!r} saved in {conf.path}")
         if conf.current != name:
             print(f"the current profile stays {conf.current!r}: use `trustfabric --profile {name} ...` "
                   f"or TRUSTFABRIC_PROFILE={name}")
@@ -129,7 +129,8 @@ def register(app: typer.Typer) -> None:
         conf = config.load()
         current = config.chosen_name(conf)
         rows: list[dict[str, Any]] = [
-            {"name": n, "current": n == current, "server": p.server, "token": bool(p.token), "home": p.home,
+            {"name": n, "current": n == current, "server": redacted(p.server) if p.server else None,
+             "token": bool(p.token), "home": p.home,
              "ca_file": p.ca_file, "token_expires_at": _iso(token_expiry(p.token)) if p.token else None}
             for n, p in sorted(conf.profiles.items())]
         who: dict[str, Any] | None = None

@@ -200,9 +200,14 @@ def test_a_status_report_numbered_below_the_stored_one_is_answered_stale_and_cha
     assert late.status_code == 200, late.text
     assert late.json() == {**stored, "stale": True}
     assert denv.call("GET", "/v1/devices/nic:gpu1", "admin").json() == stored and events() == n
-    for bad in (0, -3, 2**63, "x"):
+    for bad in (0, -3, 2**63, "x", True, "9", 9.0):  # strict: no bool, string or float read as a number
         r = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json={**newer, "report_seq": bad})
         assert r.status_code == 422 and "report_seq" in r.text, (bad, r.text)
+    for not_bool in ("yes", 1, "true", 0):  # strict: only a JSON boolean says whether drift was repaired
+        r = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json={**repaired, "report_seq": 9,
+                                                                          "drift_repaired": not_bool})
+        assert r.status_code == 422 and "drift_repaired" in r.text, (not_bool, r.text)
+    assert denv.call("GET", "/v1/devices/nic:gpu1", "admin").json() == stored and events() == n
     unnumbered = {k: v for k, v in repaired.items() if k != "report_seq"}  # an agent from before numbering
     r = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json=unnumbered)
     assert r.status_code == 200 and r.json()["stale"] is False and r.json()["drift_repaired"] is True

@@ -149,3 +149,38 @@ def test_help_is_shown_whatever_profile_is_named(cli: Cli, signed: dict[str, obj
         assert r.returncode == 0 and "Usage: trustfabric" in r.stdout, (argv, r.returncode, r.stderr)
     r = cli.run("--profile", "nope", "tenant", "list", **env)
     assert r.returncode == 2 and "--profile nope: no such profile" in r.stderr, r.stderr
+
+
+def test_a_server_url_with_credentials_is_never_printed_with_them(cli: Cli, signed: dict[str, object],
+                                                                  tmp_path: Path) -> None:
+    """`https://user:pass@host` given as --server, TRUSTFABRIC_SERVER or a profile's server: every line that names
+    the server (cannot reach, a refused token's next step, a malformed URL, `login`, `status` and its --json)
+    shows `***@host`, never the password."""
+    from tests.policy.conftest import free_port
+
+    env = signed["env"]
+    assert isinstance(env, dict)
+    closed = f"http://alice:s3cret@127.0.0.1:{free_port()}"
+    shown = "http://***@" + closed.split("@", 1)[1]
+    for argv in (["whoami", "--server", closed], ["device", "list", "--server", closed],
+                 ["login", "--server", closed, "--token-stdin"]):
+        r = cli.run(*argv, token=str(signed["admin"]), input=f"{signed['admin']}\n", **env)
+        assert r.returncode == 1 and f"cannot reach {shown}" in r.stderr and "s3cret" not in r.stderr, r.stderr
+    r = cli.run("whoami", token=str(signed["admin"]), **{**env, "TRUSTFABRIC_SERVER": closed})
+    assert r.returncode == 1 and shown in r.stderr and "s3cret" not in r.stderr, r.stderr
+    r = cli.run("whoami", "--server", "http://alice:s3cret@127.0.0.1:99999", **env)
+    assert r.returncode == 2 and "***@127.0.0.1:99999" in r.stderr and "s3cret" not in r.stderr, r.stderr
+
+    live = str(signed["server"]).replace("://", "://alice:s3cret@", 1)
+    r = cli.run("login", "--server", live, "--token-stdin", input=f"{signed['admin']}\n", **env)
+    assert r.returncode == 0 and "signed in to http://***@" in r.stdout and "s3cret" not in r.stdout, r.stdout
+    config = signed["config"]
+    assert isinstance(config, Path)
+    doc = yaml.safe_load(config.read_text())
+    doc["profiles"]["default"]["token"] = "not-a-token-" + "x" * 40  # refused: the hint names the profile's URL
+    config.write_text(yaml.safe_dump(doc))
+    r = cli.run("whoami", **env)
+    assert r.returncode == 1 and "login --server http://***@" in r.stderr and "s3cret" not in r.stderr, r.stderr
+    for argv in (["status"], ["status", "--json"], ["status", "--offline"]):
+        r = cli.run(*argv, **env)
+        assert "***@" in r.stdout and "s3cret" not in r.stdout + r.stderr, (argv, r.stdout, r.stderr)

@@ -253,3 +253,31 @@ def test_a_budget_change_fits_the_device_again(stack: Stack) -> None:
         with stack.ctx.db.read_session() as s:
             assert service.status_row(s, LEAF)["withheld"] == out.withheld[LEAF]
         assert stack.rec.run_once("again").published == {}  # the fit is kept (against what it published)
+
+
+def test_a_staged_plan_fits_an_overflowing_device_as_auto_mode_publishes_it(stack: Stack) -> None:
+    """`enforcer plan --staged V` compiled strictly: a candidate overflowing a leaf failed (BudgetExceeded) while
+    the reconciler publishes it fitted. Staged, the leaf is fitted the same way, against its published set: the
+    plan has the hash the next run publishes and the same entries withheld per tenant, and publishes nothing."""
+    from policy.service import active_version
+
+    assert stack.rec.run_once("start").error is None
+    for i in range(3):
+        stack.grant("acme/train", "globex/api", ports(i), ttl=600)
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i), ttl=3600)
+    with stack.ctx.db.read_session() as s:
+        active = active_version(s)
+    assert active is not None
+    before = stack.versions()
+    staged = {p.device: p.summary() for p in plans(stack.ctx, stack.rec, str(active.number))}
+    assert stack.versions() == before  # staged: nothing was published
+    assert staged[LEAF]["withheld"][0]["tenant"] == "acme" and staged[LEAF]["budget"]["after"] <= room + 12
+    assert staged == {p.device: p.summary() for p in plans(stack.ctx, stack.rec)}  # as the live plan says
+    out = stack.rec.run_once("newer")
+    assert out.error is None and staged[LEAF]["new_hash"] == stack.desired(LEAF).content_hash
+    assert staged[LEAF]["withheld"] == out.withheld[LEAF]
