@@ -64,6 +64,24 @@ def withholds(stack: Stack, mark: int) -> list[Any]:
     return [e for e in stack.events("enforcer.withhold", mark) if e.object_id == LEAF]
 
 
+def overflow(stack: Stack, *, spare: int | None = 12, ttls: tuple[int, int] = (3600, 3600)) -> int:
+    """acme's 3 older grants published on the leaf, then (the leaf's budget set to its cost then plus `spare`; None:
+    left as it is) 4 newer ones, a millisecond apart (grant ids are time-ordered to the millisecond), which overflow
+    it. Returns the leaf's cost with the older grants."""
+    assert stack.rec.run_once("start").error is None
+    for i in range(3):
+        stack.grant("acme/train", "globex/api", ports(i), ttl=ttls[0])
+    assert stack.rec.run_once("older").error is None
+    room = stack.desired(LEAF).cost
+    if spare is not None:
+        stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + spare,
+                                                                    acl_mode="non-atomic"))
+    for i in range(3, 7):
+        stack.clock.advance(timedelta(milliseconds=1))
+        stack.grant("acme/train", "globex/api", ports(i), ttl=ttls[1])
+    return room
+
+
 def test_a_tenants_grants_overflowing_a_leaf_withhold_its_newest_flows_there_only(stack: Stack) -> None:
     assert stack.rec.run_once("start").error is None
     other = stack.grant("globex/api", "acme/train", 443)  # globex's own grant, on both leaves
@@ -145,14 +163,7 @@ def test_a_fitted_device_is_logged_once_per_change_not_on_every_run(stack: Stack
                                                                     caplog: pytest.LogCaptureFixture) -> None:
     """A device that stays over its budget logged its withheld warning on every run (every poll of every
     replica); once per change now, and again when what it withholds changes."""
-    assert stack.rec.run_once("start").error is None
-    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
-    assert stack.rec.run_once("older").error is None
-    room = stack.desired(LEAF).cost
-    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
-    for i in range(3, 7):
-        stack.clock.advance(timedelta(milliseconds=1))
-        stack.grant("acme/train", "globex/api", ports(i))
+    overflow(stack)
 
     def warned() -> list[str]:
         return [r.getMessage() for r in caplog.records if f"{LEAF} over budget, withheld" in r.getMessage()]
@@ -177,14 +188,7 @@ def test_verify_names_flows_withheld_to_fit_the_budget_apart_from_drift(stack: S
     from enforcer.fairshare import withheld_on
     from workflows.enforcement import verify_published
 
-    assert stack.rec.run_once("start").error is None
-    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
-    assert stack.rec.run_once("older").error is None
-    room = stack.desired(LEAF).cost
-    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
-    for i in range(3, 7):
-        stack.clock.advance(timedelta(milliseconds=1))
-        stack.grant("acme/train", "globex/api", ports(i))
+    overflow(stack)
     assert stack.rec.run_once("newer").withheld
     findings, mismatches = verify_published(stack.ctx, stack.rec)
     assert not findings and mismatches  # what main's verify said: mismatches, nothing more
@@ -206,14 +210,7 @@ def test_a_rollback_past_a_fitted_version_says_what_the_restored_set_withholds(s
     """Status (and explain) read what a device withholds from the last enforcer.withhold event: a rollback to the
     version before the fit kept showing the fit's withheld entries on a set that withholds nothing; rolled forward
     to the fitted content again, they are shown again; an apply back to the fit says nothing new."""
-    assert stack.rec.run_once("start").error is None
-    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
-    assert stack.rec.run_once("older").error is None
-    room = stack.desired(LEAF).cost
-    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
-    for i in range(3, 7):
-        stack.clock.advance(timedelta(milliseconds=1))
-        stack.grant("acme/train", "globex/api", ports(i))
+    overflow(stack)
     out = stack.rec.run_once("newer")
     fitted = out.published[LEAF]
     assert out.withheld[LEAF]
@@ -238,13 +235,7 @@ def test_a_budget_change_fits_the_device_again(stack: Stack) -> None:
     """The reconciler keeps a device's fit while neither its compiled set nor its published one changes; a new
     budget (the compile is redone for it, the device's compiled set stays the same) reused the fit made for the old
     one: a device left over its new budget, or withholding what the new one has room for."""
-    assert stack.rec.run_once("start").error is None
-    [stack.grant("acme/train", "globex/api", ports(i)) for i in range(3)]
-    assert stack.rec.run_once("older").error is None
-    room = stack.desired(LEAF).cost
-    for i in range(3, 7):
-        stack.clock.advance(timedelta(milliseconds=1))
-        stack.grant("acme/train", "globex/api", ports(i))
+    room = overflow(stack, spare=None)
     for limit in (room + 12, room + 4, room + 20):
         stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=limit, acl_mode="non-atomic"))
         out = stack.rec.run_once(f"limit {limit}")
@@ -261,15 +252,7 @@ def test_a_staged_plan_fits_an_overflowing_device_as_auto_mode_publishes_it(stac
     plan has the hash the next run publishes and the same entries withheld per tenant, and publishes nothing."""
     from policy.service import active_version
 
-    assert stack.rec.run_once("start").error is None
-    for i in range(3):
-        stack.grant("acme/train", "globex/api", ports(i), ttl=600)
-    assert stack.rec.run_once("older").error is None
-    room = stack.desired(LEAF).cost
-    stack.rec.config = replace(stack.rec.config, budget=Budget(leaf_acl_entries=room + 12, acl_mode="non-atomic"))
-    for i in range(3, 7):
-        stack.clock.advance(timedelta(milliseconds=1))
-        stack.grant("acme/train", "globex/api", ports(i), ttl=3600)
+    room = overflow(stack, ttls=(600, 3600))
     with stack.ctx.db.read_session() as s:
         active = active_version(s)
     assert active is not None
