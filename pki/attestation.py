@@ -19,7 +19,7 @@ from pki.ca import load_settings
 from pki.errors import InvalidTTL, TokenInvalid, TTLTooLong
 from pki.issuance import IssuedX509, issue_certificate, resolve_ttl
 from pki.models import JoinToken
-from pki.spiffe_id import node_id
+from pki.spiffe_id import SpiffeId, node_id
 from pki.x509svid import parse_csr
 
 DEFAULT_TOKEN_TTL = timedelta(hours=1)
@@ -95,9 +95,15 @@ def attest_node(
         raise TokenInvalid("join token names an invalid node") from None
     return issue_certificate(
         session, keystore, public_key=public_key, spiffe_id=sid, ttl=ttl_resolved, kind="node",
-        actor=Actor(id=f"node:{name}", kind="node"), clock=clock, action="node.attest", node=name,
+        actor=node_actor(sid), clock=clock, action="node.attest", node=name,
         extra_summary={"join_token": digest}, request_id=request_id,
     )
+
+
+def node_actor(sid: SpiffeId) -> Actor:
+    """The actor of an event a node causes: its SPIFFE ID, as its requests over mTLS name it (api/principal.py) and
+    SPIRE's logs do, so that filtering the log by that actor finds its attestation and renewals too."""
+    return Actor(id=str(sid), kind="node")
 
 
 def renew_node(
@@ -113,6 +119,6 @@ def renew_node(
     sid = node_id(settings.trust_domain, node_name)
     return issue_certificate(
         session, keystore, public_key=public_key, spiffe_id=sid, ttl=ttl_resolved, kind="node",
-        actor=Actor(id=f"node:{node_name}", kind="node"), clock=clock, action="node.renew", node=node_name,
+        actor=node_actor(sid), clock=clock, action="node.renew", node=node_name,
         request_id=request_id,
     )

@@ -160,9 +160,11 @@ def ensure_deployment(ctx: AppContext, *, upgrade: bool = False) -> str:
         found = read_deployment_id(conn)
     if found is None:
         raise RuntimeError("the deployment id was written, yet cannot be read back")
-    if found == made:
+    if found == made and isinstance(ctx.keystore, MarkedKeyStore):
         _log.info("this database's deployment id is %s: it marks the keys this deployment makes in a PKCS#11 token",
                   made)
+    elif found == made:  # the file key store's keys carry no marker: saying they do would mislead
+        _log.info("this database's deployment id is %s", made)
     return found
 
 

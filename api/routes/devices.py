@@ -65,7 +65,8 @@ class Counter(BaseModel):
 
 class StatusReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    applied_version: int | None = Field(default=None, ge=1, description="the version the device runs now")
+    applied_version: StrictInt | None = Field(default=None, ge=1, description="the version the device runs now (a JSON "
+                                               "integer: true, \"7\" or 7.0 is 422)")
     applied_hash: str | None = Field(default=None, pattern="^[0-9a-f]{64}$", description="its content hash")
     counters: dict[Annotated[str, Field(max_length=128)], Counter] = Field(
         default_factory=dict, max_length=service.MAX_COUNTERS,

@@ -181,7 +181,7 @@ def test_status_reports_are_stored_and_audited_only_when_the_state_changes(denv:
 def test_a_status_report_numbered_below_the_stored_one_is_answered_stale_and_changes_nothing(denv: Env) -> None:
     """A report that reached the server after a newer one (its request timed out on the agent and was retried, or an
     old agent process sent it) is answered 200 with the stored row and `stale: true`; it changes nothing and records
-    no event. A report number that is not one is 422."""
+    no event. A report number or applied version that is not a JSON integer is 422."""
     r1 = denv.call("GET", "/v1/devices/nic:gpu1/ruleset", "admin").json()
     applied = {"applied_version": 1, "applied_hash": r1["content_hash"]}
 
@@ -207,6 +207,10 @@ def test_a_status_report_numbered_below_the_stored_one_is_answered_stale_and_cha
         r = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json={**repaired, "report_seq": 9,
                                                                           "drift_repaired": not_bool})
         assert r.status_code == 422 and "drift_repaired" in r.text, (not_bool, r.text)
+    for not_int in (True, "1", 1.0):  # strict: the applied version is a JSON integer, like the report number
+        r = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json={**newer, "report_seq": 9,
+                                                                          "applied_version": not_int})
+        assert r.status_code == 422 and "applied_version" in r.text, (not_int, r.text)
     assert denv.call("GET", "/v1/devices/nic:gpu1", "admin").json() == stored and events() == n
     unnumbered = {k: v for k, v in repaired.items() if k != "report_seq"}  # an agent from before numbering
     r = denv.call("POST", "/v1/devices/nic:gpu1/status", "admin", json=unnumbered)

@@ -104,3 +104,35 @@ def test_a_node_obtains_identities_only_for_its_own_workloads(tmp_path: Path) ->
         tls.cleanup()
         env.client.close()
         env.ctx.close()
+
+
+def test_every_event_a_node_causes_names_it_by_its_spiffe_id(tmp_path: Path) -> None:
+    """An auditor filtering the log by a node's actor gets all the node's events: its attestation and renewals name
+    it by its SPIFFE ID, as its requests over mTLS (a status report) do, never by a form of their own."""
+    env = fabric_env(tmp_path / "home", running=False)
+    tls = prepare_server_tls(env.ctx)
+    server = TlsServer(env, tls)
+    node = "spiffe://example.org/node/gpu1"
+    try:
+        cert, key = node_identity(env, tmp_path, "gpu1")  # attests with a join token
+        with httpx.Client(base_url=f"https://localhost:{server.port}", verify=client_ctx(tls, cert, key),
+                          timeout=10) as gpu1:
+            _, csr = new_csr()
+            assert gpu1.post("/v1/nodes/renew", json={"csr": csr.decode()}).status_code == 201
+            own = gpu1.get("/v1/devices/nic:gpu1/ruleset").json()
+            status = gpu1.post("/v1/devices/nic:gpu1/status", json={"applied_version": 1,
+                                                                     "applied_hash": own["content_hash"]})
+            assert status.status_code == 200, status.text
+        r = env.call("GET", "/v1/audit/events", "auditor", params={"actor": node, "limit": 1000})
+        assert r.status_code == 200, r.text
+        mine = r.json()["items"]
+        assert {"node.attest", "node.renew", "device.status"} <= {e["action"] for e in mine}, mine
+        assert all(e["actor"] == {"id": node, "kind": "node"} for e in mine), mine
+        with env.ctx.db.read_session() as s:
+            by_node = s.exec(select(AuditEvent).where(AuditEvent.actor_kind == "node")).all()
+        assert sorted(e.seq for e in by_node) == sorted(e["seq"] for e in mine)  # no node event names it otherwise
+    finally:
+        server.stop()
+        tls.cleanup()
+        env.client.close()
+        env.ctx.close()

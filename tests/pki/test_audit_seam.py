@@ -73,7 +73,7 @@ def test_each_mutation_records_exactly_its_events(pki_db: Database, keystore: Fi
     issue = next(e for e in first if e.action == "svid.issue")
     assert (issue.actor_id, issue.actor_kind, issue.tenant, issue.request_id) == ("admin", "admin", "acme", "r-1")
     attest = next(e for e in first if e.action == "node.attest")
-    assert attest.actor_kind == "node" and attest.actor_id == "node:gpu-01"
+    assert attest.actor_kind == "node" and attest.actor_id == "spiffe://example.org/node/gpu-01"  # as its mTLS requests
 
 
 def test_a_failure_later_in_the_transaction_rolls_back_issuance_and_event(

@@ -895,3 +895,26 @@ def test_a_rotation_whose_commit_was_lost_leaves_its_keys_to_the_next_start(
     assert not made & _labels(token)
     assert sorted(k for _t, k, _a, _i in _destroyed(again)) == sorted(made)
     _signs(again)
+
+
+def test_the_first_starts_log_says_the_deployment_id_marks_token_keys_only_with_a_token_key_store(
+        token: Token, deployments: list[AppContext], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The line naming a new deployment id says it marks the keys made in a PKCS#11 token only when the key store is
+    one: with the file key store (the default) no key carries it, and saying so would mislead an operator."""
+    caplog.set_level(logging.INFO, logger="workflows.init")
+    plain = open_context(make_settings(tmp_path / "file"))
+    try:
+        _init(plain)
+        with plain.db.statement() as conn:
+            plain_id = read_deployment_id(conn)
+    finally:
+        plain.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init" and "deployment id" in r.getMessage()]
+    assert len(lines) == 1 and str(plain_id) in lines[0] and "PKCS#11" not in lines[0], lines
+    caplog.clear()
+    a = _open(tmp_path / "a", None, token, deployments)
+    _init(a)
+    with a.db.statement() as conn:
+        token_id = read_deployment_id(conn)
+    lines = [r.getMessage() for r in caplog.records if r.name == "workflows.init" and "deployment id" in r.getMessage()]
+    assert len(lines) == 1 and str(token_id) in lines[0] and "PKCS#11 token" in lines[0], lines
