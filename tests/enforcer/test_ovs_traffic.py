@@ -454,12 +454,8 @@ def test_a_withdrawn_flow_takes_its_established_connections_with_it(two_nodes: d
     cut = run_in(ns["w1"], connect_from, ADDR["w1"], ADDR["db1"], 5432)  # acme/train -> acme/data:5432
     kept = run_in(ns["db1"], connect_from, ADDR["db1"], ADDR["w1"], 443)  # acme/data -> acme/train:443
     try:
-        for conn in (cut, kept):
-            conn.settimeout(3)
-            conn.sendall(b"before")
-            assert conn.recv(16) == b"before"
-        f = small()  # acme/data exposes tcp/5432 no more: only that entry goes
-        withdrawn = compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
+        assert_echoes(cut, kept)
+        withdrawn = data_withdrawn()  # acme/data exposes tcp/5432 no more: only that entry goes
         for node, backend in backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"]).items():
             backend.apply(withdrawn.devices[f"nic:{node}"])
         assert not _connects(ns["w1"], ADDR["db1"], 5432)  # a new connection is refused
@@ -531,11 +527,8 @@ def test_a_cut_that_fails_leaves_the_new_flows_applied_and_shows_as_drift(two_no
     ctl = ovs_daemons.rundir / "vswitchd.ctl"
     away = ctl.with_name("vswitchd.ctl.away")
     try:
-        conn.settimeout(3)
-        conn.sendall(b"before")
-        assert conn.recv(16) == b"before"
-        f = small()
-        withdrawn = compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
+        assert_echoes(conn)
+        withdrawn = data_withdrawn()
         nics = backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"])
         ctl.rename(away)
         try:
@@ -562,12 +555,8 @@ def test_a_withdrawn_flow_takes_its_ipv6_connections_with_it(two_nodes: dict[str
     cut = run_in(ns["w1"], connect_from, w1, db1, 5432)
     kept = run_in(ns["db1"], connect_from, db1, w1, 443)
     try:
-        for conn in (cut, kept):
-            conn.settimeout(3)
-            conn.sendall(b"before")
-            assert conn.recv(16) == b"before"
-        f = small()
-        withdrawn = compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
+        assert_echoes(cut, kept)
+        withdrawn = data_withdrawn()
         nics = backends(ovs_daemons, {"gpu1": ns["gpu1"], "gpu2": ns["gpu2"]}, ns["tok"])
         removed = [x for node, backend in nics.items()
                    for x in backend.forget_withdrawn(withdrawn.devices[f"nic:{node}"])]
@@ -580,6 +569,20 @@ def test_a_withdrawn_flow_takes_its_ipv6_connections_with_it(two_nodes: dict[str
     finally:
         cut.close()
         kept.close()
+
+
+def assert_echoes(*conns: socket.socket) -> None:
+    """Each connection carries traffic now (the echo server answers)."""
+    for conn in conns:
+        conn.settimeout(3)
+        conn.sendall(b"before")
+        assert conn.recv(16) == b"before"
+
+
+def data_withdrawn() -> Compiled:
+    """The small fabric compiled without acme/data's entries: its tcp/5432 exposure withdrawn."""
+    f = small()
+    return compile_fabric(f, [e for e in allowed_flows(f) if e["dst_group"] != "data"], revoked_ids(f))
 
 
 def assert_cut(conn: socket.socket) -> None:
