@@ -114,6 +114,14 @@ LANDED = {
 }
 
 
+def _empty_database(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of a database no step has run on: a new one on the test session's PostgreSQL, or a SQLite file."""
+    if backend == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        return server.create_database(migrated=False)
+    return sqlite_url(tmp_path)
+
+
 def _ddl(tables: list[Table], dialect: Dialect) -> list[str]:
     out = []
     for table in sorted(tables, key=lambda t: t.name):
@@ -196,11 +204,7 @@ def test_an_empty_database_takes_every_step_once(backend: str, request: pytest.F
                                                  tmp_path: Path) -> None:
     """The `db` fixture's databases are copies of one database migrated once per test process
     (tests/conftest.py): here the steps run on an empty database of each kind, as on a fresh install."""
-    if backend == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres_server")
-        db = Database(server.create_database(migrated=False))
-    else:
-        db = Database(sqlite_url(tmp_path))
+    db = Database(_empty_database(backend, request, tmp_path))
     try:
         assert current_version(db.engine) == 0
         assert migrate(db.engine) == [step.version for step in STEPS]
@@ -218,11 +222,7 @@ def test_replicas_starting_together_migrate_once_and_both_start(backend: str, re
     first's and its replica exited until restarted)."""
     import threading
 
-    if backend == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres_server")
-        url = server.create_database(migrated=False)
-    else:
-        url = sqlite_url(tmp_path)
+    url = _empty_database(backend, request, tmp_path)
     replicas = [Database(url) for _ in range(3)]
     start = threading.Barrier(len(replicas))
     applied: list[list[int]] = []
@@ -268,11 +268,7 @@ def test_step_14_scopes_existing_idempotency_keys_by_the_requesters_tenant(backe
     from store.migrations import migrate as run
     from tests.audit.oldform import append_old
 
-    if backend == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres_server")
-        db = Database(server.create_database(migrated=False))
-    else:
-        db = Database(sqlite_url(tmp_path))
+    db = Database(_empty_database(backend, request, tmp_path))
     now = datetime(2026, 12, 1, 9, tzinfo=UTC)
 
     def triggers() -> list[tuple[str, ...]]:
@@ -370,11 +366,7 @@ def test_step_18_tells_a_deployment_whose_keys_predate_markers_from_one_born_wit
     from audit import Actor, record
     from store.migrations import migrate as run
 
-    if backend == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres_server")
-        db = Database(server.create_database(migrated=False))
-    else:
-        db = Database(sqlite_url(tmp_path))
+    db = Database(_empty_database(backend, request, tmp_path))
     now = datetime(2026, 12, 1, 9, tzinfo=UTC)
     try:
         assert run(db.engine, [s for s in STEPS if s.version < 18])[-1] == 17
@@ -414,11 +406,7 @@ def test_step_20_numbers_status_reports_from_the_next_numbered_one(backend: str,
     from enforcer.migrations import _TABLES_V11
     from store.migrations import migrate as run
 
-    if backend == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres_server")
-        db = Database(server.create_database(migrated=False))
-    else:
-        db = Database(sqlite_url(tmp_path))
+    db = Database(_empty_database(backend, request, tmp_path))
     now = datetime(2026, 12, 1, 9, tzinfo=UTC)
     devices = next(t for t in _TABLES_V11 if t.name == "enforcer_devices")
     node = Actor("spiffe://td/node/gpu1", "node")
