@@ -334,12 +334,11 @@ def json_value(value: Any) -> Any:
     """A value json cannot write, as the API writes it: a time in ISO 8601 UTC with `Z` (`2026-12-02T15:17:05Z`;
     a naive one is UTC, as SQLite hands stored times back), anything else as its text. str() of a time gave
     `2026-12-02 15:17:05+00:00`, or no zone at all, where `token list --json` gives the API's form."""
-    from datetime import UTC, datetime
+    from datetime import datetime
 
-    if isinstance(value, datetime):
-        aware = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        return aware.isoformat().replace("+00:00", "Z")
-    return str(value)
+    from core.clock import iso_z
+
+    return iso_z(value) if isinstance(value, datetime) else str(value)
 
 
 def emit_json(data: Any) -> None:

@@ -37,6 +37,11 @@ def as_utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+def iso_z(value: datetime) -> str:
+    """A time as the API writes it: ISO 8601 in UTC with `Z` (`2026-12-02T15:17:05Z`; a naive one is UTC)."""
+    return as_utc(value).isoformat().replace("+00:00", "Z")
+
+
 def require_aware(value: datetime, name: str) -> datetime:
     """The time in UTC; InvalidInput when it carries no timezone (a naive time is ambiguous, never guessed)."""
     if value.tzinfo is None:

@@ -33,7 +33,7 @@ from api.schemas import (
     error_responses,
 )
 from api.writelock import grant_writer
-from core.clock import as_utc
+from core.clock import as_utc, iso_z
 from core.errors import Forbidden, InvalidInput
 from core.vocabulary import GRANT_STATE_PATTERN
 from policy import decisionlog
@@ -247,7 +247,7 @@ async def list_grants(
 
 
 def _iso(value: datetime | None) -> str | None:
-    return as_utc(value).isoformat().replace("+00:00", "Z") if value is not None else None
+    return iso_z(value) if value is not None else None
 
 
 def grant_view(grant: Any, now: datetime) -> dict[str, Any]:
